@@ -1,0 +1,33 @@
+# make setup | test | demo | bench | lint   (idempotent: re-running is fast once set up)
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.jigsaw-installed
+NATIVE := $(wildcard native/*.pyx native/*.pxd)
+
+.PHONY: setup test demo bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py $(NATIVE)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) setup.py -q build_ext --inplace --build-lib src 2>/dev/null || $(PY) setup.py -q build_ext --inplace
+	touch $(STAMP)
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench profiles
+
+test: setup lint
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+demo: setup
+	$(PY) -m jigsaw.demo
+
+bench: setup
+	$(PY) bench/planner_speed.py
+	$(PY) bench/capacity.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info src/jigsaw/*.so native/*.c

@@ -1,0 +1,297 @@
+"""The application model: a DAG of tasks, each served by one of several model variants.
+
+Loaded from an app TOML file (see ``examples/apps/``). Everything the planner and the
+runtime need to know about an app's structure is derived here, once:
+paths, per-lane demand multipliers and per-lane accuracy (PAS).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from jigsaw.fields import Fields, read_toml
+
+TASK_KINDS = ("detector", "classifier", "captioner", "tts", "generic")
+DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+             "FP16", "FP32", "FP64", "BYTES")
+
+Lane = tuple[str, ...]
+"""One variant per task, in ``App.task_names`` order."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # globally unique: profiles are keyed by it
+    accuracy: float  # the task's metric (top-1 %, mAP, CIDEr, MOS ...), higher is better
+    model: str = ""  # where the model comes from, e.g. "torchvision:resnet18"
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    kind: str  # one of TASK_KINDS: tells backends how to pre/post-process
+    variants: tuple[Variant, ...]
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+    @property
+    def best(self) -> Variant:
+        return max(self.variants, key=lambda v: v.accuracy)
+
+    def normalized_accuracy(self, variant: str) -> float:
+        """Accuracy relative to the task's best variant, so tasks with different metrics compose."""
+        return self.variant(variant).accuracy / self.best.accuracy
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    factors: dict[str, float] = field(hash=False)  # src variant -> children per request served
+
+    def factor(self, variant: str) -> float:
+        return self.factors[variant]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str  # Open Inference Protocol datatype
+    shape: tuple[int, ...]  # -1 = any size
+
+
+@dataclass(frozen=True)
+class App:
+    name: str
+    tasks: tuple[Task, ...]
+    edges: tuple[Edge, ...]
+    latency_slo_ms: float  # budget for queueing + inference along every path (paper's SLO_l)
+    accuracy_slo: float | None = None  # fraction of the best end-to-end accuracy; None: node's
+    staleness_ms: float = 20.0  # a request queued this long unpicked by every instance is dropped
+    inputs: tuple[TensorSpec, ...] = (TensorSpec("image", "UINT8", (-1,)),)
+    source: str = ""  # file it was loaded from
+
+    # ---- structure -------------------------------------------------------------------------
+    @cached_property
+    def task_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tasks)
+
+    def task(self, name: str) -> Task:
+        return self._task_by_name[name]
+
+    @cached_property
+    def _task_by_name(self) -> dict[str, Task]:
+        return {t.name: t for t in self.tasks}
+
+    def parents(self, task: str) -> tuple[str, ...]:
+        return tuple(e.src for e in self.edges if e.dst == task)
+
+    def children(self, task: str) -> tuple[str, ...]:
+        return tuple(e.dst for e in self.edges if e.src == task)
+
+    def edge(self, src: str, dst: str) -> Edge:
+        for e in self.edges:
+            if e.src == src and e.dst == dst:
+                return e
+        raise KeyError((src, dst))
+
+    @cached_property
+    def roots(self) -> tuple[str, ...]:
+        return tuple(t for t in self.task_names if not self.parents(t))
+
+    @cached_property
+    def sinks(self) -> tuple[str, ...]:
+        return tuple(t for t in self.task_names if not self.children(t))
+
+    @cached_property
+    def topological_order(self) -> tuple[str, ...]:
+        order: list[str] = []
+        indegree = {t: len(self.parents(t)) for t in self.task_names}
+        ready = [t for t in self.task_names if indegree[t] == 0]
+        while ready:
+            t = ready.pop(0)
+            order.append(t)
+            for c in self.children(t):
+                indegree[c] -= 1
+                if indegree[c] == 0:
+                    ready.append(c)
+        return tuple(order)
+
+    @cached_property
+    def paths(self) -> tuple[tuple[str, ...], ...]:
+        """Every root-to-sink path of the DAG."""
+        found: list[tuple[str, ...]] = []
+
+        def walk(prefix: tuple[str, ...]) -> None:
+            kids = self.children(prefix[-1])
+            if not kids:
+                found.append(prefix)
+            for c in kids:
+                walk(prefix + (c,))
+
+        for r in self.roots:
+            walk((r,))
+        return tuple(found)
+
+    @cached_property
+    def depth(self) -> int:
+        return max(len(p) for p in self.paths)
+
+    # ---- lanes ---------------------------------------------------------------------------
+    def lanes(self, allowed: dict[str, tuple[str, ...]] | None = None) -> list[Lane]:
+        """Every assignment of one variant per task (restricted to ``allowed`` where given)."""
+        choices = [
+            (allowed or {}).get(t.name) or tuple(v.name for v in t.variants) for t in self.tasks
+        ]
+        return [tuple(c) for c in itertools.product(*choices)]
+
+    def lane_dict(self, lane: Lane) -> dict[str, str]:
+        return dict(zip(self.task_names, lane, strict=True))
+
+    def multipliers(self, lane: Lane, factors: dict[tuple[str, str, str], float] | None = None
+                    ) -> dict[str, float]:
+        """Requests reaching each task per root request under ``lane`` (paper eq. 5).
+
+        ``factors`` overrides the file's factors per (src, src variant, dst), e.g. with the
+        factors the controller measured at run time.
+        """
+        chosen = self.lane_dict(lane)
+        m: dict[str, float] = {}
+        for t in self.topological_order:
+            parents = self.parents(t)
+            if not parents:
+                m[t] = 1.0
+                continue
+            m[t] = sum(m[p] * self.factor(p, chosen[p], t, factors) for p in parents)
+        return m
+
+    def factor(self, src: str, variant: str, dst: str,
+               factors: dict[tuple[str, str, str], float] | None = None) -> float:
+        if factors and (src, variant, dst) in factors:
+            return factors[(src, variant, dst)]
+        return self.edge(src, dst).factor(variant)
+
+    def path_shares(self, lane: Lane, factors: dict[tuple[str, str, str], float] | None = None
+                    ) -> list[float]:
+        """f_{p,c}: share of the app's sink-level work on each path, weighted by fan-out."""
+        chosen = self.lane_dict(lane)
+        weights = []
+        for p in self.paths:
+            w = 1.0
+            for a, b in itertools.pairwise(p):
+                w *= self.factor(a, chosen[a], b, factors)
+            weights.append(w)
+        total = sum(weights)
+        if total <= 0:
+            return [1.0 / len(weights)] * len(weights)
+        return [w / total for w in weights]
+
+    def lane_accuracy(self, lane: Lane, factors: dict[tuple[str, str, str], float] | None = None
+                      ) -> float:
+        """End-to-end accuracy (PAS) of one lane, relative to each task's best variant."""
+        chosen = self.lane_dict(lane)
+        acc = 0.0
+        for share, p in zip(self.path_shares(lane, factors), self.paths, strict=True):
+            prod = 1.0
+            for t in p:
+                prod *= self.task(t).normalized_accuracy(chosen[t])
+            acc += share * prod
+        return acc
+
+    @cached_property
+    def best_lane(self) -> Lane:
+        return tuple(t.best.name for t in self.tasks)
+
+    def max_accuracy(self, factors: dict[tuple[str, str, str], float] | None = None) -> float:
+        """A_max: the accuracy of the most accurate variants (paper eq. 12)."""
+        return self.lane_accuracy(self.best_lane, factors)
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+def load_app(path: str | Path) -> App:
+    """Reads and validates an app TOML file; a mistake raises ConfigError naming the field."""
+    path = Path(path)
+    f = Fields(path, read_toml(path))
+    f.reject_unknown({"name", "description", "latency_slo_ms", "accuracy_slo", "staleness_ms",
+                      "tasks", "edges", "inputs"})
+    name = f.str("name")
+    latency_slo_ms = f.number("latency_slo_ms", low=0, low_open=True)
+    accuracy_slo = f.number("accuracy_slo", None, low=0, high=1, low_open=True) \
+        if f.has("accuracy_slo") else None
+    staleness_ms = f.number("staleness_ms", 20.0, low=0)
+
+    tasks: list[Task] = []
+    seen_variants: dict[str, str] = {}
+    for tf in f.tables("tasks"):
+        tf.reject_unknown({"name", "kind", "variants"})
+        tname = tf.str("name")
+        if any(t.name == tname for t in tasks):
+            raise tf.error("name", f"duplicate task name {tname!r}")
+        kind = tf.str("kind", "generic")
+        if kind not in TASK_KINDS:
+            raise tf.error("kind", f"expected one of {', '.join(TASK_KINDS)}, got {kind!r}")
+        variants: list[Variant] = []
+        for vf in tf.tables("variants"):
+            vf.reject_unknown({"name", "accuracy", "model"})
+            vname = vf.str("name")
+            if vname in seen_variants:
+                raise vf.error("name", f"variant {vname!r} already used by task "
+                                       f"{seen_variants[vname]!r}; variant names are unique")
+            seen_variants[vname] = tname
+            variants.append(Variant(vname, vf.number("accuracy", low=0, low_open=True),
+                                    vf.str("model", "")))
+        if not variants:
+            raise tf.error("variants", "a task needs at least one variant")
+        tasks.append(Task(tname, kind, tuple(variants)))
+    if not tasks:
+        raise f.error("tasks", "an app needs at least one task")
+    by_name = {t.name: t for t in tasks}
+
+    edges: list[Edge] = []
+    for ef in f.tables("edges", []):
+        ef.reject_unknown({"from", "to", "factor"})
+        src, dst = ef.str("from"), ef.str("to")
+        for key, t in (("from", src), ("to", dst)):
+            if t not in by_name:
+                raise ef.error(key, f"unknown task {t!r} (tasks: {', '.join(by_name)})")
+        if src == dst:
+            raise ef.error("to", f"an edge from {src!r} to itself makes the graph cyclic")
+        if any(e.src == src and e.dst == dst for e in edges):
+            raise ef.error("to", f"duplicate edge {src} -> {dst}")
+        factor_field = ef.raw("factor", 1.0)
+        upstream = by_name[src]
+        if isinstance(factor_field, dict):
+            ff = ef.sub("factor")
+            ff.reject_unknown({v.name for v in upstream.variants})
+            factors = {v.name: ff.number(v.name, low=0) for v in upstream.variants}
+        else:
+            value = ef.number("factor", low=0)
+            factors = {v.name: value for v in upstream.variants}
+        edges.append(Edge(src, dst, factors))
+
+    inputs: list[TensorSpec] = []
+    for inf in f.tables("inputs", []):
+        inf.reject_unknown({"name", "datatype", "shape"})
+        dt = inf.str("datatype")
+        if dt not in DATATYPES:
+            raise inf.error("datatype", f"expected one of {', '.join(DATATYPES)}, got {dt!r}")
+        shape = inf.list("shape")
+        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and (d == -1 or d > 0)
+                                for d in shape):
+            raise inf.error("shape", "expected a non-empty array of positive integers or -1")
+        inputs.append(TensorSpec(inf.str("name"), dt, tuple(shape)))
+
+    app = App(name, tuple(tasks), tuple(edges), latency_slo_ms, accuracy_slo, staleness_ms,
+              tuple(inputs) or App.inputs, str(path))
+    if len(app.topological_order) != len(app.tasks):
+        cyclic = sorted(set(app.task_names) - set(app.topological_order))
+        raise f.error("edges", f"the task graph is cyclic (through {', '.join(cyclic)})")
+    return app

@@ -1,0 +1,90 @@
+"""MIG profile tables of the GPU models jigsaw can partition.
+
+A GPU has 8 memory-slice placement slots; an instance of a profile occupies
+``[start, start + size)`` for one of its allowed ``starts`` and no two instances
+of one GPU may overlap. ``compute_slices`` (out of 7) is what the planner pays for.
+Figures are NVIDIA's MIG user guide tables for each GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NUM_PLACEMENT_SLOTS = 8
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    name: str  # e.g. "1g.10gb"
+    compute_slices: int  # out of 7: the planner's cost s_n
+    memory_gb: float  # framebuffer of one instance
+    size: int  # placement slots occupied (memory slices)
+    starts: tuple[int, ...]  # allowed start slots
+    sm_count: int  # streaming multiprocessors of one instance
+    max_per_gpu: int = 7  # e.g. 1 for the "+me" (media extensions) profile
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str  # e.g. "H100-80GB"
+    memory_gb: float
+    sm_count: int
+    profiles: tuple[MigProfile, ...]
+
+    @property
+    def compute_slices(self) -> int:
+        return 7
+
+    def profile(self, name: str) -> MigProfile:
+        for p in self.profiles:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    @property
+    def profile_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.profiles)
+
+    @property
+    def whole_gpu_profile(self) -> MigProfile:
+        return max(self.profiles, key=lambda p: (p.compute_slices, p.size))
+
+
+def _table(name: str, memory_gb: float, sm_count: int, mem_gb: tuple[int, int, int],
+           sms: tuple[int, int, int, int, int]) -> GpuModel:
+    """The A100/H100/H200 family share one placement geometry; only sizes differ.
+
+    ``mem_gb`` is the framebuffer of a 1-, 2- and 4-memory-slice instance.
+    """
+    sm1, sm2, sm3, sm4, sm7 = sms
+    m1, m2, m4 = mem_gb
+    m7 = int(memory_gb)
+    profiles = (
+        MigProfile(f"1g.{m1}gb", 1, m1, 1, (0, 1, 2, 3, 4, 5, 6), sm1),
+        MigProfile(f"1g.{m1}gb+me", 1, m1, 1, (0, 1, 2, 3, 4, 5, 6), sm1, max_per_gpu=1),
+        MigProfile(f"1g.{m2}gb", 1, m2, 2, (0, 2, 4, 6), sm1, max_per_gpu=4),
+        MigProfile(f"2g.{m2}gb", 2, m2, 2, (0, 2, 4), sm2, max_per_gpu=3),
+        MigProfile(f"3g.{m4}gb", 3, m4, 4, (0, 4), sm3, max_per_gpu=2),
+        MigProfile(f"4g.{m4}gb", 4, m4, 4, (0,), sm4, max_per_gpu=1),
+        MigProfile(f"7g.{m7}gb", 7, memory_gb, 8, (0,), sm7, max_per_gpu=1),
+    )
+    return GpuModel(name, memory_gb, sm_count, profiles)
+
+
+GPU_MODELS: dict[str, GpuModel] = {
+    g.name: g
+    for g in (
+        _table("H100-80GB", 80, 132, (10, 20, 40), (16, 32, 60, 64, 132)),
+        _table("H200", 141, 132, (18, 35, 71), (16, 32, 60, 64, 132)),
+        _table("A100-80GB", 80, 108, (10, 20, 40), (14, 28, 42, 56, 98)),
+        _table("A100-40GB", 40, 108, (5, 10, 20), (14, 28, 42, 56, 98)),
+    )
+}
+
+
+def gpu_model(name: str) -> GpuModel:
+    """Looks a GPU model up by name, case-insensitively."""
+    for key, model in GPU_MODELS.items():
+        if key.lower() == name.lower():
+            return model
+    raise KeyError(name)

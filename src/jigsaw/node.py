@@ -1,0 +1,204 @@
+"""The node model: GPUs and how they may be partitioned, planner settings, server limits, apps.
+
+Loaded from a node TOML file (``examples/h100x4.toml``). Relative paths in it are relative to
+the file. Every setting has the paper's value as its default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jigsaw.app import App, load_app
+from jigsaw.errors import ConfigError
+from jigsaw.fields import Fields, read_toml
+from jigsaw.mig import GPU_MODELS, GpuModel, MigProfile, gpu_model
+
+BACKENDS = ("emulated", "tensorrt", "onnxruntime", "torch")
+PAPER_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+PAPER_BETA_SLICES = 28  # the paper's beta = 0.035 was chosen for a 28-slice node
+PAPER_BETA = 0.035
+
+
+@dataclass(frozen=True)
+class SegmentType:
+    """A GPU segment: a MIG instance running ``mps`` identical MPS processes."""
+
+    mig: MigProfile
+    mps: int
+
+    @property
+    def slices(self) -> int:
+        return self.mig.compute_slices
+
+    @property
+    def name(self) -> str:
+        return f"{self.mig.name}x{self.mps}"
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    accuracy_slo: float = 0.9  # fraction of the best end-to-end accuracy
+    demand_slack: float = 0.05  # added to the predicted demand before planning
+    alpha: float = 1.0
+    beta: float | None = None  # None: 0.035 * 28 / slices of the node (the paper's scale)
+    hop_latency_ms: float = 10.0  # per communication hop; added to the SLO per path depth
+    time_limit_s: float = 10.0
+    absolute_gap: float = 1e-4  # on the objective (accuracy units): CBC's stopping gap
+    solver: str = "cbc"  # or "highs"
+    space: str = "ast"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_payload_bytes: int = 16 * 1024 * 1024
+    max_queue: int = 4096  # requests admitted but not answered, per app
+    ring_slots: int = 1024
+    ring_slot_bytes: int = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    bin_seconds: float = 300.0
+    history_bins: int = 5  # the predictor's window
+    replan_violation_rate: float = 0.05  # re-plan early when the bin's SLO violations exceed it
+    repartition_delay_s: float = 2.0  # emulated: time a GPU is unavailable while repartitioned
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    gpu: GpuModel
+    num_gpus: int
+    mig_profiles: tuple[str, ...]  # those the planner may use (default: all of the GPU's table)
+    mps_levels: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    profiles_dir: Path
+    backend: str
+    planner: PlannerSettings = field(default_factory=PlannerSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    control: ControlSettings = field(default_factory=ControlSettings)
+    apps: tuple[App, ...] = ()
+    source: str = ""
+
+    @property
+    def slices_available(self) -> int:
+        return self.num_gpus * self.gpu.compute_slices
+
+    @property
+    def segment_types(self) -> tuple[SegmentType, ...]:
+        return tuple(SegmentType(self.gpu.profile(p), k)
+                     for p in self.mig_profiles for k in self.mps_levels)
+
+    @property
+    def beta(self) -> float:
+        if self.planner.beta is not None:
+            return self.planner.beta
+        return PAPER_BETA * PAPER_BETA_SLICES / max(1, self.slices_available)
+
+    def app(self, name: str) -> App:
+        for a in self.apps:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    def with_gpus(self, num_gpus: int) -> Node:
+        """The same node with another GPU count (capacity studies on hypothetical nodes)."""
+        from dataclasses import replace
+        return replace(self, num_gpus=num_gpus)
+
+
+def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
+    """Reads and validates a node TOML file (and the app files it lists)."""
+    path = Path(path)
+    f = Fields(path, read_toml(path))
+    f.reject_unknown({"name", "description", "gpus", "planner", "server", "control", "apps"})
+    base = path.parent
+
+    g = f.sub("gpus")
+    g.reject_unknown({"model", "count", "mig_profiles", "mps_levels", "batch_sizes",
+                      "profiles_dir", "backend"})
+    model_name = g.str("model")
+    try:
+        gpu = gpu_model(model_name)
+    except KeyError:
+        raise g.error("model", f"unknown GPU model {model_name!r} "
+                               f"(known: {', '.join(GPU_MODELS)})") from None
+    count = g.integer("count", low=1, high=100_000)
+    mig_profiles = g.list("mig_profiles", list(gpu.profile_names))
+    for i, p in enumerate(mig_profiles):
+        if p not in gpu.profile_names:
+            raise ConfigError(str(path), f"gpus.mig_profiles[{i}]",
+                              f"MIG profile {p!r} is not in the {gpu.name} table "
+                              f"({', '.join(gpu.profile_names)})")
+    mps_levels = g.list("mps_levels", [1, 2, 3, 4])
+    if not mps_levels or not all(isinstance(k, int) and 1 <= k <= 48 for k in mps_levels):
+        raise g.error("mps_levels", f"expected MPS levels between 1 and 48, got {mps_levels!r}")
+    batch_sizes = g.list("batch_sizes", list(PAPER_BATCH_SIZES))
+    if not batch_sizes or not all(isinstance(b, int) and 1 <= b <= 4096 for b in batch_sizes):
+        raise g.error("batch_sizes", f"expected batch sizes between 1 and 4096, got {batch_sizes!r}")
+    default_profiles = f"../profiles/{gpu.name.lower()}"
+    profiles_dir = (base / g.str("profiles_dir", default_profiles)).resolve()
+    backend = g.str("backend", "tensorrt")
+    if backend not in BACKENDS:
+        raise g.error("backend", f"expected one of {', '.join(BACKENDS)}, got {backend!r}")
+
+    p = f.sub("planner", {})
+    p.reject_unknown(set(PlannerSettings.__dataclass_fields__))
+    from jigsaw.planner.spaces import SPACES  # noqa: PLC0415 - the planner imports the node
+    solver = p.str("solver", "cbc")
+    if solver not in ("cbc", "highs"):
+        raise p.error("solver", f"expected 'cbc' or 'highs', got {solver!r}")
+    space = p.str("space", "ast")
+    if space not in SPACES:
+        raise p.error("space", f"expected one of {', '.join(SPACES)}, got {space!r}")
+    planner = PlannerSettings(
+        accuracy_slo=p.number("accuracy_slo", 0.9, low=0, high=1, low_open=True),
+        demand_slack=p.number("demand_slack", 0.05, low=0, high=10),
+        alpha=p.number("alpha", 1.0, low=0),
+        beta=p.number("beta", None, low=0) if p.has("beta") else None,
+        hop_latency_ms=p.number("hop_latency_ms", 10.0, low=0),
+        time_limit_s=p.number("time_limit_s", 10.0, low=0, low_open=True),
+        absolute_gap=p.number("absolute_gap", 1e-4, low=0),
+        solver=solver,
+        space=space,
+    )
+
+    s = f.sub("server", {})
+    s.reject_unknown(set(ServerSettings.__dataclass_fields__))
+    server = ServerSettings(
+        host=s.str("host", "127.0.0.1"),
+        port=s.integer("port", 8000, low=0, high=65535),
+        max_payload_bytes=s.integer("max_payload_bytes", 16 * 1024 * 1024, low=1024),
+        max_queue=s.integer("max_queue", 4096, low=1),
+        ring_slots=s.integer("ring_slots", 1024, low=2, high=1 << 20),
+        ring_slot_bytes=s.integer("ring_slot_bytes", 64 * 1024, low=256, high=1 << 30),
+    )
+
+    c = f.sub("control", {})
+    c.reject_unknown(set(ControlSettings.__dataclass_fields__))
+    control = ControlSettings(
+        bin_seconds=c.number("bin_seconds", 300.0, low=0, low_open=True),
+        history_bins=c.integer("history_bins", 5, low=1),
+        replan_violation_rate=c.number("replan_violation_rate", 0.05, low=0, high=1),
+        repartition_delay_s=c.number("repartition_delay_s", 2.0, low=0),
+    )
+
+    apps: list[App] = []
+    if load_apps:
+        for i, rel in enumerate(f.list("apps", [])):
+            if not isinstance(rel, str):
+                raise ConfigError(str(path), f"apps[{i}]", "expected a path to an app TOML file")
+            app = load_app(base / rel)
+            if any(a.name == app.name for a in apps):
+                raise ConfigError(str(path), f"apps[{i}]", f"duplicate app name {app.name!r}")
+            apps.append(app)
+
+    return Node(
+        name=f.str("name", path.stem), gpu=gpu, num_gpus=count,
+        mig_profiles=tuple(mig_profiles), mps_levels=tuple(sorted(set(mps_levels))),
+        batch_sizes=tuple(sorted(set(batch_sizes))), profiles_dir=profiles_dir, backend=backend,
+        planner=planner, server=server, control=control, apps=tuple(apps), source=str(path),
+    )

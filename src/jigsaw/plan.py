@@ -1,0 +1,142 @@
+"""A plan (what to run) and a layout (where it runs): the planner's and packer's outputs.
+
+Plain dataclasses with a JSON form; the CLI, the controller, the runtime and the benches all
+read and write these.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jigsaw.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PlanInstance:
+    """``count`` identical GPU segments running one variant of one task."""
+
+    task: str
+    variant: str
+    mig_profile: str
+    mps: int  # processes in the MIG instance
+    max_batch: int
+    count: int  # number of MIG instances of this kind
+    latency_ms: float  # p95 of one batch of max_batch on one process
+    throughput_rps: float  # of one segment (all its processes)
+    slices: int  # compute slices of one MIG instance
+
+
+@dataclass(frozen=True)
+class LanePlan:
+    """One variant per task and the root request rate sent down that lane."""
+
+    variants: dict[str, str]
+    rate_rps: float
+
+
+@dataclass(frozen=True)
+class PlacedInstance:
+    profile: str
+    start: int
+    task: str = ""
+    variant: str = ""
+    index: int = 0  # which of the plan's instances of (task, variant, profile, mps, max_batch)
+    mps: int = 1
+    max_batch: int = 1
+
+
+@dataclass(frozen=True)
+class GpuLayout:
+    gpu: int
+    instances: tuple[PlacedInstance, ...] = ()
+
+    @property
+    def signature(self) -> tuple[tuple[str, int], ...]:
+        """What a repartition changes: the (profile, start) pairs, not what runs on them."""
+        return tuple(sorted((p.profile, p.start) for p in self.instances))
+
+
+@dataclass(frozen=True)
+class Layout:
+    gpu_model: str
+    gpus: tuple[GpuLayout, ...]
+
+    @property
+    def gpus_used(self) -> int:
+        return sum(1 for g in self.gpus if g.instances)
+
+
+@dataclass
+class Plan:
+    app: str
+    space: str
+    demand_rps: float  # the demand asked for
+    planned_rps: float  # the demand the plan serves (== demand_rps unless max_demand_plan)
+    feasible: bool  # a plan serving demand_rps within the SLOs was found
+    max_demand_plan: bool  # demand was above capacity: this plan serves the most it can
+    status: str  # optimal | feasible | infeasible | error: solver's word
+    objective: float
+    accuracy: float  # end-to-end accuracy relative to the best achievable (0..1)
+    slices_used: int
+    slices_available: int
+    solve_seconds: float
+    gap: float  # absolute gap on the objective; 0 when proven optimal
+    instances: list[PlanInstance] = field(default_factory=list)
+    lanes: list[LanePlan] = field(default_factory=list)
+    task_latency_ms: dict[str, float] = field(default_factory=dict)
+    layout: Layout | None = None
+    node: str = ""
+    gpu_model: str = ""
+    latency_slo_ms: float = 0.0
+    accuracy_slo: float = 0.0
+    columns_total: int = 0
+    columns_pruned: int = 0  # columns left after pruning
+    solver: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.layout is not None:
+            d["layout"] = [
+                {"gpu": g.gpu, "instances": [asdict(p) for p in g.instances]}
+                for g in self.layout.gpus
+            ]
+        else:
+            d["layout"] = []
+        d["gpu_model"] = self.gpu_model or (self.layout.gpu_model if self.layout else "")
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_json_dict(), indent=2, sort_keys=False)
+
+    @classmethod
+    def from_json_dict(cls, d: dict[str, Any], source: str = "<plan>") -> Plan:
+        try:
+            kwargs = dict(d)
+            kwargs["instances"] = [PlanInstance(**i) for i in d.get("instances", [])]
+            kwargs["lanes"] = [LanePlan(dict(x["variants"]), float(x["rate_rps"]))
+                               for x in d.get("lanes", [])]
+            gpus = tuple(
+                GpuLayout(int(g["gpu"]), tuple(PlacedInstance(**p) for p in g["instances"]))
+                for g in d.get("layout", [])
+            )
+            kwargs["layout"] = Layout(d.get("gpu_model", ""), gpus) if gpus else None
+            return cls(**kwargs)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(source, "(plan)", f"not a jigsaw plan: {exc}") from None
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(path), "(file)", "no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), "(syntax)", f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "(top)", "expected a JSON object")
+    return Plan.from_json_dict(data, str(path))
