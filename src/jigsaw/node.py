@@ -13,6 +13,7 @@ from jigsaw.app import App, load_app
 from jigsaw.errors import ConfigError
 from jigsaw.fields import Fields, read_toml
 from jigsaw.mig import GPU_MODELS, GpuModel, MigProfile, gpu_model
+from jigsaw.profiles import ProfileTable, check_coverage, load_profiles
 
 BACKENDS = ("emulated", "tensorrt", "onnxruntime", "torch")
 PAPER_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -202,3 +203,12 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         batch_sizes=tuple(sorted(set(batch_sizes))), profiles_dir=profiles_dir, backend=backend,
         planner=planner, server=server, control=control, apps=tuple(apps), source=str(path),
     )
+
+
+def load_node_profiles(node: Node, apps: tuple[App, ...] | list[App] | None = None) -> ProfileTable:
+    """The node's profile table, checked to cover every variant of ``apps`` (default: the node's)."""
+    table = load_profiles(node.profiles_dir)
+    variants = [v.name for a in (apps if apps is not None else node.apps) for t in a.tasks
+                for v in t.variants]
+    check_coverage(table, variants, node.gpu.profile_names, node.source)
+    return table

@@ -1,0 +1,161 @@
+"""Micro-benchmark of the shared-memory ring: compiled vs pure Python, measured in one run.
+
+    PYTHONPATH=src python bench/ring_micro.py [--seconds 0.5] [--samples 2000]
+
+* throughput: push+pop of one record in one process (records/s);
+* one-way latency: a child process stamps ``created_ns`` and pushes; this process pops and
+  subtracts (ping-pong over a second ring, so no queue builds up). ``spin``: the consumer polls
+  ``pop``; ``doorbell``: it sleeps in ``Doorbell.wait`` and the producer rings.
+
+Absolute numbers depend on the machine; compare the ratio column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC))
+
+from jigsaw.runtime import _pyring  # noqa: E402
+from jigsaw.runtime.rings import SegmentRegistry, load_core  # noqa: E402
+
+SIZES = {"64 B": 64, "16 KiB": 16384}
+
+_PRODUCER = textwrap.dedent("""
+    import sys, time
+    impl, ping_name, pong_name, bell_name, n, size, mode = sys.argv[1:8]
+    n, size = int(n), int(size)
+    if impl == "compiled":
+        from jigsaw._core import RecordHeader, ShmRing
+    else:
+        from jigsaw.runtime._pyring import RecordHeader, ShmRing
+    from jigsaw.runtime.rings import Doorbell
+    ping, pong = ShmRing.attach(ping_name, role="producer"), ShmRing.attach(pong_name, role="consumer")
+    bell = Doorbell.attach(bell_name)
+    payload = bytes(size)
+    give_up = time.monotonic() + 120
+    for i in range(n):
+        h = RecordHeader(request_id=i)
+        h.created_ns = time.monotonic_ns()
+        ping.push(h, payload)
+        if mode == "doorbell":
+            bell.ring()
+        while pong.pop() is None:
+            if time.monotonic() > give_up:
+                sys.exit("consumer stalled")
+    ping.close(); pong.close(); bell.close()
+""")
+
+
+def _impls() -> dict[str, object]:
+    core = load_core()
+    impls: dict[str, object] = {}
+    if core is not None:
+        impls["compiled"] = core
+    impls["pure"] = _pyring
+    return impls
+
+
+def throughput_rps(mod, reg: SegmentRegistry, tag: str, size: int, seconds: float) -> float:
+    name = reg.name(f"tp-{tag}")
+    reg.add_shm(name)
+    ring = mod.ShmRing.create(name, 1 << 22)
+    header = mod.RecordHeader(request_id=1, deadline_ns=2)
+    payload = bytes(size)
+    burst = 256
+    n = 0
+    t0 = time.perf_counter()
+    try:
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(burst):
+                ring.push(header, payload)
+            for _ in range(burst):
+                ring.pop()
+            n += burst
+        return n / (time.perf_counter() - t0)
+    finally:
+        ring.close()
+
+
+def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, samples: int,
+               mode: str) -> tuple[float, float]:
+    ping_name, pong_name = reg.name(f"ping-{tag}"), reg.name(f"pong-{tag}")
+    reg.add_shm(ping_name)
+    reg.add_shm(pong_name)
+    ping = mod.ShmRing.create(ping_name, 1 << 20, role="consumer")
+    pong = mod.ShmRing.create(pong_name, 1 << 16, role="producer")
+    bell = reg.create_doorbell(f"bell-{tag}")
+    env = dict(os.environ, PYTHONPATH=str(SRC), JIGSAW_NO_EXTENSIONS="1" if impl_name == "pure" else "0")
+    proc = subprocess.Popen([sys.executable, "-c", _PRODUCER, impl_name, ping_name, pong_name, bell.name,
+                             str(samples), str(size), mode], env=env)
+    lat_ns = []
+    ack = mod.RecordHeader()
+    give_up = time.monotonic() + 120
+    try:
+        while len(lat_ns) < samples and time.monotonic() < give_up:
+            rec = ping.pop()
+            if rec is None:
+                if mode == "doorbell":
+                    bell.wait(1.0)
+                continue
+            lat_ns.append(time.monotonic_ns() - rec[0].created_ns)
+            pong.push(ack, b"")
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        ping.close()
+        pong.close()
+        bell.close()
+    if len(lat_ns) < samples:
+        raise RuntimeError(f"only {len(lat_ns)} of {samples} latency samples arrived")
+    lat_ns.sort()
+    warm = lat_ns[len(lat_ns) // 20:] if len(lat_ns) > 100 else lat_ns
+    return warm[len(warm) // 2] / 1e3, warm[int(len(warm) * 0.99)] / 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=0.5, help="duration of each throughput run")
+    ap.add_argument("--samples", type=int, default=2000, help="latency samples per configuration")
+    args = ap.parse_args()
+    impls = _impls()
+    if "compiled" not in impls:
+        print("note: jigsaw._core is not built or disabled; showing the pure ring only", file=sys.stderr)
+    rows: list[tuple[str, str, dict[str, float]]] = []
+    with SegmentRegistry(None) as reg:
+        for label, size in SIZES.items():
+            cells = {k: throughput_rps(m, reg, f"{k}-{size}", size, args.seconds) for k, m in impls.items()}
+            rows.append(("push+pop throughput (records/s)", label, cells))
+        for mode in ("spin", "doorbell"):
+            for label, size in SIZES.items():
+                p50 = {}
+                p99 = {}
+                for k, m in impls.items():
+                    p50[k], p99[k] = latency_us(k, m, reg, f"{k}-{size}-{mode}", size, args.samples, mode)
+                rows.append((f"one-way latency p50 (us), {mode}", label, p50))
+                rows.append((f"one-way latency p99 (us), {mode}", label, p99))
+    names = list(impls)
+    header = f"{'metric':<40} {'payload':>8} " + " ".join(f"{n:>12}" for n in names)
+    if len(names) == 2:
+        header += f" {'compiled/pure':>14}"
+    print(header)
+    print("-" * len(header))
+    for metric, label, cells in rows:
+        line = f"{metric:<40} {label:>8} " + " ".join(f"{cells[n]:>12,.1f}" for n in names)
+        if len(names) == 2:
+            line += f" {cells['compiled'] / cells['pure']:>14.2f}"
+        print(line)
+    print(f"\nhost: {os.cpu_count()} CPUs; latency excludes the first 5% of samples (warm-up).")
+
+
+if __name__ == "__main__":
+    main()

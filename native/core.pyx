@@ -1,0 +1,853 @@
+"""Compiled data-plane core: the shared-memory SPSC ring and the batching queue.
+
+Synchronous and asyncio-free. Behaviour and byte layout are those of the pure-Python fallbacks
+(``jigsaw.runtime._pyring`` documents the ring layout, ``jigsaw.runtime._pybatching`` the batching
+rules); tests run against both.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
+from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap
+
+cdef extern from *:
+    """
+    #include <stddef.h>
+    #include <stdint.h>
+    #include <string.h>
+
+    /* Mirrors the record header documented on jigsaw.runtime._pyring.ShmRing. */
+    typedef struct {
+        uint64_t request_id;
+        uint64_t parent_id;
+        uint16_t app;
+        uint16_t task;
+        uint32_t lane;
+        uint32_t child_index;
+        uint32_t child_count;
+        uint16_t status;
+        uint16_t flags;
+        uint32_t payload_len;
+        uint64_t deadline_ns;
+        uint64_t created_ns;
+        uint64_t hops[8];
+    } jg_header_t;
+
+    typedef struct {
+        uint32_t record_bytes;
+        uint32_t kind;
+    } jg_frame_t;
+
+    _Static_assert(sizeof(jg_header_t) == 120, "record header must be 120 bytes");
+    _Static_assert(offsetof(jg_header_t, payload_len) == 36, "payload_len offset");
+    _Static_assert(offsetof(jg_header_t, deadline_ns) == 40, "deadline_ns offset");
+    _Static_assert(offsetof(jg_header_t, hops) == 56, "hops offset");
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    #error "the jigsaw ring format is little endian; big-endian hosts use the pure-Python ring"
+    #endif
+
+    static inline uint64_t jg_load_acquire(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline uint64_t jg_load_relaxed(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    static inline void jg_store_release(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline uint32_t jg_load32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void jg_store32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    """
+    ctypedef struct jg_header_t:
+        uint64_t request_id
+        uint64_t parent_id
+        uint16_t app
+        uint16_t task
+        uint32_t lane
+        uint32_t child_index
+        uint32_t child_count
+        uint16_t status
+        uint16_t flags
+        uint32_t payload_len
+        uint64_t deadline_ns
+        uint64_t created_ns
+        uint64_t hops[8]
+
+    ctypedef struct jg_frame_t:
+        uint32_t record_bytes
+        uint32_t kind
+
+    uint64_t jg_load_acquire(const uint64_t *p) nogil
+    uint64_t jg_load_relaxed(const uint64_t *p) nogil
+    void jg_store_release(uint64_t *p, uint64_t v) nogil
+    uint32_t jg_load32(const uint32_t *p) nogil
+    void jg_store32(uint32_t *p, uint32_t v) nogil
+
+import os
+
+import posix_ipc
+
+from jigsaw.runtime._pybatching import DropReason
+from jigsaw.runtime._pyring import RingClosedError, RingCorruptError
+
+cdef enum:
+    CONTROL_BYTES = 384
+    TAIL_OFFSET = 128
+    PUSHED_OFFSET = 136
+    HEAD_OFFSET = 256
+    POPPED_OFFSET = 264
+    PIDS_OFFSET = 32
+    CLOSED_OFFSET = 40
+    FRAME_BYTES = 8
+    RECORD_OVERHEAD_BYTES = 128
+    KIND_DATA = 0x44415441
+    KIND_SKIP = 0x50494B53
+    NUM_HOPS = 8
+    MIN_CAPACITY_BYTES = 1024
+    VERSION = 1
+
+cdef uint64_t MAGIC = int.from_bytes(b"JIGSAWR1", "little")
+cdef object _DROP_DEADLINE = DropReason.DROP_DEADLINE
+cdef object _DROP_STALE = DropReason.DROP_STALE
+
+cdef inline uint64_t _align8(uint64_t n) noexcept nogil:
+    return (n + 7) & ~(<uint64_t>7)
+
+def default_max_payload_bytes(uint64_t capacity_bytes):
+    return (capacity_bytes // 2 - RECORD_OVERHEAD_BYTES) & ~(<uint64_t>7)
+
+cdef class RecordHeader:
+    """Fixed per-record metadata (a C struct); see ``jigsaw.runtime._pyring.RecordHeader``."""
+
+    cdef jg_header_t c
+
+    def __init__(self, uint64_t request_id=0, uint64_t parent_id=0, uint16_t app=0, uint16_t task=0,
+                 uint32_t lane=0, uint32_t child_index=0, uint32_t child_count=0, uint16_t status=0,
+                 uint16_t flags=0, uint64_t deadline_ns=0, uint64_t created_ns=0, hops=(),
+                 uint32_t payload_len=0):
+        self.c.request_id = request_id
+        self.c.parent_id = parent_id
+        self.c.app = app
+        self.c.task = task
+        self.c.lane = lane
+        self.c.child_index = child_index
+        self.c.child_count = child_count
+        self.c.status = status
+        self.c.flags = flags
+        self.c.deadline_ns = deadline_ns
+        self.c.created_ns = created_ns
+        self.hops = hops
+        self.c.payload_len = payload_len
+
+    @property
+    def request_id(self):
+        return self.c.request_id
+
+    @request_id.setter
+    def request_id(self, uint64_t v):
+        self.c.request_id = v
+
+    @property
+    def parent_id(self):
+        return self.c.parent_id
+
+    @parent_id.setter
+    def parent_id(self, uint64_t v):
+        self.c.parent_id = v
+
+    @property
+    def app(self):
+        return self.c.app
+
+    @app.setter
+    def app(self, uint16_t v):
+        self.c.app = v
+
+    @property
+    def task(self):
+        return self.c.task
+
+    @task.setter
+    def task(self, uint16_t v):
+        self.c.task = v
+
+    @property
+    def lane(self):
+        return self.c.lane
+
+    @lane.setter
+    def lane(self, uint32_t v):
+        self.c.lane = v
+
+    @property
+    def child_index(self):
+        return self.c.child_index
+
+    @child_index.setter
+    def child_index(self, uint32_t v):
+        self.c.child_index = v
+
+    @property
+    def child_count(self):
+        return self.c.child_count
+
+    @child_count.setter
+    def child_count(self, uint32_t v):
+        self.c.child_count = v
+
+    @property
+    def status(self):
+        return self.c.status
+
+    @status.setter
+    def status(self, uint16_t v):
+        self.c.status = v
+
+    @property
+    def flags(self):
+        return self.c.flags
+
+    @flags.setter
+    def flags(self, uint16_t v):
+        self.c.flags = v
+
+    @property
+    def deadline_ns(self):
+        return self.c.deadline_ns
+
+    @deadline_ns.setter
+    def deadline_ns(self, uint64_t v):
+        self.c.deadline_ns = v
+
+    @property
+    def created_ns(self):
+        return self.c.created_ns
+
+    @created_ns.setter
+    def created_ns(self, uint64_t v):
+        self.c.created_ns = v
+
+    @property
+    def payload_len(self):
+        return self.c.payload_len
+
+    @payload_len.setter
+    def payload_len(self, uint32_t v):
+        self.c.payload_len = v
+
+    @property
+    def hops(self):
+        return tuple([self.c.hops[i] for i in range(NUM_HOPS)])
+
+    @hops.setter
+    def hops(self, values):
+        cdef uint64_t tmp[NUM_HOPS]
+        cdef Py_ssize_t i, n = len(values)
+        if n > NUM_HOPS:
+            raise ValueError(f"at most {NUM_HOPS} hop timestamps, got {n}")
+        memset(tmp, 0, sizeof(tmp))
+        for i in range(n):
+            tmp[i] = values[i]
+        memcpy(self.c.hops, tmp, sizeof(tmp))
+
+    def stamp(self, int hop, uint64_t ns):
+        """Record the time ``ns`` in hop slot ``hop`` (0..7)."""
+        if not 0 <= hop < NUM_HOPS:
+            raise IndexError(f"hop index {hop} out of range 0..{NUM_HOPS - 1}")
+        self.c.hops[hop] = ns
+
+    def as_tuple(self):
+        return (self.c.request_id, self.c.parent_id, self.c.app, self.c.task, self.c.lane,
+                self.c.child_index, self.c.child_count, self.c.status, self.c.flags,
+                self.c.deadline_ns, self.c.created_ns, self.hops, self.c.payload_len)
+
+    def copy(self):
+        cdef RecordHeader h = RecordHeader.__new__(RecordHeader)
+        h.c = self.c
+        return h
+
+    def __eq__(self, other):
+        if not hasattr(other, "as_tuple"):
+            return NotImplemented
+        return self.as_tuple() == other.as_tuple()
+
+    __hash__ = None
+
+    def __repr__(self):
+        return (f"RecordHeader(request_id={self.c.request_id}, parent_id={self.c.parent_id}, "
+                f"app={self.c.app}, task={self.c.task}, lane={self.c.lane}, "
+                f"child={self.c.child_index}/{self.c.child_count}, status={self.c.status}, "
+                f"flags={self.c.flags}, deadline_ns={self.c.deadline_ns}, "
+                f"payload_len={self.c.payload_len})")
+
+cdef int _fill_header(jg_header_t *dst, object h) except -1:
+    """Copy a header-like object (any class with the RecordHeader attributes) into ``dst``."""
+    cdef RecordHeader tmp = RecordHeader(
+        h.request_id, h.parent_id, h.app, h.task, h.lane, h.child_index, h.child_count, h.status,
+        h.flags, h.deadline_ns, h.created_ns, h.hops)
+    dst[0] = tmp.c
+    return 0
+
+cdef class ShmRing:
+    """SPSC ring in one POSIX shm segment; layout and ordering on ``jigsaw.runtime._pyring.ShmRing``.
+
+    Head and tail are accessed with C11 acquire/release atomics, so this version is correct on
+    weakly ordered CPUs too.
+    """
+
+    cdef char *_base
+    cdef size_t _map_bytes
+    cdef char *_data
+    cdef uint64_t *_tail
+    cdef uint64_t *_pushed
+    cdef uint64_t *_head
+    cdef uint64_t *_popped
+    cdef uint32_t *_pids
+    cdef uint32_t *_closed
+    cdef uint64_t _capacity
+    cdef uint64_t _max_payload
+    cdef object _name
+
+    def __init__(self):
+        raise TypeError("use ShmRing.create(...) or ShmRing.attach(...)")
+
+    def __dealloc__(self):
+        if self._base != NULL:
+            munmap(self._base, self._map_bytes)
+            self._base = NULL
+
+    @staticmethod
+    cdef ShmRing _from_fd(str name, int fd, size_t map_bytes):
+        cdef void *base = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+        if base == MAP_FAILED:
+            raise OSError(f"mmap of ring {name} ({map_bytes} bytes) failed")
+        cdef ShmRing self = ShmRing.__new__(ShmRing)
+        self._name = name
+        self._base = <char *>base
+        self._map_bytes = map_bytes
+        self._data = self._base + CONTROL_BYTES
+        self._tail = <uint64_t *>(self._base + TAIL_OFFSET)
+        self._pushed = <uint64_t *>(self._base + PUSHED_OFFSET)
+        self._head = <uint64_t *>(self._base + HEAD_OFFSET)
+        self._popped = <uint64_t *>(self._base + POPPED_OFFSET)
+        self._pids = <uint32_t *>(self._base + PIDS_OFFSET)
+        self._closed = <uint32_t *>(self._base + CLOSED_OFFSET)
+        return self
+
+    @classmethod
+    def create(cls, str name, capacity_bytes, *, max_payload_bytes=None, role=None):
+        """Create and initialise a new segment (fails if ``name`` exists); mode 0o600."""
+        cdef uint64_t capacity = _align8(capacity_bytes)
+        if capacity < MIN_CAPACITY_BYTES:
+            raise ValueError(f"ring capacity must be at least {MIN_CAPACITY_BYTES} bytes")
+        limit = default_max_payload_bytes(capacity)
+        if max_payload_bytes is None:
+            max_payload_bytes = limit
+        elif not 0 <= max_payload_bytes <= limit:
+            raise ValueError(f"max_payload_bytes={max_payload_bytes} exceeds {limit}, the most a ring of "
+                             f"{capacity} bytes can always accept; make the ring larger")
+        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=CONTROL_BYTES + capacity)
+        try:
+            self = ShmRing._from_fd(name, shm.fd, CONTROL_BYTES + capacity)
+        finally:
+            shm.close_fd()
+        cdef char *base = (<ShmRing>self)._base
+        (<uint32_t *>(base + 8))[0] = VERSION
+        (<uint32_t *>(base + 12))[0] = CONTROL_BYTES
+        (<uint64_t *>(base + 16))[0] = capacity
+        (<uint64_t *>(base + 24))[0] = max_payload_bytes
+        (<ShmRing>self)._capacity = capacity
+        (<ShmRing>self)._max_payload = max_payload_bytes
+        jg_store_release(<uint64_t *>base, MAGIC)
+        self._claim(role)
+        return self
+
+    @classmethod
+    def attach(cls, str name, *, role=None):
+        """Map an existing ring created by another process (or this one)."""
+        shm = posix_ipc.SharedMemory(name)
+        try:
+            if shm.size < CONTROL_BYTES + MIN_CAPACITY_BYTES:
+                raise RingCorruptError(f"{name}: segment of {shm.size} bytes is too small for a ring")
+            self = ShmRing._from_fd(name, shm.fd, shm.size)
+        finally:
+            shm.close_fd()
+        cdef char *base = (<ShmRing>self)._base
+        cdef uint64_t magic = jg_load_acquire(<uint64_t *>base)
+        cdef uint32_t version = (<uint32_t *>(base + 8))[0]
+        cdef uint32_t control = (<uint32_t *>(base + 12))[0]
+        cdef uint64_t capacity = (<uint64_t *>(base + 16))[0]
+        cdef uint64_t max_payload = (<uint64_t *>(base + 24))[0]
+        if magic != MAGIC or version != VERSION or control != CONTROL_BYTES:
+            self.close()
+            raise RingCorruptError(f"{name}: not a jigsaw ring v{VERSION} (magic={magic:#x}, "
+                                   f"version={version})")
+        if (CONTROL_BYTES + capacity > (<ShmRing>self)._map_bytes or capacity % 8
+                or max_payload > default_max_payload_bytes(capacity)):
+            self.close()
+            raise RingCorruptError(f"{name}: capacity {capacity} inconsistent with segment size "
+                                   f"{(<ShmRing>self)._map_bytes}")
+        (<ShmRing>self)._capacity = capacity
+        (<ShmRing>self)._max_payload = max_payload
+        self._claim(role)
+        return self
+
+    def _claim(self, role):
+        self._check_mapped()
+        if role == "producer":
+            self._pids[0] = os.getpid()
+        elif role == "consumer":
+            self._pids[1] = os.getpid()
+        elif role is not None:
+            raise ValueError(f"role must be 'producer', 'consumer' or None, not {role!r}")
+
+    cdef int _check_mapped(self) except -1:
+        if self._base == NULL:
+            raise ValueError(f"ring {self._name} is closed (unmapped)")
+        return 0
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def capacity_bytes(self):
+        return self._capacity
+
+    @property
+    def max_payload_bytes(self):
+        return self._max_payload
+
+    @property
+    def producer_pid(self):
+        self._check_mapped()
+        return self._pids[0]
+
+    @property
+    def consumer_pid(self):
+        self._check_mapped()
+        return self._pids[1]
+
+    @property
+    def closed(self):
+        """True once either side called ``mark_closed``."""
+        self._check_mapped()
+        return jg_load32(self._closed) != 0
+
+    @property
+    def used_bytes(self):
+        self._check_mapped()
+        cdef uint64_t head = jg_load_acquire(self._head)
+        return jg_load_acquire(self._tail) - head
+
+    def __len__(self):
+        self._check_mapped()
+        cdef uint64_t popped = jg_load_acquire(self._popped)
+        cdef uint64_t pushed = jg_load_acquire(self._pushed)
+        return pushed - popped if pushed > popped else 0
+
+    def mark_closed(self):
+        """Tell the peer no more records will be pushed / popped; records already in stay poppable."""
+        self._check_mapped()
+        jg_store32(self._closed, 1)
+
+    def push(self, header, payload):
+        """Append one record; False when there is no room now (never blocks)."""
+        cdef Py_buffer view
+        cdef jg_header_t tmp
+        cdef const jg_header_t *src
+        cdef uint64_t n, need, tail, pos, skip
+        cdef jg_frame_t *frame
+        cdef char *at
+        self._check_mapped()
+        try:
+            PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+        except BufferError as exc:
+            raise ValueError(f"payload must be a C-contiguous buffer: {exc}") from None
+        try:
+            n = view.len
+            if n > self._max_payload:
+                raise ValueError(f"payload of {n} bytes exceeds this ring's max_payload_bytes="
+                                 f"{self._max_payload} (ring {self._name}, capacity {self._capacity})")
+            if type(header) is RecordHeader:
+                src = &(<RecordHeader>header).c
+            else:
+                _fill_header(&tmp, header)
+                src = &tmp
+            if jg_load32(self._closed):
+                raise RingClosedError(f"ring {self._name} is closed")
+            need = RECORD_OVERHEAD_BYTES + _align8(n)
+            tail = jg_load_relaxed(self._tail)
+            pos = tail % self._capacity
+            skip = self._capacity - pos if need > self._capacity - pos else 0
+            if skip + need > self._capacity - (tail - jg_load_acquire(self._head)):
+                return False
+            if skip:
+                frame = <jg_frame_t *>(self._data + pos)
+                frame.record_bytes = <uint32_t>skip
+                frame.kind = KIND_SKIP
+                pos = 0
+            at = self._data + pos
+            frame = <jg_frame_t *>at
+            frame.record_bytes = <uint32_t>need
+            frame.kind = KIND_DATA
+            memcpy(at + FRAME_BYTES, src, sizeof(jg_header_t))
+            (<jg_header_t *>(at + FRAME_BYTES)).payload_len = <uint32_t>n
+            if n:
+                memcpy(at + RECORD_OVERHEAD_BYTES, view.buf, n)
+            if n & 7:
+                memset(at + RECORD_OVERHEAD_BYTES + n, 0, 8 - (n & 7))
+            jg_store_release(self._tail, tail + skip + need)
+            jg_store_release(self._pushed, jg_load_relaxed(self._pushed) + 1)
+            return True
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef object _take(self, uint64_t *head, uint64_t tail):
+        cdef uint64_t h = head[0]
+        cdef uint64_t pos = h % self._capacity
+        cdef jg_frame_t *frame = <jg_frame_t *>(self._data + pos)
+        cdef uint32_t record_bytes = frame.record_bytes
+        cdef uint32_t kind = frame.kind
+        cdef jg_header_t *src
+        if kind == KIND_SKIP:
+            if record_bytes != self._capacity - pos or h + record_bytes >= tail:
+                raise RingCorruptError(f"ring {self._name}: bad skip record at {pos}")
+            h += record_bytes
+            pos = 0
+            frame = <jg_frame_t *>self._data
+            record_bytes = frame.record_bytes
+            kind = frame.kind
+        if (kind != KIND_DATA or record_bytes < RECORD_OVERHEAD_BYTES or record_bytes % 8
+                or record_bytes > self._capacity - pos or h + record_bytes > tail):
+            raise RingCorruptError(f"ring {self._name}: bad record frame at {pos} "
+                                   f"(kind={kind:#x}, bytes={record_bytes})")
+        src = <jg_header_t *>(self._data + pos + FRAME_BYTES)
+        if RECORD_OVERHEAD_BYTES + _align8(src.payload_len) != record_bytes:
+            raise RingCorruptError(f"ring {self._name}: payload_len {src.payload_len} disagrees with "
+                                   f"record size")
+        cdef RecordHeader rh = RecordHeader.__new__(RecordHeader)
+        rh.c = src[0]
+        payload = PyBytes_FromStringAndSize(self._data + pos + RECORD_OVERHEAD_BYTES, src.payload_len)
+        head[0] = h + record_bytes
+        return (rh, payload)
+
+    def pop(self):
+        """Remove and return the oldest record as ``(header, payload)``, or None when empty."""
+        self._check_mapped()
+        cdef uint64_t tail = jg_load_acquire(self._tail)
+        cdef uint64_t head = jg_load_relaxed(self._head)
+        if head == tail:
+            return None
+        rec = self._take(&head, tail)
+        jg_store_release(self._head, head)
+        jg_store_release(self._popped, jg_load_relaxed(self._popped) + 1)
+        return rec
+
+    def pop_many(self, Py_ssize_t max_n):
+        """Pop up to ``max_n`` records with one tail load and one head store."""
+        self._check_mapped()
+        cdef uint64_t tail = jg_load_acquire(self._tail)
+        cdef uint64_t head = jg_load_relaxed(self._head)
+        cdef list out = []
+        cdef Py_ssize_t k = 0
+        while head != tail and k < max_n:
+            out.append(self._take(&head, tail))
+            k += 1
+        if k:
+            jg_store_release(self._head, head)
+            jg_store_release(self._popped, jg_load_relaxed(self._popped) + k)
+        return out
+
+    def close(self):
+        """Unmap this process's view; idempotent. Does not unlink the name."""
+        if self._base != NULL:
+            munmap(self._base, self._map_bytes)
+            self._base = NULL
+
+    def unlink(self):
+        """Remove the segment's name; idempotent. Existing mappings stay valid."""
+        try:
+            posix_ipc.unlink_shared_memory(self._name)
+        except posix_ipc.ExistentialError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self._base == NULL:
+            return f"<ShmRing {self._name} capacity={self._capacity} unmapped>"
+        return (f"<ShmRing {self._name} capacity={self._capacity} {len(self)} records, "
+                f"{self.used_bytes} bytes used>")
+
+cdef class BatchQueue:
+    """Bounded batching queue with deadline-aware dropping; rules on
+    ``jigsaw.runtime._pybatching.BatchQueue``.
+
+    Storage: fixed slot arrays (capacity is a hard bound), a doubly linked list of slots in
+    (arrival, deadline) order and an indexed binary min-heap of slots by (deadline, push order).
+    """
+
+    cdef Py_ssize_t _capacity
+    cdef Py_ssize_t _max_batch
+    cdef Py_ssize_t _n
+    cdef int64_t _max_wait_ns
+    cdef int64_t _staleness_ns
+    cdef int64_t _remaining_min_ns
+    cdef tuple _exec_table_ns
+    cdef uint64_t _seq_counter
+    # per-slot storage (slot index = position in these arrays)
+    cdef uint64_t *_rid
+    cdef int64_t *_deadline
+    cdef int64_t *_arrival
+    cdef uint64_t *_seq
+    cdef Py_ssize_t *_prev
+    cdef Py_ssize_t *_next
+    cdef Py_ssize_t *_hpos
+    # min-heap of slots by (deadline, seq)
+    cdef Py_ssize_t *_heap
+    cdef list _items
+    cdef Py_ssize_t _first
+    cdef Py_ssize_t _last
+    cdef Py_ssize_t _free
+
+    def __cinit__(self, Py_ssize_t max_batch, int64_t max_wait_ns, Py_ssize_t capacity,
+                  int64_t staleness_ns, int64_t remaining_min_ns, exec_estimate_ns):
+        cdef Py_ssize_t i
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if max_wait_ns < 0 or staleness_ns < 0 or remaining_min_ns < 0:
+            raise ValueError("max_wait_ns, staleness_ns and remaining_min_ns must be >= 0")
+        if isinstance(exec_estimate_ns, int):
+            table = (exec_estimate_ns,)
+        else:
+            table = tuple(int(x) for x in exec_estimate_ns)
+        if not table or any(x < 0 for x in table):
+            raise ValueError("exec_estimate_ns must be a non-negative int or a non-empty table of them")
+        self._exec_table_ns = table
+        self._max_batch = max_batch
+        self._capacity = capacity
+        self._max_wait_ns = max_wait_ns
+        self._staleness_ns = staleness_ns
+        self._remaining_min_ns = remaining_min_ns
+        self._n = 0
+        self._seq_counter = 0
+        self._rid = <uint64_t *>malloc(capacity * sizeof(uint64_t))
+        self._deadline = <int64_t *>malloc(capacity * sizeof(int64_t))
+        self._arrival = <int64_t *>malloc(capacity * sizeof(int64_t))
+        self._seq = <uint64_t *>malloc(capacity * sizeof(uint64_t))
+        self._prev = <Py_ssize_t *>malloc(capacity * sizeof(Py_ssize_t))
+        self._next = <Py_ssize_t *>malloc(capacity * sizeof(Py_ssize_t))
+        self._hpos = <Py_ssize_t *>malloc(capacity * sizeof(Py_ssize_t))
+        self._heap = <Py_ssize_t *>malloc(capacity * sizeof(Py_ssize_t))
+        if (self._rid == NULL or self._deadline == NULL or self._arrival == NULL or self._seq == NULL
+                or self._prev == NULL or self._next == NULL or self._hpos == NULL or self._heap == NULL):
+            raise MemoryError()
+        self._items = [None] * capacity
+        for i in range(capacity):
+            self._next[i] = i + 1
+        self._next[capacity - 1] = -1
+        self._free = 0
+        self._first = -1
+        self._last = -1
+
+    def __dealloc__(self):
+        free(self._rid)
+        free(self._deadline)
+        free(self._arrival)
+        free(self._seq)
+        free(self._prev)
+        free(self._next)
+        free(self._hpos)
+        free(self._heap)
+
+    @property
+    def max_batch(self):
+        return self._max_batch
+
+    @property
+    def capacity(self):
+        return self._capacity
+
+    @property
+    def max_wait_ns(self):
+        return self._max_wait_ns
+
+    @property
+    def staleness_ns(self):
+        return self._staleness_ns
+
+    @property
+    def exec_estimate_ns(self):
+        return self._exec_table_ns
+
+    @property
+    def remaining_min_ns(self):
+        return self._remaining_min_ns
+
+    @remaining_min_ns.setter
+    def remaining_min_ns(self, int64_t value):
+        if value < 0:
+            raise ValueError("remaining_min_ns must be >= 0")
+        self._remaining_min_ns = value
+
+    def __len__(self):
+        return self._n
+
+    cdef int64_t _exec1(self):
+        return self._exec_table_ns[0]
+
+    cdef inline bint _hless(self, Py_ssize_t a, Py_ssize_t b) noexcept:
+        if self._deadline[a] != self._deadline[b]:
+            return self._deadline[a] < self._deadline[b]
+        return self._seq[a] < self._seq[b]
+
+    cdef void _sift_up(self, Py_ssize_t i) noexcept:
+        cdef Py_ssize_t slot = self._heap[i], parent
+        while i > 0:
+            parent = (i - 1) >> 1
+            if not self._hless(slot, self._heap[parent]):
+                break
+            self._heap[i] = self._heap[parent]
+            self._hpos[self._heap[i]] = i
+            i = parent
+        self._heap[i] = slot
+        self._hpos[slot] = i
+
+    cdef void _sift_down(self, Py_ssize_t i) noexcept:
+        cdef Py_ssize_t slot = self._heap[i], child
+        cdef Py_ssize_t n = self._n
+        while True:
+            child = 2 * i + 1
+            if child >= n:
+                break
+            if child + 1 < n and self._hless(self._heap[child + 1], self._heap[child]):
+                child += 1
+            if not self._hless(self._heap[child], slot):
+                break
+            self._heap[i] = self._heap[child]
+            self._hpos[self._heap[i]] = i
+            i = child
+        self._heap[i] = slot
+        self._hpos[slot] = i
+
+    cdef void _heap_remove(self, Py_ssize_t slot) noexcept:
+        cdef Py_ssize_t i = self._hpos[slot]
+        cdef Py_ssize_t last = self._n - 1
+        cdef Py_ssize_t moved
+        self._n = last
+        if i != last:
+            moved = self._heap[last]
+            self._heap[i] = moved
+            self._hpos[moved] = i
+            self._sift_up(i)
+            if self._hpos[moved] == i:
+                self._sift_down(i)
+
+    cdef object _remove(self, Py_ssize_t slot):
+        cdef Py_ssize_t p = self._prev[slot], q = self._next[slot]
+        if p != -1:
+            self._next[p] = q
+        else:
+            self._first = q
+        if q != -1:
+            self._prev[q] = p
+        else:
+            self._last = p
+        self._heap_remove(slot)
+        item = self._items[slot]
+        self._items[slot] = None
+        self._next[slot] = self._free
+        self._free = slot
+        return (self._rid[slot], self._deadline[slot], self._arrival[slot], item)
+
+    def push(self, uint64_t request_id, int64_t deadline_ns, int64_t arrival_ns, item):
+        """Queue one request; False when the queue holds ``capacity`` requests."""
+        cdef Py_ssize_t slot, p
+        if self._n >= self._capacity:
+            return False
+        slot = self._free
+        self._free = self._next[slot]
+        self._rid[slot] = request_id
+        self._deadline[slot] = deadline_ns
+        self._arrival[slot] = arrival_ns
+        self._seq[slot] = self._seq_counter
+        self._seq_counter += 1
+        self._items[slot] = item
+        p = self._last
+        while p != -1 and (self._arrival[p] > arrival_ns
+                           or (self._arrival[p] == arrival_ns and self._deadline[p] > deadline_ns)):
+            p = self._prev[p]
+        self._prev[slot] = p
+        if p == -1:
+            self._next[slot] = self._first
+            self._first = slot
+        else:
+            self._next[slot] = self._next[p]
+            self._next[p] = slot
+        if self._next[slot] == -1:
+            self._last = slot
+        else:
+            self._prev[self._next[slot]] = slot
+        self._heap[self._n] = slot
+        self._hpos[slot] = self._n
+        self._n += 1
+        self._sift_up(self._n - 1)
+        return True
+
+    def next_batch(self, int64_t now_ns, bint idle):
+        """Release up to ``max_batch`` oldest requests if a release rule holds, else None."""
+        cdef Py_ssize_t k
+        if self._n == 0:
+            return None
+        if not (idle or self._n >= self._max_batch
+                or now_ns - self._arrival[self._first] >= self._max_wait_ns):
+            return None
+        k = self._n if self._n < self._max_batch else self._max_batch
+        return [self._remove(self._first) for _ in range(k)]
+
+    def expired(self, int64_t now_ns):
+        """Remove and return ``(request_id, deadline_ns, arrival_ns, item, reason)`` to drop now."""
+        cdef int64_t slack_ns = self._exec1() + self._remaining_min_ns
+        cdef Py_ssize_t slot
+        cdef list out = []
+        while self._n:
+            slot = self._heap[0]
+            if self._deadline[slot] - now_ns >= slack_ns:
+                break
+            out.append(self._remove(slot) + (_DROP_DEADLINE,))
+        while self._n:
+            slot = self._first
+            if now_ns - self._arrival[slot] <= self._staleness_ns:
+                break
+            out.append(self._remove(slot) + (_DROP_STALE,))
+        return out
+
+    def next_wakeup_ns(self, int64_t now_ns):
+        """Earliest time a release or drop rule can next fire (>= now_ns), or None when empty."""
+        if self._n == 0:
+            return None
+        if self._n >= self._max_batch:
+            return now_ns
+        cdef int64_t oldest = self._arrival[self._first]
+        cdef int64_t t = oldest + self._max_wait_ns
+        cdef int64_t t_stale = oldest + self._staleness_ns + 1
+        cdef int64_t t_drop = self._deadline[self._heap[0]] - (self._exec1() + self._remaining_min_ns) + 1
+        if t_stale < t:
+            t = t_stale
+        if t_drop < t:
+            t = t_drop
+        return t if t > now_ns else now_ns
+
+    def drain(self):
+        """Remove and return every queued request, oldest first (shutdown, reconfiguration)."""
+        cdef list out = []
+        while self._n:
+            out.append(self._remove(self._first))
+        return out
+
+    def __repr__(self):
+        return (f"<BatchQueue {self._n}/{self._capacity} max_batch={self._max_batch} "
+                f"max_wait_ns={self._max_wait_ns}>")

@@ -1,0 +1,244 @@
+"""``jigsaw``: the offline tools (check, plan, capacity, pack)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from jigsaw.app import App, load_app
+from jigsaw.errors import ConfigError, JigsawError
+from jigsaw.fields import read_toml
+from jigsaw.node import Node, load_node, load_node_profiles
+from jigsaw.plan import Plan, load_plan
+from jigsaw.planner.spaces import SPACES
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except JigsawError as exc:
+        print(f"jigsaw: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("jigsaw: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jigsaw", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("check", help="validate a node, app or plan file")
+    c.add_argument("files", nargs="+", metavar="FILE")
+    c.add_argument("--node", help="node config to check a plan against")
+    c.set_defaults(func=cmd_check)
+
+    pl = sub.add_parser("plan", help="plan one app for one demand")
+    pl.add_argument("--app", required=True, help="app TOML file, or the name of an app of the node")
+    pl.add_argument("--node", required=True, help="node TOML file")
+    pl.add_argument("--demand", required=True, type=float, metavar="RPS")
+    pl.add_argument("--space", choices=SPACES, help="search space (default: the node's)")
+    pl.add_argument("--time-limit", type=float, metavar="S")
+    pl.add_argument("--solver", choices=("cbc", "highs"))
+    pl.add_argument("--previous", metavar="PLAN.json", help="warm start and keep unchanged GPUs")
+    pl.add_argument("--gpus", type=int, help="override the node's GPU count")
+    pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    pl.add_argument("--out", metavar="PLAN.json", help="also write the plan's JSON here")
+    pl.set_defaults(func=cmd_plan)
+
+    ca = sub.add_parser("capacity", help="maximum serviceable demand")
+    ca.add_argument("--app", required=True)
+    ca.add_argument("--node", required=True)
+    ca.add_argument("--gpus", type=int, help="override the node's GPU count")
+    ca.add_argument("--space", default=None, help=f"one of {', '.join(SPACES)}, or 'all'")
+    ca.add_argument("--time-limit", type=float, metavar="S")
+    ca.add_argument("--solver", choices=("cbc", "highs"))
+    ca.add_argument("--json", action="store_true")
+    ca.set_defaults(func=cmd_capacity)
+
+    pk = sub.add_parser("pack", help="lay a plan's MIG instances onto GPUs")
+    pk.add_argument("--plan", required=True, metavar="PLAN.json")
+    pk.add_argument("--previous", metavar="OLD.json", help="keep GPUs whose layout is unchanged")
+    pk.add_argument("--node", help="node TOML (default: the plan's GPU model and its GPU count)")
+    pk.add_argument("--format", choices=("mig-parted", "commands", "json"), default="mig-parted")
+    pk.set_defaults(func=cmd_pack)
+    return p
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+def _node_and_app(args: argparse.Namespace) -> tuple[Node, App]:
+    node = load_node(args.node)
+    if getattr(args, "gpus", None) is not None:
+        if args.gpus < 1:
+            raise ConfigError("--gpus", "--gpus", f"expected a GPU count >= 1, got {args.gpus}")
+        node = node.with_gpus(args.gpus)
+    app_path = Path(args.app)
+    if app_path.suffix == ".toml" or app_path.exists():
+        app = load_app(app_path)
+    else:
+        try:
+            app = node.app(args.app)
+        except KeyError:
+            names = ", ".join(a.name for a in node.apps) or "none"
+            raise ConfigError(args.node, "apps", f"no app named {args.app!r} (apps: {names})") from None
+    return node, app
+
+
+def _table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_plan(plan: Plan) -> str:
+    head = (f"app {plan.app}  space {plan.space}  demand {plan.demand_rps:g} rps  "
+            f"status {plan.status}{'  MAX-DEMAND PLAN' if plan.max_demand_plan else ''}\n"
+            f"serves {plan.planned_rps:.4g} rps  accuracy {plan.accuracy:.4f} of best "
+            f"(SLO {plan.accuracy_slo:g})  slices {plan.slices_used}/{plan.slices_available}  "
+            f"objective {plan.objective:.5f}  gap {plan.gap:.2g}  "
+            f"solved in {plan.solve_seconds:.2f} s ({plan.solver}, "
+            f"{plan.columns_pruned}/{plan.columns_total} columns after pruning)")
+    parts = [head]
+    for note in plan.notes:
+        parts.append(f"note: {note}")
+    if plan.instances:
+        rows = [[i.task, i.variant, i.mig_profile, i.mps, i.max_batch, i.count,
+                 f"{i.latency_ms:.1f}", f"{i.throughput_rps:.1f}", i.count * i.slices]
+                for i in plan.instances]
+        parts.append(_table(rows, ["task", "variant", "mig", "mps", "max_batch", "count",
+                                   "latency_ms", "rps/inst", "slices"]))
+        lat = "  ".join(f"{t} {ms:.1f} ms" for t, ms in plan.task_latency_ms.items())
+        parts.append(f"worst per-task latency: {lat}  (SLO {plan.latency_slo_ms:g} ms, 2x per task)")
+        lrows = [[" ".join(f"{t}={v}" for t, v in lane.variants.items()), f"{lane.rate_rps:.3f}"]
+                 for lane in sorted(plan.lanes, key=lambda x: -x.rate_rps)]
+        parts.append(_table(lrows, ["lane", "rate_rps"]))
+    if plan.layout is not None:
+        lines = []
+        for g in plan.layout.gpus:
+            desc = ", ".join(f"{p.profile}@{p.start}:{p.variant}" for p in
+                             sorted(g.instances, key=lambda p: p.start)) or "(empty)"
+            lines.append(f"  GPU {g.gpu}: {desc}")
+        parts.append("layout:\n" + "\n".join(lines))
+    return "\n\n".join(parts)
+
+
+# ---- commands ------------------------------------------------------------------------------
+
+def cmd_check(args: argparse.Namespace) -> int:
+    for name in args.files:
+        path = Path(name)
+        if path.suffix == ".json":
+            plan = load_plan(path)
+            msg = f"ok: plan for {plan.app} ({len(plan.instances)} instance kinds)"
+            if args.node:
+                from jigsaw.planner.verify import verify_plan  # noqa: PLC0415
+
+                node = load_node(args.node)
+                app = node.app(plan.app)
+                problems = verify_plan(plan, app, node, load_node_profiles(node, [app]))
+                if problems:
+                    for pr in problems:
+                        print(f"{path}: {pr}", file=sys.stderr)
+                    return 1
+                msg += f", verified against {args.node}"
+            print(f"{path}: {msg}")
+            continue
+        data = read_toml(path)
+        if "gpus" in data:
+            node = load_node(path)
+            table = load_node_profiles(node)
+            print(f"{path}: ok: node {node.name} ({node.num_gpus}x {node.gpu.name}, "
+                  f"{len(node.apps)} apps, {len(table)} profile rows: {', '.join(sorted(table.sources))})")
+        elif "tasks" in data:
+            app = load_app(path)
+            print(f"{path}: ok: app {app.name} ({len(app.tasks)} tasks, depth {app.depth}, "
+                  f"{len(app.lanes())} lanes, SLO {app.latency_slo_ms:g} ms)")
+        else:
+            raise ConfigError(str(path), "(top)", "neither a node ([gpus] table) nor an app "
+                                                  "([[tasks]]) file")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from jigsaw.planner.milp import plan  # noqa: PLC0415 - keeps 'jigsaw check' light
+
+    node, app = _node_and_app(args)
+    profiles = load_node_profiles(node, [app])
+    previous = load_plan(args.previous) if args.previous else None
+    result = plan(app, node, profiles, args.demand, space=args.space, previous=previous,
+                  time_limit_s=args.time_limit, solver=args.solver)
+    if args.out:
+        Path(args.out).write_text(result.to_json() + "\n")
+    print(result.to_json() if args.json else format_plan(result))
+    return 0
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from jigsaw.planner.milp import capacity  # noqa: PLC0415
+
+    node, app = _node_and_app(args)
+    profiles = load_node_profiles(node, [app])
+    spaces = SPACES if args.space == "all" else (args.space or node.planner.space,)
+    for s in spaces:
+        if s not in SPACES:
+            raise ConfigError("--space", "--space", f"expected one of {', '.join(SPACES)} or all")
+    results = [capacity(app, node, profiles, space=s, time_limit_s=args.time_limit,
+                        solver=args.solver) for s in spaces]
+    base = next((r.max_demand_rps for r in results if r.space == "unopt"), None)
+    if args.json:
+        out = [{"app": r.app, "space": r.space, "max_demand_rps": r.max_demand_rps,
+                "vs_unopt": (r.max_demand_rps / base) if base else None,
+                "slices_used": r.plan.slices_used, "slices_available": r.plan.slices_available,
+                "accuracy": r.plan.accuracy, "status": r.status, "solve_seconds": r.solve_seconds}
+               for r in results]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+        return 0
+    rows = [[r.space, f"{r.max_demand_rps:.2f}", f"{r.max_demand_rps / base:.2f}x" if base else "-",
+             f"{r.plan.slices_used}/{r.plan.slices_available}", f"{r.plan.accuracy:.3f}", r.status,
+             f"{r.solve_seconds:.1f}"] for r in results]
+    print(f"capacity of {app.name} on {node.num_gpus}x {node.gpu.name}")
+    print(_table(rows, ["space", "max_rps", "vs_unopt", "slices", "accuracy", "status", "seconds"]))
+    return 0
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from jigsaw.mig import gpu_model  # noqa: PLC0415
+    from jigsaw.planner.packer import (  # noqa: PLC0415
+        instances_from_plan,
+        pack,
+        to_mig_parted_yaml,
+        to_nvidia_smi_commands,
+    )
+
+    plan = load_plan(args.plan)
+    previous = load_plan(args.previous).layout if args.previous else None
+    if args.node:
+        node = load_node(args.node, load_apps=False)
+        gpu, num_gpus = node.gpu, node.num_gpus
+    else:
+        try:
+            gpu = gpu_model(plan.gpu_model)
+        except KeyError:
+            raise ConfigError(args.plan, "gpu_model", f"unknown GPU model {plan.gpu_model!r}") from None
+        num_gpus = max(plan.slices_available // gpu.compute_slices, 1)
+    layout = pack(instances_from_plan(plan), gpu, num_gpus, previous)
+    if args.format == "mig-parted":
+        print(to_mig_parted_yaml(layout), end="")
+    elif args.format == "commands":
+        print("\n".join(to_nvidia_smi_commands(layout, previous)))
+    else:
+        plan.layout = layout
+        print(json.dumps(plan.to_json_dict()["layout"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""The planner: an exact MILP (DESIGN section 3, "lanes") solved with CBC or HiGHS.
+
+``plan(app, node, profiles, demand_rps) -> Plan`` is a pure function of its inputs.
+
+Variables: ``lam[c]`` root rate sent down lane c (one variant per task); ``M[j]`` instances
+of column j (task, variant, segment, max batch); ``N[j]`` whether column j is used;
+``L[t]`` the slowest chosen latency of task t; ``S[t,v]`` the slices of (t, v) as an
+integer the solver can branch on; ``Y[g]`` GPUs laid out by maximal per-GPU layout g.
+Constraints (paper's equation numbers): demand per (t,v) from lanes (5), capacity (6),
+latency binaries (1)-(3), slices (7)-(8), PAS accuracy (10)-(13) made linear by lanes,
+packability by maximal valid per-GPU layouts. Objective (14).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mip
+
+from jigsaw.app import App, Lane
+from jigsaw.errors import PlanError
+from jigsaw.node import Node
+from jigsaw.plan import LanePlan, Plan, PlanInstance
+from jigsaw.planner.columns import Column, ColumnSet, allowed_variants, build_columns
+from jigsaw.planner.layouts import maximal_layout_counts
+from jigsaw.planner.packer import PackingError, instances_from_plan, pack
+from jigsaw.planner.spaces import SearchSpace, search_space
+from jigsaw.profiles import ProfileTable
+
+Factors = dict[tuple[str, str, str], float]
+MIN_DEMAND_RPS = 0.01  # below this a plan still keeps one instance per task warm
+_RATE_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The maximum serviceable demand of an app on a node under a search space."""
+
+    app: str
+    space: str
+    max_demand_rps: float
+    plan: Plan  # the cheapest plan serving max_demand_rps
+    solve_seconds: float
+    status: str
+
+
+@dataclass
+class _Problem:
+    app: App
+    node: Node
+    space: SearchSpace
+    colset: ColumnSet
+    lanes: list[Lane]
+    lane_acc: list[float]  # relative to A_max
+    lane_mult: list[dict[str, float]]  # per lane: requests per root request at each task
+    layouts: list[dict[str, int]]
+
+
+def _problem(app: App, node: Node, profiles: ProfileTable, space: SearchSpace,
+             factors: Factors | None) -> _Problem:
+    colset = build_columns(app, node, profiles, space, factors)
+    lanes = app.lanes(allowed_variants(app, space))
+    a_max = app.max_accuracy(factors)
+    lane_acc = [app.lane_accuracy(c, factors) / a_max for c in lanes]
+    lane_mult = [app.multipliers(c, factors) for c in lanes]
+    used_profiles = sorted({c.mig_profile for c in colset.columns})
+    layouts = [dict(zip(used_profiles, counts, strict=True))
+               for counts in maximal_layout_counts(node.gpu, used_profiles)] if used_profiles else []
+    return _Problem(app, node, space, colset, lanes, lane_acc, lane_mult, layouts)
+
+
+class _Model:
+    """One MILP over a _Problem; ``demand_rps`` None makes the demand a variable (capacity)."""
+
+    def __init__(self, pb: _Problem, demand_rps: float | None, solver: str, threads: int = 1):
+        self.pb = pb
+        node, app, cols = pb.node, pb.app, pb.colset.columns
+        name = {"cbc": mip.CBC, "highs": "HiGHS"}.get(solver)
+        if name is None:
+            raise PlanError(f"unknown solver {solver!r} (expected cbc or highs)")
+        m = mip.Model(sense=mip.MAXIMIZE, solver_name=name)
+        m.verbose = 0
+        m.threads = threads
+        self.m = m
+        slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+        self.slo_acc = slo_acc
+
+        self.lam = [m.add_var(lb=0.0, name=f"lam{i}") for i in range(len(pb.lanes))]
+        if demand_rps is None:
+            self.R: mip.Var | float = m.add_var(lb=0.0, name="R")
+            m += mip.xsum(self.lam) == self.R
+        else:
+            self.R = demand_rps
+            m += mip.xsum(self.lam) == demand_rps
+
+        # Demand on each (task, variant) and its largest possible value (for big-M bounds).
+        task_index = {t: i for i, t in enumerate(app.task_names)}
+        demand_terms: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+        for li, lane in enumerate(pb.lanes):
+            for t in app.task_names:
+                mult = pb.lane_mult[li][t]
+                if mult > 0:
+                    demand_terms[(t, lane[task_index[t]])].append((li, mult))
+        max_mult = {tv: max(mm for _, mm in terms) for tv, terms in demand_terms.items()}
+
+        by_tv: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for j, c in enumerate(cols):
+            by_tv[(c.task, c.variant)].append(j)
+
+        max_per_gpu = {p.name: p.max_per_gpu for p in node.gpu.profiles}
+        self.M: list[mip.Var] = []
+        self.N: list[mip.Var] = []
+        for j, c in enumerate(cols):
+            ub = min(node.slices_available // c.slices, node.num_gpus * max_per_gpu[c.mig_profile])
+            if demand_rps is not None:
+                need = demand_rps * max_mult.get((c.task, c.variant), 0.0) / c.throughput_rps
+                ub = min(ub, max(1, math.ceil(need - 1e-9)))
+            self.M.append(m.add_var(var_type=mip.INTEGER, lb=0, ub=ub, name=f"M{j}"))
+            self.N.append(m.add_var(var_type=mip.BINARY, name=f"N{j}"))
+            m += self.M[j] <= ub * self.N[j]
+            m += self.N[j] <= self.M[j]
+
+        self.L = {t: m.add_var(lb=0.0, name=f"L_{t}") for t in app.task_names}
+        for j, c in enumerate(cols):
+            m += self.L[c.task] >= c.latency_ms * self.N[j]
+        budgets = pb.colset.budgets
+        # Hop latency is budgeted on top of the SLO: the runtime deadline adds it per depth.
+        for p in app.paths:
+            m += mip.xsum(2 * self.L[t] for t in p) <= app.latency_slo_ms
+
+        # Capacity per (t, v), with an integer slice count and its valid inequality.
+        self.S: dict[tuple[str, str], mip.Var] = {}
+        for tv, terms in demand_terms.items():
+            demand = mip.xsum(mult * self.lam[li] for li, mult in terms)
+            js = by_tv.get(tv, [])
+            if not js:
+                for li, _ in terms:
+                    m += self.lam[li] == 0
+                continue
+            m += mip.xsum(cols[j].throughput_rps * self.M[j] for j in js) >= demand
+            s = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.slices_available, name=f"S_{tv[0]}_{tv[1]}")
+            m += s == mip.xsum(cols[j].slices * self.M[j] for j in js)
+            best_per_slice = max(cols[j].throughput_rps / cols[j].slices for j in js)
+            m += best_per_slice * s >= demand
+            self.S[tv] = s
+
+        slices_total = mip.xsum(c.slices * self.M[j] for j, c in enumerate(cols))
+        m += slices_total <= node.slices_available
+        for t in app.task_names:
+            task_slices = mip.xsum(c.slices * self.M[j] for j, c in enumerate(cols) if c.task == t)
+            bound = budgets.slices[t] if budgets else node.slices_available
+            m += task_slices <= bound
+
+        # Packability: every GPU takes one maximal valid layout (or a part of it).
+        self.Y = [m.add_var(var_type=mip.INTEGER, lb=0, ub=node.num_gpus, name=f"Y{g}")
+                  for g in range(len(pb.layouts))]
+        m += mip.xsum(self.Y) <= node.num_gpus
+        for prof in {c.mig_profile for c in cols}:
+            m += mip.xsum(self.M[j] for j, c in enumerate(cols) if c.mig_profile == prof) <= \
+                mip.xsum(lay.get(prof, 0) * self.Y[g] for g, lay in enumerate(pb.layouts))
+
+        # Accuracy (PAS over lanes, relative to the best): A_obj * R >= SLO_a * R.
+        acc_total = mip.xsum(a * self.lam[li] for li, a in enumerate(pb.lane_acc))
+        m += acc_total >= slo_acc * (self.R if demand_rps is None else demand_rps)
+
+        beta = node.beta
+        if demand_rps is None:
+            # Maximise the demand; slices only break ties (the plan is re-solved afterwards).
+            m.objective = mip.maximize(self.R - 1e-6 * slices_total)
+        else:
+            r = max(demand_rps, MIN_DEMAND_RPS)
+            m.objective = mip.maximize(node.planner.alpha * acc_total * (1.0 / r) - beta * slices_total)
+        m.max_mip_gap_abs = node.planner.absolute_gap if demand_rps is not None else 1e-3
+        m.max_mip_gap = 1e-6
+
+    def warm_start(self, previous: Plan) -> None:
+        cols = self.pb.colset.columns
+        index = {c.key: j for j, c in enumerate(cols)}
+        start: list[tuple[mip.Var, float]] = []
+        for inst in previous.instances:
+            j = index.get((inst.task, inst.variant, inst.mig_profile, inst.mps, inst.max_batch))
+            if j is None:
+                return  # the previous plan uses a column that no longer exists
+            start += [(self.M[j], float(inst.count)), (self.N[j], 1.0)]
+        if start:
+            self.m.start = start
+
+    def solve(self, time_limit_s: float) -> tuple[mip.OptimizationStatus, float]:
+        t0 = time.perf_counter()
+        status = self.m.optimize(max_seconds=time_limit_s)
+        return status, time.perf_counter() - t0
+
+    def extract(self, pb: _Problem, demand_rps: float, planned_rps: float, status: str,
+                solve_s: float) -> Plan:
+        cols = pb.colset.columns
+        app, node = pb.app, pb.node
+        counts: dict[int, int] = {}
+        for j, var in enumerate(self.M):
+            x = var.x
+            if x is not None and round(x) > 0:
+                counts[j] = int(round(x))
+        instances = [
+            PlanInstance(c.task, c.variant, c.mig_profile, c.mps, c.batch, counts[j], c.latency_ms,
+                         c.throughput_rps, c.slices)
+            for j, c in enumerate(cols) if j in counts
+        ]
+        lanes = []
+        total = sum(max(0.0, v.x or 0.0) for v in self.lam) or 1.0
+        for li, var in enumerate(self.lam):
+            rate = var.x or 0.0
+            if rate > _RATE_EPS * max(1.0, total):
+                lanes.append(LanePlan(app.lane_dict(pb.lanes[li]), rate))
+        accuracy = sum(pb.lane_acc[li] * (self.lam[li].x or 0.0) for li in range(len(pb.lanes))) / total
+        task_latency = {t: max((i.latency_ms for i in instances if i.task == t), default=0.0)
+                        for t in app.task_names}
+        slices_used = sum(i.count * i.slices for i in instances)
+        obj = self.m.objective_value if self.m.objective_value is not None else float("nan")
+        bound = self.m.objective_bound
+        gap = 0.0 if status == "optimal" else abs(bound - obj) if bound is not None else float("inf")
+        return Plan(
+            app=app.name, space=pb.space.name, demand_rps=demand_rps, planned_rps=planned_rps,
+            feasible=True, max_demand_plan=False, status=status, objective=obj,
+            accuracy=accuracy, slices_used=slices_used, slices_available=node.slices_available,
+            solve_seconds=solve_s, gap=gap, instances=instances, lanes=lanes,
+            task_latency_ms=task_latency, node=node.name, gpu_model=node.gpu.name,
+            latency_slo_ms=app.latency_slo_ms, accuracy_slo=self.slo_acc,
+            columns_total=pb.colset.num_candidates, columns_pruned=len(cols),
+            solver=node.planner.solver,
+        )
+
+
+def _status_word(status: mip.OptimizationStatus) -> str:
+    if status == mip.OptimizationStatus.OPTIMAL:
+        return "optimal"
+    if status == mip.OptimizationStatus.FEASIBLE:
+        return "feasible"
+    if status in (mip.OptimizationStatus.INFEASIBLE, mip.OptimizationStatus.INT_INFEASIBLE):
+        return "infeasible"
+    if status == mip.OptimizationStatus.NO_SOLUTION_FOUND:
+        return "no_solution"
+    return status.name.lower()
+
+
+def _with_layout(plan: Plan, node: Node, previous: Plan | None) -> Plan:
+    prev_layout = previous.layout if previous is not None else None
+    if prev_layout is not None and prev_layout.gpu_model != node.gpu.name:
+        prev_layout = None
+    plan.layout = pack(instances_from_plan(plan), node.gpu, node.num_gpus, prev_layout)
+    return plan
+
+
+def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
+         space: str | SearchSpace | None = None, previous: Plan | None = None,
+         time_limit_s: float | None = None, factors: Factors | None = None,
+         solver: str | None = None) -> Plan:
+    """The cheapest accurate-enough configuration serving ``demand_rps`` root requests/s.
+
+    Above capacity, returns the plan of the maximum serviceable demand with
+    ``max_demand_plan=True`` and ``feasible=False``. Always packed onto the node's GPUs.
+    """
+    if not demand_rps >= 0 or math.isinf(demand_rps):
+        raise PlanError(f"demand must be a finite number >= 0, got {demand_rps!r}")
+    sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
+    limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
+    solver = solver or node.planner.solver
+    pb = _problem(app, node, profiles, sp, factors)
+    t0 = time.perf_counter()
+    r = max(demand_rps, MIN_DEMAND_RPS)
+    model = _Model(pb, r, solver)
+    if previous is not None:
+        model.warm_start(previous)
+    status, _ = model.solve(limit)
+    word = _status_word(status)
+    if word in ("optimal", "feasible"):
+        result = model.extract(pb, demand_rps, r, word, time.perf_counter() - t0)
+        return _with_layout(result, node, previous)
+    if word == "infeasible" or pb.colset.columns == ():
+        cap = _capacity(pb, solver, limit)
+        if cap.max_demand_rps <= 0:
+            return _empty_plan(pb, demand_rps, cap.status, time.perf_counter() - t0,
+                               "no configuration serves any demand within the SLOs")
+        result = _plan_at(pb, cap.max_demand_rps, solver, limit)
+        result.demand_rps = demand_rps
+        result.feasible = False
+        result.max_demand_plan = True
+        result.solve_seconds = time.perf_counter() - t0
+        result.notes.append(f"demand {demand_rps:g} rps is above capacity "
+                            f"{cap.max_demand_rps:.6g} rps: serving the maximum")
+        return _with_layout(result, node, previous)
+    return _empty_plan(pb, demand_rps, word, time.perf_counter() - t0,
+                       f"the solver found no plan within {limit:g} s")
+
+
+def _plan_at(pb: _Problem, demand_rps: float, solver: str, limit: float) -> Plan:
+    # Capacity is the supremum of a closed set, but float round-off can make it infeasible:
+    # back off by a hair until the plan solves.
+    for shrink in (1.0, 1 - 1e-7, 1 - 1e-5, 1 - 1e-3):
+        model = _Model(pb, demand_rps * shrink, solver)
+        status, secs = model.solve(limit)
+        word = _status_word(status)
+        if word in ("optimal", "feasible"):
+            return model.extract(pb, demand_rps * shrink, demand_rps * shrink, word, secs)
+    raise PlanError(f"could not re-solve at the maximum demand {demand_rps:g} rps")
+
+
+def _empty_plan(pb: _Problem, demand_rps: float, status: str, secs: float, note: str) -> Plan:
+    return Plan(app=pb.app.name, space=pb.space.name, demand_rps=demand_rps, planned_rps=0.0,
+                feasible=False, max_demand_plan=False, status=status, objective=float("nan"),
+                accuracy=0.0, slices_used=0, slices_available=pb.node.slices_available,
+                solve_seconds=secs, gap=float("inf"), node=pb.node.name,
+                gpu_model=pb.node.gpu.name, latency_slo_ms=pb.app.latency_slo_ms,
+                columns_total=pb.colset.num_candidates, columns_pruned=len(pb.colset.columns),
+                solver=pb.node.planner.solver, notes=[note])
+
+
+def _capacity(pb: _Problem, solver: str, limit: float) -> _Cap:
+    if not pb.colset.columns:
+        return _Cap(0.0, "infeasible", 0.0)
+    model = _Model(pb, None, solver)
+    status, secs = model.solve(limit)
+    word = _status_word(status)
+    if word not in ("optimal", "feasible"):
+        return _Cap(0.0, word, secs)
+    r = model.R.x if isinstance(model.R, mip.Var) else model.R
+    return _Cap(max(0.0, r or 0.0), word, secs)
+
+
+@dataclass(frozen=True)
+class _Cap:
+    max_demand_rps: float
+    status: str
+    seconds: float
+
+
+def capacity(app: App, node: Node, profiles: ProfileTable, *, space: str | SearchSpace | None = None,
+             time_limit_s: float | None = None, factors: Factors | None = None,
+             solver: str | None = None) -> Capacity:
+    """Maximum serviceable demand (root requests/s) and the cheapest plan that serves it."""
+    sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
+    limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
+    solver = solver or node.planner.solver
+    pb = _problem(app, node, profiles, sp, factors)
+    t0 = time.perf_counter()
+    cap = _capacity(pb, solver, limit)
+    if cap.max_demand_rps <= 0:
+        empty = _empty_plan(pb, 0.0, cap.status, time.perf_counter() - t0,
+                            "no configuration serves any demand within the SLOs")
+        return Capacity(app.name, sp.name, 0.0, empty, time.perf_counter() - t0, cap.status)
+    result = _plan_at(pb, cap.max_demand_rps, solver, limit)
+    result.solve_seconds = time.perf_counter() - t0
+    result = _with_layout(result, node, None)
+    return Capacity(app.name, sp.name, result.planned_rps, result, time.perf_counter() - t0,
+                    cap.status)
+
+
+def column_counts(app: App, node: Node, profiles: ProfileTable, space: str = "ast",
+                  factors: Factors | None = None) -> ColumnSet:
+    """The columns the MILP would see (for reports and benches)."""
+    return build_columns(app, node, profiles, search_space(space), factors)
+
+
+__all__: Sequence[str] = ("Capacity", "PackingError", "capacity", "column_counts", "plan")

@@ -1,0 +1,507 @@
+"""Packs a plan's MIG instances onto physical GPUs and writes the result for the node to apply.
+
+``pack`` places instances with the paper's greedy first-fit (largest first, fewest GPUs) and,
+where greedy leaves something out, solves the packing exactly, so ``PackingError`` means that no
+packing exists. Given the previous bin's layout it keeps GPUs whose MIG partition can stay as it
+is, because a repartition is disruptive. The layout is written as a mig-parted config and as
+explicit ``nvidia-smi`` commands (only the commands carry the exact start slots).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jigsaw.errors import JigsawError
+from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel, MigProfile
+from jigsaw.plan import GpuLayout, Layout, PlacedInstance, Plan
+from jigsaw.planner.layouts import (
+    MAX_COMPUTE_SLICES,
+    Counts,
+    fits_on_gpu,
+    layout_counts,
+    maximal_layout_counts,
+    placement_violations,
+    room,
+    slot_mask,
+)
+
+# DFS nodes the exact fallback may visit before handing the problem to a small MILP
+_DFS_NODE_BUDGET = 500
+_MILP_TIME_LIMIT_S = 30.0
+
+
+class PackingError(JigsawError):
+    """The requested MIG instances cannot be placed on the node's GPUs."""
+
+
+@dataclass(frozen=True)
+class InstanceRequest:
+    """One MIG instance the plan wants, with what will run in it."""
+
+    profile: str
+    task: str = ""
+    variant: str = ""
+    mps: int = 1
+    max_batch: int = 1
+    index: int = 0
+
+    @property
+    def key(self) -> tuple[str, str, str, int, int]:
+        """What makes two instances interchangeable: same model in the same segment."""
+        return (self.task, self.variant, self.profile, self.mps, self.max_batch)
+
+
+def _placed_key(p: PlacedInstance) -> tuple[str, str, str, int, int]:
+    return (p.task, p.variant, p.profile, p.mps, p.max_batch)
+
+
+def _sort_key(r: InstanceRequest) -> tuple[str, str, str, int, int, int]:
+    return (r.profile, r.task, r.variant, r.mps, r.max_batch, r.index)
+
+
+def instances_from_plan(plan: Plan) -> list[InstanceRequest]:
+    """One request per MIG instance of the plan (``PlanInstance.count`` copies, indexed 0..)."""
+    return [
+        InstanceRequest(pi.mig_profile, pi.task, pi.variant, pi.mps, pi.max_batch, i)
+        for pi in plan.instances
+        for i in range(pi.count)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# greedy first-fit
+
+
+class _GpuState:
+    """Occupied slots, per-profile counts and compute slices of one GPU during greedy packing."""
+
+    def __init__(self) -> None:
+        self.mask = 0
+        self.compute = 0
+        self.counts: Counter[str] = Counter()
+        self.placed: list[tuple[InstanceRequest, int]] = []
+
+    def starts(self, p: MigProfile) -> list[int]:
+        if self.counts[p.name] >= p.max_per_gpu or self.compute + p.compute_slices > MAX_COMPUTE_SLICES:
+            return []
+        return [s for s in p.starts
+                if s + p.size <= NUM_PLACEMENT_SLOTS and not self.mask & slot_mask(p, s)]
+
+    def add(self, r: InstanceRequest, p: MigProfile, start: int) -> None:
+        self.mask |= slot_mask(p, start)
+        self.compute += p.compute_slices
+        self.counts[p.name] += 1
+        self.placed.append((r, start))
+
+    def signature(self) -> list[tuple[str, int]]:
+        return [(r.profile, s) for r, s in self.placed]
+
+
+def _greedy(requests: Sequence[InstanceRequest], gpu: GpuModel,
+            num_gpus: int) -> list[list[tuple[InstanceRequest, int]]] | None:
+    """The paper's first-fit: largest first, each onto the first GPU with a valid start.
+
+    Order: size in slots, then compute slices, both descending. Start rule: among the valid
+    starts on that GPU take the one that leaves the most ``room`` (still-possible placements
+    weighted by their size), the lowest start on ties - e.g. a lone 1g instance goes to slot 6,
+    keeping slots 0-3 free for a 4g. Returns per-GPU ``(request, start)`` lists or None.
+    """
+    states = [_GpuState() for _ in range(num_gpus)]
+    order = sorted(requests, key=lambda r: (-gpu.profile(r.profile).size,
+                                            -gpu.profile(r.profile).compute_slices, _sort_key(r)))
+    for r in order:
+        p = gpu.profile(r.profile)
+        for st in states:
+            starts = st.starts(p)
+            if not starts:
+                continue
+            base = st.signature()
+            best = max(starts, key=lambda s, base=base: (room(gpu, [*base, (p.name, s)]), -s))
+            st.add(r, p, best)
+            break
+        else:
+            return None
+    return [st.placed for st in states]
+
+
+# ---------------------------------------------------------------------------------------------
+# exact fallback
+
+
+class _BudgetExceeded(Exception):
+    pass
+
+
+def _exact_dfs(gpu: GpuModel, names: tuple[str, ...], demand: Counts,
+               num_gpus: int) -> list[Counts] | None:
+    """Per-GPU count vectors covering ``demand`` exactly, by DFS over GPUs; None if impossible.
+
+    On each GPU only the vectors that are maximal within what is still to place are tried: any
+    solution can be rewritten to use them, since packable multisets are downward closed.
+    """
+    vecs = [v for v in layout_counts(gpu, names) if any(v)]
+    compute = [gpu.profile(n).compute_slices for n in names]
+    failed: set[tuple[Counts, int]] = set()
+    nodes = 0
+
+    def dfs(rem: Counts, k: int) -> list[Counts] | None:
+        nonlocal nodes
+        if not any(rem):
+            return []
+        if k == 0 or sum(c * x for c, x in zip(compute, rem)) > MAX_COMPUTE_SLICES * k:
+            return None
+        if (rem, k) in failed:
+            return None
+        nodes += 1
+        if nodes > _DFS_NODE_BUDGET:
+            raise _BudgetExceeded
+        capped = {tuple(min(a, b) for a, b in zip(v, rem)) for v in vecs}
+        cands = [c for c in capped
+                 if any(c) and not any(d != c and all(x >= y for x, y in zip(d, c)) for d in capped)]
+        cands.sort(key=lambda c: (-sum(a * b for a, b in zip(compute, c)), c))
+        for c in cands:
+            sub = dfs(tuple(a - b for a, b in zip(rem, c)), k - 1)
+            if sub is not None:
+                return [c, *sub]
+        failed.add((rem, k))
+        return None
+
+    return dfs(demand, num_gpus)
+
+
+def _exact_milp(gpu: GpuModel, names: tuple[str, ...], demand: Counts,
+                num_gpus: int) -> list[Counts] | None:
+    """The same question as a tiny integer program over the maximal one-GPU vectors.
+
+    x_v = GPUs given vector v; sum x_v <= num_gpus; sum x_v * v >= demand; minimize GPUs. The
+    surplus is then trimmed (downward closure keeps every trimmed vector packable).
+    """
+    import mip  # deferred: only needed when the DFS gives up
+
+    vecs = [v for v in maximal_layout_counts(gpu, names) if any(v)]
+    m = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC)
+    m.verbose = 0
+    m.threads = 1
+    x = [m.add_var(var_type=mip.INTEGER, lb=0, ub=num_gpus) for _ in vecs]
+    m += mip.xsum(x) <= num_gpus
+    for i, d in enumerate(demand):
+        m += mip.xsum(v[i] * xv for v, xv in zip(vecs, x)) >= d
+    m.objective = mip.xsum(x)
+    status = m.optimize(max_seconds=_MILP_TIME_LIMIT_S)
+    if status == mip.OptimizationStatus.INFEASIBLE:
+        return None
+    if status not in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE):
+        raise PackingError(f"exact packing gave no answer within {_MILP_TIME_LIMIT_S:.0f} s ({status.name})")
+    out: list[list[int]] = []
+    for v, xv in zip(vecs, x):
+        out.extend([list(v) for _ in range(round(xv.x))])
+    surplus = [sum(v[i] for v in out) - d for i, d in enumerate(demand)]
+    for i in range(len(names)):
+        for v in reversed(out):
+            take = min(surplus[i], v[i])
+            v[i] -= take
+            surplus[i] -= take
+    return [tuple(v) for v in out if any(v)]
+
+
+def _exact(requests: Sequence[InstanceRequest], gpu: GpuModel,
+           num_gpus: int) -> list[list[tuple[InstanceRequest, int]]] | None:
+    """Exact packing: per-GPU multisets from the valid-layout enumeration, then placements."""
+    by_profile: dict[str, list[InstanceRequest]] = defaultdict(list)
+    for r in sorted(requests, key=_sort_key):
+        by_profile[r.profile].append(r)
+    names = tuple(n for n in gpu.profile_names if n in by_profile)
+    demand = tuple(len(by_profile[n]) for n in names)
+    try:
+        vectors = _exact_dfs(gpu, names, demand, num_gpus)
+    except _BudgetExceeded:
+        vectors = _exact_milp(gpu, names, demand, num_gpus)
+    if vectors is None:
+        return None
+    bins: list[list[tuple[InstanceRequest, int]]] = []
+    for v in vectors:
+        multiset = [n for n, c in zip(names, v) for _ in range(c)]
+        placement = fits_on_gpu(gpu, multiset)
+        assert placement is not None  # every vector comes from a valid layout
+        bins.append([(by_profile[name].pop(0), start) for name, start in placement])
+    bins.extend([] for _ in range(num_gpus - len(bins)))
+    return bins
+
+
+def _pack_fresh(requests: Sequence[InstanceRequest], gpu: GpuModel,
+                num_gpus: int) -> list[list[tuple[InstanceRequest, int]]] | None:
+    """Greedy first, exact when greedy leaves something out; None only if impossible."""
+    if not requests:
+        return [[] for _ in range(num_gpus)]
+    if sum(gpu.profile(r.profile).compute_slices for r in requests) > MAX_COMPUTE_SLICES * num_gpus:
+        return None
+    bins = _greedy(requests, gpu, num_gpus)
+    if bins is None:
+        bins = _exact(requests, gpu, num_gpus)
+    return bins
+
+
+# ---------------------------------------------------------------------------------------------
+# reuse of the previous layout
+
+
+def _match_previous(previous: Layout, wanted: Sequence[InstanceRequest], num_gpus: int, gpu: GpuModel
+                    ) -> tuple[dict[int, list[tuple[InstanceRequest, int]]], dict[int, int],
+                               list[InstanceRequest]]:
+    """GPUs whose previous partition can stay: every previous MIG instance gets a wanted one.
+
+    Wanted instances are matched first to identical previous ones (same task, variant, profile,
+    MPS level and max batch; the same index preferred), which keep their GPU and start; then a
+    previous instance left without a match may host another wanted instance of the same profile
+    (a model swap inside an existing MIG instance, no repartition) - but only on a GPU that is
+    then fully used, since otherwise it must be repartitioned anyway. Returns the kept GPUs'
+    assignments, their number of identical matches, and the wanted instances not yet placed.
+    """
+    # a previous partition that breaks the rules (hand-edited, other table) is never kept
+    prev_gpus = [g for g in previous.gpus
+                 if 0 <= g.gpu < num_gpus and g.instances
+                 and not placement_violations(gpu, [(p.profile, p.start) for p in g.instances])]
+    pool: dict[tuple[str, str, str, int, int], list[InstanceRequest]] = defaultdict(list)
+    for r in sorted(wanted, key=_sort_key):
+        pool[r.key].append(r)
+    slots: dict[tuple[int, int], InstanceRequest] = {}  # (gpu, start) -> request
+
+    # identical instance, same index
+    for g in prev_gpus:
+        for p in g.instances:
+            cands = pool.get(_placed_key(p), [])
+            for i, r in enumerate(cands):
+                if r.index == p.index:
+                    slots[(g.gpu, p.start)] = cands.pop(i)
+                    break
+    # identical instance, any index
+    for g in prev_gpus:
+        for p in g.instances:
+            if (g.gpu, p.start) not in slots and pool.get(_placed_key(p)):
+                slots[(g.gpu, p.start)] = pool[_placed_key(p)].pop(0)
+    exact = {g.gpu: sum((g.gpu, p.start) in slots for p in g.instances) for g in prev_gpus}
+
+    by_profile: dict[str, list[InstanceRequest]] = defaultdict(list)
+    for lst in pool.values():
+        for r in lst:
+            by_profile[r.profile].append(r)
+    for lst in by_profile.values():
+        lst.sort(key=_sort_key)
+
+    kept: dict[int, list[tuple[InstanceRequest, int]]] = {}
+    # GPUs with the fewest unmatched MIG instances are completed first
+    order = sorted(prev_gpus, key=lambda g: (sum((g.gpu, p.start) not in slots for p in g.instances), g.gpu))
+    for g in order:
+        missing = Counter(p.profile for p in g.instances if (g.gpu, p.start) not in slots)
+        if any(len(by_profile[name]) < c for name, c in missing.items()):
+            # cannot be fully used: repartitioned, so its matches may refill another GPU
+            for p in g.instances:
+                r = slots.pop((g.gpu, p.start), None)
+                if r is not None:
+                    by_profile[r.profile].append(r)
+                    by_profile[r.profile].sort(key=_sort_key)
+            continue
+        assignment = []
+        for p in sorted(g.instances, key=lambda p: p.start):
+            r = slots.get((g.gpu, p.start))
+            if r is None:
+                r = by_profile[p.profile].pop(0)
+            assignment.append((r, p.start))
+        kept[g.gpu] = assignment
+    remaining = [r for lst in by_profile.values() for r in lst]
+    return kept, {g: exact[g] for g in kept}, remaining
+
+
+def _assign_bins(bins: list[list[tuple[InstanceRequest, int]]], free_gpus: list[int],
+                 previous: Layout | None, gpu: GpuModel) -> dict[int, list[tuple[InstanceRequest, int]]]:
+    """Puts freshly packed per-GPU bins onto the free GPUs so that the fewest GPUs change.
+
+    A bin whose multiset equals a free GPU's previous partition takes that GPU and its previous
+    starts (unchanged); other bins go to GPUs that change anyway (previously partitioned), then
+    to previously empty ones.
+    """
+    prev = {g.gpu: g for g in previous.gpus} if previous is not None else {}
+    free = list(free_gpus)
+    out: dict[int, list[tuple[InstanceRequest, int]]] = {}
+    rest: list[list[tuple[InstanceRequest, int]]] = []
+    for b in (b for b in bins if b):
+        names = sorted(r.profile for r, _ in b)
+        for gid in free:
+            g = prev.get(gid)
+            if (g is not None and g.instances and sorted(p.profile for p in g.instances) == names
+                    and not placement_violations(gpu, [(p.profile, p.start) for p in g.instances])):
+                out[gid] = _onto_placement(b, g)
+                free.remove(gid)
+                break
+        else:
+            rest.append(b)
+    free.sort(key=lambda gid: (not (gid in prev and prev[gid].instances), gid))
+    for b, gid in zip(rest, free):
+        out[gid] = b
+    return out
+
+
+def _onto_placement(b: list[tuple[InstanceRequest, int]], g: GpuLayout) -> list[tuple[InstanceRequest, int]]:
+    """Moves a bin onto a GPU's previous placement of the same multiset, matching identical
+    previous instances to their old starts where possible."""
+    reqs = sorted((r for r, _ in b), key=_sort_key)
+    out: list[tuple[InstanceRequest, int]] = []
+    slots = sorted(g.instances, key=lambda p: p.start)
+    pending = []
+    for p in slots:
+        for i, r in enumerate(reqs):
+            if r.key == _placed_key(p):
+                out.append((reqs.pop(i), p.start))
+                break
+        else:
+            pending.append(p)
+    for p in pending:
+        i = next(i for i, r in enumerate(reqs) if r.profile == p.profile)
+        out.append((reqs.pop(i), p.start))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# public entry points
+
+
+def _to_layout(gpu: GpuModel, num_gpus: int,
+               assignment: dict[int, list[tuple[InstanceRequest, int]]]) -> Layout:
+    gpus = []
+    for gid in range(num_gpus):
+        placed = sorted(assignment.get(gid, []), key=lambda x: x[1])
+        gpus.append(GpuLayout(gid, tuple(
+            PlacedInstance(profile=r.profile, start=s, task=r.task, variant=r.variant, index=r.index,
+                           mps=r.mps, max_batch=r.max_batch)
+            for r, s in placed)))
+    return Layout(gpu.name, tuple(gpus))
+
+
+def pack(instances: Sequence[InstanceRequest], gpu: GpuModel, num_gpus: int,
+         previous: Layout | None = None) -> Layout:
+    """Places every requested MIG instance on ``num_gpus`` GPUs of model ``gpu``.
+
+    Greedy first-fit (largest first, fewest GPUs), with an exact fallback, so it raises
+    ``PackingError`` only when no packing exists. With ``previous``, GPUs whose partition can
+    stay (see ``_match_previous``) come out unchanged and only the rest is packed; if that rest
+    does not fit, kept GPUs are given up (those with the fewest identical instances first, 1,
+    then 2, 4, ... at a time) until it does - with all given up it is a fresh packing, so reuse never makes a
+    packable plan fail.
+    """
+    if num_gpus < 0:
+        raise PackingError(f"number of GPUs must be >= 0, got {num_gpus}")
+    unknown = sorted({r.profile for r in instances} - set(gpu.profile_names))
+    if unknown:
+        raise PackingError(f"unknown MIG profile(s) {', '.join(unknown)} for {gpu.name} "
+                           f"(known: {', '.join(gpu.profile_names)})")
+    total = sum(gpu.profile(r.profile).compute_slices for r in instances)
+    if total > MAX_COMPUTE_SLICES * num_gpus:
+        raise PackingError(f"{len(instances)} MIG instances need {total} compute slices; "
+                           f"{num_gpus} x {gpu.name} have {MAX_COMPUTE_SLICES * num_gpus}")
+    if previous is not None and previous.gpu_model and previous.gpu_model != gpu.name:
+        raise PackingError(f"previous layout is for {previous.gpu_model}, not {gpu.name}")
+
+    kept: dict[int, list[tuple[InstanceRequest, int]]] = {}
+    exact: dict[int, int] = {}
+    remaining = list(instances)
+    if previous is not None:
+        kept, exact, remaining = _match_previous(previous, instances, num_gpus, gpu)
+    give_up = 1
+    while True:
+        free = [gid for gid in range(num_gpus) if gid not in kept]
+        bins = _pack_fresh(remaining, gpu, len(free))
+        if bins is not None:
+            assignment = dict(kept)
+            assignment.update(_assign_bins(bins, free, previous, gpu))
+            return _to_layout(gpu, num_gpus, assignment)
+        if not kept:
+            break
+        # a tier is the kept GPUs with the fewest identical instances; no tier is given up
+        # before the one below it, and within a tier 1, 2, 4, ... GPUs at a time bound the
+        # number of exact solves, also on a 100-GPU node
+        tier = min(exact[gid] for gid in kept)
+        in_tier = sorted((gid for gid in kept if exact[gid] == tier), key=lambda gid: (len(kept[gid]), -gid))
+        for gid in in_tier[:give_up]:
+            remaining += [r for r, _ in kept.pop(gid)]
+        give_up *= 2
+    counts = Counter(r.profile for r in instances)
+    what = ", ".join(f"{c} x {n}" for n, c in sorted(counts.items()))
+    raise PackingError(f"no valid MIG packing of {what} ({total} compute slices) "
+                       f"on {num_gpus} x {gpu.name}: the placement rules leave no room")
+
+
+def changed_gpus(previous: Layout, new: Layout) -> list[int]:
+    """GPUs whose MIG partition (the ``(profile, start)`` signature) differs: to repartition."""
+    old = {g.gpu: g.signature for g in previous.gpus}
+    cur = {g.gpu: g.signature for g in new.gpus}
+    return sorted(gid for gid in set(old) | set(cur) if old.get(gid, ()) != cur.get(gid, ()))
+
+
+def validate_layout(layout: Layout, gpu: GpuModel) -> list[str]:
+    """Every rule the layout breaks (empty when valid): an independent check of any packing."""
+    problems: list[str] = []
+    if layout.gpu_model and layout.gpu_model != gpu.name:
+        problems.append(f"layout is for {layout.gpu_model}, checked against {gpu.name}")
+    seen: set[int] = set()
+    for g in layout.gpus:
+        if g.gpu < 0:
+            problems.append(f"GPU index {g.gpu} is negative")
+        if g.gpu in seen:
+            problems.append(f"GPU {g.gpu} appears more than once")
+        seen.add(g.gpu)
+        problems += [f"GPU {g.gpu}: {p}"
+                     for p in placement_violations(gpu, [(i.profile, i.start) for i in g.instances])]
+    return problems
+
+
+_CONFIG_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def to_mig_parted_yaml(layout: Layout, config_name: str = "jigsaw") -> str:
+    """The layout as an ``nvidia-mig-parted`` config (``version: v1``), one entry per GPU.
+
+    mig-parted takes per-GPU profile counts and chooses the start slots itself, so this file
+    carries the partition sizes, not the exact placement (``to_nvidia_smi_commands`` does).
+    A GPU without instances stays in MIG mode with no devices (``mig-devices: {}``): switching
+    MIG mode off and on needs a GPU reset, while an empty partition can be filled next bin.
+    """
+    if not _CONFIG_NAME.match(config_name):
+        raise ValueError(f"config name {config_name!r}: use letters, digits, '.', '_' or '-'")
+    lines = ["version: v1", "mig-configs:", f"  {config_name}:"]
+    for g in sorted(layout.gpus, key=lambda g: g.gpu):
+        lines += [f"    - devices: [{g.gpu}]", "      mig-enabled: true"]
+        counts = Counter(p.profile for p in g.instances)
+        if not counts:
+            lines.append("      mig-devices: {}")
+            continue
+        lines.append("      mig-devices:")
+        lines += [f'        "{name}": {counts[name]}' for name in sorted(counts)]
+    return "\n".join(lines) + "\n"
+
+
+def to_nvidia_smi_commands(layout: Layout, previous: Layout | None = None) -> list[str]:
+    """Explicit commands that realize the layout: per changed GPU, destroy then create.
+
+    Without ``previous`` every GPU is treated as changed and its existing instances are
+    destroyed first (the destroy commands fail harmlessly on a GPU with none). With ``previous``
+    only ``changed_gpus`` get commands, and the destroy pair is left out where the previous
+    layout had no instances. Creation uses the documented ``<profile>:<start>`` placement form
+    with ``-C`` (default compute instance), one instance per command, in slot order. MIG mode
+    itself must already be enabled.
+    """
+    prev = {g.gpu: g for g in previous.gpus} if previous is not None else {}
+    targets = set(changed_gpus(previous, layout)) if previous is not None else {g.gpu for g in layout.gpus}
+    cur = {g.gpu: g for g in layout.gpus}
+    cmds: list[str] = []
+    for gid in sorted(targets):
+        if previous is None or (gid in prev and prev[gid].instances):
+            cmds += [f"nvidia-smi mig -dci -i {gid}", f"nvidia-smi mig -dgi -i {gid}"]
+        g = cur.get(gid)
+        if g is None:
+            continue
+        for p in sorted(g.instances, key=lambda p: (p.start, p.profile)):
+            cmds.append(f"nvidia-smi mig -i {gid} -cgi {p.profile}:{p.start} -C")
+    return cmds

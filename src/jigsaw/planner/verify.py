@@ -1,0 +1,135 @@
+"""An independent check of a plan: recomputes everything from the instance list and profiles.
+
+Shares no code with the MILP: it is what the tests, ``jigsaw check plan.json`` and the
+controller use to refuse a plan that breaks the paper's constraints.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from jigsaw.app import App
+from jigsaw.mig import NUM_PLACEMENT_SLOTS
+from jigsaw.node import Node
+from jigsaw.plan import Plan
+from jigsaw.profiles import ProfileTable
+
+_REL_TOL = 1e-6
+
+
+def verify_plan(plan: Plan, app: App, node: Node, profiles: ProfileTable,
+                factors: dict[tuple[str, str, str], float] | None = None) -> list[str]:
+    """Every violated constraint of ``plan``, as readable sentences (empty: the plan is sound)."""
+    problems: list[str] = []
+    if not plan.instances:
+        return ["the plan has no instances"] if plan.feasible or plan.max_demand_plan else []
+    mig = {p.name: p for p in node.gpu.profiles}
+
+    # Profiles, memory and the search space.
+    for inst in plan.instances:
+        row = profiles.get(inst.variant, inst.mig_profile, inst.mps, inst.max_batch)
+        label = f"{inst.task}/{inst.variant} on {inst.mig_profile}x{inst.mps} b{inst.max_batch}"
+        if row is None:
+            problems.append(f"{label}: no profile row")
+            continue
+        if abs(row.latency_ms - inst.latency_ms) > 1e-6 * max(1.0, row.latency_ms) or \
+                abs(row.throughput_rps - inst.throughput_rps) > 1e-6 * max(1.0, row.throughput_rps):
+            problems.append(f"{label}: latency/throughput differ from the profile")
+        if inst.mig_profile not in mig:
+            problems.append(f"{label}: MIG profile not in the {node.gpu.name} table")
+            continue
+        if inst.mps * row.memory_mb > mig[inst.mig_profile].memory_gb * 1024:
+            problems.append(f"{label}: {inst.mps} x {row.memory_mb:.0f} MB exceeds the instance memory")
+        if inst.slices != mig[inst.mig_profile].compute_slices:
+            problems.append(f"{label}: slices {inst.slices} != {mig[inst.mig_profile].compute_slices}")
+        if inst.count < 1:
+            problems.append(f"{label}: count {inst.count} < 1")
+        if plan.space in ("unopt", "a", "t", "at") and (inst.mig_profile != node.gpu.whole_gpu_profile.name
+                                                        or inst.mps != 1):
+            problems.append(f"{label}: space {plan.space} allows whole GPUs only")
+        if plan.space in ("unopt", "s", "t", "st") and inst.variant != app.task(inst.task).best.name:
+            problems.append(f"{label}: space {plan.space} allows the most accurate variant only")
+
+    # Latency: worst instance of each task, doubled for batching, along every path.
+    worst = defaultdict(float)
+    for inst in plan.instances:
+        worst[inst.task] = max(worst[inst.task], inst.latency_ms)
+    for path in app.paths:
+        total = sum(2 * worst[t] for t in path)
+        if total > app.latency_slo_ms * (1 + _REL_TOL):
+            problems.append(f"path {' -> '.join(path)}: 2 x latencies = {total:.1f} ms > SLO "
+                            f"{app.latency_slo_ms:g} ms")
+
+    # Demand from the lanes against the capacity of the instances, per (task, variant).
+    rate = sum(lane.rate_rps for lane in plan.lanes)
+    if abs(rate - plan.planned_rps) > _REL_TOL * max(1.0, plan.planned_rps):
+        problems.append(f"lanes carry {rate:.6g} rps, the plan serves {plan.planned_rps:.6g}")
+    demand: dict[tuple[str, str], float] = defaultdict(float)
+    acc = 0.0
+    for lane in plan.lanes:
+        order = tuple(lane.variants[t] for t in app.task_names)
+        mult = app.multipliers(order, factors)
+        for t in app.task_names:
+            demand[(t, lane.variants[t])] += lane.rate_rps * mult[t]
+        acc += lane.rate_rps * app.lane_accuracy(order, factors)
+    supply: dict[tuple[str, str], float] = defaultdict(float)
+    for inst in plan.instances:
+        supply[(inst.task, inst.variant)] += inst.count * inst.throughput_rps
+    for key, need in demand.items():
+        if need > supply[key] * (1 + _REL_TOL) + 1e-9:
+            problems.append(f"{key[0]}/{key[1]}: demand {need:.6g} rps > capacity {supply[key]:.6g} rps")
+
+    # Accuracy (PAS), relative to the most accurate variants.
+    if rate > 0:
+        relative = acc / rate / app.max_accuracy(factors)
+        if relative < plan.accuracy_slo * (1 - _REL_TOL):
+            problems.append(f"accuracy {relative:.4f} < SLO {plan.accuracy_slo:g}")
+        if abs(relative - plan.accuracy) > 1e-4:
+            problems.append(f"reported accuracy {plan.accuracy:.6f} != recomputed {relative:.6f}")
+
+    # Slices and the layout.
+    slices = sum(i.count * mig[i.mig_profile].compute_slices for i in plan.instances if i.mig_profile in mig)
+    if slices != plan.slices_used:
+        problems.append(f"slices_used {plan.slices_used} != recomputed {slices}")
+    if slices > node.slices_available:
+        problems.append(f"{slices} slices > {node.slices_available} available")
+    problems.extend(_verify_layout(plan, node))
+    return problems
+
+
+def _verify_layout(plan: Plan, node: Node) -> list[str]:
+    if plan.layout is None:
+        return ["the plan has no layout"]
+    problems: list[str] = []
+    mig = {p.name: p for p in node.gpu.profiles}
+    if len(plan.layout.gpus) > node.num_gpus:
+        problems.append(f"layout uses {len(plan.layout.gpus)} GPUs > {node.num_gpus}")
+    placed: Counter[tuple[str, str, str, int, int]] = Counter()
+    for g in plan.layout.gpus:
+        occupied = [False] * NUM_PLACEMENT_SLOTS
+        per_profile: Counter[str] = Counter()
+        compute = 0
+        for p in g.instances:
+            prof = mig.get(p.profile)
+            if prof is None:
+                problems.append(f"GPU {g.gpu}: unknown MIG profile {p.profile}")
+                continue
+            per_profile[p.profile] += 1
+            compute += prof.compute_slices
+            if p.start not in prof.starts:
+                problems.append(f"GPU {g.gpu}: {p.profile} cannot start at {p.start}")
+            for s in range(p.start, min(p.start + prof.size, NUM_PLACEMENT_SLOTS)):
+                if occupied[s]:
+                    problems.append(f"GPU {g.gpu}: slot {s} used twice")
+                occupied[s] = True
+            placed[(p.task, p.variant, p.profile, p.mps, p.max_batch)] += 1
+        for name, n in per_profile.items():
+            if n > mig[name].max_per_gpu:
+                problems.append(f"GPU {g.gpu}: {n} x {name} > {mig[name].max_per_gpu} allowed")
+        if compute > node.gpu.compute_slices:
+            problems.append(f"GPU {g.gpu}: {compute} compute slices > {node.gpu.compute_slices}")
+    wanted = Counter({(i.task, i.variant, i.mig_profile, i.mps, i.max_batch): i.count
+                      for i in plan.instances})
+    if placed != wanted:
+        problems.append("the layout's instances differ from the plan's")
+    return problems

@@ -1,0 +1,447 @@
+"""Shared-memory SPSC ring, doorbell, names and cleanup; ring tests run against both implementations."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections import deque
+from pathlib import Path
+
+import posix_ipc
+import pytest
+
+from jigsaw.runtime import rings
+from jigsaw.runtime._pybatching import DropReason
+from jigsaw.runtime.rings import (
+    RECORD_OVERHEAD_BYTES,
+    SHM_DIR,
+    Doorbell,
+    RingClosedError,
+    RingCorruptError,
+    SegmentRegistry,
+    Status,
+    cleanup_stale,
+    make_daemon_id,
+    segment_name,
+)
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+U64_MAX = (1 << 64) - 1
+
+
+def _payload(i: int, max_len: int) -> bytes:
+    """Deterministic payload for record i, so the consumer can check it without being told."""
+    n = random.Random(i).randrange(max_len + 1)
+    block = hashlib.blake2b(i.to_bytes(8, "little")).digest()
+    return (block * (n // len(block) + 1))[:n]
+
+
+def _child_env(impl_name: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    env["JIGSAW_NO_EXTENSIONS"] = "1" if impl_name == "pure" else "0"
+    return env
+
+
+def test_round_trip_random_sizes_with_wraparound(impl, new_ring, registry):
+    ring = new_ring("rt", 4096, role="producer")
+    rng = random.Random(7)
+    model: deque[tuple[int, bytes]] = deque()
+    next_id = 1
+    try:
+        for _ in range(3000):
+            if rng.random() < 0.55:
+                payload = rng.randbytes(rng.randrange(ring.max_payload_bytes + 1))
+                h = impl.RecordHeader(request_id=next_id, deadline_ns=next_id * 3, hops=(next_id,))
+                if ring.push(h, payload):
+                    model.append((next_id, payload))
+                    next_id += 1
+                else:
+                    assert ring.used_bytes > 0, "an empty ring must accept any allowed payload"
+            else:
+                got = ring.pop()
+                if not model:
+                    assert got is None
+                    continue
+                want_id, want_payload = model.popleft()
+                h, payload = got
+                assert (h.request_id, h.deadline_ns, h.hops[0], h.payload_len) == (
+                    want_id, want_id * 3, want_id, len(want_payload))
+                assert payload == want_payload
+            assert len(ring) == len(model)
+        assert next_id * 200 > 10 * ring.capacity_bytes, "the test should wrap many times"
+        while model:
+            assert ring.pop()[1] == model.popleft()[1]
+        assert ring.pop() is None and ring.used_bytes == 0
+    finally:
+        ring.close()
+
+
+def test_header_fields_round_trip_at_their_limits(impl, new_ring, registry):
+    ring = new_ring("hdr", 4096)
+    try:
+        hops = tuple(U64_MAX - i for i in range(8))
+        h = impl.RecordHeader(request_id=U64_MAX, parent_id=U64_MAX - 1, app=0xFFFF, task=0xFFFE,
+                              lane=0xFFFFFFFF, child_index=7, child_count=9, status=Status.ERROR,
+                              flags=0xABCD, deadline_ns=U64_MAX - 2, created_ns=12345, hops=hops)
+        assert ring.push(h, b"xyz")
+        got, payload = ring.pop()
+        assert payload == b"xyz"
+        assert got.as_tuple() == (U64_MAX, U64_MAX - 1, 0xFFFF, 0xFFFE, 0xFFFFFFFF, 7, 9, 3, 0xABCD,
+                                  U64_MAX - 2, 12345, hops, 3)
+        got.stamp(0, 99)
+        assert got.hops[0] == 99
+        with pytest.raises(IndexError):
+            got.stamp(8, 1)
+        with pytest.raises(ValueError):
+            impl.RecordHeader(hops=range(9))
+        with pytest.raises(OverflowError):
+            ring.push(impl.RecordHeader(app=0x10000), b"")
+        with pytest.raises(OverflowError):
+            ring.push(impl.RecordHeader(request_id=-1), b"")
+    finally:
+        ring.close()
+
+
+def test_full_ring_returns_false_and_recovers(impl, new_ring, registry):
+    ring = new_ring("full", 2048)
+    try:
+        payload = bytes(100)
+        pushed = 0
+        while ring.push(impl.RecordHeader(request_id=pushed), payload):
+            pushed += 1
+            assert pushed < 100
+        assert pushed == 2048 // (RECORD_OVERHEAD_BYTES + 104)
+        assert not ring.push(impl.RecordHeader(), payload)
+        assert ring.pop()[0].request_id == 0
+        assert ring.push(impl.RecordHeader(request_id=pushed), payload)
+        assert [h.request_id for h, _ in ring.pop_many(1000)] == list(range(1, pushed + 1))
+    finally:
+        ring.close()
+
+
+def test_payload_limits(impl, new_ring, registry):
+    with pytest.raises(ValueError, match="at least"):
+        new_ring("tiny", 512)
+    with pytest.raises(ValueError, match="exceeds"):
+        new_ring("cap", 4096, max_payload_bytes=4096)
+    ring = new_ring("lim", 4096, max_payload_bytes=1000)
+    try:
+        assert ring.max_payload_bytes == 1000
+        assert ring.push(impl.RecordHeader(), bytes(1000))
+        with pytest.raises(ValueError, match="max_payload_bytes=1000"):
+            ring.push(impl.RecordHeader(), bytes(1001))
+        with pytest.raises(ValueError, match="contiguous"):
+            ring.push(impl.RecordHeader(), memoryview(bytes(64))[::2])
+    finally:
+        ring.close()
+
+
+def test_empty_ring_always_accepts_max_payload(impl, new_ring, registry):
+    """Wherever the write position is, an empty ring takes a maximal record (no deadlock)."""
+    ring = new_ring("max", 4096)
+    try:
+        for small in range(0, 600, 8):
+            assert ring.push(impl.RecordHeader(), bytes(small))
+            assert ring.pop() is not None
+            assert ring.push(impl.RecordHeader(), bytes(ring.max_payload_bytes))
+            assert len(ring.pop()[1]) == ring.max_payload_bytes
+    finally:
+        ring.close()
+
+
+def test_pop_many_accepts_memoryview_payloads(impl, new_ring, registry):
+    ring = new_ring("many", 8192)
+    try:
+        data = bytearray(range(256))
+        for i in range(10):
+            assert ring.push(impl.RecordHeader(request_id=i), memoryview(data)[i:i + 20])
+        first = ring.pop_many(4)
+        rest = ring.pop_many(100)
+        assert [h.request_id for h, _ in first + rest] == list(range(10))
+        assert [p for _, p in first + rest] == [bytes(data[i:i + 20]) for i in range(10)]
+        assert ring.pop_many(5) == [] and len(ring) == 0
+    finally:
+        ring.close()
+
+
+def test_closed_flag_refuses_pushes_but_keeps_records(impl, new_ring, registry):
+    ring = new_ring("closed", 4096)
+    peer = impl.ShmRing.attach(ring.name)
+    try:
+        assert ring.push(impl.RecordHeader(request_id=1), b"a")
+        peer.mark_closed()
+        assert ring.closed
+        with pytest.raises(RingClosedError):
+            ring.push(impl.RecordHeader(), b"b")
+        assert ring.pop()[0].request_id == 1
+    finally:
+        peer.close()
+        ring.close()
+
+
+def test_roles_record_pids(impl, new_ring, registry):
+    ring = new_ring("pids", 4096, role="consumer")
+    try:
+        assert ring.consumer_pid == os.getpid() and ring.producer_pid == 0
+        with pytest.raises(ValueError):
+            impl.ShmRing.attach(ring.name, role="observer")
+    finally:
+        ring.close()
+
+
+def test_attach_rejects_foreign_segment(impl, registry):
+    name = registry.name("foreign")
+    registry.add_shm(name)
+    shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=8192)
+    shm.close_fd()
+    with pytest.raises(RingCorruptError, match="not a jigsaw ring"):
+        impl.ShmRing.attach(name)
+    with pytest.raises(posix_ipc.ExistentialError):
+        impl.ShmRing.create(name, 4096)
+
+
+def test_corrupt_record_raises(impl, new_ring, registry):
+    ring = new_ring("corrupt", 4096)
+    try:
+        assert ring.push(impl.RecordHeader(), b"hello")
+        import mmap
+
+        shm = posix_ipc.SharedMemory(ring.name)
+        mm = mmap.mmap(shm.fd, shm.size)
+        shm.close_fd()
+        mm[384 + 4:384 + 8] = b"JUNK"
+        with pytest.raises(RingCorruptError):
+            ring.pop()
+        mm.close()
+    finally:
+        ring.close()
+
+
+def test_segments_are_private(impl, new_ring, registry):
+    ring = new_ring("mode", 4096)
+    bell = registry.create_doorbell("mode-bell")
+    try:
+        assert stat.S_IMODE(os.stat(SHM_DIR / ring.name[1:]).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(SHM_DIR / ("sem." + bell.name[1:])).st_mode) == 0o600
+    finally:
+        ring.close()
+        bell.close()
+
+
+def test_pure_and_compiled_share_one_format(pure_impl, compiled_impl, registry):
+    name = registry.name("interop")
+    registry.add_shm(name)
+    a = pure_impl.ShmRing.create(name, 4096)
+    b = compiled_impl.ShmRing.attach(a.name)
+    try:
+        rng = random.Random(3)
+        for i in range(300):
+            producer, consumer = (a, b) if i % 2 else (b, a)
+            header = (pure_impl if i % 2 else compiled_impl).RecordHeader
+            payload = rng.randbytes(rng.randrange(1500))
+            assert producer.push(header(request_id=i, app=i % 7, hops=(i, i + 1)), payload)
+            h, got = consumer.pop()
+            assert (h.request_id, h.app, h.hops[:2], got) == (i, i % 7, (i, i + 1), payload)
+    finally:
+        b.close()
+        a.close()
+
+
+def test_status_and_drop_reason_agree():
+    assert Status.DROPPED_DEADLINE == DropReason.DROP_DEADLINE
+    assert Status.DROPPED_STALE == DropReason.DROP_STALE
+
+
+def test_public_module_picks_an_implementation():
+    expected = "compiled" if rings.HAS_EXTENSION else "pure"
+    assert (rings.ShmRing.__module__ == "jigsaw._core") == (expected == "compiled")
+    if os.environ.get("JIGSAW_NO_EXTENSIONS") == "1":
+        assert not rings.HAS_EXTENSION
+
+
+_PRODUCER = textwrap.dedent("""
+    import hashlib, random, sys, time
+    impl, name, bell_name = sys.argv[1:4]
+    n, max_len = int(sys.argv[4]), int(sys.argv[5])
+    if impl == "compiled":
+        from jigsaw._core import RecordHeader, ShmRing
+    else:
+        from jigsaw.runtime._pyring import RecordHeader, ShmRing
+    from jigsaw.runtime.rings import Doorbell
+    def payload(i):
+        k = random.Random(i).randrange(max_len + 1)
+        block = hashlib.blake2b(i.to_bytes(8, "little")).digest()
+        return (block * (k // len(block) + 1))[:k]
+    ring = ShmRing.attach(name, role="producer")
+    bell = Doorbell.attach(bell_name)
+    give_up = time.monotonic() + 60
+    for i in range(1, n + 1):
+        h = RecordHeader(request_id=i, created_ns=time.monotonic_ns())
+        while not ring.push(h, payload(i)):
+            bell.ring()
+            time.sleep(0.0001)
+            if time.monotonic() > give_up:
+                sys.exit("consumer stalled")
+        bell.ring()
+    ring.close()
+    bell.close()
+""")
+
+
+def test_cross_process_in_order_and_intact(impl, new_ring, registry):
+    n, max_len = 3000, 3000
+    ring = new_ring("xproc", 16384, role="consumer")
+    bell = registry.create_doorbell("xproc-bell")
+    proc = subprocess.Popen([sys.executable, "-c", _PRODUCER, impl.name, ring.name, bell.name,
+                             str(n), str(max_len)], env=_child_env(impl.name))
+    try:
+        expect = 1
+        give_up = time.monotonic() + 60
+        while expect <= n and time.monotonic() < give_up:
+            batch = ring.pop_many(64)
+            if not batch:
+                bell.wait(0.5)
+                continue
+            for h, payload in batch:
+                assert h.request_id == expect
+                assert payload == _payload(expect, max_len), f"record {expect} corrupted"
+                assert h.created_ns <= time.monotonic_ns()
+                expect += 1
+        assert expect == n + 1, f"only {expect - 1} of {n} records arrived"
+        assert proc.wait(timeout=30) == 0
+        assert ring.producer_pid == proc.pid and ring.consumer_pid == os.getpid()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        ring.close()
+        bell.close()
+
+
+_WAITER = textwrap.dedent("""
+    import sys, time
+    from jigsaw.runtime.rings import Doorbell
+    bell = Doorbell.attach(sys.argv[1])
+    print("ready", flush=True)
+    cpu0, t0 = time.process_time(), time.monotonic()
+    woke = bell.wait(20.0)
+    print(woke, time.process_time() - cpu0, time.monotonic() - t0, flush=True)
+""")
+
+
+def test_doorbell_wakes_blocked_consumer_without_spinning(registry):
+    bell = registry.create_doorbell("wake")
+    proc = subprocess.Popen([sys.executable, "-c", _WAITER, bell.name], env=_child_env("pure"),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        bell.ring()
+        out, _ = proc.communicate(timeout=20)
+        woke, cpu_s, wall_s = out.split()
+        assert woke == "True"
+        assert float(wall_s) >= 0.4
+        assert float(wall_s) < 10, "the ring did not wake the waiter"
+        assert float(cpu_s) < 0.05, f"waiting consumer used {cpu_s} s CPU"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        bell.close()
+
+
+def test_doorbell_idle_wait_uses_no_cpu_and_times_out(registry):
+    bell = registry.create_doorbell("idle")
+    try:
+        cpu0, t0 = time.process_time(), time.monotonic()
+        assert bell.wait(0.5) is False
+        assert time.monotonic() - t0 >= 0.45
+        assert time.process_time() - cpu0 < 0.05
+        assert bell.wait(0) is False
+        bell.ring()
+        bell.ring()
+        assert bell.wait(0) is True
+        assert bell.wait(0) is False, "rings coalesce while a wakeup is pending"
+    finally:
+        bell.close()
+
+
+def test_names_are_unique_and_validated():
+    a, b = make_daemon_id(), make_daemon_id()
+    assert a != b and a.startswith(f"{os.getpid()}-")
+    assert segment_name(a, "in.task-3") == f"/jigsaw-{a}-in.task-3"
+    with pytest.raises(ValueError):
+        segment_name(a, "bad/purpose")
+
+
+def test_registry_cleanup_leaves_nothing(tmp_path):
+    before = set(os.listdir(SHM_DIR))
+    manifest = tmp_path / "jigsaw.manifest"
+    reg = SegmentRegistry(manifest)
+    try:
+        r1 = reg.create_ring("a", 4096)
+        r2 = reg.create_ring("b", 8192)
+        bell = reg.create_doorbell("bell")
+        assert set(os.listdir(SHM_DIR)) - before == {r1.name[1:], r2.name[1:], "sem." + bell.name[1:]}
+        assert manifest.read_text().split() == ["shm", r1.name, "shm", r2.name, "sem", bell.name]
+        for obj in (r1, r2, bell):
+            obj.close()
+    finally:
+        removed = reg.cleanup()
+    assert len(removed) == 3
+    assert set(os.listdir(SHM_DIR)) - before == set()
+    assert not manifest.exists()
+
+
+def test_cleanup_manifest_after_crash(tmp_path):
+    before = set(os.listdir(SHM_DIR))
+    manifest = tmp_path / "m"
+    reg = SegmentRegistry(manifest)
+    try:
+        reg.create_ring("r", 4096).close()
+        reg.create_doorbell("d").close()
+        assert SegmentRegistry.cleanup_manifest(manifest) == reg.names
+        assert set(os.listdir(SHM_DIR)) == before and not manifest.exists()
+    finally:
+        reg.cleanup()
+
+
+def test_cleanup_stale_removes_dead_daemons_only(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    dead_reg = SegmentRegistry(None, daemon_id=make_daemon_id(dead.pid))
+    live_reg = SegmentRegistry(None)
+    try:
+        dead_reg.create_ring("r", 4096).close()
+        dead_reg.create_doorbell("d").close()
+        live_reg.create_ring("r", 4096).close()
+        live_reg.create_doorbell("d").close()
+        removed = cleanup_stale(f"jigsaw-{dead.pid}-")
+        assert sorted(removed) == sorted(dead_reg.names)
+        assert cleanup_stale(f"jigsaw-{os.getpid()}-") == []
+        entries = set(os.listdir(SHM_DIR))
+        assert live_reg.names[0][1:] in entries and "sem." + live_reg.names[1][1:] in entries
+        assert not any(name[1:] in entries or "sem." + name[1:] in entries for name in dead_reg.names)
+    finally:
+        dead_reg.cleanup()
+        live_reg.cleanup()
+
+
+def test_doorbell_attach_and_unlink(registry):
+    bell = registry.create_doorbell("attach")
+    other = Doorbell.attach(bell.name)
+    try:
+        other.ring()
+        assert bell.wait(1.0)
+    finally:
+        other.close()
+        bell.close()
+    bell.unlink()
+    bell.unlink()
