@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,bench]'
-	$(PY) setup.py -q build_ext --inplace --build-lib src 2>/dev/null || $(PY) setup.py -q build_ext --inplace
+	$(PY) -c "import jigsaw._core" 2>/dev/null || $(PY) setup.py -q build_ext --inplace
+	$(PY) -c "import jigsaw._core"
 	touch $(STAMP)
 
 lint: setup
@@ -21,6 +22,7 @@ lint: setup
 
 test: setup lint
 	$(VENV)/bin/pytest -q -p no:cacheprovider
+	JIGSAW_NO_EXTENSIONS=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/runtime
 
 demo: setup
 	$(PY) -m jigsaw.demo

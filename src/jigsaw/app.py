@@ -134,7 +134,7 @@ class App:
             if not kids:
                 found.append(prefix)
             for c in kids:
-                walk(prefix + (c,))
+                walk((*prefix, c))
 
         for r in self.roots:
             walk((r,))
@@ -273,7 +273,7 @@ def load_app(path: str | Path) -> App:
             ff.reject_unknown({v.name for v in upstream.variants})
             factors = {v.name: ff.number(v.name, low=0) for v in upstream.variants}
         else:
-            value = ef.number("factor", low=0)
+            value = ef.number("factor", 1.0, low=0)
             factors = {v.name: value for v in upstream.variants}
         edges.append(Edge(src, dst, factors))
 

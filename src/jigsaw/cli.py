@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("jigsaw: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (e.g. `| head`): not an error worth a traceback
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -139,7 +142,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             plan = load_plan(path)
             msg = f"ok: plan for {plan.app} ({len(plan.instances)} instance kinds)"
             if args.node:
-                from jigsaw.planner.verify import verify_plan  # noqa: PLC0415
+                from jigsaw.planner.verify import verify_plan
 
                 node = load_node(args.node)
                 app = node.app(plan.app)
@@ -168,7 +171,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from jigsaw.planner.milp import plan  # noqa: PLC0415 - keeps 'jigsaw check' light
+    from jigsaw.planner.milp import plan
 
     node, app = _node_and_app(args)
     profiles = load_node_profiles(node, [app])
@@ -182,7 +185,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from jigsaw.planner.milp import capacity  # noqa: PLC0415
+    from jigsaw.planner.milp import capacity
 
     node, app = _node_and_app(args)
     profiles = load_node_profiles(node, [app])
@@ -210,8 +213,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from jigsaw.mig import gpu_model  # noqa: PLC0415
-    from jigsaw.planner.packer import (  # noqa: PLC0415
+    from jigsaw.mig import gpu_model
+    from jigsaw.planner.packer import (
         instances_from_plan,
         pack,
         to_mig_parted_yaml,

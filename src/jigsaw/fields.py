@@ -54,14 +54,18 @@ class Fields:
         return self.table[key]
 
     def str(self, key: str, default: Any = _MISSING) -> str:
-        value = self.raw(key, default)
+        if key not in self.table and default is not _MISSING:
+            return default
+        value = self.raw(key)
         if not isinstance(value, str) or not value:
             raise self.error(key, f"expected a non-empty string, got {_kind(value)}")
         return value
 
     def number(self, key: str, default: Any = _MISSING, *, low: float | None = None,
                high: float | None = None, low_open: bool = False, integer: bool = False) -> float:
-        value = self.raw(key, default)
+        if key not in self.table and default is not _MISSING:
+            return default
+        value = self.raw(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise self.error(key, f"expected a number, got {_kind(value)}")
         if integer and (not isinstance(value, int)):

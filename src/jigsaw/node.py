@@ -148,7 +148,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
 
     p = f.sub("planner", {})
     p.reject_unknown(set(PlannerSettings.__dataclass_fields__))
-    from jigsaw.planner.spaces import SPACES  # noqa: PLC0415 - the planner imports the node
+    from jigsaw.planner.spaces import SPACES
     solver = p.str("solver", "cbc")
     if solver not in ("cbc", "highs"):
         raise p.error("solver", f"expected 'cbc' or 'highs', got {solver!r}")

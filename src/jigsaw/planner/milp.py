@@ -25,7 +25,7 @@ from jigsaw.app import App, Lane
 from jigsaw.errors import PlanError
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
-from jigsaw.planner.columns import Column, ColumnSet, allowed_variants, build_columns
+from jigsaw.planner.columns import ColumnSet, allowed_variants, build_columns
 from jigsaw.planner.layouts import maximal_layout_counts
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
 from jigsaw.planner.spaces import SearchSpace, search_space
@@ -124,6 +124,16 @@ class _Model:
             m += self.M[j] <= ub * self.N[j]
             m += self.N[j] <= self.M[j]
 
+        # Within one (task, variant, MIG profile) the Pareto columns trade latency for
+        # throughput; once the slowest of them sets L(t), the others are dominated, so some
+        # optimal plan uses at most one column per group: a clique cut on N.
+        groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+        for j, c in enumerate(cols):
+            groups[(c.task, c.variant, c.mig_profile)].append(j)
+        for js in groups.values():
+            if len(js) > 1:
+                m += mip.xsum(self.N[j] for j in js) <= 1
+
         self.L = {t: m.add_var(lb=0.0, name=f"L_{t}") for t in app.task_names}
         for j, c in enumerate(cols):
             m += self.L[c.task] >= c.latency_ms * self.N[j]
@@ -202,7 +212,7 @@ class _Model:
         for j, var in enumerate(self.M):
             x = var.x
             if x is not None and round(x) > 0:
-                counts[j] = int(round(x))
+                counts[j] = round(x)
         instances = [
             PlanInstance(c.task, c.variant, c.mig_profile, c.mps, c.batch, counts[j], c.latency_ms,
                          c.throughput_rps, c.slices)
