@@ -1,0 +1,222 @@
+"""Maximum serviceable demand of every search space (the paper's Fig. 3).
+
+The app (default: traffic analysis) on the reference node scaled to ``--gpus`` GPUs (default 120,
+840 H100 slices, as in the paper). For each of the eight search spaces (A: accuracy scaling,
+S: spatial partitioning, T: task-graph-informed budgeting; ``unopt`` has none) the planner's
+capacity MILP finds the maximum serviceable demand; then the cheapest plan serving it. Prints
+the demand normalized to ``unopt`` beside the paper's, the slices that plan uses (% of those
+available) and its accuracy, and writes a two-panel PNG like the paper's figure.
+
+If a capacity solve stops on the time limit its incumbent is a lower bound on the capacity;
+the status column says so. The profiles are modeled (profiles/generate.py), not measured.
+
+    PYTHONPATH=src python bench/capacity.py [--app traffic_analysis] [--gpus 120]
+        [--solver cbc|highs] [--time-limit 120] [--out out/]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import jigsaw  # noqa: F401
+except ImportError:  # run from a checkout without an installed package
+    sys.path.insert(0, str(ROOT / "src"))
+
+from jigsaw.node import load_node, load_node_profiles  # noqa: E402
+from jigsaw.planner.milp import capacity, column_counts  # noqa: E402
+
+# Figure order and labels; the paper's normalized maximum demand (traffic app, 120 GPUs).
+ORDER = ("unopt", "s", "a", "t", "at", "st", "as", "ast")
+LABELS = {"unopt": "Unopt", "a": "A", "s": "S", "t": "T", "as": "A+S", "at": "A+T", "st": "S+T",
+          "ast": "A+S+T"}
+PAPER = {"unopt": 1.0, "s": 5.25, "a": 1.6, "t": 1.1, "at": 1.9, "st": 7.8, "as": 12.0, "ast": 21.6}
+# The paper gives the slices used only in words: the T spaces use all available GPUs, the
+# task-graph-uninformed ones do not.
+PAPER_ALL_SLICES = {s: "t" in s for s in ORDER}
+
+# Pairs (smaller, larger) where the larger space contains every plan of the smaller one, so its
+# capacity can be no lower. Adding T drops the static budgets; adding A keeps the budgets
+# (appendix B computes them from the most accurate variants) and adds variants; adding S to a
+# T space adds segments. Adding S without T is not a superset: the static budgets are computed
+# over the segments the space allows, so they change.
+SUPERSETS = (("unopt", "a"), ("s", "as"), ("t", "at"), ("st", "ast"),
+             ("unopt", "t"), ("a", "at"), ("s", "st"), ("as", "ast"),
+             ("t", "st"), ("at", "ast"))
+
+
+def machine() -> str:
+    return f"{platform.platform()}, os.cpu_count()={os.cpu_count()}, python {platform.python_version()}"
+
+
+def run(app_name: str, node, profiles, spaces: list[str], solver: str, limit: float
+        ) -> list[dict[str, Any]]:
+    app = node.app(app_name)
+    rows = []
+    for sp in spaces:
+        cols = column_counts(app, node, profiles, sp)
+        t0 = time.perf_counter()
+        cap = capacity(app, node, profiles, space=sp, time_limit_s=limit, solver=solver)
+        wall = time.perf_counter() - t0
+        p = cap.plan
+        row = {"space": sp, "label": LABELS[sp], "max_demand_rps": cap.max_demand_rps,
+               "status": cap.status, "plan_status": p.status, "seconds": wall,
+               "slices_used": p.slices_used, "slices_available": p.slices_available,
+               "accuracy": p.accuracy, "gap": p.gap, "columns_total": cols.num_candidates,
+               "columns_pruned": len(cols.columns),
+               "gpus_used": p.layout.gpus_used if p.layout is not None else 0,
+               "budgets": dict(cols.budgets.slices) if cols.budgets is not None else None}
+        rows.append(row)
+        print(f"  {LABELS[sp]:<6} {cap.max_demand_rps:>10.5g} rps  capacity {cap.status:<9} "
+              f"plan {p.status:<9} {wall:7.1f} s  slices {p.slices_used}/{p.slices_available}",
+              flush=True)
+    return rows
+
+
+def _status(row: dict[str, Any]) -> str:
+    s = row["status"]
+    if s == "optimal":
+        return "optimal"
+    if s == "feasible":
+        return "limit: >="  # the incumbent of a time-limited solve: a lower bound
+    return s
+
+
+def report(rows: list[dict[str, Any]]) -> list[str]:
+    base = next((r["max_demand_rps"] for r in rows if r["space"] == "unopt"), None)
+    header = (f"{'space':<6} {'max rps':>10} {'ours x':>7} {'paper x':>7} {'slices':>9} "
+              f"{'% used':>6} {'paper':>6} {'accuracy':>8} {'columns':>11} {'capacity':>10} {'secs':>6}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        norm = r["max_demand_rps"] / base if base else float("nan")
+        r["normalized"] = norm
+        pct = 100.0 * r["slices_used"] / r["slices_available"] if r["slices_available"] else 0.0
+        r["slices_pct"] = pct
+        paper_x = PAPER.get(r["space"])
+        paper_sl = "all" if PAPER_ALL_SLICES[r["space"]] else "< all"
+        print(f"{r['label']:<6} {r['max_demand_rps']:>10.5g} {norm:>6.2f}x "
+              f"{paper_x:>6.2f}x {r['slices_used']:>4}/{r['slices_available']:<4} {pct:>5.1f}% "
+              f"{paper_sl:>6} {r['accuracy']:>8.4f} {r['columns_total']:>5}->{r['columns_pruned']:<5} "
+              f"{_status(r):>10} {r['seconds']:>6.1f}")
+    if base is None or base <= 0:
+        print("(no unopt row or unopt serves nothing: no normalization)")
+    problems = []
+    by = {r["space"]: r for r in rows}
+    for small, large in SUPERSETS:
+        if small in by and large in by:
+            a, b = by[small], by[large]
+            if a["max_demand_rps"] > b["max_demand_rps"] * (1 + 1e-6) + 1e-9:
+                why = (" (the larger space's solve stopped on the time limit: its value is a lower bound)"
+                       if b["status"] != "optimal" else "")
+                problems.append(f"{LABELS[small]} ({a['max_demand_rps']:.6g} rps) > {LABELS[large]} "
+                                f"({b['max_demand_rps']:.6g} rps), but {LABELS[large]} contains "
+                                f"{LABELS[small]}{why}")
+    for msg in problems:
+        print(f"WARNING: {msg}")
+    return problems
+
+
+def plot(rows: list[dict[str, Any]], out_dir: Path, app: str, gpus: int) -> Path | None:
+    try:
+        import matplotlib  # optional: only for the figure
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: skipping the PNG (pip install matplotlib)")
+        return None
+    labels = [r["label"] for r in rows]
+    xs = range(len(rows))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.4
+    ours = [r.get("normalized", float("nan")) for r in rows]
+    paper = [PAPER.get(r["space"], float("nan")) for r in rows]
+    ax1.bar([x - width / 2 for x in xs], ours, width, label="ours (modeled profiles)")
+    ax1.bar([x + width / 2 for x in xs], paper, width, label="paper", alpha=0.6)
+    for x, r in zip(xs, rows):
+        if r["status"] != "optimal":
+            ax1.annotate(">=", (x - width / 2, ours[x]), ha="center", va="bottom", fontsize=8)
+    ax1.set_xticks(list(xs), labels, rotation=30)
+    ax1.set_ylabel("max serviceable demand / Unopt")
+    ax1.set_title("Normalized maximum demand")
+    ax1.legend()
+    ax2.bar(list(xs), [r.get("slices_pct", 0.0) for r in rows], 0.6)
+    ax2.set_xticks(list(xs), labels, rotation=30)
+    ax2.set_ylim(0, 105)
+    ax2.set_ylabel("% of GPU slices used")
+    ax2.set_title("Slices used at the maximum demand")
+    fig.suptitle(f"{app}, {gpus} GPUs ({rows[0]['slices_available']} slices)")
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"capacity_{app}_{gpus}gpus.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--node", default=str(ROOT / "examples/h100x4.toml"))
+    ap.add_argument("--app", default="traffic_analysis")
+    ap.add_argument("--gpus", type=int, default=120, help="GPUs of the (hypothetical) node")
+    ap.add_argument("--spaces", default=",".join(ORDER), help="comma-separated search spaces")
+    ap.add_argument("--solver", default=None, help="cbc or highs (default: the node's)")
+    ap.add_argument("--time-limit", type=float, default=120.0, help="seconds per MILP solve")
+    ap.add_argument("--out", default="out", help="folder for the PNG and JSON")
+    args = ap.parse_args(argv)
+
+    base = load_node(args.node)
+    node = base.with_gpus(args.gpus)
+    profiles = load_node_profiles(node)
+    solver = args.solver or node.planner.solver
+    spaces = [s for s in args.spaces.split(",") if s]
+    unknown = [s for s in spaces if s not in LABELS]
+    if unknown:
+        ap.error(f"unknown spaces {unknown} (expected {', '.join(ORDER)})")
+
+    print(f"machine: {machine()}")
+    print(f"app {args.app} on {node.num_gpus}x {node.gpu.name} ({node.slices_available} slices), "
+          f"solver {solver}, time limit {args.time_limit:g} s per solve, beta {node.beta:.4g}")
+    print("profiles: modeled (profiles/generate.py), not measured on GPUs")
+    t0 = time.perf_counter()
+    rows = run(args.app, node, profiles, spaces, solver, args.time_limit)
+    print(f"\n== maximum serviceable demand, normalized to Unopt (total {time.perf_counter() - t0:.0f} s)")
+    problems = report(rows)
+    print("capacity 'limit: >=': the capacity solve stopped on the time limit, the value is a lower "
+          "bound; paper slices: in words only (T spaces use all GPUs)")
+    out_dir = Path(args.out)
+    png = plot(rows, out_dir, args.app, args.gpus)
+    if png is not None:
+        print(f"wrote {png}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    js = out_dir / f"capacity_{args.app}_{args.gpus}gpus.json"
+    js.write_text(json.dumps(_finite({"machine": machine(), "app": args.app, "gpus": args.gpus,
+                                      "solver": solver, "time_limit_s": args.time_limit,
+                                      "profiles": "modeled", "rows": rows, "problems": problems}),
+                             indent=2))
+    print(f"wrote {js}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

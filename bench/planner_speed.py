@@ -1,0 +1,179 @@
+"""Planner speed: solve time, gap and plan quality from 10% to 100% of each app's capacity.
+
+For each app of the node: the maximum serviceable demand (search space ``ast``) is computed once,
+then the planner solves at 10%, 20%, ..., 100% of it with each solver (one thread each).
+Per solve it prints demand, status, solve seconds, absolute gap, slices used, accuracy and the
+columns before/after pruning; per app and solver a summary against the targets
+(median <= 1 s, max <= 5 s per solve, absolute gap <= 0.01).
+
+The objective is alpha * accuracy - beta * slices with alpha = 1, so the absolute gap is in
+accuracy units: a gap of 0.01 is 1% of the best end-to-end accuracy.
+
+The profiles are modeled (profiles/generate.py), not measured on GPUs: the numbers describe the
+solver on this MILP, not a GPU.
+
+    PYTHONPATH=src python bench/planner_speed.py [--apps traffic_analysis] [--solvers cbc,highs]
+        [--fractions 0.1,0.5,1.0] [--time-limit 10] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import jigsaw  # noqa: F401
+except ImportError:  # run from a checkout without an installed package
+    sys.path.insert(0, str(ROOT / "src"))
+
+from jigsaw.node import load_node, load_node_profiles  # noqa: E402
+from jigsaw.planner.milp import capacity, plan  # noqa: E402
+
+TARGET_MEDIAN_S = 1.0
+TARGET_MAX_S = 5.0
+TARGET_GAP = 0.01  # absolute, in accuracy units (fraction of the best accuracy)
+DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(1, 11))
+
+
+def machine() -> str:
+    return (f"{platform.platform()}, {platform.processor() or platform.machine()}, "
+            f"os.cpu_count()={os.cpu_count()}, python {platform.python_version()}")
+
+
+def hit_limit(status: str, seconds: float, limit: float) -> bool:
+    """The solve stopped on the time limit rather than on proven optimality/infeasibility."""
+    return status not in ("optimal", "infeasible") or seconds >= 0.98 * limit
+
+
+def fmt_gap(gap: float) -> str:
+    return "inf" if math.isinf(gap) else f"{gap:.2e}" if gap else "0"
+
+
+def run_app(app_name: str, node, profiles, solvers: list[str], fractions: list[float],
+            limit: float, space: str, cap_solver: str, cap_limit: float) -> dict[str, Any]:
+    app = node.app(app_name)
+    t0 = time.perf_counter()
+    cap = capacity(app, node, profiles, space=space, time_limit_s=cap_limit, solver=cap_solver)
+    cap_wall = time.perf_counter() - t0
+    print(f"\n== {app_name}: capacity ({space}, {cap_solver}) = {cap.max_demand_rps:.6g} rps "
+          f"[{cap.status}{', a lower bound' if cap.status != 'optimal' else ''}] "
+          f"in {cap_wall:.1f} s; slices {cap.plan.slices_used}/{cap.plan.slices_available}, "
+          f"accuracy {cap.plan.accuracy:.4f}", flush=True)
+    out: dict[str, Any] = {"app": app_name, "capacity_rps": cap.max_demand_rps,
+                           "capacity_status": cap.status, "capacity_seconds": cap_wall,
+                           "runs": {}}
+    if cap.max_demand_rps <= 0:
+        print("   no serviceable demand: nothing to time")
+        return out
+    for solver in solvers:
+        print(f"\n-- {app_name} / {solver} (time limit {limit:g} s, 1 thread)")
+        header = (f"{'frac':>5} {'demand rps':>11} {'status':>10} {'solve s':>8} {'wall s':>7} "
+                  f"{'abs gap':>9} {'slices':>9} {'accuracy':>8} {'columns':>11}")
+        print(header)
+        print("-" * len(header))
+        rows = []
+        for f in fractions:
+            demand = f * cap.max_demand_rps
+            t1 = time.perf_counter()
+            p = plan(app, node, profiles, demand, space=space, time_limit_s=limit, solver=solver)
+            wall = time.perf_counter() - t1
+            status = p.status if p.feasible or not p.max_demand_plan else f"{p.status}*"
+            row = {"fraction": f, "demand_rps": demand, "status": p.status, "feasible": p.feasible,
+                   "max_demand_plan": p.max_demand_plan, "solve_seconds": p.solve_seconds,
+                   "wall_seconds": wall, "gap": p.gap, "slices_used": p.slices_used,
+                   "slices_available": p.slices_available, "accuracy": p.accuracy,
+                   "columns_total": p.columns_total, "columns_pruned": p.columns_pruned,
+                   "hit_limit": hit_limit(p.status, p.solve_seconds, limit)}
+            rows.append(row)
+            print(f"{f:>5.0%} {demand:>11.5g} {status:>10} {p.solve_seconds:>8.2f} {wall:>7.2f} "
+                  f"{fmt_gap(p.gap):>9} {p.slices_used:>4}/{p.slices_available:<4} "
+                  f"{p.accuracy:>8.4f} {p.columns_total:>5}->{p.columns_pruned:<5}", flush=True)
+        out["runs"][solver] = {"rows": rows, "summary": summarize(app_name, solver, rows, limit)}
+    return out
+
+
+def summarize(app_name: str, solver: str, rows: list[dict[str, Any]], limit: float) -> dict[str, Any]:
+    times = [r["solve_seconds"] for r in rows]
+    gaps = [r["gap"] for r in rows]
+    med, mx, max_gap = statistics.median(times), max(times), max(gaps)
+    n_limit = sum(r["hit_limit"] for r in rows)
+    ok = {"median": med <= TARGET_MEDIAN_S, "max": mx <= TARGET_MAX_S, "gap": max_gap <= TARGET_GAP}
+    mark = {True: "ok", False: "MISS"}
+    print(f"summary {app_name}/{solver}: median {med:.2f} s (target <= {TARGET_MEDIAN_S:g}: "
+          f"{mark[ok['median']]}), max {mx:.2f} s (<= {TARGET_MAX_S:g}: {mark[ok['max']]}), "
+          f"max abs gap {fmt_gap(max_gap)} (<= {TARGET_GAP:g}: {mark[ok['gap']]}), "
+          f"{n_limit}/{len(rows)} hit the {limit:g} s limit")
+    return {"median_s": med, "max_s": mx, "max_gap": max_gap, "hit_limit": n_limit,
+            "solves": len(rows), "targets_met": ok}
+
+
+def _finite(x: Any) -> Any:
+    """JSON without NaN/Infinity: non-finite numbers become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--node", default=str(ROOT / "examples/h100x4.toml"))
+    ap.add_argument("--apps", default="", help="comma-separated app names (default: all of the node's)")
+    ap.add_argument("--solvers", default="cbc,highs")
+    ap.add_argument("--fractions", default=",".join(f"{f:g}" for f in DEFAULT_FRACTIONS),
+                    help="demands as fractions of the capacity")
+    ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per solve")
+    ap.add_argument("--space", default="ast")
+    ap.add_argument("--capacity-solver", default="highs")
+    ap.add_argument("--capacity-time-limit", type=float, default=60.0)
+    ap.add_argument("--json", metavar="OUT", help="write every row and summary to this JSON file")
+    args = ap.parse_args(argv)
+
+    node = load_node(args.node)
+    profiles = load_node_profiles(node)
+    apps = [a for a in args.apps.split(",") if a] or [a.name for a in node.apps]
+    solvers = [s for s in args.solvers.split(",") if s]
+    fractions = [float(f) for f in args.fractions.split(",") if f]
+
+    print(f"machine: {machine()}")
+    print(f"node: {node.name} ({node.num_gpus}x {node.gpu.name}, {node.slices_available} slices), "
+          f"space {args.space}, beta {node.beta:.4g}")
+    print("profiles: modeled (profiles/generate.py), not measured; times are this machine's, "
+          "one solver thread")
+    print("columns: candidates -> after pruning; status*: above capacity, max-demand plan returned")
+
+    results = [run_app(a, node, profiles, solvers, fractions, args.time_limit, args.space,
+                       args.capacity_solver, args.capacity_time_limit) for a in apps]
+
+    print("\n== summary (targets: median <= 1 s, max <= 5 s, max abs gap <= 0.01)")
+    print(f"{'app':<18} {'solver':<6} {'median s':>8} {'max s':>7} {'max gap':>9} {'at limit':>8}")
+    for r in results:
+        for solver, run in r["runs"].items():
+            s = run["summary"]
+            print(f"{r['app']:<18} {solver:<6} {s['median_s']:>8.2f} {s['max_s']:>7.2f} "
+                  f"{fmt_gap(s['max_gap']):>9} {s['hit_limit']:>4}/{s['solves']:<3}")
+
+    if args.json:
+        payload = {"machine": machine(), "cpu_count": os.cpu_count(), "node": node.name,
+                   "space": args.space, "time_limit_s": args.time_limit, "profiles": "modeled",
+                   "apps": results}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(_finite(payload), indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
