@@ -1,0 +1,1 @@
+"""Model backends behind one interface (``jigsaw.backends.base.Backend``)."""

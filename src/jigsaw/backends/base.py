@@ -1,0 +1,73 @@
+"""The interface every model backend implements (emulated now; onnxruntime, torch, tensorrt later).
+
+A worker process owns one backend instance for one (task, variant). It hands the backend a batch
+of encoded tensor payloads (``jigsaw.runtime.tensors`` format) and gets back, per item, the item's
+own outputs and the payloads of the children it spawns on each downstream task. Backends never
+see rings, deadlines or credits: routing and accounting stay in the worker.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from jigsaw.runtime.tensors import Tensor
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One output tensor an item of a task produces; ``shape`` is per item (leading dim 1 or fixed)."""
+
+    name: str
+    datatype: str  # Open Inference Protocol datatype
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Downstream:
+    """A downstream edge as the backend of the upstream task sees it."""
+
+    task: str
+    factor: float  # expected children per item for this backend's variant (the app's F(t, v, t'))
+
+
+@dataclass
+class ItemResult:
+    """What one item of a batch produced."""
+
+    outputs: list[Tensor]  # the item's own outputs (reported to the client when the task is a sink)
+    children: dict[str, list[bytes]] = field(default_factory=dict)  # downstream task -> payloads
+
+
+class Backend(abc.ABC):
+    """Executes batches of one variant of one task.
+
+    ``load`` happens once, before the worker reports ready; ``execute`` is called from the
+    worker's loop with 1..max_batch items and blocks until the batch is done.
+    """
+
+    kind: str = "abstract"
+
+    def __init__(self, task: str, task_kind: str, downstream: Sequence[Downstream] = ()) -> None:
+        self.task = task
+        self.task_kind = task_kind
+        self.downstream = tuple(downstream)
+        self.variant = ""
+        self.max_batch = 0
+
+    @abc.abstractmethod
+    def load(self, variant: str, max_batch: int) -> None:
+        """Prepare ``variant`` for batches of up to ``max_batch`` items (weights, engines, buffers)."""
+
+    @abc.abstractmethod
+    def execute(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
+        """Run one batch; ``inputs[i]`` is item i's encoded tensors; returns one result per item."""
+
+    @classmethod
+    @abc.abstractmethod
+    def output_specs(cls, task_kind: str, downstream: Sequence[str] = ()) -> list[OutputSpec]:
+        """The outputs an item of a task of this kind produces (so empty results keep their shape)."""
+
+    def close(self) -> None:
+        """Release models and buffers; the default has nothing to release."""

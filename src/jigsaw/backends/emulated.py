@@ -1,0 +1,123 @@
+"""The emulated backend: executes a batch for the profile's p95 latency at that batch size.
+
+It runs a 4x H100 node faithfully in time on a machine without GPUs. Outputs have the shape of
+the real task's outputs but made-up values, and every response built from them is labelled
+emulated. A detector draws its number of children per downstream task from a Poisson law with
+the edge's multiplicative factor as mean (or rounds it, ``draw="round"``), seeded by request id,
+so a given request always fans out the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+import time
+from collections.abc import Sequence
+
+from jigsaw.backends.base import Backend, Downstream, ItemResult, OutputSpec
+from jigsaw.runtime.tensors import Tensor, encode_tensors
+
+CAPTION_TOKENS = 16
+SAMPLES_PER_TOKEN = 1200  # emulated speech length: 22.05 kHz, ~18 tokens/s
+
+_OUTPUTS: dict[str, list[OutputSpec]] = {
+    "classifier": [OutputSpec("label", "INT32", (1,)), OutputSpec("score", "FP32", (1,))],
+    "captioner": [OutputSpec("tokens", "INT32", (1, CAPTION_TOKENS))],
+    "tts": [OutputSpec("audio_samples", "INT64", (1,))],
+    "generic": [OutputSpec("value", "FP32", (1,))],
+    "detector": [OutputSpec("num_boxes", "INT32", (1,))],
+}
+
+
+class EmulatedBackend(Backend):
+    """Sleeps ``latency_ms[smallest profiled batch >= actual] * time_scale`` per batch."""
+
+    kind = "emulated"
+
+    def __init__(self, task: str, task_kind: str, downstream: Sequence[Downstream] = (), *,
+                 latency_ms_by_batch: dict[int, float] | None = None, time_scale: float = 1.0,
+                 seed: int = 0, draw: str = "poisson") -> None:
+        super().__init__(task, task_kind, downstream)
+        if draw not in ("poisson", "round"):
+            raise ValueError(f"draw must be 'poisson' or 'round', not {draw!r}")
+        if time_scale < 0:
+            raise ValueError("time_scale must be >= 0")
+        self._latency_ms = dict(sorted((latency_ms_by_batch or {1: 0.0}).items()))
+        self.time_scale = time_scale
+        self.seed = seed
+        self.draw = draw
+
+    def load(self, variant: str, max_batch: int) -> None:
+        self.variant = variant
+        self.max_batch = max_batch
+
+    def batch_latency_ms(self, batch: int) -> float:
+        """Profile p95 of the smallest profiled batch >= ``batch`` (the largest one beyond the table)."""
+        for b, ms in self._latency_ms.items():
+            if b >= batch:
+                return ms
+        return next(reversed(self._latency_ms.values()))
+
+    def num_children(self, request_id: int, factor: float, edge: int) -> int:
+        if self.draw == "round":
+            return int(math.floor(factor + 0.5))
+        rng = random.Random((request_id * 1_000_003 + edge * 7919 + self.seed) & 0xFFFFFFFFFFFF)
+        # Knuth's method, in log space so large means do not underflow.
+        limit, k, acc = -factor, 0, 0.0
+        while True:
+            acc += math.log(1.0 - rng.random())
+            if acc < limit:
+                return k
+            k += 1
+
+    def execute(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
+        delay_s = self.batch_latency_ms(len(inputs)) * self.time_scale / 1000.0
+        if delay_s > 0:
+            time.sleep(delay_s)
+        return [self._item(rid, payload) for rid, payload in zip(request_ids, inputs)]
+
+    def _item(self, request_id: int, payload: bytes) -> ItemResult:
+        rng = random.Random(request_id ^ self.seed)
+        kind = self.task_kind
+        children: dict[str, list[bytes]] = {}
+        if kind == "detector":
+            total = 0
+            for i, d in enumerate(self.downstream):
+                n = self.num_children(request_id, d.factor, i)
+                total += n
+                children[d.task] = [bytes(encode_tensors([
+                    ("box", "FP32", (1, 4), struct.pack("<4f", *(rng.random() for _ in range(4)))),
+                ])) for _ in range(n)]
+            outputs = [Tensor("num_boxes", "INT32", (1,), _arr("<i", [total]))]
+            for d in self.downstream:
+                outputs.append(Tensor(f"num_{d.task}", "INT32", (1,), _arr("<i", [len(children[d.task])])))
+            return ItemResult(outputs, children)
+        if kind == "classifier":
+            outputs = [Tensor("label", "INT32", (1,), _arr("<i", [rng.randrange(1000)])),
+                       Tensor("score", "FP32", (1,), _arr("<f", [rng.random()]))]
+        elif kind == "captioner":
+            outputs = [Tensor("tokens", "INT32", (1, CAPTION_TOKENS),
+                              _arr("<i", [rng.randrange(30522) for _ in range(CAPTION_TOKENS)]))]
+        elif kind == "tts":
+            outputs = [Tensor("audio_samples", "INT64", (1,),
+                              _arr("<q", [CAPTION_TOKENS * SAMPLES_PER_TOKEN + rng.randrange(1000)]))]
+        else:
+            outputs = [Tensor("value", "FP32", (1,), _arr("<f", [rng.random()]))]
+        if self.downstream:
+            # A non-detector feeds each downstream task one child carrying its outputs.
+            body = bytes(encode_tensors(outputs))
+            children = {d.task: [body] for d in self.downstream}
+        return ItemResult(outputs, children)
+
+    @classmethod
+    def output_specs(cls, task_kind: str, downstream: Sequence[str] = ()) -> list[OutputSpec]:
+        specs = list(_OUTPUTS.get(task_kind, _OUTPUTS["generic"]))
+        if task_kind == "detector":
+            specs += [OutputSpec(f"num_{t}", "INT32", (1,)) for t in downstream]
+        return specs
+
+
+def _arr(fmt: str, values: list[float] | list[int]) -> bytes:
+    """Raw little-endian data (the tensor codec takes bytes, so workers need no array objects)."""
+    return struct.pack(f"{fmt[0]}{len(values)}{fmt[1]}", *values)

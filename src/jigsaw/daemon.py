@@ -1,0 +1,287 @@
+"""``jigsawd``: the serving node - plans (or loads) a configuration, starts the workers, serves OIP.
+
+    jigsawd --node-config examples/h100x4.toml --emulate [--host H] [--port P]
+            [--demand RPS | --plan plan.json ...] [--apps a,b] [--time-scale K]
+
+Lifecycle: remove leftovers of daemons killed with -9 (``cleanup_stale``); plan every app;
+create every ring, doorbell and the stats block through one ``SegmentRegistry``; start one
+worker process per planned process, all at once; serve once every worker is ready.
+SIGINT/SIGTERM: answer new requests 503, drain in-flight ones (bounded), stop the workers,
+unlink every segment. Exit status 2 for a usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from jigsaw.app import App
+from jigsaw.errors import JigsawError
+from jigsaw.node import Node, load_node, load_node_profiles
+from jigsaw.plan import Plan
+from jigsaw.runtime import stats as st
+from jigsaw.runtime.rings import Doorbell, SegmentRegistry, ShmRing, cleanup_stale
+from jigsaw.runtime.topology import Topology, TopologyError, build_topology, write_specs
+
+DEFAULT_DEMAND_RPS = 10.0
+PLAN_TIME_LIMIT_S = 5.0
+READY_TIMEOUT_S = 120.0
+DRAIN_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 5.0
+
+
+def _log(msg: str) -> None:
+    print(f"jigsawd: {msg}", file=sys.stderr, flush=True)
+
+
+def gpu_available() -> bool:
+    """True when CUDA devices are usable (cupy is optional: absent means no GPU path)."""
+    try:
+        import cupy  # type: ignore[import-not-found]
+    except Exception:
+        return False
+    try:
+        return bool(cupy.cuda.is_available())
+    except Exception:
+        return False
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="jigsawd", description="Serve compound inference apps (OIP/KServe v2 REST).")
+    p.add_argument("--node-config", required=True, type=Path, help="node TOML file (lists the apps)")
+    p.add_argument("--emulate", action="store_true",
+                   help="run the emulated backend (profile latencies, no GPU); results are labelled emulated")
+    p.add_argument("--host", default=None, help="bind address (default: the node's server.host)")
+    p.add_argument("--port", type=int, default=None, help="port (default: the node's server.port)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--demand", type=float, default=None,
+                     help=f"plan each app for this many requests/s (default {DEFAULT_DEMAND_RPS:g})")
+    src.add_argument("--plan", type=Path, action="append", default=None,
+                     help="serve this plan JSON instead of planning (repeatable, one per app)")
+    p.add_argument("--apps", default=None, help="comma-separated app names to serve (default: all)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply emulated latencies, SLOs and planned times by this factor")
+    p.add_argument("--plan-time-limit", type=float, default=PLAN_TIME_LIMIT_S,
+                   help="planner time limit per app (s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of lane draws and emulated outputs")
+    return p.parse_args(argv)
+
+
+def _read_plans(paths: list[Path]) -> list[Plan]:
+    plans = []
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise JigsawError(f"{path}: no such plan file") from None
+        except json.JSONDecodeError as exc:
+            raise JigsawError(f"{path}: not valid JSON: {exc}") from None
+        for d in doc if isinstance(doc, list) else [doc]:
+            plans.append(Plan.from_json_dict(d, str(path)))
+    return plans
+
+
+def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]:
+    """The (app, plan) pairs to serve, from ``--plan`` files or by planning each app."""
+    wanted = None if args.apps is None else [a.strip() for a in args.apps.split(",") if a.strip()]
+    names = {a.name for a in node.apps}
+    for w in wanted or []:
+        if w not in names:
+            raise JigsawError(f"--apps: unknown app {w!r} (node {node.name} has {', '.join(sorted(names))})")
+    if args.plan:
+        out = []
+        for plan in _read_plans(args.plan):
+            if plan.app not in names:
+                raise JigsawError(f"plan for {plan.app!r}: not an app of node {node.name}")
+            if wanted is None or plan.app in wanted:
+                out.append((node.app(plan.app), plan))
+        if not out:
+            raise JigsawError("no plan left to serve (check --apps against the plans' apps)")
+        return out
+    apps = [a for a in node.apps if wanted is None or a.name in wanted]
+    if not apps:
+        raise JigsawError(f"node {node.name} lists no apps")
+    profiles = load_node_profiles(node, apps)
+    from jigsaw.planner.milp import plan as make_plan
+    demand = DEFAULT_DEMAND_RPS if args.demand is None else args.demand
+    out = []
+    for app in apps:
+        p = make_plan(app, node, profiles, demand, time_limit_s=args.plan_time_limit)
+        if not p.instances:
+            raise JigsawError(f"{app.name}: the planner found no configuration ({p.status}; "
+                              f"{'; '.join(p.notes)})")
+        _log(f"{app.name}: planned {p.planned_rps:g} rps ({p.status}), {p.slices_used} slices, "
+             f"{sum(i.count * i.mps for i in p.instances)} processes, accuracy {p.accuracy:.3f}")
+        for note in p.notes:
+            _log(f"{app.name}: {note}")
+        out.append((app, p))
+    return out
+
+
+class Daemon:
+    """Owns the worker processes and the shared-memory segments; ``close`` releases both."""
+
+    def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int) -> None:
+        self.node = node
+        self.run_dir = Path(tempfile.mkdtemp(prefix="jigsawd-"))
+        self.registry = SegmentRegistry(self.run_dir / "segments.manifest")
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.stats: st.StatsBlock | None = None
+        profiles = load_node_profiles(node, [a for a, _ in plans])
+        self.topology: Topology = build_topology(node, plans, profiles, name_of=self.registry.name,
+                                                 time_scale=time_scale, seed=seed)
+
+    def create_segments(self) -> None:
+        t = self.topology
+        self.registry.add_shm(t.stats)
+        self.stats = st.StatsBlock.create(t.stats, len(t.processes))
+        for name in t.doorbells:
+            self.registry.add_sem(name)
+            Doorbell.create(name).close()
+        for name, capacity in t.rings.items():
+            self.registry.add_shm(name)
+            ShmRing.create(name, capacity).close()
+
+    def start_workers(self) -> None:
+        paths = write_specs(self.topology, self.run_dir)
+        for path in paths:
+            self.workers.append(subprocess.Popen(
+                [sys.executable, "-m", "jigsaw.runtime.worker", "--spec", str(path)],
+                stdin=subprocess.DEVNULL))
+
+    def wait_ready(self, timeout_s: float) -> None:
+        assert self.stats is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for proc, spec in zip(self.workers, self.topology.processes):
+                if proc.poll() is not None:
+                    raise JigsawError(f"worker {spec.name} exited with status {proc.returncode} at start-up")
+            waiting = [s for s in self.topology.processes if self.stats.get(s.slot, st.STATE) != st.READY]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise JigsawError(f"{len(waiting)} workers not ready after {timeout_s:g} s "
+                                  f"(first: {waiting[0].name})")
+            time.sleep(0.05)
+
+    def dead_workers(self) -> list[str]:
+        return [s.name for p, s in zip(self.workers, self.topology.processes) if p.poll() is not None]
+
+    def stop_workers(self) -> None:
+        for p in self.workers:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for p in self.workers:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def close(self) -> None:
+        self.stop_workers()
+        if self.stats is not None:
+            self.stats.close()
+        self.registry.cleanup()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed: int) -> None:
+    from aiohttp import web
+
+    from jigsaw.runtime.frontend import Frontend
+    node = daemon.node
+    fe = Frontend(daemon.topology, backend_kind="emulated", max_queue=node.server.max_queue,
+                  hop_latency_ms=node.planner.hop_latency_ms, time_scale=time_scale, seed=seed)
+    fe.attach()
+    loop = asyncio.get_running_loop()
+    fe.start(loop)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(fe.make_app(node.server.max_payload_bytes), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        fe.ready = True
+        _log(f"serving {', '.join(daemon.topology.apps)} on http://{host}:{port} with "
+             f"{len(daemon.topology.processes)} worker processes (backend: emulated)")
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            dead = daemon.dead_workers()
+            if dead and fe.ready:
+                fe.ready = False
+                _log(f"worker(s) exited: {', '.join(dead)}; not ready")
+        _log("stopping: draining in-flight requests")
+        fe.draining = True
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while fe.num_pending() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if fe.num_pending():
+            _log(f"{fe.num_pending()} requests still in flight after {DRAIN_TIMEOUT_S:g} s")
+    finally:
+        await runner.cleanup()
+        fe.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.emulate:
+        if not gpu_available():
+            _log("no usable GPU (cupy.cuda.is_available() is false or cupy is not installed); "
+                 "run with --emulate to serve on the emulated backend")
+            return 2
+        _log("the GPU backends are not available in this build; run with --emulate")
+        return 2
+    if args.time_scale <= 0:
+        _log("--time-scale must be > 0")
+        return 2
+    try:
+        node = load_node(args.node_config)
+        host = args.host or node.server.host
+        port = node.server.port if args.port is None else args.port
+        plans = choose_plans(node, args)
+        removed = cleanup_stale()
+        if removed:
+            _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
+        daemon = Daemon(node, plans, time_scale=args.time_scale, seed=args.seed)
+    except (JigsawError, TopologyError) as exc:
+        _log(str(exc))
+        return 2
+    # Until the loop installs its handlers, turn SIGTERM into an exception so cleanup runs.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        daemon.create_segments()
+        daemon.start_workers()
+        daemon.wait_ready(READY_TIMEOUT_S)
+        import uvloop
+        uvloop.run(serve(daemon, host, port, time_scale=args.time_scale, seed=args.seed))
+    except JigsawError as exc:
+        _log(str(exc))
+        return 1
+    except KeyboardInterrupt:
+        _log("interrupted")
+    except OSError as exc:
+        _log(f"cannot serve on {host}:{port}: {exc}")
+        return 1
+    finally:
+        daemon.close()
+    _log("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""The HTTP frontend: Open Inference Protocol (KServe v2) REST on aiohttp, feeding the worker rings.
+
+A request is validated, admitted (bounded in-flight per app), given a lane drawn with
+probability rate/demand, split into root items carrying credit, and pushed to the least-loaded
+process of each root task. Completion records come back over one ring per worker; a thread
+sleeps on the frontend's doorbell and wakes the loop, which accounts credits and answers each
+request exactly once: 200 with the sink outputs, 504 when a task dropped it (naming the task)
+or its deadline passed at the frontend, 503 when shed. Late records are discarded and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from jigsaw import __version__
+from jigsaw.backends.base import OutputSpec
+from jigsaw.backends.emulated import EmulatedBackend
+from jigsaw.runtime import stats as st
+from jigsaw.runtime.metrics import Metrics
+from jigsaw.runtime.oip import BadRequest, parse_infer_request
+from jigsaw.runtime.records import (
+    HOP_BATCH,
+    HOP_END,
+    HOP_SENT,
+    HOP_START,
+    TOTAL_CREDIT,
+    frame,
+    split_credit,
+    unframe,
+)
+from jigsaw.runtime.rings import Doorbell, RecordHeader, ShmRing, Status
+from jigsaw.runtime.stats import StatsBlock
+from jigsaw.runtime.tensors import decode_tensors, encode_tensors
+from jigsaw.runtime.topology import AppRoutes, Target, Topology
+
+DRAIN_POP = 256
+LATE_GRACE_S = 10.0  # a timed-out request's record is kept this long to absorb its late credits
+RETRY_AFTER_S = "1"
+_REASON = {Status.DROPPED_DEADLINE: "deadline", Status.DROPPED_STALE: "stale", Status.REJECTED: "queue_full",
+           Status.ERROR: "error", Status.CANCELLED: "cancelled"}
+
+
+@dataclass
+class Pending:
+    """One admitted request until its credits are all back (or it is forgotten after a timeout)."""
+
+    request_id: int
+    routes: AppRoutes
+    lane: int
+    client_id: str | None
+    created_ns: int
+    deadline_ns: int
+    future: asyncio.Future[tuple[int, dict[str, Any]]]
+    outputs_wanted: list[str] | None
+    credit_in: int = 0
+    answered: bool = False
+    items: dict[str, list[tuple[int, list[Any]]]] = field(default_factory=dict)  # sink task -> items
+    timings: dict[str, list[float]] = field(default_factory=dict)  # task -> [queue_us, compute_us, n]
+    children: dict[str, int] = field(default_factory=dict)
+    drop: tuple[str, int] | None = None
+    timer: asyncio.TimerHandle | None = None
+
+
+class Frontend:
+    """Owns the producer side of the root rings and the consumer side of the completion rings."""
+
+    def __init__(self, topology: Topology, *, backend_kind: str = "emulated", max_queue: int = 4096,
+                 hop_latency_ms: float = 10.0, time_scale: float = 1.0, seed: int = 0) -> None:
+        self.topology = topology
+        self.backend_kind = backend_kind
+        self.max_queue = max_queue
+        self.hop_latency_ms = hop_latency_ms
+        self.time_scale = time_scale
+        self.metrics = Metrics(backend_kind)
+        self.rng = random.Random(seed)
+        self.pending: dict[int, Pending] = {}
+        self.inflight: dict[str, int] = dict.fromkeys(topology.apps, 0)
+        self.next_id = 1
+        self.ready = False
+        self.draining = False
+        self._rings: dict[str, ShmRing] = {}
+        self._bells: dict[str, Doorbell] = {}
+        self.completions: list[ShmRing] = []
+        self.bell: Doorbell | None = None
+        self.stats: StatsBlock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watcher: threading.Thread | None = None
+        self._closing = False
+        self._drain_scheduled = False
+        self._output_specs = {name: self._specs_of(r) for name, r in topology.apps.items()}
+        for name, r in topology.apps.items():
+            self.metrics.slices.set((("app", name),), r.slices)
+            self.metrics.processes.set((("app", name),),
+                                       sum(1 for p in topology.processes if p.app == name))
+
+    @staticmethod
+    def _specs_of(routes: AppRoutes) -> dict[str, list[OutputSpec]]:
+        app = routes.app
+        return {t: EmulatedBackend.output_specs(app.task(t).kind, app.children(t)) for t in app.sinks}
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def attach(self) -> None:
+        """Map the rings the daemon created (call once the workers are started)."""
+        for routes in self.topology.apps.values():
+            for lane in routes.roots:
+                for targets in lane.values():
+                    for t in targets:
+                        if t.ring not in self._rings:
+                            self._rings[t.ring] = ShmRing.attach(t.ring, role="producer")
+                            self._bells[t.ring] = Doorbell.attach(t.doorbell)
+        self.completions = [ShmRing.attach(n, role="consumer") for n in self.topology.completion_rings]
+        self.bell = Doorbell.attach(self.topology.frontend_doorbell)
+        self.stats = StatsBlock.attach(self.topology.stats)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._watcher = threading.Thread(target=self._watch, name="completion-doorbell", daemon=True)
+        self._watcher.start()
+
+    def close(self) -> None:
+        self._closing = True
+        if self.bell is not None:
+            self.bell.ring()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2.0)
+        for ring in (*self._rings.values(), *self.completions):
+            ring.close()
+        for bell in self._bells.values():
+            bell.close()
+        if self.bell is not None:
+            self.bell.close()
+        if self.stats is not None:
+            self.stats.close()
+
+    def _watch(self) -> None:
+        assert self.bell is not None and self._loop is not None
+        while not self._closing:
+            if self.bell.wait(0.5) and not self._drain_scheduled and not self._closing:
+                self._drain_scheduled = True
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._drain)
+
+    def num_pending(self) -> int:
+        return sum(self.inflight.values())
+
+    # ---- completions ----------------------------------------------------------------------
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        more = False
+        for ring in self.completions:
+            got = ring.pop_many(DRAIN_POP)
+            more |= len(got) == DRAIN_POP
+            for header, payload in got:
+                self._on_completion(header, payload)
+        if more and not self._drain_scheduled:
+            self._drain_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._drain)
+
+    def _on_completion(self, h: RecordHeader, payload: bytes) -> None:
+        req = self.pending.get(h.request_id)
+        if req is None:
+            self.metrics.late.inc()
+            return
+        app = req.routes.app
+        task = app.task_names[h.task] if h.task < len(app.task_names) else f"#{h.task}"
+        credit, tensors = unframe(payload)
+        hops = h.hops
+        if h.status == Status.OK:
+            variant = req.routes.lanes[req.lane].get(task, "")
+            queue_us = max(0.0, (hops[HOP_START] - hops[HOP_SENT]) / 1e3)
+            compute_us = max(0.0, (hops[HOP_END] - hops[HOP_START]) / 1e3)
+            labels = (("app", app.name), ("task", task))
+            self.metrics.queue_duration.observe(labels, queue_us)
+            self.metrics.compute_duration.observe(labels, compute_us)
+            if h.child_index == 0 or h.child_count <= 1:
+                self.metrics.batch_size.observe((*labels, ("variant", variant)), hops[HOP_BATCH])
+            t = req.timings.setdefault(task, [0.0, 0.0, 0])
+            t[0], t[1], t[2] = max(t[0], queue_us), max(t[1], compute_us), t[2] + 1
+            if h.child_count:
+                req.children[task] = req.children.get(task, 0) + h.child_count
+            if task in app.sinks and not req.answered:
+                arrays = [np.array(x.data) for x in decode_tensors(tensors)]
+                req.items.setdefault(task, []).append((h.child_index, arrays))
+        else:
+            reason = _REASON.get(Status(h.status), "error") if h.status in Status._value2member_map_ \
+                else "error"
+            self.metrics.dropped.inc((("app", app.name), ("task", task), ("reason", reason)))
+            if req.drop is None:
+                req.drop = (task, h.status)
+        req.credit_in += credit
+        if req.drop is not None and not req.answered:
+            self._answer_dropped(req)
+        if req.credit_in >= TOTAL_CREDIT:
+            if not req.answered:
+                self._answer_result(req)
+            self._forget(req)
+
+    def _forget(self, req: Pending) -> None:
+        self.pending.pop(req.request_id, None)
+        if req.timer is not None:
+            req.timer.cancel()
+
+    def _finish(self, req: Pending, status: int, body: dict[str, Any], reason: str | None) -> None:
+        req.answered = True
+        self.inflight[req.routes.app.name] -= 1
+        app = req.routes.app.name
+        if reason is None:
+            self.metrics.success.inc((("app", app),))
+        else:
+            self.metrics.failure.inc((("app", app), ("reason", reason)))
+        self.metrics.request_duration.observe((("app", app),), (time.monotonic_ns() - req.created_ns) / 1e3)
+        if not req.future.done():
+            req.future.set_result((status, body))
+
+    def _answer_dropped(self, req: Pending) -> None:
+        assert req.drop is not None
+        task, status = req.drop
+        name = Status(status).name if status in Status._value2member_map_ else str(status)
+        reason = _REASON.get(Status(status), "error") if status in Status._value2member_map_ else "error"
+        self._finish(req, 504, {"error": f"request dropped by task {task!r} ({reason}): it could not "
+                                         f"meet its deadline", "status": name, "task": task,
+                                "reason": reason, "id": req.client_id}, "dropped")
+
+    def _on_deadline(self, req: Pending) -> None:
+        if not req.answered:
+            self._finish(req, 504, {"error": "request timed out: its deadline passed before every task "
+                                             "answered", "status": "DEADLINE_EXCEEDED", "task": None,
+                                    "reason": "deadline", "id": req.client_id}, "timeout")
+        assert self._loop is not None
+        req.timer = self._loop.call_later(LATE_GRACE_S, self._forget, req)
+
+    def _answer_result(self, req: Pending) -> None:
+        app = req.routes.app
+        outputs = []
+        for task, specs in self._output_specs[req.routes.app.name].items():
+            items = sorted(req.items.get(task, []), key=lambda x: x[0])
+            for k, spec in enumerate(specs):
+                name = f"{task}.{spec.name}"
+                if req.outputs_wanted is not None and name not in req.outputs_wanted:
+                    continue
+                parts = [arrays[k] for _, arrays in items if k < len(arrays)]
+                if parts:
+                    data = np.concatenate([p.reshape((-1, *spec.shape[1:])) for p in parts])
+                else:
+                    data = np.zeros((0, *spec.shape[1:]), dtype=np.int32)
+                outputs.append({"name": name, "datatype": spec.datatype, "shape": list(data.shape),
+                                "data": data.reshape(-1).tolist(),
+                                "parameters": {"emulated": self.backend_kind == "emulated"}})
+        params: dict[str, Any] = {"backend": self.backend_kind,
+                                  "emulated": self.backend_kind == "emulated"}
+        for task, variant in req.routes.lanes[req.lane].items():
+            params[f"lane.{task}"] = variant
+        for task, (queue_us, compute_us, n) in req.timings.items():
+            params[f"queue_us.{task}"] = round(queue_us, 1)
+            params[f"compute_us.{task}"] = round(compute_us, 1)
+            params[f"items.{task}"] = int(n)
+        for task, n in req.children.items():
+            params[f"children.{task}"] = n
+        params["e2e_us"] = round((time.monotonic_ns() - req.created_ns) / 1e3, 1)
+        body = {"model_name": app.name, "model_version": "1", "outputs": outputs, "parameters": params}
+        if req.client_id is not None:
+            body["id"] = req.client_id
+        self._finish(req, 200, body, None)
+
+    # ---- admission and dispatch ----------------------------------------------------------
+    def _load(self, t: Target) -> int:
+        assert self.stats is not None
+        return len(self._rings[t.ring]) + self.stats.get(t.slot, st.QUEUED)
+
+    def submit(self, routes: AppRoutes, client_id: str | None, tensors: list[tuple[str, str, tuple[int, ...], Any]],
+               outputs_wanted: list[str] | None) -> Pending | None:
+        """Admit and dispatch one request; None when every root ring is full (shed)."""
+        assert self._loop is not None
+        app = routes.app
+        lane = self.rng.choices(range(len(routes.lanes)), routes.lane_weights)[0] \
+            if len(routes.lanes) > 1 else 0
+        now = time.monotonic_ns()
+        budget_ms = (app.latency_slo_ms + routes.depth * self.hop_latency_ms) * self.time_scale
+        deadline = now + int(budget_ms * 1e6)
+        rid = self.next_id
+        self.next_id += 1
+        body = bytes(encode_tensors(tensors))
+        roots = routes.roots[lane]
+        shares = split_credit(TOTAL_CREDIT, len(roots))
+        req = Pending(rid, routes, lane, client_id, now, deadline, self._loop.create_future(), outputs_wanted)
+        sent = 0
+        for (task, targets), share in zip(roots.items(), shares):
+            h = RecordHeader(request_id=rid, app=routes.app_index, task=app.task_names.index(task), lane=lane,
+                             deadline_ns=deadline, created_ns=now)
+            h.stamp(HOP_SENT, time.monotonic_ns())
+            payload = frame(share, body)
+            for t in sorted(targets, key=self._load):
+                if self._rings[t.ring].push(h, payload):
+                    self._bells[t.ring].ring()
+                    sent += 1
+                    break
+            else:
+                if sent == 0 and task == next(iter(roots)):
+                    return None
+                req.credit_in += share
+                req.drop = req.drop or (task, int(Status.REJECTED))
+        self.pending[rid] = req
+        self.inflight[app.name] += 1
+        req.timer = self._loop.call_later(max(0.0, (deadline - time.monotonic_ns()) / 1e9),
+                                          self._on_deadline, req)
+        if req.drop is not None:
+            self._answer_dropped(req)
+        return req
+
+    # ---- HTTP -----------------------------------------------------------------------------
+    def make_app(self, max_payload_bytes: int) -> web.Application:
+        app = web.Application(client_max_size=max_payload_bytes, middlewares=[_json_errors])
+        r = app.router
+        r.add_get("/v2", self.h_server)
+        r.add_get("/v2/health/live", self.h_live)
+        r.add_get("/v2/health/ready", self.h_ready)
+        r.add_get("/metrics", self.h_metrics)
+        for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            r.add_get(base, self.h_model)
+            r.add_get(base + "/ready", self.h_model_ready)
+            r.add_post(base + "/infer", self.h_infer)
+        return app
+
+    async def h_server(self, request: web.Request) -> web.Response:
+        return web.json_response({"name": "jigsaw", "version": __version__, "extensions": []})
+
+    async def h_live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    def is_ready(self) -> bool:
+        return self.ready and not self.draining
+
+    async def h_ready(self, request: web.Request) -> web.Response:
+        ok = self.is_ready()
+        return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+    def _routes(self, request: web.Request) -> AppRoutes:
+        name = request.match_info["model"]
+        routes = self.topology.apps.get(name)
+        if routes is None:
+            raise web.HTTPNotFound(text=f"unknown model {name!r} (served: {', '.join(self.topology.apps)})")
+        version = request.match_info.get("version")
+        if version is not None and version != "1":
+            raise web.HTTPNotFound(text=f"model {name!r} has no version {version!r} (versions: 1)")
+        return routes
+
+    async def h_model(self, request: web.Request) -> web.Response:
+        routes = self._routes(request)
+        app = routes.app
+        outputs = [{"name": f"{task}.{s.name}", "datatype": s.datatype, "shape": [-1, *s.shape[1:]]}
+                   for task, specs in self._output_specs[app.name].items() for s in specs]
+        return web.json_response({
+            "name": app.name, "versions": ["1"], "platform": f"jigsaw_{self.backend_kind}",
+            "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in app.inputs],
+            "outputs": outputs,
+            "parameters": {"tasks": ",".join(app.task_names), "latency_slo_ms": app.latency_slo_ms,
+                           "backend": self.backend_kind},
+        })
+
+    async def h_model_ready(self, request: web.Request) -> web.Response:
+        routes = self._routes(request)
+        ok = self.is_ready()
+        return web.json_response({"name": routes.app.name, "ready": ok}, status=200 if ok else 503)
+
+    async def h_infer(self, request: web.Request) -> web.Response:
+        routes = self._routes(request)
+        name = routes.app.name
+        if not self.is_ready():
+            self.metrics.failure.inc((("app", name), ("reason", "not_ready")))
+            return _error(503, "server is not ready" if not self.draining else "server is shutting down",
+                          headers={"Retry-After": RETRY_AFTER_S})
+        if "Inference-Header-Content-Length" in request.headers:
+            self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
+            return _error(400, "Inference-Header-Content-Length: the binary tensor extension is not "
+                               "supported; send JSON data")
+        body = await request.read()
+        try:
+            parsed = parse_infer_request(body, routes.app)
+        except BadRequest as exc:
+            self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
+            return _error(400, str(exc))
+        if parsed.outputs is not None:
+            known = {f"{t}.{s.name}" for t, specs in self._output_specs[name].items() for s in specs}
+            unknown = [o for o in parsed.outputs if o not in known]
+            if unknown:
+                self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
+                return _error(400, f"outputs: unknown output {unknown[0]!r} (model {name} has "
+                                   f"{', '.join(sorted(known))})")
+        if self.inflight[name] >= self.max_queue:
+            self.metrics.failure.inc((("app", name), ("reason", "shed")))
+            return _error(503, f"model {name!r} has {self.inflight[name]} requests in flight (max_queue "
+                               f"{self.max_queue}); retry later", headers={"Retry-After": RETRY_AFTER_S})
+        req = self.submit(routes, parsed.id, parsed.inputs, parsed.outputs)
+        if req is None:
+            self.metrics.failure.inc((("app", name), ("reason", "shed")))
+            return _error(503, f"every input ring of model {name!r} is full; retry later",
+                          headers={"Retry-After": RETRY_AFTER_S})
+        status, doc = await req.future
+        return web.json_response(doc, status=status)
+
+    async def h_metrics(self, request: web.Request) -> web.Response:
+        m = self.metrics
+        now = time.monotonic_ns()
+        for name, n in self.inflight.items():
+            m.inflight.set((("app", name),), n)
+        if self.stats is not None:
+            for p in self.topology.processes:
+                labels = (("app", p.app), ("task", p.task), ("variant", p.variant), ("instance", p.name))
+                started = self.stats.get(p.slot, st.STARTED_NS)
+                busy = self.stats.get(p.slot, st.BUSY_NS)
+                m.busy.set(labels, round(busy / (now - started), 6) if started and now > started else 0.0)
+                m.instance_queue.set(labels, self.stats.get(p.slot, st.QUEUED))
+        return web.Response(text=m.render(), content_type="text/plain", charset="utf-8",
+                            headers={"X-Prometheus-Format": "0.0.4"})
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every error an OIP client sees is JSON ``{"error": ...}``, also aiohttp's own 404/405/413."""
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error(413, f"body: payload of {exc.actual_size} bytes exceeds the limit of "
+                           f"{exc.max_size} bytes (server.max_payload_bytes)")
+    except web.HTTPMethodNotAllowed as exc:
+        return _error(405, f"method {exc.method} not allowed on {request.path} "
+                           f"(allowed: {', '.join(sorted(exc.allowed_methods))})",
+                      headers={"Allow": ",".join(sorted(exc.allowed_methods))})
+    except web.HTTPNotFound as exc:
+        text = exc.text if exc.text and not exc.text.startswith("404") else f"no such path {request.path}"
+        return _error(404, text)

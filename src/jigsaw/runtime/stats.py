@@ -1,0 +1,72 @@
+"""A small shared-memory block where each worker process publishes its state and counters.
+
+One 64-byte slot per process (8 little-endian u64, written only by that process, read by the
+frontend for routing, readiness and metrics)::
+
+    0 state     0 starting, 1 ready, 2 stopped
+    1 pid
+    2 queued    items popped but not yet finished (queue + running batch)
+    3 busy_ns   time spent executing batches
+    4 batches   batches executed
+    5 items     items executed
+    6 started_ns  CLOCK_MONOTONIC when the process became ready
+    7 dropped   items dropped by this process
+
+Readers may see a slightly stale value; nothing depends on a consistent snapshot.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import posix_ipc
+
+SLOT_WORDS = 8
+STATE, PID, QUEUED, BUSY_NS, BATCHES, ITEMS, STARTED_NS, DROPPED = range(SLOT_WORDS)
+STARTING, READY, STOPPED = 0, 1, 2
+
+
+class StatsBlock:
+    """A mapping of the block; ``create`` in the daemon (which unlinks it), ``attach`` in workers."""
+
+    def __init__(self, name: str, mm: mmap.mmap, num_slots: int) -> None:
+        self.name = name
+        self._mm = mm
+        self._words = memoryview(mm).cast("Q")
+        self.num_slots = num_slots
+
+    @classmethod
+    def create(cls, name: str, num_slots: int) -> StatsBlock:
+        size = max(1, num_slots) * SLOT_WORDS * 8
+        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+        try:
+            mm = mmap.mmap(shm.fd, size)
+        finally:
+            shm.close_fd()
+        return cls(name, mm, num_slots)
+
+    @classmethod
+    def attach(cls, name: str) -> StatsBlock:
+        shm = posix_ipc.SharedMemory(name)
+        try:
+            size = shm.size
+            mm = mmap.mmap(shm.fd, size)
+        finally:
+            shm.close_fd()
+        return cls(name, mm, size // (SLOT_WORDS * 8))
+
+    def get(self, slot: int, word: int) -> int:
+        return self._words[slot * SLOT_WORDS + word]
+
+    def set(self, slot: int, word: int, value: int) -> None:
+        self._words[slot * SLOT_WORDS + word] = value
+
+    def add(self, slot: int, word: int, delta: int) -> None:
+        i = slot * SLOT_WORDS + word
+        self._words[i] = self._words[i] + delta
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self._words.release()
+            self._mm.close()
+            self._mm = None  # type: ignore[assignment]

@@ -1,0 +1,264 @@
+"""A worker process: one (task, variant) process of a plan, fed by shared-memory rings.
+
+``python -m jigsaw.runtime.worker --spec spec.json`` (spec: ``topology.ProcessSpec`` as JSON).
+
+The loop blocks on its doorbell when idle (no spinning). Each turn it pops every input ring into
+the batching queue (arrival stamped on dequeue), drops what can no longer meet its deadline or
+went stale, runs one batch when the queue's release rule allows (the process is idle whenever it
+asks, so a batch starts as soon as the previous one finished: paper §3.3), routes each item's
+children to the least-loaded process of the lane's variant of each downstream task, and reports
+every finished or dropped item to the frontend with its credit (see ``jigsaw.runtime.records``).
+
+The backend call blocks the process for the batch's duration; a process runs one batch at a time
+as the paper's instances do, so nothing is gained from an event loop here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import posix_ipc
+
+from jigsaw.backends.base import Backend, Downstream, ItemResult
+from jigsaw.runtime import records
+from jigsaw.runtime.batching import BatchQueue
+from jigsaw.runtime.records import (
+    HOP_BATCH,
+    HOP_DONE,
+    HOP_END,
+    HOP_POPPED,
+    HOP_SENT,
+    HOP_START,
+    frame,
+    split_credit,
+    unframe,
+)
+from jigsaw.runtime.rings import Doorbell, RecordHeader, RingClosedError, ShmRing, Status
+from jigsaw.runtime.stats import BATCHES, BUSY_NS, DROPPED, ITEMS, PID, QUEUED, READY, STARTED_NS, STATE, StatsBlock
+from jigsaw.runtime.tensors import encode_tensors
+from jigsaw.runtime.topology import ProcessSpec
+
+IDLE_WAIT_S = 1.0  # an idle process wakes this often only to notice that its parent died
+POP_BATCH = 256
+PUSH_RETRY_S = 0.0005
+
+_running = True
+
+
+def make_backend(spec: ProcessSpec) -> Backend:
+    """The backend named by the spec, loaded with its variant and max batch."""
+    downstream = [Downstream(str(d["task"]), float(d["factor"])) for d in spec.downstream]  # type: ignore[arg-type]
+    if spec.backend != "emulated":
+        raise SystemExit(f"backend {spec.backend!r} is not available in this build")
+    from jigsaw.backends.emulated import EmulatedBackend
+    backend: Backend = EmulatedBackend(spec.task, spec.task_kind, downstream,
+                                       latency_ms_by_batch=spec.latency_ms_by_batch,
+                                       time_scale=spec.time_scale, seed=spec.seed)
+    backend.load(spec.variant, spec.max_batch)
+    return backend
+
+
+class Worker:
+    """The state of one worker process; ``run`` is its loop."""
+
+    def __init__(self, spec: ProcessSpec) -> None:
+        self.spec = spec
+        self.backend = make_backend(spec)
+        self.bell = Doorbell.attach(spec.doorbell)
+        self.inputs = [ShmRing.attach(name, role="consumer") for name in spec.inputs]
+        self.outputs = [ShmRing.attach(o.ring, role="producer") for o in spec.outputs]
+        self.output_bells = [Doorbell.attach(o.doorbell) for o in spec.outputs]
+        self.output_slots = [o.slot for o in spec.outputs]
+        self.done = ShmRing.attach(spec.completion_ring, role="producer")
+        self.done_bell = Doorbell.attach(spec.completion_doorbell)
+        self.stats = StatsBlock.attach(spec.stats)
+        self.queue = BatchQueue(spec.max_batch, spec.max_wait_ns, spec.queue_capacity, spec.staleness_ns,
+                                spec.remaining_min_ns, spec.exec_estimate_ns)
+        self.parent_pid = os.getppid()
+        self._rung: set[int] = set()
+
+    # ---- outputs ------------------------------------------------------------------------
+    def _push_blocking(self, ring: ShmRing, header: RecordHeader, payload: bytes, until_ns: int) -> bool:
+        """Push, retrying while the ring is full until ``until_ns``; False when it never fit."""
+        while not ring.push(header, payload):
+            if time.monotonic_ns() >= until_ns or not _running:
+                return False
+            time.sleep(PUSH_RETRY_S)
+        return True
+
+    def complete(self, header: RecordHeader, status: int, credit: int, tensors: bytes = b"",
+                 num_children: int = 0) -> None:
+        """Report an item this task finished or dropped (with the credit it returns)."""
+        h = header.copy()
+        h.task = self.spec.task_index
+        h.status = int(status)
+        h.child_count = num_children
+        h.stamp(HOP_DONE, time.monotonic_ns())
+        # The frontend always drains: wait for room rather than lose an answer.
+        with contextlib.suppress(RingClosedError):
+            self._push_blocking(self.done, h, frame(credit, tensors), time.monotonic_ns() + 60 * 10**9)
+        self.done_bell.ring()
+
+    def _least_loaded(self, candidates: list[int]) -> list[int]:
+        load = [(len(self.outputs[i]) + self.stats.get(self.output_slots[i], QUEUED), n, i)
+                for n, i in enumerate(candidates)]
+        return [i for _, _, i in sorted(load)]
+
+    def forward(self, header: RecordHeader, credit: int, result: ItemResult) -> int:
+        """Send the item's children downstream; returns how many were sent."""
+        children = [(task, body) for task, bodies in result.children.items() for body in bodies]
+        routes = self.spec.routes[header.lane] if header.lane < len(self.spec.routes) else {}
+        children = [(t, b) for t, b in children if routes.get(t)]
+        if not children:
+            return 0
+        if len(children) > credit:
+            children = children[:credit]
+        shares = split_credit(credit, len(children))
+        index_of = {str(d["task"]): int(d["task_index"]) for d in self.spec.downstream}  # type: ignore[call-overload]
+        for k, ((task, body), share) in enumerate(zip(children, shares)):
+            h = RecordHeader(request_id=header.request_id, parent_id=header.request_id, app=header.app,
+                             task=index_of[task], lane=header.lane, child_index=k,
+                             child_count=len(children), deadline_ns=header.deadline_ns,
+                             created_ns=header.created_ns)
+            h.stamp(HOP_SENT, time.monotonic_ns())
+            payload = frame(share, body)
+            sent = False
+            for i in self._least_loaded(routes[task]):
+                if self.outputs[i].push(h, payload):
+                    self._rung.add(i)
+                    sent = True
+                    break
+            if not sent:
+                i = self._least_loaded(routes[task])[0]
+                sent = self._push_blocking(self.outputs[i], h, payload, header.deadline_ns)
+                self._rung.add(i)
+            if not sent:
+                # Never reached the next task: its deadline passed while every ring was full.
+                h.task = index_of[task]
+                dropped = h.copy()
+                dropped.status = int(Status.DROPPED_DEADLINE)
+                dropped.stamp(HOP_DONE, time.monotonic_ns())
+                self._push_blocking(self.done, dropped, frame(share, b""), time.monotonic_ns() + 60 * 10**9)
+                self.done_bell.ring()
+        return len(children)
+
+    def _ring_outputs(self) -> None:
+        for i in self._rung:
+            self.output_bells[i].ring()
+        self._rung.clear()
+
+    # ---- the loop -----------------------------------------------------------------------
+    def take_inputs(self) -> int:
+        n = 0
+        for ring in self.inputs:
+            for header, payload in ring.pop_many(POP_BATCH):
+                now = time.monotonic_ns()
+                header.stamp(HOP_POPPED, now)
+                if not self.queue.push(header.request_id, header.deadline_ns, now, (header, payload)):
+                    credit, _ = unframe(payload)
+                    self.complete(header, Status.REJECTED, credit)
+                    self.stats.add(self.spec.slot, DROPPED, 1)
+                n += 1
+        return n
+
+    def drop_expired(self) -> None:
+        for _, _, _, (header, payload), reason in self.queue.expired(time.monotonic_ns()):
+            credit, _ = unframe(payload)
+            self.complete(header, int(reason), credit)
+            self.stats.add(self.spec.slot, DROPPED, 1)
+
+    def run_batch(self) -> bool:
+        batch = self.queue.next_batch(time.monotonic_ns(), True)
+        if not batch:
+            return False
+        slot = self.spec.slot
+        headers = [e[3][0] for e in batch]
+        framed = [unframe(e[3][1]) for e in batch]
+        start = time.monotonic_ns()
+        results = self.backend.execute([h.request_id for h in headers], [bytes(t) for _, t in framed])
+        end = time.monotonic_ns()
+        self.stats.add(slot, BUSY_NS, end - start)
+        self.stats.add(slot, BATCHES, 1)
+        self.stats.add(slot, ITEMS, len(batch))
+        for header, (credit, _), result in zip(headers, framed, results):
+            header.stamp(HOP_START, start)
+            header.stamp(HOP_END, end)
+            header.stamp(HOP_BATCH, len(batch))
+            sent = self.forward(header, credit, result)
+            self.complete(header, Status.OK, 0 if sent else credit,
+                          bytes(encode_tensors(result.outputs)), sent)
+        self._ring_outputs()
+        return True
+
+    def publish_queued(self) -> None:
+        self.stats.set(self.spec.slot, QUEUED, len(self.queue))
+
+    def run(self) -> None:
+        slot = self.spec.slot
+        self.stats.set(slot, PID, os.getpid())
+        self.stats.set(slot, STARTED_NS, time.monotonic_ns())
+        self.stats.set(slot, STATE, READY)
+        while _running:
+            self.take_inputs()
+            self.drop_expired()
+            self.publish_queued()
+            if self.run_batch():
+                self.publish_queued()
+                continue
+            if len(self.queue):
+                wake = self.queue.next_wakeup_ns(time.monotonic_ns())
+                timeout_s = max(0.0, (wake - time.monotonic_ns()) / 1e9) if wake is not None else IDLE_WAIT_S
+            else:
+                timeout_s = IDLE_WAIT_S
+            try:
+                rung = self.bell.wait(min(timeout_s, IDLE_WAIT_S))
+            except posix_ipc.SignalError:
+                continue
+            if not rung and os.getppid() != self.parent_pid:
+                break
+
+    def close(self) -> None:
+        for ring in (*self.inputs, *self.outputs, self.done):
+            ring.close()
+        for bell in (self.bell, *self.output_bells, self.done_bell):
+            bell.close()
+        self.stats.close()
+        self.backend.close()
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when the daemon dies (Linux prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def _stop(signum: int, frame: object) -> None:
+    global _running
+    _running = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jigsaw-worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, type=Path)
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon handles ^C and stops workers itself
+    spec = ProcessSpec.from_json(args.spec.read_text())
+    worker = Worker(spec)
+    try:
+        worker.run()
+    finally:
+        worker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
