@@ -56,7 +56,8 @@ def gpu_available() -> bool:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="jigsawd", description="Serve compound inference apps (OIP/KServe v2 REST).")
+    p = argparse.ArgumentParser(prog="jigsawd",
+                                description="Serve compound inference apps (OIP/KServe v2 REST).")
     p.add_argument("--node-config", required=True, type=Path, help="node TOML file (lists the apps)")
     p.add_argument("--emulate", action="store_true",
                    help="run the emulated backend (profile latencies, no GPU); results are labelled emulated")

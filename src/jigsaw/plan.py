@@ -7,6 +7,7 @@ read and write these.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,9 @@ class Plan:
         else:
             d["layout"] = []
         d["gpu_model"] = self.gpu_model or (self.layout.gpu_model if self.layout else "")
+        for key in ("objective", "gap"):  # JSON has no NaN or infinity: null means "unknown"
+            if not math.isfinite(d[key]):
+                d[key] = None
         return d
 
     def to_json(self) -> str:
@@ -116,6 +120,8 @@ class Plan:
     def from_json_dict(cls, d: dict[str, Any], source: str = "<plan>") -> Plan:
         try:
             kwargs = dict(d)
+            kwargs["objective"] = float("nan") if d.get("objective") is None else d["objective"]
+            kwargs["gap"] = float("inf") if d.get("gap") is None else d["gap"]
             kwargs["instances"] = [PlanInstance(**i) for i in d.get("instances", [])]
             kwargs["lanes"] = [LanePlan(dict(x["variants"]), float(x["rate_rps"]))
                                for x in d.get("lanes", [])]

@@ -69,5 +69,5 @@ class Backend(abc.ABC):
     def output_specs(cls, task_kind: str, downstream: Sequence[str] = ()) -> list[OutputSpec]:
         """The outputs an item of a task of this kind produces (so empty results keep their shape)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release models and buffers; the default has nothing to release."""

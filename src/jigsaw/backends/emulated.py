@@ -4,7 +4,8 @@ It runs a 4x H100 node faithfully in time on a machine without GPUs. Outputs hav
 the real task's outputs but made-up values, and every response built from them is labelled
 emulated. A detector draws its number of children per downstream task from a Poisson law with
 the edge's multiplicative factor as mean (or rounds it, ``draw="round"``), seeded by request id,
-so a given request always fans out the same way.
+so a given request always fans out the same way. A whole-number factor is taken as exact (the AR
+assistant captions the one object in view: factor 1 means one child, not Poisson(1)).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ class EmulatedBackend(Backend):
         return next(reversed(self._latency_ms.values()))
 
     def num_children(self, request_id: int, factor: float, edge: int) -> int:
-        if self.draw == "round":
-            return int(math.floor(factor + 0.5))
+        if self.draw == "round" or factor == int(factor):
+            return math.floor(factor + 0.5)
         rng = random.Random((request_id * 1_000_003 + edge * 7919 + self.seed) & 0xFFFFFFFFFFFF)
         # Knuth's method, in log space so large means do not underflow.
         limit, k, acc = -factor, 0, 0.0

@@ -125,8 +125,21 @@ def static_budgets(app: App, node: Node, profiles: ProfileTable, space: SearchSp
             continue
         best = max(cols, key=lambda c: (c.throughput_rps, -c.slices))
         need[t] = demand[t] / best.throughput_rps * best.slices
+    # Whole instances: every task gets one of the smallest instance the space allows, the rest
+    # is divided in proportion to need by largest remainder (plain flooring starves small tasks).
+    unit = min((mig.compute_slices for mig, _ in allowed_segments(node, space)), default=1)
+    units = node.slices_available // unit
+    tasks = list(app.task_names)
+    given = {t: 1 if units >= len(tasks) else 0 for t in tasks}
+    spare = units - sum(given.values())
     total_need = sum(need.values()) or 1.0
-    slices = {t: int(node.slices_available * need[t] / total_need) for t in app.task_names}
+    share = {t: spare * need[t] / total_need for t in tasks}
+    for t in tasks:
+        given[t] += int(share[t])
+    left = units - sum(given.values())
+    for t in sorted(tasks, key=lambda t: share[t] - int(share[t]), reverse=True)[:max(0, left)]:
+        given[t] += 1
+    slices = {t: given[t] * unit for t in tasks}
     return Budgets(latency_ms, slices)
 
 

@@ -76,7 +76,8 @@ def _problem(app: App, node: Node, profiles: ProfileTable, space: SearchSpace,
 class _Model:
     """One MILP over a _Problem; ``demand_rps`` None makes the demand a variable (capacity)."""
 
-    def __init__(self, pb: _Problem, demand_rps: float | None, solver: str, threads: int = 1):
+    def __init__(self, pb: _Problem, demand_rps: float | None, solver: str, threads: int = 1,
+                 max_rps: float | None = None):
         self.pb = pb
         node, app, cols = pb.node, pb.app, pb.colset.columns
         name = {"cbc": mip.CBC, "highs": "HiGHS"}.get(solver)
@@ -91,10 +92,11 @@ class _Model:
 
         self.lam = [m.add_var(lb=0.0, name=f"lam{i}") for i in range(len(pb.lanes))]
         if demand_rps is None:
-            self.R: mip.Var | float = m.add_var(lb=0.0, name="R")
+            self.R: mip.Var | float = m.add_var(lb=0.0, ub=max_rps if max_rps is not None else mip.INF,
+                                                name="R")
             m += mip.xsum(self.lam) == self.R
         else:
-            self.R = demand_rps
+            self.R = float(demand_rps)
             m += mip.xsum(self.lam) == demand_rps
 
         # Demand on each (task, variant) and its largest possible value (for big-M bounds).
@@ -151,11 +153,14 @@ class _Model:
                 for li, _ in terms:
                     m += self.lam[li] == 0
                 continue
-            m += mip.xsum(cols[j].throughput_rps * self.M[j] for j in js) >= demand
+            # Rows scaled by their largest throughput: CBC's presolve misjudges feasibility
+            # when coefficients reach 1e4 next to the unit coefficients of the lane rates.
+            scale = 1.0 / max(cols[j].throughput_rps for j in js)
+            m += mip.xsum(cols[j].throughput_rps * scale * self.M[j] for j in js) >= scale * demand
             s = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.slices_available, name=f"S_{tv[0]}_{tv[1]}")
             m += s == mip.xsum(cols[j].slices * self.M[j] for j in js)
             best_per_slice = max(cols[j].throughput_rps / cols[j].slices for j in js)
-            m += best_per_slice * s >= demand
+            m += best_per_slice * scale * s >= scale * demand
             self.S[tv] = s
 
         slices_total = mip.xsum(c.slices * self.M[j] for j, c in enumerate(cols))
@@ -228,9 +233,14 @@ class _Model:
         task_latency = {t: max((i.latency_ms for i in instances if i.task == t), default=0.0)
                         for t in app.task_names}
         slices_used = sum(i.count * i.slices for i in instances)
-        obj = self.m.objective_value if self.m.objective_value is not None else float("nan")
+        obj = node.planner.alpha * accuracy - node.beta * slices_used
         bound = self.m.objective_bound
-        gap = 0.0 if status == "optimal" else abs(bound - obj) if bound is not None else float("inf")
+        if not isinstance(self.R, float):
+            gap = float("inf")  # a capacity model's solution: its slices were not minimised
+        elif status == "optimal":
+            gap = 0.0
+        else:
+            gap = abs(bound - self.m.objective_value) if bound is not None else float("inf")
         return Plan(
             app=app.name, space=pb.space.name, demand_rps=demand_rps, planned_rps=planned_rps,
             feasible=True, max_demand_plan=False, status=status, objective=obj,
@@ -288,12 +298,12 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
     if word in ("optimal", "feasible"):
         result = model.extract(pb, demand_rps, r, word, time.perf_counter() - t0)
         return _with_layout(result, node, previous)
-    if word == "infeasible" or pb.colset.columns == ():
+    if word == "infeasible" or not pb.colset.columns:
         cap = _capacity(pb, solver, limit)
-        if cap.max_demand_rps <= 0:
+        if cap.plan is None:
             return _empty_plan(pb, demand_rps, cap.status, time.perf_counter() - t0,
                                "no configuration serves any demand within the SLOs")
-        result = _plan_at(pb, cap.max_demand_rps, solver, limit)
+        result = _plan_at(pb, cap, solver, limit)
         result.demand_rps = demand_rps
         result.feasible = False
         result.max_demand_plan = True
@@ -301,20 +311,44 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
         result.notes.append(f"demand {demand_rps:g} rps is above capacity "
                             f"{cap.max_demand_rps:.6g} rps: serving the maximum")
         return _with_layout(result, node, previous)
-    return _empty_plan(pb, demand_rps, word, time.perf_counter() - t0,
-                       f"the solver found no plan within {limit:g} s")
+    # No incumbent within the limit (typically right at capacity): the capacity model, capped at
+    # the demand, always has one (serve nothing) and finds a good one fast.
+    cap = _capacity(pb, solver, limit, max_rps=r)
+    if cap.plan is None:
+        return _empty_plan(pb, demand_rps, word, time.perf_counter() - t0,
+                           f"the solver found no plan within {limit:g} s")
+    result = cap.plan
+    result.demand_rps = demand_rps
+    result.solve_seconds = time.perf_counter() - t0
+    if cap.max_demand_rps >= r * (1 - 1e-6):
+        result.notes.append(f"no incumbent within {limit:g} s: the plan comes from the capacity "
+                            "model and its slices are not minimised")
+    else:
+        result.feasible = False
+        result.max_demand_plan = True
+        result.notes.append(f"no plan for {demand_rps:g} rps found within {limit:g} s: serving "
+                            f"{cap.max_demand_rps:.6g} rps, the most found")
+    return _with_layout(result, node, previous)
 
 
-def _plan_at(pb: _Problem, demand_rps: float, solver: str, limit: float) -> Plan:
-    # Capacity is the supremum of a closed set, but float round-off can make it infeasible:
-    # back off by a hair until the plan solves.
-    for shrink in (1.0, 1 - 1e-7, 1 - 1e-5, 1 - 1e-3):
-        model = _Model(pb, demand_rps * shrink, solver)
+def _plan_at(pb: _Problem, cap: _Cap, solver: str, limit: float) -> Plan:
+    """The cheapest plan at the maximum demand; the capacity model's own plan if none is found.
+
+    Capacity is the supremum of a closed set, but round-off can make exactly that demand
+    infeasible: back off by a hair before giving up.
+    """
+    for shrink in (1.0, 1 - 1e-7, 1 - 1e-5):
+        demand = cap.max_demand_rps * shrink
+        model = _Model(pb, demand, solver)
         status, secs = model.solve(limit)
         word = _status_word(status)
         if word in ("optimal", "feasible"):
-            return model.extract(pb, demand_rps * shrink, demand_rps * shrink, word, secs)
-    raise PlanError(f"could not re-solve at the maximum demand {demand_rps:g} rps")
+            return model.extract(pb, demand, demand, word, secs)
+        if word == "no_solution":
+            break
+    assert cap.plan is not None
+    cap.plan.notes.append("the capacity model's plan: its slices are not minimised")
+    return cap.plan
 
 
 def _empty_plan(pb: _Problem, demand_rps: float, status: str, secs: float, note: str) -> Plan:
@@ -327,23 +361,26 @@ def _empty_plan(pb: _Problem, demand_rps: float, status: str, secs: float, note:
                 solver=pb.node.planner.solver, notes=[note])
 
 
-def _capacity(pb: _Problem, solver: str, limit: float) -> _Cap:
-    if not pb.colset.columns:
-        return _Cap(0.0, "infeasible", 0.0)
-    model = _Model(pb, None, solver)
-    status, secs = model.solve(limit)
-    word = _status_word(status)
-    if word not in ("optimal", "feasible"):
-        return _Cap(0.0, word, secs)
-    r = model.R.x if isinstance(model.R, mip.Var) else model.R
-    return _Cap(max(0.0, r or 0.0), word, secs)
-
-
-@dataclass(frozen=True)
+@dataclass
 class _Cap:
     max_demand_rps: float
     status: str
     seconds: float
+    plan: Plan | None = None  # the capacity model's solution (slices not minimised)
+
+
+def _capacity(pb: _Problem, solver: str, limit: float, max_rps: float | None = None) -> _Cap:
+    if not pb.colset.columns:
+        return _Cap(0.0, "infeasible", 0.0)
+    model = _Model(pb, None, solver, max_rps=max_rps)
+    status, secs = model.solve(limit)
+    word = _status_word(status)
+    if word not in ("optimal", "feasible"):
+        return _Cap(0.0, word, secs)
+    r = max(0.0, (model.R.x if isinstance(model.R, mip.Var) else model.R) or 0.0)
+    if r <= 0:
+        return _Cap(0.0, word, secs)
+    return _Cap(r, word, secs, model.extract(pb, r, r, word, secs))
 
 
 def capacity(app: App, node: Node, profiles: ProfileTable, *, space: str | SearchSpace | None = None,
@@ -356,11 +393,11 @@ def capacity(app: App, node: Node, profiles: ProfileTable, *, space: str | Searc
     pb = _problem(app, node, profiles, sp, factors)
     t0 = time.perf_counter()
     cap = _capacity(pb, solver, limit)
-    if cap.max_demand_rps <= 0:
+    if cap.plan is None:
         empty = _empty_plan(pb, 0.0, cap.status, time.perf_counter() - t0,
                             "no configuration serves any demand within the SLOs")
         return Capacity(app.name, sp.name, 0.0, empty, time.perf_counter() - t0, cap.status)
-    result = _plan_at(pb, cap.max_demand_rps, solver, limit)
+    result = _plan_at(pb, cap, solver, limit)
     result.solve_seconds = time.perf_counter() - t0
     result = _with_layout(result, node, None)
     return Capacity(app.name, sp.name, result.planned_rps, result, time.perf_counter() - t0,

@@ -45,6 +45,7 @@ from jigsaw.runtime.topology import AppRoutes, Target, Topology
 DRAIN_POP = 256
 LATE_GRACE_S = 10.0  # a timed-out request's record is kept this long to absorb its late credits
 RETRY_AFTER_S = "1"
+MAX_PAYLOAD_KEY = web.AppKey("max_payload_bytes", int)
 _REASON = {Status.DROPPED_DEADLINE: "deadline", Status.DROPPED_STALE: "stale", Status.REJECTED: "queue_full",
            Status.ERROR: "error", Status.CANCELLED: "cancelled"}
 
@@ -277,7 +278,8 @@ class Frontend:
         assert self.stats is not None
         return len(self._rings[t.ring]) + self.stats.get(t.slot, st.QUEUED)
 
-    def submit(self, routes: AppRoutes, client_id: str | None, tensors: list[tuple[str, str, tuple[int, ...], Any]],
+    def submit(self, routes: AppRoutes, client_id: str | None,
+               tensors: list[tuple[str, str, tuple[int, ...], Any]],
                outputs_wanted: list[str] | None) -> Pending | None:
         """Admit and dispatch one request; None when every root ring is full (shed)."""
         assert self._loop is not None
@@ -320,6 +322,7 @@ class Frontend:
     # ---- HTTP -----------------------------------------------------------------------------
     def make_app(self, max_payload_bytes: int) -> web.Application:
         app = web.Application(client_max_size=max_payload_bytes, middlewares=[_json_errors])
+        app[MAX_PAYLOAD_KEY] = max_payload_bytes
         r = app.router
         r.add_get("/v2", self.h_server)
         r.add_get("/v2/health/live", self.h_live)
@@ -433,9 +436,9 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
     """Every error an OIP client sees is JSON ``{"error": ...}``, also aiohttp's own 404/405/413."""
     try:
         return await handler(request)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _error(413, f"body: payload of {exc.actual_size} bytes exceeds the limit of "
-                           f"{exc.max_size} bytes (server.max_payload_bytes)")
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[MAX_PAYLOAD_KEY]
+        return _error(413, f"body: payload exceeds the limit of {limit} bytes (server.max_payload_bytes)")
     except web.HTTPMethodNotAllowed as exc:
         return _error(405, f"method {exc.method} not allowed on {request.path} "
                            f"(allowed: {', '.join(sorted(exc.allowed_methods))})",

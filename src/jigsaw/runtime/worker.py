@@ -2,9 +2,10 @@
 
 ``python -m jigsaw.runtime.worker --spec spec.json`` (spec: ``topology.ProcessSpec`` as JSON).
 
-The loop blocks on its doorbell when idle (no spinning). Each turn it pops every input ring into
-the batching queue (arrival stamped on dequeue), drops what can no longer meet its deadline or
-went stale, runs one batch when the queue's release rule allows (the process is idle whenever it
+The loop blocks on its doorbell when idle (no spinning). Each turn it pops at most one batch's
+worth of items from its input rings (the rings are the task's queue) into the batching queue
+(arrival stamped on dequeue), drops what can no longer meet its deadline or went stale, runs
+one batch when the queue's release rule allows (the process is idle whenever it
 asks, so a batch starts as soon as the previous one finished: paper §3.3), routes each item's
 children to the least-loaded process of the lane's variant of each downstream task, and reports
 every finished or dropped item to the frontend with its credit (see ``jigsaw.runtime.records``).
@@ -27,7 +28,6 @@ from pathlib import Path
 import posix_ipc
 
 from jigsaw.backends.base import Backend, Downstream, ItemResult
-from jigsaw.runtime import records
 from jigsaw.runtime.batching import BatchQueue
 from jigsaw.runtime.records import (
     HOP_BATCH,
@@ -41,7 +41,18 @@ from jigsaw.runtime.records import (
     unframe,
 )
 from jigsaw.runtime.rings import Doorbell, RecordHeader, RingClosedError, ShmRing, Status
-from jigsaw.runtime.stats import BATCHES, BUSY_NS, DROPPED, ITEMS, PID, QUEUED, READY, STARTED_NS, STATE, StatsBlock
+from jigsaw.runtime.stats import (
+    BATCHES,
+    BUSY_NS,
+    DROPPED,
+    ITEMS,
+    PID,
+    QUEUED,
+    READY,
+    STARTED_NS,
+    STATE,
+    StatsBlock,
+)
 from jigsaw.runtime.tensors import encode_tensors
 from jigsaw.runtime.topology import ProcessSpec
 
@@ -83,6 +94,7 @@ class Worker:
                                 spec.remaining_min_ns, spec.exec_estimate_ns)
         self.parent_pid = os.getppid()
         self._rung: set[int] = set()
+        self._next_input = 0
 
     # ---- outputs ------------------------------------------------------------------------
     def _push_blocking(self, ring: ShmRing, header: RecordHeader, payload: bytes, until_ns: int) -> bool:
@@ -155,10 +167,19 @@ class Worker:
         self._rung.clear()
 
     # ---- the loop -----------------------------------------------------------------------
-    def take_inputs(self) -> int:
+    def take_inputs(self, max_n: int) -> int:
+        """Pop up to ``max_n`` items, visiting the input rings round-robin from a rotating start.
+
+        Items stay in the rings (the task's queue) until this process can batch them, so the
+        batching queue holds at most one batch and its arrival stamp is the pick-up time.
+        """
         n = 0
-        for ring in self.inputs:
-            for header, payload in ring.pop_many(POP_BATCH):
+        k = len(self.inputs)
+        for j in range(k):
+            if n >= max_n:
+                break
+            ring = self.inputs[(self._next_input + j) % k]
+            for header, payload in ring.pop_many(max_n - n):
                 now = time.monotonic_ns()
                 header.stamp(HOP_POPPED, now)
                 if not self.queue.push(header.request_id, header.deadline_ns, now, (header, payload)):
@@ -166,7 +187,16 @@ class Worker:
                     self.complete(header, Status.REJECTED, credit)
                     self.stats.add(self.spec.slot, DROPPED, 1)
                 n += 1
+        self._next_input = (self._next_input + 1) % max(1, k)
         return n
+
+    def fill(self) -> None:
+        """Top the batching queue up to one batch, dropping what can no longer make its deadline."""
+        while len(self.queue) < self.spec.max_batch:
+            if not self.take_inputs(self.spec.max_batch - len(self.queue)):
+                break
+            self.drop_expired()
+        self.drop_expired()
 
     def drop_expired(self) -> None:
         for _, _, _, (header, payload), reason in self.queue.expired(time.monotonic_ns()):
@@ -206,8 +236,7 @@ class Worker:
         self.stats.set(slot, STARTED_NS, time.monotonic_ns())
         self.stats.set(slot, STATE, READY)
         while _running:
-            self.take_inputs()
-            self.drop_expired()
+            self.fill()
             self.publish_queued()
             if self.run_batch():
                 self.publish_queued()

@@ -1,0 +1,178 @@
+"""Real daemons on 127.0.0.1 for the data-plane tests: a server context manager and tiny configs.
+
+(A uniquely named module rather than conftest.py, so tests can import its helpers.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_NODE = ROOT / "examples" / "h100x4.toml"
+SHM = Path("/dev/shm")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm_entries(pid: int) -> list[str]:
+    tag = f"jigsaw-{pid}-"
+    return [e for e in os.listdir(SHM) if e.startswith(tag) or e.startswith("sem." + tag)]
+
+
+def http(method: str, url: str, body: Any = None, *, raw: bytes | None = None,
+         timeout_s: float = 30.0) -> tuple[int, Any, dict[str, str]]:
+    """One request; returns (status, parsed JSON or text, headers) also for error statuses."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            status, text, headers = r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        status, text, headers = e.code, e.read().decode(), dict(e.headers)
+    try:
+        return status, json.loads(text), headers
+    except json.JSONDecodeError:
+        return status, text, headers
+
+
+class Server:
+    """``jigsawd`` in its own process group; ``url`` once ready. Always leaves nothing behind."""
+
+    def __init__(self, args: list[str], log_path: Path, ready_timeout_s: float = 90.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [sys.executable, "-m", "jigsaw.daemon", *args, "--emulate", "--host", "127.0.0.1",
+                     "--port", str(self.port)]
+        self.log_path = log_path
+        self.ready_timeout_s = ready_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def __enter__(self) -> Server:
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        self._log_file = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.args, stdout=self._log_file, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True, cwd=ROOT)
+        deadline = time.monotonic() + self.ready_timeout_s
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    pytest.fail(f"jigsawd exited with {self.proc.returncode} before ready:\n{self.log()}")
+                with contextlib.suppress(OSError):
+                    if http("GET", self.url + "/v2/health/ready", timeout_s=2)[0] == 200:
+                        return self
+                if time.monotonic() > deadline:
+                    pytest.fail(f"jigsawd not ready after {self.ready_timeout_s} s:\n{self.log()}")
+                time.sleep(0.1)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait (graceful path); SIGKILL the group if it does not stop in time."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            pytest.fail(f"jigsawd did not stop within {timeout_s} s:\n{self.log()}")
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        pid = self.proc.pid
+        try:
+            self.stop()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            self._log_file.close()
+        left = shm_entries(pid)
+        if left:
+            for e in left:  # do not leak into other tests, but still fail this one
+                with contextlib.suppress(FileNotFoundError):
+                    (SHM / e).unlink()
+            pytest.fail(f"jigsawd {pid} left shared memory behind: {left}")
+
+
+PROFILE_HEADER = ("variant,mig_profile,mps,batch,latency_ms,throughput_rps,memory_mb,source,host,backend,"
+                  "date\n")
+
+
+def write_tiny(tmp_path: Path, *, tasks: list[tuple[str, str, dict[int, float], int]],
+               edges: tuple[tuple[str, str, float], ...] | list[tuple[str, str, float]] = (),
+               latency_slo_ms: float = 200.0,
+               staleness_ms: float = 1000.0, hop_latency_ms: float = 0.0, max_queue: int = 4096,
+               max_payload_bytes: int = 65536, two_inputs: bool = False, name: str = "tiny") -> list[str]:
+    """A one-GPU node serving one app whose tasks are (task, kind, {batch: latency_ms}, max_batch).
+
+    Each task has one variant ``<task>-v`` on a 1g.10gb x1 segment; returns the daemon arguments
+    (``--node-config`` and ``--plan``) to serve it.
+    """
+    d = tmp_path / name
+    (d / "profiles").mkdir(parents=True)
+    rows = [PROFILE_HEADER]
+    app = [f'name = "{name}"', f"latency_slo_ms = {latency_slo_ms}", f"staleness_ms = {staleness_ms}",
+           '[[inputs]]', 'name = "image"', 'datatype = "UINT8"', "shape = [-1]"]
+    if two_inputs:
+        app += ['[[inputs]]', 'name = "meta"', 'datatype = "FP32"', "shape = [2]"]
+    instances, variants = [], {}
+    for task, kind, lat, max_batch in tasks:
+        v = f"{task}-v"
+        variants[task] = v
+        app += ["[[tasks]]", f'name = "{task}"', f'kind = "{kind}"',
+                f'variants = [{{ name = "{v}", accuracy = 1.0 }}]']
+        for b, ms in sorted(lat.items()):
+            rows.append(f"{v},1g.10gb,1,{b},{ms},{1000.0 * b / max(ms, 0.001):.3f},100,modeled,,,\n")
+        instances.append({"task": task, "variant": v, "mig_profile": "1g.10gb", "mps": 1,
+                          "max_batch": max_batch, "count": 1, "latency_ms": lat[max(lat)],
+                          "throughput_rps": 1000.0, "slices": 1})
+    for src, dst, factor in edges:
+        app += ["[[edges]]", f'from = "{src}"', f'to = "{dst}"', f"factor = {factor}"]
+    (d / "profiles" / "tiny.csv").write_text("".join(rows))
+    (d / "app.toml").write_text("\n".join(app) + "\n")
+    (d / "node.toml").write_text("\n".join([
+        f'name = "{name}-node"', 'apps = ["app.toml"]', "[gpus]", 'model = "H100-80GB"', "count = 1",
+        "mps_levels = [1]", "batch_sizes = [1, 2, 4]", 'profiles_dir = "profiles"', 'backend = "emulated"',
+        "[planner]", f"hop_latency_ms = {hop_latency_ms}",
+        "[server]", f"max_queue = {max_queue}", f"max_payload_bytes = {max_payload_bytes}",
+    ]) + "\n")
+    plan = {"app": name, "space": "ast", "demand_rps": 1.0, "planned_rps": 1.0, "feasible": True,
+            "max_demand_plan": False, "status": "optimal", "objective": 0.0, "accuracy": 1.0,
+            "slices_used": len(instances), "slices_available": 7, "solve_seconds": 0.0, "gap": 0.0,
+            "instances": instances, "lanes": [{"variants": variants, "rate_rps": 1.0}],
+            "task_latency_ms": {t: lat[max(lat)] for t, _, lat, _ in tasks}}
+    (d / "plan.json").write_text(json.dumps(plan))
+    return ["--node-config", str(d / "node.toml"), "--plan", str(d / "plan.json")]
+
+
+def image(n: int = 4, rid: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"inputs": [{"name": "image", "datatype": "UINT8", "shape": [n],
+                                        "data": list(range(n))}]}
+    if rid is not None:
+        body["id"] = rid
+    return body

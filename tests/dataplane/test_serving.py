@@ -1,0 +1,124 @@
+"""Requests crossing real worker processes: chains, fan-out, deadline drops, bursts, shedding."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+from dpserver import EXAMPLE_NODE, http, image, write_tiny
+
+
+async def _post_many(url: str, bodies: list[dict], *, delay_s: float = 0.0, limit: int = 100,
+                     timeout_s: float = 60.0) -> list[tuple[int, dict]]:
+    conn = aiohttp.TCPConnector(limit=limit)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        async def one(i: int, body: dict) -> tuple[int, dict]:
+            await asyncio.sleep(i * delay_s)
+            async with session.post(url, json=body) as r:
+                return r.status, await r.json()
+        return await asyncio.wait_for(asyncio.gather(*(one(i, b) for i, b in enumerate(bodies))), timeout_s)
+
+
+def test_chain_and_fanout_on_the_example_node(server_factory):
+    s = server_factory(["--node-config", str(EXAMPLE_NODE), "--apps", "ar_assistant,traffic_analysis",
+                        "--demand", "10", "--plan-time-limit", "3"])
+    for i in range(3):
+        status, out, _ = http("POST", s.url + "/v2/models/ar_assistant/infer", image(16, rid=f"ar{i}"))
+        assert status == 200, out
+        p = out["parameters"]
+        assert [p[f"items.{t}"] for t in ("detect", "caption", "speak")] == [1, 1, 1]
+        assert p["children.detect"] == 1 and p["children.caption"] == 1
+        assert out["outputs"][0]["name"] == "speak.audio_samples" and out["outputs"][0]["shape"] == [1]
+        # the chain took at least the emulated latencies of its three tasks
+        assert p["e2e_us"] >= sum(p[f"compute_us.{t}"] for t in ("detect", "caption", "speak"))
+    total_children = 0
+    for _ in range(6):
+        status, out, _ = http("POST", s.url + "/v2/models/traffic_analysis/infer", image(16))
+        assert status == 200, out
+        p = out["parameters"]
+        outs = {o["name"]: o for o in out["outputs"]}
+        n_car, n_person = outs["car.label"]["shape"][0], outs["person.label"]["shape"][0]
+        assert n_car == p.get("items.car", 0) and n_person == p.get("items.person", 0)
+        assert n_car + n_person == p.get("children.detect", 0)
+        assert len(outs["car.score"]["data"]) == n_car
+        total_children += n_car + n_person
+    assert total_children > 6 * 5  # yolov5 variants draw ~2.6..19 objects per frame
+
+
+def test_deadline_drops_when_and_only_when_they_must(server_factory, tmp_path):
+    # a: 200 ms alone, 280 ms for a batch of two; b: 200 ms. A request alone needs 400 ms.
+    slo_ms = 610.0
+    args = write_tiny(tmp_path, tasks=[("a", "generic", {1: 200.0, 2: 280.0}, 2),
+                                       ("b", "classifier", {1: 200.0}, 1)],
+                      edges=[("a", "b", 1.0)], latency_slo_ms=slo_ms)
+    s = server_factory(args)
+    url = s.url + "/v2/models/tiny/infer"
+    # Alone: 400 ms of work within 610 ms, never dropped.
+    for _ in range(2):
+        assert http("POST", url, image())[0] == 200
+    # Two requests sent 30 ms after a blocker wait for it at a (until 200 ms), still feasible there
+    # (200 + 200 + 200 <= 30 + 610) and run together (280 ms); at b, 480 + 200 > 640: dropped by b.
+    t0 = time.monotonic()
+    results = asyncio.run(_post_many(url, [image(), image(), image()], delay_s=0.0))  # warm connections
+    assert [r[0] for r in results].count(200) >= 1
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    results = asyncio.run(_post_many_staggered(url))
+    elapsed = time.monotonic() - t0
+    blocker, r1, r2 = results
+    assert blocker[0] == 200, blocker
+    for status, doc in (r1, r2):
+        assert status == 504, doc
+        assert doc["task"] == "b" and doc["status"] == "DROPPED_DEADLINE" and doc["reason"] == "deadline"
+    assert elapsed < 1.5
+    # An SLO the first task alone cannot meet: dropped at once by a, before it runs.
+    args = write_tiny(tmp_path, tasks=[("a", "generic", {1: 200.0}, 1), ("b", "classifier", {1: 200.0}, 1)],
+                      edges=[("a", "b", 1.0)], latency_slo_ms=300.0, name="tight")
+    s2 = server_factory(args, name="tight")
+    t0 = time.monotonic()
+    status, doc, _ = http("POST", s2.url + "/v2/models/tight/infer", image())
+    assert status == 504 and doc["task"] == "a" and doc["status"] == "DROPPED_DEADLINE"
+    assert time.monotonic() - t0 < 0.15
+    _, text, _ = http("GET", s2.url + "/metrics")
+    assert 'jigsaw_inference_request_dropped_total{app="tight",reason="deadline",task="a"} 1' in text \
+        or 'jigsaw_inference_request_dropped_total{app="tight",task="a",reason="deadline"} 1' in text
+
+
+async def _post_many_staggered(url: str) -> list[tuple[int, dict]]:
+    async with aiohttp.ClientSession() as session:
+        async def one(delay_s: float) -> tuple[int, dict]:
+            await asyncio.sleep(delay_s)
+            async with session.post(url, json=image()) as r:
+                return r.status, await r.json()
+        return await asyncio.wait_for(asyncio.gather(one(0.0), one(0.03), one(0.03)), 30)
+
+
+def test_burst_loses_nothing(server_factory, tmp_path):
+    args = write_tiny(tmp_path, tasks=[("a", "detector", {1: 1.0, 4: 2.0}, 4),
+                                       ("b", "classifier", {1: 0.5, 4: 1.0}, 4)],
+                      edges=[("a", "b", 3.0)], latency_slo_ms=5000.0)
+    s = server_factory(args)
+    n = 400
+    t0 = time.monotonic()
+    results = asyncio.run(_post_many(s.url + "/v2/models/tiny/infer", [image(8) for _ in range(n)]))
+    assert len(results) == n  # every request answered exactly once
+    assert all(status == 200 for status, _ in results), {st for st, _ in results}
+    for _, out in results:
+        p = out["parameters"]
+        assert out["outputs"][0]["shape"][0] == p.get("children.a", 0)
+    assert time.monotonic() - t0 < 60
+    _, text, _ = http("GET", s.url + "/metrics")
+    assert f'jigsaw_inference_request_success_total{{app="tiny"}} {n}' in text
+    assert 'jigsaw_inference_pending_requests{app="tiny"} 0' in text
+
+
+def test_admission_control_sheds_with_503(server_factory, tmp_path):
+    args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 300.0}, 1)], latency_slo_ms=5000.0,
+                      max_queue=2)
+    s = server_factory(args)
+    results = asyncio.run(_post_many(s.url + "/v2/models/tiny/infer", [image() for _ in range(6)]))
+    statuses = sorted(st for st, _ in results)
+    assert statuses.count(200) >= 2 and statuses.count(503) >= 1, statuses
+    assert all(st in (200, 503) for st in statuses)
+    assert any("max_queue" in doc["error"] for st, doc in results if st == 503)

@@ -1,0 +1,82 @@
+"""The data plane's pure parts: credit splitting, the emulated backend, request validation."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as hs
+
+from jigsaw.app import App, Task, TensorSpec, Variant
+from jigsaw.backends.base import Downstream
+from jigsaw.backends.emulated import EmulatedBackend
+from jigsaw.runtime.oip import BadRequest, parse_infer_request
+from jigsaw.runtime.records import TOTAL_CREDIT, frame, split_credit, unframe
+
+
+@given(hs.lists(hs.integers(1, 40), min_size=1, max_size=4))
+def test_credit_splits_always_sum_back(fanouts):
+    # any tree of splits returns exactly TOTAL_CREDIT when every leaf reports
+    frontier = [TOTAL_CREDIT]
+    for n in fanouts:
+        frontier = [share for c in frontier for share in split_credit(c, n)]
+        assert all(c > 0 for c in frontier)
+    assert sum(frontier) == TOTAL_CREDIT
+
+
+def test_frame_roundtrip_and_bad_split():
+    credit, body = unframe(frame(12345, b"abc"))
+    assert credit == 12345 and bytes(body) == b"abc"
+    with pytest.raises(ValueError):
+        split_credit(3, 4)
+
+
+def test_emulated_latency_uses_smallest_profiled_batch_at_least_actual():
+    b = EmulatedBackend("c", "classifier", latency_ms_by_batch={1: 10.0, 4: 30.0, 8: 50.0})
+    assert b.batch_latency_ms(1) == 10.0 and b.batch_latency_ms(2) == 30.0
+    assert b.batch_latency_ms(8) == 50.0 and b.batch_latency_ms(20) == 50.0
+    fast = EmulatedBackend("c", "classifier", latency_ms_by_batch={1: 40.0}, time_scale=0.5)
+    t0 = time.monotonic()
+    (r,) = fast.execute([1], [b""])
+    assert 0.019 <= time.monotonic() - t0 < 0.1
+    assert [t.name for t in r.outputs] == ["label", "score"]
+
+
+def test_emulated_detector_children_follow_factor():
+    d = EmulatedBackend("det", "detector", [Downstream("car", 17.8), Downstream("person", 1.0)],
+                        latency_ms_by_batch={1: 0.0})
+    results = d.execute(list(range(400)), [b""] * 400)
+    cars = [len(r.children["car"]) for r in results]
+    assert abs(sum(cars) / len(cars) - 17.8) < 1.0
+    assert all(len(r.children["person"]) == 1 for r in results)  # whole factors are exact
+    again = d.execute([7], [b""])[0]
+    assert len(again.children["car"]) == cars[7]  # seeded by request id
+
+
+APP = App("m", (Task("t", "generic", (Variant("v", 1.0),)),), (), 100.0,
+          inputs=(TensorSpec("x", "FP32", (-1, 2)),))
+
+
+def test_parse_request_accepts_wildcards_and_flattens():
+    r = parse_infer_request(b'{"id": "q", "inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2],'
+                            b' "data": [[1, 2], [3, 4.5]]}]}', APP)
+    assert r.id == "q" and r.inputs[0][2] == (2, 2) and r.inputs[0][3].tolist() == [1, 2, 3, 4.5]
+
+
+X = b'{"inputs": [{"name": "x", '
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    (b"nope", "body"),
+    (b'{"inputs": {}}', "inputs"),
+    (b'{"inputs": [{"name": "y", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}', "inputs[0].name"),
+    (X + b'"datatype": "INT8", "shape": [1, 2], "data": [1, 2]}]}', "inputs[0].datatype"),
+    (X + b'"datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}', "inputs[0].shape"),
+    (X + b'"datatype": "FP32", "shape": [1, 2], "data": [1]}]}', "inputs[0].data"),
+    (X + b'"datatype": "FP32", "shape": [1, 2], "data": [1, "a"]}]}', "inputs[0].data"),
+    (X + b'"datatype": "FP32", "shape": [1, -2], "data": []}]}', "inputs[0].shape"),
+])
+def test_parse_request_names_the_bad_field(body, field):
+    with pytest.raises(BadRequest, match=f"^{field.replace('[', '.').replace(']', '.')}"):
+        parse_infer_request(body, APP)
