@@ -22,7 +22,7 @@ lint: setup
 
 test: setup lint
 	$(VENV)/bin/pytest -q -p no:cacheprovider
-	JIGSAW_NO_EXTENSIONS=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/runtime
+	JIGSAW_NO_EXTENSIONS=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/runtime tests/dataplane
 
 demo: setup
 	$(PY) -m jigsaw.demo

@@ -64,6 +64,12 @@ class Backend(abc.ABC):
     def execute(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
         """Run one batch; ``inputs[i]`` is item i's encoded tensors; returns one result per item."""
 
+    async def execute_async(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
+        """``execute`` from the worker's event loop. The default blocks the loop for the batch, which
+        is right for a backend that holds the CPU anyway; one that waits on a device or a timer
+        overrides it so the loop stays free meanwhile."""
+        return self.execute(request_ids, inputs)
+
     @classmethod
     @abc.abstractmethod
     def output_specs(cls, task_kind: str, downstream: Sequence[str] = ()) -> list[OutputSpec]:

@@ -10,6 +10,7 @@ assistant captions the one object in view: factor 1 means one child, not Poisson
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import struct
@@ -76,6 +77,12 @@ class EmulatedBackend(Backend):
         delay_s = self.batch_latency_ms(len(inputs)) * self.time_scale / 1000.0
         if delay_s > 0:
             time.sleep(delay_s)
+        return [self._item(rid, payload) for rid, payload in zip(request_ids, inputs)]
+
+    async def execute_async(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
+        delay_s = self.batch_latency_ms(len(inputs)) * self.time_scale / 1000.0
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
         return [self._item(rid, payload) for rid, payload in zip(request_ids, inputs)]
 
     def _item(self, request_id: int, payload: bytes) -> ItemResult:

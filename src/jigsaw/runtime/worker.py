@@ -2,7 +2,8 @@
 
 ``python -m jigsaw.runtime.worker --spec spec.json`` (spec: ``topology.ProcessSpec`` as JSON).
 
-The loop blocks on its doorbell when idle (no spinning). Each turn it pops at most one batch's
+Each process runs one uvloop event loop. A helper thread blocks on the process's doorbell (no
+spinning: ``sem_timedwait`` releases the GIL) and wakes the loop. Each turn the loop pops at most one batch's
 worth of items from its input rings (the rings are the task's queue) into the batching queue
 (arrival stamped on dequeue), drops what can no longer meet its deadline or went stale, runs
 one batch when the queue's release rule allows (the process is idle whenever it
@@ -10,22 +11,25 @@ asks, so a batch starts as soon as the previous one finished: paper §3.3), rout
 children to the least-loaded process of the lane's variant of each downstream task, and reports
 every finished or dropped item to the frontend with its credit (see ``jigsaw.runtime.records``).
 
-The backend call blocks the process for the batch's duration; a process runs one batch at a time
-as the paper's instances do, so nothing is gained from an event loop here.
+A process runs one batch at a time, as the paper's instances do; the backend's ``execute_async``
+awaits the batch (a timer for the emulated backend, a device event for a GPU one).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import posix_ipc
+import uvloop
 
 from jigsaw.backends.base import Backend, Downstream, ItemResult
 from jigsaw.runtime.batching import BatchQueue
@@ -204,7 +208,7 @@ class Worker:
             self.complete(header, int(reason), credit)
             self.stats.add(self.spec.slot, DROPPED, 1)
 
-    def run_batch(self) -> bool:
+    async def run_batch(self) -> bool:
         batch = self.queue.next_batch(time.monotonic_ns(), True)
         if not batch:
             return False
@@ -212,7 +216,8 @@ class Worker:
         headers = [e[3][0] for e in batch]
         framed = [unframe(e[3][1]) for e in batch]
         start = time.monotonic_ns()
-        results = self.backend.execute([h.request_id for h in headers], [bytes(t) for _, t in framed])
+        results = await self.backend.execute_async([h.request_id for h in headers],
+                                                   [bytes(t) for _, t in framed])
         end = time.monotonic_ns()
         self.stats.add(slot, BUSY_NS, end - start)
         self.stats.add(slot, BATCHES, 1)
@@ -230,28 +235,59 @@ class Worker:
     def publish_queued(self) -> None:
         self.stats.set(self.spec.slot, QUEUED, len(self.queue))
 
-    def run(self) -> None:
+    def _wait_for_bell(self, loop: asyncio.AbstractEventLoop, wake: asyncio.Event,
+                       stop: threading.Event) -> None:
+        """The doorbell thread: every ring of the bell becomes a wake-up of the loop."""
+        while not stop.is_set():
+            try:
+                rung = self.bell.wait(IDLE_WAIT_S)
+            except posix_ipc.SignalError:
+                continue
+            except posix_ipc.ExistentialError:
+                break  # the daemon unlinked the bell: it is shutting down
+            if rung:
+                with contextlib.suppress(RuntimeError):  # the loop closed under us
+                    loop.call_soon_threadsafe(wake.set)
+
+    async def run(self) -> None:
         slot = self.spec.slot
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        stop = threading.Event()
+        bell_thread = threading.Thread(target=self._wait_for_bell, args=(loop, wake, stop),
+                                       name="doorbell", daemon=True)
+        bell_thread.start()
+
+        def on_sigterm() -> None:
+            _stop(signal.SIGTERM, None)
+            wake.set()
+
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
         self.stats.set(slot, PID, os.getpid())
         self.stats.set(slot, STARTED_NS, time.monotonic_ns())
         self.stats.set(slot, STATE, READY)
-        while _running:
-            self.fill()
-            self.publish_queued()
-            if self.run_batch():
+        try:
+            while _running:
+                # Clear before looking at the rings: a push after the look rings the bell again.
+                wake.clear()
+                self.fill()
                 self.publish_queued()
-                continue
-            if len(self.queue):
-                wake = self.queue.next_wakeup_ns(time.monotonic_ns())
-                timeout_s = max(0.0, (wake - time.monotonic_ns()) / 1e9) if wake is not None else IDLE_WAIT_S
-            else:
+                if await self.run_batch():
+                    self.publish_queued()
+                    continue
                 timeout_s = IDLE_WAIT_S
-            try:
-                rung = self.bell.wait(min(timeout_s, IDLE_WAIT_S))
-            except posix_ipc.SignalError:
-                continue
-            if not rung and os.getppid() != self.parent_pid:
-                break
+                if len(self.queue):
+                    due = self.queue.next_wakeup_ns(time.monotonic_ns())
+                    if due is not None:
+                        timeout_s = min(IDLE_WAIT_S, max(0.0, (due - time.monotonic_ns()) / 1e9))
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout_s)
+                except TimeoutError:
+                    if os.getppid() != self.parent_pid:
+                        break
+        finally:
+            stop.set()
+            bell_thread.join(timeout=2 * IDLE_WAIT_S)
 
     def close(self) -> None:
         for ring in (*self.inputs, *self.outputs, self.done):
@@ -283,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = ProcessSpec.from_json(args.spec.read_text())
     worker = Worker(spec)
     try:
-        worker.run()
+        uvloop.run(worker.run())
     finally:
         worker.close()
     return 0
