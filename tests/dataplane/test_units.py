@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -80,3 +81,14 @@ X = b'{"inputs": [{"name": "x", '
 def test_parse_request_names_the_bad_field(body, field):
     with pytest.raises(BadRequest, match=f"^{field.replace('[', '.').replace(']', '.')}"):
         parse_infer_request(body, APP)
+
+
+def test_emulated_batch_time_has_the_profiles_mean_and_p95():
+    b = EmulatedBackend("t", "classifier", latency_ms_by_batch={1: 10.0, 4: 30.0},
+                        mean_ms_by_batch={1: 9.0, 4: 27.0}, seed=3)
+    draws = sorted(b.batch_duration_ms(3) for _ in range(20000))
+    assert sum(draws) / len(draws) == pytest.approx(27.0, rel=0.02)
+    assert draws[int(0.95 * len(draws))] == pytest.approx(30.0, rel=0.03)
+    assert draws[0] >= 27.0 - (30.0 - 27.0) / (math.log(20.0) - 1.0) - 1e-9
+    fixed = EmulatedBackend("t", "classifier", latency_ms_by_batch={1: 10.0})
+    assert fixed.batch_duration_ms(1) == 10.0  # without a mean it sleeps the p95

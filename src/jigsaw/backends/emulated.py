@@ -33,19 +33,28 @@ _OUTPUTS: dict[str, list[OutputSpec]] = {
 
 
 class EmulatedBackend(Backend):
-    """Sleeps ``latency_ms[smallest profiled batch >= actual] * time_scale`` per batch."""
+    """Sleeps, per batch, a duration drawn for the smallest profiled batch >= the actual one.
+
+    A profile row gives the p95 latency L and the segment's throughput H, so one process's mean
+    batch time is m = k * b / H (below L). Always sleeping L would run the node slower than the
+    planner assumed; the draw is m plus a shifted exponential tail, so its mean is m and its
+    95th percentile is L. Without means it sleeps L. Everything is scaled by ``time_scale``.
+    """
 
     kind = "emulated"
 
     def __init__(self, task: str, task_kind: str, downstream: Sequence[Downstream] = (), *,
                  latency_ms_by_batch: dict[int, float] | None = None, time_scale: float = 1.0,
-                 seed: int = 0, draw: str = "poisson") -> None:
+                 seed: int = 0, draw: str = "poisson",
+                 mean_ms_by_batch: dict[int, float] | None = None) -> None:
         super().__init__(task, task_kind, downstream)
         if draw not in ("poisson", "round"):
             raise ValueError(f"draw must be 'poisson' or 'round', not {draw!r}")
         if time_scale < 0:
             raise ValueError("time_scale must be >= 0")
         self._latency_ms = dict(sorted((latency_ms_by_batch or {1: 0.0}).items()))
+        self._mean_ms = dict(sorted((mean_ms_by_batch or {}).items()))
+        self._timing = random.Random(seed ^ 0x5EED)
         self.time_scale = time_scale
         self.seed = seed
         self.draw = draw
@@ -61,6 +70,15 @@ class EmulatedBackend(Backend):
                 return ms
         return next(reversed(self._latency_ms.values()))
 
+    def batch_duration_ms(self, batch: int) -> float:
+        """One draw of a batch's duration (unscaled): mean from the throughput, p95 from the profile."""
+        p95 = self.batch_latency_ms(batch)
+        mean = next((ms for b, ms in self._mean_ms.items() if b >= batch), None)
+        if mean is None or mean >= p95:
+            return p95
+        tail = (p95 - mean) / (math.log(20.0) - 1.0)  # P(X > mean - tail + tail * ln 20) = 5%
+        return mean - tail + self._timing.expovariate(1.0 / tail)
+
     def num_children(self, request_id: int, factor: float, edge: int) -> int:
         if self.draw == "round" or factor == int(factor):
             return math.floor(factor + 0.5)
@@ -74,13 +92,13 @@ class EmulatedBackend(Backend):
             k += 1
 
     def execute(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
-        delay_s = self.batch_latency_ms(len(inputs)) * self.time_scale / 1000.0
+        delay_s = self.batch_duration_ms(len(inputs)) * self.time_scale / 1000.0
         if delay_s > 0:
             time.sleep(delay_s)
         return [self._item(rid, payload) for rid, payload in zip(request_ids, inputs)]
 
     async def execute_async(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
-        delay_s = self.batch_latency_ms(len(inputs)) * self.time_scale / 1000.0
+        delay_s = self.batch_duration_ms(len(inputs)) * self.time_scale / 1000.0
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         return [self._item(rid, payload) for rid, payload in zip(request_ids, inputs)]

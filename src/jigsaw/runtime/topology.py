@@ -71,6 +71,7 @@ class ProcessSpec:
     backend: str = "emulated"
     seed: int = 0
     queue_capacity: int = BATCH_QUEUE_CAPACITY
+    mean_ms_by_batch: dict[int, float] = field(default_factory=dict)  # from the profile's throughput
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -80,6 +81,7 @@ class ProcessSpec:
         d = json.loads(text)
         d["outputs"] = [OutputRing(**o) for o in d["outputs"]]
         d["latency_ms_by_batch"] = {int(k): float(v) for k, v in d["latency_ms_by_batch"].items()}
+        d["mean_ms_by_batch"] = {int(k): float(v) for k, v in d.get("mean_ms_by_batch", {}).items()}
         return cls(**d)
 
 
@@ -104,6 +106,7 @@ class AppRoutes:
     depth: int
     slices: int  # compute slices its plan uses
     plan: Plan
+    generation: int = 0  # which generation of the app's processes these routes lead to
 
 
 @dataclass
@@ -115,6 +118,12 @@ class Topology:
     stats: str
     rings: dict[str, int] = field(default_factory=dict)  # every ring name -> capacity_bytes
     doorbells: list[str] = field(default_factory=list)
+
+
+def _mean_table(profiles: ProfileTable, variant: str, mig: str, mps: int) -> dict[int, float]:
+    """Mean batch time of one process, as the profile's segment throughput implies (k * b / H)."""
+    return dict(sorted((r.batch, 1000.0 * r.mps * r.batch / r.throughput_rps)
+                       for r in profiles.rows(variant) if r.mig_profile == mig and r.mps == mps))
 
 
 def _latency_table(profiles: ProfileTable, variant: str, mig: str, mps: int) -> dict[int, float]:
@@ -145,10 +154,11 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
             if inst.count <= 0:
                 continue
             table = _latency_table(profiles, inst.variant, inst.mig_profile, inst.mps)
+            means = _mean_table(profiles, inst.variant, inst.mig_profile, inst.mps)
             for n in range(inst.count * inst.mps):
                 p = {"slot": len(procs), "app": app.name, "app_index": app_index, "task": inst.task,
                      "variant": inst.variant, "mig": inst.mig_profile, "mps": inst.mps,
-                     "max_batch": inst.max_batch, "table": table,
+                     "max_batch": inst.max_batch, "table": table, "means": means,
                      "name": f"{app.name}.{inst.task}.{inst.variant}.{inst.mig_profile}x{inst.mps}.{n}"}
                 procs.append(p)
                 mine.append(p)
@@ -230,6 +240,7 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
                 task_index=task_index[task], task_kind=app.task(task).kind, variant=variant,
                 mig_profile=str(p["mig"]), mps=int(p["mps"]),  # type: ignore[call-overload]
                 max_batch=max_batch, latency_ms_by_batch=table,  # type: ignore[arg-type]
+                mean_ms_by_batch=p["means"],  # type: ignore[arg-type]
                 time_scale=time_scale,
                 max_wait_ns=int(plan.task_latency_ms.get(task, 0.0) * ns),
                 staleness_ns=int(app.staleness_ms * ns),
