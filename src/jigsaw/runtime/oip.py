@@ -69,12 +69,19 @@ def _to_array(field: str, datatype: str, flat: list[Any]) -> Any:
     return arr.astype(DATATYPES[datatype])
 
 
+def _reject_constant(token: str) -> None:
+    """NaN and Infinity are not JSON; Python's parser would accept them."""
+    raise BadRequest(f"body: {token} is not valid JSON (send finite numbers)")
+
+
 def parse_infer_request(body: bytes, app: App) -> InferRequest:
     """Validate a ``POST /v2/models/{app}/infer`` body against the app's declared inputs."""
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_constant=_reject_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"body: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise BadRequest("body: JSON nested too deeply") from None
     if not isinstance(doc, dict):
         raise BadRequest("body: expected a JSON object")
     rid = doc.get("id")
