@@ -92,3 +92,21 @@ def test_emulated_batch_time_has_the_profiles_mean_and_p95():
     assert draws[0] >= 27.0 - (30.0 - 27.0) / (math.log(20.0) - 1.0) - 1e-9
     fixed = EmulatedBackend("t", "classifier", latency_ms_by_batch={1: 10.0})
     assert fixed.batch_duration_ms(1) == 10.0  # without a mean it sleeps the p95
+
+
+def test_admission_limit_is_capacity_times_the_slos_queueing_share():
+    from jigsaw.plan import Plan, PlanInstance
+    from jigsaw.runtime.frontend import admission_limit
+    from jigsaw.runtime.topology import AppRoutes
+
+    app = App("x", (Task("a", "classifier", (Variant("v", 1.0),)),), (), latency_slo_ms=200.0,
+              inputs=(TensorSpec("image", "UINT8", (-1,)),))
+    plan = Plan(app="x", space="ast", demand_rps=300, planned_rps=300, feasible=True, max_demand_plan=False,
+                status="optimal", objective=0.0, accuracy=1.0, slices_used=2, slices_available=7,
+                solve_seconds=0.0, gap=0.0,
+                instances=[PlanInstance("a", "v", "1g.10gb", 1, 8, 2, 40.0, 200.0, 1)],
+                task_latency_ms={"a": 40.0})
+    routes = AppRoutes(app=app, app_index=0, lanes=[{"a": "v"}], lane_weights=[1.0], roots=[{}],
+                       depth=1, slices=2, plan=plan)
+    # 2 instances x 200 req/s, and 200 - 40 ms of the SLO left for queueing: 400 * 0.16 = 64.
+    assert admission_limit(routes) == 64

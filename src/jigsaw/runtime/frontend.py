@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import threading
 import time
@@ -69,6 +70,49 @@ class Pending:
     children: dict[str, int] = field(default_factory=dict)
     drop: tuple[str, int] | None = None
     timer: asyncio.TimerHandle | None = None
+    generation: int = 0
+
+
+@dataclass
+class BinCounters:
+    """What the controller reads per app and bin: arrivals, answers, SLO violations, fan-out."""
+
+    arrivals: int = 0
+    answered: int = 0
+    violations: int = 0  # 504 (dropped or deadline passed) and 503 shed answers
+    # (task, variant) -> [items finished, children spawned]: the measured multiplicative factor
+    children: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class _Mapped:
+    """The frontend's mappings of one generation's segments."""
+
+    topology: Topology
+    rings: dict[str, ShmRing]
+    bells: dict[str, Doorbell]
+    completions: list[ShmRing]
+    stats: StatsBlock
+
+
+def admission_limit(routes: AppRoutes) -> int:
+    """Requests an app may have in flight: what its root instances finish within the latency SLO.
+
+    Little's law: capacity (req/s) x the SLO's queueing share (s). Beyond it a new request would queue behind work
+    that already fills the SLO and be answered late or dropped, after taking its share of the
+    queue from requests that could still make it: shedding it at the door (503) keeps goodput
+    near the capacity under overload.
+    """
+    app = routes.app
+    capacities = []
+    for root in app.roots:
+        cap = sum(i.count * i.throughput_rps for i in routes.plan.instances if i.task == root)
+        capacities.append(cap)
+    capacity_rps = min(capacities) if capacities else 0.0
+    # Queueing may use what the SLO leaves after one batch of each task on the slowest path.
+    service_ms = max(sum(routes.plan.task_latency_ms.get(t, 0.0) for t in path) for path in app.paths)
+    queue_ms = max(app.latency_slo_ms - service_ms, 0.25 * app.latency_slo_ms)
+    return max(1, math.ceil(capacity_rps * queue_ms / 1000.0))
 
 
 class Frontend:
@@ -85,6 +129,11 @@ class Frontend:
         self.rng = random.Random(seed)
         self.pending: dict[int, Pending] = {}
         self.inflight: dict[str, int] = dict.fromkeys(topology.apps, 0)
+        self.admit_limit: dict[str, int] = {a: admission_limit(r) for a, r in topology.apps.items()}
+        self.routes: dict[str, AppRoutes] = dict(topology.apps)  # app -> the generation serving it now
+        self.bins: dict[str, BinCounters] = {a: BinCounters() for a in topology.apps}
+        self._gens: dict[int, _Mapped] = {}
+        self._ring_stats: dict[str, StatsBlock] = {}
         self.next_id = 1
         self.ready = False
         self.draining = False
@@ -110,17 +159,73 @@ class Frontend:
 
     # ---- lifecycle ------------------------------------------------------------------------
     def attach(self) -> None:
-        """Map the rings the daemon created (call once the workers are started)."""
-        for routes in self.topology.apps.values():
+        """Map the rings the daemon created for the initial topology (generation 0)."""
+        self.add_generation(0, self.topology)
+        self.stats = self._gens[0].stats
+
+    def add_generation(self, generation: int, topology: Topology) -> None:
+        """Map a generation's root rings, completion rings and stats (its segments must exist).
+
+        Its completions are drained from now on; requests go to it only after ``switch``.
+        """
+        if self.bell is None:
+            self.bell = Doorbell.attach(topology.frontend_doorbell)
+        rings: dict[str, ShmRing] = {}
+        bells: dict[str, Doorbell] = {}
+        stats = StatsBlock.attach(topology.stats)
+        for routes in topology.apps.values():
+            routes.generation = generation
             for lane in routes.roots:
                 for targets in lane.values():
                     for t in targets:
-                        if t.ring not in self._rings:
-                            self._rings[t.ring] = ShmRing.attach(t.ring, role="producer")
-                            self._bells[t.ring] = Doorbell.attach(t.doorbell)
-        self.completions = [ShmRing.attach(n, role="consumer") for n in self.topology.completion_rings]
-        self.bell = Doorbell.attach(self.topology.frontend_doorbell)
-        self.stats = StatsBlock.attach(self.topology.stats)
+                        if t.ring not in rings:
+                            rings[t.ring] = ShmRing.attach(t.ring, role="producer")
+                            bells[t.ring] = Doorbell.attach(t.doorbell)
+        completions = [ShmRing.attach(n, role="consumer") for n in topology.completion_rings]
+        self._gens[generation] = _Mapped(topology, rings, bells, completions, stats)
+        self._rings.update(rings)
+        self._bells.update(bells)
+        self._ring_stats.update(dict.fromkeys(rings, stats))
+        self.completions = [r for g in self._gens.values() for r in g.completions]
+
+    def switch(self, app: str, generation: int) -> None:
+        """Route the app's new requests to ``generation`` (one assignment: atomic on the loop)."""
+        routes = self._gens[generation].topology.apps[app]
+        self.routes[app] = routes
+        self.inflight.setdefault(app, 0)
+        self.admit_limit[app] = admission_limit(routes)
+        self.bins.setdefault(app, BinCounters())
+        self._output_specs[app] = self._specs_of(routes)
+        self.metrics.slices.set((("app", app),), routes.slices)
+        self.metrics.processes.set((("app", app),), sum(
+            1 for p in self._gens[generation].topology.processes if p.app == app))
+
+    def pending_in(self, generation: int) -> int:
+        """Requests of ``generation`` whose credits are not all back yet (its drain is not over)."""
+        return sum(1 for r in self.pending.values() if r.generation == generation)
+
+    def remove_generation(self, generation: int) -> None:
+        """Unmap a drained generation (its workers stopped); late records of it are discarded."""
+        g = self._gens.pop(generation, None)
+        if g is None:
+            return
+        self._drain_one(g.completions)
+        self.completions = [r for x in self._gens.values() for r in x.completions]
+        for name in g.rings:
+            self._rings.pop(name, None)
+            self._bells.pop(name, None)
+            self._ring_stats.pop(name, None)
+        for ring in (*g.rings.values(), *g.completions):
+            ring.close()
+        for bell in g.bells.values():
+            bell.close()
+        g.stats.close()
+
+    def take_bin(self, app: str) -> BinCounters:
+        """The app's counters since the last call, and a fresh set for the next bin."""
+        got = self.bins.get(app, BinCounters())
+        self.bins[app] = BinCounters()
+        return got
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -133,14 +238,15 @@ class Frontend:
             self.bell.ring()
         if self._watcher is not None:
             self._watcher.join(timeout=2.0)
-        for ring in (*self._rings.values(), *self.completions):
-            ring.close()
-        for bell in self._bells.values():
-            bell.close()
+        for g in self._gens.values():
+            for ring in (*g.rings.values(), *g.completions):
+                ring.close()
+            for bell in g.bells.values():
+                bell.close()
+            g.stats.close()
+        self._gens.clear()
         if self.bell is not None:
             self.bell.close()
-        if self.stats is not None:
-            self.stats.close()
 
     def _watch(self) -> None:
         assert self.bell is not None and self._loop is not None
@@ -157,15 +263,20 @@ class Frontend:
     def _drain(self) -> None:
         self._drain_scheduled = False
         more = False
-        for ring in self.completions:
-            got = ring.pop_many(DRAIN_POP)
-            more |= len(got) == DRAIN_POP
-            for header, payload in got:
-                self._on_completion(header, payload)
+        more = self._drain_one(self.completions)
         if more and not self._drain_scheduled:
             self._drain_scheduled = True
             assert self._loop is not None
             self._loop.call_soon(self._drain)
+
+    def _drain_one(self, rings: list[ShmRing]) -> bool:
+        more = False
+        for ring in rings:
+            got = ring.pop_many(DRAIN_POP)
+            more |= len(got) == DRAIN_POP
+            for header, payload in got:
+                self._on_completion(header, payload)
+        return more
 
     def _on_completion(self, h: RecordHeader, payload: bytes) -> None:
         req = self.pending.get(h.request_id)
@@ -189,6 +300,11 @@ class Frontend:
             t[0], t[1], t[2] = max(t[0], queue_us), max(t[1], compute_us), t[2] + 1
             if h.child_count:
                 req.children[task] = req.children.get(task, 0) + h.child_count
+            if app.children(task):
+                counters = self.bins.setdefault(app.name, BinCounters())
+                acc = counters.children.setdefault((task, variant), [0, 0])
+                acc[0] += 1
+                acc[1] += h.child_count
             if task in app.sinks and not req.answered:
                 arrays = [np.array(x.data) for x in decode_tensors(tensors)]
                 req.items.setdefault(task, []).append((h.child_index, arrays))
@@ -215,6 +331,10 @@ class Frontend:
         req.answered = True
         self.inflight[req.routes.app.name] -= 1
         app = req.routes.app.name
+        counters = self.bins.setdefault(app, BinCounters())
+        counters.answered += 1
+        if status >= 500:
+            counters.violations += 1
         if reason is None:
             self.metrics.success.inc((("app", app),))
         else:
@@ -275,8 +395,7 @@ class Frontend:
 
     # ---- admission and dispatch ----------------------------------------------------------
     def _load(self, t: Target) -> int:
-        assert self.stats is not None
-        return len(self._rings[t.ring]) + self.stats.get(t.slot, st.QUEUED)
+        return len(self._rings[t.ring]) + self._ring_stats[t.ring].get(t.slot, st.QUEUED)
 
     def submit(self, routes: AppRoutes, client_id: str | None,
                tensors: list[tuple[str, str, tuple[int, ...], Any]],
@@ -294,7 +413,8 @@ class Frontend:
         body = bytes(encode_tensors(tensors))
         roots = routes.roots[lane]
         shares = split_credit(TOTAL_CREDIT, len(roots))
-        req = Pending(rid, routes, lane, client_id, now, deadline, self._loop.create_future(), outputs_wanted)
+        req = Pending(rid, routes, lane, client_id, now, deadline, self._loop.create_future(), outputs_wanted,
+                      generation=routes.generation)
         sent = 0
         for (task, targets), share in zip(roots.items(), shares):
             h = RecordHeader(request_id=rid, app=routes.app_index, task=app.task_names.index(task), lane=lane,
@@ -349,9 +469,9 @@ class Frontend:
 
     def _routes(self, request: web.Request) -> AppRoutes:
         name = request.match_info["model"]
-        routes = self.topology.apps.get(name)
+        routes = self.routes.get(name)
         if routes is None:
-            raise web.HTTPNotFound(text=f"unknown model {name!r} (served: {', '.join(self.topology.apps)})")
+            raise web.HTTPNotFound(text=f"unknown model {name!r} (served: {', '.join(self.routes)})")
         version = request.match_info.get("version")
         if version is not None and version != "1":
             raise web.HTTPNotFound(text=f"model {name!r} has no version {version!r} (versions: 1)")
@@ -399,12 +519,20 @@ class Frontend:
                 self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
                 return _error(400, f"outputs: unknown output {unknown[0]!r} (model {name} has "
                                    f"{', '.join(sorted(known))})")
-        if self.inflight[name] >= self.max_queue:
+        self.bins[name].arrivals += 1
+        limit = min(self.max_queue, self.admit_limit.get(name, self.max_queue))
+        if self.inflight[name] >= limit:
+            self.bins[name].answered += 1
+            self.bins[name].violations += 1
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
-            return _error(503, f"model {name!r} has {self.inflight[name]} requests in flight (max_queue "
-                               f"{self.max_queue}); retry later", headers={"Retry-After": RETRY_AFTER_S})
+            return _error(503, f"model {name!r} has {self.inflight[name]} requests in flight (limit {limit}: "
+                               f"the smaller of max_queue {self.max_queue} and what its instances "
+                               "finish within the SLO); retry later",
+                          headers={"Retry-After": RETRY_AFTER_S})
         req = self.submit(routes, parsed.id, parsed.inputs, parsed.outputs)
         if req is None:
+            self.bins[name].answered += 1
+            self.bins[name].violations += 1
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
             return _error(503, f"every input ring of model {name!r} is full; retry later",
                           headers={"Retry-After": RETRY_AFTER_S})
@@ -416,13 +544,13 @@ class Frontend:
         now = time.monotonic_ns()
         for name, n in self.inflight.items():
             m.inflight.set((("app", name),), n)
-        if self.stats is not None:
-            for p in self.topology.processes:
+        for g in self._gens.values():
+            for p in g.topology.processes:
                 labels = (("app", p.app), ("task", p.task), ("variant", p.variant), ("instance", p.name))
-                started = self.stats.get(p.slot, st.STARTED_NS)
-                busy = self.stats.get(p.slot, st.BUSY_NS)
+                started = g.stats.get(p.slot, st.STARTED_NS)
+                busy = g.stats.get(p.slot, st.BUSY_NS)
                 m.busy.set(labels, round(busy / (now - started), 6) if started and now > started else 0.0)
-                m.instance_queue.set(labels, self.stats.get(p.slot, st.QUEUED))
+                m.instance_queue.set(labels, g.stats.get(p.slot, st.QUEUED))
         return web.Response(text=m.render(), content_type="text/plain", charset="utf-8",
                             headers={"X-Prometheus-Format": "0.0.4"})
 
