@@ -98,10 +98,10 @@ class _Mapped:
 def admission_limit(routes: AppRoutes) -> int:
     """Requests an app may have in flight: what its root instances finish within the latency SLO.
 
-    Little's law: capacity (req/s) x the SLO's queueing share (s). Beyond it a new request would queue behind work
-    that already fills the SLO and be answered late or dropped, after taking its share of the
-    queue from requests that could still make it: shedding it at the door (503) keeps goodput
-    near the capacity under overload.
+    Little's law: capacity (req/s) x the SLO's queueing share (s). Beyond it a new request would
+    queue behind work that already fills the SLO and be answered late or dropped, after taking
+    its share of the queue from requests that could still make it: shedding it at the door (503)
+    keeps goodput near the capacity under overload.
     """
     app = routes.app
     capacities = []
