@@ -12,7 +12,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml setup.py $(NATIVE)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,models]'
 	$(PY) -c "import jigsaw._core" 2>/dev/null || $(PY) setup.py -q build_ext --inplace
 	$(PY) -c "import jigsaw._core"
 	touch $(STAMP)

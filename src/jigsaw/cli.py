@@ -70,7 +70,35 @@ def _parser() -> argparse.ArgumentParser:
     pk.add_argument("--node", help="node TOML (default: the plan's GPU model and its GPU count)")
     pk.add_argument("--format", choices=("mig-parted", "commands", "json"), default="mig-parted")
     pk.set_defaults(func=cmd_pack)
+
+    pr = sub.add_parser("profile", help="measure profiles of real models with the node's backend")
+    pr.add_argument("--node", required=True, help="node TOML file (its backend and segments)")
+    pr.add_argument("--app", help="app TOML file (default: the node's apps)")
+    pr.add_argument("--variants", help="comma-separated variants (default: all of the app)")
+    pr.add_argument("--batches", help="comma-separated batch sizes (default: the node's)")
+    pr.add_argument("--out", metavar="DIR", help="profile directory (default: the node's)")
+    pr.add_argument("--seconds", type=float, default=2.0, help="time budget per row (s)")
+    pr.add_argument("--max-iters", type=int, default=50, help="most batches timed per row")
+    pr.set_defaults(func=cmd_profile)
     return p
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Runs ``jigsaw.profiler.profile`` (needs the models extra)."""
+    try:
+        from jigsaw.profiler import profile
+    except ImportError as exc:
+        raise JigsawError("jigsaw profile needs the models extra "
+                          f"(pip install 'jigsaw[models]'): {exc}") from None
+    try:
+        batches = [int(b) for b in args.batches.split(",")] if args.batches else []
+    except ValueError:
+        raise JigsawError(f"--batches: expected comma-separated integers, got {args.batches!r}") from None
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else []
+    for path in profile(args.node, args.app, variants=variants, batches=batches, out=args.out,
+                        seconds=args.seconds, max_iters=args.max_iters):
+        print(path)
+    return 0
 
 
 # ---- helpers -------------------------------------------------------------------------------

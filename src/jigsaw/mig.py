@@ -30,10 +30,12 @@ class GpuModel:
     memory_gb: float
     sm_count: int
     profiles: tuple[MigProfile, ...]
+    total_slices: int = 7  # compute slices of the whole device (a CPU: its cores)
+    kind: str = "gpu"  # "gpu" (MIG instances) or "cpu" (core shares; see ``cpu_model``)
 
     @property
     def compute_slices(self) -> int:
-        return 7
+        return self.total_slices
 
     def profile(self, name: str) -> MigProfile:
         for p in self.profiles:
@@ -82,9 +84,30 @@ GPU_MODELS: dict[str, GpuModel] = {
 }
 
 
+def cpu_model(cores: int, memory_gb: float = 16.0) -> GpuModel:
+    """A CPU as a partitionable device: a profile ``<k>c`` is a share of k cores (k a power of two
+    dividing ``cores``, at most 4), laid on the same 8 placement slots as MIG so the layout
+    enumeration and the packer need no special case (a k-core share spans ``8k/cores`` slots).
+    Compute slices are cores; memory is split in proportion."""
+    if cores not in (1, 2, 4):
+        raise ValueError("a CPU device has 1, 2 or 4 cores (the layout code allows 7 compute slices)")
+    profiles = []
+    k = 1
+    while k <= cores:
+        size = NUM_PLACEMENT_SLOTS * k // cores
+        profiles.append(MigProfile(f"{k}c", k, memory_gb * k / cores, size,
+                                   tuple(range(0, NUM_PLACEMENT_SLOTS, size)), 0, max_per_gpu=cores // k))
+        k *= 2
+    return GpuModel(f"CPU-{cores}C", memory_gb, 0, tuple(profiles), total_slices=cores, kind="cpu")
+
+
+CPU_MODELS: dict[str, GpuModel] = {m.name: m for m in (cpu_model(c) for c in (1, 2, 4))}
+"""CPU devices a node may name as its ``gpus.model`` (kept apart: GPU_MODELS are MIG GPUs)."""
+
+
 def gpu_model(name: str) -> GpuModel:
     """Looks a GPU model up by name, case-insensitively."""
-    for key, model in GPU_MODELS.items():
+    for key, model in (GPU_MODELS | CPU_MODELS).items():
         if key.lower() == name.lower():
             return model
     raise KeyError(name)

@@ -68,14 +68,35 @@ _running = True
 
 
 def make_backend(spec: ProcessSpec) -> Backend:
-    """The backend named by the spec, loaded with its variant and max batch."""
+    """The backend named by the spec, loaded with its variant and max batch.
+
+    Real backends (``onnxruntime``, ``torch``, ``tensorrt``) run the variant's model; on a CPU
+    segment (``<k>c``) they use k threads.
+    """
     downstream = [Downstream(str(d["task"]), float(d["factor"])) for d in spec.downstream]  # type: ignore[arg-type]
-    if spec.backend != "emulated":
+    backend: Backend
+    if spec.backend == "emulated":
+        from jigsaw.backends.emulated import EmulatedBackend
+        backend = EmulatedBackend(spec.task, spec.task_kind, downstream,
+                                  latency_ms_by_batch=spec.latency_ms_by_batch,
+                                  mean_ms_by_batch=spec.mean_ms_by_batch,
+                                  time_scale=spec.time_scale, seed=spec.seed)
+    elif spec.backend in ("onnxruntime", "torch", "tensorrt"):
+        from jigsaw.backends.model import cpu_share
+        threads = cpu_share(spec.mig_profile)
+        try:
+            if spec.backend == "onnxruntime":
+                from jigsaw.backends.onnxruntime_backend import OnnxRuntimeBackend as Real
+            elif spec.backend == "torch":
+                from jigsaw.backends.torch_backend import TorchBackend as Real  # type: ignore[assignment]
+            else:
+                from jigsaw.backends.tensorrt_backend import TensorRTBackend as Real  # type: ignore[assignment]
+        except ImportError as exc:
+            raise SystemExit(f"backend {spec.backend!r} needs the models extra "
+                             f"(pip install 'jigsaw[models]'): {exc}") from None
+        backend = Real(spec.task, spec.task_kind, downstream, threads=threads)
+    else:
         raise SystemExit(f"backend {spec.backend!r} is not available in this build")
-    from jigsaw.backends.emulated import EmulatedBackend
-    backend: Backend = EmulatedBackend(spec.task, spec.task_kind, downstream,
-                                       latency_ms_by_batch=spec.latency_ms_by_batch,
-                                       time_scale=spec.time_scale, seed=spec.seed)
     backend.load(spec.variant, spec.max_batch)
     return backend
 

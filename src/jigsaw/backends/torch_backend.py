@@ -1,0 +1,32 @@
+"""The torch backend: the variant's module in eval mode, CPU threads set to the instance's share
+(or CUDA when the process sees a GPU)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jigsaw.backends.model import ModelBackend
+
+
+class _TorchNet:
+    def __init__(self, variant: str, threads: int) -> None:
+        import torch
+
+        from jigsaw.models.zoo import build
+        torch.set_num_threads(threads)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = build(variant).to(self.device)
+
+    def __call__(self, batch: np.ndarray) -> Any:
+        import torch
+        with torch.inference_mode():
+            return self.model(torch.from_numpy(batch).to(self.device)).cpu().numpy()
+
+
+class TorchBackend(ModelBackend):
+    kind = "torch"
+
+    def _load_net(self, variant: str, max_batch: int) -> Any:
+        return _TorchNet(variant, self.threads)

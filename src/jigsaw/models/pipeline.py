@@ -1,0 +1,211 @@
+"""Pre- and post-processing that turns a task's network into a DAG node.
+
+The detector letterboxes the image, runs, decodes and NMS-filters; each detection of a class a
+downstream task wants becomes one child (its crop, resized for a classifier), so the fan-out is
+the actual number of detections: ``car`` gets COCO cars, ``person`` gets persons, and any other
+downstream task (the AR assistant's ``caption``) gets the ``round(factor)`` best detections of
+any class. Classifiers return label and score (and echo the crop's box); the captioner returns
+16 token ids and hands them to TTS, which maps them onto its symbol table (no tokenizer is
+downloaded, so ids map by ``id mod vocab``) and returns the waveform.
+
+Everything crosses processes as ``jigsaw.runtime.tensors`` payloads.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jigsaw.backends.base import Downstream, ItemResult, OutputSpec
+from jigsaw.models.zoo import CAPTION_TOKENS, classifier_size, variant_info
+from jigsaw.runtime.tensors import Tensor, decode_tensors, encode_tensors
+
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
+CLIP_MEAN = np.array([0.4815, 0.4578, 0.4082], np.float32)
+CLIP_STD = np.array([0.2686, 0.2613, 0.2758], np.float32)
+CLASS_OF_TASK = {"car": {2}, "cars": {2}, "vehicle": {2, 3, 5, 7}, "person": {0}, "persons": {0}}
+MAX_DETECTIONS = 100
+LETTERBOX_FILL = 114
+
+
+def decode_image(tensors: Sequence[Tensor]) -> np.ndarray:
+    """The request's image as (H, W, 3) uint8: raw pixels, or PNG/JPEG bytes decoded with Pillow."""
+    t = next((t for t in tensors if t.name == "image"), tensors[0] if tensors else None)
+    if t is None:
+        raise ValueError("no 'image' input")
+    data = t.data
+    if t.datatype == "BYTES":
+        data = np.frombuffer(data.ravel()[0], np.uint8)
+    if data.ndim == 3 and data.shape[-1] in (1, 3, 4):
+        img = np.asarray(data, np.uint8)
+    elif data.ndim == 4 and data.shape[0] == 1:
+        img = np.asarray(data[0], np.uint8)
+    else:
+        from PIL import Image
+        img = np.asarray(Image.open(io.BytesIO(np.asarray(data, np.uint8).tobytes())).convert("RGB"))
+    if img.shape[-1] == 1:
+        img = np.repeat(img, 3, axis=-1)
+    return np.ascontiguousarray(img[..., :3])
+
+
+def resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
+    """Nearest-neighbour resize (cheap, dependency-free, deterministic)."""
+    ys = np.minimum((np.arange(h) + 0.5) * img.shape[0] / h, img.shape[0] - 1).astype(np.intp)
+    xs = np.minimum((np.arange(w) + 0.5) * img.shape[1] / w, img.shape[1] - 1).astype(np.intp)
+    return img[ys[:, None], xs[None, :]]
+
+
+def letterbox(img: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[int, int]]:
+    """Fit into a ``size`` square keeping the aspect ratio; returns (canvas, scale, (pad_x, pad_y))."""
+    h, w = img.shape[:2]
+    r = min(size / h, size / w)
+    nh, nw = max(1, round(h * r)), max(1, round(w * r))
+    canvas = np.full((size, size, 3), LETTERBOX_FILL, np.uint8)
+    py, px = (size - nh) // 2, (size - nw) // 2
+    canvas[py:py + nh, px:px + nw] = resize(img, nh, nw)
+    return canvas, r, (px, py)
+
+
+def crop(img: np.ndarray, box: np.ndarray, size: int) -> np.ndarray:
+    """The (x1, y1, x2, y2) region of ``img`` (at least one pixel) resized to ``size`` x ``size``."""
+    h, w = img.shape[:2]
+    x1 = int(np.clip(np.floor(box[0]), 0, w - 1))
+    y1 = int(np.clip(np.floor(box[1]), 0, h - 1))
+    x2 = int(np.clip(np.ceil(box[2]), x1 + 1, w))
+    y2 = int(np.clip(np.ceil(box[3]), y1 + 1, h))
+    return resize(img[y1:y2, x1:x2], size, size)
+
+
+def _chw(images: list[np.ndarray], mean: np.ndarray | None, std: np.ndarray | None) -> np.ndarray:
+    x = np.stack(images).astype(np.float32) / 255.0
+    if mean is not None and std is not None:
+        x = (x - mean) / std
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+def _arr(name: str, datatype: str, values: Any) -> Tensor:
+    a = np.ascontiguousarray(values)
+    return Tensor(name, datatype, tuple(a.shape), a)
+
+
+@dataclass
+class Pipeline:
+    """Pre/post-processing of one variant of one task; the backend runs the network between."""
+
+    variant: str
+    kind: str
+    downstream: tuple[Downstream, ...] = ()
+    conf_threshold: float = 0.25
+    iou_threshold: float = 0.45
+
+    def __post_init__(self) -> None:
+        self.info = variant_info(self.variant)
+        if self.info.kind != self.kind and self.kind != "generic":
+            raise ValueError(f"variant {self.variant} is a {self.info.kind}, task is a {self.kind}")
+
+    # ---- before the network -------------------------------------------------------------
+    def prepare(self, payloads: Sequence[bytes]) -> tuple[np.ndarray, list[Any]]:
+        """Batch array for the network and per-item context for ``finish``."""
+        items = [decode_tensors(p) for p in payloads]
+        if self.kind == "tts":
+            toks = np.stack([np.asarray(next(t for t in it if t.name == "tokens").data, np.int64)
+                             .reshape(-1)[:CAPTION_TOKENS] for it in items])
+            return toks, [None] * len(items)
+        size = self.info.image_size
+        images = [decode_image(it) for it in items]
+        if self.kind == "detector":
+            boxes = [letterbox(img, size) for img in images]
+            ctx = [(img, r, pad) for img, (_, r, pad) in zip(images, boxes)]
+            return _chw([b[0] for b in boxes], None, None), ctx
+        resized = [img if img.shape[:2] == (size, size) else resize(img, size, size) for img in images]
+        boxes_in = [next((np.asarray(t.data, np.float32).reshape(4) for t in it if t.name == "box"), None)
+                    for it in items]
+        if self.kind == "captioner":
+            return _chw(resized, CLIP_MEAN, CLIP_STD), boxes_in
+        return _chw(resized, IMAGENET_MEAN, IMAGENET_STD), boxes_in
+
+    # ---- after the network --------------------------------------------------------------
+    def finish(self, output: Any, ctx: list[Any]) -> list[ItemResult]:
+        if self.kind == "detector":
+            return self._detections(np.asarray(output), ctx)
+        if self.kind == "classifier":
+            logits = np.asarray(output, np.float32)
+            z = np.exp(logits - logits.max(1, keepdims=True))
+            probs = z / z.sum(1, keepdims=True)
+            out = []
+            for p, box in zip(probs, ctx):
+                ts = [_arr("label", "INT32", np.array([int(p.argmax())], np.int32)),
+                      _arr("score", "FP32", np.array([float(p.max())], np.float32))]
+                if box is not None:
+                    ts.append(_arr("box", "FP32", box.reshape(1, 4)))
+                out.append(self._pass_on(ts))
+            return out
+        if self.kind == "captioner":
+            tokens = np.asarray(output, np.int64)
+            return [self._pass_on([_arr("tokens", "INT32", row.astype(np.int32).reshape(1, -1))])
+                    for row in tokens]
+        waves = list(output)
+        return [self._pass_on([_arr("audio", "FP32", np.asarray(w, np.float32).reshape(1, -1)),
+                               _arr("audio_samples", "INT64", np.array([np.asarray(w).size], np.int64))])
+                for w in waves]
+
+    def _pass_on(self, outputs: list[Tensor]) -> ItemResult:
+        """A non-detector feeds each downstream task one child carrying its outputs."""
+        body = bytes(encode_tensors(outputs)) if self.downstream else b""
+        return ItemResult(outputs, {d.task: [body] for d in self.downstream})
+
+    def _detections(self, pred: np.ndarray, ctx: list[Any]) -> list[ItemResult]:
+        from jigsaw.models.yolo import postprocess
+        dets = postprocess(pred, conf_threshold=self.conf_threshold, iou_threshold=self.iou_threshold,
+                           max_det=MAX_DETECTIONS)
+        csize = classifier_size()
+        results = []
+        for d, (img, r, (px, py)) in zip(dets, ctx):
+            h, w = img.shape[:2]
+            boxes = d[:, :4].copy()
+            boxes[:, [0, 2]] = np.clip((boxes[:, [0, 2]] - px) / r, 0, w)
+            boxes[:, [1, 3]] = np.clip((boxes[:, [1, 3]] - py) / r, 0, h)
+            cls = d[:, 5].astype(np.int32)
+            children: dict[str, list[bytes]] = {}
+            outputs = [_arr("num_boxes", "INT32", np.array([len(d)], np.int32))]
+            for ds in self.downstream:
+                wanted = CLASS_OF_TASK.get(ds.task)
+                if wanted is not None:
+                    idx = [i for i in range(len(d)) if cls[i] in wanted]
+                else:
+                    idx = list(range(min(len(d), max(1, round(ds.factor)))))
+                children[ds.task] = [bytes(encode_tensors([
+                    _arr("image", "UINT8", crop(img, boxes[i], csize)),
+                    _arr("box", "FP32", boxes[i].reshape(1, 4).astype(np.float32)),
+                ])) for i in idx]
+                outputs.append(_arr(f"num_{ds.task}", "INT32", np.array([len(idx)], np.int32)))
+            outputs += [_arr("boxes", "FP32", boxes.astype(np.float32).reshape(-1, 4)),
+                        _arr("scores", "FP32", d[:, 4].astype(np.float32)),
+                        _arr("labels", "INT32", cls)]
+            results.append(ItemResult(outputs, children))
+        return results
+
+
+def output_specs(task_kind: str, downstream: Sequence[str] = ()) -> list[OutputSpec]:
+    """Per-item outputs of a real task (-1: a length that depends on the item)."""
+    if task_kind == "detector":
+        return ([OutputSpec("num_boxes", "INT32", (1,))]
+                + [OutputSpec(f"num_{t}", "INT32", (1,)) for t in downstream]
+                + [OutputSpec("boxes", "FP32", (-1, 4)), OutputSpec("scores", "FP32", (-1,)),
+                   OutputSpec("labels", "INT32", (-1,))])
+    if task_kind == "classifier":
+        return [OutputSpec("label", "INT32", (1,)), OutputSpec("score", "FP32", (1,)),
+                OutputSpec("box", "FP32", (1, 4))]  # the crop's box, when fed by a detector
+    if task_kind == "captioner":
+        return [OutputSpec("tokens", "INT32", (1, CAPTION_TOKENS))]
+    if task_kind == "tts":
+        return [OutputSpec("audio", "FP32", (1, -1)), OutputSpec("audio_samples", "INT64", (1,))]
+    return [OutputSpec("value", "FP32", (1,))]
+
+
+Runner = Callable[[np.ndarray], Any]

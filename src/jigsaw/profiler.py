@@ -1,0 +1,239 @@
+"""``jigsaw profile``: measure p95 latency and throughput of every (variant, segment, batch).
+
+Each row times the whole batch as a worker runs it (decode, pre-processing, network,
+post-processing and children payloads) on synthetic inputs of the task's kind, with the node's
+backend, and is written with ``source=measured``, the host, backend and library versions and
+the date. Rows are appended to ``<out>/<variant>.csv`` as soon as measured; a rerun skips the
+rows already there, so an interrupted run resumes where it stopped.
+
+CPU nodes: a segment ``<k>c`` is a share of k cores; the measuring process pins itself to the
+first k cores (``os.sched_setaffinity``) and the backend uses k intra-op threads. MPS levels do
+not apply (only ``mps = 1``).
+
+GPU nodes: a segment is a MIG profile x MPS level. It must be measured inside an instance of that
+profile: create it (``nvidia-smi mig -cgi <profile> -C``), then for MPS level k start the MPS
+control daemon for that instance and run k copies of ``jigsaw profile ... --segment <profile>
+--mps-rank i`` with ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``; the segment's throughput is the sum of
+the k copies' and its latency the worst copy's p95. This machine has no GPU, so that path
+refuses to run with that explanation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime as dt
+import functools
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from jigsaw.errors import JigsawError
+from jigsaw.profiles import COLUMNS
+
+DEFAULT_BATCHES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    latency_ms: float  # p95 of one batch
+    throughput_rps: float  # items per second of the segment
+    memory_mb: float
+    iterations: int
+
+
+def host_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{socket.gethostname()} {cpu} ({os.cpu_count()} cpus)".replace(",", " ")
+
+
+def backend_description(backend: str) -> str:
+    """Backend and the versions of the libraries it runs on (no commas: it is a CSV cell)."""
+    parts = [backend]
+    for mod in ("onnxruntime", "torch", "tensorrt"):
+        if mod in sys.modules or mod == backend or (mod == "torch" and backend != "tensorrt"):
+            with contextlib.suppress(Exception):
+                parts.append(f"{mod}-{__import__(mod).__version__}")
+    return " ".join(dict.fromkeys(parts))
+
+
+def synthetic_inputs(kind: str, batch: int, seed: int = 0) -> list[bytes]:
+    """Payloads of ``batch`` items of a task of ``kind``, as a worker would receive them."""
+    from jigsaw.models.images import street_scene
+    from jigsaw.models.zoo import classifier_size
+    from jigsaw.runtime.tensors import encode_tensors
+    out = []
+    for i in range(batch):
+        if kind == "tts":
+            toks = np.random.default_rng(seed + i).integers(0, 30522, (1, 16)).astype(np.int32)
+            out.append(bytes(encode_tensors([("tokens", "INT32", toks.shape, toks)])))
+            continue
+        size = (480, 640) if kind == "detector" else (classifier_size(),) * 2
+        img = street_scene(*size, seed=seed + i)
+        out.append(bytes(encode_tensors([("image", "UINT8", img.shape, img)])))
+    return out
+
+
+def _rss_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def measure(execute: Callable[[], object], batch: int, *, warmup: int = 2, min_iters: int = 5,
+            max_iters: int = 50, seconds: float = 2.0) -> Measurement:
+    """Times ``execute`` (one batch) until ``seconds`` or ``max_iters`` (at least ``min_iters``)."""
+    for _ in range(warmup):
+        execute()
+    times: list[float] = []
+    t_end = time.perf_counter() + seconds
+    while len(times) < max_iters and (len(times) < min_iters or time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        execute()
+        times.append(time.perf_counter() - t0)
+    arr = np.asarray(times)
+    return Measurement(float(np.percentile(arr, 95) * 1000), float(batch / arr.mean()), _rss_mb(), len(times))
+
+
+def read_done(path: Path) -> set[tuple[str, str, int, int]]:
+    """Keys of the rows already in a profile CSV (for resuming)."""
+    if not path.exists():
+        return set()
+    lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+    done = set()
+    for r in csv.DictReader(lines):
+        try:
+            done.add((r["variant"], r["mig_profile"], int(r["mps"]), int(r["batch"])))
+        except (KeyError, ValueError, TypeError):
+            continue
+    return done
+
+
+class _Progress:
+    """tqdm when installed, else one plain line per step with an ETA."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.n, self.t0 = total, 0, time.monotonic()
+        try:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, unit="row", file=sys.stderr)
+        except ImportError:
+            self.bar = None
+
+    def step(self, label: str) -> None:
+        self.n += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(label)
+            self.bar.update(1)
+            return
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / self.n * (self.total - self.n)
+        print(f"[{self.n}/{self.total}] {label}  elapsed {elapsed:.0f}s  ETA {eta:.0f}s",
+              file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def profile(node_path: str | Path, app_path: str | Path | None = None, *, variants: Sequence[str] = (),
+            batches: Sequence[int] = (), out: str | Path | None = None, seconds: float = 2.0,
+            max_iters: int = 50) -> list[Path]:
+    """Measures the rows missing from ``out`` (default: the node's profile directory); returns the files."""
+    from jigsaw.app import load_app
+    from jigsaw.node import load_node
+    node = load_node(node_path, load_apps=app_path is None)
+    apps = [load_app(app_path)] if app_path is not None else list(node.apps)
+    if node.gpu.kind != "cpu":
+        raise JigsawError(
+            f"{node.source}: profiling {node.gpu.name} segments must run inside each MIG instance "
+            "(see `jigsaw profile --help`); this command measures CPU nodes only here")
+    if node.backend not in ("onnxruntime", "torch"):
+        raise JigsawError(f"{node.source}: backend {node.backend!r} does not run on a CPU node")
+    if any(k != 1 for k in node.mps_levels):
+        raise JigsawError(f"{node.source}: a CPU node has mps_levels = [1] (got {list(node.mps_levels)})")
+    kinds = {v.name: t.kind for a in apps for t in a.tasks for v in t.variants}
+    wanted = list(variants) or list(kinds)
+    unknown = [v for v in wanted if v not in kinds]
+    if unknown:
+        raise JigsawError(f"--variants: not in the app(s): {', '.join(unknown)}")
+    batch_list = sorted(set(batches or node.batch_sizes))
+    out_dir = Path(out) if out is not None else node.profiles_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan = []
+    for v in wanted:
+        done = read_done(out_dir / f"{v}.csv")
+        for seg in node.mig_profiles:
+            for b in batch_list:
+                if (v, seg, 1, b) not in done:
+                    plan.append((v, seg, b))
+    if not plan:
+        print("jigsaw profile: every row is already measured", file=sys.stderr)
+        return [out_dir / f"{v}.csv" for v in wanted]
+    host, backend_name = host_description(), backend_description(node.backend)
+    date = dt.date.today().isoformat()
+    progress = _Progress(len(plan))
+    original = os.sched_getaffinity(0)
+    loaded: dict[tuple[str, str], object] = {}
+    try:
+        for v, seg, b in plan:
+            cores = node.gpu.profile(seg).compute_slices
+            os.sched_setaffinity(0, sorted(original)[:cores])
+            key = (v, seg)
+            if key not in loaded:
+                loaded.clear()
+                loaded[key] = _backend(node.backend, kinds[v], v, cores, max(batch_list))
+            be = loaded[key]
+            payloads = synthetic_inputs(kinds[v], b)
+            ids = list(range(b))
+            run = functools.partial(be.execute, ids, payloads)  # type: ignore[attr-defined]
+            m = measure(run, b, seconds=seconds, max_iters=max_iters)
+            _append(out_dir / f"{v}.csv", [v, seg, 1, b, f"{m.latency_ms:.4f}", f"{m.throughput_rps:.3f}",
+                                           f"{m.memory_mb:.1f}", "measured", host, backend_name, date])
+            progress.step(f"{v} {seg} b{b}: p95 {m.latency_ms:.1f} ms, {m.throughput_rps:.1f}/s")
+    finally:
+        os.sched_setaffinity(0, original)
+        progress.close()
+    return [out_dir / f"{v}.csv" for v in wanted]
+
+
+def _backend(kind_of_backend: str, task_kind: str, variant: str, threads: int, max_batch: int) -> object:
+    from jigsaw.backends.base import Downstream
+    if kind_of_backend == "onnxruntime":
+        from jigsaw.backends.onnxruntime_backend import OnnxRuntimeBackend as Real
+    else:
+        from jigsaw.backends.torch_backend import TorchBackend as Real  # type: ignore[assignment]
+    # A detector is timed with its real fan-out work: crops for a car and a person task.
+    downstream = [Downstream("car", 1.0), Downstream("person", 1.0)] if task_kind == "detector" else []
+    be = Real("profile", task_kind, downstream, threads=threads)
+    be.load(variant, max_batch)
+    return be
+
+
+def _append(path: Path, row: list[object]) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        if new:
+            f.write(f"# Measured by `jigsaw profile` on {host_description()}; latency_ms is the p95 of "
+                    "one whole batch (decode, pre/post-processing, network), throughput_rps items/s.\n")
+            f.write(",".join(COLUMNS) + "\n")
+        csv.writer(f, lineterminator="\n").writerow(row)
+        f.flush()

@@ -1,0 +1,86 @@
+"""End to end: ``jigsawd --node-config examples/cpu.toml`` serves a real image on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from jigsaw.models.images import street_scene
+
+pytest.importorskip("onnxruntime", reason="onnxruntime not installed (pip install 'jigsaw[models]')")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cpu_node_serves_a_real_image(tmp_path: Path) -> None:
+    if not (ROOT / "profiles" / "cpu-2c").is_dir():
+        pytest.skip("no measured CPU profiles in profiles/cpu-2c")
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), JIGSAW_DETECTOR_SIZE="160",
+               JIGSAW_CLASSIFIER_SIZE="64")
+    node = str(ROOT / "examples" / "cpu.toml")
+    proc = subprocess.Popen([sys.executable, "-m", "jigsaw.daemon", "--node-config", node,
+                             "--host", "127.0.0.1", "--port", str(port), "--demand", "1"],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                err = proc.stderr.read() if proc.stderr else ""
+                if "no usable GPU" in err or "not available in this build" in err:
+                    pytest.skip("jigsawd does not yet run a CPU backend without --emulate: "
+                                + err.strip()[-200:])
+                pytest.fail(f"jigsawd exited {proc.returncode}: {err[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("jigsawd did not become ready")
+            time.sleep(0.5)
+        img = street_scene(240, 320, seed=3)
+        body = {"inputs": [{"name": "image", "datatype": "UINT8", "shape": list(img.shape),
+                            "data": img.reshape(-1).tolist()}]}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/traffic_cpu/infer",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            resp = json.loads(r.read())
+        out = {o["name"]: o for o in resp["outputs"]}
+        params = resp["parameters"]
+        assert params["backend"] == "onnxruntime" and params["emulated"] is False
+        n_items = 0
+        for task in ("car", "person"):
+            labels, scores = out[f"{task}.label"], out[f"{task}.score"]
+            n = labels["shape"][0]
+            n_items += n
+            assert scores["shape"] == [n] and all(0 <= s <= 1 for s in scores["data"])
+            if n:
+                boxes = out[f"{task}.box"]
+                assert boxes["shape"] == [n, 4]
+                b = boxes["data"]
+                for i in range(n):
+                    x1, y1, x2, y2 = b[4 * i:4 * i + 4]
+                    assert 0 <= x1 <= x2 <= img.shape[1] and 0 <= y1 <= y2 <= img.shape[0]
+        assert n_items == params.get("children.detect", 0)  # the fan-out is the detections
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
