@@ -1,0 +1,72 @@
+"""Which MIG device a worker runs on: (GPU index, placement start) -> ``MIG-<uuid>``.
+
+A plan's layout says where each MIG instance lies (GPU, profile, start slot); CUDA names MIG
+devices by UUID. NVML links the two: every MIG device handle has a GPU instance whose placement
+start is the layout's start. Workers get ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``; the k MPS
+processes of one segment share the instance. NVML comes from ``nvidia-ml-py`` (the ``gpu``
+extra), imported only on GPU nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from jigsaw.errors import JigsawError
+from jigsaw.plan import Layout
+
+
+class GpuMappingError(JigsawError):
+    """The GPUs' MIG partition does not match the layout the workers are placed by."""
+
+
+def mig_devices(nvml: Any = None) -> dict[tuple[int, int], str]:
+    """Every MIG device of this host: (GPU index, placement start) -> ``MIG-...`` UUID."""
+    if nvml is None:
+        import pynvml as nvml
+    nvml.nvmlInit()
+    try:
+        found: dict[tuple[int, int], str] = {}
+        for g in range(nvml.nvmlDeviceGetCount()):
+            gpu = nvml.nvmlDeviceGetHandleByIndex(g)
+            for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+                try:
+                    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, i)
+                except nvml.NVMLError:
+                    continue  # an empty index
+                gi = nvml.nvmlDeviceGetGpuInstanceById(gpu, nvml.nvmlDeviceGetGpuInstanceId(mig))
+                start = int(nvml.nvmlGpuInstanceGetInfo(gi).placement.start)
+                uuid = nvml.nvmlDeviceGetUUID(mig)
+                found[(g, start)] = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        return found
+    finally:
+        nvml.nvmlShutdown()
+
+
+def placements(layout: Layout) -> dict[tuple[str, str, str, int, int, int], tuple[int, int]]:
+    """(task, variant, profile, mps, max_batch, index) of each placed instance -> (GPU, start)."""
+    return {(p.task, p.variant, p.profile, p.mps, p.max_batch, p.index): (g.gpu, p.start)
+            for g in layout.gpus for p in g.instances}
+
+
+def visible_device(layout: Layout, devices: dict[tuple[int, int], str], task: str, variant: str,
+                   profile: str, mps: int, max_batch: int, process: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the ``process``-th process of a plan instance kind.
+
+    The processes of one kind are numbered instance by instance, ``mps`` per MIG instance.
+    """
+    key = (task, variant, profile, mps, max_batch, process // mps)
+    where = placements(layout).get(key)
+    if where is None:
+        raise GpuMappingError(f"{task}/{variant} instance {process // mps} on {profile} is not in the layout")
+    uuid = devices.get(where)
+    if uuid is None:
+        raise GpuMappingError(f"no MIG device at GPU {where[0]} start {where[1]} (is the GPU partitioned "
+                              "as the layout says? apply 'jigsaw pack --format commands' first)")
+    return uuid
+
+
+def missing_devices(layout: Layout, devices: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Placements of the layout that have no MIG device on this host."""
+    have = set(devices)
+    return sorted({w for w in placements(layout).values() if w not in have})
