@@ -2,6 +2,11 @@
 
     jigsawd --node-config examples/h100x4.toml --emulate [--host H] [--port P]
             [--demand RPS | --plan plan.json ...] [--apps a,b] [--time-scale K]
+            [--space ast|as|at|st|...] [--no-controller] [--bin-seconds S] [--admin-token T]
+
+The controller (``jigsaw.control``) re-plans every bin and swaps generations of workers;
+``--plan`` and ``--no-controller`` keep the initial plans. ``/admin/*`` (loopback, or a bearer
+token) exposes the plans and the per-bin history.
 
 Lifecycle: remove leftovers of daemons killed with -9 (``cleanup_stale``); plan every app;
 create every ring, doorbell and the stats block through one ``SegmentRegistry``; start one
@@ -16,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -28,6 +34,7 @@ from jigsaw.app import App
 from jigsaw.errors import JigsawError
 from jigsaw.node import Node, load_node, load_node_profiles
 from jigsaw.plan import Plan
+from jigsaw.profiles import ProfileTable
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry, ShmRing, cleanup_stale
 from jigsaw.runtime.topology import Topology, TopologyError, build_topology, write_specs
@@ -36,6 +43,7 @@ DEFAULT_DEMAND_RPS = 10.0
 PLAN_TIME_LIMIT_S = 5.0
 READY_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 10.0
+SPACES = ("unopt", "a", "s", "t", "as", "at", "st", "ast")
 STOP_TIMEOUT_S = 5.0
 
 
@@ -74,6 +82,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plan-time-limit", type=float, default=PLAN_TIME_LIMIT_S,
                    help="planner time limit per app (s)")
     p.add_argument("--seed", type=int, default=0, help="seed of lane draws and emulated outputs")
+    p.add_argument("--space", default=None, choices=SPACES,
+                   help="search space of every plan, initial and re-planned (default: planner.space)")
+    ctl = p.add_mutually_exclusive_group()
+    ctl.add_argument("--no-controller", action="store_true",
+                     help="keep the initial plans (no per-bin re-planning); the default with --plan")
+    ctl.add_argument("--controller", action="store_true",
+                     help="re-plan every bin also when started from --plan files")
+    p.add_argument("--bin-seconds", type=float, default=None,
+                   help="controller bin length in wall seconds (default: the node's control.bin_seconds)")
+    p.add_argument("--admin-token", default=None,
+                   help="bearer token guarding /admin/* (default: env JIGSAW_ADMIN_TOKEN; none: loopback)")
     return p.parse_args(argv)
 
 
@@ -116,7 +135,7 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
     demand = DEFAULT_DEMAND_RPS if args.demand is None else args.demand
     out = []
     for app in apps:
-        p = make_plan(app, node, profiles, demand, time_limit_s=args.plan_time_limit)
+        p = make_plan(app, node, profiles, demand, space=args.space, time_limit_s=args.plan_time_limit)
         if not p.instances:
             raise JigsawError(f"{app.name}: the planner found no configuration ({p.status}; "
                               f"{'; '.join(p.notes)})")
@@ -128,24 +147,38 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
     return out
 
 
-class Daemon:
-    """Owns the worker processes and the shared-memory segments; ``close`` releases both."""
+class Generation:
+    """One app's processes for one plan: its own rings, doorbells, stats block and workers.
 
-    def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int) -> None:
-        self.node = node
-        self.run_dir = Path(tempfile.mkdtemp(prefix="jigsawd-"))
-        self.registry = SegmentRegistry(self.run_dir / "segments.manifest")
+    Segment names carry ``g<id>`` so a generation can be created while the previous one still
+    serves and unlinked on its own once it has drained; the frontend's doorbell is shared.
+    """
+
+    def __init__(self, gid: int, node: Node, app: App, plan: Plan, profiles: ProfileTable, *,
+                 run_dir: Path, daemon_id: str, frontend_bell: str, time_scale: float, seed: int) -> None:
+        self.gid = gid
+        self.app = app
+        self.plan = plan
+        self.dir = run_dir / f"g{gid}"
+        self.dir.mkdir()
+        self.registry = SegmentRegistry(run_dir / f"g{gid}.manifest", daemon_id=daemon_id)
         self.workers: list[subprocess.Popen[bytes]] = []
         self.stats: st.StatsBlock | None = None
-        profiles = load_node_profiles(node, [a for a, _ in plans])
-        self.topology: Topology = build_topology(node, plans, profiles, name_of=self.registry.name,
-                                                 time_scale=time_scale, seed=seed)
+
+        def name_of(purpose: str) -> str:
+            return frontend_bell if purpose == "bell-frontend" else self.registry.name(f"g{gid}-{purpose}")
+
+        self.topology: Topology = build_topology(node, [(app, plan)], profiles, name_of=name_of,
+                                                 time_scale=time_scale, seed=seed + gid)
+        self.frontend_bell = frontend_bell
 
     def create_segments(self) -> None:
         t = self.topology
         self.registry.add_shm(t.stats)
         self.stats = st.StatsBlock.create(t.stats, len(t.processes))
         for name in t.doorbells:
+            if name == self.frontend_bell:
+                continue
             self.registry.add_sem(name)
             Doorbell.create(name).close()
         for name, capacity in t.rings.items():
@@ -153,35 +186,30 @@ class Daemon:
             ShmRing.create(name, capacity).close()
 
     def start_workers(self) -> None:
-        paths = write_specs(self.topology, self.run_dir)
-        for path in paths:
+        for path in write_specs(self.topology, self.dir):
             self.workers.append(subprocess.Popen(
                 [sys.executable, "-m", "jigsaw.runtime.worker", "--spec", str(path)],
                 stdin=subprocess.DEVNULL))
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def not_ready(self) -> list[str]:
+        """Names of workers not ready yet; raises JigsawError when one has exited."""
         assert self.stats is not None
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for proc, spec in zip(self.workers, self.topology.processes):
-                if proc.poll() is not None:
-                    raise JigsawError(f"worker {spec.name} exited with status {proc.returncode} at start-up")
-            waiting = [s for s in self.topology.processes if self.stats.get(s.slot, st.STATE) != st.READY]
-            if not waiting:
-                return
-            if time.monotonic() > deadline:
-                raise JigsawError(f"{len(waiting)} workers not ready after {timeout_s:g} s "
-                                  f"(first: {waiting[0].name})")
-            time.sleep(0.05)
+        for proc, spec in zip(self.workers, self.topology.processes):
+            if proc.poll() is not None:
+                raise JigsawError(f"worker {spec.name} exited with status {proc.returncode} at start-up")
+        return [s.name for s in self.topology.processes if self.stats.get(s.slot, st.STATE) != st.READY]
 
     def dead_workers(self) -> list[str]:
         return [s.name for p, s in zip(self.workers, self.topology.processes) if p.poll() is not None]
 
-    def stop_workers(self) -> None:
+    def signal_stop(self) -> None:
         for p in self.workers:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     p.send_signal(signal.SIGTERM)
+
+    def stop_workers(self) -> None:
+        self.signal_stop()
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for p in self.workers:
             try:
@@ -191,34 +219,144 @@ class Daemon:
                 p.wait()
 
     def close(self) -> None:
+        """Stop the workers (if still running) and unlink every segment of this generation."""
         self.stop_workers()
         if self.stats is not None:
             self.stats.close()
+            self.stats = None
+        self.registry.cleanup()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Daemon:
+    """Owns every generation's worker processes and segments; ``close`` releases them all."""
+
+    def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int) -> None:
+        self.node = node
+        self.time_scale = time_scale
+        self.seed = seed
+        self.run_dir = Path(tempfile.mkdtemp(prefix="jigsawd-"))
+        self.registry = SegmentRegistry(self.run_dir / "segments.manifest")
+        self.frontend_bell = self.registry.name("bell-frontend")
+        self.profiles = load_node_profiles(node, [a for a, _ in plans])
+        self.generations: dict[int, Generation] = {}
+        self.current: dict[str, int] = {}
+        self._next_gid = 0
+        self._bell_created = False
+        for app, plan in plans:
+            self.current[app.name] = self.new_generation(app, plan).gid
+
+    def new_generation(self, app: App, plan: Plan) -> Generation:
+        """Lay out (not yet create or start) a generation for ``plan``."""
+        gid = self._next_gid
+        self._next_gid += 1
+        g = Generation(gid, self.node, app, plan, self.profiles, run_dir=self.run_dir,
+                       daemon_id=self.registry.daemon_id, frontend_bell=self.frontend_bell,
+                       time_scale=self.time_scale, seed=self.seed)
+        self.generations[gid] = g
+        return g
+
+    @property
+    def apps(self) -> list[str]:
+        return list(self.current)
+
+    def num_processes(self) -> int:
+        return sum(len(self.generations[g].topology.processes) for g in self.current.values())
+
+    def create_segments(self) -> None:
+        if not self._bell_created:
+            self.registry.add_sem(self.frontend_bell)
+            Doorbell.create(self.frontend_bell).close()
+            self._bell_created = True
+        for gid in self.current.values():
+            self.generations[gid].create_segments()
+
+    def start_workers(self) -> None:
+        for gid in self.current.values():
+            self.generations[gid].start_workers()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            waiting = [n for gid in self.current.values() for n in self.generations[gid].not_ready()]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise JigsawError(f"{len(waiting)} workers not ready after {timeout_s:g} s "
+                                  f"(first: {waiting[0]})")
+            time.sleep(0.05)
+
+    def dead_workers(self) -> list[str]:
+        return [n for gid in self.current.values() for n in self.generations[gid].dead_workers()]
+
+    def retire(self, gid: int) -> None:
+        """Stop a drained generation's workers and unlink its segments."""
+        g = self.generations.pop(gid, None)
+        if g is not None:
+            g.close()
+
+    def close(self) -> None:
+        gens = list(self.generations.values())
+        for g in gens:
+            g.signal_stop()
+        for g in gens:
+            g.close()
+        self.generations.clear()
         self.registry.cleanup()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
-async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed: int) -> None:
+async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed: int,
+                controller: bool = False, space: str | None = None, bin_seconds: float | None = None,
+                admin_token: str = "", node_config: Path | None = None) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
     from aiohttp import web
 
+    from jigsaw.control.admin import add_admin_routes, is_loopback
+    from jigsaw.control.controller import AppController, default_solver
+    from jigsaw.control.solver import SubprocessSolver
     from jigsaw.runtime.frontend import Frontend
     node = daemon.node
-    fe = Frontend(daemon.topology, backend_kind="emulated", max_queue=node.server.max_queue,
-                  hop_latency_ms=node.planner.hop_latency_ms, time_scale=time_scale, seed=seed)
+    gids = list(daemon.current.items())
+    fe = Frontend(daemon.generations[gids[0][1]].topology, backend_kind="emulated",
+                  max_queue=node.server.max_queue, hop_latency_ms=node.planner.hop_latency_ms,
+                  time_scale=time_scale, seed=seed)
     fe.attach()
+    for name, gid in gids[1:]:
+        fe.add_generation(gid, daemon.generations[gid].topology)
+        fe.switch(name, gid)
     loop = asyncio.get_running_loop()
     fe.start(loop)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(fe.make_app(node.server.max_payload_bytes), access_log=None)
+    web_app = fe.make_app(node.server.max_payload_bytes)
+    controllers: dict[str, AppController] = {}
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planner")
+    solver = SubprocessSolver(node_config) if controller and node_config is not None else None
+    if controller:
+        bin_s = bin_seconds or node.control.bin_seconds
+        for name in daemon.apps:
+            controllers[name] = AppController(node.app(name), daemon, fe, space=space, bin_seconds=bin_s,
+                                              time_scale=time_scale, executor=executor, log=_log,
+                                              solver=solver or default_solver)
+    if not admin_token and not is_loopback(host):
+        _log(f"{host} is not a loopback address: /admin/* answers loopback clients only "
+             f"(set --admin-token or JIGSAW_ADMIN_TOKEN to allow others)")
+    add_admin_routes(web_app, daemon, controllers, admin_token)
+    runner = web.AppRunner(web_app, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
         fe.ready = True
-        _log(f"serving {', '.join(daemon.topology.apps)} on http://{host}:{port} with "
-             f"{len(daemon.topology.processes)} worker processes (backend: emulated)")
+        for c in controllers.values():
+            c.start()
+        what = (f"controller on (space {space or node.planner.space}, bins of "
+                f"{bin_seconds or node.control.bin_seconds:g} s)" if controllers else "static plans")
+        _log(f"serving {', '.join(daemon.apps)} on http://{host}:{port} with "
+             f"{daemon.num_processes()} worker processes (backend: emulated; {what})")
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
@@ -227,6 +365,8 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
                 fe.ready = False
                 _log(f"worker(s) exited: {', '.join(dead)}; not ready")
         _log("stopping: draining in-flight requests")
+        for c in controllers.values():
+            await c.stop()
         fe.draining = True
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while fe.num_pending() and time.monotonic() < deadline:
@@ -234,8 +374,13 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
         if fe.num_pending():
             _log(f"{fe.num_pending()} requests still in flight after {DRAIN_TIMEOUT_S:g} s")
     finally:
+        for c in controllers.values():
+            await c.stop()
         await runner.cleanup()
         fe.close()
+        executor.shutdown(wait=False, cancel_futures=True)
+        if solver is not None:
+            solver.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.time_scale <= 0:
         _log("--time-scale must be > 0")
         return 2
+    if args.bin_seconds is not None and args.bin_seconds <= 0:
+        _log("--bin-seconds must be > 0")
+        return 2
+    token = args.admin_token if args.admin_token is not None else os.environ.get("JIGSAW_ADMIN_TOKEN", "")
     try:
         node = load_node(args.node_config)
         host = args.host or node.server.host
@@ -269,7 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         daemon.start_workers()
         daemon.wait_ready(READY_TIMEOUT_S)
         import uvloop
-        uvloop.run(serve(daemon, host, port, time_scale=args.time_scale, seed=args.seed))
+        uvloop.run(serve(daemon, host, port, time_scale=args.time_scale, seed=args.seed,
+                         controller=args.controller or not (args.no_controller or args.plan),
+                         space=args.space,
+                         bin_seconds=args.bin_seconds, admin_token=token, node_config=args.node_config))
     except JigsawError as exc:
         _log(str(exc))
         return 1

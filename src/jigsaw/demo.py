@@ -1,11 +1,17 @@
-"""``make demo``: plan the example apps on the reference node and print what the planner chose.
+"""``make demo``: a planner table, then jigsawd with its controller following a short demand window.
 
-Profiles are the modeled H100 profiles under profiles/h100-80gb (source=modeled).
+``python -m jigsaw.demo`` plans one app at the window's peak demand and prints the table, then
+runs ``bench/replay.py``: it starts ``jigsawd --emulate`` on the reference node, replays 12 bins
+of the synthetic day (a demand rise and fall) for 5 s each, and prints the summary table.
+``--plans-only`` plans every example app at half its capacity instead (slower: capacity solves).
+Profiles are the modeled H100 profiles under profiles/h100-80gb (source=modeled); every
+latency and violation the replay reports is emulated.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +20,31 @@ from jigsaw.errors import JigsawError
 from jigsaw.node import load_node, load_node_profiles
 from jigsaw.planner.milp import capacity, plan
 
-DEFAULT_NODE = Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_NODE = ROOT / "examples" / "h100x4.toml"
+DEMO_APP = "traffic_analysis"
+DEMO_BINS = "164:176"  # the synthetic day around a burst: steady, a rise to the peak, a fall
+DEMO_PEAK_RPS = 40.0  # the day's peak: a few worker processes, fine on a 2-core machine
+DEMO_BIN_SECONDS = 5.0
+DEMO_TIME_SCALE = 2.0
+
+
+def replay_demo(node_config: str, out: Path) -> int:
+    """Run the replay bench on the demo window; its jigsawd is stopped and cleaned up on exit."""
+    script = ROOT / "bench" / "replay.py"
+    if not script.exists():
+        print(f"jigsaw demo: {script} not found (the replay part needs a source checkout)", file=sys.stderr)
+        return 2
+    cmd = [sys.executable, str(script), "--node", node_config, "--app", DEMO_APP, "--trace", "synthetic",
+           "--bins", DEMO_BINS, "--peak-rps", str(DEMO_PEAK_RPS), "--bin-seconds", str(DEMO_BIN_SECONDS),
+           "--time-scale", str(DEMO_TIME_SCALE), "--out", str(out)]
+    print("$ " + " ".join(cmd[1:]), flush=True)
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.wait()  # the replay got the same ^C: it stops its jigsawd and removes its segments
+        return 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +52,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-config", default=str(DEFAULT_NODE))
     parser.add_argument("--load", type=float, default=0.5, help="fraction of capacity to plan for")
     parser.add_argument("--time-limit", type=float, default=5.0, metavar="S")
+    parser.add_argument("--plans-only", action="store_true",
+                        help="plan every example app at --load of its capacity; no daemon, no replay")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "demo-replay",
+                        help="replay output folder")
     args = parser.parse_args(argv)
+    if not args.plans_only:
+        try:
+            node = load_node(args.node_config)
+            app = node.app(DEMO_APP)
+            result = plan(app, node, load_node_profiles(node, [app]), DEMO_PEAK_RPS,
+                          time_limit_s=args.time_limit)
+        except JigsawError as exc:
+            print(f"jigsaw demo: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{DEMO_APP} at the demo's peak demand ({DEMO_PEAK_RPS:g} rps) on {node.name}:\n")
+        print(format_plan(result))
+        print()
+        return replay_demo(str(args.node_config), args.out)
     try:
         node = load_node(args.node_config)
         profiles = load_node_profiles(node)

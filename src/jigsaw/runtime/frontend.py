@@ -529,6 +529,7 @@ class Frontend:
                                f"the smaller of max_queue {self.max_queue} and what its instances "
                                "finish within the SLO); retry later",
                           headers={"Retry-After": RETRY_AFTER_S})
+        routes = self.routes.get(name, routes)  # a reconfiguration may have switched it during the read
         req = self.submit(routes, parsed.id, parsed.inputs, parsed.outputs)
         if req is None:
             self.bins[name].answered += 1

@@ -1,0 +1,452 @@
+"""Replay a day of demand against jigsawd with the controller on: the paper's Fig. 4 on this node.
+
+    python bench/replay.py --node examples/h100x4.toml --app traffic_analysis \\
+        --trace twitter:../shared/data/twitter/workload.tbz2 --day 0 --bins 96:144 \\
+        --scale-to-capacity --spaces ast,as,at,st --bin-seconds 10 --time-scale 4 --out out/replay
+
+For each space it starts jigsawd (``--node``; or uses ``--url``), seeds the controller's history
+with the bins before the window and aligns the daemon's bins with the replay's
+(``POST /admin/control``), then plays every bin for ``--bin-seconds`` wall seconds with open-loop
+Poisson arrivals at the bin's rate / ``--time-scale``. Per bin it writes demand, the
+controller's prediction and plan (from ``GET /admin/history``), SLO violations (504 dropped or
+late, 503 shed; every non-200 answer or failed request counts) and latency percentiles in node
+time (measured / time scale). Results on ``--emulate`` are emulated: the profiles are modeled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT / "src"))  # an installed or PYTHONPATH jigsaw comes first
+
+from jigsaw.traces import (  # noqa: E402
+    DEFAULT_BIN_SECONDS,
+    TraceError,
+    day_bins,
+    parse_bins,
+    parse_trace_spec,
+)
+
+SPACES = ("unopt", "a", "s", "t", "as", "at", "st", "ast")
+CSV_FIELDS = ("bin", "demand_rps", "predicted_rps", "slices_used_pct", "accuracy_drop_pct",
+              "slo_violation_pct", "p50_ms", "p99_ms", "sent", "answered", "behind")
+MAX_CONCURRENCY = 512
+BEHIND_THRESHOLD_S = 0.25  # an arrival sent this much later than scheduled marks its bin behind
+TAIL_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 180.0
+
+
+def log(msg: str) -> None:
+    print(f"replay: {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the bins to play ---------------------------------------------------------------------
+def capacity_rps(node_path: Path, app: str, space: str = "ast") -> float:
+    """The app's maximum serviceable demand under ``space`` (the paper scales the trace to it)."""
+    from jigsaw.node import load_node, load_node_profiles
+    from jigsaw.planner.milp import capacity
+    node = load_node(node_path)
+    a = node.app(app)
+    return capacity(a, node, load_node_profiles(node, [a]), space=space).max_demand_rps
+
+
+def demand_window(trace: str, day: int, bins: str | None, peak_rps: float | None,
+                  history_bins: int = 5) -> tuple[list[float], list[float], int]:
+    """(the day's bins scaled, the window's bins, index of its first bin) plus history before it."""
+    spec = parse_trace_spec(trace)
+    scaled = day_bins(spec, day=day, bin_seconds=DEFAULT_BIN_SECONDS, peak_rps=peak_rps)
+    a, b = parse_bins(bins, len(scaled))
+    return scaled[max(0, a - history_bins):a], scaled[a:b], a
+
+
+def poisson_times(rate_per_s: float, duration_s: float, rng: random.Random) -> list[float]:
+    """Arrival offsets in [0, duration) of a Poisson process of ``rate_per_s``."""
+    out: list[float] = []
+    if rate_per_s <= 0:
+        return out
+    t = rng.expovariate(rate_per_s)
+    while t < duration_s:
+        out.append(t)
+        t += rng.expovariate(rate_per_s)
+    return out
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))
+    return s[k]
+
+
+# ---- the daemon ---------------------------------------------------------------------------
+def http_json(method: str, url: str, body: Any = None, token: str = "", timeout_s: float = 600.0) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.loads(r.read().decode())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Jigsawd:
+    """A jigsawd started by the replay, in its own process group; stopped and cleaned on exit."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [sys.executable, "-m", "jigsaw.daemon", *args, "--host", "127.0.0.1",
+                     "--port", str(self.port)]
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Jigsawd:
+        import jigsaw
+        src = str(Path(jigsaw.__file__).resolve().parents[1])  # the tree this replay imports
+        env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True, cwd=ROOT)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"jigsawd exited with {self.proc.returncode}; see {self.log_path}")
+                with contextlib.suppress(OSError, urllib.error.URLError):
+                    urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2).close()
+                    return self
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"jigsawd not ready after {READY_TIMEOUT_S:g} s; see {self.log_path}")
+                time.sleep(0.2)
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # any worker left behind
+        self._log.close()
+
+
+# ---- the load -----------------------------------------------------------------------------
+@dataclass
+class BinResult:
+    sent: int = 0
+    answered: int = 0
+    violations: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    behind: bool = False
+
+
+def request_body(model: dict[str, Any]) -> bytes:
+    inputs = []
+    for spec in model.get("inputs", []):
+        shape = [16 if d < 0 else d for d in spec["shape"]]
+        n = math.prod(shape)
+        inputs.append({"name": spec["name"], "datatype": spec["datatype"], "shape": shape,
+                       "data": [0] * n if spec["datatype"] != "BYTES" else ["x"] * n})
+    return json.dumps({"inputs": inputs}).encode()
+
+
+async def play(url: str, app: str, window: list[float], bin_seconds: float, time_scale: float,
+               seed: int, progress: Any) -> list[BinResult]:
+    """Open-loop Poisson arrivals, bin by bin; every request is awaited (bounded by its timeout)."""
+    import aiohttp
+    rng = random.Random(seed)
+    results = [BinResult() for _ in window]
+    model = http_json("GET", f"{url}/v2/models/{app}")
+    body = request_body(model)
+    infer = f"{url}/v2/models/{app}/infer"
+    sem = asyncio.Semaphore(MAX_CONCURRENCY)
+    tasks: set[asyncio.Task[None]] = set()
+    timeout = aiohttp.ClientTimeout(total=TAIL_TIMEOUT_S)
+    conn = aiohttp.TCPConnector(limit=MAX_CONCURRENCY)
+
+    async def one(session: aiohttp.ClientSession, r: BinResult) -> None:
+        t0 = time.monotonic()
+        try:
+            async with session.post(infer, data=body, headers={"Content-Type": "application/json"}) as resp:
+                await resp.read()
+                ok = resp.status == 200
+        except (TimeoutError, aiohttp.ClientError):
+            ok = False
+        finally:
+            sem.release()
+        r.answered += 1
+        if ok:
+            r.latencies_ms.append((time.monotonic() - t0) * 1000.0 / time_scale)
+        else:
+            r.violations += 1
+
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+        start = time.monotonic()
+        for k, rate in enumerate(window):
+            r = results[k]
+            bin_start = start + k * bin_seconds
+            for off in poisson_times(rate / time_scale, bin_seconds, rng):
+                due = bin_start + off
+                now = time.monotonic()
+                if due > now:
+                    await asyncio.sleep(due - now)
+                await sem.acquire()
+                if time.monotonic() - due > BEHIND_THRESHOLD_S and not r.behind:
+                    r.behind = True
+                    log(f"bin {k}: the client is {time.monotonic() - due:.2f} s behind its schedule")
+                r.sent += 1
+                t = asyncio.get_running_loop().create_task(one(session, r))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+            end = bin_start + bin_seconds
+            if end > time.monotonic():
+                await asyncio.sleep(end - time.monotonic())
+            progress(k, r)
+        if tasks:
+            await asyncio.wait(set(tasks), timeout=TAIL_TIMEOUT_S + 5)
+    return results
+
+
+def _progress_factory(n: int, label: str) -> tuple[Any, Any]:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        def plain(k: int, r: BinResult) -> None:
+            print(f"[{label}] bin {k + 1}/{n}: sent {r.sent}", file=sys.stderr, flush=True)
+        return plain, lambda: None
+    bar = tqdm(total=n, desc=label, unit="bin", file=sys.stderr)
+
+    def update(k: int, r: BinResult) -> None:
+        bar.set_postfix(sent=r.sent)
+        bar.update(1)
+    return update, bar.close
+
+
+# ---- one space ----------------------------------------------------------------------------
+def run_space(url: str, app: str, space: str, window: list[float], history: list[float], first_bin: int,
+              bin_seconds: float, time_scale: float, seed: int, token: str,
+              history_out: Path | None = None) -> list[dict[str, Any]]:
+    ctl = http_json("POST", f"{url}/admin/control", {"app": app, "history_rps": history or [window[0]],
+                                                      "restart_bins": True}, token=token)
+    log(f"[{space}] initial plan: {ctl['plan']['slices_used']} slices for {ctl['predicted_rps']:.1f} rps")
+    update, close = _progress_factory(len(window), space)
+    try:
+        results = asyncio.run(play(url, app, window, bin_seconds, time_scale, seed, update))
+    finally:
+        close()
+    deadline = time.monotonic() + 2 * bin_seconds + 5  # the daemon closes the last bin about now
+    while True:
+        hist = http_json("GET", f"{url}/admin/history?app={app}", token=token).get(app, [])
+        if len(hist) >= len(window) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if history_out is not None:
+        history_out.write_text(json.dumps(hist, indent=1))
+    by_bin = {int(h["bin"]): h for h in hist}
+    rows = []
+    for k, (rate, r) in enumerate(zip(window, results)):
+        h = by_bin.get(k, {})
+        p = h.get("plan", {})
+        avail = p.get("slices_available") or 0
+        rows.append({
+            "bin": first_bin + k, "demand_rps": round(rate, 3),
+            "predicted_rps": round(h.get("predicted_rps", float("nan")), 3),
+            "slices_used_pct": round(100.0 * p["slices_used"] / avail, 2) if avail else float("nan"),
+            "accuracy_drop_pct": round(100.0 * (1.0 - p["accuracy"]), 3) if "accuracy" in p else float("nan"),
+            "slo_violation_pct": round(100.0 * r.violations / r.answered, 3) if r.answered else 0.0,
+            "p50_ms": round(percentile(r.latencies_ms, 50), 2),
+            "p99_ms": round(percentile(r.latencies_ms, 99), 2),
+            "sent": r.sent, "answered": r.answered, "behind": int(r.behind),
+        })
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
+    def mean(k: str) -> float:
+        xs = [r[k] for r in rows if not math.isnan(r[k])]
+        return sum(xs) / len(xs) if xs else float("nan")
+    viol = [r["slo_violation_pct"] for r in rows]
+    return {"slices_pct": mean("slices_used_pct"), "accuracy_drop_pct": mean("accuracy_drop_pct"),
+            "violation_mean_pct": sum(viol) / len(viol) if viol else float("nan"),
+            "violation_max_pct": max(viol, default=float("nan")),
+            "sent": sum(r["sent"] for r in rows), "answered": sum(r["answered"] for r in rows),
+            "behind_bins": sum(r["behind"] for r in rows)}
+
+
+def print_summary(app: str, summaries: dict[str, dict[str, float]]) -> None:
+    print(f"\n{app}: per-space means over the replayed bins (emulated node, modeled profiles)")
+    print(f"{'space':<6} {'slices %':>9} {'acc drop %':>10} {'viol mean %':>11} {'viol max %':>10} "
+          f"{'sent':>8} {'answered':>8} {'behind':>6}")
+    for space, s in summaries.items():
+        print(f"{space:<6} {s['slices_pct']:>9.1f} {s['accuracy_drop_pct']:>10.2f} "
+              f"{s['violation_mean_pct']:>11.2f} {s['violation_max_pct']:>10.2f} {s['sent']:>8d} "
+              f"{s['answered']:>8d} {s['behind_bins']:>6d}")
+
+
+def plot(path: Path, app: str, per_space: dict[str, list[dict[str, Any]]]) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: no figure (pip install '.[bench]')")
+        return
+    fig, axes = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
+    first = next(iter(per_space.values()))
+    axes[0].plot([r["bin"] for r in first], [r["demand_rps"] for r in first], color="black", label="demand")
+    axes[0].set_ylabel("demand (req/s)")
+    for space, rows in per_space.items():
+        x = [r["bin"] for r in rows]
+        axes[0].plot(x, [r["predicted_rps"] for r in rows], linestyle="--", label=f"predicted ({space})")
+        axes[1].plot(x, [r["slices_used_pct"] for r in rows], label=space)
+        axes[2].plot(x, [r["accuracy_drop_pct"] for r in rows], label=space)
+        axes[3].plot(x, [min(50.0, r["slo_violation_pct"]) for r in rows], label=space)
+    axes[1].set_ylabel("GPU slices used (%)")
+    axes[2].set_ylabel("accuracy drop (%)")
+    axes[3].set_ylabel("SLO violations (%, cap 50)")
+    axes[3].set_xlabel("5-minute bin of the day")
+    for ax in axes:
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{app}: replay on the emulated node (modeled profiles)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/replay.py", description=__doc__.splitlines()[0])
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running jigsawd (its controller must be on)")
+    where.add_argument("--node", type=Path, help="start jigsawd on this node file for each space")
+    p.add_argument("--capacity-node", type=Path, default=None,
+                   help="node file for --scale-to-capacity with --url (default: --node)")
+    p.add_argument("--app", required=True)
+    p.add_argument("--trace", default="synthetic", help="twitter:PATH | azure:PATH | synthetic[:SEED]")
+    p.add_argument("--day", type=int, default=0, help="day of the trace (0-based)")
+    p.add_argument("--bins", default=None, help="A:B window of the day's 5-minute bins (default: all 288)")
+    p.add_argument("--bin-seconds", type=float, default=10.0,
+                   help="wall seconds each 5-minute bin is played for (jigsawd's bin length follows)")
+    scale = p.add_mutually_exclusive_group()
+    scale.add_argument("--scale-to-capacity", action="store_true",
+                       help="scale the day's peak to the app's maximum serviceable demand under ast")
+    scale.add_argument("--peak-rps", type=float, default=None, help="scale the day's peak to this demand")
+    p.add_argument("--spaces", default="ast", help="comma-separated search spaces, run in turn")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="latencies x K and rates / K on both sides (passed to jigsawd)")
+    p.add_argument("--emulate", action="store_true", default=True,
+                   help="start jigsawd with --emulate (the default: the only backend without a GPU)")
+    p.add_argument("--apps", default=None, help="apps jigsawd serves (default: --app)")
+    p.add_argument("--token", default=os.environ.get("JIGSAW_ADMIN_TOKEN", ""), help="admin bearer token")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("replay-out"))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    spaces = [s.strip() for s in args.spaces.split(",") if s.strip()]
+    bad = [s for s in spaces if s not in SPACES]
+    if bad or not spaces:
+        log(f"--spaces: unknown space {bad[0] if bad else ''!r} (choose from {', '.join(SPACES)})")
+        return 2
+    if args.url and len(spaces) > 1:
+        log("--spaces with --url: a running jigsawd has one space; use --node to run several")
+        return 2
+    if args.bin_seconds <= 0 or args.time_scale <= 0:
+        log("--bin-seconds and --time-scale must be > 0")
+        return 2
+    peak = args.peak_rps
+    if args.scale_to_capacity:
+        node_path = args.capacity_node or args.node
+        if node_path is None:
+            log("--scale-to-capacity with --url needs --capacity-node N.toml")
+            return 2
+        t0 = time.monotonic()
+        peak = capacity_rps(node_path, args.app, "ast")
+        log(f"{args.app}: capacity under ast {peak:.1f} rps ({time.monotonic() - t0:.1f} s to compute)")
+    try:
+        history, window, first = demand_window(args.trace, args.day, args.bins, peak)
+    except TraceError as exc:
+        log(str(exc))
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    log(f"{len(window)} bins from bin {first}, demand {min(window):.1f}..{max(window):.1f} rps, "
+        f"{args.bin_seconds:g} s each, time scale {args.time_scale:g}")
+    per_space: dict[str, list[dict[str, Any]]] = {}
+    for space in spaces:
+        if args.url:
+            rows = run_space(args.url, args.app, space, window, history, first, args.bin_seconds,
+                             args.time_scale, args.seed, args.token,
+                             args.out / f"{args.app}-{space}-history.json")
+        else:
+            daemon_args = ["--node-config", str(args.node), "--space", space,
+                           "--bin-seconds", str(args.bin_seconds), "--time-scale", str(args.time_scale),
+                           "--apps", args.apps or args.app, "--demand", f"{max(window[0], 0.1):.3f}",
+                           "--seed", str(args.seed)]
+            if args.emulate:
+                daemon_args.append("--emulate")
+            with Jigsawd(daemon_args, args.out / f"jigsawd-{args.app}-{space}.log") as d:
+                rows = run_space(d.url, args.app, space, window, history, first, args.bin_seconds,
+                                 args.time_scale, args.seed, args.token,
+                                 args.out / f"{args.app}-{space}-history.json")
+        per_space[space] = rows
+        with open(args.out / f"{args.app}-{space}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+            w.writeheader()
+            w.writerows(rows)
+    summaries = {s: summarize(r) for s, r in per_space.items()}
+    print_summary(args.app, summaries)
+    (args.out / f"{args.app}-summary.json").write_text(json.dumps(summaries, indent=1))
+    plot(args.out / f"{args.app}-fig4.png", args.app, per_space)
+    lost = {s: x["sent"] - x["answered"] for s, x in summaries.items() if x["sent"] != x["answered"]}
+    if lost:
+        log(f"requests without an answer: {lost}")
+        return 1
+    return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM too stops the jigsawd it started
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log("interrupted")
+        sys.exit(130)

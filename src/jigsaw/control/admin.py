@@ -1,0 +1,119 @@
+"""``/admin/*``: the running plans and the per-bin history, for operators and ``bench/replay.py``.
+
+Access: loopback clients only, unless a bearer token is configured; with a token every admin
+request must carry ``Authorization: Bearer <token>`` (401 otherwise, also from loopback).
+Without a token a non-loopback client gets 403.
+
+- ``GET /admin/plan``: ``{app: {"generation", "summary", "plan": plan JSON}}`` of the plans serving now.
+- ``GET /admin/history[?app=A]``: ``{app: [bin records]}`` (see ``controller.BinRecord``).
+- ``POST /admin/control`` ``{"app", "history_rps": [...]?, "replan_rps": X?, "restart_bins": bool?}``:
+  seed the predictor's history, re-plan now for ``replan_rps`` (or the prediction), and/or start
+  bin 0 now; answers once the new plan serves. A replay uses it to align its bins with the daemon's.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from typing import Any
+
+from aiohttp import web
+
+from jigsaw.control.controller import AppController, plan_summary
+
+CONTROLLERS_KEY = web.AppKey("controllers", dict)
+DAEMON_KEY = web.AppKey("daemon", object)
+TOKEN_KEY = web.AppKey("admin_token", str)
+
+
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _deny(request: web.Request) -> web.Response | None:
+    token = request.app.get(TOKEN_KEY, "")
+    if token:
+        got = request.headers.get("Authorization", "")
+        if not got.startswith("Bearer ") or not hmac.compare_digest(got[7:].encode(), token.encode()):
+            return web.json_response({"error": "admin endpoints need Authorization: Bearer <token>"},
+                                     status=401, headers={"WWW-Authenticate": "Bearer"})
+        return None
+    if not is_loopback(request.remote):
+        return web.json_response({"error": "admin endpoints answer loopback clients only (set "
+                                           "--admin-token to allow others)"}, status=403)
+    return None
+
+
+def add_admin_routes(app: web.Application, daemon: Any, controllers: dict[str, AppController],
+                     token: str = "") -> None:
+    """Register the admin handlers on the frontend's application."""
+    app[CONTROLLERS_KEY] = controllers
+    app[DAEMON_KEY] = daemon
+    app[TOKEN_KEY] = token
+    app.router.add_get("/admin/plan", h_plan)
+    app.router.add_get("/admin/history", h_history)
+    app.router.add_post("/admin/control", h_control)
+
+
+async def h_plan(request: web.Request) -> web.Response:
+    if (denied := _deny(request)) is not None:
+        return denied
+    daemon = request.app[DAEMON_KEY]
+    out = {}
+    for name, gid in daemon.current.items():
+        g = daemon.generations[gid]
+        out[name] = {"generation": gid, "summary": plan_summary(g.plan), "plan": g.plan.to_json_dict()}
+    return web.json_response(out)
+
+
+async def h_history(request: web.Request) -> web.Response:
+    if (denied := _deny(request)) is not None:
+        return denied
+    controllers = request.app[CONTROLLERS_KEY]
+    want = request.query.get("app")
+    if want is not None and want not in request.app[DAEMON_KEY].current:
+        return web.json_response({"error": f"unknown app {want!r}"}, status=404)
+    return web.json_response({name: c.history() for name, c in controllers.items()
+                              if want is None or name == want})
+
+
+async def h_control(request: web.Request) -> web.Response:
+    if (denied := _deny(request)) is not None:
+        return denied
+    try:
+        body = await request.json()
+    except ValueError:
+        return web.json_response({"error": "body: expected a JSON object"}, status=400)
+    if not isinstance(body, dict):
+        return web.json_response({"error": "body: expected a JSON object"}, status=400)
+    controllers = request.app[CONTROLLERS_KEY]
+    name = body.get("app")
+    c = controllers.get(name)
+    if c is None:
+        why = "the controller is off (--no-controller or --plan)" if not controllers else \
+            f"unknown app {name!r} (controlled: {', '.join(controllers)})"
+        return web.json_response({"error": why}, status=404 if controllers else 409)
+    history = body.get("history_rps")
+    if history is not None and (not isinstance(history, list)
+                                or not all(isinstance(x, (int, float)) and x >= 0 for x in history)):
+        return web.json_response({"error": "history_rps: expected a list of numbers >= 0"}, status=400)
+    target = body.get("replan_rps")
+    if target is not None and (not isinstance(target, (int, float)) or target < 0):
+        return web.json_response({"error": "replan_rps: expected a number >= 0"}, status=400)
+    if history is not None:
+        c.history_rps.clear()
+        c.history_rps.extend(float(x) for x in history)
+    if target is not None or history is not None:
+        demand = float(target) if target is not None else c.predictor.predict(list(c.history_rps))
+        await c.replan(demand)
+    if body.get("restart_bins"):
+        c.restart_bins()
+    return web.json_response({"app": name, "plan": plan_summary(c.plan), "generation":
+                              request.app[DAEMON_KEY].current[name], "predicted_rps": c.predicted_rps})

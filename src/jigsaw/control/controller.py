@@ -1,0 +1,356 @@
+"""The per-app controller: bins demand, predicts, re-plans off the loop, reconfigures by generations.
+
+Every ``bin_seconds`` (wall time; the trace's 5-minute bins compressed) it closes the bin:
+observed demand = arrivals / bin length x time_scale (requests/s of the full-speed node), the
+violation rate, and the measured fan-out of each upstream variant. The predictor gives the
+next bin's demand; the planner runs off the loop (a worker thread waits on the planner child
+process of ``jigsaw.control.solver``, or calls the planner itself) with the running plan as
+warm start, the mean measured factors of the last bins, and a time limit below the bin length.
+A plan with the same instances only re-weights the lanes in place; any other plan becomes a
+new *generation* of the app's processes (make-before-break): its rings and workers are created
+while the old generation serves, the emulated repartition delay is applied when a GPU's MIG
+layout changed, the frontend's routing switches in one assignment, and the old generation
+drains (every accepted request is answered) before its workers stop and its segments are
+unlinked. A bin whose violation rate crosses ``control.replan_violation_rate`` triggers an
+early re-plan (once per bin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from jigsaw.app import App
+from jigsaw.control.predictor import MeanSlackPredictor, Predictor
+from jigsaw.node import Node
+from jigsaw.plan import Plan
+from jigsaw.planner.packer import changed_gpus, to_nvidia_smi_commands
+from jigsaw.profiles import ProfileTable
+
+HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per app
+MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
+DRAIN_MARGIN_S = 12.0  # beyond the deadline: the frontend keeps a timed-out request 10 s for late credits
+READY_TIMEOUT_S = 120.0
+Factors = dict[tuple[str, str, str], float]
+
+
+class Solver(Protocol):
+    def __call__(self, app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
+                 space: str | None, previous: Plan | None, time_limit_s: float | None,
+                 factors: Factors | None) -> Plan: ...
+
+
+def default_solver(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
+                   space: str | None, previous: Plan | None, time_limit_s: float | None,
+                   factors: Factors | None) -> Plan:
+    from jigsaw.planner.milp import plan
+    return plan(app, node, profiles, demand_rps, space=space, previous=previous,
+                time_limit_s=time_limit_s, factors=factors)
+
+
+def plan_summary(p: Plan) -> dict[str, Any]:
+    return {"slices_used": p.slices_used, "slices_available": p.slices_available,
+            "accuracy": round(p.accuracy, 6), "status": p.status, "solve_seconds": round(p.solve_seconds, 3),
+            "feasible": p.feasible, "max_demand_plan": p.max_demand_plan,
+            "demand_rps": round(p.demand_rps, 3), "planned_rps": round(p.planned_rps, 3),
+            "processes": sum(i.count * i.mps for i in p.instances)}
+
+
+def same_instances(a: Plan, b: Plan) -> bool:
+    """The two plans run the same processes (only lane weights may differ)."""
+    def key(p: Plan) -> list[tuple[str, str, str, int, int, int]]:
+        return sorted((i.task, i.variant, i.mig_profile, i.mps, i.max_batch, i.count)
+                      for i in p.instances if i.count > 0)
+
+    def lanes(p: Plan) -> list[tuple[tuple[str, str], ...]]:
+        return [tuple(sorted(lp.variants.items())) for lp in p.lanes]
+    return key(a) == key(b) and lanes(a) == lanes(b) and a.task_latency_ms == b.task_latency_ms
+
+
+@dataclass
+class BinRecord:
+    app: str
+    bin: int
+    start_unix_s: float
+    bin_seconds: float
+    demand_rps: float = 0.0  # observed, in full-speed requests/s (arrivals / bin x time_scale)
+    predicted_rps: float = 0.0  # the prediction the plan serving this bin was made for
+    plan: dict[str, Any] = field(default_factory=dict)
+    generation: int = 0
+    reconfigurations: int = 0
+    reconfiguration_seconds: float = 0.0
+    changed_gpus: list[int] = field(default_factory=list)
+    early_replans: int = 0
+    answered: int = 0
+    violations: int = 0
+    violation_rate: float = 0.0
+    factors: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["start_unix_s"] = round(self.start_unix_s, 3)
+        d["demand_rps"] = round(self.demand_rps, 3)
+        d["predicted_rps"] = round(self.predicted_rps, 3)
+        d["reconfiguration_seconds"] = round(self.reconfiguration_seconds, 3)
+        d["violation_rate"] = round(self.violation_rate, 6)
+        return d
+
+
+class AppController:
+    """Closes bins, predicts, re-plans and reconfigures one app of a running daemon."""
+
+    def __init__(self, app: App, daemon: Any, frontend: Any, *, space: str | None, bin_seconds: float,
+                 time_scale: float, executor: ThreadPoolExecutor, predictor: Predictor | None = None,
+                 solver: Solver = default_solver, log: Callable[[str], None] = print) -> None:
+        node: Node = daemon.node
+        self.app = app
+        self.daemon = daemon
+        self.fe = frontend
+        self.node = node
+        self.space = space
+        self.bin_seconds = bin_seconds
+        self.time_scale = time_scale
+        self.executor = executor
+        self.solver = solver
+        self.log = log
+        plan = daemon.generations[daemon.current[app.name]].plan
+        self.predictor: Predictor = predictor or MeanSlackPredictor(
+            node.control.history_bins, node.planner.demand_slack, default_rps=plan.demand_rps)
+        self.history_rps: deque[float] = deque(maxlen=max(64, node.control.history_bins))
+        self.factor_bins: deque[dict[tuple[str, str], float]] = deque(maxlen=node.control.history_bins)
+        self.records: deque[BinRecord] = deque(maxlen=HISTORY_MAX_BINS)
+        self.time_limit_s = min(node.planner.time_limit_s, 0.4 * bin_seconds)
+        self.lock = asyncio.Lock()  # one re-plan + reconfiguration at a time
+        self.bin_index = 0
+        self.bin_start = time.monotonic()
+        self.current = self._new_record()
+        self.predicted_rps = plan.demand_rps
+        self.retiring: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._replan_task: asyncio.Task[None] | None = None
+
+    @property
+    def plan(self) -> Plan:
+        return self.daemon.generations[self.daemon.current[self.app.name]].plan
+
+    def _new_record(self) -> BinRecord:
+        return BinRecord(self.app.name, self.bin_index, time.time(), self.bin_seconds,
+                         generation=self.daemon.current[self.app.name])
+
+    # ---- bins ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        for t in (self._task, self._replan_task, *self.retiring):
+            if t is not None and not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+    def restart_bins(self, history_rps: list[float] | None = None) -> None:
+        """Start bin 0 now (a replay aligns its bins with the daemon's), optionally seeding history."""
+        if history_rps is not None:
+            self.history_rps.clear()
+            self.history_rps.extend(float(x) for x in history_rps)
+        self.fe.take_bin(self.app.name)
+        self.records.clear()
+        self.bin_index = 0
+        self.bin_start = time.monotonic()
+        self.current = self._new_record()
+        self.current.predicted_rps = self.predicted_rps
+        self.current.plan = plan_summary(self.plan)
+
+    async def _run(self) -> None:
+        self.current.plan = plan_summary(self.plan)
+        self.current.predicted_rps = self.predicted_rps
+        poll_s = max(0.05, min(0.5, self.bin_seconds / 20))
+        while True:
+            end = self.bin_start + self.bin_seconds
+            now = time.monotonic()
+            if now < end:
+                await asyncio.sleep(min(poll_s, end - now))
+                self._check_early()
+                continue
+            self._close_bin()
+            self._spawn_replan(self.predictor.predict(list(self.history_rps)), early=False)
+
+    def _close_bin(self) -> None:
+        c = self.fe.take_bin(self.app.name)
+        r = self.current
+        elapsed = max(1e-9, time.monotonic() - self.bin_start)
+        r.demand_rps = c.arrivals / elapsed * self.time_scale
+        r.answered += c.answered
+        r.violations += c.violations
+        r.violation_rate = r.violations / r.answered if r.answered else 0.0
+        measured = {k: kids / items for k, (items, kids) in c.children.items() if items > 0}
+        if measured:
+            self.factor_bins.append(measured)
+        r.factors = {f"{t}/{v}": round(x, 4) for (t, v), x in measured.items()}
+        self.history_rps.append(r.demand_rps)
+        self.records.append(r)
+        self.bin_index += 1
+        self.bin_start += self.bin_seconds
+        if time.monotonic() - self.bin_start > self.bin_seconds:  # the loop stalled: do not replay bins
+            self.bin_start = time.monotonic()
+        self.current = self._new_record()
+        self.current.predicted_rps = self.predicted_rps
+        self.current.plan = plan_summary(self.plan)
+
+    def _check_early(self) -> None:
+        threshold = self.node.control.replan_violation_rate
+        c = self.fe.bins.get(self.app.name)
+        if c is None or self.current.early_replans or self.lock.locked():
+            return
+        answered = self.current.answered + c.answered
+        violations = self.current.violations + c.violations
+        if answered >= MIN_ANSWERED_FOR_TRIGGER and violations / answered > threshold:
+            elapsed = max(1e-3, time.monotonic() - self.bin_start)
+            so_far = c.arrivals / elapsed * self.time_scale
+            demand = max(self.predictor.predict(list(self.history_rps)),
+                         so_far * (1.0 + self.node.planner.demand_slack))
+            self.current.early_replans += 1
+            self.log(f"{self.app.name}: bin {self.bin_index}: {violations}/{answered} SLO violations "
+                     f"(> {threshold:.0%}): re-planning early for {demand:.1f} rps")
+            self._spawn_replan(demand, early=True)
+
+    def _spawn_replan(self, demand_rps: float, *, early: bool) -> None:
+        if self._replan_task is not None and not self._replan_task.done():
+            return  # the previous re-plan still runs: the next bin end re-plans with fresher data
+        self._replan_task = asyncio.get_running_loop().create_task(self.replan(demand_rps))
+
+    # ---- planning and reconfiguration ------------------------------------------------------
+    def measured_factors(self) -> Factors:
+        """Mean measured fan-out of each upstream variant over the last bins, per child task.
+
+        Workers report the total children of an item; it is split among the child tasks in the
+        proportions of the app's declared factors for that variant.
+        """
+        sums: dict[tuple[str, str], list[float]] = {}
+        for b in self.factor_bins:
+            for k, x in b.items():
+                sums.setdefault(k, []).append(x)
+        out: Factors = {}
+        for (task, variant), xs in sums.items():
+            total = sum(xs) / len(xs)
+            kids = self.app.children(task)
+            declared = [max(0.0, self.app.edge(task, c).factor(variant)) for c in kids]
+            norm = sum(declared)
+            for c, d in zip(kids, declared):
+                out[(task, variant, c)] = total * (d / norm if norm > 0 else 1.0 / len(kids))
+        return out
+
+    async def replan(self, demand_rps: float) -> Plan:
+        """Plan for ``demand_rps`` off the loop and reconfigure if the plan changed."""
+        async with self.lock:
+            loop = asyncio.get_running_loop()
+            previous = self.plan
+            factors = self.measured_factors() or None
+            call = functools.partial(self.solver, self.app, self.node, self.daemon.profiles, demand_rps,
+                                     space=self.space, previous=previous, time_limit_s=self.time_limit_s,
+                                     factors=factors)
+            try:
+                new = await loop.run_in_executor(self.executor, call)
+            except Exception as exc:  # a planner failure keeps the running plan
+                self.log(f"{self.app.name}: planner failed ({exc}); keeping the running plan")
+                return previous
+            self.predicted_rps = demand_rps
+            self.current.predicted_rps = demand_rps
+            if not new.instances:
+                self.log(f"{self.app.name}: no configuration for {demand_rps:.1f} rps ({new.status}); "
+                         f"keeping the running plan")
+                return previous
+            await self.apply(new)
+            self.current.plan = plan_summary(new)
+            return new
+
+    async def apply(self, new: Plan) -> None:
+        """Make ``new`` the running plan: in place when it runs the same processes, else a generation."""
+        d = self.daemon
+        app = self.app.name
+        old_gid = d.current[app]
+        old = d.generations[old_gid]
+        if same_instances(old.plan, new):
+            routes = self.fe.routes[app]
+            weights = [max(0.0, lp.rate_rps) for lp in new.lanes]
+            routes.lane_weights = weights if sum(weights) > 0 else [1.0] * len(weights)
+            routes.plan = new
+            old.plan = new
+            self.fe.switch(app, old_gid)  # refresh what derives from the plan (admission limit, gauges)
+            return
+        t0 = time.monotonic()
+        changed: list[int] = []
+        if old.plan.layout is not None and new.layout is not None:
+            changed = changed_gpus(old.plan.layout, new.layout)
+            for cmd in to_nvidia_smi_commands(new.layout, old.plan.layout):
+                self.log(f"{app}: emulated repartition: {cmd}")
+        gen = d.new_generation(self.app, new)
+        try:
+            gen.create_segments()
+            gen.start_workers()
+            self.fe.add_generation(gen.gid, gen.topology)
+            delay_s = self.repartition_delay_s() if changed else 0.0
+            ready_at = time.monotonic() + delay_s
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while gen.not_ready() or time.monotonic() < ready_at:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"generation {gen.gid} not ready after {READY_TIMEOUT_S:g} s")
+                await asyncio.sleep(0.02)
+        except Exception as exc:
+            self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old_gid}")
+            self.fe.remove_generation(gen.gid)
+            await asyncio.get_running_loop().run_in_executor(None, d.retire, gen.gid)
+            return
+        self.fe.switch(app, gen.gid)
+        d.current[app] = gen.gid
+        took = time.monotonic() - t0
+        r = self.current
+        r.generation = gen.gid
+        r.reconfigurations += 1
+        r.reconfiguration_seconds += took
+        r.changed_gpus = sorted(set(r.changed_gpus) | set(changed))
+        self.log(f"{app}: generation {gen.gid} serves ({new.slices_used} slices, "
+                 f"{len(gen.topology.processes)} processes, planned {new.planned_rps:.1f} rps, "
+                 f"changed GPUs {changed or 'none'}) after {took:.2f} s; draining generation {old_gid}")
+        task = asyncio.get_running_loop().create_task(self._retire(old_gid))
+        self.retiring.add(task)
+        task.add_done_callback(self.retiring.discard)
+
+    async def _retire(self, gid: int) -> None:
+        """Wait until the old generation's requests are all settled, then stop and unlink it."""
+        budget_s = (self.app.latency_slo_ms + self.app.depth * self.node.planner.hop_latency_ms) \
+            * self.time_scale / 1000.0
+        deadline = time.monotonic() + budget_s + DRAIN_MARGIN_S
+        while self.fe.pending_in(gid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = self.fe.pending_in(gid)
+        if left:
+            self.log(f"{self.app.name}: generation {gid}: {left} requests unsettled after drain")
+        await asyncio.get_running_loop().run_in_executor(None, self._stop_gen, gid)
+        self.fe.remove_generation(gid)
+        await asyncio.get_running_loop().run_in_executor(None, self.daemon.retire, gid)
+
+    def repartition_delay_s(self) -> float:
+        """The emulated MIG repartition time in wall seconds: x time scale, and compressed with the bins.
+
+        With bins compressed (``--bin-seconds`` below ``control.bin_seconds`` x time scale), the delay
+        keeps its share of a bin, as on the full-speed node; otherwise it is the node's delay x K.
+        """
+        nominal_s = self.node.control.bin_seconds * self.time_scale
+        compression = min(1.0, self.bin_seconds / nominal_s) if nominal_s > 0 else 1.0
+        return self.node.control.repartition_delay_s * self.time_scale * compression
+
+    def _stop_gen(self, gid: int) -> None:
+        g = self.daemon.generations.get(gid)
+        if g is not None:
+            g.stop_workers()
+
+    def history(self) -> list[dict[str, Any]]:
+        return [r.to_json() for r in self.records]

@@ -1,0 +1,140 @@
+"""The controller's decisions without processes: early re-plan trigger, measured factors, bins."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from jigsaw.control.controller import AppController, same_instances
+from jigsaw.node import load_node
+from jigsaw.plan import Plan, PlanInstance
+from jigsaw.runtime.frontend import BinCounters
+
+NODE = Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+
+
+def _plan(demand: float, instances: list[PlanInstance] | None = None) -> Plan:
+    return Plan(app="traffic_analysis", space="ast", demand_rps=demand, planned_rps=demand, feasible=True,
+                max_demand_plan=False, status="optimal", objective=0.0, accuracy=0.98, slices_used=3,
+                slices_available=28, solve_seconds=0.1, gap=0.0, instances=instances or [])
+
+
+class _Fe:
+    def __init__(self) -> None:
+        self.bins: dict[str, BinCounters] = {"traffic_analysis": BinCounters()}
+
+    def take_bin(self, app: str) -> BinCounters:
+        got = self.bins[app]
+        self.bins[app] = BinCounters()
+        return got
+
+
+def _controller(solver: Any, bin_seconds: float = 100.0) -> tuple[AppController, _Fe]:
+    node = load_node(NODE)
+    gen = SimpleNamespace(plan=_plan(10.0))
+    daemon = SimpleNamespace(node=node, generations={0: gen}, current={"traffic_analysis": 0}, profiles=None)
+    fe = _Fe()
+    c = AppController(node.app("traffic_analysis"), daemon, fe, space="ast", bin_seconds=bin_seconds,
+                      time_scale=2.0, executor=ThreadPoolExecutor(1), solver=solver, log=lambda m: None)
+    return c, fe
+
+
+def test_early_replan_fires_once_above_the_threshold() -> None:
+    asked: list[float] = []
+
+    def solver(app: Any, node: Any, profiles: Any, demand: float, **kw: Any) -> Plan:
+        asked.append(demand)
+        return _plan(demand)  # no instances: the controller keeps the running plan
+
+    async def go() -> None:
+        c, fe = _controller(solver)
+        c.history_rps.extend([10.0] * 5)
+        b = fe.bins["traffic_analysis"]
+        b.arrivals, b.answered, b.violations = 100, 100, 4  # 4% <= 5%: no re-plan
+        c._check_early()
+        assert c._replan_task is None
+        b.violations = 6  # 6% > 5%
+        c._check_early()
+        assert c._replan_task is not None
+        await c._replan_task
+        c._check_early()  # once per bin
+        assert len(asked) == 1
+        # the demand so far (100 arrivals in well under a second, x time scale 2) beats the history
+        assert asked[0] > 10.0 * 1.05 * 10
+
+    asyncio.run(go())
+
+
+def test_too_few_answers_do_not_trigger() -> None:
+    async def go() -> None:
+        c, fe = _controller(lambda *a, **k: _plan(1.0))
+        b = fe.bins["traffic_analysis"]
+        b.answered, b.violations = 10, 10
+        c._check_early()
+        assert c._replan_task is None
+
+    asyncio.run(go())
+
+
+def test_close_bin_measures_demand_and_factors() -> None:
+    async def go() -> None:
+        c, fe = _controller(lambda *a, **k: _plan(1.0), bin_seconds=100.0)
+        b = fe.bins["traffic_analysis"]
+        b.arrivals, b.answered, b.violations = 50, 40, 2
+        b.children[("detect", "yolov5n")] = [10, 30]  # 3 children per detected frame
+        c.bin_start -= 100.0  # the bin is over
+        c._close_bin()
+        r = c.records[-1]
+        assert r.demand_rps == pytest.approx(50 / 100 * 2.0, rel=0.05)
+        assert r.violation_rate == pytest.approx(0.05) and r.answered == 40
+        app = c.app
+        factors = c.measured_factors()
+        kids = app.children("detect")
+        assert {k[2] for k in factors} == set(kids)
+        assert sum(factors.values()) == pytest.approx(3.0)
+
+    app_tasks = load_node(NODE).app("traffic_analysis").task_names
+    if "detect" not in app_tasks:
+        pytest.skip(f"traffic_analysis has no task named detect ({app_tasks})")
+    asyncio.run(go())
+
+
+def test_same_instances_ignores_lane_rates() -> None:
+    i = PlanInstance(task="t", variant="v", mig_profile="1g.10gb", mps=1, max_batch=4, count=1,
+                     latency_ms=10.0, throughput_rps=100.0, slices=1)
+    assert same_instances(_plan(1.0, [i]), _plan(5.0, [i]))
+    j = PlanInstance(task="t", variant="v", mig_profile="2g.20gb", mps=1, max_batch=4, count=1,
+                     latency_ms=10.0, throughput_rps=100.0, slices=2)
+    assert not same_instances(_plan(1.0, [i]), _plan(1.0, [j]))
+
+
+def test_solver_child_process_round_trip() -> None:
+    from jigsaw.control.solver import SolverError, SubprocessSolver
+    node = load_node(NODE)
+    app = node.app("traffic_analysis")
+    solver = SubprocessSolver(NODE)
+    try:
+        p = solver(app, node, None, 10.0, space="ast", previous=None, time_limit_s=5.0,  # type: ignore[arg-type]
+                   factors={("detect", "yolov5n", "car"): 1.0})
+        assert p.instances and p.planned_rps == pytest.approx(10.0) and p.layout is not None
+        again = solver(app, node, None, 12.0, space="ast", previous=p, time_limit_s=5.0,  # type: ignore[arg-type]
+                       factors=None)
+        assert again.instances
+        ghost = SimpleNamespace(name="no_such_app")
+        with pytest.raises(SolverError, match="no_such_app"):
+            solver(ghost, node, None, 1.0, space=None, previous=None, time_limit_s=1.0,  # type: ignore[arg-type]
+                   factors=None)
+    finally:
+        solver.close()
+
+
+def test_repartition_delay_follows_time_scale_and_bin_compression() -> None:
+    c, _ = _controller(lambda *a, **k: _plan(1.0), bin_seconds=600.0)  # 300 s x time scale 2: none
+    assert c.repartition_delay_s() == pytest.approx(2.0 * 2.0)
+    c, _ = _controller(lambda *a, **k: _plan(1.0), bin_seconds=6.0)  # 100x compressed
+    assert c.repartition_delay_s() == pytest.approx(2.0 * 2.0 * 6.0 / 600.0)

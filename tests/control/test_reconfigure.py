@@ -1,0 +1,144 @@
+"""A running jigsawd re-plans under load: nothing lost, only changed GPUs repartitioned; admin access."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from dpserver import EXAMPLE_NODE, Server, http, image, shm_entries
+
+from jigsaw.plan import Plan
+from jigsaw.planner.packer import changed_gpus, to_nvidia_smi_commands
+
+APP = "traffic_analysis"
+LOAD_THREADS = 6
+LOAD_BOUND_S = 120.0
+
+
+class Load:
+    """Closed-loop clients until stopped; counts every request sent and every answer by status."""
+
+    def __init__(self, url: str) -> None:
+        self.url = f"{url}/v2/models/{APP}/infer"
+        self.sent = 0
+        self.statuses: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(LOAD_THREADS)]
+
+    def _run(self) -> None:
+        end = time.monotonic() + LOAD_BOUND_S
+        while not self.stop.is_set() and time.monotonic() < end:
+            with self.lock:
+                self.sent += 1
+            try:
+                status = http("POST", self.url, image(8), timeout_s=30)[0]
+            except OSError:
+                status = -1
+            with self.lock:
+                self.statuses[status] = self.statuses.get(status, 0) + 1
+            time.sleep(0.01)
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=40)
+
+    @property
+    def answered(self) -> int:
+        return sum(n for s, n in self.statuses.items() if s > 0)
+
+
+def _plan(url: str) -> Plan:
+    status, doc, _ = http("GET", f"{url}/admin/plan")
+    assert status == 200
+    return Plan.from_json_dict(doc[APP]["plan"])
+
+
+def test_reconfiguration_under_load_loses_nothing(tmp_path: Path) -> None:
+    # planned well above what the closed-loop clients send, so only a reconfiguration could fail them
+    args = ["--node-config", str(EXAMPLE_NODE), "--apps", APP, "--demand", "60", "--bin-seconds", "3600",
+            "--plan-time-limit", "5"]
+    server = Server(args, tmp_path / "jigsawd.log")
+    with server:
+        before = _plan(server.url)
+        gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
+        with Load(server.url) as load:
+            time.sleep(1.0)
+            status, doc, _ = http("POST", f"{server.url}/admin/control", {"app": APP, "replan_rps": 150},
+                                  timeout_s=90)
+            assert status == 200, doc
+            time.sleep(1.0)
+            middle = _plan(server.url)
+            status, doc, _ = http("POST", f"{server.url}/admin/control", {"app": APP, "replan_rps": 60},
+                                  timeout_s=90)
+            assert status == 200, doc
+            time.sleep(1.0)
+        after = _plan(server.url)
+        gen2 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
+        assert load.sent == load.answered, load.statuses
+        assert load.statuses.get(-1, 0) == 0
+        ok = load.statuses.get(200, 0)
+        assert ok >= 0.98 * load.sent, load.statuses  # a reconfiguration does not fail requests
+        assert gen2 > gen0 and middle.slices_used > before.slices_used
+        hist = http("GET", f"{server.url}/admin/history")[1][APP]
+        assert isinstance(hist, list)
+        # let the old generations drain and be unlinked while the daemon still runs
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            names = shm_entries(server.proc.pid)  # type: ignore[union-attr]
+            gens = {m.group(1) for n in names if (m := re.search(r"-g(\d+)-", n))}
+            if gens == {str(gen2)}:
+                break
+            time.sleep(0.2)
+        assert gens == {str(gen2)}, names
+    assert before.layout is not None and middle.layout is not None and after.layout is not None
+    assert changed_gpus(before.layout, middle.layout)  # the scale-up repartitioned some GPU
+    log = server.log()
+    logged = re.findall(r"emulated repartition: (nvidia-smi .*)", log)
+    expected = to_nvidia_smi_commands(middle.layout, before.layout) + \
+        to_nvidia_smi_commands(after.layout, middle.layout)
+    assert logged == expected
+    gpus_in_log = {int(m) for c in logged for m in re.findall(r"-i (\d+)", c)}
+    assert gpus_in_log == set(changed_gpus(before.layout, middle.layout)) | set(
+        changed_gpus(middle.layout, after.layout))
+
+
+def test_admin_endpoints_loopback_and_token(tmp_path: Path) -> None:
+    args = ["--node-config", str(EXAMPLE_NODE), "--apps", APP, "--demand", "5", "--bin-seconds", "3600",
+            "--admin-token", "s3cret"]
+    with Server(args, tmp_path / "jigsawd.log") as server:
+        assert http("GET", f"{server.url}/admin/plan")[0] == 401
+        import json
+        import urllib.request
+        for path in ("/admin/plan", "/admin/history"):
+            req = urllib.request.Request(server.url + path, headers={"Authorization": "Bearer s3cret"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200 and APP in json.loads(r.read())
+        req = urllib.request.Request(server.url + "/admin/plan", headers={"Authorization": "Bearer nope"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 401
+
+
+def test_admin_loopback_without_token_and_static_plans(tmp_path: Path) -> None:
+    args = ["--node-config", str(EXAMPLE_NODE), "--apps", APP, "--demand", "5", "--no-controller"]
+    with Server(args, tmp_path / "jigsawd.log") as server:
+        status, doc, _ = http("GET", f"{server.url}/admin/plan")
+        assert status == 200 and doc[APP]["generation"] == 0
+        assert http("GET", f"{server.url}/admin/history")[1] == {}
+        assert http("POST", f"{server.url}/admin/control", {"app": APP, "replan_rps": 9})[0] == 409
+
+
+def test_admin_refuses_non_loopback_clients() -> None:
+    from jigsaw.control.admin import is_loopback
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("10.0.0.2") and not is_loopback(None) and not is_loopback("example.com")
