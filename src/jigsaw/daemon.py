@@ -36,6 +36,7 @@ from jigsaw.node import Node, load_node, load_node_profiles
 from jigsaw.plan import Plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime import stats as st
+from jigsaw.runtime.gpus import mig_devices, missing_devices, visible_device
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry, ShmRing, cleanup_stale
 from jigsaw.runtime.topology import Topology, TopologyError, build_topology, write_specs
 
@@ -49,6 +50,9 @@ STOP_TIMEOUT_S = 5.0
 
 def _log(msg: str) -> None:
     print(f"jigsawd: {msg}", file=sys.stderr, flush=True)
+
+
+CPU_BACKENDS = ("onnxruntime", "torch")
 
 
 def gpu_available() -> bool:
@@ -155,8 +159,10 @@ class Generation:
     """
 
     def __init__(self, gid: int, node: Node, app: App, plan: Plan, profiles: ProfileTable, *,
-                 run_dir: Path, daemon_id: str, frontend_bell: str, time_scale: float, seed: int) -> None:
+                 run_dir: Path, daemon_id: str, frontend_bell: str, time_scale: float, seed: int,
+                 backend: str = "emulated") -> None:
         self.gid = gid
+        self.backend = backend
         self.app = app
         self.plan = plan
         self.dir = run_dir / f"g{gid}"
@@ -169,7 +175,7 @@ class Generation:
             return frontend_bell if purpose == "bell-frontend" else self.registry.name(f"g{gid}-{purpose}")
 
         self.topology: Topology = build_topology(node, [(app, plan)], profiles, name_of=name_of,
-                                                 time_scale=time_scale, seed=seed + gid)
+                                                 time_scale=time_scale, seed=seed + gid, backend=backend)
         self.frontend_bell = frontend_bell
 
     def create_segments(self) -> None:
@@ -186,10 +192,33 @@ class Generation:
             ShmRing.create(name, capacity).close()
 
     def start_workers(self) -> None:
-        for path in write_specs(self.topology, self.dir):
+        envs = self._worker_envs()
+        for path, env in zip(write_specs(self.topology, self.dir), envs, strict=True):
             self.workers.append(subprocess.Popen(
                 [sys.executable, "-m", "jigsaw.runtime.worker", "--spec", str(path)],
-                stdin=subprocess.DEVNULL))
+                stdin=subprocess.DEVNULL, env=env))
+
+    def _worker_envs(self) -> list[dict[str, str] | None]:
+        """Each GPU worker sees only its MIG instance (CUDA_VISIBLE_DEVICES=MIG-<uuid>)."""
+        procs = self.topology.processes
+        if self.backend != "tensorrt":
+            return [None] * len(procs)
+        if self.plan.layout is None:
+            raise JigsawError(f"the plan of {self.app.name} has no layout to place GPU workers by")
+        devices = mig_devices()
+        missing = missing_devices(self.plan.layout, devices)
+        if missing:
+            raise JigsawError(f"MIG instances missing at (GPU, start) {missing}: partition the GPUs "
+                              "as the plan's layout says (jigsaw pack --format commands)")
+        envs: list[dict[str, str] | None] = []
+        counters: dict[tuple[str, str, str, int, int], int] = {}
+        for spec in procs:
+            kind = (spec.task, spec.variant, spec.mig_profile, spec.mps, spec.max_batch)
+            n = counters.get(kind, 0)
+            counters[kind] = n + 1
+            uuid = visible_device(self.plan.layout, devices, *kind, process=n)
+            envs.append(dict(os.environ, CUDA_VISIBLE_DEVICES=uuid))
+        return envs
 
     def not_ready(self) -> list[str]:
         """Names of workers not ready yet; raises JigsawError when one has exited."""
@@ -231,8 +260,10 @@ class Generation:
 class Daemon:
     """Owns every generation's worker processes and segments; ``close`` releases them all."""
 
-    def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int) -> None:
+    def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int,
+                 backend: str = "emulated") -> None:
         self.node = node
+        self.backend = backend
         self.time_scale = time_scale
         self.seed = seed
         self.run_dir = Path(tempfile.mkdtemp(prefix="jigsawd-"))
@@ -252,7 +283,7 @@ class Daemon:
         self._next_gid += 1
         g = Generation(gid, self.node, app, plan, self.profiles, run_dir=self.run_dir,
                        daemon_id=self.registry.daemon_id, frontend_bell=self.frontend_bell,
-                       time_scale=self.time_scale, seed=self.seed)
+                       time_scale=self.time_scale, seed=self.seed, backend=self.backend)
         self.generations[gid] = g
         return g
 
@@ -319,7 +350,7 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
     from jigsaw.runtime.frontend import Frontend
     node = daemon.node
     gids = list(daemon.current.items())
-    fe = Frontend(daemon.generations[gids[0][1]].topology, backend_kind="emulated",
+    fe = Frontend(daemon.generations[gids[0][1]].topology, backend_kind=daemon.backend,
                   max_queue=node.server.max_queue, hop_latency_ms=node.planner.hop_latency_ms,
                   time_scale=time_scale, seed=seed)
     fe.attach()
@@ -356,7 +387,7 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
         what = (f"controller on (space {space or node.planner.space}, bins of "
                 f"{bin_seconds or node.control.bin_seconds:g} s)" if controllers else "static plans")
         _log(f"serving {', '.join(daemon.apps)} on http://{host}:{port} with "
-             f"{daemon.num_processes()} worker processes (backend: emulated; {what})")
+             f"{daemon.num_processes()} worker processes (backend: {daemon.backend}; {what})")
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
@@ -385,13 +416,25 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not args.emulate:
-        if not gpu_available():
-            _log("no usable GPU (cupy.cuda.is_available() is false or cupy is not installed); "
-                 "run with --emulate to serve on the emulated backend")
-            return 2
-        _log("the GPU backends are not available in this build; run with --emulate")
+    try:
+        node_for_backend = load_node(args.node_config, load_apps=False)
+    except JigsawError as exc:
+        _log(str(exc))
         return 2
+    if args.emulate:
+        backend = "emulated"
+    elif node_for_backend.backend in CPU_BACKENDS:
+        backend = node_for_backend.backend
+    elif node_for_backend.backend == "emulated":
+        _log("the node's backend is 'emulated': run with --emulate")
+        return 2
+    elif not gpu_available():
+        _log(f"the node's backend {node_for_backend.backend!r} needs a GPU and none is usable "
+             "(cupy.cuda.is_available() is false or cupy is not installed); run with --emulate to "
+             "serve on the emulated backend")
+        return 2
+    else:
+        backend = node_for_backend.backend
     if args.time_scale <= 0:
         _log("--time-scale must be > 0")
         return 2
@@ -407,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         removed = cleanup_stale()
         if removed:
             _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
-        daemon = Daemon(node, plans, time_scale=args.time_scale, seed=args.seed)
+        daemon = Daemon(node, plans, time_scale=args.time_scale, seed=args.seed, backend=backend)
     except (JigsawError, TopologyError) as exc:
         _log(str(exc))
         return 2

@@ -152,10 +152,13 @@ class Frontend:
             self.metrics.processes.set((("app", name),),
                                        sum(1 for p in topology.processes if p.app == name))
 
-    @staticmethod
-    def _specs_of(routes: AppRoutes) -> dict[str, list[OutputSpec]]:
+    def _specs_of(self, routes: AppRoutes) -> dict[str, list[OutputSpec]]:
         app = routes.app
-        return {t: EmulatedBackend.output_specs(app.task(t).kind, app.children(t)) for t in app.sinks}
+        if self.backend_kind == "emulated":
+            return {t: EmulatedBackend.output_specs(app.task(t).kind, app.children(t)) for t in app.sinks}
+        from jigsaw.models.pipeline import output_specs
+
+        return {t: output_specs(app.task(t).kind, app.children(t)) for t in app.sinks}
 
     # ---- lifecycle ------------------------------------------------------------------------
     def attach(self) -> None:

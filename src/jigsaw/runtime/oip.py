@@ -130,7 +130,10 @@ def parse_infer_request(body: bytes, app: App) -> InferRequest:
         if len(flat) != math.prod(shape):
             raise BadRequest(f"{f}.data: {len(flat)} elements for shape {shape} "
                              f"(expected {math.prod(shape)})")
-        inputs.append((name, dt, tuple(shape), _to_array(f"{f}.data", dt, flat)))
+        arr = _to_array(f"{f}.data", dt, flat)
+        if isinstance(arr, np.ndarray):
+            arr = arr.reshape(shape)  # OIP sends data flattened (row-major); the shape restores it
+        inputs.append((name, dt, tuple(shape), arr))
     missing = [n for n in specs if n not in seen]
     if missing:
         raise BadRequest(f"inputs: missing input {missing[0]!r}")

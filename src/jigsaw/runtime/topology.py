@@ -143,7 +143,7 @@ def latency_for_batch_ms(table: dict[int, float], batch: int) -> float:
 
 def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileTable, *,
                    name_of: callable = lambda purpose: purpose,  # type: ignore[valid-type]
-                   time_scale: float = 1.0, seed: int = 0) -> Topology:
+                   time_scale: float = 1.0, seed: int = 0, backend: str = "emulated") -> Topology:
     """Lay out processes, rings and routes for ``plans``; ``name_of(purpose)`` makes POSIX names."""
     ns = 1e6 * time_scale
     procs: list[dict[str, object]] = []
@@ -251,6 +251,7 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
                              "factor": app.edge(task, c).factor(variant)} for c in app.children(task)],
                 doorbell=str(p["bell"]), inputs=[], outputs=outputs, routes=lane_routes,
                 completion_ring=done, completion_doorbell=frontend_bell, stats=stats, seed=seed,
+                backend=backend,
             ))
         for s in specs:
             if s.app == app.name:
