@@ -46,6 +46,20 @@ def test_chain_and_fanout_on_the_example_node(server_factory):
     assert total_children > 6 * 5  # yolov5 variants draw ~2.6..19 objects per frame
 
 
+def test_parallel_roots_join_into_one_answer(server_factory):
+    # social_media sends every image to two root tasks; the answer waits for both branches.
+    s = server_factory(["--node-config", str(EXAMPLE_NODE), "--apps", "social_media",
+                        "--demand", "10", "--plan-time-limit", "3"])
+    for i in range(4):
+        status, out, _ = http("POST", s.url + "/v2/models/social_media/infer", image(8, rid=f"s{i}"))
+        assert status == 200, out
+        tasks = {o["name"].split(".")[0] for o in out["outputs"]}
+        assert tasks == {"classify", "caption"}, out["outputs"]
+        p = out["parameters"]
+        assert p["items.classify"] == 1 and p["items.caption"] == 1
+        assert p["e2e_us"] >= max(p["compute_us.classify"], p["compute_us.caption"])
+
+
 def test_deadline_drops_when_and_only_when_they_must(server_factory, tmp_path):
     # a: 200 ms alone, 280 ms for a batch of two; b: 200 ms. A request alone needs 400 ms.
     slo_ms = 610.0
