@@ -34,6 +34,7 @@ except ImportError:  # run from a checkout without an installed package
 
 from jigsaw.errors import PlanError  # noqa: E402
 from jigsaw.node import load_node, load_node_profiles  # noqa: E402
+from jigsaw.plan import json_safe  # noqa: E402
 from jigsaw.planner.milp import capacity, column_counts  # noqa: E402
 
 # Figure order and labels; the paper's normalized maximum demand (traffic app, 120 GPUs).
@@ -182,14 +183,6 @@ def plot(rows: list[dict[str, Any]], out_dir: Path, app: str, gpus: int) -> Path
     return path
 
 
-def _finite(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {png}")
     out_dir.mkdir(parents=True, exist_ok=True)
     js = out_dir / f"capacity_{args.app}_{args.gpus}gpus.json"
-    js.write_text(json.dumps(_finite({"machine": machine(), "app": args.app, "gpus": args.gpus,
+    js.write_text(json.dumps(json_safe({"machine": machine(), "app": args.app, "gpus": args.gpus,
                                       "solver": solver, "time_limit_s": args.time_limit,
                                       "profiles": "modeled", "rows": rows, "problems": problems}),
                              indent=2))

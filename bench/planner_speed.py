@@ -36,6 +36,7 @@ except ImportError:  # run from a checkout without an installed package
     sys.path.insert(0, str(ROOT / "src"))
 
 from jigsaw.node import load_node, load_node_profiles  # noqa: E402
+from jigsaw.plan import json_safe  # noqa: E402
 from jigsaw.planner.milp import capacity, plan  # noqa: E402
 
 TARGET_MEDIAN_S = 1.0
@@ -116,15 +117,6 @@ def summarize(app_name: str, solver: str, rows: list[dict[str, Any]], limit: flo
             "solves": len(rows), "targets_met": ok}
 
 
-def _finite(x: Any) -> Any:
-    """JSON without NaN/Infinity: non-finite numbers become null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                    "space": args.space, "time_limit_s": args.time_limit, "profiles": "modeled",
                    "apps": results}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(_finite(payload), indent=2))
+        Path(args.json).write_text(json.dumps(json_safe(payload), indent=2))
         print(f"wrote {args.json}")
     return 0
 

@@ -108,10 +108,7 @@ class Plan:
         else:
             d["layout"] = []
         d["gpu_model"] = self.gpu_model or (self.layout.gpu_model if self.layout else "")
-        for key in ("objective", "gap"):  # JSON has no NaN or infinity: null means "unknown"
-            if not math.isfinite(d[key]):
-                d[key] = None
-        return d
+        return json_safe(d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_json_dict(), indent=2, sort_keys=False)
@@ -133,6 +130,17 @@ class Plan:
             return cls(**kwargs)
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(source, "(plan)", f"not a jigsaw plan: {exc}") from None
+
+
+def json_safe(x: Any) -> Any:
+    """JSON has no NaN or infinity: non-finite numbers become null ("unknown"), recursively."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    return x
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -8,6 +8,7 @@ with torch (logged once at load).
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import re
@@ -75,8 +76,9 @@ class ModelBackend(Backend):
         else:
             self._net = self._load_net(variant, max_batch)
 
+    @abc.abstractmethod
     def _load_net(self, variant: str, max_batch: int) -> Any:
-        raise NotImplementedError
+        """The runnable network of ``variant`` for batches up to ``max_batch`` (each backend's own)."""
 
     def run(self, batch: np.ndarray) -> Any:
         """The network alone on a prepared batch (what ``jigsaw profile`` times with the rest)."""
