@@ -170,6 +170,8 @@ class Generation:
         self.registry = SegmentRegistry(run_dir / f"g{gid}.manifest", daemon_id=daemon_id)
         self.workers: list[subprocess.Popen[bytes]] = []
         self.stats: st.StatsBlock | None = None
+        self.stopping = False  # set once its workers are asked to stop: exits are then expected
+        self._launch: list[tuple[Path, dict[str, str] | None]] = []
 
         def name_of(purpose: str) -> str:
             return frontend_bell if purpose == "bell-frontend" else self.registry.name(f"g{gid}-{purpose}")
@@ -193,10 +195,25 @@ class Generation:
 
     def start_workers(self) -> None:
         envs = self._worker_envs()
-        for path, env in zip(write_specs(self.topology, self.dir), envs, strict=True):
-            self.workers.append(subprocess.Popen(
-                [sys.executable, "-m", "jigsaw.runtime.worker", "--spec", str(path)],
-                stdin=subprocess.DEVNULL, env=env))
+        self._launch = list(zip(write_specs(self.topology, self.dir), envs, strict=True))
+        for k in range(len(self._launch)):
+            self.workers.append(self._spawn(k))
+
+    def _spawn(self, k: int) -> subprocess.Popen[bytes]:
+        path, env = self._launch[k]
+        return subprocess.Popen([sys.executable, "-m", "jigsaw.runtime.worker", "--spec", str(path)],
+                                stdin=subprocess.DEVNULL, env=env)
+
+    def restart_worker(self, k: int) -> None:
+        """Start process ``k`` again on its spec: same rings, doorbell and stats slot."""
+        if not self.stopping:
+            self.workers[k] = self._spawn(k)
+
+    def failed_workers(self) -> list[str]:
+        """Processes the supervisor gave up on (their capacity is lost until a new generation)."""
+        if self.stats is None:
+            return []
+        return [s.name for s in self.topology.processes if self.stats.get(s.slot, st.STATE) == st.FAILED]
 
     def _worker_envs(self) -> list[dict[str, str] | None]:
         """Each GPU worker sees only its MIG instance (CUDA_VISIBLE_DEVICES=MIG-<uuid>)."""
@@ -228,10 +245,8 @@ class Generation:
                 raise JigsawError(f"worker {spec.name} exited with status {proc.returncode} at start-up")
         return [s.name for s in self.topology.processes if self.stats.get(s.slot, st.STATE) != st.READY]
 
-    def dead_workers(self) -> list[str]:
-        return [s.name for p, s in zip(self.workers, self.topology.processes) if p.poll() is not None]
-
     def signal_stop(self) -> None:
+        self.stopping = True
         for p in self.workers:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -317,9 +332,6 @@ class Daemon:
                                   f"(first: {waiting[0]})")
             time.sleep(0.05)
 
-    def dead_workers(self) -> list[str]:
-        return [n for gid in self.current.values() for n in self.generations[gid].dead_workers()]
-
     def retire(self, gid: int) -> None:
         """Stop a drained generation's workers and unlink its segments."""
         g = self.generations.pop(gid, None)
@@ -348,6 +360,7 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
     from jigsaw.control.controller import AppController, default_solver
     from jigsaw.control.solver import SubprocessSolver
     from jigsaw.runtime.frontend import Frontend
+    from jigsaw.runtime.supervisor import POLL_S, Supervisor
     node = daemon.node
     gids = list(daemon.current.items())
     fe = Frontend(daemon.generations[gids[0][1]].topology, backend_kind=daemon.backend,
@@ -375,7 +388,16 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
     if not admin_token and not is_loopback(host):
         _log(f"{host} is not a loopback address: /admin/* answers loopback clients only "
              f"(set --admin-token or JIGSAW_ADMIN_TOKEN to allow others)")
-    add_admin_routes(web_app, daemon, controllers, admin_token)
+
+    def capacity_lost(app: str, why: str) -> None:
+        c = controllers.get(app)
+        if c is not None:
+            c.on_capacity_lost(why)
+        else:
+            _log(f"{app}: capacity lost ({why}) and no controller to re-plan (static plan)")
+
+    supervisor = Supervisor(daemon, fe, log=_log, on_capacity_lost=capacity_lost)
+    add_admin_routes(web_app, daemon, controllers, admin_token, supervisor)
     runner = web.AppRunner(web_app, access_log=None)
     await runner.setup()
     try:
@@ -390,11 +412,11 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
              f"{daemon.num_processes()} worker processes (backend: {daemon.backend}; {what})")
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
-            dead = daemon.dead_workers()
-            if dead and fe.ready:
-                fe.ready = False
-                _log(f"worker(s) exited: {', '.join(dead)}; not ready")
+                await asyncio.wait_for(stop.wait(), POLL_S)
+            try:
+                supervisor.check()
+            except Exception as exc:  # a supervisor bug must not take the node down with it
+                _log(f"supervisor: {type(exc).__name__}: {exc}")
         _log("stopping: draining in-flight requests")
         for c in controllers.values():
             await c.stop()
@@ -402,9 +424,11 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while fe.num_pending() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+            supervisor.check()
         if fe.num_pending():
             _log(f"{fe.num_pending()} requests still in flight after {DRAIN_TIMEOUT_S:g} s")
     finally:
+        supervisor.stop()
         for c in controllers.values():
             await c.stop()
         await runner.cleanup()

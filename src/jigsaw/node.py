@@ -58,6 +58,9 @@ class ServerSettings:
     max_queue: int = 4096  # requests admitted but not answered, per app
     ring_slots: int = 1024
     ring_slot_bytes: int = 64 * 1024
+    worker_hang_timeout_s: float = 3.0  # a worker whose loop has not turned this long is hung
+    worker_max_restarts: int = 3  # restarts of one worker within worker_restart_window_s before giving up
+    worker_restart_window_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,9 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         max_queue=s.integer("max_queue", 4096, low=1),
         ring_slots=s.integer("ring_slots", 1024, low=2, high=1 << 20),
         ring_slot_bytes=s.integer("ring_slot_bytes", 64 * 1024, low=256, high=1 << 30),
+        worker_hang_timeout_s=s.number("worker_hang_timeout_s", 3.0, low=0.5),
+        worker_max_restarts=s.integer("worker_max_restarts", 3, low=0),
+        worker_restart_window_s=s.number("worker_restart_window_s", 60.0, low=0, low_open=True),
     )
 
     c = f.sub("control", {})

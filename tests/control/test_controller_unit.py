@@ -138,3 +138,46 @@ def test_repartition_delay_follows_time_scale_and_bin_compression() -> None:
     assert c.repartition_delay_s() == pytest.approx(2.0 * 2.0)
     c, _ = _controller(lambda *a, **k: _plan(1.0), bin_seconds=6.0)  # 100x compressed
     assert c.repartition_delay_s() == pytest.approx(2.0 * 2.0 * 6.0 / 600.0)
+
+
+def test_planner_failure_keeps_the_running_plan_and_is_reported() -> None:
+    from jigsaw.runtime.metrics import Metrics
+
+    def solver(app: Any, node: Any, profiles: Any, demand: float, **kw: Any) -> Plan:
+        raise RuntimeError("CBC crashed")
+
+    async def go() -> None:
+        c, fe = _controller(solver)
+        fe.metrics = Metrics("emulated")  # type: ignore[attr-defined]
+        running = c.plan
+        got = await c.replan(50.0)
+        assert got is running and c.plan is running
+        assert c.current.planner_errors == ["RuntimeError: CBC crashed"]
+        assert fe.metrics.planner_failures.get((("app", "traffic_analysis"),)) == 1  # type: ignore[attr-defined]
+        c._close_bin()
+        assert c.history()[-1]["planner_errors"] == ["RuntimeError: CBC crashed"]
+        assert c.predicted_rps == 10.0  # a failed re-plan does not claim its demand
+    asyncio.run(go())
+
+
+def test_solver_process_that_hangs_is_killed_and_replaced(tmp_path: Path) -> None:
+    import sys
+    import time
+
+    from jigsaw.control.solver import SolverError, SubprocessSolver
+    node = load_node(NODE)
+    app = node.app("traffic_analysis")
+    hang = [sys.executable, "-c", "import sys, time; sys.stdin.readline(); time.sleep(120)"]
+    solver = SubprocessSolver(NODE, command=hang, grace_s=0.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SolverError, match="timed out"):
+            solver(app, node, None, 10.0, space=None, previous=None, time_limit_s=0.25,  # type: ignore[arg-type]
+                   factors=None)
+        assert time.monotonic() - t0 < 10.0
+        assert solver._proc is None  # the hung process is gone; the next solve starts a fresh one
+        with pytest.raises(SolverError, match="timed out"):
+            solver(app, node, None, 10.0, space=None, previous=None, time_limit_s=0.25,  # type: ignore[arg-type]
+                   factors=None)
+    finally:
+        solver.close()

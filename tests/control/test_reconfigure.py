@@ -3,58 +3,16 @@
 from __future__ import annotations
 
 import re
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from dpserver import EXAMPLE_NODE, Server, http, image, shm_entries
+from dpserver import EXAMPLE_NODE, Load, Server, http, shm_entries
 
 from jigsaw.plan import Plan
 from jigsaw.planner.packer import changed_gpus, to_nvidia_smi_commands
 
 APP = "traffic_analysis"
-LOAD_THREADS = 6
-LOAD_BOUND_S = 120.0
-
-
-class Load:
-    """Closed-loop clients until stopped; counts every request sent and every answer by status."""
-
-    def __init__(self, url: str) -> None:
-        self.url = f"{url}/v2/models/{APP}/infer"
-        self.sent = 0
-        self.statuses: dict[int, int] = {}
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(LOAD_THREADS)]
-
-    def _run(self) -> None:
-        end = time.monotonic() + LOAD_BOUND_S
-        while not self.stop.is_set() and time.monotonic() < end:
-            with self.lock:
-                self.sent += 1
-            try:
-                status = http("POST", self.url, image(8), timeout_s=30)[0]
-            except OSError:
-                status = -1
-            with self.lock:
-                self.statuses[status] = self.statuses.get(status, 0) + 1
-            time.sleep(0.01)
-
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=40)
-
-    @property
-    def answered(self) -> int:
-        return sum(n for s, n in self.statuses.items() if s > 0)
 
 
 def _plan(url: str) -> Plan:
@@ -71,7 +29,7 @@ def test_reconfiguration_under_load_loses_nothing(tmp_path: Path) -> None:
     with server:
         before = _plan(server.url)
         gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
-        with Load(server.url) as load:
+        with Load(server.url, APP) as load:
             time.sleep(1.0)
             status, doc, _ = http("POST", f"{server.url}/admin/control", {"app": APP, "replan_rps": 150},
                                   timeout_s=90)

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -119,6 +120,54 @@ class Server:
             pytest.fail(f"jigsawd {pid} left shared memory behind: {left}")
 
 
+class Load:
+    """Closed-loop clients until stopped; counts every request sent and every answer by status.
+
+    Status -1 counts a request that got no HTTP answer at all (connection error, timeout).
+    """
+
+    def __init__(self, url: str, model: str, body: Any = None, *, threads: int = 6, pause_s: float = 0.01,
+                 bound_s: float = 120.0) -> None:
+        self.url = f"{url}/v2/models/{model}/infer"
+        self.body = body if body is not None else image(8)
+        self.pause_s = pause_s
+        self.bound_s = bound_s
+        self.sent = 0
+        self.statuses: dict[int, int] = {}
+        self.answers: list[tuple[float, int, Any]] = []  # (monotonic time, status, body)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def _run(self) -> None:
+        end = time.monotonic() + self.bound_s
+        while not self.stop.is_set() and time.monotonic() < end:
+            with self.lock:
+                self.sent += 1
+            try:
+                status, doc, _ = http("POST", self.url, self.body, timeout_s=30)
+            except OSError:
+                status, doc = -1, None
+            with self.lock:
+                self.statuses[status] = self.statuses.get(status, 0) + 1
+                self.answers.append((time.monotonic(), status, doc))
+            time.sleep(self.pause_s)
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=40)
+
+    @property
+    def answered(self) -> int:
+        return sum(n for s, n in self.statuses.items() if s > 0)
+
+
 PROFILE_HEADER = ("variant,mig_profile,mps,batch,latency_ms,throughput_rps,memory_mb,source,host,backend,"
                   "date\n")
 
@@ -127,11 +176,13 @@ def write_tiny(tmp_path: Path, *, tasks: list[tuple[str, str, dict[int, float], 
                edges: tuple[tuple[str, str, float], ...] | list[tuple[str, str, float]] = (),
                latency_slo_ms: float = 200.0,
                staleness_ms: float = 1000.0, hop_latency_ms: float = 0.0, max_queue: int = 4096,
-               max_payload_bytes: int = 65536, two_inputs: bool = False, name: str = "tiny") -> list[str]:
+               max_payload_bytes: int = 65536, two_inputs: bool = False, name: str = "tiny",
+               counts: dict[str, int] | None = None, server: dict[str, float] | None = None) -> list[str]:
     """A one-GPU node serving one app whose tasks are (task, kind, {batch: latency_ms}, max_batch).
 
-    Each task has one variant ``<task>-v`` on a 1g.10gb x1 segment; returns the daemon arguments
-    (``--node-config`` and ``--plan``) to serve it.
+    Each task has one variant ``<task>-v`` on ``counts[task]`` (default 1) 1g.10gb x1 segments;
+    ``server`` adds ``[server]`` settings. Returns the daemon arguments (``--node-config`` and
+    ``--plan``) to serve it.
     """
     d = tmp_path / name
     (d / "profiles").mkdir(parents=True)
@@ -149,7 +200,8 @@ def write_tiny(tmp_path: Path, *, tasks: list[tuple[str, str, dict[int, float], 
         for b, ms in sorted(lat.items()):
             rows.append(f"{v},1g.10gb,1,{b},{ms},{1000.0 * b / max(ms, 0.001):.3f},100,modeled,,,\n")
         instances.append({"task": task, "variant": v, "mig_profile": "1g.10gb", "mps": 1,
-                          "max_batch": max_batch, "count": 1, "latency_ms": lat[max(lat)],
+                          "max_batch": max_batch, "count": (counts or {}).get(task, 1),
+                          "latency_ms": lat[max(lat)],
                           "throughput_rps": 1000.0, "slices": 1})
     for src, dst, factor in edges:
         app += ["[[edges]]", f'from = "{src}"', f'to = "{dst}"', f"factor = {factor}"]
@@ -160,10 +212,12 @@ def write_tiny(tmp_path: Path, *, tasks: list[tuple[str, str, dict[int, float], 
         "mps_levels = [1]", "batch_sizes = [1, 2, 4]", 'profiles_dir = "profiles"', 'backend = "emulated"',
         "[planner]", f"hop_latency_ms = {hop_latency_ms}",
         "[server]", f"max_queue = {max_queue}", f"max_payload_bytes = {max_payload_bytes}",
+        *(f"{k} = {v}" for k, v in (server or {}).items()),
     ]) + "\n")
     plan = {"app": name, "space": "ast", "demand_rps": 1.0, "planned_rps": 1.0, "feasible": True,
             "max_demand_plan": False, "status": "optimal", "objective": 0.0, "accuracy": 1.0,
-            "slices_used": len(instances), "slices_available": 7, "solve_seconds": 0.0, "gap": 0.0,
+            "slices_used": sum(int(i["count"]) for i in instances), "slices_available": 7,
+            "solve_seconds": 0.0, "gap": 0.0,
             "instances": instances, "lanes": [{"variants": variants, "rate_rps": 1.0}],
             "task_latency_ms": {t: lat[max(lat)] for t, _, lat, _ in tasks}}
     (d / "plan.json").write_text(json.dumps(plan))
@@ -176,3 +230,17 @@ def image(n: int = 4, rid: str | None = None) -> dict[str, Any]:
     if rid is not None:
         body["id"] = rid
     return body
+
+
+def worker_pids(daemon_pid: int) -> set[int]:
+    """The daemon's direct children (its worker processes), from /proc."""
+    children = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == daemon_pid:
+                children.add(int(entry))
+    return children

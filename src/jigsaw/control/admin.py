@@ -6,6 +6,8 @@ Without a token a non-loopback client gets 403.
 
 - ``GET /admin/plan``: ``{app: {"generation", "summary", "plan": plan JSON}}`` of the plans serving now.
 - ``GET /admin/history[?app=A]``: ``{app: [bin records]}`` (see ``controller.BinRecord``).
+- ``GET /admin/workers``: ``{"workers": [...], "events": [...]}``: every worker's state and pid,
+  and the supervisor's failure events (see ``runtime.supervisor.WorkerEvent``).
 - ``POST /admin/control`` ``{"app", "history_rps": [...]?, "replan_rps": X?, "restart_bins": bool?}``:
   seed the predictor's history, re-plan now for ``replan_rps`` (or the prediction), and/or start
   bin 0 now; answers once the new plan serves. A replay uses it to align its bins with the daemon's.
@@ -24,6 +26,7 @@ from jigsaw.control.controller import AppController, plan_summary
 CONTROLLERS_KEY = web.AppKey("controllers", dict)
 DAEMON_KEY = web.AppKey("daemon", object)
 TOKEN_KEY = web.AppKey("admin_token", str)
+SUPERVISOR_KEY = web.AppKey("supervisor", object)
 
 
 def is_loopback(host: str | None) -> bool:
@@ -52,11 +55,13 @@ def _deny(request: web.Request) -> web.Response | None:
 
 
 def add_admin_routes(app: web.Application, daemon: Any, controllers: dict[str, AppController],
-                     token: str = "") -> None:
+                     token: str = "", supervisor: Any = None) -> None:
     """Register the admin handlers on the frontend's application."""
     app[CONTROLLERS_KEY] = controllers
     app[DAEMON_KEY] = daemon
     app[TOKEN_KEY] = token
+    app[SUPERVISOR_KEY] = supervisor
+    app.router.add_get("/admin/workers", h_workers)
     app.router.add_get("/admin/plan", h_plan)
     app.router.add_get("/admin/history", h_history)
     app.router.add_post("/admin/control", h_control)
@@ -71,6 +76,15 @@ async def h_plan(request: web.Request) -> web.Response:
         g = daemon.generations[gid]
         out[name] = {"generation": gid, "summary": plan_summary(g.plan), "plan": g.plan.to_json_dict()}
     return web.json_response(out)
+
+
+async def h_workers(request: web.Request) -> web.Response:
+    if (denied := _deny(request)) is not None:
+        return denied
+    sup = request.app[SUPERVISOR_KEY]
+    if sup is None:
+        return web.json_response({"workers": [], "events": []})
+    return web.json_response({"workers": sup.workers(), "events": [e.to_json() for e in sup.events]})
 
 
 async def h_history(request: web.Request) -> web.Response:

@@ -12,7 +12,9 @@ while the old generation serves, the emulated repartition delay is applied when 
 layout changed, the frontend's routing switches in one assignment, and the old generation
 drains (every accepted request is answered) before its workers stop and its segments are
 unlinked. A bin whose violation rate crosses ``control.replan_violation_rate`` triggers an
-early re-plan (once per bin).
+early re-plan (once per bin). When the supervisor gives up on a worker (capacity lost), the
+app re-plans at once onto a fresh generation. A planner that fails or times out leaves the
+running plan serving; the bin's record and ``jigsaw_planner_failures_total`` report it.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class BinRecord:
     reconfiguration_seconds: float = 0.0
     changed_gpus: list[int] = field(default_factory=list)
     early_replans: int = 0
+    planner_errors: list[str] = field(default_factory=list)
     answered: int = 0
     violations: int = 0
     violation_rate: float = 0.0
@@ -135,6 +138,7 @@ class AppController:
         self.retiring: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._replan_task: asyncio.Task[None] | None = None
+        self._lost_demand_rps: float | None = None
 
     @property
     def plan(self) -> Plan:
@@ -205,6 +209,7 @@ class AppController:
         self.current.plan = plan_summary(self.plan)
 
     def _check_early(self) -> None:
+        self._replan_lost()
         threshold = self.node.control.replan_violation_rate
         c = self.fe.bins.get(self.app.name)
         if c is None or self.current.early_replans or self.lock.locked():
@@ -219,6 +224,22 @@ class AppController:
             self.current.early_replans += 1
             self.log(f"{self.app.name}: bin {self.bin_index}: {violations}/{answered} SLO violations "
                      f"(> {threshold:.0%}): re-planning early for {demand:.1f} rps")
+            self._spawn_replan(demand, early=True)
+
+    def on_capacity_lost(self, why: str) -> None:
+        """A worker is gone for good: re-plan now (the new plan runs as a fresh generation)."""
+        elapsed = max(1e-3, time.monotonic() - self.bin_start)
+        c = self.fe.bins.get(self.app.name)
+        so_far = (c.arrivals / elapsed * self.time_scale) if c is not None else 0.0
+        demand = max(self.predicted_rps, so_far * (1.0 + self.node.planner.demand_slack))
+        self.log(f"{self.app.name}: capacity lost ({why}): re-planning for {demand:.1f} rps")
+        self._lost_demand_rps = demand
+        self._replan_lost()
+
+    def _replan_lost(self) -> None:
+        """Spawn the capacity-loss re-plan, now or at the next poll if a re-plan is running."""
+        if self._lost_demand_rps is not None and (self._replan_task is None or self._replan_task.done()):
+            demand, self._lost_demand_rps = self._lost_demand_rps, None
             self._spawn_replan(demand, early=True)
 
     def _spawn_replan(self, demand_rps: float, *, early: bool) -> None:
@@ -259,7 +280,13 @@ class AppController:
             try:
                 new = await loop.run_in_executor(self.executor, call)
             except Exception as exc:  # a planner failure keeps the running plan
-                self.log(f"{self.app.name}: planner failed ({exc}); keeping the running plan")
+                why = f"{type(exc).__name__}: {exc}"
+                self.log(f"{self.app.name}: planner failed ({why}); keeping the running plan")
+                if len(self.current.planner_errors) < 10:
+                    self.current.planner_errors.append(why[:500])
+                metrics = getattr(self.fe, "metrics", None)
+                if metrics is not None:
+                    metrics.planner_failures.inc((("app", self.app.name),))
                 return previous
             self.predicted_rps = demand_rps
             self.current.predicted_rps = demand_rps
@@ -277,7 +304,7 @@ class AppController:
         app = self.app.name
         old_gid = d.current[app]
         old = d.generations[old_gid]
-        if same_instances(old.plan, new):
+        if same_instances(old.plan, new) and not old.failed_workers():
             routes = self.fe.routes[app]
             weights = [max(0.0, lp.rate_rps) for lp in new.lanes]
             routes.lane_weights = weights if sum(weights) > 0 else [1.0] * len(weights)

@@ -29,6 +29,12 @@ from jigsaw.profiles import ProfileTable
 
 Factors = dict[tuple[str, str, str], float]
 MAX_LINE_BYTES = 64 << 20
+GRACE_S = 30.0  # beyond the solve's time limit: model building, then the answer's JSON
+
+
+def hard_timeout_s(time_limit_s: float | None, grace_s: float = GRACE_S) -> float:
+    """How long a solve may take before its process is killed (the solver's own limit, x2, + grace)."""
+    return 2.0 * (time_limit_s if time_limit_s is not None else 60.0) + grace_s
 
 
 class SolverError(RuntimeError):
@@ -38,16 +44,18 @@ class SolverError(RuntimeError):
 class SubprocessSolver:
     """A ``controller.Solver`` backed by one long-lived child process (restarted if it dies)."""
 
-    def __init__(self, node_config: Path) -> None:
+    def __init__(self, node_config: Path, *, command: list[str] | None = None,
+                 grace_s: float = GRACE_S) -> None:
         self.node_config = Path(node_config)
+        self.grace_s = grace_s
+        self.command = command or [sys.executable, "-m", "jigsaw.control.solver", "--node-config",
+                                   str(self.node_config)]
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "jigsaw.control.solver", "--node-config", str(self.node_config)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self._proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         return self._proc
 
     def __call__(self, app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
@@ -57,9 +65,12 @@ class SubprocessSolver:
                "previous": previous.to_json_dict() if previous is not None else None,
                "time_limit_s": time_limit_s,
                "factors": [[s, v, d, x] for (s, v, d), x in factors.items()] if factors else None}
+        limit_s = hard_timeout_s(time_limit_s, self.grace_s)
         with self._lock:
             proc = self._ensure()
             assert proc.stdin is not None and proc.stdout is not None
+            timer = threading.Timer(limit_s, proc.kill)
+            timer.start()
             try:
                 proc.stdin.write(json.dumps(req).encode() + b"\n")
                 proc.stdin.flush()
@@ -67,8 +78,17 @@ class SubprocessSolver:
             except OSError as exc:
                 self.close()
                 raise SolverError(f"solver process: {exc}") from None
+            finally:
+                timer.cancel()
             if not line:
+                try:
+                    killed = proc.wait(timeout=2.0) < 0
+                except subprocess.TimeoutExpired:
+                    killed = False
                 self.close()
+                if killed:
+                    raise SolverError(f"solver timed out after {limit_s:g} s (killed; restarted on the next "
+                                      "re-plan)")
                 raise SolverError("solver process exited")
         doc = json.loads(line)
         if "error" in doc:

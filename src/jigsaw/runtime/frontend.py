@@ -6,6 +6,12 @@ process of each root task. Completion records come back over one ring per worker
 sleeps on the frontend's doorbell and wakes the loop, which accounts credits and answers each
 request exactly once: 200 with the sink outputs, 504 when a task dropped it (naming the task)
 or its deadline passed at the frontend, 503 when shed. Late records are discarded and counted.
+
+Worker faults: when the daemon's supervisor finds a worker dead or hung it marks its stats slot
+(routing then skips it) and calls ``on_worker_failed``: every unanswered request that may have
+had work on that process is dispatched again under a new id (its late records are discarded)
+when its deadline still leaves time for the lane's fastest path, else answered 503
+``WORKER_FAILED``. The request body is kept for that until the request is answered.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from jigsaw.runtime.topology import AppRoutes, Target, Topology
 DRAIN_POP = 256
 LATE_GRACE_S = 10.0  # a timed-out request's record is kept this long to absorb its late credits
 RETRY_AFTER_S = "1"
+MAX_ATTEMPTS = 3  # dispatches of one request across worker faults
 MAX_PAYLOAD_KEY = web.AppKey("max_payload_bytes", int)
 _REASON = {Status.DROPPED_DEADLINE: "deadline", Status.DROPPED_STALE: "stale", Status.REJECTED: "queue_full",
            Status.ERROR: "error", Status.CANCELLED: "cancelled"}
@@ -71,6 +78,8 @@ class Pending:
     drop: tuple[str, int] | None = None
     timer: asyncio.TimerHandle | None = None
     generation: int = 0
+    body: bytes = b""  # the encoded inputs, kept to dispatch again after a worker fault
+    attempts: int = 1
 
 
 @dataclass
@@ -93,6 +102,18 @@ class _Mapped:
     bells: dict[str, Doorbell]
     completions: list[ShmRing]
     stats: StatsBlock
+    min_path_ns: list[int] = field(default_factory=list)  # per lane: fastest batch-1 time of its slowest path
+
+
+def min_path_ns(topology: Topology, routes: AppRoutes) -> list[int]:
+    """Per lane, the least time its slowest path takes (batch-1 estimates, no queueing)."""
+    fastest: dict[tuple[str, str], int] = {}
+    for p in topology.processes:
+        if p.app == routes.app.name and p.exec_estimate_ns:
+            key = (p.task, p.variant)
+            fastest[key] = min(fastest.get(key, p.exec_estimate_ns[0]), p.exec_estimate_ns[0])
+    return [max((sum(fastest.get((t, lane.get(t, "")), 0) for t in path) for path in routes.app.paths),
+                default=0) for lane in routes.lanes]
 
 
 def admission_limit(routes: AppRoutes) -> int:
@@ -185,7 +206,9 @@ class Frontend:
                             rings[t.ring] = ShmRing.attach(t.ring, role="producer")
                             bells[t.ring] = Doorbell.attach(t.doorbell)
         completions = [ShmRing.attach(n, role="consumer") for n in topology.completion_rings]
-        self._gens[generation] = _Mapped(topology, rings, bells, completions, stats)
+        paths = {name: min_path_ns(topology, r) for name, r in topology.apps.items()}
+        self._gens[generation] = _Mapped(topology, rings, bells, completions, stats,
+                                         next(iter(paths.values()), []))
         self._rings.update(rings)
         self._bells.update(bells)
         self._ring_stats.update(dict.fromkeys(rings, stats))
@@ -196,12 +219,22 @@ class Frontend:
         routes = self._gens[generation].topology.apps[app]
         self.routes[app] = routes
         self.inflight.setdefault(app, 0)
-        self.admit_limit[app] = admission_limit(routes)
+        self.refresh_admission(app)
         self.bins.setdefault(app, BinCounters())
         self._output_specs[app] = self._specs_of(routes)
         self.metrics.slices.set((("app", app),), routes.slices)
         self.metrics.processes.set((("app", app),), sum(
             1 for p in self._gens[generation].topology.processes if p.app == app))
+
+    def refresh_admission(self, app: str) -> None:
+        """Admission limit of ``app`` scaled by the share of its root processes that are up."""
+        routes = self.routes[app]
+        targets = {t.ring: t for lane in routes.roots for ts in lane.values() for t in ts}
+        states = [self._ring_stats[t.ring].get(t.slot, st.STATE) if t.ring in self._ring_stats else st.READY
+                  for t in targets.values()]
+        up = sum(1 for s in states if s not in (st.DEAD, st.FAILED))
+        limit = admission_limit(routes)
+        self.admit_limit[app] = max(1, math.ceil(limit * up / len(states))) if states and up else limit
 
     def pending_in(self, generation: int) -> int:
         """Requests of ``generation`` whose credits are not all back yet (its drain is not over)."""
@@ -332,6 +365,7 @@ class Frontend:
 
     def _finish(self, req: Pending, status: int, body: dict[str, Any], reason: str | None) -> None:
         req.answered = True
+        req.body = b""
         self.inflight[req.routes.app.name] -= 1
         app = req.routes.app.name
         counters = self.bins.setdefault(app, BinCounters())
@@ -400,47 +434,114 @@ class Frontend:
     def _load(self, t: Target) -> int:
         return len(self._rings[t.ring]) + self._ring_stats[t.ring].get(t.slot, st.QUEUED)
 
+    def _usable(self, targets: list[Target]) -> list[Target]:
+        """Targets by load, without processes found dead; those being restarted only when no other is up."""
+        live, restarting = [], []
+        for t in targets:
+            state = self._ring_stats[t.ring].get(t.slot, st.STATE)
+            if state == st.DEAD:
+                restarting.append(t)
+            elif state != st.FAILED:
+                live.append(t)
+        return sorted(live or restarting, key=self._load)
+
     def submit(self, routes: AppRoutes, client_id: str | None,
                tensors: list[tuple[str, str, tuple[int, ...], Any]],
-               outputs_wanted: list[str] | None) -> Pending | None:
-        """Admit and dispatch one request; None when every root ring is full (shed)."""
+               outputs_wanted: list[str] | None) -> Pending | str:
+        """Admit and dispatch one request; a message saying why when it cannot be dispatched (shed)."""
         assert self._loop is not None
         app = routes.app
-        lane = self.rng.choices(range(len(routes.lanes)), routes.lane_weights)[0] \
-            if len(routes.lanes) > 1 else 0
         now = time.monotonic_ns()
         budget_ms = (app.latency_slo_ms + routes.depth * self.hop_latency_ms) * self.time_scale
         deadline = now + int(budget_ms * 1e6)
-        rid = self.next_id
-        self.next_id += 1
-        body = bytes(encode_tensors(tensors))
-        roots = routes.roots[lane]
-        shares = split_credit(TOTAL_CREDIT, len(roots))
-        req = Pending(rid, routes, lane, client_id, now, deadline, self._loop.create_future(), outputs_wanted,
-                      generation=routes.generation)
-        sent = 0
-        for (task, targets), share in zip(roots.items(), shares):
-            h = RecordHeader(request_id=rid, app=routes.app_index, task=app.task_names.index(task), lane=lane,
-                             deadline_ns=deadline, created_ns=now)
-            h.stamp(HOP_SENT, time.monotonic_ns())
-            payload = frame(share, body)
-            for t in sorted(targets, key=self._load):
-                if self._rings[t.ring].push(h, payload):
-                    self._bells[t.ring].ring()
-                    sent += 1
-                    break
-            else:
-                if sent == 0 and task == next(iter(roots)):
-                    return None
-                req.credit_in += share
-                req.drop = req.drop or (task, int(Status.REJECTED))
-        self.pending[rid] = req
+        req = Pending(0, routes, 0, client_id, now, deadline, self._loop.create_future(), outputs_wanted,
+                      body=bytes(encode_tensors(tensors)))
+        why = self._dispatch(req)
+        if why is not None:
+            return why
         self.inflight[app.name] += 1
         req.timer = self._loop.call_later(max(0.0, (deadline - time.monotonic_ns()) / 1e9),
                                           self._on_deadline, req)
         if req.drop is not None:
             self._answer_dropped(req)
         return req
+
+    def _dispatch(self, req: Pending) -> str | None:
+        """Draw a lane, give the request a fresh id and push its root items; None when sent."""
+        routes = req.routes
+        app = routes.app
+        req.lane = self.rng.choices(range(len(routes.lanes)), routes.lane_weights)[0] \
+            if len(routes.lanes) > 1 else 0
+        req.generation = routes.generation
+        req.request_id = self.next_id
+        self.next_id += 1
+        roots = routes.roots[req.lane]
+        shares = split_credit(TOTAL_CREDIT, len(roots))
+        sent = 0
+        for (task, targets), share in zip(roots.items(), shares):
+            h = RecordHeader(request_id=req.request_id, app=routes.app_index, task=app.task_names.index(task),
+                             lane=req.lane, deadline_ns=req.deadline_ns, created_ns=req.created_ns)
+            h.stamp(HOP_SENT, time.monotonic_ns())
+            payload = frame(share, req.body)
+            usable = self._usable(targets)
+            for t in usable:
+                if self._rings[t.ring].push(h, payload):
+                    self._bells[t.ring].ring()
+                    sent += 1
+                    break
+            else:
+                if sent == 0 and task == next(iter(roots)):
+                    if not usable:
+                        return f"every instance of task {task!r} of model {app.name!r} has failed"
+                    return f"every input ring of model {app.name!r} is full"
+                req.credit_in += share
+                req.drop = req.drop or (task, int(Status.REJECTED))
+        self.pending[req.request_id] = req
+        return None
+
+    def on_worker_failed(self, generation: int, task: str, variant: str) -> tuple[int, int]:
+        """Settle the requests a dead process of (task, variant) in ``generation`` may have held.
+
+        Each unanswered one is dispatched again on the app's current routes when its deadline
+        leaves time for the fastest path, else answered 503 ``WORKER_FAILED``; answered ones
+        waiting for late credits are forgotten. Returns (retried, failed).
+        """
+        retried = failed = 0
+        now = time.monotonic_ns()
+        for req in list(self.pending.values()):
+            if req.generation != generation or req.routes.lanes[req.lane].get(task) != variant:
+                continue
+            self.pending.pop(req.request_id, None)
+            if req.answered:
+                if req.timer is not None:
+                    req.timer.cancel()
+                continue
+            name = req.routes.app.name
+            routes = self.routes.get(name, req.routes)
+            mapped = self._gens.get(routes.generation)
+            fastest = max(mapped.min_path_ns, default=0) if mapped is not None else 0
+            why = None
+            if req.attempts < MAX_ATTEMPTS and req.deadline_ns - now > fastest:
+                req.routes, req.attempts = routes, req.attempts + 1
+                req.credit_in, req.drop = 0, None
+                req.items, req.timings, req.children = {}, {}, {}
+                why = self._dispatch(req)
+                if why is None:
+                    retried += 1
+                    self.metrics.retries.inc((("app", name),))
+                    if req.drop is not None:
+                        self._answer_dropped(req)
+                    continue
+            failed += 1
+            if req.timer is not None:
+                req.timer.cancel()
+            detail = why or ("its deadline leaves no time to run it again" if req.attempts < MAX_ATTEMPTS
+                             else f"it was dispatched {req.attempts} times")
+            self._finish(req, 503, {"error": f"an instance of task {task!r} ({variant}) failed while serving "
+                                             f"this request and {detail}; retry later",
+                                    "status": "WORKER_FAILED", "task": task, "reason": "worker_failed",
+                                    "id": req.client_id}, "worker_failed")
+        return retried, failed
 
     # ---- HTTP -----------------------------------------------------------------------------
     def make_app(self, max_payload_bytes: int) -> web.Application:
@@ -534,12 +635,11 @@ class Frontend:
                           headers={"Retry-After": RETRY_AFTER_S})
         routes = self.routes.get(name, routes)  # a reconfiguration may have switched it during the read
         req = self.submit(routes, parsed.id, parsed.inputs, parsed.outputs)
-        if req is None:
+        if isinstance(req, str):
             self.bins[name].answered += 1
             self.bins[name].violations += 1
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
-            return _error(503, f"every input ring of model {name!r} is full; retry later",
-                          headers={"Retry-After": RETRY_AFTER_S})
+            return _error(503, f"{req}; retry later", headers={"Retry-After": RETRY_AFTER_S})
         status, doc = await req.future
         return web.json_response(doc, status=status)
 

@@ -102,7 +102,7 @@ class Metrics:
                                "Requests answered with a result.")
         self.failure = Counter(p + "inference_request_failure_total",
                                "Requests answered with an error, by reason (bad_request, shed, "
-                               "dropped, timeout, error).")
+                               "dropped, timeout, worker_failed, not_ready).")
         self.dropped = Counter(p + "inference_request_dropped_total",
                                "Items dropped by a task before execution, by reason (deadline, stale, "
                                "queue_full); a fan-out child counts once each.")
@@ -124,6 +124,15 @@ class Metrics:
         self.instance_queue = Gauge(p + "instance_queue_items", "Items queued or running in each worker.")
         self.slices = Gauge(p + "slices_in_use", "GPU compute slices the running plans use.")
         self.processes = Gauge(p + "worker_processes", "Worker processes, by app.")
+        self.retries = Counter(p + "inference_request_retries_total",
+                               "Requests dispatched again because a worker holding them failed.")
+        self.worker_failures = Counter(p + "worker_failures_total",
+                                       "Worker processes found dead or hung, by app, task and reason "
+                                       "(exited, hung, start_failed).")
+        self.worker_restarts = Counter(p + "worker_restarts_total",
+                                       "Worker processes restarted, by app and task.")
+        self.planner_failures = Counter(p + "planner_failures_total",
+                                        "Re-plans that failed or timed out (the running plan kept serving).")
 
     def render(self) -> str:
         lines = ["# HELP jigsaw_backend_info The backend executing the models (emulated: timings come "
@@ -132,6 +141,7 @@ class Metrics:
                  f'jigsaw_backend_info{{kind="{_escape(self.backend_kind)}"}} 1']
         for fam in (self.success, self.failure, self.dropped, self.late, self.request_duration,
                     self.queue_duration, self.compute_duration, self.batch_size, self.inflight, self.busy,
-                    self.instance_queue, self.slices, self.processes):
+                    self.instance_queue, self.slices, self.processes, self.retries, self.worker_failures,
+                    self.worker_restarts, self.planner_failures):
             lines.extend(fam.render())
         return "\n".join(lines) + "\n"

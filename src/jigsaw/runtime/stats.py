@@ -1,9 +1,10 @@
 """A small shared-memory block where each worker process publishes its state and counters.
 
-One 64-byte slot per process (8 little-endian u64, written only by that process, read by the
-frontend for routing, readiness and metrics)::
+One 128-byte slot per process (16 little-endian u64, written by that process, read by the
+frontend for routing, readiness and metrics; the daemon's supervisor writes ``state`` of a
+process it found dead)::
 
-    0 state     0 starting, 1 ready, 2 stopped
+    0 state     0 starting, 1 ready, 2 stopped, 3 dead (being restarted), 4 failed (given up)
     1 pid
     2 queued    items popped but not yet finished (queue + running batch)
     3 busy_ns   time spent executing batches
@@ -11,6 +12,8 @@ frontend for routing, readiness and metrics)::
     5 items     items executed
     6 started_ns  CLOCK_MONOTONIC when the process became ready
     7 dropped   items dropped by this process
+    8 heartbeat_ns  CLOCK_MONOTONIC of the process's last event-loop turn (a stale one: hung)
+    9-15        reserved
 
 Readers may see a slightly stale value; nothing depends on a consistent snapshot.
 """
@@ -21,9 +24,9 @@ import mmap
 
 import posix_ipc
 
-SLOT_WORDS = 8
-STATE, PID, QUEUED, BUSY_NS, BATCHES, ITEMS, STARTED_NS, DROPPED = range(SLOT_WORDS)
-STARTING, READY, STOPPED = 0, 1, 2
+SLOT_WORDS = 16
+STATE, PID, QUEUED, BUSY_NS, BATCHES, ITEMS, STARTED_NS, DROPPED, HEARTBEAT_NS = range(9)
+STARTING, READY, STOPPED, DEAD, FAILED = 0, 1, 2, 3, 4
 
 
 class StatsBlock:

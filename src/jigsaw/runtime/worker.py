@@ -48,7 +48,10 @@ from jigsaw.runtime.rings import Doorbell, RecordHeader, RingClosedError, ShmRin
 from jigsaw.runtime.stats import (
     BATCHES,
     BUSY_NS,
+    DEAD,
     DROPPED,
+    FAILED,
+    HEARTBEAT_NS,
     ITEMS,
     PID,
     QUEUED,
@@ -61,6 +64,7 @@ from jigsaw.runtime.tensors import encode_tensors
 from jigsaw.runtime.topology import ProcessSpec
 
 IDLE_WAIT_S = 1.0  # an idle process wakes this often only to notice that its parent died
+HEARTBEAT_S = 0.2  # the loop stamps its heartbeat this often while it is free to run
 POP_BATCH = 256
 PUSH_RETRY_S = 0.0005
 
@@ -144,9 +148,21 @@ class Worker:
         self.done_bell.ring()
 
     def _least_loaded(self, candidates: list[int]) -> list[int]:
-        load = [(len(self.outputs[i]) + self.stats.get(self.output_slots[i], QUEUED), n, i)
-                for n, i in enumerate(candidates)]
-        return [i for _, _, i in sorted(load)]
+        """Candidates by load, leaving out processes the supervisor marked dead or failed.
+
+        When every candidate is down, those being restarted are returned (the item waits in
+        the ring for the new process); none when all have failed for good.
+        """
+        live, restarting = [], []
+        for n, i in enumerate(candidates):
+            slot = self.output_slots[i]
+            state = self.stats.get(slot, STATE)
+            entry = (len(self.outputs[i]) + self.stats.get(slot, QUEUED), n, i)
+            if state == DEAD:
+                restarting.append(entry)
+            elif state != FAILED:
+                live.append(entry)
+        return [i for _, _, i in sorted(live or restarting)]
 
     def forward(self, header: RecordHeader, credit: int, result: ItemResult) -> int:
         """Send the item's children downstream; returns how many were sent."""
@@ -167,20 +183,20 @@ class Worker:
             h.stamp(HOP_SENT, time.monotonic_ns())
             payload = frame(share, body)
             sent = False
-            for i in self._least_loaded(routes[task]):
+            order = self._least_loaded(routes[task])
+            for i in order:
                 if self.outputs[i].push(h, payload):
                     self._rung.add(i)
                     sent = True
                     break
+            if not sent and order:
+                sent = self._push_blocking(self.outputs[order[0]], h, payload, header.deadline_ns)
+                self._rung.add(order[0])
             if not sent:
-                i = self._least_loaded(routes[task])[0]
-                sent = self._push_blocking(self.outputs[i], h, payload, header.deadline_ns)
-                self._rung.add(i)
-            if not sent:
-                # Never reached the next task: its deadline passed while every ring was full.
-                h.task = index_of[task]
+                # Never reached the next task: its deadline passed while every ring was full, or
+                # every process of that task has failed for good.
                 dropped = h.copy()
-                dropped.status = int(Status.DROPPED_DEADLINE)
+                dropped.status = int(Status.DROPPED_DEADLINE if order else Status.ERROR)
                 dropped.stamp(HOP_DONE, time.monotonic_ns())
                 self._push_blocking(self.done, dropped, frame(share, b""), time.monotonic_ns() + 60 * 10**9)
                 self.done_bell.ring()
@@ -284,6 +300,12 @@ class Worker:
             wake.set()
 
         loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+
+        def heartbeat() -> None:
+            self.stats.set(slot, HEARTBEAT_NS, time.monotonic_ns())
+            loop.call_later(HEARTBEAT_S, heartbeat)
+
+        heartbeat()
         self.stats.set(slot, PID, os.getpid())
         self.stats.set(slot, STARTED_NS, time.monotonic_ns())
         self.stats.set(slot, STATE, READY)

@@ -1,0 +1,211 @@
+"""The daemon's worker supervisor: finds dead and hung workers, recovers their rings, restarts them.
+
+``check`` runs on the daemon's event loop every ``POLL_S``. A worker whose process exited, or
+whose heartbeat (``stats.HEARTBEAT_NS``, stamped by its event loop) is older than its hang
+timeout, has failed:
+
+1. its stats slot is marked DEAD, so the frontend and the upstream workers route around it;
+   a hung process is SIGKILLed (nothing else can vouch for what it still holds);
+2. the items left in its input rings are discarded: with the consumer dead, the supervisor may
+   pop them, and the ring's indexes (in shared memory) stay consistent for the next consumer;
+   a record the dead process was writing as a producer was never published and does not exist;
+3. the frontend settles every request that may have had work on it (``on_worker_failed``:
+   dispatched again under a new id while the deadline allows, else answered 503);
+4. it is restarted on the same spec, rings, doorbell and stats slot; routing returns to it
+   once it reports ready.
+
+A worker failing more than ``server.worker_max_restarts`` times within
+``server.worker_restart_window_s`` is given up (FAILED): its capacity is lost, and
+``on_capacity_lost`` asks the app's controller to re-plan onto a fresh generation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from jigsaw.runtime import stats as st
+from jigsaw.runtime.rings import ShmRing
+from jigsaw.runtime.topology import ProcessSpec
+
+POLL_S = 0.1
+DRAIN_POP = 1024
+RESTART_READY_TIMEOUT_S = 120.0
+EVENTS_MAX = 1000
+
+
+@dataclass
+class WorkerEvent:
+    """One failure as ``/admin/workers`` reports it."""
+
+    worker: str
+    app: str
+    task: str
+    variant: str
+    generation: int
+    pid: int
+    reason: str  # exited, hung, start_failed
+    detail: str
+    detected_unix_s: float
+    discarded_items: int
+    retried_requests: int
+    failed_requests: int
+    action: str  # restarted, given_up
+    restored_unix_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def hang_timeout_ns(spec: ProcessSpec, base_s: float) -> int:
+    """How long a process's loop may go without a heartbeat before it counts as hung.
+
+    A real backend computes on the loop's thread, so a batch holds the heartbeat back for as long
+    as the batch runs: twice the profile's slowest batch is allowed on top. The emulated backend
+    awaits a timer, and its loop keeps turning.
+    """
+    allowance_s = 0.0
+    if spec.backend != "emulated" and spec.latency_ms_by_batch:
+        allowance_s = 2.0 * max(spec.latency_ms_by_batch.values()) * spec.time_scale / 1000.0
+    return int((base_s + allowance_s) * 1e9)
+
+
+def discard_inputs(spec: ProcessSpec) -> int:
+    """Pop every record left in a dead process's input rings; returns how many there were."""
+    n = 0
+    for name in spec.inputs:
+        try:
+            ring = ShmRing.attach(name)
+        except Exception:  # a ring already unlinked has nothing left to recover
+            continue
+        try:
+            while True:
+                got = ring.pop_many(DRAIN_POP)
+                n += len(got)
+                if len(got) < DRAIN_POP:
+                    break
+        finally:
+            ring.close()
+    return n
+
+
+class Supervisor:
+    """Watches every generation's workers of a ``daemon.Daemon`` for its ``Frontend``."""
+
+    def __init__(self, daemon: Any, frontend: Any, *, log: Callable[[str], None],
+                 on_capacity_lost: Callable[[str, str], None] | None = None) -> None:
+        server = daemon.node.server
+        self.daemon = daemon
+        self.fe = frontend
+        self.log = log
+        self.on_capacity_lost = on_capacity_lost
+        self.hang_timeout_s = server.worker_hang_timeout_s
+        self.max_restarts = server.worker_max_restarts
+        self.window_s = server.worker_restart_window_s
+        self.events: deque[WorkerEvent] = deque(maxlen=EVENTS_MAX)
+        self.stopped = False
+        self._failures: dict[tuple[int, int], deque[float]] = {}
+        self._restoring: dict[tuple[int, int], tuple[float, WorkerEvent]] = {}
+
+    def stop(self) -> None:
+        """No more failures are handled (the daemon is stopping its workers)."""
+        self.stopped = True
+
+    def check(self) -> None:
+        if self.stopped:
+            return
+        now_ns = time.monotonic_ns()
+        for gid, g in list(self.daemon.generations.items()):
+            if g.stopping or g.stats is None or len(g.workers) != len(g.topology.processes):
+                continue
+            for k, spec in enumerate(g.topology.processes):
+                key = (gid, k)
+                proc = g.workers[k]
+                state = g.stats.get(spec.slot, st.STATE)
+                if key in self._restoring:
+                    self._watch_restart(g, k, spec, state)
+                    continue
+                if state != st.READY:
+                    continue  # starting (a new generation's controller waits for it), or failed
+                rc = proc.poll()
+                if rc is not None:
+                    self._fail(g, k, "exited", f"exited with status {rc}")
+                    continue
+                beat = g.stats.get(spec.slot, st.HEARTBEAT_NS)
+                if beat and now_ns - beat > hang_timeout_ns(spec, self.hang_timeout_s):
+                    self._fail(g, k, "hung", f"no heartbeat for {(now_ns - beat) / 1e9:.1f} s")
+
+    def _watch_restart(self, g: Any, k: int, spec: ProcessSpec, state: int) -> None:
+        key = (g.gid, k)
+        started, event = self._restoring[key]
+        if state == st.READY:
+            del self._restoring[key]
+            event.restored_unix_s = time.time()
+            self.fe.refresh_admission(spec.app)
+            self.log(f"worker {spec.name} restarted (pid {g.workers[k].pid}) and serving again after "
+                     f"{time.monotonic() - started:.2f} s")
+            return
+        rc = g.workers[k].poll()
+        if rc is not None:
+            del self._restoring[key]
+            self._fail(g, k, "start_failed", f"exited with status {rc} while restarting")
+        elif time.monotonic() - started > RESTART_READY_TIMEOUT_S:
+            del self._restoring[key]
+            self._fail(g, k, "start_failed", f"not ready {RESTART_READY_TIMEOUT_S:g} s after its restart")
+
+    def _fail(self, g: Any, k: int, reason: str, detail: str) -> None:
+        spec: ProcessSpec = g.topology.processes[k]
+        proc: subprocess.Popen[bytes] = g.workers[k]
+        g.stats.set(spec.slot, st.STATE, st.DEAD)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=2.0)
+        discarded = discard_inputs(spec)
+        retried, failed = self.fe.on_worker_failed(g.gid, spec.task, spec.variant)
+        labels = (("app", spec.app), ("task", spec.task))
+        self.fe.metrics.worker_failures.inc((*labels, ("reason", reason)))
+        now = time.monotonic()
+        recent = self._failures.setdefault((g.gid, k), deque())
+        recent.append(now)
+        while recent and now - recent[0] > self.window_s:
+            recent.popleft()
+        give_up = len(recent) > self.max_restarts or self.stopped or g.stopping
+        event = WorkerEvent(spec.name, spec.app, spec.task, spec.variant, g.gid, proc.pid, reason, detail,
+                            time.time(), discarded, retried, failed, "given_up" if give_up else "restarted")
+        self.events.append(event)
+        if give_up:
+            g.stats.set(spec.slot, st.STATE, st.FAILED if not (self.stopped or g.stopping) else st.STOPPED)
+        else:
+            g.restart_worker(k)
+            self._restoring[(g.gid, k)] = (now, event)
+            self.fe.metrics.worker_restarts.inc(labels)
+        self.fe.refresh_admission(spec.app)
+        self.log(f"worker {spec.name} (pid {proc.pid}) {detail}: {discarded} queued items discarded, "
+                 f"{retried} requests dispatched again, {failed} answered 503; "
+                 + ("restarting it" if not give_up else
+                    f"given up after {len(recent)} failures in {self.window_s:g} s"))
+        if give_up and self.on_capacity_lost is not None and not (self.stopped or g.stopping):
+            self.on_capacity_lost(spec.app, f"worker {spec.name} failed {len(recent)} times")
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Every worker of every generation with its state, pid and restarts (``/admin/workers``)."""
+        names = {st.STARTING: "starting", st.READY: "ready", st.STOPPED: "stopped", st.DEAD: "restarting",
+                 st.FAILED: "failed"}
+        out = []
+        for gid, g in list(self.daemon.generations.items()):
+            if g.stats is None:
+                continue
+            for k, spec in enumerate(g.topology.processes):
+                proc = g.workers[k] if k < len(g.workers) else None
+                out.append({"worker": spec.name, "app": spec.app, "task": spec.task, "variant": spec.variant,
+                            "generation": gid, "pid": proc.pid if proc is not None else None,
+                            "state": names.get(g.stats.get(spec.slot, st.STATE), "unknown"),
+                            "failures": len(self._failures.get((gid, k), ()))})
+        return out
