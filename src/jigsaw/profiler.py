@@ -24,6 +24,7 @@ import contextlib
 import csv
 import datetime as dt
 import functools
+import importlib
 import os
 import platform
 import socket
@@ -67,7 +68,7 @@ def backend_description(backend: str) -> str:
     for mod in ("onnxruntime", "torch", "tensorrt"):
         if mod in sys.modules or mod == backend or (mod == "torch" and backend != "tensorrt"):
             with contextlib.suppress(Exception):
-                parts.append(f"{mod}-{__import__(mod).__version__}")
+                parts.append(f"{mod}-{importlib.import_module(mod).__version__}")
     return " ".join(dict.fromkeys(parts))
 
 
