@@ -34,6 +34,7 @@ from jigsaw.backends.emulated import EmulatedBackend
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.oip import BadRequest, parse_infer_request
+from jigsaw.runtime.openapi import add_openapi_route, openapi_document
 from jigsaw.runtime.records import (
     HOP_BATCH,
     HOP_END,
@@ -556,6 +557,9 @@ class Frontend:
             r.add_get(base, self.h_model)
             r.add_get(base + "/ready", self.h_model_ready)
             r.add_post(base + "/infer", self.h_infer)
+        add_openapi_route(app, lambda: openapi_document({n: r.app for n, r in self.routes.items()},
+                                                        self._output_specs, version=__version__,
+                                                        backend_kind=self.backend_kind))
         return app
 
     async def h_server(self, request: web.Request) -> web.Response:
@@ -641,7 +645,8 @@ class Frontend:
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
             return _error(503, f"{req}; retry later", headers={"Retry-After": RETRY_AFTER_S})
         status, doc = await req.future
-        return web.json_response(doc, status=status)
+        return web.json_response(doc, status=status,
+                                 headers={"Retry-After": RETRY_AFTER_S} if status == 503 else None)
 
     async def h_metrics(self, request: web.Request) -> web.Response:
         m = self.metrics

@@ -45,6 +45,8 @@ def _to_array(field: str, datatype: str, flat: list[Any]) -> Any:
         if not all(isinstance(x, str) for x in flat):
             raise BadRequest(f"{field}: BYTES data must be strings")
         return flat
+    if datatype != "BOOL" and bool in set(map(type, flat)):  # numpy would read them as 1 and 0
+        raise BadRequest(f"{field}: {datatype} data must be numbers, got true/false")
     try:
         arr = np.asarray(flat)
     except (ValueError, TypeError, OverflowError):
