@@ -111,3 +111,77 @@ def test_admission_limit_is_capacity_times_the_slos_queueing_share():
                        depth=1, slices=2, plan=plan)
     # 2 instances x 200 req/s, and 200 - 40 ms of the SLO left for queueing: 400 * 0.16 = 64.
     assert admission_limit(routes) == 64
+
+
+def test_topology_tolerates_a_downstream_task_planned_without_processes():
+    """Planned for a measured fan-out of 0, a downstream task may get no process: its route is empty."""
+    import sys
+    from pathlib import Path
+
+    from jigsaw.plan import LanePlan, Plan, PlanInstance
+    from jigsaw.runtime.topology import TopologyError, build_topology
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from factories import make_app, make_node, make_profiles
+
+    app = make_app({"a": [("va", 1.0)], "b": [("vb", 1.0)]}, [("a", "b", {"va": 1.0})])
+    node = make_node()
+    profiles = make_profiles(node, {"va": 1.0, "vb": 1.0})
+
+    def plan(instances: list[PlanInstance]) -> Plan:
+        return Plan(app="tiny", space="ast", demand_rps=10, planned_rps=10, feasible=True,
+                    max_demand_plan=False, status="optimal", objective=0.0, accuracy=1.0, slices_used=1,
+                    slices_available=7, solve_seconds=0.0, gap=0.0, instances=instances,
+                    task_latency_ms={"a": 10.0, "b": 10.0}, lanes=[LanePlan({"a": "va", "b": "vb"}, 10.0)])
+
+    only_a = [PlanInstance("a", "va", "1g.10gb", 1, 4, 1, 10.0, 100.0, 1)]
+    topo = build_topology(node, [(app, plan(only_a))], profiles, name_of=lambda p: f"/t-{p}")
+    (spec,) = topo.processes
+    assert spec.task == "a" and spec.routes == [{"b": []}] and spec.outputs == []
+    only_b = [PlanInstance("b", "vb", "1g.10gb", 1, 4, 1, 10.0, 100.0, 1)]
+    with pytest.raises(TopologyError, match="lane 0 sends a"):
+        build_topology(node, [(app, plan(only_b))], profiles, name_of=lambda p: f"/t-{p}")
+
+
+def test_a_blocking_backend_computes_off_the_loop_so_heartbeats_continue():
+    import asyncio
+
+    from jigsaw.backends.base import Backend, ItemResult
+
+    class Slow(Backend):
+        def load(self, variant, max_batch):
+            pass
+
+        def execute(self, request_ids, inputs):
+            time.sleep(0.3)  # a model runtime computing with the GIL released
+            return [ItemResult([]) for _ in inputs]
+
+        @classmethod
+        def output_specs(cls, task_kind, downstream=()):
+            return []
+
+    async def go() -> int:
+        ticks = 0
+
+        async def beat() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.02)
+        b = Slow("t", "classifier")
+        task = asyncio.get_running_loop().create_task(beat())
+        try:
+            assert len(await b.execute_async([1, 2], [b"", b""])) == 2
+        finally:
+            task.cancel()
+            b.close()
+        return ticks
+    assert asyncio.run(go()) >= 5
+
+
+def test_batch_timeout_allows_ten_times_the_slowest_profiled_batch():
+    from jigsaw.runtime.supervisor import batch_timeout_ns
+    from jigsaw.runtime.topology import ProcessSpec
+    fields = {f: None for f in ProcessSpec.__dataclass_fields__}
+    fields.update(latency_ms_by_batch={1: 50.0, 8: 200.0}, time_scale=2.0)
+    spec = ProcessSpec(**fields)
+    assert batch_timeout_ns(spec, 3.0) == int((3.0 + 10 * 0.4) * 1e9)

@@ -1,4 +1,4 @@
-"""The interface every model backend implements (emulated now; onnxruntime, torch, tensorrt later).
+"""The interface every model backend implements (emulated, onnxruntime, torch, tensorrt).
 
 A worker process owns one backend instance for one (task, variant). It hands the backend a batch
 of encoded tensor payloads (``jigsaw.runtime.tensors`` format) and gets back, per item, the item's
@@ -9,7 +9,9 @@ see rings, deadlines or credits: routing and accounting stay in the worker.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from jigsaw.runtime.tensors import Tensor
@@ -55,6 +57,7 @@ class Backend(abc.ABC):
         self.downstream = tuple(downstream)
         self.variant = ""
         self.max_batch = 0
+        self._compute: ThreadPoolExecutor | None = None
 
     @abc.abstractmethod
     def load(self, variant: str, max_batch: int) -> None:
@@ -65,15 +68,24 @@ class Backend(abc.ABC):
         """Run one batch; ``inputs[i]`` is item i's encoded tensors; returns one result per item."""
 
     async def execute_async(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
-        """``execute`` from the worker's event loop. The default blocks the loop for the batch, which
-        is right for a backend that holds the CPU anyway; one that waits on a device or a timer
-        overrides it so the loop stays free meanwhile."""
-        return self.execute(request_ids, inputs)
+        """``execute`` from the worker's event loop, on one helper thread.
+
+        The model runtimes release the GIL while they compute, so the loop keeps turning: it
+        stamps the heartbeat the supervisor watches (a batch is watched by its own timeout) and
+        answers signals. A backend that waits on a device or a timer overrides this instead.
+        """
+        if self._compute is None:
+            self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        return await asyncio.get_running_loop().run_in_executor(self._compute, self.execute, request_ids,
+                                                                inputs)
 
     @classmethod
     @abc.abstractmethod
     def output_specs(cls, task_kind: str, downstream: Sequence[str] = ()) -> list[OutputSpec]:
         """The outputs an item of a task of this kind produces (so empty results keep their shape)."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
-        """Release models and buffers; the default has nothing to release."""
+    def close(self) -> None:
+        """Release models and buffers; subclasses that hold some extend it."""
+        if self._compute is not None:
+            self._compute.shutdown(wait=False)
+            self._compute = None

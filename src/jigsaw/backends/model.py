@@ -94,4 +94,5 @@ class ModelBackend(Backend):
         return output_specs(task_kind, downstream)
 
     def close(self) -> None:
+        super().close()
         self._net = None

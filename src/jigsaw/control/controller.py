@@ -280,13 +280,7 @@ class AppController:
             try:
                 new = await loop.run_in_executor(self.executor, call)
             except Exception as exc:  # a planner failure keeps the running plan
-                why = f"{type(exc).__name__}: {exc}"
-                self.log(f"{self.app.name}: planner failed ({why}); keeping the running plan")
-                if len(self.current.planner_errors) < 10:
-                    self.current.planner_errors.append(why[:500])
-                metrics = getattr(self.fe, "metrics", None)
-                if metrics is not None:
-                    metrics.planner_failures.inc((("app", self.app.name),))
+                self._planner_failed(exc)
                 return previous
             self.predicted_rps = demand_rps
             self.current.predicted_rps = demand_rps
@@ -294,9 +288,22 @@ class AppController:
                 self.log(f"{self.app.name}: no configuration for {demand_rps:.1f} rps ({new.status}); "
                          f"keeping the running plan")
                 return previous
-            await self.apply(new)
-            self.current.plan = plan_summary(new)
-            return new
+            try:
+                await self.apply(new)
+            except Exception as exc:  # a plan the runtime cannot lay out: keep the running one
+                self._planner_failed(exc)
+                return previous
+            self.current.plan = plan_summary(self.plan)
+            return self.plan
+
+    def _planner_failed(self, exc: BaseException) -> None:
+        why = f"{type(exc).__name__}: {exc}"
+        self.log(f"{self.app.name}: re-plan failed ({why}); keeping the running plan")
+        if len(self.current.planner_errors) < 10:
+            self.current.planner_errors.append(why[:500])
+        metrics = getattr(self.fe, "metrics", None)
+        if metrics is not None:
+            metrics.planner_failures.inc((("app", self.app.name),))
 
     async def apply(self, new: Plan) -> None:
         """Make ``new`` the running plan: in place when it runs the same processes, else a generation."""
@@ -318,7 +325,7 @@ class AppController:
             changed = changed_gpus(old.plan.layout, new.layout)
             for cmd in to_nvidia_smi_commands(new.layout, old.plan.layout):
                 self.log(f"{app}: emulated repartition: {cmd}")
-        gen = d.new_generation(self.app, new)
+        gen = d.new_generation(self.app, new)  # raises when the plan cannot be laid out (nothing started)
         try:
             gen.create_segments()
             gen.start_workers()

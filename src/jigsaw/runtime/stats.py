@@ -13,7 +13,8 @@ process it found dead)::
     6 started_ns  CLOCK_MONOTONIC when the process became ready
     7 dropped   items dropped by this process
     8 heartbeat_ns  CLOCK_MONOTONIC of the process's last event-loop turn (a stale one: hung)
-    9-15        reserved
+    9 batch_started_ns  CLOCK_MONOTONIC when the running batch started; 0 between batches
+    10-15       reserved
 
 Readers may see a slightly stale value; nothing depends on a consistent snapshot.
 """
@@ -25,7 +26,7 @@ import mmap
 import posix_ipc
 
 SLOT_WORDS = 16
-STATE, PID, QUEUED, BUSY_NS, BATCHES, ITEMS, STARTED_NS, DROPPED, HEARTBEAT_NS = range(9)
+STATE, PID, QUEUED, BUSY_NS, BATCHES, ITEMS, STARTED_NS, DROPPED, HEARTBEAT_NS, BATCH_STARTED_NS = range(10)
 STARTING, READY, STOPPED, DEAD, FAILED = 0, 1, 2, 3, 4
 
 

@@ -4,6 +4,9 @@
 whose heartbeat (``stats.HEARTBEAT_NS``, stamped by its event loop) is older than its hang
 timeout, has failed:
 
+(A batch runs off the worker's loop, so the heartbeat keeps coming while it computes; a batch
+that runs far beyond its profile, ``batch_timeout_ns``, counts as a hang too.)
+
 1. its stats slot is marked DEAD, so the frontend and the upstream workers route around it;
    a hung process is SIGKILLed (nothing else can vouch for what it still holds);
 2. the items left in its input rings are discarded: with the consumer dead, the supervisor may
@@ -15,8 +18,11 @@ timeout, has failed:
    once it reports ready.
 
 A worker failing more than ``server.worker_max_restarts`` times within
-``server.worker_restart_window_s`` is given up (FAILED): its capacity is lost, and
-``on_capacity_lost`` asks the app's controller to re-plan onto a fresh generation.
+``server.worker_restart_window_s`` is given up (FAILED): routing skips it even while no other
+process of its task is up (the frontend then answers 503 at once instead of queueing), its
+capacity is lost, and ``on_capacity_lost`` asks the app's controller to re-plan onto a fresh
+generation. Until that generation replaces it, it is still restarted now and then (backoff from
+``RETRY_BACKOFF_S``, doubling): a node whose re-plan cannot help is not left without the process.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ POLL_S = 0.1
 DRAIN_POP = 1024
 RESTART_READY_TIMEOUT_S = 120.0
 EVENTS_MAX = 1000
+RETRY_BACKOFF_S = 5.0
+RETRY_BACKOFF_MAX_S = 60.0
 
 
 @dataclass
@@ -62,17 +70,13 @@ class WorkerEvent:
         return asdict(self)
 
 
-def hang_timeout_ns(spec: ProcessSpec, base_s: float) -> int:
-    """How long a process's loop may go without a heartbeat before it counts as hung.
+BATCH_SLACK = 10.0  # a batch may take this many times the profile's slowest batch (CPU contention)
 
-    A real backend computes on the loop's thread, so a batch holds the heartbeat back for as long
-    as the batch runs: twice the profile's slowest batch is allowed on top. The emulated backend
-    awaits a timer, and its loop keeps turning.
-    """
-    allowance_s = 0.0
-    if spec.backend != "emulated" and spec.latency_ms_by_batch:
-        allowance_s = 2.0 * max(spec.latency_ms_by_batch.values()) * spec.time_scale / 1000.0
-    return int((base_s + allowance_s) * 1e9)
+
+def batch_timeout_ns(spec: ProcessSpec, base_s: float) -> int:
+    """How long one batch may run before the process counts as hung (a stuck kernel or runtime)."""
+    slowest_s = max(spec.latency_ms_by_batch.values(), default=0.0) * spec.time_scale / 1000.0
+    return int((base_s + BATCH_SLACK * slowest_s) * 1e9)
 
 
 def discard_inputs(spec: ProcessSpec) -> int:
@@ -110,7 +114,8 @@ class Supervisor:
         self.events: deque[WorkerEvent] = deque(maxlen=EVENTS_MAX)
         self.stopped = False
         self._failures: dict[tuple[int, int], deque[float]] = {}
-        self._restoring: dict[tuple[int, int], tuple[float, WorkerEvent]] = {}
+        self._restoring: dict[tuple[int, int], tuple[float, WorkerEvent | None]] = {}
+        self._retry_at: dict[tuple[int, int], float] = {}  # given-up workers: when to try again
 
     def stop(self) -> None:
         """No more failures are handled (the daemon is stopping its workers)."""
@@ -130,6 +135,14 @@ class Supervisor:
                 if key in self._restoring:
                     self._watch_restart(g, k, spec, state)
                     continue
+                if state == st.FAILED and key in self._retry_at and time.monotonic() >= self._retry_at[key]:
+                    del self._retry_at[key]
+                    g.restart_worker(k)
+                    last = next((e for e in reversed(self.events)
+                                 if e.worker == spec.name and e.generation == gid), None)
+                    self._restoring[key] = (time.monotonic(), last)
+                    self.log(f"worker {spec.name}: trying it again after its back-off")
+                    continue
                 if state != st.READY:
                     continue  # starting (a new generation's controller waits for it), or failed
                 rc = proc.poll()
@@ -137,15 +150,20 @@ class Supervisor:
                     self._fail(g, k, "exited", f"exited with status {rc}")
                     continue
                 beat = g.stats.get(spec.slot, st.HEARTBEAT_NS)
-                if beat and now_ns - beat > hang_timeout_ns(spec, self.hang_timeout_s):
+                if beat and now_ns - beat > self.hang_timeout_s * 1e9:
                     self._fail(g, k, "hung", f"no heartbeat for {(now_ns - beat) / 1e9:.1f} s")
+                    continue
+                batch = g.stats.get(spec.slot, st.BATCH_STARTED_NS)
+                if batch and now_ns - batch > batch_timeout_ns(spec, self.hang_timeout_s):
+                    self._fail(g, k, "hung", f"one batch running for {(now_ns - batch) / 1e9:.1f} s")
 
     def _watch_restart(self, g: Any, k: int, spec: ProcessSpec, state: int) -> None:
         key = (g.gid, k)
         started, event = self._restoring[key]
         if state == st.READY:
             del self._restoring[key]
-            event.restored_unix_s = time.time()
+            if event is not None:
+                event.restored_unix_s = time.time()
             self.fe.refresh_admission(spec.app)
             self.log(f"worker {spec.name} restarted (pid {g.workers[k].pid}) and serving again after "
                      f"{time.monotonic() - started:.2f} s")
@@ -182,6 +200,8 @@ class Supervisor:
         self.events.append(event)
         if give_up:
             g.stats.set(spec.slot, st.STATE, st.FAILED if not (self.stopped or g.stopping) else st.STOPPED)
+            extra = len(recent) - self.max_restarts - 1
+            self._retry_at[(g.gid, k)] = now + min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** max(0, extra))
         else:
             g.restart_worker(k)
             self._restoring[(g.gid, k)] = (now, event)

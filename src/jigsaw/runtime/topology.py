@@ -184,10 +184,12 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
         for p in mine:
             by_tv.setdefault((p["task"], p["variant"]), []).append(p)  # type: ignore[arg-type]
         for li, lane in enumerate(lanes):
-            for t in app.task_names:
+            for t in app.roots:
                 if weights[li] > 0 and not by_tv.get((t, lane.get(t, ""))):
                     raise TopologyError(f"{app.name}: lane {li} sends {t} to variant "
                                         f"{lane.get(t)!r}, which the plan does not run")
+        # A downstream task may have no process in a lane: planned for a measured fan-out of 0, its
+        # route is empty and the workers do not send it children (until the next plan).
         fastest = {t: min((latency_for_batch_ms(p["table"], 1) for p in mine  # type: ignore[arg-type]
                            if p["task"] == t), default=0.0) for t in app.task_names}
         remaining: dict[str, float] = {}

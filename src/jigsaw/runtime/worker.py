@@ -46,6 +46,7 @@ from jigsaw.runtime.records import (
 )
 from jigsaw.runtime.rings import Doorbell, RecordHeader, RingClosedError, ShmRing, Status
 from jigsaw.runtime.stats import (
+    BATCH_STARTED_NS,
     BATCHES,
     BUSY_NS,
     DEAD,
@@ -129,8 +130,10 @@ class Worker:
     def _push_blocking(self, ring: ShmRing, header: RecordHeader, payload: bytes, until_ns: int) -> bool:
         """Push, retrying while the ring is full until ``until_ns``; False when it never fit."""
         while not ring.push(header, payload):
-            if time.monotonic_ns() >= until_ns or not _running:
+            now = time.monotonic_ns()
+            if now >= until_ns or not _running:
                 return False
+            self.stats.set(self.spec.slot, HEARTBEAT_NS, now)  # waiting on a peer is not hanging
             time.sleep(PUSH_RETRY_S)
         return True
 
@@ -253,9 +256,11 @@ class Worker:
         headers = [e[3][0] for e in batch]
         framed = [unframe(e[3][1]) for e in batch]
         start = time.monotonic_ns()
+        self.stats.set(slot, BATCH_STARTED_NS, start)
         results = await self.backend.execute_async([h.request_id for h in headers],
                                                    [bytes(t) for _, t in framed])
         end = time.monotonic_ns()
+        self.stats.set(slot, BATCH_STARTED_NS, 0)
         self.stats.add(slot, BUSY_NS, end - start)
         self.stats.add(slot, BATCHES, 1)
         self.stats.add(slot, ITEMS, len(batch))
@@ -306,6 +311,7 @@ class Worker:
             loop.call_later(HEARTBEAT_S, heartbeat)
 
         heartbeat()
+        self.stats.set(slot, BATCH_STARTED_NS, 0)  # a predecessor killed mid-batch left its stamp
         self.stats.set(slot, PID, os.getpid())
         self.stats.set(slot, STARTED_NS, time.monotonic_ns())
         self.stats.set(slot, STATE, READY)
