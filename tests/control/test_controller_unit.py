@@ -181,3 +181,34 @@ def test_solver_process_that_hangs_is_killed_and_replaced(tmp_path: Path) -> Non
                    factors=None)
     finally:
         solver.close()
+
+
+def test_the_next_bins_plan_starts_ahead_of_the_bin_end() -> None:
+    import time
+    calls: list[tuple[float, float]] = []
+
+    def solver(app: Any, node: Any, profiles: Any, demand: float, **kw: Any) -> Plan:
+        calls.append((time.monotonic(), demand))
+        return _plan(demand)  # no instances: keeps the running plan
+
+    async def go() -> None:
+        c, fe = _controller(solver, bin_seconds=1.0)
+        assert c.lead_s() == 0.0  # nothing measured yet: re-plan at the bin's end
+        c.history_rps.extend([10.0] * 4)
+        c._replan_s = 0.4  # recent re-plans took 0.4 s: start 0.5 s (1.25 x 0.4) before the end
+        assert c.lead_s() == pytest.approx(0.5)
+        c.bin_start = time.monotonic()
+        fe.bins["traffic_analysis"].arrivals = 50  # ~100 req/s so far, x time scale 2
+        c.start()
+        try:
+            await asyncio.sleep(1.25)
+        finally:
+            await c.stop()
+        assert len(calls) == 1, calls  # one re-plan for the boundary, none again at the close
+        at, demand = calls[0]
+        assert 0.45 <= at - (c.bin_start - 1.0) <= 0.8
+        # the mean of 4 bins of 10 and the running bin's ~200 req/s, + 5% slack
+        assert demand == pytest.approx((40.0 + 200.0) / 5 * 1.05, rel=0.1)
+        assert c.records[-1].predicted_rps == 10.0  # the closed bin keeps the prediction it ran with
+        assert c.current.predicted_rps == pytest.approx(demand)
+    asyncio.run(go())

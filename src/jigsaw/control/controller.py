@@ -1,20 +1,21 @@
 """The per-app controller: bins demand, predicts, re-plans off the loop, reconfigures by generations.
 
-Every ``bin_seconds`` (wall time; the trace's 5-minute bins compressed) it closes the bin:
-observed demand = arrivals / bin length x time_scale (requests/s of the full-speed node), the
-violation rate, and the measured fan-out of each upstream variant. The predictor gives the
-next bin's demand; the planner runs off the loop (a worker thread waits on the planner child
-process of ``jigsaw.control.solver``, or calls the planner itself) with the running plan as
-warm start, the mean measured factors of the last bins, and a time limit below the bin length.
-A plan with the same instances only re-weights the lanes in place; any other plan becomes a
-new *generation* of the app's processes (make-before-break): its rings and workers are created
-while the old generation serves, the emulated repartition delay is applied when a GPU's MIG
-layout changed, the frontend's routing switches in one assignment, and the old generation
-drains (every accepted request is answered) before its workers stop and its segments are
-unlinked. A bin whose violation rate crosses ``control.replan_violation_rate`` triggers an
-early re-plan (once per bin). When the supervisor gives up on a worker (capacity lost), the
-app re-plans at once onto a fresh generation. A planner that fails or times out leaves the
-running plan serving; the bin's record and ``jigsaw_planner_failures_total`` report it.
+Every ``bin_seconds`` (wall time; the trace's 5-minute bins compressed) it closes the bin: observed
+demand = arrivals / bin length x time_scale (requests/s of the full-speed node), the violation rate,
+and the measured fan-out of each upstream variant. The predictor gives the next bin's demand (the
+re-plan starts ahead of the bin's end by what re-plans have recently taken, ``lead_s``, so the plan
+is in place at the boundary); the planner runs off the loop (a worker thread waits on the planner
+child process of ``jigsaw.control.solver``, or calls the planner itself) with the running plan as
+warm start, the mean measured factors of the last bins, and a time limit below the bin length. A
+plan with the same instances only re-weights the lanes in place; any other plan becomes a new
+*generation* of the app's processes (make-before-break): its rings and workers are created while the
+old generation serves, the emulated repartition delay is applied when a GPU's MIG layout changed,
+the frontend's routing switches in one assignment, and the old generation drains (every accepted
+request is answered) before its workers stop and its segments are unlinked. A bin whose violation
+rate crosses ``control.replan_violation_rate`` triggers an early re-plan (once per bin). When the
+supervisor gives up on a worker (capacity lost), the app re-plans at once onto a fresh generation. A
+planner that fails or times out leaves the running plan serving; the bin's record and
+``jigsaw_planner_failures_total`` report it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from jigsaw.plan import Plan
 from jigsaw.planner.packer import changed_gpus, to_nvidia_smi_commands
 from jigsaw.profiles import ProfileTable
 
+LEAD_MARGIN = 1.25  # a re-plan ahead of a bin's end starts this many recent re-plan durations early
 HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per app
 MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
 DRAIN_MARGIN_S = 12.0  # beyond the deadline: the frontend keeps a timed-out request 10 s for late credits
@@ -139,6 +141,7 @@ class AppController:
         self._task: asyncio.Task[None] | None = None
         self._replan_task: asyncio.Task[None] | None = None
         self._lost_demand_rps: float | None = None
+        self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
 
     @property
     def plan(self) -> Plan:
@@ -176,15 +179,44 @@ class AppController:
         self.current.plan = plan_summary(self.plan)
         self.current.predicted_rps = self.predicted_rps
         poll_s = max(0.05, min(0.5, self.bin_seconds / 20))
+        ahead = False  # the next bin's plan is on its way
         while True:
             end = self.bin_start + self.bin_seconds
             now = time.monotonic()
+            start_ahead = end - self.lead_s()
+            if not ahead and now >= start_ahead and now < end:
+                ahead = True
+                self._spawn_replan(self.predict_ahead(), early=False, for_next_bin=True)
             if now < end:
-                await asyncio.sleep(min(poll_s, end - now))
+                wake = start_ahead if not ahead and start_ahead > now else end
+                await asyncio.sleep(min(poll_s, wake - now))
                 self._check_early()
                 continue
             self._close_bin()
-            self._spawn_replan(self.predictor.predict(list(self.history_rps)), early=False)
+            if not ahead:
+                self._spawn_replan(self.predictor.predict(list(self.history_rps)), early=False,
+                                   for_next_bin=True)
+            ahead = False
+
+    def lead_s(self) -> float:
+        """How long before a bin ends its successor's re-plan starts: what re-plans have taken lately.
+
+        Solving and starting a generation take seconds; started at the bin's end, the new plan
+        would serve the next bin late by that much. Started this far ahead, with the bin so far
+        standing in for its full count, it is in place at the boundary. At most half a bin.
+        """
+        if self._replan_s is None:
+            return 0.0
+        return min(0.5 * self.bin_seconds, LEAD_MARGIN * self._replan_s)
+
+    def predict_ahead(self) -> float:
+        """The next bin's prediction with the running bin's rate so far as its latest sample."""
+        c = self.fe.bins.get(self.app.name)
+        elapsed = time.monotonic() - self.bin_start
+        history = list(self.history_rps)
+        if c is not None and elapsed > 0:
+            history.append(c.arrivals / elapsed * self.time_scale)
+        return self.predictor.predict(history)
 
     def _close_bin(self) -> None:
         c = self.fe.take_bin(self.app.name)
@@ -242,10 +274,13 @@ class AppController:
             demand, self._lost_demand_rps = self._lost_demand_rps, None
             self._spawn_replan(demand, early=True)
 
-    def _spawn_replan(self, demand_rps: float, *, early: bool) -> None:
+    def _spawn_replan(self, demand_rps: float, *, early: bool, for_next_bin: bool = False) -> None:
         if self._replan_task is not None and not self._replan_task.done():
             return  # the previous re-plan still runs: the next bin end re-plans with fresher data
-        self._replan_task = asyncio.get_running_loop().create_task(self.replan(demand_rps))
+        # ahead of the bin's end the plan is for the next bin; after it (or early) for this one
+        target = self.bin_index + 1 if for_next_bin and time.monotonic() < self.bin_start + self.bin_seconds \
+            else self.bin_index
+        self._replan_task = asyncio.get_running_loop().create_task(self.replan(demand_rps, for_bin=target))
 
     # ---- planning and reconfiguration ------------------------------------------------------
     def measured_factors(self) -> Factors:
@@ -268,9 +303,14 @@ class AppController:
                 out[(task, variant, c)] = total * (d / norm if norm > 0 else 1.0 / len(kids))
         return out
 
-    async def replan(self, demand_rps: float) -> Plan:
-        """Plan for ``demand_rps`` off the loop and reconfigure if the plan changed."""
+    async def replan(self, demand_rps: float, for_bin: int | None = None) -> Plan:
+        """Plan for ``demand_rps`` off the loop and reconfigure if the plan changed.
+
+        ``for_bin``: the bin the plan is for (default: the running one); that bin's record gets
+        the prediction and the plan once it runs.
+        """
         async with self.lock:
+            t0 = time.monotonic()
             loop = asyncio.get_running_loop()
             previous = self.plan
             factors = self.measured_factors() or None
@@ -283,7 +323,9 @@ class AppController:
                 self._planner_failed(exc)
                 return previous
             self.predicted_rps = demand_rps
-            self.current.predicted_rps = demand_rps
+            mine = for_bin is None or for_bin == self.bin_index  # else _close_bin copies it over
+            if mine:
+                self.current.predicted_rps = demand_rps
             if not new.instances:
                 self.log(f"{self.app.name}: no configuration for {demand_rps:.1f} rps ({new.status}); "
                          f"keeping the running plan")
@@ -293,7 +335,10 @@ class AppController:
             except Exception as exc:  # a plan the runtime cannot lay out: keep the running one
                 self._planner_failed(exc)
                 return previous
-            self.current.plan = plan_summary(self.plan)
+            took = time.monotonic() - t0
+            self._replan_s = took if self._replan_s is None else 0.5 * (self._replan_s + took)
+            if mine or for_bin == self.bin_index:
+                self.current.plan = plan_summary(self.plan)
             return self.plan
 
     def _planner_failed(self, exc: BaseException) -> None:
