@@ -7,7 +7,6 @@ node is still ready, its workers are the same processes, and valid requests are 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import time
@@ -18,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
-from dpserver import Server, http, image, shm_entries, write_tiny
+from dpserver import Server, http, image, shm_entries, worker_pids, write_tiny
 
 MAX_PAYLOAD = 8192
 
@@ -30,22 +29,9 @@ def node(tmp_path_factory: pytest.TempPathFactory):
                                   ("b", "classifier", {1: 1.0, 2: 1.5}, 2)],
                       edges=[("a", "b", 1.0)], max_payload_bytes=MAX_PAYLOAD, latency_slo_ms=2000.0)
     with Server(args, tmp / "jigsawd.log") as server:
-        server.worker_pids = _worker_pids(server.proc.pid)
+        server.worker_pids = worker_pids(server.proc.pid)
         yield server
     assert shm_entries(server.proc.pid) == []
-
-
-def _worker_pids(daemon_pid: int) -> set[int]:
-    children = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == daemon_pid:
-                children.add(int(entry))
-    return children
 
 
 def _rss_kb(pid: int) -> int:
@@ -57,7 +43,7 @@ def _rss_kb(pid: int) -> int:
 
 def assert_healthy(server: Server, n: int = 20) -> None:
     assert http("GET", server.url + "/v2/health/ready")[0] == 200
-    assert _worker_pids(server.proc.pid) == server.worker_pids, "a worker died or was replaced"
+    assert worker_pids(server.proc.pid) == server.worker_pids, "a worker died or was replaced"
     for i in range(n):
         status, body, _ = http("POST", server.url + "/v2/models/tiny/infer", image(4, rid=f"ok-{i}"))
         assert status == 200, body
