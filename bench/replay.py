@@ -306,8 +306,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
             "behind_bins": sum(r["behind"] for r in rows)}
 
 
-def print_summary(app: str, summaries: dict[str, dict[str, float]]) -> None:
-    print(f"\n{app}: per-space means over the replayed bins (emulated node, modeled profiles)")
+def print_summary(app: str, summaries: dict[str, dict[str, float]],
+                  label: str = "emulated node, modeled profiles") -> None:
+    print(f"\n{app}: per-space means over the replayed bins ({label})")
     print(f"{'space':<6} {'slices %':>9} {'acc drop %':>10} {'viol mean %':>11} {'viol max %':>10} "
           f"{'sent':>8} {'answered':>8} {'behind':>6}")
     for space, s in summaries.items():
@@ -316,7 +317,8 @@ def print_summary(app: str, summaries: dict[str, dict[str, float]]) -> None:
               f"{s['answered']:>8d} {s['behind_bins']:>6d}")
 
 
-def plot(path: Path, app: str, per_space: dict[str, list[dict[str, Any]]]) -> None:
+def plot(path: Path, app: str, per_space: dict[str, list[dict[str, Any]]],
+         label: str = "emulated node, modeled profiles") -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -341,7 +343,7 @@ def plot(path: Path, app: str, per_space: dict[str, list[dict[str, Any]]]) -> No
     for ax in axes:
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{app}: replay on the emulated node (modeled profiles)")
+    fig.suptitle(f"{app}: replay ({label})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -367,8 +369,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--spaces", default="ast", help="comma-separated search spaces, run in turn")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="latencies x K and rates / K on both sides (passed to jigsawd)")
-    p.add_argument("--emulate", action="store_true", default=True,
-                   help="start jigsawd with --emulate (the default: the only backend without a GPU)")
+    p.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=None,
+                   help="start jigsawd with --emulate (default: yes, unless --node is a CPU node whose "
+                        "backend, onnxruntime or torch, runs real models here)")
     p.add_argument("--apps", default=None, help="apps jigsawd serves (default: --app)")
     p.add_argument("--token", default=os.environ.get("JIGSAW_ADMIN_TOKEN", ""), help="admin bearer token")
     p.add_argument("--seed", type=int, default=0)
@@ -403,6 +406,13 @@ def main(argv: list[str] | None = None) -> int:
     except TraceError as exc:
         log(str(exc))
         return 2
+    if args.emulate is None:
+        args.emulate = True
+        if args.node is not None:
+            from jigsaw.node import load_node
+            node = load_node(args.node)
+            args.emulate = not (node.gpu.kind == "cpu" and node.backend in ("onnxruntime", "torch"))
+    label = "emulated node, modeled profiles" if args.emulate or args.url else "real models on this CPU"
     args.out.mkdir(parents=True, exist_ok=True)
     log(f"{len(window)} bins from bin {first}, demand {min(window):.1f}..{max(window):.1f} rps, "
         f"{args.bin_seconds:g} s each, time scale {args.time_scale:g}")
@@ -429,9 +439,9 @@ def main(argv: list[str] | None = None) -> int:
             w.writeheader()
             w.writerows(rows)
     summaries = {s: summarize(r) for s, r in per_space.items()}
-    print_summary(args.app, summaries)
+    print_summary(args.app, summaries, label)
     (args.out / f"{args.app}-summary.json").write_text(json.dumps(summaries, indent=1))
-    plot(args.out / f"{args.app}-fig4.png", args.app, per_space)
+    plot(args.out / f"{args.app}-fig4.png", args.app, per_space, label)
     lost = {s: x["sent"] - x["answered"] for s, x in summaries.items() if x["sent"] != x["answered"]}
     if lost:
         log(f"requests without an answer: {lost}")
