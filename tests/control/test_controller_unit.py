@@ -212,3 +212,13 @@ def test_the_next_bins_plan_starts_ahead_of_the_bin_end() -> None:
         assert c.records[-1].predicted_rps == 10.0  # the closed bin keeps the prediction it ran with
         assert c.current.predicted_rps == pytest.approx(demand)
     asyncio.run(go())
+
+
+def test_a_bin_that_replanned_early_holds_its_demand_for_the_next_bin() -> None:
+    from jigsaw.control.controller import BinRecord
+    c, _ = _controller(lambda *a, **k: _plan(1.0))
+    c.history_rps.extend([10.0, 10.0, 10.0, 10.0, 100.0])
+    c.records.append(BinRecord("traffic_analysis", 4, 0.0, 100.0, demand_rps=100.0))
+    assert c.predict_next() == pytest.approx(28.0 * 1.05)  # the paper's mean + slack
+    c.records[-1].early_replans = 1  # the burst outran the plan: hold its demand one more bin
+    assert c.predict_next() == pytest.approx(100.0 * 1.05)

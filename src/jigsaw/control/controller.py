@@ -194,8 +194,7 @@ class AppController:
                 continue
             self._close_bin()
             if not ahead:
-                self._spawn_replan(self.predictor.predict(list(self.history_rps)), early=False,
-                                   for_next_bin=True)
+                self._spawn_replan(self.predict_next(), early=False, for_next_bin=True)
             ahead = False
 
     def lead_s(self) -> float:
@@ -216,7 +215,23 @@ class AppController:
         history = list(self.history_rps)
         if c is not None and elapsed > 0:
             history.append(c.arrivals / elapsed * self.time_scale)
-        return self.predictor.predict(history)
+        return self._hold(self.predictor.predict(history), self.current, history)
+
+    def predict_next(self) -> float:
+        """The next bin's prediction once the running bin has closed."""
+        history = list(self.history_rps)
+        last = self.records[-1] if self.records else None
+        return self._hold(self.predictor.predict(history), last, history)
+
+    def _hold(self, predicted: float, bin_record: BinRecord | None, history: list[float]) -> float:
+        """Burst hold: a bin that outran its plan (it re-planned early) keeps its demand for one more bin.
+
+        The predictor's mean of the last bins lags a burst; bursts last more than one bin, and a
+        routine re-plan for the mean would undo the early re-plan in the middle of one.
+        """
+        if bin_record is None or not bin_record.early_replans or not history:
+            return predicted
+        return max(predicted, history[-1] * (1.0 + self.node.planner.demand_slack))
 
     def _close_bin(self) -> None:
         c = self.fe.take_bin(self.app.name)
@@ -368,8 +383,9 @@ class AppController:
         changed: list[int] = []
         if old.plan.layout is not None and new.layout is not None:
             changed = changed_gpus(old.plan.layout, new.layout)
-            for cmd in to_nvidia_smi_commands(new.layout, old.plan.layout):
-                self.log(f"{app}: emulated repartition: {cmd}")
+            if self.node.gpu.kind == "gpu":
+                for cmd in to_nvidia_smi_commands(new.layout, old.plan.layout):
+                    self.log(f"{app}: emulated repartition: {cmd}")
         gen = d.new_generation(self.app, new)  # raises when the plan cannot be laid out (nothing started)
         try:
             gen.create_segments()
