@@ -397,6 +397,12 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
             _log(f"{app}: capacity lost ({why}) and no controller to re-plan (static plan)")
 
     supervisor = Supervisor(daemon, fe, log=_log, on_capacity_lost=capacity_lost)
+
+    def supervise() -> None:
+        try:
+            supervisor.check()
+        except Exception as exc:  # a supervisor bug must not take the node down with it
+            _log(f"supervisor: {type(exc).__name__}: {exc}")
     add_admin_routes(web_app, daemon, controllers, admin_token, supervisor)
     runner = web.AppRunner(web_app, access_log=None)
     await runner.setup()
@@ -413,10 +419,7 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), POLL_S)
-            try:
-                supervisor.check()
-            except Exception as exc:  # a supervisor bug must not take the node down with it
-                _log(f"supervisor: {type(exc).__name__}: {exc}")
+            supervise()
         _log("stopping: draining in-flight requests")
         for c in controllers.values():
             await c.stop()
@@ -424,7 +427,7 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while fe.num_pending() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-            supervisor.check()
+            supervise()
         if fe.num_pending():
             _log(f"{fe.num_pending()} requests still in flight after {DRAIN_TIMEOUT_S:g} s")
     finally:
