@@ -436,15 +436,7 @@ class Frontend:
         return len(self._rings[t.ring]) + self._ring_stats[t.ring].get(t.slot, st.QUEUED)
 
     def _usable(self, targets: list[Target]) -> list[Target]:
-        """Targets by load, without processes found dead; those being restarted only when no other is up."""
-        live, restarting = [], []
-        for t in targets:
-            state = self._ring_stats[t.ring].get(t.slot, st.STATE)
-            if state == st.DEAD:
-                restarting.append(t)
-            elif state != st.FAILED:
-                live.append(t)
-        return sorted(live or restarting, key=self._load)
+        return st.routable(targets, lambda t: self._ring_stats[t.ring].get(t.slot, st.STATE), self._load)
 
     def submit(self, routes: AppRoutes, client_id: str | None,
                tensors: list[tuple[str, str, tuple[int, ...], Any]],

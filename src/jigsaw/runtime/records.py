@@ -4,8 +4,10 @@ Every payload is ``u64 credit`` followed by a tensor payload (``jigsaw.runtime.t
 
 Credits make completion race-free across processes (termination detection by credit
 splitting): a request starts with ``TOTAL_CREDIT`` split among its root items; an item that
-spawns c children splits its credit among them (remainder to the first); an item that ends
-(a sink, an item with no children, a drop) returns its credit to the frontend. The request is
+spawns c children splits its credit into c + 1 shares, one for each child and one that its own
+completion record returns (so the request cannot complete before that record, which carries
+``child_count``, arrives); an item that ends (a sink, an item with no children, a drop) returns
+its credit to the frontend. The request is
 complete exactly when the returned credits sum to ``TOTAL_CREDIT``, whatever order the
 completion rings deliver in.
 

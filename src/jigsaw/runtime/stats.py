@@ -22,12 +22,33 @@ Readers may see a slightly stale value; nothing depends on a consistent snapshot
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import posix_ipc
 
 SLOT_WORDS = 16
 STATE, PID, QUEUED, BUSY_NS, BATCHES, ITEMS, STARTED_NS, DROPPED, HEARTBEAT_NS, BATCH_STARTED_NS = range(10)
 STARTING, READY, STOPPED, DEAD, FAILED = 0, 1, 2, 3, 4
+
+T = TypeVar("T")
+
+
+def routable(candidates: Iterable[T], state_of: Callable[[T], int], load_of: Callable[[T], int]) -> list[T]:
+    """Where to send work, least loaded first: the processes not found dead or failed.
+
+    When every candidate is dead, those being restarted are returned (the item waits in the ring
+    for the new process); none when every one has failed for good. The frontend and the workers
+    route by this one rule.
+    """
+    live, restarting = [], []
+    for c in candidates:
+        state = state_of(c)
+        if state == DEAD:
+            restarting.append(c)
+        elif state != FAILED:
+            live.append(c)
+    return sorted(live or restarting, key=load_of)
 
 
 class StatsBlock:

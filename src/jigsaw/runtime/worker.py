@@ -49,9 +49,7 @@ from jigsaw.runtime.stats import (
     BATCH_STARTED_NS,
     BATCHES,
     BUSY_NS,
-    DEAD,
     DROPPED,
-    FAILED,
     HEARTBEAT_NS,
     ITEMS,
     PID,
@@ -60,6 +58,7 @@ from jigsaw.runtime.stats import (
     STARTED_NS,
     STATE,
     StatsBlock,
+    routable,
 )
 from jigsaw.runtime.tensors import encode_tensors
 from jigsaw.runtime.topology import ProcessSpec
@@ -151,32 +150,23 @@ class Worker:
         self.done_bell.ring()
 
     def _least_loaded(self, candidates: list[int]) -> list[int]:
-        """Candidates by load, leaving out processes the supervisor marked dead or failed.
+        return routable(candidates, lambda i: self.stats.get(self.output_slots[i], STATE),
+                        lambda i: len(self.outputs[i]) + self.stats.get(self.output_slots[i], QUEUED))
 
-        When every candidate is down, those being restarted are returned (the item waits in
-        the ring for the new process); none when all have failed for good.
+    def forward(self, header: RecordHeader, credit: int, result: ItemResult) -> tuple[int, int]:
+        """Send the item's children downstream; returns (children sent, credit kept).
+
+        The item's own completion record keeps one share of the credit, so the frontend cannot
+        see every credit back (and answer) before that record, with its ``child_count``, arrives.
         """
-        live, restarting = [], []
-        for n, i in enumerate(candidates):
-            slot = self.output_slots[i]
-            state = self.stats.get(slot, STATE)
-            entry = (len(self.outputs[i]) + self.stats.get(slot, QUEUED), n, i)
-            if state == DEAD:
-                restarting.append(entry)
-            elif state != FAILED:
-                live.append(entry)
-        return [i for _, _, i in sorted(live or restarting)]
-
-    def forward(self, header: RecordHeader, credit: int, result: ItemResult) -> int:
-        """Send the item's children downstream; returns how many were sent."""
         children = [(task, body) for task, bodies in result.children.items() for body in bodies]
         routes = self.spec.routes[header.lane] if header.lane < len(self.spec.routes) else {}
         children = [(t, b) for t, b in children if routes.get(t)]
-        if not children:
-            return 0
-        if len(children) > credit:
-            children = children[:credit]
-        shares = split_credit(credit, len(children))
+        if not children or credit < 2:
+            return 0, credit
+        if len(children) > credit - 1:
+            children = children[:credit - 1]
+        kept, *shares = split_credit(credit, len(children) + 1)
         index_of = {str(d["task"]): int(d["task_index"]) for d in self.spec.downstream}  # type: ignore[call-overload]
         for k, ((task, body), share) in enumerate(zip(children, shares)):
             h = RecordHeader(request_id=header.request_id, parent_id=header.request_id, app=header.app,
@@ -203,7 +193,7 @@ class Worker:
                 dropped.stamp(HOP_DONE, time.monotonic_ns())
                 self._push_blocking(self.done, dropped, frame(share, b""), time.monotonic_ns() + 60 * 10**9)
                 self.done_bell.ring()
-        return len(children)
+        return len(children), kept
 
     def _ring_outputs(self) -> None:
         for i in self._rung:
@@ -268,9 +258,8 @@ class Worker:
             header.stamp(HOP_START, start)
             header.stamp(HOP_END, end)
             header.stamp(HOP_BATCH, len(batch))
-            sent = self.forward(header, credit, result)
-            self.complete(header, Status.OK, 0 if sent else credit,
-                          bytes(encode_tensors(result.outputs)), sent)
+            sent, kept = self.forward(header, credit, result)
+            self.complete(header, Status.OK, kept, bytes(encode_tensors(result.outputs)), sent)
         self._ring_outputs()
         return True
 
