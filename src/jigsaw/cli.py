@@ -79,6 +79,16 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", metavar="DIR", help="profile directory (default: the node's)")
     pr.add_argument("--seconds", type=float, default=2.0, help="time budget per row (s)")
     pr.add_argument("--max-iters", type=int, default=50, help="most batches timed per row")
+    gp = pr.add_argument_group("GPU nodes (each segment measured inside a MIG instance; needs root)")
+    gp.add_argument("--gpu", type=int, default=0, help="index of a GPU with MIG on and no instances (0)")
+    gp.add_argument("--segments", help="comma-separated MIG profiles (default: the node's)")
+    gp.add_argument("--mps-levels", help="comma-separated MPS levels (default: the node's)")
+    gp.add_argument("--backend", choices=("tensorrt", "onnxruntime", "torch"),
+                    help="measure with this backend instead of the node's")
+    gp.add_argument("--inside", metavar="SEGMENT", help=argparse.SUPPRESS)  # a measuring copy
+    gp.add_argument("--mps", type=int, default=1, help=argparse.SUPPRESS)
+    gp.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    gp.add_argument("--barrier", help=argparse.SUPPRESS)
     pr.set_defaults(func=cmd_profile)
     return p
 
@@ -95,10 +105,32 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except ValueError:
         raise JigsawError(f"--batches: expected comma-separated integers, got {args.batches!r}") from None
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else []
-    for path in profile(args.node, args.app, variants=variants, batches=batches, out=args.out,
-                        seconds=args.seconds, max_iters=args.max_iters):
+    if args.inside:
+        from jigsaw.profiler import profile_inside
+        if args.out is None:
+            raise JigsawError("--inside needs --out")
+        paths = profile_inside(args.node, args.app, segment=args.inside, mps=args.mps, rank=args.rank,
+                               barrier=args.barrier, backend=args.backend, variants=variants,
+                               batches=batches, out=args.out, seconds=args.seconds, max_iters=args.max_iters)
+    else:
+        try:
+            levels = [int(k) for k in args.mps_levels.split(",")] if args.mps_levels else []
+        except ValueError:
+            raise JigsawError("--mps-levels: expected comma-separated integers, "
+                              f"got {args.mps_levels!r}") from None
+        segments = [s.strip() for s in args.segments.split(",") if s.strip()] if args.segments else []
+        gpu_options = {"gpu": args.gpu, "segments": segments, "mps_levels": levels, "backend": args.backend}
+        node_is_cpu = _node_is_cpu(args.node)
+        paths = profile(args.node, args.app, variants=variants, batches=batches, out=args.out,
+                        seconds=args.seconds, max_iters=args.max_iters,
+                        **({} if node_is_cpu else gpu_options))
+    for path in paths:
         print(path)
     return 0
+
+
+def _node_is_cpu(path: str) -> bool:
+    return load_node(path, load_apps=False).gpu.kind == "cpu"
 
 
 # ---- helpers -------------------------------------------------------------------------------

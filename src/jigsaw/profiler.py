@@ -10,12 +10,9 @@ CPU nodes: a segment ``<k>c`` is a share of k cores; the measuring process pins 
 first k cores (``os.sched_setaffinity``) and the backend uses k intra-op threads. MPS levels do
 not apply (only ``mps = 1``).
 
-GPU nodes: a segment is a MIG profile x MPS level. It must be measured inside an instance of that
-profile: create it (``nvidia-smi mig -cgi <profile> -C``), then for MPS level k start the MPS
-control daemon for that instance and run k copies of ``jigsaw profile ... --segment <profile>
---mps-rank i`` with ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``; the segment's throughput is the sum of
-the k copies' and its latency the worst copy's p95. This machine has no GPU, so that path
-refuses to run with that explanation.
+GPU nodes: a segment is a MIG profile x MPS level, measured inside a real instance of that
+profile by ``jigsaw.profiler_gpu``: k copies of ``profile_inside`` run at once under one MPS
+daemon; the segment's throughput is the sum of the copies' and its latency the worst copy's p95.
 """
 
 from __future__ import annotations
@@ -33,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -115,12 +113,17 @@ def measure(execute: Callable[[], object], batch: int, *, warmup: int = 2, min_i
 
 
 def read_done(path: Path) -> set[tuple[str, str, int, int]]:
-    """Keys of the rows already in a profile CSV (for resuming)."""
+    """Keys of the rows already measured in a profile CSV (for resuming).
+
+    Modeled rows do not count: a measured row appended after one replaces it when loaded.
+    """
     if not path.exists():
         return set()
     lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
     done = set()
     for r in csv.DictReader(lines):
+        if r.get("source") != "measured":
+            continue
         try:
             done.add((r["variant"], r["mig_profile"], int(r["mps"]), int(r["batch"])))
         except (KeyError, ValueError, TypeError):
@@ -155,29 +158,39 @@ class _Progress:
             self.bar.close()
 
 
-def profile(node_path: str | Path, app_path: str | Path | None = None, *, variants: Sequence[str] = (),
-            batches: Sequence[int] = (), out: str | Path | None = None, seconds: float = 2.0,
-            max_iters: int = 50) -> list[Path]:
-    """Measures the rows missing from ``out`` (default: the node's profile directory); returns the files."""
+def _select(node_path: str | Path, app_path: str | Path | None, variants: Sequence[str],
+            batches: Sequence[int]) -> tuple[Any, dict[str, str], list[str], list[int]]:
+    """(node, task kind by variant, the variants wanted, the batch sizes) of a profiling run."""
     from jigsaw.app import load_app
     from jigsaw.node import load_node
     node = load_node(node_path, load_apps=app_path is None)
     apps = [load_app(app_path)] if app_path is not None else list(node.apps)
-    if node.gpu.kind != "cpu":
-        raise JigsawError(
-            f"{node.source}: profiling {node.gpu.name} segments must run inside each MIG instance "
-            "(see `jigsaw profile --help`); this command measures CPU nodes only here")
-    if node.backend not in ("onnxruntime", "torch"):
-        raise JigsawError(f"{node.source}: backend {node.backend!r} does not run on a CPU node")
-    if any(k != 1 for k in node.mps_levels):
-        raise JigsawError(f"{node.source}: a CPU node has mps_levels = [1] (got {list(node.mps_levels)})")
     kinds = {v.name: t.kind for a in apps for t in a.tasks for v in t.variants}
     wanted = list(variants) or list(kinds)
     unknown = [v for v in wanted if v not in kinds]
     if unknown:
         raise JigsawError(f"--variants: not in the app(s): {', '.join(unknown)}")
-    batch_list = sorted(set(batches or node.batch_sizes))
+    return node, kinds, wanted, sorted(set(batches or node.batch_sizes))
+
+
+def profile(node_path: str | Path, app_path: str | Path | None = None, *, variants: Sequence[str] = (),
+            batches: Sequence[int] = (), out: str | Path | None = None, seconds: float = 2.0,
+            max_iters: int = 50, **gpu_options: Any) -> list[Path]:
+    """Measures the rows missing from ``out`` (default: the node's profile directory); returns the files.
+
+    A GPU node's segments are measured inside MIG instances (``jigsaw.profiler_gpu``, which takes
+    ``gpu_options``).
+    """
+    node, kinds, wanted, batch_list = _select(node_path, app_path, variants, batches)
     out_dir = Path(out) if out is not None else node.profiles_dir
+    if node.gpu.kind != "cpu":
+        from jigsaw.profiler_gpu import profile_gpu
+        return profile_gpu(node, app_path, kinds, wanted, batch_list, out_dir, seconds=seconds,
+                           max_iters=max_iters, **gpu_options)
+    if node.backend not in ("onnxruntime", "torch"):
+        raise JigsawError(f"{node.source}: backend {node.backend!r} does not run on a CPU node")
+    if any(k != 1 for k in node.mps_levels):
+        raise JigsawError(f"{node.source}: a CPU node has mps_levels = [1] (got {list(node.mps_levels)})")
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = []
     for v in wanted:
@@ -189,43 +202,100 @@ def profile(node_path: str | Path, app_path: str | Path | None = None, *, varian
     if not plan:
         print("jigsaw profile: every row is already measured", file=sys.stderr)
         return [out_dir / f"{v}.csv" for v in wanted]
-    host, backend_name = host_description(), backend_description(node.backend)
+    original = os.sched_getaffinity(0)
+    try:
+        _measure_rows(plan, kinds, node.backend, out_dir, mps=1, max_batch=max(batch_list),
+                      threads_of=lambda seg: node.gpu.profile(seg).compute_slices,
+                      pin=lambda cores: os.sched_setaffinity(0, sorted(original)[:cores]),
+                      seconds=seconds, max_iters=max_iters)
+    finally:
+        os.sched_setaffinity(0, original)
+    return [out_dir / f"{v}.csv" for v in wanted]
+
+
+def profile_inside(node_path: str | Path, app_path: str | Path | None = None, *, segment: str, mps: int,
+                   rank: int, barrier: str | Path | None, backend: str | None = None,
+                   variants: Sequence[str] = (), batches: Sequence[int] = (), out: str | Path,
+                   seconds: float = 2.0, max_iters: int = 50) -> list[Path]:
+    """One of ``mps`` measuring copies inside a MIG instance (the device this process sees).
+
+    The copies wait for each other before every row (a file barrier), so their batches run
+    concurrently as the planner's MPS processes would; the orchestrator merges their rows.
+    """
+    node, kinds, wanted, batch_list = _select(node_path, app_path, variants, batches)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan = [(v, segment, b) for v in wanted for b in batch_list]
+    wait = _Barrier(Path(barrier), mps, rank) if barrier is not None else None
+    _measure_rows(plan, kinds, backend or node.backend, out_dir, mps=mps, max_batch=max(batch_list),
+                  threads_of=lambda seg: 1, pin=None, barrier=wait, seconds=seconds, max_iters=max_iters)
+    return [out_dir / f"{v}.csv" for v in wanted]
+
+
+class _Barrier:
+    """A barrier of ``parties`` processes on files in a directory (step n: files ``n.<rank>``)."""
+
+    def __init__(self, directory: Path, parties: int, rank: int, timeout_s: float = 1800.0) -> None:
+        self.dir, self.parties, self.rank, self.timeout_s = directory, parties, rank, timeout_s
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.step = 0
+
+    def wait(self) -> None:
+        self.step += 1
+        (self.dir / f"{self.step}.{self.rank}").touch()
+        deadline = time.monotonic() + self.timeout_s
+        while len(list(self.dir.glob(f"{self.step}.*"))) < self.parties:
+            if time.monotonic() > deadline:
+                raise JigsawError(f"profile copy {self.rank}: the other copies did not reach row "
+                                  f"{self.step} within {self.timeout_s:.0f} s")
+            time.sleep(0.01)
+
+
+def _measure_rows(plan: list[tuple[str, str, int]], kinds: dict[str, str], backend: str, out_dir: Path, *,
+                  mps: int, max_batch: int, threads_of: Callable[[str], int],
+                  pin: Callable[[int], object] | None, barrier: _Barrier | None = None,
+                  seconds: float, max_iters: int) -> None:
+    host, backend_name = host_description(), backend_description(backend)
     date = dt.date.today().isoformat()
     progress = _Progress(len(plan))
-    original = os.sched_getaffinity(0)
     loaded: dict[tuple[str, str], object] = {}
     try:
         for v, seg, b in plan:
-            cores = node.gpu.profile(seg).compute_slices
-            os.sched_setaffinity(0, sorted(original)[:cores])
+            threads = threads_of(seg)
+            if pin is not None:
+                pin(threads)
             key = (v, seg)
             if key not in loaded:
                 loaded.clear()
-                loaded[key] = _backend(node.backend, kinds[v], v, cores, max(batch_list))
+                loaded[key] = _backend(backend, kinds[v], v, threads, max_batch)
             be = loaded[key]
-            payloads = synthetic_inputs(kinds[v], b)
-            ids = list(range(b))
-            run = functools.partial(be.execute, ids, payloads)  # type: ignore[attr-defined]
+            run = functools.partial(be.execute, list(range(b)), synthetic_inputs(kinds[v], b))  # type: ignore[attr-defined]
+            if barrier is not None:
+                run()  # load and warm up before the copies start timing together
+                barrier.wait()
             m = measure(run, b, seconds=seconds, max_iters=max_iters)
-            _append(out_dir / f"{v}.csv", [v, seg, 1, b, f"{m.latency_ms:.4f}", f"{m.throughput_rps:.3f}",
+            _append(out_dir / f"{v}.csv", [v, seg, mps, b, f"{m.latency_ms:.4f}", f"{m.throughput_rps:.3f}",
                                            f"{m.memory_mb:.1f}", "measured", host, backend_name, date])
-            progress.step(f"{v} {seg} b{b}: p95 {m.latency_ms:.1f} ms, {m.throughput_rps:.1f}/s")
+            progress.step(f"{v} {seg} mps{mps} b{b}: p95 {m.latency_ms:.1f} ms, {m.throughput_rps:.1f}/s")
     finally:
-        os.sched_setaffinity(0, original)
         progress.close()
-    return [out_dir / f"{v}.csv" for v in wanted]
 
 
 def _backend(kind_of_backend: str, task_kind: str, variant: str, threads: int, max_batch: int) -> object:
     from jigsaw.backends.base import Downstream
     if kind_of_backend == "onnxruntime":
         from jigsaw.backends.onnxruntime_backend import OnnxRuntimeBackend as Real
+    elif kind_of_backend == "tensorrt":
+        from jigsaw.backends.tensorrt_backend import TensorRTBackend as Real  # type: ignore[assignment]
     else:
         from jigsaw.backends.torch_backend import TorchBackend as Real  # type: ignore[assignment]
     # A detector is timed with its real fan-out work: crops for a car and a person task.
     downstream = [Downstream("car", 1.0), Downstream("person", 1.0)] if task_kind == "detector" else []
     be = Real("profile", task_kind, downstream, threads=threads)
-    be.load(variant, max_batch)
+    try:
+        be.load(variant, max_batch)
+    except (RuntimeError, ImportError, OSError, ValueError) as exc:
+        raise JigsawError(f"{variant}: the {kind_of_backend} backend cannot load it: {exc}") from None
     return be
 
 

@@ -205,7 +205,8 @@ def test_profile_writes_measured_rows_and_resumes(tmp_path: Path, capsys: pytest
     assert "already measured" in capsys.readouterr().err
 
 
-def test_profile_refuses_gpu_nodes() -> None:
+def test_profile_on_a_gpu_node_needs_the_driver_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
     from jigsaw.cli import main
     h100 = Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
     assert main(["profile", "--node", str(h100), "--variants", "yolov5n"]) == 2

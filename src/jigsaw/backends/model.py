@@ -1,23 +1,23 @@
 """What the real-model backends share: the task's pipeline around a network runner.
 
-A subclass only says how to run the network (``_load_net`` / ``_run``); decoding inputs,
-pre-processing, post-processing and the children payloads come from ``jigsaw.models.pipeline``.
-The captioner's decode loop and TTS are not one ONNX/TensorRT graph, so every backend runs them
-with torch (logged once at load).
+A subclass only says how to run one ONNX graph (``_graph_runner``), or replaces ``_load_net``
+altogether (torch); decoding inputs, pre-processing, post-processing and the children payloads
+come from ``jigsaw.models.pipeline``.
 """
 
 from __future__ import annotations
 
-import abc
 import logging
 import os
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jigsaw.backends.base import Backend, Downstream, ItemResult, OutputSpec
+from jigsaw.models.graphs import Runner
 
 log = logging.getLogger("jigsaw.backends")
 
@@ -30,26 +30,6 @@ def cpu_share(segment: str) -> int | None:
 
 def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
-
-
-class TorchParts:
-    """The torch-only tasks (captioner decode loop, TTS), for any backend."""
-
-    def __init__(self, variant: str, kind: str, threads: int) -> None:
-        import torch
-
-        from jigsaw.models.zoo import build
-        torch.set_num_threads(threads)
-        self.kind = kind
-        self.model = build(variant)
-
-    def __call__(self, batch: np.ndarray) -> Any:
-        import torch
-
-        from jigsaw.models.text import caption, speak
-        if self.kind == "captioner":
-            return caption(self.model, torch.from_numpy(batch)).numpy()
-        return [w.numpy() for w in speak(self.model, torch.from_numpy(batch))]
 
 
 class ModelBackend(Backend):
@@ -68,17 +48,23 @@ class ModelBackend(Backend):
         from jigsaw.models.pipeline import Pipeline
         self.variant, self.max_batch = variant, max_batch
         self.pipeline = Pipeline(variant, self.task_kind, self.downstream)
-        if self.pipeline.info.kind in ("captioner", "tts"):
-            if self.kind != "torch":
-                log.info("%s: %s runs with torch (autoregressive/variable-length, not one %s graph)",
-                         variant, self.pipeline.info.kind, self.kind)
-            self._net = TorchParts(variant, self.pipeline.info.kind, self.threads)
-        else:
-            self._net = self._load_net(variant, max_batch)
+        self._net = self._load_net(variant, max_batch)
 
-    @abc.abstractmethod
     def _load_net(self, variant: str, max_batch: int) -> Any:
-        """The runnable network of ``variant`` for batches up to ``max_batch`` (each backend's own)."""
+        """The runnable network of ``variant`` for batches up to ``max_batch``.
+
+        By default: the variant's ONNX graphs, each run by ``_graph_runner``, under the variant's
+        driver (the greedy loop of the captioner, length regulation of TTS).
+        """
+        from jigsaw.models.export import driver, export
+        from jigsaw.models.zoo import model_config
+        ex = export(variant)
+        runners = {g: self._graph_runner(path, max_batch) for g, path in ex.graphs.items()}
+        return driver(variant, model_config(variant), runners)
+
+    def _graph_runner(self, path: Path, max_batch: int) -> Runner:
+        """How this backend runs one ONNX graph."""
+        raise NotImplementedError(f"the {self.kind} backend does not run ONNX graphs")
 
     def run(self, batch: np.ndarray) -> Any:
         """The network alone on a prepared batch (what ``jigsaw profile`` times with the rest)."""

@@ -6,9 +6,8 @@ large model. ``vits`` is VitsConfig's defaults (the MMS English size). Glow-TTS 
 transformers; ``glow-tts`` is a smaller VITS (hidden 128, 4 encoder layers, narrower HiFi-GAN
 decoder) standing in for it. ``*-tiny`` sizes exist for tests only.
 
-The captioner's autoregressive decode and VITS's data-dependent output length do not export to
-one ONNX graph: the GIT vision encoder exports (``GitVisionEncoder``), the decode loop and VITS
-run with torch (the onnxruntime backend hands these tasks to torch and logs it).
+``caption`` and ``speak`` are the torch reference (``generate`` and ``VitsModel`` as they are);
+the other backends run the same models as ONNX graphs (``git_onnx``, ``vits_onnx``).
 """
 
 from __future__ import annotations
@@ -16,13 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 CAPTION_TOKENS = 16
 
 
-def build_git(size: str) -> Any:
-    from transformers import GitConfig, GitForCausalLM
+def git_config(size: str) -> Any:
+    from transformers import GitConfig
     if size == "base":
         cfg = GitConfig()
     elif size == "large":
@@ -37,11 +35,16 @@ def build_git(size: str) -> Any:
                                        "intermediate_size": 128, "patch_size": 16, "image_size": 32})
     else:
         raise KeyError(size)
-    return GitForCausalLM(cfg)
+    return cfg
 
 
-def build_vits(size: str) -> Any:
-    from transformers import VitsConfig, VitsModel
+def build_git(size: str) -> Any:
+    from transformers import GitForCausalLM
+    return GitForCausalLM(git_config(size))
+
+
+def vits_config(size: str) -> Any:
+    from transformers import VitsConfig
     if size == "vits":
         cfg = VitsConfig()
     elif size == "glow-tts":
@@ -53,22 +56,15 @@ def build_vits(size: str) -> Any:
                          upsample_kernel_sizes=[8, 8], resblock_kernel_sizes=[3],
                          resblock_dilation_sizes=[[1, 3]], prior_encoder_num_flows=1,
                          prior_encoder_num_wavenet_layers=1, posterior_encoder_num_wavenet_layers=1,
-                         duration_predictor_num_flows=1, depth_separable_num_layers=1)
+                         duration_predictor_num_flows=2, depth_separable_num_layers=1)
     else:
         raise KeyError(size)
-    return VitsModel(cfg)
+    return cfg
 
 
-class GitVisionEncoder(nn.Module):
-    """The exportable part of GIT: image to projected visual tokens."""
-
-    def __init__(self, git: Any) -> None:
-        super().__init__()
-        self.vision = git.git.image_encoder
-        self.projection = git.git.visual_projection
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.projection(self.vision(pixel_values).last_hidden_state)
+def build_vits(size: str) -> Any:
+    from transformers import VitsModel
+    return VitsModel(vits_config(size))
 
 
 @torch.inference_mode()

@@ -157,3 +157,15 @@ def build(name: str, *, weights: str | Path | None = None) -> Any:
         model = build_vits(info.arch)
     _load_weights(model, name, weights)
     return model.eval()
+
+
+def model_config(name: str) -> Any:
+    """The transformers config of a captioner or TTS variant (None for the others), without building it."""
+    info = variant_info(name)
+    if info.family == "git":
+        from jigsaw.models.text import git_config
+        return git_config(info.arch)
+    if info.family == "vits":
+        from jigsaw.models.text import vits_config
+        return vits_config(info.arch)
+    return None

@@ -1,0 +1,220 @@
+"""``jigsaw profile`` on a GPU node: every MIG profile x MPS level, measured inside a real instance.
+
+For each profile the orchestrator creates one MIG instance on a GPU that has none
+(``nvidia-smi mig -cgi <profile> -C``), and for each MPS level k starts an MPS control daemon
+private to that instance and runs k measuring copies of ``jigsaw profile --inside`` at once,
+each seeing only the instance (``CUDA_VISIBLE_DEVICES=MIG-<uuid>``). The copies time every row
+together (a file barrier); the segment's row has the sum of their throughputs and the worst of
+their p95 latencies. The daemon is stopped and the instance destroyed whatever happens, so an
+interrupted run leaves the GPU as it found it; rows already in the profile files are skipped, so
+a rerun resumes. Needs the NVIDIA driver tools, root (MIG) and MIG mode enabled on the GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jigsaw.errors import JigsawError
+from jigsaw.profiler import _append, _Progress, host_description, read_done
+
+Run = Callable[..., str]
+"""``run(argv, env=None, stdin=None) -> stdout``; raises JigsawError when the command fails."""
+
+COMMAND_TIMEOUT_S = 120.0
+COPIES_TIMEOUT_S = 6 * 3600.0
+
+
+def run_command(argv: Sequence[str], env: dict[str, str] | None = None, stdin: str | None = None) -> str:
+    try:
+        done = subprocess.run(list(argv), env=env, input=stdin, capture_output=True, text=True,
+                              timeout=COMMAND_TIMEOUT_S, check=False)
+    except FileNotFoundError:
+        raise JigsawError(f"{argv[0]} not found: profiling GPU segments needs the NVIDIA driver tools "
+                          "on a machine with the GPU") from None
+    except subprocess.TimeoutExpired:
+        raise JigsawError(f"`{' '.join(argv)}` did not finish within {COMMAND_TIMEOUT_S:.0f} s") from None
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()
+        raise JigsawError(f"`{' '.join(argv)}` failed (exit {done.returncode}): {why[-1] if why else ''}")
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    gpu: int
+    gpu_instance: int
+    compute_instance: int
+    uuid: str
+
+
+def create_instance(run: Run, gpu: int, profile: str) -> MigInstance:
+    """A GPU instance of ``profile`` with its default compute instance, on a GPU that has none."""
+    try:
+        listing = run(["nvidia-smi", "mig", "-lgi", "-i", str(gpu)])
+    except JigsawError as exc:  # nvidia-smi exits non-zero when there are none
+        if "No GPU instances found" not in str(exc):
+            raise
+        listing = ""
+    if re.search(r"MIG\s+\d+g", listing):
+        raise JigsawError(f"GPU {gpu} already has MIG instances: profile on a GPU without any "
+                          "(--gpu N), so no other work shares the measurement")
+    out = run(["nvidia-smi", "mig", "-i", str(gpu), "-cgi", profile, "-C"])
+    gi = re.search(r"created GPU instance ID\s+(\d+)", out)
+    ci = re.search(r"created compute instance ID\s+(\d+)", out)
+    if not gi or not ci:
+        raise JigsawError(f"nvidia-smi did not report the instance it created: {out.strip()!r}")
+    instance = MigInstance(gpu, int(gi.group(1)), int(ci.group(1)), "")
+    try:
+        uuid = _mig_uuid(run(["nvidia-smi", "-L"]), gpu, profile)
+    except JigsawError:
+        destroy_instance(run, instance)
+        raise
+    return MigInstance(gpu, instance.gpu_instance, instance.compute_instance, uuid)
+
+
+def _mig_uuid(listing: str, gpu: int, profile: str) -> str:
+    """The UUID of GPU ``gpu``'s (only) MIG device of ``profile`` in ``nvidia-smi -L`` output."""
+    current = None
+    for line in listing.splitlines():
+        m = re.match(r"GPU (\d+):", line.strip())
+        if m:
+            current = int(m.group(1))
+            continue
+        m = re.search(r"MIG\s+(\S+)\s+Device\s+\d+:\s+\(UUID:\s*(MIG-[^)\s]+)\)", line)
+        if m and current == gpu and m.group(1) == profile:
+            return m.group(2)
+    raise JigsawError(f"nvidia-smi -L lists no {profile} MIG device on GPU {gpu}")
+
+
+def destroy_instance(run: Run, instance: MigInstance) -> None:
+    gpu, gi = str(instance.gpu), str(instance.gpu_instance)
+    run(["nvidia-smi", "mig", "-dci", "-i", gpu, "-gi", gi, "-ci", str(instance.compute_instance)])
+    run(["nvidia-smi", "mig", "-dgi", "-i", gpu, "-gi", gi])
+
+
+def mps_env(instance: MigInstance, directory: Path) -> dict[str, str]:
+    """The environment of an MPS daemon and its clients, private to one instance."""
+    (directory / "pipe").mkdir(parents=True, exist_ok=True)
+    (directory / "log").mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": instance.uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(directory / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(directory / "log")}
+
+
+def merge_copies(rank_files: Sequence[Path]) -> dict[tuple[str, str, int, int], list[str]]:
+    """One row per (variant, segment, mps, batch): summed throughput and memory, worst p95."""
+    merged: dict[tuple[str, str, int, int], list[Any]] = {}
+    counts: dict[tuple[str, str, int, int], int] = {}
+    for path in rank_files:
+        lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+        for r in csv.DictReader(lines):
+            key = (r["variant"], r["mig_profile"], int(r["mps"]), int(r["batch"]))
+            lat, thr, mem = float(r["latency_ms"]), float(r["throughput_rps"]), float(r["memory_mb"])
+            counts[key] = counts.get(key, 0) + 1
+            if key in merged:
+                row = merged[key]
+                row[0], row[1], row[2] = max(row[0], lat), row[1] + thr, row[2] + mem
+            else:
+                merged[key] = [lat, thr, mem, r["backend"]]
+    incomplete = [k for k, n in counts.items() if n != len(rank_files)]
+    if incomplete:
+        raise JigsawError(f"profile copies measured different rows (e.g. {incomplete[0]})")
+    return {k: [f"{v[0]:.4f}", f"{v[1]:.3f}", f"{v[2]:.1f}", v[3]] for k, v in merged.items()}
+
+
+def profile_gpu(node: Any, app_path: str | Path | None, kinds: dict[str, str], wanted: list[str],
+                batch_list: list[int], out_dir: Path, *, seconds: float = 2.0, max_iters: int = 50,
+                gpu: int = 0, segments: Sequence[str] = (), mps_levels: Sequence[int] = (),
+                backend: str | None = None, run: Run = run_command,
+                python: Sequence[str] = (sys.executable, "-m", "jigsaw.cli")) -> list[Path]:
+    """Measures the node's missing (segment, MPS level, batch) rows of ``wanted`` into ``out_dir``."""
+    segs = list(segments) or list(node.mig_profiles)
+    levels = sorted(set(mps_levels or node.mps_levels))
+    bad = [s for s in segs if s not in node.mig_profiles]
+    if bad:
+        raise JigsawError(f"--segments: {', '.join(bad)} not among the node's MIG profiles")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = {key for v in wanted for key in read_done(out_dir / f"{v}.csv")}
+    groups = []
+    for seg in segs:
+        for k in levels:
+            todo = [v for v in wanted for b in batch_list if (v, seg, k, b) not in done]
+            if todo:
+                groups.append((seg, k, list(dict.fromkeys(todo))))
+    if not groups:
+        print("jigsaw profile: every row is already measured", file=sys.stderr)
+        return [out_dir / f"{v}.csv" for v in wanted]
+    host = f"{host_description()} {node.gpu.name} MIG"
+    date = dt.date.today().isoformat()
+    progress = _Progress(len(groups))
+    try:
+        for seg in dict.fromkeys(s for s, _, _ in groups):
+            instance = create_instance(run, gpu, seg)
+            try:
+                for s, k, todo in groups:
+                    if s != seg:
+                        continue
+                    with tempfile.TemporaryDirectory(prefix="jigsaw-profile-") as tmp:
+                        rows = _measure_level(run, node, app_path, instance, seg, k, todo, batch_list,
+                                              Path(tmp), backend, seconds, max_iters, python)
+                    for (v, sg, mps, b), (lat, thr, mem, backend_name) in sorted(rows.items()):
+                        if (v, sg, mps, b) not in done:
+                            _append(out_dir / f"{v}.csv", [v, sg, mps, b, lat, thr, mem, "measured", host,
+                                                           backend_name, date])
+                    progress.step(f"{seg} mps{k}: {len(rows)} rows")
+            finally:
+                destroy_instance(run, instance)
+    finally:
+        progress.close()
+    return [out_dir / f"{v}.csv" for v in wanted]
+
+
+def _measure_level(run: Run, node: Any, app_path: str | Path | None, instance: MigInstance, seg: str, k: int,
+                   variants: list[str], batch_list: list[int], tmp: Path, backend: str | None,
+                   seconds: float, max_iters: int, python: Sequence[str]) -> dict[Any, list[str]]:
+    env = mps_env(instance, tmp)
+    run(["nvidia-cuda-mps-control", "-d"], env=env)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(k):
+            argv = [*python, "profile", "--node", str(node.source), "--inside", seg, "--mps", str(k),
+                    "--rank", str(rank), "--barrier", str(tmp / "barrier"),
+                    "--out", str(tmp / f"rank-{rank}"),
+                    "--variants", ",".join(variants), "--batches", ",".join(map(str, batch_list)),
+                    "--seconds", str(seconds), "--max-iters", str(max_iters)]
+            if app_path is not None:
+                argv += ["--app", str(app_path)]
+            if backend is not None:
+                argv += ["--backend", backend]
+            procs.append(subprocess.Popen(argv, env=env))
+        deadline = time.monotonic() + COPIES_TIMEOUT_S
+        while any(p.poll() is None for p in procs):
+            failed = [p for p in procs if p.returncode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                why = f"exit {failed[0].returncode}" if failed else f"over {COPIES_TIMEOUT_S:.0f} s"
+                raise JigsawError(f"a profile copy in {seg} at MPS level {k} failed ({why})")
+            time.sleep(0.05)
+        codes = [p.returncode for p in procs]
+        if any(codes):
+            raise JigsawError(f"a profile copy in {seg} at MPS level {k} failed (exit codes {codes})")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        run(["nvidia-cuda-mps-control"], env=env, stdin="quit\n")
+    rows: dict[Any, list[str]] = {}
+    for v in variants:
+        rows.update(merge_copies([tmp / f"rank-{r}" / f"{v}.csv" for r in range(k)]))
+    return rows
