@@ -33,7 +33,7 @@ from jigsaw.backends.base import OutputSpec
 from jigsaw.backends.emulated import EmulatedBackend
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.metrics import Metrics
-from jigsaw.runtime.oip import BadRequest, parse_infer_request
+from jigsaw.runtime.oip import HEADER_LENGTH, BadRequest, encode_response, header_length, parse_infer_request
 from jigsaw.runtime.openapi import add_openapi_route, openapi_document
 from jigsaw.runtime.records import (
     HOP_BATCH,
@@ -413,7 +413,7 @@ class Frontend:
                 else:
                     data = np.zeros((0, *spec.shape[1:]), dtype=np.int32)
                 outputs.append({"name": name, "datatype": spec.datatype, "shape": list(data.shape),
-                                "data": data.reshape(-1).tolist(),
+                                "data": data,  # an array until the handler encodes the response
                                 "parameters": {"emulated": self.backend_kind == "emulated"}})
         params: dict[str, Any] = {"backend": self.backend_kind,
                                   "emulated": self.backend_kind == "emulated"}
@@ -555,7 +555,8 @@ class Frontend:
         return app
 
     async def h_server(self, request: web.Request) -> web.Response:
-        return web.json_response({"name": "jigsaw", "version": __version__, "extensions": []})
+        return web.json_response({"name": "jigsaw", "version": __version__,
+                                  "extensions": ["binary_tensor_data"]})
 
     async def h_live(self, request: web.Request) -> web.Response:
         return web.json_response({"live": True})
@@ -602,13 +603,10 @@ class Frontend:
             self.metrics.failure.inc((("app", name), ("reason", "not_ready")))
             return _error(503, "server is not ready" if not self.draining else "server is shutting down",
                           headers={"Retry-After": RETRY_AFTER_S})
-        if "Inference-Header-Content-Length" in request.headers:
-            self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
-            return _error(400, "Inference-Header-Content-Length: the binary tensor extension is not "
-                               "supported; send JSON data")
         body = await request.read()
         try:
-            parsed = parse_infer_request(body, routes.app)
+            json_length = header_length(request.headers.get(HEADER_LENGTH), len(body))
+            parsed = parse_infer_request(body, routes.app, json_length)
         except BadRequest as exc:
             self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
             return _error(400, str(exc))
@@ -637,8 +635,13 @@ class Frontend:
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
             return _error(503, f"{req}; retry later", headers={"Retry-After": RETRY_AFTER_S})
         status, doc = await req.future
-        return web.json_response(doc, status=status,
-                                 headers={"Retry-After": RETRY_AFTER_S} if status == 503 else None)
+        headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else {}
+        payload, json_part = encode_response(doc, parsed.binary_outputs, parsed.all_binary)
+        if json_part is None:
+            return web.Response(body=payload, status=status, headers=headers, content_type="application/json")
+        headers[HEADER_LENGTH] = str(json_part)
+        return web.Response(body=payload, status=status, headers=headers,
+                            content_type="application/octet-stream")
 
     async def h_metrics(self, request: web.Request) -> web.Response:
         m = self.metrics

@@ -2,6 +2,12 @@
 
 Pure functions over parsed JSON, so the frontend stays thin and the rules are testable alone.
 A bad request raises ``BadRequest`` whose message names the offending field.
+
+The binary tensor data extension (as Triton's) is supported: with an
+``Inference-Header-Content-Length: N`` header the body is N bytes of JSON followed by the raw
+little-endian, row-major bytes of every input whose ``parameters.binary_data_size`` is given, in
+input order (BYTES tensors excepted). Outputs come back binary when asked
+(``outputs[i].parameters.binary_data`` or the request's ``parameters.binary_data_output``).
 """
 
 from __future__ import annotations
@@ -24,12 +30,55 @@ class BadRequest(ValueError):
     """A 400: the message names the field (``inputs[0].shape: ...``)."""
 
 
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
 @dataclass
 class InferRequest:
     id: str | None
     inputs: list[tuple[str, str, tuple[int, ...], Any]]  # (name, datatype, shape, array or list)
     outputs: list[str] | None  # requested output names, None: all
     parameters: dict[str, Any]
+    binary_outputs: set[str] | None = None  # outputs to send as binary data; None: every one
+    all_binary: bool = False
+
+
+def header_length(value: str | None, body_bytes: int) -> int | None:
+    """The JSON part's length from the extension's header (None without it)."""
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise BadRequest(f"{HEADER_LENGTH}: expected a byte count, got {value!r}") from None
+    if not 0 < n <= body_bytes:
+        raise BadRequest(f"{HEADER_LENGTH}: {n} is not within the body's {body_bytes} bytes")
+    return n
+
+
+def _binary_input(f: str, t: dict[str, Any], datatype: str, shape: list[int], binary: memoryview,
+                  offset: int) -> tuple[np.ndarray, int]:
+    params = t.get("parameters", {})
+    size = params.get("binary_data_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise BadRequest(f"{f}.parameters.binary_data_size: expected a byte count")
+    if "data" in t:
+        raise BadRequest(f"{f}: give either data or parameters.binary_data_size, not both")
+    dtype = DATATYPES[datatype]
+    if dtype is None:
+        raise BadRequest(f"{f}: binary BYTES tensors are not supported; send them as JSON strings")
+    want = math.prod(shape) * dtype.itemsize
+    if size != want:
+        raise BadRequest(f"{f}.parameters.binary_data_size: {size} bytes for {datatype} shape {shape} "
+                         f"(expected {want})")
+    if offset + size > len(binary):
+        raise BadRequest(f"{f}: the body holds {len(binary) - offset} binary bytes for it, not {size}")
+    arr = np.frombuffer(binary[offset:offset + size], dtype).reshape(shape)
+    if datatype == "BOOL" and arr.size and int(arr.view(np.uint8).max()) > 1:
+        raise BadRequest(f"{f}: BOOL bytes must be 0 or 1")
+    if datatype in ("FP16", "FP32", "FP64") and arr.size and not np.isfinite(arr).all():
+        raise BadRequest(f"{f}: data must be finite numbers")
+    return arr.astype(dtype.newbyteorder("="), copy=True), offset + size
 
 
 def _flatten(data: Any, out: list[Any]) -> None:
@@ -76,10 +125,16 @@ def _reject_constant(token: str) -> None:
     raise BadRequest(f"body: {token} is not valid JSON (send finite numbers)")
 
 
-def parse_infer_request(body: bytes, app: App) -> InferRequest:
-    """Validate a ``POST /v2/models/{app}/infer`` body against the app's declared inputs."""
+def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -> InferRequest:
+    """Validate a ``POST /v2/models/{app}/infer`` body against the app's declared inputs.
+
+    ``json_length`` (from ``header_length``): the body is that much JSON, then binary tensor data.
+    """
+    binary = memoryview(body)[json_length:] if json_length is not None else memoryview(b"")
+    offset = 0
     try:
-        doc = json.loads(body, parse_constant=_reject_constant)
+        doc = json.loads(body[:json_length] if json_length is not None else body,
+                         parse_constant=_reject_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"body: not valid JSON ({exc})") from None
     except RecursionError:
@@ -122,8 +177,17 @@ def parse_infer_request(body: bytes, app: App) -> InferRequest:
         if len(shape) != len(spec.shape) or any(s != -1 and s != d for s, d in zip(spec.shape, shape)):
             raise BadRequest(f"{f}.shape: input {name!r} expects shape {list(spec.shape)} "
                              f"(-1: any), got {shape}")
+        if not isinstance(t.get("parameters", {}), dict):
+            raise BadRequest(f"{f}.parameters: expected an object")
+        if "binary_data_size" in t.get("parameters", {}):
+            if json_length is None:
+                raise BadRequest(f"{f}.parameters.binary_data_size: binary data needs the "
+                                 f"{HEADER_LENGTH} header")
+            arr, offset = _binary_input(f, t, dt, shape, binary, offset)
+            inputs.append((name, dt, tuple(shape), arr))
+            continue
         if "data" not in t:
-            raise BadRequest(f"{f}.data: missing (binary tensor data is not supported)")
+            raise BadRequest(f"{f}.data: missing")
         data = t["data"]
         if not isinstance(data, list):
             raise BadRequest(f"{f}.data: expected an array")
@@ -139,11 +203,47 @@ def parse_infer_request(body: bytes, app: App) -> InferRequest:
     missing = [n for n in specs if n not in seen]
     if missing:
         raise BadRequest(f"inputs: missing input {missing[0]!r}")
+    if offset != len(binary):
+        raise BadRequest(f"body: {len(binary) - offset} bytes of binary data belong to no input")
     outputs = None
+    binary_outputs: set[str] = set()
     if "outputs" in doc:
         raw = doc["outputs"]
         if not isinstance(raw, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
                                                 for o in raw):
             raise BadRequest("outputs: expected an array of objects with a name")
         outputs = [o["name"] for o in raw]
-    return InferRequest(rid, inputs, outputs, params)
+        for i, o in enumerate(raw):
+            oparams = o.get("parameters", {})
+            if not isinstance(oparams, dict) or not isinstance(oparams.get("binary_data", False), bool):
+                raise BadRequest(f"outputs[{i}].parameters.binary_data: expected true or false")
+            if oparams.get("binary_data"):
+                binary_outputs.add(o["name"])
+    all_binary = params.get("binary_data_output", False)
+    if not isinstance(all_binary, bool):
+        raise BadRequest("parameters.binary_data_output: expected true or false")
+    return InferRequest(rid, inputs, outputs, params, binary_outputs, all_binary)
+
+
+def encode_response(doc: dict[str, Any], binary: set[str] | None,
+                    all_binary: bool) -> tuple[bytes, int | None]:
+    """The response body and, when some outputs go binary, the length of its JSON part.
+
+    ``doc``'s outputs carry numpy arrays in ``data`` (``doc`` is updated in place); binary ones
+    lose ``data`` and gain ``parameters.binary_data_size``, their bytes following the JSON in
+    output order.
+    """
+    blobs = []
+    for out in doc.get("outputs", []):
+        arr = np.asarray(out["data"])
+        if all_binary or (binary and out["name"] in binary):
+            wire = arr.astype(DATATYPES[out["datatype"]] or arr.dtype, copy=False)
+            blobs.append(np.ascontiguousarray(wire).tobytes())
+            del out["data"]
+            out.setdefault("parameters", {})["binary_data_size"] = len(blobs[-1])
+        else:
+            out["data"] = arr.reshape(-1).tolist()
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    if not blobs:
+        return head, None
+    return head + b"".join(blobs), len(head)

@@ -84,6 +84,9 @@ def _input_tensor(spec: TensorSpec) -> dict[str, Any]:
             "shape": _shape(spec.shape),
             "data": {"type": "array", "items": _ref(_data_item_name(spec.datatype)),
                      "description": "row-major values, flat or nested; as many as the shape's product"},
+            "parameters": {"type": "object", "properties": {}, "not": {"required": ["binary_data_size"]},
+                           "description": "binary_data_size only in a binary body (the "
+                                          "Inference-Header-Content-Length header), in place of data"},
         },
     }
 
@@ -123,14 +126,16 @@ def infer_request_schema(app: App, outputs: Mapping[str, Sequence[OutputSpec]]) 
         "required": ["inputs"],
         "properties": {
             "id": {"type": "string", "nullable": True},
-            "parameters": {"type": "object"},
+            "parameters": {"type": "object", "properties": {"binary_data_output": {"type": "boolean"}}},
             "inputs": {"type": "array", "minItems": n, "maxItems": n,
                        "items": _one_of(tensors),
                        "description": "each declared input exactly once: "
                                       + ", ".join(f"{s.name} ({s.datatype})" for s in app.inputs)},
             "outputs": {"type": "array", "items": {
                 "type": "object", "required": ["name"],
-                "properties": {"name": _names(_output_names(outputs))}}},
+                "properties": {"name": _names(_output_names(outputs)),
+                               "parameters": {"type": "object",
+                                              "properties": {"binary_data": {"type": "boolean"}}}}}},
         },
     }
 
@@ -222,6 +227,17 @@ _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying"
                                 "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
 
 
+def _infer_ok(key: str) -> dict[str, Any]:
+    """JSON; or, when outputs were asked as binary data, that JSON followed by their bytes."""
+    out = _json("the sink tasks' outputs (<task>.<output>)", _ref(f"InferResponse.{key}"))
+    out["content"]["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
+    out["headers"] = {"Inference-Header-Content-Length": {
+        "description": "with an octet-stream body: the length of its JSON part; the outputs with "
+                       "parameters.binary_data_size follow it, in order", "required": False,
+        "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
+    return out
+
+
 def _error(description: str) -> dict[str, Any]:
     return _json(description, _ref("Error"))
 
@@ -289,7 +305,7 @@ def openapi_document(apps: Mapping[str, App], output_specs: Mapping[str, Mapping
                 "requestBody": {"required": True, "content": {JSON: {
                     "schema": _ref(f"InferRequest.{key}"), "example": example_request(app)}}},
                 "responses": {
-                    "200": _json("the sink tasks' outputs (<task>.<output>)", _ref(f"InferResponse.{key}")),
+                    "200": _infer_ok(key),
                     "400": _error("malformed body; the message names the field"),
                     "404": not_found,
                     "405": _error("method not allowed"),
