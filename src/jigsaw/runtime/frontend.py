@@ -45,7 +45,7 @@ from jigsaw.runtime.records import (
     split_credit,
     unframe,
 )
-from jigsaw.runtime.rings import Doorbell, RecordHeader, ShmRing, Status
+from jigsaw.runtime.rings import Doorbell, RecordHeader, ShmRing, Status, drop_reason
 from jigsaw.runtime.stats import StatsBlock
 from jigsaw.runtime.tensors import decode_tensors, encode_tensors
 from jigsaw.runtime.topology import AppRoutes, Target, Topology
@@ -55,9 +55,6 @@ LATE_GRACE_S = 10.0  # a timed-out request's record is kept this long to absorb 
 RETRY_AFTER_S = "1"
 MAX_ATTEMPTS = 3  # dispatches of one request across worker faults
 MAX_PAYLOAD_KEY = web.AppKey("max_payload_bytes", int)
-_REASON = {Status.DROPPED_DEADLINE: "deadline", Status.DROPPED_STALE: "stale", Status.REJECTED: "queue_full",
-           Status.ERROR: "error", Status.CANCELLED: "cancelled"}
-
 
 @dataclass
 class Pending:
@@ -346,8 +343,7 @@ class Frontend:
                 arrays = [np.array(x.data) for x in decode_tensors(tensors)]
                 req.items.setdefault(task, []).append((h.child_index, arrays))
         else:
-            reason = _REASON.get(Status(h.status), "error") if h.status in Status._value2member_map_ \
-                else "error"
+            reason = drop_reason(h.status)
             self.metrics.dropped.inc((("app", app.name), ("task", task), ("reason", reason)))
             if req.drop is None:
                 req.drop = (task, h.status)
@@ -385,7 +381,7 @@ class Frontend:
         assert req.drop is not None
         task, status = req.drop
         name = Status(status).name if status in Status._value2member_map_ else str(status)
-        reason = _REASON.get(Status(status), "error") if status in Status._value2member_map_ else "error"
+        reason = drop_reason(status)
         self._finish(req, 504, {"error": f"request dropped by task {task!r} ({reason}): it could not "
                                          f"meet its deadline", "status": name, "task": task,
                                 "reason": reason, "id": req.client_id}, "dropped")

@@ -21,11 +21,11 @@ from aiohttp import web
 
 from jigsaw.app import App, TensorSpec
 from jigsaw.backends.base import OutputSpec
+from jigsaw.runtime.rings import DROP_REASONS
 from jigsaw.runtime.tensors import DATATYPES
 
 OPENAPI_PATH = "/v2/openapi.json"
 VERSIONS = ("1",)
-DROP_REASONS = ["deadline", "stale", "queue_full", "error", "cancelled"]
 
 JSON = "application/json"
 _REF = "#/components/schemas/"
@@ -202,7 +202,7 @@ def _common_schemas() -> dict[str, Any]:
             "type": "object", "required": ["error", "status", "task", "reason", "id"],
             "properties": {"error": {"type": "string", "minLength": 1}, "status": {"type": "string"},
                            "task": {"type": "string", "nullable": True},
-                           "reason": {"type": "string", "enum": DROP_REASONS},
+                           "reason": {"type": "string", "enum": sorted(set(DROP_REASONS.values()))},
                            "id": {"type": "string", "nullable": True}},
         },
         "ServerMetadata": {"type": "object", "required": ["name", "version", "extensions"],

@@ -93,6 +93,16 @@ class Status(enum.IntEnum):
     CANCELLED = 5
 
 
+DROP_REASONS = {Status.DROPPED_DEADLINE: "deadline", Status.DROPPED_STALE: "stale",
+                Status.REJECTED: "queue_full", Status.ERROR: "error", Status.CANCELLED: "cancelled"}
+"""The ``reason`` a 504 and the dropped metric give for a record's status."""
+
+
+def drop_reason(status: int) -> str:
+    """The reason of a (possibly unknown) non-OK status."""
+    return DROP_REASONS.get(status, "error")  # type: ignore[call-overload]
+
+
 def make_daemon_id(pid: int | None = None) -> str:
     """``<pid>-<random hex>``: unique per daemon run, and names carry the pid for stale cleanup."""
     return f"{os.getpid() if pid is None else pid}-{secrets.token_hex(4)}"
