@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     gp.add_argument("--mps", type=int, default=1, help=argparse.SUPPRESS)
     gp.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     gp.add_argument("--barrier", help=argparse.SUPPRESS)
+    gp.add_argument("--cpus", help=argparse.SUPPRESS)  # a CPU share's copy: pinned to these CPUs
+    gp.add_argument("--copies", type=int, help=argparse.SUPPRESS)  # copies at the barrier (default --mps)
     pr.set_defaults(func=cmd_profile)
     return p
 
@@ -111,7 +113,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
             raise JigsawError("--inside needs --out")
         paths = profile_inside(args.node, args.app, segment=args.inside, mps=args.mps, rank=args.rank,
                                barrier=args.barrier, backend=args.backend, variants=variants,
-                               batches=batches, out=args.out, seconds=args.seconds, max_iters=args.max_iters)
+                               batches=batches, out=args.out, seconds=args.seconds, max_iters=args.max_iters,
+                               cpus=[int(c) for c in args.cpus.split(",")] if args.cpus else [],
+                               copies=args.copies)
     else:
         try:
             levels = [int(k) for k in args.mps_levels.split(",")] if args.mps_levels else []

@@ -36,7 +36,9 @@ from jigsaw.node import Node, load_node, load_node_profiles
 from jigsaw.plan import Plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime import stats as st
-from jigsaw.runtime.gpus import mig_devices, missing_devices, visible_device
+from jigsaw.runtime.cpus import ENV as CPUS_ENV
+from jigsaw.runtime.cpus import host_cpus, share_cpus
+from jigsaw.runtime.gpus import mig_devices, missing_devices, placements, visible_device
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry, ShmRing, cleanup_stale
 from jigsaw.runtime.topology import Topology, TopologyError, build_topology, write_specs
 
@@ -162,6 +164,7 @@ class Generation:
                  run_dir: Path, daemon_id: str, frontend_bell: str, time_scale: float, seed: int,
                  backend: str = "emulated") -> None:
         self.gid = gid
+        self.node = node
         self.backend = backend
         self.app = app
         self.plan = plan
@@ -216,8 +219,11 @@ class Generation:
         return [s.name for s in self.topology.processes if self.stats.get(s.slot, st.STATE) == st.FAILED]
 
     def _worker_envs(self) -> list[dict[str, str] | None]:
-        """Each GPU worker sees only its MIG instance (CUDA_VISIBLE_DEVICES=MIG-<uuid>)."""
+        """Each GPU worker sees only its MIG instance (CUDA_VISIBLE_DEVICES=MIG-<uuid>); each
+        worker of a real backend on a CPU node is pinned to its core share's CPUs."""
         procs = self.topology.processes
+        if self.node.gpu.kind == "cpu" and self.backend in ("onnxruntime", "torch"):
+            return self._cpu_envs()
         if self.backend != "tensorrt":
             return [None] * len(procs)
         if self.plan.layout is None:
@@ -235,6 +241,26 @@ class Generation:
             counters[kind] = n + 1
             uuid = visible_device(self.plan.layout, devices, *kind, process=n)
             envs.append(dict(os.environ, CUDA_VISIBLE_DEVICES=uuid))
+        return envs
+
+    def _cpu_envs(self) -> list[dict[str, str] | None]:
+        procs = self.topology.processes
+        if self.plan.layout is None:
+            return [None] * len(procs)
+        where = placements(self.plan.layout)
+        real = host_cpus()
+        envs: list[dict[str, str] | None] = []
+        counters: dict[tuple[str, str, str, int, int], int] = {}
+        for spec in procs:
+            kind = (spec.task, spec.variant, spec.mig_profile, spec.mps, spec.max_batch)
+            n = counters.get(kind, 0)
+            counters[kind] = n + 1
+            placed = where.get((*kind, n // spec.mps))
+            if placed is None:
+                envs.append(None)
+                continue
+            cpus = share_cpus(self.node.gpu, spec.mig_profile, placed[1], real)
+            envs.append(dict(os.environ, **{CPUS_ENV: ",".join(map(str, cpus))}))
         return envs
 
     def not_ready(self) -> list[str]:

@@ -6,9 +6,12 @@ backend, and is written with ``source=measured``, the host, backend and library 
 the date. Rows are appended to ``<out>/<variant>.csv`` as soon as measured; a rerun skips the
 rows already there, so an interrupted run resumes where it stopped.
 
-CPU nodes: a segment ``<k>c`` is a share of k cores; the measuring process pins itself to the
-first k cores (``os.sched_setaffinity``) and the backend uses k intra-op threads. MPS levels do
-not apply (only ``mps = 1``).
+CPU nodes: a segment ``<k>c`` is a share of k declared cores, run on the real CPUs
+``jigsaw.runtime.cpus`` maps it to (the measuring process pins itself there, with one intra-op
+thread per CPU, as the node's workers do). When the node declares more cores than the host has,
+shares time-share a CPU: such a share is measured by as many pinned copies as run on its CPUs
+at once, timing together, and its row has their mean throughput and worst p95. MPS levels do not
+apply (only ``mps = 1``).
 
 GPU nodes: a segment is a MIG profile x MPS level, measured inside a real instance of that
 profile by ``jigsaw.profiler_gpu``: k copies of ``profile_inside`` run at once under one MPS
@@ -25,7 +28,9 @@ import importlib
 import os
 import platform
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -202,33 +207,64 @@ def profile(node_path: str | Path, app_path: str | Path | None = None, *, varian
     if not plan:
         print("jigsaw profile: every row is already measured", file=sys.stderr)
         return [out_dir / f"{v}.csv" for v in wanted]
+    from jigsaw.runtime.cpus import host_cpus, share_cpus, sharing
+    real = host_cpus()
+    alone = [row for row in plan if sharing(node.gpu, row[1], real) == 1]
+    wanted_rows = set(plan)
     original = os.sched_getaffinity(0)
     try:
-        _measure_rows(plan, kinds, node.backend, out_dir, mps=1, max_batch=max(batch_list),
-                      threads_of=lambda seg: node.gpu.profile(seg).compute_slices,
-                      pin=lambda cores: os.sched_setaffinity(0, sorted(original)[:cores]),
+        _measure_rows(alone, kinds, node.backend, out_dir, mps=1, max_batch=max(batch_list),
+                      threads_of=lambda seg: len(share_cpus(node.gpu, seg, 0, real)),
+                      cpus_of=lambda seg: share_cpus(node.gpu, seg, 0, real),
                       seconds=seconds, max_iters=max_iters)
     finally:
         os.sched_setaffinity(0, original)
+    for seg in dict.fromkeys(row[1] for row in plan if row not in alone):
+        copies = sharing(node.gpu, seg, real)
+        todo = list(dict.fromkeys(v for v, s, _ in plan if s == seg))
+        cpus = share_cpus(node.gpu, seg, 0, real)
+        print(f"jigsaw profile: {seg}: {copies} shares run at once on CPUs {cpus}; measuring them together",
+              file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix="jigsaw-profile-") as tmp:
+            argvs = [copy_argv((sys.executable, "-m", "jigsaw.cli"), node, app_path, seg, 1, rank, Path(tmp),
+                               todo, batch_list, None, seconds, max_iters, cpus, copies)
+                     for rank in range(copies)]
+            run_copies(argvs, None, f"{seg} ({copies} shares on CPUs {cpus})")
+            rows: dict[Any, list[str]] = {}
+            for v in todo:
+                rows.update(merge_copies([Path(tmp) / f"rank-{r}" / f"{v}.csv" for r in range(copies)],
+                                         throughput="mean"))
+        date = dt.date.today().isoformat()
+        host = f"{host_description()} {seg} with {copies} shares on CPUs {'+'.join(map(str, cpus))}"
+        for (v, sg, mps, b), (lat, thr, mem, backend_name) in sorted(rows.items()):
+            if (v, sg, b) in wanted_rows:
+                _append(out_dir / f"{v}.csv",
+                        [v, sg, mps, b, lat, thr, mem, "measured", host, backend_name, date])
     return [out_dir / f"{v}.csv" for v in wanted]
 
 
 def profile_inside(node_path: str | Path, app_path: str | Path | None = None, *, segment: str, mps: int,
                    rank: int, barrier: str | Path | None, backend: str | None = None,
                    variants: Sequence[str] = (), batches: Sequence[int] = (), out: str | Path,
-                   seconds: float = 2.0, max_iters: int = 50) -> list[Path]:
-    """One of ``mps`` measuring copies inside a MIG instance (the device this process sees).
+                   seconds: float = 2.0, max_iters: int = 50, cpus: Sequence[int] = (),
+                   copies: int | None = None) -> list[Path]:
+    """One of the measuring copies of a segment: inside a MIG instance (the device this process
+    sees), or pinned to ``cpus`` with as many threads (a CPU share measured beside the others).
 
     The copies wait for each other before every row (a file barrier), so their batches run
-    concurrently as the planner's MPS processes would; the orchestrator merges their rows.
+    concurrently as the planner's MPS processes (or the CPU's shares) would; the orchestrator
+    merges their rows. ``copies`` (default ``mps``) is how many wait at the barrier.
     """
     node, kinds, wanted, batch_list = _select(node_path, app_path, variants, batches)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = [(v, segment, b) for v in wanted for b in batch_list]
-    wait = _Barrier(Path(barrier), mps, rank) if barrier is not None else None
+    wait = _Barrier(Path(barrier), copies or mps, rank) if barrier is not None else None
+    if cpus:
+        os.sched_setaffinity(0, set(cpus))
     _measure_rows(plan, kinds, backend or node.backend, out_dir, mps=mps, max_batch=max(batch_list),
-                  threads_of=lambda seg: 1, pin=None, barrier=wait, seconds=seconds, max_iters=max_iters)
+                  threads_of=lambda seg: max(1, len(cpus)), barrier=wait, seconds=seconds,
+                  max_iters=max_iters)
     return [out_dir / f"{v}.csv" for v in wanted]
 
 
@@ -253,8 +289,8 @@ class _Barrier:
 
 def _measure_rows(plan: list[tuple[str, str, int]], kinds: dict[str, str], backend: str, out_dir: Path, *,
                   mps: int, max_batch: int, threads_of: Callable[[str], int],
-                  pin: Callable[[int], object] | None, barrier: _Barrier | None = None,
-                  seconds: float, max_iters: int) -> None:
+                  cpus_of: Callable[[str], Sequence[int]] | None = None,
+                  barrier: _Barrier | None = None, seconds: float, max_iters: int) -> None:
     host, backend_name = host_description(), backend_description(backend)
     date = dt.date.today().isoformat()
     progress = _Progress(len(plan))
@@ -262,8 +298,8 @@ def _measure_rows(plan: list[tuple[str, str, int]], kinds: dict[str, str], backe
     try:
         for v, seg, b in plan:
             threads = threads_of(seg)
-            if pin is not None:
-                pin(threads)
+            if cpus_of is not None:
+                os.sched_setaffinity(0, set(cpus_of(seg)))
             key = (v, seg)
             if key not in loaded:
                 loaded.clear()
@@ -308,3 +344,74 @@ def _append(path: Path, row: list[object]) -> None:
             f.write(",".join(COLUMNS) + "\n")
         csv.writer(f, lineterminator="\n").writerow(row)
         f.flush()
+
+
+COPIES_TIMEOUT_S = 6 * 3600.0
+
+
+def copy_argv(python: Sequence[str], node: Any, app_path: str | Path | None, seg: str, mps: int, rank: int,
+              tmp: Path, variants: Sequence[str], batch_list: Sequence[int], backend: str | None,
+              seconds: float, max_iters: int, cpus: Sequence[int] = (),
+              copies: int | None = None) -> list[str]:
+    """The command line of one measuring copy (``jigsaw profile --inside``)."""
+    argv = [*python, "profile", "--node", str(node.source), "--inside", seg, "--mps", str(mps),
+            "--rank", str(rank), "--barrier", str(tmp / "barrier"), "--out", str(tmp / f"rank-{rank}"),
+            "--variants", ",".join(variants), "--batches", ",".join(map(str, batch_list)),
+            "--seconds", str(seconds), "--max-iters", str(max_iters)]
+    if app_path is not None:
+        argv += ["--app", str(app_path)]
+    if backend is not None:
+        argv += ["--backend", backend]
+    if cpus:
+        argv += ["--cpus", ",".join(map(str, cpus))]
+    if copies is not None:
+        argv += ["--copies", str(copies)]
+    return argv
+
+
+def run_copies(argvs: Sequence[Sequence[str]], env: dict[str, str] | None, what: str) -> None:
+    """Run the measuring copies at once; the first failure stops the others and raises."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for argv in argvs:
+            procs.append(subprocess.Popen(list(argv), env=env, stdout=subprocess.DEVNULL))
+        deadline = time.monotonic() + COPIES_TIMEOUT_S
+        while any(p.poll() is None for p in procs):
+            failed = [p for p in procs if p.returncode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                why = f"exit {failed[0].returncode}" if failed else f"over {COPIES_TIMEOUT_S:.0f} s"
+                raise JigsawError(f"a profile copy in {what} failed ({why})")
+            time.sleep(0.05)
+        codes = [p.returncode for p in procs]
+        if any(codes):
+            raise JigsawError(f"a profile copy in {what} failed (exit codes {codes})")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def merge_copies(rank_files: Sequence[Path],
+                 throughput: str = "sum") -> dict[tuple[str, str, int, int], list[str]]:
+    """One row per (variant, segment, mps, batch) of copies measured together: the worst p95 and
+    the copies' summed throughput and memory (``"sum"``: the copies are one segment's processes)
+    or their mean (``"mean"``: each copy is a segment of its own, sharing the CPUs)."""
+    merged: dict[tuple[str, str, int, int], list[Any]] = {}
+    counts: dict[tuple[str, str, int, int], int] = {}
+    for path in rank_files:
+        lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+        for r in csv.DictReader(lines):
+            key = (r["variant"], r["mig_profile"], int(r["mps"]), int(r["batch"]))
+            lat, thr, mem = float(r["latency_ms"]), float(r["throughput_rps"]), float(r["memory_mb"])
+            counts[key] = counts.get(key, 0) + 1
+            if key in merged:
+                row = merged[key]
+                row[0], row[1], row[2] = max(row[0], lat), row[1] + thr, row[2] + mem
+            else:
+                merged[key] = [lat, thr, mem, r["backend"]]
+    incomplete = [k for k, n in counts.items() if n != len(rank_files)]
+    if incomplete:
+        raise JigsawError(f"profile copies measured different rows (e.g. {incomplete[0]})")
+    div = len(rank_files) if throughput == "mean" else 1
+    return {k: [f"{v[0]:.4f}", f"{v[1] / div:.3f}", f"{v[2] / div:.1f}", v[3]] for k, v in merged.items()}

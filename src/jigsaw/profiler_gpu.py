@@ -12,27 +12,32 @@ a rerun resumes. Needs the NVIDIA driver tools, root (MIG) and MIG mode enabled 
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jigsaw.errors import JigsawError
-from jigsaw.profiler import _append, _Progress, host_description, read_done
+from jigsaw.profiler import (
+    _append,
+    _Progress,
+    copy_argv,
+    host_description,
+    merge_copies,
+    read_done,
+    run_copies,
+)
 
 Run = Callable[..., str]
 """``run(argv, env=None, stdin=None) -> stdout``; raises JigsawError when the command fails."""
 
 COMMAND_TIMEOUT_S = 120.0
-COPIES_TIMEOUT_S = 6 * 3600.0
 
 
 def run_command(argv: Sequence[str], env: dict[str, str] | None = None, stdin: str | None = None) -> str:
@@ -112,27 +117,6 @@ def mps_env(instance: MigInstance, directory: Path) -> dict[str, str]:
             "CUDA_MPS_LOG_DIRECTORY": str(directory / "log")}
 
 
-def merge_copies(rank_files: Sequence[Path]) -> dict[tuple[str, str, int, int], list[str]]:
-    """One row per (variant, segment, mps, batch): summed throughput and memory, worst p95."""
-    merged: dict[tuple[str, str, int, int], list[Any]] = {}
-    counts: dict[tuple[str, str, int, int], int] = {}
-    for path in rank_files:
-        lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
-        for r in csv.DictReader(lines):
-            key = (r["variant"], r["mig_profile"], int(r["mps"]), int(r["batch"]))
-            lat, thr, mem = float(r["latency_ms"]), float(r["throughput_rps"]), float(r["memory_mb"])
-            counts[key] = counts.get(key, 0) + 1
-            if key in merged:
-                row = merged[key]
-                row[0], row[1], row[2] = max(row[0], lat), row[1] + thr, row[2] + mem
-            else:
-                merged[key] = [lat, thr, mem, r["backend"]]
-    incomplete = [k for k, n in counts.items() if n != len(rank_files)]
-    if incomplete:
-        raise JigsawError(f"profile copies measured different rows (e.g. {incomplete[0]})")
-    return {k: [f"{v[0]:.4f}", f"{v[1]:.3f}", f"{v[2]:.1f}", v[3]] for k, v in merged.items()}
-
-
 def profile_gpu(node: Any, app_path: str | Path | None, kinds: dict[str, str], wanted: list[str],
                 batch_list: list[int], out_dir: Path, *, seconds: float = 2.0, max_iters: int = 50,
                 gpu: int = 0, segments: Sequence[str] = (), mps_levels: Sequence[int] = (),
@@ -185,36 +169,13 @@ def _measure_level(run: Run, node: Any, app_path: str | Path | None, instance: M
                    seconds: float, max_iters: int, python: Sequence[str]) -> dict[Any, list[str]]:
     env = mps_env(instance, tmp)
     run(["nvidia-cuda-mps-control", "-d"], env=env)
-    procs: list[subprocess.Popen[bytes]] = []
     try:
-        for rank in range(k):
-            argv = [*python, "profile", "--node", str(node.source), "--inside", seg, "--mps", str(k),
-                    "--rank", str(rank), "--barrier", str(tmp / "barrier"),
-                    "--out", str(tmp / f"rank-{rank}"),
-                    "--variants", ",".join(variants), "--batches", ",".join(map(str, batch_list)),
-                    "--seconds", str(seconds), "--max-iters", str(max_iters)]
-            if app_path is not None:
-                argv += ["--app", str(app_path)]
-            if backend is not None:
-                argv += ["--backend", backend]
-            procs.append(subprocess.Popen(argv, env=env))
-        deadline = time.monotonic() + COPIES_TIMEOUT_S
-        while any(p.poll() is None for p in procs):
-            failed = [p for p in procs if p.returncode not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                why = f"exit {failed[0].returncode}" if failed else f"over {COPIES_TIMEOUT_S:.0f} s"
-                raise JigsawError(f"a profile copy in {seg} at MPS level {k} failed ({why})")
-            time.sleep(0.05)
-        codes = [p.returncode for p in procs]
-        if any(codes):
-            raise JigsawError(f"a profile copy in {seg} at MPS level {k} failed (exit codes {codes})")
+        argvs = [copy_argv(python, node, app_path, seg, k, rank, tmp, variants, batch_list, backend,
+                           seconds, max_iters) for rank in range(k)]
+        run_copies(argvs, env, f"{seg} at MPS level {k}")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
         run(["nvidia-cuda-mps-control"], env=env, stdin="quit\n")
     rows: dict[Any, list[str]] = {}
     for v in variants:
-        rows.update(merge_copies([tmp / f"rank-{r}" / f"{v}.csv" for r in range(k)]))
+        rows.update(merge_copies([tmp / f"rank-{r}" / f"{v}.csv" for r in range(k)], throughput="sum"))
     return rows

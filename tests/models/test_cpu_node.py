@@ -19,6 +19,29 @@ pytest.importorskip("onnxruntime", reason="onnxruntime not installed (pip instal
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _allowed_cpus(pid: int) -> set[int]:
+    line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if ln.startswith("Cpus_allowed_list:"))
+    cpus: set[int] = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry))
+    return found
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -53,6 +76,14 @@ def test_cpu_node_serves_a_real_image(tmp_path: Path) -> None:
             if time.monotonic() > deadline:
                 pytest.fail("jigsawd did not become ready")
             time.sleep(0.5)
+        # every worker is pinned to its core share's CPUs (4 declared cores laid on the host's)
+        host = os.sched_getaffinity(0)
+        workers = _children(proc.pid)
+        assert workers
+        for pid in workers:
+            allowed = _allowed_cpus(pid)
+            assert allowed <= host and len(allowed) <= 2
+            assert len(allowed) < len(host) or len(host) == 1
         img = street_scene(240, 320, seed=3)
         body = {"inputs": [{"name": "image", "datatype": "UINT8", "shape": list(img.shape),
                             "data": img.reshape(-1).tolist()}]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import sys
 from pathlib import Path
 
@@ -203,6 +204,39 @@ def test_profile_writes_measured_rows_and_resumes(tmp_path: Path, capsys: pytest
     assert table.sources == {"measured"}
     assert main(args) == 0
     assert "already measured" in capsys.readouterr().err
+
+
+def test_profile_measures_cpu_shares_together(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four declared cores on one real CPU: a 1c share is measured by four copies pinned to it."""
+    from jigsaw import profiler
+    from jigsaw.cli import main
+    from jigsaw.profiles import load_profiles
+    node = _cpu_node(tmp_path)
+    node.write_text(node.read_text().replace('model = "CPU-2C"', 'model = "CPU-4C"'))
+    launched: list[list[str]] = []
+    real_run_copies = profiler.run_copies
+
+    def run_copies(argvs, env, what):  # type: ignore[no-untyped-def]
+        launched.extend(list(a) for a in argvs)
+        return real_run_copies(argvs, env, what)
+
+    monkeypatch.setattr(profiler, "run_copies", run_copies)
+    original = os.sched_getaffinity(0)
+    cpu = min(original)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        assert main(["profile", "--node", str(node), "--variants", "efficientnet-b0", "--batches", "1",
+                     "--seconds", "0.1", "--max-iters", "3"]) == 0
+    finally:
+        os.sched_setaffinity(0, original)
+    assert f"1c: 4 shares run at once on CPUs [{cpu}]" in capsys.readouterr().err
+    assert len(launched) == 4  # the four copies pinned to the CPU, waiting for each other at every row
+    for argv in launched:
+        assert argv[argv.index("--cpus") + 1] == str(cpu) and argv[argv.index("--copies") + 1] == "4"
+    (row,) = load_profiles(tmp_path / "prof").rows("efficientnet-b0")
+    assert row.source == "measured" and row.mps == 1 and row.batch == 1 and row.throughput_rps > 0
+    assert f"4 shares on CPUs {cpu}" in row.host
 
 
 def test_profile_on_a_gpu_node_needs_the_driver_tools(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -129,7 +129,7 @@ def test_a_gpu_with_instances_is_refused(fake_gpu: Path, tmp_path: Path) -> None
 
 
 def test_merge_sums_throughput_and_keeps_the_worst_latency(tmp_path: Path) -> None:
-    from jigsaw.profiler_gpu import merge_copies
+    from jigsaw.profiler import merge_copies
     from jigsaw.profiles import COLUMNS
     files = []
     for rank, (lat, thr) in enumerate([(10.0, 100.0), (14.0, 80.0)]):
@@ -139,6 +139,9 @@ def test_merge_sums_throughput_and_keeps_the_worst_latency(tmp_path: Path) -> No
         files.append(f)
     merged = merge_copies(files)
     assert merged == {("v", "1g.10gb", 2, 4): ["14.0000", "180.000", "1000.0", "tensorrt"]}
+    # CPU shares measured together: each copy is a share of its own
+    assert merge_copies(files, throughput="mean")[("v", "1g.10gb", 2, 4)] == ["14.0000", "90.000", "500.0",
+                                                                                "tensorrt"]
     files[1].write_text(",".join(COLUMNS) + "\n")
     from jigsaw.errors import JigsawError
     with pytest.raises(JigsawError, match="different rows"):

@@ -87,7 +87,8 @@ def make_backend(spec: ProcessSpec) -> Backend:
                                   time_scale=spec.time_scale, seed=spec.seed)
     elif spec.backend in ("onnxruntime", "torch", "tensorrt"):
         from jigsaw.backends.model import cpu_share
-        threads = cpu_share(spec.mig_profile)
+        from jigsaw.runtime.cpus import pin_from_env
+        threads = pin_from_env() or cpu_share(spec.mig_profile)
         try:
             if spec.backend == "onnxruntime":
                 from jigsaw.backends.onnxruntime_backend import OnnxRuntimeBackend as Real
