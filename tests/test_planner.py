@@ -139,6 +139,20 @@ def test_above_capacity_returns_the_max_demand_plan() -> None:
     assert under.feasible and not under.max_demand_plan
 
 
+def test_max_utilization_leaves_headroom_on_every_instance() -> None:
+    app = make_app(**TINY, latency_slo_ms=120.0)
+    profiles = make_profiles(make_node(num_gpus=1), {"a1": 2.0, "a2": 6.0, "b1": 3.0})
+    full = capacity(app, make_node(num_gpus=1), profiles)
+    node = make_node(num_gpus=1, max_utilization=0.8)
+    headroom = capacity(app, node, profiles)
+    assert headroom.max_demand_rps == pytest.approx(0.8 * full.max_demand_rps, rel=1e-3)
+    p = plan(app, node, profiles, 0.5 * full.max_demand_rps)
+    assert p.feasible and verify_plan(p, app, node, profiles) == []
+    for inst in p.instances:  # planned at 80% of what the profile says the segment does
+        row = profiles.get(inst.variant, inst.mig_profile, inst.mps, inst.max_batch)
+        assert inst.throughput_rps == pytest.approx(0.8 * row.throughput_rps)
+
+
 def test_no_column_meets_the_slo_gives_an_empty_infeasible_plan() -> None:
     app = make_app(**TINY, latency_slo_ms=1.0)
     node = make_node(num_gpus=1)

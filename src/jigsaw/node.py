@@ -48,6 +48,7 @@ class PlannerSettings:
     absolute_gap: float = 1e-4  # on the objective (accuracy units): CBC's stopping gap
     solver: str = "cbc"  # or "highs"
     space: str = "ast"
+    max_utilization: float = 1.0  # plan instances to run at most this fraction of profiled throughput
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         absolute_gap=p.number("absolute_gap", 1e-4, low=0),
         solver=solver,
         space=space,
+        max_utilization=p.number("max_utilization", 1.0, low=0, high=1, low_open=True),
     )
 
     s = f.sub("server", {})

@@ -26,7 +26,7 @@ class PlanInstance:
     max_batch: int
     count: int  # number of MIG instances of this kind
     latency_ms: float  # p95 of one batch of max_batch on one process
-    throughput_rps: float  # of one segment (all its processes)
+    throughput_rps: float  # of one segment (all its processes), times planner.max_utilization
     slices: int  # compute slices of one MIG instance
 
 

@@ -32,8 +32,9 @@ def verify_plan(plan: Plan, app: App, node: Node, profiles: ProfileTable,
         if row is None:
             problems.append(f"{label}: no profile row")
             continue
+        planned_rps = row.throughput_rps * node.planner.max_utilization
         if abs(row.latency_ms - inst.latency_ms) > 1e-6 * max(1.0, row.latency_ms) or \
-                abs(row.throughput_rps - inst.throughput_rps) > 1e-6 * max(1.0, row.throughput_rps):
+                abs(planned_rps - inst.throughput_rps) > 1e-6 * max(1.0, planned_rps):
             problems.append(f"{label}: latency/throughput differ from the profile")
         if inst.mig_profile not in mig:
             problems.append(f"{label}: MIG profile not in the {node.gpu.name} table")
