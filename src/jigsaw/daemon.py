@@ -38,7 +38,7 @@ from jigsaw.profiles import ProfileTable
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.cpus import ENV as CPUS_ENV
 from jigsaw.runtime.cpus import host_cpus, share_cpus
-from jigsaw.runtime.gpus import mig_devices, missing_devices, placements, visible_device
+from jigsaw.runtime.gpus import mig_devices, missing_devices, numbered, placements, visible_device
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry, ShmRing, cleanup_stale
 from jigsaw.runtime.topology import Topology, TopologyError, build_topology, write_specs
 
@@ -233,15 +233,9 @@ class Generation:
         if missing:
             raise JigsawError(f"MIG instances missing at (GPU, start) {missing}: partition the GPUs "
                               "as the plan's layout says (jigsaw pack --format commands)")
-        envs: list[dict[str, str] | None] = []
-        counters: dict[tuple[str, str, str, int, int], int] = {}
-        for spec in procs:
-            kind = (spec.task, spec.variant, spec.mig_profile, spec.mps, spec.max_batch)
-            n = counters.get(kind, 0)
-            counters[kind] = n + 1
-            uuid = visible_device(self.plan.layout, devices, *kind, process=n)
-            envs.append(dict(os.environ, CUDA_VISIBLE_DEVICES=uuid))
-        return envs
+        layout = self.plan.layout
+        return [dict(os.environ, CUDA_VISIBLE_DEVICES=visible_device(layout, devices, *kind, process=n))
+                for kind, n in numbered(procs)]
 
     def _cpu_envs(self) -> list[dict[str, str] | None]:
         procs = self.topology.processes
@@ -250,16 +244,12 @@ class Generation:
         where = placements(self.plan.layout)
         real = host_cpus()
         envs: list[dict[str, str] | None] = []
-        counters: dict[tuple[str, str, str, int, int], int] = {}
-        for spec in procs:
-            kind = (spec.task, spec.variant, spec.mig_profile, spec.mps, spec.max_batch)
-            n = counters.get(kind, 0)
-            counters[kind] = n + 1
-            placed = where.get((*kind, n // spec.mps))
+        for kind, n in numbered(procs):
+            placed = where.get((*kind, n // kind[3]))
             if placed is None:
                 envs.append(None)
                 continue
-            cpus = share_cpus(self.node.gpu, spec.mig_profile, placed[1], real)
+            cpus = share_cpus(self.node.gpu, kind[2], placed[1], real)
             envs.append(dict(os.environ, **{CPUS_ENV: ",".join(map(str, cpus))}))
         return envs
 

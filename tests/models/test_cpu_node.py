@@ -15,6 +15,9 @@ import pytest
 
 from jigsaw.models.images import street_scene
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
+from dpserver import worker_pids
+
 pytest.importorskip("onnxruntime", reason="onnxruntime not installed (pip install 'jigsaw[models]')")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,19 +30,6 @@ def _allowed_cpus(pid: int) -> set[int]:
         lo, _, hi = part.partition("-")
         cpus.update(range(int(lo), int(hi or lo) + 1))
     return cpus
-
-
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry))
-    return found
 
 
 def _free_port() -> int:
@@ -78,7 +68,7 @@ def test_cpu_node_serves_a_real_image(tmp_path: Path) -> None:
             time.sleep(0.5)
         # every worker is pinned to its core share's CPUs (4 declared cores laid on the host's)
         host = os.sched_getaffinity(0)
-        workers = _children(proc.pid)
+        workers = worker_pids(proc.pid)
         assert workers
         for pid in workers:
             allowed = _allowed_cpus(pid)

@@ -49,6 +49,23 @@ def placements(layout: Layout) -> dict[tuple[str, str, str, int, int, int], tupl
             for g in layout.gpus for p in g.instances}
 
 
+Kind = tuple[str, str, str, int, int]  # (task, variant, profile, mps, max_batch) of a plan instance
+
+
+def numbered(specs: Iterable[Any]) -> list[tuple[Kind, int]]:
+    """Each process's instance kind and its number among that kind's processes, in order.
+
+    Process n of a kind belongs to the kind's instance ``n // mps`` (``placements``' index).
+    """
+    counters: dict[Kind, int] = {}
+    out = []
+    for spec in specs:
+        kind = (spec.task, spec.variant, spec.mig_profile, spec.mps, spec.max_batch)
+        out.append((kind, counters.get(kind, 0)))
+        counters[kind] = out[-1][1] + 1
+    return out
+
+
 def visible_device(layout: Layout, devices: dict[tuple[int, int], str], task: str, variant: str,
                    profile: str, mps: int, max_batch: int, process: int) -> str:
     """``CUDA_VISIBLE_DEVICES`` for the ``process``-th process of a plan instance kind.
