@@ -123,18 +123,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
             raise JigsawError("--mps-levels: expected comma-separated integers, "
                               f"got {args.mps_levels!r}") from None
         segments = [s.strip() for s in args.segments.split(",") if s.strip()] if args.segments else []
-        gpu_options = {"gpu": args.gpu, "segments": segments, "mps_levels": levels, "backend": args.backend}
-        node_is_cpu = _node_is_cpu(args.node)
         paths = profile(args.node, args.app, variants=variants, batches=batches, out=args.out,
-                        seconds=args.seconds, max_iters=args.max_iters,
-                        **({} if node_is_cpu else gpu_options))
+                        seconds=args.seconds, max_iters=args.max_iters, gpu=args.gpu, segments=segments,
+                        mps_levels=levels, backend=args.backend)
     for path in paths:
         print(path)
     return 0
-
-
-def _node_is_cpu(path: str) -> bool:
-    return load_node(path, load_apps=False).gpu.kind == "cpu"
 
 
 # ---- helpers -------------------------------------------------------------------------------

@@ -180,18 +180,20 @@ def _select(node_path: str | Path, app_path: str | Path | None, variants: Sequen
 
 def profile(node_path: str | Path, app_path: str | Path | None = None, *, variants: Sequence[str] = (),
             batches: Sequence[int] = (), out: str | Path | None = None, seconds: float = 2.0,
-            max_iters: int = 50, **gpu_options: Any) -> list[Path]:
+            max_iters: int = 50, gpu: int = 0, segments: Sequence[str] = (), mps_levels: Sequence[int] = (),
+            backend: str | None = None) -> list[Path]:
     """Measures the rows missing from ``out`` (default: the node's profile directory); returns the files.
 
-    A GPU node's segments are measured inside MIG instances (``jigsaw.profiler_gpu``, which takes
-    ``gpu_options``).
+    A GPU node's segments are measured inside MIG instances (``jigsaw.profiler_gpu``); ``gpu``,
+    ``segments``, ``mps_levels`` and ``backend`` apply to GPU nodes only.
     """
     node, kinds, wanted, batch_list = _select(node_path, app_path, variants, batches)
     out_dir = Path(out) if out is not None else node.profiles_dir
     if node.gpu.kind != "cpu":
         from jigsaw.profiler_gpu import profile_gpu
         return profile_gpu(node, app_path, kinds, wanted, batch_list, out_dir, seconds=seconds,
-                           max_iters=max_iters, **gpu_options)
+                           max_iters=max_iters, gpu=gpu, segments=segments, mps_levels=mps_levels,
+                           backend=backend)
     if node.backend not in ("onnxruntime", "torch"):
         raise JigsawError(f"{node.source}: backend {node.backend!r} does not run on a CPU node")
     if any(k != 1 for k in node.mps_levels):

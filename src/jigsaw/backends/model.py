@@ -1,12 +1,13 @@
 """What the real-model backends share: the task's pipeline around a network runner.
 
-A subclass only says how to run one ONNX graph (``_graph_runner``), or replaces ``_load_net``
-altogether (torch); decoding inputs, pre-processing, post-processing and the children payloads
-come from ``jigsaw.models.pipeline``.
+A subclass says how to load the network (``_load_net``; torch), or, as a ``GraphBackend``, only
+how to run one ONNX graph (``_graph_runner``; onnxruntime, TensorRT); decoding inputs,
+pre-processing, post-processing and the children payloads come from ``jigsaw.models.pipeline``.
 """
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import re
@@ -50,21 +51,9 @@ class ModelBackend(Backend):
         self.pipeline = Pipeline(variant, self.task_kind, self.downstream)
         self._net = self._load_net(variant, max_batch)
 
+    @abc.abstractmethod
     def _load_net(self, variant: str, max_batch: int) -> Any:
-        """The runnable network of ``variant`` for batches up to ``max_batch``.
-
-        By default: the variant's ONNX graphs, each run by ``_graph_runner``, under the variant's
-        driver (the greedy loop of the captioner, length regulation of TTS).
-        """
-        from jigsaw.models.export import driver, export
-        from jigsaw.models.zoo import model_config
-        ex = export(variant)
-        runners = {g: self._graph_runner(path, max_batch) for g, path in ex.graphs.items()}
-        return driver(variant, model_config(variant), runners)
-
-    def _graph_runner(self, path: Path, max_batch: int) -> Runner:
-        """How this backend runs one ONNX graph."""
-        raise NotImplementedError(f"the {self.kind} backend does not run ONNX graphs")
+        """The runnable network of ``variant`` for batches up to ``max_batch`` (each backend's own)."""
 
     def run(self, batch: np.ndarray) -> Any:
         """The network alone on a prepared batch (what ``jigsaw profile`` times with the rest)."""
@@ -82,3 +71,19 @@ class ModelBackend(Backend):
     def close(self) -> None:
         super().close()
         self._net = None
+
+
+class GraphBackend(ModelBackend):
+    """A backend that runs the variant's ONNX graphs, each by ``_graph_runner``, under the
+    variant's driver (one graph as is; the captioner's greedy loop; TTS's length regulation)."""
+
+    def _load_net(self, variant: str, max_batch: int) -> Any:
+        from jigsaw.models.export import driver, export
+        from jigsaw.models.zoo import model_config
+        ex = export(variant)
+        runners = {g: self._graph_runner(path, max_batch) for g, path in ex.graphs.items()}
+        return driver(variant, model_config(variant), runners)
+
+    @abc.abstractmethod
+    def _graph_runner(self, path: Path, max_batch: int) -> Runner:
+        """How this backend runs one ONNX graph."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jigsaw.backends.model import ModelBackend
+from jigsaw.backends.model import GraphBackend
 from jigsaw.models.graphs import Runner, ort_runner
 
 
-class OnnxRuntimeBackend(ModelBackend):
+class OnnxRuntimeBackend(GraphBackend):
     kind = "onnxruntime"
 
     def _graph_runner(self, path: Path, max_batch: int) -> Runner:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from jigsaw.backends.base import ItemResult
-from jigsaw.backends.model import ModelBackend
+from jigsaw.backends.model import GraphBackend
 from jigsaw.models.graphs import Runner
 
 log = logging.getLogger("jigsaw.backends")
@@ -212,7 +212,7 @@ class _TrtNet:
         return self.result(n)
 
 
-class TensorRTBackend(ModelBackend):
+class TensorRTBackend(GraphBackend):
     kind = "tensorrt"
     precision = os.environ.get("JIGSAW_TRT_PRECISION", "fp16")
 

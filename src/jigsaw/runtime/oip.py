@@ -58,8 +58,7 @@ def header_length(value: str | None, body_bytes: int) -> int | None:
 
 def _binary_input(f: str, t: dict[str, Any], datatype: str, shape: list[int], binary: memoryview,
                   offset: int) -> tuple[np.ndarray, int]:
-    params = t.get("parameters", {})
-    size = params.get("binary_data_size")
+    size = t["parameters"]["binary_data_size"]
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise BadRequest(f"{f}.parameters.binary_data_size: expected a byte count")
     if "data" in t:
@@ -177,9 +176,10 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -
         if len(shape) != len(spec.shape) or any(s != -1 and s != d for s, d in zip(spec.shape, shape)):
             raise BadRequest(f"{f}.shape: input {name!r} expects shape {list(spec.shape)} "
                              f"(-1: any), got {shape}")
-        if not isinstance(t.get("parameters", {}), dict):
+        tensor_params = t.get("parameters", {})
+        if not isinstance(tensor_params, dict):
             raise BadRequest(f"{f}.parameters: expected an object")
-        if "binary_data_size" in t.get("parameters", {}):
+        if "binary_data_size" in tensor_params:
             if json_length is None:
                 raise BadRequest(f"{f}.parameters.binary_data_size: binary data needs the "
                                  f"{HEADER_LENGTH} header")
