@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from jigsaw.app import App, load_app
+from jigsaw.backends.registry import MODEL_BACKENDS
 from jigsaw.errors import ConfigError, JigsawError
 from jigsaw.fields import read_toml
 from jigsaw.node import Node, load_node, load_node_profiles
 from jigsaw.plan import Plan, load_plan
-from jigsaw.planner.spaces import SPACES
+from jigsaw.spaces import SPACES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     gp.add_argument("--gpu", type=int, default=0, help="index of a GPU with MIG on and no instances (0)")
     gp.add_argument("--segments", help="comma-separated MIG profiles (default: the node's)")
     gp.add_argument("--mps-levels", help="comma-separated MPS levels (default: the node's)")
-    gp.add_argument("--backend", choices=("tensorrt", "onnxruntime", "torch"),
+    gp.add_argument("--backend", choices=MODEL_BACKENDS,
                     help="measure with this backend instead of the node's")
     gp.add_argument("--inside", metavar="SEGMENT", help=argparse.SUPPRESS)  # a measuring copy
     gp.add_argument("--mps", type=int, default=1, help=argparse.SUPPRESS)

@@ -22,39 +22,29 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from jigsaw.app import App
+from jigsaw.backends.registry import EMULATED, BackendKind, backend_kind
 from jigsaw.errors import JigsawError
 from jigsaw.node import Node, load_node, load_node_profiles
 from jigsaw.plan import Plan
-from jigsaw.profiles import ProfileTable
-from jigsaw.runtime import stats as st
-from jigsaw.runtime.cpus import ENV as CPUS_ENV
-from jigsaw.runtime.cpus import host_cpus, share_cpus
-from jigsaw.runtime.gpus import mig_devices, missing_devices, numbered, placements, visible_device
-from jigsaw.runtime.rings import Doorbell, SegmentRegistry, ShmRing, cleanup_stale
-from jigsaw.runtime.topology import Topology, TopologyError, build_topology, write_specs
+from jigsaw.runtime.generations import GenerationManager
+from jigsaw.runtime.rings import cleanup_stale
+from jigsaw.runtime.topology import TopologyError
+from jigsaw.spaces import SPACES
 
 DEFAULT_DEMAND_RPS = 10.0
 PLAN_TIME_LIMIT_S = 5.0
 READY_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 10.0
-SPACES = ("unopt", "a", "s", "t", "as", "at", "st", "ast")
-STOP_TIMEOUT_S = 5.0
 
 
 def _log(msg: str) -> None:
     print(f"jigsawd: {msg}", file=sys.stderr, flush=True)
-
-
-CPU_BACKENDS = ("onnxruntime", "torch")
 
 
 def gpu_available() -> bool:
@@ -153,221 +143,10 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
     return out
 
 
-class Generation:
-    """One app's processes for one plan: its own rings, doorbells, stats block and workers.
-
-    Segment names carry ``g<id>`` so a generation can be created while the previous one still
-    serves and unlinked on its own once it has drained; the frontend's doorbell is shared.
-    """
-
-    def __init__(self, gid: int, node: Node, app: App, plan: Plan, profiles: ProfileTable, *,
-                 run_dir: Path, daemon_id: str, frontend_bell: str, time_scale: float, seed: int,
-                 backend: str = "emulated") -> None:
-        self.gid = gid
-        self.node = node
-        self.backend = backend
-        self.app = app
-        self.plan = plan
-        self.dir = run_dir / f"g{gid}"
-        self.dir.mkdir()
-        self.registry = SegmentRegistry(run_dir / f"g{gid}.manifest", daemon_id=daemon_id)
-        self.workers: list[subprocess.Popen[bytes]] = []
-        self.stats: st.StatsBlock | None = None
-        self.stopping = False  # set once its workers are asked to stop: exits are then expected
-        self._launch: list[tuple[Path, dict[str, str] | None]] = []
-
-        def name_of(purpose: str) -> str:
-            return frontend_bell if purpose == "bell-frontend" else self.registry.name(f"g{gid}-{purpose}")
-
-        self.topology: Topology = build_topology(node, [(app, plan)], profiles, name_of=name_of,
-                                                 time_scale=time_scale, seed=seed + gid, backend=backend)
-        self.frontend_bell = frontend_bell
-
-    def create_segments(self) -> None:
-        t = self.topology
-        self.registry.add_shm(t.stats)
-        self.stats = st.StatsBlock.create(t.stats, len(t.processes))
-        for name in t.doorbells:
-            if name == self.frontend_bell:
-                continue
-            self.registry.add_sem(name)
-            Doorbell.create(name).close()
-        for name, capacity in t.rings.items():
-            self.registry.add_shm(name)
-            ShmRing.create(name, capacity).close()
-
-    def start_workers(self) -> None:
-        envs = self._worker_envs()
-        self._launch = list(zip(write_specs(self.topology, self.dir), envs, strict=True))
-        for k in range(len(self._launch)):
-            self.workers.append(self._spawn(k))
-
-    def _spawn(self, k: int) -> subprocess.Popen[bytes]:
-        path, env = self._launch[k]
-        return subprocess.Popen([sys.executable, "-m", "jigsaw.runtime.worker", "--spec", str(path)],
-                                stdin=subprocess.DEVNULL, env=env)
-
-    def restart_worker(self, k: int) -> None:
-        """Start process ``k`` again on its spec: same rings, doorbell and stats slot."""
-        if not self.stopping:
-            self.workers[k] = self._spawn(k)
-
-    def failed_workers(self) -> list[str]:
-        """Processes the supervisor gave up on (their capacity is lost until a new generation)."""
-        if self.stats is None:
-            return []
-        return [s.name for s in self.topology.processes if self.stats.get(s.slot, st.STATE) == st.FAILED]
-
-    def _worker_envs(self) -> list[dict[str, str] | None]:
-        """Each GPU worker sees only its MIG instance (CUDA_VISIBLE_DEVICES=MIG-<uuid>); each
-        worker of a real backend on a CPU node is pinned to its core share's CPUs."""
-        procs = self.topology.processes
-        if self.node.gpu.kind == "cpu" and self.backend in ("onnxruntime", "torch"):
-            return self._cpu_envs()
-        if self.backend != "tensorrt":
-            return [None] * len(procs)
-        if self.plan.layout is None:
-            raise JigsawError(f"the plan of {self.app.name} has no layout to place GPU workers by")
-        devices = mig_devices()
-        missing = missing_devices(self.plan.layout, devices)
-        if missing:
-            raise JigsawError(f"MIG instances missing at (GPU, start) {missing}: partition the GPUs "
-                              "as the plan's layout says (jigsaw pack --format commands)")
-        layout = self.plan.layout
-        return [dict(os.environ, CUDA_VISIBLE_DEVICES=visible_device(layout, devices, *kind, process=n))
-                for kind, n in numbered(procs)]
-
-    def _cpu_envs(self) -> list[dict[str, str] | None]:
-        procs = self.topology.processes
-        if self.plan.layout is None:
-            return [None] * len(procs)
-        where = placements(self.plan.layout)
-        real = host_cpus()
-        envs: list[dict[str, str] | None] = []
-        for kind, n in numbered(procs):
-            placed = where.get((*kind, n // kind[3]))
-            if placed is None:
-                envs.append(None)
-                continue
-            cpus = share_cpus(self.node.gpu, kind[2], placed[1], real)
-            envs.append(dict(os.environ, **{CPUS_ENV: ",".join(map(str, cpus))}))
-        return envs
-
-    def not_ready(self) -> list[str]:
-        """Names of workers not ready yet; raises JigsawError when one has exited."""
-        assert self.stats is not None
-        for proc, spec in zip(self.workers, self.topology.processes):
-            if proc.poll() is not None:
-                raise JigsawError(f"worker {spec.name} exited with status {proc.returncode} at start-up")
-        return [s.name for s in self.topology.processes if self.stats.get(s.slot, st.STATE) != st.READY]
-
-    def signal_stop(self) -> None:
-        self.stopping = True
-        for p in self.workers:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    p.send_signal(signal.SIGTERM)
-
-    def stop_workers(self) -> None:
-        self.signal_stop()
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for p in self.workers:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-    def close(self) -> None:
-        """Stop the workers (if still running) and unlink every segment of this generation."""
-        self.stop_workers()
-        if self.stats is not None:
-            self.stats.close()
-            self.stats = None
-        self.registry.cleanup()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class Daemon:
-    """Owns every generation's worker processes and segments; ``close`` releases them all."""
-
-    def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int,
-                 backend: str = "emulated") -> None:
-        self.node = node
-        self.backend = backend
-        self.time_scale = time_scale
-        self.seed = seed
-        self.run_dir = Path(tempfile.mkdtemp(prefix="jigsawd-"))
-        self.registry = SegmentRegistry(self.run_dir / "segments.manifest")
-        self.frontend_bell = self.registry.name("bell-frontend")
-        self.profiles = load_node_profiles(node, [a for a, _ in plans])
-        self.generations: dict[int, Generation] = {}
-        self.current: dict[str, int] = {}
-        self._next_gid = 0
-        self._bell_created = False
-        for app, plan in plans:
-            self.current[app.name] = self.new_generation(app, plan).gid
-
-    def new_generation(self, app: App, plan: Plan) -> Generation:
-        """Lay out (not yet create or start) a generation for ``plan``."""
-        gid = self._next_gid
-        self._next_gid += 1
-        g = Generation(gid, self.node, app, plan, self.profiles, run_dir=self.run_dir,
-                       daemon_id=self.registry.daemon_id, frontend_bell=self.frontend_bell,
-                       time_scale=self.time_scale, seed=self.seed, backend=self.backend)
-        self.generations[gid] = g
-        return g
-
-    @property
-    def apps(self) -> list[str]:
-        return list(self.current)
-
-    def num_processes(self) -> int:
-        return sum(len(self.generations[g].topology.processes) for g in self.current.values())
-
-    def create_segments(self) -> None:
-        if not self._bell_created:
-            self.registry.add_sem(self.frontend_bell)
-            Doorbell.create(self.frontend_bell).close()
-            self._bell_created = True
-        for gid in self.current.values():
-            self.generations[gid].create_segments()
-
-    def start_workers(self) -> None:
-        for gid in self.current.values():
-            self.generations[gid].start_workers()
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            waiting = [n for gid in self.current.values() for n in self.generations[gid].not_ready()]
-            if not waiting:
-                return
-            if time.monotonic() > deadline:
-                raise JigsawError(f"{len(waiting)} workers not ready after {timeout_s:g} s "
-                                  f"(first: {waiting[0]})")
-            time.sleep(0.05)
-
-    def retire(self, gid: int) -> None:
-        """Stop a drained generation's workers and unlink its segments."""
-        g = self.generations.pop(gid, None)
-        if g is not None:
-            g.close()
-
-    def close(self) -> None:
-        gens = list(self.generations.values())
-        for g in gens:
-            g.signal_stop()
-        for g in gens:
-            g.close()
-        self.generations.clear()
-        self.registry.cleanup()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-
-
-async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed: int,
+async def serve(generations: GenerationManager, host: str, port: int, *, time_scale: float, seed: int,
                 controller: bool = False, space: str | None = None, bin_seconds: float | None = None,
                 admin_token: str = "", node_config: Path | None = None) -> None:
+    """Serve OIP until SIGINT/SIGTERM: the frontend, the supervisor, the controllers, ``/admin``."""
     from concurrent.futures import ThreadPoolExecutor
 
     from aiohttp import web
@@ -377,15 +156,10 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
     from jigsaw.control.solver import SubprocessSolver
     from jigsaw.runtime.frontend import Frontend
     from jigsaw.runtime.supervisor import POLL_S, Supervisor
-    node = daemon.node
-    gids = list(daemon.current.items())
-    fe = Frontend(daemon.generations[gids[0][1]].topology, backend_kind=daemon.backend,
-                  max_queue=node.server.max_queue, hop_latency_ms=node.planner.hop_latency_ms,
-                  time_scale=time_scale, seed=seed)
-    fe.attach()
-    for name, gid in gids[1:]:
-        fe.add_generation(gid, daemon.generations[gid].topology)
-        fe.switch(name, gid)
+    node = generations.node
+    fe = Frontend(generations.backend, max_queue=node.server.max_queue,
+                  hop_latency_ms=node.planner.hop_latency_ms, time_scale=time_scale, seed=seed)
+    generations.attach(fe)
     loop = asyncio.get_running_loop()
     fe.start(loop)
     stop = asyncio.Event()
@@ -397,8 +171,8 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
     solver = SubprocessSolver(node_config) if controller and node_config is not None else None
     if controller:
         bin_s = bin_seconds or node.control.bin_seconds
-        for name in daemon.apps:
-            controllers[name] = AppController(node.app(name), daemon, fe, space=space, bin_seconds=bin_s,
+        for name in generations.apps:
+            controllers[name] = AppController(node.app(name), generations, fe, space=space, bin_seconds=bin_s,
                                               time_scale=time_scale, executor=executor, log=_log,
                                               solver=solver or default_solver)
     if not admin_token and not is_loopback(host):
@@ -412,26 +186,27 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
         else:
             _log(f"{app}: capacity lost ({why}) and no controller to re-plan (static plan)")
 
-    supervisor = Supervisor(daemon, fe, log=_log, on_capacity_lost=capacity_lost)
+    generations.on_capacity_lost = capacity_lost
+    supervisor = Supervisor(generations, generations, node.server, log=_log)
 
     def supervise() -> None:
         try:
             supervisor.check()
         except Exception as exc:  # a supervisor bug must not take the node down with it
             _log(f"supervisor: {type(exc).__name__}: {exc}")
-    add_admin_routes(web_app, daemon, controllers, admin_token, supervisor)
+    add_admin_routes(web_app, generations, controllers, supervisor, admin_token)
     runner = web.AppRunner(web_app, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-        fe.ready = True
+        fe.state.ready = True
         for c in controllers.values():
             c.start()
         what = (f"controller on (space {space or node.planner.space}, bins of "
                 f"{bin_seconds or node.control.bin_seconds:g} s)" if controllers else "static plans")
-        _log(f"serving {', '.join(daemon.apps)} on http://{host}:{port} with "
-             f"{daemon.num_processes()} worker processes (backend: {daemon.backend}; {what})")
+        _log(f"serving {', '.join(generations.apps)} on http://{host}:{port} with "
+             f"{generations.num_processes()} worker processes (backend: {generations.backend.name}; {what})")
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), POLL_S)
@@ -439,7 +214,8 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
         _log("stopping: draining in-flight requests")
         for c in controllers.values():
             await c.stop()
-        fe.draining = True
+        await generations.stop_retiring()
+        fe.state.draining = True
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while fe.num_pending() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -450,6 +226,7 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
         supervisor.stop()
         for c in controllers.values():
             await c.stop()
+        await generations.stop_retiring()
         await runner.cleanup()
         fe.close()
         executor.shutdown(wait=False, cancel_futures=True)
@@ -457,27 +234,28 @@ async def serve(daemon: Daemon, host: str, port: int, *, time_scale: float, seed
             solver.close()
 
 
+def choose_backend(node_config: Path, emulate: bool) -> BackendKind:
+    """The backend jigsawd runs: ``--emulate``, else the node's; a GPU one needs a usable GPU."""
+    node = load_node(node_config, load_apps=False)
+    if emulate:
+        return backend_kind(EMULATED)
+    kind = backend_kind(node.backend)
+    if kind.emulated:
+        raise JigsawError(f"the node's backend is {kind.name!r}: run with --emulate")
+    if kind.needs_gpu and not gpu_available():
+        raise JigsawError(f"the node's backend {kind.name!r} needs a GPU and none is usable "
+                          "(cupy.cuda.is_available() is false or cupy is not installed); run with --emulate "
+                          "to serve on the emulated backend")
+    return kind
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        node_for_backend = load_node(args.node_config, load_apps=False)
+        backend = choose_backend(args.node_config, args.emulate)
     except JigsawError as exc:
         _log(str(exc))
         return 2
-    if args.emulate:
-        backend = "emulated"
-    elif node_for_backend.backend in CPU_BACKENDS:
-        backend = node_for_backend.backend
-    elif node_for_backend.backend == "emulated":
-        _log("the node's backend is 'emulated': run with --emulate")
-        return 2
-    elif not gpu_available():
-        _log(f"the node's backend {node_for_backend.backend!r} needs a GPU and none is usable "
-             "(cupy.cuda.is_available() is false or cupy is not installed); run with --emulate to "
-             "serve on the emulated backend")
-        return 2
-    else:
-        backend = node_for_backend.backend
     if args.time_scale <= 0:
         _log("--time-scale must be > 0")
         return 2
@@ -493,18 +271,17 @@ def main(argv: list[str] | None = None) -> int:
         removed = cleanup_stale()
         if removed:
             _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
-        daemon = Daemon(node, plans, time_scale=args.time_scale, seed=args.seed, backend=backend)
+        generations = GenerationManager(node, plans, time_scale=args.time_scale, seed=args.seed,
+                                        backend=backend, log=_log)
     except (JigsawError, TopologyError) as exc:
         _log(str(exc))
         return 2
     # Until the loop installs its handlers, turn SIGTERM into an exception so cleanup runs.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        daemon.create_segments()
-        daemon.start_workers()
-        daemon.wait_ready(READY_TIMEOUT_S)
+        generations.start_all(READY_TIMEOUT_S)
         import uvloop
-        uvloop.run(serve(daemon, host, port, time_scale=args.time_scale, seed=args.seed,
+        uvloop.run(serve(generations, host, port, time_scale=args.time_scale, seed=args.seed,
                          controller=args.controller or not (args.no_controller or args.plan),
                          space=args.space,
                          bin_seconds=args.bin_seconds, admin_token=token, node_config=args.node_config))
@@ -517,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"cannot serve on {host}:{port}: {exc}")
         return 1
     finally:
-        daemon.close()
+        generations.close()
     _log("stopped")
     return 0
 

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jigsaw.app import App, load_app
+from jigsaw.backends.registry import NAMES
 from jigsaw.errors import ConfigError
 from jigsaw.fields import Fields, read_toml
 from jigsaw.mig import GPU_MODELS, GpuModel, MigProfile, gpu_model
 from jigsaw.profiles import ProfileTable, check_coverage, load_profiles
 
-BACKENDS = ("emulated", "tensorrt", "onnxruntime", "torch")
+BACKENDS = NAMES  # the backend registry's names
 PAPER_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 PAPER_BETA_SLICES = 28  # the paper's beta = 0.035 was chosen for a 28-slice node
 PAPER_BETA = 0.035
@@ -152,7 +153,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
 
     p = f.sub("planner", {})
     p.reject_unknown(set(PlannerSettings.__dataclass_fields__))
-    from jigsaw.planner.spaces import SPACES
+    from jigsaw.spaces import SPACES
     solver = p.str("solver", "cbc")
     if solver not in ("cbc", "highs"):
         raise p.error("solver", f"expected 'cbc' or 'highs', got {solver!r}")

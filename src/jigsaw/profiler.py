@@ -21,14 +21,10 @@ daemon; the segment's throughput is the sum of the copies' and its latency the w
 from __future__ import annotations
 
 import contextlib
-import csv
 import datetime as dt
 import functools
 import importlib
 import os
-import platform
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,8 +35,17 @@ from typing import Any
 
 import numpy as np
 
+from jigsaw.backends.registry import KINDS, BackendUnavailable, backend_kind
 from jigsaw.errors import JigsawError
-from jigsaw.profiles import COLUMNS
+from jigsaw.profiling import (
+    Progress,
+    append_row,
+    copy_argv,
+    host_description,
+    merge_copies,
+    read_done,
+    run_copies,
+)
 
 DEFAULT_BATCHES = (1, 2, 4, 8)
 
@@ -53,23 +58,12 @@ class Measurement:
     iterations: int
 
 
-def host_description() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{socket.gethostname()} {cpu} ({os.cpu_count()} cpus)".replace(",", " ")
-
-
 def backend_description(backend: str) -> str:
     """Backend and the versions of the libraries it runs on (no commas: it is a CSV cell)."""
     parts = [backend]
-    for mod in ("onnxruntime", "torch", "tensorrt"):
-        if mod in sys.modules or mod == backend or (mod == "torch" and backend != "tensorrt"):
+    libraries = backend_kind(backend).libraries
+    for mod in dict.fromkeys(lib for k in KINDS.values() for lib in k.libraries):
+        if mod in sys.modules or mod in libraries:
             with contextlib.suppress(Exception):
                 parts.append(f"{mod}-{importlib.import_module(mod).__version__}")
     return " ".join(dict.fromkeys(parts))
@@ -79,7 +73,7 @@ def synthetic_inputs(kind: str, batch: int, seed: int = 0) -> list[bytes]:
     """Payloads of ``batch`` items of a task of ``kind``, as a worker would receive them."""
     from jigsaw.models.images import street_scene
     from jigsaw.models.zoo import classifier_size
-    from jigsaw.runtime.tensors import encode_tensors
+    from jigsaw.tensors import encode_tensors
     out = []
     for i in range(batch):
         if kind == "tts":
@@ -117,52 +111,6 @@ def measure(execute: Callable[[], object], batch: int, *, warmup: int = 2, min_i
     return Measurement(float(np.percentile(arr, 95) * 1000), float(batch / arr.mean()), _rss_mb(), len(times))
 
 
-def read_done(path: Path) -> set[tuple[str, str, int, int]]:
-    """Keys of the rows already measured in a profile CSV (for resuming).
-
-    Modeled rows do not count: a measured row appended after one replaces it when loaded.
-    """
-    if not path.exists():
-        return set()
-    lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
-    done = set()
-    for r in csv.DictReader(lines):
-        if r.get("source") != "measured":
-            continue
-        try:
-            done.add((r["variant"], r["mig_profile"], int(r["mps"]), int(r["batch"])))
-        except (KeyError, ValueError, TypeError):
-            continue
-    return done
-
-
-class _Progress:
-    """tqdm when installed, else one plain line per step with an ETA."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.n, self.t0 = total, 0, time.monotonic()
-        try:
-            from tqdm import tqdm
-            self.bar = tqdm(total=total, unit="row", file=sys.stderr)
-        except ImportError:
-            self.bar = None
-
-    def step(self, label: str) -> None:
-        self.n += 1
-        if self.bar is not None:
-            self.bar.set_postfix_str(label)
-            self.bar.update(1)
-            return
-        elapsed = time.monotonic() - self.t0
-        eta = elapsed / self.n * (self.total - self.n)
-        print(f"[{self.n}/{self.total}] {label}  elapsed {elapsed:.0f}s  ETA {eta:.0f}s",
-              file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def _select(node_path: str | Path, app_path: str | Path | None, variants: Sequence[str],
             batches: Sequence[int]) -> tuple[Any, dict[str, str], list[str], list[int]]:
     """(node, task kind by variant, the variants wanted, the batch sizes) of a profiling run."""
@@ -194,7 +142,8 @@ def profile(node_path: str | Path, app_path: str | Path | None = None, *, varian
         return profile_gpu(node, app_path, kinds, wanted, batch_list, out_dir, seconds=seconds,
                            max_iters=max_iters, gpu=gpu, segments=segments, mps_levels=mps_levels,
                            backend=backend)
-    if node.backend not in ("onnxruntime", "torch"):
+    kind = backend_kind(node.backend)
+    if not kind.runs_models or kind.needs_gpu:
         raise JigsawError(f"{node.source}: backend {node.backend!r} does not run on a CPU node")
     if any(k != 1 for k in node.mps_levels):
         raise JigsawError(f"{node.source}: a CPU node has mps_levels = [1] (got {list(node.mps_levels)})")
@@ -240,7 +189,7 @@ def profile(node_path: str | Path, app_path: str | Path | None = None, *, varian
         host = f"{host_description()} {seg} with {copies} shares on CPUs {'+'.join(map(str, cpus))}"
         for (v, sg, mps, b), (lat, thr, mem, backend_name) in sorted(rows.items()):
             if (v, sg, b) in wanted_rows:
-                _append(out_dir / f"{v}.csv",
+                append_row(out_dir / f"{v}.csv",
                         [v, sg, mps, b, lat, thr, mem, "measured", host, backend_name, date])
     return [out_dir / f"{v}.csv" for v in wanted]
 
@@ -295,7 +244,7 @@ def _measure_rows(plan: list[tuple[str, str, int]], kinds: dict[str, str], backe
                   barrier: _Barrier | None = None, seconds: float, max_iters: int) -> None:
     host, backend_name = host_description(), backend_description(backend)
     date = dt.date.today().isoformat()
-    progress = _Progress(len(plan))
+    progress = Progress(len(plan))
     loaded: dict[tuple[str, str], object] = {}
     try:
         for v, seg, b in plan:
@@ -312,8 +261,9 @@ def _measure_rows(plan: list[tuple[str, str, int]], kinds: dict[str, str], backe
                 run()  # load and warm up before the copies start timing together
                 barrier.wait()
             m = measure(run, b, seconds=seconds, max_iters=max_iters)
-            _append(out_dir / f"{v}.csv", [v, seg, mps, b, f"{m.latency_ms:.4f}", f"{m.throughput_rps:.3f}",
-                                           f"{m.memory_mb:.1f}", "measured", host, backend_name, date])
+            append_row(out_dir / f"{v}.csv", [v, seg, mps, b, f"{m.latency_ms:.4f}",
+                                              f"{m.throughput_rps:.3f}", f"{m.memory_mb:.1f}", "measured",
+                                              host, backend_name, date])
             progress.step(f"{v} {seg} mps{mps} b{b}: p95 {m.latency_ms:.1f} ms, {m.throughput_rps:.1f}/s")
     finally:
         progress.close()
@@ -321,99 +271,15 @@ def _measure_rows(plan: list[tuple[str, str, int]], kinds: dict[str, str], backe
 
 def _backend(kind_of_backend: str, task_kind: str, variant: str, threads: int, max_batch: int) -> object:
     from jigsaw.backends.base import Downstream
-    if kind_of_backend == "onnxruntime":
-        from jigsaw.backends.onnxruntime_backend import OnnxRuntimeBackend as Real
-    elif kind_of_backend == "tensorrt":
-        from jigsaw.backends.tensorrt_backend import TensorRTBackend as Real  # type: ignore[assignment]
-    else:
-        from jigsaw.backends.torch_backend import TorchBackend as Real  # type: ignore[assignment]
+    try:
+        Real = backend_kind(kind_of_backend).load_class()
+    except BackendUnavailable as exc:
+        raise JigsawError(f"{variant}: {exc}") from None
     # A detector is timed with its real fan-out work: crops for a car and a person task.
     downstream = [Downstream("car", 1.0), Downstream("person", 1.0)] if task_kind == "detector" else []
-    be = Real("profile", task_kind, downstream, threads=threads)
+    be = Real("profile", task_kind, downstream, threads=threads)  # type: ignore[call-arg]
     try:
         be.load(variant, max_batch)
     except (RuntimeError, ImportError, OSError, ValueError) as exc:
         raise JigsawError(f"{variant}: the {kind_of_backend} backend cannot load it: {exc}") from None
     return be
-
-
-def _append(path: Path, row: list[object]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        if new:
-            f.write(f"# Measured by `jigsaw profile` on {host_description()}; latency_ms is the p95 of "
-                    "one whole batch (decode, pre/post-processing, network), throughput_rps items/s.\n")
-            f.write(",".join(COLUMNS) + "\n")
-        csv.writer(f, lineterminator="\n").writerow(row)
-        f.flush()
-
-
-COPIES_TIMEOUT_S = 6 * 3600.0
-
-
-def copy_argv(python: Sequence[str], node: Any, app_path: str | Path | None, seg: str, mps: int, rank: int,
-              tmp: Path, variants: Sequence[str], batch_list: Sequence[int], backend: str | None,
-              seconds: float, max_iters: int, cpus: Sequence[int] = (),
-              copies: int | None = None) -> list[str]:
-    """The command line of one measuring copy (``jigsaw profile --inside``)."""
-    argv = [*python, "profile", "--node", str(node.source), "--inside", seg, "--mps", str(mps),
-            "--rank", str(rank), "--barrier", str(tmp / "barrier"), "--out", str(tmp / f"rank-{rank}"),
-            "--variants", ",".join(variants), "--batches", ",".join(map(str, batch_list)),
-            "--seconds", str(seconds), "--max-iters", str(max_iters)]
-    if app_path is not None:
-        argv += ["--app", str(app_path)]
-    if backend is not None:
-        argv += ["--backend", backend]
-    if cpus:
-        argv += ["--cpus", ",".join(map(str, cpus))]
-    if copies is not None:
-        argv += ["--copies", str(copies)]
-    return argv
-
-
-def run_copies(argvs: Sequence[Sequence[str]], env: dict[str, str] | None, what: str) -> None:
-    """Run the measuring copies at once; the first failure stops the others and raises."""
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for argv in argvs:
-            procs.append(subprocess.Popen(list(argv), env=env, stdout=subprocess.DEVNULL))
-        deadline = time.monotonic() + COPIES_TIMEOUT_S
-        while any(p.poll() is None for p in procs):
-            failed = [p for p in procs if p.returncode not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                why = f"exit {failed[0].returncode}" if failed else f"over {COPIES_TIMEOUT_S:.0f} s"
-                raise JigsawError(f"a profile copy in {what} failed ({why})")
-            time.sleep(0.05)
-        codes = [p.returncode for p in procs]
-        if any(codes):
-            raise JigsawError(f"a profile copy in {what} failed (exit codes {codes})")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-
-
-def merge_copies(rank_files: Sequence[Path],
-                 throughput: str = "sum") -> dict[tuple[str, str, int, int], list[str]]:
-    """One row per (variant, segment, mps, batch) of copies measured together: the worst p95 and
-    the copies' summed throughput and memory (``"sum"``: the copies are one segment's processes)
-    or their mean (``"mean"``: each copy is a segment of its own, sharing the CPUs)."""
-    merged: dict[tuple[str, str, int, int], list[Any]] = {}
-    counts: dict[tuple[str, str, int, int], int] = {}
-    for path in rank_files:
-        lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
-        for r in csv.DictReader(lines):
-            key = (r["variant"], r["mig_profile"], int(r["mps"]), int(r["batch"]))
-            lat, thr, mem = float(r["latency_ms"]), float(r["throughput_rps"]), float(r["memory_mb"])
-            counts[key] = counts.get(key, 0) + 1
-            if key in merged:
-                row = merged[key]
-                row[0], row[1], row[2] = max(row[0], lat), row[1] + thr, row[2] + mem
-            else:
-                merged[key] = [lat, thr, mem, r["backend"]]
-    incomplete = [k for k, n in counts.items() if n != len(rank_files)]
-    if incomplete:
-        raise JigsawError(f"profile copies measured different rows (e.g. {incomplete[0]})")
-    div = len(rank_files) if throughput == "mean" else 1
-    return {k: [f"{v[0]:.4f}", f"{v[1] / div:.3f}", f"{v[2] / div:.1f}", v[3]] for k, v in merged.items()}

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from jigsaw.errors import JigsawError
-from jigsaw.profiler import (
-    _append,
-    _Progress,
+from jigsaw.profiling import (
+    Progress,
+    append_row,
     copy_argv,
     host_description,
     merge_copies,
@@ -141,7 +141,7 @@ def profile_gpu(node: Any, app_path: str | Path | None, kinds: dict[str, str], w
         return [out_dir / f"{v}.csv" for v in wanted]
     host = f"{host_description()} {node.gpu.name} MIG"
     date = dt.date.today().isoformat()
-    progress = _Progress(len(groups))
+    progress = Progress(len(groups))
     try:
         for seg in dict.fromkeys(s for s, _, _ in groups):
             instance = create_instance(run, gpu, seg)
@@ -154,8 +154,8 @@ def profile_gpu(node: Any, app_path: str | Path | None, kinds: dict[str, str], w
                                               Path(tmp), backend, seconds, max_iters, python)
                     for (v, sg, mps, b), (lat, thr, mem, backend_name) in sorted(rows.items()):
                         if (v, sg, mps, b) not in done:
-                            _append(out_dir / f"{v}.csv", [v, sg, mps, b, lat, thr, mem, "measured", host,
-                                                           backend_name, date])
+                            append_row(out_dir / f"{v}.csv", [v, sg, mps, b, lat, thr, mem, "measured", host,
+                                                              backend_name, date])
                     progress.step(f"{seg} mps{k}: {len(rows)} rows")
             finally:
                 destroy_instance(run, instance)

@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
-from jigsaw.control.controller import AppController, same_instances
-from jigsaw.node import load_node
+from jigsaw.control.controller import AppController
+from jigsaw.node import Node, load_node
 from jigsaw.plan import Plan, PlanInstance
-from jigsaw.runtime.frontend import BinCounters
+from jigsaw.runtime.admission import BinCounters
+from jigsaw.runtime.generations import Applied, DesiredState, same_instances
+from jigsaw.runtime.metrics import Metrics
 
 NODE = Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
 
@@ -25,21 +27,50 @@ def _plan(demand: float, instances: list[PlanInstance] | None = None) -> Plan:
 
 
 class _Fe:
+    """The controller's ``BinSource``: the bin counters and the planner-failure metric."""
+
     def __init__(self) -> None:
         self.bins: dict[str, BinCounters] = {"traffic_analysis": BinCounters()}
+        self.metrics = Metrics("emulated")
+
+    def peek_bin(self, app: str) -> BinCounters | None:
+        return self.bins.get(app)
 
     def take_bin(self, app: str) -> BinCounters:
         got = self.bins[app]
         self.bins[app] = BinCounters()
         return got
 
+    def count_planner_failure(self, app: str) -> None:
+        self.metrics.planner_failures.inc((("app", app),))
+
+
+class _Plane:
+    """The controller's ``DataPlane`` without processes: one generation whose plan ``apply`` sets."""
+
+    def __init__(self, node: Node, plan: Plan) -> None:
+        self.node = node
+        self.profiles = None
+        self.plans = {"traffic_analysis": plan}
+        self.applied: list[DesiredState] = []
+
+    def plan_of(self, app: str) -> Plan:
+        return self.plans[app]
+
+    def generation_of(self, app: str) -> int:
+        return 0
+
+    async def apply(self, desired: DesiredState) -> Applied:
+        self.applied.append(desired)
+        self.plans[desired.app] = desired.plan
+        return Applied(0, 0, False)
+
 
 def _controller(solver: Any, bin_seconds: float = 100.0) -> tuple[AppController, _Fe]:
     node = load_node(NODE)
-    gen = SimpleNamespace(plan=_plan(10.0))
-    daemon = SimpleNamespace(node=node, generations={0: gen}, current={"traffic_analysis": 0}, profiles=None)
     fe = _Fe()
-    c = AppController(node.app("traffic_analysis"), daemon, fe, space="ast", bin_seconds=bin_seconds,
+    c = AppController(node.app("traffic_analysis"), _Plane(node, _plan(10.0)), fe,  # type: ignore[arg-type]
+                      space="ast", bin_seconds=bin_seconds,
                       time_scale=2.0, executor=ThreadPoolExecutor(1), solver=solver, log=lambda m: None)
     return c, fe
 
@@ -141,19 +172,16 @@ def test_repartition_delay_follows_time_scale_and_bin_compression() -> None:
 
 
 def test_planner_failure_keeps_the_running_plan_and_is_reported() -> None:
-    from jigsaw.runtime.metrics import Metrics
-
     def solver(app: Any, node: Any, profiles: Any, demand: float, **kw: Any) -> Plan:
         raise RuntimeError("CBC crashed")
 
     async def go() -> None:
         c, fe = _controller(solver)
-        fe.metrics = Metrics("emulated")  # type: ignore[attr-defined]
         running = c.plan
         got = await c.replan(50.0)
         assert got is running and c.plan is running
         assert c.current.planner_errors == ["RuntimeError: CBC crashed"]
-        assert fe.metrics.planner_failures.get((("app", "traffic_analysis"),)) == 1  # type: ignore[attr-defined]
+        assert fe.metrics.planner_failures.get((("app", "traffic_analysis"),)) == 1
         c._close_bin()
         assert c.history()[-1]["planner_errors"] == ["RuntimeError: CBC crashed"]
         assert c.predicted_rps == 10.0  # a failed re-plan does not claim its demand

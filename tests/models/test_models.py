@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jigsaw.backends.base import Downstream
-from jigsaw.runtime.tensors import decode_tensors, encode_tensors
+from jigsaw.tensors import decode_tensors, encode_tensors
 
 torch = pytest.importorskip("torch", reason="torch not installed (pip install 'jigsaw[models]')")
 
@@ -99,7 +99,7 @@ def test_nms_on_hand_made_boxes() -> None:
 
 
 def test_letterbox_and_crop() -> None:
-    from jigsaw.models.pipeline import crop, letterbox
+    from jigsaw.backends.pipeline import crop, letterbox
     img = np.zeros((100, 200, 3), np.uint8)
     img[40:60, 90:110] = 255
     canvas, r, (px, py) = letterbox(img, 64)

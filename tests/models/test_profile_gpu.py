@@ -129,8 +129,8 @@ def test_a_gpu_with_instances_is_refused(fake_gpu: Path, tmp_path: Path) -> None
 
 
 def test_merge_sums_throughput_and_keeps_the_worst_latency(tmp_path: Path) -> None:
-    from jigsaw.profiler import merge_copies
     from jigsaw.profiles import COLUMNS
+    from jigsaw.profiling import merge_copies
     files = []
     for rank, (lat, thr) in enumerate([(10.0, 100.0), (14.0, 80.0)]):
         f = tmp_path / f"r{rank}.csv"

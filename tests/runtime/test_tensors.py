@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jigsaw.runtime.tensors import DATATYPES, Tensor, datatype_of, decode_tensors, encode_tensors
+from jigsaw.tensors import DATATYPES, Tensor, datatype_of, decode_tensors, encode_tensors
 
 
 def _sample(datatype: str, shape: tuple[int, ...], rng: np.random.Generator):

@@ -1,7 +1,7 @@
 """The interface every model backend implements (emulated, onnxruntime, torch, tensorrt).
 
 A worker process owns one backend instance for one (task, variant). It hands the backend a batch
-of encoded tensor payloads (``jigsaw.runtime.tensors`` format) and gets back, per item, the item's
+of encoded tensor payloads (``jigsaw.tensors`` format) and gets back, per item, the item's
 own outputs and the payloads of the children it spawns on each downstream task. Backends never
 see rings, deadlines or credits: routing and accounting stay in the worker.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from jigsaw.runtime.tensors import Tensor
+from jigsaw.tensors import Tensor
 
 
 @dataclass(frozen=True)

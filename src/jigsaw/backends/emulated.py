@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 
 from jigsaw.backends.base import Backend, Downstream, ItemResult, OutputSpec
-from jigsaw.runtime.tensors import Tensor, encode_tensors
+from jigsaw.tensors import Tensor, encode_tensors
 
 CAPTION_TOKENS = 16
 SAMPLES_PER_TOKEN = 1200  # emulated speech length: 22.05 kHz, ~18 tokens/s

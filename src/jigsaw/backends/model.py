@@ -2,7 +2,7 @@
 
 A subclass says how to load the network (``_load_net``; torch), or, as a ``GraphBackend``, only
 how to run one ONNX graph (``_graph_runner``; onnxruntime, TensorRT); decoding inputs,
-pre-processing, post-processing and the children payloads come from ``jigsaw.models.pipeline``.
+pre-processing, post-processing and the children payloads come from ``jigsaw.backends.pipeline``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class ModelBackend(Backend):
         self.pipeline: Any = None
 
     def load(self, variant: str, max_batch: int) -> None:
-        from jigsaw.models.pipeline import Pipeline
+        from jigsaw.backends.pipeline import Pipeline
         self.variant, self.max_batch = variant, max_batch
         self.pipeline = Pipeline(variant, self.task_kind, self.downstream)
         self._net = self._load_net(variant, max_batch)
@@ -65,7 +65,7 @@ class ModelBackend(Backend):
 
     @classmethod
     def output_specs(cls, task_kind: str, downstream: Sequence[str] = ()) -> list[OutputSpec]:
-        from jigsaw.models.pipeline import output_specs
+        from jigsaw.backends.pipeline import output_specs
         return output_specs(task_kind, downstream)
 
     def close(self) -> None:

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from typing import Any
 
 from aiohttp import web
 
 from jigsaw.control.controller import AppController, plan_summary
+from jigsaw.runtime.generations import GenerationManager
+from jigsaw.runtime.supervisor import Supervisor
 
-CONTROLLERS_KEY = web.AppKey("controllers", dict)
-DAEMON_KEY = web.AppKey("daemon", object)
+CONTROLLERS_KEY = web.AppKey("controllers", dict[str, AppController])
+GENERATIONS_KEY = web.AppKey("generations", GenerationManager)
 TOKEN_KEY = web.AppKey("admin_token", str)
-SUPERVISOR_KEY = web.AppKey("supervisor", object)
+SUPERVISOR_KEY = web.AppKey("supervisor", Supervisor)
 
 
 def is_loopback(host: str | None) -> bool:
@@ -54,11 +55,11 @@ def _deny(request: web.Request) -> web.Response | None:
     return None
 
 
-def add_admin_routes(app: web.Application, daemon: Any, controllers: dict[str, AppController],
-                     token: str = "", supervisor: Any = None) -> None:
+def add_admin_routes(app: web.Application, generations: GenerationManager,
+                     controllers: dict[str, AppController], supervisor: Supervisor, token: str = "") -> None:
     """Register the admin handlers on the frontend's application."""
     app[CONTROLLERS_KEY] = controllers
-    app[DAEMON_KEY] = daemon
+    app[GENERATIONS_KEY] = generations
     app[TOKEN_KEY] = token
     app[SUPERVISOR_KEY] = supervisor
     app.router.add_get("/admin/workers", h_workers)
@@ -70,11 +71,12 @@ def add_admin_routes(app: web.Application, daemon: Any, controllers: dict[str, A
 async def h_plan(request: web.Request) -> web.Response:
     if (denied := _deny(request)) is not None:
         return denied
-    daemon = request.app[DAEMON_KEY]
+    generations = request.app[GENERATIONS_KEY]
     out = {}
-    for name, gid in daemon.current.items():
-        g = daemon.generations[gid]
-        out[name] = {"generation": gid, "summary": plan_summary(g.plan), "plan": g.plan.to_json_dict()}
+    for name in generations.apps:
+        plan = generations.plan_of(name)
+        out[name] = {"generation": generations.generation_of(name), "summary": plan_summary(plan),
+                     "plan": plan.to_json_dict()}
     return web.json_response(out)
 
 
@@ -82,8 +84,6 @@ async def h_workers(request: web.Request) -> web.Response:
     if (denied := _deny(request)) is not None:
         return denied
     sup = request.app[SUPERVISOR_KEY]
-    if sup is None:
-        return web.json_response({"workers": [], "events": []})
     return web.json_response({"workers": sup.workers(), "events": [e.to_json() for e in sup.events]})
 
 
@@ -92,7 +92,7 @@ async def h_history(request: web.Request) -> web.Response:
         return denied
     controllers = request.app[CONTROLLERS_KEY]
     want = request.query.get("app")
-    if want is not None and want not in request.app[DAEMON_KEY].current:
+    if want is not None and want not in request.app[GENERATIONS_KEY].apps:
         return web.json_response({"error": f"unknown app {want!r}"}, status=404)
     return web.json_response({name: c.history() for name, c in controllers.items()
                               if want is None or name == want})
@@ -129,5 +129,6 @@ async def h_control(request: web.Request) -> web.Response:
         await c.replan(demand)
     if body.get("restart_bins"):
         c.restart_bins()
-    return web.json_response({"app": name, "plan": plan_summary(c.plan), "generation":
-                              request.app[DAEMON_KEY].current[name], "predicted_rps": c.predicted_rps})
+    generation = request.app[GENERATIONS_KEY].generation_of(name)
+    return web.json_response({"app": name, "plan": plan_summary(c.plan), "generation": generation,
+                              "predicted_rps": c.predicted_rps})

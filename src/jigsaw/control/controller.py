@@ -6,13 +6,13 @@ and the measured fan-out of each upstream variant. The predictor gives the next 
 re-plan starts ahead of the bin's end by what re-plans have recently taken, ``lead_s``, so the plan
 is in place at the boundary); the planner runs off the loop (a worker thread waits on the planner
 child process of ``jigsaw.control.solver``, or calls the planner itself) with the running plan as
-warm start, the mean measured factors of the last bins, and a time limit below the bin length. A
-plan with the same instances only re-weights the lanes in place; any other plan becomes a new
-*generation* of the app's processes (make-before-break): its rings and workers are created while the
-old generation serves, the emulated repartition delay is applied when a GPU's MIG layout changed,
-the frontend's routing switches in one assignment, and the old generation drains (every accepted
-request is answered) before its workers stop and its segments are unlinked. A bin whose violation
-rate crosses ``control.replan_violation_rate`` triggers an early re-plan (once per bin). When the
+warm start, the mean measured factors of the last bins, and a time limit below the bin length. The
+new plan is pushed to the data plane as a ``DesiredState``; the generation manager
+(``jigsaw.runtime.generations``) applies it: a plan with the same instances only re-weights the
+lanes in place, any other becomes a new *generation* of the app's processes (make-before-break),
+with the emulated repartition delay the controller gives when a GPU's MIG layout changed. A bin
+whose violation rate crosses ``control.replan_violation_rate`` triggers an early re-plan (once per
+bin). When the
 supervisor gives up on a worker (capacity lost), the app re-plans at once onto a fresh generation. A
 planner that fails or times out leaves the running plan serving; the bin's record and
 ``jigsaw_planner_failures_total`` report it.
@@ -34,14 +34,14 @@ from jigsaw.app import App
 from jigsaw.control.predictor import MeanSlackPredictor, Predictor
 from jigsaw.node import Node
 from jigsaw.plan import Plan
-from jigsaw.planner.packer import changed_gpus, to_nvidia_smi_commands
+from jigsaw.planner.packer import to_nvidia_smi_commands
 from jigsaw.profiles import ProfileTable
+from jigsaw.runtime.admission import BinCounters
+from jigsaw.runtime.generations import Applied, DesiredState
 
 LEAD_MARGIN = 1.25  # a re-plan ahead of a bin's end starts this many recent re-plan durations early
 HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per app
 MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
-DRAIN_MARGIN_S = 12.0  # beyond the deadline: the frontend keeps a timed-out request 10 s for late credits
-READY_TIMEOUT_S = 120.0
 Factors = dict[tuple[str, str, str], float]
 
 
@@ -59,23 +59,31 @@ def default_solver(app: App, node: Node, profiles: ProfileTable, demand_rps: flo
                 time_limit_s=time_limit_s, factors=factors)
 
 
+class DataPlane(Protocol):
+    """What the controller drives: the generation manager (``runtime.generations``)."""
+
+    node: Node
+    profiles: ProfileTable
+
+    def plan_of(self, app: str) -> Plan: ...
+    def generation_of(self, app: str) -> int: ...
+    async def apply(self, desired: DesiredState) -> Applied: ...
+
+
+class BinSource(Protocol):
+    """What the controller reads from the frontend: the bin counters, and where failures count."""
+
+    def peek_bin(self, app: str) -> BinCounters | None: ...
+    def take_bin(self, app: str) -> BinCounters: ...
+    def count_planner_failure(self, app: str) -> None: ...
+
+
 def plan_summary(p: Plan) -> dict[str, Any]:
     return {"slices_used": p.slices_used, "slices_available": p.slices_available,
             "accuracy": round(p.accuracy, 6), "status": p.status, "solve_seconds": round(p.solve_seconds, 3),
             "feasible": p.feasible, "max_demand_plan": p.max_demand_plan,
             "demand_rps": round(p.demand_rps, 3), "planned_rps": round(p.planned_rps, 3),
             "processes": sum(i.count * i.mps for i in p.instances)}
-
-
-def same_instances(a: Plan, b: Plan) -> bool:
-    """The two plans run the same processes (only lane weights may differ)."""
-    def key(p: Plan) -> list[tuple[str, str, str, int, int, int]]:
-        return sorted((i.task, i.variant, i.mig_profile, i.mps, i.max_batch, i.count)
-                      for i in p.instances if i.count > 0)
-
-    def lanes(p: Plan) -> list[tuple[tuple[str, str], ...]]:
-        return [tuple(sorted(lp.variants.items())) for lp in p.lanes]
-    return key(a) == key(b) and lanes(a) == lanes(b) and a.task_latency_ms == b.task_latency_ms
 
 
 @dataclass
@@ -111,13 +119,13 @@ class BinRecord:
 class AppController:
     """Closes bins, predicts, re-plans and reconfigures one app of a running daemon."""
 
-    def __init__(self, app: App, daemon: Any, frontend: Any, *, space: str | None, bin_seconds: float,
+    def __init__(self, app: App, plane: DataPlane, bins: BinSource, *, space: str | None, bin_seconds: float,
                  time_scale: float, executor: ThreadPoolExecutor, predictor: Predictor | None = None,
                  solver: Solver = default_solver, log: Callable[[str], None] = print) -> None:
-        node: Node = daemon.node
+        node = plane.node
         self.app = app
-        self.daemon = daemon
-        self.fe = frontend
+        self.plane = plane
+        self.fe = bins
         self.node = node
         self.space = space
         self.bin_seconds = bin_seconds
@@ -125,7 +133,7 @@ class AppController:
         self.executor = executor
         self.solver = solver
         self.log = log
-        plan = daemon.generations[daemon.current[app.name]].plan
+        plan = plane.plan_of(app.name)
         self.predictor: Predictor = predictor or MeanSlackPredictor(
             node.control.history_bins, node.planner.demand_slack, default_rps=plan.demand_rps)
         self.history_rps: deque[float] = deque(maxlen=max(64, node.control.history_bins))
@@ -137,7 +145,6 @@ class AppController:
         self.bin_start = time.monotonic()
         self.current = self._new_record()
         self.predicted_rps = plan.demand_rps
-        self.retiring: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._replan_task: asyncio.Task[None] | None = None
         self._lost_demand_rps: float | None = None
@@ -145,18 +152,18 @@ class AppController:
 
     @property
     def plan(self) -> Plan:
-        return self.daemon.generations[self.daemon.current[self.app.name]].plan
+        return self.plane.plan_of(self.app.name)
 
     def _new_record(self) -> BinRecord:
         return BinRecord(self.app.name, self.bin_index, time.time(), self.bin_seconds,
-                         generation=self.daemon.current[self.app.name])
+                         generation=self.plane.generation_of(self.app.name))
 
     # ---- bins ----------------------------------------------------------------------------
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        for t in (self._task, self._replan_task, *self.retiring):
+        for t in (self._task, self._replan_task):
             if t is not None and not t.done():
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -210,7 +217,7 @@ class AppController:
 
     def predict_ahead(self) -> float:
         """The next bin's prediction with the running bin's rate so far as its latest sample."""
-        c = self.fe.bins.get(self.app.name)
+        c = self.fe.peek_bin(self.app.name)
         elapsed = time.monotonic() - self.bin_start
         history = list(self.history_rps)
         if c is not None and elapsed > 0:
@@ -258,7 +265,7 @@ class AppController:
     def _check_early(self) -> None:
         self._replan_lost()
         threshold = self.node.control.replan_violation_rate
-        c = self.fe.bins.get(self.app.name)
+        c = self.fe.peek_bin(self.app.name)
         if c is None or self.current.early_replans or self.lock.locked():
             return
         answered = self.current.answered + c.answered
@@ -276,7 +283,7 @@ class AppController:
     def on_capacity_lost(self, why: str) -> None:
         """A worker is gone for good: re-plan now (the new plan runs as a fresh generation)."""
         elapsed = max(1e-3, time.monotonic() - self.bin_start)
-        c = self.fe.bins.get(self.app.name)
+        c = self.fe.peek_bin(self.app.name)
         so_far = (c.arrivals / elapsed * self.time_scale) if c is not None else 0.0
         demand = max(self.predicted_rps, so_far * (1.0 + self.node.planner.demand_slack))
         self.log(f"{self.app.name}: capacity lost ({why}): re-planning for {demand:.1f} rps")
@@ -329,7 +336,7 @@ class AppController:
             loop = asyncio.get_running_loop()
             previous = self.plan
             factors = self.measured_factors() or None
-            call = functools.partial(self.solver, self.app, self.node, self.daemon.profiles, demand_rps,
+            call = functools.partial(self.solver, self.app, self.node, self.plane.profiles, demand_rps,
                                      space=self.space, previous=previous, time_limit_s=self.time_limit_s,
                                      factors=factors)
             try:
@@ -361,76 +368,28 @@ class AppController:
         self.log(f"{self.app.name}: re-plan failed ({why}); keeping the running plan")
         if len(self.current.planner_errors) < 10:
             self.current.planner_errors.append(why[:500])
-        metrics = getattr(self.fe, "metrics", None)
-        if metrics is not None:
-            metrics.planner_failures.inc((("app", self.app.name),))
+        self.fe.count_planner_failure(self.app.name)
 
     async def apply(self, new: Plan) -> None:
-        """Make ``new`` the running plan: in place when it runs the same processes, else a generation."""
-        d = self.daemon
+        """Push ``new`` to the data plane as the app's desired state and record what it took."""
         app = self.app.name
-        old_gid = d.current[app]
-        old = d.generations[old_gid]
-        if same_instances(old.plan, new) and not old.failed_workers():
-            routes = self.fe.routes[app]
-            weights = [max(0.0, lp.rate_rps) for lp in new.lanes]
-            routes.lane_weights = weights if sum(weights) > 0 else [1.0] * len(weights)
-            routes.plan = new
-            old.plan = new
-            self.fe.switch(app, old_gid)  # refresh what derives from the plan (admission limit, gauges)
+        old = self.plan
+        done = await self.plane.apply(DesiredState(app, new, repartition_delay_s=self.repartition_delay_s()))
+        if not done.new_generation:
             return
-        t0 = time.monotonic()
-        changed: list[int] = []
-        if old.plan.layout is not None and new.layout is not None:
-            changed = changed_gpus(old.plan.layout, new.layout)
-            if self.node.gpu.kind == "gpu":
-                for cmd in to_nvidia_smi_commands(new.layout, old.plan.layout):
-                    self.log(f"{app}: emulated repartition: {cmd}")
-        gen = d.new_generation(self.app, new)  # raises when the plan cannot be laid out (nothing started)
-        try:
-            gen.create_segments()
-            gen.start_workers()
-            self.fe.add_generation(gen.gid, gen.topology)
-            delay_s = self.repartition_delay_s() if changed else 0.0
-            ready_at = time.monotonic() + delay_s
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while gen.not_ready() or time.monotonic() < ready_at:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"generation {gen.gid} not ready after {READY_TIMEOUT_S:g} s")
-                await asyncio.sleep(0.02)
-        except Exception as exc:
-            self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old_gid}")
-            self.fe.remove_generation(gen.gid)
-            await asyncio.get_running_loop().run_in_executor(None, d.retire, gen.gid)
-            return
-        self.fe.switch(app, gen.gid)
-        d.current[app] = gen.gid
-        took = time.monotonic() - t0
+        repartitioned = done.changed_gpus and self.node.gpu.kind == "gpu"
+        if repartitioned and old.layout is not None and new.layout is not None:
+            for cmd in to_nvidia_smi_commands(new.layout, old.layout):
+                self.log(f"{app}: emulated repartition: {cmd}")
         r = self.current
-        r.generation = gen.gid
+        r.generation = done.generation
         r.reconfigurations += 1
-        r.reconfiguration_seconds += took
-        r.changed_gpus = sorted(set(r.changed_gpus) | set(changed))
-        self.log(f"{app}: generation {gen.gid} serves ({new.slices_used} slices, "
-                 f"{len(gen.topology.processes)} processes, planned {new.planned_rps:.1f} rps, "
-                 f"changed GPUs {changed or 'none'}) after {took:.2f} s; draining generation {old_gid}")
-        task = asyncio.get_running_loop().create_task(self._retire(old_gid))
-        self.retiring.add(task)
-        task.add_done_callback(self.retiring.discard)
-
-    async def _retire(self, gid: int) -> None:
-        """Wait until the old generation's requests are all settled, then stop and unlink it."""
-        budget_s = (self.app.latency_slo_ms + self.app.depth * self.node.planner.hop_latency_ms) \
-            * self.time_scale / 1000.0
-        deadline = time.monotonic() + budget_s + DRAIN_MARGIN_S
-        while self.fe.pending_in(gid) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        left = self.fe.pending_in(gid)
-        if left:
-            self.log(f"{self.app.name}: generation {gid}: {left} requests unsettled after drain")
-        await asyncio.get_running_loop().run_in_executor(None, self._stop_gen, gid)
-        self.fe.remove_generation(gid)
-        await asyncio.get_running_loop().run_in_executor(None, self.daemon.retire, gid)
+        r.reconfiguration_seconds += done.seconds
+        r.changed_gpus = sorted(set(r.changed_gpus) | set(done.changed_gpus))
+        self.log(f"{app}: generation {done.generation} serves ({new.slices_used} slices, "
+                 f"{done.processes} processes, planned {new.planned_rps:.1f} rps, "
+                 f"changed GPUs {list(done.changed_gpus) or 'none'}) after {done.seconds:.2f} s; "
+                 f"draining generation {done.previous}")
 
     def repartition_delay_s(self) -> float:
         """The emulated MIG repartition time in wall seconds: x time scale, and compressed with the bins.
@@ -441,11 +400,6 @@ class AppController:
         nominal_s = self.node.control.bin_seconds * self.time_scale
         compression = min(1.0, self.bin_seconds / nominal_s) if nominal_s > 0 else 1.0
         return self.node.control.repartition_delay_s * self.time_scale * compression
-
-    def _stop_gen(self, gid: int) -> None:
-        g = self.daemon.generations.get(gid)
-        if g is not None:
-            g.stop_workers()
 
     def history(self) -> list[dict[str, Any]]:
         return [r.to_json() for r in self.records]

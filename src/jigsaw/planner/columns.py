@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from jigsaw.app import App
 from jigsaw.mig import MigProfile
 from jigsaw.node import Node
-from jigsaw.planner.spaces import SearchSpace
 from jigsaw.profiles import ProfileTable
+from jigsaw.spaces import SearchSpace
 
 
 @dataclass(frozen=True)

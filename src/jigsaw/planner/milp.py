@@ -28,8 +28,8 @@ from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import ColumnSet, allowed_variants, build_columns
 from jigsaw.planner.layouts import maximal_layout_counts
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
-from jigsaw.planner.spaces import SearchSpace, search_space
 from jigsaw.profiles import ProfileTable
+from jigsaw.spaces import SearchSpace, search_space
 
 Factors = dict[tuple[str, str, str], float]
 MIN_DEMAND_RPS = 0.01  # below this a plan still keeps one instance per task warm

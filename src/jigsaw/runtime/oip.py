@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from jigsaw.app import App
-from jigsaw.runtime.tensors import DATATYPES
+from jigsaw.tensors import DATATYPES
 
 _INT_RANGES = {dt: np.iinfo(DATATYPES[dt]) for dt in  # type: ignore[arg-type]
                ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64")}

@@ -22,7 +22,7 @@ from aiohttp import web
 from jigsaw.app import App, TensorSpec
 from jigsaw.backends.base import OutputSpec
 from jigsaw.runtime.rings import DROP_REASONS
-from jigsaw.runtime.tensors import DATATYPES
+from jigsaw.tensors import DATATYPES
 
 OPENAPI_PATH = "/v2/openapi.json"
 VERSIONS = ("1",)

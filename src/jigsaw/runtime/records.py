@@ -1,6 +1,6 @@
 """What the data plane's ring records mean: payload framing, hop-stamp slots, credits.
 
-Every payload is ``u64 credit`` followed by a tensor payload (``jigsaw.runtime.tensors``).
+Every payload is ``u64 credit`` followed by a tensor payload (``jigsaw.tensors``).
 
 Credits make completion race-free across processes (termination detection by credit
 splitting): a request starts with ``TOTAL_CREDIT`` split among its root items; an item that

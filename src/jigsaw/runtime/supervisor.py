@@ -12,15 +12,16 @@ that runs far beyond its profile, ``batch_timeout_ns``, counts as a hang too.)
 2. the items left in its input rings are discarded: with the consumer dead, the supervisor may
    pop them, and the ring's indexes (in shared memory) stay consistent for the next consumer;
    a record the dead process was writing as a producer was never published and does not exist;
-3. the frontend settles every request that may have had work on it (``on_worker_failed``:
-   dispatched again under a new id while the deadline allows, else answered 503);
+3. it reports the failure to its ``FaultSink`` (the generation manager), whose router settles
+   every request that may have had work on it (dispatched again under a new id while the deadline
+   allows, else answered 503);
 4. it is restarted on the same spec, rings, doorbell and stats slot; routing returns to it
    once it reports ready.
 
 A worker failing more than ``server.worker_max_restarts`` times within
 ``server.worker_restart_window_s`` is given up (FAILED): routing skips it even while no other
 process of its task is up (the frontend then answers 503 at once instead of queueing), its
-capacity is lost, and ``on_capacity_lost`` asks the app's controller to re-plan onto a fresh
+capacity is lost, and ``FaultSink.capacity_lost`` has the app re-planned onto a fresh
 generation. Until that generation replaces it, it is still restarted now and then (backoff from
 ``RETRY_BACKOFF_S``, doubling): a node whose re-plan cannot help is not left without the process.
 """
@@ -33,9 +34,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from jigsaw.node import ServerSettings
 from jigsaw.runtime import stats as st
+from jigsaw.runtime.generation import Generation
 from jigsaw.runtime.rings import ShmRing
 from jigsaw.runtime.topology import ProcessSpec
 
@@ -73,6 +76,25 @@ class WorkerEvent:
 BATCH_SLACK = 10.0  # a batch may take this many times the profile's slowest batch (CPU contention)
 
 
+class WorkerPool(Protocol):
+    """Where the workers are: every generation with processes (the generation manager)."""
+
+    def running(self) -> list[Generation]: ...
+
+
+class FaultSink(Protocol):
+    """Whom the supervisor tells (the generation manager, which tells the router and the controller)."""
+
+    def worker_failed(self, generation: int, spec: ProcessSpec, reason: str) -> tuple[int, int]:
+        """Settle the requests the process may have held; returns (retried, failed)."""
+        ...
+
+    def worker_restarting(self, spec: ProcessSpec) -> None: ...
+    def worker_restored(self, spec: ProcessSpec) -> None: ...
+    def worker_given_up(self, spec: ProcessSpec) -> None: ...
+    def capacity_lost(self, app: str, why: str) -> None: ...
+
+
 def batch_timeout_ns(spec: ProcessSpec, base_s: float) -> int:
     """How long one batch may run before the process counts as hung (a stuck kernel or runtime)."""
     slowest_s = max(spec.latency_ms_by_batch.values(), default=0.0) * spec.time_scale / 1000.0
@@ -99,15 +121,13 @@ def discard_inputs(spec: ProcessSpec) -> int:
 
 
 class Supervisor:
-    """Watches every generation's workers of a ``daemon.Daemon`` for its ``Frontend``."""
+    """Watches every worker of a ``WorkerPool`` and reports what it finds to a ``FaultSink``."""
 
-    def __init__(self, daemon: Any, frontend: Any, *, log: Callable[[str], None],
-                 on_capacity_lost: Callable[[str, str], None] | None = None) -> None:
-        server = daemon.node.server
-        self.daemon = daemon
-        self.fe = frontend
+    def __init__(self, pool: WorkerPool, sink: FaultSink, server: ServerSettings, *,
+                 log: Callable[[str], None]) -> None:
+        self.pool = pool
+        self.sink = sink
         self.log = log
-        self.on_capacity_lost = on_capacity_lost
         self.hang_timeout_s = server.worker_hang_timeout_s
         self.max_restarts = server.worker_max_restarts
         self.window_s = server.worker_restart_window_s
@@ -125,7 +145,8 @@ class Supervisor:
         if self.stopped:
             return
         now_ns = time.monotonic_ns()
-        for gid, g in list(self.daemon.generations.items()):
+        for g in self.pool.running():
+            gid = g.gid
             if g.stopping or g.stats is None or len(g.workers) != len(g.topology.processes):
                 continue
             for k, spec in enumerate(g.topology.processes):
@@ -157,14 +178,14 @@ class Supervisor:
                 if batch and now_ns - batch > batch_timeout_ns(spec, self.hang_timeout_s):
                     self._fail(g, k, "hung", f"one batch running for {(now_ns - batch) / 1e9:.1f} s")
 
-    def _watch_restart(self, g: Any, k: int, spec: ProcessSpec, state: int) -> None:
+    def _watch_restart(self, g: Generation, k: int, spec: ProcessSpec, state: int) -> None:
         key = (g.gid, k)
         started, event = self._restoring[key]
         if state == st.READY:
             del self._restoring[key]
             if event is not None:
                 event.restored_unix_s = time.time()
-            self.fe.refresh_admission(spec.app)
+            self.sink.worker_restored(spec)
             self.log(f"worker {spec.name} restarted (pid {g.workers[k].pid}) and serving again after "
                      f"{time.monotonic() - started:.2f} s")
             return
@@ -176,9 +197,10 @@ class Supervisor:
             del self._restoring[key]
             self._fail(g, k, "start_failed", f"not ready {RESTART_READY_TIMEOUT_S:g} s after its restart")
 
-    def _fail(self, g: Any, k: int, reason: str, detail: str) -> None:
+    def _fail(self, g: Generation, k: int, reason: str, detail: str) -> None:
         spec: ProcessSpec = g.topology.processes[k]
         proc: subprocess.Popen[bytes] = g.workers[k]
+        assert g.stats is not None
         g.stats.set(spec.slot, st.STATE, st.DEAD)
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -186,9 +208,7 @@ class Supervisor:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=2.0)
         discarded = discard_inputs(spec)
-        retried, failed = self.fe.on_worker_failed(g.gid, spec.task, spec.variant)
-        labels = (("app", spec.app), ("task", spec.task))
-        self.fe.metrics.worker_failures.inc((*labels, ("reason", reason)))
+        retried, failed = self.sink.worker_failed(g.gid, spec, reason)
         now = time.monotonic()
         recent = self._failures.setdefault((g.gid, k), deque())
         recent.append(now)
@@ -202,24 +222,25 @@ class Supervisor:
             g.stats.set(spec.slot, st.STATE, st.FAILED if not (self.stopped or g.stopping) else st.STOPPED)
             extra = len(recent) - self.max_restarts - 1
             self._retry_at[(g.gid, k)] = now + min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** max(0, extra))
+            self.sink.worker_given_up(spec)
         else:
             g.restart_worker(k)
             self._restoring[(g.gid, k)] = (now, event)
-            self.fe.metrics.worker_restarts.inc(labels)
-        self.fe.refresh_admission(spec.app)
+            self.sink.worker_restarting(spec)
         self.log(f"worker {spec.name} (pid {proc.pid}) {detail}: {discarded} queued items discarded, "
                  f"{retried} requests dispatched again, {failed} answered 503; "
                  + ("restarting it" if not give_up else
                     f"given up after {len(recent)} failures in {self.window_s:g} s"))
-        if give_up and self.on_capacity_lost is not None and not (self.stopped or g.stopping):
-            self.on_capacity_lost(spec.app, f"worker {spec.name} failed {len(recent)} times")
+        if give_up and not (self.stopped or g.stopping):
+            self.sink.capacity_lost(spec.app, f"worker {spec.name} failed {len(recent)} times")
 
     def workers(self) -> list[dict[str, Any]]:
         """Every worker of every generation with its state, pid and restarts (``/admin/workers``)."""
         names = {st.STARTING: "starting", st.READY: "ready", st.STOPPED: "stopped", st.DEAD: "restarting",
                  st.FAILED: "failed"}
         out = []
-        for gid, g in list(self.daemon.generations.items()):
+        for g in self.pool.running():
+            gid = g.gid
             if g.stats is None:
                 continue
             for k, spec in enumerate(g.topology.processes):

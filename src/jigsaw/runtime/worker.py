@@ -32,6 +32,7 @@ import posix_ipc
 import uvloop
 
 from jigsaw.backends.base import Backend, Downstream, ItemResult
+from jigsaw.backends.registry import BackendUnavailable, backend_kind
 from jigsaw.runtime.batching import BatchQueue
 from jigsaw.runtime.records import (
     HOP_BATCH,
@@ -60,8 +61,8 @@ from jigsaw.runtime.stats import (
     StatsBlock,
     routable,
 )
-from jigsaw.runtime.tensors import encode_tensors
 from jigsaw.runtime.topology import ProcessSpec
+from jigsaw.tensors import encode_tensors
 
 IDLE_WAIT_S = 1.0  # an idle process wakes this often only to notice that its parent died
 HEARTBEAT_S = 0.2  # the loop stamps its heartbeat this often while it is free to run
@@ -78,30 +79,21 @@ def make_backend(spec: ProcessSpec) -> Backend:
     segment (``<k>c``) they use k threads.
     """
     downstream = [Downstream(str(d["task"]), float(d["factor"])) for d in spec.downstream]  # type: ignore[arg-type]
+    try:
+        kind = backend_kind(spec.backend)
+        cls = kind.load_class()
+    except (KeyError, BackendUnavailable) as exc:
+        raise SystemExit(exc.args[0]) from None
     backend: Backend
-    if spec.backend == "emulated":
-        from jigsaw.backends.emulated import EmulatedBackend
-        backend = EmulatedBackend(spec.task, spec.task_kind, downstream,
-                                  latency_ms_by_batch=spec.latency_ms_by_batch,
-                                  mean_ms_by_batch=spec.mean_ms_by_batch,
-                                  time_scale=spec.time_scale, seed=spec.seed)
-    elif spec.backend in ("onnxruntime", "torch", "tensorrt"):
+    if kind.runs_models:
         from jigsaw.backends.model import cpu_share
         from jigsaw.runtime.cpus import pin_from_env
         threads = pin_from_env() or cpu_share(spec.mig_profile)
-        try:
-            if spec.backend == "onnxruntime":
-                from jigsaw.backends.onnxruntime_backend import OnnxRuntimeBackend as Real
-            elif spec.backend == "torch":
-                from jigsaw.backends.torch_backend import TorchBackend as Real  # type: ignore[assignment]
-            else:
-                from jigsaw.backends.tensorrt_backend import TensorRTBackend as Real  # type: ignore[assignment]
-        except ImportError as exc:
-            raise SystemExit(f"backend {spec.backend!r} needs the models extra "
-                             f"(pip install 'jigsaw[models]'): {exc}") from None
-        backend = Real(spec.task, spec.task_kind, downstream, threads=threads)
+        backend = cls(spec.task, spec.task_kind, downstream, threads=threads)  # type: ignore[call-arg]
     else:
-        raise SystemExit(f"backend {spec.backend!r} is not available in this build")
+        backend = cls(spec.task, spec.task_kind, downstream,  # type: ignore[call-arg]
+                      latency_ms_by_batch=spec.latency_ms_by_batch, mean_ms_by_batch=spec.mean_ms_by_batch,
+                      time_scale=spec.time_scale, seed=spec.seed)
     backend.load(spec.variant, spec.max_batch)
     return backend
 

@@ -8,7 +8,7 @@ any class. Classifiers return label and score (and echo the crop's box); the cap
 16 token ids and hands them to TTS, which maps them onto its symbol table (no tokenizer is
 downloaded, so ids map by ``id mod vocab``) and returns the waveform.
 
-Everything crosses processes as ``jigsaw.runtime.tensors`` payloads.
+Everything crosses processes as ``jigsaw.tensors`` payloads.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from jigsaw.backends.base import Downstream, ItemResult, OutputSpec
 from jigsaw.models.zoo import CAPTION_TOKENS, classifier_size, variant_info
-from jigsaw.runtime.tensors import Tensor, decode_tensors, encode_tensors
+from jigsaw.tensors import Tensor, decode_tensors, encode_tensors
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)

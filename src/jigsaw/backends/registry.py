@@ -1,0 +1,79 @@
+"""The one table of model backends: name -> class, and what the rest of the node needs to know.
+
+Adding a backend is one ``BackendKind`` row here and its class; nothing else compares backend
+names. Classes load lazily (by module path) so the node configuration, the frontend and the CLI
+can ask about a backend without importing torch, onnxruntime or TensorRT. This module imports
+nothing from ``jigsaw`` at load time: it is vocabulary, usable from every layer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jigsaw.backends.base import Backend, OutputSpec
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend's libraries are not installed in this environment (the ``models`` extra)."""
+
+
+@dataclass(frozen=True)
+class BackendKind:
+    """One backend: where its class lives and how the node runs it."""
+
+    name: str
+    class_path: str  # "module:Class", imported on first use
+    output_specs_path: str  # "module:function" giving a task kind's per-item outputs
+    emulated: bool = False  # its results are labelled emulated (responses, metrics, logs)
+    runs_models: bool = True  # loads real networks (needs the models extra, profiles real rows)
+    needs_gpu: bool = False  # only serves with a usable CUDA device (else: a CPU node's backend)
+    libraries: tuple[str, ...] = ()  # whose versions a profile row records
+
+    def load_class(self) -> type[Backend]:
+        """The backend class; ``BackendUnavailable`` when its libraries are missing."""
+        try:
+            return _resolve(self.class_path)  # type: ignore[no-any-return]
+        except ImportError as exc:
+            raise BackendUnavailable(f"backend {self.name!r} needs the models extra "
+                                     f"(pip install 'jigsaw[models]'): {exc}") from None
+
+    def output_specs(self, task_kind: str, downstream: Sequence[str] = ()) -> list[OutputSpec]:
+        """The outputs one item of a task of ``task_kind`` produces on this backend."""
+        fn: Callable[[str, Sequence[str]], list[OutputSpec]] = _resolve(self.output_specs_path)
+        return fn(task_kind, downstream)
+
+
+_REAL_SPECS = "jigsaw.backends.pipeline:output_specs"
+
+KINDS: dict[str, BackendKind] = {k.name: k for k in (
+    BackendKind("emulated", "jigsaw.backends.emulated:EmulatedBackend",
+                "jigsaw.backends.emulated:EmulatedBackend.output_specs", emulated=True, runs_models=False),
+    BackendKind("tensorrt", "jigsaw.backends.tensorrt_backend:TensorRTBackend", _REAL_SPECS,
+                needs_gpu=True, libraries=("tensorrt",)),
+    BackendKind("onnxruntime", "jigsaw.backends.onnxruntime_backend:OnnxRuntimeBackend", _REAL_SPECS,
+                libraries=("onnxruntime", "torch")),
+    BackendKind("torch", "jigsaw.backends.torch_backend:TorchBackend", _REAL_SPECS, libraries=("torch",)),
+)}
+NAMES: tuple[str, ...] = tuple(KINDS)
+MODEL_BACKENDS: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.runs_models)
+EMULATED = "emulated"  # the backend ``--emulate`` selects
+
+
+def backend_kind(name: str) -> BackendKind:
+    """The registry row of ``name``; ``KeyError`` naming the known backends otherwise."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise KeyError(f"unknown backend {name!r} (known: {', '.join(NAMES)})") from None
+
+
+def _resolve(path: str) -> object:
+    module, _, attr = path.partition(":")
+    obj: object = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,107 @@
+"""Admission: how many requests an app may have in flight, and the per-bin counts of the door.
+
+An app admits what its root instances finish within the latency SLO (``admission_limit``), scaled
+by the share of its root processes that are up, and at most ``server.max_queue``; beyond that a
+request is shed with 503 at once. The same object counts, per app and bin, the arrivals, answers
+and SLO violations the controller reads (``take_bin``), and the measured fan-out of each upstream
+variant.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from jigsaw.runtime import stats as st
+from jigsaw.runtime.topology import AppRoutes
+
+
+@dataclass
+class BinCounters:
+    """What the controller reads per app and bin: arrivals, answers, SLO violations, fan-out."""
+
+    arrivals: int = 0
+    answered: int = 0
+    violations: int = 0  # 504 (dropped or deadline passed) and 503 shed answers
+    # (task, variant) -> [items finished, children spawned]: the measured multiplicative factor
+    children: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+
+
+def admission_limit(routes: AppRoutes) -> int:
+    """Requests an app may have in flight: what its root instances finish within the latency SLO.
+
+    Little's law: capacity (req/s) x the SLO's queueing share (s). Beyond it a new request would
+    queue behind work that already fills the SLO and be answered late or dropped, after taking
+    its share of the queue from requests that could still make it: shedding it at the door (503)
+    keeps goodput near the capacity under overload.
+    """
+    app = routes.app
+    capacities = []
+    for root in app.roots:
+        cap = sum(i.count * i.throughput_rps for i in routes.plan.instances if i.task == root)
+        capacities.append(cap)
+    capacity_rps = min(capacities) if capacities else 0.0
+    # Queueing may use what the SLO leaves after one batch of each task on the slowest path.
+    service_ms = max(sum(routes.plan.task_latency_ms.get(t, 0.0) for t in path) for path in app.paths)
+    queue_ms = max(app.latency_slo_ms - service_ms, 0.25 * app.latency_slo_ms)
+    return max(1, math.ceil(capacity_rps * queue_ms / 1000.0))
+
+
+class Admission:
+    """In-flight counts and limits per app, and the bin counters."""
+
+    def __init__(self, max_queue: int) -> None:
+        self.max_queue = max_queue
+        self.inflight: dict[str, int] = {}
+        self.limits: dict[str, int] = {}
+        self.bins: dict[str, BinCounters] = {}
+
+    def refresh(self, routes: AppRoutes, root_states: list[int]) -> None:
+        """The app's limit for ``routes``, scaled by the share of its root processes that are up."""
+        name = routes.app.name
+        self.inflight.setdefault(name, 0)
+        self.bins.setdefault(name, BinCounters())
+        up = sum(1 for s in root_states if s not in (st.DEAD, st.FAILED))
+        limit = admission_limit(routes)
+        self.limits[name] = max(1, math.ceil(limit * up / len(root_states))) if root_states and up else limit
+
+    def limit(self, app: str) -> int:
+        return min(self.max_queue, self.limits.get(app, self.max_queue))
+
+    def full(self, app: str) -> bool:
+        """True when a new request of ``app`` must be shed."""
+        return self.inflight[app] >= self.limit(app)
+
+    def admit(self, app: str) -> None:
+        self.inflight[app] += 1
+
+    def release(self, app: str) -> None:
+        self.inflight[app] -= 1
+
+    def total(self) -> int:
+        return sum(self.inflight.values())
+
+    # ---- bins ---------------------------------------------------------------------------------
+    def arrived(self, app: str) -> None:
+        self.bins[app].arrivals += 1
+
+    def answered(self, app: str, status: int) -> None:
+        counters = self.bins.setdefault(app, BinCounters())
+        counters.answered += 1
+        if status >= 500:
+            counters.violations += 1
+
+    def fan_out(self, app: str, task: str, variant: str, children: int) -> None:
+        acc = self.bins.setdefault(app, BinCounters()).children.setdefault((task, variant), [0, 0])
+        acc[0] += 1
+        acc[1] += children
+
+    def peek_bin(self, app: str) -> BinCounters | None:
+        """The running bin's counters so far (not reset)."""
+        return self.bins.get(app)
+
+    def take_bin(self, app: str) -> BinCounters:
+        """The app's counters since the last call, and a fresh set for the next bin."""
+        got = self.bins.get(app, BinCounters())
+        self.bins[app] = BinCounters()
+        return got

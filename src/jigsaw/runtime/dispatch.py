@@ -1,0 +1,346 @@
+"""The dispatcher: requests to root items, completion records to answers, each request once.
+
+A request admitted at the door gets a lane drawn with probability rate/demand, is split into
+root items carrying credit, and is pushed to the least-loaded process of each root task.
+Completion records come back over one ring per worker; a thread sleeps on the frontend's doorbell
+and wakes the loop, which accounts credits and answers each request exactly once: 200 with the
+sink outputs, 504 when a task dropped it (naming the task) or its deadline passed at the frontend.
+Late records are discarded and counted.
+
+Worker faults: ``on_worker_failed`` settles every unanswered request that may have had work on a
+dead process: dispatched again under a new id (its late records are discarded) when its deadline
+still leaves time for the lane's fastest path, else answered 503 ``WORKER_FAILED``. The request
+body is kept for that until the request is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from jigsaw.runtime.admission import Admission
+from jigsaw.runtime.metrics import Metrics
+from jigsaw.runtime.records import (
+    HOP_BATCH,
+    HOP_END,
+    HOP_SENT,
+    HOP_START,
+    TOTAL_CREDIT,
+    frame,
+    split_credit,
+    unframe,
+)
+from jigsaw.runtime.rings import RecordHeader, ShmRing, Status, drop_reason
+from jigsaw.runtime.routing import RoutingTable
+from jigsaw.runtime.topology import AppRoutes
+from jigsaw.tensors import decode_tensors, encode_tensors
+
+DRAIN_POP = 256
+LATE_GRACE_S = 10.0  # a timed-out request's record is kept this long to absorb its late credits
+MAX_ATTEMPTS = 3  # dispatches of one request across worker faults
+
+
+@dataclass
+class Pending:
+    """One admitted request until its credits are all back (or it is forgotten after a timeout)."""
+
+    request_id: int
+    routes: AppRoutes
+    lane: int
+    client_id: str | None
+    created_ns: int
+    deadline_ns: int
+    future: asyncio.Future[tuple[int, dict[str, Any]]]
+    outputs_wanted: list[str] | None
+    credit_in: int = 0
+    answered: bool = False
+    items: dict[str, list[tuple[int, list[Any]]]] = field(default_factory=dict)  # sink task -> items
+    timings: dict[str, list[float]] = field(default_factory=dict)  # task -> [queue_us, compute_us, n]
+    children: dict[str, int] = field(default_factory=dict)
+    drop: tuple[str, int] | None = None
+    timer: asyncio.TimerHandle | None = None
+    generation: int = 0
+    body: bytes = b""  # the encoded inputs, kept to dispatch again after a worker fault
+    attempts: int = 1
+
+
+class Dispatcher:
+    """Owns the pending requests: dispatch, retries, credits, completion and the single answer."""
+
+    def __init__(self, routing: RoutingTable, admission: Admission, metrics: Metrics, *,
+                 backend_name: str, emulated: bool, hop_latency_ms: float = 10.0, time_scale: float = 1.0,
+                 seed: int = 0) -> None:
+        self.routing = routing
+        self.admission = admission
+        self.metrics = metrics
+        self.backend_name = backend_name
+        self.emulated = emulated
+        self.hop_latency_ms = hop_latency_ms
+        self.time_scale = time_scale
+        self.rng = random.Random(seed)
+        self.pending: dict[int, Pending] = {}
+        self.next_id = 1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watcher: threading.Thread | None = None
+        self._closing = False
+        self._drain_scheduled = False
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wake ``loop`` whenever a worker rings the frontend's doorbell (a completion waits)."""
+        self._loop = loop
+        self._watcher = threading.Thread(target=self._watch, name="completion-doorbell", daemon=True)
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self._closing = True
+        if self.routing.bell is not None:
+            self.routing.bell.ring()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2.0)
+
+    def _watch(self) -> None:
+        bell = self.routing.bell
+        assert bell is not None and self._loop is not None
+        while not self._closing:
+            if bell.wait(0.5) and not self._drain_scheduled and not self._closing:
+                self._drain_scheduled = True
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._drain)
+
+    def pending_in(self, generation: int) -> int:
+        """Requests of ``generation`` whose credits are not all back yet (its drain is not over)."""
+        return sum(1 for r in self.pending.values() if r.generation == generation)
+
+    # ---- completions --------------------------------------------------------------------------
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        more = False
+        more = self.drain(self.routing.completions)
+        if more and not self._drain_scheduled:
+            self._drain_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._drain)
+
+    def drain(self, rings: list[ShmRing]) -> bool:
+        """Account every completion record waiting in ``rings``; True when more may be left."""
+        more = False
+        for ring in rings:
+            got = ring.pop_many(DRAIN_POP)
+            more |= len(got) == DRAIN_POP
+            for header, payload in got:
+                self._on_completion(header, payload)
+        return more
+
+    def _on_completion(self, h: RecordHeader, payload: bytes) -> None:
+        req = self.pending.get(h.request_id)
+        if req is None:
+            self.metrics.late.inc()
+            return
+        app = req.routes.app
+        task = app.task_names[h.task] if h.task < len(app.task_names) else f"#{h.task}"
+        credit, tensors = unframe(payload)
+        hops = h.hops
+        if h.status == Status.OK:
+            variant = req.routes.lanes[req.lane].get(task, "")
+            queue_us = max(0.0, (hops[HOP_START] - hops[HOP_SENT]) / 1e3)
+            compute_us = max(0.0, (hops[HOP_END] - hops[HOP_START]) / 1e3)
+            labels = (("app", app.name), ("task", task))
+            self.metrics.queue_duration.observe(labels, queue_us)
+            self.metrics.compute_duration.observe(labels, compute_us)
+            if h.child_index == 0 or h.child_count <= 1:
+                self.metrics.batch_size.observe((*labels, ("variant", variant)), hops[HOP_BATCH])
+            t = req.timings.setdefault(task, [0.0, 0.0, 0])
+            t[0], t[1], t[2] = max(t[0], queue_us), max(t[1], compute_us), t[2] + 1
+            if h.child_count:
+                req.children[task] = req.children.get(task, 0) + h.child_count
+            if app.children(task):
+                self.admission.fan_out(app.name, task, variant, h.child_count)
+            if task in app.sinks and not req.answered:
+                arrays = [np.array(x.data) for x in decode_tensors(tensors)]
+                req.items.setdefault(task, []).append((h.child_index, arrays))
+        else:
+            reason = drop_reason(h.status)
+            self.metrics.dropped.inc((("app", app.name), ("task", task), ("reason", reason)))
+            if req.drop is None:
+                req.drop = (task, h.status)
+        req.credit_in += credit
+        if req.drop is not None and not req.answered:
+            self._answer_dropped(req)
+        if req.credit_in >= TOTAL_CREDIT:
+            if not req.answered:
+                self._answer_result(req)
+            self._forget(req)
+
+    def _forget(self, req: Pending) -> None:
+        self.pending.pop(req.request_id, None)
+        if req.timer is not None:
+            req.timer.cancel()
+
+    def _finish(self, req: Pending, status: int, body: dict[str, Any], reason: str | None) -> None:
+        req.answered = True
+        req.body = b""
+        app = req.routes.app.name
+        self.admission.release(app)
+        self.admission.answered(app, status)
+        if reason is None:
+            self.metrics.success.inc((("app", app),))
+        else:
+            self.metrics.failure.inc((("app", app), ("reason", reason)))
+        self.metrics.request_duration.observe((("app", app),), (time.monotonic_ns() - req.created_ns) / 1e3)
+        if not req.future.done():
+            req.future.set_result((status, body))
+
+    def _answer_dropped(self, req: Pending) -> None:
+        assert req.drop is not None
+        task, status = req.drop
+        name = Status(status).name if status in Status._value2member_map_ else str(status)
+        reason = drop_reason(status)
+        self._finish(req, 504, {"error": f"request dropped by task {task!r} ({reason}): it could not "
+                                         f"meet its deadline", "status": name, "task": task,
+                                "reason": reason, "id": req.client_id}, "dropped")
+
+    def _on_deadline(self, req: Pending) -> None:
+        if not req.answered:
+            self._finish(req, 504, {"error": "request timed out: its deadline passed before every task "
+                                             "answered", "status": "DEADLINE_EXCEEDED", "task": None,
+                                    "reason": "deadline", "id": req.client_id}, "timeout")
+        assert self._loop is not None
+        req.timer = self._loop.call_later(LATE_GRACE_S, self._forget, req)
+
+    def _answer_result(self, req: Pending) -> None:
+        app = req.routes.app
+        outputs = []
+        for task, specs in self.routing.output_specs[req.routes.app.name].items():
+            items = sorted(req.items.get(task, []), key=lambda x: x[0])
+            for k, spec in enumerate(specs):
+                name = f"{task}.{spec.name}"
+                if req.outputs_wanted is not None and name not in req.outputs_wanted:
+                    continue
+                parts = [arrays[k] for _, arrays in items if k < len(arrays)]
+                if parts:
+                    data = np.concatenate([p.reshape((-1, *spec.shape[1:])) for p in parts])
+                else:
+                    data = np.zeros((0, *spec.shape[1:]), dtype=np.int32)
+                outputs.append({"name": name, "datatype": spec.datatype, "shape": list(data.shape),
+                                "data": data,  # an array until the handler encodes the response
+                                "parameters": {"emulated": self.emulated}})
+        params: dict[str, Any] = {"backend": self.backend_name, "emulated": self.emulated}
+        for task, variant in req.routes.lanes[req.lane].items():
+            params[f"lane.{task}"] = variant
+        for task, (queue_us, compute_us, n) in req.timings.items():
+            params[f"queue_us.{task}"] = round(queue_us, 1)
+            params[f"compute_us.{task}"] = round(compute_us, 1)
+            params[f"items.{task}"] = int(n)
+        for task, n in req.children.items():
+            params[f"children.{task}"] = n
+        params["e2e_us"] = round((time.monotonic_ns() - req.created_ns) / 1e3, 1)
+        body = {"model_name": app.name, "model_version": "1", "outputs": outputs, "parameters": params}
+        if req.client_id is not None:
+            body["id"] = req.client_id
+        self._finish(req, 200, body, None)
+
+    # ---- dispatch -----------------------------------------------------------------------------
+    def submit(self, routes: AppRoutes, client_id: str | None,
+               tensors: list[tuple[str, str, tuple[int, ...], Any]],
+               outputs_wanted: list[str] | None) -> Pending | str:
+        """Admit and dispatch one request; a message saying why when it cannot be dispatched (shed)."""
+        assert self._loop is not None
+        app = routes.app
+        now = time.monotonic_ns()
+        budget_ms = (app.latency_slo_ms + routes.depth * self.hop_latency_ms) * self.time_scale
+        deadline = now + int(budget_ms * 1e6)
+        req = Pending(0, routes, 0, client_id, now, deadline, self._loop.create_future(), outputs_wanted,
+                      body=bytes(encode_tensors(tensors)))
+        why = self._dispatch(req)
+        if why is not None:
+            return why
+        self.admission.admit(app.name)
+        req.timer = self._loop.call_later(max(0.0, (deadline - time.monotonic_ns()) / 1e9),
+                                          self._on_deadline, req)
+        if req.drop is not None:
+            self._answer_dropped(req)
+        return req
+
+    def _dispatch(self, req: Pending) -> str | None:
+        """Draw a lane, give the request a fresh id and push its root items; None when sent."""
+        routes = req.routes
+        app = routes.app
+        req.lane = self.rng.choices(range(len(routes.lanes)), routes.lane_weights)[0] \
+            if len(routes.lanes) > 1 else 0
+        req.generation = routes.generation
+        req.request_id = self.next_id
+        self.next_id += 1
+        roots = routes.roots[req.lane]
+        shares = split_credit(TOTAL_CREDIT, len(roots))
+        sent = 0
+        for (task, targets), share in zip(roots.items(), shares):
+            h = RecordHeader(request_id=req.request_id, app=routes.app_index, task=app.task_names.index(task),
+                             lane=req.lane, deadline_ns=req.deadline_ns, created_ns=req.created_ns)
+            h.stamp(HOP_SENT, time.monotonic_ns())
+            payload = frame(share, req.body)
+            usable = self.routing.usable(targets)
+            for t in usable:
+                if self.routing.rings[t.ring].push(h, payload):
+                    self.routing.bells[t.ring].ring()
+                    sent += 1
+                    break
+            else:
+                if sent == 0 and task == next(iter(roots)):
+                    if not usable:
+                        return f"every instance of task {task!r} of model {app.name!r} has failed"
+                    return f"every input ring of model {app.name!r} is full"
+                req.credit_in += share
+                req.drop = req.drop or (task, int(Status.REJECTED))
+        self.pending[req.request_id] = req
+        return None
+
+    def on_worker_failed(self, generation: int, task: str, variant: str) -> tuple[int, int]:
+        """Settle the requests a dead process of (task, variant) in ``generation`` may have held.
+
+        Each unanswered one is dispatched again on the app's current routes when its deadline
+        leaves time for the fastest path, else answered 503 ``WORKER_FAILED``; answered ones
+        waiting for late credits are forgotten. Returns (retried, failed).
+        """
+        retried = failed = 0
+        now = time.monotonic_ns()
+        for req in list(self.pending.values()):
+            if req.generation != generation or req.routes.lanes[req.lane].get(task) != variant:
+                continue
+            self.pending.pop(req.request_id, None)
+            if req.answered:
+                if req.timer is not None:
+                    req.timer.cancel()
+                continue
+            name = req.routes.app.name
+            routes = self.routing.routes.get(name, req.routes)
+            fastest = self.routing.fastest_path_ns(routes)
+            why = None
+            if req.attempts < MAX_ATTEMPTS and req.deadline_ns - now > fastest:
+                req.routes, req.attempts = routes, req.attempts + 1
+                req.credit_in, req.drop = 0, None
+                req.items, req.timings, req.children = {}, {}, {}
+                why = self._dispatch(req)
+                if why is None:
+                    retried += 1
+                    self.metrics.retries.inc((("app", name),))
+                    if req.drop is not None:
+                        self._answer_dropped(req)
+                    continue
+            failed += 1
+            if req.timer is not None:
+                req.timer.cancel()
+            detail = why or ("its deadline leaves no time to run it again" if req.attempts < MAX_ATTEMPTS
+                             else f"it was dispatched {req.attempts} times")
+            self._finish(req, 503, {"error": f"an instance of task {task!r} ({variant}) failed while serving "
+                                             f"this request and {detail}; retry later",
+                                    "status": "WORKER_FAILED", "task": task, "reason": "worker_failed",
+                                    "id": req.client_id}, "worker_failed")
+        return retried, failed

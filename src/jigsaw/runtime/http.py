@@ -1,0 +1,188 @@
+"""The Open Inference Protocol (KServe v2) REST layer on aiohttp: parse, check, admit, answer.
+
+Every handler validates its input (400 naming the field), asks admission whether the request may
+enter (503 with ``Retry-After`` when shed, not ready or shutting down), hands it to the dispatcher
+and encodes the single answer the dispatcher gives (JSON, or Triton's binary tensor extension).
+Every error an OIP client sees is JSON ``{"error": ...}``, aiohttp's own 404/405/413 included.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from jigsaw import __version__
+from jigsaw.runtime import stats as st
+from jigsaw.runtime.admission import Admission
+from jigsaw.runtime.dispatch import Dispatcher
+from jigsaw.runtime.metrics import Metrics
+from jigsaw.runtime.oip import HEADER_LENGTH, BadRequest, encode_response, header_length, parse_infer_request
+from jigsaw.runtime.openapi import add_openapi_route, openapi_document
+from jigsaw.runtime.routing import RoutingTable
+from jigsaw.runtime.topology import AppRoutes
+
+RETRY_AFTER_S = "1"
+MAX_PAYLOAD_KEY = web.AppKey("max_payload_bytes", int)
+
+
+@dataclass
+class ServingState:
+    """Whether the node takes requests: ready once every worker is, draining once it stops."""
+
+    ready: bool = False
+    draining: bool = False
+
+    def accepting(self) -> bool:
+        return self.ready and not self.draining
+
+
+class OipHttp:
+    """The OIP handlers over the routing table, admission and the dispatcher."""
+
+    def __init__(self, routing: RoutingTable, admission: Admission, dispatcher: Dispatcher, metrics: Metrics,
+                 state: ServingState, *, backend_name: str) -> None:
+        self.routing = routing
+        self.admission = admission
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.state = state
+        self.backend_name = backend_name
+
+    def make_app(self, max_payload_bytes: int) -> web.Application:
+        app = web.Application(client_max_size=max_payload_bytes, middlewares=[_json_errors])
+        app[MAX_PAYLOAD_KEY] = max_payload_bytes
+        r = app.router
+        r.add_get("/v2", self.h_server)
+        r.add_get("/v2/health/live", self.h_live)
+        r.add_get("/v2/health/ready", self.h_ready)
+        r.add_get("/metrics", self.h_metrics)
+        for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            r.add_get(base, self.h_model)
+            r.add_get(base + "/ready", self.h_model_ready)
+            r.add_post(base + "/infer", self.h_infer)
+        add_openapi_route(app, lambda: openapi_document({n: r.app for n, r in self.routing.routes.items()},
+                                                        self.routing.output_specs, version=__version__,
+                                                        backend_kind=self.backend_name))
+        return app
+
+    async def h_server(self, request: web.Request) -> web.Response:
+        return web.json_response({"name": "jigsaw", "version": __version__,
+                                  "extensions": ["binary_tensor_data"]})
+
+    async def h_live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def h_ready(self, request: web.Request) -> web.Response:
+        ok = self.state.accepting()
+        return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+    def _routes(self, request: web.Request) -> AppRoutes:
+        name = request.match_info["model"]
+        routes = self.routing.routes.get(name)
+        if routes is None:
+            raise web.HTTPNotFound(text=f"unknown model {name!r} (served: {', '.join(self.routing.routes)})")
+        version = request.match_info.get("version")
+        if version is not None and version != "1":
+            raise web.HTTPNotFound(text=f"model {name!r} has no version {version!r} (versions: 1)")
+        return routes
+
+    async def h_model(self, request: web.Request) -> web.Response:
+        routes = self._routes(request)
+        app = routes.app
+        outputs = [{"name": f"{task}.{s.name}", "datatype": s.datatype, "shape": [-1, *s.shape[1:]]}
+                   for task, specs in self.routing.output_specs[app.name].items() for s in specs]
+        return web.json_response({
+            "name": app.name, "versions": ["1"], "platform": f"jigsaw_{self.backend_name}",
+            "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in app.inputs],
+            "outputs": outputs,
+            "parameters": {"tasks": ",".join(app.task_names), "latency_slo_ms": app.latency_slo_ms,
+                           "backend": self.backend_name},
+        })
+
+    async def h_model_ready(self, request: web.Request) -> web.Response:
+        routes = self._routes(request)
+        ok = self.state.accepting()
+        return web.json_response({"name": routes.app.name, "ready": ok}, status=200 if ok else 503)
+
+    async def h_infer(self, request: web.Request) -> web.Response:
+        routes = self._routes(request)
+        name = routes.app.name
+        if not self.state.accepting():
+            self.metrics.failure.inc((("app", name), ("reason", "not_ready")))
+            why = "server is shutting down" if self.state.draining else "server is not ready"
+            return _error(503, why, headers={"Retry-After": RETRY_AFTER_S})
+        body = await request.read()
+        try:
+            json_length = header_length(request.headers.get(HEADER_LENGTH), len(body))
+            parsed = parse_infer_request(body, routes.app, json_length)
+        except BadRequest as exc:
+            self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
+            return _error(400, str(exc))
+        if parsed.outputs is not None:
+            known = {f"{t}.{s.name}" for t, specs in self.routing.output_specs[name].items() for s in specs}
+            unknown = [o for o in parsed.outputs if o not in known]
+            if unknown:
+                self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
+                return _error(400, f"outputs: unknown output {unknown[0]!r} (model {name} has "
+                                   f"{', '.join(sorted(known))})")
+        door = self.admission
+        door.arrived(name)
+        if door.full(name):
+            door.answered(name, 503)
+            self.metrics.failure.inc((("app", name), ("reason", "shed")))
+            return _error(503, f"model {name!r} has {door.inflight[name]} requests in flight (limit "
+                               f"{door.limit(name)}: the smaller of max_queue {door.max_queue} and what its "
+                               "instances finish within the SLO); retry later",
+                          headers={"Retry-After": RETRY_AFTER_S})
+        routes = self.routing.routes.get(name, routes)  # a reconfiguration may have switched it meanwhile
+        req = self.dispatcher.submit(routes, parsed.id, parsed.inputs, parsed.outputs)
+        if isinstance(req, str):
+            door.answered(name, 503)
+            self.metrics.failure.inc((("app", name), ("reason", "shed")))
+            return _error(503, f"{req}; retry later", headers={"Retry-After": RETRY_AFTER_S})
+        status, doc = await req.future
+        headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else {}
+        payload, json_part = encode_response(doc, parsed.binary_outputs, parsed.all_binary)
+        if json_part is None:
+            return web.Response(body=payload, status=status, headers=headers, content_type="application/json")
+        headers[HEADER_LENGTH] = str(json_part)
+        return web.Response(body=payload, status=status, headers=headers,
+                            content_type="application/octet-stream")
+
+    async def h_metrics(self, request: web.Request) -> web.Response:
+        m = self.metrics
+        now = time.monotonic_ns()
+        for name, n in self.admission.inflight.items():
+            m.inflight.set((("app", name),), n)
+        for p, stats in self.routing.processes():
+            labels = (("app", p.app), ("task", p.task), ("variant", p.variant), ("instance", p.name))
+            started = stats.get(p.slot, st.STARTED_NS)
+            busy = stats.get(p.slot, st.BUSY_NS)
+            m.busy.set(labels, round(busy / (now - started), 6) if started and now > started else 0.0)
+            m.instance_queue.set(labels, stats.get(p.slot, st.QUEUED))
+        return web.Response(text=m.render(), content_type="text/plain", charset="utf-8",
+                            headers={"X-Prometheus-Format": "0.0.4"})
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every error an OIP client sees is JSON ``{"error": ...}``, also aiohttp's own 404/405/413."""
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[MAX_PAYLOAD_KEY]
+        return _error(413, f"body: payload exceeds the limit of {limit} bytes (server.max_payload_bytes)")
+    except web.HTTPMethodNotAllowed as exc:
+        return _error(405, f"method {exc.method} not allowed on {request.path} "
+                           f"(allowed: {', '.join(sorted(exc.allowed_methods))})",
+                      headers={"Allow": ",".join(sorted(exc.allowed_methods))})
+    except web.HTTPNotFound as exc:
+        text = exc.text if exc.text and not exc.text.startswith("404") else f"no such path {request.path}"
+        return _error(404, text)
