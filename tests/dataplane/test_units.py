@@ -97,7 +97,7 @@ def test_emulated_batch_time_has_the_profiles_mean_and_p95():
 
 def test_admission_limit_is_capacity_times_the_slos_queueing_share():
     from jigsaw.plan import Plan, PlanInstance
-    from jigsaw.runtime.frontend import admission_limit
+    from jigsaw.runtime.admission import admission_limit
     from jigsaw.runtime.topology import AppRoutes
 
     app = App("x", (Task("a", "classifier", (Variant("v", 1.0),)),), (), latency_slo_ms=200.0,
