@@ -12,7 +12,12 @@ from setuptools import setup
 ext_modules = []
 sources = sorted(str(p) for p in Path("native").glob("*.pyx"))
 if sources:
+    import runpy
+
     from Cython.Build import cythonize
+
+    # the pure-Python ring reads the layout core.pxd declares: regenerate it before compiling
+    runpy.run_path("native/ring_layout.py")["main"]([])
     from setuptools import Extension
 
     debug = os.environ.get("JIGSAW_DEBUG") == "1"
@@ -23,6 +28,7 @@ if sources:
          for s in sources],
         compiler_directives={"language_level": "3", "boundscheck": debug, "wraparound": False,
                              "linetrace": debug},
+        include_path=["native"],  # core.pxd: the ring's byte layout
         quiet=True,
     )
 

@@ -1,8 +1,9 @@
 """Compiled data-plane core: the shared-memory SPSC ring and the batching queue.
 
-Synchronous and asyncio-free. Behaviour and byte layout are those of the pure-Python fallbacks
-(``jigsaw.runtime._pyring`` documents the ring layout, ``jigsaw.runtime._pybatching`` the batching
-rules); tests run against both.
+Synchronous and asyncio-free. The ring's byte layout is declared in ``core.pxd`` (the pure-Python
+ring reads the same constants from the generated ``jigsaw.runtime.ring_layout``); behaviour is
+that of the pure-Python fallbacks (``jigsaw.runtime._pyring``, ``jigsaw.runtime._pybatching``);
+tests run against both.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -12,72 +13,8 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap
 
-cdef extern from *:
-    """
-    #include <stddef.h>
-    #include <stdint.h>
-    #include <string.h>
-
-    /* Mirrors the record header documented on jigsaw.runtime._pyring.ShmRing. */
-    typedef struct {
-        uint64_t request_id;
-        uint64_t parent_id;
-        uint16_t app;
-        uint16_t task;
-        uint32_t lane;
-        uint32_t child_index;
-        uint32_t child_count;
-        uint16_t status;
-        uint16_t flags;
-        uint32_t payload_len;
-        uint64_t deadline_ns;
-        uint64_t created_ns;
-        uint64_t hops[8];
-    } jg_header_t;
-
-    typedef struct {
-        uint32_t record_bytes;
-        uint32_t kind;
-    } jg_frame_t;
-
-    _Static_assert(sizeof(jg_header_t) == 120, "record header must be 120 bytes");
-    _Static_assert(offsetof(jg_header_t, payload_len) == 36, "payload_len offset");
-    _Static_assert(offsetof(jg_header_t, deadline_ns) == 40, "deadline_ns offset");
-    _Static_assert(offsetof(jg_header_t, hops) == 56, "hops offset");
-    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-    #error "the jigsaw ring format is little endian; big-endian hosts use the pure-Python ring"
-    #endif
-
-    static inline uint64_t jg_load_acquire(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    static inline uint64_t jg_load_relaxed(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-    static inline void jg_store_release(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-    static inline uint32_t jg_load32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    static inline void jg_store32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-    """
-    ctypedef struct jg_header_t:
-        uint64_t request_id
-        uint64_t parent_id
-        uint16_t app
-        uint16_t task
-        uint32_t lane
-        uint32_t child_index
-        uint32_t child_count
-        uint16_t status
-        uint16_t flags
-        uint32_t payload_len
-        uint64_t deadline_ns
-        uint64_t created_ns
-        uint64_t hops[8]
-
-    ctypedef struct jg_frame_t:
-        uint32_t record_bytes
-        uint32_t kind
-
-    uint64_t jg_load_acquire(const uint64_t *p) nogil
-    uint64_t jg_load_relaxed(const uint64_t *p) nogil
-    void jg_store_release(uint64_t *p, uint64_t v) nogil
-    uint32_t jg_load32(const uint32_t *p) nogil
-    void jg_store32(uint32_t *p, uint32_t v) nogil
+# the ring's byte layout (native/core.pxd)
+from core cimport *
 
 import os
 
@@ -86,23 +23,6 @@ import posix_ipc
 from jigsaw.runtime._pybatching import DropReason
 from jigsaw.runtime._pyring import RingClosedError, RingCorruptError
 
-cdef enum:
-    CONTROL_BYTES = 384
-    TAIL_OFFSET = 128
-    PUSHED_OFFSET = 136
-    HEAD_OFFSET = 256
-    POPPED_OFFSET = 264
-    PIDS_OFFSET = 32
-    CLOSED_OFFSET = 40
-    FRAME_BYTES = 8
-    RECORD_OVERHEAD_BYTES = 128
-    KIND_DATA = 0x44415441
-    KIND_SKIP = 0x50494B53
-    NUM_HOPS = 8
-    MIN_CAPACITY_BYTES = 1024
-    VERSION = 1
-
-cdef uint64_t MAGIC = int.from_bytes(b"JIGSAWR1", "little")
 cdef object _DROP_DEADLINE = DropReason.DROP_DEADLINE
 cdef object _DROP_STALE = DropReason.DROP_STALE
 
@@ -326,7 +246,7 @@ cdef class ShmRing:
         self._pushed = <uint64_t *>(self._base + PUSHED_OFFSET)
         self._head = <uint64_t *>(self._base + HEAD_OFFSET)
         self._popped = <uint64_t *>(self._base + POPPED_OFFSET)
-        self._pids = <uint32_t *>(self._base + PIDS_OFFSET)
+        self._pids = <uint32_t *>(self._base + PRODUCER_PID_OFFSET)
         self._closed = <uint32_t *>(self._base + CLOSED_OFFSET)
         return self
 
@@ -354,7 +274,7 @@ cdef class ShmRing:
         (<uint64_t *>(base + 24))[0] = max_payload_bytes
         (<ShmRing>self)._capacity = capacity
         (<ShmRing>self)._max_payload = max_payload_bytes
-        jg_store_release(<uint64_t *>base, MAGIC)
+        jg_store_release(<uint64_t *>base, JG_MAGIC)
         self._claim(role)
         return self
 
@@ -374,7 +294,7 @@ cdef class ShmRing:
         cdef uint32_t control = (<uint32_t *>(base + 12))[0]
         cdef uint64_t capacity = (<uint64_t *>(base + 16))[0]
         cdef uint64_t max_payload = (<uint64_t *>(base + 24))[0]
-        if magic != MAGIC or version != VERSION or control != CONTROL_BYTES:
+        if magic != JG_MAGIC or version != VERSION or control != CONTROL_BYTES:
             self.close()
             raise RingCorruptError(f"{name}: not a jigsaw ring v{VERSION} (magic={magic:#x}, "
                                    f"version={version})")

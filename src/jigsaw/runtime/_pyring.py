@@ -1,7 +1,8 @@
 """Pure-Python shared-memory SPSC ring: the fallback for ``jigsaw._core.ShmRing``.
 
-Byte-compatible with the compiled ring (same layout, same record format), so a pure producer
-and a compiled consumer can share one segment. The layout is documented on :class:`ShmRing`.
+Byte-compatible with the compiled ring: both read the layout declared once in ``native/core.pxd``
+(this module through the generated ``jigsaw.runtime.ring_layout``), so a pure producer and a
+compiled consumer can share one segment. The layout is described on :class:`ShmRing`.
 """
 
 from __future__ import annotations
@@ -15,32 +16,38 @@ from typing import Any
 
 import posix_ipc
 
-MAGIC = int.from_bytes(b"JIGSAWR1", "little")
-VERSION = 1
-CONTROL_BYTES = 384
-TAIL_OFFSET = 128
-PUSHED_OFFSET = 136
-HEAD_OFFSET = 256
-POPPED_OFFSET = 264
-CLOSED_OFFSET = 40
-FRAME_BYTES = 8
-HEADER_BYTES = 120
-RECORD_OVERHEAD_BYTES = FRAME_BYTES + HEADER_BYTES
-KIND_DATA = 0x44415441  # "DATA" as a little-endian u32 read back from memory
-KIND_SKIP = 0x50494B53  # "SKIP"
-NUM_HOPS = 8
-MIN_CAPACITY_BYTES = 1024
+from jigsaw.runtime.ring_layout import (
+    CLOSED_OFFSET,
+    CONSUMER_PID_OFFSET,
+    CONTROL_BYTES,
+    FRAME_BYTES,
+    HEAD_OFFSET,
+    HEADER_BYTES,
+    HEADER_FIELDS,
+    KIND_DATA,
+    KIND_SKIP,
+    MAGIC,
+    MIN_CAPACITY_BYTES,
+    NUM_HOPS,
+    POPPED_OFFSET,
+    PRODUCER_PID_OFFSET,
+    PUSHED_OFFSET,
+    RECORD_OVERHEAD_BYTES,
+    TAIL_OFFSET,
+    VERSION,
+)
 
 _CONTROL = struct.Struct("<QIIQQIII")  # magic, version, control_bytes, capacity, max_payload, pids, closed
 _FRAME = struct.Struct("<II")
-_RECORD = struct.Struct("<IIQQHHIIIHHIQQ8Q")
-assert _RECORD.size == RECORD_OVERHEAD_BYTES
+_RECORD = struct.Struct("<II" + "".join(f"{n}{code}" if n > 1 else code for _, code, n in HEADER_FIELDS))
+assert _FRAME.size == FRAME_BYTES and _RECORD.size == RECORD_OVERHEAD_BYTES == FRAME_BYTES + HEADER_BYTES
+assert HEADER_FIELDS[-1] == ("hops", "Q", NUM_HOPS)
 _U64_TAIL = TAIL_OFFSET // 8
 _U64_PUSHED = PUSHED_OFFSET // 8
 _U64_HEAD = HEAD_OFFSET // 8
 _U64_POPPED = POPPED_OFFSET // 8
-_U32_PRODUCER_PID = 32 // 4
-_U32_CONSUMER_PID = 36 // 4
+_U32_PRODUCER_PID = PRODUCER_PID_OFFSET // 4
+_U32_CONSUMER_PID = CONSUMER_PID_OFFSET // 4
 _U32_CLOSED = CLOSED_OFFSET // 4
 
 
