@@ -13,6 +13,7 @@ doorbells it lists, writes one ``ProcessSpec`` per worker as JSON and serves the
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -141,128 +142,192 @@ def latency_for_batch_ms(table: dict[int, float], batch: int) -> float:
     return table[max(table)]
 
 
-def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileTable, *,
-                   name_of: callable = lambda purpose: purpose,  # type: ignore[valid-type]
-                   time_scale: float = 1.0, seed: int = 0, backend: str = "emulated") -> Topology:
-    """Lay out processes, rings and routes for ``plans``; ``name_of(purpose)`` makes POSIX names."""
-    ns = 1e6 * time_scale
-    procs: list[dict[str, object]] = []
-    app_procs: dict[str, list[dict[str, object]]] = {}
-    for app_index, (app, plan) in enumerate(plans):
-        mine: list[dict[str, object]] = []
-        for inst in plan.instances:
-            if inst.count <= 0:
-                continue
-            table = _latency_table(profiles, inst.variant, inst.mig_profile, inst.mps)
-            means = _mean_table(profiles, inst.variant, inst.mig_profile, inst.mps)
-            for n in range(inst.count * inst.mps):
-                p = {"slot": len(procs), "app": app.name, "app_index": app_index, "task": inst.task,
-                     "variant": inst.variant, "mig": inst.mig_profile, "mps": inst.mps,
-                     "max_batch": inst.max_batch, "table": table, "means": means,
-                     "name": f"{app.name}.{inst.task}.{inst.variant}.{inst.mig_profile}x{inst.mps}.{n}"}
-                procs.append(p)
-                mine.append(p)
-        app_procs[app.name] = mine
+NameOf = Callable[[str], str]
+"""``name_of(purpose)``: the POSIX name of a segment (the daemon's registry prefixes its id)."""
 
-    frontend_bell = name_of("bell-frontend")
+
+@dataclass
+class _Process:
+    """One planned process while the topology is laid out (becomes a ``ProcessSpec``)."""
+
+    slot: int
+    name: str
+    task: str
+    variant: str
+    mig_profile: str
+    mps: int
+    max_batch: int
+    latency_ms: dict[int, float]
+    mean_ms: dict[int, float]
+    doorbell: str = ""
+
+
+@dataclass
+class _Wiring:
+    """Every ring and doorbell of the topology, filled as the apps are wired."""
+
+    rings: dict[str, int] = field(default_factory=dict)  # name -> capacity_bytes
+    doorbells: list[str] = field(default_factory=list)
+    completion_rings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What every process spec of a topology carries alike."""
+
+    name_of: NameOf
+    stats: str
+    frontend_doorbell: str
+    time_scale: float
+    seed: int
+    backend: str
+
+
+def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileTable, *,
+                   name_of: NameOf = lambda purpose: purpose, time_scale: float = 1.0, seed: int = 0,
+                   backend: str = "emulated") -> Topology:
+    """Lay out processes, rings and routes for ``plans``; ``name_of(purpose)`` makes POSIX names.
+
+    Steps: number every planned process (``_lay_out_processes``); then per app, check that every
+    lane's root variants run (``_check_lanes``), give each process its doorbell and the root ones
+    their ring from the frontend (``_root_rings``), and wire each process to its children's
+    processes and to the frontend (``_process_specs``); the app's routes say where the frontend
+    sends each lane's root items (``_app_routes``).
+    """
+    wiring = _Wiring(doorbells=[name_of("bell-frontend")])
     stats = name_of("stats")
-    rings: dict[str, int] = {}
-    bells = [frontend_bell]
     root_ring_bytes = 2 * (node.server.max_payload_bytes + 8 + RECORD_OVERHEAD_BYTES) + 4096
+    by_app = _lay_out_processes(plans, profiles)
     specs: list[ProcessSpec] = []
     routes: dict[str, AppRoutes] = {}
-    completion_rings: list[str] = []
     for app_index, (app, plan) in enumerate(plans):
-        mine = app_procs[app.name]
+        procs = by_app[app.name]
         lanes = [dict(lp.variants) for lp in plan.lanes]
         weights = [max(0.0, lp.rate_rps) for lp in plan.lanes]
         if not lanes:
             raise TopologyError(f"plan of {app.name} has no lanes")
         if sum(weights) <= 0:
             weights = [1.0] * len(lanes)
-        by_tv: dict[tuple[str, str], list[dict[str, object]]] = {}
-        for p in mine:
-            by_tv.setdefault((p["task"], p["variant"]), []).append(p)  # type: ignore[arg-type]
-        for li, lane in enumerate(lanes):
-            for t in app.roots:
-                if weights[li] > 0 and not by_tv.get((t, lane.get(t, ""))):
-                    raise TopologyError(f"{app.name}: lane {li} sends {t} to variant "
-                                        f"{lane.get(t)!r}, which the plan does not run")
-        # A downstream task may have no process in a lane: planned for a measured fan-out of 0, its
-        # route is empty and the workers do not send it children (until the next plan).
-        fastest = {t: min((latency_for_batch_ms(p["table"], 1) for p in mine  # type: ignore[arg-type]
-                           if p["task"] == t), default=0.0) for t in app.task_names}
-        remaining: dict[str, float] = {}
-        for t in reversed(app.topological_order):
-            remaining[t] = max((fastest[c] + remaining[c] for c in app.children(t)), default=0.0)
-        level: dict[str, int] = {}
-        for t in app.topological_order:
-            level[t] = max((level[p] + 1 for p in app.parents(t)), default=0)
-        task_index = {t: i for i, t in enumerate(app.task_names)}
+        by_variant: dict[tuple[str, str], list[_Process]] = {}
+        for p in procs:
+            by_variant.setdefault((p.task, p.variant), []).append(p)
+        _check_lanes(app, lanes, weights, by_variant)
+        roots = _root_rings(app, procs, name_of, wiring, root_ring_bytes)
+        specs += _process_specs(app, app_index, plan, procs, lanes, by_variant, roots, wiring,
+                                Shared(name_of, stats, wiring.doorbells[0], time_scale, seed, backend))
+        routes[app.name] = _app_routes(app, app_index, plan, lanes, weights, by_variant, roots)
+    return Topology(specs, routes, wiring.doorbells[0], wiring.completion_rings, stats, wiring.rings,
+                    wiring.doorbells)
 
-        inputs: dict[int, list[str]] = {int(p["slot"]): [] for p in mine}  # type: ignore[call-overload]
-        root_targets: dict[int, Target] = {}
-        for p in mine:
-            slot = int(p["slot"])  # type: ignore[call-overload]
-            bell = name_of(f"bell-{slot}")
-            bells.append(bell)
-            p["bell"] = bell
-            if not app.parents(str(p["task"])):
-                ring = name_of(f"in-{slot}-fe")
-                rings[ring] = root_ring_bytes
-                inputs[slot].append(ring)
-                root_targets[slot] = Target(ring, bell, slot)
-        for p in mine:
-            slot = int(p["slot"])  # type: ignore[call-overload]
-            task, variant = str(p["task"]), str(p["variant"])
-            outputs: list[OutputRing] = []
-            out_index: dict[int, int] = {}
-            for child in app.children(task):
-                for q in mine:
-                    if q["task"] != child:
-                        continue
-                    qs = int(q["slot"])  # type: ignore[call-overload]
-                    ring = name_of(f"in-{qs}-{slot}")
-                    rings[ring] = WORK_RING_BYTES
-                    inputs[qs].append(ring)
-                    out_index[qs] = len(outputs)
-                    outputs.append(OutputRing(ring, str(q["bell"]), qs, child))
-            lane_routes = []
-            for lane in lanes:
-                lane_routes.append({child: [out_index[int(q["slot"])]  # type: ignore[call-overload]
-                                            for q in by_tv.get((child, lane.get(child, "")), [])]
-                                    for child in app.children(task)})
-            done = name_of(f"done-{slot}")
-            rings[done] = COMPLETION_RING_BYTES
-            completion_rings.append(done)
-            table = p["table"]
-            max_batch = int(p["max_batch"])  # type: ignore[call-overload]
-            specs.append(ProcessSpec(
-                slot=slot, name=str(p["name"]), app=app.name, app_index=app_index, task=task,
-                task_index=task_index[task], task_kind=app.task(task).kind, variant=variant,
-                mig_profile=str(p["mig"]), mps=int(p["mps"]),  # type: ignore[call-overload]
-                max_batch=max_batch, latency_ms_by_batch=table,  # type: ignore[arg-type]
-                mean_ms_by_batch=p["means"],  # type: ignore[arg-type]
-                time_scale=time_scale,
-                max_wait_ns=int(plan.task_latency_ms.get(task, 0.0) * ns),
-                staleness_ns=int(app.staleness_ms * ns),
-                remaining_min_ns=int(remaining[task] * ns),
-                exec_estimate_ns=[int(latency_for_batch_ms(table, b) * ns)  # type: ignore[arg-type]
-                                  for b in range(1, max_batch + 1)],
-                downstream=[{"task": c, "task_index": task_index[c],
-                             "factor": app.edge(task, c).factor(variant)} for c in app.children(task)],
-                doorbell=str(p["bell"]), inputs=[], outputs=outputs, routes=lane_routes,
-                completion_ring=done, completion_doorbell=frontend_bell, stats=stats, seed=seed,
-                backend=backend,
-            ))
-        for s in specs:
-            if s.app == app.name:
-                object.__setattr__(s, "inputs", inputs[s.slot])
-        roots = [{t: [root_targets[int(q["slot"])] for q in by_tv.get((t, lane.get(t, "")), [])]  # type: ignore[call-overload]
-                  for t in app.roots} for lane in lanes]
-        routes[app.name] = AppRoutes(app, app_index, lanes, weights, roots, app.depth,
-                                     sum(i.count * i.slices for i in plan.instances), plan)
-    return Topology(specs, routes, frontend_bell, completion_rings, stats, rings, bells)
+
+def _lay_out_processes(plans: list[tuple[App, Plan]], profiles: ProfileTable) -> dict[str, list[_Process]]:
+    """One ``_Process`` per planned process (an instance of MPS level k is k), slots numbered across apps."""
+    slot = 0
+    out: dict[str, list[_Process]] = {}
+    for app, plan in plans:
+        mine = out.setdefault(app.name, [])
+        for inst in plan.instances:
+            if inst.count <= 0:
+                continue
+            table = _latency_table(profiles, inst.variant, inst.mig_profile, inst.mps)
+            means = _mean_table(profiles, inst.variant, inst.mig_profile, inst.mps)
+            for n in range(inst.count * inst.mps):
+                name = f"{app.name}.{inst.task}.{inst.variant}.{inst.mig_profile}x{inst.mps}.{n}"
+                mine.append(_Process(slot, name, inst.task, inst.variant, inst.mig_profile, inst.mps,
+                                     inst.max_batch, table, means))
+                slot += 1
+    return out
+
+
+def _check_lanes(app: App, lanes: list[dict[str, str]], weights: list[float],
+                 by_variant: dict[tuple[str, str], list[_Process]]) -> None:
+    """Every lane that gets traffic runs its root variants.
+
+    A downstream task may have no process in a lane: planned for a measured fan-out of 0, its route
+    is empty and the workers do not send it children (until the next plan).
+    """
+    for li, lane in enumerate(lanes):
+        for t in app.roots:
+            if weights[li] > 0 and not by_variant.get((t, lane.get(t, ""))):
+                raise TopologyError(f"{app.name}: lane {li} sends {t} to variant "
+                                    f"{lane.get(t)!r}, which the plan does not run")
+
+
+def _root_rings(app: App, procs: list[_Process], name_of: NameOf, wiring: _Wiring,
+                ring_bytes: int) -> dict[int, Target]:
+    """Give each process its doorbell, and each process of a root task its ring from the frontend."""
+    roots: dict[int, Target] = {}
+    for p in procs:
+        p.doorbell = name_of(f"bell-{p.slot}")
+        wiring.doorbells.append(p.doorbell)
+        if not app.parents(p.task):
+            ring = name_of(f"in-{p.slot}-fe")
+            wiring.rings[ring] = ring_bytes
+            roots[p.slot] = Target(ring, p.doorbell, p.slot)
+    return roots
+
+
+def _remaining_ms(app: App, procs: list[_Process]) -> dict[str, float]:
+    """Per task, the fastest batch-1 time of the tasks after it on its longest path."""
+    fastest = {t: min((latency_for_batch_ms(p.latency_ms, 1) for p in procs if p.task == t), default=0.0)
+               for t in app.task_names}
+    remaining: dict[str, float] = {}
+    for t in reversed(app.topological_order):
+        remaining[t] = max((fastest[c] + remaining[c] for c in app.children(t)), default=0.0)
+    return remaining
+
+
+def _process_specs(app: App, app_index: int, plan: Plan, procs: list[_Process], lanes: list[dict[str, str]],
+                   by_variant: dict[tuple[str, str], list[_Process]], roots: dict[int, Target],
+                   wiring: _Wiring, shared: Shared) -> list[ProcessSpec]:
+    """Wire every process to each process of its children (one ring per pair) and to the frontend."""
+    ns = 1e6 * shared.time_scale
+    remaining = _remaining_ms(app, procs)
+    task_index = {t: i for i, t in enumerate(app.task_names)}
+    inputs: dict[int, list[str]] = {p.slot: [roots[p.slot].ring] if p.slot in roots else [] for p in procs}
+    wired: list[tuple[_Process, list[OutputRing], list[dict[str, list[int]]], str]] = []
+    for p in procs:
+        outputs: list[OutputRing] = []
+        out_index: dict[int, int] = {}
+        for child in app.children(p.task):
+            for q in procs:
+                if q.task != child:
+                    continue
+                ring = shared.name_of(f"in-{q.slot}-{p.slot}")
+                wiring.rings[ring] = WORK_RING_BYTES
+                inputs[q.slot].append(ring)
+                out_index[q.slot] = len(outputs)
+                outputs.append(OutputRing(ring, q.doorbell, q.slot, child))
+        lane_routes = [{child: [out_index[q.slot] for q in by_variant.get((child, lane.get(child, "")), [])]
+                        for child in app.children(p.task)} for lane in lanes]
+        done = shared.name_of(f"done-{p.slot}")
+        wiring.rings[done] = COMPLETION_RING_BYTES
+        wiring.completion_rings.append(done)
+        wired.append((p, outputs, lane_routes, done))
+    return [ProcessSpec(
+        slot=p.slot, name=p.name, app=app.name, app_index=app_index, task=p.task,
+        task_index=task_index[p.task], task_kind=app.task(p.task).kind, variant=p.variant,
+        mig_profile=p.mig_profile, mps=p.mps, max_batch=p.max_batch, latency_ms_by_batch=p.latency_ms,
+        mean_ms_by_batch=p.mean_ms, time_scale=shared.time_scale,
+        max_wait_ns=int(plan.task_latency_ms.get(p.task, 0.0) * ns),
+        staleness_ns=int(app.staleness_ms * ns),
+        remaining_min_ns=int(remaining[p.task] * ns),
+        exec_estimate_ns=[int(latency_for_batch_ms(p.latency_ms, b) * ns) for b in range(1, p.max_batch + 1)],
+        downstream=[{"task": c, "task_index": task_index[c], "factor": app.edge(p.task, c).factor(p.variant)}
+                    for c in app.children(p.task)],
+        doorbell=p.doorbell, inputs=inputs[p.slot], outputs=outputs, routes=lane_routes,
+        completion_ring=done, completion_doorbell=shared.frontend_doorbell, stats=shared.stats,
+        seed=shared.seed, backend=shared.backend,
+    ) for p, outputs, lane_routes, done in wired]
+
+
+def _app_routes(app: App, app_index: int, plan: Plan, lanes: list[dict[str, str]], weights: list[float],
+                by_variant: dict[tuple[str, str], list[_Process]], roots: dict[int, Target]) -> AppRoutes:
+    """Where the frontend sends each lane's root items: the processes of the lane's root variants."""
+    targets = [{t: [roots[q.slot] for q in by_variant.get((t, lane.get(t, "")), [])] for t in app.roots}
+               for lane in lanes]
+    return AppRoutes(app, app_index, lanes, weights, targets, app.depth,
+                     sum(i.count * i.slices for i in plan.instances), plan)
 
 
 def write_specs(topology: Topology, directory: Path) -> list[Path]:
