@@ -33,13 +33,10 @@ import json
 import os
 import platform
 import random
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +44,9 @@ import aiohttp
 import numpy as np
 import uvloop
 
+from jigsaw.testing import SHM, ServerError, ServerProcess, free_port, jigsawd_command, shm_entries
+
 ROOT = Path(__file__).resolve().parents[1]
-SHM = Path("/dev/shm")
 EXAMPLE_NODE = ROOT / "examples" / "h100x4.toml"
 LABEL = "emulated, this machine"
 HOP_TARGET_P99_MS = 1.0
@@ -76,89 +74,36 @@ uvloop.run(main(int(sys.argv[1])))
 
 
 # ---- processes ------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 STARTED_PIDS: list[int] = []  # every server process this run started (jigsawd names its segments by pid)
 
 
 def shm_jigsaw(pids: list[int] | None = None) -> set[str]:
     """/dev/shm entries with a ``jigsaw-`` prefix, only those of ``pids`` when given."""
-    names = {e for e in os.listdir(SHM) if e.startswith("jigsaw-") or e.startswith("sem.jigsaw-")}
-    if pids is None:
-        return names
-    tags = tuple(f"jigsaw-{pid}-" for pid in pids)
-    return {e for e in names if e.removeprefix("sem.").startswith(tags)} if tags else set()
+    if pids is not None:
+        return {e for pid in pids for e in shm_entries(pid)}
+    return {e for e in os.listdir(SHM) if e.startswith("jigsaw-") or e.startswith("sem.jigsaw-")}
 
 
-class Proc:
-    """A server subprocess in its own process group; ``close`` ends the whole group."""
+class Proc(ServerProcess):
+    """A server of this bench (``jigsaw.testing.ServerProcess``); its leftovers are reported."""
 
-    def __init__(self, name: str, args: list[str], ready_url: str, log_path: Path,
-                 ready_timeout_s: float = 180.0) -> None:
-        self.name, self.args, self.ready_url = name, args, ready_url
-        self.log_path, self.ready_timeout_s = log_path, ready_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.startup_s = 0.0
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def __enter__(self) -> Proc:
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-        self._log = open(self.log_path, "wb")
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
+    def start(self) -> Proc:
+        super().start()
+        assert self.proc is not None
         STARTED_PIDS.append(self.proc.pid)
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
-                with contextlib.suppress(OSError), urllib.request.urlopen(self.ready_url, timeout=2) as r:
-                    if r.status == 200:
-                        break
-                if time.monotonic() - t0 > self.ready_timeout_s:
-                    raise RuntimeError(f"{self.name} not ready after {self.ready_timeout_s:g} s:\n"
-                                       f"{self.log()}")
-                time.sleep(0.1)
-        except BaseException:
-            self.close()
-            raise
-        self.startup_s = time.monotonic() - t0
         return self
 
-    def close(self) -> None:
-        if self.proc is None:
-            return
-        pid = self.proc.pid
+    def close(self, timeout_s: float = 30.0) -> list[str]:
+        pid = self.proc.pid if self.proc is not None else None
         try:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                print(f"  {self.name} did not stop within 30 s: killing its process group", flush=True)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=10)
-            self._log.close()
-        left = sorted(shm_jigsaw([pid]))
-        for e in left:
-            with contextlib.suppress(FileNotFoundError):
-                (SHM / e).unlink()
+            left = super().close(timeout_s)
+        except ServerError:
+            print(f"  {self.name} did not stop within {timeout_s:g} s: killed its process group", flush=True)
+            left = []
         if left:
             print(f"  WARNING: {self.name} (pid {pid}) left {len(left)} shared-memory entries (removed)",
                   flush=True)
-        self.proc = None
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        return left
 
 
 def _alive(pgid: int) -> bool:
@@ -173,10 +118,9 @@ def _alive(pgid: int) -> bool:
 
 def jigsawd(args: list[str], log_path: Path) -> tuple[Proc, str]:
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "jigsaw.daemon", *args, "--emulate", "--host", "127.0.0.1",
-           "--port", str(port)]
-    return Proc("jigsawd", cmd, url + "/v2/health/ready", log_path), url
+    server = Proc(jigsawd_command(args, port), port, log_path, name="jigsawd", ready_timeout_s=180.0,
+                  cwd=ROOT)
+    return server, server.url
 
 
 # ---- tiny zero-latency apps -----------------------------------------------------------------
@@ -326,8 +270,8 @@ def bench_throughput(zero_args: list[str], work: Path, args: argparse.Namespace)
     port = free_port()
     echo_path = work / "echo_server.py"
     echo_path.write_text(ECHO_SERVER)
-    with Proc("echo", [sys.executable, str(echo_path), str(port)], f"http://127.0.0.1:{port}/ready",
-              work / "echo.log"):
+    with Proc([sys.executable, str(echo_path), str(port)], port, work / "echo.log", ready_path="/ready",
+              name="echo", ready_timeout_s=180.0, cwd=ROOT):
         echo = uvloop.run(closed_loop(f"http://127.0.0.1:{port}/v2/models/single/infer", body,
                                       args.connections, args.tp_seconds, args.warmup))
     server, url = jigsawd(zero_args, work / "jigsawd-zero-tp.log")

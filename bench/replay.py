@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import csv
 import json
 import math
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -37,6 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT / "src"))  # an installed or PYTHONPATH jigsaw comes first
 
+from jigsaw.spaces import SPACES  # noqa: E402
+from jigsaw.testing import jigsawd  # noqa: E402
 from jigsaw.traces import (  # noqa: E402
     DEFAULT_BIN_SECONDS,
     TraceError,
@@ -45,7 +44,6 @@ from jigsaw.traces import (  # noqa: E402
     parse_trace_spec,
 )
 
-SPACES = ("unopt", "a", "s", "t", "as", "at", "st", "ast")
 CSV_FIELDS = ("bin", "demand_rps", "predicted_rps", "slices_used_pct", "accuracy_drop_pct",
               "slo_violation_pct", "p50_ms", "p99_ms", "sent", "answered", "behind")
 MAX_CONCURRENCY = 512
@@ -106,61 +104,6 @@ def http_json(method: str, url: str, body: Any = None, token: str = "", timeout_
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout_s) as r:
         return json.loads(r.read().decode())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Jigsawd:
-    """A jigsawd started by the replay, in its own process group; stopped and cleaned on exit."""
-
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "jigsaw.daemon", *args, "--host", "127.0.0.1",
-                     "--port", str(self.port)]
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> Jigsawd:
-        import jigsaw
-        src = str(Path(jigsaw.__file__).resolve().parents[1])  # the tree this replay imports
-        env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, cwd=ROOT)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"jigsawd exited with {self.proc.returncode}; see {self.log_path}")
-                with contextlib.suppress(OSError, urllib.error.URLError):
-                    urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2).close()
-                    return self
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"jigsawd not ready after {READY_TIMEOUT_S:g} s; see {self.log_path}")
-                time.sleep(0.2)
-        except BaseException:
-            self.__exit__()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # any worker left behind
-        self._log.close()
 
 
 # ---- the load -----------------------------------------------------------------------------
@@ -445,9 +388,8 @@ def main(argv: list[str] | None = None) -> int:
                            "--bin-seconds", str(args.bin_seconds), "--time-scale", str(args.time_scale),
                            "--apps", args.apps or args.app, "--demand", f"{max(window[0], 0.1):.3f}",
                            "--seed", str(args.seed)]
-            if args.emulate:
-                daemon_args.append("--emulate")
-            with Jigsawd(daemon_args, args.out / f"jigsawd-{args.app}-{space}.log") as d:
+            with jigsawd(daemon_args, args.out / f"jigsawd-{args.app}-{space}.log", emulate=args.emulate,
+                         ready_timeout_s=READY_TIMEOUT_S, cwd=ROOT) as d:
                 rows = run_space(d.url, args.app, space, window, history, first, args.bin_seconds,
                                  args.time_scale, args.seed, args.token,
                                  args.out / f"{args.app}-{space}-history.json")

@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
-from dpserver import EXAMPLE_NODE, Load, Server, http, shm_entries
+from dpserver import EXAMPLE_NODE, Load, Server, http
 
 from jigsaw.plan import Plan
 from jigsaw.planner.packer import changed_gpus, to_nvidia_smi_commands
+from jigsaw.testing import shm_entries
 
 APP = "traffic_analysis"
 

@@ -5,13 +5,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -21,20 +16,10 @@ from typing import Any
 
 import pytest
 
+from jigsaw.testing import ServerError, ServerProcess, free_port, jigsawd_command
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_NODE = ROOT / "examples" / "h100x4.toml"
-SHM = Path("/dev/shm")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def shm_entries(pid: int) -> list[str]:
-    tag = f"jigsaw-{pid}-"
-    return [e for e in os.listdir(SHM) if e.startswith(tag) or e.startswith("sem." + tag)]
 
 
 def http(method: str, url: str, body: Any = None, *, raw: bytes | None = None,
@@ -54,69 +39,33 @@ def http(method: str, url: str, body: Any = None, *, raw: bytes | None = None,
         return status, text, headers
 
 
-class Server:
-    """``jigsawd`` in its own process group; ``url`` once ready. Always leaves nothing behind."""
+class Server(ServerProcess):
+    """``jigsawd`` for a test (``jigsaw.testing``): a failure to start or stop, and any shared
+    memory it leaves behind, fail the test."""
 
     def __init__(self, args: list[str], log_path: Path, ready_timeout_s: float = 90.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "jigsaw.daemon", *args, "--emulate", "--host", "127.0.0.1",
-                     "--port", str(self.port)]
-        self.log_path = log_path
-        self.ready_timeout_s = ready_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        port = free_port()
+        super().__init__(jigsawd_command(args, port), port, log_path, name="jigsawd",
+                         ready_timeout_s=ready_timeout_s, cwd=ROOT)
 
     def __enter__(self) -> Server:
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-        self._log_file = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.args, stdout=self._log_file, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, cwd=ROOT)
-        deadline = time.monotonic() + self.ready_timeout_s
         try:
-            while True:
-                if self.proc.poll() is not None:
-                    pytest.fail(f"jigsawd exited with {self.proc.returncode} before ready:\n{self.log()}")
-                with contextlib.suppress(OSError):
-                    if http("GET", self.url + "/v2/health/ready", timeout_s=2)[0] == 200:
-                        return self
-                if time.monotonic() > deadline:
-                    pytest.fail(f"jigsawd not ready after {self.ready_timeout_s} s:\n{self.log()}")
-                time.sleep(0.1)
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
+            self.start()
+        except ServerError as exc:
+            pytest.fail(str(exc))
+        return self
 
     def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM and wait (graceful path); SIGKILL the group if it does not stop in time."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            pytest.fail(f"jigsawd did not stop within {timeout_s} s:\n{self.log()}")
-            raise
+            return super().stop(timeout_s)
+        except ServerError as exc:
+            pytest.fail(str(exc))
 
     def __exit__(self, *exc: object) -> None:
         assert self.proc is not None
         pid = self.proc.pid
-        try:
-            self.stop()
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            self._log_file.close()
-        left = shm_entries(pid)
+        left = self.close()
         if left:
-            for e in left:  # do not leak into other tests, but still fail this one
-                with contextlib.suppress(FileNotFoundError):
-                    (SHM / e).unlink()
             pytest.fail(f"jigsawd {pid} left shared memory behind: {left}")
 
 

@@ -9,7 +9,9 @@ import sys
 import threading
 import time
 
-from dpserver import ROOT, Server, http, image, shm_entries, write_tiny
+from dpserver import ROOT, Server, http, image, write_tiny
+
+from jigsaw.testing import shm_entries
 
 
 def _group_cpu_s(pgid: int) -> float:

@@ -6,7 +6,7 @@ import math
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from jigsaw.app import App, Task, TensorSpec, Variant
@@ -16,6 +16,7 @@ from jigsaw.runtime.oip import BadRequest, parse_infer_request
 from jigsaw.runtime.records import TOTAL_CREDIT, frame, split_credit, unframe
 
 
+@settings(deadline=None)  # a property, not a timing: a loaded machine must not fail it
 @given(hs.lists(hs.integers(1, 40), min_size=1, max_size=4))
 def test_credit_splits_always_sum_back(fanouts):
     # any tree of splits returns exactly TOTAL_CREDIT when every leaf reports

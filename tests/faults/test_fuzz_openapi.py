@@ -33,7 +33,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
-from dpserver import Server, http, shm_entries, worker_pids, write_tiny
+from dpserver import Server, http, worker_pids, write_tiny
+
+from jigsaw.testing import shm_entries
 
 MAX_PAYLOAD = 16384
 MAX_EXAMPLES = 50  # generated requests per operation (plus its example and coverage cases)

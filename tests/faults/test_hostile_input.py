@@ -17,7 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
-from dpserver import Server, http, image, shm_entries, worker_pids, write_tiny
+from dpserver import Server, http, image, worker_pids, write_tiny
+
+from jigsaw.testing import shm_entries
 
 MAX_PAYLOAD = 8192
 

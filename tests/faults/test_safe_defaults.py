@@ -5,17 +5,15 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
-import signal
 import stat
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
-from dpserver import ROOT, SHM, Server, free_port, http, shm_entries, write_tiny
+from dpserver import ROOT, Server, write_tiny
 
 from jigsaw.node import ServerSettings
+from jigsaw.testing import SHM, jigsawd, shm_entries
 
 
 def _listening(pid: int, port: int) -> list[str]:
@@ -39,32 +37,12 @@ def _listening(pid: int, port: int) -> list[str]:
 def test_binds_loopback_unless_told_otherwise(tmp_path: Path) -> None:
     assert ServerSettings().host == "127.0.0.1"
     args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 1.0}, 1)])
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    with open(tmp_path / "jigsawd.log", "wb") as log:
-        cmd = [sys.executable, "-m", "jigsaw.daemon", *args, "--emulate", "--port", str(port)]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while http_ready(port) is False:
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "jigsawd.log").read_text()
-            time.sleep(0.1)
-        assert _listening(proc.pid, port) == ["0100007F"]  # 127.0.0.1, not 0.0.0.0 or ::
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-    assert shm_entries(proc.pid) == []
-
-
-def http_ready(port: int) -> bool:
-    try:
-        return http("GET", f"http://127.0.0.1:{port}/v2/health/ready", timeout_s=2)[0] == 200
-    except OSError:
-        return False
+    server = jigsawd(args, tmp_path / "jigsawd.log", host=None, ready_timeout_s=60.0)  # no --host
+    with server:
+        assert server.proc is not None
+        pid = server.proc.pid
+        assert _listening(pid, server.port) == ["0100007F"]  # 127.0.0.1, not 0.0.0.0 or ::
+    assert shm_entries(pid) == []
 
 
 def test_two_daemons_segments_are_owner_only_and_disjoint(tmp_path: Path) -> None:

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
-from dpserver import EXAMPLE_NODE, Load, Server, http, image, shm_entries, write_tiny
+from dpserver import EXAMPLE_NODE, Load, Server, http, image, write_tiny
+
+from jigsaw.testing import shm_entries
 
 HANG_TIMEOUT_S = 1.0
 

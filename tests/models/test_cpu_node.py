@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -17,6 +14,8 @@ from jigsaw.models.images import street_scene
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
 from dpserver import worker_pids
+
+from jigsaw.testing import ServerError, jigsawd
 
 pytest.importorskip("onnxruntime", reason="onnxruntime not installed (pip install 'jigsaw[models]')")
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,40 +31,24 @@ def _allowed_cpus(pid: int) -> set[int]:
     return cpus
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_cpu_node_serves_a_real_image(tmp_path: Path) -> None:
     if not (ROOT / "profiles" / "cpu-2c").is_dir():
         pytest.skip("no measured CPU profiles in profiles/cpu-2c")
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), JIGSAW_DETECTOR_SIZE="160",
-               JIGSAW_CLASSIFIER_SIZE="64")
     node = str(ROOT / "examples" / "cpu.toml")
-    proc = subprocess.Popen([sys.executable, "-m", "jigsaw.daemon", "--node-config", node,
-                             "--host", "127.0.0.1", "--port", str(port), "--demand", "1"],
-                            env=env, stderr=subprocess.PIPE, text=True)
+    small = {"JIGSAW_DETECTOR_SIZE": "160", "JIGSAW_CLASSIFIER_SIZE": "64"}
+    server = jigsawd(["--node-config", node, "--demand", "1"], tmp_path / "jigsawd.log", emulate=False,
+                     ready_timeout_s=180.0, env=small)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                err = proc.stderr.read() if proc.stderr else ""
-                if "no usable GPU" in err or "not available in this build" in err:
-                    pytest.skip("jigsawd does not yet run a CPU backend without --emulate: "
-                                + err.strip()[-200:])
-                pytest.fail(f"jigsawd exited {proc.returncode}: {err[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("jigsawd did not become ready")
-            time.sleep(0.5)
+        server.start()
+    except ServerError as exc:
+        err = str(exc)
+        if "no usable GPU" in err or "not available in this build" in err:
+            pytest.skip("jigsawd does not yet run a CPU backend without --emulate: " + err.strip()[-200:])
+        pytest.fail(err[-2000:])
+    port = server.port
+    assert server.proc is not None
+    proc = server.proc
+    try:
         # every worker is pinned to its core share's CPUs (4 declared cores laid on the host's)
         host = os.sched_getaffinity(0)
         workers = worker_pids(proc.pid)
@@ -100,8 +83,4 @@ def test_cpu_node_serves_a_real_image(tmp_path: Path) -> None:
                     assert 0 <= x1 <= x2 <= img.shape[1] and 0 <= y1 <= y2 <= img.shape[0]
         assert n_items == params.get("children.detect", 0)  # the fan-out is the detections
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.close()

@@ -17,7 +17,7 @@ def test_generated_layout_is_up_to_date_with_core_pxd() -> None:
 
 
 def test_layout_constants_are_consistent() -> None:
-    assert ring_layout.MAGIC == int.from_bytes(b"JIGSAWR1", "little")
+    assert int.from_bytes(b"JIGSAWR1", "little") == ring_layout.MAGIC
     assert ring_layout.RECORD_OVERHEAD_BYTES == ring_layout.FRAME_BYTES + ring_layout.HEADER_BYTES
     sizes = {"Q": 8, "I": 4, "H": 2, "B": 1}
     assert sum(sizes[code] * n for _, code, n in ring_layout.HEADER_FIELDS) == ring_layout.HEADER_BYTES
