@@ -63,6 +63,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s = 0.0
         self._log_file: BinaryIO | None = None
+        self._closed = False
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -73,6 +74,7 @@ class ServerProcess:
         env = dict(os.environ, **self.env, PYTHONPATH=os.pathsep.join(path))
         log = open(self.log_path, "wb")  # noqa: SIM115 - closed by close()
         self._log_file = log
+        self._closed = False
         t0 = time.monotonic()
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd)
@@ -109,9 +111,13 @@ class ServerProcess:
             raise ServerError(f"{self.name} did not stop within {timeout_s:g} s:\n{self.log()}") from None
 
     def close(self, timeout_s: float = 30.0) -> list[str]:
-        """Stop it, kill what is left of its group and remove its leftover segments; returns them."""
-        if self.proc is None:
+        """Stop it, kill what is left of its group and remove its leftover segments; returns them.
+
+        ``proc`` stays set (its pid and exit status remain readable); a second call does nothing.
+        """
+        if self.proc is None or self._closed:
             return []
+        self._closed = True
         pid = self.proc.pid
         try:
             self.stop(timeout_s)
@@ -123,7 +129,6 @@ class ServerProcess:
             if self._log_file is not None:
                 self._log_file.close()
                 self._log_file = None
-            self.proc = None
         left = shm_entries(pid)
         for e in left:
             with contextlib.suppress(FileNotFoundError):
