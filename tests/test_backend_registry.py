@@ -1,0 +1,49 @@
+"""The backend registry is the one place that knows backends by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jigsaw.backends.base import Backend
+from jigsaw.backends.emulated import EmulatedBackend
+from jigsaw.backends.registry import KINDS, MODEL_BACKENDS, NAMES, BackendUnavailable, backend_kind
+from jigsaw.daemon import choose_backend, gpu_available
+from jigsaw.errors import JigsawError
+from jigsaw.node import BACKENDS
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_row_names_its_class(name: str) -> None:
+    try:
+        cls = backend_kind(name).load_class()
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    assert issubclass(cls, Backend) and cls.kind == name
+
+
+def test_names_and_their_properties() -> None:
+    assert BACKENDS == NAMES  # the node file accepts exactly the registry's backends
+    assert [n for n, k in KINDS.items() if k.emulated] == ["emulated"]
+    assert "emulated" not in MODEL_BACKENDS and set(MODEL_BACKENDS) == set(NAMES) - {"emulated"}
+    assert [n for n, k in KINDS.items() if k.needs_gpu] == ["tensorrt"]
+    with pytest.raises(KeyError, match=r"unknown backend 'nope'.*emulated"):
+        backend_kind("nope")
+
+
+def test_output_specs_come_from_the_backend() -> None:
+    assert backend_kind("emulated").output_specs("detector", ["car"]) == \
+        EmulatedBackend.output_specs("detector", ["car"])
+    real = backend_kind("onnxruntime").output_specs("detector", ["car"])
+    assert [s.name for s in real][:2] == ["num_boxes", "num_car"]
+
+
+def test_jigsawd_chooses_the_backend_by_the_registry() -> None:
+    assert choose_backend(EXAMPLES / "h100x4.toml", emulate=True).name == "emulated"
+    assert choose_backend(EXAMPLES / "cpu.toml", emulate=False).name == "onnxruntime"
+    if not gpu_available():
+        with pytest.raises(JigsawError, match=r"'tensorrt' needs a GPU.*--emulate"):
+            choose_backend(EXAMPLES / "h100x4.toml", emulate=False)
