@@ -17,7 +17,8 @@ if sources:
     from Cython.Build import cythonize
 
     # the pure-Python ring reads the layout core.pxd declares: regenerate it before compiling
-    runpy.run_path("native/ring_layout.py")["main"]([])
+    if Path("native/ring_layout.py").exists():
+        runpy.run_path("native/ring_layout.py")["main"]([])
     from setuptools import Extension
 
     debug = os.environ.get("JIGSAW_DEBUG") == "1"

@@ -125,7 +125,7 @@ class AppController:
         node = plane.node
         self.app = app
         self.plane = plane
-        self.fe = bins
+        self.counters = bins
         self.node = node
         self.space = space
         self.bin_seconds = bin_seconds
@@ -174,7 +174,7 @@ class AppController:
         if history_rps is not None:
             self.history_rps.clear()
             self.history_rps.extend(float(x) for x in history_rps)
-        self.fe.take_bin(self.app.name)
+        self.counters.take_bin(self.app.name)
         self.records.clear()
         self.bin_index = 0
         self.bin_start = time.monotonic()
@@ -217,7 +217,7 @@ class AppController:
 
     def predict_ahead(self) -> float:
         """The next bin's prediction with the running bin's rate so far as its latest sample."""
-        c = self.fe.peek_bin(self.app.name)
+        c = self.counters.peek_bin(self.app.name)
         elapsed = time.monotonic() - self.bin_start
         history = list(self.history_rps)
         if c is not None and elapsed > 0:
@@ -241,7 +241,7 @@ class AppController:
         return max(predicted, history[-1] * (1.0 + self.node.planner.demand_slack))
 
     def _close_bin(self) -> None:
-        c = self.fe.take_bin(self.app.name)
+        c = self.counters.take_bin(self.app.name)
         r = self.current
         elapsed = max(1e-9, time.monotonic() - self.bin_start)
         r.demand_rps = c.arrivals / elapsed * self.time_scale
@@ -265,7 +265,7 @@ class AppController:
     def _check_early(self) -> None:
         self._replan_lost()
         threshold = self.node.control.replan_violation_rate
-        c = self.fe.peek_bin(self.app.name)
+        c = self.counters.peek_bin(self.app.name)
         if c is None or self.current.early_replans or self.lock.locked():
             return
         answered = self.current.answered + c.answered
@@ -283,7 +283,7 @@ class AppController:
     def on_capacity_lost(self, why: str) -> None:
         """A worker is gone for good: re-plan now (the new plan runs as a fresh generation)."""
         elapsed = max(1e-3, time.monotonic() - self.bin_start)
-        c = self.fe.peek_bin(self.app.name)
+        c = self.counters.peek_bin(self.app.name)
         so_far = (c.arrivals / elapsed * self.time_scale) if c is not None else 0.0
         demand = max(self.predicted_rps, so_far * (1.0 + self.node.planner.demand_slack))
         self.log(f"{self.app.name}: capacity lost ({why}): re-planning for {demand:.1f} rps")
@@ -368,7 +368,7 @@ class AppController:
         self.log(f"{self.app.name}: re-plan failed ({why}); keeping the running plan")
         if len(self.current.planner_errors) < 10:
             self.current.planner_errors.append(why[:500])
-        self.fe.count_planner_failure(self.app.name)
+        self.counters.count_planner_failure(self.app.name)
 
     async def apply(self, new: Plan) -> None:
         """Push ``new`` to the data plane as the app's desired state and record what it took."""

@@ -122,7 +122,6 @@ class Dispatcher:
     # ---- completions --------------------------------------------------------------------------
     def _drain(self) -> None:
         self._drain_scheduled = False
-        more = False
         more = self.drain(self.routing.completions)
         if more and not self._drain_scheduled:
             self._drain_scheduled = True
