@@ -154,7 +154,8 @@ def diff(running: NodeLayout, desired: NodeLayout, gpu: GpuModel) -> ReconfigPla
         removed_by_gpu.setdefault(o.gpu, []).append(o)
     early: list[NodeInstance] = []
     late: list[NodeInstance] = []
-    blockers: list[NodeInstance] = [o for o, _ in repl]  # a swap needs its instance emptied first
+    # a swap needs its instance emptied first; an idle one (adopted at start-up) is empty already
+    blockers: list[NodeInstance] = [o for o, _ in repl if not o.is_idle]
     for g in sorted({i.gpu for i in create}):
         present = list(running.on_gpu(g))  # everything stays until destroyed
         gone: list[NodeInstance] = []
@@ -186,14 +187,19 @@ def diff(running: NodeLayout, desired: NodeLayout, gpu: GpuModel) -> ReconfigPla
     steps: list[Step] = []
     for c in early:
         steps += _bring_up(c, create_mig=True)
+    for o, n in repl:
+        if o.is_idle:
+            steps += _bring_up(n, create_mig=False)
     if blockers:
-        blocked = {b.slot for b in blockers}
-        interim = [i for i in running.instances if i.slot not in blocked] + early
-        steps.append(Step(Action.ROUTE, active=running.with_instances(interim)))
+        if any(not b.is_idle for b in blockers):
+            blocked = {b.slot for b in blockers}
+            interim = [i for i in running.instances if i.slot not in blocked] + early
+            steps.append(Step(Action.ROUTE, active=running.with_instances(interim)))
         for b in blockers:
             steps += _tear_down(b, destroy_mig=b in remove)
-        for _, n in repl:
-            steps += _bring_up(n, create_mig=False)
+        for o, n in repl:
+            if not o.is_idle:
+                steps += _bring_up(n, create_mig=False)
         for c in late:
             steps += _bring_up(c, create_mig=True)
     # always: even when every instance is kept, the plan's routing weights may have changed

@@ -352,3 +352,26 @@ class _Run:
             except Exception as exc:
                 errors.append(f"{what}: {exc}")
         return errors
+
+
+def make_reconfigurer(
+    node: Any,
+    workers: Workers,
+    *,
+    emulate: bool,
+    record: Callable[[dict[str, Any]], None] | None = None,
+    run_dir: Any = None,
+    nvml: Any = None,
+) -> Reconfigurer:
+    """The node's reconfigurer: real NVML and MPS on a GPU node; the emulated NVML and MPS (same
+    calls, same order, in memory) on an emulated one, so a replay runs the real sequence."""
+    from jigsaw.gpu.emulated_nvml import EmulatedNvml
+    from jigsaw.gpu.mps import EmulatedMps
+
+    if emulate:
+        mig = MigApplier(node.gpu, nvml or EmulatedNvml(node.gpu, node.num_gpus))
+        mps: MpsManager = EmulatedMps(run_dir)
+    else:
+        mig = MigApplier(node.gpu, nvml)
+        mps = MpsManager(run_dir)
+    return Reconfigurer(node.gpu, mig, mps, workers, record=record)

@@ -325,6 +325,25 @@ def place_app(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], g
                     unused.remove(best)
                     pending.remove(r)
                     kept.append(replace(best, index=r.index))
+        if reuse_identical:  # an idle instance (adopted at start-up) of the profile: no NVML call
+            idle = [i for i in node.instances if not i.app]
+            for r in list(pending):
+                match = [i for i in idle if i.profile == r.profile]
+                if match:
+                    idle.remove(match[0])
+                    pending.remove(r)
+                    kept.append(
+                        replace(
+                            match[0],
+                            app=app,
+                            task=r.task,
+                            variant=r.variant,
+                            mps=r.mps,
+                            max_batch=r.max_batch,
+                            index=r.index,
+                            pids=(),
+                        )
+                    )
         if reuse_swaps:
             for r in list(pending):
                 match = [i for i in unused if i.profile == r.profile]
@@ -370,8 +389,9 @@ def place_app(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], g
         mine = attempt(identical, swaps)
         if mine is not None:
             # idle instances overlapping the new placement give way (they are destroyed)
-            idle = [i for i in node.instances if not i.app]
-            survivors = []
+            taken = {i.slot for i in mine}
+            idle = [i for i in node.instances if not i.app and i.slot not in taken]
+            survivors: list[NodeInstance] = []
             for i in idle:
                 trial = [(x.profile, x.start) for x in [*others, *mine, *survivors, i] if x.gpu == i.gpu]
                 if not placement_violations(gpu, trial):

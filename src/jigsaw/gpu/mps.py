@@ -171,3 +171,18 @@ class MpsManager:
             self.daemons.pop(slot, None)
             shutil.rmtree(daemon.directory, ignore_errors=True)
         return errors
+
+
+class EmulatedMps(MpsManager):
+    """The MPS manager of the emulated node: the same private directories, order and checks, with
+    the control daemon's start and quit done in-process (there is no driver to run it)."""
+
+    def __init__(self, run_dir: Path | None = None) -> None:
+        super().__init__(run_dir, binary="emulated-mps-control")
+
+    def _run(self, env: Mapping[str, str], args: list[str], stdin: str | None, step: str) -> None:
+        control = Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control"
+        if args == ["-d"]:
+            control.touch(mode=0o600)
+        elif stdin and stdin.strip() == "quit":
+            control.unlink(missing_ok=True)
