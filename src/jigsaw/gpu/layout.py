@@ -365,9 +365,9 @@ def place_app(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], g
         held: dict[int, list[tuple[str, int]]] = defaultdict(list)
         for i in [*others, *kept]:
             held[i.gpu].append((i.profile, i.start))
-        placed = _greedy_against(gpu, held, pending, node.num_gpus) or _exact_against(
-            gpu, held, pending, node.num_gpus
-        )
+        placed = _greedy_against(gpu, held, pending, node.num_gpus)
+        if placed is None:  # greedy left something out: the exact search decides
+            placed = _exact_against(gpu, held, pending, node.num_gpus)
         if placed is None:
             return None
         return kept + [
