@@ -220,3 +220,29 @@ def test_emulated_node_factory_runs_the_same_sequence(tmp_path, workers):
     result = asyncio.run(rec.apply(running, desired))
     assert result.ok and result.running.instances[0].uuid.startswith("MIG-")
     assert {c[1] for c in rec.mig.nvml.mutations()} == {3}
+
+
+def test_start_up_adopts_matching_instances_instead_of_recreating_them(node, workers):
+    from jigsaw.gpu.layout import place_app
+    from jigsaw.planner.packer import InstanceRequest
+
+    rec, nvml, mps, _ = node
+    # what an earlier run of the node left: a 3g at 4 and a 7g on GPU 1
+    left = [rec.mig.create(NodeInstance(0, "3g.40gb", 4)), rec.mig.create(NodeInstance(1, "7g.80gb", 0))]
+    nvml.calls.clear()
+    adopted = rec.mig.adopt(2)
+    assert {(i.slot, i.uuid) for i in adopted.instances} == {(i.slot, i.uuid) for i in left}
+    wanted = [InstanceRequest("3g.40gb", "t", "v", 2), InstanceRequest("4g.40gb", "t", "w")]
+    placed = place_app(adopted, "a", wanted, H100)
+    assert any(i.is_idle for i in placed.instances)  # another app could still take the 7g
+    desired = placed.without_idle()  # every app placed: the rest goes
+    nvml.calls.clear()
+    result = apply(rec, adopted, desired)
+    assert result.ok, result.error
+    check_consistent(result, nvml, workers, mps)
+    three = next(i for i in result.running.instances if i.profile == "3g.40gb")
+    assert three.slot == (0, 4, "3g.40gb") and three.uuid == left[0].uuid  # the same MIG instance
+    assert [(c[0], c[1]) for c in nvml.mutations()] == [
+        ("nvmlDeviceCreateGpuInstanceWithPlacement", 0),  # the 4g
+        ("nvmlGpuInstanceCreateComputeInstance", 0),
+        ("nvmlComputeInstanceDestroy", 1), ("nvmlGpuInstanceDestroy", 1)]  # the unused 7g

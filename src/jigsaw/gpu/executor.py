@@ -43,7 +43,12 @@ class Workers(Protocol):
         ...
 
     async def route(self, active: NodeLayout) -> None:
-        """From now on requests go only to ``active``'s instances, with the weights of their plans."""
+        """From now on requests go only to ``active``'s instances, with the weights of their plans.
+
+        Called with the final desired layout, and before instances in the way are drained with
+        an interim set (the running instances less those, plus new instances already warm), so
+        it may mix instances of the old and the new plan. Instances with ``app == ""`` are idle
+        (no processes): they get no traffic."""
         ...
 
     async def drain(self, inst: NodeInstance) -> None:

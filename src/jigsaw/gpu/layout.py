@@ -116,6 +116,11 @@ class NodeLayout:
         others = sum(gpu.profile(i.profile).compute_slices for i in self.instances if i.app and i.app != app)
         return gpu.compute_slices * self.num_gpus - others
 
+    def without_idle(self) -> NodeLayout:
+        """The layout less its idle instances: once every app is placed at start-up, the adopted
+        instances no app took are destroyed by the next reconfiguration."""
+        return self.with_instances(i for i in self.instances if i.app)
+
     def with_instances(self, instances: Iterable[NodeInstance]) -> NodeLayout:
         return NodeLayout(self.gpu_model, self.num_gpus, tuple(instances))
 
