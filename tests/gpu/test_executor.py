@@ -246,3 +246,30 @@ def test_start_up_adopts_matching_instances_instead_of_recreating_them(node, wor
         ("nvmlDeviceCreateGpuInstanceWithPlacement", 0),  # the 4g
         ("nvmlGpuInstanceCreateComputeInstance", 0),
         ("nvmlComputeInstanceDestroy", 1), ("nvmlGpuInstanceDestroy", 1)]  # the unused 7g
+
+
+def test_a_callback_that_hangs_times_out_and_rolls_back(node, workers):
+    rec, nvml, mps, history = node
+    r1 = apply(rec, NodeLayout(H100.name, 2), D1)
+    rec.step_timeout_s = 0.2
+
+    async def hang(inst):
+        await asyncio.sleep(30)
+
+    workers.wait_warm = hang
+    result = apply(rec, r1.running, D4)
+    assert not result.ok and result.failed_step == "wait_warm"
+    assert "did not finish within 0.2 s" in result.error
+    check_consistent(result, nvml, workers, mps)
+    assert history[-1]["rolled_back"] is True
+
+
+def test_an_invalid_desired_layout_is_refused_before_any_step(node, workers):
+    from jigsaw.gpu.executor import ReconfigError
+
+    rec, nvml, _, _ = node
+    bad = layout(inst(0, "4g.40gb", 0, "a"), inst(0, "3g.40gb", 0, "b"))
+    nvml.calls.clear()
+    with pytest.raises(ReconfigError, match="overlaps"):
+        apply(rec, NodeLayout(H100.name, 2), bad)
+    assert nvml.calls == [] and workers.calls == []

@@ -21,13 +21,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from jigsaw.errors import JigsawError
 from jigsaw.gpu.diff import Action, ReconfigPlan, Step, diff
-from jigsaw.gpu.layout import NodeInstance, NodeLayout, Slot, Workload
+from jigsaw.gpu.layout import NodeInstance, NodeLayout, Slot, Workload, validate_node_layout
 from jigsaw.gpu.mps import MpsManager
 from jigsaw.gpu.nvml import MigApplier
 from jigsaw.mig import GpuModel
 
 log = logging.getLogger("jigsaw.reconfig")
+
+
+class ReconfigError(JigsawError):
+    """A reconfiguration that cannot even start (its desired layout breaks the rules)."""
 
 
 class Workers(Protocol):
@@ -151,8 +156,10 @@ class Reconfigurer:
         workers: Workers,
         record: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        step_timeout_s: float = 300.0,
     ) -> None:
         self.gpu = gpu
+        self.step_timeout_s = step_timeout_s  # a worker callback running longer has failed
         self.mig = mig
         self.mps = mps
         self.workers = workers
@@ -164,7 +171,13 @@ class Reconfigurer:
     async def apply(
         self, running: NodeLayout, desired: NodeLayout, decided_at: float | None = None, reason: str = ""
     ) -> ReconfigResult:
-        """Diffs and applies; never raises for a failed step (the result says what happened)."""
+        """Diffs and applies; never raises for a failed step (the result says what happened).
+
+        Raises ``ReconfigError`` only for a desired layout that breaks the placement rules.
+        """
+        problems = validate_node_layout(desired, self.gpu)
+        if problems:
+            raise ReconfigError(f"desired node layout is invalid: {'; '.join(problems)}")
         async with self._lock:
             plan = diff(running, desired, self.gpu)
             return await self.execute(plan, decided_at=decided_at, reason=reason)
@@ -272,21 +285,32 @@ class _Run:
     def layout(self, target: NodeLayout) -> NodeLayout:
         return target.with_instances(self.cur(i) for i in target.instances)
 
+    async def call(self, what: str, inst: NodeInstance | None, coro: Awaitable[Any]) -> Any:
+        """A worker callback, bounded by the step timeout (NVML and MPS calls are not cancelled:
+        a thread cannot be, and what they create must be known to be undone)."""
+        try:
+            return await asyncio.wait_for(coro, timeout=self.ex.step_timeout_s)
+        except TimeoutError:
+            name = inst.name if inst is not None else "the node"
+            raise ReconfigError(
+                f"{what} of {name} did not finish within {self.ex.step_timeout_s:g} s"
+            ) from None
+
     def env(self, inst: NodeInstance) -> dict[str, str]:
         return {"CUDA_VISIBLE_DEVICES": inst.uuid, **self.ex.mps.client_env(inst)}
 
     async def _start(self, inst: NodeInstance) -> None:
         inst = self.cur(inst)
         try:
-            pids = await self.ex.workers.start(inst, self.env(inst))
+            pids = await self.call("start", inst, self.ex.workers.start(inst, self.env(inst)))
         except BaseException:
-            await self.ex.workers.stop(inst)  # whatever part of it did start
+            await self.call("stop", inst, self.ex.workers.stop(inst))  # whatever part of it did start
             raise
         self.put(dataclasses.replace(inst, pids=tuple(pids)))
 
     async def _stop(self, inst: NodeInstance) -> None:
         inst = self.cur(inst)
-        await self.ex.workers.stop(inst)
+        await self.call("stop", inst, self.ex.workers.stop(inst))
         self.put(dataclasses.replace(inst, pids=()))
 
     async def _create(self, inst: NodeInstance) -> None:
@@ -298,7 +322,7 @@ class _Run:
 
     async def _route(self, active: NodeLayout) -> None:
         resolved = self.layout(active)
-        await self.ex.workers.route(resolved)
+        await self.call("route", None, self.ex.workers.route(resolved))
         self.routed = active
 
     async def do(self, step: Step) -> None:
@@ -323,15 +347,15 @@ class _Run:
             await self._start(inst)
             self.undo.append((f"stop {inst.name}", lambda: self._stop(inst)))
         elif a is Action.WAIT_WARM:
-            await ex.workers.wait_warm(self.cur(inst))
+            await self.call("wait_warm", inst, ex.workers.wait_warm(self.cur(inst)))
         elif a is Action.DRAIN:
-            await ex.workers.drain(self.cur(inst))
+            await self.call("drain", inst, ex.workers.drain(self.cur(inst)))
         elif a is Action.STOP_PROCESSES:
             await self._stop(inst)
 
             async def restart(inst: NodeInstance = inst) -> None:
                 await self._start(inst)
-                await ex.workers.wait_warm(self.cur(inst))
+                await self.call("wait_warm", inst, ex.workers.wait_warm(self.cur(inst)))
 
             self.undo.append((f"restart {inst.name}", restart))
         elif a is Action.STOP_MPS:
