@@ -9,7 +9,7 @@ import asyncio
 from dataclasses import replace
 
 import pytest
-from conftest import ProcessWorkers
+from gpu_workers import ProcessWorkers
 
 from jigsaw.gpu.diff import Action, diff
 from jigsaw.gpu.emulated_nvml import NVML_ERROR_INSUFFICIENT_RESOURCES, EmulatedNvml
