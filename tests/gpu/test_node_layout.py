@@ -153,3 +153,17 @@ def test_idle_instances_give_way():
     adopted = NodeInstance(0, "3g.40gb", 0, uuid="MIG-x")
     keep = place_app(NodeLayout(H100.name, 1, (adopted,)), "a", [InstanceRequest("3g.40gb", "t", "v")], H100)
     assert [(i.app, i.start, i.uuid) for i in keep.instances] == [("a", 0, "MIG-x")]  # reused, no NVML call
+
+
+def test_where_greedy_fails_the_exact_search_places_it():
+    from jigsaw.gpu import layout as layout_mod
+
+    held = NodeLayout(H100.name, 2, (NodeInstance(0, "2g.20gb", 4, "a", "t", "v"),
+                                     NodeInstance(1, "1g.10gb+me", 5, "a", "t", "w")))
+    reqs = [InstanceRequest("1g.10gb+me", "t", "x", index=0), InstanceRequest("4g.40gb", "t", "y", index=0),
+            InstanceRequest("1g.20gb", "t", "z", index=0)]
+    assert layout_mod._greedy_against(H100, {0: [("2g.20gb", 4)], 1: [("1g.10gb+me", 5)]}, reqs, 2) is None
+    out = place_app(held, "b", reqs, H100)
+    assert validate_node_layout(out, H100) == [] and overlaps(out, H100) == []
+    want = kinds(NodeInstance(0, r.profile, 0, "b", r.task, r.variant) for r in reqs)
+    assert kinds(out.of_app("b")) == want
