@@ -1,4 +1,4 @@
-"""``jigsaw``: the offline tools (check, plan, capacity, pack)."""
+"""``jigsaw``: the offline tools (check, plan, capacity, pack, profile, doctor)."""
 
 from __future__ import annotations
 
@@ -93,7 +93,20 @@ def _parser() -> argparse.ArgumentParser:
     gp.add_argument("--cpus", help=argparse.SUPPRESS)  # a CPU share's copy: pinned to these CPUs
     gp.add_argument("--copies", type=int, help=argparse.SUPPRESS)  # copies at the barrier (default --mps)
     pr.set_defaults(func=cmd_profile)
+
+    dr = sub.add_parser("doctor", help="what a GPU node lacks: driver, NVML, MIG mode, MPS, permissions")
+    dr.add_argument("--node-config", "--node", dest="node", required=True, help="node TOML file")
+    dr.set_defaults(func=cmd_doctor)
     return p
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """One line per check; exit 1 when something is missing (read-only: never changes a GPU)."""
+    from jigsaw.gpu.doctor import diagnose, failed, format_checks
+
+    checks = diagnose(load_node(args.node, load_apps=False))
+    print(format_checks(checks))
+    return 1 if failed(checks) else 0
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

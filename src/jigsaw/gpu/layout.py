@@ -1,0 +1,409 @@
+"""The node's running layout: one object for all its apps, and the placement of one app against it.
+
+A node's GPUs are shared by every app it serves, so there is exactly one layout: per GPU, the
+MIG instances (profile and start slot), the workload each hosts (app, task, variant, MPS level k,
+max batch) and, once running, the instance's UUID and its k worker pids. Every plan is laid out
+against what the other apps hold (``place_app``), so no two instances overlap and no GPU is
+over-committed, whatever the apps' planners asked for.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel
+from jigsaw.plan import GpuLayout, Layout, PlacedInstance
+from jigsaw.planner.layouts import (
+    MAX_COMPUTE_SLICES,
+    placement_violations,
+    room,
+    slot_mask,
+    valid_layouts,
+)
+from jigsaw.planner.packer import InstanceRequest, PackingError
+
+Slot = tuple[int, int, str]  # (GPU index, start slot, MIG profile): one MIG instance
+Workload = tuple[str, str, str, int, int]  # (app, task, variant, mps, max_batch)
+
+_DFS_NODE_BUDGET = 20_000
+
+
+@dataclass(frozen=True)
+class NodeInstance:
+    """One MIG instance of the node and what runs in it.
+
+    ``app == ""`` marks an idle instance: it exists on the GPU (adopted at start-up) but hosts no
+    processes. ``uuid`` and ``pids`` are runtime facts, filled by the reconfiguration executor;
+    they take no part in comparisons of what should run where (``slot``, ``workload``).
+    """
+
+    gpu: int
+    profile: str
+    start: int
+    app: str = ""
+    task: str = ""
+    variant: str = ""
+    mps: int = 1  # processes in the instance (MPS level k)
+    max_batch: int = 1
+    index: int = 0  # which of the app plan's instances of (task, variant, profile, mps, max_batch)
+    uuid: str = ""  # MIG-<uuid> for CUDA_VISIBLE_DEVICES
+    pids: tuple[int, ...] = ()
+
+    @property
+    def slot(self) -> Slot:
+        return (self.gpu, self.start, self.profile)
+
+    @property
+    def workload(self) -> Workload:
+        return (self.app, self.task, self.variant, self.mps, self.max_batch)
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.app
+
+    @property
+    def name(self) -> str:
+        """A short, stable label for logs and history: ``gpu0/3g.40gb@4:traffic/det/yolov5m``."""
+        what = f"{self.app}/{self.task}/{self.variant}x{self.mps}" if self.app else "idle"
+        return f"gpu{self.gpu}/{self.profile}@{self.start}:{what}"
+
+    def placed(self) -> PlacedInstance:
+        return PlacedInstance(
+            profile=self.profile,
+            start=self.start,
+            task=self.task,
+            variant=self.variant,
+            index=self.index,
+            mps=self.mps,
+            max_batch=self.max_batch,
+        )
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Every MIG instance of the node, all apps together (sorted by GPU, start)."""
+
+    gpu_model: str
+    num_gpus: int
+    instances: tuple[NodeInstance, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "instances", tuple(sorted(self.instances, key=lambda i: (i.gpu, i.start))))
+
+    def on_gpu(self, gpu: int) -> tuple[NodeInstance, ...]:
+        return tuple(i for i in self.instances if i.gpu == gpu)
+
+    def of_app(self, app: str) -> tuple[NodeInstance, ...]:
+        return tuple(i for i in self.instances if i.app == app)
+
+    @property
+    def apps(self) -> tuple[str, ...]:
+        return tuple(sorted({i.app for i in self.instances if i.app}))
+
+    def by_slot(self) -> dict[Slot, NodeInstance]:
+        return {i.slot: i for i in self.instances}
+
+    def slices_used(self, gpu: GpuModel, app: str | None = None) -> int:
+        """Compute slices held by ``app`` (all apps, idle instances included, when None)."""
+        return sum(
+            gpu.profile(i.profile).compute_slices for i in self.instances if app is None or i.app == app
+        )
+
+    def slices_free_for(self, gpu: GpuModel, app: str) -> int:
+        """What a plan of ``app`` may use: the node's slices less what the other apps hold."""
+        others = sum(gpu.profile(i.profile).compute_slices for i in self.instances if i.app and i.app != app)
+        return gpu.compute_slices * self.num_gpus - others
+
+    def without_idle(self) -> NodeLayout:
+        """The layout less its idle instances: once every app is placed at start-up, the adopted
+        instances no app took are destroyed by the next reconfiguration."""
+        return self.with_instances(i for i in self.instances if i.app)
+
+    def with_instances(self, instances: Iterable[NodeInstance]) -> NodeLayout:
+        return NodeLayout(self.gpu_model, self.num_gpus, tuple(instances))
+
+    def app_layout(self, app: str) -> Layout:
+        """The part of the node one app runs on, as the plan ``Layout`` the runtime places workers by."""
+        gpus = tuple(
+            GpuLayout(g, tuple(i.placed() for i in self.on_gpu(g) if i.app == app))
+            for g in range(self.num_gpus)
+        )
+        return Layout(self.gpu_model, gpus)
+
+
+def empty_layout(gpu: GpuModel, num_gpus: int) -> NodeLayout:
+    return NodeLayout(gpu.name, num_gpus, ())
+
+
+def from_app_layouts(gpu_model: str, num_gpus: int, layouts: Mapping[str, Layout]) -> NodeLayout:
+    """The node layout made of each app's plan layout (app name -> Layout)."""
+    out = []
+    for app, layout in layouts.items():
+        for g in layout.gpus:
+            for p in g.instances:
+                out.append(
+                    NodeInstance(
+                        gpu=g.gpu,
+                        profile=p.profile,
+                        start=p.start,
+                        app=app,
+                        task=p.task,
+                        variant=p.variant,
+                        mps=p.mps,
+                        max_batch=p.max_batch,
+                        index=p.index,
+                    )
+                )
+    return NodeLayout(gpu_model, num_gpus, tuple(out))
+
+
+def validate_node_layout(layout: NodeLayout, gpu: GpuModel) -> list[str]:
+    """Every placement rule the union of all apps' instances breaks (empty when valid)."""
+    problems: list[str] = []
+    if layout.gpu_model and layout.gpu_model != gpu.name:
+        problems.append(f"layout is for {layout.gpu_model}, checked against {gpu.name}")
+    for inst in layout.instances:
+        if not 0 <= inst.gpu < layout.num_gpus:
+            problems.append(f"{inst.name}: GPU {inst.gpu} is not one of the node's {layout.num_gpus}")
+        if inst.app and not 1 <= inst.mps <= 4:
+            problems.append(f"{inst.name}: MPS level {inst.mps} (1..4)")
+    for g in sorted({i.gpu for i in layout.instances}):
+        problems += [
+            f"GPU {g}: {p}"
+            for p in placement_violations(gpu, [(i.profile, i.start) for i in layout.on_gpu(g)])
+        ]
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# placing one app's plan against the others
+
+
+def _free_starts(gpu: GpuModel, held: list[tuple[str, int]], profile: str) -> list[int]:
+    p = gpu.profile(profile)
+    mask = 0
+    compute = 0
+    count = 0
+    for name, start in held:
+        q = gpu.profile(name)
+        mask |= slot_mask(q, start)
+        compute += q.compute_slices
+        count += name == profile
+    if count >= p.max_per_gpu or compute + p.compute_slices > MAX_COMPUTE_SLICES:
+        return []
+    return [s for s in p.starts if s + p.size <= NUM_PLACEMENT_SLOTS and not mask & slot_mask(p, s)]
+
+
+def _greedy_against(
+    gpu: GpuModel, held: dict[int, list[tuple[str, int]]], requests: Sequence[InstanceRequest], num_gpus: int
+) -> list[tuple[InstanceRequest, int, int]] | None:
+    """First fit, largest first, onto GPUs already holding ``held``; the start leaving most room."""
+    state = {g: list(held.get(g, [])) for g in range(num_gpus)}
+    order = sorted(
+        requests,
+        key=lambda r: (
+            -gpu.profile(r.profile).size,
+            -gpu.profile(r.profile).compute_slices,
+            r.profile,
+            r.task,
+            r.variant,
+            r.index,
+        ),
+    )
+    out = []
+    for r in order:
+        # the fullest GPU first (fewest GPUs touched), then the lowest index
+        for g in sorted(range(num_gpus), key=lambda g: (-len(state[g]), g)):
+            starts = _free_starts(gpu, state[g], r.profile)
+            if starts:
+                base = state[g]
+                s = max(starts, key=lambda s, base=base: (room(gpu, [*base, (r.profile, s)]), -s))
+                state[g].append((r.profile, s))
+                out.append((r, g, s))
+                break
+        else:
+            return None
+    return out
+
+
+def _exact_against(
+    gpu: GpuModel, held: dict[int, list[tuple[str, int]]], requests: Sequence[InstanceRequest], num_gpus: int
+) -> list[tuple[InstanceRequest, int, int]] | None:
+    """Exact: per GPU the valid layouts that contain what it holds; DFS over GPUs with memo."""
+    names = tuple(sorted({r.profile for r in requests}))
+    index = {n: k for k, n in enumerate(names)}
+    demand = [0] * len(names)
+    for r in requests:
+        demand[index[r.profile]] += 1
+    all_layouts = valid_layouts(gpu)
+    per_gpu: list[dict[tuple[int, ...], tuple[tuple[str, int], ...]]] = []
+    for g in range(num_gpus):
+        base = sorted(held.get(g, []))
+        base_set = set(base)
+        options: dict[tuple[int, ...], tuple[tuple[str, int], ...]] = {}
+        for lay in all_layouts:
+            if not base_set <= set(lay):
+                continue
+            added = [x for x in lay if x not in base_set]
+            if any(n not in index for n, _ in added):
+                continue
+            vec = [0] * len(names)
+            for n, _ in added:
+                vec[index[n]] += 1
+            key = tuple(vec)
+            if key not in options or room(gpu, lay) > room(gpu, [*base, *options[key]]):
+                options[key] = tuple(added)
+        per_gpu.append(options)
+    failed: set[tuple[tuple[int, ...], int]] = set()
+    nodes = 0
+
+    def dfs(rem: tuple[int, ...], g: int) -> list[tuple[int, ...]] | None:
+        nonlocal nodes
+        if not any(rem):
+            return []
+        if g == num_gpus or (rem, g) in failed:
+            return None
+        nodes += 1
+        if nodes > _DFS_NODE_BUDGET:
+            return None
+        cands = sorted(
+            (v for v in per_gpu[g] if all(a <= b for a, b in zip(v, rem))), key=lambda v: (-sum(v), v)
+        )
+        for v in cands:
+            sub = dfs(tuple(b - a for a, b in zip(v, rem)), g + 1)
+            if sub is not None:
+                return [v, *sub]
+        failed.add((rem, g))
+        return None
+
+    vectors = dfs(tuple(demand), 0)
+    if vectors is None:
+        return None
+    pool: dict[str, list[InstanceRequest]] = defaultdict(list)
+    for r in sorted(requests, key=lambda r: (r.profile, r.task, r.variant, r.index)):
+        pool[r.profile].append(r)
+    out = []
+    for g, v in enumerate(vectors):
+        for name, start in per_gpu[g][v]:
+            out.append((pool[name].pop(0), g, start))
+    return out
+
+
+def place_app(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], gpu: GpuModel) -> NodeLayout:
+    """The node layout with ``app``'s instances replaced by a placement of ``requests``.
+
+    Other apps' instances stay exactly where they are. The app's own running instances are
+    reused first: an identical workload keeps its MIG instance (same processes), then a running
+    instance of the same profile hosts another of the app's workloads (a swap without
+    repartition); the rest goes onto free slots (greedy, then exact). Idle instances count as
+    free. Raises ``PackingError`` when the rest cannot fit beside the other apps.
+    """
+    unknown = sorted({r.profile for r in requests} - set(gpu.profile_names))
+    if unknown:
+        raise PackingError(f"unknown MIG profile(s) {', '.join(unknown)} for {gpu.name}")
+    others = [i for i in node.instances if i.app and i.app != app]
+    own = [i for i in node.instances if i.app == app]
+    need = sum(gpu.profile(r.profile).compute_slices for r in requests)
+    free = node.slices_free_for(gpu, app)
+    if need > free:
+        raise PackingError(
+            f"{app} asks for {need} compute slices; the other apps of the node hold "
+            f"{gpu.compute_slices * node.num_gpus - free} of {gpu.compute_slices * node.num_gpus}"
+        )
+
+    def attempt(reuse_identical: bool, reuse_swaps: bool) -> list[NodeInstance] | None:
+        kept: list[NodeInstance] = []
+        pending = sorted(requests, key=lambda r: (r.profile, r.task, r.variant, r.mps, r.max_batch, r.index))
+        unused = list(own)
+        if reuse_identical:
+            for r in list(pending):
+                match = [
+                    i
+                    for i in unused
+                    if (i.task, i.variant, i.profile, i.mps, i.max_batch)
+                    == (r.task, r.variant, r.profile, r.mps, r.max_batch)
+                ]
+                if match:
+                    best = next((i for i in match if i.index == r.index), match[0])
+                    unused.remove(best)
+                    pending.remove(r)
+                    kept.append(replace(best, index=r.index))
+        if reuse_identical:  # an idle instance (adopted at start-up) of the profile: no NVML call
+            idle = [i for i in node.instances if not i.app]
+            for r in list(pending):
+                match = [i for i in idle if i.profile == r.profile]
+                if match:
+                    idle.remove(match[0])
+                    pending.remove(r)
+                    kept.append(
+                        replace(
+                            match[0],
+                            app=app,
+                            task=r.task,
+                            variant=r.variant,
+                            mps=r.mps,
+                            max_batch=r.max_batch,
+                            index=r.index,
+                            pids=(),
+                        )
+                    )
+        if reuse_swaps:
+            for r in list(pending):
+                match = [i for i in unused if i.profile == r.profile]
+                if match:
+                    unused.remove(match[0])
+                    pending.remove(r)
+                    kept.append(
+                        replace(
+                            match[0],
+                            task=r.task,
+                            variant=r.variant,
+                            mps=r.mps,
+                            max_batch=r.max_batch,
+                            index=r.index,
+                            uuid="",
+                            pids=(),
+                        )
+                    )
+        held: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        for i in [*others, *kept]:
+            held[i.gpu].append((i.profile, i.start))
+        placed = _greedy_against(gpu, held, pending, node.num_gpus)
+        if placed is None:  # greedy left something out: the exact search decides
+            placed = _exact_against(gpu, held, pending, node.num_gpus)
+        if placed is None:
+            return None
+        return kept + [
+            NodeInstance(
+                gpu=g,
+                profile=r.profile,
+                start=s,
+                app=app,
+                task=r.task,
+                variant=r.variant,
+                mps=r.mps,
+                max_batch=r.max_batch,
+                index=r.index,
+            )
+            for r, g, s in placed
+        ]
+
+    for identical, swaps in ((True, True), (True, False), (False, False)):
+        mine = attempt(identical, swaps)
+        if mine is not None:
+            # idle instances overlapping the new placement give way (they are destroyed)
+            taken = {i.slot for i in mine}
+            idle = [i for i in node.instances if not i.app and i.slot not in taken]
+            survivors: list[NodeInstance] = []
+            for i in idle:
+                trial = [(x.profile, x.start) for x in [*others, *mine, *survivors, i] if x.gpu == i.gpu]
+                if not placement_violations(gpu, trial):
+                    survivors.append(i)
+            return node.with_instances([*others, *mine, *survivors])
+    held_by = ", ".join(sorted({i.app for i in others})) or "no other app"
+    raise PackingError(
+        f"no room for {app}'s {len(requests)} MIG instances beside what {held_by} holds "
+        f"on {node.num_gpus} x {gpu.name}: the placement rules leave no valid start"
+    )

@@ -1,0 +1,188 @@
+"""MPS inside MIG: one ``nvidia-cuda-mps-control -d`` per MIG instance that runs k > 1 processes.
+
+An MPS control daemon serves the clients that share its pipe directory, so each MIG instance gets
+its own ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` under a private run directory
+(owner-only, 0700: whoever can reach the pipe can submit work to the instance), and the daemon
+sees only its instance (``CUDA_VISIBLE_DEVICES=MIG-<uuid>``). It is started before the k worker
+processes and stopped (``quit`` on its control pipe) after them; the reconfiguration executor
+keeps that order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from jigsaw.errors import JigsawError
+from jigsaw.gpu.layout import NodeInstance, Slot
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
+
+
+class MpsError(JigsawError):
+    """An MPS control daemon could not be started or stopped; ``step`` says which."""
+
+    def __init__(self, message: str, step: str = "") -> None:
+        super().__init__(message)
+        self.step = step
+
+
+def default_run_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return Path(base) / f"jigsaw-mps-{os.getuid()}"
+
+
+def private_dir(path: Path) -> Path:
+    """Creates ``path`` (and parents) owner-only; refuses one owned by another user."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise MpsError(f"{path}: not a directory", step="run directory")
+    if st.st_uid != os.getuid():
+        raise MpsError(
+            f"{path}: owned by uid {st.st_uid}, not by this user ({os.getuid()}): "
+            "choose another MPS run directory",
+            step="run directory",
+        )
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        path.chmod(0o700)
+    return path
+
+
+@dataclass(frozen=True)
+class MpsDaemon:
+    slot: Slot
+    directory: Path
+    env: Mapping[str, str]  # what the daemon and its clients run with
+
+
+class MpsManager:
+    """The MPS control daemons of a node, one per MIG instance with MPS level k > 1."""
+
+    def __init__(
+        self, run_dir: Path | None = None, binary: str = MPS_CONTROL, timeout_s: float = 10.0
+    ) -> None:
+        self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir()
+        self.binary = binary
+        self.timeout_s = timeout_s
+        self.daemons: dict[Slot, MpsDaemon] = {}
+
+    def _dir(self, inst: NodeInstance) -> Path:
+        return self.run_dir / f"gpu{inst.gpu}-start{inst.start}-{inst.profile}"
+
+    def client_env(self, inst: NodeInstance) -> dict[str, str]:
+        """The variables a worker process of ``inst`` needs to reach its instance's daemon."""
+        d = self.daemons.get(inst.slot)
+        if d is None:
+            return {}
+        return {k: d.env[k] for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
+
+    def _run(self, env: Mapping[str, str], args: list[str], stdin: str | None, step: str) -> None:
+        try:
+            done = subprocess.run(
+                [self.binary, *args],
+                env=dict(env),
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise MpsError(
+                f"{self.binary} not found: MPS needs the NVIDIA driver's MPS control binary on PATH",
+                step=step,
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise MpsError(
+                f"`{self.binary} {' '.join(args)}` did not return within {self.timeout_s:g} s", step=step
+            ) from None
+        if done.returncode != 0:
+            why = (done.stderr or done.stdout).strip().splitlines()
+            raise MpsError(
+                f"`{self.binary} {' '.join(args)}` failed (exit {done.returncode})"
+                f"{': ' + why[-1] if why else ''}",
+                step=step,
+            )
+
+    def start(self, inst: NodeInstance) -> MpsDaemon:
+        """Starts the daemon of ``inst`` (which must have its UUID) and waits for its control pipe."""
+        if inst.slot in self.daemons:
+            return self.daemons[inst.slot]
+        if not inst.uuid:
+            raise MpsError(f"{inst.name}: no MIG UUID to start an MPS daemon on", step="start_mps")
+        private_dir(self.run_dir)
+        directory = self._dir(inst)
+        if directory.exists():  # a leftover of a daemon that died with its node
+            shutil.rmtree(directory, ignore_errors=True)
+        pipe, log = private_dir(directory / "pipe"), private_dir(directory / "log")
+        directory.chmod(0o700)
+        env = {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": inst.uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(log),
+        }
+        try:
+            self._run(env, ["-d"], None, "start_mps")
+            deadline = time.monotonic() + self.timeout_s
+            while not (pipe / "control").exists():
+                if time.monotonic() > deadline:
+                    raise MpsError(
+                        f"{inst.name}: the MPS daemon made no control pipe in {pipe} within "
+                        f"{self.timeout_s:g} s (see {log})",
+                        step="start_mps",
+                    )
+                time.sleep(0.01)
+        except MpsError:
+            # a daemon that started but did not come up is told to quit; nothing is left behind
+            with contextlib.suppress(MpsError):
+                self._run(env, [], "quit\n", "stop_mps")
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        daemon = MpsDaemon(inst.slot, directory, env)
+        self.daemons[inst.slot] = daemon
+        return daemon
+
+    def stop(self, inst: NodeInstance) -> None:
+        """Tells the daemon of ``inst`` to quit (its clients must be gone) and removes its directory."""
+        daemon = self.daemons.get(inst.slot)
+        if daemon is None:
+            return
+        self._run(daemon.env, [], "quit\n", "stop_mps")
+        del self.daemons[inst.slot]
+        shutil.rmtree(daemon.directory, ignore_errors=True)
+
+    def stop_all(self) -> list[str]:
+        """Stops every daemon; returns the errors (shutdown goes on past one that fails)."""
+        errors = []
+        for slot, daemon in list(self.daemons.items()):
+            try:
+                self._run(daemon.env, [], "quit\n", "stop_mps")
+            except MpsError as exc:
+                errors.append(str(exc))
+            self.daemons.pop(slot, None)
+            shutil.rmtree(daemon.directory, ignore_errors=True)
+        return errors
+
+
+class EmulatedMps(MpsManager):
+    """The MPS manager of the emulated node: the same private directories, order and checks, with
+    the control daemon's start and quit done in-process (there is no driver to run it)."""
+
+    def __init__(self, run_dir: Path | None = None) -> None:
+        super().__init__(run_dir, binary="emulated-mps-control")
+
+    def _run(self, env: Mapping[str, str], args: list[str], stdin: str | None, step: str) -> None:
+        control = Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control"
+        if args == ["-d"]:
+            control.touch(mode=0o600)
+        elif stdin and stdin.strip() == "quit":
+            control.unlink(missing_ok=True)
