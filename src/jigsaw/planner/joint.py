@@ -87,9 +87,15 @@ def _cap_max(pb: Problem) -> dict[str, float]:
     return cap
 
 
-def core_columns(pb: Problem) -> tuple[Column, ...]:
-    """The core's columns: per (task, variant, MIG profile) the highest-throughput admissible one."""
+def core_columns(pb: Problem, caps: dict[str, float] | None = None) -> tuple[Column, ...]:
+    """The core's columns: per (task, variant, MIG profile) the highest-throughput admissible one.
+
+    With ``caps`` (a latency cap per task meeting every path) the core is a restriction of the
+    full model instead of a relaxation: every plan it finds is feasible.
+    """
     cap = _cap_max(pb)
+    if caps is not None:
+        cap = {t: min(cap[t], caps.get(t, math.inf)) for t in cap}
     best: dict[tuple[str, str, str], Column] = {}
     for c in pb.colset.columns:
         if c.latency_ms > cap[c.task] + 1e-9:
@@ -113,15 +119,21 @@ def _demand_terms(pb: Problem) -> dict[tuple[str, str], list[tuple[int, float]]]
     return terms
 
 
-def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accuracy") -> _Built:
-    """The model over ``parts``: the full one, or the latency-relaxed core (see the module doc)."""
+def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accuracy",
+          scale_demands: bool = False, caps: list[dict[str, float] | None] | None = None) -> _Built:
+    """The model over ``parts``: the full one, or the latency-relaxed core (see the module doc).
+
+    ``scale_demands``: serve the largest common fraction (at most 1) of every part's demand
+    instead (the node's maximum-demand plan when the demands do not fit together).
+    """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r} (expected {', '.join(OBJECTIVES)})")
     md = LinearModel(maximize=True)
     beta = node.beta
     alpha = node.planner.alpha
     total_weight = sum(p.weight for p in parts) or 1.0
-    capacity_mode = any(p.demand_rps is None for p in parts)
+    capacity_mode = scale_demands or any(p.demand_rps is None for p in parts)
+    theta = md.var(0.0, 1.0, cost=1.0) if scale_demands else None
     max_per_gpu = {p.name: p.max_per_gpu for p in node.gpu.profiles}
     all_lam: list[list[int]] = []
     all_rate: list[int | None] = []
@@ -129,11 +141,11 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     all_count: list[list[int]] = []
     task_totals: list[int] = []
     by_profile: dict[str, list[int]] = defaultdict(list)
-    for part in parts:
+    for pi, part in enumerate(parts):
         pb, app = part.pb, part.pb.app
-        cols = pb.colset.columns if full else core_columns(pb)
+        cols = pb.colset.columns if full else core_columns(pb, caps[pi] if caps else None)
         slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
-        if part.demand_rps is None:
+        if part.demand_rps is None or theta is not None:
             acc_coef = [0.0] * len(pb.lanes)
         elif objective == "accuracy":
             r = max(part.demand_rps, MIN_DEMAND_RPS)
@@ -148,6 +160,11 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
             md.row([*lam, rate], [1.0] * len(lam) + [-1.0], 0.0, 0.0)
             md.row([*lam, rate], [*pb.lane_acc, -slo_acc], lo=0.0)
             demand_ub = None
+        elif theta is not None:
+            r = max(part.demand_rps, MIN_DEMAND_RPS)
+            md.row([*lam, theta], [1.0] * len(lam) + [-r], 0.0, 0.0)
+            md.row([*lam, theta], [*pb.lane_acc, -slo_acc * r], lo=0.0)
+            demand_ub = r
         else:
             r = max(part.demand_rps, MIN_DEMAND_RPS)
             md.row(lam, [1.0] * len(lam), r, r)
@@ -224,10 +241,11 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     return _Built(md, parts, all_cols, all_lam, all_rate, all_count, slices_total, full)
 
 
-def _lift(built: _Built, values: list[float], i: int) -> tuple[Column, ...] | None:
+def _lift(built: _Built, values: list[float], i: int) -> tuple[tuple[Column, ...] | None, dict[str, float]]:
     """Part i's core solution with each used group moved to its lowest sufficient latency cap.
 
-    Returns the column of every core column (aligned), or None when no caps meet the paths.
+    Returns the column of every core column (aligned), or None when no caps meet the paths,
+    and the caps the solution needs.
     """
     part = built.parts[i]
     pb, app = part.pb, part.pb.app
@@ -283,7 +301,8 @@ def _lift(built: _Built, values: list[float], i: int) -> tuple[Column, ...] | No
 
         lo, hi = 0, len(levels) - 1
         if not covers(levels[hi]):
-            return None
+            caps[t] = levels[hi]
+            continue
         while lo < hi:
             mid = (lo + hi) // 2
             if covers(levels[mid]):
@@ -293,13 +312,25 @@ def _lift(built: _Built, values: list[float], i: int) -> tuple[Column, ...] | No
         caps[t] = levels[lo]
     for p in app.paths:
         if sum(2 * caps[t] for t in p) > app.latency_slo_ms * (1 + 1e-12):
-            return None
+            return None, caps
     out = list(cols)
     for j, c in used:
         col = best_under(j, caps[c.task])
         assert col is not None
         out[j] = col
-    return tuple(out)
+    return tuple(out), caps
+
+
+def _feasible_caps(pb: Problem, needed: dict[str, float]) -> dict[str, float]:
+    """Caps that meet every path, in the proportions ``needed`` asked for (shrunk where over)."""
+    app = pb.app
+    factor = {t: 1.0 for t in app.task_names}
+    for p in app.paths:
+        total = sum(2 * needed[t] for t in p)
+        if total > app.latency_slo_ms:
+            for t in p:
+                factor[t] = min(factor[t], app.latency_slo_ms / total)
+    return {t: needed[t] * factor[t] for t in app.task_names}
 
 
 def _extract(built: _Built, values: list[float], i: int, cols: tuple[Column, ...], status: str,
@@ -341,6 +372,20 @@ def _extract(built: _Built, values: list[float], i: int, cols: tuple[Column, ...
     )
 
 
+def _start(full: _Built, best: JointResult | None) -> dict[int, float] | None:
+    """The restricted plan as a (partial) start of the full model: instance counts and their binaries."""
+    if best is None:
+        return None
+    start: dict[int, float] = {}
+    for i, plan in enumerate(best.plans):
+        if plan is None:
+            return None
+        have = {(x.task, x.variant, x.mig_profile, x.mps, x.max_batch): x.count for x in plan.instances}
+        for j, c in enumerate(full.cols[i]):
+            start[full.count[i][j]] = float(have.get(c.key, 0))
+    return start
+
+
 def _gap(sol: Solution) -> float:
     if sol.status == "optimal":
         return 0.0
@@ -350,35 +395,70 @@ def _gap(sol: Solution) -> float:
 
 
 def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
-          objective: str = "accuracy", absolute_gap: float | None = None) -> JointResult:
+          objective: str = "accuracy", absolute_gap: float | None = None,
+          scale_demands: bool = False) -> JointResult:
     """Core, lifting, and the full model only where lifting fails (see the module doc)."""
     t0 = time.perf_counter()
     gap_abs = node.planner.absolute_gap if absolute_gap is None else absolute_gap
-    capacity_mode = any(p.demand_rps is None for p in parts)
+    capacity_mode = scale_demands or any(p.demand_rps is None for p in parts)
     if capacity_mode:
         gap_abs = 1e-3
     if any(not p.pb.colset.columns for p in parts):
         return JointResult("infeasible", [None] * len(parts), math.nan, math.nan,
                            time.perf_counter() - t0, "core", ["an app has no admissible column"])
-    core = build(parts, node, full=False, objective=objective)
+    core = build(parts, node, full=False, objective=objective, scale_demands=scale_demands)
     sol = core.model.solve(solver, time_limit_s, gap_abs)
     if sol.status == "infeasible":
         return JointResult("infeasible", [None] * len(parts), math.nan, sol.bound,
                            time.perf_counter() - t0, "core")
+    best: JointResult | None = None
     if sol.has_incumbent:
-        lifted = [_lift(core, sol.values, i) for i in range(len(parts))]
-        if all(x is not None for x in lifted):
+        lifts = [_lift(core, sol.values, i) for i in range(len(parts))]
+        if all(cols is not None for cols, _ in lifts):
             secs = time.perf_counter() - t0
             gap = math.inf if capacity_mode else _gap(sol)
             plans: list[Plan | None] = [
                 _extract(core, sol.values, i, cols, sol.status, secs, gap)
-                for i, cols in enumerate(lifted) if cols is not None]
+                for i, (cols, _) in enumerate(lifts) if cols is not None]
             return JointResult(sol.status, plans, sol.objective, sol.bound, secs, "core")
+        # A restriction of the full model: the core under caps that meet every path, in the
+        # proportions the relaxed solution needed. Its plan is feasible; with the core's bound
+        # it is often proven optimal, else it is the incumbent the full model has to beat.
+        caps: list[dict[str, float] | None] = [
+            None if cols is not None else _feasible_caps(parts[i].pb, need)
+            for i, (cols, need) in enumerate(lifts)]
+        restricted = build(parts, node, full=False, objective=objective, scale_demands=scale_demands,
+                           caps=caps)
+        left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
+        rsol = restricted.model.solve(solver, left, gap_abs)
+        if rsol.has_incumbent:
+            rl = [_lift(restricted, rsol.values, i) for i in range(len(parts))]
+            if all(cols is not None for cols, _ in rl):
+                secs = time.perf_counter() - t0
+                ub = sol.bound if not math.isnan(sol.bound) else math.inf
+                gap = max(0.0, ub - rsol.objective)
+                status = "optimal" if gap <= gap_abs else "feasible"
+                plans = [_extract(restricted, rsol.values, i, cols, status, secs,
+                                  math.inf if capacity_mode else (0.0 if status == "optimal" else gap))
+                         for i, (cols, _) in enumerate(rl) if cols is not None]
+                best = JointResult(status, plans, rsol.objective, ub, secs, "restricted")
+                if status == "optimal":
+                    return best
     left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
-    full = build(parts, node, full=True, objective=objective)
-    fsol = full.model.solve(solver, left, gap_abs)
+    full = build(parts, node, full=True, objective=objective, scale_demands=scale_demands)
+    if sol.status == "optimal" and math.isfinite(sol.bound):
+        # the core's optimum bounds the full model's objective: a valid cut
+        nz = [(k, c) for k, c in enumerate(full.model.cost) if c]
+        full.model.row([k for k, _ in nz], [c for _, c in nz], hi=sol.bound + 1e-7)
+    fsol = full.model.solve(solver, left, gap_abs, start=_start(full, best))
     secs = time.perf_counter() - t0
-    if not fsol.has_incumbent:
+    if not fsol.has_incumbent or (best is not None and fsol.objective <= best.objective):
+        if best is not None:
+            best.seconds = secs
+            for p in best.plans:
+                if p is not None:
+                    p.solve_seconds = secs
+            return best
         return JointResult(fsol.status, [None] * len(parts), math.nan, fsol.bound, secs, "full")
     bound = fsol.bound
     if sol.status == "optimal" and not math.isnan(sol.bound):

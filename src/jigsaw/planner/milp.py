@@ -302,7 +302,7 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
     """
     if not demand_rps >= 0 or math.isinf(demand_rps):
         raise PlanError(f"demand must be a finite number >= 0, got {demand_rps!r}")
-    form = _check_formulation(formulation)
+    form = _check_formulation(formulation or node.planner.formulation)
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
     limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
     solver = solver or node.planner.solver
@@ -419,7 +419,7 @@ def capacity(app: App, node: Node, profiles: ProfileTable, *, space: str | Searc
     ``status`` is ``optimal`` when the maximum is proven; otherwise ``max_demand_rps`` is the
     best found (a lower bound) and ``upper_bound_rps`` the solver's bound.
     """
-    form = _check_formulation(formulation)
+    form = _check_formulation(formulation or node.planner.formulation)
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
     limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
     solver = solver or node.planner.solver

@@ -72,7 +72,7 @@ class LinearModel:
     def solve(self, solver: str, time_limit_s: float, absolute_gap: float,
               start: dict[int, float] | None = None) -> Solution:
         if solver == "highs":
-            return _solve_highs(self, time_limit_s, absolute_gap)
+            return _solve_highs(self, time_limit_s, absolute_gap, start)
         if solver == "cbc":
             return _solve_cbc(self, time_limit_s, absolute_gap, start)
         raise ValueError(f"unknown solver {solver!r} (expected cbc or highs)")
@@ -84,7 +84,8 @@ class LinearModel:
         return lp.solve(solver, 60.0, 0.0)
 
 
-def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float) -> Solution:
+def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
+                 start: dict[int, float] | None = None) -> Solution:
     import highspy
     import numpy as np
 
@@ -119,6 +120,10 @@ def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float) -
         lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
                            for b in model.integer]
     h.passModel(lp)
+    if start:
+        keys = sorted(start)
+        h.setSolution(len(keys), np.array(keys, dtype=np.int32),
+                      np.array([start[k] for k in keys], dtype=float))
     t0 = time.perf_counter()
     h.run()
     secs = time.perf_counter() - t0
