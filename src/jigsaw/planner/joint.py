@@ -61,6 +61,9 @@ class _Built:
     count: list[list[int]]  # M per column
     slices_total: int
     full: bool
+    tv_slices: list[dict[tuple[str, str], int]] = field(default_factory=list)  # S[t,v] per part
+    task_total: list[dict[str, int]] = field(default_factory=list)  # slices per task, per part
+    layout_vars: list[tuple[int, dict[str, int]]] = field(default_factory=list)  # Y[g], layout g
 
 
 @dataclass
@@ -140,6 +143,8 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     all_cols: list[tuple[Column, ...]] = []
     all_count: list[list[int]] = []
     task_totals: list[int] = []
+    tv_slices: list[dict[tuple[str, str], int]] = []
+    task_total: list[dict[str, int]] = []
     by_profile: dict[str, list[int]] = defaultdict(list)
     for pi, part in enumerate(parts):
         pb, app = part.pb, part.pb.app
@@ -199,6 +204,8 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
         by_tv: dict[tuple[str, str], list[int]] = defaultdict(list)
         for j, c in enumerate(cols):
             by_tv[(c.task, c.variant)].append(j)
+        tv_slices.append({})
+        task_total.append({})
         for tv, tr in terms.items():
             js = by_tv.get(tv, [])
             if not js:
@@ -211,6 +218,7 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
             md.row([count[j] for j in js] + [lam[li] for li, _ in tr],
                    [cols[j].throughput_rps * scale for j in js] + [-m * scale for _, m in tr], lo=0.0)
             s = md.var(0.0, node.slices_available, integer=True)
+            tv_slices[-1][tv] = s
             md.row([s] + [count[j] for j in js], [1.0] + [-float(cols[j].slices) for j in js], 0.0, 0.0)
             best_per_slice = max(cols[j].throughput_rps / cols[j].slices for j in js)
             md.row([s] + [lam[li] for li, _ in tr], [best_per_slice * scale] + [-m * scale for _, m in tr],
@@ -222,6 +230,7 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
             js = [j for j, c in enumerate(cols) if c.task == t]
             md.row([tot] + [count[j] for j in js], [1.0] + [-float(cols[j].slices) for j in js], 0.0, 0.0)
             task_totals.append(tot)
+            task_total[-1][t] = tot
         all_lam.append(lam)
         all_rate.append(rate)
         all_cols.append(cols)
@@ -238,7 +247,8 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     for name in names:
         md.row(by_profile[name] + ys, [1.0] * len(by_profile[name]) + [-float(lay[name]) for lay in layouts],
                hi=0.0)
-    return _Built(md, parts, all_cols, all_lam, all_rate, all_count, slices_total, full)
+    return _Built(md, parts, all_cols, all_lam, all_rate, all_count, slices_total, full, tv_slices,
+                  task_total, list(zip(ys, layouts, strict=True)))
 
 
 def _lift(built: _Built, values: list[float], i: int) -> tuple[tuple[Column, ...] | None, dict[str, float]]:
@@ -394,10 +404,69 @@ def _gap(sol: Solution) -> float:
     return abs(sol.bound - sol.objective)
 
 
+def _core_start(core: _Built, plans: list[Plan | None] | None) -> dict[int, float] | None:
+    """Known plans (e.g. the anytime incumbents) as a start of the core: each instance counted
+    on its group's core column (which carries at least as much), lane rates as they are."""
+    if not plans or any(p is None for p in plans):
+        return None
+    start: dict[int, float] = {}
+    for i, plan in enumerate(plans):
+        assert plan is not None
+        pb = core.parts[i].pb
+        group = {(c.task, c.variant, c.mig_profile): j for j, c in enumerate(core.cols[i])}
+        counts: dict[int, int] = defaultdict(int)
+        for x in plan.instances:
+            j = group.get((x.task, x.variant, x.mig_profile))
+            if j is None:
+                return None
+            counts[j] += x.count
+        for j in range(len(core.cols[i])):
+            start[core.count[i][j]] = float(counts.get(j, 0))
+        lane_index = {tuple(lane): li for li, lane in enumerate(pb.lanes)}
+        rates = [0.0] * len(pb.lanes)
+        for lp in plan.lanes:
+            li = lane_index.get(tuple(lp.variants[t] for t in pb.app.task_names))
+            if li is None:
+                return None
+            rates[li] += lp.rate_rps
+        for li, v in enumerate(core.lam[i]):
+            start[v] = rates[li]
+        for (t, v), var in core.tv_slices[i].items():
+            start[var] = float(sum(x.count * x.slices for x in plan.instances
+                                   if (x.task, x.variant) == (t, v)))
+        for t, var in core.task_total[i].items():
+            start[var] = float(sum(x.count * x.slices for x in plan.instances if x.task == t))
+    start[core.slices_total] = float(sum(p.slices_used for p in plans if p is not None))
+    # every GPU of the plans' layouts on a maximal layout that contains it
+    per_gpu: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for plan in plans:
+        if plan is None or plan.layout is None:
+            return None
+        for g in plan.layout.gpus:
+            for x in g.instances:
+                per_gpu[g.gpu][x.profile] += 1
+    ys = {y: 0 for y, _ in core.layout_vars}
+    for want in per_gpu.values():
+        if not any(want.values()):
+            continue
+        for y, lay in core.layout_vars:
+            if all(lay.get(name, 0) >= n for name, n in want.items()):
+                ys[y] += 1
+                break
+        else:
+            return None
+    for y, n in ys.items():
+        start[y] = float(n)
+    return start
+
+
 def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
           objective: str = "accuracy", absolute_gap: float | None = None,
-          scale_demands: bool = False) -> JointResult:
-    """Core, lifting, and the full model only where lifting fails (see the module doc)."""
+          scale_demands: bool = False, start: list[Plan | None] | None = None) -> JointResult:
+    """Core, lifting, and the full model only where lifting fails (see the module doc).
+
+    ``start``: a known feasible plan per part (the anytime incumbent) to start the core from.
+    """
     t0 = time.perf_counter()
     gap_abs = node.planner.absolute_gap if absolute_gap is None else absolute_gap
     capacity_mode = scale_demands or any(p.demand_rps is None for p in parts)
@@ -407,7 +476,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
         return JointResult("infeasible", [None] * len(parts), math.nan, math.nan,
                            time.perf_counter() - t0, "core", ["an app has no admissible column"])
     core = build(parts, node, full=False, objective=objective, scale_demands=scale_demands)
-    sol = core.model.solve(solver, time_limit_s, gap_abs)
+    sol = core.model.solve(solver, time_limit_s, gap_abs, start=_core_start(core, start))
     if sol.status == "infeasible":
         return JointResult("infeasible", [None] * len(parts), math.nan, sol.bound,
                            time.perf_counter() - t0, "core")

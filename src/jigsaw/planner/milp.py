@@ -278,7 +278,13 @@ def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: P
         if word in ("optimal", "feasible"):
             return word, model.extract(pb, demand, demand, word, secs)
         return word, None
-    res = joint.solve([joint.Part(pb, demand)], pb.node, solver=solver, time_limit_s=limit)
+    from jigsaw.planner.anytime import quick_plan
+
+    quick = None
+    if pb.colset.columns and pb.profiles is not None:
+        quick = quick_plan(pb.app, pb.node, pb.profiles, demand, factors=pb.factors, problem=pb)
+    res = joint.solve([joint.Part(pb, demand)], pb.node, solver=solver, time_limit_s=limit,
+                      start=[quick] if quick is not None else None)
     return res.status, res.plans[0]
 
 

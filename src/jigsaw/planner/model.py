@@ -74,8 +74,30 @@ class LinearModel:
         if solver == "highs":
             return _solve_highs(self, time_limit_s, absolute_gap, start)
         if solver == "cbc":
-            return _solve_cbc(self, time_limit_s, absolute_gap, start)
+            t0 = time.perf_counter()
+            sol = _solve_cbc(self, time_limit_s, absolute_gap, start)
+            if start and sol.has_incumbent and self.violations(sol.values):
+                # CBC can return a broken "optimal" answer after a start it could not use:
+                # never trust it, solve again from scratch in the time left.
+                left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
+                sol = _solve_cbc(self, left, absolute_gap, None)
+                sol.seconds = time.perf_counter() - t0
+            return sol
         raise ValueError(f"unknown solver {solver!r} (expected cbc or highs)")
+
+    def violations(self, values: list[float], tol: float = 1e-6) -> int:
+        """How many rows or bounds ``values`` break (beyond ``tol``, relative to the row's size)."""
+        bad = 0
+        for idx, val, lo, hi in zip(self.row_index, self.row_value, self.row_lo, self.row_hi, strict=True):
+            v = sum(c * values[i] for i, c in zip(idx, val, strict=True))
+            size = max(abs(b) for b in (lo, hi, 1.0) if math.isfinite(b))
+            scale = tol * size
+            if v < lo - scale or v > hi + scale:
+                bad += 1
+        for x, lo, hi in zip(values, self.col_lo, self.col_hi, strict=True):
+            if x < lo - tol or x > hi + tol:
+                bad += 1
+        return bad
 
     def relaxation(self, solver: str = "highs") -> Solution:
         """The LP relaxation (every variable continuous)."""

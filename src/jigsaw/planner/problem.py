@@ -29,6 +29,7 @@ class Problem:
     lane_mult: list[dict[str, float]]  # per lane: requests per root request at each task
     layouts: list[dict[str, int]]  # maximal per-GPU profile counts over the columns' profiles
     factors: Factors | None = None
+    profiles: ProfileTable | None = None  # what the columns came from (the verifier needs it)
 
 
 def make_problem(app: App, node: Node, profiles: ProfileTable, space: SearchSpace,
@@ -40,7 +41,7 @@ def make_problem(app: App, node: Node, profiles: ProfileTable, space: SearchSpac
     lane_mult = [app.multipliers(c, factors) for c in lanes]
     used_profiles = sorted({c.mig_profile for c in colset.columns})
     layouts = node_layouts(node, used_profiles)
-    return Problem(app, node, space, colset, lanes, lane_acc, lane_mult, layouts, factors)
+    return Problem(app, node, space, colset, lanes, lane_acc, lane_mult, layouts, factors, profiles)
 
 
 def node_layouts(node: Node, profile_names: list[str]) -> list[dict[str, int]]:
