@@ -13,6 +13,7 @@ packability by maximal valid per-GPU layouts. Objective (14).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import defaultdict
@@ -267,7 +268,7 @@ DEFAULT_FORMULATION = "tight"
 
 
 def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: Plan | None,
-              formulation: str) -> tuple[str, Plan | None]:
+              formulation: str, start: Plan | None = None) -> tuple[str, Plan | None]:
     """One solve at a fixed demand: the solver's word and its plan (None without an incumbent)."""
     if formulation == "reference":
         model = _Model(pb, demand, solver)
@@ -280,8 +281,8 @@ def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: P
         return word, None
     from jigsaw.planner.anytime import quick_plan
 
-    quick = None
-    if pb.colset.columns and pb.profiles is not None:
+    quick = start
+    if quick is None and pb.colset.columns and pb.profiles is not None:
         quick = quick_plan(pb.app, pb.node, pb.profiles, demand, factors=pb.factors, problem=pb)
     res = joint.solve([joint.Part(pb, demand)], pb.node, solver=solver, time_limit_s=limit,
                       start=[quick] if quick is not None else None)
@@ -362,9 +363,11 @@ def _plan_at(pb: Problem, cap: _Cap, solver: str, limit: float, formulation: str
     Capacity is the supremum of a closed set, but round-off can make exactly that demand
     infeasible: back off by a hair before giving up.
     """
+    start = cap.plan if cap.plan is not None and cap.plan.layout is not None else None
     for shrink in (1.0, 1 - 1e-7, 1 - 1e-5):
         demand = cap.max_demand_rps * shrink
-        word, result = _solve_at(pb, demand, solver, limit, None, formulation)
+        word, result = _solve_at(pb, demand, solver, limit, None, formulation,
+                                 start if shrink == 1.0 else None)
         if result is not None:
             return result
         if word == "no_solution":
@@ -432,6 +435,9 @@ def capacity(app: App, node: Node, profiles: ProfileTable, *, space: str | Searc
     t0 = time.perf_counter()
     pb = _problem(app, node, profiles, sp, factors)
     cap = _capacity(pb, solver, limit, formulation=form)
+    if cap.plan is not None and form == "tight":
+        with contextlib.suppress(PackingError):
+            cap.plan = _with_layout(cap.plan, node, None)
     if cap.plan is None:
         empty = _empty_plan(pb, 0.0, cap.status, time.perf_counter() - t0,
                             "no configuration serves any demand within the SLOs")

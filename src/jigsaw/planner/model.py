@@ -70,17 +70,17 @@ class LinearModel:
         return len(self.row_lo) - 1
 
     def solve(self, solver: str, time_limit_s: float, absolute_gap: float,
-              start: dict[int, float] | None = None) -> Solution:
+              start: dict[int, float] | None = None, relative_gap: float = 0.0) -> Solution:
         if solver == "highs":
-            return _solve_highs(self, time_limit_s, absolute_gap, start)
+            return _solve_highs(self, time_limit_s, absolute_gap, start, relative_gap)
         if solver == "cbc":
             t0 = time.perf_counter()
-            sol = _solve_cbc(self, time_limit_s, absolute_gap, start)
+            sol = _solve_cbc(self, time_limit_s, absolute_gap, start, relative_gap)
             if start and sol.has_incumbent and self.violations(sol.values):
                 # CBC can return a broken "optimal" answer after a start it could not use:
                 # never trust it, solve again from scratch in the time left.
                 left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
-                sol = _solve_cbc(self, left, absolute_gap, None)
+                sol = _solve_cbc(self, left, absolute_gap, None, relative_gap)
                 sol.seconds = time.perf_counter() - t0
             return sol
         raise ValueError(f"unknown solver {solver!r} (expected cbc or highs)")
@@ -107,7 +107,7 @@ class LinearModel:
 
 
 def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
-                 start: dict[int, float] | None = None) -> Solution:
+                 start: dict[int, float] | None = None, relative_gap: float = 0.0) -> Solution:
     import highspy
     import numpy as np
 
@@ -117,7 +117,7 @@ def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
     h.setOptionValue("random_seed", 0)
     h.setOptionValue("time_limit", float(max(time_limit_s, 1e-3)))
     h.setOptionValue("mip_abs_gap", float(absolute_gap))
-    h.setOptionValue("mip_rel_gap", 0.0)
+    h.setOptionValue("mip_rel_gap", float(relative_gap))
     lp = highspy.HighsLp()
     n, m = model.num_vars, model.num_rows
     lp.num_col_ = n
@@ -171,7 +171,7 @@ def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
 
 
 def _solve_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
-               start: dict[int, float] | None) -> Solution:
+               start: dict[int, float] | None, relative_gap: float = 0.0) -> Solution:
     import mip
 
     m = mip.Model(sense=mip.MAXIMIZE if model.maximize else mip.MINIMIZE, solver_name=mip.CBC)
@@ -190,7 +190,7 @@ def _solve_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
         if math.isfinite(hi):
             m.add_constr(expr <= hi)
     m.max_mip_gap_abs = absolute_gap
-    m.max_mip_gap = 1e-9
+    m.max_mip_gap = max(relative_gap, 1e-9)
     if start:
         m.start = [(xs[i], v) for i, v in start.items()]
     t0 = time.perf_counter()
