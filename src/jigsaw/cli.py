@@ -42,10 +42,17 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--node", help="node config to check a plan against")
     c.set_defaults(func=cmd_check)
 
-    pl = sub.add_parser("plan", help="plan one app for one demand")
-    pl.add_argument("--app", required=True, help="app TOML file, or the name of an app of the node")
+    pl = sub.add_parser("plan", help="plan one app, or all apps of the node together")
+    pl.add_argument("--app", help="app TOML file, or the name of an app of the node (one-app plan)")
     pl.add_argument("--node", required=True, help="node TOML file")
-    pl.add_argument("--demand", required=True, type=float, metavar="RPS")
+    pl.add_argument("--demand", required=True, metavar="RPS | APP=RPS,APP=RPS",
+                    help="root requests/s of --app; or app=rps pairs: one plan for those apps "
+                         "of the node over its shared slices")
+    pl.add_argument("--objective", choices=("accuracy", "slices"),
+                    help="node-wide plan: weighted accuracy minus slices, or fewest slices "
+                         "(default: the node's planner.objective)")
+    pl.add_argument("--formulation", choices=("tight", "reference"),
+                    help="planner model (default: the node's planner.formulation, tight)")
     pl.add_argument("--space", choices=SPACES, help="search space (default: the node's)")
     pl.add_argument("--time-limit", type=float, metavar="S")
     pl.add_argument("--solver", choices=("cbc", "highs"))
@@ -62,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     ca.add_argument("--space", default=None, help=f"one of {', '.join(SPACES)}, or 'all'")
     ca.add_argument("--time-limit", type=float, metavar="S")
     ca.add_argument("--solver", choices=("cbc", "highs"))
+    ca.add_argument("--formulation", choices=("tight", "reference"))
     ca.add_argument("--json", action="store_true")
     ca.set_defaults(func=cmd_capacity)
 
@@ -242,17 +250,103 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_demands(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError("--demand", "--demand", f"expected app=rps pairs, got {item!r}")
+        try:
+            rps = float(value)
+        except ValueError:
+            raise ConfigError("--demand", "--demand",
+                              f"{name.strip()}: expected a number, got {value!r}") from None
+        if name.strip() in out:
+            raise ConfigError("--demand", "--demand", f"app {name.strip()!r} given twice")
+        out[name.strip()] = rps
+    if not out:
+        raise ConfigError("--demand", "--demand", "expected app=rps pairs")
+    return out
+
+
+def _parse_rps(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError("--demand", "--demand", f"expected a number of requests/s (or app=rps "
+                                                  f"pairs without --app), got {text!r}") from None
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    from jigsaw.errors import PlanError
     from jigsaw.planner.milp import plan
 
+    if "=" in args.demand:
+        return _cmd_plan_node(args)
+    if not args.app:
+        raise ConfigError("--app", "--app", "a one-app plan needs --app (or give --demand as app=rps pairs)")
     node, app = _node_and_app(args)
     profiles = load_node_profiles(node, [app])
     previous = load_plan(args.previous) if args.previous else None
-    result = plan(app, node, profiles, args.demand, space=args.space, previous=previous,
-                  time_limit_s=args.time_limit, solver=args.solver)
+    try:
+        result = plan(app, node, profiles, _parse_rps(args.demand), space=args.space, previous=previous,
+                      time_limit_s=args.time_limit, solver=args.solver, formulation=args.formulation)
+    except PlanError as exc:
+        raise ConfigError("--demand", "--demand", str(exc)) from None
     if args.out:
         Path(args.out).write_text(result.to_json() + "\n")
     print(result.to_json() if args.json else format_plan(result))
+    return 0
+
+
+def _cmd_plan_node(args: argparse.Namespace) -> int:
+    from jigsaw.errors import PlanError
+    from jigsaw.planner.node_plan import plan_node
+
+    if args.app:
+        raise ConfigError("--app", "--app",
+                          "give either --app with one demand, or app=rps pairs without --app")
+    node = load_node(args.node)
+    if args.gpus is not None:
+        if args.gpus < 1:
+            raise ConfigError("--gpus", "--gpus", f"expected a GPU count >= 1, got {args.gpus}")
+        node = node.with_gpus(args.gpus)
+    demands = _parse_demands(args.demand)
+    apps = []
+    for name in demands:
+        try:
+            apps.append(node.app(name))
+        except KeyError:
+            names = ", ".join(a.name for a in node.apps) or "none"
+            raise ConfigError(args.node, "apps", f"no app named {name!r} (apps: {names})") from None
+    if args.formulation == "reference":
+        raise ConfigError("--formulation", "--formulation",
+                          "the node-wide plan has only the tight formulation")
+    profiles = load_node_profiles(node, apps)
+    if args.previous:
+        raise ConfigError("--previous", "--previous", "a node-wide plan does not take --previous yet "
+                                                      "(the library's plan_node(previous=) does)")
+    try:
+        result = plan_node(apps, node, profiles, demands, objective=args.objective, space=args.space,
+                           time_limit_s=args.time_limit, solver=args.solver)
+    except PlanError as exc:
+        raise ConfigError("--demand", "--demand", str(exc)) from None
+    if args.out:
+        Path(args.out).write_text(result.to_json() + "\n")
+    if args.json:
+        print(result.to_json())
+        return 0
+    print(f"node {result.node}: {len(result.plans)} apps in one plan  objective {result.objective_kind}  "
+          f"status {result.status}  slices {result.slices_used}/{result.slices_available}  "
+          f"gap {result.gap:.2g}  solved in {result.solve_seconds:.2f} s"
+          + ("" if result.feasible else f"  DEMANDS SCALED TO {result.demand_scale:.4%}"))
+    for note in result.notes:
+        print(f"note: {note}")
+    for p in result.plans.values():
+        print()
+        print(format_plan(p))
     return 0
 
 
@@ -266,18 +360,21 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         if s not in SPACES:
             raise ConfigError("--space", "--space", f"expected one of {', '.join(SPACES)} or all")
     results = [capacity(app, node, profiles, space=s, time_limit_s=args.time_limit,
-                        solver=args.solver) for s in spaces]
+                        solver=args.solver, formulation=args.formulation) for s in spaces]
     base = next((r.max_demand_rps for r in results if r.space == "unopt"), None)
     if args.json:
         out = [{"app": r.app, "space": r.space, "max_demand_rps": r.max_demand_rps,
                 "vs_unopt": (r.max_demand_rps / base) if base else None,
                 "slices_used": r.plan.slices_used, "slices_available": r.plan.slices_available,
-                "accuracy": r.plan.accuracy, "status": r.status, "solve_seconds": r.solve_seconds}
+                "accuracy": r.plan.accuracy, "status": r.status,
+                "upper_bound_rps": r.upper_bound_rps if r.status != "optimal" else r.max_demand_rps,
+                "solve_seconds": r.solve_seconds}
                for r in results]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
         return 0
     rows = [[r.space, f"{r.max_demand_rps:.2f}", f"{r.max_demand_rps / base:.2f}x" if base else "-",
-             f"{r.plan.slices_used}/{r.plan.slices_available}", f"{r.plan.accuracy:.3f}", r.status,
+             f"{r.plan.slices_used}/{r.plan.slices_available}", f"{r.plan.accuracy:.3f}",
+             r.status if r.status == "optimal" else f"lower bound (<= {r.upper_bound_rps:.2f})",
              f"{r.solve_seconds:.1f}"] for r in results]
     print(f"capacity of {app.name} on {node.num_gpus}x {node.gpu.name}")
     print(_table(rows, ["space", "max_rps", "vs_unopt", "slices", "accuracy", "status", "seconds"]))

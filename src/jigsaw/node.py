@@ -20,6 +20,7 @@ BACKENDS = NAMES  # the backend registry's names
 PAPER_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 PAPER_BETA_SLICES = 28  # the paper's beta = 0.035 was chosen for a 28-slice node
 PAPER_BETA = 0.035
+NODE_OBJECTIVES = ("accuracy", "slices")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,15 @@ class PlannerSettings:
     solver: str = "cbc"  # or "highs"
     space: str = "ast"
     max_utilization: float = 1.0  # plan instances to run at most this fraction of profiled throughput
+    # The node-wide plan of all apps (planner.node_plan): "accuracy" maximises the weighted sum
+    # of the apps' accuracies minus beta per slice; "slices" serves every app at its demand on
+    # the fewest slices (accuracy only breaks ties).
+    objective: str = "accuracy"
+    app_weights: tuple[tuple[str, float], ...] = ()  # (app, weight) for "accuracy"; default 1 each
+    formulation: str = "tight"  # or "reference": the original single MILP (kept to check against)
+
+    def app_weight(self, app: str) -> float:
+        return dict(self.app_weights).get(app, 1.0)
 
 
 @dataclass(frozen=True)
@@ -160,6 +170,14 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     space = p.str("space", "ast")
     if space not in SPACES:
         raise p.error("space", f"expected one of {', '.join(SPACES)}, got {space!r}")
+    objective = p.str("objective", "accuracy")
+    if objective not in NODE_OBJECTIVES:
+        raise p.error("objective", f"expected one of {', '.join(NODE_OBJECTIVES)}, got {objective!r}")
+    formulation = p.str("formulation", "tight")
+    if formulation not in ("tight", "reference"):
+        raise p.error("formulation", f"expected 'tight' or 'reference', got {formulation!r}")
+    weights_raw = p.sub("app_weights", {})
+    app_weights = tuple((name, weights_raw.number(name, low=0)) for name in sorted(weights_raw.table))
     planner = PlannerSettings(
         accuracy_slo=p.number("accuracy_slo", 0.9, low=0, high=1, low_open=True),
         demand_slack=p.number("demand_slack", 0.05, low=0, high=10),
@@ -171,6 +189,9 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         solver=solver,
         space=space,
         max_utilization=p.number("max_utilization", 1.0, low=0, high=1, low_open=True),
+        objective=objective,
+        app_weights=app_weights,
+        formulation=formulation,
     )
 
     s = f.sub("server", {})
@@ -205,6 +226,10 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
             if any(a.name == app.name for a in apps):
                 raise ConfigError(str(path), f"apps[{i}]", f"duplicate app name {app.name!r}")
             apps.append(app)
+    for name, _ in planner.app_weights:
+        if load_apps and not any(a.name == name for a in apps):
+            raise ConfigError(str(path), f"planner.app_weights.{name}",
+                              f"no app named {name!r} on this node")
 
     return Node(
         name=f.str("name", path.stem), gpu=gpu, num_gpus=count,

@@ -47,6 +47,7 @@ class PlacedInstance:
     index: int = 0  # which of the plan's instances of (task, variant, profile, mps, max_batch)
     mps: int = 1
     max_batch: int = 1
+    app: str = ""  # which app's instance, in a node-wide layout of several apps ("" in one app's)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,40 @@ class Plan:
             return cls(**kwargs)
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(source, "(plan)", f"not a jigsaw plan: {exc}") from None
+
+
+@dataclass
+class NodePlan:
+    """Every app of a node planned in one decision over the shared slices, with one layout.
+
+    ``plans[app].layout`` is the node layout restricted to that app's instances (same GPU
+    indices and starts), so each app's plan stands on its own for the runtime and the verifier;
+    ``layout`` holds all of them, each instance labelled with its app.
+    """
+
+    node: str
+    objective_kind: str  # accuracy | slices (the node config's planner.objective)
+    status: str  # optimal | feasible | infeasible | no_solution
+    feasible: bool  # every app's demand is served
+    objective: float  # sum of weight x accuracy minus beta x slices ("accuracy"), or -slices
+    gap: float  # absolute, on that objective; 0 when proven optimal
+    slices_used: int
+    slices_available: int
+    solve_seconds: float
+    plans: dict[str, Plan] = field(default_factory=dict)
+    layout: Layout | None = None
+    demand_scale: float = 1.0  # < 1: the demands did not fit together; each app serves this share
+    notes: list[str] = field(default_factory=list)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k not in ("plans", "layout")}
+        d["plans"] = {name: p.to_json_dict() for name, p in self.plans.items()}
+        d["layout"] = ([{"gpu": g.gpu, "instances": [asdict(p) for p in g.instances]}
+                        for g in self.layout.gpus] if self.layout is not None else [])
+        return json_safe(d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_json_dict(), indent=2)
 
 
 def json_safe(x: Any) -> Any:

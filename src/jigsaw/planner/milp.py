@@ -13,6 +13,7 @@ packability by maximal valid per-GPU layouts. Objective (14).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import defaultdict
@@ -21,13 +22,14 @@ from dataclasses import dataclass
 
 import mip
 
-from jigsaw.app import App, Lane
+from jigsaw.app import App
 from jigsaw.errors import PlanError
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
-from jigsaw.planner.columns import ColumnSet, allowed_variants, build_columns
-from jigsaw.planner.layouts import maximal_layout_counts
+from jigsaw.planner import joint
+from jigsaw.planner.columns import ColumnSet, build_columns
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
+from jigsaw.planner.problem import Problem, make_problem
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
 
@@ -45,32 +47,16 @@ class Capacity:
     max_demand_rps: float
     plan: Plan  # the cheapest plan serving max_demand_rps
     solve_seconds: float
-    status: str
+    status: str  # optimal: proven; feasible: the limit was hit, max_demand_rps is a lower bound
+    upper_bound_rps: float = math.nan  # the solver's bound (== max_demand_rps when proven)
 
 
-@dataclass
-class _Problem:
-    app: App
-    node: Node
-    space: SearchSpace
-    colset: ColumnSet
-    lanes: list[Lane]
-    lane_acc: list[float]  # relative to A_max
-    lane_mult: list[dict[str, float]]  # per lane: requests per root request at each task
-    layouts: list[dict[str, int]]
+_Problem = Problem
 
 
 def _problem(app: App, node: Node, profiles: ProfileTable, space: SearchSpace,
-             factors: Factors | None) -> _Problem:
-    colset = build_columns(app, node, profiles, space, factors)
-    lanes = app.lanes(allowed_variants(app, space))
-    a_max = app.max_accuracy(factors)
-    lane_acc = [app.lane_accuracy(c, factors) / a_max for c in lanes]
-    lane_mult = [app.multipliers(c, factors) for c in lanes]
-    used_profiles = sorted({c.mig_profile for c in colset.columns})
-    layouts = [dict(zip(used_profiles, counts, strict=True))
-               for counts in maximal_layout_counts(node.gpu, used_profiles)] if used_profiles else []
-    return _Problem(app, node, space, colset, lanes, lane_acc, lane_mult, layouts)
+             factors: Factors | None) -> Problem:
+    return make_problem(app, node, profiles, space, factors)
 
 
 class _Model:
@@ -277,37 +263,73 @@ def _with_layout(plan: Plan, node: Node, previous: Plan | None) -> Plan:
     return plan
 
 
+FORMULATIONS = ("tight", "reference")
+DEFAULT_FORMULATION = "tight"
+
+
+def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: Plan | None,
+              formulation: str, start: Plan | None = None) -> tuple[str, Plan | None]:
+    """One solve at a fixed demand: the solver's word and its plan (None without an incumbent)."""
+    if formulation == "reference":
+        model = _Model(pb, demand, solver)
+        if previous is not None:
+            model.warm_start(previous)
+        status, secs = model.solve(limit)
+        word = _status_word(status)
+        if word in ("optimal", "feasible"):
+            return word, model.extract(pb, demand, demand, word, secs)
+        return word, None
+    from jigsaw.planner.anytime import quick_plan
+
+    quick = start
+    if quick is None and pb.colset.columns and pb.profiles is not None:
+        quick = quick_plan(pb.app, pb.node, pb.profiles, demand, factors=pb.factors, problem=pb)
+    res = joint.solve([joint.Part(pb, demand)], pb.node, solver=solver, time_limit_s=limit,
+                      start=[quick] if quick is not None else None)
+    return res.status, res.plans[0]
+
+
+def _check_formulation(formulation: str | None) -> str:
+    f = formulation or DEFAULT_FORMULATION
+    if f not in FORMULATIONS:
+        raise PlanError(f"unknown formulation {f!r} (expected one of {', '.join(FORMULATIONS)})")
+    return f
+
+
 def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
          space: str | SearchSpace | None = None, previous: Plan | None = None,
          time_limit_s: float | None = None, factors: Factors | None = None,
-         solver: str | None = None) -> Plan:
+         solver: str | None = None, formulation: str | None = None) -> Plan:
     """The cheapest accurate-enough configuration serving ``demand_rps`` root requests/s.
 
     Above capacity, returns the plan of the maximum serviceable demand with
     ``max_demand_plan=True`` and ``feasible=False``. Always packed onto the node's GPUs.
+    ``formulation``: ``tight`` (default: the latency-relaxed core with lifting, ``joint``) or
+    ``reference`` (the original single model, kept to check the tight one against).
     """
     if not demand_rps >= 0 or math.isinf(demand_rps):
         raise PlanError(f"demand must be a finite number >= 0, got {demand_rps!r}")
+    form = _check_formulation(formulation or node.planner.formulation)
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
     limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
     solver = solver or node.planner.solver
-    pb = _problem(app, node, profiles, sp, factors)
+    if solver not in ("cbc", "highs"):
+        raise PlanError(f"unknown solver {solver!r} (expected cbc or highs)")
     t0 = time.perf_counter()
+    pb = _problem(app, node, profiles, sp, factors)
     r = max(demand_rps, MIN_DEMAND_RPS)
-    model = _Model(pb, r, solver)
-    if previous is not None:
-        model.warm_start(previous)
-    status, _ = model.solve(limit)
-    word = _status_word(status)
-    if word in ("optimal", "feasible"):
-        result = model.extract(pb, demand_rps, r, word, time.perf_counter() - t0)
+    word, result = _solve_at(pb, r, solver, limit, previous, form)
+    if result is not None:
+        result.demand_rps = demand_rps
+        result.solver = solver
+        result.solve_seconds = time.perf_counter() - t0
         return _with_layout(result, node, previous)
     if word == "infeasible" or not pb.colset.columns:
-        cap = _capacity(pb, solver, limit)
+        cap = _capacity(pb, solver, limit, formulation=form)
         if cap.plan is None:
             return _empty_plan(pb, demand_rps, cap.status, time.perf_counter() - t0,
                                "no configuration serves any demand within the SLOs")
-        result = _plan_at(pb, cap, solver, limit)
+        result = _plan_at(pb, cap, solver, limit, form)
         result.demand_rps = demand_rps
         result.feasible = False
         result.max_demand_plan = True
@@ -317,7 +339,7 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
         return _with_layout(result, node, previous)
     # No incumbent within the limit (typically right at capacity): the capacity model, capped at
     # the demand, always has one (serve nothing) and finds a good one fast.
-    cap = _capacity(pb, solver, limit, max_rps=r)
+    cap = _capacity(pb, solver, limit, max_rps=r, formulation=form)
     if cap.plan is None:
         return _empty_plan(pb, demand_rps, word, time.perf_counter() - t0,
                            f"the solver found no plan within {limit:g} s")
@@ -335,19 +357,19 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
     return _with_layout(result, node, previous)
 
 
-def _plan_at(pb: _Problem, cap: _Cap, solver: str, limit: float) -> Plan:
+def _plan_at(pb: Problem, cap: _Cap, solver: str, limit: float, formulation: str = "reference") -> Plan:
     """The cheapest plan at the maximum demand; the capacity model's own plan if none is found.
 
     Capacity is the supremum of a closed set, but round-off can make exactly that demand
     infeasible: back off by a hair before giving up.
     """
+    start = cap.plan if cap.plan is not None and cap.plan.layout is not None else None
     for shrink in (1.0, 1 - 1e-7, 1 - 1e-5):
         demand = cap.max_demand_rps * shrink
-        model = _Model(pb, demand, solver)
-        status, secs = model.solve(limit)
-        word = _status_word(status)
-        if word in ("optimal", "feasible"):
-            return model.extract(pb, demand, demand, word, secs)
+        word, result = _solve_at(pb, demand, solver, limit, None, formulation,
+                                 start if shrink == 1.0 else None)
+        if result is not None:
+            return result
         if word == "no_solution":
             break
     assert cap.plan is not None
@@ -355,7 +377,7 @@ def _plan_at(pb: _Problem, cap: _Cap, solver: str, limit: float) -> Plan:
     return cap.plan
 
 
-def _empty_plan(pb: _Problem, demand_rps: float, status: str, secs: float, note: str) -> Plan:
+def _empty_plan(pb: Problem, demand_rps: float, status: str, secs: float, note: str) -> Plan:
     return Plan(app=pb.app.name, space=pb.space.name, demand_rps=demand_rps, planned_rps=0.0,
                 feasible=False, max_demand_plan=False, status=status, objective=float("nan"),
                 accuracy=0.0, slices_used=0, slices_available=pb.node.slices_available,
@@ -371,11 +393,21 @@ class _Cap:
     status: str
     seconds: float
     plan: Plan | None = None  # the capacity model's solution (slices not minimised)
+    upper_bound_rps: float = math.nan  # the solver's bound on the capacity
 
 
-def _capacity(pb: _Problem, solver: str, limit: float, max_rps: float | None = None) -> _Cap:
+def _capacity(pb: Problem, solver: str, limit: float, max_rps: float | None = None,
+              formulation: str = "reference") -> _Cap:
     if not pb.colset.columns:
         return _Cap(0.0, "infeasible", 0.0)
+    if formulation != "reference":
+        res = joint.solve([joint.Part(pb, None, max_rps=max_rps)], pb.node, solver=solver,
+                          time_limit_s=limit)
+        p = res.plans[0]
+        if p is None or p.planned_rps <= 0:
+            return _Cap(0.0, res.status, res.seconds)
+        bound = res.bound if res.status != "optimal" else p.planned_rps
+        return _Cap(p.planned_rps, res.status, res.seconds, p, bound)
     model = _Model(pb, None, solver, max_rps=max_rps)
     status, secs = model.solve(limit)
     word = _status_word(status)
@@ -384,28 +416,38 @@ def _capacity(pb: _Problem, solver: str, limit: float, max_rps: float | None = N
     r = max(0.0, (model.R.x if isinstance(model.R, mip.Var) else model.R) or 0.0)
     if r <= 0:
         return _Cap(0.0, word, secs)
-    return _Cap(r, word, secs, model.extract(pb, r, r, word, secs))
+    bound = model.m.objective_bound if word == "feasible" else r
+    return _Cap(r, word, secs, model.extract(pb, r, r, word, secs), float(bound))
 
 
 def capacity(app: App, node: Node, profiles: ProfileTable, *, space: str | SearchSpace | None = None,
              time_limit_s: float | None = None, factors: Factors | None = None,
-             solver: str | None = None) -> Capacity:
-    """Maximum serviceable demand (root requests/s) and the cheapest plan that serves it."""
+             solver: str | None = None, formulation: str | None = None) -> Capacity:
+    """Maximum serviceable demand (root requests/s) and the cheapest plan that serves it.
+
+    ``status`` is ``optimal`` when the maximum is proven; otherwise ``max_demand_rps`` is the
+    best found (a lower bound) and ``upper_bound_rps`` the solver's bound.
+    """
+    form = _check_formulation(formulation or node.planner.formulation)
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
     limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
     solver = solver or node.planner.solver
-    pb = _problem(app, node, profiles, sp, factors)
     t0 = time.perf_counter()
-    cap = _capacity(pb, solver, limit)
+    pb = _problem(app, node, profiles, sp, factors)
+    cap = _capacity(pb, solver, limit, formulation=form)
+    if cap.plan is not None and form == "tight":
+        with contextlib.suppress(PackingError):
+            cap.plan = _with_layout(cap.plan, node, None)
     if cap.plan is None:
         empty = _empty_plan(pb, 0.0, cap.status, time.perf_counter() - t0,
                             "no configuration serves any demand within the SLOs")
-        return Capacity(app.name, sp.name, 0.0, empty, time.perf_counter() - t0, cap.status)
-    result = _plan_at(pb, cap, solver, limit)
+        return Capacity(app.name, sp.name, 0.0, empty, time.perf_counter() - t0, cap.status, 0.0)
+    result = _plan_at(pb, cap, solver, limit, form)
     result.solve_seconds = time.perf_counter() - t0
+    result.solver = solver
     result = _with_layout(result, node, None)
     return Capacity(app.name, sp.name, result.planned_rps, result, time.perf_counter() - t0,
-                    cap.status)
+                    cap.status, cap.upper_bound_rps)
 
 
 def column_counts(app: App, node: Node, profiles: ProfileTable, space: str = "ast",
@@ -414,4 +456,4 @@ def column_counts(app: App, node: Node, profiles: ProfileTable, space: str = "as
     return build_columns(app, node, profiles, search_space(space), factors)
 
 
-__all__: Sequence[str] = ("Capacity", "PackingError", "capacity", "column_counts", "plan")
+__all__: Sequence[str] = ("FORMULATIONS", "Capacity", "PackingError", "capacity", "column_counts", "plan")

@@ -1,0 +1,94 @@
+"""The node-wide plan: all apps of a node in one decision, timed; and the anytime incumbent.
+
+For the node's apps (default: all three example apps on ``examples/h100x4.toml``) each app's
+capacity alone is computed once; then ``plan_node`` plans all of them together at
+``--loads`` (fractions of each app's capacity divided by the number of apps, so 1.0 is a full
+node), ``--repeats`` times each, printing per solve the wall seconds, status, gap and slices;
+then the median. With ``--gpus`` the node is scaled (e.g. 16 GPUs at load 0.5). Finally, per app
+and load, the time ``quick_plan`` takes to hand over a verified plan (target 100 ms).
+
+The profiles are modeled (profiles/generate.py), not measured on GPUs.
+
+    PYTHONPATH=src python bench/node_plan.py [--gpus 16] [--loads 0.25,0.5,0.75] [--solver cbc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import jigsaw  # noqa: F401
+except ImportError:  # run from a checkout without an installed package
+    sys.path.insert(0, str(ROOT / "src"))
+
+from jigsaw.node import load_node, load_node_profiles  # noqa: E402
+from jigsaw.planner.anytime import quick_plan  # noqa: E402
+from jigsaw.planner.milp import capacity  # noqa: E402
+from jigsaw.planner.node_plan import plan_node  # noqa: E402
+from jigsaw.planner.verify import verify_plan  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--node", default=str(ROOT / "examples/h100x4.toml"))
+    ap.add_argument("--apps", default="", help="comma-separated (default: all of the node's)")
+    ap.add_argument("--gpus", type=int, help="scale the node to this many GPUs")
+    ap.add_argument("--loads", default="0.25,0.5,0.75,0.9")
+    ap.add_argument("--solver", default="cbc", choices=("cbc", "highs"))
+    ap.add_argument("--objective", default=None, choices=("accuracy", "slices"))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--time-limit", type=float, default=10.0)
+    args = ap.parse_args(argv)
+
+    node = load_node(args.node)
+    if args.gpus:
+        node = node.with_gpus(args.gpus)
+    names = [a for a in args.apps.split(",") if a] or [a.name for a in node.apps]
+    apps = [node.app(n) for n in names]
+    profiles = load_node_profiles(node, apps)
+    print(f"node {node.name}: {node.num_gpus}x {node.gpu.name} ({node.slices_available} slices), "
+          f"solver {args.solver}, one thread, apps {', '.join(names)}; profiles modeled")
+    caps = {}
+    for a in apps:
+        c = capacity(a, node, profiles, solver="highs", time_limit_s=120)
+        caps[a.name] = c.max_demand_rps
+        print(f"  capacity of {a.name} alone: {c.max_demand_rps:.6g} rps "
+              f"({c.status}, {c.solve_seconds:.1f} s)")
+    medians = {}
+    for load in (float(x) for x in args.loads.split(",") if x):
+        demands = {n: load * caps[n] / len(apps) for n in names}
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            res = plan_node(apps, node, profiles, demands, solver=args.solver, objective=args.objective,
+                            time_limit_s=args.time_limit)
+            wall = time.perf_counter() - t0
+            times.append(wall)
+            bad = sum(bool(verify_plan(p, node.app(n), node, profiles)) for n, p in res.plans.items())
+            gap = "inf" if math.isinf(res.gap) else f"{res.gap:.2g}"
+            print(f"  load {load:4.0%}: {wall:7.3f} s  {res.status:<9} gap {gap:<7} "
+                  f"slices {res.slices_used}/{res.slices_available}  scale {res.demand_scale:.3f}"
+                  f"{'  VERIFY FAILED' if bad else ''}", flush=True)
+        medians[load] = statistics.median(times)
+    print("median wall seconds per node plan: "
+          + ", ".join(f"load {k:.0%}: {v:.3f} s" for k, v in medians.items()))
+    print("\nquick_plan (verified anytime incumbent), wall ms:")
+    for a in apps:
+        row = []
+        for load in (0.1, 0.3, 0.5, 0.7, 0.9):
+            t0 = time.perf_counter()
+            q = quick_plan(a, node, profiles, load * caps[a.name])
+            ms = 1000 * (time.perf_counter() - t0)
+            row.append(f"{load:.0%} {ms:5.0f} {'ok' if q is not None else 'none'}")
+        print(f"  {a.name:<18} " + "  ".join(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

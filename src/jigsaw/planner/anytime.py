@@ -1,0 +1,212 @@
+"""Anytime planning: a verified plan within about 100 ms, then the exact one.
+
+A controller reacting to a burst cannot wait for a proof. ``quick_plan`` builds plans
+greedily: for each lane accurate enough (most accurate first) and a few splits of the
+latency SLO among the tasks, each task gets instances of its best throughput-per-slice column
+within its latency share, the last one swapped for the smallest column that covers the rest.
+Two more candidates per split come from the LP relaxation of the model restricted to those
+latency caps (lane rates as the LP mixes them, each variant's instances rounded up the same
+way). The candidates are ranked by the planner's objective; the best one that packs onto the GPUs and
+passes the independent checker (``verify.verify_plan``) is returned. ``plan_anytime`` yields
+that plan first and the exact plan (``milp.plan``) when it is ready; the controller may deploy
+the first and replace it by the second.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+
+from jigsaw.app import App
+from jigsaw.node import Node
+from jigsaw.plan import LanePlan, Plan, PlanInstance
+from jigsaw.planner.columns import Column
+from jigsaw.planner.packer import PackingError, instances_from_plan, pack
+from jigsaw.planner.problem import Factors, Problem, make_problem
+from jigsaw.planner.verify import verify_plan
+from jigsaw.profiles import ProfileTable
+from jigsaw.spaces import SearchSpace, search_space
+
+QUICK_BUDGET_S = 0.08
+MIN_DEMAND_RPS = 0.01
+
+
+def _task_instances(cols: list[Column], demand: float, cap_ms: float) -> list[tuple[Column, int]] | None:
+    """Fewest slices for one (task, variant) by the greedy rule, within a latency cap."""
+    ok = [c for c in cols if c.latency_ms <= cap_ms + 1e-9]
+    if not ok:
+        return None
+    best = max(ok, key=lambda c: (c.throughput_rps / c.slices, c.throughput_rps))
+    n = max(1, math.ceil(demand / best.throughput_rps - 1e-9))
+    plain = [(best, n)]
+    rest = demand - (n - 1) * best.throughput_rps
+    cover = [c for c in ok if c.throughput_rps >= rest]
+    if not cover:
+        return plain
+    last = min(cover, key=lambda c: (c.slices, -c.throughput_rps))
+    mixed = ([(best, n - 1)] if n > 1 else []) + [(last, 1)]
+    return mixed if (n - 1) * best.slices + last.slices < n * best.slices else plain
+
+
+def _splits(pb: Problem, lane: tuple[str, ...], by_tv: dict[tuple[str, str], list[Column]]
+            ) -> list[dict[str, float]]:
+    """Latency caps per task meeting every path: proportional to each task's natural latency,
+    and an even split."""
+    app = pb.app
+    out = []
+    weights = []
+    natural = {}
+    for t, v in zip(app.task_names, lane, strict=True):
+        cols = by_tv.get((t, v), [])
+        if not cols:
+            return []
+        natural[t] = max(cols, key=lambda c: (c.throughput_rps / c.slices, c.throughput_rps)).latency_ms
+    weights.append(natural)
+    weights.append({t: 1.0 for t in app.task_names})
+    for w in weights:
+        caps = {t: math.inf for t in app.task_names}
+        for p in app.paths:
+            total = sum(w[t] for t in p) or 1.0
+            for t in p:
+                caps[t] = min(caps[t], app.latency_slo_ms / 2 * w[t] / total)
+        out.append(caps)
+    return out
+
+
+def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
+               space: str | SearchSpace | None = None, factors: Factors | None = None,
+               previous: Plan | None = None, budget_s: float = QUICK_BUDGET_S,
+               problem: Problem | None = None) -> Plan | None:
+    """A verified feasible plan for ``demand_rps`` found greedily, or None if none was found."""
+    t0 = time.perf_counter()
+    sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
+    pb = problem or make_problem(app, node, profiles, sp, factors)
+    r = max(demand_rps, MIN_DEMAND_RPS)
+    slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+    by_tv: dict[tuple[str, str], list[Column]] = {}
+    for c in pb.colset.columns:
+        by_tv.setdefault((c.task, c.variant), []).append(c)
+    order = sorted((li for li, a in enumerate(pb.lane_acc) if a >= slo_acc - 1e-12),
+                   key=lambda li: -pb.lane_acc[li])
+    candidates: list[tuple[float, dict[int, float], list[tuple[Column, int]]]] = []
+    for li in order:
+        if candidates and time.perf_counter() - t0 > 0.6 * budget_s:
+            break
+        lane = pb.lanes[li]
+        for caps in _splits(pb, lane, by_tv):
+            chosen: list[tuple[Column, int]] = []
+            for t, v in zip(app.task_names, lane, strict=True):
+                got = _task_instances(by_tv[(t, v)], r * pb.lane_mult[li][t], caps[t])
+                if got is None:
+                    break
+                chosen += got
+            else:
+                slices = sum(c.slices * n for c, n in chosen)
+                if slices <= node.slices_available:
+                    candidates.append((node.planner.alpha * pb.lane_acc[li] - node.beta * slices,
+                                       {li: r}, chosen))
+    best_lane = order[0] if order else None
+    if best_lane is not None:
+        for caps in _splits(pb, pb.lanes[best_lane], by_tv):
+            for kind in ("slices", "accuracy"):
+                if candidates and time.perf_counter() - t0 > 0.5 * budget_s:
+                    break
+                got = _lp_rounded(pb, r, caps, kind)
+                if got is not None:
+                    candidates.append(got)
+    candidates.sort(key=lambda x: -x[0])
+    for tried, (objective, lanes, chosen) in enumerate(candidates):
+        if tried >= 3 and time.perf_counter() - t0 > budget_s:
+            break
+        plan = _as_plan(pb, demand_rps, r, lanes, chosen, slo_acc, objective)
+        prev = previous.layout if previous is not None else None
+        try:
+            plan.layout = pack(instances_from_plan(plan), node.gpu, node.num_gpus,
+                               prev if prev is not None and prev.gpu_model == node.gpu.name else None)
+        except PackingError:
+            continue
+        if verify_plan(plan, app, node, profiles, factors):
+            continue
+        plan.solve_seconds = time.perf_counter() - t0
+        return plan
+    return None
+
+
+def _lp_rounded(pb: Problem, rate: float, caps: dict[str, float], kind: str
+                ) -> tuple[float, dict[int, float], list[tuple[Column, int]]] | None:
+    """Lane rates from the LP relaxation of the model restricted to ``caps``, instances rounded up."""
+    from jigsaw.planner import joint
+
+    built = joint.build([joint.Part(pb, rate)], pb.node, full=False, objective=kind, caps=[caps])
+    sol = built.model.relaxation("highs")
+    if not sol.has_incumbent:
+        return None
+    lam = {li: max(0.0, sol.values[v]) for li, v in enumerate(built.lam[0])}
+    lam = {li: x for li, x in lam.items() if x > 1e-9 * rate}
+    total = sum(lam.values())
+    if total <= 0:
+        return None
+    lam = {li: x * rate / total for li, x in lam.items()}
+    app = pb.app
+    demand: dict[tuple[str, str], float] = {}
+    for li, x in lam.items():
+        for k, t in enumerate(app.task_names):
+            key = (t, pb.lanes[li][k])
+            demand[key] = demand.get(key, 0.0) + x * pb.lane_mult[li][t]
+    cols: dict[tuple[str, str], list[Column]] = {}
+    for c in pb.colset.columns:
+        cols.setdefault((c.task, c.variant), []).append(c)
+    chosen: list[tuple[Column, int]] = []
+    for (t, v), d in demand.items():
+        if d <= 0:
+            continue
+        got = _task_instances(cols.get((t, v), []), d, caps[t])
+        if got is None:
+            return None
+        chosen += got
+    node = pb.node
+    slices = sum(c.slices * n for c, n in chosen)
+    if slices > node.slices_available:
+        return None
+    accuracy = sum(pb.lane_acc[li] * x for li, x in lam.items()) / rate
+    return node.planner.alpha * accuracy - node.beta * slices, lam, chosen
+
+
+def _as_plan(pb: Problem, demand_rps: float, rate: float, lanes: dict[int, float],
+             chosen: list[tuple[Column, int]], slo_acc: float, objective: float) -> Plan:
+    app, node = pb.app, pb.node
+    merged: dict[tuple[str, str, str, int, int], tuple[Column, int]] = {}
+    for c, n in chosen:
+        have = merged.get(c.key)
+        merged[c.key] = (c, n + (have[1] if have else 0))
+    instances = [PlanInstance(c.task, c.variant, c.mig_profile, c.mps, c.batch, n, c.latency_ms,
+                              c.throughput_rps, c.slices) for c, n in merged.values()]
+    return Plan(
+        app=app.name, space=pb.space.name, demand_rps=demand_rps, planned_rps=rate, feasible=True,
+        max_demand_plan=False, status="heuristic", objective=objective,
+        accuracy=sum(pb.lane_acc[li] * x for li, x in lanes.items()) / rate,
+        slices_used=sum(x.count * x.slices for x in instances), slices_available=node.slices_available,
+        solve_seconds=0.0, gap=math.inf, instances=instances,
+        lanes=[LanePlan(app.lane_dict(pb.lanes[li]), x) for li, x in lanes.items()],
+        task_latency_ms={t: max((x.latency_ms for x in instances if x.task == t), default=0.0)
+                         for t in app.task_names},
+        node=node.name, gpu_model=node.gpu.name, latency_slo_ms=app.latency_slo_ms,
+        accuracy_slo=slo_acc, columns_total=pb.colset.num_candidates,
+        columns_pruned=len(pb.colset.columns), solver="greedy",
+        notes=["anytime incumbent: greedy single-lane plan, verified; not proven optimal"],
+    )
+
+
+def plan_anytime(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
+                 space: str | None = None, previous: Plan | None = None,
+                 time_limit_s: float | None = None, factors: Factors | None = None,
+                 solver: str | None = None) -> Iterator[Plan]:
+    """Yields a verified quick plan (when the greedy finds one), then the exact plan."""
+    from jigsaw.planner.milp import plan
+
+    quick = quick_plan(app, node, profiles, demand_rps, space=space, factors=factors, previous=previous)
+    if quick is not None:
+        yield quick
+    yield plan(app, node, profiles, demand_rps, space=space, previous=previous,
+               time_limit_s=time_limit_s, factors=factors, solver=solver)

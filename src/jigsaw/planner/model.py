@@ -1,0 +1,212 @@
+"""A solver-neutral mixed-integer linear program held as plain arrays, solved by HiGHS or CBC.
+
+The planner builds its models here rather than through a modelling layer: appending numbers to
+lists costs microseconds per row, while python-mip's expression objects cost milliseconds per
+model, which mattered once the model itself solves in tens of milliseconds. HiGHS receives the
+arrays in one call; CBC (through python-mip, the only CBC binding installed) row by row.
+
+Solves run on one thread: on a shared 2-core machine one thread is steadier than two, and the
+result of a solve with a given model and limits does not depend on the machine's load except
+through the time limit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+INF = math.inf
+
+
+@dataclass
+class Solution:
+    status: str  # optimal | feasible (limit hit with an incumbent) | infeasible | no_solution
+    values: list[float]  # per variable; empty without an incumbent
+    objective: float  # of the incumbent (nan without one)
+    bound: float  # the solver's best bound on the optimum (objective when proven)
+    seconds: float
+    nodes: int = 0
+
+    @property
+    def has_incumbent(self) -> bool:
+        return bool(self.values)
+
+
+@dataclass
+class LinearModel:
+    """max (or min) c.x subject to row_lo <= A x <= row_hi, col_lo <= x <= col_hi, some x integer."""
+
+    maximize: bool = True
+    col_lo: list[float] = field(default_factory=list)
+    col_hi: list[float] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    row_lo: list[float] = field(default_factory=list)
+    row_hi: list[float] = field(default_factory=list)
+    row_index: list[list[int]] = field(default_factory=list)
+    row_value: list[list[float]] = field(default_factory=list)
+
+    @property
+    def num_vars(self) -> int:
+        return len(self.cost)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_lo)
+
+    def var(self, lo: float = 0.0, hi: float = INF, cost: float = 0.0, integer: bool = False) -> int:
+        self.col_lo.append(float(lo))
+        self.col_hi.append(float(hi))
+        self.cost.append(float(cost))
+        self.integer.append(bool(integer))
+        return len(self.cost) - 1
+
+    def row(self, index: list[int], value: list[float], lo: float = -INF, hi: float = INF) -> int:
+        self.row_index.append(list(index))
+        self.row_value.append([float(v) for v in value])
+        self.row_lo.append(float(lo))
+        self.row_hi.append(float(hi))
+        return len(self.row_lo) - 1
+
+    def solve(self, solver: str, time_limit_s: float, absolute_gap: float,
+              start: dict[int, float] | None = None, relative_gap: float = 0.0) -> Solution:
+        if solver == "highs":
+            return _solve_highs(self, time_limit_s, absolute_gap, start, relative_gap)
+        if solver == "cbc":
+            t0 = time.perf_counter()
+            sol = _solve_cbc(self, time_limit_s, absolute_gap, start, relative_gap)
+            if start and sol.has_incumbent and self.violations(sol.values):
+                # CBC can return a broken "optimal" answer after a start it could not use:
+                # never trust it, solve again from scratch in the time left.
+                left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
+                sol = _solve_cbc(self, left, absolute_gap, None, relative_gap)
+                sol.seconds = time.perf_counter() - t0
+            return sol
+        raise ValueError(f"unknown solver {solver!r} (expected cbc or highs)")
+
+    def violations(self, values: list[float], tol: float = 1e-6) -> int:
+        """How many rows or bounds ``values`` break (beyond ``tol``, relative to the row's size)."""
+        bad = 0
+        for idx, val, lo, hi in zip(self.row_index, self.row_value, self.row_lo, self.row_hi, strict=True):
+            v = sum(c * values[i] for i, c in zip(idx, val, strict=True))
+            size = max(abs(b) for b in (lo, hi, 1.0) if math.isfinite(b))
+            scale = tol * size
+            if v < lo - scale or v > hi + scale:
+                bad += 1
+        for x, lo, hi in zip(values, self.col_lo, self.col_hi, strict=True):
+            if x < lo - tol or x > hi + tol:
+                bad += 1
+        return bad
+
+    def relaxation(self, solver: str = "highs") -> Solution:
+        """The LP relaxation (every variable continuous)."""
+        lp = LinearModel(self.maximize, self.col_lo, self.col_hi, self.cost, [False] * self.num_vars,
+                         self.row_lo, self.row_hi, self.row_index, self.row_value)
+        return lp.solve(solver, 60.0, 0.0)
+
+
+def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
+                 start: dict[int, float] | None = None, relative_gap: float = 0.0) -> Solution:
+    import highspy
+    import numpy as np
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", 0)
+    h.setOptionValue("time_limit", float(max(time_limit_s, 1e-3)))
+    h.setOptionValue("mip_abs_gap", float(absolute_gap))
+    h.setOptionValue("mip_rel_gap", float(relative_gap))
+    lp = highspy.HighsLp()
+    n, m = model.num_vars, model.num_rows
+    lp.num_col_ = n
+    lp.num_row_ = m
+    big = highspy.kHighsInf
+    lp.col_cost_ = np.array(model.cost, dtype=float)
+    lp.col_lower_ = np.clip(np.array(model.col_lo, dtype=float), -big, big)
+    lp.col_upper_ = np.clip(np.array(model.col_hi, dtype=float), -big, big)
+    lp.row_lower_ = np.clip(np.array(model.row_lo, dtype=float), -big, big)
+    lp.row_upper_ = np.clip(np.array(model.row_hi, dtype=float), -big, big)
+    starts = [0]
+    for idx in model.row_index:
+        starts.append(starts[-1] + len(idx))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_ = n
+    lp.a_matrix_.num_row_ = m
+    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array([i for idx in model.row_index for i in idx], dtype=np.int32)
+    lp.a_matrix_.value_ = np.array([v for val in model.row_value for v in val], dtype=float)
+    lp.sense_ = highspy.ObjSense.kMaximize if model.maximize else highspy.ObjSense.kMinimize
+    if any(model.integer):
+        lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
+                           for b in model.integer]
+    h.passModel(lp)
+    if start:
+        keys = sorted(start)
+        h.setSolution(len(keys), np.array(keys, dtype=np.int32),
+                      np.array([start[k] for k in keys], dtype=float))
+    t0 = time.perf_counter()
+    h.run()
+    secs = time.perf_counter() - t0
+    status = h.getModelStatus()
+    info = h.getInfo()
+    ms = highspy.HighsModelStatus
+    has = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    values = list(h.getSolution().col_value) if has else []
+    obj = info.objective_function_value if has else math.nan
+    mip = any(model.integer)
+    bound = info.mip_dual_bound if mip else obj
+    if status == ms.kOptimal:
+        word = "optimal"
+        bound = obj
+    elif status in (ms.kInfeasible, ms.kUnboundedOrInfeasible):
+        word = "infeasible"
+    elif has:
+        word = "feasible"
+    else:
+        word = "no_solution"
+    nodes = int(info.mip_node_count) if mip else 0
+    return Solution(word, values, obj, bound, secs, nodes)
+
+
+def _solve_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
+               start: dict[int, float] | None, relative_gap: float = 0.0) -> Solution:
+    import mip
+
+    m = mip.Model(sense=mip.MAXIMIZE if model.maximize else mip.MINIMIZE, solver_name=mip.CBC)
+    m.verbose = 0
+    m.threads = 1
+    xs = [m.add_var(lb=lo, ub=hi if math.isfinite(hi) else mip.INF, obj=c,
+                    var_type=mip.INTEGER if integ else mip.CONTINUOUS)
+          for lo, hi, c, integ in zip(model.col_lo, model.col_hi, model.cost, model.integer, strict=True)]
+    for idx, val, lo, hi in zip(model.row_index, model.row_value, model.row_lo, model.row_hi, strict=True):
+        expr = mip.xsum(v * xs[i] for i, v in zip(idx, val, strict=True))
+        if lo == hi:
+            m.add_constr(expr == lo)
+            continue
+        if math.isfinite(lo):
+            m.add_constr(expr >= lo)
+        if math.isfinite(hi):
+            m.add_constr(expr <= hi)
+    m.max_mip_gap_abs = absolute_gap
+    m.max_mip_gap = max(relative_gap, 1e-9)
+    if start:
+        m.start = [(xs[i], v) for i, v in start.items()]
+    t0 = time.perf_counter()
+    st = m.optimize(max_seconds=max(time_limit_s, 1e-3))
+    secs = time.perf_counter() - t0
+    S = mip.OptimizationStatus
+    has = st in (S.OPTIMAL, S.FEASIBLE) and m.num_solutions > 0
+    values = [x.x if x.x is not None else 0.0 for x in xs] if has else []
+    obj = float(m.objective_value) if has else math.nan
+    bound = float(m.objective_bound) if m.objective_bound is not None else math.nan
+    if st == S.OPTIMAL:
+        word, bound = "optimal", obj
+    elif st in (S.INFEASIBLE, S.INT_INFEASIBLE):
+        word = "infeasible"
+    elif has:
+        word = "feasible"
+    else:
+        word = "no_solution"
+    return Solution(word, values, obj, bound, secs)

@@ -1,0 +1,148 @@
+"""The whole node's plan: every app at its demand in one decision over the shared slices.
+
+Planning each app as if it had the whole node over-commits it; planning them one after another
+gives the first app the best GPUs. ``plan_node`` solves one model (``joint``) whose apps share
+the slice budget, the per-GPU MIG layout constraint and the objective the node config chooses
+(``planner.objective``): ``accuracy``, the sum over apps of ``weight x accuracy`` minus beta per
+slice; or ``slices``, every app at its demand on the fewest slices. The result is packed as one
+layout, so no two apps' instances overlap. If the demands do not fit together, every app serves
+the same largest fraction of its demand (``demand_scale``), on the fewest slices for that.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+
+from jigsaw.app import App
+from jigsaw.errors import PlanError
+from jigsaw.node import NODE_OBJECTIVES, Node
+from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
+from jigsaw.planner import joint
+from jigsaw.planner.packer import InstanceRequest, pack
+from jigsaw.planner.problem import Factors, make_problem
+from jigsaw.profiles import ProfileTable
+from jigsaw.spaces import SearchSpace, search_space
+
+_SEP = "\x1f"  # joins app and task in the packer's requests: no name contains it
+
+
+def _requests(plans: Mapping[str, Plan]) -> list[InstanceRequest]:
+    return [InstanceRequest(pi.mig_profile, f"{name}{_SEP}{pi.task}", pi.variant, pi.mps, pi.max_batch, i)
+            for name, p in plans.items() for pi in p.instances for i in range(pi.count)]
+
+
+def _encoded(layout: Layout) -> Layout:
+    """A node layout in the packer's terms (task names carry their app)."""
+    return Layout(layout.gpu_model, tuple(
+        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, f"{p.app}{_SEP}{p.task}", p.variant,
+                                              p.index, p.mps, p.max_batch) for p in g.instances))
+        for g in layout.gpus))
+
+
+def _decoded(layout: Layout) -> Layout:
+    gpus = []
+    for g in layout.gpus:
+        placed = []
+        for p in g.instances:
+            app, _, task = p.task.partition(_SEP)
+            placed.append(PlacedInstance(p.profile, p.start, task, p.variant, p.index, p.mps,
+                                         p.max_batch, app))
+        gpus.append(GpuLayout(g.gpu, tuple(placed)))
+    return Layout(layout.gpu_model, tuple(gpus))
+
+
+def app_layout(layout: Layout, app: str) -> Layout:
+    """The node layout restricted to one app's instances (the same GPUs and starts)."""
+    return Layout(layout.gpu_model, tuple(
+        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, p.task, p.variant, p.index, p.mps,
+                                              p.max_batch) for p in g.instances if p.app == app))
+        for g in layout.gpus))
+
+
+def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float], *,
+              objective: str | None = None, space: str | SearchSpace | None = None,
+              previous: NodePlan | None = None, time_limit_s: float | None = None,
+              factors: Mapping[str, Factors] | None = None, solver: str | None = None) -> NodePlan:
+    """One plan for all ``apps`` of the node at ``demands`` (app name -> root requests/s)."""
+    t0 = time.perf_counter()
+    if not apps:
+        raise PlanError("no apps to plan")
+    names = [a.name for a in apps]
+    if len(set(names)) != len(names):
+        raise PlanError(f"apps listed twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
+    for name in demands:
+        if name not in names:
+            raise PlanError(f"demand for {name!r}, which is not among the apps ({', '.join(names)})")
+    for name in names:
+        d = demands.get(name)
+        if d is None:
+            raise PlanError(f"no demand given for app {name!r}")
+        if not d >= 0 or math.isinf(d):
+            raise PlanError(f"demand of {name!r} must be a finite number >= 0, got {d!r}")
+    kind = objective or node.planner.objective
+    if kind not in NODE_OBJECTIVES:
+        raise PlanError(f"unknown objective {kind!r} (expected one of {', '.join(NODE_OBJECTIVES)})")
+    sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
+    limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
+    solver = solver or node.planner.solver
+    if solver not in ("cbc", "highs"):
+        raise PlanError(f"unknown solver {solver!r} (expected cbc or highs)")
+    parts = [joint.Part(make_problem(a, node, profiles, sp, (factors or {}).get(a.name)),
+                        float(demands[a.name]), node.planner.app_weight(a.name)) for a in apps]
+    res = joint.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind)
+    scale = 1.0
+    notes: list[str] = []
+    if res.status == "infeasible":
+        cap = joint.solve(parts, node, solver=solver, time_limit_s=limit, scale_demands=True)
+        first = cap.plans[0]
+        if first is None or first.planned_rps <= 0:
+            return _empty(node, kind, res.status, time.perf_counter() - t0,
+                          "the apps cannot be served together on this node at any demand")
+        scale = first.planned_rps / max(parts[0].demand_rps or 0.0, joint.MIN_DEMAND_RPS)
+        res = cap
+        for shrink in (1.0, 1 - 1e-7, 1 - 1e-5):
+            scaled = [joint.Part(p.pb, (p.demand_rps or 0.0) * scale * shrink, p.weight) for p in parts]
+            again = joint.solve(scaled, node, solver=solver, time_limit_s=limit, objective=kind)
+            if all(p is not None for p in again.plans):
+                res = again
+                scale *= shrink
+                break
+        notes.append(f"the demands do not fit together: every app serves {scale:.4%} of its demand")
+    if any(p is None for p in res.plans):
+        return _empty(node, kind, res.status, time.perf_counter() - t0,
+                      f"the solver found no plan within {limit:g} s")
+    plans: dict[str, Plan] = {}
+    for a, p in zip(apps, res.plans, strict=True):
+        assert p is not None
+        p.demand_rps = float(demands[a.name])
+        p.solver = solver
+        if scale < 1.0:
+            p.feasible = False
+            p.max_demand_plan = True
+            p.notes.append(f"node-wide plan: serving {p.planned_rps:.6g} of {p.demand_rps:g} rps")
+        plans[a.name] = p
+    prev = previous.layout if previous is not None and previous.layout is not None else None
+    if prev is not None and prev.gpu_model != node.gpu.name:
+        prev = None
+    layout = _decoded(pack(_requests(plans), node.gpu, node.num_gpus,
+                           _encoded(prev) if prev is not None else None))
+    secs = time.perf_counter() - t0
+    for name, p in plans.items():
+        p.layout = app_layout(layout, name)
+        p.solve_seconds = secs
+    gap = 0.0 if res.status == "optimal" else (
+        abs(res.bound - res.objective) if math.isfinite(res.bound) and math.isfinite(res.objective)
+        else math.inf)
+    return NodePlan(node=node.name, objective_kind=kind, status=res.status, feasible=scale >= 1.0,
+                    objective=res.objective, gap=gap, slices_used=sum(p.slices_used for p in plans.values()),
+                    slices_available=node.slices_available, solve_seconds=secs, plans=plans,
+                    layout=layout, demand_scale=scale, notes=notes + res.notes)
+
+
+def _empty(node: Node, kind: str, status: str, secs: float, note: str) -> NodePlan:
+    return NodePlan(node=node.name, objective_kind=kind, status=status, feasible=False,
+                    objective=math.nan, gap=math.inf, slices_used=0,
+                    slices_available=node.slices_available, solve_seconds=secs, demand_scale=0.0,
+                    notes=[note])

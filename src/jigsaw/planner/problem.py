@@ -1,0 +1,52 @@
+"""What every formulation of the planner's MILP starts from: one app's columns, lanes and layouts.
+
+Computed once per (app, node, profiles, space, factors) and shared by the reference model
+(``milp``), the tight model (``joint``) and the greedy incumbent (``anytime``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jigsaw.app import App, Lane
+from jigsaw.node import Node
+from jigsaw.planner.columns import ColumnSet, allowed_variants, build_columns
+from jigsaw.planner.layouts import maximal_layout_counts
+from jigsaw.profiles import ProfileTable
+from jigsaw.spaces import SearchSpace
+
+Factors = dict[tuple[str, str, str], float]
+
+
+@dataclass
+class Problem:
+    app: App
+    node: Node
+    space: SearchSpace
+    colset: ColumnSet
+    lanes: list[Lane]
+    lane_acc: list[float]  # relative to A_max
+    lane_mult: list[dict[str, float]]  # per lane: requests per root request at each task
+    layouts: list[dict[str, int]]  # maximal per-GPU profile counts over the columns' profiles
+    factors: Factors | None = None
+    profiles: ProfileTable | None = None  # what the columns came from (the verifier needs it)
+
+
+def make_problem(app: App, node: Node, profiles: ProfileTable, space: SearchSpace,
+                 factors: Factors | None) -> Problem:
+    colset = build_columns(app, node, profiles, space, factors)
+    lanes = app.lanes(allowed_variants(app, space))
+    a_max = app.max_accuracy(factors)
+    lane_acc = [app.lane_accuracy(c, factors) / a_max for c in lanes]
+    lane_mult = [app.multipliers(c, factors) for c in lanes]
+    used_profiles = sorted({c.mig_profile for c in colset.columns})
+    layouts = node_layouts(node, used_profiles)
+    return Problem(app, node, space, colset, lanes, lane_acc, lane_mult, layouts, factors, profiles)
+
+
+def node_layouts(node: Node, profile_names: list[str]) -> list[dict[str, int]]:
+    """The maximal per-GPU count vectors over ``profile_names`` (sorted), as dicts."""
+    if not profile_names:
+        return []
+    return [dict(zip(profile_names, counts, strict=True))
+            for counts in maximal_layout_counts(node.gpu, profile_names)]
