@@ -41,10 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--node", help="node config to check a plan against")
     c.set_defaults(func=cmd_check)
 
-    pl = sub.add_parser("plan", help="plan one app for one demand")
-    pl.add_argument("--app", required=True, help="app TOML file, or the name of an app of the node")
-    pl.add_argument("--node", required=True, help="node TOML file")
-    pl.add_argument("--demand", required=True, type=float, metavar="RPS")
+    pl = sub.add_parser("plan", help="plan one app for one demand (or a fleet: --fleet)")
+    pl.add_argument("--app", help="app TOML file, or the name of an app of the node")
+    pl.add_argument("--node", help="node TOML file")
+    pl.add_argument("--demand", type=float, metavar="RPS")
+    pl.add_argument("--fleet", metavar="F.toml", help="plan a fleet of nodes (--json, --out DIR, --down)")
+    pl.add_argument("--down", metavar="NODE,...", help="with --fleet: plan without these nodes")
     pl.add_argument("--space", choices=SPACES, help="search space (default: the node's)")
     pl.add_argument("--time-limit", type=float, metavar="S")
     pl.add_argument("--solver", choices=("cbc", "highs"))
@@ -63,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     ca.add_argument("--solver", choices=("cbc", "highs"))
     ca.add_argument("--json", action="store_true")
     ca.set_defaults(func=cmd_capacity)
+
+    from jigsaw.fleet.commands import add_k8s_parser
+    add_k8s_parser(sub)
 
     pk = sub.add_parser("pack", help="lay a plan's MIG instances onto GPUs")
     pk.add_argument("--plan", required=True, metavar="PLAN.json")
@@ -231,6 +236,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from jigsaw.planner.milp import plan
 
+    if args.fleet:
+        from jigsaw.fleet.commands import cmd_plan_fleet
+        return cmd_plan_fleet(args)
+    missing = [f"--{k}" for k in ("app", "node", "demand") if getattr(args, k) is None]
+    if missing:
+        raise ConfigError("(arguments)", ", ".join(missing), "required (or plan a fleet with --fleet)")
     node, app = _node_and_app(args)
     profiles = load_node_profiles(node, [app])
     previous = load_plan(args.previous) if args.previous else None
