@@ -28,7 +28,8 @@ def format_fleet_plan(fp: FleetPlan) -> str:
     lines.append(f"{'app':<20} {'demand rps':>11} {'planned rps':>11} {'capacity rps':>12}  shares")
     for app, s in fp.apps.items():
         share = "  ".join(f"{n} {f:.3f}" for n, f in s.shares.items())
-        lines.append(f"{app:<20} {s.demand_rps:>11.6g} {s.planned_rps:>11.6g} {s.capacity_rps:>12.6g}  {share}")
+        lines.append(f"{app:<20} {s.demand_rps:>11.6g} {s.planned_rps:>11.6g} "
+                     f"{s.capacity_rps:>12.6g}  {share}")
     lines.append("")
     lines.append(f"{'node':<14} {'gpu':<10} {'slices':>7}  apps (GPUs, share rps, accuracy)")
     for n in fp.nodes:

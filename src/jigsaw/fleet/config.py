@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jigsaw.app import App
-from jigsaw.errors import ConfigError
 from jigsaw.fields import Fields, read_toml
 from jigsaw.node import Node, load_node
 from jigsaw.planner.spaces import SPACES

@@ -129,7 +129,7 @@ def manifests(fleet: Fleet, plan: FleetPlan) -> dict[str, list[dict[str, Any]]]:
              "spec": {"selector": {"jigsaw/node": n.name},
                       "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]}},
         ]
-    for app, shares in plan.apps.items():
+    for app in plan.apps:
         weights = plan.weights(app)
         out[f"routes/{k8s_name(app)}.yaml"] = [{
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
