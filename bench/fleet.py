@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 from dataclasses import dataclass, field
@@ -175,6 +176,7 @@ async def play(url: str, app: str, window: list[float], bin_seconds: float, time
             res.unattributed_failed += 1
 
     timeout = aiohttp.ClientTimeout(total=TAIL_TIMEOUT_S)
+    replan: asyncio.Future[None] | None = None
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
         start = time.monotonic()
         for k, rate in enumerate(window):
@@ -191,14 +193,51 @@ async def play(url: str, app: str, window: list[float], bin_seconds: float, time
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
             end = bin_start + bin_seconds
-            # the next bin's plan is made while this bin's arrivals keep flowing
-            replan = asyncio.get_running_loop().run_in_executor(None, on_bin_end, k)
             if end > time.monotonic():
                 await asyncio.sleep(end - time.monotonic())
+            # the next bin's plan is made while its arrivals flow; one re-plan at a time
+            if replan is not None and not replan.done():
+                log(f"bin {k}: the previous fleet re-plan is still running; skipping this one")
+            elif k + 1 < len(window):
+                replan = asyncio.get_running_loop().run_in_executor(None, on_bin_end, k)
+        if replan is not None:
             await replan
         if tasks:
             await asyncio.wait(set(tasks), timeout=TAIL_TIMEOUT_S + 5)
     return res
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def node_file_for_bench(source: str, solver: str, folder: Path) -> str:
+    """A copy of a node file whose planner uses ``solver`` (paths made absolute).
+
+    The nodes' controllers re-plan within 0.4 x the bin; on two shared cores CBC often finds
+    no traffic-analysis plan that fast where HiGHS does (README: bench/capacity.py says the same).
+    """
+    import tomllib
+    src = Path(source)
+    doc = tomllib.loads(src.read_text())
+    doc["apps"] = [str((src.parent / a).resolve()) for a in doc.get("apps", [])]
+    gpus = doc.setdefault("gpus", {})
+    gpus["profiles_dir"] = str((src.parent / gpus.get("profiles_dir", "../profiles/"
+                                                      + str(gpus.get("model", "")).lower())).resolve())
+    doc.setdefault("planner", {})["solver"] = solver
+    lines = [f"{k} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            lines += ["", f"[{k}]"] + [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()]
+    out = folder / src.name
+    out.write_text("\n".join(lines) + "\n")
+    return str(out)
 
 
 def window_for(fleet: Fleet, app: str, capacity_rps: float, args: argparse.Namespace) -> list[float]:
@@ -218,25 +257,51 @@ def run_fleet(fleet: Fleet, app: str, window: list[float], curves: FleetCurves, 
     state: dict[str, Any] = {"plan": plan0, "down": set()}
     daemons: dict[str, Jigsawd] = {}
     nginx = Nginx(Path(tempfile.mkdtemp(prefix="jigsaw-nginx-")))
+    node_dir = Path(tempfile.mkdtemp(prefix="jigsaw-fleet-nodes-"))
     try:
+        started: dict[str, BaseException | None] = {}
+
+        def start(name: str, d: Jigsawd) -> None:
+            try:
+                d.__enter__()
+                started[name] = None
+            except BaseException as exc:  # reported below, after every start ended
+                started[name] = exc
+
+        threads = []
         for name in node_names:
             group = fleet.group_of(name)
             share = plan0.apps[app].planned_rps * plan0.apps[app].shares.get(name, 0.0)
-            d = Jigsawd(["--node-config", group.node.source, "--emulate", "--apps", app,
+            node_file = node_file_for_bench(group.node.source, args.node_solver, node_dir)
+            d = Jigsawd(["--node-config", node_file, "--emulate", "--apps", app,
                          "--demand", f"{max(share * slack, 0.1):.3f}", "--bin-seconds", str(args.bin_seconds),
                          "--time-scale", str(args.time_scale), "--seed", str(args.seed)],
                         out / f"jigsawd-{name}.log")
             log(f"starting {name} on port {d.port} ({share:.1f} rps share)")
-            d.__enter__()
             daemons[name] = d
+            threads.append(threading.Thread(target=start, args=(name, d), daemon=True))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        failed = {n: e for n, e in started.items() if e is not None}
+        if failed or len(started) != len(daemons):
+            raise RuntimeError(f"nodes did not start: {failed}")
         addresses = {n: f"127.0.0.1:{d.port}" for n, d in daemons.items()}
-        for name, d in daemons.items():
+        for name, d in daemons.items():  # every node re-plans for its share now, bins restart
             share = plan0.apps[app].planned_rps * plan0.apps[app].shares.get(name, 0.0)
             http_json("POST", f"{d.url}/admin/control", {"app": app, "history_rps": [share],
-                                                          "restart_bins": True})
+                                                          "replan_rps": share * slack,
+                                                          "restart_bins": True}, timeout_s=300)
         nginx.write(plan0, addresses)
         nginx.start()
         log(f"nginx on {nginx.url} ({nginx.dir})")
+
+        def tell(url: str, share_rps: float) -> None:
+            """A node whose share moved re-plans now (not at its next bin)."""
+            with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+                http_json("POST", f"{url}/admin/control", {"app": app, "replan_rps": share_rps * slack},
+                          timeout_s=120)
 
         def on_bin_end(k: int) -> None:
             t0 = time.monotonic()
@@ -253,9 +318,7 @@ def run_fleet(fleet: Fleet, app: str, window: list[float], curves: FleetCurves, 
                 s_old = old.apps[app].planned_rps * old.apps[app].shares.get(n, 0.0)
                 s_new = fp.apps[app].planned_rps * fp.apps[app].shares.get(n, 0.0)
                 if s_old > 0 and abs(s_new - s_old) / s_old > SHARE_MOVE:
-                    with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
-                        http_json("POST", f"{daemons[n].url}/admin/control",
-                                  {"app": app, "replan_rps": s_new}, timeout_s=5)
+                    threading.Thread(target=tell, args=(daemons[n].url, s_new), daemon=True).start()
                     moved.append(n)
             state.setdefault("records", []).append({
                 "bin": k + 1, "demand_rps": nxt, "down": sorted(state["down"]),
@@ -274,7 +337,6 @@ def run_fleet(fleet: Fleet, app: str, window: list[float], curves: FleetCurves, 
                         os.killpg(d.proc.pid, signal.SIGKILL)
                 state["down"].add(name)  # the next fleet plan leaves it out
 
-            import threading
             killer = threading.Timer((kbin + 0.5) * args.bin_seconds, do_kill)
             killer.daemon = True
             killer.start()
@@ -299,22 +361,29 @@ def run_fleet(fleet: Fleet, app: str, window: list[float], curves: FleetCurves, 
         for d in daemons.values():
             with contextlib.suppress(Exception):
                 d.__exit__()
+        shutil.rmtree(node_dir, ignore_errors=True)
 
 
 def run_baseline(fleet: Fleet, app: str, window: list[float], args: argparse.Namespace, out: Path) -> Tally:
-    """One node, no nginx, at the fleet's per-node load."""
-    import aiohttp  # noqa: F401  (play needs it)
+    """One node, no nginx, at the fleet's per-node load, started and seeded as the fleet's."""
     group = fleet.groups[0]
+    slack = 1 + group.node.planner.demand_slack
     per_node = [r / fleet.num_nodes for r in window]
-    d = Jigsawd(["--node-config", group.node.source, "--emulate", "--apps", app,
-                 "--demand", f"{per_node[0]:.3f}", "--bin-seconds", str(args.bin_seconds),
-                 "--time-scale", str(args.time_scale), "--seed", str(args.seed)],
-                out / "jigsawd-baseline.log")
-    with d:
-        http_json("POST", f"{d.url}/admin/control", {"app": app, "history_rps": [per_node[0]],
-                                                      "restart_bins": True})
-        res = asyncio.run(play(d.url, app, per_node, args.bin_seconds, args.time_scale, args.seed + 1,
-                               {}, lambda k: None))
+    node_dir = Path(tempfile.mkdtemp(prefix="jigsaw-fleet-nodes-"))
+    try:
+        node_file = node_file_for_bench(group.node.source, args.node_solver, node_dir)
+        d = Jigsawd(["--node-config", node_file, "--emulate", "--apps", app,
+                     "--demand", f"{per_node[0] * slack:.3f}", "--bin-seconds", str(args.bin_seconds),
+                     "--time-scale", str(args.time_scale), "--seed", str(args.seed)],
+                    out / "jigsawd-baseline.log")
+        with d:
+            http_json("POST", f"{d.url}/admin/control", {"app": app, "history_rps": [per_node[0]],
+                                                          "replan_rps": per_node[0] * slack,
+                                                          "restart_bins": True}, timeout_s=300)
+            res = asyncio.run(play(d.url, app, per_node, args.bin_seconds, args.time_scale, args.seed + 1,
+                                   {}, lambda k: None))
+    finally:
+        shutil.rmtree(node_dir, ignore_errors=True)
     return res.total
 
 
@@ -364,11 +433,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--app", default=None, help="the fleet's app to replay (default: its first)")
     p.add_argument("--trace", default="synthetic:0")
     p.add_argument("--day", type=int, default=0)
-    p.add_argument("--bins", default="150:160", help="window of 5-minute bins of the day")
+    p.add_argument("--bins", default="150:156", help="window of 5-minute bins of the day")
     p.add_argument("--load", type=float, default=0.7, help="window peak / fleet capacity")
-    p.add_argument("--bin-seconds", type=float, default=6.0)
+    p.add_argument("--bin-seconds", type=float, default=10.0)
     p.add_argument("--time-scale", type=float, default=40.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--node-solver", default="highs", choices=("cbc", "highs"),
+                   help="the nodes' planner solver (default highs: fast enough for 0.4 x a short bin)")
     p.add_argument("--kill", default=None, metavar="NODE@BIN", help="kill NODE half-way through bin BIN")
     p.add_argument("--no-kill-run", action="store_true", help="with --kill: skip the run without a kill")
     p.add_argument("--baseline", action="store_true", help="also run one node at the per-node load")
