@@ -240,6 +240,16 @@ def node_file_for_bench(source: str, solver: str, folder: Path) -> str:
     return str(out)
 
 
+def fleet_node_plans(fleet: Fleet, app: str, window: list[float], curves: FleetCurves,
+                     slack: float) -> dict[str, str]:
+    """Each node's plan file for the window's peak demand (+ slack): what ``k8s render`` mounts."""
+    from jigsaw.fleet.render import node_plan_json
+    fp, _ = plan_fleet(fleet.with_demand({app: max(window) * slack}), curves=curves)
+    for note in fp.notes:
+        log(f"fleet plan: {note}")
+    return {n.name: node_plan_json(n) for n in fp.nodes}
+
+
 def window_for(fleet: Fleet, app: str, capacity_rps: float, args: argparse.Namespace) -> list[float]:
     spec = parse_trace_spec(args.trace)
     bins = day_bins(spec, day=args.day)
@@ -254,6 +264,7 @@ def run_fleet(fleet: Fleet, app: str, window: list[float], curves: FleetCurves, 
     node_names = [n for g in fleet.groups for n in g.node_names()]
     slack = 1 + max(g.node.planner.demand_slack for g in fleet.groups)
     plan0, curves = plan_fleet(fleet.with_demand({app: window[0]}), curves=curves, plan_nodes=False)
+    node_plans = fleet_node_plans(fleet, app, window, curves, slack) if args.node_control == "fleet" else {}
     state: dict[str, Any] = {"plan": plan0, "down": set()}
     daemons: dict[str, Jigsawd] = {}
     nginx = Nginx(Path(tempfile.mkdtemp(prefix="jigsaw-nginx-")))
@@ -273,8 +284,14 @@ def run_fleet(fleet: Fleet, app: str, window: list[float], curves: FleetCurves, 
             group = fleet.group_of(name)
             share = plan0.apps[app].planned_rps * plan0.apps[app].shares.get(name, 0.0)
             node_file = node_file_for_bench(group.node.source, args.node_solver, node_dir)
-            d = Jigsawd(["--node-config", node_file, "--emulate", "--apps", app,
-                         "--demand", f"{max(share * slack, 0.1):.3f}", "--bin-seconds", str(args.bin_seconds),
+            if node_plans:  # the fleet's plan for the node, as a Kubernetes deployment runs it
+                plan_file = node_dir / f"{name}.json"
+                plan_file.write_text(node_plans[name])
+                source = ["--plan", str(plan_file)]
+            else:
+                source = ["--demand", f"{max(share * slack, 0.1):.3f}",
+                          "--bin-seconds", str(args.bin_seconds)]
+            d = Jigsawd(["--node-config", node_file, "--emulate", "--apps", app, *source,
                          "--time-scale", str(args.time_scale), "--seed", str(args.seed)],
                         out / f"jigsawd-{name}.log")
             log(f"starting {name} on port {d.port} ({share:.1f} rps share)")
@@ -289,6 +306,8 @@ def run_fleet(fleet: Fleet, app: str, window: list[float], curves: FleetCurves, 
             raise RuntimeError(f"nodes did not start: {failed}")
         addresses = {n: f"127.0.0.1:{d.port}" for n, d in daemons.items()}
         for name, d in daemons.items():  # every node re-plans for its share now, bins restart
+            if node_plans:
+                break
             share = plan0.apps[app].planned_rps * plan0.apps[app].shares.get(name, 0.0)
             http_json("POST", f"{d.url}/admin/control", {"app": app, "history_rps": [share],
                                                           "replan_rps": share * slack,
@@ -317,7 +336,7 @@ def run_fleet(fleet: Fleet, app: str, window: list[float], curves: FleetCurves, 
             for n in live:
                 s_old = old.apps[app].planned_rps * old.apps[app].shares.get(n, 0.0)
                 s_new = fp.apps[app].planned_rps * fp.apps[app].shares.get(n, 0.0)
-                if s_old > 0 and abs(s_new - s_old) / s_old > SHARE_MOVE:
+                if not node_plans and s_old > 0 and abs(s_new - s_old) / s_old > SHARE_MOVE:
                     threading.Thread(target=tell, args=(daemons[n].url, s_new), daemon=True).start()
                     moved.append(n)
             state.setdefault("records", []).append({
@@ -354,6 +373,10 @@ def run_fleet(fleet: Fleet, app: str, window: list[float], curves: FleetCurves, 
                 continue
             with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
                 history[n] = http_json("GET", f"{d.url}/admin/history?app={app}", timeout_s=10).get(app, [])
+            if not history.get(n):  # no controller: the plan it served all along
+                with contextlib.suppress(OSError, urllib.error.URLError, ValueError, KeyError):
+                    served = http_json("GET", f"{d.url}/admin/plan", timeout_s=10)[app]["plan"]
+                    history[n] = [{"plan": served}]
         return res, history
     finally:
         nginx.stop()
@@ -364,7 +387,8 @@ def run_fleet(fleet: Fleet, app: str, window: list[float], curves: FleetCurves, 
         shutil.rmtree(node_dir, ignore_errors=True)
 
 
-def run_baseline(fleet: Fleet, app: str, window: list[float], args: argparse.Namespace, out: Path) -> Tally:
+def run_baseline(fleet: Fleet, app: str, window: list[float], curves: FleetCurves, args: argparse.Namespace,
+                 out: Path) -> Tally:
     """One node, no nginx, at the fleet's per-node load, started and seeded as the fleet's."""
     group = fleet.groups[0]
     slack = 1 + group.node.planner.demand_slack
@@ -372,14 +396,20 @@ def run_baseline(fleet: Fleet, app: str, window: list[float], args: argparse.Nam
     node_dir = Path(tempfile.mkdtemp(prefix="jigsaw-fleet-nodes-"))
     try:
         node_file = node_file_for_bench(group.node.source, args.node_solver, node_dir)
-        d = Jigsawd(["--node-config", node_file, "--emulate", "--apps", app,
-                     "--demand", f"{per_node[0] * slack:.3f}", "--bin-seconds", str(args.bin_seconds),
+        if args.node_control == "fleet":  # the plan a fleet node runs (all nodes share it)
+            plan_file = node_dir / "baseline.json"
+            plan_file.write_text(next(iter(fleet_node_plans(fleet, app, window, curves, slack).values())))
+            source = ["--plan", str(plan_file)]
+        else:
+            source = ["--demand", f"{per_node[0] * slack:.3f}", "--bin-seconds", str(args.bin_seconds)]
+        d = Jigsawd(["--node-config", node_file, "--emulate", "--apps", app, *source,
                      "--time-scale", str(args.time_scale), "--seed", str(args.seed)],
                     out / "jigsawd-baseline.log")
         with d:
-            http_json("POST", f"{d.url}/admin/control", {"app": app, "history_rps": [per_node[0]],
-                                                          "replan_rps": per_node[0] * slack,
-                                                          "restart_bins": True}, timeout_s=300)
+            if args.node_control == "node":
+                http_json("POST", f"{d.url}/admin/control", {"app": app, "history_rps": [per_node[0]],
+                                                              "replan_rps": per_node[0] * slack,
+                                                              "restart_bins": True}, timeout_s=300)
             res = asyncio.run(play(d.url, app, per_node, args.bin_seconds, args.time_scale, args.seed + 1,
                                    {}, lambda k: None))
     finally:
@@ -438,6 +468,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bin-seconds", type=float, default=10.0)
     p.add_argument("--time-scale", type=float, default=40.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--node-control", default="fleet", choices=("fleet", "node"),
+                   help="fleet: nodes run the fleet's node plans (--plan, as k8s render deploys them); "
+                        "node: each node's controller re-plans every bin for what it receives")
     p.add_argument("--node-solver", default="highs", choices=("cbc", "highs"),
                    help="the nodes' planner solver (default highs: fast enough for 0.4 x a short bin)")
     p.add_argument("--kill", default=None, metavar="NODE@BIN", help="kill NODE half-way through bin BIN")
@@ -497,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(f"fleet of {len(nodes)} through nginx, {kill[0]} killed in bin {kill[1]}", s)
         bad |= s["sent"] != s["answered"] or s["lost_outside_killed_node"] > 0
     if args.baseline:
-        t = run_baseline(fleet, app, window, args, args.out)
+        t = run_baseline(fleet, app, window, curves, args, args.out)
         base_pct = 100.0 * t.violations / t.sent if t.sent else 0.0
         report["baseline"] = {"sent": t.sent, "violations": t.violations, "violation_pct": base_pct,
                               "failed": t.failed}
