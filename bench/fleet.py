@@ -126,6 +126,7 @@ class RunResult:
     per_node: dict[str, Tally] = field(default_factory=dict)
     total: Tally = field(default_factory=Tally)
     unattributed_failed: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # "status upstream" -> count
     behind_s: float = 0.0
     replans: list[dict[str, Any]] = field(default_factory=list)
 
@@ -172,8 +173,11 @@ async def play(url: str, app: str, window: list[float], bin_seconds: float, time
                 t.violations += 1
             else:
                 t.failed += 1
-        if status not in (200, 503, 504) and node is None:
-            res.unattributed_failed += 1
+        if status not in (200, 503, 504):
+            key = f"{status} {upstream or '-'}"
+            res.failures[key] = res.failures.get(key, 0) + 1
+            if node is None:
+                res.unattributed_failed += 1
 
     timeout = aiohttp.ClientTimeout(total=TAIL_TIMEOUT_S)
     replan: asyncio.Future[None] | None = None
@@ -438,7 +442,7 @@ def summarize(res: RunResult, history: dict[str, list[dict[str, Any]]], nodes: l
             "slices_used_mean": sum(r["slices_used_mean"] for r in rows
                                     if not math.isnan(r["slices_used_mean"])),
             "slices_available": sum(r["slices_available"] for r in rows), "behind_s": res.behind_s,
-            "replans": res.replans}
+            "replans": res.replans, "failures": res.failures}
 
 
 def print_summary(title: str, s: dict[str, Any]) -> None:
@@ -455,6 +459,8 @@ def print_summary(title: str, s: dict[str, Any]) -> None:
     print(f"sent {s['sent']} {same} answered {s['answered']}; failed on the killed node "
           f"{s['failed_on_killed_node']}, lost outside it {s['lost_outside_killed_node']}; "
           f"{len(s['replans'])} fleet re-plans + nginx reloads; client at most {s['behind_s']:.2f} s behind")
+    if s["failures"]:
+        print("failures by status and upstream: " + ", ".join(f"{k}: {v}" for k, v in s["failures"].items()))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
