@@ -31,6 +31,8 @@ try:
 except ImportError:  # run from a checkout without an installed package
     sys.path.insert(0, str(ROOT / "src"))
 
+import mip  # noqa: E402
+
 from jigsaw.fleet.config import load_fleet  # noqa: E402
 from jigsaw.fleet.planner import fleet_capacity, plan_fleet  # noqa: E402
 from jigsaw.node import load_node_profiles  # noqa: E402
@@ -78,11 +80,25 @@ def main(argv: list[str] | None = None) -> int:
         profiles = load_node_profiles(group.node, [app])
         base = app.accuracy_slo if app.accuracy_slo is not None else group.node.planner.accuracy_slo
         print(f"one node's capacity by accuracy SLO (the app's is {base:g}):")
+        points = []
         for a in sorted({base, *(float(x) for x in args.accuracy_mix.split(",") if x)}):
             c = capacity(replace(app, accuracy_slo=a), group.node, profiles, space=fleet.space,
                          time_limit_s=fleet.time_limit_s, solver=fleet.solver)
+            points.append((c.max_demand_rps, c.plan.accuracy))
             print(f"  accuracy >= {a:.3f}: {c.max_demand_rps:8.1f} rps (plan accuracy "
                   f"{c.plan.accuracy:.4f}, {c.status})")
+        # The best fleet of nodes at these levels (node counts continuous: an upper bound) whose
+        # rate-weighted accuracy meets the app's SLO.
+        m = mip.Model(sense=mip.MAXIMIZE, solver_name=mip.CBC)
+        m.verbose = 0
+        n = [m.add_var(lb=0) for _ in points]
+        m += mip.xsum(n) <= group.count
+        m += mip.xsum(x * c * (acc - base) for x, (c, acc) in zip(n, points, strict=True)) >= 0
+        m.objective = mip.maximize(mip.xsum(x * c for x, (c, _) in zip(n, points, strict=True)))
+        m.optimize()
+        mix = sum(x.x * c for x, (c, _) in zip(n, points, strict=True))
+        print(f"best mix of these levels over {group.count} nodes: {mix:.1f} rps vs {cap:.1f} all at the SLO "
+              f"({'mixing helps' if mix > cap * (1 + 1e-6) else 'no gain: the curve is concave here'})")
     return 0
 
 
