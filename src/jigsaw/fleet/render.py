@@ -160,7 +160,8 @@ def render_nginx(plan: FleetPlan, addresses: dict[str, str], *, listen: str = "0
     lines = []
     if prefix is not None:
         lines += [f"pid {prefix}/nginx.pid;", f"error_log {prefix}/error.log warn;"]
-    lines += ["worker_processes 1;", "events { worker_connections 4096; }", "http {",
+    lines += ["worker_processes 1;", "worker_rlimit_nofile 65536;",
+              "events { worker_connections 16384; }", "http {",
               "    access_log off;", "    client_max_body_size 64m;",
               "    proxy_http_version 1.1;", "    proxy_read_timeout 120s;",
               "    proxy_next_upstream error timeout;",
@@ -191,6 +192,26 @@ def render_nginx(plan: FleetPlan, addresses: dict[str, str], *, listen: str = "0
     return "\n".join(lines) + "\n"
 
 
+class _Dumper(yaml.SafeDumper):
+    """Plain YAML for people and kubectl: no anchors for repeated labels, files as blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    if "\n" in text:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(objs: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False)
+
+
 def write_manifests(fleet: Fleet, plan: FleetPlan, out_dir: str | Path) -> list[Path]:
     """Writes every manifest, the nginx configuration, the per-node plans and the fleet plan."""
     out = Path(out_dir)
@@ -203,7 +224,7 @@ def write_manifests(fleet: Fleet, plan: FleetPlan, out_dir: str | Path) -> list[
         written.append(path)
 
     for rel, objs in manifests(fleet, plan).items():
-        put(rel, yaml.safe_dump_all(objs, sort_keys=False))
+        put(rel, to_yaml(objs))
     addresses = {n.name: f"jigsawd-{n.name}.{fleet.kube.namespace}.svc.cluster.local:{fleet.kube.port}"
                  for n in plan.nodes}
     put("nginx/nginx.conf", render_nginx(plan, addresses))
