@@ -201,6 +201,8 @@ def test_fleet_file_errors_name_file_and_field(tmp_path: Path) -> None:
             "apps[0].demand_rps",
         '[[nodes]]\nname = "a"\nnode = "@EX@/h100x4.toml"\ncount = 0': "nodes[0].count",
         'name = "x"': "nodes",
+        '[[nodes]]\nname = "a"\nnode = "@EX@/h100x4.toml"\n[[apps]]\nname = "social_media"\ndemand_rps = 1\n'
+        '[kubernetes]\ncpu = "lots"': "kubernetes.cpu",
     }
     for i, (body, field) in enumerate(cases.items()):
         path = write_fleet(tmp_path, body, f"f{i}.toml")

@@ -153,7 +153,20 @@ def load_fleet(path: str | Path) -> Fleet:
     kube = KubeSettings(namespace=namespace, image=k.str("image", KubeSettings.image),
                         port=k.integer("port", 8000, low=1, high=65535),
                         gateway=k.str("gateway", KubeSettings.gateway),
-                        cpu=str(k.raw("cpu", KubeSettings.cpu)), memory=k.str("memory", KubeSettings.memory))
+                        cpu=_quantity(k, "cpu", KubeSettings.cpu),
+                        memory=_quantity(k, "memory", KubeSettings.memory))
     return Fleet(name=f.str("name", path.stem), groups=tuple(groups), apps=tuple(apps),
                  allocation=allocation, space=space, time_limit_s=time_limit, solver=solver,
                  kube=kube, source=str(path))
+
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+
+
+def _quantity(f: Fields, key: str, default: str) -> str:
+    """A Kubernetes resource quantity ("8", "500m", "32Gi"); a number is taken as is."""
+    value = f.raw(key, default)
+    text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not _QUANTITY.match(text):
+        raise f.error(key, f"expected a Kubernetes quantity such as '8', '500m' or '32Gi', got {value!r}")
+    return text
