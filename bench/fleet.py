@@ -57,6 +57,7 @@ except ImportError:  # run from a checkout without an installed package
 
 from replay import Jigsawd, free_port, http_json, poisson_times, request_body  # noqa: E402
 
+from jigsaw.errors import JigsawError  # noqa: E402
 from jigsaw.fleet.config import Fleet, load_fleet  # noqa: E402
 from jigsaw.fleet.planner import FleetCurves, FleetPlan, fleet_capacity, plan_fleet  # noqa: E402
 from jigsaw.fleet.render import render_nginx  # noqa: E402
@@ -518,7 +519,11 @@ def main(argv: list[str] | None = None) -> int:
         kill = (name, int(b))
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    _, curves = plan_fleet(fleet, plan_nodes=False)
+    try:
+        _, curves = plan_fleet(fleet, plan_nodes=False)
+    except JigsawError as exc:
+        log(f"the fleet plan failed: {exc}")
+        return 2
     cap = fleet_capacity(fleet, app, curves)
     log(f"fleet {fleet.name}: {fleet.num_nodes} nodes, {app} capacity {cap:.1f} rps "
         f"({time.monotonic() - t0:.1f} s of node capacity solves)")

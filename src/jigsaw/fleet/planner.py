@@ -43,6 +43,7 @@ from jigsaw.planner.milp import capacity, plan
 from jigsaw.profiles import ProfileTable
 
 WEIGHT_SCALE = 10_000  # integer load-balancer weights: a share of 1.0 is this weight
+RETRY_LIMIT_FACTOR = 3.0  # a capacity solve without an incumbent is retried with this x the limit
 
 
 @dataclass(frozen=True)
@@ -189,8 +190,13 @@ def fleet_curves(fleet: Fleet, previous: FleetCurves | None = None) -> FleetCurv
                 if g in pts:
                     continue
                 node = group.node.with_gpus(g)
+                limit = fleet.time_limit_s if fleet.time_limit_s is not None else node.planner.time_limit_s
                 cap = capacity(app, node, _profiles(group.node, apps, profiles), space=fleet.space,
-                               time_limit_s=fleet.time_limit_s, solver=fleet.solver)
+                               time_limit_s=limit, solver=fleet.solver)
+                if cap.max_demand_rps <= 0 and cap.status not in ("optimal", "infeasible"):
+                    # no incumbent within the limit is not "serves nothing": try once, longer
+                    cap = capacity(app, node, _profiles(group.node, apps, profiles), space=fleet.space,
+                                   time_limit_s=RETRY_LIMIT_FACTOR * limit, solver=fleet.solver)
                 pts[g] = CurvePoint(g, cap.max_demand_rps, cap.plan.slices_used, cap.status, cap.plan)
     curves.seconds = (previous.seconds if previous is not None else 0.0) + time.perf_counter() - t0
     return curves
