@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jigsaw.errors import ConfigError
-from jigsaw.fleet.config import load_fleet
-from jigsaw.fleet.planner import FleetPlan, plan_fleet
-from jigsaw.fleet.render import node_plan_json, write_manifests
+
+if TYPE_CHECKING:  # the planner (mip) and the renderer (yaml) load only when a command runs
+    from jigsaw.fleet.planner import FleetPlan
 
 
 def _down(args: argparse.Namespace) -> set[str]:
@@ -41,6 +42,10 @@ def format_fleet_plan(fp: FleetPlan) -> str:
 
 
 def cmd_plan_fleet(args: argparse.Namespace) -> int:
+    from jigsaw.fleet.config import load_fleet
+    from jigsaw.fleet.planner import plan_fleet
+    from jigsaw.fleet.render import node_plan_json
+
     fleet = load_fleet(args.fleet)
     if args.demand is not None:
         if len(fleet.apps) != 1:
@@ -59,6 +64,10 @@ def cmd_plan_fleet(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s_render(args: argparse.Namespace) -> int:
+    from jigsaw.fleet.config import load_fleet
+    from jigsaw.fleet.planner import plan_fleet
+    from jigsaw.fleet.render import write_manifests
+
     fleet = load_fleet(args.fleet)
     fp, _ = plan_fleet(fleet, down=_down(args))
     written = write_manifests(fleet, fp, args.out)
