@@ -42,10 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--node", help="node config to check a plan against")
     c.set_defaults(func=cmd_check)
 
-    pl = sub.add_parser("plan", help="plan one app, or all apps of the node together")
+    pl = sub.add_parser("plan", help="plan one app, all apps of the node together, or a fleet (--fleet)")
     pl.add_argument("--app", help="app TOML file, or the name of an app of the node (one-app plan)")
-    pl.add_argument("--node", required=True, help="node TOML file")
-    pl.add_argument("--demand", required=True, metavar="RPS | APP=RPS,APP=RPS",
+    pl.add_argument("--node", help="node TOML file")
+    pl.add_argument("--demand", metavar="RPS | APP=RPS,APP=RPS",
                     help="root requests/s of --app; or app=rps pairs: one plan for those apps "
                          "of the node over its shared slices")
     pl.add_argument("--objective", choices=("accuracy", "slices"),
@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
                          "(default: the node's planner.objective)")
     pl.add_argument("--formulation", choices=("tight", "reference"),
                     help="planner model (default: the node's planner.formulation, tight)")
+    pl.add_argument("--fleet", metavar="F.toml", help="plan a fleet of nodes (--json, --out DIR, --down)")
+    pl.add_argument("--down", metavar="NODE,...", help="with --fleet: plan without these nodes")
     pl.add_argument("--space", choices=SPACES, help="search space (default: the node's)")
     pl.add_argument("--time-limit", type=float, metavar="S")
     pl.add_argument("--solver", choices=("cbc", "highs"))
@@ -72,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     ca.add_argument("--formulation", choices=("tight", "reference"))
     ca.add_argument("--json", action="store_true")
     ca.set_defaults(func=cmd_capacity)
+
+    from jigsaw.fleet.commands import add_k8s_parser
+    add_k8s_parser(sub)
 
     pk = sub.add_parser("pack", help="lay a plan's MIG instances onto GPUs")
     pk.add_argument("--plan", required=True, metavar="PLAN.json")
@@ -283,6 +288,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from jigsaw.errors import PlanError
     from jigsaw.planner.milp import plan
 
+    if args.fleet:
+        from jigsaw.fleet.commands import cmd_plan_fleet
+        return cmd_plan_fleet(args)
+    missing = [f"--{k}" for k in ("node", "demand") if getattr(args, k) is None]
+    if missing:
+        raise ConfigError("(arguments)", ", ".join(missing), "required (or plan a fleet with --fleet)")
     if "=" in args.demand:
         return _cmd_plan_node(args)
     if not args.app:
