@@ -324,9 +324,15 @@ def _lift(built: _Built, values: list[float], i: int) -> tuple[tuple[Column, ...
     for p in app.paths:
         if sum(2 * caps[t] for t in p) > app.latency_slo_ms * (1 + 1e-12):
             return None, caps
+    # The paths' slack goes to every task in proportion: the same instances then take the
+    # highest-throughput columns the SLO allows (more headroom, and usually more MPS processes,
+    # at the same slices and objective).
+    stretch = min((app.latency_slo_ms / total for p in app.paths
+                   if (total := sum(2 * caps[t] for t in p)) > 0), default=1.0)
+    final = {t: caps[t] * max(1.0, stretch) * (1 - 1e-12) for t in app.task_names}
     out = list(cols)
     for j, c in used:
-        col = best_under(j, caps[c.task])
+        col = best_under(j, final[c.task])
         assert col is not None
         out[j] = col
     return tuple(out), caps
