@@ -12,8 +12,8 @@ from factories import make_app, make_node, make_profiles
 
 from jigsaw.errors import ConfigError, PlanError
 from jigsaw.node import load_node, load_node_profiles
-from jigsaw.planner.anytime import plan_anytime, quick_plan
-from jigsaw.planner.milp import capacity, plan
+from jigsaw.planner.anytime import quick_plan
+from jigsaw.planner.milp import capacity, plan, plan_anytime
 from jigsaw.planner.node_plan import plan_node
 from jigsaw.planner.packer import validate_layout
 from jigsaw.planner.verify import verify_plan

@@ -7,16 +7,15 @@ within its latency share, the last one swapped for the smallest column that cove
 Two more candidates per split come from the LP relaxation of the model restricted to those
 latency caps (lane rates as the LP mixes them, each variant's instances rounded up the same
 way). The candidates are ranked by the planner's objective; the best one that packs onto the GPUs and
-passes the independent checker (``verify.verify_plan``) is returned. ``plan_anytime`` yields
-that plan first and the exact plan (``milp.plan``) when it is ready; the controller may deploy
-the first and replace it by the second.
+passes the independent checker (``verify.verify_plan``) is returned. ``milp.plan_anytime``
+yields that plan first and the exact plan when it is ready; the controller may deploy the first
+and replace it by the second.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
 
 from jigsaw.app import App
 from jigsaw.node import Node
@@ -197,16 +196,3 @@ def _as_plan(pb: Problem, demand_rps: float, rate: float, lanes: dict[int, float
         notes=["anytime incumbent: greedy single-lane plan, verified; not proven optimal"],
     )
 
-
-def plan_anytime(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
-                 space: str | None = None, previous: Plan | None = None,
-                 time_limit_s: float | None = None, factors: Factors | None = None,
-                 solver: str | None = None) -> Iterator[Plan]:
-    """Yields a verified quick plan (when the greedy finds one), then the exact plan."""
-    from jigsaw.planner.milp import plan
-
-    quick = quick_plan(app, node, profiles, demand_rps, space=space, factors=factors, previous=previous)
-    if quick is not None:
-        yield quick
-    yield plan(app, node, profiles, demand_rps, space=space, previous=previous,
-               time_limit_s=time_limit_s, factors=factors, solver=solver)

@@ -17,7 +17,7 @@ import contextlib
 import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import mip
@@ -457,3 +457,17 @@ def column_counts(app: App, node: Node, profiles: ProfileTable, space: str = "as
 
 
 __all__: Sequence[str] = ("FORMULATIONS", "Capacity", "PackingError", "capacity", "column_counts", "plan")
+
+
+def plan_anytime(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
+                 space: str | None = None, previous: Plan | None = None,
+                 time_limit_s: float | None = None, factors: Factors | None = None,
+                 solver: str | None = None) -> Iterator[Plan]:
+    """Yields a verified quick plan (when the greedy finds one), then the exact plan."""
+    from jigsaw.planner.anytime import quick_plan
+
+    quick = quick_plan(app, node, profiles, demand_rps, space=space, factors=factors, previous=previous)
+    if quick is not None:
+        yield quick
+    yield plan(app, node, profiles, demand_rps, space=space, previous=previous,
+               time_limit_s=time_limit_s, factors=factors, solver=solver)
