@@ -250,3 +250,18 @@ def test_a_bin_that_replanned_early_holds_its_demand_for_the_next_bin() -> None:
     assert c.predict_next() == pytest.approx(28.0 * 1.05)  # the paper's mean + slack
     c.records[-1].early_replans = 1  # the burst outran the plan: hold its demand one more bin
     assert c.predict_next() == pytest.approx(100.0 * 1.05)
+
+
+def test_a_capacity_loss_replan_asks_for_fresh_processes() -> None:
+    inst = PlanInstance(task="t", variant="v", mig_profile="1g.10gb", mps=1, max_batch=4, count=1,
+                        latency_ms=10.0, throughput_rps=100.0, slices=1)
+
+    async def go() -> None:
+        c, _ = _controller(lambda *a, **k: _plan(12.0, [inst]))
+        plane = c.plane
+        await c.replan(11.0)  # a routine re-plan may reuse the processes
+        c.on_capacity_lost("worker x failed 4 times")
+        assert c._replan_task is not None
+        await c._replan_task
+        assert [d.fresh_generation for d in plane.applied] == [False, True]  # type: ignore[attr-defined]
+    asyncio.run(go())

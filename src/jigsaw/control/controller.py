@@ -294,15 +294,17 @@ class AppController:
         """Spawn the capacity-loss re-plan, now or at the next poll if a re-plan is running."""
         if self._lost_demand_rps is not None and (self._replan_task is None or self._replan_task.done()):
             demand, self._lost_demand_rps = self._lost_demand_rps, None
-            self._spawn_replan(demand, early=True)
+            self._spawn_replan(demand, early=True, fresh=True)
 
-    def _spawn_replan(self, demand_rps: float, *, early: bool, for_next_bin: bool = False) -> None:
+    def _spawn_replan(self, demand_rps: float, *, early: bool, for_next_bin: bool = False,
+                      fresh: bool = False) -> None:
         if self._replan_task is not None and not self._replan_task.done():
             return  # the previous re-plan still runs: the next bin end re-plans with fresher data
         # ahead of the bin's end the plan is for the next bin; after it (or early) for this one
         target = self.bin_index + 1 if for_next_bin and time.monotonic() < self.bin_start + self.bin_seconds \
             else self.bin_index
-        self._replan_task = asyncio.get_running_loop().create_task(self.replan(demand_rps, for_bin=target))
+        self._replan_task = asyncio.get_running_loop().create_task(
+            self.replan(demand_rps, for_bin=target, fresh=fresh))
 
     # ---- planning and reconfiguration ------------------------------------------------------
     def measured_factors(self) -> Factors:
@@ -325,11 +327,12 @@ class AppController:
                 out[(task, variant, c)] = total * (d / norm if norm > 0 else 1.0 / len(kids))
         return out
 
-    async def replan(self, demand_rps: float, for_bin: int | None = None) -> Plan:
+    async def replan(self, demand_rps: float, for_bin: int | None = None, *, fresh: bool = False) -> Plan:
         """Plan for ``demand_rps`` off the loop and reconfigure if the plan changed.
 
         ``for_bin``: the bin the plan is for (default: the running one); that bin's record gets
-        the prediction and the plan once it runs.
+        the prediction and the plan once it runs. ``fresh``: run the plan on new processes even
+        when it runs the same instances (a worker was given up).
         """
         async with self.lock:
             t0 = time.monotonic()
@@ -353,7 +356,7 @@ class AppController:
                          f"keeping the running plan")
                 return previous
             try:
-                await self.apply(new)
+                await self.apply(new, fresh=fresh)
             except Exception as exc:  # a plan the runtime cannot lay out: keep the running one
                 self._planner_failed(exc)
                 return previous
@@ -370,11 +373,12 @@ class AppController:
             self.current.planner_errors.append(why[:500])
         self.counters.count_planner_failure(self.app.name)
 
-    async def apply(self, new: Plan) -> None:
+    async def apply(self, new: Plan, *, fresh: bool = False) -> None:
         """Push ``new`` to the data plane as the app's desired state and record what it took."""
         app = self.app.name
         old = self.plan
-        done = await self.plane.apply(DesiredState(app, new, repartition_delay_s=self.repartition_delay_s()))
+        done = await self.plane.apply(DesiredState(app, new, repartition_delay_s=self.repartition_delay_s(),
+                                                   fresh_generation=fresh))
         if not done.new_generation:
             return
         repartitioned = done.changed_gpus and self.node.gpu.kind == "gpu"

@@ -62,6 +62,10 @@ class DesiredState:
     app: str
     plan: Plan
     repartition_delay_s: float = 0.0
+    # new processes even when the plan runs the same instances: after a worker was given up its
+    # process may have come back by the time the plan is ready, but the capacity-loss re-plan
+    # still replaces it (the supervisor's retry is a stopgap, not a recovery)
+    fresh_generation: bool = False
 
 
 @dataclass(frozen=True)
@@ -183,7 +187,7 @@ class GenerationManager:
         app, new = desired.app, desired.plan
         old_gid = self.current[app]
         old = self.generations[old_gid]
-        if same_instances(old.plan, new) and not old.failed_workers():
+        if not desired.fresh_generation and same_instances(old.plan, new) and not old.failed_workers():
             old.plan = new
             router.reweight(app, new)
             return Applied(old_gid, old_gid, False, processes=len(old.topology.processes))
