@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         m.optimize()
         mix = sum(x.x * c for x, (c, _) in zip(n, points, strict=True))
         print(f"best mix of these levels over {group.count} nodes: {mix:.1f} rps vs {cap:.1f} all at the SLO "
-              f"({'mixing helps' if mix > cap * (1 + 1e-6) else 'no gain: the curve is concave here'})")
+              f"({100 * (mix / cap - 1):+.2f}%)")
     return 0
 
 
