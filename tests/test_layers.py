@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "jigsaw.tensors", "jigsaw.profiles", "jigsaw.app", "jigsaw.plan", "jigsaw.node",
                     "jigsaw.traces", "jigsaw.backends.registry")),
     ("planner and models", ("jigsaw.planner", "jigsaw.models")),
+    ("node hardware and fleet plans", ("jigsaw.gpu", "jigsaw.fleet")),
     ("backends", ("jigsaw.backends",)),
     ("runtime", ("jigsaw.runtime",)),
     ("control", ("jigsaw.control",)),
@@ -107,4 +108,4 @@ def test_the_checker_sees_a_lazy_upward_import(tmp_path: Path) -> None:
     f.write_text("def f():\n    from jigsaw.runtime.frontend import Frontend\n")
     assert _imports(f, {"jigsaw.runtime.frontend"}) == {"jigsaw.runtime.frontend"}
     assert _layer("jigsaw.node") < _layer("jigsaw.runtime.frontend")  # type: ignore[operator]
-    assert _layer("jigsaw.backends.registry") == 0 and _layer("jigsaw.backends.emulated") == 2
+    assert _layer("jigsaw.backends.registry") == 0 and _layer("jigsaw.backends.emulated") == 3
