@@ -218,4 +218,13 @@ def output_specs(task_kind: str, downstream: Sequence[str] = ()) -> list[OutputS
     return [OutputSpec("value", "FP32", (1,))]
 
 
+def task_output_specs(app: Any, task: str) -> list[OutputSpec]:
+    """A task's per-item outputs: its ONNX models' graph outputs, or those of its kind."""
+    model = app.task(task).variants[0].resolved
+    if model is not None and model.is_onnx:
+        from jigsaw.models.graph_pipeline import graph_output_specs
+        return graph_output_specs(model)
+    return output_specs(app.task(task).kind, app.children(task))
+
+
 Runner = Callable[[np.ndarray], Any]

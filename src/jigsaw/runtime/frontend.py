@@ -74,6 +74,7 @@ class Pending:
     timings: dict[str, list[float]] = field(default_factory=dict)  # task -> [queue_us, compute_us, n]
     children: dict[str, int] = field(default_factory=dict)
     drop: tuple[str, int] | None = None
+    error: str = ""  # why a task failed this request's item (answered 500), as its worker said
     timer: asyncio.TimerHandle | None = None
     generation: int = 0
     body: bytes = b""  # the encoded inputs, kept to dispatch again after a worker fault
@@ -175,9 +176,9 @@ class Frontend:
         app = routes.app
         if self.backend_kind == "emulated":
             return {t: EmulatedBackend.output_specs(app.task(t).kind, app.children(t)) for t in app.sinks}
-        from jigsaw.models.pipeline import output_specs
+        from jigsaw.models.pipeline import task_output_specs
 
-        return {t: output_specs(app.task(t).kind, app.children(t)) for t in app.sinks}
+        return {t: task_output_specs(app, t) for t in app.sinks}
 
     # ---- lifecycle ------------------------------------------------------------------------
     def attach(self) -> None:
@@ -347,6 +348,8 @@ class Frontend:
             self.metrics.dropped.inc((("app", app.name), ("task", task), ("reason", reason)))
             if req.drop is None:
                 req.drop = (task, h.status)
+                if h.status == Status.ERROR and len(tensors):
+                    req.error = bytes(tensors).decode("utf-8", "replace")
         req.credit_in += credit
         if req.drop is not None and not req.answered:
             self._answer_dropped(req)
@@ -380,6 +383,10 @@ class Frontend:
     def _answer_dropped(self, req: Pending) -> None:
         assert req.drop is not None
         task, status = req.drop
+        if req.error:  # the task ran and failed on this item (a model or transform error)
+            self._finish(req, 500, {"error": req.error, "status": "ERROR", "task": task, "reason": "error",
+                                    "id": req.client_id}, "error")
+            return
         name = Status(status).name if status in Status._value2member_map_ else str(status)
         reason = drop_reason(status)
         self._finish(req, 504, {"error": f"request dropped by task {task!r} ({reason}): it could not "

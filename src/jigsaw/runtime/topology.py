@@ -72,6 +72,8 @@ class ProcessSpec:
     seed: int = 0
     queue_capacity: int = BATCH_QUEUE_CAPACITY
     mean_ms_by_batch: dict[int, float] = field(default_factory=dict)  # from the profile's throughput
+    model: str = ""  # the variant's ONNX file (a repository model); "": the zoo network ``zoo``
+    zoo: str = ""  # the zoo network of a built-in model ("": the variant's name)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -139,6 +141,14 @@ def latency_for_batch_ms(table: dict[int, float], batch: int) -> float:
         if b >= batch:
             return ms
     return table[max(table)]
+
+
+def _model_fields(app: App, task: str, variant: str) -> dict[str, str]:
+    """Where a worker finds its variant's model (see ``jigsaw.models.repository``)."""
+    model = app.task(task).variant(variant).resolved
+    if model is None:
+        return {}
+    return {"model": str(model.path)} if model.path is not None else {"zoo": model.zoo}
 
 
 def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileTable, *,
@@ -250,10 +260,13 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
                 exec_estimate_ns=[int(latency_for_batch_ms(table, b) * ns)  # type: ignore[arg-type]
                                   for b in range(1, max_batch + 1)],
                 downstream=[{"task": c, "task_index": task_index[c],
-                             "factor": app.edge(task, c).factor(variant)} for c in app.children(task)],
+                             "factor": app.edge(task, c).factor(variant),
+                             "transform": app.edge(task, c).transform,
+                             "transform_dir": str(Path(app.source).parent) if app.source else ""}
+                            for c in app.children(task)],
                 doorbell=str(p["bell"]), inputs=[], outputs=outputs, routes=lane_routes,
                 completion_ring=done, completion_doorbell=frontend_bell, stats=stats, seed=seed,
-                backend=backend,
+                backend=backend, **_model_fields(app, task, variant),
             ))
         for s in specs:
             if s.app == app.name:

@@ -77,7 +77,8 @@ def make_backend(spec: ProcessSpec) -> Backend:
     Real backends (``onnxruntime``, ``torch``, ``tensorrt``) run the variant's model; on a CPU
     segment (``<k>c``) they use k threads.
     """
-    downstream = [Downstream(str(d["task"]), float(d["factor"])) for d in spec.downstream]  # type: ignore[arg-type]
+    downstream = [Downstream(str(d["task"]), float(d["factor"]), str(d.get("transform", "")),  # type: ignore[arg-type]
+                             str(d.get("transform_dir", ""))) for d in spec.downstream]
     backend: Backend
     if spec.backend == "emulated":
         from jigsaw.backends.emulated import EmulatedBackend
@@ -99,7 +100,13 @@ def make_backend(spec: ProcessSpec) -> Backend:
         except ImportError as exc:
             raise SystemExit(f"backend {spec.backend!r} needs the models extra "
                              f"(pip install 'jigsaw[models]'): {exc}") from None
-        backend = Real(spec.task, spec.task_kind, downstream, threads=threads)
+        from jigsaw.models.repository import Model, ModelError, load_path
+        try:
+            zoo = Model(spec.zoo, zoo=spec.zoo or spec.variant)
+            model = load_path(Path(spec.model)) if spec.model else zoo
+        except ModelError as exc:
+            raise SystemExit(f"variant {spec.variant!r}: {exc}") from None
+        backend = Real(spec.task, spec.task_kind, downstream, threads=threads, model=model)
     else:
         raise SystemExit(f"backend {spec.backend!r} is not available in this build")
     backend.load(spec.variant, spec.max_batch)
@@ -259,6 +266,9 @@ class Worker:
             header.stamp(HOP_START, start)
             header.stamp(HOP_END, end)
             header.stamp(HOP_BATCH, len(batch))
+            if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
+                self.complete(header, Status.ERROR, credit, result.error.encode()[:4096])
+                continue
             sent, kept = self.forward(header, credit, result)
             self.complete(header, Status.OK, kept, bytes(encode_tensors(result.outputs)), sent)
         self._ring_outputs()
