@@ -332,7 +332,7 @@ def _resolve_model(vf: Fields, ref: str, variant: str, base: Path) -> Model | No
     except ModelError as exc:
         if not ref:
             return None
-        raise vf.error("model", str(exc)) from None
+        raise vf.error("model", f"variant {variant!r}: {exc}") from None
 
 
 def _graph_inputs(tasks: list[Task], edges: list[Edge]) -> list[TensorSpec]:
