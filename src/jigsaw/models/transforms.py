@@ -3,8 +3,8 @@
 An edge without a transform passes the upstream item's outputs on as they are: one child per
 item, whose tensors are the upstream outputs (the downstream model's inputs are matched by name).
 An edge may name a transform instead, ``transform = "module:function"``, an import path loaded
-from the app file's folder first (``module.py`` or ``package/module.py`` beside the app file),
-then from the installed packages. The function is called once per finished item::
+from the app file's folder first (``module.py`` or ``package/module.py`` beside the app file;
+it may import its siblings there), then from the installed packages. The function is called once per finished item::
 
     def function(inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
                  edge: jigsaw.models.transforms.EdgeInfo) -> list[dict[str, np.ndarray]]
@@ -75,11 +75,14 @@ def _module(name: str, base_dir: Path | None) -> Any:
                 assert spec is not None and spec.loader is not None
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[key] = module
+                sys.path.insert(0, str(base_dir))  # so that it may import its siblings
                 try:
                     spec.loader.exec_module(module)
                 except BaseException:
                     del sys.modules[key]
                     raise
+                finally:
+                    sys.path.remove(str(base_dir))
                 return module
     return importlib.import_module(name)
 
