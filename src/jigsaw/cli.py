@@ -1,9 +1,10 @@
-"""``jigsaw``: the offline tools (check, plan, capacity, pack)."""
+"""``jigsaw``: the offline tools (check, plan, capacity, pack, profile, modeled, import-profiles)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,50 @@ def _parser() -> argparse.ArgumentParser:
     gp.add_argument("--cpus", help=argparse.SUPPRESS)  # a CPU share's copy: pinned to these CPUs
     gp.add_argument("--copies", type=int, help=argparse.SUPPRESS)  # copies at the barrier (default --mps)
     pr.set_defaults(func=cmd_profile)
+
+    from jigsaw import modeled
+    mo = sub.add_parser("modeled", help="modeled profiles for GPUs you cannot measure yet (source=modeled)",
+                        description=modeled.__doc__.split("\n\n")[0] if modeled.__doc__ else None)
+    modeled.add_arguments(mo)
+    mo.set_defaults(func=modeled.run)
+
+    im = sub.add_parser("import-profiles", help="profile rows from measured figures in a simple CSV")
+    im.add_argument("csv", help="model,hardware,batch,p50|p95|mean,unit[,throughput,memory_mb,mps]")
+    im.add_argument("--out", metavar="DIR", help="profile directory (default: the node's)")
+    im.add_argument("--node", help="node TOML file: check models and hardware against it")
+    im.add_argument("--p95-over-p50", type=float, help="derive a missing p95 as p50 x this ratio")
+    im.add_argument("--p95-over-mean", type=float, help="derive a missing p95 as mean x this ratio")
+    im.add_argument("--memory-mb", type=float, help="memory of one process where the file gives none")
+    im.add_argument("--host", default="", help="where the figures were measured (host column)")
+    im.add_argument("--date", default="", help="when (default: the file's modification date)")
+    im.set_defaults(func=cmd_import_profiles)
     return p
+
+
+def cmd_import_profiles(args: argparse.Namespace) -> int:
+    """Runs ``jigsaw.profile_import.import_csv``; prints each assumption and each file written."""
+    from jigsaw.profile_import import import_csv
+    segments = variants = None
+    out = args.out
+    if args.node:
+        node = load_node(args.node)
+        segments = list(node.mig_profiles)
+        variants = [v.name for a in node.apps for t in a.tasks for v in t.variants]
+        out = out or node.profiles_dir
+    if out is None:
+        raise JigsawError("--out: give the profile directory (or --node, to use its profiles_dir)")
+    for ratio in ("p95_over_p50", "p95_over_mean"):
+        value = getattr(args, ratio)
+        if value is not None and not (value >= 1 and math.isfinite(value)):
+            raise JigsawError(f"--{ratio.replace('_', '-')}: a p95 is at least the p50 or mean: expected "
+                              f">= 1, got {value}")
+    paths = import_csv(args.csv, out, segments=segments, variants=variants, p95_over_p50=args.p95_over_p50,
+                       p95_over_mean=args.p95_over_mean, memory_mb=args.memory_mb, host=args.host,
+                       date=args.date,
+                       say=lambda line: print(f"jigsaw import-profiles: {line}", file=sys.stderr))
+    for path in paths:
+        print(path)
+    return 0
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

@@ -107,7 +107,8 @@ def test_bring_your_own_model_end_to_end(workdir: Path) -> None:
         deadline = time.monotonic() + 120
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"jigsawd exited {proc.returncode}: {(proc.stderr.read() if proc.stderr else '')[-2000:]}")
+                err = proc.stderr.read() if proc.stderr else ""
+                pytest.fail(f"jigsawd exited {proc.returncode}: {err[-2000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
                     if r.status == 200:

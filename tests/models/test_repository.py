@@ -26,7 +26,8 @@ def tiny_onnx(path: Path, *, n_in: int = 4, n_out: int = 3, in_name: str = "x", 
     """x [batch, n_in] @ W [n_in, n_out] -> y [batch, n_out] (or an op onnxruntime does not know)."""
     from onnx import TensorProto, helper, numpy_helper
     w = numpy_helper.from_array(np.arange(n_in * n_out, dtype=np.float32).reshape(n_in, n_out) / 10, "W")
-    node = helper.make_node(op, [in_name, "W"], [out_name], **({"domain": "no.such"} if op != "MatMul" else {}))
+    domain = {"domain": "no.such"} if op != "MatMul" else {}
+    node = helper.make_node(op, [in_name, "W"], [out_name], **domain)
     graph = helper.make_graph([node], "tiny", [helper.make_tensor_value_info(in_name, elem, ["batch", n_in])],
                               [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, ["batch", n_out])],
                               [w])
@@ -57,7 +58,8 @@ def test_a_model_is_a_zoo_name_a_file_or_a_triton_directory(tmp_path: Path) -> N
     # Triton layout: the highest version; config.pbtxt's max_batch_size
     tiny_onnx(tmp_path / "repo" / "net" / "1" / "model.onnx", n_out=2)
     tiny_onnx(tmp_path / "repo" / "net" / "3" / "model.onnx", n_out=5)
-    (tmp_path / "repo" / "net" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 16\n')
+    config = tmp_path / "repo" / "net" / "config.pbtxt"
+    config.write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 16\n')
     d = resolve("repo/net", "v", tmp_path)
     assert d.path is not None and d.path.parent.name == "3" and d.outputs[0].item_shape == (5,)
     assert d.max_batch_size == 16
@@ -108,7 +110,8 @@ def test_declared_tensors_are_checked_against_the_graphs(tmp_path: Path) -> None
     tiny_onnx(tmp_path / "m2.onnx", n_in=3, n_out=2)  # a's 4 outputs cannot feed b's 3 inputs
     with pytest.raises(ConfigError) as err:
         load_app(write_app(tmp_path, APP))
-    assert err.value.field == "edges[0]" and "m2.onnx" in err.value.message and "transform" in err.value.message
+    assert err.value.field == "edges[0]" and "m2.onnx" in err.value.message
+    assert "transform" in err.value.message
     app = load_app(write_app(tmp_path, APP + 'transform = "edge_fn:reshape"\n'))  # a transform: not checked
     assert app.edges[0].transform == "edge_fn:reshape"
     without_inputs = APP.split("[[tasks]]", 1)[1]
@@ -150,7 +153,8 @@ def test_a_transform_makes_0_to_n_children_and_a_bad_one_fails_its_item_alone(tm
                        lambda feeds: session.run(None, feeds))
     assert "shape [4]" in bad[1].error
     assert not bad[0].error  # a one-input graph takes an item's only tensor whatever its name
-    np.testing.assert_allclose(bad[0].outputs[0].data, session.run(None, {"x": np.ones((1, 4), np.float32)})[0])
+    want_ones = session.run(None, {"x": np.ones((1, 4), np.float32)})[0]
+    np.testing.assert_allclose(bad[0].outputs[0].data, want_ones)
 
 
 def test_transforms_load_from_the_app_folder_with_clear_errors(tmp_path: Path) -> None:
@@ -181,7 +185,7 @@ def test_models_and_transforms_are_checked_before_serving(tmp_path: Path) -> Non
         check_models([load_app(write_app(tmp_path, APP))], "onnxruntime")
     assert "variant 'net2'" in str(err.value) and "m2.onnx" in str(err.value)
     tiny_onnx(tmp_path / "m2.onnx", n_in=4, n_out=2)
-    with pytest.raises(ModelLoadError, match="edge a -> b.*cannot import 'nope'"):
+    with pytest.raises(ModelLoadError, match=r"edge a -> b.*cannot import 'nope'"):
         check_models([load_app(write_app(tmp_path, APP + 'transform = "nope:f"\n'))], "onnxruntime")
     check_models([load_app(write_app(tmp_path, APP + 'transform = "edge_fn:reshape"\n'))], "onnxruntime")
     no_model = APP.replace(', model = "m.onnx"', "").replace('name = "net",', 'name = "lenet-1",')

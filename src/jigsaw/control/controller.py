@@ -383,7 +383,7 @@ class AppController:
         changed: list[int] = []
         if old.plan.layout is not None and new.layout is not None:
             changed = changed_gpus(old.plan.layout, new.layout)
-            if self.node.gpu.kind == "gpu":
+            if self.node.gpu.kind == "gpu" and self.node.gpu.mig:
                 for cmd in to_nvidia_smi_commands(new.layout, old.plan.layout):
                     self.log(f"{app}: emulated repartition: {cmd}")
         gen = d.new_generation(self.app, new)  # raises when the plan cannot be laid out (nothing started)

@@ -207,14 +207,31 @@ def shapes_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b))
 
 
-def onnx_flops(path: str | Path) -> float:
-    """Floating-point operations of one item through an ONNX graph (2 per multiply-add).
+@dataclass(frozen=True)
+class GraphCost:
+    """What one item costs through an ONNX graph, as far as the graph tells (for modeled profiles)."""
 
-    Counts Conv, ConvTranspose, Gemm and MatMul (the operations that dominate a network's
+    flops: float  # 2 per multiply-add of Conv, ConvTranspose, Gemm and MatMul
+    params: int  # weights (initializer elements)
+    nodes: int  # operations (each a kernel launch, unfused)
+    activation_bytes_fp16: float  # every intermediate tensor at 2 bytes an element
+    input_bytes: float  # the inputs as their datatypes
+
+
+def onnx_flops(path: str | Path) -> float:
+    """Floating-point operations of one item through an ONNX graph (see ``graph_cost``)."""
+    return graph_cost(path).flops
+
+
+def graph_cost(path: str | Path) -> GraphCost:
+    """One item's cost through an ONNX graph.
+
+    FLOPs count Conv, ConvTranspose, Gemm and MatMul (the operations that dominate a network's
     compute) from the shapes ONNX shape inference gives with every free axis set to 1; other
-    operations are ignored. Used to model a new network's latency from a known one's.
+    operations are ignored. Used to model a new network's latency (``jigsaw modeled``).
     """
     onnx = _onnx()
+    import numpy as np
     from onnx import numpy_helper, shape_inference
     proto = onnx.load(str(path))  # type: ignore[attr-defined]
     for value in proto.graph.input:
@@ -226,8 +243,12 @@ def onnx_flops(path: str | Path) -> float:
     for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
         dims = v.type.tensor_type.shape.dim
         shapes[v.name] = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims)
+    params = 0
+    initializers = set()
     for init in inferred.graph.initializer:
         shapes[init.name] = tuple(numpy_helper.to_array(init).shape)
+        params += int(np.prod(shapes[init.name], dtype=np.int64))
+        initializers.add(init.name)
 
     def prod(xs: tuple[int, ...]) -> int:
         n = 1
@@ -252,4 +273,8 @@ def onnx_flops(path: str | Path) -> float:
             k = a[-1] if node.op_type == "MatMul" or not any(
                 at.name == "transA" and at.i for at in node.attribute) else a[0]
             flops += 2.0 * prod(out) * max(1, k)
-    return flops
+    activations = sum(prod(shapes[v.name]) for v in inferred.graph.value_info if v.name in shapes)
+    inputs = [v for v in inferred.graph.input if v.name not in initializers]
+    input_bytes = sum(prod(shapes[v.name]) * np.dtype(NUMPY_DTYPES.get(
+        ONNX_DATATYPES.get(v.type.tensor_type.elem_type, "FP32"), "float32")).itemsize for v in inputs)
+    return GraphCost(flops, params, len(inferred.graph.node), 2.0 * activations, float(input_bytes))

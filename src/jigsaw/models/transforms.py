@@ -4,7 +4,8 @@ An edge without a transform passes the upstream item's outputs on as they are: o
 item, whose tensors are the upstream outputs (the downstream model's inputs are matched by name).
 An edge may name a transform instead, ``transform = "module:function"``, an import path loaded
 from the app file's folder first (``module.py`` or ``package/module.py`` beside the app file;
-it may import its siblings there), then from the installed packages. The function is called once per finished item::
+it may import its siblings there), then from the installed packages. The function is called
+once per finished item::
 
     def function(inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
                  edge: jigsaw.models.transforms.EdgeInfo) -> list[dict[str, np.ndarray]]
