@@ -80,8 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", metavar="DIR", help="profile directory (default: the node's)")
     pr.add_argument("--seconds", type=float, default=2.0, help="time budget per row (s)")
     pr.add_argument("--max-iters", type=int, default=50, help="most batches timed per row")
-    gp = pr.add_argument_group("GPU nodes (each segment measured inside a MIG instance; needs root)")
-    gp.add_argument("--gpu", type=int, default=0, help="index of a GPU with MIG on and no instances (0)")
+    gp = pr.add_argument_group("GPU nodes (each segment measured inside a MIG instance, or on a whole GPU "
+                               "with MIG off for a node with mig = false; needs root)")
+    gp.add_argument("--gpu", type=int, default=0,
+                    help="index of a GPU with MIG on and no instances (whole GPUs: MIG off) (0)")
     gp.add_argument("--segments", help="comma-separated MIG profiles (default: the node's)")
     gp.add_argument("--mps-levels", help="comma-separated MPS levels (default: the node's)")
     gp.add_argument("--backend", choices=("tensorrt", "onnxruntime", "torch"),
