@@ -74,6 +74,9 @@ def test_modeled_profiles_of_whole_gpus_plan_a_node(tmp_path: Path) -> None:
     plan = json.loads(done.stdout)
     assert plan["feasible"] and plan["slices_used"] <= 8
     assert {i["mig_profile"] for i in plan["instances"]} == {"gpu"}
+    (tmp_path / "plan.json").write_text(done.stdout)
+    done = jigsaw("pack", "--plan", str(tmp_path / "plan.json"), "--format", "commands")
+    assert done.returncode == 0 and "nothing to partition" in done.stdout and "-cgi" not in done.stdout
 
 
 def test_modeled_reads_a_repository_models_compute_from_its_graph(tmp_path: Path) -> None:

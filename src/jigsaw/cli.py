@@ -317,7 +317,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from jigsaw.mig import gpu_model
+    from jigsaw.mig import WHOLE_GPU, gpu_model, whole_gpu_model
     from jigsaw.planner.packer import (
         instances_from_plan,
         pack,
@@ -331,13 +331,21 @@ def cmd_pack(args: argparse.Namespace) -> int:
         node = load_node(args.node, load_apps=False)
         gpu, num_gpus = node.gpu, node.num_gpus
     else:
+        whole = bool(plan.instances) and all(i.mig_profile == WHOLE_GPU for i in plan.instances)
         try:
             gpu = gpu_model(plan.gpu_model)
         except KeyError:
-            raise ConfigError(args.plan, "gpu_model", f"unknown GPU model {plan.gpu_model!r}") from None
+            if not whole:
+                raise ConfigError(args.plan, "gpu_model", f"unknown GPU model {plan.gpu_model!r}") from None
+            gpu = whole_gpu_model(plan.gpu_model, 0.0, 0)  # only the layout is asked for
+        if whole:
+            gpu = whole_gpu_model(gpu.name, gpu.memory_gb, gpu.sm_count)
         num_gpus = max(plan.slices_available // gpu.compute_slices, 1)
     layout = pack(instances_from_plan(plan), gpu, num_gpus, previous)
-    if args.format == "mig-parted":
+    if not gpu.mig and args.format != "json":
+        print("# whole GPUs (mig = false): nothing to partition; keep MIG off "
+              "(nvidia-smi -i N -mig 0)")
+    elif args.format == "mig-parted":
         print(to_mig_parted_yaml(layout), end="")
     elif args.format == "commands":
         print("\n".join(to_nvidia_smi_commands(layout, previous)))
