@@ -153,3 +153,19 @@ def test_import_profiles_cli_checks_against_the_node(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
     done = jigsaw("import-profiles", str(tmp_path / "m.csv"), "--out", str(tmp_path), "--p95-over-p50", "0.5")
     assert done.returncode == 2 and "--p95-over-p50" in done.stderr
+
+
+def test_profile_names_a_variant_without_a_model(tmp_path: Path) -> None:
+    (tmp_path / "app.toml").write_text(textwrap.dedent("""
+        name = "game"
+        latency_slo_ms = 95
+        [[tasks]]
+        name = "digit1"
+        variants = [{ name = "lenet-1", accuracy = 99.0 }]
+    """))
+    node = tmp_path / "cpu.toml"
+    node.write_text(f'apps = ["{tmp_path / "app.toml"}"]\n[gpus]\nmodel = "CPU-2C"\ncount = 1\n'
+                    'mps_levels = [1]\nprofiles_dir = "p"\nbackend = "onnxruntime"\n')
+    done = jigsaw("profile", "--node", str(node))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "variant 'lenet-1': no model to measure" in done.stderr and "app.toml" in done.stderr

@@ -44,6 +44,7 @@ class ModelBackend(Backend):
         super().__init__(task, task_kind, downstream)
         self.threads = threads or default_threads()
         self.model = model  # the variant's model (None: the zoo network of the variant's name)
+        self.zoo = ""  # the zoo network loaded (a built-in model; its builders are keyed by it)
         self._net: Any = None
         self.pipeline: Any = None
 
@@ -55,7 +56,7 @@ class ModelBackend(Backend):
             self._net = self._load_onnx(self.model, max_batch)
             return
         from jigsaw.models.pipeline import Pipeline
-        zoo = self.model.zoo if self.model is not None else variant
+        zoo = self.zoo = self.model.zoo if self.model is not None else variant
         self.pipeline = Pipeline(zoo, self.task_kind, self.downstream)
         self._net = self._load_net(zoo, max_batch)
 

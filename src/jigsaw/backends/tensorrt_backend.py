@@ -242,7 +242,7 @@ class TensorRTBackend(GraphBackend):
 
     def _graph_runner(self, path: Path, max_batch: int) -> Runner:
         from jigsaw.models.export import axis_ranges
-        return _TrtGraph(path, axis_ranges(self.variant, max_batch), max_batch, self.precision)
+        return _TrtGraph(path, axis_ranges(self.zoo or self.variant, max_batch), max_batch, self.precision)
 
     async def execute_async(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
         if not isinstance(self._net, _TrtNet):
