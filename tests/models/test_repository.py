@@ -192,3 +192,42 @@ def test_models_and_transforms_are_checked_before_serving(tmp_path: Path) -> Non
     with pytest.raises(ModelLoadError, match="variant 'lenet-1': no model"):
         check_models([load_app(write_app(tmp_path, no_model))], "onnxruntime")
     check_models([load_app(write_app(tmp_path, no_model))], "emulated")
+
+
+def test_one_variant_serves_six_tasks_each_planned_its_own_instances(tmp_path: Path) -> None:
+    """The game app of the issue: six digit classifiers on one frame share one model and one
+    profile table; the planner gives each task its own instances."""
+    import json
+    import subprocess
+    import sys
+
+    from jigsaw.profile_import import import_csv
+    tiny_onnx(tmp_path / "lenet.onnx", n_in=4, n_out=10)
+    tasks = "".join(f'[[tasks]]\nname = "digit{i}"\nvariants = [{{ name = "lenet", accuracy = 99.0'
+                    + (', model = "lenet.onnx"' if i == 1 else "") + " }]\n" for i in range(1, 7))
+    (tmp_path / "game.toml").write_text(f'name = "game"\nlatency_slo_ms = 95\n{tasks}')
+    (tmp_path / "node.toml").write_text(textwrap.dedent("""
+        apps = ["game.toml"]
+        [gpus]
+        model = "A100-80GB"
+        mig = false
+        count = 8
+        mps_levels = [1, 2]
+        batch_sizes = [1, 8]
+        profiles_dir = "profiles"
+        backend = "emulated"
+    """))
+    (tmp_path / "lenet.csv").write_text("model,hardware,batch,mps,p95,unit,throughput,memory_mb\n"
+                                        "lenet,gpu,1,1,1.0,ms,900,500\nlenet,gpu,8,1,2.0,ms,3800,520\n"
+                                        "lenet,gpu,1,2,1.5,ms,1300,500\nlenet,gpu,8,2,3.0,ms,5000,520\n")
+    import_csv(tmp_path / "lenet.csv", tmp_path / "profiles", say=lambda _: None)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "jigsaw.cli", "plan", "--app", "game", "--node",
+                           str(tmp_path / "node.toml"), "--demand", "1000", "--json"], capture_output=True,
+                          text=True, env={"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"},
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["feasible"]
+    assert {i["task"] for i in plan["instances"]} == {f"digit{i}" for i in range(1, 7)}
+    assert {i["variant"] for i in plan["instances"]} == {"lenet"}
