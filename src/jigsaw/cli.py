@@ -262,6 +262,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         if "gpus" in data:
             node = load_node(path)
             table = load_node_profiles(node)
+            from jigsaw.models.check import check_models
+            check_models(node.apps, node.backend)  # what jigsawd checks before its workers start
             print(f"{path}: ok: node {node.name} ({node.num_gpus}x {node.gpu.name}, "
                   f"{len(node.apps)} apps, {len(table)} profile rows: {', '.join(sorted(table.sources))})")
         elif "tasks" in data:
