@@ -8,7 +8,15 @@ import pytest
 
 from jigsaw.backends.base import Backend
 from jigsaw.backends.emulated import EmulatedBackend
-from jigsaw.backends.registry import KINDS, MODEL_BACKENDS, NAMES, BackendUnavailable, backend_kind
+from jigsaw.backends.registry import (
+    KINDS,
+    MODEL_BACKENDS,
+    NAMES,
+    ONNX_BACKENDS,
+    BackendUnavailable,
+    backend_kind,
+    open_onnx,
+)
 from jigsaw.daemon import choose_backend, gpu_available
 from jigsaw.errors import JigsawError
 from jigsaw.node import BACKENDS
@@ -30,6 +38,7 @@ def test_names_and_their_properties() -> None:
     assert [n for n, k in KINDS.items() if k.emulated] == ["emulated"]
     assert "emulated" not in MODEL_BACKENDS and set(MODEL_BACKENDS) == set(NAMES) - {"emulated"}
     assert [n for n, k in KINDS.items() if k.needs_gpu] == ["tensorrt"]
+    assert set(ONNX_BACKENDS) == {"onnxruntime", "tensorrt"}  # torch runs zoo networks only
     with pytest.raises(KeyError, match=r"unknown backend 'nope'.*emulated"):
         backend_kind("nope")
 
@@ -47,3 +56,16 @@ def test_jigsawd_chooses_the_backend_by_the_registry() -> None:
     if not gpu_available():
         with pytest.raises(JigsawError, match=r"'tensorrt' needs a GPU.*--emulate"):
             choose_backend(EXAMPLES / "h100x4.toml", emulate=False)
+
+
+@pytest.mark.parametrize("name", ONNX_BACKENDS)
+def test_the_onnx_openers_reject_a_file_that_is_not_a_graph(name: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf")
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(str(exc))
+    with pytest.raises(Exception):  # noqa: B017  (each runtime raises its own type)
+        open_onnx(backend_kind(name), str(bad))

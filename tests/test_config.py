@@ -70,6 +70,12 @@ def test_measured_factors_override_the_file() -> None:
     assert m["car"] == 10.0 and m["person"] == pytest.approx(1.079)
 
 
+def test_a_variant_serves_several_tasks(tmp_path: Path) -> None:
+    app = load_app(write(tmp_path, GOOD_APP.replace('name = "vc"', 'name = "va"')))
+    assert app.task("b").variants[0].name == "va" and app.task("a").variants[0].name == "va"
+    assert app.lanes()[0] == ("va", "va")
+
+
 @pytest.mark.parametrize(("change", "field", "words"), [
     (("latency_slo_ms = 100", "latency_slo_ms = -3"), "latency_slo_ms", "> 0"),
     (("latency_slo_ms = 100", "latency_slo_ms = 100\naccuracy_slo = 1.5"), "accuracy_slo", "<= 1"),
@@ -78,7 +84,14 @@ def test_measured_factors_override_the_file() -> None:
     (('name = "x"', 'name = "x"\nbogus = 1'), "bogus", "unknown field"),
     (("accuracy = 2.0", "accuracy = \"high\""), "tasks[0].variants[1].accuracy", "expected a number"),
     (("factor = { va = 2.0, vb = 3.0 }", "factor = { va = 2.0 }"), "edges[0].factor.vb", "missing"),
-    (('name = "vc"', 'name = "va"'), "tasks[1].variants[0].name", "already used"),
+    (('name = "vc"', 'name = "va", model = "resnet18"'), "tasks[1].variants[0].model",
+     "a variant is one model"),
+    (('name = "vc"', 'name = "vc", model = "nothing-here.onnx"'), "tasks[1].variants[0].model",
+     "no such file"),
+    (('name = "vc"', 'name = "vc", model = "lenet"'), "tasks[1].variants[0].model",
+     "neither a zoo network nor a file"),
+    (("factor = { va = 2.0, vb = 3.0 }", 'factor = 1\ntransform = "not a path"'), "edges[0].transform",
+     "module:function"),
 ])
 def test_app_errors_name_the_field(tmp_path: Path, change: tuple[str, str], field: str, words: str) -> None:
     path = write(tmp_path, GOOD_APP.replace(*change))

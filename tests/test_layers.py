@@ -16,13 +16,15 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("vocabulary", ("jigsaw", "jigsaw.errors", "jigsaw.fields", "jigsaw.mig", "jigsaw.spaces",
                     "jigsaw.tensors", "jigsaw.profiles", "jigsaw.app", "jigsaw.plan", "jigsaw.node",
-                    "jigsaw.traces", "jigsaw.backends.registry")),
+                    "jigsaw.traces", "jigsaw.backends.registry", "jigsaw.models.catalog",
+                    "jigsaw.models.repository")),
     ("planner and models", ("jigsaw.planner", "jigsaw.models")),
     ("node hardware and fleet plans", ("jigsaw.gpu", "jigsaw.fleet")),
     ("backends", ("jigsaw.backends",)),
     ("runtime", ("jigsaw.runtime",)),
     ("control", ("jigsaw.control",)),
     ("entry points", ("jigsaw.daemon", "jigsaw.cli", "jigsaw.demo", "jigsaw.profiler", "jigsaw.profiler_gpu",
+                      "jigsaw.modeled", "jigsaw.profile_import",
                       "jigsaw.profiling", "jigsaw.testing")),
 ]
 

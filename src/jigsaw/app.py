@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from jigsaw.fields import Fields, read_toml
+from jigsaw.errors import ConfigError
+from jigsaw.fields import Fields, check_import_ref, read_toml
+from jigsaw.models.repository import Model, ModelError, TensorInfo, resolve, shapes_compatible
 
 TASK_KINDS = ("detector", "classifier", "captioner", "tts", "generic")
 DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -24,9 +26,13 @@ Lane = tuple[str, ...]
 
 @dataclass(frozen=True)
 class Variant:
-    name: str  # globally unique: profiles are keyed by it
+    """A model as one task uses it. Its name keys its profile table: tasks that use the same
+    variant share one table (and one model), each with its own accuracy and its own instances."""
+
+    name: str
     accuracy: float  # the task's metric (top-1 %, mAP, CIDEr, MOS ...), higher is better
-    model: str = ""  # where the model comes from, e.g. "torchvision:resnet18"
+    model: str = ""  # as written: a zoo name, an ONNX file or a model directory (see repository)
+    resolved: Model | None = field(default=None, compare=False, hash=False)  # None: not resolvable
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class Edge:
     src: str
     dst: str
     factors: dict[str, float] = field(hash=False)  # src variant -> children per request served
+    transform: str = ""  # "module:function" making an item's children (jigsaw.models.transforms)
 
     def factor(self, variant: str) -> float:
         return self.factors[variant]
@@ -229,7 +236,7 @@ def load_app(path: str | Path) -> App:
     staleness_ms = f.number("staleness_ms", 20.0, low=0)
 
     tasks: list[Task] = []
-    seen_variants: dict[str, str] = {}
+    models: dict[str, tuple[str, Model | None, str]] = {}  # variant -> (task, model, field) first seen
     for tf in f.tables("tasks"):
         tf.reject_unknown({"name", "kind", "variants"})
         tname = tf.str("name")
@@ -242,14 +249,27 @@ def load_app(path: str | Path) -> App:
         for vf in tf.tables("variants"):
             vf.reject_unknown({"name", "accuracy", "model"})
             vname = vf.str("name")
-            if vname in seen_variants:
-                raise vf.error("name", f"variant {vname!r} already used by task "
-                                       f"{seen_variants[vname]!r}; variant names are unique")
-            seen_variants[vname] = tname
-            variants.append(Variant(vname, vf.number("accuracy", low=0, low_open=True),
-                                    vf.str("model", "")))
+            if any(v.name == vname for v in variants):
+                raise vf.error("name", f"duplicate variant {vname!r} in task {tname!r}")
+            ref = vf.str("model", "")
+            model = _resolve_model(vf, ref, vname, path.parent)
+            if vname in models:
+                first_task, first, where = models[vname]
+                if ref and (first is None or model is None or first.describe() != model.describe()):
+                    first_model = first.describe() if first else "no model"
+                    raise vf.error("model", f"variant {vname!r} is already {where} in task "
+                                            f"{first_task!r} ({first_model}); a variant is one model "
+                                            "(its profile table): give it another name")
+                model = first
+            else:
+                models[vname] = (tname, model, f"model = {ref!r}" if ref else "declared")
+            variants.append(Variant(vname, vf.number("accuracy", low=0, low_open=True), ref, model))
         if not variants:
             raise tf.error("variants", "a task needs at least one variant")
+        onnx = [v.resolved is not None and v.resolved.is_onnx for v in variants]
+        if any(onnx) and not all(onnx):
+            raise tf.error("variants", "a task's variants are all ONNX models or all zoo networks "
+                                       "(their outputs must agree)")
         tasks.append(Task(tname, kind, tuple(variants)))
     if not tasks:
         raise f.error("tasks", "an app needs at least one task")
@@ -257,7 +277,7 @@ def load_app(path: str | Path) -> App:
 
     edges: list[Edge] = []
     for ef in f.tables("edges", []):
-        ef.reject_unknown({"from", "to", "factor"})
+        ef.reject_unknown({"from", "to", "factor", "transform"})
         src, dst = ef.str("from"), ef.str("to")
         for key, t in (("from", src), ("to", dst)):
             if t not in by_name:
@@ -275,7 +295,10 @@ def load_app(path: str | Path) -> App:
         else:
             value = ef.number("factor", 1.0, low=0)
             factors = {v.name: value for v in upstream.variants}
-        edges.append(Edge(src, dst, factors))
+        transform = ef.str("transform", "")
+        if transform and (why := check_import_ref(transform)) is not None:
+            raise ef.error("transform", why)
+        edges.append(Edge(src, dst, factors, transform))
 
     inputs: list[TensorSpec] = []
     for inf in f.tables("inputs", []):
@@ -289,9 +312,95 @@ def load_app(path: str | Path) -> App:
             raise inf.error("shape", "expected a non-empty array of positive integers or -1")
         inputs.append(TensorSpec(inf.str("name"), dt, tuple(shape)))
 
+    if not inputs:
+        inputs = _graph_inputs(tasks, edges)
     app = App(name, tuple(tasks), tuple(edges), latency_slo_ms, accuracy_slo, staleness_ms,
               tuple(inputs) or App.inputs, str(path))
     if len(app.topological_order) != len(app.tasks):
         cyclic = sorted(set(app.task_names) - set(app.topological_order))
         raise f.error("edges", f"the task graph is cyclic (through {', '.join(cyclic)})")
+    check_tensors(app)
     return app
+
+
+def _resolve_model(vf: Fields, ref: str, variant: str, base: Path) -> Model | None:
+    """The variant's model; None when ``model`` is empty and the zoo has no network of that name
+    (an emulated node needs none; a real backend says so when it would load it)."""
+    try:
+        return resolve(ref, variant, base)
+    except ModelError as exc:
+        if not ref:
+            return None
+        raise vf.error("model", f"variant {variant!r}: {exc}") from None
+
+
+def _graph_inputs(tasks: list[Task], edges: list[Edge]) -> list[TensorSpec]:
+    """An app that declares no inputs takes its ONNX root task's graph inputs (per item)."""
+    fed = {e.dst for e in edges}
+    for t in tasks:
+        if t.name not in fed:
+            model = t.variants[0].resolved
+            if model is not None and model.is_onnx:
+                return [TensorSpec(i.name, i.datatype, i.item_shape) for i in model.inputs]
+            return []
+    return []
+
+
+def _feeds(model: Model, given: dict[str, TensorInfo]) -> str | None:
+    """Why tensors ``given`` (per-item shapes with a leading batch axis) cannot feed ``model``."""
+    import numpy as np
+
+    from jigsaw.models.repository import NUMPY_DTYPES
+    for want in model.inputs:
+        have = given.get(want.name)
+        if have is None and len(model.inputs) == 1 and len(given) == 1:
+            have = next(iter(given.values()))
+        if have is None:
+            return (f"{model.describe()} takes input {want.describe()}, which is not among "
+                    f"{', '.join(t.describe() for t in given.values()) or 'nothing'}")
+        if have.datatype not in NUMPY_DTYPES or not np.can_cast(
+                np.dtype(NUMPY_DTYPES[have.datatype]), np.dtype(NUMPY_DTYPES[want.datatype]), "same_kind"):
+            return f"{model.describe()} takes input {want.describe()}; it would get {have.describe()}"
+        item = have.item_shape
+        if not (shapes_compatible(item, want.item_shape)
+                or (len(item) == len(want.shape) and item[:1] in ((1,), (-1,))
+                    and shapes_compatible(item[1:], want.item_shape))):
+            return f"{model.describe()} takes input {want.describe()}; it would get {have.describe()}"
+    return None
+
+
+def check_tensors(app: App) -> None:
+    """Checks that every ONNX model gets the tensors its graph takes, where that is known statically:
+    a root task's models from the app's inputs, and a model fed by an edge without a transform
+    from its upstream ONNX model's outputs. Errors name the app file, the field and the ONNX file."""
+    declared = {i.name: TensorInfo(i.name, i.datatype, (-1, *i.shape)) for i in app.inputs}
+    for ti, task in enumerate(app.tasks):
+        for vi, v in enumerate(task.variants):
+            model = v.resolved
+            if model is None or not model.is_onnx or app.parents(task.name):
+                continue
+            why = _feeds(model, declared)
+            if why is not None:
+                raise ConfigError(app.source, f"tasks[{ti}].variants[{vi}].model",
+                                  f"{why} (the app's [[inputs]])")
+    for ei, e in enumerate(app.edges):
+        if e.transform:
+            continue
+        for dv in app.task(e.dst).variants:
+            if dv.resolved is None or not dv.resolved.is_onnx:
+                continue
+            for sv in app.task(e.src).variants:
+                if sv.resolved is None or not sv.resolved.is_onnx:
+                    continue
+                why = _feeds(dv.resolved, {o.name: o for o in sv.resolved.outputs})
+                if why is not None:
+                    raise ConfigError(app.source, f"edges[{ei}]",
+                                      f"{e.src} ({sv.name}) -> {e.dst} ({dv.name}) passes outputs as they "
+                                      f"are, but {why}; name a transform")
+    for ti, task in enumerate(app.tasks):
+        outs = {tuple((o.name, o.datatype) for o in v.resolved.outputs) for v in task.variants
+                if v.resolved is not None and v.resolved.is_onnx}
+        if len(outs) > 1 and not app.children(task.name):
+            raise ConfigError(app.source, f"tasks[{ti}].variants",
+                              "the variants of a sink task answer the client: their ONNX models "
+                              "must have the same output names and datatypes")

@@ -1,9 +1,10 @@
-"""``jigsaw``: the offline tools (check, plan, capacity, pack, profile, doctor)."""
+"""``jigsaw``: the offline tools (check, plan, capacity, pack, profile, modeled, import-profiles, doctor)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -93,8 +94,10 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", metavar="DIR", help="profile directory (default: the node's)")
     pr.add_argument("--seconds", type=float, default=2.0, help="time budget per row (s)")
     pr.add_argument("--max-iters", type=int, default=50, help="most batches timed per row")
-    gp = pr.add_argument_group("GPU nodes (each segment measured inside a MIG instance; needs root)")
-    gp.add_argument("--gpu", type=int, default=0, help="index of a GPU with MIG on and no instances (0)")
+    gp = pr.add_argument_group("GPU nodes (each segment measured inside a MIG instance, or on a whole GPU "
+                               "with MIG off for a node with mig = false; needs root)")
+    gp.add_argument("--gpu", type=int, default=0,
+                    help="index of a GPU with MIG on and no instances (whole GPUs: MIG off) (0)")
     gp.add_argument("--segments", help="comma-separated MIG profiles (default: the node's)")
     gp.add_argument("--mps-levels", help="comma-separated MPS levels (default: the node's)")
     gp.add_argument("--backend", choices=MODEL_BACKENDS,
@@ -106,6 +109,23 @@ def _parser() -> argparse.ArgumentParser:
     gp.add_argument("--cpus", help=argparse.SUPPRESS)  # a CPU share's copy: pinned to these CPUs
     gp.add_argument("--copies", type=int, help=argparse.SUPPRESS)  # copies at the barrier (default --mps)
     pr.set_defaults(func=cmd_profile)
+
+    from jigsaw import modeled
+    mo = sub.add_parser("modeled", help="modeled profiles for GPUs you cannot measure yet (source=modeled)",
+                        description=modeled.__doc__.split("\n\n")[0] if modeled.__doc__ else None)
+    modeled.add_arguments(mo)
+    mo.set_defaults(func=modeled.run)
+
+    im = sub.add_parser("import-profiles", help="profile rows from measured figures in a simple CSV")
+    im.add_argument("csv", help="model,hardware,batch,p50|p95|mean,unit[,throughput,memory_mb,mps]")
+    im.add_argument("--out", metavar="DIR", help="profile directory (default: the node's)")
+    im.add_argument("--node", help="node TOML file: check models and hardware against it")
+    im.add_argument("--p95-over-p50", type=float, help="derive a missing p95 as p50 x this ratio")
+    im.add_argument("--p95-over-mean", type=float, help="derive a missing p95 as mean x this ratio")
+    im.add_argument("--memory-mb", type=float, help="memory of one process where the file gives none")
+    im.add_argument("--host", default="", help="where the figures were measured (host column)")
+    im.add_argument("--date", default="", help="when (default: the file's modification date)")
+    im.set_defaults(func=cmd_import_profiles)
 
     dr = sub.add_parser("doctor", help="what a GPU node lacks: driver, NVML, MIG mode, MPS, permissions")
     dr.add_argument("--node-config", "--node", dest="node", required=True, help="node TOML file")
@@ -120,6 +140,32 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     checks = diagnose(load_node(args.node, load_apps=False))
     print(format_checks(checks))
     return 1 if failed(checks) else 0
+
+
+def cmd_import_profiles(args: argparse.Namespace) -> int:
+    """Runs ``jigsaw.profile_import.import_csv``; prints each assumption and each file written."""
+    from jigsaw.profile_import import import_csv
+    segments = variants = None
+    out = args.out
+    if args.node:
+        node = load_node(args.node)
+        segments = list(node.mig_profiles)
+        variants = [v.name for a in node.apps for t in a.tasks for v in t.variants]
+        out = out or node.profiles_dir
+    if out is None:
+        raise JigsawError("--out: give the profile directory (or --node, to use its profiles_dir)")
+    for ratio in ("p95_over_p50", "p95_over_mean"):
+        value = getattr(args, ratio)
+        if value is not None and not (value >= 1 and math.isfinite(value)):
+            raise JigsawError(f"--{ratio.replace('_', '-')}: a p95 is at least the p50 or mean: expected "
+                              f">= 1, got {value}")
+    paths = import_csv(args.csv, out, segments=segments, variants=variants, p95_over_p50=args.p95_over_p50,
+                       p95_over_mean=args.p95_over_mean, memory_mb=args.memory_mb, host=args.host,
+                       date=args.date,
+                       say=lambda line: print(f"jigsaw import-profiles: {line}", file=sys.stderr))
+    for path in paths:
+        print(path)
+    return 0
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -243,6 +289,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         if "gpus" in data:
             node = load_node(path)
             table = load_node_profiles(node)
+            from jigsaw.models.check import check_models
+            check_models(node.apps, node.backend)  # what jigsawd checks before its workers start
             print(f"{path}: ok: node {node.name} ({node.num_gpus}x {node.gpu.name}, "
                   f"{len(node.apps)} apps, {len(table)} profile rows: {', '.join(sorted(table.sources))})")
         elif "tasks" in data:
@@ -393,7 +441,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from jigsaw.mig import gpu_model
+    from jigsaw.mig import WHOLE_GPU, gpu_model, whole_gpu_model
     from jigsaw.planner.packer import (
         instances_from_plan,
         pack,
@@ -407,13 +455,21 @@ def cmd_pack(args: argparse.Namespace) -> int:
         node = load_node(args.node, load_apps=False)
         gpu, num_gpus = node.gpu, node.num_gpus
     else:
+        whole = bool(plan.instances) and all(i.mig_profile == WHOLE_GPU for i in plan.instances)
         try:
             gpu = gpu_model(plan.gpu_model)
         except KeyError:
-            raise ConfigError(args.plan, "gpu_model", f"unknown GPU model {plan.gpu_model!r}") from None
+            if not whole:
+                raise ConfigError(args.plan, "gpu_model", f"unknown GPU model {plan.gpu_model!r}") from None
+            gpu = whole_gpu_model(plan.gpu_model, 0.0, 0)  # only the layout is asked for
+        if whole:
+            gpu = whole_gpu_model(gpu.name, gpu.memory_gb, gpu.sm_count)
         num_gpus = max(plan.slices_available // gpu.compute_slices, 1)
     layout = pack(instances_from_plan(plan), gpu, num_gpus, previous)
-    if args.format == "mig-parted":
+    if not gpu.mig and args.format != "json":
+        print("# whole GPUs (mig = false): nothing to partition; keep MIG off "
+              "(nvidia-smi -i N -mig 0)")
+    elif args.format == "mig-parted":
         print(to_mig_parted_yaml(layout), end="")
     elif args.format == "commands":
         print("\n".join(to_nvidia_smi_commands(layout, previous)))

@@ -268,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         host = args.host or node.server.host
         port = node.server.port if args.port is None else args.port
         plans = choose_plans(node, args)
+        if backend.runs_models:
+            from jigsaw.models.check import check_models
+            check_models([app for app, _ in plans], backend.name)
         removed = cleanup_stale()
         if removed:
             _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")

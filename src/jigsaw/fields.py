@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,14 @@ from typing import Any
 from jigsaw.errors import ConfigError
 
 _MISSING = object()
+_IMPORT_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_import_ref(ref: str) -> str | None:
+    """Why ``ref`` is not a ``module:function`` import path (None when it is one)."""
+    if not _IMPORT_REF.fullmatch(ref):
+        return f"expected 'module:function' (an import path), got {ref!r}"
+    return None
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

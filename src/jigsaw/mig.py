@@ -32,6 +32,7 @@ class GpuModel:
     profiles: tuple[MigProfile, ...]
     total_slices: int = 7  # compute slices of the whole device (a CPU: its cores)
     kind: str = "gpu"  # "gpu" (MIG instances) or "cpu" (core shares; see ``cpu_model``)
+    mig: bool = True  # False: a whole GPU, no MIG (``whole_gpu_model``)
 
     @property
     def compute_slices(self) -> int:
@@ -103,6 +104,21 @@ def cpu_model(cores: int, memory_gb: float = 16.0) -> GpuModel:
 
 CPU_MODELS: dict[str, GpuModel] = {m.name: m for m in (cpu_model(c) for c in (1, 2, 4))}
 """CPU devices a node may name as its ``gpus.model`` (kept apart: GPU_MODELS are MIG GPUs)."""
+
+
+WHOLE_GPU = "gpu"
+"""The one segment profile of a GPU without MIG (or with MIG off): the whole device."""
+
+
+def whole_gpu_model(name: str, memory_gb: float, sm_count: int) -> GpuModel:
+    """A GPU used whole (no MIG, or MIG off): one profile, ``gpu``, that is the device.
+
+    Its segments are the whole GPU x MPS levels. It costs one compute slice and fills the 8
+    placement slots, so the planner counts GPUs, and the layout and packer code need no special
+    case (one instance per GPU, nothing to partition).
+    """
+    profile = MigProfile(WHOLE_GPU, 1, memory_gb, NUM_PLACEMENT_SLOTS, (0,), sm_count, max_per_gpu=1)
+    return GpuModel(name, memory_gb, sm_count, (profile,), total_slices=1, mig=False)
 
 
 def gpu_model(name: str) -> GpuModel:

@@ -13,7 +13,7 @@ from jigsaw.app import App, load_app
 from jigsaw.backends.registry import NAMES
 from jigsaw.errors import ConfigError
 from jigsaw.fields import Fields, read_toml
-from jigsaw.mig import GPU_MODELS, GpuModel, MigProfile, gpu_model
+from jigsaw.mig import GPU_MODELS, GpuModel, MigProfile, gpu_model, whole_gpu_model
 from jigsaw.profiles import ProfileTable, check_coverage, load_profiles
 
 BACKENDS = NAMES  # the backend registry's names
@@ -135,13 +135,21 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
 
     g = f.sub("gpus")
     g.reject_unknown({"model", "count", "mig_profiles", "mps_levels", "batch_sizes",
-                      "profiles_dir", "backend"})
+                      "profiles_dir", "backend", "mig", "memory_gb", "sm_count"})
     model_name = g.str("model")
-    try:
-        gpu = gpu_model(model_name)
-    except KeyError:
-        raise g.error("model", f"unknown GPU model {model_name!r} "
-                               f"(known: {', '.join(GPU_MODELS)})") from None
+    if not g.bool("mig", True):
+        gpu = _whole_gpu(g, model_name)
+    else:
+        for key in ("memory_gb", "sm_count"):
+            if g.has(key):
+                raise g.error(key, "only a GPU used whole (mig = false) takes it; a MIG GPU's "
+                                   "figures come from its MIG table")
+        try:
+            gpu = gpu_model(model_name)
+        except KeyError:
+            raise g.error("model", f"unknown GPU model {model_name!r} (known: {', '.join(GPU_MODELS)}; "
+                                   "any other GPU is used whole: mig = false, memory_gb, "
+                                   "sm_count)") from None
     count = g.integer("count", low=1, high=100_000)
     mig_profiles = g.list("mig_profiles", list(gpu.profile_names))
     for i, p in enumerate(mig_profiles):
@@ -155,7 +163,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     batch_sizes = g.list("batch_sizes", list(PAPER_BATCH_SIZES))
     if not batch_sizes or not all(isinstance(b, int) and 1 <= b <= 4096 for b in batch_sizes):
         raise g.error("batch_sizes", f"expected batch sizes between 1 and 4096, got {batch_sizes!r}")
-    default_profiles = f"../profiles/{gpu.name.lower()}"
+    default_profiles = f"../profiles/{gpu.name.lower()}" + ("" if gpu.mig else "-whole")
     profiles_dir = (base / g.str("profiles_dir", default_profiles)).resolve()
     backend = g.str("backend", "tensorrt")
     if backend not in BACKENDS:
@@ -237,6 +245,25 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         batch_sizes=tuple(sorted(set(batch_sizes))), profiles_dir=profiles_dir, backend=backend,
         planner=planner, server=server, control=control, apps=tuple(apps), source=str(path),
     )
+
+
+def _whole_gpu(g: Fields, model_name: str) -> GpuModel:
+    """A GPU without MIG (``mig = false``): a known MIG GPU with MIG off, or any GPU whose
+    ``memory_gb`` and ``sm_count`` the file gives."""
+    try:
+        known: GpuModel | None = gpu_model(model_name)
+    except KeyError:
+        known = None
+    if known is not None and known.kind == "cpu":
+        raise g.error("mig", f"{model_name} is a CPU device; mig applies to GPUs")
+    for key in ("memory_gb", "sm_count"):
+        if known is None and not g.has(key):
+            raise g.error(key, f"missing: {model_name!r} is not a GPU jigsaw knows, so a whole-GPU "
+                               "node gives its memory_gb and sm_count")
+    memory_gb = g.number("memory_gb", low=0, low_open=True) if g.has("memory_gb") \
+        else known.memory_gb  # type: ignore[union-attr]
+    sm_count = g.integer("sm_count", low=1) if g.has("sm_count") else known.sm_count  # type: ignore[union-attr]
+    return whole_gpu_model(known.name if known else model_name, memory_gb, sm_count)
 
 
 def load_node_profiles(node: Node, apps: tuple[App, ...] | list[App] | None = None) -> ProfileTable:

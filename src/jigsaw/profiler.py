@@ -69,12 +69,29 @@ def backend_description(backend: str) -> str:
     return " ".join(dict.fromkeys(parts))
 
 
-def synthetic_inputs(kind: str, batch: int, seed: int = 0) -> list[bytes]:
-    """Payloads of ``batch`` items of a task of ``kind``, as a worker would receive them."""
+def synthetic_inputs(kind: str, batch: int, seed: int = 0, model: Any = None) -> list[bytes]:
+    """Payloads of ``batch`` items of a task of ``kind``, as a worker would receive them.
+
+    A repository (ONNX) model gets random tensors of its graph's inputs (floats in [0, 1), small
+    integers); a free size other than the batch axis is taken as 1.
+    """
     from jigsaw.models.images import street_scene
     from jigsaw.models.zoo import classifier_size
     from jigsaw.tensors import encode_tensors
     out = []
+    if model is not None and model.is_onnx:
+        from jigsaw.models.repository import NUMPY_DTYPES
+        rng = np.random.default_rng(seed)
+        for _ in range(batch):
+            tensors = []
+            for t in model.inputs:
+                shape = tuple(max(1, d) for d in t.item_shape)
+                dtype = np.dtype(NUMPY_DTYPES[t.datatype])
+                arr = (rng.random(shape).astype(dtype) if dtype.kind == "f"
+                       else rng.integers(0, 2, shape).astype(dtype))
+                tensors.append((t.name, t.datatype, shape, arr))
+            out.append(bytes(encode_tensors(tensors)))
+        return out
     for i in range(batch):
         if kind == "tts":
             toks = np.random.default_rng(seed + i).integers(0, 30522, (1, 16)).astype(np.int32)
@@ -113,7 +130,11 @@ def measure(execute: Callable[[], object], batch: int, *, warmup: int = 2, min_i
 
 def _select(node_path: str | Path, app_path: str | Path | None, variants: Sequence[str],
             batches: Sequence[int]) -> tuple[Any, dict[str, str], list[str], list[int]]:
-    """(node, task kind by variant, the variants wanted, the batch sizes) of a profiling run."""
+    """(node, task kind by variant, the variants wanted, the batch sizes) of a profiling run.
+
+    Each wanted variant's model (``_MODELS``) must be resolvable: a zoo network or a repository
+    model; a variant with neither is an error naming it and its app file.
+    """
     from jigsaw.app import load_app
     from jigsaw.node import load_node
     node = load_node(node_path, load_apps=app_path is None)
@@ -123,7 +144,21 @@ def _select(node_path: str | Path, app_path: str | Path | None, variants: Sequen
     unknown = [v for v in wanted if v not in kinds]
     if unknown:
         raise JigsawError(f"--variants: not in the app(s): {', '.join(unknown)}")
+    for a in apps:
+        for t in a.tasks:
+            for v in t.variants:
+                if v.name not in wanted:
+                    continue
+                if v.resolved is None:
+                    raise JigsawError(f"{a.source}: task {t.name!r}, variant {v.name!r}: no model to "
+                                      f"measure: the zoo has no network named {v.name!r}; set model to a "
+                                      "zoo name, an ONNX file or a model directory")
+                _MODELS[v.name] = v.resolved
     return node, kinds, wanted, sorted(set(batches or node.batch_sizes))
+
+
+_MODELS: dict[str, Any] = {}
+"""The model of every variant ``_select`` accepted (``jigsaw.models.repository.Model``)."""
 
 
 def profile(node_path: str | Path, app_path: str | Path | None = None, *, variants: Sequence[str] = (),
@@ -256,7 +291,8 @@ def _measure_rows(plan: list[tuple[str, str, int]], kinds: dict[str, str], backe
                 loaded.clear()
                 loaded[key] = _backend(backend, kinds[v], v, threads, max_batch)
             be = loaded[key]
-            run = functools.partial(be.execute, list(range(b)), synthetic_inputs(kinds[v], b))  # type: ignore[attr-defined]
+            run = functools.partial(be.execute, list(range(b)),  # type: ignore[attr-defined]
+                                    synthetic_inputs(kinds[v], b, model=_MODELS.get(v)))
             if barrier is not None:
                 run()  # load and warm up before the copies start timing together
                 barrier.wait()
@@ -275,11 +311,14 @@ def _backend(kind_of_backend: str, task_kind: str, variant: str, threads: int, m
         Real = backend_kind(kind_of_backend).load_class()
     except BackendUnavailable as exc:
         raise JigsawError(f"{variant}: {exc}") from None
+    model = _MODELS.get(variant)
     # A detector is timed with its real fan-out work: crops for a car and a person task.
-    downstream = [Downstream("car", 1.0), Downstream("person", 1.0)] if task_kind == "detector" else []
-    be = Real("profile", task_kind, downstream, threads=threads)  # type: ignore[call-arg]
+    downstream = [Downstream("car", 1.0), Downstream("person", 1.0)] \
+        if task_kind == "detector" and not (model is not None and model.is_onnx) else []
+    be = Real("profile", task_kind, downstream, threads=threads, model=model)  # type: ignore[call-arg]
     try:
         be.load(variant, max_batch)
-    except (RuntimeError, ImportError, OSError, ValueError) as exc:
-        raise JigsawError(f"{variant}: the {kind_of_backend} backend cannot load it: {exc}") from None
+    except (RuntimeError, ImportError, OSError, ValueError, KeyError) as exc:
+        where = f" ({model.describe()})" if model is not None else ""
+        raise JigsawError(f"{variant}{where}: the {kind_of_backend} backend cannot load it: {exc}") from None
     return be

@@ -1,5 +1,8 @@
 """``jigsaw profile`` on a GPU node: every MIG profile x MPS level, measured inside a real instance.
 
+A node of whole GPUs (``mig = false``) has one segment profile, the GPU: its MPS levels are
+measured the same way on a GPU with MIG off (no instance is created; the copies see the GPU).
+
 For each profile the orchestrator creates one MIG instance on a GPU that has none
 (``nvidia-smi mig -cgi <profile> -C``), and for each MPS level k starts an MPS control daemon
 private to that instance and runs k measuring copies of ``jigsaw profile --inside`` at once,
@@ -102,7 +105,30 @@ def _mig_uuid(listing: str, gpu: int, profile: str) -> str:
     raise JigsawError(f"nvidia-smi -L lists no {profile} MIG device on GPU {gpu}")
 
 
+def whole_gpu(run: Run, gpu: int) -> MigInstance:
+    """GPU ``gpu`` used whole (a node with ``mig = false``): its UUID; refused while it has MIG
+    devices, whose work would share the measurement (turn MIG off: ``nvidia-smi -i N -mig 0``)."""
+    current, uuid, mig = None, "", False
+    for line in run(["nvidia-smi", "-L"]).splitlines():
+        m = re.match(r"GPU (\d+):.*\(UUID:\s*(GPU-[^)\s]+)\)", line.strip())
+        if m:
+            current = int(m.group(1))
+            if current == gpu:
+                uuid = m.group(2)
+            continue
+        if current == gpu and re.search(r"\bMIG\b", line):
+            mig = True
+    if not uuid:
+        raise JigsawError(f"nvidia-smi -L lists no GPU {gpu}")
+    if mig:
+        raise JigsawError(f"GPU {gpu} has MIG devices: a whole-GPU node is measured on a GPU with MIG "
+                          "off (destroy its instances and run nvidia-smi -i N -mig 0), or pick another --gpu")
+    return MigInstance(gpu, -1, -1, uuid)
+
+
 def destroy_instance(run: Run, instance: MigInstance) -> None:
+    if instance.gpu_instance < 0:  # a whole GPU: nothing was created
+        return
     gpu, gi = str(instance.gpu), str(instance.gpu_instance)
     run(["nvidia-smi", "mig", "-dci", "-i", gpu, "-gi", gi, "-ci", str(instance.compute_instance)])
     run(["nvidia-smi", "mig", "-dgi", "-i", gpu, "-gi", gi])
@@ -139,12 +165,12 @@ def profile_gpu(node: Any, app_path: str | Path | None, kinds: dict[str, str], w
     if not groups:
         print("jigsaw profile: every row is already measured", file=sys.stderr)
         return [out_dir / f"{v}.csv" for v in wanted]
-    host = f"{host_description()} {node.gpu.name} MIG"
+    host = f"{host_description()} {node.gpu.name} {'MIG' if node.gpu.mig else 'whole GPU'}"
     date = dt.date.today().isoformat()
     progress = Progress(len(groups))
     try:
         for seg in dict.fromkeys(s for s, _, _ in groups):
-            instance = create_instance(run, gpu, seg)
+            instance = create_instance(run, gpu, seg) if node.gpu.mig else whole_gpu(run, gpu)
             try:
                 for s, k, todo in groups:
                     if s != seg:

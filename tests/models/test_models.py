@@ -99,7 +99,8 @@ def test_nms_on_hand_made_boxes() -> None:
 
 
 def test_letterbox_and_crop() -> None:
-    from jigsaw.backends.pipeline import crop, letterbox
+    from jigsaw.backends.pipeline import letterbox
+    from jigsaw.models.images import crop
     img = np.zeros((100, 200, 3), np.uint8)
     img[40:60, 90:110] = 255
     canvas, r, (px, py) = letterbox(img, 64)

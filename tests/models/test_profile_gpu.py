@@ -146,3 +146,26 @@ def test_merge_sums_throughput_and_keeps_the_worst_latency(tmp_path: Path) -> No
     from jigsaw.errors import JigsawError
     with pytest.raises(JigsawError, match="different rows"):
         merge_copies(files)
+
+
+def test_a_whole_gpu_node_is_measured_without_mig(fake_gpu: Path, tmp_path: Path) -> None:
+    from jigsaw.cli import main
+    from jigsaw.profiles import load_profiles
+    node = tmp_path / "whole.toml"
+    node.write_text(H100.read_text().replace('model = "H100-80GB"', 'model = "H100-80GB"\nmig = false')
+                    .replace("mig_profiles", "# mig_profiles"))
+    args = _args(tmp_path / "prof", "--backend", "onnxruntime")
+    args[args.index("--node") + 1] = str(node)
+    args[args.index("--segments") + 1] = "gpu"
+    assert main(args) == 0
+    calls = _calls(fake_gpu)
+    assert not any("-cgi" in c or "-dgi" in c for c in calls)  # nothing to partition
+    assert [c for c in calls if c.startswith("mps")] == [
+        "mps -d GPU-0000", "mps  GPU-0000", "mps -d GPU-0000", "mps  GPU-0000"]
+    table = load_profiles(tmp_path / "prof")
+    assert {(r.mig_profile, r.mps, r.batch) for r in table.rows("efficientnet-b0")} == {
+        ("gpu", k, b) for k in (1, 2) for b in (1, 2)}
+    assert "whole GPU" in (tmp_path / "prof" / "efficientnet-b0.csv").read_text()
+    (fake_gpu / "state.json").write_text(json.dumps({"profile": "3g.40gb", "gi": 2}))
+    args[args.index("--out") + 1] = str(tmp_path / "prof2")
+    assert main(args) == 2  # MIG devices on the GPU: refused

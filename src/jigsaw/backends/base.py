@@ -32,6 +32,8 @@ class Downstream:
 
     task: str
     factor: float  # expected children per item for this backend's variant (the app's F(t, v, t'))
+    transform: str = ""  # the edge's ``module:function`` (jigsaw.models.transforms); "": as is
+    transform_dir: str = ""  # where the transform's module is looked for first (the app's folder)
 
 
 @dataclass
@@ -40,6 +42,7 @@ class ItemResult:
 
     outputs: list[Tensor]  # the item's own outputs (reported to the client when the task is a sink)
     children: dict[str, list[bytes]] = field(default_factory=dict)  # downstream task -> payloads
+    error: str = ""  # why this item failed (a bad transform or input): its request is answered 500
 
 
 class Backend(abc.ABC):

@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from jigsaw.backends.base import Backend, Downstream, ItemResult, OutputSpec
+from jigsaw.backends.registry import ONNX_BACKENDS
 from jigsaw.models.graphs import Runner
+from jigsaw.models.repository import Model
 
 log = logging.getLogger("jigsaw.backends")
 
@@ -39,17 +41,30 @@ class ModelBackend(Backend):
     kind = "model"
 
     def __init__(self, task: str, task_kind: str, downstream: Sequence[Downstream] = (), *,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, model: Model | None = None) -> None:
         super().__init__(task, task_kind, downstream)
         self.threads = threads or default_threads()
+        self.model = model  # the variant's model (None: the zoo network of the variant's name)
+        self.zoo = ""  # the zoo network loaded (a built-in model; its builders are keyed by it)
         self._net: Any = None
         self.pipeline: Any = None
 
     def load(self, variant: str, max_batch: int) -> None:
-        from jigsaw.backends.pipeline import Pipeline
         self.variant, self.max_batch = variant, max_batch
-        self.pipeline = Pipeline(variant, self.task_kind, self.downstream)
-        self._net = self._load_net(variant, max_batch)
+        if self.model is not None and self.model.is_onnx:
+            from jigsaw.backends.graph_pipeline import GraphPipeline
+            self.pipeline = GraphPipeline(self.model, self.task, self.downstream)
+            self._net = self._load_onnx(self.model, max_batch)
+            return
+        from jigsaw.backends.pipeline import Pipeline
+        zoo = self.zoo = self.model.zoo if self.model is not None else variant
+        self.pipeline = Pipeline(zoo, self.task_kind, self.downstream)
+        self._net = self._load_net(zoo, max_batch)
+
+    def _load_onnx(self, model: Model, max_batch: int) -> Any:
+        """The runner of a repository model's ONNX graph (backends that run ONNX override it)."""
+        raise ValueError(f"the {self.kind} backend runs zoo networks only; {model.describe()} needs "
+                         f"the {' or '.join(ONNX_BACKENDS)} backend")
 
     @abc.abstractmethod
     def _load_net(self, variant: str, max_batch: int) -> Any:
@@ -60,6 +75,8 @@ class ModelBackend(Backend):
         return self._net(batch)
 
     def execute(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
+        if hasattr(self.pipeline, "execute"):  # a repository model: per-item errors, no pre-processing
+            return self.pipeline.execute(inputs, self.run)  # type: ignore[no-any-return]
         batch, ctx = self.pipeline.prepare(inputs)
         return self.pipeline.finish(self.run(batch), ctx)
 
@@ -83,6 +100,10 @@ class GraphBackend(ModelBackend):
         ex = export(variant)
         runners = {g: self._graph_runner(path, max_batch) for g, path in ex.graphs.items()}
         return driver(variant, model_config(variant), runners)
+
+    def _load_onnx(self, model: Model, max_batch: int) -> Any:
+        assert model.path is not None
+        return self._graph_runner(model.path, max_batch)
 
     @abc.abstractmethod
     def _graph_runner(self, path: Path, max_batch: int) -> Runner:

@@ -21,14 +21,16 @@ from typing import Any
 import numpy as np
 
 from jigsaw.backends.base import Downstream, ItemResult, OutputSpec
-from jigsaw.models.zoo import CAPTION_TOKENS, classifier_size, variant_info
+from jigsaw.models import transforms
+from jigsaw.models.images import resize
+from jigsaw.models.transforms import TransformError, tensor_list
+from jigsaw.models.zoo import CAPTION_TOKENS, variant_info
 from jigsaw.tensors import Tensor, decode_tensors, encode_tensors
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
 CLIP_MEAN = np.array([0.4815, 0.4578, 0.4082], np.float32)
 CLIP_STD = np.array([0.2686, 0.2613, 0.2758], np.float32)
-CLASS_OF_TASK = {"car": {2}, "cars": {2}, "vehicle": {2, 3, 5, 7}, "person": {0}, "persons": {0}}
 MAX_DETECTIONS = 100
 LETTERBOX_FILL = 114
 
@@ -53,13 +55,6 @@ def decode_image(tensors: Sequence[Tensor]) -> np.ndarray:
     return np.ascontiguousarray(img[..., :3])
 
 
-def resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
-    """Nearest-neighbour resize (cheap, dependency-free, deterministic)."""
-    ys = np.minimum((np.arange(h) + 0.5) * img.shape[0] / h, img.shape[0] - 1).astype(np.intp)
-    xs = np.minimum((np.arange(w) + 0.5) * img.shape[1] / w, img.shape[1] - 1).astype(np.intp)
-    return img[ys[:, None], xs[None, :]]
-
-
 def letterbox(img: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[int, int]]:
     """Fit into a ``size`` square keeping the aspect ratio; returns (canvas, scale, (pad_x, pad_y))."""
     h, w = img.shape[:2]
@@ -69,16 +64,6 @@ def letterbox(img: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[int,
     py, px = (size - nh) // 2, (size - nw) // 2
     canvas[py:py + nh, px:px + nw] = resize(img, nh, nw)
     return canvas, r, (px, py)
-
-
-def crop(img: np.ndarray, box: np.ndarray, size: int) -> np.ndarray:
-    """The (x1, y1, x2, y2) region of ``img`` (at least one pixel) resized to ``size`` x ``size``."""
-    h, w = img.shape[:2]
-    x1 = int(np.clip(np.floor(box[0]), 0, w - 1))
-    y1 = int(np.clip(np.floor(box[1]), 0, h - 1))
-    x2 = int(np.clip(np.ceil(box[2]), x1 + 1, w))
-    y2 = int(np.clip(np.ceil(box[3]), y1 + 1, h))
-    return resize(img[y1:y2, x1:x2], size, size)
 
 
 def _chw(images: list[np.ndarray], mean: np.ndarray | None, std: np.ndarray | None) -> np.ndarray:
@@ -105,6 +90,7 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         self.info = variant_info(self.variant)
+        self._transforms: dict[str, transforms.Transform] = {}
         if self.info.kind != self.kind and self.kind != "generic":
             raise ValueError(f"variant {self.variant} is a {self.info.kind}, task is a {self.kind}")
 
@@ -163,32 +149,40 @@ class Pipeline:
         from jigsaw.models.yolo import postprocess
         dets = postprocess(pred, conf_threshold=self.conf_threshold, iou_threshold=self.iou_threshold,
                            max_det=MAX_DETECTIONS)
-        csize = classifier_size()
         results = []
         for d, (img, r, (px, py)) in zip(dets, ctx):
             h, w = img.shape[:2]
             boxes = d[:, :4].copy()
             boxes[:, [0, 2]] = np.clip((boxes[:, [0, 2]] - px) / r, 0, w)
             boxes[:, [1, 3]] = np.clip((boxes[:, [1, 3]] - py) / r, 0, h)
-            cls = d[:, 5].astype(np.int32)
-            children: dict[str, list[bytes]] = {}
+            found = {"boxes": boxes.astype(np.float32).reshape(-1, 4),
+                     "scores": d[:, 4].astype(np.float32), "labels": d[:, 5].astype(np.int32)}
             outputs = [_arr("num_boxes", "INT32", np.array([len(d)], np.int32))]
-            for ds in self.downstream:
-                wanted = CLASS_OF_TASK.get(ds.task)
-                if wanted is not None:
-                    idx = [i for i in range(len(d)) if cls[i] in wanted]
-                else:
-                    idx = list(range(min(len(d), max(1, round(ds.factor)))))
-                children[ds.task] = [bytes(encode_tensors([
-                    _arr("image", "UINT8", crop(img, boxes[i], csize)),
-                    _arr("box", "FP32", boxes[i].reshape(1, 4).astype(np.float32)),
-                ])) for i in idx]
-                outputs.append(_arr(f"num_{ds.task}", "INT32", np.array([len(idx)], np.int32)))
-            outputs += [_arr("boxes", "FP32", boxes.astype(np.float32).reshape(-1, 4)),
-                        _arr("scores", "FP32", d[:, 4].astype(np.float32)),
-                        _arr("labels", "INT32", cls)]
+            try:
+                children = {ds.task: [bytes(encode_tensors(tensor_list(child)))
+                                      for child in self._edge_children(ds, {"image": img}, found)]
+                            for ds in self.downstream}
+            except TransformError as exc:
+                results.append(ItemResult([], {}, str(exc)))
+                continue
+            outputs += [_arr(f"num_{ds.task}", "INT32", np.array([len(children[ds.task])], np.int32))
+                        for ds in self.downstream]
+            outputs += [_arr("boxes", "FP32", found["boxes"]), _arr("scores", "FP32", found["scores"]),
+                        _arr("labels", "INT32", found["labels"])]
             results.append(ItemResult(outputs, children))
         return results
+
+    def _edge_children(self, ds: Downstream, inputs: dict[str, np.ndarray],
+                       outputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """A detection's children on ``ds``: the edge's transform, the built-in crops by default."""
+        if ds.transform:
+            fn = self._transforms.get(ds.task)
+            if fn is None:
+                fn = self._transforms[ds.task] = transforms.load(ds.transform, ds.transform_dir or None)
+            ref = ds.transform
+        else:
+            fn, ref = transforms.crop_detections, "jigsaw.models.transforms:crop_detections"
+        return transforms.apply(fn, ref, inputs, outputs, transforms.EdgeInfo("", ds.task, ds.factor))
 
 
 def output_specs(task_kind: str, downstream: Sequence[str] = ()) -> list[OutputSpec]:
@@ -206,6 +200,15 @@ def output_specs(task_kind: str, downstream: Sequence[str] = ()) -> list[OutputS
     if task_kind == "tts":
         return [OutputSpec("audio", "FP32", (1, -1)), OutputSpec("audio_samples", "INT64", (1,))]
     return [OutputSpec("value", "FP32", (1,))]
+
+
+def task_output_specs(app: Any, task: str) -> list[OutputSpec]:
+    """A task's per-item outputs: its ONNX models' graph outputs, or those of its kind."""
+    model = app.task(task).variants[0].resolved
+    if model is not None and model.is_onnx:
+        from jigsaw.backends.graph_pipeline import graph_output_specs
+        return graph_output_specs(model)
+    return output_specs(app.task(task).kind, app.children(task))
 
 
 Runner = Callable[[np.ndarray], Any]

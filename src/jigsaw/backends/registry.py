@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from jigsaw.app import App
     from jigsaw.backends.base import Backend, OutputSpec
 
 
@@ -28,10 +29,12 @@ class BackendKind:
     name: str
     class_path: str  # "module:Class", imported on first use
     output_specs_path: str  # "module:function" giving a task kind's per-item outputs
+    task_specs_path: str = ""  # "module:function" giving an app task's outputs (its models'); "": by kind
     emulated: bool = False  # its results are labelled emulated (responses, metrics, logs)
     runs_models: bool = True  # loads real networks (needs the models extra, profiles real rows)
     needs_gpu: bool = False  # only serves with a usable CUDA device (else: a CPU node's backend)
     libraries: tuple[str, ...] = ()  # whose versions a profile row records
+    onnx_opener: str = ""  # "module:function" opening an ONNX file as this backend will ("": zoo only)
 
     def load_class(self) -> type[Backend]:
         """The backend class; ``BackendUnavailable`` when its libraries are missing."""
@@ -46,20 +49,32 @@ class BackendKind:
         fn: Callable[[str, Sequence[str]], list[OutputSpec]] = _resolve(self.output_specs_path)
         return fn(task_kind, downstream)
 
+    def task_output_specs(self, app: App, task: str) -> list[OutputSpec]:
+        """The outputs one item of ``app``'s ``task`` produces: a repository model's graph outputs
+        where this backend runs the model, else those of the task's kind."""
+        if not self.task_specs_path:
+            return self.output_specs(app.task(task).kind, app.children(task))
+        fn: Callable[[App, str], list[OutputSpec]] = _resolve(self.task_specs_path)  # type: ignore[assignment]
+        return fn(app, task)
+
 
 _REAL_SPECS = "jigsaw.backends.pipeline:output_specs"
+_TASK_SPECS = "jigsaw.backends.pipeline:task_output_specs"
 
 KINDS: dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("emulated", "jigsaw.backends.emulated:EmulatedBackend",
                 "jigsaw.backends.emulated:EmulatedBackend.output_specs", emulated=True, runs_models=False),
-    BackendKind("tensorrt", "jigsaw.backends.tensorrt_backend:TensorRTBackend", _REAL_SPECS,
-                needs_gpu=True, libraries=("tensorrt",)),
-    BackendKind("onnxruntime", "jigsaw.backends.onnxruntime_backend:OnnxRuntimeBackend", _REAL_SPECS,
-                libraries=("onnxruntime", "torch")),
-    BackendKind("torch", "jigsaw.backends.torch_backend:TorchBackend", _REAL_SPECS, libraries=("torch",)),
+    BackendKind("tensorrt", "jigsaw.backends.tensorrt_backend:TensorRTBackend", _REAL_SPECS, _TASK_SPECS,
+                needs_gpu=True, libraries=("tensorrt",), onnx_opener="jigsaw.models.check:check_onnx_graph"),
+    BackendKind("onnxruntime", "jigsaw.backends.onnxruntime_backend:OnnxRuntimeBackend",
+                _REAL_SPECS, _TASK_SPECS,
+                libraries=("onnxruntime", "torch"), onnx_opener="jigsaw.models.check:open_onnxruntime"),
+    BackendKind("torch", "jigsaw.backends.torch_backend:TorchBackend", _REAL_SPECS, _TASK_SPECS,
+                libraries=("torch",)),
 )}
 NAMES: tuple[str, ...] = tuple(KINDS)
 MODEL_BACKENDS: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.runs_models)
+ONNX_BACKENDS: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.onnx_opener)  # run repository models
 EMULATED = "emulated"  # the backend ``--emulate`` selects
 
 
@@ -69,6 +84,12 @@ def backend_kind(name: str) -> BackendKind:
         return KINDS[name]
     except KeyError:
         raise KeyError(f"unknown backend {name!r} (known: {', '.join(NAMES)})") from None
+
+
+def open_onnx(kind: BackendKind, path: str) -> None:
+    """Open the ONNX file at ``path`` the way ``kind`` will (raises what its runtime raises)."""
+    opener: Callable[[str], object] = _resolve(kind.onnx_opener)  # type: ignore[assignment]
+    opener(path)
 
 
 def _resolve(path: str) -> object:

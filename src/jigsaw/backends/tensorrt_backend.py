@@ -28,6 +28,7 @@ import numpy as np
 from jigsaw.backends.base import ItemResult
 from jigsaw.backends.model import GraphBackend
 from jigsaw.models.graphs import Runner
+from jigsaw.models.repository import Model
 
 log = logging.getLogger("jigsaw.backends")
 WORKSPACE_BYTES = 2 << 30
@@ -227,9 +228,21 @@ class TensorRTBackend(GraphBackend):
         ex = export(variant)
         return _TrtNet(ex.path, ex.input_name, ex.input_shape, max_batch, self.precision)
 
+    def _load_onnx(self, model: Model, max_batch: int) -> Any:
+        """A repository model's graph: its batch axis (the first of every input) spans 1..max_batch."""
+        ok, why = available()
+        if not ok:
+            raise RuntimeError(f"the tensorrt backend needs a GPU: {why}")
+        import onnx as onnx_lib
+        assert model.path is not None
+        graph = onnx_lib.load(str(model.path), load_external_data=False).graph
+        ranges = {d.dim_param: (1, max_batch, max_batch) for inp in graph.input
+                  for d in inp.type.tensor_type.shape.dim[:1] if d.dim_param}
+        return _TrtGraph(model.path, ranges, max_batch, self.precision)
+
     def _graph_runner(self, path: Path, max_batch: int) -> Runner:
         from jigsaw.models.export import axis_ranges
-        return _TrtGraph(path, axis_ranges(self.variant, max_batch), max_batch, self.precision)
+        return _TrtGraph(path, axis_ranges(self.zoo or self.variant, max_batch), max_batch, self.precision)
 
     async def execute_async(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
         if not isinstance(self._net, _TrtNet):

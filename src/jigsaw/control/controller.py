@@ -381,7 +381,7 @@ class AppController:
                                                    fresh_generation=fresh))
         if not done.new_generation:
             return
-        repartitioned = done.changed_gpus and self.node.gpu.kind == "gpu"
+        repartitioned = done.changed_gpus and self.node.gpu.kind == "gpu" and self.node.gpu.mig
         if repartitioned and old.layout is not None and new.layout is not None:
             for cmd in to_nvidia_smi_commands(new.layout, old.layout):
                 self.log(f"{app}: emulated repartition: {cmd}")

@@ -26,3 +26,20 @@ def street_scene(height: int = 480, width: int = 640, seed: int = 0) -> np.ndarr
         img[((xx - (x + w // 2)) ** 2 + (yy - (y + h // 10)) ** 2) < (w // 2 + 1) ** 2] = (230, 190, 160)
     noise = rng.integers(-8, 9, img.shape)
     return np.clip(img.astype(np.int16) + noise, 0, 255).astype(np.uint8)
+
+
+def resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
+    """Nearest-neighbour resize (cheap, dependency-free, deterministic)."""
+    ys = np.minimum((np.arange(h) + 0.5) * img.shape[0] / h, img.shape[0] - 1).astype(np.intp)
+    xs = np.minimum((np.arange(w) + 0.5) * img.shape[1] / w, img.shape[1] - 1).astype(np.intp)
+    return img[ys[:, None], xs[None, :]]
+
+
+def crop(img: np.ndarray, box: np.ndarray, size: int) -> np.ndarray:
+    """The (x1, y1, x2, y2) region of ``img`` (at least one pixel) resized to ``size`` x ``size``."""
+    h, w = img.shape[:2]
+    x1 = int(np.clip(np.floor(box[0]), 0, w - 1))
+    y1 = int(np.clip(np.floor(box[1]), 0, h - 1))
+    x2 = int(np.clip(np.ceil(box[2]), x1 + 1, w))
+    y2 = int(np.clip(np.ceil(box[3]), y1 + 1, h))
+    return resize(img[y1:y2, x1:x2], size, size)

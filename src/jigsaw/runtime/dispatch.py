@@ -65,6 +65,7 @@ class Pending:
     timings: dict[str, list[float]] = field(default_factory=dict)  # task -> [queue_us, compute_us, n]
     children: dict[str, int] = field(default_factory=dict)
     drop: tuple[str, int] | None = None
+    error: str = ""  # why a task failed this request's item (answered 500), as its worker said
     timer: asyncio.TimerHandle | None = None
     generation: int = 0
     body: bytes = b""  # the encoded inputs, kept to dispatch again after a worker fault
@@ -170,6 +171,8 @@ class Dispatcher:
             self.metrics.dropped.inc((("app", app.name), ("task", task), ("reason", reason)))
             if req.drop is None:
                 req.drop = (task, h.status)
+                if h.status == Status.ERROR and len(tensors):
+                    req.error = bytes(tensors).decode("utf-8", "replace")
         req.credit_in += credit
         if req.drop is not None and not req.answered:
             self._answer_dropped(req)
@@ -200,6 +203,10 @@ class Dispatcher:
     def _answer_dropped(self, req: Pending) -> None:
         assert req.drop is not None
         task, status = req.drop
+        if req.error:  # the task ran and failed on this item (a model or transform error)
+            self._finish(req, 500, {"error": req.error, "status": "ERROR", "task": task, "reason": "error",
+                                    "id": req.client_id}, "error")
+            return
         name = Status(status).name if status in Status._value2member_map_ else str(status)
         reason = drop_reason(status)
         self._finish(req, 504, {"error": f"request dropped by task {task!r} ({reason}): it could not "
@@ -324,7 +331,7 @@ class Dispatcher:
             why = None
             if req.attempts < MAX_ATTEMPTS and req.deadline_ns - now > fastest:
                 req.routes, req.attempts = routes, req.attempts + 1
-                req.credit_in, req.drop = 0, None
+                req.credit_in, req.drop, req.error = 0, None, ""
                 req.items, req.timings, req.children = {}, {}, {}
                 why = self._dispatch(req)
                 if why is None:

@@ -26,7 +26,14 @@ from jigsaw.profiles import ProfileTable
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.cpus import ENV as CPUS_ENV
 from jigsaw.runtime.cpus import host_cpus, share_cpus
-from jigsaw.runtime.gpus import mig_devices, missing_devices, numbered, placements, visible_device
+from jigsaw.runtime.gpus import (
+    gpu_devices,
+    mig_devices,
+    missing_devices,
+    numbered,
+    placements,
+    visible_device,
+)
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry, ShmRing
 from jigsaw.runtime.topology import Topology, build_topology, write_specs
 
@@ -112,7 +119,7 @@ class Generation:
             return [None] * len(procs)
         if self.plan.layout is None:
             raise JigsawError(f"the plan of {self.app.name} has no layout to place GPU workers by")
-        devices = mig_devices()
+        devices = mig_devices() if self.node.gpu.mig else gpu_devices()
         missing = missing_devices(self.plan.layout, devices)
         if missing:
             raise JigsawError(f"MIG instances missing at (GPU, start) {missing}: partition the GPUs "

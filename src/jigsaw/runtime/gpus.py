@@ -43,6 +43,22 @@ def mig_devices(nvml: Any = None) -> dict[tuple[int, int], str]:
         nvml.nvmlShutdown()
 
 
+def gpu_devices(nvml: Any = None) -> dict[tuple[int, int], str]:
+    """Every GPU of this host used whole (no MIG): (GPU index, 0) -> ``GPU-...`` UUID, keyed as
+    ``mig_devices`` so a whole GPU's one instance (start 0) maps the same way."""
+    if nvml is None:
+        import pynvml as nvml
+    nvml.nvmlInit()
+    try:
+        found: dict[tuple[int, int], str] = {}
+        for g in range(nvml.nvmlDeviceGetCount()):
+            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(g))
+            found[(g, 0)] = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        return found
+    finally:
+        nvml.nvmlShutdown()
+
+
 def placements(layout: Layout) -> dict[tuple[str, str, str, int, int, int], tuple[int, int]]:
     """(task, variant, profile, mps, max_batch, index) of each placed instance -> (GPU, start)."""
     return {(p.task, p.variant, p.profile, p.mps, p.max_batch, p.index): (g.gpu, p.start)

@@ -104,8 +104,7 @@ class RoutingTable:
         routes = mapped.topology.apps[app]
         self.routes[app] = routes
         a = routes.app
-        self.output_specs[app] = {t: self.backend.output_specs(a.task(t).kind, a.children(t))
-                                  for t in a.sinks}
+        self.output_specs[app] = {t: self.backend.task_output_specs(a, t) for t in a.sinks}
         self.metrics.slices.set((("app", app),), routes.slices)
         self.metrics.processes.set((("app", app),), sum(1 for p in mapped.topology.processes if p.app == app))
         return routes

@@ -73,6 +73,8 @@ class ProcessSpec:
     seed: int = 0
     queue_capacity: int = BATCH_QUEUE_CAPACITY
     mean_ms_by_batch: dict[int, float] = field(default_factory=dict)  # from the profile's throughput
+    model: str = ""  # the variant's ONNX file (a repository model); "": the zoo network ``zoo``
+    zoo: str = ""  # the zoo network of a built-in model ("": the variant's name)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -144,6 +146,14 @@ def latency_for_batch_ms(table: dict[int, float], batch: int) -> float:
 
 NameOf = Callable[[str], str]
 """``name_of(purpose)``: the POSIX name of a segment (the daemon's registry prefixes its id)."""
+
+
+def _model_fields(app: App, task: str, variant: str) -> dict[str, str]:
+    """Where a worker finds its variant's model (see ``jigsaw.models.repository``)."""
+    model = app.task(task).variant(variant).resolved
+    if model is None:
+        return {}
+    return {"model": str(model.path)} if model.path is not None else {"zoo": model.zoo}
 
 
 @dataclass
@@ -284,6 +294,7 @@ def _process_specs(app: App, app_index: int, plan: Plan, procs: list[_Process], 
     ns = 1e6 * shared.time_scale
     remaining = _remaining_ms(app, procs)
     task_index = {t: i for i, t in enumerate(app.task_names)}
+    transform_dir = str(Path(app.source).parent) if app.source else ""  # edges' transforms resolve here
     inputs: dict[int, list[str]] = {p.slot: [roots[p.slot].ring] if p.slot in roots else [] for p in procs}
     wired: list[tuple[_Process, list[OutputRing], list[dict[str, list[int]]], str]] = []
     for p in procs:
@@ -313,11 +324,12 @@ def _process_specs(app: App, app_index: int, plan: Plan, procs: list[_Process], 
         staleness_ns=int(app.staleness_ms * ns),
         remaining_min_ns=int(remaining[p.task] * ns),
         exec_estimate_ns=[int(latency_for_batch_ms(p.latency_ms, b) * ns) for b in range(1, p.max_batch + 1)],
-        downstream=[{"task": c, "task_index": task_index[c], "factor": app.edge(p.task, c).factor(p.variant)}
+        downstream=[{"task": c, "task_index": task_index[c], "factor": app.edge(p.task, c).factor(p.variant),
+                     "transform": app.edge(p.task, c).transform, "transform_dir": transform_dir}
                     for c in app.children(p.task)],
         doorbell=p.doorbell, inputs=inputs[p.slot], outputs=outputs, routes=lane_routes,
         completion_ring=done, completion_doorbell=shared.frontend_doorbell, stats=shared.stats,
-        seed=shared.seed, backend=shared.backend,
+        seed=shared.seed, backend=shared.backend, **_model_fields(app, p.task, p.variant),
     ) for p, outputs, lane_routes, done in wired]
 
 

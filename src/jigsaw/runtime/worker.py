@@ -78,7 +78,8 @@ def make_backend(spec: ProcessSpec) -> Backend:
     Real backends (``onnxruntime``, ``torch``, ``tensorrt``) run the variant's model; on a CPU
     segment (``<k>c``) they use k threads.
     """
-    downstream = [Downstream(str(d["task"]), float(d["factor"])) for d in spec.downstream]  # type: ignore[arg-type]
+    downstream = [Downstream(str(d["task"]), float(d["factor"]), str(d.get("transform", "")),  # type: ignore[arg-type]
+                             str(d.get("transform_dir", ""))) for d in spec.downstream]
     try:
         kind = backend_kind(spec.backend)
         cls = kind.load_class()
@@ -89,7 +90,13 @@ def make_backend(spec: ProcessSpec) -> Backend:
         from jigsaw.backends.model import cpu_share
         from jigsaw.runtime.cpus import pin_from_env
         threads = pin_from_env() or cpu_share(spec.mig_profile)
-        backend = cls(spec.task, spec.task_kind, downstream, threads=threads)  # type: ignore[call-arg]
+        from jigsaw.models.repository import Model, ModelError, load_path
+        try:
+            zoo = Model(spec.zoo, zoo=spec.zoo or spec.variant)
+            model = load_path(Path(spec.model)) if spec.model else zoo
+        except ModelError as exc:
+            raise SystemExit(f"variant {spec.variant!r}: {exc}") from None
+        backend = cls(spec.task, spec.task_kind, downstream, threads=threads, model=model)  # type: ignore[call-arg]
     else:
         backend = cls(spec.task, spec.task_kind, downstream,  # type: ignore[call-arg]
                       latency_ms_by_batch=spec.latency_ms_by_batch, mean_ms_by_batch=spec.mean_ms_by_batch,
@@ -251,6 +258,9 @@ class Worker:
             header.stamp(HOP_START, start)
             header.stamp(HOP_END, end)
             header.stamp(HOP_BATCH, len(batch))
+            if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
+                self.complete(header, Status.ERROR, credit, result.error.encode()[:4096])
+                continue
             sent, kept = self.forward(header, credit, result)
             self.complete(header, Status.OK, kept, bytes(encode_tensors(result.outputs)), sent)
         self._ring_outputs()
