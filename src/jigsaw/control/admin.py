@@ -5,6 +5,9 @@ request must carry ``Authorization: Bearer <token>`` (401 otherwise, also from l
 Without a token a non-loopback client gets 403.
 
 - ``GET /admin/plan``: ``{app: {"generation", "summary", "plan": plan JSON}}`` of the plans serving now.
+- ``GET /admin/layout``: the node's one layout, all apps (``instances``: GPU, start, profile, app,
+  task, variant, MPS level, UUID), the MIG instances that exist and the MIG changes made
+  (``mig.events``, failures and their roll-backs included).
 - ``GET /admin/history[?app=A]``: ``{app: [bin records]}`` (see ``controller.BinRecord``).
 - ``GET /admin/workers``: ``{"workers": [...], "events": [...]}``: every worker's state and pid,
   and the supervisor's failure events (see ``runtime.supervisor.WorkerEvent``).
@@ -21,6 +24,7 @@ import ipaddress
 from aiohttp import web
 
 from jigsaw.control.controller import AppController, plan_summary
+from jigsaw.gpu.layout import NodeInstance
 from jigsaw.runtime.generations import GenerationManager
 from jigsaw.runtime.supervisor import Supervisor
 
@@ -64,6 +68,7 @@ def add_admin_routes(app: web.Application, generations: GenerationManager,
     app[SUPERVISOR_KEY] = supervisor
     app.router.add_get("/admin/workers", h_workers)
     app.router.add_get("/admin/plan", h_plan)
+    app.router.add_get("/admin/layout", h_layout)
     app.router.add_get("/admin/history", h_history)
     app.router.add_post("/admin/control", h_control)
 
@@ -78,6 +83,29 @@ async def h_plan(request: web.Request) -> web.Response:
         out[name] = {"generation": generations.generation_of(name), "summary": plan_summary(plan),
                      "plan": plan.to_json_dict()}
     return web.json_response(out)
+
+
+async def h_layout(request: web.Request) -> web.Response:
+    """The node's one layout (all apps), what MIG instances exist, and the MIG changes made."""
+    if (denied := _deny(request)) is not None:
+        return denied
+    generations = request.app[GENERATIONS_KEY]
+    layout = generations.node_layout
+    if layout is None:
+        return web.json_response({"gpu_model": generations.node.gpu.name, "instances": [], "mig": None})
+
+    def inst(i: NodeInstance) -> dict[str, object]:
+        return {"gpu": i.gpu, "start": i.start, "profile": i.profile, "app": i.app, "task": i.task,
+                "variant": i.variant, "mps": i.mps, "max_batch": i.max_batch, "index": i.index,
+                "uuid": i.uuid}
+    part = generations.partition
+    return web.json_response({
+        "gpu_model": layout.gpu_model, "num_gpus": layout.num_gpus,
+        "instances": [inst(i) for i in layout.instances],
+        "mig": None if part is None else {
+            "existing": [inst(i) for _, i in sorted(part.existing.items())],
+            "events": part.events},
+    })
 
 
 async def h_workers(request: web.Request) -> web.Response:
