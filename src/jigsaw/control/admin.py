@@ -8,7 +8,9 @@ Without a token a non-loopback client gets 403.
 - ``GET /admin/layout``: the node's one layout, all apps (``instances``: GPU, start, profile, app,
   task, variant, MPS level, UUID), the MIG instances that exist and the MIG changes made
   (``mig.events``, failures and their roll-backs included).
-- ``GET /admin/history[?app=A]``: ``{app: [bin records]}`` (see ``controller.BinRecord``).
+- ``GET /admin/history[?app=A][&current=1]``: ``{app: [bin records]}`` (see ``controller.BinRecord``;
+  ``current=1`` appends the bin in progress). A re-plan the node could not apply (it does not fit
+  beside the other apps, or NVML failed and was rolled back) is in ``reconfiguration_errors``.
 - ``GET /admin/workers``: ``{"workers": [...], "events": [...]}``: every worker's state and pid,
   and the supervisor's failure events (see ``runtime.supervisor.WorkerEvent``).
 - ``POST /admin/control`` ``{"app", "history_rps": [...]?, "replan_rps": X?, "restart_bins": bool?}``:
@@ -122,8 +124,9 @@ async def h_history(request: web.Request) -> web.Response:
     want = request.query.get("app")
     if want is not None and want not in request.app[GENERATIONS_KEY].apps:
         return web.json_response({"error": f"unknown app {want!r}"}, status=404)
-    return web.json_response({name: c.history() for name, c in controllers.items()
-                              if want is None or name == want})
+    current = request.query.get("current") in ("1", "true")  # append the bin in progress
+    return web.json_response({name: c.history() + ([c.current.to_json()] if current else [])
+                              for name, c in controllers.items() if want is None or name == want})
 
 
 async def h_control(request: web.Request) -> web.Response:

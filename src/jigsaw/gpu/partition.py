@@ -97,6 +97,7 @@ class MigPartition:
                 for m in reversed(made):
                     try:
                         self.applier.destroy(m)
+                        del self.existing[m.slot]
                     except Exception as undo:
                         undo_errors.append(f"{m.name}: {undo}")
                 self._record(event="mig", ok=False, reason=reason, error=str(exc),
