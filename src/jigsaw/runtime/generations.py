@@ -8,6 +8,12 @@ repartition delay when the layout changed GPUs), the router switches the app to 
 assignment, and the old generation drains (every accepted request is answered) before its workers
 stop and its segments are unlinked.
 
+The manager also holds the node's one layout (``node_layout``, all apps): every plan is placed
+against what the other apps hold (``place``), and the MIG instances are kept in step with it
+through NVML (``gpu.partition``; the emulated NVML on an emulated node): created before the
+generation that needs them starts (a failure rolls them back and the running plan serves on),
+destroyed once no live generation runs on them.
+
 The data plane is reached only through the ``Router`` interface (the frontend implements it); the
 supervisor reports worker faults to the manager (``worker_failed``, ``worker_restarting``,
 ``worker_restored``, ``capacity_lost``), which forwards them to the router and to whoever re-plans.
