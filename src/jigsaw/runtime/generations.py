@@ -138,8 +138,9 @@ class GenerationManager:
         self._bell_created = False
         self._retiring: set[asyncio.Task[None]] = set()
         # the node's one layout, all apps together (GPU nodes): every plan is placed against it
-        self.node_layout: NodeLayout | None = (
-            empty_layout(node.gpu, node.num_gpus) if node.gpu.kind == "gpu" else None)
+        # (a GPU model without MIG - whole GPUs - has no partition to keep: ``mig`` false)
+        partitioned = node.gpu.kind == "gpu" and getattr(node.gpu, "mig", True)
+        self.node_layout: NodeLayout | None = empty_layout(node.gpu, node.num_gpus) if partitioned else None
         # the MIG instances that exist: NVML on a GPU node, the emulated NVML on an emulated one
         self.partition: MigPartition | None = None
         self._fault = ""
