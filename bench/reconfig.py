@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python bench/reconfig.py [--node examples/h100x4.toml] [--bins 12] [--first-bin 96]
         [--peaks social_media=120,traffic_analysis=60,ar_assistant=30] [--time-limit 3]
+        [--live [--app traffic_analysis]]
 
 Every app of the node is re-planned each bin for the bin's demand (a synthetic diurnal day, 5-minute
 bins, scaled per app to ``--peaks``), laid out against what the other apps hold (one node layout)
@@ -9,6 +10,14 @@ and applied through the reconfiguration executor on the emulated NVML and emulat
 calls and order as on GPUs), with one real OS process per planned process (an idle Python
 process standing in for a worker), so kept instances really keep their pids. A further
 re-apply of the unchanged layout per bin measures a pure re-weight.
+
+``--live``: the same day through a running ``jigsawd --emulate`` (one app, ``--app``) under
+closed-loop traffic: each bin's demand is pushed with ``POST /admin/control`` and the row says
+whether a new generation started, the worker processes started (new pids in ``/admin/workers``)
+against the processes serving, the MIG instances created / destroyed through the emulated NVML
+(``/admin/layout``), the time from the new generation's start to the routing switch (the bin
+record's ``reconfiguration_seconds``; 0 for an in-place re-weight), the wall time of the
+request (solve included) and the requests lost during it (not answered, or answered 5xx).
 
 Per reconfiguration: instances kept / started / stopped, processes started against what a new
 generation of the whole app would start (the node before this change: every re-plan restarts all
@@ -158,6 +167,136 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- live: through a running jigsawd under traffic ---------------------------------------------
+def _http(method: str, url: str, body: object = None, timeout_s: float = 120.0) -> object:
+    import json
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.loads(r.read().decode())
+
+
+class _Load:
+    """Closed-loop clients; counts sent, answered by status, and no answer (-1)."""
+
+    def __init__(self, url: str, app: str, threads: int = 4) -> None:
+        import threading
+        import urllib.error
+        import urllib.request
+
+        sys.path.append(str(ROOT / "bench"))
+        from replay import request_body
+
+        body, headers = request_body(_http("GET", f"{url}/v2/models/{app}"))  # type: ignore[arg-type]
+        self.sent = 0
+        self.statuses: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+        def run() -> None:
+            while not self.stop.is_set():
+                with self.lock:
+                    self.sent += 1
+                req = urllib.request.Request(f"{url}/v2/models/{app}/infer", data=body, method="POST",
+                                             headers=headers)
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        r.read()
+                        status = r.status
+                except urllib.error.HTTPError as e:
+                    status = e.code
+                except OSError:
+                    status = -1
+                with self.lock:
+                    self.statuses[status] = self.statuses.get(status, 0) + 1
+                time.sleep(0.005)
+
+        self.threads = [threading.Thread(target=run, daemon=True) for _ in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def failed(self) -> int:
+        """Answered 5xx or not at all (so far; requests in flight are not counted)."""
+        with self.lock:
+            return sum(n for s, n in self.statuses.items() if s < 0 or s >= 500)
+
+    def lost(self) -> int:
+        """Failed, plus sent and never answered (once the clients have stopped)."""
+        with self.lock:
+            answered = sum(self.statuses.values())
+        return self.failed() + (self.sent - answered)
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=90)
+
+
+def live(args: argparse.Namespace) -> int:
+    from jigsaw.testing import jigsawd
+
+    peaks = _peaks(args.peaks)
+    day = bin_rates(synthetic_day(args.seed), 300)
+    window = scale_to_peak(day[args.first_bin: args.first_bin + args.bins], peaks.get(args.app, 60.0))
+    app = args.app
+    with tempfile.TemporaryDirectory(prefix="jigsaw-bench-") as tmp:
+        server = jigsawd(["--node-config", args.node, "--apps", app, "--demand", f"{window[0]:g}",
+                          "--bin-seconds", "3600", "--plan-time-limit", f"{args.time_limit:g}"],
+                         Path(tmp) / "jigsawd.log", cwd=ROOT, ready_timeout_s=150)
+        server.start()
+        url = f"http://127.0.0.1:{server.port}"
+        load = _Load(url, app)
+        rows = []
+        try:
+            print(f"jigsawd --emulate, app {app}, {len(window)} re-plans (each bin twice: the second is a "
+                  "re-weight when the plan keeps its instances); closed-loop traffic throughout")
+            print(f"{'step':>4} {'rps':>6} {'new_gen':>7} {'procs_started':>13} {'procs':>6} {'mig+':>5} "
+                  f"{'mig-':>5} {'switch_ms':>10} {'request_ms':>10} {'lost':>5}")
+            for k, rps in enumerate(x for r in window for x in (r, r)):
+                pids0 = {w["pid"] for w in _http("GET", f"{url}/admin/workers")["workers"]}  # type: ignore[index]
+                ev0 = len(_http("GET", f"{url}/admin/layout")["mig"]["events"])  # type: ignore[index]
+                h0 = _http("GET", f"{url}/admin/history?current=1")[app][-1]  # type: ignore[index]
+                lost0 = load.failed()
+                t0 = time.monotonic()
+                done = _http("POST", f"{url}/admin/control", {"app": app, "replan_rps": rps})
+                took = time.monotonic() - t0
+                time.sleep(0.3)
+                h1 = _http("GET", f"{url}/admin/history?current=1")[app][-1]  # type: ignore[index]
+                workers = _http("GET", f"{url}/admin/workers")["workers"]  # type: ignore[index]
+                gen = done["generation"]  # type: ignore[index]
+                serving = [w for w in workers if w["generation"] == gen]
+                started = sum(1 for w in serving if w["pid"] not in pids0)
+                events = _http("GET", f"{url}/admin/layout")["mig"]["events"][ev0:]  # type: ignore[index]
+                made = sum(len(e.get("created", [])) for e in events)
+                gone = sum(len(e.get("destroyed", [])) for e in events)
+                new_gen = gen != h0["generation"]
+                switch = h1["reconfiguration_seconds"] - h0["reconfiguration_seconds"] if new_gen else 0.0
+                lost = load.failed() - lost0
+                rows.append((new_gen, started, len(serving), switch, took, lost))
+                print(f"{k:>4} {rps:>6.1f} {'yes' if new_gen else 'no':>7} {started:>13} {len(serving):>6} "
+                      f"{made:>5} {gone:>5} {switch * 1e3:>10.1f} {took * 1e3:>10.1f} {lost:>5}")
+            time.sleep(2.0)
+        finally:
+            load.close()
+            server.stop()
+            server.close()
+    reweights = [r for r in rows if not r[0]]
+    print()
+    print(f"requests sent {load.sent}, answered {sum(load.statuses.values())}, statuses {load.statuses}; "
+          f"lost {load.lost()} (target 0)")
+    if reweights:
+        print(f"in-place re-weights: {len(reweights)}; request wall ms (solve included) median "
+              f"{statistics.median(r[4] for r in reweights) * 1e3:.1f}")
+    gens = [r for r in rows if r[0]]
+    if gens:
+        print(f"new generations: {len(gens)}; processes started {sum(r[1] for r in gens)} of "
+              f"{sum(r[2] for r in gens)} serving after them (today every process of the app restarts); "
+              f"start->switch ms median {statistics.median(r[3] for r in gens) * 1e3:.1f}")
+    return 0 if load.lost() == 0 else 1
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--node", default=str(ROOT / "examples" / "h100x4.toml"))
@@ -167,7 +306,10 @@ def main() -> int:
                    help="peak demand (root requests/s) of each app over the window")
     p.add_argument("--time-limit", type=float, default=3.0, help="planner time limit per solve (s)")
     p.add_argument("--seed", type=int, default=0)
-    return asyncio.run(run(p.parse_args()))
+    p.add_argument("--live", action="store_true", help="through a running jigsawd --emulate under traffic")
+    p.add_argument("--app", default="traffic_analysis", help="the app re-planned with --live")
+    args = p.parse_args()
+    return live(args) if args.live else asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -160,6 +160,8 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     fe = Frontend(generations.backend, max_queue=node.server.max_queue,
                   hop_latency_ms=node.planner.hop_latency_ms, time_scale=time_scale, seed=seed)
     generations.attach(fe)
+    if generations.partition is not None:
+        fe.http.extra_metrics.append(generations.partition.stats.prometheus)
     loop = asyncio.get_running_loop()
     fe.start(loop)
     stop = asyncio.Event()

@@ -10,7 +10,7 @@ import pytest
 from dpserver import EXAMPLE_NODE, Load, Server, http
 
 from jigsaw.plan import Plan
-from jigsaw.planner.packer import changed_gpus, to_nvidia_smi_commands
+from jigsaw.planner.packer import changed_gpus
 from jigsaw.testing import shm_entries
 
 APP = "traffic_analysis"
@@ -59,16 +59,20 @@ def test_reconfiguration_under_load_loses_nothing(tmp_path: Path) -> None:
                 break
             time.sleep(0.2)
         assert gens == {str(gen2)}, names
+        layout = http("GET", f"{server.url}/admin/layout")[1]
     assert before.layout is not None and middle.layout is not None and after.layout is not None
     assert changed_gpus(before.layout, middle.layout)  # the scale-up repartitioned some GPU
-    log = server.log()
-    logged = re.findall(r"emulated repartition: (nvidia-smi .*)", log)
-    expected = to_nvidia_smi_commands(middle.layout, before.layout) + \
-        to_nvidia_smi_commands(after.layout, middle.layout)
-    assert logged == expected
-    gpus_in_log = {int(m) for c in logged for m in re.findall(r"-i (\d+)", c)}
-    assert gpus_in_log == set(changed_gpus(before.layout, middle.layout)) | set(
-        changed_gpus(middle.layout, after.layout))
+    # the MIG side went through NVML (emulated), on the changed GPUs only, and what exists is the
+    # layout the node runs
+    changed = set(changed_gpus(before.layout, middle.layout)) | set(changed_gpus(middle.layout, after.layout))
+    events = [e for e in layout["mig"]["events"] if e["reason"] != "start-up"]
+    assert events and all(e["ok"] for e in events), events
+    touched = {int(m) for e in events for n in e.get("created", []) + e.get("destroyed", [])
+               for m in re.findall(r"^gpu(\d+)/", n)}
+    assert touched and touched <= changed, (touched, changed)
+    assert {(i["gpu"], i["start"], i["profile"]) for i in layout["mig"]["existing"]} == \
+        {(i["gpu"], i["start"], i["profile"]) for i in layout["instances"]}
+    assert "emulated repartition" not in server.log()
 
 
 def test_admin_endpoints_loopback_and_token(tmp_path: Path) -> None:

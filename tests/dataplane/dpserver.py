@@ -43,10 +43,11 @@ class Server(ServerProcess):
     """``jigsawd`` for a test (``jigsaw.testing``): a failure to start or stop, and any shared
     memory it leaves behind, fail the test."""
 
-    def __init__(self, args: list[str], log_path: Path, ready_timeout_s: float = 90.0) -> None:
+    def __init__(self, args: list[str], log_path: Path, ready_timeout_s: float = 90.0,
+                 env: dict[str, str] | None = None) -> None:
         port = free_port()
         super().__init__(jigsawd_command(args, port), port, log_path, name="jigsawd",
-                         ready_timeout_s=ready_timeout_s, cwd=ROOT)
+                         ready_timeout_s=ready_timeout_s, cwd=ROOT, env=env)
 
     def __enter__(self) -> Server:
         try:

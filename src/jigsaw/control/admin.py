@@ -5,7 +5,12 @@ request must carry ``Authorization: Bearer <token>`` (401 otherwise, also from l
 Without a token a non-loopback client gets 403.
 
 - ``GET /admin/plan``: ``{app: {"generation", "summary", "plan": plan JSON}}`` of the plans serving now.
-- ``GET /admin/history[?app=A]``: ``{app: [bin records]}`` (see ``controller.BinRecord``).
+- ``GET /admin/layout``: the node's one layout, all apps (``instances``: GPU, start, profile, app,
+  task, variant, MPS level, UUID), the MIG instances that exist and the MIG changes made
+  (``mig.events``, failures and their roll-backs included).
+- ``GET /admin/history[?app=A][&current=1]``: ``{app: [bin records]}`` (see ``controller.BinRecord``;
+  ``current=1`` appends the bin in progress). A re-plan the node could not apply (it does not fit
+  beside the other apps, or NVML failed and was rolled back) is in ``reconfiguration_errors``.
 - ``GET /admin/workers``: ``{"workers": [...], "events": [...]}``: every worker's state and pid,
   and the supervisor's failure events (see ``runtime.supervisor.WorkerEvent``).
 - ``POST /admin/control`` ``{"app", "history_rps": [...]?, "replan_rps": X?, "restart_bins": bool?}``:
@@ -21,6 +26,7 @@ import ipaddress
 from aiohttp import web
 
 from jigsaw.control.controller import AppController, plan_summary
+from jigsaw.gpu.layout import NodeInstance
 from jigsaw.runtime.generations import GenerationManager
 from jigsaw.runtime.supervisor import Supervisor
 
@@ -64,6 +70,7 @@ def add_admin_routes(app: web.Application, generations: GenerationManager,
     app[SUPERVISOR_KEY] = supervisor
     app.router.add_get("/admin/workers", h_workers)
     app.router.add_get("/admin/plan", h_plan)
+    app.router.add_get("/admin/layout", h_layout)
     app.router.add_get("/admin/history", h_history)
     app.router.add_post("/admin/control", h_control)
 
@@ -80,6 +87,29 @@ async def h_plan(request: web.Request) -> web.Response:
     return web.json_response(out)
 
 
+async def h_layout(request: web.Request) -> web.Response:
+    """The node's one layout (all apps), what MIG instances exist, and the MIG changes made."""
+    if (denied := _deny(request)) is not None:
+        return denied
+    generations = request.app[GENERATIONS_KEY]
+    layout = generations.node_layout
+    if layout is None:
+        return web.json_response({"gpu_model": generations.node.gpu.name, "instances": [], "mig": None})
+
+    def inst(i: NodeInstance) -> dict[str, object]:
+        return {"gpu": i.gpu, "start": i.start, "profile": i.profile, "app": i.app, "task": i.task,
+                "variant": i.variant, "mps": i.mps, "max_batch": i.max_batch, "index": i.index,
+                "uuid": i.uuid}
+    part = generations.partition
+    return web.json_response({
+        "gpu_model": layout.gpu_model, "num_gpus": layout.num_gpus,
+        "instances": [inst(i) for i in layout.instances],
+        "mig": None if part is None else {
+            "existing": [inst(i) for _, i in sorted(part.existing.items())],
+            "events": part.events},
+    })
+
+
 async def h_workers(request: web.Request) -> web.Response:
     if (denied := _deny(request)) is not None:
         return denied
@@ -94,8 +124,9 @@ async def h_history(request: web.Request) -> web.Response:
     want = request.query.get("app")
     if want is not None and want not in request.app[GENERATIONS_KEY].apps:
         return web.json_response({"error": f"unknown app {want!r}"}, status=404)
-    return web.json_response({name: c.history() for name, c in controllers.items()
-                              if want is None or name == want})
+    current = request.query.get("current") in ("1", "true")  # append the bin in progress
+    return web.json_response({name: c.history() + ([c.current.to_json()] if current else [])
+                              for name, c in controllers.items() if want is None or name == want})
 
 
 async def h_control(request: web.Request) -> web.Response:

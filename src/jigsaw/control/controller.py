@@ -34,7 +34,6 @@ from jigsaw.app import App
 from jigsaw.control.predictor import MeanSlackPredictor, Predictor
 from jigsaw.node import Node
 from jigsaw.plan import Plan
-from jigsaw.planner.packer import to_nvidia_smi_commands
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime.admission import BinCounters
 from jigsaw.runtime.generations import Applied, DesiredState
@@ -101,6 +100,7 @@ class BinRecord:
     changed_gpus: list[int] = field(default_factory=list)
     early_replans: int = 0
     planner_errors: list[str] = field(default_factory=list)
+    reconfiguration_errors: list[str] = field(default_factory=list)  # re-plans not applied, and why
     answered: int = 0
     violations: int = 0
     violation_rate: float = 0.0
@@ -376,15 +376,12 @@ class AppController:
     async def apply(self, new: Plan, *, fresh: bool = False) -> None:
         """Push ``new`` to the data plane as the app's desired state and record what it took."""
         app = self.app.name
-        old = self.plan
         done = await self.plane.apply(DesiredState(app, new, repartition_delay_s=self.repartition_delay_s(),
                                                    fresh_generation=fresh))
+        if done.error is not None and len(self.current.reconfiguration_errors) < 10:
+            self.current.reconfiguration_errors.append(done.error[:500])  # the running plan serves on
         if not done.new_generation:
             return
-        repartitioned = done.changed_gpus and self.node.gpu.kind == "gpu" and self.node.gpu.mig
-        if repartitioned and old.layout is not None and new.layout is not None:
-            for cmd in to_nvidia_smi_commands(new.layout, old.layout):
-                self.log(f"{app}: emulated repartition: {cmd}")
         r = self.current
         r.generation = done.generation
         r.reconfigurations += 1

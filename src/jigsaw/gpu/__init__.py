@@ -3,9 +3,11 @@
 ``layout`` (the node's layout, all apps; ``place_app``) -> ``diff`` (pure: keep / create /
 replace / remove, ordered) -> ``executor`` (applies it with ``nvml.MigApplier``, ``mps.MpsManager``
 and the daemon's worker callbacks, rolling back on any failure). ``emulated_nvml`` stands in for
-the driver on nodes without GPUs; ``doctor`` says what a GPU node lacks.
+the driver on nodes without GPUs; ``doctor`` says what a GPU node lacks. ``partition`` is what
+``jigsawd`` drives today: the MIG instances kept in step with its generations (created before a new
+generation starts, destroyed after the old one retired, rolled back on failure).
 
-How the daemon drives it::
+How a daemon drives the executor (per-instance processes; the next step for ``jigsawd``)::
 
     rec = make_reconfigurer(node, workers, emulate=emulated, record=history.append)
     running = await asyncio.to_thread(rec.mig.adopt, node.num_gpus)  # MIG mode checked; idle instances

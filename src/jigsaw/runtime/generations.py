@@ -8,6 +8,12 @@ repartition delay when the layout changed GPUs), the router switches the app to 
 assignment, and the old generation drains (every accepted request is answered) before its workers
 stop and its segments are unlinked.
 
+The manager also holds the node's one layout (``node_layout``, all apps): every plan is placed
+against what the other apps hold (``place``), and the MIG instances are kept in step with it
+through NVML (``gpu.partition``; the emulated NVML on an emulated node): created before the
+generation that needs them starts (a failure rolls them back and the running plan serves on),
+destroyed once no live generation runs on them.
+
 The data plane is reached only through the ``Router`` interface (the frontend implements it); the
 supervisor reports worker faults to the manager (``worker_failed``, ``worker_restarting``,
 ``worker_restored``, ``capacity_lost``), which forwards them to the router and to whoever re-plans.
@@ -17,24 +23,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from jigsaw.app import App
 from jigsaw.backends.registry import BackendKind
 from jigsaw.errors import JigsawError
+from jigsaw.gpu.layout import NodeLayout, empty_layout, from_app_layouts, place_app, validate_node_layout
+from jigsaw.gpu.nvml import MigApplier
+from jigsaw.gpu.partition import MigPartition
 from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import Plan
-from jigsaw.planner.packer import changed_gpus
+from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime.generation import Generation
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry
 from jigsaw.runtime.topology import ProcessSpec, Topology
 
+FAULT_ENV = "JIGSAW_EMULATED_NVML_FAULT"
 READY_TIMEOUT_S = 120.0
 DRAIN_MARGIN_S = 12.0  # beyond the deadline: the frontend keeps a timed-out request 10 s for late credits
 READY_POLL_S = 0.02
@@ -81,6 +93,18 @@ class Applied:
     error: str | None = None
 
 
+def inject_fault(nvml: Any, spec: str) -> None:
+    """``JIGSAW_EMULATED_NVML_FAULT=function:code[:skip]`` on an emulated node: once it serves,
+    the call of ``function`` after ``skip`` successful ones fails with that NVML error code (the
+    daemon-level failure tests inject it; the start-up partition is not affected)."""
+    parts = spec.split(":")
+    try:
+        nvml.inject(parts[0], int(parts[1]), skip=int(parts[2]) if len(parts) > 2 else 0)
+    except (IndexError, ValueError, AttributeError):
+        raise JigsawError(f"{FAULT_ENV}={spec!r}: expected function:code[:skip] "
+                          "(an NVML function)") from None
+
+
 def same_instances(a: Plan, b: Plan) -> bool:
     """The two plans run the same processes (only lane weights may differ)."""
     def key(p: Plan) -> list[tuple[str, str, str, int, int, int]]:
@@ -96,7 +120,7 @@ class GenerationManager:
     """Owns every generation's worker processes and segments; ``close`` releases them all."""
 
     def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int,
-                 backend: BackendKind, log: Callable[[str], None] = print) -> None:
+                 backend: BackendKind, log: Callable[[str], None] = print, nvml: Any = None) -> None:
         self.node = node
         self.backend = backend
         self.time_scale = time_scale
@@ -113,8 +137,44 @@ class GenerationManager:
         self._next_gid = 0
         self._bell_created = False
         self._retiring: set[asyncio.Task[None]] = set()
+        # the node's one layout, all apps together (GPU nodes): every plan is placed against it
+        # (a GPU model without MIG - whole GPUs - has no partition to keep: ``mig`` false)
+        partitioned = node.gpu.kind == "gpu" and getattr(node.gpu, "mig", True)
+        self.node_layout: NodeLayout | None = empty_layout(node.gpu, node.num_gpus) if partitioned else None
+        # the MIG instances that exist: NVML on a GPU node, the emulated NVML on an emulated one
+        self.partition: MigPartition | None = None
+        self._fault = ""
+        if self.node_layout is not None and (backend.emulated or backend.needs_gpu):
+            if nvml is None and backend.emulated:
+                from jigsaw.gpu.emulated_nvml import EmulatedNvml
+
+                nvml = EmulatedNvml(node.gpu, node.num_gpus)
+                self._fault = os.environ.get(FAULT_ENV, "")
+            self.partition = MigPartition(node.gpu, node.num_gpus, MigApplier(node.gpu, nvml))
+            self.node_layout = self.partition.adopt()  # idle instances: placed apps reuse them
+        self._lock = asyncio.Lock()  # one reconfiguration of the node at a time
         for app, plan in plans:
+            try:
+                self.node_layout, plan = self.place(app.name, plan)
+            except PackingError as exc:
+                raise JigsawError(f"{app.name}: its plan does not fit beside the node's other apps: {exc}") \
+                    from None
             self.current[app.name] = self._lay_out(app, plan).gid
+        if self.node_layout is not None:
+            self.node_layout = self.node_layout.without_idle()
+
+    def place(self, app: str, plan: Plan) -> tuple[NodeLayout | None, Plan]:
+        """The node layout with ``app`` on ``plan``, laid out against what the other apps hold
+        (its own unchanged instances stay where they run), and the plan with its part of it as
+        its layout. Pure: nothing changes until the plan is applied. Raises ``PackingError``."""
+        if self.node_layout is None:
+            return None, plan
+        gpu = self.node.gpu
+        desired = place_app(self.node_layout, app, instances_from_plan(plan), gpu)
+        problems = validate_node_layout(desired, gpu)
+        if problems:  # place_app never does this; a guard, since an overlap would break a GPU
+            raise PackingError(f"node layout would break the placement rules: {'; '.join(problems)}")
+        return desired, dataclasses.replace(plan, layout=desired.app_layout(app))
 
     # ---- reading -------------------------------------------------------------------------------
     @property
@@ -154,6 +214,11 @@ class GenerationManager:
     def start_all(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Create every current generation's segments, start all its workers at once, wait ready."""
         self._create_bell()
+        if self.partition is not None and self.node_layout is not None:
+            self.partition.tear_down(self.node_layout, reason="start-up")  # unused idle ones go
+            self.node_layout = self.partition.with_uuids(self.node_layout)
+            if self._fault:
+                inject_fault(self.partition.applier.nvml, self._fault)
         for gid in self.current.values():
             self.generations[gid].create_segments()
         for gid in self.current.values():
@@ -183,18 +248,40 @@ class GenerationManager:
         Raises when the plan cannot be laid out (nothing was started); a generation that fails to
         start is removed and reported in ``Applied.error`` while the old one keeps serving.
         """
+        async with self._lock:
+            return await self._apply(desired)
+
+    async def _apply(self, desired: DesiredState) -> Applied:
         router = self._router()
         app, new = desired.app, desired.plan
         old_gid = self.current[app]
         old = self.generations[old_gid]
+        try:
+            node_layout, new = self.place(app, new)
+        except PackingError as exc:
+            self.log(f"{app}: the new plan does not fit beside the node's other apps ({exc}); "
+                     f"keeping generation {old_gid}")
+            return Applied(old_gid, old_gid, False, error=f"cannot be laid out: {exc}")
         if not desired.fresh_generation and same_instances(old.plan, new) and not old.failed_workers():
             old.plan = new
+            self.node_layout = node_layout
             router.reweight(app, new)
             return Applied(old_gid, old_gid, False, processes=len(old.topology.processes))
         t0 = time.monotonic()
         changed: list[int] = []
         if old.plan.layout is not None and new.layout is not None:
             changed = changed_gpus(old.plan.layout, new.layout)
+        if self.partition is not None and node_layout is not None:
+            try:
+                deferred = await asyncio.to_thread(self.partition.bring_up, node_layout, f"{app}: re-plan")
+            except JigsawError as exc:
+                self.log(f"{app}: MIG reconfiguration failed ({exc}); rolled back, "
+                         f"keeping generation {old_gid}")
+                return Applied(old_gid, old_gid, False, error=str(exc))
+            if deferred:
+                self.log(f"{app}: {len(deferred)} MIG instances wait for the slots of the old generation's "
+                         "instances (created once it retires)")
+            node_layout = self.partition.with_uuids(node_layout)
         gen = self._lay_out(old.app, new)
         try:
             gen.create_segments()
@@ -210,9 +297,11 @@ class GenerationManager:
             self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old_gid}")
             router.remove_generation(gen.gid)
             await asyncio.get_running_loop().run_in_executor(None, self.retire, gen.gid)
+            await self._release_mig(f"{app}: generation {gen.gid} failed")
             return Applied(old_gid, old_gid, False, error=str(exc))
         router.route(app, gen.gid)
         self.current[app] = gen.gid
+        self.node_layout = node_layout
         task = asyncio.get_running_loop().create_task(self._drain_and_retire(old_gid))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
@@ -235,6 +324,33 @@ class GenerationManager:
         await loop.run_in_executor(None, g.stop_workers)
         router.remove_generation(gid)
         await loop.run_in_executor(None, self.retire, gid)
+        async with self._lock:
+            await self._release_mig(f"{g.app.name}: generation {gid} retired")
+
+    def in_use_layout(self) -> NodeLayout | None:
+        """Every MIG instance a live generation runs on (serving, starting or draining) or the
+        node layout holds; overlapping instances of an old and a new plan may both appear."""
+        if self.node_layout is None:
+            return None
+        held = {i.slot: i for i in self.node_layout.instances}
+        for g in self.generations.values():
+            if g.plan.layout is not None:
+                for i in from_app_layouts(self.node.gpu.name, self.node.num_gpus,
+                                          {g.app.name: g.plan.layout}).instances:
+                    held.setdefault(i.slot, i)
+        return self.node_layout.with_instances(held.values())
+
+    async def _release_mig(self, reason: str) -> None:
+        """Destroy the MIG instances nothing runs on any more and create the deferred ones."""
+        keep = self.in_use_layout()
+        if self.partition is None or keep is None:
+            return
+        try:
+            await asyncio.to_thread(self.partition.tear_down, keep, reason)
+        except JigsawError as exc:
+            self.log(f"MIG clean-up after {reason} failed ({exc}); retried after the next re-plan")
+        if self.node_layout is not None:
+            self.node_layout = self.partition.with_uuids(self.node_layout)
 
     def retire(self, gid: int) -> None:
         """Stop a drained generation's workers and unlink its segments."""
@@ -288,5 +404,7 @@ class GenerationManager:
         for g in gens:
             g.close()
         self.generations.clear()
+        if self.partition is not None:
+            self.partition.close()
         self.registry.cleanup()
         shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -9,6 +9,7 @@ Every error an OIP client sees is JSON ``{"error": ...}``, aiohttp's own 404/405
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,7 @@ class OipHttp:
         self.metrics = metrics
         self.state = state
         self.backend_name = backend_name
+        self.extra_metrics: list[Callable[[], str]] = []  # more Prometheus text (the node's MIG counters)
 
     def make_app(self, max_payload_bytes: int) -> web.Application:
         app = web.Application(client_max_size=max_payload_bytes, middlewares=[_json_errors])
@@ -163,7 +165,8 @@ class OipHttp:
             busy = stats.get(p.slot, st.BUSY_NS)
             m.busy.set(labels, round(busy / (now - started), 6) if started and now > started else 0.0)
             m.instance_queue.set(labels, stats.get(p.slot, st.QUEUED))
-        return web.Response(text=m.render(), content_type="text/plain", charset="utf-8",
+        text = m.render() + "".join(f() for f in self.extra_metrics)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8",
                             headers={"X-Prometheus-Format": "0.0.4"})
 
 
