@@ -5,7 +5,9 @@
 Each process runs one uvloop event loop. A helper thread blocks on the process's doorbell (no
 spinning: ``sem_timedwait`` releases the GIL) and wakes the loop. Each turn the loop pops at most one batch's
 worth of items from its input rings (the rings are the task's queue) into the batching queue
-(arrival stamped on dequeue), drops what can no longer meet its deadline or went stale, runs
+(an item's arrival is the time its producer pushed it into the ring, ``HOP_SENT``, so the stale
+and deadline rules judge its real age, time spent waiting in the ring included), drops what can
+no longer meet its deadline or went stale, runs
 one batch when the queue's release rule allows (the process is idle whenever it
 asks, so a batch starts as soon as the previous one finished: paper §3.3), routes each item's
 children to the least-loaded process of the lane's variant of each downstream task, and reports
@@ -198,7 +200,9 @@ class Worker:
         """Pop up to ``max_n`` items, visiting the input rings round-robin from a rotating start.
 
         Items stay in the rings (the task's queue) until this process can batch them, so the
-        batching queue holds at most one batch and its arrival stamp is the pick-up time.
+        batching queue holds at most one batch; its arrival stamp is the ring-entry time
+        (``HOP_SENT``), not the pick-up time, so an item that waited in the ring is as old as it
+        really is (paper §3.3: a request no instance picked up in time is stale).
         """
         n = 0
         k = len(self.inputs)
@@ -209,7 +213,9 @@ class Worker:
             for header, payload in ring.pop_many(max_n - n):
                 now = time.monotonic_ns()
                 header.stamp(HOP_POPPED, now)
-                if not self.queue.push(header.request_id, header.deadline_ns, now, (header, payload)):
+                arrival = header.hops[HOP_SENT] or now
+                if not self.queue.push(header.request_id, header.deadline_ns, min(arrival, now),
+                                       (header, payload)):
                     credit, _ = unframe(payload)
                     self.complete(header, Status.REJECTED, credit)
                     self.stats.add(self.spec.slot, DROPPED, 1)
