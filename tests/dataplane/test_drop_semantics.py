@@ -26,12 +26,12 @@ def test_items_waiting_in_the_ring_go_stale(server_factory, tmp_path):
     s = server_factory(args)
     url = s.url + "/v2/models/tiny/infer"
     assert http("POST", url, image())[0] == 200  # alone: never stale
-    results = asyncio.run(_burst(url, [image() for _ in range(12)]))
+    results = asyncio.run(_burst(url, [image() for _ in range(20)]))
     statuses = [st for st, _ in results]
-    assert len(results) == 12
+    assert len(results) == 20 and set(statuses) <= {200, 504}, statuses
     assert statuses.count(200) >= 1, statuses
     stale = [doc for st, doc in results if st == 504]
-    assert len(stale) >= 6, statuses
+    assert len(stale) >= 5, statuses  # stamped at pop instead, none would ever be stale
     for doc in stale:
         assert doc["reason"] == "stale" and doc["task"] == "a", doc
     _, text, _ = http("GET", s.url + "/metrics")
@@ -49,8 +49,9 @@ def test_a_large_staleness_serves_the_same_burst(server_factory, tmp_path):
 def test_timeout_parameter_tightens_the_deadline(server_factory, tmp_path):
     # a then b, 100 ms each: 200 ms of work. The SLO (5 s) would allow it; a 50 ms timeout cannot
     # be met even by the fastest path, so the frontend drops it at push, before any worker runs it.
-    args = write_tiny(tmp_path, tasks=[("a", "generic", {1: 100.0}, 1), ("b", "classifier", {1: 100.0}, 1)],
-                      edges=[("a", "b", 1.0)], latency_slo_ms=5000.0)
+    # a makes 3 items for b: the drop counts as 3 violations in the paper's way (items_lost).
+    args = write_tiny(tmp_path, tasks=[("a", "detector", {1: 100.0}, 1), ("b", "classifier", {1: 100.0}, 4)],
+                      edges=[("a", "b", 3.0)], latency_slo_ms=5000.0)
     s = server_factory(args)
     url = s.url + "/v2/models/tiny/infer"
     assert http("POST", url, image())[0] == 200
@@ -58,12 +59,11 @@ def test_timeout_parameter_tightens_the_deadline(server_factory, tmp_path):
     t0 = time.monotonic()
     status, doc, _ = http("POST", url, body)
     assert status == 504 and doc["status"] == "DROPPED_DEADLINE" and doc["task"] == "a", doc
+    assert doc["items_lost"] == 3.0, doc
     assert time.monotonic() - t0 < 0.09  # answered before a's 100 ms batch could have ended
     # A timeout the path can meet: served.
     status, doc, _ = http("POST", url, {**image(), "parameters": {"timeout": 3_000_000}})
     assert status == 200, doc
-    # A timeout between the fastest path (200 ms) and what queueing behind a blocker needs:
-    # the request is dropped by a task (504), never answered late.
     for bad in (0, -5, 1.5, "10", True):
         status, doc, _ = http("POST", url, {**image(), "parameters": {"timeout": bad}})
         assert status == 400 and "parameters.timeout" in doc["error"], (bad, doc)

@@ -204,7 +204,20 @@ class Dispatcher:
         reason = drop_reason(status)
         self._finish(req, 504, {"error": f"request dropped by task {task!r} ({reason}): it could not "
                                          f"meet its deadline", "status": name, "task": task,
-                                "reason": reason, "id": req.client_id}, "dropped")
+                                "reason": reason, "items_lost": self._items_lost(req, task),
+                                "id": req.client_id}, "dropped")
+
+    @staticmethod
+    def _items_lost(req: Pending, task: str) -> float:
+        """The items ``task`` would have produced for the dropped item (its multiplicative factor
+        under the request's lane, at least 1): the paper counts an early drop as that many violations."""
+        app = req.routes.app
+        variant = req.routes.lanes[req.lane].get(task, "") if req.lane < len(req.routes.lanes) else ""
+        try:
+            produced = sum(app.factor(task, variant, child) for child in app.children(task))
+        except KeyError:
+            produced = 0.0
+        return round(max(1.0, produced), 3)
 
     def _on_deadline(self, req: Pending) -> None:
         if not req.answered:
