@@ -80,6 +80,8 @@ class ControlSettings:
     bin_seconds: float = 300.0
     history_bins: int = 5  # the predictor's window
     replan_violation_rate: float = 0.05  # re-plan early when the bin's SLO violations exceed it
+    # re-plan early, for the observed rate, when the recent arrival rate exceeds what the plan holds
+    replan_on_rate: bool = True
     repartition_delay_s: float = 2.0  # emulated: time a GPU is unavailable while repartitioned
 
 
@@ -214,6 +216,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         bin_seconds=c.number("bin_seconds", 300.0, low=0, low_open=True),
         history_bins=c.integer("history_bins", 5, low=1),
         replan_violation_rate=c.number("replan_violation_rate", 0.05, low=0, high=1),
+        replan_on_rate=c.bool("replan_on_rate", True),
         repartition_delay_s=c.number("repartition_delay_s", 2.0, low=0),
     )
 
