@@ -282,15 +282,20 @@ def _asking() -> tuple[list[float], Any]:
 
 
 def test_arrivals_above_what_the_plan_holds_replan_within_the_bin() -> None:
-    # The plan holds 10 rps; 100 arrivals in the bin's first second at time scale 2 are 200 rps:
-    # re-plan at once, with no violation yet, for the observed rate (+ slack), not the prediction.
+    # The plan holds 10 rps; 1000 arrivals in the bin's first 10.5 s (its window is 10 s) at time
+    # scale 2 are ~190 rps: re-plan at once, with no violation yet, for the observed rate (+ slack).
     asked, solver = _asking()
 
     async def go() -> None:
         c, fe = _controller(solver)
         c.history_rps.extend([10.0] * 5)
-        c.bin_start = time.monotonic() - 1.0
+        c.bin_start = time.monotonic() - 0.5
         fe.bins["traffic_analysis"].arrivals = 100
+        c._check_early()  # half a second is too short to tell a burst from bunched arrivals
+        assert c._replan_task is None
+        c._arrival_samples.clear()
+        c.bin_start = time.monotonic() - 10.5
+        fe.bins["traffic_analysis"].arrivals = 1000
         c._check_early()
         assert c._replan_task is not None
         await c._replan_task

@@ -22,7 +22,7 @@ def test_items_waiting_in_the_ring_go_stale(server_factory, tmp_path):
     # first item runs at once; the rest wait in the ring far longer than 5 ms. Their age counts
     # from ring entry, so they are dropped as stale when popped (not served 40 ms apart).
     args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 40.0}, 1)], latency_slo_ms=20000.0,
-                      staleness_ms=5.0)
+                      staleness_ms=5.0, server={"stale_drops": "true"})
     s = server_factory(args)
     url = s.url + "/v2/models/tiny/infer"
     assert http("POST", url, image())[0] == 200  # alone: never stale
@@ -38,11 +38,16 @@ def test_items_waiting_in_the_ring_go_stale(server_factory, tmp_path):
     assert 'reason="stale"' in text
 
 
-def test_a_large_staleness_serves_the_same_burst(server_factory, tmp_path):
+def test_stale_drops_off_or_a_large_staleness_serve_the_same_burst(server_factory, tmp_path):
     args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 10.0}, 1)], latency_slo_ms=20000.0,
-                      staleness_ms=10000.0)
+                      staleness_ms=10000.0, server={"stale_drops": "true"})
     s = server_factory(args)
     results = asyncio.run(_burst(s.url + "/v2/models/tiny/infer", [image() for _ in range(12)]))
+    assert [st for st, _ in results] == [200] * 12
+    args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 10.0}, 1)], latency_slo_ms=20000.0,
+                      staleness_ms=1.0, name="off")  # stale_drops defaults to off
+    s = server_factory(args, name="off")
+    results = asyncio.run(_burst(s.url + "/v2/models/off/infer", [image() for _ in range(12)]))
     assert [st for st, _ in results] == [200] * 12
 
 

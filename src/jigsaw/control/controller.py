@@ -273,7 +273,9 @@ class AppController:
     def recent_rate_rps(self, arrivals: int) -> tuple[float, int]:
         """(full-speed rate over the last ``RATE_WINDOW_BINS`` of the bin, arrivals in that window).
 
-        Sampled at every poll; until the window is covered, the bin so far stands in for it.
+        Sampled at every poll; until the window is covered, the bin so far stands in for it, and
+        before the bin is a window old there is no rate yet ``(0, 0)``: a few arrivals bunched in
+        a fraction of a second are noise, not a burst.
         """
         now = time.monotonic()
         samples = self._arrival_samples
@@ -284,7 +286,9 @@ class AppController:
         t0, a0 = samples[0]
         if now - t0 < window_s:
             t0, a0 = self.bin_start, 0
-        dt = max(1e-3, now - t0)
+        if now - t0 < window_s:
+            return 0.0, 0
+        dt = now - t0
         return (arrivals - a0) / dt * self.time_scale, arrivals - a0
 
     def _check_early(self) -> None:
