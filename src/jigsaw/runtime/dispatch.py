@@ -305,6 +305,8 @@ class Dispatcher:
             # deadline (a tight OIP timeout), so no instance spends time on it.
             req.credit_in = TOTAL_CREDIT
             req.drop = (next(iter(roots)), int(Status.DROPPED_DEADLINE))
+            self.metrics.dropped.inc((("app", app.name), ("task", req.drop[0]),
+                                      ("reason", drop_reason(req.drop[1]))))
             self.pending[req.request_id] = req
             return None
         shares = split_credit(TOTAL_CREDIT, len(roots))
