@@ -69,7 +69,7 @@ def test_timeout_parameter_tightens_the_deadline(server_factory, tmp_path):
     # A timeout the path can meet: served.
     status, doc, _ = http("POST", url, {**image(), "parameters": {"timeout": 3_000_000}})
     assert status == 200, doc
-    for bad in (0, -5, 1.5, "10", True):
+    for bad in (0, -5, 1.5, "10", True, None):
         status, doc, _ = http("POST", url, {**image(), "parameters": {"timeout": bad}})
         assert status == 400 and "parameters.timeout" in doc["error"], (bad, doc)
 

@@ -224,8 +224,8 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -
     if not isinstance(all_binary, bool):
         raise BadRequest("parameters.binary_data_output: expected true or false")
     timeout_us = params.get("timeout")
-    if timeout_us is not None and (isinstance(timeout_us, bool) or not isinstance(timeout_us, int)
-                                   or timeout_us <= 0):
+    if "timeout" in params and (isinstance(timeout_us, bool) or not isinstance(timeout_us, int)
+                                or timeout_us <= 0):
         raise BadRequest(f"parameters.timeout: expected a positive whole number of microseconds, "
                          f"got {timeout_us!r}")
     priority = params.get("priority", 0)
