@@ -73,6 +73,11 @@ class ServerSettings:
     worker_hang_timeout_s: float = 3.0  # a worker whose loop has not turned this long is hung
     worker_max_restarts: int = 3  # restarts of one worker within worker_restart_window_s before giving up
     worker_restart_window_s: float = 60.0
+    # the paper's stale drop (§3.3): an item a full batch passed over and that then waited longer
+    # than the app's staleness_ms. Off by default: each process has its own ring, so an item one
+    # busy process passes over may be one another instance of its task could still have served
+    # in time, and the paper's 20 ms drops it (bench/README.md, replay).
+    stale_drops: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,8 @@ class ControlSettings:
     bin_seconds: float = 300.0
     history_bins: int = 5  # the predictor's window
     replan_violation_rate: float = 0.05  # re-plan early when the bin's SLO violations exceed it
+    # re-plan early, for the observed rate, when the recent arrival rate exceeds what the plan holds
+    replan_on_rate: bool = True
     repartition_delay_s: float = 2.0  # emulated: time a GPU is unavailable while repartitioned
 
 
@@ -213,6 +220,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         ring_slot_bytes=s.integer("ring_slot_bytes", 64 * 1024, low=256, high=1 << 30),
         worker_hang_timeout_s=s.number("worker_hang_timeout_s", 3.0, low=0.5),
         worker_max_restarts=s.integer("worker_max_restarts", 3, low=0),
+        stale_drops=s.bool("stale_drops", False),
         worker_restart_window_s=s.number("worker_restart_window_s", 60.0, low=0, low_open=True),
     )
 
@@ -222,6 +230,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         bin_seconds=c.number("bin_seconds", 300.0, low=0, low_open=True),
         history_bins=c.integer("history_bins", 5, low=1),
         replan_violation_rate=c.number("replan_violation_rate", 0.05, low=0, high=1),
+        replan_on_rate=c.bool("replan_on_rate", True),
         repartition_delay_s=c.number("repartition_delay_s", 2.0, low=0),
     )
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -66,8 +69,10 @@ class _Plane:
         return Applied(0, 0, False)
 
 
-def _controller(solver: Any, bin_seconds: float = 100.0) -> tuple[AppController, _Fe]:
+def _controller(solver: Any, bin_seconds: float = 100.0, rate_trigger: bool = True
+                ) -> tuple[AppController, _Fe]:
     node = load_node(NODE)
+    node = dataclasses.replace(node, control=dataclasses.replace(node.control, replan_on_rate=rate_trigger))
     fe = _Fe()
     c = AppController(node.app("traffic_analysis"), _Plane(node, _plan(10.0)), fe,  # type: ignore[arg-type]
                       space="ast", bin_seconds=bin_seconds,
@@ -83,7 +88,7 @@ def test_early_replan_fires_once_above_the_threshold() -> None:
         return _plan(demand)  # no instances: the controller keeps the running plan
 
     async def go() -> None:
-        c, fe = _controller(solver)
+        c, fe = _controller(solver, rate_trigger=False)  # the violation trigger alone
         c.history_rps.extend([10.0] * 5)
         b = fe.bins["traffic_analysis"]
         b.arrivals, b.answered, b.violations = 100, 100, 4  # 4% <= 5%: no re-plan
@@ -103,7 +108,7 @@ def test_early_replan_fires_once_above_the_threshold() -> None:
 
 def test_too_few_answers_do_not_trigger() -> None:
     async def go() -> None:
-        c, fe = _controller(lambda *a, **k: _plan(1.0))
+        c, fe = _controller(lambda *a, **k: _plan(1.0), rate_trigger=False)
         b = fe.bins["traffic_analysis"]
         b.answered, b.violations = 10, 10
         c._check_early()
@@ -220,7 +225,7 @@ def test_the_next_bins_plan_starts_ahead_of_the_bin_end() -> None:
         return _plan(demand)  # no instances: keeps the running plan
 
     async def go() -> None:
-        c, fe = _controller(solver, bin_seconds=1.0)
+        c, fe = _controller(solver, bin_seconds=1.0, rate_trigger=False)  # the routine re-plan alone
         assert c.lead_s() == 0.0  # nothing measured yet: re-plan at the bin's end
         c.history_rps.extend([10.0] * 4)
         c._replan_s = 0.4  # recent re-plans took 0.4 s: start 0.5 s (1.25 x 0.4) before the end
@@ -264,4 +269,76 @@ def test_a_capacity_loss_replan_asks_for_fresh_processes() -> None:
         assert c._replan_task is not None
         await c._replan_task
         assert [d.fresh_generation for d in plane.applied] == [False, True]  # type: ignore[attr-defined]
+    asyncio.run(go())
+
+
+def _asking() -> tuple[list[float], Any]:
+    asked: list[float] = []
+
+    def solver(app: Any, node: Any, profiles: Any, demand: float, **kw: Any) -> Plan:
+        asked.append(demand)
+        return _plan(demand)
+    return asked, solver
+
+
+def test_arrivals_above_what_the_plan_holds_replan_within_the_bin() -> None:
+    # The plan holds 10 rps; 1000 arrivals in the bin's first 10.5 s (its window is 10 s) at time
+    # scale 2 are ~190 rps: re-plan at once, with no violation yet, for the observed rate (+ slack).
+    asked, solver = _asking()
+
+    async def go() -> None:
+        c, fe = _controller(solver)
+        c.history_rps.extend([10.0] * 5)
+        c.bin_start = time.monotonic() - 0.5
+        fe.bins["traffic_analysis"].arrivals = 100
+        c._check_early()  # half a second is too short to tell a burst from bunched arrivals
+        assert c._replan_task is None
+        c._arrival_samples.clear()
+        c.bin_start = time.monotonic() - 10.5
+        fe.bins["traffic_analysis"].arrivals = 1000
+        c._check_early()
+        assert c._replan_task is not None
+        await c._replan_task
+        c._check_early()  # once per bin
+        assert len(asked) == 1 and c.current.early_replans == 1
+        slack = 1.0 + c.node.planner.demand_slack
+        assert 150.0 * slack < asked[0] < 210.0 * slack, asked
+
+    asyncio.run(go())
+
+
+def test_arrivals_the_plan_holds_or_a_switched_off_trigger_do_not_replan() -> None:
+    asked, solver = _asking()
+
+    async def go() -> None:
+        c, fe = _controller(solver)
+        c.bin_start = time.monotonic() - 10.0
+        fe.bins["traffic_analysis"].arrivals = 45  # 4.5/s x 2 = 9 rps <= 10 rps
+        c._check_early()
+        assert c._replan_task is None
+        off, fe2 = _controller(solver, rate_trigger=False)
+        off.bin_start = time.monotonic() - 1.0
+        fe2.bins["traffic_analysis"].arrivals = 100  # 200 rps, but the trigger is off
+        off._check_early()
+        assert off._replan_task is None and not asked
+
+    asyncio.run(go())
+
+
+def test_the_rate_trigger_reads_the_recent_window_not_the_whole_bin() -> None:
+    # 50 arrivals over the bin's first 50 s (2 rps), then 100 in the last 12 s: the bin's mean
+    # (6 rps at time scale 2) is under the plan's 10 rps, the recent window's (~17 rps) is over.
+    asked, solver = _asking()
+
+    async def go() -> None:
+        c, fe = _controller(solver)
+        now = time.monotonic()
+        c.bin_start = now - 50.0
+        c._arrival_samples = deque([(now - 12.0, 50), (now - 9.0, 60)])
+        fe.bins["traffic_analysis"].arrivals = 150
+        c._check_early()
+        assert c._replan_task is not None
+        await c._replan_task
+        assert asked and asked[0] > 15.0, asked
+
     asyncio.run(go())

@@ -12,7 +12,10 @@ new plan is pushed to the data plane as a ``DesiredState``; the generation manag
 lanes in place, any other becomes a new *generation* of the app's processes (make-before-break),
 with the emulated repartition delay the controller gives when a GPU's MIG layout changed. A bin
 whose violation rate crosses ``control.replan_violation_rate`` triggers an early re-plan (once per
-bin). When the
+bin); so does, with ``control.replan_on_rate``, an arrival rate over the last ``RATE_WINDOW_BINS``
+of a bin above what the running plan holds (its ``planned_rps``): the predictor's mean of past
+bins sees a burst one bin late, the door sees it within a second. Either early re-plan is for
+the recent observed rate (plus the planner's demand slack), not the old prediction. When the
 supervisor gives up on a worker (capacity lost), the app re-plans at once onto a fresh generation. A
 planner that fails or times out leaves the running plan serving; the bin's record and
 ``jigsaw_planner_failures_total`` report it.
@@ -41,6 +44,8 @@ from jigsaw.runtime.generations import Applied, DesiredState
 LEAD_MARGIN = 1.25  # a re-plan ahead of a bin's end starts this many recent re-plan durations early
 HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per app
 MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
+MIN_ARRIVALS_FOR_RATE = 20  # the rate trigger needs this many arrivals in its window
+RATE_WINDOW_BINS = 0.1  # the rate trigger's window, a share of the bin (at least two polls)
 Factors = dict[tuple[str, str, str], float]
 
 
@@ -149,6 +154,7 @@ class AppController:
         self._replan_task: asyncio.Task[None] | None = None
         self._lost_demand_rps: float | None = None
         self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
+        self._arrival_samples: deque[tuple[float, int]] = deque()  # (monotonic s, bin arrivals so far)
 
     @property
     def plan(self) -> Plan:
@@ -175,6 +181,7 @@ class AppController:
             self.history_rps.clear()
             self.history_rps.extend(float(x) for x in history_rps)
         self.counters.take_bin(self.app.name)
+        self._arrival_samples.clear()
         self.records.clear()
         self.bin_index = 0
         self.bin_start = time.monotonic()
@@ -258,27 +265,58 @@ class AppController:
         self.bin_start += self.bin_seconds
         if time.monotonic() - self.bin_start > self.bin_seconds:  # the loop stalled: do not replay bins
             self.bin_start = time.monotonic()
+        self._arrival_samples.clear()
         self.current = self._new_record()
         self.current.predicted_rps = self.predicted_rps
         self.current.plan = plan_summary(self.plan)
+
+    def recent_rate_rps(self, arrivals: int) -> tuple[float, int]:
+        """(full-speed rate over the last ``RATE_WINDOW_BINS`` of the bin, arrivals in that window).
+
+        Sampled at every poll; until the window is covered, the bin so far stands in for it, and
+        before the bin is a window old there is no rate yet ``(0, 0)``: a few arrivals bunched in
+        a fraction of a second are noise, not a burst.
+        """
+        now = time.monotonic()
+        samples = self._arrival_samples
+        samples.append((now, arrivals))
+        window_s = RATE_WINDOW_BINS * self.bin_seconds
+        while len(samples) > 2 and now - samples[1][0] >= window_s:
+            samples.popleft()
+        t0, a0 = samples[0]
+        if now - t0 < window_s:
+            t0, a0 = self.bin_start, 0
+        if now - t0 < window_s:
+            return 0.0, 0
+        dt = now - t0
+        return (arrivals - a0) / dt * self.time_scale, arrivals - a0
 
     def _check_early(self) -> None:
         self._replan_lost()
         threshold = self.node.control.replan_violation_rate
         c = self.counters.peek_bin(self.app.name)
-        if c is None or self.current.early_replans or self.lock.locked():
+        if c is None:
             return
+        recent_rps, recent_n = self.recent_rate_rps(c.arrivals)
+        if self.current.early_replans or self.lock.locked():
+            return
+        slack = 1.0 + self.node.planner.demand_slack
+        elapsed = max(1e-3, time.monotonic() - self.bin_start)
+        so_far = c.arrivals / elapsed * self.time_scale
         answered = self.current.answered + c.answered
         violations = self.current.violations + c.violations
+        holds_rps = self.plan.planned_rps
         if answered >= MIN_ANSWERED_FOR_TRIGGER and violations / answered > threshold:
-            elapsed = max(1e-3, time.monotonic() - self.bin_start)
-            so_far = c.arrivals / elapsed * self.time_scale
-            demand = max(self.predictor.predict(list(self.history_rps)),
-                         so_far * (1.0 + self.node.planner.demand_slack))
-            self.current.early_replans += 1
-            self.log(f"{self.app.name}: bin {self.bin_index}: {violations}/{answered} SLO violations "
-                     f"(> {threshold:.0%}): re-planning early for {demand:.1f} rps")
-            self._spawn_replan(demand, early=True)
+            why = f"{violations}/{answered} SLO violations (> {threshold:.0%})"
+        elif (self.node.control.replan_on_rate and not self.plan.max_demand_plan
+              and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > holds_rps * slack):
+            why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds"
+        else:
+            return
+        demand = max(recent_rps, so_far) * slack
+        self.current.early_replans += 1
+        self.log(f"{self.app.name}: bin {self.bin_index}: {why}: re-planning early for {demand:.1f} rps")
+        self._spawn_replan(demand, early=True)
 
     def on_capacity_lost(self, why: str) -> None:
         """A worker is gone for good: re-plan now (the new plan runs as a fresh generation)."""

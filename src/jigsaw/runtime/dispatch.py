@@ -211,7 +211,20 @@ class Dispatcher:
         reason = drop_reason(status)
         self._finish(req, 504, {"error": f"request dropped by task {task!r} ({reason}): it could not "
                                          f"meet its deadline", "status": name, "task": task,
-                                "reason": reason, "id": req.client_id}, "dropped")
+                                "reason": reason, "items_lost": self._items_lost(req, task),
+                                "id": req.client_id}, "dropped")
+
+    @staticmethod
+    def _items_lost(req: Pending, task: str) -> float:
+        """The items ``task`` would have produced for the dropped item (its multiplicative factor
+        under the request's lane, at least 1): the paper counts an early drop as that many violations."""
+        app = req.routes.app
+        variant = req.routes.lanes[req.lane].get(task, "") if req.lane < len(req.routes.lanes) else ""
+        try:
+            produced = sum(app.factor(task, variant, child) for child in app.children(task))
+        except KeyError:
+            produced = 0.0
+        return round(max(1.0, produced), 3)
 
     def _on_deadline(self, req: Pending) -> None:
         if not req.answered:
@@ -256,13 +269,19 @@ class Dispatcher:
     # ---- dispatch -----------------------------------------------------------------------------
     def submit(self, routes: AppRoutes, client_id: str | None,
                tensors: list[tuple[str, str, tuple[int, ...], Any]],
-               outputs_wanted: list[str] | None) -> Pending | str:
-        """Admit and dispatch one request; a message saying why when it cannot be dispatched (shed)."""
+               outputs_wanted: list[str] | None, timeout_us: int | None = None) -> Pending | str:
+        """Admit and dispatch one request; a message saying why when it cannot be dispatched (shed).
+
+        Its deadline is the app's SLO (plus one hop per level, times the time scale) from now, or
+        ``timeout_us`` (OIP ``parameters.timeout``, wall microseconds) when that is sooner.
+        """
         assert self._loop is not None
         app = routes.app
         now = time.monotonic_ns()
         budget_ms = (app.latency_slo_ms + routes.depth * self.hop_latency_ms) * self.time_scale
         deadline = now + int(budget_ms * 1e6)
+        if timeout_us is not None:
+            deadline = min(deadline, now + timeout_us * 1000)
         req = Pending(0, routes, 0, client_id, now, deadline, self._loop.create_future(), outputs_wanted,
                       body=bytes(encode_tensors(tensors)))
         why = self._dispatch(req)
@@ -285,6 +304,18 @@ class Dispatcher:
         req.request_id = self.next_id
         self.next_id += 1
         roots = routes.roots[req.lane]
+        mapped = self.routing.generations.get(routes.generation)
+        paths_ns = mapped.min_path_ns if mapped is not None else []
+        fastest_ns = paths_ns[req.lane] if req.lane < len(paths_ns) else 0
+        if req.deadline_ns - time.monotonic_ns() < fastest_ns:
+            # Early drop at push (paper §3.3): even the lane's fastest path cannot make the
+            # deadline (a tight OIP timeout), so no instance spends time on it.
+            req.credit_in = TOTAL_CREDIT
+            req.drop = (next(iter(roots)), int(Status.DROPPED_DEADLINE))
+            self.metrics.dropped.inc((("app", app.name), ("task", req.drop[0]),
+                                      ("reason", drop_reason(req.drop[1]))))
+            self.pending[req.request_id] = req
+            return None
         shares = split_credit(TOTAL_CREDIT, len(roots))
         sent = 0
         for (task, targets), share in zip(roots.items(), shares):

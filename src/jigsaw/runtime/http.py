@@ -140,7 +140,8 @@ class OipHttp:
                                "instances finish within the SLO); retry later",
                           headers={"Retry-After": RETRY_AFTER_S})
         routes = self.routing.routes.get(name, routes)  # a reconfiguration may have switched it meanwhile
-        req = self.dispatcher.submit(routes, parsed.id, parsed.inputs, parsed.outputs)
+        req = self.dispatcher.submit(routes, parsed.id, parsed.inputs, parsed.outputs,
+                                     timeout_us=parsed.timeout_us)
         if isinstance(req, str):
             door.answered(name, 503)
             self.metrics.failure.inc((("app", name), ("reason", "shed")))

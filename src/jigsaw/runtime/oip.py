@@ -41,6 +41,7 @@ class InferRequest:
     parameters: dict[str, Any]
     binary_outputs: set[str] | None = None  # outputs to send as binary data; None: every one
     all_binary: bool = False
+    timeout_us: int | None = None  # ``parameters.timeout``: a deadline tighter than the SLO (wall us)
 
 
 def header_length(value: str | None, body_bytes: int) -> int | None:
@@ -222,7 +223,16 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -
     all_binary = params.get("binary_data_output", False)
     if not isinstance(all_binary, bool):
         raise BadRequest("parameters.binary_data_output: expected true or false")
-    return InferRequest(rid, inputs, outputs, params, binary_outputs, all_binary)
+    timeout_us = params.get("timeout")
+    if "timeout" in params and (isinstance(timeout_us, bool) or not isinstance(timeout_us, int)
+                                or timeout_us <= 0):
+        raise BadRequest(f"parameters.timeout: expected a positive whole number of microseconds, "
+                         f"got {timeout_us!r}")
+    priority = params.get("priority", 0)
+    if priority != 0 or isinstance(priority, bool):
+        raise BadRequest(f"parameters.priority: {priority!r} is not supported: every request of a model "
+                         "is served by its deadline in arrival order; omit priority or send 0")
+    return InferRequest(rid, inputs, outputs, params, binary_outputs, all_binary, timeout_us)
 
 
 def encode_response(doc: dict[str, Any], binary: set[str] | None,

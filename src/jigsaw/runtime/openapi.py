@@ -126,7 +126,12 @@ def infer_request_schema(app: App, outputs: Mapping[str, Sequence[OutputSpec]]) 
         "required": ["inputs"],
         "properties": {
             "id": {"type": "string", "nullable": True},
-            "parameters": {"type": "object", "properties": {"binary_data_output": {"type": "boolean"}}},
+            "parameters": {"type": "object", "properties": {
+                "binary_data_output": {"type": "boolean"},
+                "timeout": {"type": "integer", "minimum": 1,
+                            "description": "microseconds: a deadline tighter than the model's SLO"},
+                "priority": {"type": "integer", "enum": [0],
+                             "description": "only the default 0; other values are refused with 400"}}},
             "inputs": {"type": "array", "minItems": n, "maxItems": n,
                        "items": _one_of(tensors),
                        "description": "each declared input exactly once: "
@@ -203,6 +208,10 @@ def _common_schemas() -> dict[str, Any]:
             "properties": {"error": {"type": "string", "minLength": 1}, "status": {"type": "string"},
                            "task": {"type": "string", "nullable": True},
                            "reason": {"type": "string", "enum": sorted(set(DROP_REASONS.values()))},
+                           "items_lost": {"type": "number", "minimum": 1,
+                                          "description": "items the dropping task would have produced "
+                                                         "(its multiplicative factor): the violations "
+                                                         "this drop counts for"},
                            "id": {"type": "string", "nullable": True}},
         },
         "ServerMetadata": {"type": "object", "required": ["name", "version", "extensions"],

@@ -32,6 +32,8 @@ class TopologyError(ValueError):
     """The plans cannot be turned into a running configuration (a lane names an unplanned variant)."""
 
 
+NEVER_STALE_NS = 1 << 62  # staleness when stale drops are off (node.server.stale_drops)
+
 @dataclass(frozen=True)
 class OutputRing:
     ring: str  # POSIX name of the ring this process produces into
@@ -191,6 +193,7 @@ class Shared:
     time_scale: float
     seed: int
     backend: str
+    stale_drops: bool = False  # node.server.stale_drops: else no item is ever stale
 
 
 def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileTable, *,
@@ -224,7 +227,8 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
         _check_lanes(app, lanes, weights, by_variant)
         roots = _root_rings(app, procs, name_of, wiring, root_ring_bytes)
         specs += _process_specs(app, app_index, plan, procs, lanes, by_variant, roots, wiring,
-                                Shared(name_of, stats, wiring.doorbells[0], time_scale, seed, backend))
+                                Shared(name_of, stats, wiring.doorbells[0], time_scale, seed, backend,
+                                       node.server.stale_drops))
         routes[app.name] = _app_routes(app, app_index, plan, lanes, weights, by_variant, roots)
     return Topology(specs, routes, wiring.doorbells[0], wiring.completion_rings, stats, wiring.rings,
                     wiring.doorbells)
@@ -321,7 +325,7 @@ def _process_specs(app: App, app_index: int, plan: Plan, procs: list[_Process], 
         mig_profile=p.mig_profile, mps=p.mps, max_batch=p.max_batch, latency_ms_by_batch=p.latency_ms,
         mean_ms_by_batch=p.mean_ms, time_scale=shared.time_scale,
         max_wait_ns=int(plan.task_latency_ms.get(p.task, 0.0) * ns),
-        staleness_ns=int(app.staleness_ms * ns),
+        staleness_ns=int(app.staleness_ms * ns) if shared.stale_drops else NEVER_STALE_NS,
         remaining_min_ns=int(remaining[p.task] * ns),
         exec_estimate_ns=[int(latency_for_batch_ms(p.latency_ms, b) * ns) for b in range(1, p.max_batch + 1)],
         downstream=[{"task": c, "task_index": task_index[c], "factor": app.edge(p.task, c).factor(p.variant),

@@ -5,7 +5,8 @@
 Each process runs one uvloop event loop. A helper thread blocks on the process's doorbell (no
 spinning: ``sem_timedwait`` releases the GIL) and wakes the loop. Each turn the loop pops at most one batch's
 worth of items from its input rings (the rings are the task's queue) into the batching queue
-(arrival stamped on dequeue), drops what can no longer meet its deadline or went stale, runs
+(see ``take_inputs`` for the arrival stamp the stale rule reads), drops what can no longer meet
+its deadline or went stale, runs
 one batch when the queue's release rule allows (the process is idle whenever it
 asks, so a batch starts as soon as the previous one finished: paper §3.3), routes each item's
 children to the least-loaded process of the lane's variant of each downstream task, and reports
@@ -124,6 +125,7 @@ class Worker:
         self.parent_pid = os.getppid()
         self._rung: set[int] = set()
         self._next_input = 0
+        self._passed_over_ns = 0  # the last time a full batch left items in the rings
 
     # ---- outputs ------------------------------------------------------------------------
     def _push_blocking(self, ring: ShmRing, header: RecordHeader, payload: bytes, until_ns: int) -> bool:
@@ -205,7 +207,12 @@ class Worker:
         """Pop up to ``max_n`` items, visiting the input rings round-robin from a rotating start.
 
         Items stay in the rings (the task's queue) until this process can batch them, so the
-        batching queue holds at most one batch and its arrival stamp is the pick-up time.
+        batching queue holds at most one batch; the items a batch takes were forming it while
+        the previous batch ran. The stale rule (paper §3.3) is about the others: a request that no
+        instance picked up because every forming batch was full. So an item the process passed
+        over (it was in a ring when a full batch left it there, ``_passed_over_ns``) arrives at
+        its ring-entry time (``HOP_SENT``): its real age; one that made the first batch it could
+        arrives now. The deadline rule reads the absolute deadline, which always is real.
         """
         n = 0
         k = len(self.inputs)
@@ -216,7 +223,9 @@ class Worker:
             for header, payload in ring.pop_many(max_n - n):
                 now = time.monotonic_ns()
                 header.stamp(HOP_POPPED, now)
-                if not self.queue.push(header.request_id, header.deadline_ns, now, (header, payload)):
+                sent = header.hops[HOP_SENT]
+                arrival = sent if 0 < sent <= self._passed_over_ns else now
+                if not self.queue.push(header.request_id, header.deadline_ns, arrival, (header, payload)):
                     credit, _ = unframe(payload)
                     self.complete(header, Status.REJECTED, credit)
                     self.stats.add(self.spec.slot, DROPPED, 1)
@@ -231,6 +240,8 @@ class Worker:
                 break
             self.drop_expired()
         self.drop_expired()
+        if len(self.queue) >= self.spec.max_batch and any(len(ring) for ring in self.inputs):
+            self._passed_over_ns = time.monotonic_ns()
 
     def drop_expired(self) -> None:
         for _, _, _, (header, payload), reason in self.queue.expired(time.monotonic_ns()):
@@ -239,6 +250,11 @@ class Worker:
             self.stats.add(self.spec.slot, DROPPED, 1)
 
     async def run_batch(self) -> bool:
+        # ``idle=True`` is the paper's release rule (§3.3), not a shortcut: this process asks only
+        # once its previous batch has finished, and while that batch ran, new items waited in the
+        # rings with their age counted from ring entry. So an item's batching wait is bounded by the
+        # time until this process can run its next batch (and by L^(t) through the 2 L^(t) <= SLO
+        # budget), and a free process never holds a partial batch back.
         batch = self.queue.next_batch(time.monotonic_ns(), True)
         if not batch:
             return False
