@@ -12,7 +12,7 @@ from typing import Any
 from jigsaw.app import App, load_app
 from jigsaw.backends.registry import MODEL_BACKENDS
 from jigsaw.errors import ConfigError, JigsawError
-from jigsaw.fields import read_toml
+from jigsaw.fields import parse_demands, read_toml
 from jigsaw.node import Node, load_node, load_node_profiles
 from jigsaw.plan import Plan, load_plan
 from jigsaw.spaces import SPACES
@@ -303,27 +303,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_demands(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise ConfigError("--demand", "--demand", f"expected app=rps pairs, got {item!r}")
-        try:
-            rps = float(value)
-        except ValueError:
-            raise ConfigError("--demand", "--demand",
-                              f"{name.strip()}: expected a number, got {value!r}") from None
-        if name.strip() in out:
-            raise ConfigError("--demand", "--demand", f"app {name.strip()!r} given twice")
-        out[name.strip()] = rps
-    if not out:
-        raise ConfigError("--demand", "--demand", "expected app=rps pairs")
-    return out
-
-
 def _parse_rps(text: str) -> float:
     try:
         return float(text)
@@ -372,7 +351,7 @@ def _cmd_plan_node(args: argparse.Namespace) -> int:
         if args.gpus < 1:
             raise ConfigError("--gpus", "--gpus", f"expected a GPU count >= 1, got {args.gpus}")
         node = node.with_gpus(args.gpus)
-    demands = _parse_demands(args.demand)
+    demands = parse_demands(args.demand)
     apps = []
     for name in demands:
         try:

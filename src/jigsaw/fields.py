@@ -126,3 +126,25 @@ def _kind(value: Any) -> str:
     if isinstance(value, list):
         return "an array"
     return f"{type(value).__name__} {value!r}"
+
+
+def parse_demands(text: str) -> dict[str, float]:
+    """``--demand app=rps,app=rps`` (the CLI's node and fleet plans); a ConfigError naming the flag."""
+    out: dict[str, float] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError("--demand", "--demand", f"expected app=rps pairs, got {item!r}")
+        try:
+            rps = float(value)
+        except ValueError:
+            raise ConfigError("--demand", "--demand",
+                              f"{name.strip()}: expected a number, got {value!r}") from None
+        if name.strip() in out:
+            raise ConfigError("--demand", "--demand", f"app {name.strip()!r} given twice")
+        out[name.strip()] = rps
+    if not out:
+        raise ConfigError("--demand", "--demand", "expected app=rps pairs")
+    return out

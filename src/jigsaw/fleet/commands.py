@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jigsaw.errors import ConfigError
+from jigsaw.fields import parse_demands
 
 if TYPE_CHECKING:  # the planner (mip) and the renderer (yaml) load only when a command runs
     from jigsaw.fleet.planner import FleetPlan
@@ -42,24 +43,19 @@ def format_fleet_plan(fp: FleetPlan) -> str:
 
 
 def _fleet_demands(text: str, apps: list[str]) -> dict[str, float]:
-    """``--demand`` for a fleet: one number for a one-app fleet, or app=rps pairs."""
-    pairs = [x.strip() for x in str(text).split(",") if x.strip()]
-    if len(pairs) == 1 and "=" not in pairs[0]:
+    """``--demand`` for a fleet: one number for a one-app fleet, or app=rps pairs of its apps."""
+    text = str(text).strip()
+    if "=" not in text:
         if len(apps) != 1:
             raise ConfigError("--demand", "--demand",
                               "with --fleet, one number only for a fleet of one app "
                               "(give app=rps pairs, or set demand_rps in the fleet file)")
-        pairs = [f"{apps[0]}={pairs[0]}"]
-    out: dict[str, float] = {}
-    for item in pairs:
-        name, sep, value = (x.strip() for x in item.partition("="))
-        if not sep or name not in apps:
-            raise ConfigError("--demand", "--demand", f"{item!r}: expected app=rps with an app of the fleet "
-                                                      f"({', '.join(apps)})")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            raise ConfigError("--demand", "--demand", f"{name}: expected a number, got {value!r}") from None
+        text = f"{apps[0]}={text}"
+    out = parse_demands(text)
+    unknown = sorted(set(out) - set(apps))
+    if unknown:
+        raise ConfigError("--demand", "--demand", f"{', '.join(unknown)}: not an app of the fleet "
+                                                  f"({', '.join(apps)})")
     return out
 
 

@@ -33,7 +33,7 @@ from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import Column
 from jigsaw.planner.model import LinearModel, Solution
-from jigsaw.planner.problem import Problem, node_layouts
+from jigsaw.planner.problem import Problem, demand_terms, node_layouts
 
 OBJECTIVES = ("accuracy", "slices")
 MIN_DEMAND_RPS = 0.01
@@ -111,18 +111,6 @@ def core_columns(pb: Problem, caps: dict[str, float] | None = None) -> tuple[Col
     return tuple(c for c in pb.colset.columns if best.get((c.task, c.variant, c.mig_profile)) is c)
 
 
-def _demand_terms(pb: Problem) -> dict[tuple[str, str], list[tuple[int, float]]]:
-    app = pb.app
-    index = {t: i for i, t in enumerate(app.task_names)}
-    terms: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
-    for li, lane in enumerate(pb.lanes):
-        for t in app.task_names:
-            mult = pb.lane_mult[li][t]
-            if mult > 0:
-                terms[(t, lane[index[t]])].append((li, mult))
-    return terms
-
-
 def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accuracy",
           scale_demands: bool = False, caps: list[dict[str, float] | None] | None = None) -> _Built:
     """The model over ``parts``: the full one, or the latency-relaxed core (see the module doc).
@@ -176,7 +164,7 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
             md.row(lam, [1.0] * len(lam), r, r)
             md.row(lam, pb.lane_acc, lo=slo_acc * r)
             demand_ub = r
-        terms = _demand_terms(pb)
+        terms = demand_terms(pb)
         max_mult = {tv: max(m for _, m in tr) for tv, tr in terms.items()}
         count = []
         for c in cols:

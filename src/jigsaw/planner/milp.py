@@ -29,7 +29,7 @@ from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner import joint
 from jigsaw.planner.columns import ColumnSet, build_columns
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
-from jigsaw.planner.problem import Problem, make_problem
+from jigsaw.planner.problem import Problem, demand_terms, make_problem
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
 
@@ -86,14 +86,8 @@ class _Model:
             m += mip.xsum(self.lam) == demand_rps
 
         # Demand on each (task, variant) and its largest possible value (for big-M bounds).
-        task_index = {t: i for i, t in enumerate(app.task_names)}
-        demand_terms: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
-        for li, lane in enumerate(pb.lanes):
-            for t in app.task_names:
-                mult = pb.lane_mult[li][t]
-                if mult > 0:
-                    demand_terms[(t, lane[task_index[t]])].append((li, mult))
-        max_mult = {tv: max(mm for _, mm in terms) for tv, terms in demand_terms.items()}
+        terms_tv = demand_terms(pb)
+        max_mult = {tv: max(mm for _, mm in terms) for tv, terms in terms_tv.items()}
 
         by_tv: dict[tuple[str, str], list[int]] = defaultdict(list)
         for j, c in enumerate(cols):
@@ -132,7 +126,7 @@ class _Model:
 
         # Capacity per (t, v), with an integer slice count and its valid inequality.
         self.S: dict[tuple[str, str], mip.Var] = {}
-        for tv, terms in demand_terms.items():
+        for tv, terms in terms_tv.items():
             demand = mip.xsum(mult * self.lam[li] for li, mult in terms)
             js = by_tv.get(tv, [])
             if not js:

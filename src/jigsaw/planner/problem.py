@@ -6,6 +6,7 @@ Computed once per (app, node, profiles, space, factors) and shared by the refere
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 from jigsaw.app import App, Lane
@@ -50,3 +51,16 @@ def node_layouts(node: Node, profile_names: list[str]) -> list[dict[str, int]]:
         return []
     return [dict(zip(profile_names, counts, strict=True))
             for counts in maximal_layout_counts(node.gpu, profile_names)]
+
+
+def demand_terms(pb: Problem) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """Per (task, variant): the (lane index, multiplier) pairs whose rates make its demand."""
+    app = pb.app
+    index = {t: i for i, t in enumerate(app.task_names)}
+    terms: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for li, lane in enumerate(pb.lanes):
+        for t in app.task_names:
+            mult = pb.lane_mult[li][t]
+            if mult > 0:
+                terms[(t, lane[index[t]])].append((li, mult))
+    return terms
