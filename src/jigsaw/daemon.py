@@ -29,6 +29,7 @@ from pathlib import Path
 
 from jigsaw.app import App
 from jigsaw.backends.registry import EMULATED, BackendKind, backend_kind
+from jigsaw.control.controller import ANYTIME_MODES
 from jigsaw.errors import JigsawError
 from jigsaw.node import Node, load_node, load_node_profiles
 from jigsaw.plan import Plan
@@ -76,7 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply emulated latencies, SLOs and planned times by this factor")
     p.add_argument("--plan-time-limit", type=float, default=PLAN_TIME_LIMIT_S,
-                   help="planner time limit per app (s)")
+                   help="planner time limit of the start-up node plan (s)")
     p.add_argument("--seed", type=int, default=0, help="seed of lane draws and emulated outputs")
     p.add_argument("--space", default=None, choices=SPACES,
                    help="search space of every plan, initial and re-planned (default: planner.space)")
@@ -85,6 +86,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="keep the initial plans (no per-bin re-planning); the default with --plan")
     ctl.add_argument("--controller", action="store_true",
                      help="re-plan every bin also when started from --plan files")
+    p.add_argument("--anytime", choices=ANYTIME_MODES, default="auto",
+                   help="deploy the planner's quick verified plan before the exact one: when it is "
+                        "needed (auto: an early re-plan, or the exact plan late for the bin boundary), "
+                        "always, or off")
     p.add_argument("--bin-seconds", type=float, default=None,
                    help="controller bin length in wall seconds (default: the node's control.bin_seconds)")
     p.add_argument("--admin-token", default=None,
@@ -107,7 +112,9 @@ def _read_plans(paths: list[Path]) -> list[Plan]:
 
 
 def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]:
-    """The (app, plan) pairs to serve, from ``--plan`` files or by planning each app."""
+    """The (app, plan) pairs to serve, from ``--plan`` files or by planning all the apps served
+    (every app of the node, or ``--apps``) in one decision over the node's slices (``plan_node``),
+    with the objective of the node config: what ``jigsaw plan --node N --demand a=R,b=R`` prints."""
     wanted = None if args.apps is None else [a.strip() for a in args.apps.split(",") if a.strip()]
     names = {a.name for a in node.apps}
     for w in wanted or []:
@@ -127,15 +134,23 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
     if not apps:
         raise JigsawError(f"node {node.name} lists no apps")
     profiles = load_node_profiles(node, apps)
-    from jigsaw.planner.milp import plan as make_plan
+    from jigsaw.planner.node_plan import plan_node
     demand = DEFAULT_DEMAND_RPS if args.demand is None else args.demand
+    result = plan_node(apps, node, profiles, {a.name: demand for a in apps}, space=args.space,
+                       time_limit_s=args.plan_time_limit)
+    missing = [a.name for a in apps if a.name not in result.plans or not result.plans[a.name].instances]
+    if missing:
+        raise JigsawError(f"{', '.join(missing)}: the planner found no configuration ({result.status}; "
+                          f"{'; '.join(result.notes)})")
+    _log(f"node {node.name}: {len(apps)} apps planned in one decision (objective {result.objective_kind}, "
+         f"{result.status}), {result.slices_used}/{result.slices_available} slices, "
+         f"{result.solve_seconds:.2f} s")
+    for note in result.notes:
+        _log(f"node {node.name}: {note}")
     out = []
     for app in apps:
-        p = make_plan(app, node, profiles, demand, space=args.space, time_limit_s=args.plan_time_limit)
-        if not p.instances:
-            raise JigsawError(f"{app.name}: the planner found no configuration ({p.status}; "
-                              f"{'; '.join(p.notes)})")
-        _log(f"{app.name}: planned {p.planned_rps:g} rps ({p.status}), {p.slices_used} slices, "
+        p = result.plans[app.name]
+        _log(f"{app.name}: planned {p.planned_rps:g} rps, {p.slices_used} slices, "
              f"{sum(i.count * i.mps for i in p.instances)} processes, accuracy {p.accuracy:.3f}")
         for note in p.notes:
             _log(f"{app.name}: {note}")
@@ -145,14 +160,14 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
 
 async def serve(generations: GenerationManager, host: str, port: int, *, time_scale: float, seed: int,
                 controller: bool = False, space: str | None = None, bin_seconds: float | None = None,
-                admin_token: str = "", node_config: Path | None = None) -> None:
+                admin_token: str = "", node_config: Path | None = None, anytime: str = "auto") -> None:
     """Serve OIP until SIGINT/SIGTERM: the frontend, the supervisor, the controllers, ``/admin``."""
     from concurrent.futures import ThreadPoolExecutor
 
     from aiohttp import web
 
     from jigsaw.control.admin import add_admin_routes, is_loopback
-    from jigsaw.control.controller import AppController, default_solver
+    from jigsaw.control.controller import NodeController, default_solver
     from jigsaw.control.solver import SubprocessSolver
     from jigsaw.runtime.frontend import Frontend
     from jigsaw.runtime.supervisor import POLL_S, Supervisor
@@ -168,23 +183,22 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     web_app = fe.make_app(node.server.max_payload_bytes)
-    controllers: dict[str, AppController] = {}
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planner")
     solver = SubprocessSolver(node_config) if controller and node_config is not None else None
+    ctl: NodeController | None = None
     if controller:
-        bin_s = bin_seconds or node.control.bin_seconds
-        for name in generations.apps:
-            controllers[name] = AppController(node.app(name), generations, fe, space=space, bin_seconds=bin_s,
-                                              time_scale=time_scale, executor=executor, log=_log,
-                                              solver=solver or default_solver)
+        ctl = NodeController([node.app(name) for name in generations.apps], generations, fe, space=space,
+                             bin_seconds=bin_seconds or node.control.bin_seconds, time_scale=time_scale,
+                             executor=executor, log=_log, solver=solver or default_solver, anytime=anytime)
+        fe.http.extra_metrics.append(ctl.stats.prometheus)
+    controllers = ctl.apps if ctl is not None else {}
     if not admin_token and not is_loopback(host):
         _log(f"{host} is not a loopback address: /admin/* answers loopback clients only "
              f"(set --admin-token or JIGSAW_ADMIN_TOKEN to allow others)")
 
     def capacity_lost(app: str, why: str) -> None:
-        c = controllers.get(app)
-        if c is not None:
-            c.on_capacity_lost(why)
+        if ctl is not None:
+            ctl.on_capacity_lost(app, why)
         else:
             _log(f"{app}: capacity lost ({why}) and no controller to re-plan (static plan)")
 
@@ -203,10 +217,12 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
         site = web.TCPSite(runner, host, port)
         await site.start()
         fe.state.ready = True
-        for c in controllers.values():
-            c.start()
-        what = (f"controller on (space {space or node.planner.space}, bins of "
-                f"{bin_seconds or node.control.bin_seconds:g} s)" if controllers else "static plans")
+        if ctl is not None:
+            ctl.start()
+        what = (f"node controller on (space {space or node.planner.space}, "
+                f"objective {node.planner.objective}, "
+                f"bins of {bin_seconds or node.control.bin_seconds:g} s, anytime {anytime})"
+                if ctl is not None else "static plans")
         _log(f"serving {', '.join(generations.apps)} on http://{host}:{port} with "
              f"{generations.num_processes()} worker processes (backend: {generations.backend.name}; {what})")
         while not stop.is_set():
@@ -214,8 +230,8 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
                 await asyncio.wait_for(stop.wait(), POLL_S)
             supervise()
         _log("stopping: draining in-flight requests")
-        for c in controllers.values():
-            await c.stop()
+        if ctl is not None:
+            await ctl.stop()
         await generations.stop_retiring()
         fe.state.draining = True
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
@@ -226,8 +242,8 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
             _log(f"{fe.num_pending()} requests still in flight after {DRAIN_TIMEOUT_S:g} s")
     finally:
         supervisor.stop()
-        for c in controllers.values():
-            await c.stop()
+        if ctl is not None:
+            await ctl.stop()
         await generations.stop_retiring()
         await runner.cleanup()
         fe.close()
@@ -289,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.run(serve(generations, host, port, time_scale=args.time_scale, seed=args.seed,
                          controller=args.controller or not (args.no_controller or args.plan),
                          space=args.space,
-                         bin_seconds=args.bin_seconds, admin_token=token, node_config=args.node_config))
+                         bin_seconds=args.bin_seconds, admin_token=token, node_config=args.node_config,
+                         anytime=args.anytime))
     except JigsawError as exc:
         _log(str(exc))
         return 1

@@ -166,6 +166,21 @@ class NodePlan:
     def to_json(self) -> str:
         return json.dumps(self.to_json_dict(), indent=2)
 
+    @classmethod
+    def from_json_dict(cls, d: dict[str, Any], source: str = "<node plan>") -> NodePlan:
+        """The inverse of ``to_json_dict`` (unknown numbers, null in JSON, come back as NaN/inf)."""
+        try:
+            plans = {str(name): Plan.from_json_dict(p, source) for name, p in d.get("plans", {}).items()}
+            gpu_model = next((p.gpu_model for p in plans.values() if p.gpu_model), "")
+            gpus = tuple(GpuLayout(int(g["gpu"]), tuple(PlacedInstance(**p) for p in g["instances"]))
+                         for g in d.get("layout", []))
+            kwargs = {k: v for k, v in d.items() if k not in ("plans", "layout")}
+            for k, missing in (("objective", math.nan), ("gap", math.inf)):
+                kwargs[k] = missing if kwargs.get(k) is None else float(kwargs[k])
+            return cls(**kwargs, plans=plans, layout=Layout(gpu_model, gpus) if gpus else None)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(source, "(node plan)", f"not a jigsaw node plan: {exc}") from None
+
 
 def json_safe(x: Any) -> Any:
     """JSON has no NaN or infinity: non-finite numbers become null ("unknown"), recursively."""

@@ -1,39 +1,56 @@
-"""The controller's decisions without processes: early re-plan trigger, measured factors, bins."""
+"""The node controller's decisions without processes: one clock for every app's bins, node-wide
+re-plans, early triggers, the anytime quick plan, measured factors; a fake data plane and solver."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from jigsaw.control.controller import AppController
+from jigsaw.control.controller import AppController, NodeController
 from jigsaw.node import Node, load_node
-from jigsaw.plan import Plan, PlanInstance
+from jigsaw.plan import NodePlan, Plan, PlanInstance
 from jigsaw.runtime.admission import BinCounters
 from jigsaw.runtime.generations import Applied, DesiredState, same_instances
 from jigsaw.runtime.metrics import Metrics
 
 NODE = Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+TA, SM = "traffic_analysis", "social_media"
 
 
-def _plan(demand: float, instances: list[PlanInstance] | None = None) -> Plan:
-    return Plan(app="traffic_analysis", space="ast", demand_rps=demand, planned_rps=demand, feasible=True,
-                max_demand_plan=False, status="optimal", objective=0.0, accuracy=0.98, slices_used=3,
-                slices_available=28, solve_seconds=0.1, gap=0.0, instances=instances or [])
+def _inst(slices: int, variant: str = "v") -> PlanInstance:
+    return PlanInstance(task="t", variant=variant, mig_profile=f"{slices}g.{10 * slices}gb", mps=1,
+                        max_batch=4, count=1, latency_ms=10.0, throughput_rps=100.0, slices=slices)
+
+
+def _plan(demand: float, instances: list[PlanInstance] | None = None, app: str = TA, *,
+          accuracy: float = 0.98) -> Plan:
+    inst = [_inst(1)] if instances is None else instances
+    return Plan(app=app, space="ast", demand_rps=demand, planned_rps=demand, feasible=True,
+                max_demand_plan=False, status="optimal", objective=0.0, accuracy=accuracy,
+                slices_used=sum(i.slices * i.count for i in inst), slices_available=28, solve_seconds=0.1,
+                gap=0.0, instances=inst)
+
+
+def _node_plan(plans: Mapping[str, Plan], status: str = "optimal", seconds: float = 0.2) -> NodePlan:
+    return NodePlan(node="h100x4", objective_kind="accuracy", status=status, feasible=True, objective=0.0,
+                    gap=0.0, slices_used=sum(p.slices_used for p in plans.values()), slices_available=28,
+                    solve_seconds=seconds, plans=dict(plans))
 
 
 class _Fe:
     """The controller's ``BinSource``: the bin counters and the planner-failure metric."""
 
-    def __init__(self) -> None:
-        self.bins: dict[str, BinCounters] = {"traffic_analysis": BinCounters()}
+    def __init__(self, apps: list[str]) -> None:
+        self.bins: dict[str, BinCounters] = {a: BinCounters() for a in apps}
         self.metrics = Metrics("emulated")
 
     def peek_bin(self, app: str) -> BinCounters | None:
@@ -49,48 +66,67 @@ class _Fe:
 
 
 class _Plane:
-    """The controller's ``DataPlane`` without processes: one generation whose plan ``apply`` sets."""
+    """The controller's ``DataPlane`` without processes: a new generation when the instances change."""
 
-    def __init__(self, node: Node, plan: Plan) -> None:
+    def __init__(self, node: Node, plans: dict[str, Plan]) -> None:
         self.node = node
         self.profiles = None
-        self.plans = {"traffic_analysis": plan}
+        self.plans = dict(plans)
+        self.gens = {a: 0 for a in plans}
         self.applied: list[DesiredState] = []
 
     def plan_of(self, app: str) -> Plan:
         return self.plans[app]
 
     def generation_of(self, app: str) -> int:
-        return 0
+        return self.gens[app]
 
     async def apply(self, desired: DesiredState) -> Applied:
         self.applied.append(desired)
+        old = self.gens[desired.app]
+        new = not same_instances(self.plans[desired.app], desired.plan) or desired.fresh_generation
         self.plans[desired.app] = desired.plan
-        return Applied(0, 0, False)
+        if new:
+            self.gens[desired.app] = max(self.gens.values()) + 1
+        return Applied(self.gens[desired.app], old, new, processes=1)
 
 
-def _controller(solver: Any, bin_seconds: float = 100.0, rate_trigger: bool = True
-                ) -> tuple[AppController, _Fe]:
+Solve = Callable[..., NodePlan]
+
+
+def _per_app(fn: Callable[[str, float], Plan]) -> Solve:
+    """A node solver that plans each app by ``fn(app, demand)`` and records the demands asked."""
+    def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], **kw: Any) -> NodePlan:
+        solver.asked.append(dict(demands))  # type: ignore[attr-defined]
+        return _node_plan({a.name: fn(a.name, demands[a.name]) for a in apps})
+    solver.asked = []  # type: ignore[attr-defined]
+    return solver
+
+
+def _controller(solver: Solve, bin_seconds: float = 100.0, rate_trigger: bool = True,
+                apps: tuple[str, ...] = (TA,), anytime: str = "off",
+                plans: dict[str, Plan] | None = None) -> tuple[NodeController, _Fe]:
     node = load_node(NODE)
     node = dataclasses.replace(node, control=dataclasses.replace(node.control, replan_on_rate=rate_trigger))
-    fe = _Fe()
-    c = AppController(node.app("traffic_analysis"), _Plane(node, _plan(10.0)), fe,  # type: ignore[arg-type]
-                      space="ast", bin_seconds=bin_seconds,
-                      time_scale=2.0, executor=ThreadPoolExecutor(1), solver=solver, log=lambda m: None)
+    fe = _Fe(list(apps))
+    plane = _Plane(node, plans or {a: _plan(10.0, app=a) for a in apps})
+    c = NodeController([node.app(a) for a in apps], plane, fe, space="ast",  # type: ignore[arg-type]
+                       bin_seconds=bin_seconds, time_scale=2.0, executor=ThreadPoolExecutor(1), solver=solver,
+                       anytime=anytime, log=lambda m: None)
     return c, fe
 
 
-def test_early_replan_fires_once_above_the_threshold() -> None:
-    asked: list[float] = []
+def _app(c: NodeController, name: str = TA) -> AppController:
+    return c.apps[name]
 
-    def solver(app: Any, node: Any, profiles: Any, demand: float, **kw: Any) -> Plan:
-        asked.append(demand)
-        return _plan(demand)  # no instances: the controller keeps the running plan
+
+def test_early_replan_fires_once_above_the_threshold() -> None:
+    solver = _per_app(lambda a, d: _plan(d, [], app=a))  # no instances: the running plan stays
 
     async def go() -> None:
         c, fe = _controller(solver, rate_trigger=False)  # the violation trigger alone
-        c.history_rps.extend([10.0] * 5)
-        b = fe.bins["traffic_analysis"]
+        _app(c).history_rps.extend([10.0] * 5)
+        b = fe.bins[TA]
         b.arrivals, b.answered, b.violations = 100, 100, 4  # 4% <= 5%: no re-plan
         c._check_early()
         assert c._replan_task is None
@@ -99,17 +135,18 @@ def test_early_replan_fires_once_above_the_threshold() -> None:
         assert c._replan_task is not None
         await c._replan_task
         c._check_early()  # once per bin
-        assert len(asked) == 1
+        assert len(solver.asked) == 1  # type: ignore[attr-defined]
         # the demand so far (100 arrivals in well under a second, x time scale 2) beats the history
-        assert asked[0] > 10.0 * 1.05 * 10
+        assert solver.asked[0][TA] > 10.0 * 1.05 * 10  # type: ignore[attr-defined]
+        assert c.stats.replans == {"violations": 1}
 
     asyncio.run(go())
 
 
 def test_too_few_answers_do_not_trigger() -> None:
     async def go() -> None:
-        c, fe = _controller(lambda *a, **k: _plan(1.0), rate_trigger=False)
-        b = fe.bins["traffic_analysis"]
+        c, fe = _controller(_per_app(lambda a, d: _plan(1.0, app=a)), rate_trigger=False)
+        b = fe.bins[TA]
         b.answered, b.violations = 10, 10
         c._check_early()
         assert c._replan_task is None
@@ -119,119 +156,136 @@ def test_too_few_answers_do_not_trigger() -> None:
 
 def test_close_bin_measures_demand_and_factors() -> None:
     async def go() -> None:
-        c, fe = _controller(lambda *a, **k: _plan(1.0), bin_seconds=100.0)
-        b = fe.bins["traffic_analysis"]
+        c, fe = _controller(_per_app(lambda a, d: _plan(1.0, app=a)), bin_seconds=100.0)
+        b = fe.bins[TA]
         b.arrivals, b.answered, b.violations = 50, 40, 2
         b.children[("detect", "yolov5n")] = [10, 30]  # 3 children per detected frame
         c.bin_start -= 100.0  # the bin is over
-        c._close_bin()
-        r = c.records[-1]
+        c.close_bins()
+        ac = _app(c)
+        r = ac.records[-1]
         assert r.demand_rps == pytest.approx(50 / 100 * 2.0, rel=0.05)
         assert r.violation_rate == pytest.approx(0.05) and r.answered == 40
-        app = c.app
-        factors = c.measured_factors()
-        kids = app.children("detect")
+        factors = ac.measured_factors()
+        kids = ac.app.children("detect")
         assert {k[2] for k in factors} == set(kids)
         assert sum(factors.values()) == pytest.approx(3.0)
 
-    app_tasks = load_node(NODE).app("traffic_analysis").task_names
+    app_tasks = load_node(NODE).app(TA).task_names
     if "detect" not in app_tasks:
         pytest.skip(f"traffic_analysis has no task named detect ({app_tasks})")
     asyncio.run(go())
 
 
+def test_every_app_closes_its_bin_on_one_clock() -> None:
+    async def go() -> None:
+        c, fe = _controller(_per_app(lambda a, d: _plan(d, app=a)), apps=(TA, SM))
+        fe.bins[TA].arrivals, fe.bins[SM].arrivals = 100, 10
+        c.bin_start -= 100.0
+        c.close_bins()
+        ta, sm = _app(c, TA).records[-1], _app(c, SM).records[-1]
+        assert ta.bin == sm.bin == 0 and c.bin_index == 1
+        assert _app(c, TA).current.bin == _app(c, SM).current.bin == 1
+        assert ta.demand_rps == pytest.approx(10 * sm.demand_rps)
+        assert ta.node_slices_used == sm.node_slices_used == 2  # one slice each
+
+    asyncio.run(go())
+
+
 def test_same_instances_ignores_lane_rates() -> None:
-    i = PlanInstance(task="t", variant="v", mig_profile="1g.10gb", mps=1, max_batch=4, count=1,
-                     latency_ms=10.0, throughput_rps=100.0, slices=1)
-    assert same_instances(_plan(1.0, [i]), _plan(5.0, [i]))
-    j = PlanInstance(task="t", variant="v", mig_profile="2g.20gb", mps=1, max_batch=4, count=1,
-                     latency_ms=10.0, throughput_rps=100.0, slices=2)
-    assert not same_instances(_plan(1.0, [i]), _plan(1.0, [j]))
+    assert same_instances(_plan(1.0, [_inst(1)]), _plan(5.0, [_inst(1)]))
+    assert not same_instances(_plan(1.0, [_inst(1)]), _plan(1.0, [_inst(2)]))
 
 
-def test_solver_child_process_round_trip() -> None:
+def test_solver_child_process_round_trip_plans_the_node() -> None:
     from jigsaw.control.solver import SolverError, SubprocessSolver
     node = load_node(NODE)
-    app = node.app("traffic_analysis")
+    apps = [node.app(TA), node.app(SM)]
     solver = SubprocessSolver(NODE)
+    quick: list[NodePlan] = []
     try:
-        p = solver(app, node, None, 10.0, space="ast", previous=None, time_limit_s=5.0,  # type: ignore[arg-type]
-                   factors={("detect", "yolov5n", "car"): 1.0})
-        assert p.instances and p.planned_rps == pytest.approx(10.0) and p.layout is not None
-        again = solver(app, node, None, 12.0, space="ast", previous=p, time_limit_s=5.0,  # type: ignore[arg-type]
-                       factors=None)
-        assert again.instances
-        ghost = SimpleNamespace(name="no_such_app")
+        p = solver(apps, node, None, {TA: 10.0, SM: 20.0}, space="ast", previous=None,  # type: ignore[arg-type]
+                   time_limit_s=5.0, factors={TA: {("detect", "yolov5n", "car"): 1.0}}, on_quick=quick.append)
+        assert set(p.plans) == {TA, SM} and p.status == "optimal"
+        assert p.plans[TA].planned_rps == pytest.approx(10.0)
+        assert p.plans[SM].planned_rps == pytest.approx(20.0)
+        assert p.layout is not None and all(pl.layout is not None for pl in p.plans.values())
+        # the quick plan came first, verified, for the same demands, on one layout
+        assert len(quick) == 1 and quick[0].status == "heuristic" and set(quick[0].plans) == {TA, SM}
+        assert quick[0].slices_used >= p.slices_used
+        again = solver(apps, node, None, {TA: 12.0, SM: 20.0}, space="ast", previous=p.plans,  # type: ignore[arg-type]
+                       time_limit_s=5.0, factors=None)
+        assert set(again.plans) == {TA, SM} and len(quick) == 1  # no quick plan asked for
         with pytest.raises(SolverError, match="no_such_app"):
-            solver(ghost, node, None, 1.0, space=None, previous=None, time_limit_s=1.0,  # type: ignore[arg-type]
-                   factors=None)
+            solver([dataclasses.replace(apps[0], name="no_such_app")], node, None,  # type: ignore[arg-type]
+                   {"no_such_app": 1.0}, space=None, previous=None, time_limit_s=1.0, factors=None)
     finally:
         solver.close()
 
 
 def test_repartition_delay_follows_time_scale_and_bin_compression() -> None:
-    c, _ = _controller(lambda *a, **k: _plan(1.0), bin_seconds=600.0)  # 300 s x time scale 2: none
+    c, _ = _controller(_per_app(lambda a, d: _plan(1.0, app=a)), bin_seconds=600.0)  # 300 s x 2: none
     assert c.repartition_delay_s() == pytest.approx(2.0 * 2.0)
-    c, _ = _controller(lambda *a, **k: _plan(1.0), bin_seconds=6.0)  # 100x compressed
+    c, _ = _controller(_per_app(lambda a, d: _plan(1.0, app=a)), bin_seconds=6.0)  # 100x compressed
     assert c.repartition_delay_s() == pytest.approx(2.0 * 2.0 * 6.0 / 600.0)
 
 
-def test_planner_failure_keeps_the_running_plan_and_is_reported() -> None:
-    def solver(app: Any, node: Any, profiles: Any, demand: float, **kw: Any) -> Plan:
+def test_planner_failure_keeps_the_running_plans_and_is_reported_for_every_app() -> None:
+    def solver(*a: Any, **kw: Any) -> NodePlan:
         raise RuntimeError("CBC crashed")
 
     async def go() -> None:
-        c, fe = _controller(solver)
-        running = c.plan
-        got = await c.replan(50.0)
-        assert got is running and c.plan is running
-        assert c.current.planner_errors == ["RuntimeError: CBC crashed"]
-        assert fe.metrics.planner_failures.get((("app", "traffic_analysis"),)) == 1
-        c._close_bin()
-        assert c.history()[-1]["planner_errors"] == ["RuntimeError: CBC crashed"]
-        assert c.predicted_rps == 10.0  # a failed re-plan does not claim its demand
+        c, fe = _controller(solver, apps=(TA, SM))
+        running = {n: ac.plan for n, ac in c.apps.items()}
+        got = await _app(c).replan(50.0)
+        assert got is running[TA] and c.apps[SM].plan is running[SM]
+        for name in (TA, SM):
+            assert c.apps[name].current.planner_errors == ["RuntimeError: CBC crashed"]
+            assert fe.metrics.planner_failures.get((("app", name),)) == 1
+        c.close_bins()
+        assert _app(c).history()[-1]["planner_errors"] == ["RuntimeError: CBC crashed"]
+        assert _app(c).history()[-1]["replans"][0]["error"] == "RuntimeError: CBC crashed"
+        assert _app(c).predicted_rps == 10.0  # a failed re-plan does not claim its demand
     asyncio.run(go())
 
 
 def test_solver_process_that_hangs_is_killed_and_replaced(tmp_path: Path) -> None:
     import sys
-    import time
 
     from jigsaw.control.solver import SolverError, SubprocessSolver
     node = load_node(NODE)
-    app = node.app("traffic_analysis")
+    apps = [node.app(TA)]
     hang = [sys.executable, "-c", "import sys, time; sys.stdin.readline(); time.sleep(120)"]
     solver = SubprocessSolver(NODE, command=hang, grace_s=0.5)
     try:
         t0 = time.monotonic()
         with pytest.raises(SolverError, match="timed out"):
-            solver(app, node, None, 10.0, space=None, previous=None, time_limit_s=0.25,  # type: ignore[arg-type]
+            solver(apps, node, None, {TA: 10.0}, space=None, previous=None, time_limit_s=0.25,  # type: ignore[arg-type]
                    factors=None)
         assert time.monotonic() - t0 < 10.0
         assert solver._proc is None  # the hung process is gone; the next solve starts a fresh one
         with pytest.raises(SolverError, match="timed out"):
-            solver(app, node, None, 10.0, space=None, previous=None, time_limit_s=0.25,  # type: ignore[arg-type]
+            solver(apps, node, None, {TA: 10.0}, space=None, previous=None, time_limit_s=0.25,  # type: ignore[arg-type]
                    factors=None)
     finally:
         solver.close()
 
 
 def test_the_next_bins_plan_starts_ahead_of_the_bin_end() -> None:
-    import time
     calls: list[tuple[float, float]] = []
 
-    def solver(app: Any, node: Any, profiles: Any, demand: float, **kw: Any) -> Plan:
-        calls.append((time.monotonic(), demand))
-        return _plan(demand)  # no instances: keeps the running plan
+    def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], **kw: Any) -> NodePlan:
+        calls.append((time.monotonic(), demands[TA]))
+        return _node_plan({TA: _plan(demands[TA], [])})  # no instances: keeps the running plan
 
     async def go() -> None:
         c, fe = _controller(solver, bin_seconds=1.0, rate_trigger=False)  # the routine re-plan alone
         assert c.lead_s() == 0.0  # nothing measured yet: re-plan at the bin's end
-        c.history_rps.extend([10.0] * 4)
+        _app(c).history_rps.extend([10.0] * 4)
         c._replan_s = 0.4  # recent re-plans took 0.4 s: start 0.5 s (1.25 x 0.4) before the end
         assert c.lead_s() == pytest.approx(0.5)
         c.bin_start = time.monotonic()
-        fe.bins["traffic_analysis"].arrivals = 50  # ~100 req/s so far, x time scale 2
+        fe.bins[TA].arrivals = 50  # ~100 req/s so far, x time scale 2
         c.start()
         try:
             await asyncio.sleep(1.25)
@@ -242,65 +296,59 @@ def test_the_next_bins_plan_starts_ahead_of_the_bin_end() -> None:
         assert 0.45 <= at - (c.bin_start - 1.0) <= 0.8
         # the mean of 4 bins of 10 and the running bin's ~200 req/s, + 5% slack
         assert demand == pytest.approx((40.0 + 200.0) / 5 * 1.05, rel=0.1)
-        assert c.records[-1].predicted_rps == 10.0  # the closed bin keeps the prediction it ran with
-        assert c.current.predicted_rps == pytest.approx(demand)
+        assert _app(c).records[-1].predicted_rps == 10.0  # the closed bin keeps the prediction it ran with
+        assert _app(c).current.predicted_rps == pytest.approx(demand)
     asyncio.run(go())
 
 
 def test_a_bin_that_replanned_early_holds_its_demand_for_the_next_bin() -> None:
     from jigsaw.control.controller import BinRecord
-    c, _ = _controller(lambda *a, **k: _plan(1.0))
-    c.history_rps.extend([10.0, 10.0, 10.0, 10.0, 100.0])
-    c.records.append(BinRecord("traffic_analysis", 4, 0.0, 100.0, demand_rps=100.0))
-    assert c.predict_next() == pytest.approx(28.0 * 1.05)  # the paper's mean + slack
-    c.records[-1].early_replans = 1  # the burst outran the plan: hold its demand one more bin
-    assert c.predict_next() == pytest.approx(100.0 * 1.05)
+    c, _ = _controller(_per_app(lambda a, d: _plan(1.0, app=a)))
+    ac = _app(c)
+    ac.history_rps.extend([10.0, 10.0, 10.0, 10.0, 100.0])
+    ac.records.append(BinRecord(TA, 4, 0.0, 100.0, demand_rps=100.0))
+    assert ac.predict_next() == pytest.approx(28.0 * 1.05)  # the paper's mean + slack
+    ac.records[-1].early_replans = 1  # the burst outran the plan: hold its demand one more bin
+    assert ac.predict_next() == pytest.approx(100.0 * 1.05)
 
 
-def test_a_capacity_loss_replan_asks_for_fresh_processes() -> None:
-    inst = PlanInstance(task="t", variant="v", mig_profile="1g.10gb", mps=1, max_batch=4, count=1,
-                        latency_ms=10.0, throughput_rps=100.0, slices=1)
-
+def test_a_capacity_loss_replan_asks_for_fresh_processes_for_that_app_only() -> None:
     async def go() -> None:
-        c, _ = _controller(lambda *a, **k: _plan(12.0, [inst]))
-        plane = c.plane
-        await c.replan(11.0)  # a routine re-plan may reuse the processes
-        c.on_capacity_lost("worker x failed 4 times")
+        c, _ = _controller(_per_app(lambda a, d: _plan(12.0, app=a)), apps=(TA, SM))
+        plane: _Plane = c.plane  # type: ignore[assignment]
+        await _app(c).replan(11.0)  # a routine re-plan may reuse the processes
+        assert [d.fresh_generation for d in plane.applied] == [False, False]
+        plane.applied.clear()
+        c.on_capacity_lost(TA, "worker x failed 4 times")
         assert c._replan_task is not None
         await c._replan_task
-        assert [d.fresh_generation for d in plane.applied] == [False, True]  # type: ignore[attr-defined]
+        assert {d.app: d.fresh_generation for d in plane.applied} == {TA: True, SM: False}
+        assert c.stats.replans == {"admin": 1, "capacity": 1}
     asyncio.run(go())
-
-
-def _asking() -> tuple[list[float], Any]:
-    asked: list[float] = []
-
-    def solver(app: Any, node: Any, profiles: Any, demand: float, **kw: Any) -> Plan:
-        asked.append(demand)
-        return _plan(demand)
-    return asked, solver
 
 
 def test_arrivals_above_what_the_plan_holds_replan_within_the_bin() -> None:
     # The plan holds 10 rps; 1000 arrivals in the bin's first 10.5 s (its window is 10 s) at time
     # scale 2 are ~190 rps: re-plan at once, with no violation yet, for the observed rate (+ slack).
-    asked, solver = _asking()
+    solver = _per_app(lambda a, d: _plan(d, [], app=a))
 
     async def go() -> None:
         c, fe = _controller(solver)
-        c.history_rps.extend([10.0] * 5)
+        ac = _app(c)
+        ac.history_rps.extend([10.0] * 5)
         c.bin_start = time.monotonic() - 0.5
-        fe.bins["traffic_analysis"].arrivals = 100
+        fe.bins[TA].arrivals = 100
         c._check_early()  # half a second is too short to tell a burst from bunched arrivals
         assert c._replan_task is None
-        c._arrival_samples.clear()
+        ac._arrival_samples.clear()
         c.bin_start = time.monotonic() - 10.5
-        fe.bins["traffic_analysis"].arrivals = 1000
+        fe.bins[TA].arrivals = 1000
         c._check_early()
         assert c._replan_task is not None
         await c._replan_task
         c._check_early()  # once per bin
-        assert len(asked) == 1 and c.current.early_replans == 1
+        asked = [d[TA] for d in solver.asked]  # type: ignore[attr-defined]
+        assert len(asked) == 1 and ac.current.early_replans == 1
         slack = 1.0 + c.node.planner.demand_slack
         assert 150.0 * slack < asked[0] < 210.0 * slack, asked
 
@@ -308,19 +356,19 @@ def test_arrivals_above_what_the_plan_holds_replan_within_the_bin() -> None:
 
 
 def test_arrivals_the_plan_holds_or_a_switched_off_trigger_do_not_replan() -> None:
-    asked, solver = _asking()
+    solver = _per_app(lambda a, d: _plan(d, app=a))
 
     async def go() -> None:
         c, fe = _controller(solver)
         c.bin_start = time.monotonic() - 10.0
-        fe.bins["traffic_analysis"].arrivals = 45  # 4.5/s x 2 = 9 rps <= 10 rps
+        fe.bins[TA].arrivals = 45  # 4.5/s x 2 = 9 rps <= 10 rps
         c._check_early()
         assert c._replan_task is None
         off, fe2 = _controller(solver, rate_trigger=False)
         off.bin_start = time.monotonic() - 1.0
-        fe2.bins["traffic_analysis"].arrivals = 100  # 200 rps, but the trigger is off
+        fe2.bins[TA].arrivals = 100  # 200 rps, but the trigger is off
         off._check_early()
-        assert off._replan_task is None and not asked
+        assert off._replan_task is None and not solver.asked  # type: ignore[attr-defined]
 
     asyncio.run(go())
 
@@ -328,17 +376,171 @@ def test_arrivals_the_plan_holds_or_a_switched_off_trigger_do_not_replan() -> No
 def test_the_rate_trigger_reads_the_recent_window_not_the_whole_bin() -> None:
     # 50 arrivals over the bin's first 50 s (2 rps), then 100 in the last 12 s: the bin's mean
     # (6 rps at time scale 2) is under the plan's 10 rps, the recent window's (~17 rps) is over.
-    asked, solver = _asking()
+    solver = _per_app(lambda a, d: _plan(d, [], app=a))
 
     async def go() -> None:
         c, fe = _controller(solver)
         now = time.monotonic()
         c.bin_start = now - 50.0
-        c._arrival_samples = deque([(now - 12.0, 50), (now - 9.0, 60)])
-        fe.bins["traffic_analysis"].arrivals = 150
+        _app(c)._arrival_samples = deque([(now - 12.0, 50), (now - 9.0, 60)])
+        fe.bins[TA].arrivals = 150
         c._check_early()
         assert c._replan_task is not None
         await c._replan_task
-        assert asked and asked[0] > 15.0, asked
+        asked = solver.asked  # type: ignore[attr-defined]
+        assert asked and asked[0][TA] > 15.0, asked
 
     asyncio.run(go())
+
+
+# ---- the node-wide decision ----------------------------------------------------------------------
+def test_one_apps_burst_replans_the_node_and_pushes_every_app() -> None:
+    # social_media bursts; the node re-plan gives it more slices and takes one from traffic, which
+    # is asked for the demand it was planned for; traffic shrinks first, social_media grows after.
+    def fn(app: str, demand: float) -> Plan:
+        return _plan(demand, [_inst(3 if demand > 50 else 1)], app=app) if app == SM else \
+            _plan(demand, [_inst(1)], app=app, accuracy=0.95)
+    solver = _per_app(fn)
+    plans = {TA: _plan(10.0, [_inst(2)], app=TA), SM: _plan(10.0, [_inst(1)], app=SM)}
+
+    async def go() -> None:
+        c, fe = _controller(solver, apps=(TA, SM), plans=plans)
+        plane: _Plane = c.plane  # type: ignore[assignment]
+        c.bin_start = time.monotonic() - 10.5
+        fe.bins[SM].arrivals = 1000  # ~190 rps against the 10 it holds
+        fe.bins[TA].arrivals = 40  # ~8 rps: traffic holds
+        c._check_early()
+        assert c._replan_task is not None
+        await c._replan_task
+        (asked,) = solver.asked  # type: ignore[attr-defined]
+        assert asked[TA] == 10.0 and asked[SM] > 150.0  # one decision: the others at their planned demand
+        assert [d.app for d in plane.applied] == [TA, SM]  # shrink first
+        assert plane.plans[SM].slices_used == 3 and plane.plans[TA].slices_used == 1
+        assert _app(c, SM).current.early_replans == 1 and _app(c, TA).current.early_replans == 0
+        assert _app(c, SM).current.reconfigurations == 1 and _app(c, TA).current.reconfigurations == 1
+        for name in (TA, SM):
+            (entry,) = _app(c, name).current.replans
+            assert entry["trigger"] == "rate" and entry["exact"]["deployed"] and entry["quick"] is None
+            assert entry["exact"]["apps"] == {TA: 1, SM: 3}
+        assert _app(c, TA).current.replans[0]["demand_rps"] == 10.0
+        # the same demands again: every app is pushed, and nothing restarts (re-weighted in place)
+        plane.applied.clear()
+        gens = dict(plane.gens)
+        await c.replan({})
+        assert {d.app for d in plane.applied} == {TA, SM} and plane.gens == gens
+
+    asyncio.run(go())
+
+
+def _anytime_solver(exact_s: float, quick_slices: int = 4, exact_slices: int = 2,
+                    exact_status: str = "optimal", quick: bool = True) -> Solve:
+    """A node solver handing over a quick plan at once, then the exact one after ``exact_s``."""
+    def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], *,
+               on_quick: Callable[[NodePlan], None] | None = None, **kw: Any) -> NodePlan:
+        solver.calls.append(on_quick is not None)  # type: ignore[attr-defined]
+        if on_quick is not None and quick:
+            on_quick(_node_plan({TA: _plan(demands[TA], [_inst(quick_slices)])}, status="heuristic",
+                                seconds=0.05))
+        solver.released.wait(exact_s)  # type: ignore[attr-defined]
+        return _node_plan({TA: _plan(demands[TA], [_inst(exact_slices)])}, status=exact_status,
+                          seconds=exact_s)
+    solver.calls = []  # type: ignore[attr-defined]
+    solver.released = threading.Event()  # type: ignore[attr-defined]
+    return solver
+
+
+def test_a_burst_deploys_the_quick_plan_then_the_exact_one() -> None:
+    solver = _anytime_solver(exact_s=1.5)
+
+    async def go() -> None:
+        c, _ = _controller(solver, anytime="auto")
+        plane: _Plane = c.plane  # type: ignore[assignment]
+        t0 = time.monotonic()
+        task = asyncio.get_running_loop().create_task(c.replan({TA: 200.0}, trigger="rate"))
+        while len(plane.applied) < 1 and time.monotonic() - t0 < 5:
+            await asyncio.sleep(0.01)
+        quick_at = time.monotonic() - t0
+        assert [d.plan.slices_used for d in plane.applied] == [4]  # the quick plan serves first
+        assert quick_at < 1.2  # after the patience, well before the exact plan
+        await task
+        assert [d.plan.slices_used for d in plane.applied] == [4, 2]  # then the exact one
+        (entry,) = _app(c).current.replans
+        assert entry["quick"]["deployed"] and entry["quick"]["status"] == "heuristic"
+        assert entry["exact"]["deployed"] and entry["exact"]["status"] == "optimal"
+        assert _app(c).current.reconfigurations == 2
+        text = c.stats.prometheus()
+        assert 'jigsaw_node_plans_total{source="quick",deployed="true"} 1' in text
+        assert 'jigsaw_node_plans_total{source="exact",deployed="true"} 1' in text
+        assert 'jigsaw_node_replans_total{trigger="rate"} 1' in text
+
+    asyncio.run(go())
+
+
+def test_an_exact_plan_in_time_is_deployed_alone() -> None:
+    solver = _anytime_solver(exact_s=0.05)
+
+    async def go() -> None:
+        c, _ = _controller(solver, anytime="auto")
+        plane: _Plane = c.plane  # type: ignore[assignment]
+        await c.replan({TA: 200.0}, trigger="rate")
+        assert [d.plan.slices_used for d in plane.applied] == [2]
+        (entry,) = _app(c).current.replans
+        assert entry["quick"] is not None and not entry["quick"]["deployed"] and entry["exact"]["deployed"]
+        assert 'jigsaw_node_plans_total{source="quick",deployed="false"} 1' in c.stats.prometheus()
+
+    asyncio.run(go())
+
+
+def test_a_routine_replan_waits_for_the_exact_plan_until_the_bin_boundary() -> None:
+    async def go() -> None:
+        # the boundary is 5 s away: the exact plan (1 s) is in time, the quick one is not used
+        solver = _anytime_solver(exact_s=1.0)
+        c, _ = _controller(solver, anytime="auto", bin_seconds=100.0)
+        c.bin_start = time.monotonic() - 95.0
+        await c.replan({TA: 200.0}, for_bin=1, trigger="bin")
+        assert [d.plan.slices_used for d in c.plane.applied] == [2]  # type: ignore[attr-defined]
+        # the boundary is 0.3 s away and the running plan does not hold the demand: quick first
+        solver = _anytime_solver(exact_s=2.0)
+        c, _ = _controller(solver, anytime="auto", bin_seconds=100.0)
+        c.bin_start = time.monotonic() - 99.7
+        await c.replan({TA: 200.0}, for_bin=1, trigger="bin")
+        assert [d.plan.slices_used for d in c.plane.applied] == [4, 2]  # type: ignore[attr-defined]
+        # late, but the running plan holds the (lower) demand: no quick plan
+        solver = _anytime_solver(exact_s=1.0)
+        c, _ = _controller(solver, anytime="auto", bin_seconds=100.0)
+        c.bin_start = time.monotonic() - 99.9
+        await c.replan({TA: 5.0}, for_bin=1, trigger="bin")
+        assert [d.plan.slices_used for d in c.plane.applied] == [2]  # type: ignore[attr-defined]
+
+    asyncio.run(go())
+
+
+def test_an_unproven_worse_exact_plan_does_not_replace_the_quick_one() -> None:
+    # the exact solve stopped at its limit (feasible) with more slices than the quick plan
+    solver = _anytime_solver(exact_s=0.5, quick_slices=2, exact_slices=3, exact_status="feasible")
+
+    async def go() -> None:
+        c, _ = _controller(solver, anytime="always")
+        await c.replan({TA: 200.0}, trigger="admin")
+        assert [d.plan.slices_used for d in c.plane.applied] == [2]  # type: ignore[attr-defined]
+        (entry,) = _app(c).current.replans
+        assert entry["quick"]["deployed"] and not entry["exact"]["deployed"]
+
+    asyncio.run(go())
+
+
+def test_anytime_off_asks_for_no_quick_plan() -> None:
+    solver = _anytime_solver(exact_s=0.0)
+
+    async def go() -> None:
+        c, _ = _controller(solver, anytime="off")
+        await c.replan({TA: 200.0}, trigger="rate")
+        assert solver.calls == [False]  # type: ignore[attr-defined]
+        assert [d.plan.slices_used for d in c.plane.applied] == [2]  # type: ignore[attr-defined]
+
+    asyncio.run(go())
+
+
+def test_unknown_anytime_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="anytime"):
+        _controller(_per_app(lambda a, d: _plan(d, app=a)), anytime="sometimes")

@@ -1,23 +1,37 @@
-"""The per-app controller: bins demand, predicts, re-plans off the loop, reconfigures by generations.
+"""The node's controller: one clock closes every app's bins, one decision re-plans the whole node.
 
-Every ``bin_seconds`` (wall time; the trace's 5-minute bins compressed) it closes the bin: observed
-demand = arrivals / bin length x time_scale (requests/s of the full-speed node), the violation rate,
-and the measured fan-out of each upstream variant. The predictor gives the next bin's demand (the
-re-plan starts ahead of the bin's end by what re-plans have recently taken, ``lead_s``, so the plan
-is in place at the boundary); the planner runs off the loop (a worker thread waits on the planner
-child process of ``jigsaw.control.solver``, or calls the planner itself) with the running plan as
-warm start, the mean measured factors of the last bins, and a time limit below the bin length. The
-new plan is pushed to the data plane as a ``DesiredState``; the generation manager
-(``jigsaw.runtime.generations``) applies it: a plan with the same instances only re-weights the
-lanes in place, any other becomes a new *generation* of the app's processes (make-before-break),
-with the emulated repartition delay the controller gives when a GPU's MIG layout changed. A bin
-whose violation rate crosses ``control.replan_violation_rate`` triggers an early re-plan (once per
-bin); so does, with ``control.replan_on_rate``, an arrival rate over the last ``RATE_WINDOW_BINS``
+Every ``bin_seconds`` (wall time; the trace's 5-minute bins compressed) the ``NodeController``
+closes the bin of every app at once. Each app keeps its own bookkeeping (``AppController``):
+observed demand = arrivals / bin length x time_scale (requests/s of the full-speed node), the
+violation rate, the measured fan-out of each upstream variant, its predictor and its records.
+The decision is node-wide: the predictions of all apps go to one solve (``planner.node_plan``,
+through ``control.solver``) over the shared slices with the objective the node config chooses,
+and every app's part of the result is pushed to the data plane as its ``DesiredState`` (apps that
+shrink first, so the slices they free are there for the ones that grow; an app whose plan runs
+the same processes is only re-weighted in place, a no-op when nothing changed).
+
+The re-plan for the next bin starts ahead of the bin's end by what re-plans have recently taken
+(``lead_s``), so the plan is in place at the boundary; the planner runs off the loop (a worker
+thread waits on the planner child process, or calls the planner itself) with the running plans'
+layout to keep, the mean measured factors of the last bins, and a time limit below the bin length.
+
+Early re-plans: a bin whose violation rate crosses ``control.replan_violation_rate`` (once per app
+and bin), and with ``control.replan_on_rate`` an arrival rate over the last ``RATE_WINDOW_BINS``
 of a bin above what the running plan holds (its ``planned_rps``): the predictor's mean of past
-bins sees a burst one bin late, the door sees it within a second. Either early re-plan is for
-the recent observed rate (plus the planner's demand slack), not the old prediction. When the
-supervisor gives up on a worker (capacity lost), the app re-plans at once onto a fresh generation. A
-planner that fails or times out leaves the running plan serving; the bin's record and
+bins sees a burst one bin late, the door sees it within a second. Either re-plans the node with
+the triggering app at its recent observed rate (plus the planner's demand slack) and the other
+apps at the demand they were planned for. When the supervisor gives up on a worker (capacity
+lost), the node re-plans at once and that app's plan runs on a fresh generation.
+
+Anytime (``anytime``): the planner hands over a verified greedy plan within about 100 ms while the
+exact solve runs on. ``auto`` deploys it when it is needed - an early re-plan whose exact plan is
+not in within ``QUICK_PATIENCE_S``, or a routine one whose exact plan is late for the bin
+boundary, and the running plans do not hold the new demands - and then the exact plan (which
+replaces it unless the exact solve stopped unproven at a worse objective); ``always`` deploys
+every quick plan first (for tests and ablations); ``off`` waits for the exact plan. Both are
+recorded in the bin records (``replans``) and counted in ``/metrics``.
+
+A planner that fails or times out leaves the running plans serving; the bin's records and
 ``jigsaw_planner_failures_total`` report it.
 """
 
@@ -27,16 +41,18 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from jigsaw.app import App
 from jigsaw.control.predictor import MeanSlackPredictor, Predictor
+from jigsaw.control.solver import solve_node
 from jigsaw.node import Node
-from jigsaw.plan import Plan
+from jigsaw.plan import NodePlan, Plan
+from jigsaw.planner.node_plan import QUICK_STATUS
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime.admission import BinCounters
 from jigsaw.runtime.generations import Applied, DesiredState
@@ -46,21 +62,24 @@ HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per a
 MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
 MIN_ARRIVALS_FOR_RATE = 20  # the rate trigger needs this many arrivals in its window
 RATE_WINDOW_BINS = 0.1  # the rate trigger's window, a share of the bin (at least two polls)
+QUICK_PATIENCE_S = 0.3  # an urgent re-plan waits this long for the exact plan before deploying the quick one
+MAX_REPLANS_RECORDED = 50  # per app and bin
+ANYTIME_MODES = ("auto", "always", "off")
+URGENT_TRIGGERS = ("rate", "violations", "capacity")
 Factors = dict[tuple[str, str, str], float]
+QuickSink = Callable[[NodePlan], None]
 
 
 class Solver(Protocol):
-    def __call__(self, app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
-                 space: str | None, previous: Plan | None, time_limit_s: float | None,
-                 factors: Factors | None) -> Plan: ...
+    """One node-wide decision: every app's plan at ``demands`` (``control.solver.solve_node``)."""
+
+    def __call__(self, apps: Sequence[App], node: Node, profiles: ProfileTable,
+                 demands: Mapping[str, float], *, space: str | None, previous: Mapping[str, Plan] | None,
+                 time_limit_s: float | None, factors: Mapping[str, Factors] | None,
+                 on_quick: QuickSink | None = None) -> NodePlan: ...
 
 
-def default_solver(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
-                   space: str | None, previous: Plan | None, time_limit_s: float | None,
-                   factors: Factors | None) -> Plan:
-    from jigsaw.planner.milp import plan
-    return plan(app, node, profiles, demand_rps, space=space, previous=previous,
-                time_limit_s=time_limit_s, factors=factors)
+default_solver: Solver = solve_node
 
 
 class DataPlane(Protocol):
@@ -90,6 +109,16 @@ def plan_summary(p: Plan) -> dict[str, Any]:
             "processes": sum(i.count * i.mps for i in p.instances)}
 
 
+def node_value(plans: Mapping[str, Plan], node: Node) -> float:
+    """The node objective of a set of plans, computed the same way for a quick and an exact plan:
+    ``slices``: fewer is better; ``accuracy``: weighted accuracy minus beta per slice."""
+    slices = sum(p.slices_used for p in plans.values())
+    if node.planner.objective == "slices":
+        return -float(slices)
+    return sum(node.planner.app_weight(n) * node.planner.alpha * p.accuracy for n, p in plans.items()) \
+        - node.beta * slices
+
+
 @dataclass
 class BinRecord:
     app: str
@@ -99,11 +128,15 @@ class BinRecord:
     demand_rps: float = 0.0  # observed, in full-speed requests/s (arrivals / bin x time_scale)
     predicted_rps: float = 0.0  # the prediction the plan serving this bin was made for
     plan: dict[str, Any] = field(default_factory=dict)
+    node_slices_used: int = 0  # every app's slices together, when the bin closed
     generation: int = 0
     reconfigurations: int = 0
     reconfiguration_seconds: float = 0.0
     changed_gpus: list[int] = field(default_factory=list)
     early_replans: int = 0
+    # the node re-plans that finished in this bin: trigger, this app's demand, the quick and the
+    # exact plan (this app's slices, the node's, seconds, whether deployed)
+    replans: list[dict[str, Any]] = field(default_factory=list)
     planner_errors: list[str] = field(default_factory=list)
     reconfiguration_errors: list[str] = field(default_factory=list)  # re-plans not applied, and why
     answered: int = 0
@@ -118,117 +151,103 @@ class BinRecord:
         d["predicted_rps"] = round(self.predicted_rps, 3)
         d["reconfiguration_seconds"] = round(self.reconfiguration_seconds, 3)
         d["violation_rate"] = round(self.violation_rate, 6)
+        d["replans"] = [dict(x) for x in self.replans]
         return d
 
 
-class AppController:
-    """Closes bins, predicts, re-plans and reconfigures one app of a running daemon."""
+class ControllerStats:
+    """The controller's Prometheus counters (appended to the frontend's ``/metrics``)."""
 
-    def __init__(self, app: App, plane: DataPlane, bins: BinSource, *, space: str | None, bin_seconds: float,
-                 time_scale: float, executor: ThreadPoolExecutor, predictor: Predictor | None = None,
-                 solver: Solver = default_solver, log: Callable[[str], None] = print) -> None:
-        node = plane.node
+    def __init__(self) -> None:
+        self.replans: Counter[str] = Counter()  # node re-plans, by trigger
+        self.plans: Counter[tuple[str, bool]] = Counter()  # (quick|exact, deployed)
+        self.last_seconds: dict[str, float] = {}  # quick|exact -> seconds of the latest
+
+    def prometheus(self) -> str:
+        rows = ["# HELP jigsaw_node_replans_total Node-wide re-plans (all apps in one decision), by trigger.",
+                "# TYPE jigsaw_node_replans_total counter"]
+        rows += [f'jigsaw_node_replans_total{{trigger="{k}"}} {v}' for k, v in sorted(self.replans.items())]
+        if not self.replans:
+            rows.append("jigsaw_node_replans_total 0")
+        rows += ["# HELP jigsaw_node_plans_total Node plans the planner handed over: the anytime quick "
+                 "plan and the exact plan, and whether each was deployed.",
+                 "# TYPE jigsaw_node_plans_total counter"]
+        for source in ("quick", "exact"):
+            for deployed in (True, False):
+                label = f'source="{source}",deployed="{str(deployed).lower()}"'
+                rows.append(f"jigsaw_node_plans_total{{{label}}} {self.plans[(source, deployed)]}")
+        rows += ["# HELP jigsaw_node_plan_seconds How long the latest quick and exact node plan took.",
+                 "# TYPE jigsaw_node_plan_seconds gauge"]
+        rows += [f'jigsaw_node_plan_seconds{{source="{k}"}} {v:.6f}'
+                 for k, v in sorted(self.last_seconds.items())]
+        return "\n".join(rows) + "\n"
+
+
+class AppController:
+    """One app's bins, predictions, early triggers and records; its re-plans are the node's."""
+
+    def __init__(self, app: App, ctl: NodeController, predictor: Predictor | None = None) -> None:
+        node = ctl.node
         self.app = app
-        self.plane = plane
-        self.counters = bins
-        self.node = node
-        self.space = space
-        self.bin_seconds = bin_seconds
-        self.time_scale = time_scale
-        self.executor = executor
-        self.solver = solver
-        self.log = log
-        plan = plane.plan_of(app.name)
+        self.ctl = ctl
+        self.counters = ctl.counters
+        plan = ctl.plane.plan_of(app.name)
         self.predictor: Predictor = predictor or MeanSlackPredictor(
             node.control.history_bins, node.planner.demand_slack, default_rps=plan.demand_rps)
         self.history_rps: deque[float] = deque(maxlen=max(64, node.control.history_bins))
         self.factor_bins: deque[dict[tuple[str, str], float]] = deque(maxlen=node.control.history_bins)
         self.records: deque[BinRecord] = deque(maxlen=HISTORY_MAX_BINS)
-        self.time_limit_s = min(node.planner.time_limit_s, 0.4 * bin_seconds)
-        self.lock = asyncio.Lock()  # one re-plan + reconfiguration at a time
-        self.bin_index = 0
-        self.bin_start = time.monotonic()
-        self.current = self._new_record()
         self.predicted_rps = plan.demand_rps
-        self._task: asyncio.Task[None] | None = None
-        self._replan_task: asyncio.Task[None] | None = None
-        self._lost_demand_rps: float | None = None
-        self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
+        self.current = self.new_record()
         self._arrival_samples: deque[tuple[float, int]] = deque()  # (monotonic s, bin arrivals so far)
 
     @property
-    def plan(self) -> Plan:
-        return self.plane.plan_of(self.app.name)
+    def name(self) -> str:
+        return self.app.name
 
-    def _new_record(self) -> BinRecord:
-        return BinRecord(self.app.name, self.bin_index, time.time(), self.bin_seconds,
-                         generation=self.plane.generation_of(self.app.name))
+    @property
+    def node(self) -> Node:
+        return self.ctl.node
+
+    @property
+    def plan(self) -> Plan:
+        return self.ctl.plane.plan_of(self.app.name)
+
+    def new_record(self) -> BinRecord:
+        r = BinRecord(self.app.name, self.ctl.bin_index, time.time(), self.ctl.bin_seconds,
+                      generation=self.ctl.plane.generation_of(self.app.name))
+        r.predicted_rps = self.predicted_rps
+        r.plan = plan_summary(self.plan)
+        return r
 
     # ---- bins ----------------------------------------------------------------------------
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        for t in (self._task, self._replan_task):
-            if t is not None and not t.done():
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-
-    def restart_bins(self, history_rps: list[float] | None = None) -> None:
-        """Start bin 0 now (a replay aligns its bins with the daemon's), optionally seeding history."""
-        if history_rps is not None:
-            self.history_rps.clear()
-            self.history_rps.extend(float(x) for x in history_rps)
-        self.counters.take_bin(self.app.name)
+    def close_bin(self, elapsed_s: float, node_slices_used: int) -> None:
+        """Close the running bin (``elapsed_s`` long) into the records; ``open_bin`` starts the next."""
+        c = self.counters.take_bin(self.app.name)
+        r = self.current
+        r.demand_rps = c.arrivals / max(1e-9, elapsed_s) * self.ctl.time_scale
+        r.answered += c.answered
+        r.violations += c.violations
+        r.violation_rate = r.violations / r.answered if r.answered else 0.0
+        r.node_slices_used = node_slices_used
+        measured = {k: kids / items for k, (items, kids) in c.children.items() if items > 0}
+        if measured:
+            self.factor_bins.append(measured)
+        r.factors = {f"{t}/{v}": round(x, 4) for (t, v), x in measured.items()}
+        self.history_rps.append(r.demand_rps)
+        self.records.append(r)
         self._arrival_samples.clear()
-        self.records.clear()
-        self.bin_index = 0
-        self.bin_start = time.monotonic()
-        self.current = self._new_record()
-        self.current.predicted_rps = self.predicted_rps
-        self.current.plan = plan_summary(self.plan)
 
-    async def _run(self) -> None:
-        self.current.plan = plan_summary(self.plan)
-        self.current.predicted_rps = self.predicted_rps
-        poll_s = max(0.05, min(0.5, self.bin_seconds / 20))
-        ahead = False  # the next bin's plan is on its way
-        while True:
-            end = self.bin_start + self.bin_seconds
-            now = time.monotonic()
-            start_ahead = end - self.lead_s()
-            if not ahead and now >= start_ahead and now < end:
-                ahead = True
-                self._spawn_replan(self.predict_ahead(), early=False, for_next_bin=True)
-            if now < end:
-                wake = start_ahead if not ahead and start_ahead > now else end
-                await asyncio.sleep(min(poll_s, wake - now))
-                self._check_early()
-                continue
-            self._close_bin()
-            if not ahead:
-                self._spawn_replan(self.predict_next(), early=False, for_next_bin=True)
-            ahead = False
-
-    def lead_s(self) -> float:
-        """How long before a bin ends its successor's re-plan starts: what re-plans have taken lately.
-
-        Solving and starting a generation take seconds; started at the bin's end, the new plan
-        would serve the next bin late by that much. Started this far ahead, with the bin so far
-        standing in for its full count, it is in place at the boundary. At most half a bin.
-        """
-        if self._replan_s is None:
-            return 0.0
-        return min(0.5 * self.bin_seconds, LEAD_MARGIN * self._replan_s)
+    def open_bin(self) -> None:
+        self.current = self.new_record()
 
     def predict_ahead(self) -> float:
         """The next bin's prediction with the running bin's rate so far as its latest sample."""
         c = self.counters.peek_bin(self.app.name)
-        elapsed = time.monotonic() - self.bin_start
+        elapsed = time.monotonic() - self.ctl.bin_start
         history = list(self.history_rps)
         if c is not None and elapsed > 0:
-            history.append(c.arrivals / elapsed * self.time_scale)
+            history.append(c.arrivals / elapsed * self.ctl.time_scale)
         return self._hold(self.predictor.predict(history), self.current, history)
 
     def predict_next(self) -> float:
@@ -247,29 +266,6 @@ class AppController:
             return predicted
         return max(predicted, history[-1] * (1.0 + self.node.planner.demand_slack))
 
-    def _close_bin(self) -> None:
-        c = self.counters.take_bin(self.app.name)
-        r = self.current
-        elapsed = max(1e-9, time.monotonic() - self.bin_start)
-        r.demand_rps = c.arrivals / elapsed * self.time_scale
-        r.answered += c.answered
-        r.violations += c.violations
-        r.violation_rate = r.violations / r.answered if r.answered else 0.0
-        measured = {k: kids / items for k, (items, kids) in c.children.items() if items > 0}
-        if measured:
-            self.factor_bins.append(measured)
-        r.factors = {f"{t}/{v}": round(x, 4) for (t, v), x in measured.items()}
-        self.history_rps.append(r.demand_rps)
-        self.records.append(r)
-        self.bin_index += 1
-        self.bin_start += self.bin_seconds
-        if time.monotonic() - self.bin_start > self.bin_seconds:  # the loop stalled: do not replay bins
-            self.bin_start = time.monotonic()
-        self._arrival_samples.clear()
-        self.current = self._new_record()
-        self.current.predicted_rps = self.predicted_rps
-        self.current.plan = plan_summary(self.plan)
-
     def recent_rate_rps(self, arrivals: int) -> tuple[float, int]:
         """(full-speed rate over the last ``RATE_WINDOW_BINS`` of the bin, arrivals in that window).
 
@@ -280,71 +276,50 @@ class AppController:
         now = time.monotonic()
         samples = self._arrival_samples
         samples.append((now, arrivals))
-        window_s = RATE_WINDOW_BINS * self.bin_seconds
+        window_s = RATE_WINDOW_BINS * self.ctl.bin_seconds
         while len(samples) > 2 and now - samples[1][0] >= window_s:
             samples.popleft()
         t0, a0 = samples[0]
         if now - t0 < window_s:
-            t0, a0 = self.bin_start, 0
+            t0, a0 = self.ctl.bin_start, 0
         if now - t0 < window_s:
             return 0.0, 0
         dt = now - t0
-        return (arrivals - a0) / dt * self.time_scale, arrivals - a0
+        return (arrivals - a0) / dt * self.ctl.time_scale, arrivals - a0
 
-    def _check_early(self) -> None:
-        self._replan_lost()
-        threshold = self.node.control.replan_violation_rate
+    def early_trigger(self) -> tuple[str, str, float] | None:
+        """(trigger, why, demand) when this app's bin calls for an early re-plan of the node."""
         c = self.counters.peek_bin(self.app.name)
         if c is None:
-            return
+            return None
         recent_rps, recent_n = self.recent_rate_rps(c.arrivals)
-        if self.current.early_replans or self.lock.locked():
-            return
-        slack = 1.0 + self.node.planner.demand_slack
-        elapsed = max(1e-3, time.monotonic() - self.bin_start)
-        so_far = c.arrivals / elapsed * self.time_scale
+        if self.current.early_replans or self.ctl.busy():
+            return None
+        node = self.node
+        threshold = node.control.replan_violation_rate
+        slack = 1.0 + node.planner.demand_slack
+        elapsed = max(1e-3, time.monotonic() - self.ctl.bin_start)
+        so_far = c.arrivals / elapsed * self.ctl.time_scale
         answered = self.current.answered + c.answered
         violations = self.current.violations + c.violations
-        holds_rps = self.plan.planned_rps
+        plan = self.plan
         if answered >= MIN_ANSWERED_FOR_TRIGGER and violations / answered > threshold:
-            why = f"{violations}/{answered} SLO violations (> {threshold:.0%})"
-        elif (self.node.control.replan_on_rate and not self.plan.max_demand_plan
-              and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > holds_rps * slack):
-            why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds"
+            trigger, why = "violations", f"{violations}/{answered} SLO violations (> {threshold:.0%})"
+        elif (node.control.replan_on_rate and not plan.max_demand_plan
+              and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > plan.planned_rps * slack):
+            trigger = "rate"
+            why = f"arrivals at {recent_rps:.1f} rps, above the {plan.planned_rps:.1f} rps the plan holds"
         else:
-            return
-        demand = max(recent_rps, so_far) * slack
-        self.current.early_replans += 1
-        self.log(f"{self.app.name}: bin {self.bin_index}: {why}: re-planning early for {demand:.1f} rps")
-        self._spawn_replan(demand, early=True)
+            return None
+        return trigger, why, max(recent_rps, so_far) * slack
 
-    def on_capacity_lost(self, why: str) -> None:
-        """A worker is gone for good: re-plan now (the new plan runs as a fresh generation)."""
-        elapsed = max(1e-3, time.monotonic() - self.bin_start)
+    def capacity_demand(self) -> float:
+        """What to re-plan for when a worker is lost: the prediction, or the bin's rate so far."""
+        elapsed = max(1e-3, time.monotonic() - self.ctl.bin_start)
         c = self.counters.peek_bin(self.app.name)
-        so_far = (c.arrivals / elapsed * self.time_scale) if c is not None else 0.0
-        demand = max(self.predicted_rps, so_far * (1.0 + self.node.planner.demand_slack))
-        self.log(f"{self.app.name}: capacity lost ({why}): re-planning for {demand:.1f} rps")
-        self._lost_demand_rps = demand
-        self._replan_lost()
+        so_far = (c.arrivals / elapsed * self.ctl.time_scale) if c is not None else 0.0
+        return max(self.predicted_rps, so_far * (1.0 + self.node.planner.demand_slack))
 
-    def _replan_lost(self) -> None:
-        """Spawn the capacity-loss re-plan, now or at the next poll if a re-plan is running."""
-        if self._lost_demand_rps is not None and (self._replan_task is None or self._replan_task.done()):
-            demand, self._lost_demand_rps = self._lost_demand_rps, None
-            self._spawn_replan(demand, early=True, fresh=True)
-
-    def _spawn_replan(self, demand_rps: float, *, early: bool, for_next_bin: bool = False,
-                      fresh: bool = False) -> None:
-        if self._replan_task is not None and not self._replan_task.done():
-            return  # the previous re-plan still runs: the next bin end re-plans with fresher data
-        # ahead of the bin's end the plan is for the next bin; after it (or early) for this one
-        target = self.bin_index + 1 if for_next_bin and time.monotonic() < self.bin_start + self.bin_seconds \
-            else self.bin_index
-        self._replan_task = asyncio.get_running_loop().create_task(
-            self.replan(demand_rps, for_bin=target, fresh=fresh))
-
-    # ---- planning and reconfiguration ------------------------------------------------------
     def measured_factors(self) -> Factors:
         """Mean measured fan-out of each upstream variant over the last bins, per child task.
 
@@ -365,57 +340,8 @@ class AppController:
                 out[(task, variant, c)] = total * (d / norm if norm > 0 else 1.0 / len(kids))
         return out
 
-    async def replan(self, demand_rps: float, for_bin: int | None = None, *, fresh: bool = False) -> Plan:
-        """Plan for ``demand_rps`` off the loop and reconfigure if the plan changed.
-
-        ``for_bin``: the bin the plan is for (default: the running one); that bin's record gets
-        the prediction and the plan once it runs. ``fresh``: run the plan on new processes even
-        when it runs the same instances (a worker was given up).
-        """
-        async with self.lock:
-            t0 = time.monotonic()
-            loop = asyncio.get_running_loop()
-            previous = self.plan
-            factors = self.measured_factors() or None
-            call = functools.partial(self.solver, self.app, self.node, self.plane.profiles, demand_rps,
-                                     space=self.space, previous=previous, time_limit_s=self.time_limit_s,
-                                     factors=factors)
-            try:
-                new = await loop.run_in_executor(self.executor, call)
-            except Exception as exc:  # a planner failure keeps the running plan
-                self._planner_failed(exc)
-                return previous
-            self.predicted_rps = demand_rps
-            mine = for_bin is None or for_bin == self.bin_index  # else _close_bin copies it over
-            if mine:
-                self.current.predicted_rps = demand_rps
-            if not new.instances:
-                self.log(f"{self.app.name}: no configuration for {demand_rps:.1f} rps ({new.status}); "
-                         f"keeping the running plan")
-                return previous
-            try:
-                await self.apply(new, fresh=fresh)
-            except Exception as exc:  # a plan the runtime cannot lay out: keep the running one
-                self._planner_failed(exc)
-                return previous
-            took = time.monotonic() - t0
-            self._replan_s = took if self._replan_s is None else 0.5 * (self._replan_s + took)
-            if mine or for_bin == self.bin_index:
-                self.current.plan = plan_summary(self.plan)
-            return self.plan
-
-    def _planner_failed(self, exc: BaseException) -> None:
-        why = f"{type(exc).__name__}: {exc}"
-        self.log(f"{self.app.name}: re-plan failed ({why}); keeping the running plan")
-        if len(self.current.planner_errors) < 10:
-            self.current.planner_errors.append(why[:500])
-        self.counters.count_planner_failure(self.app.name)
-
-    async def apply(self, new: Plan, *, fresh: bool = False) -> None:
-        """Push ``new`` to the data plane as the app's desired state and record what it took."""
-        app = self.app.name
-        done = await self.plane.apply(DesiredState(app, new, repartition_delay_s=self.repartition_delay_s(),
-                                                   fresh_generation=fresh))
+    # ---- what the node's re-plans report back ----------------------------------------------
+    def record_applied(self, done: Applied, new: Plan, source: str) -> None:
         if done.error is not None and len(self.current.reconfiguration_errors) < 10:
             self.current.reconfiguration_errors.append(done.error[:500])  # the running plan serves on
         if not done.new_generation:
@@ -425,10 +351,335 @@ class AppController:
         r.reconfigurations += 1
         r.reconfiguration_seconds += done.seconds
         r.changed_gpus = sorted(set(r.changed_gpus) | set(done.changed_gpus))
-        self.log(f"{app}: generation {done.generation} serves ({new.slices_used} slices, "
-                 f"{done.processes} processes, planned {new.planned_rps:.1f} rps, "
-                 f"changed GPUs {list(done.changed_gpus) or 'none'}) after {done.seconds:.2f} s; "
-                 f"draining generation {done.previous}")
+        self.ctl.log(f"{self.app.name}: generation {done.generation} serves the {source} plan "
+                     f"({new.slices_used} slices, {done.processes} processes, "
+                     f"planned {new.planned_rps:.1f} rps, "
+                     f"changed GPUs {list(done.changed_gpus) or 'none'}) after {done.seconds:.2f} s; "
+                     f"draining generation {done.previous}")
+
+    def record_error(self, why: str) -> None:
+        if len(self.current.planner_errors) < 10:
+            self.current.planner_errors.append(why[:500])
+        self.counters.count_planner_failure(self.app.name)
+
+    # ---- what the admin endpoint drives ------------------------------------------------------
+    async def replan(self, demand_rps: float) -> Plan:
+        """Re-plan the node now with this app at ``demand_rps``; the app's plan serving afterwards."""
+        await self.ctl.replan({self.app.name: demand_rps}, trigger="admin")
+        return self.plan
+
+    def restart_bins(self, history_rps: list[float] | None = None) -> None:
+        """Start bin 0 of the node now (a replay aligns its bins with the daemon's), optionally
+        seeding this app's history."""
+        self.ctl.restart_bins({self.app.name: history_rps} if history_rps is not None else None)
+
+    def on_capacity_lost(self, why: str) -> None:
+        self.ctl.on_capacity_lost(self.app.name, why)
+
+    def history(self) -> list[dict[str, Any]]:
+        return [r.to_json() for r in self.records]
+
+
+class NodeController:
+    """Closes every app's bins on one clock and re-plans all the node's apps in one decision."""
+
+    def __init__(self, apps: Sequence[App], plane: DataPlane, bins: BinSource, *, space: str | None,
+                 bin_seconds: float, time_scale: float, executor: ThreadPoolExecutor,
+                 solver: Solver = default_solver, anytime: str = "auto",
+                 predictors: Mapping[str, Predictor] | None = None,
+                 log: Callable[[str], None] = print) -> None:
+        if anytime not in ANYTIME_MODES:
+            raise ValueError(f"anytime must be one of {', '.join(ANYTIME_MODES)}, got {anytime!r}")
+        if not apps:
+            raise ValueError("a node controller needs at least one app")
+        self.node = plane.node
+        self.plane = plane
+        self.counters = bins
+        self.space = space
+        self.bin_seconds = bin_seconds
+        self.time_scale = time_scale
+        self.executor = executor
+        self.solver = solver
+        self.anytime = anytime
+        self.log = log
+        self.stats = ControllerStats()
+        self.time_limit_s = min(self.node.planner.time_limit_s, 0.4 * bin_seconds)
+        self.lock = asyncio.Lock()  # one node re-plan + reconfiguration at a time
+        self.bin_index = 0
+        self.bin_start = time.monotonic()
+        self.apps: dict[str, AppController] = {}
+        for a in apps:
+            self.apps[a.name] = AppController(a, self, (predictors or {}).get(a.name))
+        self._task: asyncio.Task[None] | None = None
+        self._replan_task: asyncio.Task[Any] | None = None
+        self._ahead_bin: int | None = None  # the bin whose successor's re-plan has started
+        self._lost: dict[str, float] = {}  # capacity-loss re-plans waiting: app -> demand
+        self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
+
+    # ---- the clock ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        for t in (self._task, self._replan_task):
+            if t is not None and not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+    def busy(self) -> bool:
+        """A node re-plan is running (or about to): triggers wait for it."""
+        return self.lock.locked() or (self._replan_task is not None and not self._replan_task.done())
+
+    def restart_bins(self, histories: Mapping[str, list[float] | None] | None = None) -> None:
+        """Start bin 0 now for every app, optionally seeding some apps' demand history."""
+        for name, c in self.apps.items():
+            history = (histories or {}).get(name)
+            if history is not None:
+                c.history_rps.clear()
+                c.history_rps.extend(float(x) for x in history)
+            self.counters.take_bin(name)
+            c._arrival_samples.clear()
+            c.records.clear()
+        self.bin_index = 0
+        self.bin_start = time.monotonic()
+        self._ahead_bin = None
+        for c in self.apps.values():
+            c.open_bin()
+
+    async def _run(self) -> None:
+        for c in self.apps.values():
+            c.open_bin()
+        poll_s = max(0.05, min(0.5, self.bin_seconds / 20))
+        while True:
+            end = self.bin_start + self.bin_seconds
+            now = time.monotonic()
+            start_ahead = end - self.lead_s()
+            ahead = self._ahead_bin == self.bin_index
+            if not ahead and start_ahead <= now < end:
+                self._ahead_bin = self.bin_index
+                ahead = True
+                self._spawn({n: c.predict_ahead() for n, c in self.apps.items()}, "bin", for_next_bin=True)
+            if now < end:
+                wake = start_ahead if not ahead and start_ahead > now else end
+                await asyncio.sleep(min(poll_s, wake - now))
+                self._check_early()
+                continue
+            self.close_bins()
+            if not ahead:
+                self._spawn({n: c.predict_next() for n, c in self.apps.items()}, "bin", for_next_bin=True)
+
+    def close_bins(self) -> None:
+        """Close every app's bin at the same instant and open the next."""
+        elapsed = max(1e-9, time.monotonic() - self.bin_start)
+        node_slices = sum(c.plan.slices_used for c in self.apps.values())
+        for c in self.apps.values():
+            c.close_bin(elapsed, node_slices)
+        self.bin_index += 1
+        self.bin_start += self.bin_seconds
+        if time.monotonic() - self.bin_start > self.bin_seconds:  # the loop stalled: do not replay bins
+            self.bin_start = time.monotonic()
+        for c in self.apps.values():
+            c.open_bin()
+
+    def lead_s(self) -> float:
+        """How long before a bin ends its successor's re-plan starts: what re-plans have taken lately.
+
+        Solving and starting generations take seconds; started at the bin's end, the new plan
+        would serve the next bin late by that much. Started this far ahead, with the bin so far
+        standing in for its full count, it is in place at the boundary. At most half a bin.
+        """
+        if self._replan_s is None:
+            return 0.0
+        return min(0.5 * self.bin_seconds, LEAD_MARGIN * self._replan_s)
+
+    def _check_early(self) -> None:
+        self._replan_lost()
+        demands: dict[str, float] = {}
+        triggers: list[str] = []
+        for name, c in self.apps.items():
+            got = c.early_trigger()
+            if got is None:
+                continue
+            trigger, why, demand = got
+            c.current.early_replans += 1
+            demands[name] = demand
+            triggers.append(trigger)
+            self.log(f"{name}: bin {self.bin_index}: {why}: re-planning the node early for {demand:.1f} rps")
+        if demands:
+            self._spawn(demands, "violations" if "violations" in triggers else "rate")
+
+    def on_capacity_lost(self, app: str, why: str) -> None:
+        """A worker is gone for good: re-plan now (that app's plan runs as a fresh generation)."""
+        c = self.apps.get(app)
+        if c is None:
+            return
+        demand = c.capacity_demand()
+        self.log(f"{app}: capacity lost ({why}): re-planning the node for {demand:.1f} rps")
+        self._lost[app] = demand
+        self._replan_lost()
+
+    def _replan_lost(self) -> None:
+        """Spawn the capacity-loss re-plan, now or at the next poll if a re-plan is running."""
+        if self._lost and not self.busy():
+            lost, self._lost = self._lost, {}
+            self._spawn(lost, "capacity", fresh=frozenset(lost))
+
+    def _spawn(self, demands: dict[str, float], trigger: str, *, for_next_bin: bool = False,
+               fresh: frozenset[str] = frozenset()) -> None:
+        if self._replan_task is not None and not self._replan_task.done():
+            return  # the previous re-plan still runs: the next bin end re-plans with fresher data
+        # ahead of the bin's end the plan is for the next bin; after it (or early) for this one
+        target = self.bin_index + 1 if for_next_bin and time.monotonic() < self.bin_start + self.bin_seconds \
+            else self.bin_index
+        self._replan_task = asyncio.get_running_loop().create_task(
+            self.replan(demands, for_bin=target, fresh=fresh, trigger=trigger))
+
+    # ---- one node-wide decision ----------------------------------------------------------------
+    async def replan(self, demands: Mapping[str, float], *, for_bin: int | None = None,
+                     fresh: frozenset[str] = frozenset(), trigger: str = "admin") -> NodePlan | None:
+        """Re-plan every app of the node, ``demands`` for those given and the rest at the demand
+        they were planned for; deploy the quick plan when it is needed, then the exact one.
+
+        ``for_bin``: the bin the plan is for (default: the running one); that bin's record gets
+        the prediction and the plan once it runs. ``fresh``: apps whose plan runs on new processes
+        even when it runs the same instances (a worker was given up). Returns the node plan
+        deployed last (None when nothing was).
+        """
+        async with self.lock:
+            t0 = time.monotonic()
+            self.stats.replans[trigger] += 1
+            loop = asyncio.get_running_loop()
+            full = {n: float(demands[n]) if n in demands else c.predicted_rps for n, c in self.apps.items()}
+            factors = {n: f for n, c in self.apps.items() if (f := c.measured_factors())}
+            quick_box: asyncio.Future[NodePlan] = loop.create_future()
+
+            def on_quick(p: NodePlan) -> None:  # called in the planner's thread
+                loop.call_soon_threadsafe(lambda: quick_box.done() or quick_box.set_result(p))
+            call = functools.partial(
+                self.solver, [c.app for c in self.apps.values()], self.node, self.plane.profiles, full,
+                space=self.space, previous={n: c.plan for n, c in self.apps.items()},
+                time_limit_s=self.time_limit_s, factors=factors or None,
+                on_quick=None if self.anytime == "off" else on_quick)
+            exact_f = loop.run_in_executor(self.executor, call)
+            entry: dict[str, Any] = {"trigger": trigger, "for_bin": for_bin, "quick": None, "exact": None}
+            deployed: NodePlan | None = None
+            quick = await self._first_needed(exact_f, quick_box, trigger, for_bin, t0)
+            if quick is not None:
+                use = self.anytime == "always" or trigger in URGENT_TRIGGERS or not self._holds(full)
+                entry["quick"] = self._summary(quick, use)
+                if use:
+                    await self._deploy(quick, fresh, "quick")
+                    deployed, fresh = quick, frozenset()
+            try:
+                exact = await exact_f
+            except Exception as exc:  # a planner failure keeps the running plans (or the quick one)
+                self._planner_failed(exc)
+                entry["error"] = f"{type(exc).__name__}: {exc}"[:500]
+                self._record(entry, full, t0)
+                return deployed
+            if entry["quick"] is None and quick_box.done():  # found, but the exact one came first
+                entry["quick"] = self._summary(quick_box.result(), False)
+            for n, c in self.apps.items():
+                c.predicted_rps = full[n]
+                if for_bin is None or for_bin == self.bin_index:  # else open_bin copies it over
+                    c.current.predicted_rps = full[n]
+            use_exact = bool(exact.plans) and not (
+                deployed is not None and exact.status != "optimal"
+                and node_value(deployed.plans, self.node) > node_value(exact.plans, self.node) + 1e-9)
+            entry["exact"] = self._summary(exact, use_exact)
+            if not exact.plans:
+                self.log(f"node: no configuration for {self._demands_text(full)} ({exact.status}; "
+                         f"{'; '.join(exact.notes)}); keeping the running plans")
+            elif not use_exact:
+                self.log(f"node: the exact solve stopped {exact.status} at a worse objective than the quick "
+                         f"plan's; keeping the quick plan")
+            else:
+                for note in exact.notes:
+                    self.log(f"node: {note}")
+                await self._deploy(exact, fresh, "exact")
+                deployed = exact
+            took = time.monotonic() - t0
+            self._replan_s = took if self._replan_s is None else 0.5 * (self._replan_s + took)
+            if for_bin is None or for_bin == self.bin_index:
+                for c in self.apps.values():
+                    c.current.plan = plan_summary(c.plan)
+            self._record(entry, full, t0)
+            return deployed
+
+    async def _first_needed(self, exact_f: asyncio.Future[NodePlan], quick_box: asyncio.Future[NodePlan],
+                            trigger: str, for_bin: int | None, t0: float) -> NodePlan | None:
+        """The quick plan if it is in hand when a plan is needed and the exact one is not, else None.
+
+        A plan is needed at once (``always``), after ``QUICK_PATIENCE_S`` for an urgent re-plan,
+        and at the boundary of the bin it is for (at least the patience) for a routine one.
+        """
+        if self.anytime == "off":
+            return None
+        if self.anytime == "always":
+            need_by = t0
+        else:
+            need_by = t0 + QUICK_PATIENCE_S
+            if trigger not in URGENT_TRIGGERS and for_bin is not None and for_bin > self.bin_index:
+                need_by = max(need_by, self.bin_start + self.bin_seconds)
+        wait_s = need_by - time.monotonic()
+        if wait_s > 0:
+            await asyncio.wait({exact_f}, timeout=wait_s)
+        if self.anytime == "always":
+            await asyncio.wait({exact_f, quick_box}, return_when=asyncio.FIRST_COMPLETED)
+            return quick_box.result() if quick_box.done() else None
+        if exact_f.done():
+            return None
+        await asyncio.wait({exact_f, quick_box}, return_when=asyncio.FIRST_COMPLETED)
+        return None if exact_f.done() or not quick_box.done() else quick_box.result()
+
+    def _holds(self, demands: Mapping[str, float]) -> bool:
+        """Every running plan serves the demand it is now asked for."""
+        return all(not c.plan.max_demand_plan and c.plan.planned_rps >= demands[n] * (1 - 1e-9)
+                   for n, c in self.apps.items())
+
+    async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str) -> None:
+        """Push every app's part of ``np`` as its DesiredState: apps that shrink first."""
+        delay = self.repartition_delay_s()
+        order = sorted(np.plans.items(), key=lambda kv: kv[1].slices_used - self.apps[kv[0]].plan.slices_used)
+        for name, plan in order:
+            c = self.apps[name]
+            if not plan.instances:
+                self.log(f"{name}: the {source} node plan has no configuration for it ({plan.status}); "
+                         "keeping its running plan")
+                continue
+            try:
+                done = await self.plane.apply(DesiredState(name, plan, repartition_delay_s=delay,
+                                                           fresh_generation=name in fresh))
+            except Exception as exc:  # a plan the runtime cannot lay out: keep the running one
+                c.record_error(f"{type(exc).__name__}: {exc}")
+                self.log(f"{name}: the {source} plan was not applied ({type(exc).__name__}: {exc})")
+                continue
+            c.record_applied(done, plan, source)
+
+    def _summary(self, np: NodePlan, deployed: bool) -> dict[str, Any]:
+        source = "quick" if np.status == QUICK_STATUS else "exact"
+        self.stats.plans[(source, deployed)] += 1
+        self.stats.last_seconds[source] = np.solve_seconds
+        return {"status": np.status, "slices_used": np.slices_used, "seconds": round(np.solve_seconds, 4),
+                "deployed": deployed, "demand_scale": round(np.demand_scale, 6),
+                "apps": {n: p.slices_used for n, p in np.plans.items()}}
+
+    def _record(self, entry: dict[str, Any], demands: Mapping[str, float], t0: float) -> None:
+        entry["seconds"] = round(time.monotonic() - t0, 4)
+        for n, c in self.apps.items():
+            if len(c.current.replans) < MAX_REPLANS_RECORDED:
+                c.current.replans.append(dict(entry, demand_rps=round(demands[n], 3)))
+
+    @staticmethod
+    def _demands_text(demands: Mapping[str, float]) -> str:
+        return ", ".join(f"{n} {d:.1f} rps" for n, d in demands.items())
+
+    def _planner_failed(self, exc: BaseException) -> None:
+        why = f"{type(exc).__name__}: {exc}"
+        self.log(f"node: re-plan failed ({why}); keeping the running plans")
+        for c in self.apps.values():
+            c.record_error(why)
 
     def repartition_delay_s(self) -> float:
         """The emulated MIG repartition time in wall seconds: x time scale, and compressed with the bins.
@@ -439,6 +690,3 @@ class AppController:
         nominal_s = self.node.control.bin_seconds * self.time_scale
         compression = min(1.0, self.bin_seconds / nominal_s) if nominal_s > 0 else 1.0
         return self.node.control.repartition_delay_s * self.time_scale * compression
-
-    def history(self) -> list[dict[str, Any]]:
-        return [r.to_json() for r in self.records]

@@ -1,13 +1,20 @@
-"""The planner in a child process speaking JSON lines, so a solve never holds the daemon's GIL.
+"""The node's planner, in process (``solve_node``) or in a child process speaking JSON lines.
 
-python-mip releases the GIL inside CBC, but building the model is Python and takes seconds for
-the larger apps: in a thread of the daemon that time would stall the frontend's event loop.
+Every re-plan is one decision for all the node's apps (``planner.node_plan.plan_node``). With
+``on_quick`` the planner first hands over a verified greedy node plan (``quick_plan_node``,
+about 100 ms) and then solves exactly; the controller decides whether to deploy the first.
+
+The child process exists so that a solve never holds the daemon's GIL: python-mip releases it
+inside CBC, but building the model is Python and takes a while for the larger apps; in a thread
+of the daemon that time would stall the frontend's event loop.
 
 Protocol (one JSON object per line each way; never pickle)::
 
-    -> {"app": NAME, "demand_rps": X, "space": S|null, "previous": PLAN|null,
-        "time_limit_s": T|null, "factors": [[src, src_variant, dst, value], ...]|null}
-    <- {"plan": PLAN} | {"error": MESSAGE}
+    -> {"apps": [NAME, ...], "demands": {NAME: RPS}, "space": S|null,
+        "previous": {NAME: PLAN}|null, "time_limit_s": T|null,
+        "factors": {NAME: [[src, src_variant, dst, value], ...]}|null, "quick": bool}
+    <- {"quick": NODE_PLAN}      (only with "quick": true, and only when the greedy found one)
+    <- {"plan": NODE_PLAN} | {"error": MESSAGE}
 
     python -m jigsaw.control.solver --node-config N.toml
 """
@@ -19,15 +26,18 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from jigsaw.app import App
 from jigsaw.node import Node
-from jigsaw.plan import Plan
+from jigsaw.plan import NodePlan, Plan
+from jigsaw.planner.node_plan import QUICK_STATUS, merge_layouts, plan_node, plan_node_anytime
 from jigsaw.profiles import ProfileTable
 
 Factors = dict[tuple[str, str, str], float]
+QuickSink = Callable[[NodePlan], None]
 MAX_LINE_BYTES = 64 << 20
 GRACE_S = 30.0  # beyond the solve's time limit: model building, then the answer's JSON
 
@@ -39,6 +49,37 @@ def hard_timeout_s(time_limit_s: float | None, grace_s: float = GRACE_S) -> floa
 
 class SolverError(RuntimeError):
     """The solver process failed or answered with an error."""
+
+
+def previous_node_plan(node: Node, previous: Mapping[str, Plan] | None) -> NodePlan | None:
+    """The running plans as a node plan whose layout the packer keeps what it can of."""
+    if not previous:
+        return None
+    layout = merge_layouts(previous, node.gpu.name, node.num_gpus)
+    return NodePlan(node=node.name, objective_kind=node.planner.objective, status="running", feasible=True,
+                    objective=float("nan"), gap=float("inf"),
+                    slices_used=sum(p.slices_used for p in previous.values()),
+                    slices_available=node.slices_available, solve_seconds=0.0, plans=dict(previous),
+                    layout=layout)
+
+
+def solve_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float], *,
+               space: str | None, previous: Mapping[str, Plan] | None, time_limit_s: float | None,
+               factors: Mapping[str, Factors] | None, on_quick: QuickSink | None = None) -> NodePlan:
+    """One node-wide decision in this process (a ``controller.Solver``); ``on_quick`` first gets
+    the verified quick plan when the greedy finds one."""
+    prev = previous_node_plan(node, previous)
+    if on_quick is None:
+        return plan_node(apps, node, profiles, demands, space=space, previous=prev,
+                         time_limit_s=time_limit_s, factors=factors)
+    result = None
+    for p in plan_node_anytime(apps, node, profiles, demands, space=space, previous=prev,
+                               time_limit_s=time_limit_s, factors=factors):
+        if p.status == QUICK_STATUS and result is None:
+            on_quick(p)
+        result = p
+    assert result is not None
+    return result
 
 
 class SubprocessSolver:
@@ -58,13 +99,15 @@ class SubprocessSolver:
             self._proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         return self._proc
 
-    def __call__(self, app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
-                 space: str | None, previous: Plan | None, time_limit_s: float | None,
-                 factors: Factors | None) -> Plan:
-        req = {"app": app.name, "demand_rps": demand_rps, "space": space,
-               "previous": previous.to_json_dict() if previous is not None else None,
-               "time_limit_s": time_limit_s,
-               "factors": [[s, v, d, x] for (s, v, d), x in factors.items()] if factors else None}
+    def __call__(self, apps: Sequence[App], node: Node, profiles: ProfileTable,
+                 demands: Mapping[str, float], *, space: str | None, previous: Mapping[str, Plan] | None,
+                 time_limit_s: float | None, factors: Mapping[str, Factors] | None,
+                 on_quick: QuickSink | None = None) -> NodePlan:
+        req = {"apps": [a.name for a in apps], "demands": {k: float(v) for k, v in demands.items()},
+               "space": space, "time_limit_s": time_limit_s, "quick": on_quick is not None,
+               "previous": {k: p.to_json_dict() for k, p in previous.items()} if previous else None,
+               "factors": {a: [[s, v, d, x] for (s, v, d), x in f.items()] for a, f in factors.items()}
+               if factors else None}
         limit_s = hard_timeout_s(time_limit_s, self.grace_s)
         with self._lock:
             proc = self._ensure()
@@ -74,7 +117,15 @@ class SubprocessSolver:
             try:
                 proc.stdin.write(json.dumps(req).encode() + b"\n")
                 proc.stdin.flush()
-                line = proc.stdout.readline(MAX_LINE_BYTES)
+                while True:
+                    line = proc.stdout.readline(MAX_LINE_BYTES)
+                    if not line:
+                        break
+                    doc = json.loads(line)
+                    if "quick" not in doc:
+                        break
+                    if on_quick is not None:
+                        on_quick(NodePlan.from_json_dict(doc["quick"], "<solver>"))
             except OSError as exc:
                 self.close()
                 raise SolverError(f"solver process: {exc}") from None
@@ -90,10 +141,9 @@ class SubprocessSolver:
                     raise SolverError(f"solver timed out after {limit_s:g} s (killed; restarted on the next "
                                       "re-plan)")
                 raise SolverError("solver process exited")
-        doc = json.loads(line)
         if "error" in doc:
             raise SolverError(doc["error"])
-        return Plan.from_json_dict(doc["plan"], "<solver>")
+        return NodePlan.from_json_dict(doc["plan"], "<solver>")
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -110,26 +160,32 @@ class SubprocessSolver:
             proc.stdout.close()
 
 
+def _answer(doc: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
 def _serve(node_config: Path) -> int:
     from jigsaw.node import load_node, load_node_profiles
-    from jigsaw.planner.milp import plan
     node = load_node(node_config)
     profiles = load_node_profiles(node)
     for line in sys.stdin:
         try:
             req: dict[str, Any] = json.loads(line)
-            app = node.app(req["app"])
-            prev = req.get("previous")
-            factors = {(str(s), str(v), str(d)): float(x) for s, v, d, x in req["factors"]} \
-                if req.get("factors") else None
-            p = plan(app, node, profiles, float(req["demand_rps"]), space=req.get("space"),
-                     previous=Plan.from_json_dict(prev) if prev else None,
-                     time_limit_s=req.get("time_limit_s"), factors=factors)
+            apps = [node.app(str(name)) for name in req["apps"]]
+            prev = req.get("previous") or {}
+            factors = {str(a): {(str(s), str(v), str(d)): float(x) for s, v, d, x in rows}
+                       for a, rows in req["factors"].items()} if req.get("factors") else None
+            quick = (lambda q: _answer({"quick": q.to_json_dict()})) if req.get("quick") else None
+            p = solve_node(apps, node, profiles, {str(k): float(v) for k, v in req["demands"].items()},
+                           space=req.get("space"),
+                           previous={str(k): Plan.from_json_dict(v) for k, v in prev.items()},
+                           time_limit_s=req.get("time_limit_s"), factors=factors,
+                           on_quick=quick)
             out: dict[str, Any] = {"plan": p.to_json_dict()}
         except Exception as exc:  # answered, never fatal: the daemon keeps its running plan
             out = {"error": f"{type(exc).__name__}: {exc}"}
-        sys.stdout.write(json.dumps(out) + "\n")
-        sys.stdout.flush()
+        _answer(out)
     return 0
 
 

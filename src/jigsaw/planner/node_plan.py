@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from jigsaw.app import App
 from jigsaw.errors import PlanError
 from jigsaw.node import NODE_OBJECTIVES, Node
 from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
 from jigsaw.planner import joint
-from jigsaw.planner.packer import InstanceRequest, pack
+from jigsaw.planner.anytime import quick_plan
+from jigsaw.planner.packer import InstanceRequest, PackingError, pack
 from jigsaw.planner.problem import Factors, make_problem
+from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
 
+QUICK_STATUS = "heuristic"  # a quick_plan_node plan: verified, not proven optimal
+QUICK_BUDGET_S = 0.08  # per app: a smaller share loses the LP-rounded candidates of larger apps
 _SEP = "\x1f"  # joins app and task in the packer's requests: no name contains it
 
 
@@ -146,3 +150,84 @@ def _empty(node: Node, kind: str, status: str, secs: float, note: str) -> NodePl
                     objective=math.nan, gap=math.inf, slices_used=0,
                     slices_available=node.slices_available, solve_seconds=secs, demand_scale=0.0,
                     notes=[note])
+
+
+def merge_layouts(plans: Mapping[str, Plan], gpu_model: str, num_gpus: int) -> Layout:
+    """One node layout from each app's own layout (the inverse of ``app_layout``): every
+    instance labelled with its app. Plans without a layout contribute nothing."""
+    by_gpu: dict[int, list[PlacedInstance]] = {g: [] for g in range(num_gpus)}
+    for name, p in plans.items():
+        if p.layout is None:
+            continue
+        for g in p.layout.gpus:
+            by_gpu.setdefault(g.gpu, []).extend(
+                PlacedInstance(x.profile, x.start, x.task, x.variant, x.index, x.mps, x.max_batch, name)
+                for x in g.instances)
+    return Layout(gpu_model, tuple(GpuLayout(g, tuple(xs)) for g, xs in sorted(by_gpu.items())))
+
+
+def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float], *,
+                    objective: str | None = None, space: str | SearchSpace | None = None,
+                    previous: NodePlan | None = None, factors: Mapping[str, Factors] | None = None,
+                    budget_s: float = QUICK_BUDGET_S) -> NodePlan | None:
+    """A verified node plan within about ``budget_s`` per app, or None: each app's greedy plan
+    (``anytime.quick_plan``) at its full demand, packed together as one layout and each checked
+    by ``verify.verify_plan``. None when the greedy plans do not fit together (the exact
+    ``plan_node`` decides how to share the node then) or any app has none.
+
+    What a controller reacting to a burst deploys while ``plan_node`` proves the optimum.
+    """
+    t0 = time.perf_counter()
+    kind = objective or node.planner.objective
+    sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
+    plans: dict[str, Plan] = {}
+    for a in apps:
+        if a.name not in demands:
+            raise PlanError(f"no demand given for app {a.name!r}")
+        p = quick_plan(a, node, profiles, float(demands[a.name]), space=sp,
+                       factors=(factors or {}).get(a.name), budget_s=budget_s)
+        if p is None:
+            return None
+        plans[a.name] = p
+    if sum(p.slices_used for p in plans.values()) > node.slices_available:
+        return None
+    prev = previous.layout if previous is not None and previous.layout is not None else None
+    if prev is not None and prev.gpu_model != node.gpu.name:
+        prev = None
+    try:
+        layout = _decoded(pack(_requests(plans), node.gpu, node.num_gpus,
+                               _encoded(prev) if prev is not None else None))
+    except PackingError:
+        return None
+    by_name = {a.name: a for a in apps}
+    for name, p in plans.items():
+        p.layout = app_layout(layout, name)
+        if verify_plan(p, by_name[name], node, profiles, (factors or {}).get(name)):
+            return None
+    secs = time.perf_counter() - t0
+    for p in plans.values():
+        p.solve_seconds = secs
+    slices = sum(p.slices_used for p in plans.values())
+    value = (-float(slices) if kind == "slices" else
+             sum(node.planner.app_weight(n) * node.planner.alpha * p.accuracy for n, p in plans.items())
+             - node.beta * slices)
+    return NodePlan(node=node.name, objective_kind=kind, status=QUICK_STATUS, feasible=True, objective=value,
+                    gap=math.inf, slices_used=slices, slices_available=node.slices_available,
+                    solve_seconds=secs, plans=plans, layout=layout, demand_scale=1.0,
+                    notes=["anytime incumbent: each app's greedy plan, packed together and verified; "
+                           "not proven optimal"])
+
+
+def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
+                      demands: Mapping[str, float], *, objective: str | None = None,
+                      space: str | SearchSpace | None = None,
+                      previous: NodePlan | None = None, time_limit_s: float | None = None,
+                      factors: Mapping[str, Factors] | None = None, solver: str | None = None
+                      ) -> Iterator[NodePlan]:
+    """Yields ``quick_plan_node``'s plan (status ``heuristic``) when it finds one, then ``plan_node``'s."""
+    quick = quick_plan_node(apps, node, profiles, demands, objective=objective, space=space,
+                            previous=previous, factors=factors)
+    if quick is not None:
+        yield quick
+    yield plan_node(apps, node, profiles, demands, objective=objective, space=space, previous=previous,
+                    time_limit_s=time_limit_s, factors=factors, solver=solver)
