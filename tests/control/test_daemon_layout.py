@@ -3,7 +3,10 @@ instances through (emulated) NVML, and an NVML failure mid-way keeps the running
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +50,27 @@ def test_three_example_apps_share_one_layout(tmp_path: Path) -> None:
     # the MIG instances that exist (created through the emulated NVML) are the layout's, with UUIDs
     assert _slots(doc["mig"]["existing"]) == _slots(doc["instances"])
     assert all(i["uuid"].startswith("MIG-") for i in doc["instances"])
+    # the daemon planned the apps in one decision: what ``jigsaw plan --node`` prints, layout included
+    demands = ",".join(f"{app}=5" for app in plans)
+    cmd = [sys.executable, "-m", "jigsaw.cli", "plan", "--node", str(EXAMPLE_NODE), "--demand", demands,
+           "--time-limit", "5", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    cli = json.loads(out.stdout)["plans"]
+    for app, entry in plans.items():
+        served, printed = entry["plan"], cli[app]
+        assert _instances(served) == _instances(printed), app
+        assert served["slices_used"] == printed["slices_used"]
+        assert _placed(served) == _placed(printed), app
+
+
+def _instances(plan: dict) -> list[tuple]:
+    return sorted((i["task"], i["variant"], i["mig_profile"], i["mps"], i["max_batch"], i["count"])
+                  for i in plan["instances"])
+
+
+def _placed(plan: dict) -> set[tuple]:
+    return {(g["gpu"], p["start"], p["profile"], p["task"], p["variant"]) for g in plan["layout"]
+            for p in g["instances"]}
 
 
 def test_nvml_failure_mid_replan_keeps_serving(tmp_path: Path) -> None:

@@ -153,6 +153,7 @@ class GenerationManager:
             self.partition = MigPartition(node.gpu, node.num_gpus, MigApplier(node.gpu, nvml))
             self.node_layout = self.partition.adopt()  # idle instances: placed apps reuse them
         self._lock = asyncio.Lock()  # one reconfiguration of the node at a time
+        self._seed_layout(plans)
         for app, plan in plans:
             try:
                 self.node_layout, plan = self.place(app.name, plan)
@@ -162,6 +163,20 @@ class GenerationManager:
             self.current[app.name] = self._lay_out(app, plan).gid
         if self.node_layout is not None:
             self.node_layout = self.node_layout.without_idle()
+
+    def _seed_layout(self, plans: list[tuple[App, Plan]]) -> None:
+        """On a node with no MIG instances yet, start from the plans' own layouts when they fit
+        together (one node-wide plan: what ``jigsaw plan --node`` printed); ``place`` then keeps
+        every instance where the plan put it. Separately made plans overlap and are placed anew."""
+        if self.node_layout is None or self.node_layout.instances:
+            return
+        gpu = self.node.gpu
+        laid = {a.name: p.layout for a, p in plans if p.layout is not None and p.layout.gpu_model == gpu.name}
+        if not laid or len(laid) != len(plans):
+            return
+        seed = from_app_layouts(gpu.name, self.node.num_gpus, laid)
+        if not validate_node_layout(seed, gpu):
+            self.node_layout = seed
 
     def place(self, app: str, plan: Plan) -> tuple[NodeLayout | None, Plan]:
         """The node layout with ``app`` on ``plan``, laid out against what the other apps hold
