@@ -9,13 +9,16 @@ Without a token a non-loopback client gets 403.
   task, variant, MPS level, UUID), the MIG instances that exist and the MIG changes made
   (``mig.events``, failures and their roll-backs included).
 - ``GET /admin/history[?app=A][&current=1]``: ``{app: [bin records]}`` (see ``controller.BinRecord``;
-  ``current=1`` appends the bin in progress). A re-plan the node could not apply (it does not fit
-  beside the other apps, or NVML failed and was rolled back) is in ``reconfiguration_errors``.
+  ``current=1`` appends the bin in progress). Every node re-plan that finished in a bin is in its
+  ``replans`` (trigger, the app's demand, the quick and the exact plan: slices, seconds, deployed).
+  A re-plan the node could not apply (it does not fit beside the other apps, or NVML failed and was
+  rolled back) is in ``reconfiguration_errors``.
 - ``GET /admin/workers``: ``{"workers": [...], "events": [...]}``: every worker's state and pid,
   and the supervisor's failure events (see ``runtime.supervisor.WorkerEvent``).
 - ``POST /admin/control`` ``{"app", "history_rps": [...]?, "replan_rps": X?, "restart_bins": bool?}``:
-  seed the predictor's history, re-plan now for ``replan_rps`` (or the prediction), and/or start
-  bin 0 now; answers once the new plan serves. A replay uses it to align its bins with the daemon's.
+  seed the app's predictor history, re-plan the node now with the app at ``replan_rps`` (or its
+  prediction; the other apps at the demand they were planned for), and/or start bin 0 of every app
+  now; answers once the new plans serve. A replay uses it to align its bins with the daemon's.
 """
 
 from __future__ import annotations
