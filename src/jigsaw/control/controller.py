@@ -119,6 +119,14 @@ def node_value(plans: Mapping[str, Plan], node: Node) -> float:
         - node.beta * slices
 
 
+def keep_quick(quick: NodePlan, exact: NodePlan, node: Node) -> bool:
+    """The quick plan stays: the exact solve found nothing, or stopped unproven at a worse objective
+    (a time limit on a loaded machine); a proven optimum always replaces it."""
+    if not exact.plans or any(not p.instances for p in exact.plans.values()):
+        return True
+    return exact.status != "optimal" and node_value(quick.plans, node) > node_value(exact.plans, node) + 1e-9
+
+
 @dataclass
 class BinRecord:
     app: str
@@ -584,9 +592,7 @@ class NodeController:
                 c.predicted_rps = full[n]
                 if for_bin is None or for_bin == self.bin_index:  # else open_bin copies it over
                     c.current.predicted_rps = full[n]
-            use_exact = bool(exact.plans) and not (
-                deployed is not None and exact.status != "optimal"
-                and node_value(deployed.plans, self.node) > node_value(exact.plans, self.node) + 1e-9)
+            use_exact = bool(exact.plans) and (deployed is None or not keep_quick(deployed, exact, self.node))
             entry["exact"] = self._summary(exact, use_exact)
             if not exact.plans:
                 self.log(f"node: no configuration for {self._demands_text(full)} ({exact.status}; "

@@ -68,8 +68,12 @@ def app_layout(layout: Layout, app: str) -> Layout:
 def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float], *,
               objective: str | None = None, space: str | SearchSpace | None = None,
               previous: NodePlan | None = None, time_limit_s: float | None = None,
-              factors: Mapping[str, Factors] | None = None, solver: str | None = None) -> NodePlan:
-    """One plan for all ``apps`` of the node at ``demands`` (app name -> root requests/s)."""
+              factors: Mapping[str, Factors] | None = None, solver: str | None = None,
+              start: NodePlan | None = None) -> NodePlan:
+    """One plan for all ``apps`` of the node at ``demands`` (app name -> root requests/s).
+
+    ``start``: a feasible node plan for the same demands (``quick_plan_node``'s) to start from.
+    """
     t0 = time.perf_counter()
     if not apps:
         raise PlanError("no apps to plan")
@@ -95,7 +99,8 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
         raise PlanError(f"unknown solver {solver!r} (expected cbc or highs)")
     parts = [joint.Part(make_problem(a, node, profiles, sp, (factors or {}).get(a.name)),
                         float(demands[a.name]), node.planner.app_weight(a.name)) for a in apps]
-    res = joint.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind)
+    res = joint.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
+                      start=[start.plans.get(a.name) for a in apps] if start is not None else None)
     scale = 1.0
     notes: list[str] = []
     if res.status == "infeasible":
@@ -224,10 +229,11 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
                       previous: NodePlan | None = None, time_limit_s: float | None = None,
                       factors: Mapping[str, Factors] | None = None, solver: str | None = None
                       ) -> Iterator[NodePlan]:
-    """Yields ``quick_plan_node``'s plan (status ``heuristic``) when it finds one, then ``plan_node``'s."""
+    """Yields ``quick_plan_node``'s plan (status ``heuristic``) when it finds one, then ``plan_node``'s
+    started from it."""
     quick = quick_plan_node(apps, node, profiles, demands, objective=objective, space=space,
                             previous=previous, factors=factors)
     if quick is not None:
         yield quick
     yield plan_node(apps, node, profiles, demands, objective=objective, space=space, previous=previous,
-                    time_limit_s=time_limit_s, factors=factors, solver=solver)
+                    time_limit_s=time_limit_s, factors=factors, solver=solver, start=quick)
