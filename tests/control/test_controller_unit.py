@@ -432,6 +432,30 @@ def test_one_apps_burst_replans_the_node_and_pushes_every_app() -> None:
     asyncio.run(go())
 
 
+def test_an_app_whose_running_plan_is_as_good_keeps_it() -> None:
+    # traffic bursts; the node plan also hands the idle social_media an equally good plan on
+    # another variant: social_media keeps its processes (pushed again, a no-op), traffic grows
+    def fn(app: str, demand: float) -> Plan:
+        other = _plan(demand, [_inst(1, "other")], app=app)
+        return _plan(demand, [_inst(3)], app=app) if app == TA else other
+    solver = _per_app(fn)
+
+    async def go() -> None:
+        c, _ = _controller(solver, apps=(TA, SM))
+        plane: _Plane = c.plane  # type: ignore[assignment]
+        gens = dict(plane.gens)
+        await c.replan({TA: 200.0}, trigger="rate")
+        assert plane.gens[SM] == gens[SM] and plane.plans[SM].instances[0].variant == "v"
+        assert plane.gens[TA] != gens[TA] and plane.plans[TA].slices_used == 3
+        assert {d.app for d in plane.applied} == {TA, SM}
+        assert _app(c, SM).current.replans[0]["exact"]["kept"] == [SM]
+        # a plan that no longer holds the app's demand is replaced, however good
+        await c.replan({SM: 50.0}, trigger="rate")
+        assert plane.plans[SM].instances[0].variant == "other"
+
+    asyncio.run(go())
+
+
 def _anytime_solver(exact_s: float, quick_slices: int = 4, exact_slices: int = 2,
                     exact_status: str = "optimal", quick: bool = True) -> Solve:
     """A node solver handing over a quick plan at once, then the exact one after ``exact_s``."""
@@ -510,7 +534,11 @@ def test_a_routine_replan_waits_for_the_exact_plan_until_the_bin_boundary() -> N
         c, _ = _controller(solver, anytime="auto", bin_seconds=100.0)
         c.bin_start = time.monotonic() - 99.9
         await c.replan({TA: 5.0}, for_bin=1, trigger="bin")
-        assert [d.plan.slices_used for d in c.plane.applied] == [2]  # type: ignore[attr-defined]
+        (entry,) = _app(c).current.replans
+        assert not entry["quick"]["deployed"] and entry["exact"]["deployed"]
+        # ... nor the exact one's 2 slices: the running plan (1 slice) holds 5 rps and is kept
+        assert [d.plan.slices_used for d in c.plane.applied] == [1]  # type: ignore[attr-defined]
+        assert entry["exact"]["kept"] == [TA]
 
     asyncio.run(go())
 

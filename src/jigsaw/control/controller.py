@@ -55,7 +55,7 @@ from jigsaw.plan import NodePlan, Plan
 from jigsaw.planner.node_plan import QUICK_STATUS
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime.admission import BinCounters
-from jigsaw.runtime.generations import Applied, DesiredState
+from jigsaw.runtime.generations import Applied, DesiredState, same_instances
 
 LEAD_MARGIN = 1.25  # a re-plan ahead of a bin's end starts this many recent re-plan durations early
 HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per app
@@ -109,14 +109,17 @@ def plan_summary(p: Plan) -> dict[str, Any]:
             "processes": sum(i.count * i.mps for i in p.instances)}
 
 
-def node_value(plans: Mapping[str, Plan], node: Node) -> float:
-    """The node objective of a set of plans, computed the same way for a quick and an exact plan:
-    ``slices``: fewer is better; ``accuracy``: weighted accuracy minus beta per slice."""
-    slices = sum(p.slices_used for p in plans.values())
+def app_value(name: str, p: Plan, node: Node) -> float:
+    """One app's share of the node objective: ``slices``: fewer is better; ``accuracy``: its
+    weighted accuracy minus beta per slice."""
     if node.planner.objective == "slices":
-        return -float(slices)
-    return sum(node.planner.app_weight(n) * node.planner.alpha * p.accuracy for n, p in plans.items()) \
-        - node.beta * slices
+        return -float(p.slices_used)
+    return node.planner.app_weight(name) * node.planner.alpha * p.accuracy - node.beta * p.slices_used
+
+
+def node_value(plans: Mapping[str, Plan], node: Node) -> float:
+    """The node objective of a set of plans, computed the same way for a quick and an exact plan."""
+    return sum(app_value(n, p, node) for n, p in plans.items())
 
 
 def keep_quick(quick: NodePlan, exact: NodePlan, node: Node) -> bool:
@@ -577,7 +580,7 @@ class NodeController:
                 use = self.anytime == "always" or trigger in URGENT_TRIGGERS or not self._holds(full)
                 entry["quick"] = self._summary(quick, use)
                 if use:
-                    await self._deploy(quick, fresh, "quick")
+                    entry["quick"]["kept"] = await self._deploy(quick, fresh, "quick", full)
                     deployed, fresh = quick, frozenset()
             try:
                 exact = await exact_f
@@ -603,7 +606,7 @@ class NodeController:
             else:
                 for note in exact.notes:
                     self.log(f"node: {note}")
-                await self._deploy(exact, fresh, "exact")
+                entry["exact"]["kept"] = await self._deploy(exact, fresh, "exact", full)
                 deployed = exact
             took = time.monotonic() - t0
             self._replan_s = took if self._replan_s is None else 0.5 * (self._replan_s + took)
@@ -644,10 +647,43 @@ class NodeController:
         return all(not c.plan.max_demand_plan and c.plan.planned_rps >= demands[n] * (1 - 1e-9)
                    for n, c in self.apps.items())
 
-    async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str) -> None:
-        """Push every app's part of ``np`` as its DesiredState: apps that shrink first."""
+    def settle(self, np: NodePlan, demands: Mapping[str, float], fresh: frozenset[str] = frozenset()
+               ) -> tuple[dict[str, Plan], list[str]]:
+        """Each app's plan to push, and the apps that keep their running plan.
+
+        An app keeps the plan it runs when that plan still holds its demand, is worth at least as
+        much to the node as the new one (``app_value``: an equally good plan with other variants
+        or MIG profiles, which an unproven or degenerate solve returns at will, e.g. for an idle
+        app), and the node's slices allow it beside the others' new plans: a new generation costs
+        seconds of reconfiguration, and the manager applies one at a time, so churn in one app
+        delays the app the re-plan is for. A lost worker's app, and demands scaled to fit, always
+        take the new plan.
+        """
+        plans = dict(np.plans)
+        kept: list[str] = []
+        if np.demand_scale < 1.0:
+            return plans, kept
+        for name, new in np.plans.items():
+            run = self.apps[name].plan
+            if name in fresh or not new.instances or not run.instances or run.max_demand_plan \
+                    or run.planned_rps < demands[name] * (1 - 1e-9) or same_instances(run, new):
+                continue
+            if app_value(name, run, self.node) < app_value(name, new, self.node) - 1e-9:
+                continue
+            total = sum(p.slices_used for p in plans.values()) - new.slices_used + run.slices_used
+            if total > self.node.slices_available:
+                continue
+            plans[name] = run
+            kept.append(name)
+        return plans, kept
+
+    async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str,
+                      demands: Mapping[str, float]) -> list[str]:
+        """Push every app's part of ``np`` as its DesiredState (apps that shrink first); apps that
+        keep their running plan (``settle``) are pushed it again, a no-op. Returns those apps."""
         delay = self.repartition_delay_s()
-        order = sorted(np.plans.items(), key=lambda kv: kv[1].slices_used - self.apps[kv[0]].plan.slices_used)
+        plans, kept = self.settle(np, demands, fresh)
+        order = sorted(plans.items(), key=lambda kv: kv[1].slices_used - self.apps[kv[0]].plan.slices_used)
         for name, plan in order:
             c = self.apps[name]
             if not plan.instances:
@@ -662,6 +698,7 @@ class NodeController:
                 self.log(f"{name}: the {source} plan was not applied ({type(exc).__name__}: {exc})")
                 continue
             c.record_applied(done, plan, source)
+        return kept
 
     def _summary(self, np: NodePlan, deployed: bool) -> dict[str, Any]:
         source = "quick" if np.status == QUICK_STATUS else "exact"
