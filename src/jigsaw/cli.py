@@ -341,7 +341,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_plan_node(args: argparse.Namespace) -> int:
     from jigsaw.errors import PlanError
-    from jigsaw.planner.node_plan import plan_node
+    from jigsaw.planner.node_plan import QUICK_STATUS, plan_node_anytime, prefer_quick
 
     if args.app:
         raise ConfigError("--app", "--app",
@@ -366,9 +366,14 @@ def _cmd_plan_node(args: argparse.Namespace) -> int:
     if args.previous:
         raise ConfigError("--previous", "--previous", "a node-wide plan does not take --previous yet "
                                                       "(the library's plan_node(previous=) does)")
-    try:
-        result = plan_node(apps, node, profiles, demands, objective=args.objective, space=args.space,
-                           time_limit_s=args.time_limit, solver=args.solver)
+    try:  # what jigsawd does at start-up: the quick plan, the exact one started from it, the better
+        quick = None
+        for result in plan_node_anytime(apps, node, profiles, demands, objective=args.objective,
+                                        space=args.space, time_limit_s=args.time_limit, solver=args.solver):
+            quick = result if result.status == QUICK_STATUS else quick
+        if quick is not None and prefer_quick(quick, result, node, args.objective):
+            quick.notes.append(f"the exact solve stopped {result.status} short of this verified plan")
+            result = quick
     except PlanError as exc:
         raise ConfigError("--demand", "--demand", str(exc)) from None
     if args.out:

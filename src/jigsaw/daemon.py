@@ -134,15 +134,16 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
     if not apps:
         raise JigsawError(f"node {node.name} lists no apps")
     profiles = load_node_profiles(node, apps)
-    from jigsaw.control.controller import keep_quick
     from jigsaw.control.solver import solve_node
+    from jigsaw.planner.node_plan import prefer_quick
     demand = DEFAULT_DEMAND_RPS if args.demand is None else args.demand
     quick: list[NodePlan] = []
     result = solve_node(apps, node, profiles, {a.name: demand for a in apps}, space=args.space, previous=None,
                         time_limit_s=args.plan_time_limit, factors=None, on_quick=quick.append)
-    if quick and keep_quick(quick[0], result, node):
+    if quick and prefer_quick(quick[0], result, node):
         _log(f"node {node.name}: the exact solve stopped {result.status} short of the verified quick plan "
              f"({quick[0].slices_used} slices); serving the quick plan")
+        quick[0].notes.append(f"the exact solve stopped {result.status} short of this verified plan")
         result = quick[0]
     missing = [a.name for a in apps if a.name not in result.plans or not result.plans[a.name].instances]
     if missing:

@@ -52,7 +52,7 @@ from jigsaw.control.predictor import MeanSlackPredictor, Predictor
 from jigsaw.control.solver import solve_node
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
-from jigsaw.planner.node_plan import QUICK_STATUS
+from jigsaw.planner.node_plan import QUICK_STATUS, app_value, prefer_quick
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime.admission import BinCounters
 from jigsaw.runtime.generations import Applied, DesiredState, same_instances
@@ -107,27 +107,6 @@ def plan_summary(p: Plan) -> dict[str, Any]:
             "feasible": p.feasible, "max_demand_plan": p.max_demand_plan,
             "demand_rps": round(p.demand_rps, 3), "planned_rps": round(p.planned_rps, 3),
             "processes": sum(i.count * i.mps for i in p.instances)}
-
-
-def app_value(name: str, p: Plan, node: Node) -> float:
-    """One app's share of the node objective: ``slices``: fewer is better; ``accuracy``: its
-    weighted accuracy minus beta per slice."""
-    if node.planner.objective == "slices":
-        return -float(p.slices_used)
-    return node.planner.app_weight(name) * node.planner.alpha * p.accuracy - node.beta * p.slices_used
-
-
-def node_value(plans: Mapping[str, Plan], node: Node) -> float:
-    """The node objective of a set of plans, computed the same way for a quick and an exact plan."""
-    return sum(app_value(n, p, node) for n, p in plans.items())
-
-
-def keep_quick(quick: NodePlan, exact: NodePlan, node: Node) -> bool:
-    """The quick plan stays: the exact solve found nothing, or stopped unproven at a worse objective
-    (a time limit on a loaded machine); a proven optimum always replaces it."""
-    if not exact.plans or any(not p.instances for p in exact.plans.values()):
-        return True
-    return exact.status != "optimal" and node_value(quick.plans, node) > node_value(exact.plans, node) + 1e-9
 
 
 @dataclass
@@ -595,7 +574,8 @@ class NodeController:
                 c.predicted_rps = full[n]
                 if for_bin is None or for_bin == self.bin_index:  # else open_bin copies it over
                     c.current.predicted_rps = full[n]
-            use_exact = bool(exact.plans) and (deployed is None or not keep_quick(deployed, exact, self.node))
+            use_exact = bool(exact.plans) and not (deployed is not None
+                                                   and prefer_quick(deployed, exact, self.node))
             entry["exact"] = self._summary(exact, use_exact)
             if not exact.plans:
                 self.log(f"node: no configuration for {self._demands_text(full)} ({exact.status}; "

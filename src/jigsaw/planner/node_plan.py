@@ -171,6 +171,29 @@ def merge_layouts(plans: Mapping[str, Plan], gpu_model: str, num_gpus: int) -> L
     return Layout(gpu_model, tuple(GpuLayout(g, tuple(xs)) for g, xs in sorted(by_gpu.items())))
 
 
+def app_value(name: str, p: Plan, node: Node, objective: str | None = None) -> float:
+    """One app's share of the node objective, computed the same way for a quick and an exact plan:
+    ``slices``: fewer is better; ``accuracy``: its weighted accuracy minus beta per slice."""
+    if (objective or node.planner.objective) == "slices":
+        return -float(p.slices_used)
+    return node.planner.app_weight(name) * node.planner.alpha * p.accuracy - node.beta * p.slices_used
+
+
+def node_value(plans: Mapping[str, Plan], node: Node, objective: str | None = None) -> float:
+    """The node objective of a set of plans (``app_value`` summed)."""
+    return sum(app_value(n, p, node, objective) for n, p in plans.items())
+
+
+def prefer_quick(quick: NodePlan, exact: NodePlan, node: Node, objective: str | None = None) -> bool:
+    """The verified quick plan beats the exact solve's answer: that found nothing, or stopped
+    unproven (a time limit on a loaded machine) at a worse objective. A proven optimum, or an
+    answer for scaled demands (the quick plan serves them in full only when they fit), never loses."""
+    if not exact.plans or any(not p.instances for p in exact.plans.values()):
+        return True
+    return exact.status != "optimal" and exact.demand_scale >= 1.0 and \
+        node_value(quick.plans, node, objective) > node_value(exact.plans, node, objective) + 1e-9
+
+
 def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float], *,
                     objective: str | None = None, space: str | SearchSpace | None = None,
                     previous: NodePlan | None = None, factors: Mapping[str, Factors] | None = None,
@@ -213,10 +236,8 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
     for p in plans.values():
         p.solve_seconds = secs
     slices = sum(p.slices_used for p in plans.values())
-    value = (-float(slices) if kind == "slices" else
-             sum(node.planner.app_weight(n) * node.planner.alpha * p.accuracy for n, p in plans.items())
-             - node.beta * slices)
-    return NodePlan(node=node.name, objective_kind=kind, status=QUICK_STATUS, feasible=True, objective=value,
+    return NodePlan(node=node.name, objective_kind=kind, status=QUICK_STATUS, feasible=True,
+                    objective=node_value(plans, node, kind),
                     gap=math.inf, slices_used=slices, slices_available=node.slices_available,
                     solve_seconds=secs, plans=plans, layout=layout, demand_scale=1.0,
                     notes=["anytime incumbent: each app's greedy plan, packed together and verified; "
