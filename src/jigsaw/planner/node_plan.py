@@ -250,11 +250,80 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
                       previous: NodePlan | None = None, time_limit_s: float | None = None,
                       factors: Mapping[str, Factors] | None = None, solver: str | None = None
                       ) -> Iterator[NodePlan]:
-    """Yields ``quick_plan_node``'s plan (status ``heuristic``) when it finds one, then ``plan_node``'s
-    started from it."""
+    """Yields ``quick_plan_node``'s plan (status ``heuristic``) when it finds one, then the exact
+    node plan: ``separate_optima``'s when the apps' own optima fit together, else ``plan_node``'s
+    started from the quick plan."""
     quick = quick_plan_node(apps, node, profiles, demands, objective=objective, space=space,
                             previous=previous, factors=factors)
     if quick is not None:
         yield quick
-    yield plan_node(apps, node, profiles, demands, objective=objective, space=space, previous=previous,
-                    time_limit_s=time_limit_s, factors=factors, solver=solver, start=quick)
+    limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
+    t0 = time.perf_counter()
+    apart = separate_optima(apps, node, profiles, demands, objective=objective, space=space,
+                            previous=previous, time_limit_s=0.5 * limit, factors=factors, solver=solver)
+    if apart is not None and apart.status == "optimal":
+        yield apart
+        return
+    exact = plan_node(apps, node, profiles, demands, objective=objective, space=space, previous=previous,
+                      time_limit_s=max(0.1 * limit, limit - (time.perf_counter() - t0)), factors=factors,
+                      solver=solver, start=apart if apart is not None else quick)
+    yield apart if apart is not None and prefer_quick(apart, exact, node, objective) else exact
+
+
+def separate_optima(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float], *,
+                    objective: str | None = None, space: str | SearchSpace | None = None,
+                    previous: NodePlan | None = None, time_limit_s: float | None = None,
+                    factors: Mapping[str, Factors] | None = None, solver: str | None = None
+                    ) -> NodePlan | None:
+    """The node optimum by decomposition when the shared slices do not bind, else None.
+
+    With the ``accuracy`` objective and every app's weight 1, the node objective is the sum of
+    the apps' own (``milp.plan``'s); any node plan restricted to one app is a plan for that app
+    alone, so the sum of the apps' proven optima bounds the node optimum, and when those optima
+    pack together onto the GPUs (and pass the verifier) they reach the bound: proven optimal
+    without the joint model, which couples the apps through the slices and is much slower to
+    prove. An app not proven within ``time_limit_s`` (shared by the apps) gives a ``feasible``
+    plan whose gap is the sum of the apps' gaps; apps that crowd the node give None.
+    """
+    from jigsaw.planner.milp import plan as plan_app
+
+    kind = objective or node.planner.objective
+    if kind != "accuracy" or any(node.planner.app_weight(a.name) != 1.0 for a in apps):
+        return None
+    t0 = time.perf_counter()
+    budget_s = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
+    sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
+    plans: dict[str, Plan] = {}
+    for a in apps:
+        left_s = max(budget_s / len(apps), budget_s - (time.perf_counter() - t0))  # a fair share at least
+        p = plan_app(a, node, profiles, float(demands[a.name]), space=sp, time_limit_s=left_s,
+                     factors=(factors or {}).get(a.name), solver=solver)
+        if p.status not in ("optimal", "feasible") or not p.feasible or not p.instances:
+            return None
+        plans[a.name] = p
+    slices = sum(p.slices_used for p in plans.values())
+    if slices > node.slices_available:
+        return None
+    prev = previous.layout if previous is not None and previous.layout is not None else None
+    if prev is not None and prev.gpu_model != node.gpu.name:
+        prev = None
+    try:
+        layout = _decoded(pack(_requests(plans), node.gpu, node.num_gpus,
+                               _encoded(prev) if prev is not None else None))
+    except PackingError:
+        return None
+    by_name = {a.name: a for a in apps}
+    secs = time.perf_counter() - t0
+    for name, p in plans.items():
+        p.layout = app_layout(layout, name)
+        p.solve_seconds = secs
+        if verify_plan(p, by_name[name], node, profiles, (factors or {}).get(name)):
+            return None
+    proven = all(p.status == "optimal" for p in plans.values())
+    return NodePlan(node=node.name, objective_kind=kind, status="optimal" if proven else "feasible",
+                    feasible=True, objective=node_value(plans, node, kind),
+                    gap=sum(p.gap for p in plans.values()) if not proven else 0.0, slices_used=slices,
+                    slices_available=node.slices_available, solve_seconds=secs, plans=plans, layout=layout,
+                    notes=["each app's own optimum, and together they fit: the node optimum (the shared "
+                           "slices do not bind)" if proven else
+                           "each app's own best plan, not all proven, and together they fit"])

@@ -1,0 +1,92 @@
+"""The node's anytime plans: a verified quick node plan, the apps' own optima when they fit
+together (the node optimum by decomposition), and the choice between a quick and an exact plan."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from jigsaw.node import load_node, load_node_profiles
+from jigsaw.plan import NodePlan
+from jigsaw.planner.node_plan import (
+    QUICK_STATUS,
+    merge_layouts,
+    node_value,
+    plan_node,
+    plan_node_anytime,
+    prefer_quick,
+    quick_plan_node,
+    separate_optima,
+)
+from jigsaw.planner.packer import validate_layout
+from jigsaw.planner.verify import verify_plan
+
+NODE = Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml"
+DEMANDS = {"social_media": 10.0, "traffic_analysis": 10.0, "ar_assistant": 10.0}
+
+
+@pytest.fixture(scope="module")
+def example():
+    node = load_node(NODE)
+    return node, load_node_profiles(node)
+
+
+def test_quick_node_plan_is_verified_on_one_layout(example) -> None:
+    node, profiles = example
+    q = quick_plan_node(node.apps, node, profiles, DEMANDS, budget_s=1.0)  # generous: a shared machine
+    assert q is not None and q.status == QUICK_STATUS and q.feasible
+    assert q.slices_used == sum(p.slices_used for p in q.plans.values()) <= node.slices_available
+    assert validate_layout(q.layout, node.gpu) == []  # no two apps' instances overlap
+    for name, p in q.plans.items():
+        assert p.planned_rps == pytest.approx(DEMANDS[name])
+        assert verify_plan(p, node.app(name), node, profiles) == []
+    # each app's layout is its part of the node layout; merged back, the node layout
+    merged = merge_layouts(q.plans, node.gpu.name, node.num_gpus)
+    def placed(layout):
+        return sorted((g.gpu, repr(i)) for g in layout.gpus for i in g.instances)
+    assert placed(merged) == placed(q.layout)
+    # the JSON form (what the solver process sends) comes back the same
+    again = NodePlan.from_json_dict(q.to_json_dict())
+    assert again.to_json_dict() == q.to_json_dict()
+
+
+def test_quick_node_plan_gives_up_when_the_greedy_plans_do_not_fit(example) -> None:
+    node, profiles = example
+    assert quick_plan_node(node.apps, node, profiles, {a.name: 1e6 for a in node.apps}) is None
+
+
+def test_the_apps_own_optima_that_fit_are_the_node_optimum(example) -> None:
+    node, profiles = example
+    apart = separate_optima(node.apps, node, profiles, DEMANDS, time_limit_s=30)
+    assert apart is not None and apart.status == "optimal" and apart.gap == 0.0
+    assert validate_layout(apart.layout, node.gpu) == []
+    joint = plan_node(node.apps, node, profiles, DEMANDS, solver="highs", time_limit_s=30)
+    assert joint.status == "optimal"
+    assert node_value(apart.plans, node) == pytest.approx(node_value(joint.plans, node), abs=1e-6)
+    # not a sum over apps: other app weights, or the fewest-slices objective, go to the joint model
+    weighted = dataclasses.replace(node, planner=dataclasses.replace(
+        node.planner, app_weights=(("social_media", 2.0),)))
+    assert separate_optima(node.apps, weighted, profiles, DEMANDS, time_limit_s=30) is None
+    assert separate_optima(node.apps, node, profiles, DEMANDS, objective="slices", time_limit_s=30) is None
+
+
+def test_anytime_yields_the_quick_plan_then_the_exact_one(example) -> None:
+    node, profiles = example
+    got = list(plan_node_anytime(node.apps, node, profiles, DEMANDS, time_limit_s=30))
+    assert [p.status for p in got][-1] == "optimal"
+    assert len(got) in (1, 2) and (len(got) == 1 or got[0].status == QUICK_STATUS)
+
+
+def test_prefer_quick_only_over_an_unproven_worse_or_empty_exact_plan(example) -> None:
+    node, profiles = example
+    q = quick_plan_node(node.apps, node, profiles, DEMANDS, budget_s=1.0)
+    exact = plan_node(node.apps, node, profiles, DEMANDS, solver="highs", time_limit_s=30)
+    assert q is not None and exact.status == "optimal"
+    assert not prefer_quick(q, exact, node)  # a proven optimum always wins
+    empty = dataclasses.replace(exact, status="no_solution", plans={})
+    assert prefer_quick(q, empty, node)
+    unproven = dataclasses.replace(exact, status="feasible")
+    worse = node_value(q.plans, node) > node_value(exact.plans, node)
+    assert prefer_quick(q, unproven, node) == worse
