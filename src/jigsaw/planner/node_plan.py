@@ -265,7 +265,7 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
         yield apart
         return
     exact = plan_node(apps, node, profiles, demands, objective=objective, space=space, previous=previous,
-                      time_limit_s=max(0.1 * limit, limit - (time.perf_counter() - t0)), factors=factors,
+                      time_limit_s=max(0.5 * limit, limit - (time.perf_counter() - t0)), factors=factors,
                       solver=solver, start=apart if apart is not None else quick)
     yield apart if apart is not None and prefer_quick(apart, exact, node, objective) else exact
 
@@ -319,7 +319,10 @@ def separate_optima(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
         p.solve_seconds = secs
         if verify_plan(p, by_name[name], node, profiles, (factors or {}).get(name)):
             return None
-    proven = all(p.status == "optimal" for p in plans.values())
+    # milp.plan's fallback without an incumbent keeps the capacity model's status, but its slices
+    # are not minimised (its note says so): not a proof of this app's optimum
+    proven = all(p.status == "optimal" and not any("capacity model" in n for n in p.notes)
+                 for p in plans.values())
     return NodePlan(node=node.name, objective_kind=kind, status="optimal" if proven else "feasible",
                     feasible=True, objective=node_value(plans, node, kind),
                     gap=sum(p.gap for p in plans.values()) if not proven else 0.0, slices_used=slices,
