@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,17 +37,27 @@ from typing import Any, Protocol
 from jigsaw.app import App
 from jigsaw.backends.registry import BackendKind
 from jigsaw.errors import JigsawError
-from jigsaw.gpu.layout import NodeLayout, empty_layout, from_app_layouts, place_app, validate_node_layout
+from jigsaw.gpu.layout import (
+    NodeInstance,
+    NodeLayout,
+    empty_layout,
+    from_app_layouts,
+    place_app,
+    validate_node_layout,
+)
+from jigsaw.gpu.mps import MPS_CONTROL, EmulatedMps, MpsManager
 from jigsaw.gpu.nvml import MigApplier
 from jigsaw.gpu.partition import MigPartition
 from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import Plan
 from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
-from jigsaw.runtime.generation import Generation
+from jigsaw.runtime import stats as st
+from jigsaw.runtime.generation import Generation, tell
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry
 from jigsaw.runtime.topology import ProcessSpec, Topology
 
 FAULT_ENV = "JIGSAW_EMULATED_NVML_FAULT"
+MPS_CONTROL_ENV = "JIGSAW_MPS_CONTROL"  # the MPS control binary (on an emulated node: a stand-in script)
 READY_TIMEOUT_S = 120.0
 DRAIN_MARGIN_S = 12.0  # beyond the deadline: the frontend keeps a timed-out request 10 s for late credits
 READY_POLL_S = 0.02
@@ -87,10 +98,13 @@ class Applied:
     generation: int
     previous: int
     new_generation: bool  # False: re-weighted in place, or the new generation failed (``error``)
-    seconds: float = 0.0
+    seconds: float = 0.0  # plan decided (``apply`` called) -> routing switched
     changed_gpus: tuple[int, ...] = ()
     processes: int = 0
     error: str | None = None
+    kept: int = 0  # processes of the old generation the new one serves with (same pids)
+    started: int = 0  # processes started for it (the changed instances')
+    stopped: int = 0  # processes of the old generation stopped once it drained
 
 
 def inject_fault(nvml: Any, spec: str) -> None:
@@ -103,6 +117,17 @@ def inject_fault(nvml: Any, spec: str) -> None:
     except (IndexError, ValueError, AttributeError):
         raise JigsawError(f"{FAULT_ENV}={spec!r}: expected function:code[:skip] "
                           "(an NVML function)") from None
+
+
+def kept_processes(old: Generation, new: Generation) -> list[tuple[int, int]]:
+    """(new's process, old's process) pairs of the same instance (``Generation.process_keys``):
+    the live processes of ``old`` that ``new`` serves with instead of starting its own."""
+    alive = {j: key for j, key in enumerate(old.process_keys())
+             if j not in old.handed_over and j < len(old.workers) and old.workers[j].poll() is None
+             and old.stats is not None
+             and old.stats.get(old.topology.processes[j].slot, st.STATE) == st.READY}
+    by_key = {key: j for j, key in alive.items()}
+    return [(k, by_key[key]) for k, key in enumerate(new.process_keys()) if key in by_key]
 
 
 def same_instances(a: Plan, b: Plan) -> bool:
@@ -152,6 +177,22 @@ class GenerationManager:
                 self._fault = os.environ.get(FAULT_ENV, "")
             self.partition = MigPartition(node.gpu, node.num_gpus, MigApplier(node.gpu, nvml))
             self.node_layout = self.partition.adopt()  # idle instances: placed apps reuse them
+        # one MPS control daemon per instance of MPS level k > 1, in a private run directory: the
+        # driver's binary on a GPU node; on an emulated one a stand-in script when one is named
+        # (``JIGSAW_MPS_CONTROL``), else the in-process emulation
+        self.mps: MpsManager | None = None
+        if self.partition is not None:
+            binary = os.environ.get(MPS_CONTROL_ENV, "")
+            mps_dir = self.run_dir / "mps"
+            self.mps = EmulatedMps(mps_dir) if backend.emulated and not binary else \
+                MpsManager(mps_dir, binary=binary or MPS_CONTROL)
+        self.mps_started_total = 0
+        self.mps_stopped_total = 0
+        self.mps_failures_total = 0
+        self.failures_total = 0  # new generations that failed to start (the running one served on)
+        self.processes_started_total = 0
+        self.processes_kept_total = 0
+        self.mps_events: list[dict[str, Any]] = []
         self._lock = asyncio.Lock()  # one reconfiguration of the node at a time
         for app, plan in plans:
             try:
@@ -190,6 +231,48 @@ class GenerationManager:
     def num_processes(self) -> int:
         return sum(len(self.generations[g].topology.processes) for g in self.current.values())
 
+    def processes(self) -> list[dict[str, Any]]:
+        """Every live worker process, once, with the generations it serves and its instance
+        (``/admin/layout``): a process a re-plan kept shows the same pid under the new generation."""
+        out: dict[int, dict[str, Any]] = {}
+        for g in sorted(self.generations.values(), key=lambda g: g.gid):
+            for k, spec in enumerate(g.topology.processes):
+                if k >= len(g.workers):
+                    continue
+                proc = g.workers[k]
+                where = g.placement(k)
+                row = out.setdefault(id(proc), {
+                    "pid": proc.pid, "app": spec.app, "task": spec.task, "variant": spec.variant,
+                    "profile": spec.mig_profile, "mps": spec.mps, "max_batch": spec.max_batch,
+                    "gpu": where[0] if where else None, "start": where[1] if where else None,
+                    "generations": []})
+                row["pid"] = proc.pid
+                row["generations"].append(g.gid)
+        return list(out.values())
+
+    def prometheus(self) -> str:
+        """Process and MPS counters of the reconfigurations (for ``/metrics``)."""
+        rows = [
+            ("jigsaw_reconfig_processes_started_total", "counter",
+             "worker processes started by re-plans (the changed instances')",
+             self.processes_started_total),
+            ("jigsaw_reconfig_processes_kept_total", "counter",
+             "worker processes a re-plan kept serving (same pid, routing changed only)",
+             self.processes_kept_total),
+            ("jigsaw_reconfig_failures_total", "counter",
+             "re-plans whose new processes failed to start (rolled back; the running plan served on)",
+             self.failures_total),
+            ("jigsaw_mps_daemons_started_total", "counter", "MPS control daemons started",
+             self.mps_started_total),
+            ("jigsaw_mps_daemons_stopped_total", "counter", "MPS control daemons stopped",
+             self.mps_stopped_total),
+            ("jigsaw_mps_failures_total", "counter", "MPS control daemon starts or stops that failed",
+             self.mps_failures_total),
+            ("jigsaw_mps_daemons", "gauge", "MPS control daemons running",
+             len(self.mps.daemons) if self.mps is not None else 0),
+        ]
+        return "".join(f"# HELP {n} {h}\n# TYPE {n} {t}\n{n} {v}\n" for n, t, h, v in rows)
+
     def running(self) -> list[Generation]:
         """Every generation with processes (serving, starting or draining), for the supervisor."""
         return list(self.generations.values())
@@ -222,7 +305,8 @@ class GenerationManager:
         for gid in self.current.values():
             self.generations[gid].create_segments()
         for gid in self.current.values():
-            self.generations[gid].start_workers()
+            g = self.generations[gid]
+            g.start_workers(self._start_mps(g, self.node_layout))
         deadline = time.monotonic() + timeout_s
         while True:
             waiting = [n for gid in self.current.values() for n in self.generations[gid].not_ready()]
@@ -253,6 +337,7 @@ class GenerationManager:
 
     async def _apply(self, desired: DesiredState) -> Applied:
         router = self._router()
+        t0 = time.monotonic()  # the plan is decided: the time to the routing switch counts from here
         app, new = desired.app, desired.plan
         old_gid = self.current[app]
         old = self.generations[old_gid]
@@ -266,8 +351,8 @@ class GenerationManager:
             old.plan = new
             self.node_layout = node_layout
             router.reweight(app, new)
-            return Applied(old_gid, old_gid, False, processes=len(old.topology.processes))
-        t0 = time.monotonic()
+            n = len(old.topology.processes)
+            return Applied(old_gid, old_gid, False, time.monotonic() - t0, processes=n, kept=n)
         changed: list[int] = []
         if old.plan.layout is not None and new.layout is not None:
             changed = changed_gpus(old.plan.layout, new.layout)
@@ -283,9 +368,14 @@ class GenerationManager:
                          "instances (created once it retires)")
             node_layout = self.partition.with_uuids(node_layout)
         gen = self._lay_out(old.app, new)
+        pairs = [] if desired.fresh_generation else kept_processes(old, gen)
+        gen.adopt(old, pairs)
         try:
+            mps_env = await asyncio.to_thread(self._start_mps, gen, node_layout)
             gen.create_segments()
-            gen.start_workers()
+            gen.start_workers(mps_env)
+            for k in gen.adopted:
+                self._tell(gen.workers[k])
             router.add_generation(gen.gid, gen.topology)
             ready_at = time.monotonic() + (desired.repartition_delay_s if changed else 0.0)
             deadline = time.monotonic() + READY_TIMEOUT_S
@@ -295,21 +385,92 @@ class GenerationManager:
                 await asyncio.sleep(READY_POLL_S)
         except Exception as exc:
             self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old_gid}")
+            self.failures_total += 1
             router.remove_generation(gen.gid)
-            await asyncio.get_running_loop().run_in_executor(None, self.retire, gen.gid)
+            self.generations.pop(gen.gid, None)
+            for back, j in gen.hand_back():  # the kept processes serve only what they served before
+                self._tell(back.workers[j])
+            await asyncio.get_running_loop().run_in_executor(None, gen.close)
+            await asyncio.to_thread(self._stop_unused_mps)
             await self._release_mig(f"{app}: generation {gen.gid} failed")
             return Applied(old_gid, old_gid, False, error=str(exc))
         router.route(app, gen.gid)
         self.current[app] = gen.gid
         self.node_layout = node_layout
+        switched_s = time.monotonic() - t0
         task = asyncio.get_running_loop().create_task(self._drain_and_retire(old_gid))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
-        return Applied(gen.gid, old_gid, True, time.monotonic() - t0, tuple(changed),
-                       len(gen.topology.processes))
+        n = len(gen.topology.processes)
+        stopped = len(old.topology.processes) - len(old.handed_over)
+        self.processes_started_total += n - len(pairs)
+        self.processes_kept_total += len(pairs)
+        return Applied(gen.gid, old_gid, True, switched_s, tuple(changed), n,
+                       kept=len(pairs), started=n - len(pairs), stopped=stopped)
+
+    def _tell(self, proc: subprocess.Popen[bytes]) -> None:
+        """Have a kept process serve every live generation that holds it (newest first)."""
+        holders = [(g, k) for g in sorted(self.generations.values(), key=lambda g: -g.gid)
+                   for k, p in enumerate(g.workers) if p is proc]
+        if holders:
+            tell(holders[0][0].controls[holders[0][1]], [g.spec_path(k) for g, k in holders], proc)
+
+    # ---- MPS: one control daemon per instance of MPS level k > 1 ---------------------------------
+    def _mps_slots(self, g: Generation, ks: list[int]) -> set[tuple[int, int]]:
+        return {w for k in ks if g.topology.processes[k].mps > 1 and (w := g.placement(k)) is not None}
+
+    def _start_mps(self, g: Generation, layout: NodeLayout | None) -> dict[tuple[int, int], dict[str, str]]:
+        """Start the MPS daemons of ``g``'s new instances (before their processes); their clients'
+        environment per (GPU, start). A failure stops the ones this call started and raises."""
+        if self.mps is None or layout is None:
+            return {}
+        at = {(i.gpu, i.start): i for i in layout.instances}
+        started = []
+        env: dict[tuple[int, int], dict[str, str]] = {}
+        try:
+            for slot in sorted(self._mps_slots(g, g.own())):
+                inst = at.get(slot)
+                if inst is None:
+                    continue
+                if inst.slot not in self.mps.daemons:
+                    self.mps.start(inst)
+                    started.append(inst)
+                    self.mps_started_total += 1
+                    self.mps_events.append({"at": time.time(), "event": "mps_start",
+                                            "instance": inst.name})
+                env[slot] = self.mps.client_env(inst)
+        except JigsawError as exc:
+            self.mps_failures_total += 1
+            for inst in started:
+                with contextlib.suppress(JigsawError):
+                    self.mps.stop(inst)
+            raise JigsawError(f"MPS: {exc}") from None
+        return env
+
+    def _stop_unused_mps(self) -> None:
+        """Stop the MPS daemons no live process runs on any more (after their processes stopped)."""
+        if self.mps is None:
+            return
+        used = set()
+        for g in self.generations.values():
+            live = [k for k in range(len(g.topology.processes)) if k not in g.handed_over]
+            used |= self._mps_slots(g, live)
+        for slot, daemon in list(self.mps.daemons.items()):
+            if slot[:2] in used:
+                continue
+            inst = NodeInstance(gpu=slot[0], profile=slot[2], start=slot[1])
+            try:
+                self.mps.stop(inst)
+                self.mps_stopped_total += 1
+                self.mps_events.append({"at": time.time(), "event": "mps_stop",
+                                        "directory": str(daemon.directory)})
+            except JigsawError as exc:
+                self.mps_failures_total += 1
+                self.log(f"MPS daemon of GPU {slot[0]} start {slot[1]} did not stop: {exc}")
 
     async def _drain_and_retire(self, gid: int) -> None:
-        """Wait until the old generation's requests are all settled, then stop and unlink it."""
+        """Wait until the old generation's requests are all settled, then stop the processes the new
+        one did not keep, tell the kept ones to drop its wiring, and unlink its segments."""
         router = self._router()
         g = self.generations[gid]
         budget_s = (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
@@ -323,8 +484,12 @@ class GenerationManager:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, g.stop_workers)
         router.remove_generation(gid)
-        await loop.run_in_executor(None, self.retire, gid)
+        self.generations.pop(gid, None)
+        for k in sorted(g.handed_over):
+            self._tell(g.workers[k])
+        await loop.run_in_executor(None, g.close)
         async with self._lock:
+            await asyncio.to_thread(self._stop_unused_mps)
             await self._release_mig(f"{g.app.name}: generation {gid} retired")
 
     def in_use_layout(self) -> NodeLayout | None:
@@ -404,6 +569,9 @@ class GenerationManager:
         for g in gens:
             g.close()
         self.generations.clear()
+        if self.mps is not None:  # after every process that used them
+            for why in self.mps.stop_all():
+                self.log(f"MPS daemon did not stop: {why}")
         if self.partition is not None:
             self.partition.close()
         self.registry.cleanup()
