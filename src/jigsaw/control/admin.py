@@ -116,7 +116,9 @@ async def h_layout(request: web.Request) -> web.Response:
         "instances": [inst(i) for i in layout.instances],
         "mig": None if part is None else {
             "existing": [inst(i) for _, i in sorted(part.existing.items())],
-            "events": part.events},
+            "events": part.events,
+            # the emulated NVML's call log (function, GPU, detail): the sequence a GPU node would run
+            "calls": [list(c) for c in getattr(part.applier.nvml, "calls", [])] or None},
         "processes": processes, "mps": mps,
     })
 

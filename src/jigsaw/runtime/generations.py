@@ -398,6 +398,9 @@ class GenerationManager:
         self.current[app] = gen.gid
         self.node_layout = node_layout
         switched_s = time.monotonic() - t0
+        self.log(f"{app}: generation {gen.gid}: {len(pairs)} processes kept, "
+                 f"{len(gen.topology.processes) - len(pairs)} started; routing switched "
+                 f"{switched_s * 1e3:.1f} ms after the plan was decided")
         task = asyncio.get_running_loop().create_task(self._drain_and_retire(old_gid))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
