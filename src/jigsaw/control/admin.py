@@ -100,7 +100,7 @@ async def h_layout(request: web.Request) -> web.Response:
         "events": generations.mps_events[-200:]}
     if layout is None:
         return web.json_response({"gpu_model": generations.node.gpu.name, "instances": [], "mig": None,
-                                  "processes": processes, "mps": mps})
+                                  "processes": processes, "mps": mps, "applied": generations.applied})
     pids: dict[tuple[int, int], list[int]] = {}
     for p in processes:
         if p["gpu"] is not None and generations.current.get(p["app"]) in p["generations"]:
@@ -119,7 +119,7 @@ async def h_layout(request: web.Request) -> web.Response:
             "events": part.events,
             # the emulated NVML's call log (function, GPU, detail): the sequence a GPU node would run
             "calls": [list(c) for c in getattr(part.applier.nvml, "calls", [])] or None},
-        "processes": processes, "mps": mps,
+        "processes": processes, "mps": mps, "applied": generations.applied,
     })
 
 

@@ -59,6 +59,7 @@ from jigsaw.runtime.topology import ProcessSpec, Topology
 FAULT_ENV = "JIGSAW_EMULATED_NVML_FAULT"
 MPS_CONTROL_ENV = "JIGSAW_MPS_CONTROL"  # the MPS control binary (on an emulated node: a stand-in script)
 READY_TIMEOUT_S = 120.0
+MAX_APPLIED = 100
 DRAIN_MARGIN_S = 12.0  # beyond the deadline: the frontend keeps a timed-out request 10 s for late credits
 READY_POLL_S = 0.02
 DRAIN_POLL_S = 0.05
@@ -193,6 +194,7 @@ class GenerationManager:
         self.processes_started_total = 0
         self.processes_kept_total = 0
         self.mps_events: list[dict[str, Any]] = []
+        self.applied: list[dict[str, Any]] = []  # the last re-plans applied (``Applied``), for /admin/layout
         self._lock = asyncio.Lock()  # one reconfiguration of the node at a time
         for app, plan in plans:
             try:
@@ -333,7 +335,10 @@ class GenerationManager:
         start is removed and reported in ``Applied.error`` while the old one keeps serving.
         """
         async with self._lock:
-            return await self._apply(desired)
+            done = await self._apply(desired)
+        self.applied.append({"at": time.time(), "app": desired.app, **dataclasses.asdict(done)})
+        del self.applied[:-MAX_APPLIED]
+        return done
 
     async def _apply(self, desired: DesiredState) -> Applied:
         router = self._router()
