@@ -47,12 +47,13 @@ from jigsaw.gpu.layout import (
 )
 from jigsaw.gpu.mps import MPS_CONTROL, EmulatedMps, MpsManager
 from jigsaw.gpu.nvml import MigApplier
-from jigsaw.gpu.partition import MigPartition
+from jigsaw.gpu.partition import MigPartition, overlaps
 from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import Plan
 from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.generation import Generation, tell
+from jigsaw.runtime.gpus import placements
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry
 from jigsaw.runtime.topology import ProcessSpec, Topology
 
@@ -129,6 +130,47 @@ def kept_processes(old: Generation, new: Generation) -> list[tuple[int, int]]:
              and old.stats.get(old.topology.processes[j].slot, st.STATE) == st.READY}
     by_key = {key: j for j, key in alive.items()}
     return [(k, by_key[key]) for k, key in enumerate(new.process_keys()) if key in by_key]
+
+
+def without_instances(plan: Plan, slots: set[tuple[int, int]]) -> Plan | None:
+    """``plan`` less its instances at ``slots`` (GPU, start): the processes that serve on while
+    those are drained to free their MIG slots. Only the lanes whose every variant still runs are
+    kept (their weights as planned); None when no lane is left."""
+    if plan.layout is None:
+        return None
+    removed: dict[tuple[str, str, str, int, int], int] = {}
+    gpus = []
+    for g in plan.layout.gpus:
+        kept = []
+        for p in g.instances:
+            if (g.gpu, p.start) in slots:
+                kind = (p.task, p.variant, p.profile, p.mps, p.max_batch)
+                removed[kind] = removed.get(kind, 0) + 1
+            else:
+                kept.append(p)
+        gpus.append(dataclasses.replace(g, instances=tuple(kept)))
+    # renumber each kind's instances 0.. in their old order (process n of a kind runs on index n // mps)
+    order = sorted(((p.task, p.variant, p.profile, p.mps, p.max_batch), p.index, g.gpu, p.start)
+                   for g in gpus for p in g.instances)
+    counts: dict[tuple[str, str, str, int, int], int] = {}
+    index: dict[tuple[int, int], int] = {}
+    for kind, _, gpu, start in order:
+        index[(gpu, start)] = counts.get(kind, 0)
+        counts[kind] = index[(gpu, start)] + 1
+    gpus = [dataclasses.replace(g, instances=tuple(dataclasses.replace(p, index=index[(g.gpu, p.start)])
+                                                   for p in g.instances)) for g in gpus]
+    instances = []
+    for i in plan.instances:
+        kind = (i.task, i.variant, i.mig_profile, i.mps, i.max_batch)
+        gone = min(i.count, removed.get(kind, 0))
+        removed[kind] = removed.get(kind, 0) - gone
+        instances.append(dataclasses.replace(i, count=i.count - gone))
+    running = {(i.task, i.variant) for i in instances if i.count > 0}
+    lanes = [lp for lp in plan.lanes if all(tv in running for tv in lp.variants.items())]
+    if not lanes:
+        return None
+    return dataclasses.replace(plan, instances=instances, lanes=lanes,
+                               layout=dataclasses.replace(plan.layout, gpus=tuple(gpus)))
 
 
 def same_instances(a: Plan, b: Plan) -> bool:
@@ -369,8 +411,14 @@ class GenerationManager:
                          f"keeping generation {old_gid}")
                 return Applied(old_gid, old_gid, False, error=str(exc))
             if deferred:
-                self.log(f"{app}: {len(deferred)} MIG instances wait for the slots of the old generation's "
-                         "instances (created once it retires)")
+                try:
+                    old = await self._drain_first(app, old, node_layout, deferred)
+                except JigsawError as exc:
+                    self.log(f"{app}: cannot free the MIG slots of the new instances ({exc}); "
+                             f"keeping generation {old_gid}")
+                    self.failures_total += 1
+                    await self._release_mig(f"{app}: re-plan abandoned")
+                    return Applied(old_gid, old_gid, False, error=str(exc))
             node_layout = self.partition.with_uuids(node_layout)
         gen = self._lay_out(old.app, new)
         pairs = [] if desired.fresh_generation else kept_processes(old, gen)
@@ -415,6 +463,63 @@ class GenerationManager:
         self.processes_kept_total += len(pairs)
         return Applied(gen.gid, old_gid, True, switched_s, tuple(changed), n,
                        kept=len(pairs), started=n - len(pairs), stopped=stopped)
+
+    async def _drain_first(self, app: str, old: Generation, desired: NodeLayout,
+                           deferred: tuple[tuple[int, int, str], ...]) -> Generation:
+        """No free slots for some new instances: drain the app's instances in their way first while
+        its other processes (and every other app) serve on, then destroy those and create the new
+        ones. Returns the generation now serving (the old one less the drained instances)."""
+        assert self.partition is not None and self.node_layout is not None
+        gpu = self.node.gpu
+        want = [i for i in desired.instances if i.slot in set(deferred)]
+        mine = {(i.gpu, i.start): i for i in self.node_layout.instances}
+        blockers = {(e.gpu, e.start) for e in self.partition.existing.values()
+                    if any(overlaps(gpu, w, e) for w in want)}
+        strangers = [mine[b].name if b in mine else f"gpu{b[0]}/start{b[1]}" for b in blockers
+                     if b not in mine or mine[b].app != app or old.plan.layout is None
+                     or b not in set(placements(old.plan.layout).values())]
+        if strangers:
+            raise JigsawError(f"the slots are held by instances the app's running plan does not own "
+                              f"({', '.join(sorted(strangers))}; a draining generation?)")
+        mid_plan = without_instances(old.plan, blockers)
+        if mid_plan is None:
+            raise JigsawError("the app has no lane left to serve while the instances in the way drain")
+        self.log(f"{app}: {len(want)} new MIG instances need the slots of {len(blockers)} running ones: "
+                 "draining those first while the rest serves")
+        router = self._router()
+        mid = self._lay_out(old.app, mid_plan)
+        mid.adopt(old, kept_processes(old, mid))
+        try:
+            mid.create_segments()
+            mid.start_workers(await asyncio.to_thread(self._start_mps, mid, self.node_layout))
+            for k in mid.adopted:
+                self._tell(mid.workers[k])
+            router.add_generation(mid.gid, mid.topology)
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while mid.not_ready():
+                if time.monotonic() > deadline:
+                    raise JigsawError(f"generation {mid.gid} not ready after {READY_TIMEOUT_S:g} s")
+                await asyncio.sleep(READY_POLL_S)
+        except Exception as exc:
+            router.remove_generation(mid.gid)
+            self.generations.pop(mid.gid, None)
+            for back, j in mid.hand_back():
+                self._tell(back.workers[j])
+            await asyncio.get_running_loop().run_in_executor(None, mid.close)
+            raise JigsawError(f"the processes serving while the instances drain did not start: {exc}") \
+                from None
+        router.route(app, mid.gid)
+        self.current[app] = mid.gid
+        self.node_layout = self.node_layout.with_instances(
+            i for i in self.node_layout.instances if (i.gpu, i.start) not in blockers)
+        await self._retire(old.gid)  # drained, stopped, its segments unlinked; MPS daemons stopped
+        keep = self.in_use_layout()
+        assert keep is not None
+        await asyncio.to_thread(self.partition.tear_down, keep, f"{app}: drained for the new instances")
+        left = await asyncio.to_thread(self.partition.bring_up, desired, f"{app}: re-plan")
+        if left:
+            raise JigsawError(f"MIG slots {sorted(left)} still held after the drain")
+        return mid
 
     def _tell(self, proc: subprocess.Popen[bytes]) -> None:
         """Have a kept process serve every live generation that holds it (newest first)."""
@@ -477,6 +582,14 @@ class GenerationManager:
                 self.log(f"MPS daemon of GPU {slot[0]} start {slot[1]} did not stop: {exc}")
 
     async def _drain_and_retire(self, gid: int) -> None:
+        """In the background: ``_retire``, then the MIG instances and MPS daemons nothing uses go."""
+        g = self.generations[gid]
+        await self._retire(gid)
+        async with self._lock:
+            await asyncio.to_thread(self._stop_unused_mps)
+            await self._release_mig(f"{g.app.name}: generation {gid} retired")
+
+    async def _retire(self, gid: int) -> None:
         """Wait until the old generation's requests are all settled, then stop the processes the new
         one did not keep, tell the kept ones to drop its wiring, and unlink its segments."""
         router = self._router()
@@ -496,9 +609,7 @@ class GenerationManager:
         for k in sorted(g.handed_over):
             self._tell(g.workers[k])
         await loop.run_in_executor(None, g.close)
-        async with self._lock:
-            await asyncio.to_thread(self._stop_unused_mps)
-            await self._release_mig(f"{g.app.name}: generation {gid} retired")
+        await asyncio.to_thread(self._stop_unused_mps)
 
     def in_use_layout(self) -> NodeLayout | None:
         """Every MIG instance a live generation runs on (serving, starting or draining) or the
