@@ -270,3 +270,45 @@ def test_failing_step_rolls_back_and_keeps_serving(tmp_path: Path, fault: str) -
         step = "nvmlGpuInstanceCreateComputeInstance"
         assert re.search(rf'jigsaw_mig_failures_total\{{step="{step}"\}} 1', metrics)
         assert "MIG reconfiguration failed" in log
+
+
+def _one_gpu_node(tmp_path: Path) -> Path:
+    """The example node with one GPU and one app: a re-plan runs out of free MIG slots."""
+    root = EXAMPLE_NODE.parent
+    text = EXAMPLE_NODE.read_text()
+    text = re.sub(r"(?m)^count = 4$", "count = 1", text)
+    text = re.sub(r"(?m)^apps = .*$", f'apps = ["{root / "apps" / "traffic_analysis.toml"}"]', text)
+    text = text.replace('profiles_dir = "../', f'profiles_dir = "{root.parent}/')
+    path = tmp_path / "h100x1.toml"
+    path.write_text(text)
+    return path
+
+
+def test_no_free_slots_and_no_lane_left_keeps_the_running_plan(tmp_path: Path) -> None:
+    # 150 -> 200 rps on one GPU: the new detect instance needs the slots of instances whose tasks
+    # have no other instance, so nothing could serve the app while they drain: the re-plan is
+    # refused, nothing is half-created, and the running plan serves on
+    node = _one_gpu_node(tmp_path)
+    args = ["--node-config", str(node), "--apps", APP, "--demand", "150", "--bin-seconds", "3600",
+            "--plan-time-limit", "5"]
+    with Server(args, tmp_path / "jigsawd.log", env=_fake_mps(tmp_path)) as server:
+        gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
+        before = _layout(server.url)
+        with Load(server.url, APP) as load:
+            time.sleep(0.5)
+            status, doc, _ = http("POST", f"{server.url}/admin/control", {"app": APP, "replan_rps": 200},
+                                  timeout_s=120)
+            assert status == 200, doc
+            time.sleep(0.5)
+        after = _wait_drained(server.url, gen0, timeout_s=10)
+        log = server.log()
+        hist = http("GET", f"{server.url}/admin/history?current=1")[1][APP]
+    assert load.sent == load.answered, load.statuses
+    assert load.statuses.get(200, 0) >= 0.98 * load.sent, load.statuses
+    assert doc["generation"] == gen0
+    assert "cannot free the MIG slots of the new instances" in log
+    assert any("no lane left" in e for r in hist for e in r["reconfiguration_errors"]), hist
+    assert {p["pid"] for p in after["processes"]} == {p["pid"] for p in before["processes"]}
+    assert after["instances"] == before["instances"]
+    assert _slots(after["mig"]["existing"]) == _slots(before["mig"]["existing"])
+    assert after["mps"]["daemons"] == before["mps"]["daemons"]
