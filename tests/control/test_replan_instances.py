@@ -312,3 +312,44 @@ def test_no_free_slots_and_no_lane_left_keeps_the_running_plan(tmp_path: Path) -
     assert after["instances"] == before["instances"]
     assert _slots(after["mig"]["existing"]) == _slots(before["mig"]["existing"])
     assert after["mps"]["daemons"] == before["mps"]["daemons"]
+
+
+def test_no_free_slots_drains_the_instances_in_the_way_first(tmp_path: Path) -> None:
+    # 200 -> 230 rps on one GPU: new instances need the slots of two running ones; the app's other
+    # processes serve (an interim generation) while those drain, then their instances go
+    node = _one_gpu_node(tmp_path)
+    args = ["--node-config", str(node), "--apps", APP, "--demand", "200", "--bin-seconds", "3600",
+            "--plan-time-limit", "5"]
+    with Server(args, tmp_path / "jigsawd.log", env=_fake_mps(tmp_path)) as server:
+        gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
+        before = _layout(server.url)
+        with Load(server.url, APP) as load:
+            time.sleep(0.5)
+            status, doc, _ = http("POST", f"{server.url}/admin/control", {"app": APP, "replan_rps": 230},
+                                  timeout_s=120)
+            assert status == 200, doc
+            time.sleep(0.5)
+        after = _wait_drained(server.url, doc["generation"])
+        log = server.log()
+        hist = http("GET", f"{server.url}/admin/history?current=1")[1][APP]
+    assert load.sent == load.answered, load.statuses
+    assert load.statuses.get(200, 0) >= 0.95 * load.sent, load.statuses
+    assert "draining those first while the rest serves" in log, log
+    assert doc["generation"] == gen0 + 2  # the interim generation, then the new plan's
+    assert not [e for r in hist for e in r["reconfiguration_errors"]], hist
+    assert "Traceback" not in log
+    # the instances in the way were destroyed before the new ones that need their slots were made
+    gpu = gpu_model(after["gpu_model"])
+    made = _slots(after["instances"]) - _slots(before["instances"])
+    gone = _slots(before["instances"]) - _slots(after["instances"])
+
+    def overlap(a: tuple[int, int, str], b: tuple[int, int, str]) -> bool:
+        return a[0] == b[0] and bool(slot_mask(gpu.profile(a[2]), a[1]) & slot_mask(gpu.profile(b[2]), b[1]))
+    assert any(overlap(m, g) for m in made for g in gone)
+    calls = [c for c in after["mig"]["calls"][len(before["mig"]["calls"]):] if c[0] in
+             ("nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceDestroy")]
+    assert calls[0][0] == "nvmlGpuInstanceDestroy", calls  # break first: the slots were full
+    assert _slots(after["mig"]["existing"]) == _slots(after["instances"])
+    # only the interim and the new generation's processes are left; the interim one retired
+    assert all(p["generations"] == [doc["generation"]] for p in after["processes"])
+    assert {pid for i in after["instances"] for pid in i["pids"]} == {p["pid"] for p in after["processes"]}

@@ -418,7 +418,8 @@ class GenerationManager:
                              f"keeping generation {old_gid}")
                     self.failures_total += 1
                     await self._release_mig(f"{app}: re-plan abandoned")
-                    return Applied(old_gid, old_gid, False, error=str(exc))
+                    now = self.current[app]  # the interim generation, when it failed after the drain
+                    return Applied(now, old_gid, now != old_gid, error=str(exc))
             node_layout = self.partition.with_uuids(node_layout)
         gen = self._lay_out(old.app, new)
         pairs = [] if desired.fresh_generation else kept_processes(old, gen)
@@ -437,7 +438,7 @@ class GenerationManager:
                     raise RuntimeError(f"generation {gen.gid} not ready after {READY_TIMEOUT_S:g} s")
                 await asyncio.sleep(READY_POLL_S)
         except Exception as exc:
-            self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old_gid}")
+            self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old.gid}")
             self.failures_total += 1
             router.remove_generation(gen.gid)
             self.generations.pop(gen.gid, None)
@@ -446,7 +447,7 @@ class GenerationManager:
             await asyncio.get_running_loop().run_in_executor(None, gen.close)
             await asyncio.to_thread(self._stop_unused_mps)
             await self._release_mig(f"{app}: generation {gen.gid} failed")
-            return Applied(old_gid, old_gid, False, error=str(exc))
+            return Applied(old.gid, old_gid, old.gid != old_gid, error=str(exc))
         router.route(app, gen.gid)
         self.current[app] = gen.gid
         self.node_layout = node_layout
@@ -454,7 +455,7 @@ class GenerationManager:
         self.log(f"{app}: generation {gen.gid}: {len(pairs)} processes kept, "
                  f"{len(gen.topology.processes) - len(pairs)} started; routing switched "
                  f"{switched_s * 1e3:.1f} ms after the plan was decided")
-        task = asyncio.get_running_loop().create_task(self._drain_and_retire(old_gid))
+        task = asyncio.get_running_loop().create_task(self._drain_and_retire(old.gid))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
         n = len(gen.topology.processes)
