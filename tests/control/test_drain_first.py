@@ -22,18 +22,21 @@ from jigsaw.runtime.frontend import Frontend
 from jigsaw.runtime.generations import DesiredState, GenerationManager
 
 
-def _plans(tmp_path: Path) -> tuple[Path, Plan, Plan]:
+def _plans(tmp_path: Path, task: str = "b", counts: tuple[int, int] = (2, 5),
+           kept: int = 3) -> tuple[Path, Plan, Plan]:
+    """7 x 1g.10gb (``counts`` of a and b: the GPU is full), then ``task`` on ``kept`` of them
+    and one 2g.20gb instance."""
     args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 1.0}, 1), ("b", "classifier", {1: 1.0}, 1)],
-                      edges=[("a", "b", 1.0)], counts={"a": 2, "b": 5})  # 7 x 1g.10gb: the GPU is full
+                      edges=[("a", "b", 1.0)], counts={"a": counts[0], "b": counts[1]})
     node_path, plan_path = Path(args[1]), Path(args[3])
     csv = node_path.parent / "profiles" / "tiny.csv"
-    csv.write_text(csv.read_text() + "b-v,2g.20gb,1,1,1.0,1000.000,100,modeled,,,\n")
+    csv.write_text(csv.read_text() + f"{task}-v,2g.20gb,1,1,1.0,1000.000,100,modeled,,,\n")
     doc = json.loads(plan_path.read_text())
     first = Plan.from_json_dict(doc)
-    b = next(i for i in first.instances if i.task == "b")
+    t = next(i for i in first.instances if i.task == task)
     second = dataclasses.replace(first, instances=[
-        *(i for i in first.instances if i.task != "b"), dataclasses.replace(b, count=3),
-        dataclasses.replace(b, mig_profile="2g.20gb", count=1, slices=2)])
+        *(i for i in first.instances if i.task != task), dataclasses.replace(t, count=kept),
+        dataclasses.replace(t, mig_profile="2g.20gb", count=1, slices=2)])
     return node_path, first, second
 
 
