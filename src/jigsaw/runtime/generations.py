@@ -1,12 +1,18 @@
 """The one owner of generations: create, start, ready, switch, drain, retire.
 
 The controller says what an app should run (``DesiredState``: a plan) and the manager makes it so
-(``apply``): a plan that runs the same processes only re-weights the lanes of the routes in place;
-any other plan becomes a new generation of the app's processes, make-before-break: its rings and
-workers are created while the old generation serves, it must report ready (and sit out the MIG
-repartition delay when the layout changed GPUs), the router switches the app to it in one
-assignment, and the old generation drains (every accepted request is answered) before its workers
-stop and its segments are unlinked.
+(``apply``), per instance: a plan that runs the same processes only re-weights the lanes of the
+routes in place; any other plan becomes a new generation, make-before-break. A generation is a
+routing version: the processes of the instances both plans run (same GPU, start slot, profile,
+variant, MPS level, max batch) are kept (``kept_processes``: same pids, engines stay loaded) and
+told to serve the new generation's rings too; only the changed instances get new processes (their
+MPS daemons first). Its rings are created while the old generation serves, every process must
+report ready (and the new ones sit out the MIG repartition delay when the layout changed GPUs),
+the router switches the app to it in one assignment, and the old generation drains (every
+accepted request is answered) before the processes not kept stop, the kept ones drop its rings
+and its segments are unlinked; then the MPS daemons and MIG instances nothing runs on go. New
+instances that need the MIG slots of running ones are preceded by a drain of those
+(``_drain_first``) while the app's other processes serve.
 
 The manager also holds the node's one layout (``node_layout``, all apps): every plan is placed
 against what the other apps hold (``place``), and the MIG instances are kept in step with it
