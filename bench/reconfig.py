@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python bench/reconfig.py [--node examples/h100x4.toml] [--bins 12] [--first-bin 96]
         [--peaks social_media=120,traffic_analysis=60,ar_assistant=30] [--time-limit 3]
-        [--live [--app traffic_analysis]]
+        [--live [--app traffic_analysis]] [--rewire N [--app traffic_analysis]]
 
 Every app of the node is re-planned each bin for the bin's demand (a synthetic diurnal day, 5-minute
 bins, scaled per app to ``--peaks``), laid out against what the other apps hold (one node layout)
@@ -18,6 +18,11 @@ processes kept (same pid), started and stopped (``/admin/layout`` ``processes``)
 instances created / destroyed and the GPUs NVML was called on (the emulated NVML's call log), the
 time from plan decided to routing switched (``/admin/layout`` ``applied``), the wall time of the
 request (solve included) and the requests lost during it (not answered, or answered 5xx).
+
+``--rewire N``: N re-plans that keep every instance but still need a new routing generation
+(another planned task latency, which the workers' batching reads), through the daemon's generation
+manager with real worker processes: the time from plan decided to routing switched (every kept
+process told by SIGHUP to serve the new rings, and ready in them).
 
 Per reconfiguration: instances kept / started / stopped, processes started against what a new
 generation of the whole app would start (the node before this change: every re-plan restarts all
@@ -313,6 +318,55 @@ def live(args: argparse.Namespace) -> int:
     return 0 if load.lost() == 0 else 1
 
 
+def rewire(args: argparse.Namespace) -> int:
+    """Keep-all re-plans that still need a new routing generation (same instances, another planned
+    task latency): the daemon's generation manager on the emulated node, real worker processes,
+    no process started; prints plan decided -> routing switched per re-plan."""
+    import dataclasses
+
+    from jigsaw.backends.registry import backend_kind
+    from jigsaw.runtime.frontend import Frontend
+    from jigsaw.runtime.generations import DesiredState, GenerationManager
+
+    node = load_node(args.node)
+    app = next(a for a in node.apps if a.name == args.app)
+    profiles = load_node_profiles(node, [app])
+    first = plan(app, node, profiles, demand_rps=_peaks(args.peaks).get(app.name, 60.0),
+                 time_limit_s=args.time_limit, solver="highs")
+    slower = dataclasses.replace(first, task_latency_ms={t: 1.5 * ms
+                                                         for t, ms in first.task_latency_ms.items()})
+    gm = GenerationManager(node, [(app, first)], time_scale=1.0, seed=0, backend=backend_kind("emulated"),
+                           log=lambda line: None)
+    fe = Frontend(gm.backend, hop_latency_ms=node.planner.hop_latency_ms)
+    rows: list[tuple[float, int, int]] = []
+    try:
+        gm.start_all()
+
+        async def go() -> None:
+            gm.attach(fe)
+            fe.start(asyncio.get_running_loop())
+            try:
+                for k in range(args.rewire):
+                    done = await gm.apply(DesiredState(app.name, slower if k % 2 == 0 else first))
+                    rows.append((done.seconds, done.kept, done.started))
+                    while len(gm.generations) > 1:  # the old routing generation retires
+                        await asyncio.sleep(0.05)
+            finally:
+                fe.close()
+
+        asyncio.run(go())
+    finally:
+        gm.close()
+    print(f"{app.name}: {len(rows)} keep-all re-plans with a new routing generation on the emulated node")
+    print(f"{'step':>4} {'kept':>5} {'started':>7} {'switch_ms':>10}")
+    for k, (sec, kept, started) in enumerate(rows):
+        print(f"{k:>4} {kept:>5} {started:>7} {sec * 1e3:>10.1f}")
+    ms = [r[0] * 1e3 for r in rows]
+    print(f"plan decided -> routing switched ms: median {statistics.median(ms):.1f}, max {max(ms):.1f} "
+          f"(target <= 50); processes started {sum(r[2] for r in rows)} (target 0)")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--node", default=str(ROOT / "examples" / "h100x4.toml"))
@@ -323,8 +377,12 @@ def main() -> int:
     p.add_argument("--time-limit", type=float, default=3.0, help="planner time limit per solve (s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--live", action="store_true", help="through a running jigsawd --emulate under traffic")
-    p.add_argument("--app", default="traffic_analysis", help="the app re-planned with --live")
+    p.add_argument("--app", default="traffic_analysis", help="the app re-planned with --live or --rewire")
+    p.add_argument("--rewire", type=int, default=0, metavar="N",
+                   help="N keep-all re-plans that need a new routing generation (no process started)")
     args = p.parse_args()
+    if args.rewire:
+        return rewire(args)
     return live(args) if args.live else asyncio.run(run(args))
 
 

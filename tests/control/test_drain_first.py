@@ -91,3 +91,43 @@ def test_new_instance_needing_running_slots_drains_them_first(tmp_path: Path) ->
         assert {i.slot for i in existing} == {i.slot for i in after.instances}
     finally:
         gm.close()
+
+
+def test_keep_all_replan_rewires_the_running_processes(tmp_path: Path) -> None:
+    # the same instances with another planned task latency: a new routing generation on the same
+    # processes (no process started), told by SIGHUP to serve its rings; the old one retires
+    node_path, first, _ = _plans(tmp_path)
+    slower = {t: 2 * ms for t, ms in first.task_latency_ms.items()}
+    second = dataclasses.replace(first, task_latency_ms=slower)
+    node = load_node(node_path)
+    app = node.apps[0]
+    gm = GenerationManager(node, [(app, first)], time_scale=1.0, seed=0, backend=backend_kind("emulated"))
+    fe = Frontend(gm.backend, hop_latency_ms=0.0)
+    try:
+        gm.start_all(timeout_s=60)
+        pids0 = sorted(p["pid"] for p in gm.processes())
+        calls0 = len(gm.partition.applier.nvml.calls)  # type: ignore[union-attr]
+
+        async def go() -> None:
+            gm.attach(fe)
+            fe.start(asyncio.get_running_loop())
+            try:
+                done = await gm.apply(DesiredState(app.name, second))
+                assert done.new_generation and done.error is None
+                assert (done.kept, done.started) == (7, 0), done
+                for _ in range(200):
+                    if len(gm.generations) == 1:
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                fe.close()
+
+        asyncio.run(go())
+        assert list(gm.generations) == [1]
+        assert sorted(p["pid"] for p in gm.processes()) == pids0
+        assert all(p["generations"] == [1] for p in gm.processes())
+        assert len(gm.partition.applier.nvml.calls) == calls0  # type: ignore[union-attr]
+        g = gm.generations[1]
+        assert not g.not_ready() and all(w.poll() is None for w in g.workers)
+    finally:
+        gm.close()

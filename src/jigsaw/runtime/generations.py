@@ -69,6 +69,8 @@ READY_TIMEOUT_S = 120.0
 MAX_APPLIED = 100
 DRAIN_MARGIN_S = 12.0  # beyond the deadline: the frontend keeps a timed-out request 10 s for late credits
 READY_POLL_S = 0.02
+READY_FAST_S = 0.2  # for this long after the start the readiness is polled every READY_FAST_POLL_S
+READY_FAST_POLL_S = 0.002
 DRAIN_POLL_S = 0.05
 
 
@@ -437,12 +439,15 @@ class GenerationManager:
             for k in gen.adopted:
                 self._tell(gen.workers[k])
             router.add_generation(gen.gid, gen.topology)
-            ready_at = time.monotonic() + (desired.repartition_delay_s if changed else 0.0)
-            deadline = time.monotonic() + READY_TIMEOUT_S
+            started_at = time.monotonic()
+            ready_at = started_at + (desired.repartition_delay_s if changed else 0.0)
+            deadline = started_at + READY_TIMEOUT_S
             while gen.not_ready() or time.monotonic() < ready_at:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"generation {gen.gid} not ready after {READY_TIMEOUT_S:g} s")
-                await asyncio.sleep(READY_POLL_S)
+                # kept processes are ready within milliseconds of their SIGHUP: look often at first
+                soon = time.monotonic() - started_at < READY_FAST_S
+                await asyncio.sleep(READY_FAST_POLL_S if soon else READY_POLL_S)
         except Exception as exc:
             self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old.gid}")
             self.failures_total += 1
