@@ -184,6 +184,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     generations.attach(fe)
     if generations.partition is not None:
         fe.http.extra_metrics.append(generations.partition.stats.prometheus)
+    fe.http.extra_metrics.append(generations.prometheus)
     loop = asyncio.get_running_loop()
     fe.start(loop)
     stop = asyncio.Event()

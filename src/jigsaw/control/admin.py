@@ -96,20 +96,33 @@ async def h_layout(request: web.Request) -> web.Response:
         return denied
     generations = request.app[GENERATIONS_KEY]
     layout = generations.node_layout
+    processes = generations.processes()
+    mps = None if generations.mps is None else {
+        "daemons": [{"gpu": s[0], "start": s[1], "profile": s[2], "directory": str(d.directory)}
+                    for s, d in sorted(generations.mps.daemons.items())],
+        "events": generations.mps_events[-200:]}
     if layout is None:
-        return web.json_response({"gpu_model": generations.node.gpu.name, "instances": [], "mig": None})
+        return web.json_response({"gpu_model": generations.node.gpu.name, "instances": [], "mig": None,
+                                  "processes": processes, "mps": mps, "applied": generations.applied})
+    pids: dict[tuple[int, int], list[int]] = {}
+    for p in processes:
+        if p["gpu"] is not None and generations.current.get(p["app"]) in p["generations"]:
+            pids.setdefault((p["gpu"], p["start"]), []).append(p["pid"])
 
     def inst(i: NodeInstance) -> dict[str, object]:
         return {"gpu": i.gpu, "start": i.start, "profile": i.profile, "app": i.app, "task": i.task,
                 "variant": i.variant, "mps": i.mps, "max_batch": i.max_batch, "index": i.index,
-                "uuid": i.uuid}
+                "uuid": i.uuid, "pids": sorted(pids.get((i.gpu, i.start), []))}
     part = generations.partition
     return web.json_response({
         "gpu_model": layout.gpu_model, "num_gpus": layout.num_gpus,
         "instances": [inst(i) for i in layout.instances],
         "mig": None if part is None else {
             "existing": [inst(i) for _, i in sorted(part.existing.items())],
-            "events": part.events},
+            "events": part.events,
+            # the emulated NVML's call log (function, GPU, detail): the sequence a GPU node would run
+            "calls": [list(c) for c in getattr(part.applier.nvml, "calls", [])] or None},
+        "processes": processes, "mps": mps, "applied": generations.applied,
     })
 
 

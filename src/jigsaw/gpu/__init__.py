@@ -4,10 +4,11 @@
 replace / remove, ordered) -> ``executor`` (applies it with ``nvml.MigApplier``, ``mps.MpsManager``
 and the daemon's worker callbacks, rolling back on any failure). ``emulated_nvml`` stands in for
 the driver on nodes without GPUs; ``doctor`` says what a GPU node lacks. ``partition`` is what
-``jigsawd`` drives today: the MIG instances kept in step with its generations (created before a new
-generation starts, destroyed after the old one retired, rolled back on failure).
-
-How a daemon drives the executor (per-instance processes; the next step for ``jigsawd``)::
+``jigsawd`` drives (``runtime/generations.py``): the MIG instances kept in step with its
+generations (created before a new generation starts, destroyed after the old one retired, rolled
+back on failure); the daemon keeps unchanged instances' processes across generations itself and
+starts ``mps.MpsManager`` daemons per instance. ``executor`` is the same per-instance sequence over
+an abstract ``Workers`` (``bench/reconfig.py`` drives it with stand-in processes)::
 
     rec = make_reconfigurer(node, workers, emulate=emulated, record=history.append)
     running = await asyncio.to_thread(rec.mig.adopt, node.num_gpus)  # MIG mode checked; idle instances

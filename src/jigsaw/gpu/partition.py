@@ -51,7 +51,7 @@ class PartitionStats:
         return "\n".join(rows) + "\n"
 
 
-def _overlaps(gpu: GpuModel, a: NodeInstance, b: NodeInstance) -> bool:
+def overlaps(gpu: GpuModel, a: NodeInstance, b: NodeInstance) -> bool:
     return a.gpu == b.gpu and bool(
         slot_mask(gpu.profile(a.profile), a.start) & slot_mask(gpu.profile(b.profile), b.start))
 
@@ -86,7 +86,7 @@ class MigPartition:
         for inst in desired.instances:
             if inst.slot in self.existing:
                 continue
-            if any(_overlaps(self.gpu, inst, e) for e in self.existing.values()):
+            if any(overlaps(self.gpu, inst, e) for e in self.existing.values()):
                 deferred.append(inst.slot)
                 continue
             try:

@@ -1,14 +1,24 @@
-"""One generation: an app's processes for one plan, with its own rings, doorbells and stats block.
+"""One generation: an app's processes for one plan, with its own rings and stats block.
 
 Segment names carry ``g<id>`` so a generation can be created while the previous one still
 serves, and unlinked on its own once it has drained; the frontend's doorbell is shared. Each GPU
 worker sees only its MIG instance; each worker of a real backend on a CPU node is pinned to its
 core share's CPUs.
+
+A generation is a routing version more than a set of processes: a process whose instance the new
+plan keeps (same GPU, start slot, profile, variant, MPS level and max batch: ``process_keys``) is
+*adopted* (``adopt``) instead of started. It keeps its pid, its loaded backend and its doorbell
+(named per process, ``w<gid>.<slot>-bell``, owned by the process, not by a generation), and is
+told to serve the new generation's spec beside the old one (``tell``: a control file and SIGHUP;
+see ``runtime/worker.py``). The old generation then has *handed over* that process: it neither
+supervises nor stops it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -35,9 +45,34 @@ from jigsaw.runtime.gpus import (
     visible_device,
 )
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry, ShmRing
-from jigsaw.runtime.topology import Topology, build_topology, write_specs
+from jigsaw.runtime.topology import OutputRing, Target, Topology, build_topology, write_specs
 
 STOP_TIMEOUT_S = 5.0
+
+ProcessKey = tuple[str, str, str, int, int, object, int]
+"""(task, variant, profile, mps, max_batch, (GPU, start) or the instance's index, process in it)."""
+
+
+def tell(control: Path, specs: list[Path], proc: subprocess.Popen[bytes]) -> None:
+    """Have a running worker serve ``specs`` (newest first): written atomically, then SIGHUP."""
+    tmp = control.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"specs": [str(p) for p in specs]}))
+    os.replace(tmp, control)
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGHUP)
+
+
+def _rename_bells(t: Topology, names: dict[str, str]) -> Topology:
+    """``t`` with doorbells renamed (adopted processes keep the doorbell they wait on)."""
+    def out(o: OutputRing) -> OutputRing:
+        return dataclasses.replace(o, doorbell=names.get(o.doorbell, o.doorbell))
+    procs = [dataclasses.replace(p, doorbell=names.get(p.doorbell, p.doorbell),
+                                 outputs=[out(o) for o in p.outputs]) for p in t.processes]
+    for routes in t.apps.values():
+        routes.roots = [{task: [Target(x.ring, names.get(x.doorbell, x.doorbell), x.slot) for x in targets]
+                         for task, targets in lane.items()} for lane in routes.roots]
+    return dataclasses.replace(t, processes=procs, doorbells=[names.get(d, d) for d in t.doorbells])
 
 
 class Generation:
@@ -55,6 +90,7 @@ class Generation:
         self.backend = backend
         self.app = app
         self.plan = plan
+        self.run_dir = run_dir
         self.dir = run_dir / f"g{gid}"
         self.dir.mkdir()
         self.registry = SegmentRegistry(run_dir / f"g{gid}.manifest", daemon_id=daemon_id)
@@ -64,35 +100,110 @@ class Generation:
         self._launch: list[tuple[Path, dict[str, str] | None]] = []
 
         def name_of(purpose: str) -> str:
-            return frontend_bell if purpose == "bell-frontend" else self.registry.name(f"g{gid}-{purpose}")
+            if purpose == "bell-frontend":
+                return frontend_bell
+            if purpose.startswith("bell-"):  # a process's own doorbell: it may outlive this generation
+                return self.registry.name(f"w{gid}.{purpose[5:]}-bell")
+            return self.registry.name(f"g{gid}-{purpose}")
 
         self.topology: Topology = build_topology(node, [(app, plan)], profiles, name_of=name_of,
                                                  time_scale=time_scale, seed=seed + gid, backend=backend.name)
         self.frontend_bell = frontend_bell
+        n = len(self.topology.processes)
+        # per process: its doorbell's registry (it goes with the process), its control file
+        self.bell_registries = [SegmentRegistry(run_dir / f"w{gid}.{p.slot}.manifest", daemon_id=daemon_id)
+                                for p in self.topology.processes]
+        self.controls = [run_dir / f"ctl-{gid}.{p.slot}.json" for p in self.topology.processes]
+        self.adopted: dict[int, tuple[Generation, int]] = {}  # process -> (older generation, its process)
+        self.handed_over: set[int] = set()  # processes a newer generation serves and supervises now
+        self._env_of: list[dict[str, str] | None] = [None] * n
+
+    # ---- keeping processes across re-plans ------------------------------------------------------
+    def placement(self, k: int) -> tuple[int, int] | None:
+        """(GPU, start) of process ``k``'s instance; None without a layout."""
+        return self._placements()[k]
+
+    def _placements(self) -> list[tuple[int, int] | None]:
+        if self.plan.layout is None:
+            return [None] * len(self.topology.processes)
+        where = placements(self.plan.layout)
+        return [where.get((*kind, n // kind[3])) for kind, n in numbered(self.topology.processes)]
+
+    def process_keys(self) -> list[ProcessKey]:
+        """What makes a process the same across plans: its instance (kind and where it lies; the
+        instance's index among its kind when there is no layout) and its number within it."""
+        where = self._placements()
+        return [(*kind, where[k] if where[k] is not None else n // kind[3], n % kind[3])
+                for k, (kind, n) in enumerate(numbered(self.topology.processes))]
+
+    def adopt(self, old: Generation, pairs: list[tuple[int, int]]) -> None:
+        """Serve with ``old``'s processes instead of starting new ones: ``(mine, old's)`` pairs.
+        Before ``create_segments``: an adopted process keeps its doorbell."""
+        names = {self.topology.processes[k].doorbell: old.topology.processes[j].doorbell for k, j in pairs}
+        self.topology = _rename_bells(self.topology, names)
+        for k, j in pairs:
+            self.adopted[k] = (old, j)
+            self.bell_registries[k] = old.bell_registries[j]
+            self.controls[k] = old.controls[j]
+
+    def spec_path(self, k: int) -> Path:
+        return self.dir / f"{self.topology.processes[k].slot}.json"
+
+    def own(self) -> list[int]:
+        """The processes this generation started (and stops), not adopted ones."""
+        return [k for k in range(len(self.topology.processes)) if k not in self.adopted]
 
     def create_segments(self) -> None:
         t = self.topology
         self.registry.add_shm(t.stats)
         self.stats = st.StatsBlock.create(t.stats, len(t.processes))
+        adopted_bells = {t.processes[k].doorbell for k in self.adopted}
+        own_bells = {p.doorbell: self.bell_registries[k] for k, p in enumerate(t.processes)}
         for name in t.doorbells:
-            if name == self.frontend_bell:
+            if name == self.frontend_bell or name in adopted_bells:
                 continue
-            self.registry.add_sem(name)
+            own_bells.get(name, self.registry).add_sem(name)
             Doorbell.create(name).close()
         for name, capacity in t.rings.items():
             self.registry.add_shm(name)
             ShmRing.create(name, capacity).close()
 
-    def start_workers(self) -> None:
-        envs = self._worker_envs()
+    def start_workers(self, extra_env: dict[tuple[int, int], dict[str, str]] | None = None) -> None:
+        """Write every spec and start this generation's own processes (``extra_env``: per (GPU,
+        start), what the processes of that instance add to their environment: its MPS daemon's).
+        Adopted processes are taken over as they run; the caller ``tell``s them the new spec."""
+        own = self.own()
+        envs = self._worker_envs() if own else [None] * len(self.topology.processes)
+        where = self._placements()
+        for k in own:
+            more = (extra_env or {}).get(where[k]) if where[k] is not None else None
+            if more:
+                envs[k] = {**(envs[k] if envs[k] is not None else os.environ), **more}
+        for k, (old, j) in self.adopted.items():
+            envs[k] = old._launch[j][1] if j < len(old._launch) else None
         self._launch = list(zip(write_specs(self.topology, self.dir), envs, strict=True))
         for k in range(len(self._launch)):
-            self.workers.append(self._spawn(k))
+            if k in self.adopted:
+                old, j = self.adopted[k]
+                self.workers.append(old.workers[j])
+                old.handed_over.add(j)
+            else:
+                self.workers.append(self._spawn(k))
+
+    def hand_back(self) -> list[tuple[Generation, int]]:
+        """This generation failed before serving: its adopted processes go back to their older
+        generations (returned, for the caller to ``tell`` them their specs again)."""
+        back = []
+        for k, (old, j) in self.adopted.items():
+            old.handed_over.discard(j)
+            self.handed_over.add(k)
+            back.append((old, j))
+        return back
 
     def _spawn(self, k: int) -> subprocess.Popen[bytes]:
         path, env = self._launch[k]
-        return subprocess.Popen([sys.executable, "-m", "jigsaw.runtime.worker", "--spec", str(path)],
-                                stdin=subprocess.DEVNULL, env=env)
+        return subprocess.Popen([sys.executable, "-m", "jigsaw.runtime.worker", "--spec", str(path),
+                                 "--control", str(self.controls[k])], stdin=subprocess.DEVNULL, env=env)
 
     def restart_worker(self, k: int) -> None:
         """Start process ``k`` again on its spec: same rings, doorbell and stats slot."""
@@ -154,15 +265,17 @@ class Generation:
 
     def signal_stop(self) -> None:
         self.stopping = True
-        for p in self.workers:
-            if p.poll() is None:
+        for k, p in enumerate(self.workers):
+            if k not in self.handed_over and p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     p.send_signal(signal.SIGTERM)
 
     def stop_workers(self) -> None:
         self.signal_stop()
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        for p in self.workers:
+        for k, p in enumerate(self.workers):
+            if k in self.handed_over:
+                continue
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -176,4 +289,7 @@ class Generation:
             self.stats.close()
             self.stats = None
         self.registry.cleanup()
+        for k, reg in enumerate(self.bell_registries):
+            if k not in self.handed_over:  # a process this generation stopped: its doorbell goes too
+                reg.cleanup()
         shutil.rmtree(self.dir, ignore_errors=True)

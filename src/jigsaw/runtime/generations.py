@@ -1,12 +1,18 @@
 """The one owner of generations: create, start, ready, switch, drain, retire.
 
 The controller says what an app should run (``DesiredState``: a plan) and the manager makes it so
-(``apply``): a plan that runs the same processes only re-weights the lanes of the routes in place;
-any other plan becomes a new generation of the app's processes, make-before-break: its rings and
-workers are created while the old generation serves, it must report ready (and sit out the MIG
-repartition delay when the layout changed GPUs), the router switches the app to it in one
-assignment, and the old generation drains (every accepted request is answered) before its workers
-stop and its segments are unlinked.
+(``apply``), per instance: a plan that runs the same processes only re-weights the lanes of the
+routes in place; any other plan becomes a new generation, make-before-break. A generation is a
+routing version: the processes of the instances both plans run (same GPU, start slot, profile,
+variant, MPS level, max batch) are kept (``kept_processes``: same pids, engines stay loaded) and
+told to serve the new generation's rings too; only the changed instances get new processes (their
+MPS daemons first). Its rings are created while the old generation serves, every process must
+report ready (and the new ones sit out the MIG repartition delay when the layout changed GPUs),
+the router switches the app to it in one assignment, and the old generation drains (every
+accepted request is answered) before the processes not kept stop, the kept ones drop its rings
+and its segments are unlinked; then the MPS daemons and MIG instances nothing runs on go. New
+instances that need the MIG slots of running ones are preceded by a drain of those
+(``_drain_first``) while the app's other processes serve.
 
 The manager also holds the node's one layout (``node_layout``, all apps): every plan is placed
 against what the other apps hold (``place``), and the MIG instances are kept in step with it
@@ -26,6 +32,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,20 +43,34 @@ from typing import Any, Protocol
 from jigsaw.app import App
 from jigsaw.backends.registry import BackendKind
 from jigsaw.errors import JigsawError
-from jigsaw.gpu.layout import NodeLayout, empty_layout, from_app_layouts, place_app, validate_node_layout
+from jigsaw.gpu.layout import (
+    NodeInstance,
+    NodeLayout,
+    empty_layout,
+    from_app_layouts,
+    place_app,
+    validate_node_layout,
+)
+from jigsaw.gpu.mps import MPS_CONTROL, EmulatedMps, MpsManager
 from jigsaw.gpu.nvml import MigApplier
-from jigsaw.gpu.partition import MigPartition
+from jigsaw.gpu.partition import MigPartition, overlaps
 from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import Plan
 from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
-from jigsaw.runtime.generation import Generation
+from jigsaw.runtime import stats as st
+from jigsaw.runtime.generation import Generation, tell
+from jigsaw.runtime.gpus import placements
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry
 from jigsaw.runtime.topology import ProcessSpec, Topology
 
 FAULT_ENV = "JIGSAW_EMULATED_NVML_FAULT"
+MPS_CONTROL_ENV = "JIGSAW_MPS_CONTROL"  # the MPS control binary (on an emulated node: a stand-in script)
 READY_TIMEOUT_S = 120.0
+MAX_APPLIED = 100
 DRAIN_MARGIN_S = 12.0  # beyond the deadline: the frontend keeps a timed-out request 10 s for late credits
 READY_POLL_S = 0.02
+READY_FAST_S = 0.2  # for this long after the start the readiness is polled every READY_FAST_POLL_S
+READY_FAST_POLL_S = 0.002
 DRAIN_POLL_S = 0.05
 
 
@@ -87,10 +108,13 @@ class Applied:
     generation: int
     previous: int
     new_generation: bool  # False: re-weighted in place, or the new generation failed (``error``)
-    seconds: float = 0.0
+    seconds: float = 0.0  # plan decided (``apply`` called) -> routing switched
     changed_gpus: tuple[int, ...] = ()
     processes: int = 0
     error: str | None = None
+    kept: int = 0  # processes of the old generation the new one serves with (same pids)
+    started: int = 0  # processes started for it (the changed instances')
+    stopped: int = 0  # processes of the old generation stopped once it drained
 
 
 def inject_fault(nvml: Any, spec: str) -> None:
@@ -103,6 +127,58 @@ def inject_fault(nvml: Any, spec: str) -> None:
     except (IndexError, ValueError, AttributeError):
         raise JigsawError(f"{FAULT_ENV}={spec!r}: expected function:code[:skip] "
                           "(an NVML function)") from None
+
+
+def kept_processes(old: Generation, new: Generation) -> list[tuple[int, int]]:
+    """(new's process, old's process) pairs of the same instance (``Generation.process_keys``):
+    the live processes of ``old`` that ``new`` serves with instead of starting its own."""
+    alive = {j: key for j, key in enumerate(old.process_keys())
+             if j not in old.handed_over and j < len(old.workers) and old.workers[j].poll() is None
+             and old.stats is not None
+             and old.stats.get(old.topology.processes[j].slot, st.STATE) == st.READY}
+    by_key = {key: j for j, key in alive.items()}
+    return [(k, by_key[key]) for k, key in enumerate(new.process_keys()) if key in by_key]
+
+
+def without_instances(plan: Plan, slots: set[tuple[int, int]]) -> Plan | None:
+    """``plan`` less its instances at ``slots`` (GPU, start): the processes that serve on while
+    those are drained to free their MIG slots. Only the lanes whose every variant still runs are
+    kept (their weights as planned); None when no lane is left."""
+    if plan.layout is None:
+        return None
+    removed: dict[tuple[str, str, str, int, int], int] = {}
+    gpus = []
+    for g in plan.layout.gpus:
+        kept = []
+        for p in g.instances:
+            if (g.gpu, p.start) in slots:
+                kind = (p.task, p.variant, p.profile, p.mps, p.max_batch)
+                removed[kind] = removed.get(kind, 0) + 1
+            else:
+                kept.append(p)
+        gpus.append(dataclasses.replace(g, instances=tuple(kept)))
+    # renumber each kind's instances 0.. in their old order (process n of a kind runs on index n // mps)
+    order = sorted(((p.task, p.variant, p.profile, p.mps, p.max_batch), p.index, g.gpu, p.start)
+                   for g in gpus for p in g.instances)
+    counts: dict[tuple[str, str, str, int, int], int] = {}
+    index: dict[tuple[int, int], int] = {}
+    for kind, _, gpu, start in order:
+        index[(gpu, start)] = counts.get(kind, 0)
+        counts[kind] = index[(gpu, start)] + 1
+    gpus = [dataclasses.replace(g, instances=tuple(dataclasses.replace(p, index=index[(g.gpu, p.start)])
+                                                   for p in g.instances)) for g in gpus]
+    instances = []
+    for i in plan.instances:
+        kind = (i.task, i.variant, i.mig_profile, i.mps, i.max_batch)
+        gone = min(i.count, removed.get(kind, 0))
+        removed[kind] = removed.get(kind, 0) - gone
+        instances.append(dataclasses.replace(i, count=i.count - gone))
+    running = {(i.task, i.variant) for i in instances if i.count > 0}
+    lanes = [lp for lp in plan.lanes if all(tv in running for tv in lp.variants.items())]
+    if not lanes:
+        return None
+    return dataclasses.replace(plan, instances=instances, lanes=lanes,
+                               layout=dataclasses.replace(plan.layout, gpus=tuple(gpus)))
 
 
 def same_instances(a: Plan, b: Plan) -> bool:
@@ -152,6 +228,23 @@ class GenerationManager:
                 self._fault = os.environ.get(FAULT_ENV, "")
             self.partition = MigPartition(node.gpu, node.num_gpus, MigApplier(node.gpu, nvml))
             self.node_layout = self.partition.adopt()  # idle instances: placed apps reuse them
+        # one MPS control daemon per instance of MPS level k > 1, in a private run directory: the
+        # driver's binary on a GPU node; on an emulated one a stand-in script when one is named
+        # (``JIGSAW_MPS_CONTROL``), else the in-process emulation
+        self.mps: MpsManager | None = None
+        if self.partition is not None:
+            binary = os.environ.get(MPS_CONTROL_ENV, "")
+            mps_dir = self.run_dir / "mps"
+            self.mps = EmulatedMps(mps_dir) if backend.emulated and not binary else \
+                MpsManager(mps_dir, binary=binary or MPS_CONTROL)
+        self.mps_started_total = 0
+        self.mps_stopped_total = 0
+        self.mps_failures_total = 0
+        self.failures_total = 0  # new generations that failed to start (the running one served on)
+        self.processes_started_total = 0
+        self.processes_kept_total = 0
+        self.mps_events: list[dict[str, Any]] = []
+        self.applied: list[dict[str, Any]] = []  # the last re-plans applied (``Applied``), for /admin/layout
         self._lock = asyncio.Lock()  # one reconfiguration of the node at a time
         self._seed_layout(plans)
         for app, plan in plans:
@@ -205,6 +298,48 @@ class GenerationManager:
     def num_processes(self) -> int:
         return sum(len(self.generations[g].topology.processes) for g in self.current.values())
 
+    def processes(self) -> list[dict[str, Any]]:
+        """Every live worker process, once, with the generations it serves and its instance
+        (``/admin/layout``): a process a re-plan kept shows the same pid under the new generation."""
+        out: dict[int, dict[str, Any]] = {}
+        for g in sorted(self.generations.values(), key=lambda g: g.gid):
+            for k, spec in enumerate(g.topology.processes):
+                if k >= len(g.workers):
+                    continue
+                proc = g.workers[k]
+                where = g.placement(k)
+                row = out.setdefault(id(proc), {
+                    "pid": proc.pid, "app": spec.app, "task": spec.task, "variant": spec.variant,
+                    "profile": spec.mig_profile, "mps": spec.mps, "max_batch": spec.max_batch,
+                    "gpu": where[0] if where else None, "start": where[1] if where else None,
+                    "generations": []})
+                row["pid"] = proc.pid
+                row["generations"].append(g.gid)
+        return list(out.values())
+
+    def prometheus(self) -> str:
+        """Process and MPS counters of the reconfigurations (for ``/metrics``)."""
+        rows = [
+            ("jigsaw_reconfig_processes_started_total", "counter",
+             "worker processes started by re-plans (the changed instances')",
+             self.processes_started_total),
+            ("jigsaw_reconfig_processes_kept_total", "counter",
+             "worker processes a re-plan kept serving (same pid, routing changed only)",
+             self.processes_kept_total),
+            ("jigsaw_reconfig_failures_total", "counter",
+             "re-plans whose new processes failed to start (rolled back; the running plan served on)",
+             self.failures_total),
+            ("jigsaw_mps_daemons_started_total", "counter", "MPS control daemons started",
+             self.mps_started_total),
+            ("jigsaw_mps_daemons_stopped_total", "counter", "MPS control daemons stopped",
+             self.mps_stopped_total),
+            ("jigsaw_mps_failures_total", "counter", "MPS control daemon starts or stops that failed",
+             self.mps_failures_total),
+            ("jigsaw_mps_daemons", "gauge", "MPS control daemons running",
+             len(self.mps.daemons) if self.mps is not None else 0),
+        ]
+        return "".join(f"# HELP {n} {h}\n# TYPE {n} {t}\n{n} {v}\n" for n, t, h, v in rows)
+
     def running(self) -> list[Generation]:
         """Every generation with processes (serving, starting or draining), for the supervisor."""
         return list(self.generations.values())
@@ -237,7 +372,8 @@ class GenerationManager:
         for gid in self.current.values():
             self.generations[gid].create_segments()
         for gid in self.current.values():
-            self.generations[gid].start_workers()
+            g = self.generations[gid]
+            g.start_workers(self._start_mps(g, self.node_layout))
         deadline = time.monotonic() + timeout_s
         while True:
             waiting = [n for gid in self.current.values() for n in self.generations[gid].not_ready()]
@@ -264,10 +400,14 @@ class GenerationManager:
         start is removed and reported in ``Applied.error`` while the old one keeps serving.
         """
         async with self._lock:
-            return await self._apply(desired)
+            done = await self._apply(desired)
+        self.applied.append({"at": time.time(), "app": desired.app, **dataclasses.asdict(done)})
+        del self.applied[:-MAX_APPLIED]
+        return done
 
     async def _apply(self, desired: DesiredState) -> Applied:
         router = self._router()
+        t0 = time.monotonic()  # the plan is decided: the time to the routing switch counts from here
         app, new = desired.app, desired.plan
         old_gid = self.current[app]
         old = self.generations[old_gid]
@@ -281,8 +421,8 @@ class GenerationManager:
             old.plan = new
             self.node_layout = node_layout
             router.reweight(app, new)
-            return Applied(old_gid, old_gid, False, processes=len(old.topology.processes))
-        t0 = time.monotonic()
+            n = len(old.topology.processes)
+            return Applied(old_gid, old_gid, False, time.monotonic() - t0, processes=n, kept=n)
         changed: list[int] = []
         if old.plan.layout is not None and new.layout is not None:
             changed = changed_gpus(old.plan.layout, new.layout)
@@ -294,37 +434,191 @@ class GenerationManager:
                          f"keeping generation {old_gid}")
                 return Applied(old_gid, old_gid, False, error=str(exc))
             if deferred:
-                self.log(f"{app}: {len(deferred)} MIG instances wait for the slots of the old generation's "
-                         "instances (created once it retires)")
+                try:
+                    old = await self._drain_first(app, old, node_layout, deferred)
+                except JigsawError as exc:
+                    self.log(f"{app}: cannot free the MIG slots of the new instances ({exc}); "
+                             f"keeping generation {old_gid}")
+                    self.failures_total += 1
+                    await self._release_mig(f"{app}: re-plan abandoned")
+                    now = self.current[app]  # the interim generation, when it failed after the drain
+                    return Applied(now, old_gid, now != old_gid, error=str(exc))
             node_layout = self.partition.with_uuids(node_layout)
         gen = self._lay_out(old.app, new)
+        pairs = [] if desired.fresh_generation else kept_processes(old, gen)
+        gen.adopt(old, pairs)
         try:
+            mps_env = await asyncio.to_thread(self._start_mps, gen, node_layout)
             gen.create_segments()
-            gen.start_workers()
+            gen.start_workers(mps_env)
+            for k in gen.adopted:
+                self._tell(gen.workers[k])
             router.add_generation(gen.gid, gen.topology)
-            ready_at = time.monotonic() + (desired.repartition_delay_s if changed else 0.0)
-            deadline = time.monotonic() + READY_TIMEOUT_S
+            started_at = time.monotonic()
+            ready_at = started_at + (desired.repartition_delay_s if changed else 0.0)
+            deadline = started_at + READY_TIMEOUT_S
             while gen.not_ready() or time.monotonic() < ready_at:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"generation {gen.gid} not ready after {READY_TIMEOUT_S:g} s")
-                await asyncio.sleep(READY_POLL_S)
+                # kept processes are ready within milliseconds of their SIGHUP: look often at first
+                soon = time.monotonic() - started_at < READY_FAST_S
+                await asyncio.sleep(READY_FAST_POLL_S if soon else READY_POLL_S)
         except Exception as exc:
-            self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old_gid}")
+            self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old.gid}")
+            self.failures_total += 1
             router.remove_generation(gen.gid)
-            await asyncio.get_running_loop().run_in_executor(None, self.retire, gen.gid)
+            self.generations.pop(gen.gid, None)
+            for back, j in gen.hand_back():  # the kept processes serve only what they served before
+                self._tell(back.workers[j])
+            await asyncio.get_running_loop().run_in_executor(None, gen.close)
+            await asyncio.to_thread(self._stop_unused_mps)
             await self._release_mig(f"{app}: generation {gen.gid} failed")
-            return Applied(old_gid, old_gid, False, error=str(exc))
+            return Applied(old.gid, old_gid, old.gid != old_gid, error=str(exc))
         router.route(app, gen.gid)
         self.current[app] = gen.gid
         self.node_layout = node_layout
-        task = asyncio.get_running_loop().create_task(self._drain_and_retire(old_gid))
+        switched_s = time.monotonic() - t0
+        self.log(f"{app}: generation {gen.gid}: {len(pairs)} processes kept, "
+                 f"{len(gen.topology.processes) - len(pairs)} started; routing switched "
+                 f"{switched_s * 1e3:.1f} ms after the plan was decided")
+        task = asyncio.get_running_loop().create_task(self._drain_and_retire(old.gid))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
-        return Applied(gen.gid, old_gid, True, time.monotonic() - t0, tuple(changed),
-                       len(gen.topology.processes))
+        n = len(gen.topology.processes)
+        stopped = len(old.topology.processes) - len(old.handed_over)
+        self.processes_started_total += n - len(pairs)
+        self.processes_kept_total += len(pairs)
+        return Applied(gen.gid, old_gid, True, switched_s, tuple(changed), n,
+                       kept=len(pairs), started=n - len(pairs), stopped=stopped)
+
+    async def _drain_first(self, app: str, old: Generation, desired: NodeLayout,
+                           deferred: tuple[tuple[int, int, str], ...]) -> Generation:
+        """No free slots for some new instances: drain the app's instances in their way first while
+        its other processes (and every other app) serve on, then destroy those and create the new
+        ones. Returns the generation now serving (the old one less the drained instances)."""
+        assert self.partition is not None and self.node_layout is not None
+        gpu = self.node.gpu
+        want = [i for i in desired.instances if i.slot in set(deferred)]
+        mine = {(i.gpu, i.start): i for i in self.node_layout.instances}
+        blockers = {(e.gpu, e.start) for e in self.partition.existing.values()
+                    if any(overlaps(gpu, w, e) for w in want)}
+        strangers = [mine[b].name if b in mine else f"gpu{b[0]}/start{b[1]}" for b in blockers
+                     if b not in mine or mine[b].app != app or old.plan.layout is None
+                     or b not in set(placements(old.plan.layout).values())]
+        if strangers:
+            raise JigsawError(f"the slots are held by instances the app's running plan does not own "
+                              f"({', '.join(sorted(strangers))}; a draining generation?)")
+        mid_plan = without_instances(old.plan, blockers)
+        if mid_plan is None:
+            raise JigsawError("the app has no lane left to serve while the instances in the way drain")
+        self.log(f"{app}: {len(want)} new MIG instances need the slots of {len(blockers)} running ones: "
+                 "draining those first while the rest serves")
+        router = self._router()
+        mid = self._lay_out(old.app, mid_plan)
+        mid.adopt(old, kept_processes(old, mid))
+        try:
+            mid.create_segments()
+            mid.start_workers(await asyncio.to_thread(self._start_mps, mid, self.node_layout))
+            for k in mid.adopted:
+                self._tell(mid.workers[k])
+            router.add_generation(mid.gid, mid.topology)
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while mid.not_ready():
+                if time.monotonic() > deadline:
+                    raise JigsawError(f"generation {mid.gid} not ready after {READY_TIMEOUT_S:g} s")
+                await asyncio.sleep(READY_POLL_S)
+        except Exception as exc:
+            router.remove_generation(mid.gid)
+            self.generations.pop(mid.gid, None)
+            for back, j in mid.hand_back():
+                self._tell(back.workers[j])
+            await asyncio.get_running_loop().run_in_executor(None, mid.close)
+            raise JigsawError(f"the processes serving while the instances drain did not start: {exc}") \
+                from None
+        router.route(app, mid.gid)
+        self.current[app] = mid.gid
+        self.node_layout = self.node_layout.with_instances(
+            i for i in self.node_layout.instances if (i.gpu, i.start) not in blockers)
+        await self._retire(old.gid)  # drained, stopped, its segments unlinked; MPS daemons stopped
+        keep = self.in_use_layout()
+        assert keep is not None
+        await asyncio.to_thread(self.partition.tear_down, keep, f"{app}: drained for the new instances")
+        left = await asyncio.to_thread(self.partition.bring_up, desired, f"{app}: re-plan")
+        if left:
+            raise JigsawError(f"MIG slots {sorted(left)} still held after the drain")
+        return mid
+
+    def _tell(self, proc: subprocess.Popen[bytes]) -> None:
+        """Have a kept process serve every live generation that holds it (newest first)."""
+        holders = [(g, k) for g in sorted(self.generations.values(), key=lambda g: -g.gid)
+                   for k, p in enumerate(g.workers) if p is proc]
+        if holders:
+            tell(holders[0][0].controls[holders[0][1]], [g.spec_path(k) for g, k in holders], proc)
+
+    # ---- MPS: one control daemon per instance of MPS level k > 1 ---------------------------------
+    def _mps_slots(self, g: Generation, ks: list[int]) -> set[tuple[int, int]]:
+        return {w for k in ks if g.topology.processes[k].mps > 1 and (w := g.placement(k)) is not None}
+
+    def _start_mps(self, g: Generation, layout: NodeLayout | None) -> dict[tuple[int, int], dict[str, str]]:
+        """Start the MPS daemons of ``g``'s new instances (before their processes); their clients'
+        environment per (GPU, start). A failure stops the ones this call started and raises."""
+        if self.mps is None or layout is None:
+            return {}
+        at = {(i.gpu, i.start): i for i in layout.instances}
+        started = []
+        env: dict[tuple[int, int], dict[str, str]] = {}
+        try:
+            for slot in sorted(self._mps_slots(g, g.own())):
+                inst = at.get(slot)
+                if inst is None:
+                    continue
+                if inst.slot not in self.mps.daemons:
+                    self.mps.start(inst)
+                    started.append(inst)
+                    self.mps_started_total += 1
+                    self.mps_events.append({"at": time.time(), "event": "mps_start",
+                                            "instance": inst.name})
+                env[slot] = self.mps.client_env(inst)
+        except JigsawError as exc:
+            self.mps_failures_total += 1
+            for inst in started:
+                with contextlib.suppress(JigsawError):
+                    self.mps.stop(inst)
+            raise JigsawError(f"MPS: {exc}") from None
+        return env
+
+    def _stop_unused_mps(self) -> None:
+        """Stop the MPS daemons no live process runs on any more (after their processes stopped)."""
+        if self.mps is None:
+            return
+        used = set()
+        for g in self.generations.values():
+            live = [k for k in range(len(g.topology.processes)) if k not in g.handed_over]
+            used |= self._mps_slots(g, live)
+        for slot, daemon in list(self.mps.daemons.items()):
+            if slot[:2] in used:
+                continue
+            inst = NodeInstance(gpu=slot[0], profile=slot[2], start=slot[1])
+            try:
+                self.mps.stop(inst)
+                self.mps_stopped_total += 1
+                self.mps_events.append({"at": time.time(), "event": "mps_stop",
+                                        "directory": str(daemon.directory)})
+            except JigsawError as exc:
+                self.mps_failures_total += 1
+                self.log(f"MPS daemon of GPU {slot[0]} start {slot[1]} did not stop: {exc}")
 
     async def _drain_and_retire(self, gid: int) -> None:
-        """Wait until the old generation's requests are all settled, then stop and unlink it."""
+        """In the background: ``_retire``, then the MIG instances and MPS daemons nothing uses go."""
+        g = self.generations[gid]
+        await self._retire(gid)
+        async with self._lock:
+            await asyncio.to_thread(self._stop_unused_mps)
+            await self._release_mig(f"{g.app.name}: generation {gid} retired")
+
+    async def _retire(self, gid: int) -> None:
+        """Wait until the old generation's requests are all settled, then stop the processes the new
+        one did not keep, tell the kept ones to drop its wiring, and unlink its segments."""
         router = self._router()
         g = self.generations[gid]
         budget_s = (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
@@ -338,9 +632,11 @@ class GenerationManager:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, g.stop_workers)
         router.remove_generation(gid)
-        await loop.run_in_executor(None, self.retire, gid)
-        async with self._lock:
-            await self._release_mig(f"{g.app.name}: generation {gid} retired")
+        self.generations.pop(gid, None)
+        for k in sorted(g.handed_over):
+            self._tell(g.workers[k])
+        await loop.run_in_executor(None, g.close)
+        await asyncio.to_thread(self._stop_unused_mps)
 
     def in_use_layout(self) -> NodeLayout | None:
         """Every MIG instance a live generation runs on (serving, starting or draining) or the
@@ -419,6 +715,9 @@ class GenerationManager:
         for g in gens:
             g.close()
         self.generations.clear()
+        if self.mps is not None:  # after every process that used them
+            for why in self.mps.stop_all():
+                self.log(f"MPS daemon did not stop: {why}")
         if self.partition is not None:
             self.partition.close()
         self.registry.cleanup()

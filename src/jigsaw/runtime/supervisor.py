@@ -150,6 +150,8 @@ class Supervisor:
             if g.stopping or g.stats is None or len(g.workers) != len(g.topology.processes):
                 continue
             for k, spec in enumerate(g.topology.processes):
+                if k in g.handed_over:
+                    continue  # kept by a newer generation, which supervises it
                 key = (gid, k)
                 proc = g.workers[k]
                 state = g.stats.get(spec.slot, st.STATE)
@@ -244,6 +246,8 @@ class Supervisor:
             if g.stats is None:
                 continue
             for k, spec in enumerate(g.topology.processes):
+                if k in g.handed_over:
+                    continue
                 proc = g.workers[k] if k < len(g.workers) else None
                 out.append({"worker": spec.name, "app": spec.app, "task": spec.task, "variant": spec.variant,
                             "generation": gid, "pid": proc.pid if proc is not None else None,

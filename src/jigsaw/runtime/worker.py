@@ -14,6 +14,15 @@ every finished or dropped item to the frontend with its credit (see ``jigsaw.run
 
 A process runs one batch at a time, as the paper's instances do; the backend's ``execute_async``
 awaits the batch (a timer for the emulated backend, a device event for a GPU one).
+
+A process outlives the generation that started it when a re-plan keeps its instance: the daemon
+writes the spec files the process serves (newest first) to its ``--control`` file and sends
+SIGHUP. The process then attaches the new spec's rings and stats slot (its *wiring*) beside the
+ones it has, reports ready in the new stats slot, and keeps its backend (a loaded engine stays
+loaded). Items keep the wiring they came in on: an item popped from an older generation's ring is
+routed and completed through that generation's rings, so its lane means what it meant when it was
+admitted. A wiring the control file no longer lists takes no more items; its rings are unmapped once
+the batching queue holds none of its items.
 """
 
 from __future__ import annotations
@@ -106,26 +115,120 @@ def make_backend(spec: ProcessSpec) -> Backend:
     return backend
 
 
+class Wiring:
+    """One generation's rings and stats slot of this process (see the module docstring)."""
+
+    def __init__(self, spec: ProcessSpec, path: Path | None = None) -> None:
+        self.spec = spec
+        self.path = path
+        self.inputs: list[ShmRing] = []
+        self.outputs: list[ShmRing] = []
+        self.output_bells: list[Doorbell] = []
+        try:
+            self.inputs = [ShmRing.attach(name, role="consumer") for name in spec.inputs]
+            self.outputs = [ShmRing.attach(o.ring, role="producer") for o in spec.outputs]
+            self.output_bells = [Doorbell.attach(o.doorbell) for o in spec.outputs]
+            self.done = ShmRing.attach(spec.completion_ring, role="producer")
+            self.done_bell = Doorbell.attach(spec.completion_doorbell)
+            self.stats = StatsBlock.attach(spec.stats)
+        except BaseException:
+            self._close_rings()
+            raise
+        self.output_slots = [o.slot for o in spec.outputs]
+        self.rung: set[int] = set()
+
+    def _close_rings(self) -> None:
+        for ring in (*self.inputs, *self.outputs):
+            ring.close()
+        for bell in self.output_bells:
+            bell.close()
+
+    def close(self) -> None:
+        self._close_rings()
+        self.done.close()
+        self.done_bell.close()
+        self.stats.close()
+
+
 class Worker:
     """The state of one worker process; ``run`` is its loop."""
 
-    def __init__(self, spec: ProcessSpec) -> None:
-        self.spec = spec
+    def __init__(self, spec: ProcessSpec, spec_path: Path | None = None, control: Path | None = None) -> None:
         self.backend = make_backend(spec)
         self.bell = Doorbell.attach(spec.doorbell)
-        self.inputs = [ShmRing.attach(name, role="consumer") for name in spec.inputs]
-        self.outputs = [ShmRing.attach(o.ring, role="producer") for o in spec.outputs]
-        self.output_bells = [Doorbell.attach(o.doorbell) for o in spec.outputs]
-        self.output_slots = [o.slot for o in spec.outputs]
-        self.done = ShmRing.attach(spec.completion_ring, role="producer")
-        self.done_bell = Doorbell.attach(spec.completion_doorbell)
-        self.stats = StatsBlock.attach(spec.stats)
-        self.queue = BatchQueue(spec.max_batch, spec.max_wait_ns, spec.queue_capacity, spec.staleness_ns,
-                                spec.remaining_min_ns, spec.exec_estimate_ns)
+        self.control = control
+        self.wirings: list[Wiring] = []  # newest (current) first; older ones drain their items
+        self._unmapped: list[Wiring] = []  # no longer listed: closed once no queued item uses them
+        self._use([Wiring(spec, spec_path)])
+        self.queue = self._new_queue(spec)
+        self._queue_spec: ProcessSpec | None = None  # a newer spec's batching rule, once the queue empties
         self.parent_pid = os.getppid()
-        self._rung: set[int] = set()
         self._next_input = 0
         self._passed_over_ns = 0  # the last time a full batch left items in the rings
+        self._rewire = False
+
+    @staticmethod
+    def _new_queue(spec: ProcessSpec) -> BatchQueue:
+        return BatchQueue(spec.max_batch, spec.max_wait_ns, spec.queue_capacity, spec.staleness_ns,
+                          spec.remaining_min_ns, spec.exec_estimate_ns)
+
+    def _use(self, wirings: list[Wiring]) -> None:
+        """Serve ``wirings`` (current first); the current one's names are the worker's own."""
+        self.wirings = wirings
+        w = wirings[0]
+        self.wiring = w
+        self.spec = w.spec
+        self.inputs = [ring for x in wirings for ring in x.inputs]
+        self._input_wiring = [x for x in wirings for _ in x.inputs]
+        self.stats = w.stats
+
+    def rewire(self) -> None:
+        """Serve the spec files the control file lists (newest first): see the module docstring."""
+        if self.control is None:
+            return
+        import json
+        try:
+            paths = [Path(p) for p in json.loads(self.control.read_text())["specs"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"worker {self.spec.name}: unreadable control file {self.control}: {exc}", file=sys.stderr)
+            return
+        have = {w.path: w for w in (*self.wirings, *self._unmapped)}
+        wirings = []
+        for path in paths:
+            w = have.pop(path, None)
+            if w is None:
+                spec = ProcessSpec.from_json(path.read_text())
+                if (spec.task, spec.variant, spec.max_batch) != (self.spec.task, self.spec.variant,
+                                                                 self.spec.max_batch):
+                    print(f"worker {self.spec.name}: {path} is another process's spec", file=sys.stderr)
+                    continue
+                w = Wiring(spec, path)
+            wirings.append(w)
+        if not wirings:
+            return
+        self._unmapped = list(have.values())
+        self._use(wirings)
+        self._queue_spec = self.spec
+        self._maybe_swap_queue()
+        now = time.monotonic_ns()
+        slot = self.spec.slot
+        self.stats.set(slot, BATCH_STARTED_NS, 0)
+        self.stats.set(slot, HEARTBEAT_NS, now)
+        self.stats.set(slot, PID, os.getpid())
+        self.stats.set(slot, STARTED_NS, now)
+        self.stats.set(slot, STATE, READY)
+
+    def _maybe_swap_queue(self) -> None:
+        """Take a newer spec's batching rule (planned wait, estimates) once no item is queued, and
+        unmap the wirings no longer served."""
+        if len(self.queue):
+            return
+        if self._queue_spec is not None:
+            self.queue = self._new_queue(self._queue_spec)
+            self._queue_spec = None
+        for w in self._unmapped:
+            w.close()
+        self._unmapped = []
 
     # ---- outputs ------------------------------------------------------------------------
     def _push_blocking(self, ring: ShmRing, header: RecordHeader, payload: bytes, until_ns: int) -> bool:
@@ -134,13 +237,18 @@ class Worker:
             now = time.monotonic_ns()
             if now >= until_ns or not _running:
                 return False
-            self.stats.set(self.spec.slot, HEARTBEAT_NS, now)  # waiting on a peer is not hanging
+            self._beat(now)  # waiting on a peer is not hanging
             time.sleep(PUSH_RETRY_S)
         return True
 
+    def _beat(self, now_ns: int) -> None:
+        for w in self.wirings:
+            w.stats.set(w.spec.slot, HEARTBEAT_NS, now_ns)
+
     def complete(self, header: RecordHeader, status: int, credit: int, tensors: bytes = b"",
-                 num_children: int = 0) -> None:
+                 num_children: int = 0, wiring: Wiring | None = None) -> None:
         """Report an item this task finished or dropped (with the credit it returns)."""
+        w = wiring or self.wiring
         h = header.copy()
         h.task = self.spec.task_index
         h.status = int(status)
@@ -148,28 +256,30 @@ class Worker:
         h.stamp(HOP_DONE, time.monotonic_ns())
         # The frontend always drains: wait for room rather than lose an answer.
         with contextlib.suppress(RingClosedError):
-            self._push_blocking(self.done, h, frame(credit, tensors), time.monotonic_ns() + 60 * 10**9)
-        self.done_bell.ring()
+            self._push_blocking(w.done, h, frame(credit, tensors), time.monotonic_ns() + 60 * 10**9)
+        w.done_bell.ring()
 
-    def _least_loaded(self, candidates: list[int]) -> list[int]:
-        return routable(candidates, lambda i: self.stats.get(self.output_slots[i], STATE),
-                        lambda i: len(self.outputs[i]) + self.stats.get(self.output_slots[i], QUEUED))
+    def _least_loaded(self, candidates: list[int], w: Wiring) -> list[int]:
+        return routable(candidates, lambda i: w.stats.get(w.output_slots[i], STATE),
+                        lambda i: len(w.outputs[i]) + w.stats.get(w.output_slots[i], QUEUED))
 
-    def forward(self, header: RecordHeader, credit: int, result: ItemResult) -> tuple[int, int]:
+    def forward(self, header: RecordHeader, credit: int, result: ItemResult,
+                wiring: Wiring | None = None) -> tuple[int, int]:
         """Send the item's children downstream; returns (children sent, credit kept).
 
         The item's own completion record keeps one share of the credit, so the frontend cannot
         see every credit back (and answer) before that record, with its ``child_count``, arrives.
         """
+        w = wiring or self.wiring
         children = [(task, body) for task, bodies in result.children.items() for body in bodies]
-        routes = self.spec.routes[header.lane] if header.lane < len(self.spec.routes) else {}
+        routes = w.spec.routes[header.lane] if header.lane < len(w.spec.routes) else {}
         children = [(t, b) for t, b in children if routes.get(t)]
         if not children or credit < 2:
             return 0, credit
         if len(children) > credit - 1:
             children = children[:credit - 1]
         kept, *shares = split_credit(credit, len(children) + 1)
-        index_of = {str(d["task"]): int(d["task_index"]) for d in self.spec.downstream}  # type: ignore[call-overload]
+        index_of = {str(d["task"]): int(d["task_index"]) for d in w.spec.downstream}  # type: ignore[call-overload]
         for k, ((task, body), share) in enumerate(zip(children, shares)):
             h = RecordHeader(request_id=header.request_id, parent_id=header.request_id, app=header.app,
                              task=index_of[task], lane=header.lane, child_index=k,
@@ -178,29 +288,30 @@ class Worker:
             h.stamp(HOP_SENT, time.monotonic_ns())
             payload = frame(share, body)
             sent = False
-            order = self._least_loaded(routes[task])
+            order = self._least_loaded(routes[task], w)
             for i in order:
-                if self.outputs[i].push(h, payload):
-                    self._rung.add(i)
+                if w.outputs[i].push(h, payload):
+                    w.rung.add(i)
                     sent = True
                     break
             if not sent and order:
-                sent = self._push_blocking(self.outputs[order[0]], h, payload, header.deadline_ns)
-                self._rung.add(order[0])
+                sent = self._push_blocking(w.outputs[order[0]], h, payload, header.deadline_ns)
+                w.rung.add(order[0])
             if not sent:
                 # Never reached the next task: its deadline passed while every ring was full, or
                 # every process of that task has failed for good.
                 dropped = h.copy()
                 dropped.status = int(Status.DROPPED_DEADLINE if order else Status.ERROR)
                 dropped.stamp(HOP_DONE, time.monotonic_ns())
-                self._push_blocking(self.done, dropped, frame(share, b""), time.monotonic_ns() + 60 * 10**9)
-                self.done_bell.ring()
+                self._push_blocking(w.done, dropped, frame(share, b""), time.monotonic_ns() + 60 * 10**9)
+                w.done_bell.ring()
         return len(children), kept
 
     def _ring_outputs(self) -> None:
-        for i in self._rung:
-            self.output_bells[i].ring()
-        self._rung.clear()
+        for w in self.wirings:
+            for i in w.rung:
+                w.output_bells[i].ring()
+            w.rung.clear()
 
     # ---- the loop -----------------------------------------------------------------------
     def take_inputs(self, max_n: int) -> int:
@@ -220,14 +331,16 @@ class Worker:
             if n >= max_n:
                 break
             ring = self.inputs[(self._next_input + j) % k]
+            wiring = self._input_wiring[(self._next_input + j) % k]
             for header, payload in ring.pop_many(max_n - n):
                 now = time.monotonic_ns()
                 header.stamp(HOP_POPPED, now)
                 sent = header.hops[HOP_SENT]
                 arrival = sent if 0 < sent <= self._passed_over_ns else now
-                if not self.queue.push(header.request_id, header.deadline_ns, arrival, (header, payload)):
+                item = (header, payload, wiring)
+                if not self.queue.push(header.request_id, header.deadline_ns, arrival, item):
                     credit, _ = unframe(payload)
-                    self.complete(header, Status.REJECTED, credit)
+                    self.complete(header, Status.REJECTED, credit, wiring=wiring)
                     self.stats.add(self.spec.slot, DROPPED, 1)
                 n += 1
         self._next_input = (self._next_input + 1) % max(1, k)
@@ -244,9 +357,9 @@ class Worker:
             self._passed_over_ns = time.monotonic_ns()
 
     def drop_expired(self) -> None:
-        for _, _, _, (header, payload), reason in self.queue.expired(time.monotonic_ns()):
+        for _, _, _, (header, payload, wiring), reason in self.queue.expired(time.monotonic_ns()):
             credit, _ = unframe(payload)
-            self.complete(header, int(reason), credit)
+            self.complete(header, int(reason), credit, wiring=wiring)
             self.stats.add(self.spec.slot, DROPPED, 1)
 
     async def run_batch(self) -> bool:
@@ -261,6 +374,7 @@ class Worker:
         slot = self.spec.slot
         headers = [e[3][0] for e in batch]
         framed = [unframe(e[3][1]) for e in batch]
+        wirings = [e[3][2] for e in batch]
         start = time.monotonic_ns()
         self.stats.set(slot, BATCH_STARTED_NS, start)
         results = await self.backend.execute_async([h.request_id for h in headers],
@@ -270,20 +384,21 @@ class Worker:
         self.stats.add(slot, BUSY_NS, end - start)
         self.stats.add(slot, BATCHES, 1)
         self.stats.add(slot, ITEMS, len(batch))
-        for header, (credit, _), result in zip(headers, framed, results):
+        for header, (credit, _), result, w in zip(headers, framed, results, wirings):
             header.stamp(HOP_START, start)
             header.stamp(HOP_END, end)
             header.stamp(HOP_BATCH, len(batch))
             if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
-                self.complete(header, Status.ERROR, credit, result.error.encode()[:4096])
+                self.complete(header, Status.ERROR, credit, result.error.encode()[:4096], wiring=w)
                 continue
-            sent, kept = self.forward(header, credit, result)
-            self.complete(header, Status.OK, kept, bytes(encode_tensors(result.outputs)), sent)
+            sent, kept = self.forward(header, credit, result, w)
+            self.complete(header, Status.OK, kept, bytes(encode_tensors(result.outputs)), sent, w)
         self._ring_outputs()
         return True
 
     def publish_queued(self) -> None:
-        self.stats.set(self.spec.slot, QUEUED, len(self.queue))
+        for w in self.wirings:
+            w.stats.set(w.spec.slot, QUEUED, len(self.queue))
 
     def _wait_for_bell(self, loop: asyncio.AbstractEventLoop, wake: asyncio.Event,
                        stop: threading.Event) -> None:
@@ -314,8 +429,16 @@ class Worker:
 
         loop.add_signal_handler(signal.SIGTERM, on_sigterm)
 
+        def on_sighup() -> None:
+            self._rewire = True
+            wake.set()
+
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
+        if _rewire_early:
+            on_sighup()
+
         def heartbeat() -> None:
-            self.stats.set(slot, HEARTBEAT_NS, time.monotonic_ns())
+            self._beat(time.monotonic_ns())
             loop.call_later(HEARTBEAT_S, heartbeat)
 
         heartbeat()
@@ -327,6 +450,11 @@ class Worker:
             while _running:
                 # Clear before looking at the rings: a push after the look rings the bell again.
                 wake.clear()
+                if self._rewire:
+                    self._rewire = False
+                    self.rewire()
+                if self._unmapped or self._queue_spec is not None:
+                    self._maybe_swap_queue()
                 self.fill()
                 self.publish_queued()
                 if await self.run_batch():
@@ -347,11 +475,9 @@ class Worker:
             bell_thread.join(timeout=2 * IDLE_WAIT_S)
 
     def close(self) -> None:
-        for ring in (*self.inputs, *self.outputs, self.done):
-            ring.close()
-        for bell in (self.bell, *self.output_bells, self.done_bell):
-            bell.close()
-        self.stats.close()
+        for w in (*self.wirings, *self._unmapped):
+            w.close()
+        self.bell.close()
         self.backend.close()
 
 
@@ -366,15 +492,26 @@ def _stop(signum: int, frame: object) -> None:
     _running = False
 
 
+_rewire_early = False  # a SIGHUP before the loop runs (the loop's handler takes over then)
+
+
+def _hup(signum: int, frame: object) -> None:
+    global _rewire_early
+    _rewire_early = True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jigsaw-worker", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, type=Path)
+    parser.add_argument("--control", type=Path, default=None,
+                        help="the file listing the spec files this process serves (read on SIGHUP)")
     args = parser.parse_args(argv)
     _die_with_parent()
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _hup)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon handles ^C and stops workers itself
     spec = ProcessSpec.from_json(args.spec.read_text())
-    worker = Worker(spec)
+    worker = Worker(spec, args.spec, args.control)
     try:
         uvloop.run(worker.run())
     finally:

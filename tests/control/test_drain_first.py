@@ -1,0 +1,133 @@
+"""Drain first: a re-plan whose new MIG instance needs the slots of running ones, on a full GPU.
+
+The generation manager is driven directly (a real frontend, real worker processes, the emulated
+NVML) with hand-made plans, so the layout is known: seven 1g.10gb instances fill the GPU, the new
+plan swaps two of ``b``'s for one 2g.20gb instance of ``b``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+from dpserver import write_tiny
+
+from jigsaw.backends.registry import backend_kind
+from jigsaw.gpu.layout import validate_node_layout
+from jigsaw.node import load_node
+from jigsaw.plan import Plan
+from jigsaw.runtime.frontend import Frontend
+from jigsaw.runtime.generations import DesiredState, GenerationManager
+
+
+def _plans(tmp_path: Path, task: str = "b", counts: tuple[int, int] = (2, 5),
+           kept: int = 3) -> tuple[Path, Plan, Plan]:
+    """7 x 1g.10gb (``counts`` of a and b: the GPU is full), then ``task`` on ``kept`` of them
+    and one 2g.20gb instance."""
+    args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 1.0}, 1), ("b", "classifier", {1: 1.0}, 1)],
+                      edges=[("a", "b", 1.0)], counts={"a": counts[0], "b": counts[1]})
+    node_path, plan_path = Path(args[1]), Path(args[3])
+    csv = node_path.parent / "profiles" / "tiny.csv"
+    csv.write_text(csv.read_text() + f"{task}-v,2g.20gb,1,1,1.0,1000.000,100,modeled,,,\n")
+    doc = json.loads(plan_path.read_text())
+    first = Plan.from_json_dict(doc)
+    t = next(i for i in first.instances if i.task == task)
+    second = dataclasses.replace(first, instances=[
+        *(i for i in first.instances if i.task != task), dataclasses.replace(t, count=kept),
+        dataclasses.replace(t, mig_profile="2g.20gb", count=1, slices=2)])
+    return node_path, first, second
+
+
+def test_new_instance_needing_running_slots_drains_them_first(tmp_path: Path) -> None:
+    node_path, first, second = _plans(tmp_path)
+    node = load_node(node_path)
+    app = node.apps[0]
+    logs: list[str] = []
+    gm = GenerationManager(node, [(app, first)], time_scale=1.0, seed=0, backend=backend_kind("emulated"),
+                           log=logs.append)
+    fe = Frontend(gm.backend, hop_latency_ms=0.0)
+    try:
+        gm.start_all(timeout_s=60)
+        before = gm.node_layout
+        assert before is not None and len(before.instances) == 7  # the GPU is full
+        pids0 = {p["pid"]: (p["task"], p["profile"], p["start"]) for p in gm.processes()}
+        nvml = gm.partition.applier.nvml  # type: ignore[union-attr]
+        calls0 = len(nvml.calls)
+
+        async def go() -> None:
+            gm.attach(fe)
+            fe.start(asyncio.get_running_loop())
+            try:
+                done = await gm.apply(DesiredState(app.name, second))
+                assert done.error is None and done.new_generation, (done, logs)
+                for _ in range(200):  # the new plan's old generation drains in the background
+                    if len(gm.generations) == 1:
+                        break
+                    await asyncio.sleep(0.05)
+                await gm.stop_retiring()
+            finally:
+                fe.close()
+
+        asyncio.run(go())
+        after = gm.node_layout
+        assert after is not None
+        assert validate_node_layout(after, node.gpu) == []
+        assert any("draining those first while the rest serves" in line for line in logs), logs
+        assert gm.current[app.name] == 2  # generation 1 served while b's two instances drained
+        assert list(gm.generations) == [2]
+        # the processes of the instances the new plan keeps are the same ones
+        now = {p["pid"]: (p["task"], p["profile"], p["start"]) for p in gm.processes()}
+        kept = {pid for pid in now if pid in pids0}
+        assert len(kept) == 5 and all(now[pid] == pids0[pid] for pid in kept)  # a x2, b x3 (1g.10gb)
+        assert [v for v in now.values() if v[1] == "2g.20gb"]
+        # NVML: the two instances in the way destroyed, then the 2g.20gb one created
+        changes = [c[0] for c in nvml.calls[calls0:] if c[0] in
+                   ("nvmlGpuInstanceDestroy", "nvmlDeviceCreateGpuInstanceWithPlacement")]
+        assert changes == ["nvmlGpuInstanceDestroy"] * 2 + ["nvmlDeviceCreateGpuInstanceWithPlacement"], \
+            changes
+        existing = gm.partition.existing.values()  # type: ignore[union-attr]
+        assert {i.slot for i in existing} == {i.slot for i in after.instances}
+    finally:
+        gm.close()
+
+
+def test_keep_all_replan_rewires_the_running_processes(tmp_path: Path) -> None:
+    # the same instances with another planned task latency: a new routing generation on the same
+    # processes (no process started), told by SIGHUP to serve its rings; the old one retires
+    node_path, first, _ = _plans(tmp_path)
+    slower = {t: 2 * ms for t, ms in first.task_latency_ms.items()}
+    second = dataclasses.replace(first, task_latency_ms=slower)
+    node = load_node(node_path)
+    app = node.apps[0]
+    gm = GenerationManager(node, [(app, first)], time_scale=1.0, seed=0, backend=backend_kind("emulated"))
+    fe = Frontend(gm.backend, hop_latency_ms=0.0)
+    try:
+        gm.start_all(timeout_s=60)
+        pids0 = sorted(p["pid"] for p in gm.processes())
+        calls0 = len(gm.partition.applier.nvml.calls)  # type: ignore[union-attr]
+
+        async def go() -> None:
+            gm.attach(fe)
+            fe.start(asyncio.get_running_loop())
+            try:
+                done = await gm.apply(DesiredState(app.name, second))
+                assert done.new_generation and done.error is None
+                assert (done.kept, done.started) == (7, 0), done
+                for _ in range(200):
+                    if len(gm.generations) == 1:
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                fe.close()
+
+        asyncio.run(go())
+        assert list(gm.generations) == [1]
+        assert sorted(p["pid"] for p in gm.processes()) == pids0
+        assert all(p["generations"] == [1] for p in gm.processes())
+        assert len(gm.partition.applier.nvml.calls) == calls0  # type: ignore[union-attr]
+        g = gm.generations[1]
+        assert not g.not_ready() and all(w.poll() is None for w in g.workers)
+    finally:
+        gm.close()
