@@ -463,7 +463,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     ``start``: a known feasible plan per part (the anytime incumbent) to start the core from.
     """
     t0 = time.perf_counter()
-    gap_abs = node.planner.absolute_gap if absolute_gap is None else absolute_gap
+    gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
     capacity_mode = scale_demands or any(p.demand_rps is None for p in parts)
     rel_gap = 0.0
     if capacity_mode:

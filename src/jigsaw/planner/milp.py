@@ -173,7 +173,7 @@ class _Model:
         else:
             r = max(demand_rps, MIN_DEMAND_RPS)
             m.objective = mip.maximize(node.planner.alpha * acc_total * (1.0 / r) - beta * slices_total)
-        m.max_mip_gap_abs = node.planner.absolute_gap if demand_rps is not None else 1e-3
+        m.max_mip_gap_abs = node.absolute_gap if demand_rps is not None else 1e-3
         m.max_mip_gap = 1e-6
 
     def warm_start(self, previous: Plan) -> None:
