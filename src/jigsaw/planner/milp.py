@@ -280,7 +280,12 @@ def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: P
         quick = quick_plan(pb.app, pb.node, pb.profiles, demand, factors=pb.factors, problem=pb)
     res = joint.solve([joint.Part(pb, demand)], pb.node, solver=solver, time_limit_s=limit,
                       start=[quick] if quick is not None else None)
-    return res.status, res.plans[0]
+    exact = res.plans[0]
+    if quick is not None and res.status != "optimal" and (exact is None or quick.objective > exact.objective):
+        # the limit came first: the verified greedy plan beats no plan (or a worse incumbent)
+        quick.notes.append(f"the solver's best within {limit:g} s was not better than the greedy plan")
+        return "feasible", quick
+    return res.status, exact
 
 
 def _check_formulation(formulation: str | None) -> str:
