@@ -1,7 +1,7 @@
 """The tight planner model: one decision for one or several apps over a node's shared slices.
 
 Same constraints as the reference model (``milp._Model``, DESIGN section 3: lanes, capacity per
-(task, variant), latency per path, PAS accuracy, packable per-GPU layouts), solved in two stages:
+(task, variant), latency per path, PAS accuracy, packable per-GPU layouts), solved in stages:
 
 1. **Latency-relaxed core.** Each (task, variant, MIG profile) keeps one column: the one of
    highest throughput among those whose latency could be on a feasible path (2 L plus twice the
@@ -14,7 +14,21 @@ Same constraints as the reference model (``milp._Model``, DESIGN section 3: lane
    is lowered to the smallest one at which the best column under the cap of every used group
    still covers the demand of every variant. If every path then meets its SLO, the lifted plan
    is feasible for the full model with the core's objective: it is optimal, proven by the core's
-   bound. Otherwise the full model (the reference constraints, built as arrays) decides.
+   bound. Otherwise:
+3. **Latency levels.** Each task of an app whose lift failed chooses one of a few latency caps
+   (binaries, one per task, over a handful of the task's column latencies plus the caps the core
+   needed). Its columns are the core's columns under the chosen cap. Counted on the paths at
+   the smallest latency each cap's interval admits, the model is a relaxation tighter than the
+   core (its optimum is a bound; a solution that lifts is optimal); counted at the cap itself, a
+   restriction (every solution is feasible: an incumbent, proven when within the gap of the
+   bound). A relaxed solution that does not lift is cut off by splitting the levels just below
+   the caps it needed, and the pair is solved again (a few rounds).
+4. Only then the full model (the reference constraints, built as arrays) decides, with the best
+   bound as a cut and the best incumbent as its start.
+
+Every model is solved to the node's stopping gap (``Node.absolute_gap``: half a slice's cost by
+default), and each restriction and the full model carry the best bound as an objective cut, so a
+solver stops once its incumbent is within the gap of that bound rather than of its own.
 
 Several apps share the slices, the per-GPU layout constraint and one slice total; the node's
 objective weighs their accuracies (``accuracy``) or asks for the fewest slices with accuracy
