@@ -58,7 +58,8 @@ def test_tight_optimum_equals_the_reference_optimum(demand: float, solver: str) 
 
 
 @pytest.mark.parametrize(("app_name", "fraction"), [("social_media", 0.3), ("social_media", 0.8),
-                                                    ("ar_assistant", 0.1), ("traffic_analysis", 0.2)])
+                                                    ("ar_assistant", 0.1), ("ar_assistant", 0.5),
+                                                    ("traffic_analysis", 0.2)])
 def test_tight_equals_reference_on_bench_instances(example, app_name: str, fraction: float) -> None:
     """A sample of the bench's instances (HiGHS, short limits): same optimum where both prove it."""
     node, profiles = example
