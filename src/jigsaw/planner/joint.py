@@ -697,7 +697,9 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                     return best
             if xsol.status != "optimal":
                 break
-            refined = [None if lev is None else refine_levels(parts[i].pb, lev, xl[i][1])
+            refined = [refine_levels(parts[i].pb, lev, xl[i][1]) if lev is not None
+                       else None if xl[i][0] is not None  # this part lifts on the core columns
+                       else candidate_levels(parts[i].pb, xl[i][1], _feasible_caps(parts[i].pb, xl[i][1]))
                        for i, lev in enumerate(levels)]
             if all(r is None for r in refined):
                 break
