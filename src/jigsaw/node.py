@@ -47,7 +47,9 @@ class PlannerSettings:
     beta: float | None = None  # None: 0.035 * 28 / slices of the node (the paper's scale)
     hop_latency_ms: float = 10.0  # per communication hop; added to the SLO per path depth
     time_limit_s: float = 10.0
-    absolute_gap: float = 1e-4  # on the objective (accuracy units): CBC's stopping gap
+    # Stopping gap on the objective (accuracy units). None: half of beta, i.e. a plan is proven
+    # when no plan is better by half a slice's cost (the issue's "proven": below one slice).
+    absolute_gap: float | None = None
     solver: str = "cbc"  # or "highs"
     space: str = "ast"
     max_utilization: float = 1.0  # plan instances to run at most this fraction of profiled throughput
@@ -120,6 +122,18 @@ class Node:
         if self.planner.beta is not None:
             return self.planner.beta
         return PAPER_BETA * PAPER_BETA_SLICES / max(1, self.slices_available)
+
+    @property
+    def absolute_gap(self) -> float:
+        """The solvers' stopping gap: ``planner.absolute_gap``, or half a slice's cost (beta / 2).
+
+        A gap below beta cannot hide a plan with fewer slices at the same accuracy, and the
+        objective's accuracy term is in [0, 1]: half a slice is 1.75% of the best accuracy on
+        the 4-GPU example node.
+        """
+        if self.planner.absolute_gap is not None:
+            return self.planner.absolute_gap
+        return 0.5 * self.beta
 
     def app(self, name: str) -> App:
         for a in self.apps:
@@ -200,7 +214,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         beta=p.number("beta", None, low=0) if p.has("beta") else None,
         hop_latency_ms=p.number("hop_latency_ms", 10.0, low=0),
         time_limit_s=p.number("time_limit_s", 10.0, low=0, low_open=True),
-        absolute_gap=p.number("absolute_gap", 1e-4, low=0),
+        absolute_gap=p.number("absolute_gap", None, low=0) if p.has("absolute_gap") else None,
         solver=solver,
         space=space,
         max_utilization=p.number("max_utilization", 1.0, low=0, high=1, low_open=True),

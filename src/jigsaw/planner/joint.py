@@ -1,7 +1,7 @@
 """The tight planner model: one decision for one or several apps over a node's shared slices.
 
 Same constraints as the reference model (``milp._Model``, DESIGN section 3: lanes, capacity per
-(task, variant), latency per path, PAS accuracy, packable per-GPU layouts), solved in two stages:
+(task, variant), latency per path, PAS accuracy, packable per-GPU layouts), solved in stages:
 
 1. **Latency-relaxed core.** Each (task, variant, MIG profile) keeps one column: the one of
    highest throughput among those whose latency could be on a feasible path (2 L plus twice the
@@ -14,7 +14,21 @@ Same constraints as the reference model (``milp._Model``, DESIGN section 3: lane
    is lowered to the smallest one at which the best column under the cap of every used group
    still covers the demand of every variant. If every path then meets its SLO, the lifted plan
    is feasible for the full model with the core's objective: it is optimal, proven by the core's
-   bound. Otherwise the full model (the reference constraints, built as arrays) decides.
+   bound. Otherwise:
+3. **Latency levels.** Each task of an app whose lift failed chooses one of a few latency caps
+   (binaries, one per task, over a handful of the task's column latencies plus the caps the core
+   needed). Its columns are the core's columns under the chosen cap. Counted on the paths at
+   the smallest latency each cap's interval admits, the model is a relaxation tighter than the
+   core (its optimum is a bound; a solution that lifts is optimal); counted at the cap itself, a
+   restriction (every solution is feasible: an incumbent, proven when within the gap of the
+   bound). A relaxed solution that does not lift is cut off by splitting the levels just below
+   the caps it needed, and the pair is solved again (a few rounds).
+4. Only then the full model (the reference constraints, built as arrays) decides, with the best
+   bound as a cut and the best incumbent as its start.
+
+Every model is solved to the node's stopping gap (``Node.absolute_gap``: half a slice's cost by
+default), and each restriction and the full model carry the best bound as an objective cut, so a
+solver stops once its incumbent is within the gap of that bound rather than of its own.
 
 Several apps share the slices, the per-GPU layout constraint and one slice total; the node's
 objective weighs their accuracies (``accuracy``) or asks for the fewest slices with accuracy
@@ -40,6 +54,8 @@ MIN_DEMAND_RPS = 0.01
 _RATE_EPS = 1e-9
 _COVER_TOL = 1e-7
 CAPACITY_RELATIVE_GAP = 1e-5
+LEVELS_PER_TASK = 6
+REFINE_ROUNDS = 4
 
 
 @dataclass
@@ -74,7 +90,7 @@ class JointResult:
     objective: float
     bound: float
     seconds: float
-    stage: str  # core | full: which model gave the answer
+    stage: str  # core | levels | restricted | full: which model gave the answer
     notes: list[str] = field(default_factory=list)
 
 
@@ -111,8 +127,85 @@ def core_columns(pb: Problem, caps: dict[str, float] | None = None) -> tuple[Col
     return tuple(c for c in pb.colset.columns if best.get((c.task, c.variant, c.mig_profile)) is c)
 
 
+def level_columns(pb: Problem, levels: dict[str, list[float]]) -> list[tuple[Column, str, int]]:
+    """The level model's columns: per task t and level k, the core's columns under ``levels[t][k]``.
+
+    Each is returned with its task and level index; a column may appear at several levels.
+    """
+    cap = _cap_max(pb)
+    out: list[tuple[Column, str, int]] = []
+    for t in pb.app.task_names:
+        for k, lev in enumerate(levels[t]):
+            for c in core_columns(pb, {t: min(cap[t], lev)}):
+                if c.task == t:
+                    out.append((c, t, k))
+    return out
+
+
+def task_latencies(pb: Problem) -> dict[str, list[float]]:
+    """Per task: the distinct latencies of its admissible columns, ascending (the values L(t) takes)."""
+    cap = _cap_max(pb)
+    return {t: sorted({c.latency_ms for c in pb.colset.columns
+                       if c.task == t and c.latency_ms <= cap[t] + 1e-9})
+            for t in pb.app.task_names}
+
+
+def candidate_levels(pb: Problem, needed: dict[str, float], feasible: dict[str, float],
+                     per_task: int = LEVELS_PER_TASK) -> dict[str, list[float]]:
+    """Latency caps the level models choose from, per task (ascending, ending at the largest).
+
+    ``per_task`` caps spread by rank over the task's distinct column latencies (the last is the
+    largest admissible one, so the relaxed level model covers every plan), the caps the core's
+    solution needed and the proportionally shrunk ones that meet every path (so the restricted
+    level model contains the single restricted model of earlier versions).
+    """
+    lats = task_latencies(pb)
+    out: dict[str, list[float]] = {}
+    for t in pb.app.task_names:
+        ls = lats[t]
+        if not ls:
+            out[t] = []
+            continue
+        n = len(ls)
+        picks = {ls[min(n - 1, round(i * (n - 1) / max(1, per_task - 1)))] for i in range(per_task)}
+        picks.add(ls[-1])
+        for want in (needed.get(t), feasible.get(t)):
+            if want is not None and ls[0] <= want <= ls[-1]:
+                picks.add(ls[bisect.bisect_right(ls, want + 1e-9) - 1])  # the latency at the cap
+        out[t] = sorted(picks)
+    return out
+
+
+def refine_levels(pb: Problem, levels: dict[str, list[float]],
+                  needed: dict[str, float]) -> dict[str, list[float]] | None:
+    """``levels`` with a split below each needed cap on a path the needed caps break.
+
+    The relaxed level model counts level k on a path at the smallest column latency above level
+    k - 1; a split just below the needed cap (at the next smaller column latency) makes the
+    level the solution used count at the needed cap itself, which cuts that solution off.
+    None when nothing new can be split (the levels are then exact for those tasks).
+    """
+    lats = task_latencies(pb)
+    out = {t: list(v) for t, v in levels.items()}
+    changed = False
+    for p in pb.app.paths:
+        if sum(2 * needed.get(t, 0.0) for t in p) <= pb.app.latency_slo_ms * (1 + 1e-12):
+            continue
+        for t in p:
+            ls = lats[t]
+            k = bisect.bisect_left(ls, needed.get(t, 0.0) - 1e-9)  # index of the needed cap
+            for cand in (ls[k - 1] if k >= 1 else None, ls[k] if k < len(ls) else None):
+                if cand is not None and all(abs(cand - x) > 1e-9 for x in out[t]):
+                    out[t].append(cand)
+                    changed = True
+            out[t].sort()
+    return out if changed else None
+
+
 def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accuracy",
-          scale_demands: bool = False, caps: list[dict[str, float] | None] | None = None) -> _Built:
+          scale_demands: bool = False, caps: list[dict[str, float] | None] | None = None,
+          levels: list[dict[str, list[float]] | None] | None = None,
+          relax_levels: bool = False) -> _Built:
     """The model over ``parts``: the full one, or the latency-relaxed core (see the module doc).
 
     ``scale_demands``: serve the largest common fraction (at most 1) of every part's demand
@@ -137,7 +230,12 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     by_profile: dict[str, list[int]] = defaultdict(list)
     for pi, part in enumerate(parts):
         pb, app = part.pb, part.pb.app
-        cols = pb.colset.columns if full else core_columns(pb, caps[pi] if caps else None)
+        lev = levels[pi] if levels else None
+        leveled = level_columns(pb, lev) if lev is not None else []
+        if lev is not None:
+            cols = tuple(c for c, _, _ in leveled)
+        else:
+            cols = pb.colset.columns if full else core_columns(pb, caps[pi] if caps else None)
         slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
         if part.demand_rps is None or theta is not None:
             acc_coef = [0.0] * len(pb.lanes)
@@ -174,6 +272,26 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
                 ub = min(ub, max(1, math.ceil(need - 1e-9)))
             count.append(md.var(0.0, ub, integer=True))
             by_profile[c.mig_profile].append(count[-1])
+        if lev is not None:
+            # one level per task; a column counts only under its task's chosen level
+            z = {t: [md.var(0.0, 1.0, integer=True) for _ in lev[t]] for t in app.task_names}
+            for t in app.task_names:
+                md.row(z[t], [1.0] * len(z[t]), 1.0, 1.0)
+            for j, (_, t, k) in enumerate(leveled):
+                md.row([count[j], z[t][k]], [1.0, -md.col_hi[count[j]]], hi=0.0)
+            if relax_levels:
+                # level k stands for L(t) in (level k-1, level k]: the path counts the smallest
+                # column latency in that interval (L(t) is always some column's latency)
+                lats = task_latencies(pb)
+                path_lat = {t: [lats[t][bisect.bisect_right(lats[t], lo + 1e-9)]
+                                if k else lats[t][0]
+                                for k, lo in enumerate([0.0, *lev[t][:-1]])]
+                            for t in app.task_names}
+            else:
+                path_lat = lev
+            for p in app.paths:
+                md.row([v for t in p for v in z[t]], [2.0 * x for t in p for x in path_lat[t]],
+                       hi=app.latency_slo_ms)
         if full:
             used = [md.var(0.0, 1.0, integer=True) for _ in cols]
             for j in range(len(cols)):
@@ -391,6 +509,28 @@ def _start(full: _Built, best: JointResult | None) -> dict[int, float] | None:
     return start
 
 
+def _result(built: _Built, sol: Solution, cols: list[tuple[Column, ...] | None], ub: float,
+            gap_abs: float, rel_gap: float, capacity_mode: bool, t0: float, stage: str) -> JointResult:
+    """A lifted solution as a result: optimal when within the gap of the bound ``ub``."""
+    secs = time.perf_counter() - t0
+    gap = max(0.0, ub - sol.objective)
+    status = "optimal" if gap <= max(gap_abs, rel_gap * abs(ub)) else "feasible"
+    plan_gap = math.inf if capacity_mode else (0.0 if status == "optimal" else gap)
+    plans: list[Plan | None] = [_extract(built, sol.values, i, c, status, secs, plan_gap)
+                                for i, c in enumerate(cols) if c is not None]
+    return JointResult(status, plans, sol.objective, ub, secs, stage)
+
+
+def _better(best: JointResult | None, new: JointResult) -> JointResult:
+    return new if best is None or new.objective > best.objective else best
+
+
+def _objective_cut(model: LinearModel, bound: float) -> None:
+    """objective <= bound (a relaxation's optimum), as a row."""
+    nz = [(k, c) for k, c in enumerate(model.cost) if c]
+    model.row([k for k, _ in nz], [c for _, c in nz], hi=bound + 1e-7)
+
+
 def _gap(sol: Solution) -> float:
     if sol.status == "optimal":
         return 0.0
@@ -463,7 +603,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     ``start``: a known feasible plan per part (the anytime incumbent) to start the core from.
     """
     t0 = time.perf_counter()
-    gap_abs = node.planner.absolute_gap if absolute_gap is None else absolute_gap
+    gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
     capacity_mode = scale_demands or any(p.demand_rps is None for p in parts)
     rel_gap = 0.0
     if capacity_mode:
@@ -480,6 +620,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
         return JointResult("infeasible", [None] * len(parts), math.nan, sol.bound,
                            time.perf_counter() - t0, "core")
     best: JointResult | None = None
+    # the best proven bound on the full model's objective (the core's, then the level models')
+    ub = sol.bound if sol.has_incumbent and math.isfinite(sol.bound) else math.inf
     if sol.has_incumbent:
         lifts = [_lift(core, sol.values, i) for i in range(len(parts))]
         if all(cols is not None for cols, _ in lifts):
@@ -489,35 +631,92 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 _extract(core, sol.values, i, cols, sol.status, secs, gap)
                 for i, (cols, _) in enumerate(lifts) if cols is not None]
             return JointResult(sol.status, plans, sol.objective, sol.bound, secs, "core")
-        # A restriction of the full model: the core under caps that meet every path, in the
-        # proportions the relaxed solution needed. Its plan is feasible; with the core's bound
-        # it is often proven optimal, else it is the incumbent the full model has to beat.
+        # The latency levels: per task of each part whose lift failed, a few caps to choose
+        # from. The relaxed level model (each level counted on the paths at the smallest
+        # latency it admits) bounds the full model more tightly than the core; when its
+        # solution lifts, that solution is optimal. Otherwise the levels are split below the
+        # caps the solution needed, which cuts it off, and it is solved again.
         caps: list[dict[str, float] | None] = [
             None if cols is not None else _feasible_caps(parts[i].pb, need)
             for i, (cols, need) in enumerate(lifts)]
-        restricted = build(parts, node, full=False, objective=objective, scale_demands=scale_demands,
-                           caps=caps)
-        left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
-        rsol = restricted.model.solve(solver, left, gap_abs, relative_gap=rel_gap)
-        if rsol.has_incumbent:
-            rl = [_lift(restricted, rsol.values, i) for i in range(len(parts))]
-            if all(cols is not None for cols, _ in rl):
-                secs = time.perf_counter() - t0
-                ub = sol.bound if not math.isnan(sol.bound) else math.inf
-                gap = max(0.0, ub - rsol.objective)
-                status = "optimal" if gap <= max(gap_abs, rel_gap * abs(ub)) else "feasible"
-                plans = [_extract(restricted, rsol.values, i, cols, status, secs,
-                                  math.inf if capacity_mode else (0.0 if status == "optimal" else gap))
-                         for i, (cols, _) in enumerate(rl) if cols is not None]
-                best = JointResult(status, plans, rsol.objective, ub, secs, "restricted")
-                if status == "optimal":
+        levels: list[dict[str, list[float]] | None] = [
+            None if cols is not None else candidate_levels(parts[i].pb, need, caps[i] or {})
+            for i, (cols, need) in enumerate(lifts)]
+        def restrict(built: _Built, stage: str) -> JointResult | None:
+            """Solve a restriction of the full model (every plan it finds is feasible)."""
+            if math.isfinite(ub):
+                # the relaxations' optimum bounds every restriction: with it as a cut the
+                # solver stops once its incumbent is within the gap of that bound
+                _objective_cut(built.model, ub)
+            left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
+            rsol = built.model.solve(solver, left, gap_abs, relative_gap=rel_gap)
+            if not rsol.has_incumbent:
+                return None
+            rl = [_lift(built, rsol.values, i) for i in range(len(parts))]
+            if any(cols is None for cols, _ in rl):
+                return None
+            return _result(built, rsol, [c for c, _ in rl], ub, gap_abs, rel_gap, capacity_mode, t0,
+                           stage)
+
+        if capacity_mode:
+            # the maximum demand: the single restricted model (the core under the shrunk caps)
+            # finds a large feasible rate fast, which the full model then starts from
+            got = restrict(build(parts, node, full=False, objective=objective,
+                                 scale_demands=scale_demands, caps=caps), "restricted")
+            if got is not None:
+                best = got
+                if got.status == "optimal":
+                    return got
+        for _ in range(0 if capacity_mode else REFINE_ROUNDS):
+            left = time_limit_s - (time.perf_counter() - t0)
+            if left <= 0.05 * time_limit_s:
+                break
+            relaxed = build(parts, node, full=False, objective=objective, scale_demands=scale_demands,
+                            levels=levels, relax_levels=True)
+            if math.isfinite(ub):
+                _objective_cut(relaxed.model, ub)
+            # at most half the time left: the restriction below must still find an incumbent
+            xsol = relaxed.model.solve(solver, 0.5 * left, gap_abs, relative_gap=rel_gap)
+            if not xsol.has_incumbent:
+                break
+            if not math.isnan(xsol.bound):
+                ub = min(ub, xsol.bound)
+            xl = [_lift(relaxed, xsol.values, i) for i in range(len(parts))]
+            if all(cols is not None for cols, _ in xl):
+                # feasible as it stands: optimal when proven, else an incumbent
+                best = _better(best, _result(relaxed, xsol, [c for c, _ in xl], ub, gap_abs, rel_gap,
+                                             capacity_mode, t0, "levels"))
+                if best.status == "optimal":
                     return best
+            # The same levels, each counted on the paths at its own cap: a restriction.
+            got = restrict(build(parts, node, full=False, objective=objective,
+                                 scale_demands=scale_demands, levels=levels), "restricted")
+            if got is not None:
+                best = _better(best, got)
+                if best.status == "optimal":
+                    return best
+            if xsol.status != "optimal":
+                break
+            refined = [refine_levels(parts[i].pb, lev, xl[i][1]) if lev is not None
+                       else None if xl[i][0] is not None  # this part lifts on the core columns
+                       else candidate_levels(parts[i].pb, xl[i][1], _feasible_caps(parts[i].pb, xl[i][1]))
+                       for i, lev in enumerate(levels)]
+            if all(r is None for r in refined):
+                break
+            levels = [r if r is not None else lev for r, lev in zip(refined, levels, strict=True)]
+    if best is not None and best.status != "optimal" and \
+            ub - best.objective <= max(gap_abs, rel_gap * abs(ub)):
+        best.status, best.bound = "optimal", ub  # a later bound proves the earlier incumbent
+        for p in best.plans:
+            if p is not None:
+                p.status = "optimal"
+                p.gap = math.inf if capacity_mode else 0.0
+        return best
     left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
     full = build(parts, node, full=True, objective=objective, scale_demands=scale_demands)
-    if sol.status == "optimal" and math.isfinite(sol.bound):
-        # the core's optimum bounds the full model's objective: a valid cut
-        nz = [(k, c) for k, c in enumerate(full.model.cost) if c]
-        full.model.row([k for k, _ in nz], [c for _, c in nz], hi=sol.bound + 1e-7)
+    if math.isfinite(ub):
+        # the relaxations' optimum bounds the full model's objective: a valid cut
+        _objective_cut(full.model, ub)
     fsol = full.model.solve(solver, left, gap_abs, start=_start(full, best), relative_gap=rel_gap)
     secs = time.perf_counter() - t0
     if not fsol.has_incumbent or (best is not None and fsol.objective <= best.objective):
@@ -529,8 +728,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             return best
         return JointResult(fsol.status, [None] * len(parts), math.nan, fsol.bound, secs, "full")
     bound = fsol.bound
-    if sol.status == "optimal" and not math.isnan(sol.bound):
-        bound = min(bound, sol.bound) if not math.isnan(bound) else sol.bound
+    if math.isfinite(ub):
+        bound = min(bound, ub) if not math.isnan(bound) else ub
     status = fsol.status
     gap = 0.0 if status == "optimal" else (abs(bound - fsol.objective) if not math.isnan(bound) else math.inf)
     if status == "feasible" and gap <= max(gap_abs, rel_gap * abs(bound)):

@@ -173,7 +173,7 @@ class _Model:
         else:
             r = max(demand_rps, MIN_DEMAND_RPS)
             m.objective = mip.maximize(node.planner.alpha * acc_total * (1.0 / r) - beta * slices_total)
-        m.max_mip_gap_abs = node.planner.absolute_gap if demand_rps is not None else 1e-3
+        m.max_mip_gap_abs = node.absolute_gap if demand_rps is not None else 1e-3
         m.max_mip_gap = 1e-6
 
     def warm_start(self, previous: Plan) -> None:
@@ -280,7 +280,12 @@ def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: P
         quick = quick_plan(pb.app, pb.node, pb.profiles, demand, factors=pb.factors, problem=pb)
     res = joint.solve([joint.Part(pb, demand)], pb.node, solver=solver, time_limit_s=limit,
                       start=[quick] if quick is not None else None)
-    return res.status, res.plans[0]
+    exact = res.plans[0]
+    if quick is not None and res.status != "optimal" and (exact is None or quick.objective > exact.objective):
+        # the limit came first: the verified greedy plan beats no plan (or a worse incumbent)
+        quick.notes.append(f"the solver's best within {limit:g} s was not better than the greedy plan")
+        return "feasible", quick
+    return res.status, exact
 
 
 def _check_formulation(formulation: str | None) -> str:
