@@ -295,10 +295,13 @@ def place_app(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], g
     """The node layout with ``app``'s instances replaced by a placement of ``requests``.
 
     Other apps' instances stay exactly where they are. The app's own running instances are
-    reused first: an identical workload keeps its MIG instance (same processes), then a running
-    instance of the same profile hosts another of the app's workloads (a swap without
-    repartition); the rest goes onto free slots (greedy, then exact). Idle instances count as
-    free. Raises ``PackingError`` when the rest cannot fit beside the other apps.
+    reused first: an identical workload keeps its MIG instance (same processes); the rest goes
+    onto slots that neither the other apps nor the app's own running instances hold (greedy,
+    then exact), so its new processes start beside the running ones (make-before-break). Only
+    when those do not hold it does a running instance of the same profile host another of the
+    app's workloads, or the new instances go over the slots of the app's outgoing ones (their
+    slots are freed first: drained while the rest of the node serves). Idle instances count as free. Raises
+    ``PackingError`` when the rest cannot fit beside the other apps.
     """
     unknown = sorted({r.profile for r in requests} - set(gpu.profile_names))
     if unknown:
@@ -313,7 +316,7 @@ def place_app(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], g
             f"{gpu.compute_slices * node.num_gpus - free} of {gpu.compute_slices * node.num_gpus}"
         )
 
-    def attempt(reuse_identical: bool, reuse_swaps: bool) -> list[NodeInstance] | None:
+    def attempt(reuse_identical: bool, reuse_swaps: bool, beside: bool) -> list[NodeInstance] | None:
         kept: list[NodeInstance] = []
         pending = sorted(requests, key=lambda r: (r.profile, r.task, r.variant, r.mps, r.max_batch, r.index))
         unused = list(own)
@@ -368,7 +371,7 @@ def place_app(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], g
                         )
                     )
         held: dict[int, list[tuple[str, int]]] = defaultdict(list)
-        for i in [*others, *kept]:
+        for i in [*others, *kept, *(unused if beside else [])]:
             held[i.gpu].append((i.profile, i.start))
         placed = _greedy_against(gpu, held, pending, node.num_gpus)
         if placed is None:  # greedy left something out: the exact search decides
@@ -390,8 +393,10 @@ def place_app(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], g
             for r, g, s in placed
         ]
 
-    for identical, swaps in ((True, True), (True, False), (False, False)):
-        mine = attempt(identical, swaps)
+    tries = ((True, False, True), (True, True, True), (True, False, False), (True, True, False),
+             (False, False, False))
+    for identical, swaps, beside in tries:
+        mine = attempt(identical, swaps, beside)
         if mine is not None:
             # idle instances overlapping the new placement give way (they are destroyed)
             taken = {i.slot for i in mine}
