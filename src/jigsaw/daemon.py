@@ -29,6 +29,7 @@ from pathlib import Path
 
 from jigsaw.app import App
 from jigsaw.backends.registry import EMULATED, BackendKind, backend_kind
+from jigsaw.control.predictor import burst_floor_rps
 from jigsaw.errors import JigsawError
 from jigsaw.node import Node, load_node, load_node_profiles
 from jigsaw.plan import Plan
@@ -131,7 +132,11 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
     demand = DEFAULT_DEMAND_RPS if args.demand is None else args.demand
     out = []
     for app in apps:
-        p = make_plan(app, node, profiles, demand, space=args.space, time_limit_s=args.plan_time_limit)
+        # a plan the controller will manage holds a small burst from the start (control.burst_requests)
+        burst = node.control.burst_requests
+        floor = 0.0 if args.no_controller else burst_floor_rps(app.latency_slo_ms, burst)
+        p = make_plan(app, node, profiles, max(demand, floor), space=args.space,
+                      time_limit_s=args.plan_time_limit)
         if not p.instances:
             raise JigsawError(f"{app.name}: the planner found no configuration ({p.status}; "
                               f"{'; '.join(p.notes)})")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from jigsaw.app import App
-from jigsaw.control.predictor import MeanSlackPredictor, Predictor
+from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor
 from jigsaw.node import Node
 from jigsaw.plan import Plan
 from jigsaw.profiles import ProfileTable
@@ -139,8 +139,9 @@ class AppController:
         self.solver = solver
         self.log = log
         plan = plane.plan_of(app.name)
-        self.predictor: Predictor = predictor or MeanSlackPredictor(
-            node.control.history_bins, node.planner.demand_slack, default_rps=plan.demand_rps)
+        self.predictor: Predictor = predictor or make_predictor(
+            node.control.predictor, node.control.history_bins, node.planner.demand_slack, plan.demand_rps)
+        self.floor_rps = burst_floor_rps(app.latency_slo_ms, node.control.burst_requests)
         self.history_rps: deque[float] = deque(maxlen=max(64, node.control.history_bins))
         self.factor_bins: deque[dict[tuple[str, str], float]] = deque(maxlen=node.control.history_bins)
         self.records: deque[BinRecord] = deque(maxlen=HISTORY_MAX_BINS)
@@ -377,6 +378,7 @@ class AppController:
             loop = asyncio.get_running_loop()
             previous = self.plan
             factors = self.measured_factors() or None
+            demand_rps = max(demand_rps, self.floor_rps)  # every plan holds a small burst
             call = functools.partial(self.solver, self.app, self.node, self.plane.profiles, demand_rps,
                                      space=self.space, previous=previous, time_limit_s=self.time_limit_s,
                                      factors=factors)
