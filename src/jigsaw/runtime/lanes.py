@@ -8,14 +8,14 @@ Re-planning takes seconds; this rule acts on the next request, on the frontend a
 
 The rule (two choices, as Ray Serve's power-of-two-choices on queue length): the request's first
 choice is the plan's weighted draw; its second is the lane whose backlog plus fastest path ends
-soonest. A lane's backlog is, along each path of the app, the sum over its tasks of the items
-queued at the processes of the lane's variant (ring + batch queue + running batch, from the stats
-block) divided by what those processes finish per second at their largest batch, the slowest path
-counting. The request keeps its drawn lane while that backlog is within ``SHIFT_SHARE`` of the
-time the SLO leaves after the lane's fastest path; beyond it, it takes the second choice when
-that ends sooner. Dividing by each lane's own processes' rate bounds the shift by the capacity
-the plan gave each lane: a lane that takes more than it can finish builds its own backlog and
-stops being chosen. Switch: ``[server] lane_shift``.
+soonest. A lane's backlog is, along each path of the app, the sum over its tasks of the items queued
+at the processes of the lane's variant (the root rings, and each process's batch queue and running
+batch from the stats block) divided by what those processes finish per second at their largest
+batch, the slowest path counting. The request keeps its drawn lane while that backlog is within
+``SHIFT_SHARE`` of the time the SLO leaves after the lane's fastest path; beyond it, it takes the
+second choice when that ends sooner. Dividing by each lane's own processes' rate bounds the shift by
+the capacity the plan gave each lane: a lane that takes more than it can finish builds its own
+backlog and stops being chosen. Switch: ``[server] lane_shift``.
 """
 
 from __future__ import annotations

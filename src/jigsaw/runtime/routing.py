@@ -35,6 +35,7 @@ class MappedGeneration:
     stats: StatsBlock
     min_path_ns: list[int] = field(default_factory=list)  # per lane: fastest batch-1 time of its slowest path
     shapes: dict[str, LaneShape] = field(default_factory=dict)  # app -> its lanes' stages (lane shift)
+    root_rings: dict[int, ShmRing] = field(default_factory=dict)  # slot of a root process -> its ring
 
     def close(self) -> None:
         for ring in (*self.rings.values(), *self.completions):
@@ -94,8 +95,10 @@ class RoutingTable:
         completions = [ShmRing.attach(n, role="consumer") for n in topology.completion_rings]
         paths = [min_path_ns(topology, r) for r in topology.apps.values()]
         shapes = {name: lane_shape(topology, r) for name, r in topology.apps.items()}
+        root_rings = {t.slot: rings[t.ring] for r in topology.apps.values() for lane in r.roots
+                      for targets in lane.values() for t in targets}
         self.generations[generation] = MappedGeneration(topology, rings, bells, completions, stats,
-                                                        paths[0] if paths else [], shapes)
+                                                        paths[0] if paths else [], shapes, root_rings)
         self.rings.update(rings)
         self.bells.update(bells)
         self.ring_stats.update(dict.fromkeys(rings, stats))
@@ -160,10 +163,14 @@ class RoutingTable:
         shape = mapped.shapes.get(routes.app.name) if mapped is not None else None
         if not routes.lane_shift or shape is None or len(routes.lanes) < 2:
             return drawn
-        block = mapped.stats  # type: ignore[union-attr]
-        return choose_lane(drawn, shape, lambda slot: block.get(slot, st.QUEUED),
-                           lambda slot: block.get(slot, st.STATE),
-                           [ns / 1e9 for ns in mapped.min_path_ns], budget_ns / 1e9)  # type: ignore[union-attr]
+        assert mapped is not None
+        block, rings = mapped.stats, mapped.root_rings
+
+        def queued(slot: int) -> int:  # in its batch queue or batch, and still in its input ring
+            ring = rings.get(slot)
+            return block.get(slot, st.QUEUED) + (len(ring) if ring is not None else 0)
+        return choose_lane(drawn, shape, queued, lambda slot: block.get(slot, st.STATE),
+                           [ns / 1e9 for ns in mapped.min_path_ns], budget_ns / 1e9)
 
     def fastest_path_ns(self, routes: AppRoutes) -> int:
         """The least time any lane of ``routes`` can take end to end (0 when unknown)."""
