@@ -72,7 +72,10 @@ class _Plane:
 def _controller(solver: Any, bin_seconds: float = 100.0, rate_trigger: bool = True
                 ) -> tuple[AppController, _Fe]:
     node = load_node(NODE)
-    node = dataclasses.replace(node, control=dataclasses.replace(node.control, replan_on_rate=rate_trigger))
+    # the paper's mean predictor and no burst floor: these tests check the controller's timing and
+    # triggers around the demand it asks for
+    node = dataclasses.replace(node, control=dataclasses.replace(node.control, replan_on_rate=rate_trigger,
+                                                                 predictor="mean", burst_requests=0))
     fe = _Fe()
     c = AppController(node.app("traffic_analysis"), _Plane(node, _plan(10.0)), fe,  # type: ignore[arg-type]
                       space="ast", bin_seconds=bin_seconds,
@@ -255,6 +258,40 @@ def test_a_bin_that_replanned_early_holds_its_demand_for_the_next_bin() -> None:
     assert c.predict_next() == pytest.approx(28.0 * 1.05)  # the paper's mean + slack
     c.records[-1].early_replans = 1  # the burst outran the plan: hold its demand one more bin
     assert c.predict_next() == pytest.approx(100.0 * 1.05)
+
+
+def test_the_burst_floor_and_the_spike_predictor_shape_the_demand_asked_for() -> None:
+    asked, solver = _asking()
+
+    async def go() -> None:
+        c, _ = _controller(solver)
+        c.floor_rps = 123.0
+        await c.replan(10.0)
+        assert asked == [123.0]  # every plan holds the burst
+    asyncio.run(go())
+    node = load_node(NODE)
+    c = AppController(node.app("traffic_analysis"), _Plane(node, _plan(10.0)), _Fe(),  # type: ignore[arg-type]
+                      space="ast", bin_seconds=100.0, time_scale=2.0, executor=ThreadPoolExecutor(1),
+                      solver=solver, log=lambda m: None)
+    assert c.floor_rps == pytest.approx(40 / 0.325)  # the node's default control.burst_requests
+    c.history_rps.extend([10.0, 10.0, 10.0, 10.0, 40.0])  # the last bin jumped: its level holds
+    assert c.predict_next() == pytest.approx(40.0 * 1.05)
+
+
+def test_violations_under_a_plan_that_holds_the_rate_do_not_plan_for_less() -> None:
+    asked, solver = _asking()
+
+    async def go() -> None:
+        c, fe = _controller(solver, rate_trigger=False)
+        c.plane.plans["traffic_analysis"] = _plan(500.0)  # type: ignore[attr-defined]
+        c.bin_start = time.monotonic() - 10.0
+        b = fe.bins["traffic_analysis"]
+        b.arrivals, b.answered, b.violations = 100, 100, 50  # 20 rps observed, half of them late
+        c._check_early()
+        assert c._replan_task is not None
+        await c._replan_task
+        assert asked and asked[0] >= 500.0, asked
+    asyncio.run(go())
 
 
 def test_a_capacity_loss_replan_asks_for_fresh_processes() -> None:

@@ -307,14 +307,18 @@ class AppController:
         answered = self.current.answered + c.answered
         violations = self.current.violations + c.violations
         holds_rps = self.plan.planned_rps
+        floor_rps = 0.0
         if answered >= MIN_ANSWERED_FOR_TRIGGER and violations / answered > threshold:
             why = f"{violations}/{answered} SLO violations (> {threshold:.0%})"
+            # violations under a plan that holds the observed rate (a reconfiguration under way, a
+            # burst that has passed) are no reason to plan for less: that would reconfigure again
+            floor_rps = holds_rps
         elif (self.node.control.replan_on_rate and not self.plan.max_demand_plan
               and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > holds_rps * slack):
             why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds"
         else:
             return
-        demand = max(recent_rps, so_far) * slack
+        demand = max(recent_rps, so_far, floor_rps) * slack
         self.current.early_replans += 1
         self.log(f"{self.app.name}: bin {self.bin_index}: {why}: re-planning early for {demand:.1f} rps")
         self._spawn_replan(demand, early=True)
