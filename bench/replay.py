@@ -20,6 +20,11 @@ paper's rate counts an early-dropped request once per item the dropping task wou
 items, so it stays a fraction. The client must keep its schedule: an arrival sent more than
 ``BEHIND_THRESHOLD_S`` late marks its bin behind, is reported, and fails the run (exit 1), since
 a late client measures a gentler load than the trace's.
+
+``--steady-state`` measures each bin after the node settled (the paper's way): the bin is played
+for ``--settle-seconds`` at its rate first, not counted, and jigsawd's bins are that much longer.
+``--set section.key=value`` starts jigsawd on a copy of the node file with that setting: the
+ablation (``bench/ablation.py``) switches each mechanism off this way.
 """
 
 from __future__ import annotations
