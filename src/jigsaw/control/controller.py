@@ -15,7 +15,9 @@ whose violation rate crosses ``control.replan_violation_rate`` triggers an early
 bin); so does, with ``control.replan_on_rate``, an arrival rate over the last ``RATE_WINDOW_BINS``
 of a bin above what the running plan holds (its ``planned_rps``): the predictor's mean of past
 bins sees a burst one bin late, the door sees it within a second. Either early re-plan is for
-the recent observed rate (plus the planner's demand slack), not the old prediction. When the
+the recent observed rate (plus the planner's demand slack), not the old prediction, at most
+``RATE_JUMP_MAX`` x what the plan holds or the last bin saw (a stalled loop's backlog of arrivals
+reads as a burst), and after violations never less than the plan holds. When the
 supervisor gives up on a worker (capacity lost), the app re-plans at once onto a fresh generation. A
 planner that fails or times out leaves the running plan serving; the bin's record and
 ``jigsaw_planner_failures_total`` report it.
@@ -46,6 +48,10 @@ HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per a
 MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
 MIN_ARRIVALS_FOR_RATE = 20  # the rate trigger needs this many arrivals in its window
 RATE_WINDOW_BINS = 0.1  # the rate trigger's window, a share of the bin (at least two polls)
+# An early re-plan asks for at most this many times the larger of what the running plan holds and
+# the last bin's demand: a day's spikes jump 2-4x within a bin, while a loop that stalled a second
+# counts the arrivals it held back in one short window and reads a rate ten times the real one.
+RATE_JUMP_MAX = 4.0
 Factors = dict[tuple[str, str, str], float]
 
 
@@ -318,7 +324,9 @@ class AppController:
             why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds"
         else:
             return
-        demand = max(recent_rps, so_far, floor_rps) * slack
+        last_rps = self.history_rps[-1] if self.history_rps else 0.0
+        demand = min(max(recent_rps, so_far), RATE_JUMP_MAX * max(holds_rps, last_rps))
+        demand = max(demand, floor_rps) * slack
         self.current.early_replans += 1
         self.log(f"{self.app.name}: bin {self.bin_index}: {why}: re-planning early for {demand:.1f} rps")
         self._spawn_replan(demand, early=True)
