@@ -13,32 +13,32 @@ from jigsaw.runtime import stats as st
 from jigsaw.runtime.lanes import LaneShape, Stage, backlog_s, choose_lane
 
 # two lanes of one task: lane 0 one process finishing 20 items/s, lane 1 one finishing 1000/s
-SHAPE = LaneShape([[[Stage((0,), 20.0)]], [[Stage((1,), 1000.0)]]], [True, True])
+SHAPE = LaneShape([[[Stage((0,), 20.0)]], [[Stage((1,), 1000.0)]]], [True, True], [0.05, 0.001])
 READY = {0: st.READY, 1: st.READY}
 
 
 def test_backlog_is_queued_items_over_the_lanes_rate() -> None:
     assert backlog_s(SHAPE, 0, {0: 4, 1: 0}.__getitem__) == 4 / 20.0
-    two_stages = LaneShape([[[Stage((0,), 10.0), Stage((1, 2), 5.0)], [Stage((3,), 100.0)]]], [True])
+    two_stages = LaneShape([[[Stage((0,), 10.0), Stage((1, 2), 5.0)], [Stage((3,), 100.0)]]], [True], [0.0])
     queued = {0: 1, 1: 2, 2: 3, 3: 50}.__getitem__
     assert backlog_s(two_stages, 0, queued) == 0.1 + 1.0  # the slowest path counts
 
 
 def test_the_drawn_lane_is_kept_while_its_backlog_is_within_its_share_of_the_slo() -> None:
     queued = {0: 1, 1: 0}.__getitem__  # 50 ms behind the slow lane: within 0.25 x (300 - 50) ms
-    assert choose_lane(0, SHAPE, queued, READY.__getitem__, [0.05, 0.001], 0.3) == 0
+    assert choose_lane(0, SHAPE, queued, READY.__getitem__, 0.3) == 0
 
 
 def test_a_backed_up_lane_shifts_to_the_one_that_ends_sooner() -> None:
     queued = {0: 6, 1: 0}.__getitem__  # 300 ms behind the slow lane
-    assert choose_lane(0, SHAPE, queued, READY.__getitem__, [0.05, 0.001], 0.3) == 1
+    assert choose_lane(0, SHAPE, queued, READY.__getitem__, 0.3) == 1
     # not to a lane that is further behind still, nor to one whose processes are dead or not running
     behind = {0: 6, 1: 1000}.__getitem__
-    assert choose_lane(0, SHAPE, behind, READY.__getitem__, [0.05, 0.001], 0.3) == 0
+    assert choose_lane(0, SHAPE, behind, READY.__getitem__, 0.3) == 0
     dead = {0: st.READY, 1: st.FAILED}
-    assert choose_lane(0, SHAPE, queued, dead.__getitem__, [0.05, 0.001], 0.3) == 0
-    idle = LaneShape(SHAPE.lanes, [True, False])
-    assert choose_lane(0, idle, queued, READY.__getitem__, [0.05, 0.001], 0.3) == 0
+    assert choose_lane(0, SHAPE, queued, dead.__getitem__, 0.3) == 0
+    idle = LaneShape(SHAPE.lanes, [True, False], SHAPE.min_path_s)
+    assert choose_lane(0, idle, queued, READY.__getitem__, 0.3) == 0
 
 
 def _two_lane_node(tmp_path: Path, lane_shift: bool) -> list[str]:

@@ -39,11 +39,13 @@ class Stage:
 
 @dataclass(frozen=True)
 class LaneShape:
-    """Per lane: the stages of each path of the app (``lanes[l][path] -> stages``), and whether
-    every root task of the lane has processes (a lane the plan gave no rate may run none)."""
+    """Per lane: the stages of each path of the app (``lanes[l][path] -> stages``), whether every
+    root task of the lane has processes (a lane the plan gave no rate may run none), and the least
+    time its slowest path takes."""
 
     lanes: list[list[list[Stage]]]
     runs: list[bool]
+    min_path_s: list[float]  # per lane: its slowest path's fastest batch-1 time (wall seconds)
 
 
 def _items_per_s(p: ProcessSpec) -> float:
@@ -56,7 +58,7 @@ def _items_per_s(p: ProcessSpec) -> float:
     return 1e9 * b / ns if ns > 0 else 0.0
 
 
-def lane_shape(topology: Topology, routes: AppRoutes) -> LaneShape:
+def lane_shape(topology: Topology, routes: AppRoutes, min_path_ns: list[int]) -> LaneShape:
     """The stages of every lane of ``routes`` from the generation's process specs."""
     by_variant: dict[tuple[str, str], list[ProcessSpec]] = {}
     for p in topology.processes:
@@ -74,7 +76,7 @@ def lane_shape(topology: Topology, routes: AppRoutes) -> LaneShape:
                     stages.append(Stage(tuple(p.slot for p in procs), sum(_items_per_s(p) for p in procs)))
             paths.append(stages)
         lanes.append(paths)
-    return LaneShape(lanes, runs)
+    return LaneShape(lanes, runs, [ns / 1e9 for ns in min_path_ns])
 
 
 def backlog_s(shape: LaneShape, lane: int, queued: Callable[[int], int]) -> float:
@@ -90,7 +92,7 @@ def backlog_s(shape: LaneShape, lane: int, queued: Callable[[int], int]) -> floa
 
 
 def choose_lane(drawn: int, shape: LaneShape, queued: Callable[[int], int], state: Callable[[int], int],
-                min_path_s: list[float], budget_s: float) -> int:
+                budget_s: float) -> int:
     """The lane a request takes: ``drawn`` (the plan's draw) unless its backlog is past its share
     of the SLO and another lane with live processes ends sooner (see the module docstring)."""
     n = len(shape.lanes)
@@ -98,7 +100,7 @@ def choose_lane(drawn: int, shape: LaneShape, queued: Callable[[int], int], stat
         return drawn
 
     def path_s(lane: int) -> float:
-        return min_path_s[lane] if lane < len(min_path_s) else 0.0
+        return shape.min_path_s[lane] if lane < len(shape.min_path_s) else 0.0
 
     wait = backlog_s(shape, drawn, queued)
     if wait <= SHIFT_SHARE * max(0.0, budget_s - path_s(drawn)):

@@ -94,7 +94,8 @@ class RoutingTable:
                             bells[t.ring] = Doorbell.attach(t.doorbell)
         completions = [ShmRing.attach(n, role="consumer") for n in topology.completion_rings]
         paths = [min_path_ns(topology, r) for r in topology.apps.values()]
-        shapes = {name: lane_shape(topology, r) for name, r in topology.apps.items()}
+        shapes = {name: lane_shape(topology, r, min_path_ns(topology, r))
+                  for name, r in topology.apps.items()}
         root_rings = {t.slot: rings[t.ring] for r in topology.apps.values() for lane in r.roots
                       for targets in lane.values() for t in targets}
         self.generations[generation] = MappedGeneration(topology, rings, bells, completions, stats,
@@ -169,8 +170,7 @@ class RoutingTable:
         def queued(slot: int) -> int:  # in its batch queue or batch, and still in its input ring
             ring = rings.get(slot)
             return block.get(slot, st.QUEUED) + (len(ring) if ring is not None else 0)
-        return choose_lane(drawn, shape, queued, lambda slot: block.get(slot, st.STATE),
-                           [ns / 1e9 for ns in mapped.min_path_ns], budget_ns / 1e9)
+        return choose_lane(drawn, shape, queued, lambda slot: block.get(slot, st.STATE), budget_ns / 1e9)
 
     def fastest_path_ns(self, routes: AppRoutes) -> int:
         """The least time any lane of ``routes`` can take end to end (0 when unknown)."""
