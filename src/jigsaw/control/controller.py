@@ -16,8 +16,8 @@ bin); so does, with ``control.replan_on_rate``, an arrival rate over the last ``
 of a bin above what the running plan holds (its ``planned_rps``): the predictor's mean of past
 bins sees a burst one bin late, the door sees it within a second. Either early re-plan is for
 the recent observed rate (plus the planner's demand slack), not the old prediction, at most
-``RATE_JUMP_MAX`` x what the plan holds or the last bin saw (a stalled loop's backlog of arrivals
-reads as a burst), and after violations never less than the plan holds. When the
+``RATE_JUMP_MAX`` x the last bin's demand (a stalled loop's backlog of arrivals reads as a
+burst), and after violations never less than the plan holds. When the
 supervisor gives up on a worker (capacity lost), the app re-plans at once onto a fresh generation. A
 planner that fails or times out leaves the running plan serving; the bin's record and
 ``jigsaw_planner_failures_total`` report it.
@@ -48,9 +48,9 @@ HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per a
 MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
 MIN_ARRIVALS_FOR_RATE = 20  # the rate trigger needs this many arrivals in its window
 RATE_WINDOW_BINS = 0.1  # the rate trigger's window, a share of the bin (at least two polls)
-# An early re-plan asks for at most this many times the larger of what the running plan holds and
-# the last bin's demand: a day's spikes jump 2-4x within a bin, while a loop that stalled a second
-# counts the arrivals it held back in one short window and reads a rate ten times the real one.
+# An early re-plan asks for at most this many times the last bin's demand: a day's spikes jump 2-4x
+# within a bin, while a loop that stalled a second counts the arrivals it held back in one short
+# window and reads a rate ten times the real one.
 RATE_JUMP_MAX = 4.0
 Factors = dict[tuple[str, str, str], float]
 
@@ -324,8 +324,10 @@ class AppController:
             why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds"
         else:
             return
-        last_rps = self.history_rps[-1] if self.history_rps else 0.0
-        demand = min(max(recent_rps, so_far), RATE_JUMP_MAX * max(holds_rps, last_rps))
+        # against the last bin seen (what the plan holds when there is none): a cap against the
+        # plan would let one misread raise the next cap with it
+        base_rps = self.history_rps[-1] if self.history_rps and self.history_rps[-1] > 0 else holds_rps
+        demand = min(max(recent_rps, so_far), RATE_JUMP_MAX * base_rps)
         demand = max(demand, floor_rps) * slack
         self.current.early_replans += 1
         self.log(f"{self.app.name}: bin {self.bin_index}: {why}: re-planning early for {demand:.1f} rps")
