@@ -132,9 +132,11 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
     demand = DEFAULT_DEMAND_RPS if args.demand is None else args.demand
     out = []
     for app in apps:
-        # a plan the controller will manage holds a small burst from the start (control.burst_requests)
+        # without --demand the demand is a guess: a plan the controller will manage then holds a small
+        # burst from the start (control.burst_requests); an explicit --demand is planned as asked
         burst = node.control.burst_requests
-        floor = 0.0 if args.no_controller else burst_floor_rps(app.latency_slo_ms, burst)
+        guess = args.demand is None and not args.no_controller
+        floor = burst_floor_rps(app.latency_slo_ms, burst) if guess else 0.0
         p = make_plan(app, node, profiles, max(demand, floor), space=args.space,
                       time_limit_s=args.plan_time_limit)
         if not p.instances:

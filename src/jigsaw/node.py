@@ -94,8 +94,9 @@ class ControlSettings:
     # re-plan early, for the observed rate, when the recent arrival rate exceeds what the plan holds
     replan_on_rate: bool = True
     repartition_delay_s: float = 2.0  # emulated: time a GPU is unavailable while repartitioned
-    # every plan (the first one too) holds this many concurrent requests within the SLO: its demand
-    # is at least burst_requests / half the SLO (control/predictor.py burst_floor_rps); 0: off
+    # every controller plan (and the first without --demand) holds this many concurrent requests
+    # within the SLO: its demand is at least burst_requests / half the SLO (control/predictor.py
+    # burst_floor_rps); 0: off
     burst_requests: int = 40
     # "recurring": the mean + slack, raised at bins where the history's demand jumps recur and in
     # the bin after a jump (control/predictor.py RecurringSpikePredictor); "mean": the paper's
