@@ -20,6 +20,11 @@ paper's rate counts an early-dropped request once per item the dropping task wou
 items, so it stays a fraction. The client must keep its schedule: an arrival sent more than
 ``BEHIND_THRESHOLD_S`` late marks its bin behind, is reported, and fails the run (exit 1), since
 a late client measures a gentler load than the trace's.
+
+``--steady-state`` measures each bin after the node settled (the paper's way): the bin is played
+for ``--settle-seconds`` at its rate first, not counted, and jigsawd's bins are that much longer.
+``--set section.key=value`` starts jigsawd on a copy of the node file with that setting: the
+ablation (``bench/ablation.py``) switches each mechanism off this way.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT / "src"))  # an installed or PYTHONPATH jigsaw comes first
 
+from jigsaw.errors import JigsawError  # noqa: E402
 from jigsaw.spaces import SPACES  # noqa: E402
 from jigsaw.testing import jigsawd  # noqa: E402
 from jigsaw.traces import (  # noqa: E402
@@ -55,7 +61,7 @@ from jigsaw.traces import (  # noqa: E402
 
 CSV_FIELDS = ("bin", "demand_rps", "predicted_rps", "slices_used_pct", "accuracy_drop_pct",
               "slo_violation_pct", "slo_violation_paper_pct", "p50_ms", "p99_ms", "sent", "answered",
-              "violations", "violations_paper", "extra_items", "behind", "behind_s")
+              "violations", "violations_paper", "extra_items", "behind", "behind_s", "settle_lost")
 MAX_CONCURRENCY = 512
 BEHIND_THRESHOLD_S = 0.25  # an arrival sent this much later than scheduled marks its bin behind
 TAIL_TIMEOUT_S = 60.0
@@ -114,6 +120,58 @@ def http_json(method: str, url: str, body: Any = None, token: str = "", timeout_
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout_s) as r:
         return json.loads(r.read().decode())
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise ValueError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _toml_text(doc: dict[str, Any], prefix: str = "") -> str:
+    lines = [f"{k} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            lines += ["", f"[{prefix}{k}]", _toml_text(v, f"{prefix}{k}.")]
+    return "\n".join(lines)
+
+
+def node_with_settings(node_path: Path, settings: list[str], out_dir: Path) -> Path:
+    """A copy of ``node_path`` with ``section.key=value`` settings (TOML values) in ``out_dir``.
+
+    The ablation switches mechanisms this way (``--set server.lane_shift=false``); the copy's
+    app and profile paths are made absolute so it loads from anywhere.
+    """
+    import tomllib
+
+    from jigsaw.node import load_node
+    if not settings:
+        return node_path
+    doc = tomllib.loads(node_path.read_text())
+    base = node_path.resolve().parent
+    doc["apps"] = [str((base / a).resolve()) for a in doc.get("apps", [])]
+    doc.setdefault("gpus", {})["profiles_dir"] = str(load_node(node_path, load_apps=False).profiles_dir)
+    for item in settings:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise ValueError(f"--set {item!r}: expected section.key=value (e.g. server.lane_shift=false)")
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()  # a bare word: a string
+        doc.setdefault(section, {})[name] = value
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{node_path.stem}-set.toml"
+    path.write_text(_toml_text(doc) + "\n")
+    load_node(path)  # a bad setting fails here, naming the file and field
+    return path
 
 
 # ---- the load -----------------------------------------------------------------------------
@@ -178,11 +236,16 @@ def request_body(model: dict[str, Any], binary: bool = True) -> tuple[bytes, dic
 
 
 async def play(url: str, app: str, window: list[float], bin_seconds: float, time_scale: float,
-               seed: int, progress: Any) -> list[BinResult]:
-    """Open-loop Poisson arrivals, bin by bin; every request is awaited (bounded by its timeout)."""
+               seed: int, progress: Any, settle_s: float = 0.0) -> tuple[list[BinResult], BinResult]:
+    """Open-loop Poisson arrivals, bin by bin; every request is awaited (bounded by its timeout).
+
+    ``settle_s`` (steady state): each bin is played for ``settle_s`` more at its rate first, and the
+    arrivals of that part count only in the second result (sent and answered, not measured).
+    """
     import aiohttp
     rng = random.Random(seed)
     results = [BinResult() for _ in window]
+    settling = BinResult()
     model = http_json("GET", f"{url}/v2/models/{app}")
     body, headers = request_body(model)
     infer = f"{url}/v2/models/{app}/infer"
@@ -215,30 +278,31 @@ async def play(url: str, app: str, window: list[float], bin_seconds: float, time
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
         start = time.monotonic()
         for k, rate in enumerate(window):
-            r = results[k]
-            bin_start = start + k * bin_seconds
-            for off in poisson_times(rate / time_scale, bin_seconds, rng):
+            period = settle_s + bin_seconds
+            bin_start = start + k * period
+            for off in poisson_times(rate / time_scale, period, rng):
+                r = results[k] if off >= settle_s else settling
                 due = bin_start + off
                 now = time.monotonic()
                 if due > now:
                     await asyncio.sleep(due - now)
                 await sem.acquire()
                 late_s = time.monotonic() - due
-                r.behind_s = max(r.behind_s, late_s)
-                if late_s > BEHIND_THRESHOLD_S and not r.behind:
-                    r.behind = True
+                results[k].behind_s = max(results[k].behind_s, late_s)
+                if late_s > BEHIND_THRESHOLD_S and not results[k].behind:
+                    results[k].behind = True
                     log(f"bin {k}: the client is {late_s:.2f} s behind its schedule")
                 r.sent += 1
                 t = asyncio.get_running_loop().create_task(one(session, r))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
-            end = bin_start + bin_seconds
+            end = bin_start + period
             if end > time.monotonic():
                 await asyncio.sleep(end - time.monotonic())
-            progress(k, r)
+            progress(k, results[k])
         if tasks:
             await asyncio.wait(set(tasks), timeout=TAIL_TIMEOUT_S + 5)
-    return results
+    return results, settling
 
 
 def _progress_factory(n: int, label: str) -> tuple[Any, Any]:
@@ -259,16 +323,19 @@ def _progress_factory(n: int, label: str) -> tuple[Any, Any]:
 # ---- one space ----------------------------------------------------------------------------
 def run_space(url: str, app: str, space: str, window: list[float], history: list[float], first_bin: int,
               bin_seconds: float, time_scale: float, seed: int, token: str,
-              history_out: Path | None = None) -> list[dict[str, Any]]:
+              history_out: Path | None = None, settle_s: float = 0.0) -> list[dict[str, Any]]:
     ctl = http_json("POST", f"{url}/admin/control", {"app": app, "history_rps": history or [window[0]],
                                                       "restart_bins": True}, token=token)
     log(f"[{space}] initial plan: {ctl['plan']['slices_used']} slices for {ctl['predicted_rps']:.1f} rps")
     update, close = _progress_factory(len(window), space)
     try:
-        results = asyncio.run(play(url, app, window, bin_seconds, time_scale, seed, update))
+        results, settling = asyncio.run(play(url, app, window, bin_seconds, time_scale, seed, update,
+                                             settle_s))
     finally:
         close()
-    deadline = time.monotonic() + 2 * bin_seconds + 5  # the daemon closes the last bin about now
+    if settling.sent != settling.answered:
+        log(f"settling arrivals without an answer: {settling.sent - settling.answered}")
+    deadline = time.monotonic() + 2 * (bin_seconds + settle_s) + 5  # the daemon closes the last bin
     while True:
         hist = http_json("GET", f"{url}/admin/history?app={app}", token=token).get(app, [])
         if len(hist) >= len(window) or time.monotonic() > deadline:
@@ -294,6 +361,7 @@ def run_space(url: str, app: str, space: str, window: list[float], history: list
             "sent": r.sent, "answered": r.answered, "violations": r.violations,
             "violations_paper": round(r.violations_paper, 3), "extra_items": round(r.extra_items, 3),
             "behind": int(r.behind), "behind_s": round(r.behind_s, 3),
+            "settle_lost": settling.sent - settling.answered if k == len(window) - 1 else 0,
         })
     return rows
 
@@ -316,6 +384,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
             "violation_paper_max_pct": max(paper, default=float("nan")),
             "bins_with_violations": sum(1 for v in viol if v > 0),
             "sent": sum(r["sent"] for r in rows), "answered": answered,
+            "settle_lost": sum(r.get("settle_lost", 0) for r in rows),
             "behind_bins": sum(r["behind"] for r in rows),
             "behind_max_s": max((r["behind_s"] for r in rows), default=0.0)}
 
@@ -390,6 +459,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "backend, onnxruntime or torch, runs real models here)")
     p.add_argument("--apps", default=None, help="apps jigsawd serves (default: --app)")
     p.add_argument("--token", default=os.environ.get("JIGSAW_ADMIN_TOKEN", ""), help="admin bearer token")
+    p.add_argument("--steady-state", action="store_true",
+                   help="measure each bin after the node settled: play it --settle-seconds first at its "
+                        "rate (not counted; jigsawd's bins are that much longer), as the paper measured")
+    p.add_argument("--settle-seconds", type=float, default=None,
+                   help="with --steady-state: wall seconds each bin settles (default: --bin-seconds)")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="a node setting for jigsawd (TOML value; repeatable), e.g. server.lane_shift=false: "
+                        "the ablation's switches; the node file with them is written to --out")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("replay-out"))
     return p.parse_args(argv)
@@ -430,6 +507,24 @@ def main(argv: list[str] | None = None) -> int:
             args.emulate = not (node.gpu.kind == "cpu" and node.backend in ("onnxruntime", "torch"))
     label = "emulated node, modeled profiles" if args.emulate or args.url else "real models on this CPU"
     args.out.mkdir(parents=True, exist_ok=True)
+    settle_s = (args.bin_seconds if args.settle_seconds is None else args.settle_seconds) \
+        if args.steady_state else 0.0
+    if settle_s < 0:
+        log("--settle-seconds must be >= 0")
+        return 2
+    node_file = args.node
+    if args.settings:
+        if args.node is None:
+            log("--set needs --node (a running jigsawd has its settings)")
+            return 2
+        try:
+            node_file = node_with_settings(args.node, args.settings, args.out)
+        except (ValueError, JigsawError) as exc:
+            log(str(exc))
+            return 2
+        log(f"node settings {', '.join(args.settings)} ({node_file})")
+    if settle_s:
+        log(f"steady state: each bin settles {settle_s:g} s before its {args.bin_seconds:g} s are measured")
     log(f"{len(window)} bins from bin {first}, demand {min(window):.1f}..{max(window):.1f} rps, "
         f"{args.bin_seconds:g} s each, time scale {args.time_scale:g}")
     per_space: dict[str, list[dict[str, Any]]] = {}
@@ -437,28 +532,39 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             rows = run_space(args.url, args.app, space, window, history, first, args.bin_seconds,
                              args.time_scale, args.seed, args.token,
-                             args.out / f"{args.app}-{space}-history.json")
+                             args.out / f"{args.app}-{space}-history.json", settle_s)
         else:
-            daemon_args = ["--node-config", str(args.node), "--space", space,
-                           "--bin-seconds", str(args.bin_seconds), "--time-scale", str(args.time_scale),
+            daemon_args = ["--node-config", str(node_file), "--space", space,
+                           "--bin-seconds", str(args.bin_seconds + settle_s),
+                           "--time-scale", str(args.time_scale),
                            "--apps", args.apps or args.app, "--demand", f"{max(window[0], 0.1):.3f}",
                            "--seed", str(args.seed)]
             with jigsawd(daemon_args, args.out / f"jigsawd-{args.app}-{space}.log", emulate=args.emulate,
                          ready_timeout_s=READY_TIMEOUT_S, cwd=ROOT) as d:
                 rows = run_space(d.url, args.app, space, window, history, first, args.bin_seconds,
                                  args.time_scale, args.seed, args.token,
-                                 args.out / f"{args.app}-{space}-history.json")
+                                 args.out / f"{args.app}-{space}-history.json", settle_s)
         per_space[space] = rows
         with open(args.out / f"{args.app}-{space}.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
             w.writeheader()
             w.writerows(rows)
     summaries = {s: summarize(r) for s, r in per_space.items()}
+    for x in summaries.values():
+        x.update({"time_scale": args.time_scale, "bin_seconds": args.bin_seconds, "settle_seconds": settle_s,
+                  "settings": list(args.settings), "first_bin": first, "bins": len(window)})
     print_summary(args.app, summaries, label)
+    worst_late = max(x["behind_max_s"] for x in summaries.values())
+    kept = "kept up" if worst_late <= BEHIND_THRESHOLD_S else "FELL BEHIND"
+    print(f"time scale {args.time_scale:g}, {args.bin_seconds:g} s bins"
+          f"{f' (+{settle_s:g} s settling each)' if settle_s else ''}: the client's latest arrival was "
+          f"{worst_late:.3f} s behind its schedule ({kept}"
+          f", threshold {BEHIND_THRESHOLD_S} s)")
     (args.out / f"{args.app}-summary.json").write_text(json.dumps(summaries, indent=1))
     plot(args.out / f"{args.app}-fig4.png", args.app, per_space, label)
     failed = False
-    lost = {s: x["sent"] - x["answered"] for s, x in summaries.items() if x["sent"] != x["answered"]}
+    lost = {s: x["sent"] - x["answered"] + x["settle_lost"] for s, x in summaries.items()
+            if x["sent"] != x["answered"] or x["settle_lost"]}
     if lost:
         log(f"requests without an answer: {lost}")
         failed = True

@@ -30,6 +30,7 @@ from pathlib import Path
 from jigsaw.app import App
 from jigsaw.backends.registry import EMULATED, BackendKind, backend_kind
 from jigsaw.control.controller import ANYTIME_MODES
+from jigsaw.control.predictor import burst_floor_rps
 from jigsaw.errors import JigsawError
 from jigsaw.node import Node, load_node, load_node_profiles
 from jigsaw.plan import NodePlan, Plan
@@ -138,7 +139,12 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
     from jigsaw.planner.node_plan import prefer_quick
     demand = DEFAULT_DEMAND_RPS if args.demand is None else args.demand
     quick: list[NodePlan] = []
-    result = solve_node(apps, node, profiles, {a.name: demand for a in apps}, space=args.space, previous=None,
+    # without --demand the demand is a guess: a plan the controller will manage then holds a small
+    # burst from the start (control.burst_requests); an explicit --demand is planned as asked
+    guess = args.demand is None and not args.no_controller
+    burst = node.control.burst_requests
+    demands = {a.name: max(demand, burst_floor_rps(a.latency_slo_ms, burst) if guess else 0.0) for a in apps}
+    result = solve_node(apps, node, profiles, demands, space=args.space, previous=None,
                         time_limit_s=args.plan_time_limit, factors=None, on_quick=quick.append)
     if quick and prefer_quick(quick[0], result, node):
         _log(f"node {node.name}: the exact solve stopped {result.status} short of the verified quick plan "

@@ -80,6 +80,12 @@ class ServerSettings:
     # busy process passes over may be one another instance of its task could still have served
     # in time, and the paper's 20 ms drops it (bench/README.md, replay).
     stale_drops: bool = False
+    # lane shift (runtime/lanes.py): a request whose drawn lane is backed up past its share of the
+    # SLO takes the lane of the running plan that finishes it soonest (off: the plan's draw only)
+    lane_shift: bool = True
+
+
+PREDICTORS = ("recurring", "mean")  # control.predictor: spike-aware (default) or the paper's mean
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,13 @@ class ControlSettings:
     # re-plan early, for the observed rate, when the recent arrival rate exceeds what the plan holds
     replan_on_rate: bool = True
     repartition_delay_s: float = 2.0  # emulated: time a GPU is unavailable while repartitioned
+    # every controller plan (and the first without --demand) holds this many concurrent requests
+    # within the SLO: its demand is at least burst_requests / half the SLO (control/predictor.py
+    # burst_floor_rps); 0: off
+    burst_requests: int = 40
+    # "recurring": the mean + slack, raised at bins where the history's demand jumps recur and in
+    # the bin after a jump (control/predictor.py RecurringSpikePredictor); "mean": the paper's
+    predictor: str = "recurring"
 
 
 @dataclass(frozen=True)
@@ -235,17 +248,23 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         worker_hang_timeout_s=s.number("worker_hang_timeout_s", 3.0, low=0.5),
         worker_max_restarts=s.integer("worker_max_restarts", 3, low=0),
         stale_drops=s.bool("stale_drops", False),
+        lane_shift=s.bool("lane_shift", True),
         worker_restart_window_s=s.number("worker_restart_window_s", 60.0, low=0, low_open=True),
     )
 
     c = f.sub("control", {})
     c.reject_unknown(set(ControlSettings.__dataclass_fields__))
+    predictor = c.str("predictor", "recurring")
+    if predictor not in PREDICTORS:
+        raise c.error("predictor", f"expected one of {', '.join(PREDICTORS)}, got {predictor!r}")
     control = ControlSettings(
         bin_seconds=c.number("bin_seconds", 300.0, low=0, low_open=True),
         history_bins=c.integer("history_bins", 5, low=1),
         replan_violation_rate=c.number("replan_violation_rate", 0.05, low=0, high=1),
         replan_on_rate=c.bool("replan_on_rate", True),
         repartition_delay_s=c.number("repartition_delay_s", 2.0, low=0),
+        burst_requests=c.integer("burst_requests", 40, low=0),
+        predictor=predictor,
     )
 
     apps: list[App] = []

@@ -1,10 +1,16 @@
-"""The demand predictor: mean of the last bins plus slack, short histories, pluggable."""
+"""The demand predictors: mean of the last bins plus slack, the recurring-spike one, the burst floor."""
 
 from __future__ import annotations
 
 import pytest
 
-from jigsaw.control.predictor import MeanSlackPredictor, Predictor
+from jigsaw.control.predictor import (
+    MeanSlackPredictor,
+    Predictor,
+    RecurringSpikePredictor,
+    burst_floor_rps,
+    make_predictor,
+)
 
 
 def test_mean_of_last_five_plus_slack() -> None:
@@ -33,3 +39,53 @@ def test_pluggable_protocol() -> None:
 
     p: Predictor = LastBin()
     assert p.predict([1.0, 9.0]) == 9.0
+
+
+# ---- the recurring-spike predictor and the burst floor ---------------------------------------
+def _spiky(bins: int, period: int, first: int, base: float = 20.0, peak: float = 60.0) -> list[float]:
+    """A flat demand with a two-bin spike every ``period`` bins from ``first``."""
+    h = [base] * bins
+    for j in range(first, bins, period):
+        h[j] = peak
+        if j + 1 < bins:
+            h[j + 1] = peak * 1.4
+    return h
+
+
+def test_recurring_spikes_are_predicted_on_their_phase() -> None:
+    mean = MeanSlackPredictor(window=5, slack=0.05)
+    p = RecurringSpikePredictor(mean)
+    h = _spiky(60, 12, 6)  # spikes at 6, 18, 30, 42, 54 (and their second bins)
+    # before bin 54 (next index = len(history) = 54): jumps at 6, 18, 30, 42 recur every 12 bins
+    predicted = p.predict(h[:54])
+    assert predicted == pytest.approx(20.0 * 3.0 * 1.05)  # last bin x the median jump ratio, + slack
+    assert mean.predict(h[:54]) < 30.0  # the mean would have planned for the flat demand
+    # off the phase it is the mean (never below it)
+    assert p.predict(h[:50]) == pytest.approx(mean.predict(h[:50]))
+
+
+def test_a_jumps_second_bin_is_predicted_from_earlier_spikes() -> None:
+    p = RecurringSpikePredictor(MeanSlackPredictor(window=5, slack=0.0))
+    h = _spiky(43, 12, 6)  # the last bin (42) jumped; earlier spikes rose 1.4x in their second bin
+    assert p.predict(h) == pytest.approx(60.0 * 1.4)
+
+
+def test_a_single_jump_is_not_a_pattern() -> None:
+    mean = MeanSlackPredictor(window=5, slack=0.05)
+    p = RecurringSpikePredictor(mean)
+    h = [20.0] * 30
+    h[10] = 80.0
+    assert p.predict(h) == pytest.approx(mean.predict(h))
+    assert p.predict([]) == mean.predict([])
+
+
+def test_make_predictor_by_name() -> None:
+    assert isinstance(make_predictor("mean", 5, 0.05, 3.0), MeanSlackPredictor)
+    assert isinstance(make_predictor("recurring", 5, 0.05, 3.0), RecurringSpikePredictor)
+    with pytest.raises(ValueError, match="unknown predictor"):
+        make_predictor("oracle", 5, 0.05, 3.0)
+
+
+def test_burst_floor_holds_the_burst_within_half_the_slo() -> None:
+    assert burst_floor_rps(650.0, 40) == pytest.approx(40 / 0.325)
+    assert burst_floor_rps(650.0, 0) == 0.0

@@ -16,9 +16,10 @@ Without a token a non-loopback client gets 403.
 - ``GET /admin/workers``: ``{"workers": [...], "events": [...]}``: every worker's state and pid,
   and the supervisor's failure events (see ``runtime.supervisor.WorkerEvent``).
 - ``POST /admin/control`` ``{"app", "history_rps": [...]?, "replan_rps": X?, "restart_bins": bool?}``:
-  seed the app's predictor history, re-plan the node now with the app at ``replan_rps`` (or its
-  prediction; the other apps at the demand they were planned for), and/or start bin 0 of every app
-  now; answers once the new plans serve. A replay uses it to align its bins with the daemon's.
+  seed the app's predictor history, re-plan the node now with the app at ``replan_rps`` (as
+  asked: no burst floor) or its prediction (the other apps at the demand they were planned
+  for), and/or start bin 0 of every app now; answers once the new plans serve. A replay uses it
+  to align its bins with the daemon's.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ async def h_control(request: web.Request) -> web.Response:
         c.history_rps.extend(float(x) for x in history)
     if target is not None or history is not None:
         demand = float(target) if target is not None else c.predictor.predict(list(c.history_rps))
-        await c.replan(demand)
+        await c.replan(demand, as_asked=target is not None)
     if body.get("restart_bins"):
         c.restart_bins()
     generation = request.app[GENERATIONS_KEY].generation_of(name)

@@ -19,9 +19,12 @@ Early re-plans: a bin whose violation rate crosses ``control.replan_violation_ra
 and bin), and with ``control.replan_on_rate`` an arrival rate over the last ``RATE_WINDOW_BINS``
 of a bin above what the running plan holds (its ``planned_rps``): the predictor's mean of past
 bins sees a burst one bin late, the door sees it within a second. Either re-plans the node with
-the triggering app at its recent observed rate (plus the planner's demand slack) and the other
-apps at the demand they were planned for. When the supervisor gives up on a worker (capacity
-lost), the node re-plans at once and that app's plan runs on a fresh generation.
+the triggering app at its recent observed rate (plus the planner's demand slack; at most
+``RATE_JUMP_MAX`` x the last bin's demand, since a stalled loop's backlog of arrivals reads as a
+burst; after violations never less than the plan holds) and the other apps at the demand they
+were planned for. Every plan holds at least the burst floor (``control.burst_requests``). When
+the supervisor gives up on a worker (capacity lost), the node re-plans at once and that app's plan
+runs on a fresh generation.
 
 Anytime (``anytime``): the planner hands over a verified greedy plan within about 100 ms while the
 exact solve runs on. ``auto`` deploys it when it is needed - an early re-plan whose exact plan is
@@ -48,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from jigsaw.app import App
-from jigsaw.control.predictor import MeanSlackPredictor, Predictor
+from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor
 from jigsaw.control.solver import solve_node
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
@@ -66,6 +69,10 @@ QUICK_PATIENCE_S = 0.3  # an urgent re-plan waits this long for the exact plan b
 MAX_REPLANS_RECORDED = 50  # per app and bin
 ANYTIME_MODES = ("auto", "always", "off")
 URGENT_TRIGGERS = ("rate", "violations", "capacity")
+# An early re-plan asks for at most this many times the last bin's demand: a day's spikes jump 2-4x
+# within a bin, while a loop that stalled a second counts the arrivals it held back in one short
+# window and reads a rate ten times the real one.
+RATE_JUMP_MAX = 4.0
 Factors = dict[tuple[str, str, str], float]
 QuickSink = Callable[[NodePlan], None]
 
@@ -182,8 +189,9 @@ class AppController:
         self.ctl = ctl
         self.counters = ctl.counters
         plan = ctl.plane.plan_of(app.name)
-        self.predictor: Predictor = predictor or MeanSlackPredictor(
-            node.control.history_bins, node.planner.demand_slack, default_rps=plan.demand_rps)
+        self.predictor: Predictor = predictor or make_predictor(
+            node.control.predictor, node.control.history_bins, node.planner.demand_slack, plan.demand_rps)
+        self.floor_rps = burst_floor_rps(app.latency_slo_ms, node.control.burst_requests)
         self.history_rps: deque[float] = deque(maxlen=max(64, node.control.history_bins))
         self.factor_bins: deque[dict[tuple[str, str], float]] = deque(maxlen=node.control.history_bins)
         self.records: deque[BinRecord] = deque(maxlen=HISTORY_MAX_BINS)
@@ -292,16 +300,24 @@ class AppController:
         so_far = c.arrivals / elapsed * self.ctl.time_scale
         answered = self.current.answered + c.answered
         violations = self.current.violations + c.violations
-        plan = self.plan
+        holds_rps = self.plan.planned_rps
+        floor_rps = 0.0
         if answered >= MIN_ANSWERED_FOR_TRIGGER and violations / answered > threshold:
             trigger, why = "violations", f"{violations}/{answered} SLO violations (> {threshold:.0%})"
-        elif (node.control.replan_on_rate and not plan.max_demand_plan
-              and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > plan.planned_rps * slack):
+            # violations under a plan that holds the observed rate (a reconfiguration under way, a
+            # burst that has passed) are no reason to plan for less: that would reconfigure again
+            floor_rps = holds_rps
+        elif (node.control.replan_on_rate and not self.plan.max_demand_plan
+              and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > holds_rps * slack):
             trigger = "rate"
-            why = f"arrivals at {recent_rps:.1f} rps, above the {plan.planned_rps:.1f} rps the plan holds"
+            why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds"
         else:
             return None
-        return trigger, why, max(recent_rps, so_far) * slack
+        # against the last bin seen (what the plan holds when there is none): a cap against the
+        # plan would let one misread raise the next cap with it
+        base_rps = self.history_rps[-1] if self.history_rps and self.history_rps[-1] > 0 else holds_rps
+        demand = min(max(recent_rps, so_far), RATE_JUMP_MAX * base_rps)
+        return trigger, why, max(demand, floor_rps) * slack
 
     def capacity_demand(self) -> float:
         """What to re-plan for when a worker is lost: the prediction, or the bin's rate so far."""
@@ -353,9 +369,11 @@ class AppController:
         self.counters.count_planner_failure(self.app.name)
 
     # ---- what the admin endpoint drives ------------------------------------------------------
-    async def replan(self, demand_rps: float) -> Plan:
-        """Re-plan the node now with this app at ``demand_rps``; the app's plan serving afterwards."""
-        await self.ctl.replan({self.app.name: demand_rps}, trigger="admin")
+    async def replan(self, demand_rps: float, *, as_asked: bool = False) -> Plan:
+        """Re-plan the node now with this app at ``demand_rps``; the app's plan serving afterwards.
+        ``as_asked``: an operator's explicit demand, planned without the burst floor."""
+        await self.ctl.replan({self.app.name: demand_rps}, trigger="admin",
+                              as_asked=frozenset({self.app.name}) if as_asked else frozenset())
         return self.plan
 
     def restart_bins(self, history_rps: list[float] | None = None) -> None:
@@ -527,20 +545,26 @@ class NodeController:
 
     # ---- one node-wide decision ----------------------------------------------------------------
     async def replan(self, demands: Mapping[str, float], *, for_bin: int | None = None,
-                     fresh: frozenset[str] = frozenset(), trigger: str = "admin") -> NodePlan | None:
+                     fresh: frozenset[str] = frozenset(), trigger: str = "admin",
+                     as_asked: frozenset[str] = frozenset()) -> NodePlan | None:
         """Re-plan every app of the node, ``demands`` for those given and the rest at the demand
         they were planned for; deploy the quick plan when it is needed, then the exact one.
 
         ``for_bin``: the bin the plan is for (default: the running one); that bin's record gets
         the prediction and the plan once it runs. ``fresh``: apps whose plan runs on new processes
-        even when it runs the same instances (a worker was given up). Returns the node plan
+        even when it runs the same instances (a worker was given up). ``as_asked``: apps whose
+        given demand is an operator's, planned without the burst floor. Returns the node plan
         deployed last (None when nothing was).
         """
         async with self.lock:
             t0 = time.monotonic()
             self.stats.replans[trigger] += 1
             loop = asyncio.get_running_loop()
-            full = {n: float(demands[n]) if n in demands else c.predicted_rps for n, c in self.apps.items()}
+            # every plan holds at least a small burst (``control.burst_requests``), unless an
+            # operator asked for exactly this demand
+            full = {n: max(0.0 if n in as_asked else c.floor_rps,
+                           float(demands[n]) if n in demands else c.predicted_rps)
+                    for n, c in self.apps.items()}
             factors = {n: f for n, c in self.apps.items() if (f := c.measured_factors())}
             quick_box: asyncio.Future[NodePlan] = loop.create_future()
 

@@ -298,8 +298,13 @@ class Dispatcher:
         """Draw a lane, give the request a fresh id and push its root items; None when sent."""
         routes = req.routes
         app = routes.app
-        req.lane = self.rng.choices(range(len(routes.lanes)), routes.lane_weights)[0] \
-            if len(routes.lanes) > 1 else 0
+        if len(routes.lanes) > 1:
+            drawn = self.rng.choices(range(len(routes.lanes)), routes.lane_weights)[0]
+            req.lane = self.routing.shift_lane(routes, drawn, req.deadline_ns - time.monotonic_ns())
+            if req.lane != drawn:
+                self.metrics.lane_shifts.inc((("app", app.name),))
+        else:
+            req.lane = 0
         req.generation = routes.generation
         req.request_id = self.next_id
         self.next_id += 1

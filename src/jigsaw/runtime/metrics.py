@@ -131,6 +131,9 @@ class Metrics:
                                        "(exited, hung, start_failed).")
         self.worker_restarts = Counter(p + "worker_restarts_total",
                                        "Worker processes restarted, by app and task.")
+        self.lane_shifts = Counter(p + "inference_lane_shifts_total",
+                                   "Requests sent to another lane of the running plan than the plan's "
+                                   "draw because the drawn lane was backed up (server.lane_shift).")
         self.planner_failures = Counter(p + "planner_failures_total",
                                         "Re-plans that failed or timed out (the running plan kept serving).")
 
@@ -142,6 +145,6 @@ class Metrics:
         for fam in (self.success, self.failure, self.dropped, self.late, self.request_duration,
                     self.queue_duration, self.compute_duration, self.batch_size, self.inflight, self.busy,
                     self.instance_queue, self.slices, self.processes, self.retries, self.worker_failures,
-                    self.worker_restarts, self.planner_failures):
+                    self.worker_restarts, self.planner_failures, self.lane_shifts):
             lines.extend(fam.render())
         return "\n".join(lines) + "\n"

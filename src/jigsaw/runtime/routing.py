@@ -17,6 +17,7 @@ from jigsaw.backends.base import OutputSpec
 from jigsaw.backends.registry import BackendKind
 from jigsaw.plan import Plan
 from jigsaw.runtime import stats as st
+from jigsaw.runtime.lanes import LaneShape, choose_lane, lane_shape
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.rings import Doorbell, ShmRing
 from jigsaw.runtime.stats import StatsBlock
@@ -33,6 +34,8 @@ class MappedGeneration:
     completions: list[ShmRing]
     stats: StatsBlock
     min_path_ns: list[int] = field(default_factory=list)  # per lane: fastest batch-1 time of its slowest path
+    shapes: dict[str, LaneShape] = field(default_factory=dict)  # app -> its lanes' stages (lane shift)
+    root_rings: dict[int, ShmRing] = field(default_factory=dict)  # slot of a root process -> its ring
 
     def close(self) -> None:
         for ring in (*self.rings.values(), *self.completions):
@@ -91,8 +94,12 @@ class RoutingTable:
                             bells[t.ring] = Doorbell.attach(t.doorbell)
         completions = [ShmRing.attach(n, role="consumer") for n in topology.completion_rings]
         paths = [min_path_ns(topology, r) for r in topology.apps.values()]
+        shapes = {name: lane_shape(topology, r, min_path_ns(topology, r))
+                  for name, r in topology.apps.items()}
+        root_rings = {t.slot: rings[t.ring] for r in topology.apps.values() for lane in r.roots
+                      for targets in lane.values() for t in targets}
         self.generations[generation] = MappedGeneration(topology, rings, bells, completions, stats,
-                                                        paths[0] if paths else [])
+                                                        paths[0] if paths else [], shapes, root_rings)
         self.rings.update(rings)
         self.bells.update(bells)
         self.ring_stats.update(dict.fromkeys(rings, stats))
@@ -149,6 +156,21 @@ class RoutingTable:
         targets = {t.ring: t for lane in routes.roots for ts in lane.values() for t in ts}
         return [self.ring_stats[t.ring].get(t.slot, st.STATE) if t.ring in self.ring_stats else st.READY
                 for t in targets.values()]
+
+    def shift_lane(self, routes: AppRoutes, drawn: int, budget_ns: int) -> int:
+        """The lane a request drawn for lane ``drawn`` takes (``lanes.choose_lane``; ``drawn`` when
+        the node's ``server.lane_shift`` is off or the app has one lane)."""
+        mapped = self.generations.get(routes.generation)
+        shape = mapped.shapes.get(routes.app.name) if mapped is not None else None
+        if not routes.lane_shift or shape is None or len(routes.lanes) < 2:
+            return drawn
+        assert mapped is not None
+        block, rings = mapped.stats, mapped.root_rings
+
+        def queued(slot: int) -> int:  # in its batch queue or batch, and still in its input ring
+            ring = rings.get(slot)
+            return block.get(slot, st.QUEUED) + (len(ring) if ring is not None else 0)
+        return choose_lane(drawn, shape, queued, lambda slot: block.get(slot, st.STATE), budget_ns / 1e9)
 
     def fastest_path_ns(self, routes: AppRoutes) -> int:
         """The least time any lane of ``routes`` can take end to end (0 when unknown)."""

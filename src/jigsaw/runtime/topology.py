@@ -112,6 +112,7 @@ class AppRoutes:
     slices: int  # compute slices its plan uses
     plan: Plan
     generation: int = 0  # which generation of the app's processes these routes lead to
+    lane_shift: bool = True  # node.server.lane_shift: a backed-up lane's requests may take another
 
 
 @dataclass
@@ -230,6 +231,7 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
                                 Shared(name_of, stats, wiring.doorbells[0], time_scale, seed, backend,
                                        node.server.stale_drops))
         routes[app.name] = _app_routes(app, app_index, plan, lanes, weights, by_variant, roots)
+        routes[app.name].lane_shift = node.server.lane_shift
     return Topology(specs, routes, wiring.doorbells[0], wiring.completion_rings, stats, wiring.rings,
                     wiring.doorbells)
 

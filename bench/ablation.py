@@ -1,0 +1,240 @@
+"""The SLO ablation: replay the trace with each mechanism of the node off in turn, and tabulate it.
+
+    python bench/ablation.py [--trace twitter:../shared/data/twitter/workload.tbz2 | synthetic]
+        [--only 'traffic_analysis/ast/peak/*'] [--bin-seconds 5] [--time-scale traffic_analysis=20]
+        [--out out/ablation] [--readme bench/README.md] [--dry-run]
+
+The matrix (issue "hold the SLO through a real day's bursts"): for each example app of
+``examples/h100x4.toml`` the full day 0 (288 bins) under ``ast``; the peak (bins 96:144) and
+trough (180:228) windows under ``ast``, ``as``, ``at`` and ``st``; the peak window under ``ast``
+with each mechanism off in turn (``MECHANISMS``: its node setting through ``bench/replay.py
+--set``) and with all of them off (``none``), and under ``--steady-state``. Every run is one
+``bench/replay.py`` process (``--scale-to-capacity``: the day's peak is the app's maximum
+serviceable demand under ``ast``); its summary lands in ``--out/<run>/`` and one line of
+``--out/results.jsonl``. A run already in ``results.jsonl`` is not run again (delete the line to
+redo it), so the matrix can be run piecewise: it takes many hours at ``--bin-seconds 5`` (a full
+day is 24 minutes of replay per run, plus starting jigsawd). ``--only`` picks runs by glob on
+their ids (``app/space/window/variant``); ``--dry-run`` lists them with their wall time.
+
+After every run the table between the ablation markers of ``--readme`` is rewritten from
+``results.jsonl``: per run, slices % of available, accuracy drop %, SLO violations (plain and the
+paper's counting, over all requests; the worst bin), bins with violations, sent == answered,
+and whether the client kept its schedule (a replay whose client fell behind measured a gentler
+load than the trace's and is marked). Runs not in ``results.jsonl`` are listed as not run.
+Results on this node are emulated (modeled profiles); the time scale of each app is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# ../shared/data beside the checkout (a worktree one level deeper finds it one level up)
+TWITTER = next((d / "shared" / "data" / "twitter" / "workload.tbz2" for d in (ROOT.parent, ROOT.parent.parent)
+                if (d / "shared" / "data" / "twitter" / "workload.tbz2").exists()),
+               ROOT.parent / "shared" / "data" / "twitter" / "workload.tbz2")
+APPS = ("traffic_analysis", "social_media", "ar_assistant")
+WINDOWS = {"day": None, "peak": "96:144", "trough": "180:228"}
+# mechanism -> the node setting that turns it off
+MECHANISMS = {
+    "lane_shift": "server.lane_shift=false",
+    "burst_floor": "control.burst_requests=0",
+    "spike_predictor": "control.predictor=mean",
+    "rate_replan": "control.replan_on_rate=false",
+}
+# wall rates are demand / time scale: social_media's capacity is about 4x traffic_analysis's, so its
+# client needs a larger scale to keep its schedule on a 2-core machine
+DEFAULT_TIME_SCALE = {"traffic_analysis": 20.0, "social_media": 60.0, "ar_assistant": 20.0}
+START_OVERHEAD_S = 60.0  # capacity solve + jigsawd start + tail, per run (2-core machine)
+BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
+
+
+@dataclass(frozen=True)
+class Run:
+    app: str
+    space: str
+    window: str  # a WINDOWS key
+    variant: str  # "all": every mechanism on; "no_<mechanism>"; "none": all off; "steady": --steady-state
+
+    @property
+    def id(self) -> str:
+        return f"{self.app}/{self.space}/{self.window}/{self.variant}"
+
+    def settings(self) -> list[str]:
+        if self.variant.startswith("no_"):
+            return [MECHANISMS[self.variant[3:]]]
+        if self.variant == "none":
+            return list(MECHANISMS.values())
+        return []
+
+    def bins(self) -> int:
+        spec = WINDOWS[self.window]
+        if spec is None:
+            return 288
+        a, b = (int(x) for x in spec.split(":"))
+        return b - a
+
+
+def matrix(apps: tuple[str, ...] = APPS) -> list[Run]:
+    """Every run, in the order of priority: what the table needs most comes first."""
+    runs: list[Run] = []
+    for app in apps:
+        runs.append(Run(app, "ast", "day", "all"))
+        runs.append(Run(app, "ast", "peak", "all"))
+        runs += [Run(app, "ast", "peak", f"no_{m}") for m in MECHANISMS]
+        runs.append(Run(app, "ast", "peak", "none"))
+        runs.append(Run(app, "ast", "peak", "steady"))
+    for app in apps:
+        runs.append(Run(app, "ast", "trough", "all"))
+        for space in ("as", "at", "st"):
+            runs += [Run(app, space, "peak", "all"), Run(app, space, "trough", "all")]
+    for app in apps:
+        runs.append(Run(app, "ast", "day", "none"))
+        runs.append(Run(app, "ast", "day", "steady"))
+    return runs
+
+
+def wall_s(run: Run, bin_seconds: float) -> float:
+    steady = 2.0 if run.variant == "steady" else 1.0
+    return run.bins() * bin_seconds * steady + START_OVERHEAD_S
+
+
+def replay_args(run: Run, trace: str, bin_seconds: float, time_scale: float, out: Path) -> list[str]:
+    node = str(ROOT / "examples" / "h100x4.toml")
+    args = [sys.executable, str(ROOT / "bench" / "replay.py"), "--node", node,
+            "--app", run.app, "--trace", trace, "--day", "0", "--scale-to-capacity", "--spaces", run.space,
+            "--bin-seconds", f"{bin_seconds:g}", "--time-scale", f"{time_scale:g}", "--out", str(out)]
+    if WINDOWS[run.window] is not None:
+        args += ["--bins", str(WINDOWS[run.window])]
+    if run.variant == "steady":
+        args.append("--steady-state")
+    for s in run.settings():
+        args += ["--set", s]
+    return args
+
+
+def load_results(path: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                d = json.loads(line)
+                out[d["id"]] = d
+    return out
+
+
+def _pct(x: Any, digits: int = 2) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def table(runs: list[Run], results: dict[str, dict[str, Any]]) -> str:
+    """The markdown table of ``runs`` (those without a result are listed as not run)."""
+    head = ("| app | space | bins | variant | slices % | acc drop % | viol % | paper % | worst bin % | "
+            "bins > 0 | sent = answered | client | time scale |")
+    lines = [head, "|" + "---|" * 13]
+    for run in runs:
+        r = results.get(run.id)
+        bins = WINDOWS[run.window] or "0:288"
+        if r is None:
+            lines.append(f"| {run.app} | {run.space} | {bins} | {run.variant} | not run | | | | | | | | |")
+            continue
+        s = r["summary"]
+        same = "yes" if s["sent"] == s["answered"] and not s.get("settle_lost") else \
+            f"no ({s['sent']} / {s['answered']})"
+        client = "kept up" if not s["behind_bins"] else f"behind in {s['behind_bins']} bins"
+        lines.append(f"| {run.app} | {run.space} | {bins} | {run.variant} | {_pct(s['slices_pct'], 1)} | "
+                     f"{_pct(s['accuracy_drop_pct'])} | {_pct(s['violation_pct'])} | "
+                     f"{_pct(s['violation_paper_pct'])} | {_pct(s['violation_paper_max_pct'])} | "
+                     f"{s['bins_with_violations']} | {same} ({s['sent']}) | {client} | {r['time_scale']:g} |")
+    return "\n".join(lines)
+
+
+def write_readme(readme: Path, text: str) -> None:
+    doc = readme.read_text()
+    if BEGIN not in doc or END not in doc:
+        doc = doc.rstrip("\n") + f"\n\n{BEGIN}\n{END}\n"
+    a = doc.index(BEGIN) + len(BEGIN)
+    b = doc.index(END)
+    readme.write_text(doc[:a] + "\n" + text + "\n" + doc[b:])
+
+
+def parse_time_scales(spec: list[str]) -> dict[str, float]:
+    scales = dict(DEFAULT_TIME_SCALE)
+    for item in spec:
+        app, sep, k = item.partition("=")
+        try:
+            value = float(k)
+        except ValueError:
+            value = -1.0
+        if not sep or app not in APPS or value <= 0:
+            raise SystemExit(f"ablation: --time-scale {item!r}: expected APP=K with APP one of "
+                             f"{', '.join(APPS)} and K > 0")
+        scales[app] = value
+    return scales
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench/ablation.py", description=__doc__.splitlines()[0])
+    p.add_argument("--trace", default=f"twitter:{TWITTER}" if TWITTER.exists() else "synthetic",
+                   help="the trace (default: the Twitter trace in ../shared/data when present, else the "
+                        "project's synthetic one)")
+    p.add_argument("--only", action="append", default=[], help="glob on run ids app/space/window/variant")
+    p.add_argument("--bin-seconds", type=float, default=5.0)
+    p.add_argument("--time-scale", action="append", default=[], metavar="APP=K",
+                   help=f"per-app time scale (default {DEFAULT_TIME_SCALE})")
+    p.add_argument("--out", type=Path, default=ROOT / "out" / "ablation")
+    p.add_argument("--readme", type=Path, default=ROOT / "bench" / "README.md")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their wall time; run nothing")
+    args = p.parse_args(argv)
+    scales = parse_time_scales(args.time_scale)
+    runs = [r for r in matrix() if not args.only or any(fnmatch.fnmatch(r.id, g) for g in args.only)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "results.jsonl"
+    results = load_results(results_path)
+    todo = [r for r in runs if r.id not in results]
+    total_s = sum(wall_s(r, args.bin_seconds) for r in todo)
+    print(f"ablation: {len(runs)} runs selected, {len(todo)} to run, about {total_s / 3600:.1f} h at "
+          f"{args.bin_seconds:g} s bins; trace {args.trace}; time scales {scales}", flush=True)
+    if args.dry_run:
+        for r in todo:
+            print(f"  {r.id:<50} {wall_s(r, args.bin_seconds) / 60:6.1f} min  "
+                  f"{' '.join(replay_args(r, args.trace, args.bin_seconds, scales[r.app], args.out / 'x'))}")
+        return 0
+    failed = 0
+    for r in todo:
+        out = args.out / r.id.replace("/", "-")
+        cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], out)
+        print(f"ablation: {r.id} (time scale {scales[r.app]:g}): {' '.join(cmd[1:])}", flush=True)
+        t0 = time.monotonic()
+        with open(args.out / f"{r.id.replace('/', '-')}.log", "w") as log:
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        summary_path = out / f"{r.app}-summary.json"
+        if not summary_path.exists():
+            print(f"ablation: {r.id}: replay exited {rc} without a summary (see its log)", flush=True)
+            failed += 1
+            continue
+        summary = json.loads(summary_path.read_text())[r.space]
+        record = {"id": r.id, "rc": rc, "time_scale": scales[r.app], "bin_seconds": args.bin_seconds,
+                  "trace": args.trace, "wall_s": round(time.monotonic() - t0, 1), "summary": summary}
+        with open(results_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        results[r.id] = record
+        print(f"ablation: {r.id}: rc {rc}, slices {summary['slices_pct']:.1f}%, violations "
+              f"{summary['violation_paper_pct']:.2f}% (paper's), worst bin "
+              f"{summary['violation_paper_max_pct']:.2f}%", flush=True)
+        write_readme(args.readme, table(matrix(), results))
+    write_readme(args.readme, table(matrix(), results))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

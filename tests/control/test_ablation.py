@@ -1,0 +1,71 @@
+"""The ablation's plumbing: node settings for jigsawd (``bench/replay.py --set``), the run matrix,
+and the README table (``bench/ablation.py``). The runs themselves are benches, not tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import ablation  # noqa: E402
+from replay import node_with_settings  # noqa: E402
+
+from jigsaw.errors import ConfigError  # noqa: E402
+from jigsaw.node import load_node  # noqa: E402
+
+NODE = ROOT / "examples" / "h100x4.toml"
+
+
+def test_set_writes_a_node_file_with_the_settings_that_loads_from_anywhere(tmp_path: Path) -> None:
+    path = node_with_settings(NODE, ["server.lane_shift=false", "control.predictor=mean",
+                                     "control.burst_requests=0"], tmp_path / "deep" / "dir")
+    node = load_node(path)
+    assert not node.server.lane_shift and node.control.predictor == "mean"
+    assert node.control.burst_requests == 0
+    base = load_node(NODE)
+    assert [a.name for a in node.apps] == [a.name for a in base.apps]
+    assert node.profiles_dir == base.profiles_dir and node.control.history_bins == base.control.history_bins
+    assert node_with_settings(NODE, [], tmp_path) == NODE  # nothing to set: the file itself
+
+
+def test_a_bad_setting_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="predictor"):
+        node_with_settings(NODE, ["control.predictor=oracle"], tmp_path)
+    with pytest.raises(ValueError, match=r"section\.key=value"):
+        node_with_settings(NODE, ["lane_shift=false"], tmp_path)
+
+
+def test_the_matrix_covers_the_issue_and_switches_one_mechanism_at_a_time() -> None:
+    ids = {r.id for r in ablation.matrix()}
+    for app in ablation.APPS:
+        assert f"{app}/ast/day/all" in ids
+        assert {f"{app}/{s}/{w}/all" for s in ("as", "at", "st") for w in ("peak", "trough")} <= ids
+        assert {f"{app}/ast/peak/no_{m}" for m in ablation.MECHANISMS} <= ids
+    run = ablation.Run("traffic_analysis", "ast", "peak", "no_lane_shift")
+    assert run.settings() == ["server.lane_shift=false"] and run.bins() == 48
+    args = ablation.replay_args(run, "synthetic", 5.0, 20.0, Path("/tmp/x"))
+    assert args[args.index("--bins") + 1] == "96:144" and "--set" in args
+    assert "--steady-state" in ablation.replay_args(ablation.Run("a", "ast", "day", "steady"), "synthetic",
+                                                    5.0, 20.0, Path("/tmp/x"))
+
+
+def test_the_readme_table_is_rewritten_between_its_markers(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# Benchmarks\n\ntext\n")
+    runs = [ablation.Run("traffic_analysis", "ast", "peak", "all"), ablation.Run("traffic_analysis", "ast",
+                                                                                  "peak", "none")]
+    summary = {"slices_pct": 40.0, "accuracy_drop_pct": 9.5, "violation_pct": 1.0, "violation_paper_pct": 1.2,
+               "violation_paper_max_pct": 7.0, "bins_with_violations": 3, "sent": 100, "answered": 100,
+               "behind_bins": 0, "settle_lost": 0}
+    results = {runs[0].id: {"id": runs[0].id, "time_scale": 20.0, "summary": summary}}
+    ablation.write_readme(readme, ablation.table(runs, results))
+    ablation.write_readme(readme, ablation.table(runs, results))  # again: replaced, not appended
+    text = readme.read_text()
+    assert text.count(ablation.BEGIN) == 1 and text.startswith("# Benchmarks\n\ntext\n")
+    assert ("| traffic_analysis | ast | 96:144 | all | 40.0 | 9.50 | 1.00 | 1.20 | 7.00 | 3 | yes (100) | "
+            "kept up") in text
+    assert "| none | not run |" in text

@@ -1,0 +1,50 @@
+"""A freshly started node absorbs a small burst: ``jigsawd --emulate`` with its default plan answers
+40 concurrent requests 200 within the SLO, because every plan the controller manages holds
+``control.burst_requests`` (``control/predictor.py`` ``burst_floor_rps``); with the floor off the
+default plan (10 req/s on 3 slices) answers only a few of them."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from dpserver import EXAMPLE_NODE, Server, http, image
+
+APP = "traffic_analysis"
+BURST = 40
+
+
+def _burst(url: str) -> list[tuple[int, float]]:
+    def one(_: int) -> tuple[int, float]:
+        t0 = time.monotonic()
+        status, _doc, _ = http("POST", f"{url}/v2/models/{APP}/infer", image(16), timeout_s=30)
+        return status, (time.monotonic() - t0) * 1000.0
+
+    with ThreadPoolExecutor(BURST) as pool:
+        return list(pool.map(one, range(BURST)))
+
+
+def test_fresh_node_answers_a_burst_of_40_within_the_slo(tmp_path: Path) -> None:
+    args = ["--node-config", str(EXAMPLE_NODE), "--apps", APP, "--plan-time-limit", "5"]
+    with Server(args, tmp_path / "jigsawd.log", ready_timeout_s=150) as server:
+        plan = http("GET", f"{server.url}/admin/plan")[1][APP]["summary"]
+        got = _burst(server.url)
+    assert plan["demand_rps"] >= BURST / 0.325 - 1e-6  # the floor: 40 requests through in half the SLO
+    statuses = [s for s, _ in got]
+    assert statuses == [200] * BURST, f"{statuses.count(200)}/{BURST} answered 200: {sorted(set(statuses))}"
+    assert max(ms for _, ms in got) < 650 + 20  # the app's SLO plus its one hop (the deadline)
+
+
+def test_without_the_floor_the_default_plan_cannot(tmp_path: Path) -> None:
+    base = EXAMPLE_NODE.parent
+    text = EXAMPLE_NODE.read_text().replace('"apps/', f'"{base}/apps/').replace(
+        '"../profiles', f'"{base.parent}/profiles').replace("[control]", "[control]\nburst_requests = 0")
+    node = tmp_path / "node.toml"
+    node.write_text(text)
+    args = ["--node-config", str(node), "--apps", APP, "--plan-time-limit", "5"]
+    with Server(args, tmp_path / "jigsawd.log", ready_timeout_s=150) as server:
+        plan = http("GET", f"{server.url}/admin/plan")[1][APP]["summary"]
+        got = _burst(server.url)
+    assert plan["demand_rps"] == 10.0  # the daemon's default demand
+    assert [s for s, _ in got].count(200) < BURST
