@@ -77,8 +77,9 @@ def test_nvml_failure_mid_replan_keeps_serving(tmp_path: Path) -> None:
     # the second GPU-instance creation after start-up fails: the scale-up re-plan is rolled back
     # (180 rps: a plan that keeps the running instances and adds two on free slots)
     fault = f"nvmlDeviceCreateGpuInstanceWithPlacement:{NVML_ERROR_INSUFFICIENT_RESOURCES}:1"
+    # (exact plans only: an anytime quick plan first would take the fault, then the exact one land)
     args = ["--node-config", str(EXAMPLE_NODE), "--apps", APP, "--demand", "40", "--bin-seconds", "3600",
-            "--plan-time-limit", "5"]
+            "--plan-time-limit", "5", "--anytime", "off"]
     server = Server(args, tmp_path / "jigsawd.log", env={"JIGSAW_EMULATED_NVML_FAULT": fault})
     with server:
         gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
