@@ -2,9 +2,10 @@
 
 A request admitted at the door gets a lane drawn with probability rate/demand, is split into
 root items carrying credit, and is pushed to the least-loaded process of each root task.
-Completion records come back over one ring per worker; a thread sleeps on the frontend's doorbell
-and wakes the loop, which accounts credits and answers each request exactly once: 200 with the
-sink outputs, 504 when a task dropped it (naming the task) or its deadline passed at the frontend.
+Completion records come back over one ring per worker; the loop watches the frontend's doorbell
+FIFO (``add_reader``, no thread) and, woken, accounts credits and answers each request exactly
+once: 200 with the sink outputs, 504 when a task dropped it (naming the task) or its deadline
+passed at the frontend.
 Late records are discarded and counted.
 
 Worker faults: ``on_worker_failed`` settles every unanswered request that may have had work on a
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +37,7 @@ from jigsaw.runtime.records import (
     split_credit,
     unframe,
 )
-from jigsaw.runtime.rings import RecordHeader, ShmRing, Status, drop_reason
+from jigsaw.runtime.rings import Doorbell, RecordHeader, ShmRing, Status, drop_reason
 from jigsaw.runtime.routing import RoutingTable
 from jigsaw.runtime.topology import AppRoutes
 from jigsaw.tensors import decode_tensors, encode_tensors
@@ -89,32 +89,38 @@ class Dispatcher:
         self.pending: dict[int, Pending] = {}
         self.next_id = 1
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._watcher: threading.Thread | None = None
+        self._watched: Doorbell | None = None  # the frontend's doorbell, once registered with the loop
         self._closing = False
         self._drain_scheduled = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Wake ``loop`` whenever a worker rings the frontend's doorbell (a completion waits)."""
+        """Drain completions on ``loop`` whenever a worker rings the frontend's doorbell."""
         self._loop = loop
-        self._watcher = threading.Thread(target=self._watch, name="completion-doorbell", daemon=True)
-        self._watcher.start()
+        self.watch_bell()
+
+    def watch_bell(self) -> None:
+        """Register the frontend's doorbell with the loop (once it is mapped; idempotent)."""
+        bell = self.routing.bell
+        if self._loop is None or bell is None or self._watched is bell or self._closing:
+            return
+        self._loop.add_reader(bell.fileno(), self._on_bell)
+        self._watched = bell
 
     def stop(self) -> None:
         self._closing = True
-        if self.routing.bell is not None:
-            self.routing.bell.ring()
-        if self._watcher is not None:
-            self._watcher.join(timeout=2.0)
+        if self._watched is not None and self._loop is not None:
+            with contextlib.suppress(RuntimeError, ValueError, OSError):  # the loop may be closed
+                self._loop.remove_reader(self._watched.fileno())
+        self._watched = None
 
-    def _watch(self) -> None:
-        bell = self.routing.bell
-        assert bell is not None and self._loop is not None
-        while not self._closing:
-            if bell.wait(0.5) and not self._drain_scheduled and not self._closing:
-                self._drain_scheduled = True
-                with contextlib.suppress(RuntimeError):
-                    self._loop.call_soon_threadsafe(self._drain)
+    def _on_bell(self) -> None:
+        bell = self._watched
+        if bell is None:
+            return
+        bell.clear()  # the flag stays clear: workers need not ring until the drain re-arms it
+        if not self._drain_scheduled:
+            self._drain()
 
     def pending_in(self, generation: int) -> int:
         """Requests of ``generation`` whose credits are not all back yet (its drain is not over)."""
@@ -122,12 +128,22 @@ class Dispatcher:
 
     # ---- completions --------------------------------------------------------------------------
     def _drain(self) -> None:
+        """Account every ready completion; yield to the loop after each ``DRAIN_POP`` per ring,
+        and when none is left, arm the doorbell and look once more (``rings.Doorbell``)."""
         self._drain_scheduled = False
-        more = self.drain(self.routing.completions)
-        if more and not self._drain_scheduled:
-            self._drain_scheduled = True
-            assert self._loop is not None
-            self._loop.call_soon(self._drain)
+        bell = self._watched
+        while not self._closing:
+            if self.drain(self.routing.completions):
+                self._drain_scheduled = True
+                assert self._loop is not None
+                self._loop.call_soon(self._drain)
+                return
+            if bell is None:
+                return
+            bell.arm()
+            if not any(len(ring) for ring in self.routing.completions):
+                return
+            bell.disarm()
 
     def drain(self, rings: list[ShmRing]) -> bool:
         """Account every completion record waiting in ``rings``; True when more may be left."""
