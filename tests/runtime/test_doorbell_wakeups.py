@@ -157,8 +157,9 @@ _IDLE = textwrap.dedent("""
 
 def test_loop_sleeping_on_its_bell_uses_no_cpu_and_wakes(registry):
     bell = registry.create_doorbell("idle-loop")
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-c", _IDLE, bell.name], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", "")))
+                            env=env)
     try:
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(0.5)

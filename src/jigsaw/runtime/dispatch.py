@@ -29,7 +29,9 @@ from jigsaw.runtime.admission import Admission
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.records import (
     HOP_BATCH,
+    HOP_DONE,
     HOP_END,
+    HOP_POPPED,
     HOP_SENT,
     HOP_START,
     TOTAL_CREDIT,
@@ -62,7 +64,7 @@ class Pending:
     credit_in: int = 0
     answered: bool = False
     items: dict[str, list[tuple[int, list[Any]]]] = field(default_factory=dict)  # sink task -> items
-    timings: dict[str, list[float]] = field(default_factory=dict)  # task -> [queue_us, compute_us, n]
+    timings: dict[str, list[float]] = field(default_factory=dict)  # task -> [queue, compute, n, hop, done]
     children: dict[str, int] = field(default_factory=dict)
     drop: tuple[str, int] | None = None
     error: str = ""  # why a task failed this request's item (answered 500), as its worker said
@@ -173,8 +175,13 @@ class Dispatcher:
             self.metrics.compute_duration.observe(labels, compute_us)
             if h.child_index == 0 or h.child_count <= 1:
                 self.metrics.batch_size.observe((*labels, ("variant", variant)), hops[HOP_BATCH])
-            t = req.timings.setdefault(task, [0.0, 0.0, 0])
+            # the two ring hops of this item, from server-side stamps: push -> pop by the worker,
+            # and its completion record's push -> this drain
+            hop_us = max(0.0, (hops[HOP_POPPED] - hops[HOP_SENT]) / 1e3)
+            done_us = max(0.0, (time.monotonic_ns() - hops[HOP_DONE]) / 1e3)
+            t = req.timings.setdefault(task, [0.0, 0.0, 0, 0.0, 0.0])
             t[0], t[1], t[2] = max(t[0], queue_us), max(t[1], compute_us), t[2] + 1
+            t[3], t[4] = max(t[3], hop_us), max(t[4], done_us)
             if h.child_count:
                 req.children[task] = req.children.get(task, 0) + h.child_count
             if app.children(task):
@@ -270,10 +277,12 @@ class Dispatcher:
         params: dict[str, Any] = {"backend": self.backend_name, "emulated": self.emulated}
         for task, variant in req.routes.lanes[req.lane].items():
             params[f"lane.{task}"] = variant
-        for task, (queue_us, compute_us, n) in req.timings.items():
+        for task, (queue_us, compute_us, n, hop_us, done_us) in req.timings.items():
             params[f"queue_us.{task}"] = round(queue_us, 1)
             params[f"compute_us.{task}"] = round(compute_us, 1)
             params[f"items.{task}"] = int(n)
+            params[f"hop_us.{task}"] = round(hop_us, 1)
+            params[f"done_us.{task}"] = round(done_us, 1)
         for task, n in req.children.items():
             params[f"children.{task}"] = n
         params["e2e_us"] = round((time.monotonic_ns() - req.created_ns) / 1e3, 1)
