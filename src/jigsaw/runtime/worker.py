@@ -122,6 +122,7 @@ class Worker:
                                 spec.remaining_min_ns, spec.exec_estimate_ns)
         self.parent_pid = os.getppid()
         self._rung: set[int] = set()
+        self._done_rung = False
         self._next_input = 0
         self._passed_over_ns = 0  # the last time a full batch left items in the rings
 
@@ -147,7 +148,7 @@ class Worker:
         # The frontend always drains: wait for room rather than lose an answer.
         with contextlib.suppress(RingClosedError):
             self._push_blocking(self.done, h, frame(credit, tensors), time.monotonic_ns() + 60 * 10**9)
-        self.done_bell.ring()
+        self._done_rung = True  # rung once per turn (``_ring_outputs``): one wake-up for a batch
 
     def _least_loaded(self, candidates: list[int]) -> list[int]:
         return routable(candidates, lambda i: self.stats.get(self.output_slots[i], STATE),
@@ -192,13 +193,17 @@ class Worker:
                 dropped.status = int(Status.DROPPED_DEADLINE if order else Status.ERROR)
                 dropped.stamp(HOP_DONE, time.monotonic_ns())
                 self._push_blocking(self.done, dropped, frame(share, b""), time.monotonic_ns() + 60 * 10**9)
-                self.done_bell.ring()
+                self._done_rung = True
         return len(children), kept
 
     def _ring_outputs(self) -> None:
+        """Ring each consumer this turn pushed to, once: a batch's records cost one wake-up each."""
         for i in self._rung:
             self.output_bells[i].ring()
         self._rung.clear()
+        if self._done_rung:
+            self._done_rung = False
+            self.done_bell.ring()
 
     # ---- the loop -----------------------------------------------------------------------
     def take_inputs(self, max_n: int) -> int:
@@ -317,6 +322,7 @@ class Worker:
             while _running:
                 bell.disarm()  # awake: every push until the next arm() is seen by the look below
                 self.fill()
+                self._ring_outputs()  # the drops fill() reported
                 self.publish_queued()
                 if await self.run_batch():
                     self.publish_queued()
