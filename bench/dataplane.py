@@ -505,7 +505,8 @@ def bench_throughput(zero_args: list[str], work: Path, args: argparse.Namespace)
                 ticks = sum(after.values()) - sum(before.values())
                 lead = after.get(pgids[name], 0) - before.get(pgids[name], 0)  # the daemon (frontend)
                 t = totals.setdefault(name, {"ok": 0, "errors": 0, "seconds": 0.0, "server_cpu_s": 0.0,
-                                             "lead_cpu_s": 0.0, "generator_cpu_s": 0.0, "generator": r["generator"]})
+                                             "lead_cpu_s": 0.0, "generator_cpu_s": 0.0,
+                                             "generator": r["generator"]})
                 t["ok"] += r["ok"]
                 t["errors"] += r["errors"]
                 t["seconds"] += r["seconds"]
