@@ -537,6 +537,7 @@ def _lat_summary(run: dict[str, Any], tasks: list[str]) -> dict[str, Any]:
         "server_p50_ms": pct(e2e_ms, 50), "server_p99_ms": pct(e2e_ms, 99),
         "client_lag_p99_ms": pct([r[2] * 1e3 for r in recs], 99),
         "generator_cpu_pct": run.get("generator_cpu_pct", float("nan")),
+        "server_cpu_us_per_request": run.get("server_cpu_us_per_request", float("nan")),
         "queue_ms": {}, "ring_hop_us": {},
     }
     for t in tasks:
@@ -557,9 +558,16 @@ def bench_hops(zero_args: list[str], work: Path, args: argparse.Namespace) -> di
         assert server.proc is not None
 
         def run(app: str, rate: float, seconds: float, seed: int) -> dict[str, Any]:
+            before = sum(group_cpu_ticks(server.proc.pid).values())  # type: ignore[union-attr]
             if args.aiohttp_client:
-                return uvloop.run(open_loop(f"{url}/v2/models/{app}/infer", body, rate, seconds, seed=seed))
-            return raw_open_loop(url, f"/v2/models/{app}/infer", body, rate, seconds, seed)
+                r = uvloop.run(open_loop(f"{url}/v2/models/{app}/infer", body, rate, seconds, seed=seed))
+            else:
+                r = raw_open_loop(url, f"/v2/models/{app}/infer", body, rate, seconds, seed)
+            ticks = sum(group_cpu_ticks(server.proc.pid).values()) - before  # type: ignore[union-attr]
+            answered = sum(1 for x in r["records"] if x[0] == 200)
+            r["server_cpu_us_per_request"] = (1e6 * ticks / os.sysconf("SC_CLK_TCK") / answered
+                                              if answered else float("nan"))
+            return r
 
         # warm both apps, then the idle processes' CPU
         run("single", 200, 0.5, 1)
@@ -688,7 +696,8 @@ def print_hops(hops: dict[str, Any]) -> None:
                   f"server e2e_us p50/p99 {fmt(x['server_p50_ms'], 3)}/{fmt(x['server_p99_ms'], 3)} ms")
             print(f"           per-task queue_us p50/p99 ms: {q}; client send lag p99 "
                   f"{fmt(x['client_lag_p99_ms'], 2)} ms; generator CPU {fmt(x['generator_cpu_pct'], 1)}%")
-            print(f"           ring hops (push -> pop in the next process) p50/p99 us: {rh}")
+            print(f"           ring hops (push -> pop in the next process) p50/p99 us: {rh}; server CPU "
+                  f"{fmt(x['server_cpu_us_per_request'], 0)} us per request (all its processes)")
             saturated |= x["sent_rps"] < 0.95 * float(rate) or x["client_lag_p99_ms"] > 5.0
         p50_t, p99_t = HOP_TARGETS_MS.get(int(rate), (None, HOP_TARGET_P99_MS))
         ok = h["server_p99"] <= p99_t and (p50_t is None or h["server_p50"] <= p50_t)
