@@ -6,7 +6,7 @@ that of the pure-Python fallbacks (``jigsaw.runtime._pyring``, ``jigsaw.runtime.
 tests run against both.
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -771,3 +771,80 @@ cdef class BatchQueue:
     def __repr__(self):
         return (f"<BatchQueue {self._n}/{self._capacity} max_batch={self._max_batch} "
                 f"max_wait_ns={self._max_wait_ns}>")
+
+
+cdef extern from *:
+    """
+    static inline void jg_fence_seq_cst(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+    static inline void jg_arm(uint32_t *p) {
+        __atomic_store_n(p, 1, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    }
+    static inline void jg_disarm(uint32_t *p) { __atomic_store_n(p, 0, __ATOMIC_RELAXED); }
+    static inline int jg_take(uint32_t *p) {
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (__atomic_load_n(p, __ATOMIC_RELAXED) == 0) return 0;
+        return __atomic_exchange_n(p, 0, __ATOMIC_SEQ_CST) != 0;
+    }
+    """
+    void jg_fence_seq_cst() nogil
+    void jg_arm(uint32_t *p) nogil
+    void jg_disarm(uint32_t *p) nogil
+    int jg_take(uint32_t *p) nogil
+
+
+cdef class BellFlag:
+    """A doorbell's "may be asleep" flag: one u32 in a shared mapping, with full barriers.
+
+    The consumer ``arm``s (stores 1, then a full fence) before its last look at its rings; a
+    producer, after its push, ``take``s (a full fence, then clears a set flag) and signals only
+    when it took it. The two fences make the store-then-load on each side a Dekker handshake:
+    either the producer sees the flag or the consumer sees the record, so no wake-up is lost.
+    """
+
+    cdef Py_buffer _view
+    cdef bint _held
+    cdef uint32_t *_flag
+
+    def __init__(self, buf):
+        PyObject_GetBuffer(buf, &self._view, PyBUF_WRITABLE)
+        self._held = True
+        if self._view.len < 4 or (<size_t>self._view.buf) % 4:
+            self.release()
+            raise ValueError("a bell flag needs 4 aligned writable bytes")
+        self._flag = <uint32_t *>self._view.buf
+
+    def __dealloc__(self):
+        if self._held:
+            PyBuffer_Release(&self._view)
+            self._held = False
+
+    cdef int _check(self) except -1:
+        if not self._held:
+            raise ValueError("bell flag released")
+        return 0
+
+    def arm(self):
+        """The consumer may sleep from now on: producers must signal (a full fence follows)."""
+        self._check()
+        jg_arm(self._flag)
+
+    def disarm(self):
+        """The consumer is awake and will look at its rings again: producers need not signal."""
+        self._check()
+        jg_disarm(self._flag)
+
+    def take(self):
+        """After a push: True when the consumer may be asleep (the caller signals it); clears the flag."""
+        self._check()
+        return jg_take(self._flag) != 0
+
+    @property
+    def armed(self):
+        self._check()
+        return jg_load32(self._flag) != 0
+
+    def release(self):
+        if self._held:
+            PyBuffer_Release(&self._view)
+            self._held = False

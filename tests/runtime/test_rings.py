@@ -229,7 +229,8 @@ def test_segments_are_private(impl, new_ring, registry):
     bell = registry.create_doorbell("mode-bell")
     try:
         assert stat.S_IMODE(os.stat(SHM_DIR / ring.name[1:]).st_mode) == 0o600
-        assert stat.S_IMODE(os.stat(SHM_DIR / ("sem." + bell.name[1:])).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(SHM_DIR / bell.name[1:]).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(SHM_DIR / (bell.name[1:] + ".fifo")).st_mode) == 0o600
     finally:
         ring.close()
         bell.close()
@@ -389,8 +390,9 @@ def test_registry_cleanup_leaves_nothing(tmp_path):
         r1 = reg.create_ring("a", 4096)
         r2 = reg.create_ring("b", 8192)
         bell = reg.create_doorbell("bell")
-        assert set(os.listdir(SHM_DIR)) - before == {r1.name[1:], r2.name[1:], "sem." + bell.name[1:]}
-        assert manifest.read_text().split() == ["shm", r1.name, "shm", r2.name, "sem", bell.name]
+        assert set(os.listdir(SHM_DIR)) - before == {r1.name[1:], r2.name[1:], bell.name[1:],
+                                                      bell.name[1:] + ".fifo"}
+        assert manifest.read_text().split() == ["shm", r1.name, "shm", r2.name, "bell", bell.name]
         for obj in (r1, r2, bell):
             obj.close()
     finally:
@@ -427,8 +429,8 @@ def test_cleanup_stale_removes_dead_daemons_only(tmp_path):
         assert sorted(removed) == sorted(dead_reg.names)
         assert cleanup_stale(f"jigsaw-{os.getpid()}-") == []
         entries = set(os.listdir(SHM_DIR))
-        assert live_reg.names[0][1:] in entries and "sem." + live_reg.names[1][1:] in entries
-        assert not any(name[1:] in entries or "sem." + name[1:] in entries for name in dead_reg.names)
+        assert live_reg.names[0][1:] in entries and live_reg.names[1][1:] + ".fifo" in entries
+        assert not any(name[1:] in entries or name[1:] + ".fifo" in entries for name in dead_reg.names)
     finally:
         dead_reg.cleanup()
         live_reg.cleanup()

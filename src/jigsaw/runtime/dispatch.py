@@ -2,9 +2,10 @@
 
 A request admitted at the door gets a lane drawn with probability rate/demand, is split into
 root items carrying credit, and is pushed to the least-loaded process of each root task.
-Completion records come back over one ring per worker; a thread sleeps on the frontend's doorbell
-and wakes the loop, which accounts credits and answers each request exactly once: 200 with the
-sink outputs, 504 when a task dropped it (naming the task) or its deadline passed at the frontend.
+Completion records come back over one ring per worker; the loop watches the frontend's doorbell
+FIFO (``add_reader``, no thread) and, woken, accounts credits and answers each request exactly
+once: 200 with the sink outputs, 504 when a task dropped it (naming the task) or its deadline
+passed at the frontend.
 Late records are discarded and counted.
 
 Worker faults: ``on_worker_failed`` settles every unanswered request that may have had work on a
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +29,9 @@ from jigsaw.runtime.admission import Admission
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.records import (
     HOP_BATCH,
+    HOP_DONE,
     HOP_END,
+    HOP_POPPED,
     HOP_SENT,
     HOP_START,
     TOTAL_CREDIT,
@@ -37,7 +39,7 @@ from jigsaw.runtime.records import (
     split_credit,
     unframe,
 )
-from jigsaw.runtime.rings import RecordHeader, ShmRing, Status, drop_reason
+from jigsaw.runtime.rings import Doorbell, RecordHeader, ShmRing, Status, drop_reason
 from jigsaw.runtime.routing import RoutingTable
 from jigsaw.runtime.topology import AppRoutes
 from jigsaw.tensors import decode_tensors, encode_tensors
@@ -62,7 +64,7 @@ class Pending:
     credit_in: int = 0
     answered: bool = False
     items: dict[str, list[tuple[int, list[Any]]]] = field(default_factory=dict)  # sink task -> items
-    timings: dict[str, list[float]] = field(default_factory=dict)  # task -> [queue_us, compute_us, n]
+    timings: dict[str, list[float]] = field(default_factory=dict)  # task -> [queue, compute, n, hop, done]
     children: dict[str, int] = field(default_factory=dict)
     drop: tuple[str, int] | None = None
     error: str = ""  # why a task failed this request's item (answered 500), as its worker said
@@ -89,32 +91,38 @@ class Dispatcher:
         self.pending: dict[int, Pending] = {}
         self.next_id = 1
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._watcher: threading.Thread | None = None
+        self._watched: Doorbell | None = None  # the frontend's doorbell, once registered with the loop
         self._closing = False
         self._drain_scheduled = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Wake ``loop`` whenever a worker rings the frontend's doorbell (a completion waits)."""
+        """Drain completions on ``loop`` whenever a worker rings the frontend's doorbell."""
         self._loop = loop
-        self._watcher = threading.Thread(target=self._watch, name="completion-doorbell", daemon=True)
-        self._watcher.start()
+        self.watch_bell()
+
+    def watch_bell(self) -> None:
+        """Register the frontend's doorbell with the loop (once it is mapped; idempotent)."""
+        bell = self.routing.bell
+        if self._loop is None or bell is None or self._watched is bell or self._closing:
+            return
+        self._loop.add_reader(bell.fileno(), self._on_bell)
+        self._watched = bell
 
     def stop(self) -> None:
         self._closing = True
-        if self.routing.bell is not None:
-            self.routing.bell.ring()
-        if self._watcher is not None:
-            self._watcher.join(timeout=2.0)
+        if self._watched is not None and self._loop is not None:
+            with contextlib.suppress(RuntimeError, ValueError, OSError):  # the loop may be closed
+                self._loop.remove_reader(self._watched.fileno())
+        self._watched = None
 
-    def _watch(self) -> None:
-        bell = self.routing.bell
-        assert bell is not None and self._loop is not None
-        while not self._closing:
-            if bell.wait(0.5) and not self._drain_scheduled and not self._closing:
-                self._drain_scheduled = True
-                with contextlib.suppress(RuntimeError):
-                    self._loop.call_soon_threadsafe(self._drain)
+    def _on_bell(self) -> None:
+        bell = self._watched
+        if bell is None:
+            return
+        bell.clear()  # the flag stays clear: workers need not ring until the drain re-arms it
+        if not self._drain_scheduled:
+            self._drain()
 
     def pending_in(self, generation: int) -> int:
         """Requests of ``generation`` whose credits are not all back yet (its drain is not over)."""
@@ -122,12 +130,22 @@ class Dispatcher:
 
     # ---- completions --------------------------------------------------------------------------
     def _drain(self) -> None:
+        """Account every ready completion; yield to the loop after each ``DRAIN_POP`` per ring,
+        and when none is left, arm the doorbell and look once more (``rings.Doorbell``)."""
         self._drain_scheduled = False
-        more = self.drain(self.routing.completions)
-        if more and not self._drain_scheduled:
-            self._drain_scheduled = True
-            assert self._loop is not None
-            self._loop.call_soon(self._drain)
+        bell = self._watched
+        while not self._closing:
+            if self.drain(self.routing.completions):
+                self._drain_scheduled = True
+                assert self._loop is not None
+                self._loop.call_soon(self._drain)
+                return
+            if bell is None:
+                return
+            bell.arm()
+            if not any(len(ring) for ring in self.routing.completions):
+                return
+            bell.disarm()
 
     def drain(self, rings: list[ShmRing]) -> bool:
         """Account every completion record waiting in ``rings``; True when more may be left."""
@@ -157,8 +175,13 @@ class Dispatcher:
             self.metrics.compute_duration.observe(labels, compute_us)
             if h.child_index == 0 or h.child_count <= 1:
                 self.metrics.batch_size.observe((*labels, ("variant", variant)), hops[HOP_BATCH])
-            t = req.timings.setdefault(task, [0.0, 0.0, 0])
+            # the two ring hops of this item, from server-side stamps: push -> pop by the worker,
+            # and its completion record's push -> this drain
+            hop_us = max(0.0, (hops[HOP_POPPED] - hops[HOP_SENT]) / 1e3)
+            done_us = max(0.0, (time.monotonic_ns() - hops[HOP_DONE]) / 1e3)
+            t = req.timings.setdefault(task, [0.0, 0.0, 0, 0.0, 0.0])
             t[0], t[1], t[2] = max(t[0], queue_us), max(t[1], compute_us), t[2] + 1
+            t[3], t[4] = max(t[3], hop_us), max(t[4], done_us)
             if h.child_count:
                 req.children[task] = req.children.get(task, 0) + h.child_count
             if app.children(task):
@@ -254,10 +277,12 @@ class Dispatcher:
         params: dict[str, Any] = {"backend": self.backend_name, "emulated": self.emulated}
         for task, variant in req.routes.lanes[req.lane].items():
             params[f"lane.{task}"] = variant
-        for task, (queue_us, compute_us, n) in req.timings.items():
+        for task, (queue_us, compute_us, n, hop_us, done_us) in req.timings.items():
             params[f"queue_us.{task}"] = round(queue_us, 1)
             params[f"compute_us.{task}"] = round(compute_us, 1)
             params[f"items.{task}"] = int(n)
+            params[f"hop_us.{task}"] = round(hop_us, 1)
+            params[f"done_us.{task}"] = round(done_us, 1)
         for task, n in req.children.items():
             params[f"children.{task}"] = n
         params["e2e_us"] = round((time.monotonic_ns() - req.created_ns) / 1e3, 1)
@@ -331,6 +356,8 @@ class Dispatcher:
             usable = self.routing.usable(targets)
             for t in usable:
                 if self.routing.rings[t.ring].push(h, payload):
+                    # at once, not at the end of the loop turn: the turn may parse many more
+                    # requests first; the flag spares the system call while the worker is awake
                     self.routing.bells[t.ring].ring()
                     sent += 1
                     break

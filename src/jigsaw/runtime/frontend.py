@@ -46,6 +46,7 @@ class Frontend:
         """Map a generation's segments: its completions are drained from now on, requests go to
         it only after ``route``."""
         self.routing.add_generation(generation, topology)
+        self.dispatcher.watch_bell()
 
     def route(self, app: str, generation: int) -> None:
         """Send the app's new requests to ``generation``; its admission limit follows the plan."""

@@ -162,7 +162,7 @@ class Generation:
         for name in t.doorbells:
             if name == self.frontend_bell or name in adopted_bells:
                 continue
-            own_bells.get(name, self.registry).add_sem(name)
+            own_bells.get(name, self.registry).add_bell(name)
             Doorbell.create(name).close()
         for name, capacity in t.rings.items():
             self.registry.add_shm(name)

@@ -357,7 +357,7 @@ class GenerationManager:
 
     def _create_bell(self) -> None:
         if not self._bell_created:
-            self.registry.add_sem(self.frontend_bell)
+            self.registry.add_bell(self.frontend_bell)
             Doorbell.create(self.frontend_bell).close()
             self._bell_created = True
 

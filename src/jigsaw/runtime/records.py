@@ -35,8 +35,8 @@ CREDIT_BYTES = _CREDIT.size
 
 
 def frame(credit: int, tensors: bytes | bytearray | memoryview) -> bytes:
-    """A ring payload: the item's credit followed by its encoded tensors."""
-    return _CREDIT.pack(credit) + bytes(tensors)
+    """A ring payload: the item's credit followed by its encoded tensors (one copy of them)."""
+    return b"".join((_CREDIT.pack(credit), tensors))
 
 
 def unframe(payload: bytes) -> tuple[int, memoryview]:

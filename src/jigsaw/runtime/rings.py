@@ -4,27 +4,32 @@
 ``JIGSAW_NO_EXTENSIONS`` is not ``1``, else from the byte-compatible pure-Python ``_pyring``.
 The layout is documented on ``jigsaw.runtime._pyring.ShmRing``.
 
-Consumer loop (one ``Doorbell`` per consumer, shared by all its input rings)::
+Blocking consumer loop (one ``Doorbell`` per consumer, shared by all its input rings)::
 
     while running:
         got = [rec for ring in inputs for rec in ring.pop_many(64)]
         if not got:
-            bell.wait(timeout_s)   # blocks in sem_timedwait: an idle consumer uses no CPU
+            bell.wait(timeout_s)   # blocks in poll() on the bell's FIFO: an idle consumer uses no CPU
         ...
 
 A producer pushes, then ``ring()``s. No wakeup is lost: a ring that lands between the consumer's
-empty check and its ``wait`` leaves the semaphore posted, so ``wait`` returns at once.
-POSIX semaphores have no file descriptor; an asyncio layer waits on ``Doorbell.wait`` in a thread
-(the call releases the GIL) and hands the wakeup to its loop.
+empty check and its ``wait`` leaves a byte in the FIFO, so ``wait`` returns at once. An asyncio
+consumer registers ``bell.fileno()`` with its loop instead (no helper thread) and follows the
+arm / re-check protocol on ``Doorbell``, so producers skip the system call while it is awake.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import math
+import mmap
 import os
 import re
 import secrets
+import select
+import struct
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -39,6 +44,7 @@ from jigsaw.runtime._pyring import (
 )
 
 __all__ = [
+    "BELL_FLAG_BYTES",
     "HAS_EXTENSION",
     "RECORD_OVERHEAD_BYTES",
     "Doorbell",
@@ -115,45 +121,159 @@ def segment_name(daemon_id: str, purpose: str) -> str:
     return f"/{NAME_PREFIX}{daemon_id}-{purpose}"
 
 
-class Doorbell:
-    """A named POSIX semaphore a consumer sleeps on; producers ring it after pushing.
+class _PyBellFlag:
+    """Pure-Python stand-in for ``jigsaw._core.BellFlag``: Python has no memory fence, so ``take``
+    always says "signal" (a producer never skips a wake-up on a flag it may read stale)."""
 
-    Rings coalesce: a producer posts only when the count is 0, so a burst of pushes costs one
-    wakeup and the count stays small. The creator owns the name (see ``SegmentRegistry``).
+    def __init__(self, buf: mmap.mmap) -> None:
+        self._u32 = memoryview(buf)[:4].cast("I")
+
+    def arm(self) -> None:
+        self._u32[0] = 1
+        with _FENCE:  # an uncontended lock is an atomic read-modify-write: a full barrier on x86
+            pass
+
+    def disarm(self) -> None:
+        self._u32[0] = 0
+
+    def take(self) -> bool:
+        return True
+
+    @property
+    def armed(self) -> bool:
+        return self._u32[0] != 0
+
+    def release(self) -> None:
+        self._u32.release()
+
+
+_FENCE = threading.Lock()
+_BellFlag = _core.BellFlag if _core is not None else _PyBellFlag
+BELL_FLAG_BYTES = 64
+FIFO_SUFFIX = ".fifo"
+
+
+def fifo_path(name: str) -> Path:
+    """Where the doorbell ``name``'s FIFO lives (beside its flag segment in /dev/shm)."""
+    return SHM_DIR / (name.lstrip("/") + FIFO_SUFFIX)
+
+
+class Doorbell:
+    """A consumer's wake-up: a named FIFO its event loop watches, and a "may be asleep" flag.
+
+    Both live in /dev/shm under the doorbell's name (the flag is a 64-byte shm segment, the FIFO
+    ``<name>.fifo``), so any process attaches by name as it does to rings: a worker restarted by the
+    supervisor or kept across re-plans needs no inherited descriptor. Every process opens the FIFO
+    read-write and non-blocking (Linux), so a write never blocks nor fails for want of a reader.
+
+    Protocol (the flag is 1 while the consumer may sleep, 0 while it is awake or a wake-up waits):
+
+    * producer: push, then ``ring()``: a full fence, and only if the flag is set, clear it and
+      write one byte to the FIFO (a busy consumer costs its producers no system call);
+    * asyncio consumer: ``fileno()`` registered with ``loop.add_reader``; on readable, ``clear()``
+      (read the bytes; the flag stays 0: awake), drain every ready record; when out of work,
+      ``arm()`` (flag 1, full fence), look at the rings once more and, if a record is there,
+      ``disarm()`` and drain again, else return to the loop;
+    * blocking consumer: ``wait(timeout_s)`` polls the FIFO and re-arms after reading, so the
+      simple loop "pop; if nothing, wait" never misses a ring.
+
+    The fences make the handshake a Dekker pair (the compiled ``BellFlag``); the pure fallback
+    cannot fence its loads, so its producers always signal. A ring coalesces with a pending one.
+    The creator owns the names (see ``SegmentRegistry``).
     """
 
-    def __init__(self, sem: posix_ipc.Semaphore) -> None:
-        self._sem = sem
-        self.name: str = sem.name
+    def __init__(self, name: str, fd: int, mm: mmap.mmap) -> None:
+        self.name = name
+        self._fd = fd
+        self._mm = mm
+        self._flag = _BellFlag(mm)
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
 
     @classmethod
     def create(cls, name: str) -> Doorbell:
-        """Create a new doorbell (fails if ``name`` exists), mode 0o600, initially not rung."""
-        return cls(posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=0o600, initial_value=0))
+        """Create a new doorbell (fails if ``name`` exists), mode 0o600, armed and not rung."""
+        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=BELL_FLAG_BYTES)
+        try:
+            mm = mmap.mmap(shm.fd, BELL_FLAG_BYTES)
+        finally:
+            shm.close_fd()
+        struct.pack_into("<I", mm, 0, 1)
+        try:
+            os.mkfifo(fifo_path(name), 0o600)
+            fd = os.open(fifo_path(name), os.O_RDWR | os.O_NONBLOCK)
+        except BaseException:
+            mm.close()
+            with contextlib.suppress(posix_ipc.ExistentialError):
+                posix_ipc.unlink_shared_memory(name)
+            raise
+        return cls(name, fd, mm)
 
     @classmethod
     def attach(cls, name: str) -> Doorbell:
-        return cls(posix_ipc.Semaphore(name))
+        shm = posix_ipc.SharedMemory(name)
+        try:
+            if shm.size < BELL_FLAG_BYTES:
+                raise RingCorruptError(f"{name}: segment of {shm.size} bytes is not a doorbell")
+            mm = mmap.mmap(shm.fd, BELL_FLAG_BYTES)
+        finally:
+            shm.close_fd()
+        try:
+            fd = os.open(fifo_path(name), os.O_RDWR | os.O_NONBLOCK)
+        except FileNotFoundError:
+            mm.close()
+            raise posix_ipc.ExistentialError(f"doorbell {name} has no FIFO {fifo_path(name)}") from None
+        return cls(name, fd, mm)
+
+    def fileno(self) -> int:
+        """The FIFO's descriptor: readable while a wake-up is pending (for ``loop.add_reader``)."""
+        return self._fd
 
     def ring(self) -> None:
-        """Wake the consumer (cheap no-op when a wakeup is already pending)."""
-        if self._sem.value == 0:
-            self._sem.release()
+        """Wake the consumer if it may be asleep (no system call while it is awake or already rung)."""
+        if self._flag.take():
+            with contextlib.suppress(BlockingIOError):  # the FIFO is full: a wake-up is pending anyway
+                os.write(self._fd, b"\x01")
+
+    def arm(self) -> None:
+        """The consumer is about to sleep: producers must signal; look at the rings once more after it."""
+        self._flag.arm()
+
+    def disarm(self) -> None:
+        """The consumer is awake and will look at its rings again: producers need not signal."""
+        self._flag.disarm()
+
+    def clear(self) -> bool:
+        """Read every pending wake-up byte (the flag is left as is); True when there was one."""
+        got = False
+        while True:
+            try:
+                data = os.read(self._fd, 4096)
+            except BlockingIOError:
+                return got
+            got = got or bool(data)
+            if len(data) < 4096:
+                return got
 
     def wait(self, timeout_s: float | None) -> bool:
         """Block until rung or ``timeout_s`` passes (None: forever; 0: poll); True when rung."""
-        try:
-            self._sem.acquire(timeout_s)
-        except posix_ipc.BusyError:
+        timeout_ms = -1 if timeout_s is None else max(0, math.ceil(timeout_s * 1000))
+        if not self._poll.poll(timeout_ms):
             return False
-        return True
+        got = self.clear()
+        self._flag.arm()
+        return got
 
     def close(self) -> None:
-        self._sem.close()
+        if self._mm is None:
+            return
+        self._flag.release()
+        os.close(self._fd)
+        self._mm.close()
+        self._mm = None
 
     def unlink(self) -> None:
-        with contextlib.suppress(posix_ipc.ExistentialError):
-            posix_ipc.unlink_semaphore(self.name)
+        _unlink("bell", self.name)
 
     def __enter__(self) -> Doorbell:
         return self
@@ -196,15 +316,18 @@ class SegmentRegistry:
 
     def create_doorbell(self, purpose: str) -> Doorbell:
         name = self.name(purpose)
-        self._record("sem", name)
+        self._record("bell", name)
         return Doorbell.create(name)
 
     def add_shm(self, name: str) -> None:
         """Track a segment created elsewhere."""
         self._record("shm", name)
 
-    def add_sem(self, name: str) -> None:
-        self._record("sem", name)
+    def add_bell(self, name: str) -> None:
+        """Track a doorbell created elsewhere (its flag segment and its FIFO)."""
+        self._record("bell", name)
+
+    add_sem = add_bell  # the name from when doorbells were semaphores
 
     @property
     def names(self) -> list[str]:
@@ -229,7 +352,7 @@ class SegmentRegistry:
         done = []
         for line in lines:
             kind, _, name = line.partition(" ")
-            if kind in ("shm", "sem") and name and _unlink(kind, name):
+            if kind in ("shm", "sem", "bell") and name and _unlink(kind, name):
                 done.append(name)
         path.unlink(missing_ok=True)
         return done
@@ -242,14 +365,25 @@ class SegmentRegistry:
 
 
 def _unlink(kind: str, name: str) -> str | None:
-    try:
-        if kind == "shm":
+    """Unlink a ring (``shm``) or a doorbell (``bell``: flag segment and FIFO; ``sem``: a doorbell
+    of a manifest written when doorbells were semaphores); the name when something was removed."""
+    if kind == "shm":
+        try:
             posix_ipc.unlink_shared_memory(name)
-        else:
-            posix_ipc.unlink_semaphore(name)
-    except posix_ipc.ExistentialError:
-        return None
-    return name
+        except posix_ipc.ExistentialError:
+            return None
+        return name
+    removed = False
+    with contextlib.suppress(posix_ipc.ExistentialError):
+        posix_ipc.unlink_shared_memory(name)
+        removed = True
+    with contextlib.suppress(FileNotFoundError):
+        fifo_path(name).unlink()
+        removed = True
+    with contextlib.suppress(posix_ipc.ExistentialError):
+        posix_ipc.unlink_semaphore(name)
+        removed = True
+    return name if removed else None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -265,7 +399,8 @@ def _pid_alive(pid: int) -> bool:
 def cleanup_stale(prefix: str = NAME_PREFIX, *, shm_dir: str | os.PathLike[str] = SHM_DIR) -> list[str]:
     """Unlink ``jigsaw-<pid>-<token>-*`` segments and semaphores whose daemon pid is not alive.
 
-    Semaphores appear in ``shm_dir`` as ``sem.<name>``. Conservative: a pid reused by another
+    A doorbell is ``<name>`` (its flag) and ``<name>.fifo`` there, reported once; ``sem.<name>``
+    entries are semaphores of older versions. Conservative: a pid reused by another
     process keeps its leftovers until that process is gone too. Returns the POSIX names removed.
     """
     if not prefix.startswith(NAME_PREFIX):
@@ -281,7 +416,10 @@ def cleanup_stale(prefix: str = NAME_PREFIX, *, shm_dir: str | os.PathLike[str] 
         m = _NAME_RE.match(entry)
         if not bare.startswith(prefix) or m is None or _pid_alive(int(m.group(1))):
             continue
-        name = _unlink("sem" if is_sem else "shm", "/" + bare)
-        if name:
+        if bare.endswith(FIFO_SUFFIX):
+            name = _unlink("bell", "/" + bare[:-len(FIFO_SUFFIX)])
+        else:
+            name = _unlink("bell" if is_sem else "shm", "/" + bare)
+        if name and name not in removed:
             removed.append(name)
     return removed

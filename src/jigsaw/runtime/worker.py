@@ -2,15 +2,15 @@
 
 ``python -m jigsaw.runtime.worker --spec spec.json`` (spec: ``topology.ProcessSpec`` as JSON).
 
-Each process runs one uvloop event loop. A helper thread blocks on the process's doorbell (no
-spinning: ``sem_timedwait`` releases the GIL) and wakes the loop. Each turn the loop pops at most one batch's
-worth of items from its input rings (the rings are the task's queue) into the batching queue
-(see ``take_inputs`` for the arrival stamp the stale rule reads), drops what can no longer meet
-its deadline or went stale, runs
-one batch when the queue's release rule allows (the process is idle whenever it
-asks, so a batch starts as soon as the previous one finished: paper §3.3), routes each item's
-children to the least-loaded process of the lane's variant of each downstream task, and reports
-every finished or dropped item to the frontend with its credit (see ``jigsaw.runtime.records``).
+Each process runs one uvloop event loop, which watches the process's doorbell FIFO
+(``add_reader``: no helper thread, no spinning; see ``rings.Doorbell`` for the arm / re-check
+handshake). Each turn the loop pops at most one batch's worth of items from its input rings (the
+rings are the task's queue) into the batching queue (see ``take_inputs`` for the arrival stamp the
+stale rule reads), drops what can no longer meet its deadline or went stale, runs one batch when
+the queue's release rule allows (the process is idle whenever it asks, so a batch starts as soon
+as the previous one finished: paper §3.3), routes each item's children to the least-loaded process
+of the lane's variant of each downstream task, and reports every finished or dropped item to the
+frontend with its credit (see ``jigsaw.runtime.records``).
 
 A process runs one batch at a time, as the paper's instances do; the backend's ``execute_async``
 awaits the batch (a timer for the emulated backend, a device event for a GPU one).
@@ -34,11 +34,9 @@ import ctypes
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
-import posix_ipc
 import uvloop
 
 from jigsaw.backends.base import Backend, Downstream, ItemResult
@@ -135,7 +133,8 @@ class Wiring:
             self._close_rings()
             raise
         self.output_slots = [o.slot for o in spec.outputs]
-        self.rung: set[int] = set()
+        self.rung: set[int] = set()  # output rings pushed to this turn: rung once at its end
+        self.done_rung = False  # the completion ring too
 
     def _close_rings(self) -> None:
         for ring in (*self.inputs, *self.outputs):
@@ -257,7 +256,7 @@ class Worker:
         # The frontend always drains: wait for room rather than lose an answer.
         with contextlib.suppress(RingClosedError):
             self._push_blocking(w.done, h, frame(credit, tensors), time.monotonic_ns() + 60 * 10**9)
-        w.done_bell.ring()
+        w.done_rung = True  # rung once per turn (``_ring_outputs``): one wake-up for a batch
 
     def _least_loaded(self, candidates: list[int], w: Wiring) -> list[int]:
         return routable(candidates, lambda i: w.stats.get(w.output_slots[i], STATE),
@@ -304,14 +303,18 @@ class Worker:
                 dropped.status = int(Status.DROPPED_DEADLINE if order else Status.ERROR)
                 dropped.stamp(HOP_DONE, time.monotonic_ns())
                 self._push_blocking(w.done, dropped, frame(share, b""), time.monotonic_ns() + 60 * 10**9)
-                w.done_bell.ring()
+                w.done_rung = True
         return len(children), kept
 
     def _ring_outputs(self) -> None:
+        """Ring each consumer this turn pushed to, once: a batch's records cost one wake-up each."""
         for w in self.wirings:
             for i in w.rung:
                 w.output_bells[i].ring()
             w.rung.clear()
+            if w.done_rung:
+                w.done_rung = False
+                w.done_bell.ring()
 
     # ---- the loop -----------------------------------------------------------------------
     def take_inputs(self, max_n: int) -> int:
@@ -400,38 +403,30 @@ class Worker:
         for w in self.wirings:
             w.stats.set(w.spec.slot, QUEUED, len(self.queue))
 
-    def _wait_for_bell(self, loop: asyncio.AbstractEventLoop, wake: asyncio.Event,
-                       stop: threading.Event) -> None:
-        """The doorbell thread: every ring of the bell becomes a wake-up of the loop."""
-        while not stop.is_set():
-            try:
-                rung = self.bell.wait(IDLE_WAIT_S)
-            except posix_ipc.SignalError:
-                continue
-            except posix_ipc.ExistentialError:
-                break  # the daemon unlinked the bell: it is shutting down
-            if rung:
-                with contextlib.suppress(RuntimeError):  # the loop closed under us
-                    loop.call_soon_threadsafe(wake.set)
-
     async def run(self) -> None:
         slot = self.spec.slot
         loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-        stop = threading.Event()
-        bell_thread = threading.Thread(target=self._wait_for_bell, args=(loop, wake, stop),
-                                       name="doorbell", daemon=True)
-        bell_thread.start()
+        bell = self.bell
+        waiter: list[asyncio.Future[None]] = []
+
+        def wake() -> None:
+            if waiter and not waiter[0].done():
+                waiter[0].set_result(None)
+
+        def on_bell() -> None:
+            bell.clear()  # the flag stays clear: producers need not ring until this loop re-arms
+            wake()
 
         def on_sigterm() -> None:
             _stop(signal.SIGTERM, None)
-            wake.set()
+            wake()
 
+        loop.add_reader(bell.fileno(), on_bell)
         loop.add_signal_handler(signal.SIGTERM, on_sigterm)
 
         def on_sighup() -> None:
             self._rewire = True
-            wake.set()
+            wake()
 
         loop.add_signal_handler(signal.SIGHUP, on_sighup)
         if _rewire_early:
@@ -448,31 +443,37 @@ class Worker:
         self.stats.set(slot, STATE, READY)
         try:
             while _running:
-                # Clear before looking at the rings: a push after the look rings the bell again.
-                wake.clear()
+                bell.disarm()  # awake: every push until the next arm() is seen by the look below
                 if self._rewire:
                     self._rewire = False
                     self.rewire()
                 if self._unmapped or self._queue_spec is not None:
                     self._maybe_swap_queue()
                 self.fill()
+                self._ring_outputs()  # the drops fill() reported
                 self.publish_queued()
                 if await self.run_batch():
                     self.publish_queued()
+                    continue
+                # Out of work: arm (producers ring from now on), then look at the rings once more,
+                # so a push that came before the arm is not left waiting for the next one.
+                bell.arm()
+                if self._rewire or any(len(ring) for ring in self.inputs):
                     continue
                 timeout_s = IDLE_WAIT_S
                 if len(self.queue):
                     due = self.queue.next_wakeup_ns(time.monotonic_ns())
                     if due is not None:
                         timeout_s = min(IDLE_WAIT_S, max(0.0, (due - time.monotonic_ns()) / 1e9))
-                try:
-                    await asyncio.wait_for(wake.wait(), timeout_s)
-                except TimeoutError:
-                    if os.getppid() != self.parent_pid:
-                        break
+                fut = loop.create_future()
+                waiter[:] = [fut]
+                timer = loop.call_later(timeout_s, wake)
+                await fut
+                timer.cancel()
+                if os.getppid() != self.parent_pid:
+                    break
         finally:
-            stop.set()
-            bell_thread.join(timeout=2 * IDLE_WAIT_S)
+            loop.remove_reader(bell.fileno())
 
     def close(self) -> None:
         for w in (*self.wirings, *self._unmapped):
