@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from jigsaw.app import App
 from jigsaw.node import Node
@@ -160,9 +161,22 @@ class SubprocessSolver:
             proc.stdout.close()
 
 
-def _answer(doc: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(doc) + "\n")
+_PROTOCOL: TextIO = sys.stdout  # the daemon's end of the JSON lines (see ``_claim_stdout``)
+
+
+def _claim_stdout() -> None:
+    """Keep standard output for the protocol alone: its descriptor is duplicated for the answers,
+    and descriptor 1 then points at standard error, so whatever a solver library prints there
+    (HiGHS 1.16 prints a banner when its first model is made) cannot corrupt a line."""
+    global _PROTOCOL
     sys.stdout.flush()
+    _PROTOCOL = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+
+
+def _answer(doc: dict[str, Any]) -> None:
+    _PROTOCOL.write(json.dumps(doc) + "\n")
+    _PROTOCOL.flush()
 
 
 def _serve(node_config: Path) -> int:
@@ -193,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jigsaw.control.solver", description=__doc__.splitlines()[0])
     p.add_argument("--node-config", required=True, type=Path)
     args = p.parse_args(argv)
+    _claim_stdout()
     return _serve(args.node_config)
 
 
