@@ -610,3 +610,19 @@ def test_violations_under_a_plan_that_holds_the_rate_do_not_plan_for_less() -> N
         asked = [d[TA] for d in solver.asked]  # type: ignore[attr-defined]
         assert asked and asked[0] >= 500.0, asked
     asyncio.run(go())
+
+
+def test_an_operators_replan_waits_for_the_exact_plan() -> None:
+    # auto: a slow exact solve for an admin re-plan is waited for; the quick plan is not deployed
+    solver = _anytime_solver(exact_s=0.8, quick_slices=2, exact_slices=3)
+
+    async def go() -> None:
+        c, _ = _controller(solver, anytime="auto")
+        await c.replan({TA: 200.0}, trigger="admin")
+        assert [d.plan.slices_used for d in c.plane.applied] == [3]  # type: ignore[attr-defined]
+        (entry,) = _app(c).current.replans
+        assert entry["exact"]["deployed"] and not (entry["quick"] or {}).get("deployed")
+        await c.replan({TA: 300.0}, trigger="rate")  # an urgent one deploys the quick plan first
+        assert [d.plan.slices_used for d in c.plane.applied][:2] == [3, 2]  # type: ignore[attr-defined]
+
+    asyncio.run(go())

@@ -625,9 +625,11 @@ class NodeController:
         """The quick plan if it is in hand when a plan is needed and the exact one is not, else None.
 
         A plan is needed at once (``always``), after ``QUICK_PATIENCE_S`` for an urgent re-plan,
-        and at the boundary of the bin it is for (at least the patience) for a routine one.
+        and at the boundary of the bin it is for (at least the patience) for a routine one. An
+        operator's re-plan (``admin``) waits for the exact plan unless ``always``: it is asked for a
+        demand, not a burst, and a greedy plan replaced a second later restarts processes twice.
         """
-        if self.anytime == "off":
+        if self.anytime == "off" or (trigger == "admin" and self.anytime != "always"):
             return None
         if self.anytime == "always":
             need_by = t0
