@@ -333,43 +333,20 @@ def place_app(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], g
                     unused.remove(best)
                     pending.remove(r)
                     kept.append(replace(best, index=r.index))
-        if reuse_identical:  # an idle instance (adopted at start-up) of the profile: no NVML call
-            idle = [i for i in node.instances if not i.app]
+        def host_on(pool: list[NodeInstance], **changes: str) -> None:
+            """Each pending request onto an instance of its profile taken from ``pool`` (no NVML call)."""
             for r in list(pending):
-                match = [i for i in idle if i.profile == r.profile]
+                match = [i for i in pool if i.profile == r.profile]
                 if match:
-                    idle.remove(match[0])
+                    pool.remove(match[0])
                     pending.remove(r)
-                    kept.append(
-                        replace(
-                            match[0],
-                            app=app,
-                            task=r.task,
-                            variant=r.variant,
-                            mps=r.mps,
-                            max_batch=r.max_batch,
-                            index=r.index,
-                            pids=(),
-                        )
-                    )
-        if reuse_swaps:
-            for r in list(pending):
-                match = [i for i in unused if i.profile == r.profile]
-                if match:
-                    unused.remove(match[0])
-                    pending.remove(r)
-                    kept.append(
-                        replace(
-                            match[0],
-                            task=r.task,
-                            variant=r.variant,
-                            mps=r.mps,
-                            max_batch=r.max_batch,
-                            index=r.index,
-                            uuid="",
-                            pids=(),
-                        )
-                    )
+                    kept.append(replace(match[0], task=r.task, variant=r.variant, mps=r.mps,
+                                        max_batch=r.max_batch, index=r.index, pids=(), **changes))
+
+        if reuse_identical:  # an idle instance (adopted at start-up) of the profile
+            host_on([i for i in node.instances if not i.app], app=app)
+        if reuse_swaps:  # a running instance of the app hosts another of its workloads
+            host_on(unused, uuid="")
         held: dict[int, list[tuple[str, int]]] = defaultdict(list)
         for i in [*others, *kept, *(unused if beside else [])]:
             held[i.gpu].append((i.profile, i.start))

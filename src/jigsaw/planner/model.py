@@ -106,6 +106,15 @@ class LinearModel:
         return lp.solve(solver, 60.0, 0.0)
 
 
+def _status_word(optimal: bool, infeasible: bool, has_solution: bool) -> str:
+    """The solver-neutral status of a solve (``Solution.status``)."""
+    if optimal:
+        return "optimal"
+    if infeasible:
+        return "infeasible"
+    return "feasible" if has_solution else "no_solution"
+
+
 def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
                  start: dict[int, float] | None = None, relative_gap: float = 0.0) -> Solution:
     import highspy
@@ -157,15 +166,9 @@ def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
     obj = info.objective_function_value if has else math.nan
     mip = any(model.integer)
     bound = info.mip_dual_bound if mip else obj
-    if status == ms.kOptimal:
-        word = "optimal"
+    word = _status_word(status == ms.kOptimal, status in (ms.kInfeasible, ms.kUnboundedOrInfeasible), has)
+    if word == "optimal":
         bound = obj
-    elif status in (ms.kInfeasible, ms.kUnboundedOrInfeasible):
-        word = "infeasible"
-    elif has:
-        word = "feasible"
-    else:
-        word = "no_solution"
     nodes = int(info.mip_node_count) if mip else 0
     return Solution(word, values, obj, bound, secs, nodes)
 
@@ -201,12 +204,7 @@ def _solve_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
     values = [x.x if x.x is not None else 0.0 for x in xs] if has else []
     obj = float(m.objective_value) if has else math.nan
     bound = float(m.objective_bound) if m.objective_bound is not None else math.nan
-    if st == S.OPTIMAL:
-        word, bound = "optimal", obj
-    elif st in (S.INFEASIBLE, S.INT_INFEASIBLE):
-        word = "infeasible"
-    elif has:
-        word = "feasible"
-    else:
-        word = "no_solution"
+    word = _status_word(st == S.OPTIMAL, st in (S.INFEASIBLE, S.INT_INFEASIBLE), has)
+    if word == "optimal":
+        bound = obj
     return Solution(word, values, obj, bound, secs)

@@ -57,6 +57,16 @@ def _decoded(layout: Layout) -> Layout:
     return Layout(layout.gpu_model, tuple(gpus))
 
 
+def _pack_node(plans: Mapping[str, Plan], node: Node, previous: NodePlan | None) -> Layout:
+    """One layout for every app's instances, keeping what the previous node plan placed (on the
+    same GPU model) where it is. Raises ``PackingError``."""
+    prev = previous.layout if previous is not None else None
+    if prev is not None and prev.gpu_model != node.gpu.name:
+        prev = None
+    return _decoded(pack(_requests(plans), node.gpu, node.num_gpus,
+                         _encoded(prev) if prev is not None else None))
+
+
 def app_layout(layout: Layout, app: str) -> Layout:
     """The node layout restricted to one app's instances (the same GPUs and starts)."""
     return Layout(layout.gpu_model, tuple(
@@ -132,11 +142,7 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
             p.max_demand_plan = True
             p.notes.append(f"node-wide plan: serving {p.planned_rps:.6g} of {p.demand_rps:g} rps")
         plans[a.name] = p
-    prev = previous.layout if previous is not None and previous.layout is not None else None
-    if prev is not None and prev.gpu_model != node.gpu.name:
-        prev = None
-    layout = _decoded(pack(_requests(plans), node.gpu, node.num_gpus,
-                           _encoded(prev) if prev is not None else None))
+    layout = _pack_node(plans, node, previous)
     secs = time.perf_counter() - t0
     for name, p in plans.items():
         p.layout = app_layout(layout, name)
@@ -219,12 +225,8 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
         plans[a.name] = p
     if sum(p.slices_used for p in plans.values()) > node.slices_available:
         return None
-    prev = previous.layout if previous is not None and previous.layout is not None else None
-    if prev is not None and prev.gpu_model != node.gpu.name:
-        prev = None
     try:
-        layout = _decoded(pack(_requests(plans), node.gpu, node.num_gpus,
-                               _encoded(prev) if prev is not None else None))
+        layout = _pack_node(plans, node, previous)
     except PackingError:
         return None
     by_name = {a.name: a for a in apps}
@@ -304,12 +306,8 @@ def separate_optima(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
     slices = sum(p.slices_used for p in plans.values())
     if slices > node.slices_available:
         return None
-    prev = previous.layout if previous is not None and previous.layout is not None else None
-    if prev is not None and prev.gpu_model != node.gpu.name:
-        prev = None
     try:
-        layout = _decoded(pack(_requests(plans), node.gpu, node.num_gpus,
-                               _encoded(prev) if prev is not None else None))
+        layout = _pack_node(plans, node, previous)
     except PackingError:
         return None
     by_name = {a.name: a for a in apps}
