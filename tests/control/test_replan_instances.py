@@ -5,15 +5,15 @@ step rolls back while the running plan serves on."""
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dpserver import EXAMPLE_NODE, Load, Server, http
+from mps_standin import fake_mps as _fake_mps
+from mps_standin import mps_log as _mps_log
 
 from jigsaw.gpu.emulated_nvml import NVML_ERROR_INSUFFICIENT_RESOURCES
 from jigsaw.mig import gpu_model
@@ -26,54 +26,6 @@ ARGS = ["--node-config", str(EXAMPLE_NODE), "--apps", APP, "--demand", "60", "--
         "--plan-time-limit", "30", "--anytime", "off"]
 REPLAN_RPS = 100  # from 60: the planner keeps some instances and changes others
 SCALE_UP_RPS = 150  # a new MIG instance (MPS level 2) on GPU 0
-
-FAKE_MPS = """#!{python}
-# A stand-in for nvidia-cuda-mps-control: "-d" makes the control pipe, "quit" on stdin removes it.
-# Each call is logged with the worker processes that are the daemon's clients at that moment.
-import json, os, sys
-pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
-mine = ("CUDA_MPS_PIPE_DIRECTORY=" + pipe).encode()
-def clients():
-    n = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open(f"/proc/{{pid}}/cmdline", "rb").read()
-            env = open(f"/proc/{{pid}}/environ", "rb").read().split(b"\\0")
-        except OSError:
-            continue
-        n += b"jigsaw.runtime.worker" in cmd and mine in env
-    return n
-op = "start" if sys.argv[1:] == ["-d"] else sys.stdin.read().strip()
-flag = os.environ["FAKE_MPS_DIR"] + "/fail_next"
-if op == "start":
-    if os.path.exists(flag):  # the test asks for one failing start
-        os.unlink(flag)
-        print("cannot start: permission denied", file=sys.stderr)
-        sys.exit(1)
-    open(os.path.join(pipe, "control"), "w").close()
-elif op == "quit":
-    try:
-        os.unlink(os.path.join(pipe, "control"))
-    except FileNotFoundError:
-        pass
-mode = oct(os.stat(os.path.dirname(pipe)).st_mode & 0o777)
-with open(os.environ["FAKE_MPS_DIR"] + "/log", "a") as f:
-    f.write(json.dumps({{"op": op, "pipe": pipe, "clients": clients(), "mode": mode,
-                        "visible": os.environ.get("CUDA_VISIBLE_DEVICES", "")}}) + "\\n")
-"""
-
-
-def _fake_mps(tmp_path: Path) -> dict[str, str]:
-    script = tmp_path / "fake-mps-control"
-    script.write_text(FAKE_MPS.format(python=sys.executable))
-    script.chmod(0o755)
-    return {"JIGSAW_MPS_CONTROL": str(script), "FAKE_MPS_DIR": str(tmp_path)}
-
-
-def _mps_log(tmp_path: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "log"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
 
 def _layout(url: str) -> dict[str, Any]:
     status, doc, _ = http("GET", f"{url}/admin/layout")

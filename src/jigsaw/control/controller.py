@@ -354,6 +354,10 @@ class AppController:
             return
         r = self.current
         r.generation = done.generation
+        if done.error is not None:  # failed mid-way: the running plan is back (or an interim one serves)
+            self.ctl.log(f"{self.app.name}: the {source} plan was not applied; generation "
+                         f"{done.generation} serves")
+            return
         r.reconfigurations += 1
         r.reconfiguration_seconds += done.seconds
         r.changed_gpus = sorted(set(r.changed_gpus) | set(done.changed_gpus))

@@ -123,13 +123,13 @@ class MigPartition:
                     del self.existing[slot]
                     gone.append(inst.name)
                     self.stats.destroyed_total += 1
-            if gone:
-                self._record(event="mig", ok=True, reason=reason, destroyed=gone)
-            self.bring_up(keep, reason=reason)
         except Exception as exc:
             self.stats.failures_total[getattr(exc, "step", "") or "destroy"] += 1
             self._record(event="mig", ok=False, reason=reason, error=str(exc), destroyed=gone)
             raise
+        if gone:
+            self._record(event="mig", ok=True, reason=reason, destroyed=gone)
+        self.bring_up(keep, reason=reason)  # a failure is counted and recorded there, once
 
     def with_uuids(self, layout: NodeLayout) -> NodeLayout:
         """``layout`` with the UUIDs of the instances that exist."""

@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,7 @@ READY_POLL_S = 0.02
 READY_FAST_S = 0.2  # for this long after the start the readiness is polled every READY_FAST_POLL_S
 READY_FAST_POLL_S = 0.002
 DRAIN_POLL_S = 0.05
+DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed")
 
 
 class Router(Protocol):
@@ -115,18 +117,29 @@ class Applied:
     kept: int = 0  # processes of the old generation the new one serves with (same pids)
     started: int = 0  # processes started for it (the changed instances')
     stopped: int = 0  # processes of the old generation stopped once it drained
+    # a re-plan that failed after its drain-first drained instances: True when the running plan
+    # was brought back (its drained instances re-created and their processes restarted), False when
+    # that failed too (the interim generation serves on); None when no restore was needed
+    restored: bool | None = None
+
+
+class DrainRefused(JigsawError):
+    """A drain-first re-plan that cannot be made safely (nothing was changed): the app would have
+    no lane while the instances in the way drain, or their slots are not the app's own."""
 
 
 def inject_fault(nvml: Any, spec: str) -> None:
-    """``JIGSAW_EMULATED_NVML_FAULT=function:code[:skip]`` on an emulated node: once it serves,
-    the call of ``function`` after ``skip`` successful ones fails with that NVML error code (the
-    daemon-level failure tests inject it; the start-up partition is not affected)."""
-    parts = spec.split(":")
-    try:
-        nvml.inject(parts[0], int(parts[1]), skip=int(parts[2]) if len(parts) > 2 else 0)
-    except (IndexError, ValueError, AttributeError):
-        raise JigsawError(f"{FAULT_ENV}={spec!r}: expected function:code[:skip] "
-                          "(an NVML function)") from None
+    """``JIGSAW_EMULATED_NVML_FAULT=function:code[:skip][,function:code[:skip]...]`` on an emulated
+    node: once it serves, the call of ``function`` after ``skip`` successful ones fails with that
+    NVML error code, once per entry (the daemon-level failure tests inject them; the start-up
+    partition is not affected)."""
+    for one in spec.split(","):
+        parts = one.split(":")
+        try:
+            nvml.inject(parts[0], int(parts[1]), skip=int(parts[2]) if len(parts) > 2 else 0)
+        except (IndexError, ValueError, AttributeError):
+            raise JigsawError(f"{FAULT_ENV}={spec!r}: expected function:code[:skip] "
+                              "(an NVML function), comma-separated") from None
 
 
 def kept_processes(old: Generation, new: Generation) -> list[tuple[int, int]]:
@@ -241,6 +254,9 @@ class GenerationManager:
         self.mps_stopped_total = 0
         self.mps_failures_total = 0
         self.failures_total = 0  # new generations that failed to start (the running one served on)
+        # drain-first re-plans by outcome: done, refused, failed (before the drain: nothing changed),
+        # restored (failed after it: the running plan brought back), restore_failed
+        self.drain_first_total: Counter[str] = Counter()
         self.processes_started_total = 0
         self.processes_kept_total = 0
         self.mps_events: list[dict[str, Any]] = []
@@ -338,7 +354,14 @@ class GenerationManager:
             ("jigsaw_mps_daemons", "gauge", "MPS control daemons running",
              len(self.mps.daemons) if self.mps is not None else 0),
         ]
-        return "".join(f"# HELP {n} {h}\n# TYPE {n} {t}\n{n} {v}\n" for n, t, h, v in rows)
+        text = "".join(f"# HELP {n} {h}\n# TYPE {n} {t}\n{n} {v}\n" for n, t, h, v in rows)
+        name = "jigsaw_reconfig_drain_first_total"
+        text += (f"# HELP {name} re-plans whose new MIG instances needed the slots of running ones, by "
+                 "outcome (done; refused: no lane while they drain; failed before the drain; restored: "
+                 "failed after it, the running plan brought back; restore_failed: the interim plan serves)\n"
+                 f"# TYPE {name} counter\n")
+        return text + "".join(f'{name}{{outcome="{k}"}} {self.drain_first_total[k]}\n'
+                              for k in DRAIN_FIRST_OUTCOMES)
 
     def running(self) -> list[Generation]:
         """Every generation with processes (serving, starting or draining), for the supervisor."""
@@ -426,6 +449,9 @@ class GenerationManager:
         changed: list[int] = []
         if old.plan.layout is not None and new.layout is not None:
             changed = changed_gpus(old.plan.layout, new.layout)
+        # once a drain-first has drained the instances in the way, a failure goes back to this
+        # (the running plan and the node layout it ran on) instead of staying on the interim plan
+        restore: tuple[Plan, NodeLayout] | None = None
         if self.partition is not None and node_layout is not None:
             try:
                 deferred = await asyncio.to_thread(self.partition.bring_up, node_layout, f"{app}: re-plan")
@@ -434,15 +460,22 @@ class GenerationManager:
                          f"keeping generation {old_gid}")
                 return Applied(old_gid, old_gid, False, error=str(exc))
             if deferred:
+                assert self.node_layout is not None
+                before = (old.plan, self.node_layout)
                 try:
                     old = await self._drain_first(app, old, node_layout, deferred)
                 except JigsawError as exc:
-                    self.log(f"{app}: cannot free the MIG slots of the new instances ({exc}); "
-                             f"keeping generation {old_gid}")
                     self.failures_total += 1
+                    if self.current[app] != old_gid:  # it failed after the drain: bring the plan back
+                        self.log(f"{app}: the re-plan failed after its drain-first ({exc})")
+                        return await self._restore(app, before, old_gid, str(exc))
                     await self._release_mig(f"{app}: re-plan abandoned")
-                    now = self.current[app]  # the interim generation, when it failed after the drain
-                    return Applied(now, old_gid, now != old_gid, error=str(exc))
+                    outcome = "refused" if isinstance(exc, DrainRefused) else "failed"
+                    self.drain_first_total[outcome] += 1
+                    self.log(f"{app}: cannot free the MIG slots of the new instances ({exc}); "
+                             f"re-plan {outcome}, keeping generation {old_gid}")
+                    return Applied(old_gid, old_gid, False, error=f"drain-first {outcome}: {exc}")
+                restore = before
             node_layout = self.partition.with_uuids(node_layout)
         gen = self._lay_out(old.app, new)
         pairs = [] if desired.fresh_generation else kept_processes(old, gen)
@@ -454,36 +487,25 @@ class GenerationManager:
             for k in gen.adopted:
                 self._tell(gen.workers[k])
             router.add_generation(gen.gid, gen.topology)
-            started_at = time.monotonic()
-            ready_at = started_at + (desired.repartition_delay_s if changed else 0.0)
-            deadline = started_at + READY_TIMEOUT_S
-            while gen.not_ready() or time.monotonic() < ready_at:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"generation {gen.gid} not ready after {READY_TIMEOUT_S:g} s")
-                # kept processes are ready within milliseconds of their SIGHUP: look often at first
-                soon = time.monotonic() - started_at < READY_FAST_S
-                await asyncio.sleep(READY_FAST_POLL_S if soon else READY_POLL_S)
+            await self._wait_ready(gen, desired.repartition_delay_s if changed else 0.0)
         except Exception as exc:
             self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old.gid}")
             self.failures_total += 1
-            router.remove_generation(gen.gid)
-            self.generations.pop(gen.gid, None)
-            for back, j in gen.hand_back():  # the kept processes serve only what they served before
-                self._tell(back.workers[j])
-            await asyncio.get_running_loop().run_in_executor(None, gen.close)
-            await asyncio.to_thread(self._stop_unused_mps)
+            await self._abandon(gen)
+            if restore is not None:  # the running plan lost instances to the drain: bring them back
+                return await self._restore(app, restore, old_gid, str(exc))
             await self._release_mig(f"{app}: generation {gen.gid} failed")
             return Applied(old.gid, old_gid, old.gid != old_gid, error=str(exc))
         router.route(app, gen.gid)
         self.current[app] = gen.gid
         self.node_layout = node_layout
+        if restore is not None:
+            self.drain_first_total["done"] += 1
         switched_s = time.monotonic() - t0
         self.log(f"{app}: generation {gen.gid}: {len(pairs)} processes kept, "
                  f"{len(gen.topology.processes) - len(pairs)} started; routing switched "
                  f"{switched_s * 1e3:.1f} ms after the plan was decided")
-        task = asyncio.get_running_loop().create_task(self._drain_and_retire(old.gid))
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
+        self._retire_later(old.gid)
         n = len(gen.topology.processes)
         stopped = len(old.topology.processes) - len(old.handed_over)
         self.processes_started_total += n - len(pairs)
@@ -491,11 +513,98 @@ class GenerationManager:
         return Applied(gen.gid, old_gid, True, switched_s, tuple(changed), n,
                        kept=len(pairs), started=n - len(pairs), stopped=stopped)
 
+    async def _wait_ready(self, gen: Generation, hold_s: float = 0.0) -> None:
+        """Until every process of ``gen`` is ready (and ``hold_s`` passed: a MIG repartition's
+        delay); raises when one exits or after ``READY_TIMEOUT_S``."""
+        started_at = time.monotonic()
+        ready_at = started_at + hold_s
+        deadline = started_at + READY_TIMEOUT_S
+        while gen.not_ready() or time.monotonic() < ready_at:
+            if time.monotonic() > deadline:
+                raise JigsawError(f"generation {gen.gid} not ready after {READY_TIMEOUT_S:g} s")
+            # kept processes are ready within milliseconds of their SIGHUP: look often at first
+            soon = time.monotonic() - started_at < READY_FAST_S
+            await asyncio.sleep(READY_FAST_POLL_S if soon else READY_POLL_S)
+
+    async def _abandon(self, gen: Generation) -> None:
+        """``gen`` failed before serving: unannounce it, hand its adopted processes back (they serve
+        only what they served before), stop the ones it started, unlink its segments, and stop the
+        MPS daemons nothing uses any more."""
+        self._router().remove_generation(gen.gid)
+        self.generations.pop(gen.gid, None)
+        for back, j in gen.hand_back():
+            self._tell(back.workers[j])
+        await asyncio.get_running_loop().run_in_executor(None, gen.close)
+        await asyncio.to_thread(self._stop_unused_mps)
+
+    def _retire_later(self, gid: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._drain_and_retire(gid))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _restore(self, app: str, before: tuple[Plan, NodeLayout], old_gid: int, error: str) -> Applied:
+        """A re-plan failed after its drain-first drained and destroyed instances of the running
+        plan: re-create those MIG instances on their slots (the new plan's go first), restart their
+        processes (MPS daemons first) beside the interim generation's, wait until they are ready and
+        route the app back to the running plan. If that fails too, what it made is undone and the
+        interim generation serves on (said in the log, the history and ``/metrics``)."""
+        assert self.partition is not None
+        plan, layout = before
+        router = self._router()
+        mid = self.generations[self.current[app]]
+        target = self.in_use_layout()
+        assert target is not None
+        held = {i.slot: i for i in target.instances}
+        held.update({i.slot: i for i in layout.instances})
+        target = target.with_instances(held.values())
+        back: Generation | None = None
+        try:
+            await asyncio.to_thread(self.partition.tear_down, target, f"{app}: restoring the running plan")
+            missing = sorted(i.name for i in layout.instances if i.slot not in self.partition.existing)
+            if missing:
+                raise JigsawError(f"MIG instances {', '.join(missing)} could not be created again")
+            layout = self.partition.with_uuids(layout)
+            back = self._lay_out(mid.app, plan)
+            back.adopt(mid, kept_processes(mid, back))
+            mps_env = await asyncio.to_thread(self._start_mps, back, layout)
+            back.create_segments()
+            back.start_workers(mps_env)
+            for k in back.adopted:
+                self._tell(back.workers[k])
+            router.add_generation(back.gid, back.topology)
+            await self._wait_ready(back)
+        except Exception as exc:
+            if back is not None:
+                await self._abandon(back)
+            await self._release_mig(f"{app}: restoring the running plan failed")
+            self.drain_first_total["restore_failed"] += 1
+            why = (f"{error}; RESTORING THE RUNNING PLAN FAILED TOO ({exc}): the interim plan of "
+                   f"generation {mid.gid} serves on, short of the drained instances, until the next re-plan")
+            self.log(f"{app}: {why}")
+            return Applied(mid.gid, old_gid, mid.gid != old_gid, error=why, restored=False)
+        router.route(app, back.gid)
+        self.current[app] = back.gid
+        self.node_layout = layout
+        self._retire_later(mid.gid)  # every process of it is kept: it only drops its wiring
+        self.drain_first_total["restored"] += 1
+        started = len(back.own())
+        self.processes_started_total += started
+        why = (f"{error}; rolled back: the running plan serves again (generation {back.gid}: "
+               f"{started} processes restarted on re-created MIG instances)")
+        self.log(f"{app}: {why}")
+        return Applied(back.gid, old_gid, True, changed_gpus=tuple(sorted({i.gpu for i in layout.instances})),
+                       processes=len(back.topology.processes), error=why, kept=len(back.adopted),
+                       started=started, restored=True)
+
     async def _drain_first(self, app: str, old: Generation, desired: NodeLayout,
                            deferred: tuple[tuple[int, int, str], ...]) -> Generation:
         """No free slots for some new instances: drain the app's instances in their way first while
         its other processes (and every other app) serve on, then destroy those and create the new
-        ones. Returns the generation now serving (the old one less the drained instances)."""
+        ones. Returns the generation now serving (the old one less the drained instances).
+
+        Raises ``DrainRefused`` (nothing changed) when it cannot be done safely; any other failure
+        before the switch to the interim generation leaves the running one serving, one after it
+        leaves the interim one serving (the caller restores the running plan)."""
         assert self.partition is not None and self.node_layout is not None
         gpu = self.node.gpu
         want = [i for i in desired.instances if i.slot in set(deferred)]
@@ -506,11 +615,12 @@ class GenerationManager:
                      if b not in mine or mine[b].app != app or old.plan.layout is None
                      or b not in set(placements(old.plan.layout).values())]
         if strangers:
-            raise JigsawError(f"the slots are held by instances the app's running plan does not own "
-                              f"({', '.join(sorted(strangers))}; a draining generation?)")
+            raise DrainRefused(f"the slots are held by instances the app's running plan does not own "
+                               f"({', '.join(sorted(strangers))}; a draining generation?)")
         mid_plan = without_instances(old.plan, blockers)
         if mid_plan is None:
-            raise JigsawError("the app has no lane left to serve while the instances in the way drain")
+            raise DrainRefused(f"the app would have no lane left to serve while the {len(blockers)} "
+                               "instances in the way of the new ones drain")
         self.log(f"{app}: {len(want)} new MIG instances need the slots of {len(blockers)} running ones: "
                  "draining those first while the rest serves")
         router = self._router()
@@ -522,17 +632,9 @@ class GenerationManager:
             for k in mid.adopted:
                 self._tell(mid.workers[k])
             router.add_generation(mid.gid, mid.topology)
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while mid.not_ready():
-                if time.monotonic() > deadline:
-                    raise JigsawError(f"generation {mid.gid} not ready after {READY_TIMEOUT_S:g} s")
-                await asyncio.sleep(READY_POLL_S)
+            await self._wait_ready(mid)
         except Exception as exc:
-            router.remove_generation(mid.gid)
-            self.generations.pop(mid.gid, None)
-            for back, j in mid.hand_back():
-                self._tell(back.workers[j])
-            await asyncio.get_running_loop().run_in_executor(None, mid.close)
+            await self._abandon(mid)
             raise JigsawError(f"the processes serving while the instances drain did not start: {exc}") \
                 from None
         router.route(app, mid.gid)
@@ -542,8 +644,11 @@ class GenerationManager:
         await self._retire(old.gid)  # drained, stopped, its segments unlinked; MPS daemons stopped
         keep = self.in_use_layout()
         assert keep is not None
-        await asyncio.to_thread(self.partition.tear_down, keep, f"{app}: drained for the new instances")
-        left = await asyncio.to_thread(self.partition.bring_up, desired, f"{app}: re-plan")
+        try:
+            await asyncio.to_thread(self.partition.tear_down, keep, f"{app}: drained for the new instances")
+            left = await asyncio.to_thread(self.partition.bring_up, desired, f"{app}: re-plan")
+        except JigsawError as exc:
+            raise JigsawError(f"MIG reconfiguration failed after the drain: {exc}") from None
         if left:
             raise JigsawError(f"MIG slots {sorted(left)} still held after the drain")
         return mid
