@@ -14,7 +14,9 @@ that runs far beyond its profile, ``batch_timeout_ns``, counts as a hang too.)
    a record the dead process was writing as a producer was never published and does not exist;
 3. it reports the failure to its ``FaultSink`` (the generation manager), whose router settles
    every request that may have had work on it (dispatched again under a new id while the deadline
-   allows, else answered 503);
+   allows, else answered 503); a process a re-plan kept serves the older, draining generations
+   too: their wirings of it are marked FAILED, their rings emptied and their requests settled
+   the same way at once (the restarted process serves only the newest generation);
 4. it is restarted on the same spec, rings, doorbell and stats slot; routing returns to it
    once it reports ready.
 
@@ -33,7 +35,7 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from jigsaw.node import ServerSettings
@@ -68,6 +70,8 @@ class WorkerEvent:
     failed_requests: int
     action: str  # restarted, given_up
     restored_unix_s: float | None = None
+    # older generations the process also served (a re-plan kept it) whose requests were settled too
+    older_generations: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,6 +215,18 @@ class Supervisor:
             proc.wait(timeout=2.0)
         discarded = discard_inputs(spec)
         retried, failed = self.sink.worker_failed(g.gid, spec, reason)
+        # a process a re-plan kept also served the older generations that are still draining:
+        # their wirings of it are gone for good (the restart serves the newest spec only), so their
+        # requests that may have had work on it are settled now, not left to their deadlines
+        older = []
+        for old, j in self._older_wirings(g, proc):
+            old_spec = old.topology.processes[j]
+            if old.stats is not None:
+                old.stats.set(old_spec.slot, st.STATE, st.FAILED)  # upstream items fail fast there
+            discarded += discard_inputs(old_spec)
+            r, f = self.sink.worker_failed(old.gid, old_spec, reason)
+            retried, failed = retried + r, failed + f
+            older.append(old.gid)
         now = time.monotonic()
         recent = self._failures.setdefault((g.gid, k), deque())
         recent.append(now)
@@ -218,7 +234,8 @@ class Supervisor:
             recent.popleft()
         give_up = len(recent) > self.max_restarts or self.stopped or g.stopping
         event = WorkerEvent(spec.name, spec.app, spec.task, spec.variant, g.gid, proc.pid, reason, detail,
-                            time.time(), discarded, retried, failed, "given_up" if give_up else "restarted")
+                            time.time(), discarded, retried, failed, "given_up" if give_up else "restarted",
+                            older_generations=older)
         self.events.append(event)
         if give_up:
             g.stats.set(spec.slot, st.STATE, st.FAILED if not (self.stopped or g.stopping) else st.STOPPED)
@@ -235,6 +252,11 @@ class Supervisor:
                     f"given up after {len(recent)} failures in {self.window_s:g} s"))
         if give_up and not (self.stopped or g.stopping):
             self.sink.capacity_lost(spec.app, f"worker {spec.name} failed {len(recent)} times")
+
+    def _older_wirings(self, g: Generation, proc: subprocess.Popen[bytes]) -> list[tuple[Generation, int]]:
+        """(generation, process) of every other live generation that handed ``proc`` over to ``g``."""
+        return [(old, j) for old in self.pool.running() if old is not g
+                for j in sorted(old.handed_over) if j < len(old.workers) and old.workers[j] is proc]
 
     def workers(self) -> list[dict[str, Any]]:
         """Every worker of every generation with its state, pid and restarts (``/admin/workers``)."""

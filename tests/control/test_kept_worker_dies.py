@@ -1,0 +1,129 @@
+"""A process a re-plan kept dies while the old generation drains: the old generation's requests
+that had work on it are settled at once (dispatched again on the new generation, or answered 503
+with a message), not left to their deadline; the process is restarted on the new generation.
+
+The app is tiny: ``a`` (fast) feeds ``b`` (one second per item, so items queue in each ``b``
+process). The node starts from a hand-made plan (a x1, b x2); at 3.5 rps the planner keeps all
+three processes and adds two of ``b``. The SLO is 30 s: a request left to its deadline would hang
+far past the bound the test sets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from dpserver import Load, Server, http
+
+APP = "tiny"
+APP_TOML = """name = "tiny"
+latency_slo_ms = 30000.0
+staleness_ms = 1000.0
+[[inputs]]
+name = "image"
+datatype = "UINT8"
+shape = [-1]
+[[tasks]]
+name = "a"
+kind = "classifier"
+variants = [{ name = "a-v", accuracy = 1.0 }]
+[[tasks]]
+name = "b"
+kind = "classifier"
+variants = [{ name = "b-v", accuracy = 1.0 }]
+[[edges]]
+from = "a"
+to = "b"
+factor = 1.0
+"""
+PROFILES = """variant,mig_profile,mps,batch,latency_ms,throughput_rps,memory_mb,source,host,backend,date
+a-v,1g.10gb,1,1,1.0,1000.000,100,modeled,,,
+b-v,1g.10gb,1,1,1000.0,1.000,100,modeled,,,
+"""
+NODE_TOML = """name = "tiny-node"
+apps = ["app.toml"]
+[gpus]
+model = "H100-80GB"
+count = 1
+mps_levels = [1]
+batch_sizes = [1]
+profiles_dir = "profiles"
+backend = "emulated"
+[planner]
+hop_latency_ms = 0.0
+[control]
+replan_on_rate = false
+replan_violation_rate = 1.0
+"""
+BOUND_S = 10.0  # from the kill until every request sent is answered and the old generation is gone
+
+
+def _args(tmp_path: Path) -> list[str]:
+    d = tmp_path / "tiny"
+    (d / "profiles").mkdir(parents=True)
+    (d / "app.toml").write_text(APP_TOML)
+    (d / "profiles" / "tiny.csv").write_text(PROFILES)
+    (d / "node.toml").write_text(NODE_TOML)
+    placed = [{"profile": "1g.10gb", "start": 0, "task": "a", "variant": "a-v", "index": 0},
+              *({"profile": "1g.10gb", "start": s, "task": "b", "variant": "b-v", "index": s - 1}
+                for s in (1, 2))]
+
+    def inst(task: str, count: int, latency_ms: float) -> dict[str, Any]:
+        return {"task": task, "variant": f"{task}-v", "mig_profile": "1g.10gb", "mps": 1, "max_batch": 1,
+                "count": count, "latency_ms": latency_ms, "throughput_rps": 1000.0 / latency_ms, "slices": 1}
+    plan = {"app": APP, "space": "ast", "demand_rps": 2.0, "planned_rps": 2.0, "feasible": True,
+            "max_demand_plan": False, "status": "optimal", "objective": 0.0, "accuracy": 1.0,
+            "slices_used": 3, "slices_available": 7, "solve_seconds": 0.0, "gap": 0.0,
+            "instances": [inst("a", 1, 1.0), inst("b", 2, 1000.0)],
+            "lanes": [{"variants": {"a": "a-v", "b": "b-v"}, "rate_rps": 2.0}],
+            "task_latency_ms": {"a": 1.0, "b": 1000.0},
+            "gpu_model": "H100-80GB", "layout": [{"gpu": 0, "instances": placed}]}
+    (d / "plan.json").write_text(json.dumps(plan))
+    return ["--node-config", str(d / "node.toml"), "--plan", str(d / "plan.json"), "--controller",
+            "--bin-seconds", "3600", "--plan-time-limit", "30", "--anytime", "off"]
+
+
+def test_kept_worker_dying_during_the_drain_settles_the_old_generation_at_once(tmp_path: Path) -> None:
+    with Server(_args(tmp_path), tmp_path / "jigsawd.log") as server:
+        gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
+        load = Load(server.url, APP, threads=4, pause_s=0.01)
+        with load:
+            time.sleep(1.5)  # every b process holds items of generation 0
+            status, doc, _ = http("POST", f"{server.url}/admin/control", {"app": APP, "replan_rps": 3.5},
+                                  timeout_s=120)
+            assert status == 200, doc
+            gen1 = doc["generation"]
+            layout = http("GET", f"{server.url}/admin/layout")[1]
+            kept = [p for p in layout["processes"] if p["task"] == "b" and gen0 in p["generations"]
+                    and gen1 in p["generations"]]
+            assert kept, layout["processes"]
+            victim = kept[0]["pid"]
+            os.kill(victim, signal.SIGKILL)
+            killed_at = time.monotonic()
+            time.sleep(0.5)
+        answered_s = time.monotonic() - killed_at  # the clients' last requests were answered by now
+        deadline = killed_at + BOUND_S
+        while True:  # the old generation drains (nothing of it left unsettled) and retires
+            layout = http("GET", f"{server.url}/admin/layout")[1]
+            if all(p["generations"] == [gen1] for p in layout["processes"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        retired_s = time.monotonic() - killed_at
+        events = http("GET", f"{server.url}/admin/workers")[1]["events"]
+        log = server.log()
+    assert gen1 > gen0
+    assert load.sent == load.answered, load.statuses  # every accepted request answered once
+    assert set(load.statuses) <= {200, 503}, load.statuses  # no deadline (504), no hang (-1)
+    assert answered_s < BOUND_S and retired_s < BOUND_S, (answered_s, retired_s, log)
+    assert all(p["generations"] == [gen1] for p in layout["processes"]), layout["processes"]
+    # the failure settled the old generation's requests too, and the process serves again
+    event = next(e for e in events if e["pid"] == victim)
+    assert event["generation"] == gen1 and event["older_generations"] == [gen0], event
+    assert event["retried_requests"] + event["failed_requests"] >= 1, event
+    assert victim not in {p["pid"] for p in layout["processes"]}
+    assert len([p for p in layout["processes"] if p["task"] == "b"]) == 4
+    assert "unsettled after drain" not in log
