@@ -12,7 +12,9 @@ the router switches the app to it in one assignment, and the old generation drai
 accepted request is answered) before the processes not kept stop, the kept ones drop its rings
 and its segments are unlinked; then the MPS daemons and MIG instances nothing runs on go. New
 instances that need the MIG slots of running ones are preceded by a drain of those
-(``_drain_first``) while the app's other processes serve.
+(``_drain_first``) while the app's other processes serve; should the re-plan fail after that
+drain, the running plan is brought back (``_restore``: the drained instances created again, their
+processes restarted, the app routed back), so a failure never leaves the app on less than it ran.
 
 The manager also holds the node's one layout (``node_layout``, all apps): every plan is placed
 against what the other apps hold (``place``), and the MIG instances are kept in step with it
