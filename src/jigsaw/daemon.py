@@ -306,8 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         removed = cleanup_stale()
         if removed:
             _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
+        controller = args.controller or not (args.no_controller or args.plan)
         generations = GenerationManager(node, plans, time_scale=args.time_scale, seed=args.seed,
-                                        backend=backend, log=_log)
+                                        backend=backend, log=_log,
+                                        spare_workers=node.server.spare_workers if controller else 0)
     except (JigsawError, TopologyError) as exc:
         _log(str(exc))
         return 2
@@ -317,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         generations.start_all(READY_TIMEOUT_S)
         import uvloop
         uvloop.run(serve(generations, host, port, time_scale=args.time_scale, seed=args.seed,
-                         controller=args.controller or not (args.no_controller or args.plan),
+                         controller=controller,
                          space=args.space,
                          bin_seconds=args.bin_seconds, admin_token=token, node_config=args.node_config,
                          anytime=args.anytime))

@@ -83,6 +83,10 @@ class ServerSettings:
     # lane shift (runtime/lanes.py): a request whose drawn lane is backed up past its share of the
     # SLO takes the lane of the running plan that finishes it soonest (off: the plan's draw only)
     lane_shift: bool = True
+    # idle worker processes (imports done) a re-plan hands new processes' specs to, so a switch
+    # that starts processes does not wait for Python to start (runtime/spares.py); 0: off.
+    # Kept only when the node re-plans (a controller runs)
+    spare_workers: int = 4
 
 
 PREDICTORS = ("recurring", "mean")  # control.predictor: spike-aware (default) or the paper's mean
@@ -250,6 +254,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         stale_drops=s.bool("stale_drops", False),
         lane_shift=s.bool("lane_shift", True),
         worker_restart_window_s=s.number("worker_restart_window_s", 60.0, low=0, low_open=True),
+        spare_workers=s.integer("spare_workers", 4, low=0, high=64),
     )
 
     c = f.sub("control", {})

@@ -62,12 +62,13 @@ replan_violation_rate = 1.0
 BOUND_S = 10.0  # from the kill until every request sent is answered and the old generation is gone
 
 
-def _args(tmp_path: Path) -> list[str]:
+def slow_b_args(tmp_path: Path, node_extra: str = "") -> list[str]:
+    """The daemon arguments of the node (``node_extra``: more of its TOML, e.g. a ``[server]``)."""
     d = tmp_path / "tiny"
     (d / "profiles").mkdir(parents=True)
     (d / "app.toml").write_text(APP_TOML)
     (d / "profiles" / "tiny.csv").write_text(PROFILES)
-    (d / "node.toml").write_text(NODE_TOML)
+    (d / "node.toml").write_text(NODE_TOML + node_extra)
     placed = [{"profile": "1g.10gb", "start": 0, "task": "a", "variant": "a-v", "index": 0},
               *({"profile": "1g.10gb", "start": s, "task": "b", "variant": "b-v", "index": s - 1}
                 for s in (1, 2))]
@@ -88,7 +89,7 @@ def _args(tmp_path: Path) -> list[str]:
 
 
 def test_kept_worker_dying_during_the_drain_settles_the_old_generation_at_once(tmp_path: Path) -> None:
-    with Server(_args(tmp_path), tmp_path / "jigsawd.log") as server:
+    with Server(slow_b_args(tmp_path), tmp_path / "jigsawd.log") as server:
         gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
         load = Load(server.url, APP, threads=4, pause_s=0.01)
         with load:

@@ -182,8 +182,9 @@ def image(n: int = 4, rid: str | None = None) -> dict[str, Any]:
     return body
 
 
-def worker_pids(daemon_pid: int) -> set[int]:
-    """The daemon's direct children (its worker processes), from /proc."""
+def worker_pids(daemon_pid: int, *, spares: bool = False) -> set[int]:
+    """The daemon's direct children (its worker processes), from /proc; idle spare workers
+    (``runtime/spares.py``, named ``jigsaw-spare`` while they wait) only with ``spares``."""
     children = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -191,6 +192,7 @@ def worker_pids(daemon_pid: int) -> set[int]:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == daemon_pid:
+            idle_spare = stat.startswith(f"{entry} (jigsaw-spare)")
+            if int(stat.rsplit(")", 1)[1].split()[1]) == daemon_pid and (spares or not idle_spare):
                 children.add(int(entry))
     return children

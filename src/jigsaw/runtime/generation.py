@@ -45,6 +45,7 @@ from jigsaw.runtime.gpus import (
     visible_device,
 )
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry, ShmRing
+from jigsaw.runtime.spares import SparePool
 from jigsaw.runtime.topology import OutputRing, Target, Topology, build_topology, write_specs
 
 STOP_TIMEOUT_S = 5.0
@@ -53,10 +54,15 @@ ProcessKey = tuple[str, str, str, int, int, object, int]
 """(task, variant, profile, mps, max_batch, (GPU, start) or the instance's index, process in it)."""
 
 
-def tell(control: Path, specs: list[Path], proc: subprocess.Popen[bytes]) -> None:
-    """Have a running worker serve ``specs`` (newest first): written atomically, then SIGHUP."""
+def tell(control: Path, specs: list[Path], proc: subprocess.Popen[bytes],
+         env: dict[str, str] | None = None) -> None:
+    """Have a running worker serve ``specs`` (newest first): written atomically, then SIGHUP.
+    ``env``: what a spare adds to its environment before it runs its first spec."""
     tmp = control.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"specs": [str(p) for p in specs]}))
+    doc: dict[str, object] = {"specs": [str(p) for p in specs]}
+    if env:
+        doc["env"] = env
+    tmp.write_text(json.dumps(doc))
     os.replace(tmp, control)
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -168,9 +174,11 @@ class Generation:
             self.registry.add_shm(name)
             ShmRing.create(name, capacity).close()
 
-    def start_workers(self, extra_env: dict[tuple[int, int], dict[str, str]] | None = None) -> None:
+    def start_workers(self, extra_env: dict[tuple[int, int], dict[str, str]] | None = None,
+                      spares: SparePool | None = None) -> None:
         """Write every spec and start this generation's own processes (``extra_env``: per (GPU,
         start), what the processes of that instance add to their environment: its MPS daemon's).
+        A ready spare of ``spares`` runs a process instead of a new one where there is one.
         Adopted processes are taken over as they run; the caller ``tell``s them the new spec."""
         own = self.own()
         envs = self._worker_envs() if own else [None] * len(self.topology.processes)
@@ -188,7 +196,20 @@ class Generation:
                 self.workers.append(old.workers[j])
                 old.handed_over.add(j)
             else:
-                self.workers.append(self._spawn(k))
+                # a spare sets its environment in-process before its backend loads (CUDA and the
+                # CPU pinning read it then); an MPS client gets its daemon's pipe directory from
+                # exec on, as the MPS documentation has it, so it is started anew
+                mps_client = where[k] is not None and bool((extra_env or {}).get(where[k]))
+                taken = spares.take() if spares is not None and not mps_client else None
+                if taken is None:
+                    self.workers.append(self._spawn(k))
+                    continue
+                proc, control = taken
+                self.controls[k] = control  # its control file from now on (restarts included)
+                path, env = self._launch[k]
+                more = {} if env is None else {n: v for n, v in env.items() if os.environ.get(n) != v}
+                tell(control, [path], proc, env=more)
+                self.workers.append(proc)
 
     def hand_back(self) -> list[tuple[Generation, int]]:
         """This generation failed before serving: its adopted processes go back to their older

@@ -64,6 +64,7 @@ from jigsaw.runtime import stats as st
 from jigsaw.runtime.generation import Generation, tell
 from jigsaw.runtime.gpus import placements
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry
+from jigsaw.runtime.spares import SparePool
 from jigsaw.runtime.topology import ProcessSpec, Topology
 
 FAULT_ENV = "JIGSAW_EMULATED_NVML_FAULT"
@@ -211,7 +212,8 @@ class GenerationManager:
     """Owns every generation's worker processes and segments; ``close`` releases them all."""
 
     def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int,
-                 backend: BackendKind, log: Callable[[str], None] = print, nvml: Any = None) -> None:
+                 backend: BackendKind, log: Callable[[str], None] = print, nvml: Any = None,
+                 spare_workers: int = 0) -> None:
         self.node = node
         self.backend = backend
         self.time_scale = time_scale
@@ -263,6 +265,8 @@ class GenerationManager:
         self.processes_kept_total = 0
         self.mps_events: list[dict[str, Any]] = []
         self.applied: list[dict[str, Any]] = []  # the last re-plans applied (``Applied``), for /admin/layout
+        # idle worker processes a re-plan hands its new processes' specs to (started after start-up)
+        self.spares = SparePool(self.run_dir, spare_workers) if spare_workers > 0 else None
         self._lock = asyncio.Lock()  # one reconfiguration of the node at a time
         self._seed_layout(plans)
         for app, plan in plans:
@@ -357,6 +361,8 @@ class GenerationManager:
              len(self.mps.daemons) if self.mps is not None else 0),
         ]
         text = "".join(f"# HELP {n} {h}\n# TYPE {n} {t}\n{n} {v}\n" for n, t, h, v in rows)
+        if self.spares is not None:
+            text += self.spares.prometheus()
         name = "jigsaw_reconfig_drain_first_total"
         text += (f"# HELP {name} re-plans whose new MIG instances needed the slots of running ones, by "
                  "outcome (done; refused: no lane while they drain; failed before the drain; restored: "
@@ -403,6 +409,8 @@ class GenerationManager:
         while True:
             waiting = [n for gid in self.current.values() for n in self.generations[gid].not_ready()]
             if not waiting:
+                if self.spares is not None:
+                    self.spares.refill()  # after the workers: they do not compete for the CPUs
                 return
             if time.monotonic() > deadline:
                 raise JigsawError(f"{len(waiting)} workers not ready after {timeout_s:g} s "
@@ -426,6 +434,8 @@ class GenerationManager:
         """
         async with self._lock:
             done = await self._apply(desired)
+            if self.spares is not None:
+                self.spares.refill()  # after the switch, off its path
         self.applied.append({"at": time.time(), "app": desired.app, **dataclasses.asdict(done)})
         del self.applied[:-MAX_APPLIED]
         return done
@@ -485,7 +495,7 @@ class GenerationManager:
         try:
             mps_env = await asyncio.to_thread(self._start_mps, gen, node_layout)
             gen.create_segments()
-            gen.start_workers(mps_env)
+            gen.start_workers(mps_env, self.spares)
             for k in gen.adopted:
                 self._tell(gen.workers[k])
             router.add_generation(gen.gid, gen.topology)
@@ -570,7 +580,7 @@ class GenerationManager:
             back.adopt(mid, kept_processes(mid, back))
             mps_env = await asyncio.to_thread(self._start_mps, back, layout)
             back.create_segments()
-            back.start_workers(mps_env)
+            back.start_workers(mps_env, self.spares)
             for k in back.adopted:
                 self._tell(back.workers[k])
             router.add_generation(back.gid, back.topology)
@@ -816,6 +826,8 @@ class GenerationManager:
 
     # ---- the end ---------------------------------------------------------------------------------
     def close(self) -> None:
+        if self.spares is not None:
+            self.spares.close()
         gens = list(self.generations.values())
         for g in gens:
             g.signal_stop()

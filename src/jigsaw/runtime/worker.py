@@ -1,6 +1,8 @@
 """A worker process: one (task, variant) process of a plan, fed by shared-memory rings.
 
-``python -m jigsaw.runtime.worker --spec spec.json`` (spec: ``topology.ProcessSpec`` as JSON).
+``python -m jigsaw.runtime.worker --spec spec.json`` (spec: ``topology.ProcessSpec`` as JSON), or
+``--spare --control FILE``: a process started ahead of need that waits, imports done, until the
+daemon hands it a spec (``runtime/spares.py``).
 
 Each process runs one uvloop event loop, which watches the process's doorbell FIFO
 (``add_reader``: no helper thread, no spinning; see ``rings.Doorbell`` for the arm / re-check
@@ -501,16 +503,64 @@ def _hup(signum: int, frame: object) -> None:
     _rewire_early = True
 
 
+SPARE_NAME = b"jigsaw-spare"  # the process name (``/proc/<pid>/comm``) of a spare while it waits
+
+
+def _set_name(name: bytes) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, ctypes.c_char_p(name[:15]))  # PR_SET_NAME
+
+
+def await_spec(control: Path) -> Path | None:
+    """A spare (``--spare``): started ahead of need, its imports done, it waits for the daemon to
+    hand it a process to run: the daemon writes the spec (and the environment to add, e.g. the
+    MIG instance and MPS directories) to its control file and sends SIGHUP, as it tells a kept
+    process. Marks itself ready (``<control>.ready``) once it can take the signal. Returns the
+    spec's path; None on SIGTERM."""
+    import json
+    try:
+        own = Path("/proc/self/comm").read_bytes().strip()
+    except OSError:
+        own = b"python"
+    _set_name(SPARE_NAME)
+    signals = {signal.SIGHUP, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # taken by sigwait: no race with a wait
+    control.with_suffix(".ready").touch()
+    while True:
+        if signal.sigwait(signals) == signal.SIGTERM:
+            return None
+        try:
+            doc = json.loads(control.read_text())
+            path = Path(doc["specs"][0])
+            env = {str(k): str(v) for k, v in doc.get("env", {}).items()}
+        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            print(f"spare worker: unreadable control file {control}: {exc}", file=sys.stderr)
+            continue
+        break
+    os.environ.update(env)  # before the backend loads (CUDA reads it at its first call)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+    _set_name(own)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jigsaw-worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, type=Path)
+    parser.add_argument("--spec", type=Path, default=None, help="the spec of the process to run")
     parser.add_argument("--control", type=Path, default=None,
                         help="the file listing the spec files this process serves (read on SIGHUP)")
+    parser.add_argument("--spare", action="store_true",
+                        help="start idle and wait for a spec in the control file (SIGHUP)")
     args = parser.parse_args(argv)
+    if (args.spec is None) == (not args.spare) or (args.spare and args.control is None):
+        parser.error("expected --spec SPEC, or --spare --control FILE")
     _die_with_parent()
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGHUP, _hup)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon handles ^C and stops workers itself
+    if args.spare:
+        args.spec = await_spec(args.control)
+        if args.spec is None:
+            return 0
     spec = ProcessSpec.from_json(args.spec.read_text())
     worker = Worker(spec, args.spec, args.control)
     try:
