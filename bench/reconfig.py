@@ -17,7 +17,11 @@ how it was applied (in place: ``re-weight``; a new routing generation: ``new-gen
 processes kept (same pid), started and stopped (``/admin/layout`` ``processes``), the MIG
 instances created / destroyed and the GPUs NVML was called on (the emulated NVML's call log), the
 time from plan decided to routing switched (``/admin/layout`` ``applied``), the wall time of the
-request (solve included) and the requests lost during it (not answered, or answered 5xx).
+request (solve included) and the requests lost during it (not answered, or answered 5xx). New
+processes run on spare workers (``server.spare_workers`` of the node config, 0: off) where
+ready: the summary says how many; with ``control.repartition_delay_s`` (the emulated MIG
+repartition time) at 0 the switch time of a re-plan that starts processes is what starting them
+costs.
 
 ``--rewire N``: N re-plans that keep every instance but still need a new routing generation
 (another planned task latency, which the workers' batching reads), through the daemon's generation
@@ -297,6 +301,11 @@ def live(args: argparse.Namespace) -> int:
                 print(f"{k:>4} {rps:>6.1f} {how:>9} {kept:>5} {started:>7} {stopped:>7} {made:>5} {gone:>5} "
                       f"{gpus:>9} {applied['seconds'] * 1e3:>10.1f} {took * 1e3:>10.1f} {lost:>5}")
             time.sleep(2.0)
+            import re
+            import urllib.request
+            with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+                metrics = r.read().decode()
+            used = re.search(r"^jigsaw_spare_workers_used_total (\S+)$", metrics, re.M)
         finally:
             load.close()
             server.stop()
@@ -314,7 +323,8 @@ def live(args: argparse.Namespace) -> int:
         print(f"re-plans with new processes: {len(gens)}; processes started {sum(r[2] for r in gens)}, kept "
               f"{sum(r[1] for r in gens)}, stopped {sum(r[3] for r in gens)} (a whole new generation would "
               f"start {sum(r[7] for r in gens)}); decided -> switched ms median "
-              f"{statistics.median(r[4] for r in gens) * 1e3:.1f}")
+              f"{statistics.median(r[4] for r in gens) * 1e3:.1f}; run by spare workers "
+              f"{used.group(1) if used else 'n/a (server.spare_workers = 0)'}")
     return 0 if load.lost() == 0 else 1
 
 
