@@ -5,7 +5,10 @@ three processes and adds two of ``b``."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,11 @@ from typing import Any
 from dpserver import Load, Server, http, worker_pids
 from test_kept_worker_dies import APP, slow_b_args
 
+from jigsaw.testing import SRC
+
 SPARES = 4  # the default [server] spare_workers
+WORKER = [sys.executable, "-m", "jigsaw.runtime.worker"]
+ENV = dict(os.environ, PYTHONPATH=str(SRC))
 
 
 def _workers(daemon: int, *, spares: bool = False) -> set[int]:
@@ -92,3 +99,28 @@ def test_spare_workers_off(tmp_path: Path) -> None:
     assert children == {p["pid"] for p in after["processes"]}  # no idle process besides the workers
     assert len({p["pid"] for p in after["processes"]} - {p["pid"] for p in before["processes"]}) == 2
     assert gauge is None
+
+
+def test_worker_needs_a_spec_or_spare_mode(tmp_path: Path) -> None:
+    for args in ([], ["--spare"], ["--spare", "--spec", "x.json", "--control", "c.json"]):
+        done = subprocess.run([*WORKER, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              env=ENV)
+        assert done.returncode == 2 and "expected --spec SPEC, or --spare --control FILE" in done.stderr, done
+
+
+def test_idle_spare_stops_on_sigterm(tmp_path: Path) -> None:
+    control = tmp_path / "spare.json"
+    proc = subprocess.Popen([*WORKER, "--spare", "--control", str(control)], stdin=subprocess.DEVNULL,
+                            env=ENV)
+    try:
+        deadline = time.monotonic() + 60
+        while not control.with_suffix(".ready").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the spare never got ready"
+            time.sleep(0.05)
+        assert Path(f"/proc/{proc.pid}/comm").read_text().strip() == "jigsaw-spare"
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
