@@ -228,7 +228,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     runner = web.AppRunner(web_app, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = fe.site(runner, host, port, node.server)
         await site.start()
         fe.state.ready = True
         if ctl is not None:
