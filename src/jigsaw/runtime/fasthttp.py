@@ -54,6 +54,7 @@ HEADER_TIMEOUT_S = 10.0  # default [server] header_timeout_s
 BODY_TIMEOUT_S = 60.0  # a body must be complete this long after its head
 KEEPALIVE_S = 75.0  # aiohttp's keep-alive timeout
 MAX_PIPELINE = 64  # answers outstanding on one connection before reading pauses
+LINGER_S = 2.0  # after its last answer a closing connection reads (and drops) this long, then closes
 
 _INFER, _LIVE, _READY = 1, 2, 3
 _HEALTH = {b"/v2/health/live": _LIVE, b"/v2/health/ready": _READY}
@@ -129,6 +130,7 @@ class FastConnection(asyncio.Protocol):
         self.write_paused = False
         self.reading_paused = False
         self.handoff: bytes | None = None  # bytes for aiohttp, once the earlier answers are out
+        self.lingering = 0.0  # loop time its last answer went out after a write_eof (0: not closing)
 
     # ---- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -306,9 +308,7 @@ class FastConnection(asyncio.Protocol):
             data, close = slots.popleft()
             t.write(data)
             if close:
-                slots.clear()
-                self.closed = True
-                t.close()
+                self._close_gracefully()
                 return
         if not slots:
             self.last_active = self.loop.time()
@@ -321,9 +321,28 @@ class FastConnection(asyncio.Protocol):
                 return
         self._update_reading()
 
+    def _close_gracefully(self) -> None:
+        """Send FIN after the last answer and drop what the client still sends until it closes
+        (or ``LINGER_S``): closing a socket with unread bytes would send RST, and a client can
+        lose the answer it has not read yet (an oversized body the server did not read)."""
+        self.slots.clear()
+        self.stopped = True
+        self.in_message = False
+        t = self.transport
+        assert t is not None
+        if self.write_paused or not t.can_write_eof():
+            self.closed = True
+            t.close()
+            return
+        t.write_eof()
+        self.lingering = self.loop.time()
+        if self.reading_paused:
+            self.reading_paused = False
+            t.resume_reading()
+
     def _update_reading(self) -> None:
         t = self.transport
-        if t is None or self.closed:
+        if t is None or self.closed or self.lingering:
             return
         pause = self.write_paused or len(self.slots) >= MAX_PIPELINE or self.handoff is not None
         if pause != self.reading_paused:
@@ -371,7 +390,14 @@ class FastConnection(asyncio.Protocol):
 
     # ---- timeouts (``FastSite`` sweeps every connection) -------------------------------------------
     def check_timeouts(self, now: float) -> None:
-        if self.closed or self.stopped:
+        if self.closed:
+            return
+        if self.lingering:
+            if now - self.lingering > LINGER_S and self.transport is not None:
+                self.closed = True
+                self.transport.close()
+            return
+        if self.stopped:
             return
         if self.in_message:
             head = self.body_at < 0
