@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from jigsaw.app import App
 from jigsaw.tensors import DATATYPES
@@ -136,7 +137,17 @@ def _reject_constant(token: str) -> None:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def _loads(text: bytes | memoryview) -> Any:
+    """orjson (several times faster on OIP bodies); whatever it refuses (NaN, big integers, too
+    deep, UTF-16, not JSON) goes through the standard parser, whose answer or error message is
+    the one given: the same documents parse, and the 400s read as before."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raw = bytes(text)
+        return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
 
 
 def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -> InferRequest:
@@ -148,8 +159,7 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -
     offset = 0
     try:
         text = body[:json_length] if json_length is not None else body
-        # json.loads without its per-call decoder: the same encoding detection, one decoder
-        doc = _DECODER.decode(text.decode(json.detect_encoding(text), "surrogatepass"))
+        doc = _loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"body: not valid JSON ({exc})") from None
     except RecursionError:
@@ -271,7 +281,7 @@ def encode_response(doc: dict[str, Any], binary: set[str] | None,
             out.setdefault("parameters", {})["binary_data_size"] = len(blobs[-1])
         else:
             out["data"] = arr.reshape(-1).tolist()
-    head = _ENCODER.encode(doc).encode()
+    head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return head, None
     return head + b"".join(blobs), len(head)
