@@ -185,9 +185,9 @@ class Dispatcher:
             t[3], t[4] = max(t[3], hop_us), max(t[4], done_us)
             if h.child_count:
                 req.children[task] = req.children.get(task, 0) + h.child_count
-            if app.children(task):
+            if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
                 self.admission.fan_out(app.name, task, variant, h.child_count)
-            if task in app.sinks and not req.answered:
+            elif not req.answered:
                 arrays = [np.array(x.data) for x in decode_tensors(tensors)]
                 req.items.setdefault(task, []).append((h.child_index, arrays))
         else:
