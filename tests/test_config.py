@@ -155,3 +155,12 @@ def test_cli_check_reports_errors_without_traceback(tmp_path: Path) -> None:
     ok = subprocess.run([sys.executable, "-m", "jigsaw.cli", "check", str(EXAMPLES / "h100x4.toml")],
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "ok: node h100x4" in ok.stdout
+
+
+def test_server_http_front_end_is_checked(tmp_path: Path) -> None:
+    node = load_node(write(tmp_path, _node_text()))
+    assert node.server.http == "fast" and node.server.header_timeout_s == 10.0
+    path = write(tmp_path, _node_text(**{"[server]": '[server]\nhttp = "nginx"'}))
+    with pytest.raises(ConfigError) as err:
+        load_node(path)
+    assert err.value.field == "server.http" and "fast, aiohttp" in err.value.message

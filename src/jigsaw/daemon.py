@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -32,7 +33,7 @@ from jigsaw.backends.registry import EMULATED, BackendKind, backend_kind
 from jigsaw.control.controller import ANYTIME_MODES
 from jigsaw.control.predictor import burst_floor_rps
 from jigsaw.errors import JigsawError
-from jigsaw.node import Node, load_node, load_node_profiles
+from jigsaw.node import HTTP_FRONTS, Node, load_node, load_node_profiles
 from jigsaw.plan import NodePlan, Plan
 from jigsaw.runtime.generations import GenerationManager
 from jigsaw.runtime.rings import cleanup_stale
@@ -95,6 +96,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="controller bin length in wall seconds (default: the node's control.bin_seconds)")
     p.add_argument("--admin-token", default=None,
                    help="bearer token guarding /admin/* (default: env JIGSAW_ADMIN_TOKEN; none: loopback)")
+    p.add_argument("--http", choices=HTTP_FRONTS, default=None,
+                   help="HTTP front end (default: the node's server.http): fast (the hot OIP routes on "
+                        "httptools, the rest on aiohttp) or aiohttp")
     return p.parse_args(argv)
 
 
@@ -228,7 +232,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     runner = web.AppRunner(web_app, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = fe.site(runner, host, port, node.server)
         await site.start()
         fe.state.ready = True
         if ctl is not None:
@@ -297,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     token = args.admin_token if args.admin_token is not None else os.environ.get("JIGSAW_ADMIN_TOKEN", "")
     try:
         node = load_node(args.node_config)
+        if args.http is not None:
+            node = dataclasses.replace(node, server=dataclasses.replace(node.server, http=args.http))
         host = args.host or node.server.host
         port = node.server.port if args.port is None else args.port
         plans = choose_plans(node, args)

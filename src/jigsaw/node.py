@@ -87,8 +87,13 @@ class ServerSettings:
     # that starts processes does not wait for Python to start (runtime/spares.py); 0: off.
     # Kept only when the node re-plans (a controller runs)
     spare_workers: int = 4
+    # the HTTP front end: "fast" serves the hot OIP routes on httptools (runtime/fasthttp.py) and
+    # hands every other request to aiohttp; "aiohttp" serves everything on aiohttp
+    http: str = "fast"
+    header_timeout_s: float = 10.0  # "fast": a request head must arrive within this (slowloris)
 
 
+HTTP_FRONTS = ("fast", "aiohttp")
 PREDICTORS = ("recurring", "mean")  # control.predictor: spike-aware (default) or the paper's mean
 
 
@@ -255,7 +260,11 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         lane_shift=s.bool("lane_shift", True),
         worker_restart_window_s=s.number("worker_restart_window_s", 60.0, low=0, low_open=True),
         spare_workers=s.integer("spare_workers", 4, low=0, high=64),
+        http=s.str("http", "fast"),
+        header_timeout_s=s.number("header_timeout_s", 10.0, low=0, low_open=True),
     )
+    if server.http not in HTTP_FRONTS:
+        raise s.error("http", f"expected one of {', '.join(HTTP_FRONTS)}, got {server.http!r}")
 
     c = f.sub("control", {})
     c.reject_unknown(set(ControlSettings.__dataclass_fields__))

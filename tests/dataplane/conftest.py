@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dpserver
 import pytest
 from dpserver import Server
 
@@ -21,3 +22,11 @@ def server_factory(tmp_path: Path) -> Iterator[Any]:
 
     with stack:
         yield start
+
+
+@pytest.fixture(scope="module", params=dpserver.HTTP_FRONTS, autouse=True)
+def http_front(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test of this directory runs against both HTTP front ends (``[server] http``)."""
+    dpserver.http_front = request.param
+    yield request.param
+    dpserver.http_front = None

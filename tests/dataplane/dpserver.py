@@ -19,6 +19,10 @@ import pytest
 from jigsaw.testing import ServerError, ServerProcess, free_port, jigsawd_command
 
 ROOT = Path(__file__).resolve().parents[2]
+HTTP_FRONTS = ("fast", "aiohttp")
+# the HTTP front end the daemons of the running test use (``jigsawd --http``); the conftests'
+# ``http_front`` fixture runs every data-plane and fault test once with each
+http_front: str | None = None
 EXAMPLE_NODE = ROOT / "examples" / "h100x4.toml"
 
 
@@ -46,6 +50,8 @@ class Server(ServerProcess):
     def __init__(self, args: list[str], log_path: Path, ready_timeout_s: float = 90.0,
                  env: dict[str, str] | None = None) -> None:
         port = free_port()
+        if http_front is not None and "--http" not in args:
+            args = [*args, "--http", http_front]
         super().__init__(jigsawd_command(args, port), port, log_path, name="jigsawd",
                          ready_timeout_s=ready_timeout_s, cwd=ROOT, env=env)
 

@@ -45,7 +45,7 @@ ZERO = {"BOOL": False, "BYTES": "", "FP16": 0.0, "FP32": 0.0, "FP64": 0.0}
 
 
 @pytest.fixture(scope="module", params=["one_input", "two_inputs"])
-def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+def node(request: pytest.FixtureRequest, http_front: str, tmp_path_factory: pytest.TempPathFactory):
     """One input like every example app; two make the tensors a ``oneOf`` and add FP32 data."""
     tmp = tmp_path_factory.mktemp("fuzz-openapi")
     args = write_tiny(tmp, tasks=[("a", "classifier", {1: 1.0, 2: 1.5}, 2),

@@ -25,7 +25,7 @@ MAX_PAYLOAD = 8192
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory):
+def node(http_front: str, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("hostile")
     args = write_tiny(tmp, tasks=[("a", "classifier", {1: 1.0, 2: 1.5}, 2),
                                   ("b", "classifier", {1: 1.0, 2: 1.5}, 2)],

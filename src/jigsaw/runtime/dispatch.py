@@ -94,6 +94,7 @@ class Dispatcher:
         self._watched: Doorbell | None = None  # the frontend's doorbell, once registered with the loop
         self._closing = False
         self._drain_scheduled = False
+        self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -184,9 +185,9 @@ class Dispatcher:
             t[3], t[4] = max(t[3], hop_us), max(t[4], done_us)
             if h.child_count:
                 req.children[task] = req.children.get(task, 0) + h.child_count
-            if app.children(task):
+            if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
                 self.admission.fan_out(app.name, task, variant, h.child_count)
-            if task in app.sinks and not req.answered:
+            elif not req.answered:
                 arrays = [np.array(x.data) for x in decode_tensors(tensors)]
                 req.items.setdefault(task, []).append((h.child_index, arrays))
         else:
@@ -356,9 +357,7 @@ class Dispatcher:
             usable = self.routing.usable(targets)
             for t in usable:
                 if self.routing.rings[t.ring].push(h, payload):
-                    # at once, not at the end of the loop turn: the turn may parse many more
-                    # requests first; the flag spares the system call while the worker is awake
-                    self.routing.bells[t.ring].ring()
+                    self._ring_later(t.ring)
                     sent += 1
                     break
             else:
@@ -370,6 +369,20 @@ class Dispatcher:
                 req.drop = req.drop or (task, int(Status.REJECTED))
         self.pending[req.request_id] = req
         return None
+
+    def _ring_later(self, ring: str) -> None:
+        """Ring the worker's doorbell once this loop turn's callbacks are done: a turn that
+        parses many requests (many ready connections) wakes each worker once, not once per
+        request; waking a worker is a system call and, on a busy machine, a context switch."""
+        if not self._bells_due:
+            assert self._loop is not None
+            self._loop.call_soon(self._ring_due)
+        self._bells_due[ring] = self.routing.bells[ring]
+
+    def _ring_due(self) -> None:
+        due, self._bells_due = self._bells_due, {}
+        for bell in due.values():
+            bell.ring()
 
     def on_worker_failed(self, generation: int, task: str, variant: str) -> tuple[int, int]:
         """Settle the requests a dead process of (task, variant) in ``generation`` may have held.

@@ -3,7 +3,8 @@
 - ``routing.RoutingTable``: which generation serves each app and the rings it feeds;
 - ``admission.Admission``: how many requests an app may have in flight, and the bin counters;
 - ``dispatch.Dispatcher``: requests to root items, retries, credits, completions, the one answer;
-- ``http.OipHttp``: the Open Inference Protocol REST handlers.
+- ``http.OipHttp``: the Open Inference Protocol REST handlers (on aiohttp; ``fasthttp`` serves
+  the hot routes on the same listening socket with the same code).
 
 The generation manager pushes state into it through the ``Router`` methods (``add_generation``,
 ``route``, ``reweight``, ``remove_generation``, and the worker-fault reports); the controller reads
@@ -17,9 +18,11 @@ import asyncio
 from aiohttp import web
 
 from jigsaw.backends.registry import BackendKind
+from jigsaw.node import ServerSettings
 from jigsaw.plan import Plan
 from jigsaw.runtime.admission import Admission, BinCounters
 from jigsaw.runtime.dispatch import Dispatcher
+from jigsaw.runtime.fasthttp import FastSite
 from jigsaw.runtime.http import OipHttp, ServingState
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.routing import RoutingTable
@@ -97,6 +100,14 @@ class Frontend:
     # ---- lifecycle ------------------------------------------------------------------------------
     def make_app(self, max_payload_bytes: int) -> web.Application:
         return self.http.make_app(max_payload_bytes)
+
+    def site(self, runner: web.AppRunner, host: str, port: int, server: ServerSettings) -> web.TCPSite:
+        """The listening site: ``[server] http = "fast"`` (the hot OIP routes on ``fasthttp``, the
+        rest on ``runner``'s aiohttp server) or ``"aiohttp"`` (everything on aiohttp)."""
+        if server.http == "aiohttp":
+            return web.TCPSite(runner, host, port)
+        return FastSite(runner, host, port, oip=self.http, max_payload_bytes=server.max_payload_bytes,
+                        header_timeout_s=server.header_timeout_s)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.dispatcher.start(loop)

@@ -18,9 +18,16 @@ from aiohttp import web
 from jigsaw import __version__
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.admission import Admission
-from jigsaw.runtime.dispatch import Dispatcher
+from jigsaw.runtime.dispatch import Dispatcher, Pending
 from jigsaw.runtime.metrics import Metrics
-from jigsaw.runtime.oip import HEADER_LENGTH, BadRequest, encode_response, header_length, parse_infer_request
+from jigsaw.runtime.oip import (
+    HEADER_LENGTH,
+    BadRequest,
+    InferRequest,
+    encode_response,
+    header_length,
+    parse_infer_request,
+)
 from jigsaw.runtime.openapi import add_openapi_route, openapi_document
 from jigsaw.runtime.routing import RoutingTable
 from jigsaw.runtime.topology import AppRoutes
@@ -81,15 +88,21 @@ class OipHttp:
         ok = self.state.accepting()
         return web.json_response({"ready": ok}, status=200 if ok else 503)
 
-    def _routes(self, request: web.Request) -> AppRoutes:
-        name = request.match_info["model"]
-        routes = self.routing.routes.get(name)
+    def find_routes(self, model: str, version: str | None) -> AppRoutes | Answer:
+        """The app ``model`` names, or the 404 naming what is served."""
+        routes = self.routing.routes.get(model)
         if routes is None:
-            raise web.HTTPNotFound(text=f"unknown model {name!r} (served: {', '.join(self.routing.routes)})")
-        version = request.match_info.get("version")
+            served = ", ".join(self.routing.routes)
+            return Answer(404, {"error": f"unknown model {model!r} (served: {served})"})
         if version is not None and version != "1":
-            raise web.HTTPNotFound(text=f"model {name!r} has no version {version!r} (versions: 1)")
+            return Answer(404, {"error": f"model {model!r} has no version {version!r} (versions: 1)"})
         return routes
+
+    def _routes(self, request: web.Request) -> AppRoutes:
+        got = self.find_routes(request.match_info["model"], request.match_info.get("version"))
+        if isinstance(got, Answer):
+            raise web.HTTPNotFound(text=got.doc["error"])
+        return got
 
     async def h_model(self, request: web.Request) -> web.Response:
         routes = self._routes(request)
@@ -109,43 +122,63 @@ class OipHttp:
         ok = self.state.accepting()
         return web.json_response({"name": routes.app.name, "ready": ok}, status=200 if ok else 503)
 
-    async def h_infer(self, request: web.Request) -> web.Response:
-        routes = self._routes(request)
+    def infer_door(self, routes: AppRoutes) -> Answer | None:
+        """A 503 while the node is not ready or drains, before the body is read."""
+        if self.state.accepting():
+            return None
+        self.metrics.failure.inc((("app", routes.app.name), ("reason", "not_ready")))
+        why = "server is shutting down" if self.state.draining else "server is not ready"
+        return Answer(503, {"error": why}, RETRY_HEADERS)
+
+    def infer_begin(self, routes: AppRoutes, body: bytes, header_length_value: str | None
+                    ) -> Answer | tuple[Pending, InferRequest]:
+        """Parse and check an infer body, ask admission, dispatch: an answer now (400, 503), or
+        the dispatched request (its future carries the answer) and the parsed request.
+
+        Both HTTP front ends (this module's aiohttp handler and ``fasthttp``) call it.
+        """
         name = routes.app.name
-        if not self.state.accepting():
-            self.metrics.failure.inc((("app", name), ("reason", "not_ready")))
-            why = "server is shutting down" if self.state.draining else "server is not ready"
-            return _error(503, why, headers={"Retry-After": RETRY_AFTER_S})
-        body = await request.read()
         try:
-            json_length = header_length(request.headers.get(HEADER_LENGTH), len(body))
+            json_length = header_length(header_length_value, len(body))
             parsed = parse_infer_request(body, routes.app, json_length)
         except BadRequest as exc:
             self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
-            return _error(400, str(exc))
+            return Answer(400, {"error": str(exc)})
         if parsed.outputs is not None:
             known = {f"{t}.{s.name}" for t, specs in self.routing.output_specs[name].items() for s in specs}
             unknown = [o for o in parsed.outputs if o not in known]
             if unknown:
                 self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
-                return _error(400, f"outputs: unknown output {unknown[0]!r} (model {name} has "
-                                   f"{', '.join(sorted(known))})")
+                return Answer(400, {"error": f"outputs: unknown output {unknown[0]!r} (model {name} has "
+                                             f"{', '.join(sorted(known))})"})
         door = self.admission
         door.arrived(name)
         if door.full(name):
             door.answered(name, 503)
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
-            return _error(503, f"model {name!r} has {door.inflight[name]} requests in flight (limit "
-                               f"{door.limit(name)}: the smaller of max_queue {door.max_queue} and what its "
-                               "instances finish within the SLO); retry later",
-                          headers={"Retry-After": RETRY_AFTER_S})
+            return Answer(503, {"error": f"model {name!r} has {door.inflight[name]} requests in flight "
+                                         f"(limit {door.limit(name)}: the smaller of max_queue "
+                                         f"{door.max_queue} and what its instances finish within the "
+                                         "SLO); retry later"},
+                          RETRY_HEADERS)
         routes = self.routing.routes.get(name, routes)  # a reconfiguration may have switched it meanwhile
         req = self.dispatcher.submit(routes, parsed.id, parsed.inputs, parsed.outputs,
                                      timeout_us=parsed.timeout_us)
         if isinstance(req, str):
             door.answered(name, 503)
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
-            return _error(503, f"{req}; retry later", headers={"Retry-After": RETRY_AFTER_S})
+            return Answer(503, {"error": f"{req}; retry later"}, RETRY_HEADERS)
+        return req, parsed
+
+    async def h_infer(self, request: web.Request) -> web.Response:
+        routes = self._routes(request)
+        shut = self.infer_door(routes)
+        if shut is not None:
+            return _error(shut)
+        got = self.infer_begin(routes, await request.read(), request.headers.get(HEADER_LENGTH))
+        if isinstance(got, Answer):
+            return _error(got)
+        req, parsed = got
         status, doc = await req.future
         headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else {}
         payload, json_part = encode_response(doc, parsed.binary_outputs, parsed.all_binary)
@@ -171,8 +204,20 @@ class OipHttp:
                             headers={"X-Prometheus-Format": "0.0.4"})
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
+@dataclass
+class Answer:
+    """An answer given without dispatching: an error body (``{"error": ...}``) and its status."""
+
+    status: int
+    doc: dict[str, Any]
+    headers: dict[str, str] | None = None
+
+
+RETRY_HEADERS = {"Retry-After": RETRY_AFTER_S}
+
+
+def _error(answer: Answer) -> web.Response:
+    return web.json_response(answer.doc, status=answer.status, headers=answer.headers)
 
 
 @web.middleware
@@ -182,11 +227,15 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[MAX_PAYLOAD_KEY]
-        return _error(413, f"body: payload exceeds the limit of {limit} bytes (server.max_payload_bytes)")
+        return _error(Answer(413, {"error": payload_too_large(limit)}))
     except web.HTTPMethodNotAllowed as exc:
-        return _error(405, f"method {exc.method} not allowed on {request.path} "
-                           f"(allowed: {', '.join(sorted(exc.allowed_methods))})",
-                      headers={"Allow": ",".join(sorted(exc.allowed_methods))})
+        return _error(Answer(405, {"error": f"method {exc.method} not allowed on {request.path} "
+                                            f"(allowed: {', '.join(sorted(exc.allowed_methods))})"},
+                             {"Allow": ",".join(sorted(exc.allowed_methods))}))
     except web.HTTPNotFound as exc:
         text = exc.text if exc.text and not exc.text.startswith("404") else f"no such path {request.path}"
-        return _error(404, text)
+        return _error(Answer(404, {"error": text}))
+
+
+def payload_too_large(limit: int) -> str:
+    return f"body: payload exceeds the limit of {limit} bytes (server.max_payload_bytes)"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from jigsaw.app import App
 from jigsaw.tensors import DATATYPES
@@ -89,13 +90,23 @@ def _flatten(data: Any, out: list[Any]) -> None:
             out.append(x)
 
 
+SMALL_TENSOR = 64  # elements: below this, Python's min/max beat numpy's reductions
+
+
 def _to_array(field: str, datatype: str, flat: list[Any]) -> Any:
     if datatype == "BYTES":
         if not all(isinstance(x, str) for x in flat):
             raise BadRequest(f"{field}: BYTES data must be strings")
         return flat
-    if datatype != "BOOL" and bool in set(map(type, flat)):  # numpy would read them as 1 and 0
+    types = set(map(type, flat))
+    if datatype != "BOOL" and bool in types:  # numpy would read them as 1 and 0
         raise BadRequest(f"{field}: {datatype} data must be numbers, got true/false")
+    if types == {int} and datatype in _INT_RANGES and len(flat) <= SMALL_TENSOR:
+        # the common small integer tensor: check the range in Python, one array made
+        info = _INT_RANGES[datatype]
+        if min(flat) < info.min or max(flat) > info.max:
+            raise BadRequest(f"{field}: values out of range for {datatype}")
+        return np.array(flat, DATATYPES[datatype])
     try:
         arr = np.asarray(flat)
     except (ValueError, TypeError, OverflowError):
@@ -125,6 +136,20 @@ def _reject_constant(token: str) -> None:
     raise BadRequest(f"body: {token} is not valid JSON (send finite numbers)")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _loads(text: bytes | memoryview) -> Any:
+    """orjson (several times faster on OIP bodies); whatever it refuses (NaN, big integers, too
+    deep, UTF-16, not JSON) goes through the standard parser, whose answer or error message is
+    the one given: the same documents parse, and the 400s read as before."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raw = bytes(text)
+        return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+
+
 def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -> InferRequest:
     """Validate a ``POST /v2/models/{app}/infer`` body against the app's declared inputs.
 
@@ -133,8 +158,8 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -
     binary = memoryview(body)[json_length:] if json_length is not None else memoryview(b"")
     offset = 0
     try:
-        doc = json.loads(body[:json_length] if json_length is not None else body,
-                         parse_constant=_reject_constant)
+        text = body[:json_length] if json_length is not None else body
+        doc = _loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"body: not valid JSON ({exc})") from None
     except RecursionError:
@@ -192,8 +217,11 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -
         data = t["data"]
         if not isinstance(data, list):
             raise BadRequest(f"{f}.data: expected an array")
-        flat: list[Any] = []
-        _flatten(data, flat)
+        if list in set(map(type, data)):
+            flat: list[Any] = []
+            _flatten(data, flat)
+        else:
+            flat = data  # already flat, as OIP clients send it
         if len(flat) != math.prod(shape):
             raise BadRequest(f"{f}.data: {len(flat)} elements for shape {shape} "
                              f"(expected {math.prod(shape)})")
@@ -253,7 +281,7 @@ def encode_response(doc: dict[str, Any], binary: set[str] | None,
             out.setdefault("parameters", {})["binary_data_size"] = len(blobs[-1])
         else:
             out["data"] = arr.reshape(-1).tolist()
-    head = json.dumps(doc, separators=(",", ":")).encode()
+    head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return head, None
     return head + b"".join(blobs), len(head)
