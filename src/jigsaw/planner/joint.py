@@ -205,18 +205,26 @@ def refine_levels(pb: Problem, levels: dict[str, list[float]],
 def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accuracy",
           scale_demands: bool = False, caps: list[dict[str, float] | None] | None = None,
           levels: list[dict[str, list[float]] | None] | None = None,
-          relax_levels: bool = False) -> _Built:
+          relax_levels: bool = False, max_slices: int | None = None,
+          max_slots: int | None = None, total_weight: float | None = None) -> _Built:
     """The model over ``parts``: the full one, or the latency-relaxed core (see the module doc).
 
     ``scale_demands``: serve the largest common fraction (at most 1) of every part's demand
     instead (the node's maximum-demand plan when the demands do not fit together).
+    ``max_slices``, ``max_slots``: at most this many compute slices, and MIG placement slots
+    (memory slices), in all (budgets below the node's: a point of an app's frontier,
+    ``decompose``). ``total_weight``: the weights' sum the ``slices``
+    objective's accuracy tie-break divides by (default: the parts'; a node's, when one app of
+    it is planned alone as part of the node decision).
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r} (expected {', '.join(OBJECTIVES)})")
     md = LinearModel(maximize=True)
     beta = node.beta
     alpha = node.planner.alpha
-    total_weight = sum(p.weight for p in parts) or 1.0
+    if total_weight is None:
+        total_weight = sum(p.weight for p in parts) or 1.0
+    budget = node.slices_available if max_slices is None else max(0, min(max_slices, node.slices_available))
     capacity_mode = scale_demands or any(p.demand_rps is None for p in parts)
     theta = md.var(0.0, 1.0, cost=1.0) if scale_demands else None
     max_per_gpu = {p.name: p.max_per_gpu for p in node.gpu.profiles}
@@ -266,7 +274,7 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
         max_mult = {tv: max(m for _, m in tr) for tv, tr in terms.items()}
         count = []
         for c in cols:
-            ub = min(node.slices_available // c.slices, node.num_gpus * max_per_gpu[c.mig_profile])
+            ub = min(budget // c.slices, node.num_gpus * max_per_gpu[c.mig_profile])
             if demand_ub is not None:
                 need = demand_ub * max_mult.get((c.task, c.variant), 0.0) / c.throughput_rps
                 ub = min(ub, max(1, math.ceil(need - 1e-9)))
@@ -342,8 +350,12 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
         all_rate.append(rate)
         all_cols.append(cols)
         all_count.append(count)
+    if max_slots is not None:
+        size = {p.name: p.size for p in node.gpu.profiles}
+        md.row([v for cs, cnt in zip(all_cols, all_count, strict=True) for v in cnt],
+               [float(size[c.mig_profile]) for cs in all_cols for c in cs], hi=float(max_slots))
     slice_cost = -1e-6 if capacity_mode else -beta
-    slices_total = md.var(0.0, node.slices_available, cost=slice_cost, integer=True)
+    slices_total = md.var(0.0, budget, cost=slice_cost, integer=True)
     md.row([slices_total, *task_totals], [1.0] + [-1.0] * len(task_totals), 0.0, 0.0)
     # Packability: every GPU takes one maximal valid layout (or part of it) over all apps' profiles.
     names = sorted(by_profile)
@@ -597,10 +609,14 @@ def _core_start(core: _Built, plans: list[Plan | None] | None) -> dict[int, floa
 
 def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
           objective: str = "accuracy", absolute_gap: float | None = None,
-          scale_demands: bool = False, start: list[Plan | None] | None = None) -> JointResult:
+          scale_demands: bool = False, start: list[Plan | None] | None = None,
+          max_slices: int | None = None, max_slots: int | None = None,
+          total_weight: float | None = None, upper_bound: float | None = None) -> JointResult:
     """Core, lifting, and the full model only where lifting fails (see the module doc).
 
     ``start``: a known feasible plan per part (the anytime incumbent) to start the core from.
+    ``max_slices``, ``max_slots``, ``total_weight``: as in ``build``. ``upper_bound``: a known bound on the
+    optimum (e.g. from a decomposition), added to every model as an objective cut.
     """
     t0 = time.perf_counter()
     gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
@@ -613,7 +629,12 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     if any(not p.pb.colset.columns for p in parts):
         return JointResult("infeasible", [None] * len(parts), math.nan, math.nan,
                            time.perf_counter() - t0, "core", ["an app has no admissible column"])
-    core = build(parts, node, full=False, objective=objective, scale_demands=scale_demands)
+    shape = {"objective": objective, "scale_demands": scale_demands, "max_slices": max_slices,
+             "max_slots": max_slots, "total_weight": total_weight}
+    core = build(parts, node, full=False, **shape)
+    if upper_bound is not None and math.isfinite(upper_bound) and not capacity_mode:
+        # every plan of the full model maps onto the core with its objective: the cut keeps them
+        _objective_cut(core.model, upper_bound)
     sol = core.model.solve(solver, time_limit_s, gap_abs, start=_core_start(core, start),
                            relative_gap=rel_gap)
     if sol.status == "infeasible":
@@ -622,6 +643,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     best: JointResult | None = None
     # the best proven bound on the full model's objective (the core's, then the level models')
     ub = sol.bound if sol.has_incumbent and math.isfinite(sol.bound) else math.inf
+    if upper_bound is not None and math.isfinite(upper_bound) and not capacity_mode:
+        ub = min(ub, upper_bound)
     if sol.has_incumbent:
         lifts = [_lift(core, sol.values, i) for i in range(len(parts))]
         if all(cols is not None for cols, _ in lifts):
@@ -661,8 +684,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
         if capacity_mode:
             # the maximum demand: the single restricted model (the core under the shrunk caps)
             # finds a large feasible rate fast, which the full model then starts from
-            got = restrict(build(parts, node, full=False, objective=objective,
-                                 scale_demands=scale_demands, caps=caps), "restricted")
+            got = restrict(build(parts, node, full=False, caps=caps, **shape), "restricted")
             if got is not None:
                 best = got
                 if got.status == "optimal":
@@ -671,8 +693,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             left = time_limit_s - (time.perf_counter() - t0)
             if left <= 0.05 * time_limit_s:
                 break
-            relaxed = build(parts, node, full=False, objective=objective, scale_demands=scale_demands,
-                            levels=levels, relax_levels=True)
+            relaxed = build(parts, node, full=False, levels=levels, relax_levels=True, **shape)
             if math.isfinite(ub):
                 _objective_cut(relaxed.model, ub)
             # at most half the time left: the restriction below must still find an incumbent
@@ -689,8 +710,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 if best.status == "optimal":
                     return best
             # The same levels, each counted on the paths at its own cap: a restriction.
-            got = restrict(build(parts, node, full=False, objective=objective,
-                                 scale_demands=scale_demands, levels=levels), "restricted")
+            got = restrict(build(parts, node, full=False, levels=levels, **shape), "restricted")
             if got is not None:
                 best = _better(best, got)
                 if best.status == "optimal":
@@ -713,7 +733,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 p.gap = math.inf if capacity_mode else 0.0
         return best
     left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
-    full = build(parts, node, full=True, objective=objective, scale_demands=scale_demands)
+    full = build(parts, node, full=True, **shape)
     if math.isfinite(ub):
         # the relaxations' optimum bounds the full model's objective: a valid cut
         _objective_cut(full.model, ub)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from jigsaw.app import App
 from jigsaw.errors import PlanError
 from jigsaw.node import NODE_OBJECTIVES, Node
 from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
-from jigsaw.planner import joint
+from jigsaw.planner import decompose, joint
 from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import InstanceRequest, PackingError, pack
 from jigsaw.planner.problem import Factors, make_problem
@@ -27,9 +28,24 @@ from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
 
+FORMULATIONS = ("decomposed", "joint")
+DEFAULT_FORMULATION = "decomposed"
 QUICK_STATUS = "heuristic"  # a quick_plan_node plan: verified, not proven optimal
 QUICK_BUDGET_S = 0.08  # per app: a smaller share loses the LP-rounded candidates of larger apps
 _SEP = "\x1f"  # joins app and task in the packer's requests: no name contains it
+
+
+@dataclass
+class _Decision:
+    """What either formulation decided (``layout``: already packed, or None)."""
+
+    status: str
+    plans: list[Plan | None]
+    objective: float
+    bound: float
+    layout: Layout | None
+    notes: list[str]
+    stage: str
 
 
 def _requests(plans: Mapping[str, Plan]) -> list[InstanceRequest]:
@@ -79,10 +95,14 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
               objective: str | None = None, space: str | SearchSpace | None = None,
               previous: NodePlan | None = None, time_limit_s: float | None = None,
               factors: Mapping[str, Factors] | None = None, solver: str | None = None,
-              start: NodePlan | None = None) -> NodePlan:
+              start: NodePlan | None = None, formulation: str | None = None) -> NodePlan:
     """One plan for all ``apps`` of the node at ``demands`` (app name -> root requests/s).
 
-    ``start``: a feasible node plan for the same demands (``quick_plan_node``'s) to start from.
+    ``formulation``: ``decomposed`` (default: each app alone, its slice frontier where the
+    apps compete, one packing check; ``decompose``) or ``joint`` (one model over all apps,
+    kept to check the decomposition against). Both prove the same optimum.
+    ``start``: a feasible node plan for the same demands (``quick_plan_node``'s) to start the
+    joint model from.
     """
     t0 = time.perf_counter()
     if not apps:
@@ -107,10 +127,23 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     solver = solver or node.planner.solver
     if solver not in ("cbc", "highs"):
         raise PlanError(f"unknown solver {solver!r} (expected cbc or highs)")
+    form = formulation or DEFAULT_FORMULATION
+    if form not in FORMULATIONS:
+        raise PlanError(f"unknown formulation {form!r} (expected one of {', '.join(FORMULATIONS)})")
     parts = [joint.Part(make_problem(a, node, profiles, sp, (factors or {}).get(a.name)),
                         float(demands[a.name]), node.planner.app_weight(a.name)) for a in apps]
-    res = joint.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
-                      start=[start.plans.get(a.name) for a in apps] if start is not None else None)
+    names = [a.name for a in apps]
+
+    def decide(parts: list[joint.Part], start_plans: list[Plan | None] | None) -> _Decision:
+        if form == "joint":
+            r = joint.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
+                            start=start_plans)
+            return _Decision(r.status, r.plans, r.objective, r.bound, None, r.notes, r.stage)
+        d = decompose.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
+                            pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous))
+        return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage)
+
+    res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
     scale = 1.0
     notes: list[str] = []
     if res.status == "infeasible":
@@ -120,10 +153,10 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
             return _empty(node, kind, res.status, time.perf_counter() - t0,
                           "the apps cannot be served together on this node at any demand")
         scale = first.planned_rps / max(parts[0].demand_rps or 0.0, joint.MIN_DEMAND_RPS)
-        res = cap
+        res = _Decision(cap.status, cap.plans, cap.objective, cap.bound, None, cap.notes, cap.stage)
         for shrink in (1.0, 1 - 1e-7, 1 - 1e-5):
             scaled = [joint.Part(p.pb, (p.demand_rps or 0.0) * scale * shrink, p.weight) for p in parts]
-            again = joint.solve(scaled, node, solver=solver, time_limit_s=limit, objective=kind)
+            again = decide(scaled, None)
             if all(p is not None for p in again.plans):
                 res = again
                 scale *= shrink
@@ -142,7 +175,7 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
             p.max_demand_plan = True
             p.notes.append(f"node-wide plan: serving {p.planned_rps:.6g} of {p.demand_rps:g} rps")
         plans[a.name] = p
-    layout = _pack_node(plans, node, previous)
+    layout = res.layout if res.layout is not None else _pack_node(plans, node, previous)
     secs = time.perf_counter() - t0
     for name, p in plans.items():
         p.layout = app_layout(layout, name)

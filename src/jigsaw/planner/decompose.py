@@ -1,0 +1,282 @@
+"""The node's plan by decomposition: each app alone, a slice frontier, and a packing check.
+
+The joint model (``joint``) couples a node's apps only through the slices and the per-GPU MIG
+layouts; its objective is a sum of one term per app (``accuracy``: weight x alpha x accuracy
+minus beta per slice; ``slices``: minus beta per slice plus a small accuracy tie-break), and
+every app's part of a node plan is a plan for that app alone. So, with ``g_a(k)`` the best
+value of app ``a`` alone on at most ``k`` slices (one small single-app solve,
+``joint.solve(max_slices=k)``):
+
+    node optimum <= max { sum_a g_a(k_a) : sum_a k_a <= slices of the node }     (the bound)
+
+and any choice of single-app plans that packs together onto the GPUs is a node plan (the
+incumbent). ``solve`` computes ``g_a`` lazily, only where the bound's best choice of ``k``
+needs it: first each app's own optimum (``k`` unbounded); when those use more slices than the
+node has, the frontier below them, best-first (a knapsack over the apps' slice counts with
+an upper estimate of each ``g_a`` not yet computed). Most apps' frontiers are two or three
+points: accuracy lies in [0.9, 1], so an app's optimum is within about 3 slices of its
+fewest-slices plan, and below the fewest slices ``g_a`` is infeasible.
+
+What is proven: every single-app solve stops within ``delta`` = the node's stopping gap / the
+number of apps of its own optimum (or reports its bound), so the bound above holds with each
+``g_a`` replaced by its solve's bound; when the best choice's plans pack, the node plan is
+within the node's stopping gap of the joint model's optimum: ``optimal`` in the joint model's
+own sense. When they do not pack (the bound ignores which MIG profiles the apps use), the best
+packable choice among the plans computed is an incumbent, and the joint model decides,
+started from it and cut by the bound. When no choice of slice counts fits, the demands do not
+fit together (``infeasible``, proven by the bound alone).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+
+from jigsaw.mig import NUM_PLACEMENT_SLOTS
+from jigsaw.node import Node
+from jigsaw.plan import Layout, Plan
+from jigsaw.planner import joint
+from jigsaw.planner.anytime import quick_plan
+from jigsaw.planner.packer import PackingError
+
+Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plans do not fit together
+
+
+Usage = tuple[int, int]  # (compute slices, MIG placement slots) a plan's instances take
+
+
+def usage(plan: Plan, node: Node) -> Usage:
+    """The compute slices and the placement slots (memory slices) of ``plan``'s instances."""
+    size = {p.name: p.size for p in node.gpu.profiles}
+    return plan.slices_used, sum(x.count * size[x.mig_profile] for x in plan.instances)
+
+
+@dataclass
+class _Point:
+    """One single-app solve within a budget: its plan (None: none found) and its bound."""
+
+    budget: Usage  # at most these slices and slots (the node's, when unbounded)
+    plan: Plan | None
+    value: float  # the plan's objective (-inf without a plan)
+    bound: float  # upper bound on g(budget), hence on g(b) for every b <= budget
+    used: Usage = (0, 0)
+
+
+@dataclass
+class _Frontier:
+    """What is known of one app's g(b): the points solved, and the budgets proven infeasible."""
+
+    points: list[_Point] = field(default_factory=list)
+    infeasible: list[Usage] = field(default_factory=list)
+
+    def known(self, b: Usage) -> _Point | None:
+        """A solved point whose plan is optimal for budget b (its usage <= b <= its budget)."""
+        for p in self.points:
+            if p.plan is not None and p.used[0] <= b[0] <= p.budget[0] and p.used[1] <= b[1] <= p.budget[1]:
+                return p
+        return None
+
+    def upper(self, b: Usage) -> float:
+        """An upper bound on g(b): g is nondecreasing in b, so the bound of any budget >= b."""
+        if any(b[0] <= x[0] and b[1] <= x[1] for x in self.infeasible):
+            return -math.inf
+        return min((p.bound for p in self.points if p.budget[0] >= b[0] and p.budget[1] >= b[1]),
+                   default=math.inf)
+
+
+@dataclass
+class Result:
+    status: str  # optimal | feasible | infeasible | no_solution
+    plans: list[Plan | None]
+    objective: float
+    bound: float
+    seconds: float
+    layout: Layout | None
+    solves: int  # single-app solves
+    stage: str  # apart | frontier | joint
+    notes: list[str] = field(default_factory=list)
+
+
+def part_value(plan: Plan, part: joint.Part, node: Node, objective: str, total_weight: float) -> float:
+    """One app's term of the joint model's objective (``joint.build``) for ``plan``."""
+    beta = node.beta
+    if objective == "slices":
+        return 0.5 * beta * part.weight / total_weight * plan.accuracy - beta * plan.slices_used
+    return node.planner.alpha * part.weight * plan.accuracy - beta * plan.slices_used
+
+
+def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
+                 ) -> tuple[float, list[Usage]] | None:
+    """The budgets b (one per app) maximising the sum of the upper bounds of g with sum b <=
+    ``room``; ties go to fewer unsolved budgets, then larger budgets (a solved one is an
+    incumbent already). A knapsack over the apps in both resources.
+
+    Each app's budget ranges from its own optimum's usage (more never raises g) down by the
+    node's overrun in each resource (``tops`` summed minus ``room``): any choice with less
+    can be raised to that without breaking the room, and g is nondecreasing.
+    """
+    over = [max(0, sum(t[r] for t in tops) - room[r]) for r in (0, 1)]
+    best: dict[Usage, tuple[tuple[float, int, int], list[Usage]]] = {(0, 0): ((0.0, 0, 0), [])}
+    for f, top in zip(fronts, tops, strict=True):
+        options = []
+        for k in range(max(0, top[0] - over[0]), top[0] + 1):
+            for m in range(max(0, top[1] - over[1]), top[1] + 1):
+                ub = f.upper((k, m))
+                if ub > -math.inf:
+                    options.append(((k, m), ub, f.known((k, m)) is None))
+        nxt: dict[Usage, tuple[tuple[float, int, int], list[Usage]]] = {}
+        for used, (score, bs) in best.items():
+            for b, ub, unknown in options:
+                at = (used[0] + b[0], used[1] + b[1])
+                if at[0] > room[0] or at[1] > room[1]:
+                    continue
+                sc = (score[0] + ub, score[1] - unknown, score[2] + b[0] + b[1])
+                have = nxt.get(at)
+                if have is None or sc > have[0]:
+                    nxt[at] = (sc, [*bs, b])
+        best = nxt
+        if not best:
+            return None
+    score, bs = max(best.values(), key=lambda x: x[0])
+    return score[0], bs
+
+
+def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
+          objective: str, pack: Packer, absolute_gap: float | None = None) -> Result:
+    """The node decision over ``parts`` (see the module doc); ``pack`` lays out a choice of plans."""
+    t0 = time.perf_counter()
+    n = len(parts)
+    gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
+    delta = gap_abs / n
+    total_weight = sum(p.weight for p in parts) or 1.0
+    room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
+    fronts = [_Frontier() for _ in parts]
+    solves = 0
+
+    def left() -> float:
+        return max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
+
+    def point(i: int, budget: Usage, start: Plan | None = None) -> _Point:
+        nonlocal solves
+        solves += 1
+        res = joint.solve([parts[i]], node, solver=solver, time_limit_s=left(), objective=objective,
+                          absolute_gap=delta, start=[start] if start is not None else None,
+                          max_slices=budget[0] if budget[0] < room[0] else None,
+                          max_slots=budget[1] if budget[1] < room[1] else None,
+                          total_weight=total_weight)
+        plan = res.plans[0]
+        if res.status == "infeasible":
+            return _Point(budget, None, -math.inf, -math.inf)
+        bound = res.bound if not math.isnan(res.bound) else math.inf
+        if plan is not None and res.status == "optimal":
+            bound = res.objective + delta  # a solve stops within delta of its optimum
+        if start is not None and (plan is None or start.objective > res.objective):
+            plan, value = start, start.objective
+        elif plan is not None:
+            value = res.objective
+        else:
+            return _Point(budget, None, -math.inf, bound)
+        return _Point(budget, plan, value, max(bound, value), usage(plan, node))
+
+    # 1. each app's own optimum, started from its greedy plan
+    for i, part in enumerate(parts):
+        pb = part.pb
+        quick = None
+        if pb.profiles is not None and pb.colset.columns and part.demand_rps is not None:
+            quick = quick_plan(pb.app, node, pb.profiles, part.demand_rps, factors=pb.factors,
+                               problem=pb)
+            if quick is not None:  # scored as the node objective scores this app
+                quick.objective = part_value(quick, part, node, objective, total_weight)
+        p = point(i, room, quick)
+        if p.bound == -math.inf:
+            return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
+                          None, solves, "apart", [f"{pb.app.name} alone does not fit on the node at "
+                                                  "its demand"])
+        fronts[i].points.append(p)
+    tops = [f.points[0].used for f in fronts]
+
+    # 2. best-first over the budgets: solve g where the bound's best choice needs it
+    stage = "apart"
+    bound = math.inf
+    budgets: list[Usage] = []
+    unsolved = any(f.points[0].plan is None for f in fronts)
+    while not unsolved:
+        got = _best_choice(fronts, tops, room)
+        if got is None:
+            return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
+                          None, solves, stage, ["the apps' plans with the fewest slices and MIG slots "
+                                                "exceed the node together"])
+        bound, budgets = got
+        todo = [i for i, b in enumerate(budgets) if fronts[i].known(b) is None]
+        if not todo:
+            break
+        if time.perf_counter() - t0 > time_limit_s:
+            unsolved = True
+            break
+        stage = "frontier"
+        i = todo[0]
+        p = point(i, budgets[i])
+        if p.bound == -math.inf:
+            fronts[i].infeasible.append(budgets[i])
+        elif p.plan is None:
+            unsolved = True  # not even a plan within the limit: the joint model decides
+        else:
+            fronts[i].points.append(p)
+
+    # 3. the incumbent: the best choice among the plans computed that packs onto the GPUs
+    options = [sorted((q for q in f.points if q.plan is not None), key=lambda q: -q.value)
+               for f in fronts]
+    combos: list[tuple[_Point, ...]] = []
+    if not unsolved:
+        chosen = [fronts[i].known(b) for i, b in enumerate(budgets)]
+        combos.append(tuple(q for q in chosen if q is not None))
+    combos += sorted(product(*options), key=lambda c: -sum(q.value for q in c))
+    best: tuple[tuple[_Point, ...], Layout] | None = None
+    for combo in combos:
+        if len(combo) != n or any(sum(q.used[r] for q in combo) > room[r] for r in (0, 1)):
+            continue
+        try:
+            layout = pack([q.plan for q in combo if q.plan is not None])
+        except PackingError:
+            continue
+        best = (combo, layout)
+        break
+    if best is not None:
+        combo, layout = best
+        value = sum(q.value for q in combo)
+        if bound - value <= gap_abs + 1e-9:
+            return Result("optimal", [q.plan for q in combo], value, bound,
+                          time.perf_counter() - t0, layout, solves, stage)
+    # 4. unproven: the joint model, started from the incumbent and cut by the bound
+    start: list[Plan | None] | None = None
+    if best is not None:
+        from jigsaw.planner.node_plan import app_layout  # node_plan imports this module
+
+        start = [q.plan for q in best[0]]
+        for plan, part in zip(start, parts, strict=True):
+            if plan is not None:
+                plan.layout = app_layout(best[1], part.pb.app.name)
+    res = joint.solve(list(parts), node, solver=solver, time_limit_s=left(), objective=objective,
+                      absolute_gap=gap_abs, start=start, upper_bound=bound)
+    secs = time.perf_counter() - t0
+    b = bound if math.isnan(res.bound) else min(bound, res.bound)
+    have = res.status in ("optimal", "feasible") and all(p is not None for p in res.plans)
+    if best is not None and (not have or res.objective <= sum(q.value for q in best[0])):
+        combo, layout = best
+        value = sum(q.value for q in combo)
+        return Result("optimal" if b - value <= gap_abs + 1e-9 else "feasible",
+                      [q.plan for q in combo], value, b, secs, layout, solves, "joint",
+                      ["the best choice of each app's plans did not pack: the joint model decided, "
+                       "started from the best that packs"])
+    if not have:
+        return Result(res.status, [None] * n, math.nan, b, secs, None, solves, "joint")
+    try:
+        layout = pack([p for p in res.plans if p is not None])
+    except PackingError:
+        return Result("no_solution", [None] * n, math.nan, b, secs, None, solves, "joint",
+                      ["the joint model's plan did not pack"])
+    status = res.status if b - res.objective > gap_abs + 1e-9 else "optimal"
+    return Result(status, list(res.plans), res.objective, b, secs, layout, solves, "joint")
