@@ -42,6 +42,7 @@ from jigsaw.planner import joint
 from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import PackingError
 
+SUB_GAP_DIVIDE = True
 Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plans do not fit together
 
 
@@ -71,6 +72,7 @@ class _Frontier:
 
     points: list[_Point] = field(default_factory=list)
     infeasible: list[Usage] = field(default_factory=list)
+    min_slots: dict[int, int] = field(default_factory=dict)  # k -> no plan on <= k slices has fewer
 
     def known(self, b: Usage) -> _Point | None:
         """A solved point whose plan is optimal for budget b (its usage <= b <= its budget)."""
@@ -82,6 +84,8 @@ class _Frontier:
     def upper(self, b: Usage) -> float:
         """An upper bound on g(b): g is nondecreasing in b, so the bound of any budget >= b."""
         if any(b[0] <= x[0] and b[1] <= x[1] for x in self.infeasible):
+            return -math.inf
+        if any(b[0] <= k and b[1] < m for k, m in self.min_slots.items()):
             return -math.inf
         return min((p.bound for p in self.points if p.budget[0] >= b[0] and p.budget[1] >= b[1]),
                    default=math.inf)
@@ -108,32 +112,53 @@ def part_value(plan: Plan, part: joint.Part, node: Node, objective: str, total_w
     return node.planner.alpha * part.weight * plan.accuracy - beta * plan.slices_used
 
 
+def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_limit_s: float
+               ) -> int | None:
+    """A lower bound on the placement slots of any plan of ``part`` on at most ``max_slices``
+    slices (None: no such plan): the latency-relaxed core (a relaxation) minimising slots."""
+    built = joint.build([part], node, full=False, max_slices=max_slices)
+    md = built.model
+    size = {p.name: p.size for p in node.gpu.profiles}
+    md.cost = [0.0] * md.num_vars
+    for c, v in zip(built.cols[0], built.count[0], strict=True):
+        md.cost[v] = -float(size[c.mig_profile])
+    sol = md.solve(solver, time_limit_s, 0.5)
+    if sol.status == "infeasible":
+        return None
+    dual = sol.dual_bound if not math.isnan(sol.dual_bound) else sol.bound
+    if math.isnan(dual) or not math.isfinite(dual):
+        return 0
+    return max(0, math.ceil(-dual - 1e-6))
+
+
 def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
                  ) -> tuple[float, list[Usage]] | None:
     """The budgets b (one per app) maximising the sum of the upper bounds of g with sum b <=
     ``room``; ties go to fewer unsolved budgets, then larger budgets (a solved one is an
-    incumbent already). A knapsack over the apps in both resources.
+    incumbent already), then the overrun spread over the apps (each cut a little is likelier
+    feasible than one cut a lot). A knapsack over the apps in both resources.
 
     Each app's budget ranges from its own optimum's usage (more never raises g) down by the
     node's overrun in each resource (``tops`` summed minus ``room``): any choice with less
     can be raised to that without breaking the room, and g is nondecreasing.
     """
     over = [max(0, sum(t[r] for t in tops) - room[r]) for r in (0, 1)]
-    best: dict[Usage, tuple[tuple[float, int, int], list[Usage]]] = {(0, 0): ((0.0, 0, 0), [])}
+    best: dict[Usage, tuple[tuple[float, int, int, int], list[Usage]]] = {(0, 0): ((0.0, 0, 0, 0), [])}
     for f, top in zip(fronts, tops, strict=True):
         options = []
         for k in range(max(0, top[0] - over[0]), top[0] + 1):
             for m in range(max(0, top[1] - over[1]), top[1] + 1):
                 ub = f.upper((k, m))
                 if ub > -math.inf:
-                    options.append(((k, m), ub, f.known((k, m)) is None))
-        nxt: dict[Usage, tuple[tuple[float, int, int], list[Usage]]] = {}
+                    spread = (top[0] - k) ** 2 + (top[1] - m) ** 2
+                    options.append(((k, m), ub, f.known((k, m)) is None, spread))
+        nxt: dict[Usage, tuple[tuple[float, int, int, int], list[Usage]]] = {}
         for used, (score, bs) in best.items():
-            for b, ub, unknown in options:
+            for b, ub, unknown, spread in options:
                 at = (used[0] + b[0], used[1] + b[1])
                 if at[0] > room[0] or at[1] > room[1]:
                     continue
-                sc = (score[0] + ub, score[1] - unknown, score[2] + b[0] + b[1])
+                sc = (score[0] + ub, score[1] - unknown, score[2] + b[0] + b[1], score[3] - spread)
                 have = nxt.get(at)
                 if have is None or sc > have[0]:
                     nxt[at] = (sc, [*bs, b])
@@ -150,7 +175,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     t0 = time.perf_counter()
     n = len(parts)
     gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
-    delta = gap_abs / n
+    delta = gap_abs / n if SUB_GAP_DIVIDE else gap_abs
     total_weight = sum(p.weight for p in parts) or 1.0
     room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
     fronts = [_Frontier() for _ in parts]
@@ -170,9 +195,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         plan = res.plans[0]
         if res.status == "infeasible":
             return _Point(budget, None, -math.inf, -math.inf)
-        bound = res.bound if not math.isnan(res.bound) else math.inf
-        if plan is not None and res.status == "optimal":
-            bound = res.objective + delta  # a solve stops within delta of its optimum
+        bound = res.bound if not math.isnan(res.bound) else math.inf  # proven (the solver's own)
         if start is not None and (plan is None or start.objective > res.objective):
             plan, value = start, start.objective
         elif plan is not None:
@@ -218,9 +241,24 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
             break
         stage = "frontier"
         i = todo[0]
-        p = point(i, budgets[i])
+        k = budgets[i][0]
+        if k not in fronts[i].min_slots:
+            solves += 1
+            floor = _min_slots(parts[i], node, solver, k, left())
+            if floor is None:
+                fronts[i].infeasible.append((k, room[1]))
+            else:
+                fronts[i].min_slots[k] = floor
+            if floor is None or floor > budgets[i][1]:
+                continue
+        # first the budget with every slot the app's own optimum took: its plan (often on
+        # fewer slots) covers the budgets between, and its bound caps those it does not
+        wide = (k, tops[i][1])
+        fresh = fronts[i].known(wide) is None and all(q.budget != wide for q in fronts[i].points)
+        probe = wide if fresh else budgets[i]
+        p = point(i, probe)
         if p.bound == -math.inf:
-            fronts[i].infeasible.append(budgets[i])
+            fronts[i].infeasible.append(probe)
         elif p.plan is None:
             unsolved = True  # not even a plan within the limit: the joint model decides
         else:

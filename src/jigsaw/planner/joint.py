@@ -543,6 +543,15 @@ def _objective_cut(model: LinearModel, bound: float) -> None:
     model.row([k for k, _ in nz], [c for _, c in nz], hi=bound + 1e-7)
 
 
+def _proven(sol: Solution) -> float:
+    """The solve's proven upper bound on its model's optimum (inf when unknown): the solver's own
+    bound, which an ``optimal`` solve may leave up to the stopping gap above its objective."""
+    for b in (sol.dual_bound, sol.bound):
+        if not math.isnan(b) and math.isfinite(b):
+            return max(b, sol.objective) if not math.isnan(sol.objective) else b
+    return math.inf
+
+
 def _gap(sol: Solution) -> float:
     if sol.status == "optimal":
         return 0.0
@@ -642,7 +651,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                            time.perf_counter() - t0, "core")
     best: JointResult | None = None
     # the best proven bound on the full model's objective (the core's, then the level models')
-    ub = sol.bound if sol.has_incumbent and math.isfinite(sol.bound) else math.inf
+    ub = _proven(sol) if sol.has_incumbent else math.inf
     if upper_bound is not None and math.isfinite(upper_bound) and not capacity_mode:
         ub = min(ub, upper_bound)
     if sol.has_incumbent:
@@ -653,7 +662,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             plans: list[Plan | None] = [
                 _extract(core, sol.values, i, cols, sol.status, secs, gap)
                 for i, (cols, _) in enumerate(lifts) if cols is not None]
-            return JointResult(sol.status, plans, sol.objective, sol.bound, secs, "core")
+            return JointResult(sol.status, plans, sol.objective, _proven(sol), secs, "core")
         # The latency levels: per task of each part whose lift failed, a few caps to choose
         # from. The relaxed level model (each level counted on the paths at the smallest
         # latency it admits) bounds the full model more tightly than the core; when its
@@ -700,8 +709,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             xsol = relaxed.model.solve(solver, 0.5 * left, gap_abs, relative_gap=rel_gap)
             if not xsol.has_incumbent:
                 break
-            if not math.isnan(xsol.bound):
-                ub = min(ub, xsol.bound)
+            ub = min(ub, _proven(xsol))
             xl = [_lift(relaxed, xsol.values, i) for i in range(len(parts))]
             if all(cols is not None for cols, _ in xl):
                 # feasible as it stands: optimal when proven, else an incumbent
@@ -747,9 +755,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                     p.solve_seconds = secs
             return best
         return JointResult(fsol.status, [None] * len(parts), math.nan, fsol.bound, secs, "full")
-    bound = fsol.bound
-    if math.isfinite(ub):
-        bound = min(bound, ub) if not math.isnan(bound) else ub
+    bound = min(_proven(fsol), ub)
     status = fsol.status
     gap = 0.0 if status == "optimal" else (abs(bound - fsol.objective) if not math.isnan(bound) else math.inf)
     if status == "feasible" and gap <= max(gap_abs, rel_gap * abs(bound)):
