@@ -29,6 +29,7 @@ fit together (``infeasible``, proven by the bound alone).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -42,7 +43,6 @@ from jigsaw.planner import joint
 from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import PackingError
 
-SUB_GAP_DIVIDE = True
 Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plans do not fit together
 
 
@@ -170,12 +170,17 @@ def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
 
 
 def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
-          objective: str, pack: Packer, absolute_gap: float | None = None) -> Result:
-    """The node decision over ``parts`` (see the module doc); ``pack`` lays out a choice of plans."""
+          objective: str, pack: Packer, absolute_gap: float | None = None,
+          start: Sequence[Plan | None] | None = None) -> Result:
+    """The node decision over ``parts`` (see the module doc); ``pack`` lays out a choice of plans.
+
+    ``start``: per app, a verified plan at its demand (e.g. ``quick_plan_node``'s) that each
+    app's own solve starts from; where none is given, the app's greedy plan (``quick_plan``).
+    """
     t0 = time.perf_counter()
     n = len(parts)
     gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
-    delta = gap_abs / n if SUB_GAP_DIVIDE else gap_abs
+    delta = gap_abs / n  # each app's share of the stopping gap, where a proof needs it
     total_weight = sum(p.weight for p in parts) or 1.0
     room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
     fronts = [_Frontier() for _ in parts]
@@ -184,11 +189,14 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     def left() -> float:
         return max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
 
-    def point(i: int, budget: Usage, start: Plan | None = None) -> _Point:
+    def point(i: int, budget: Usage, start: tuple[Plan, float] | None = None,
+              gap: float | None = None) -> _Point:
+        """g at ``budget`` for app i; ``start``: a known plan within the budget and its value."""
         nonlocal solves
         solves += 1
         res = joint.solve([parts[i]], node, solver=solver, time_limit_s=left(), objective=objective,
-                          absolute_gap=delta, start=[start] if start is not None else None,
+                          absolute_gap=gap_abs if gap is None else gap,
+                          start=[start[0]] if start is not None else None,
                           max_slices=budget[0] if budget[0] < room[0] else None,
                           max_slots=budget[1] if budget[1] < room[1] else None,
                           total_weight=total_weight)
@@ -196,8 +204,8 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         if res.status == "infeasible":
             return _Point(budget, None, -math.inf, -math.inf)
         bound = res.bound if not math.isnan(res.bound) else math.inf  # proven (the solver's own)
-        if start is not None and (plan is None or start.objective > res.objective):
-            plan, value = start, start.objective
+        if start is not None and (plan is None or start[1] > res.objective):
+            plan, value = start
         elif plan is not None:
             value = res.objective
         else:
@@ -207,13 +215,12 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     # 1. each app's own optimum, started from its greedy plan
     for i, part in enumerate(parts):
         pb = part.pb
-        quick = None
-        if pb.profiles is not None and pb.colset.columns and part.demand_rps is not None:
+        quick = copy.deepcopy(start[i]) if start is not None else None  # the caller keeps its own
+        if quick is None and pb.profiles is not None and pb.colset.columns and part.demand_rps is not None:
             quick = quick_plan(pb.app, node, pb.profiles, part.demand_rps, factors=pb.factors,
                                problem=pb)
-            if quick is not None:  # scored as the node objective scores this app
-                quick.objective = part_value(quick, part, node, objective, total_weight)
-        p = point(i, room, quick)
+        p = point(i, room, (quick, part_value(quick, part, node, objective, total_weight))
+                  if quick is not None else None)
         if p.bound == -math.inf:
             return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
                           None, solves, "apart", [f"{pb.app.name} alone does not fit on the node at "
@@ -225,6 +232,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     stage = "apart"
     bound = math.inf
     budgets: list[Usage] = []
+    tight: set[int] = set()  # the points solved to delta
     unsolved = any(f.points[0].plan is None for f in fronts)
     while not unsolved:
         got = _best_choice(fronts, tops, room)
@@ -235,7 +243,21 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         bound, budgets = got
         todo = [i for i, b in enumerate(budgets) if fronts[i].known(b) is None]
         if not todo:
-            break
+            chosen = [fronts[i].known(b) for i, b in enumerate(budgets)]
+            loose = [i for i, q in enumerate(chosen) if q is not None and q.bound - q.value > delta + 1e-12
+                     and id(q) not in tight]
+            if bound - sum(q.value for q in chosen if q is not None) <= gap_abs + 1e-9 or not loose:
+                break
+            # every solve so far stopped within the node's gap of its own bound; where their sum
+            # leaves more than the node's gap, the chosen ones are solved again to their share
+            for i in loose:
+                q = chosen[i]
+                assert q is not None
+                fronts[i].points.remove(q)
+                p = point(i, q.budget, (q.plan, q.value) if q.plan is not None else None, delta)
+                tight.add(id(p))
+                fronts[i].points.append(p)
+            continue
         if time.perf_counter() - t0 > time_limit_s:
             unsolved = True
             break

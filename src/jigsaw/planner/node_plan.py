@@ -140,7 +140,8 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
                             start=start_plans)
             return _Decision(r.status, r.plans, r.objective, r.bound, None, r.notes, r.stage)
         d = decompose.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
-                            pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous))
+                            pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous),
+                            start=start_plans)
         return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage)
 
     res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
@@ -283,15 +284,21 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
                       demands: Mapping[str, float], *, objective: str | None = None,
                       space: str | SearchSpace | None = None,
                       previous: NodePlan | None = None, time_limit_s: float | None = None,
-                      factors: Mapping[str, Factors] | None = None, solver: str | None = None
-                      ) -> Iterator[NodePlan]:
+                      factors: Mapping[str, Factors] | None = None, solver: str | None = None,
+                      formulation: str | None = None) -> Iterator[NodePlan]:
     """Yields ``quick_plan_node``'s plan (status ``heuristic``) when it finds one, then the exact
-    node plan: ``separate_optima``'s when the apps' own optima fit together, else ``plan_node``'s
-    started from the quick plan."""
+    node plan, ``plan_node``'s started from the quick plan (with the ``joint`` formulation:
+    ``separate_optima``'s when the apps' own optima fit together, else the joint model's)."""
     quick = quick_plan_node(apps, node, profiles, demands, objective=objective, space=space,
                             previous=previous, factors=factors)
     if quick is not None:
         yield quick
+    if (formulation or DEFAULT_FORMULATION) != "joint":
+        # the decomposition starts with each app's own optimum (what separate_optima checks)
+        yield plan_node(apps, node, profiles, demands, objective=objective, space=space,
+                        previous=previous, time_limit_s=time_limit_s, factors=factors, solver=solver,
+                        start=quick, formulation=formulation)
+        return
     limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
     t0 = time.perf_counter()
     apart = separate_optima(apps, node, profiles, demands, objective=objective, space=space,
@@ -301,7 +308,7 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
         return
     exact = plan_node(apps, node, profiles, demands, objective=objective, space=space, previous=previous,
                       time_limit_s=max(0.5 * limit, limit - (time.perf_counter() - t0)), factors=factors,
-                      solver=solver, start=apart if apart is not None else quick)
+                      solver=solver, start=apart if apart is not None else quick, formulation="joint")
     yield apart if apart is not None and prefer_quick(apart, exact, node, objective) else exact
 
 
