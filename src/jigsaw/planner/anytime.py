@@ -23,6 +23,7 @@ from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import Column
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
 from jigsaw.planner.problem import Factors, Problem, make_problem
+from jigsaw.planner.routes import settle_lanes
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
@@ -187,7 +188,8 @@ def _as_plan(pb: Problem, demand_rps: float, rate: float, lanes: dict[int, float
         accuracy=sum(pb.lane_acc[li] * x for li, x in lanes.items()) / rate,
         slices_used=sum(x.count * x.slices for x in instances), slices_available=node.slices_available,
         solve_seconds=0.0, gap=math.inf, instances=instances,
-        lanes=[LanePlan(app.lane_dict(pb.lanes[li]), x) for li, x in lanes.items()],
+        lanes=settle_lanes(app, [LanePlan(app.lane_dict(pb.lanes[li]), x) for li, x in lanes.items()],
+                           instances, pb.factors),
         task_latency_ms={t: max((x.latency_ms for x in instances if x.task == t), default=0.0)
                          for t in app.task_names},
         node=node.name, gpu_model=node.gpu.name, latency_slo_ms=app.latency_slo_ms,

@@ -48,6 +48,7 @@ from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import Column
 from jigsaw.planner.model import LinearModel, Solution
 from jigsaw.planner.problem import Problem, demand_terms, node_layouts
+from jigsaw.planner.routes import settle_lanes
 
 OBJECTIVES = ("accuracy", "slices")
 MIN_DEMAND_RPS = 0.01
@@ -487,8 +488,8 @@ def _extract(built: _Built, values: list[float], i: int, cols: tuple[Column, ...
                                                                     x[0].batch))]
     lam = [max(0.0, values[v]) for v in built.lam[i]]
     total = sum(lam) or 1.0
-    lanes = [LanePlan(app.lane_dict(pb.lanes[li]), rate) for li, rate in enumerate(lam)
-             if rate > _RATE_EPS * max(1.0, total)]
+    lanes = settle_lanes(app, [LanePlan(app.lane_dict(pb.lanes[li]), rate) for li, rate in enumerate(lam)
+                               if rate > _RATE_EPS * max(1.0, total)], instances, pb.factors)
     accuracy = sum(pb.lane_acc[li] * lam[li] for li in range(len(lam))) / total
     task_latency = {t: max((x.latency_ms for x in instances if x.task == t), default=0.0)
                     for t in app.task_names}

@@ -30,6 +30,7 @@ from jigsaw.planner import joint
 from jigsaw.planner.columns import ColumnSet, build_columns
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
 from jigsaw.planner.problem import Problem, demand_terms, make_problem
+from jigsaw.planner.routes import settle_lanes
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
 
@@ -213,6 +214,7 @@ class _Model:
             rate = var.x or 0.0
             if rate > _RATE_EPS * max(1.0, total):
                 lanes.append(LanePlan(app.lane_dict(pb.lanes[li]), rate))
+        lanes = settle_lanes(app, lanes, instances, pb.factors)
         accuracy = sum(pb.lane_acc[li] * (self.lam[li].x or 0.0) for li in range(len(pb.lanes))) / total
         task_latency = {t: max((i.latency_ms for i in instances if i.task == t), default=0.0)
                         for t in app.task_names}
