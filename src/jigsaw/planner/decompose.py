@@ -104,14 +104,6 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
-def part_value(plan: Plan, part: joint.Part, node: Node, objective: str, total_weight: float) -> float:
-    """One app's term of the joint model's objective (``joint.build``) for ``plan``."""
-    beta = node.beta
-    if objective == "slices":
-        return 0.5 * beta * part.weight / total_weight * plan.accuracy - beta * plan.slices_used
-    return node.planner.alpha * part.weight * plan.accuracy - beta * plan.slices_used
-
-
 def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_limit_s: float
                ) -> int | None:
     """A lower bound on the placement slots of any plan of ``part`` on at most ``max_slices``
@@ -219,7 +211,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         if quick is None and pb.profiles is not None and pb.colset.columns and part.demand_rps is not None:
             quick = quick_plan(pb.app, node, pb.profiles, part.demand_rps, factors=pb.factors,
                                problem=pb)
-        p = point(i, room, (quick, part_value(quick, part, node, objective, total_weight))
+        p = point(i, room, (quick, joint.part_value(quick, part, node, objective, total_weight))
                   if quick is not None else None)
         if p.bound == -math.inf:
             return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,

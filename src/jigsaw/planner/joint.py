@@ -38,6 +38,7 @@ as a tie-break only (``slices``).
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 import time
 from collections import defaultdict
@@ -93,6 +94,14 @@ class JointResult:
     seconds: float
     stage: str  # core | levels | restricted | full: which model gave the answer
     notes: list[str] = field(default_factory=list)
+
+
+def part_value(plan: Plan, part: Part, node: Node, objective: str, total_weight: float) -> float:
+    """One part's term of the model's objective (``build``) for ``plan`` (demand mode)."""
+    beta = node.beta
+    if objective == "slices":
+        return 0.5 * beta * part.weight / total_weight * plan.accuracy - beta * plan.slices_used
+    return node.planner.alpha * part.weight * plan.accuracy - beta * plan.slices_used
 
 
 def _cap_max(pb: Problem) -> dict[str, float]:
@@ -655,15 +664,32 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     ub = _proven(sol) if sol.has_incumbent else math.inf
     if upper_bound is not None and math.isfinite(upper_bound) and not capacity_mode:
         ub = min(ub, upper_bound)
+    if start is not None and all(p is not None for p in start) and not capacity_mode:
+        # the start is an incumbent: proven when the core's bound is within the gap of it
+        weights = total_weight if total_weight is not None else (sum(p.weight for p in parts) or 1.0)
+        value = sum(part_value(p, part, node, objective, weights)
+                    for p, part in zip(start, parts, strict=True) if p is not None)
+        best = JointResult("feasible", [copy.deepcopy(p) for p in start], value, ub,
+                           time.perf_counter() - t0, "start")
+        if ub - value <= gap_abs:
+            best.status = "optimal"
+            for p in best.plans:
+                if p is not None:
+                    p.status, p.gap = "optimal", 0.0
     if sol.has_incumbent:
         lifts = [_lift(core, sol.values, i) for i in range(len(parts))]
-        if all(cols is not None for cols, _ in lifts):
+        lifted = all(cols is not None for cols, _ in lifts)
+        if lifted and best is not None and sol.objective <= best.objective:
+            return best  # the core's own solution is no better than the start
+        if lifted:
             secs = time.perf_counter() - t0
             gap = math.inf if capacity_mode else _gap(sol)
             plans: list[Plan | None] = [
                 _extract(core, sol.values, i, cols, sol.status, secs, gap)
                 for i, (cols, _) in enumerate(lifts) if cols is not None]
             return JointResult(sol.status, plans, sol.objective, _proven(sol), secs, "core")
+        if best is not None and best.status == "optimal":
+            return best  # the start, proven by the core's bound
         # The latency levels: per task of each part whose lift failed, a few caps to choose
         # from. The relaxed level model (each level counted on the paths at the smallest
         # latency it admits) bounds the full model more tightly than the core; when its
