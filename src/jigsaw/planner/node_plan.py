@@ -21,7 +21,7 @@ from jigsaw.errors import PlanError
 from jigsaw.node import NODE_OBJECTIVES, Node
 from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
 from jigsaw.planner import decompose, joint
-from jigsaw.planner.anytime import quick_plan
+from jigsaw.planner.anytime import extend_plan, quick_plan
 from jigsaw.planner.packer import InstanceRequest, PackingError, pack
 from jigsaw.planner.problem import Factors, make_problem
 from jigsaw.planner.verify import verify_plan
@@ -243,31 +243,57 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
     by ``verify.verify_plan``. None when the greedy plans do not fit together (the exact
     ``plan_node`` decides how to share the node then) or any app has none.
 
+    With ``previous`` (the running node plan), each app's running plan is kept and extended
+    for its new demand first (``anytime.extend_plan``): a burst's quick plan then adds
+    instances beside the running ones instead of restarting the node on a greedy plan that
+    shares nothing with it. Only if those do not fit together are the greedy plans tried.
+
     What a controller reacting to a burst deploys while ``plan_node`` proves the optimum.
     """
     t0 = time.perf_counter()
     kind = objective or node.planner.objective
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
-    plans: dict[str, Plan] = {}
+    by_name = {a.name: a for a in apps}
     for a in apps:
         if a.name not in demands:
             raise PlanError(f"no demand given for app {a.name!r}")
-        p = quick_plan(a, node, profiles, float(demands[a.name]), space=sp,
-                       factors=(factors or {}).get(a.name), budget_s=budget_s)
-        if p is None:
+    kept: dict[str, Plan] = {}
+    if previous is not None:
+        for a in apps:
+            run = previous.plans.get(a.name)
+            if run is not None and run.instances:
+                p = extend_plan(a, node, profiles, run, float(demands[a.name]), space=sp,
+                                factors=(factors or {}).get(a.name))
+                if p is not None:
+                    kept[a.name] = p
+
+    def attempt(use_kept: bool) -> tuple[dict[str, Plan], Layout] | None:
+        plans: dict[str, Plan] = {}
+        for a in apps:
+            p = kept.get(a.name) if use_kept else None
+            if p is None:
+                p = quick_plan(a, node, profiles, float(demands[a.name]), space=sp,
+                               factors=(factors or {}).get(a.name), budget_s=budget_s)
+            if p is None:
+                return None
+            plans[a.name] = p
+        if sum(p.slices_used for p in plans.values()) > node.slices_available:
             return None
-        plans[a.name] = p
-    if sum(p.slices_used for p in plans.values()) > node.slices_available:
-        return None
-    try:
-        layout = _pack_node(plans, node, previous)
-    except PackingError:
-        return None
-    by_name = {a.name: a for a in apps}
-    for name, p in plans.items():
-        p.layout = app_layout(layout, name)
-        if verify_plan(p, by_name[name], node, profiles, (factors or {}).get(name)):
+        try:
+            layout = _pack_node(plans, node, previous)
+        except PackingError:
             return None
+        for name, p in plans.items():
+            p.layout = app_layout(layout, name)
+            if verify_plan(p, by_name[name], node, profiles, (factors or {}).get(name)):
+                return None
+        return plans, layout
+
+    # the running plans kept (what runs stays where it is) first, each app's greedy plan else
+    got = (attempt(True) if kept else None) or attempt(False)
+    if got is None:
+        return None
+    plans, layout = got
     secs = time.perf_counter() - t0
     for p in plans.values():
         p.solve_seconds = secs
@@ -276,8 +302,10 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
                     objective=node_value(plans, node, kind),
                     gap=math.inf, slices_used=slices, slices_available=node.slices_available,
                     solve_seconds=secs, plans=plans, layout=layout, demand_scale=1.0,
-                    notes=["anytime incumbent: each app's greedy plan, packed together and verified; "
-                           "not proven optimal"])
+                    notes=["anytime incumbent: " + (
+                        "the running plans kept, instances added for the new demands"
+                        if any(plans.get(n) is k for n, k in kept.items()) else "each app's greedy plan")
+                        + ", packed together and verified; not proven optimal"])
 
 
 def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
