@@ -1,30 +1,35 @@
-"""The node's plan by decomposition: each app alone, a slice frontier, and a packing check.
+"""The node's plan by decomposition: each app alone, a frontier where they compete, one packing.
 
-The joint model (``joint``) couples a node's apps only through the slices and the per-GPU MIG
-layouts; its objective is a sum of one term per app (``accuracy``: weight x alpha x accuracy
-minus beta per slice; ``slices``: minus beta per slice plus a small accuracy tie-break), and
-every app's part of a node plan is a plan for that app alone. So, with ``g_a(k)`` the best
-value of app ``a`` alone on at most ``k`` slices (one small single-app solve,
-``joint.solve(max_slices=k)``):
+The joint model (``joint``) couples a node's apps only through the GPUs' MIG layouts; its
+objective is a sum of one term per app (``accuracy``: weight x alpha x accuracy minus beta per
+slice; ``slices``: minus beta per slice plus a small accuracy tie-break), and every app's part
+of a node plan is a plan for that app alone. Any set of MIG instances that packs onto G GPUs
+takes at most 7 G compute slices and 8 G placement slots (memory slices). So, with ``g_a(k, m)``
+the best value of app ``a`` alone on at most ``k`` slices and ``m`` slots (one small
+single-app solve, ``joint.solve(max_slices=k, max_slots=m)``):
 
-    node optimum <= max { sum_a g_a(k_a) : sum_a k_a <= slices of the node }     (the bound)
+    node optimum <= max { sum_a g_a(k_a, m_a) : sum_a k_a <= 7 G, sum_a m_a <= 8 G }   (the bound)
 
-and any choice of single-app plans that packs together onto the GPUs is a node plan (the
-incumbent). ``solve`` computes ``g_a`` lazily, only where the bound's best choice of ``k``
-needs it: first each app's own optimum (``k`` unbounded); when those use more slices than the
-node has, the frontier below them, best-first (a knapsack over the apps' slice counts with
-an upper estimate of each ``g_a`` not yet computed). Most apps' frontiers are two or three
-points: accuracy lies in [0.9, 1], so an app's optimum is within about 3 slices of its
-fewest-slices plan, and below the fewest slices ``g_a`` is infeasible.
+and any choice of single-app plans that packs together is a node plan (an incumbent).
+``solve`` computes ``g_a`` lazily, only where the bound's best choice needs it: first each
+app's own optimum (no budget; started from a verified plan); when those together overrun the
+node in slices or slots, points below them, best-first (a knapsack over the apps' budgets,
+with an upper estimate of each ``g_a`` not yet solved: g is nondecreasing, so the bound of any
+larger budget solved; and a lower bound on each app's slots at a slice budget from the
+latency-relaxed core, which rules out the budgets below it in one solve). Accuracy lies in
+[0.9, 1], so an app's optimum is within about 3 slices of its fewest-slices plan: frontiers
+are a few points.
 
-What is proven: every single-app solve stops within ``delta`` = the node's stopping gap / the
-number of apps of its own optimum (or reports its bound), so the bound above holds with each
-``g_a`` replaced by its solve's bound; when the best choice's plans pack, the node plan is
-within the node's stopping gap of the joint model's optimum: ``optimal`` in the joint model's
-own sense. When they do not pack (the bound ignores which MIG profiles the apps use), the best
-packable choice among the plans computed is an incumbent, and the joint model decides,
-started from it and cut by the bound. When no choice of slice counts fits, the demands do not
-fit together (``infeasible``, proven by the bound alone).
+What is proven: each solve reports the solver's own bound on its optimum (an ``optimal`` solve
+stops within the gap of it), so the bound above holds with each ``g_a`` replaced by its solve's
+bound. When the best choice's plans pack onto the GPUs and their values are within the node's
+stopping gap (``Node.absolute_gap``) of that bound, the node plan is ``optimal`` in the joint
+model's own sense; where the solves' gaps add up to more, the chosen points are solved again
+to a share (the gap / the number of apps) each. When the plans do not pack (the bound knows
+the slices and slots, not the placement rules), the best packable choice among the plans
+computed is an incumbent and the joint model decides, started from it and cut by the bound.
+When no choice of budgets fits, the demands do not fit together: ``infeasible``, proven by the
+bound alone.
 """
 
 from __future__ import annotations
@@ -303,16 +308,16 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
             return Result("optimal", [q.plan for q in combo], value, bound,
                           time.perf_counter() - t0, layout, solves, stage)
     # 4. unproven: the joint model, started from the incumbent and cut by the bound
-    start: list[Plan | None] | None = None
+    incumbent: list[Plan | None] | None = None
     if best is not None:
         from jigsaw.planner.node_plan import app_layout  # node_plan imports this module
 
-        start = [q.plan for q in best[0]]
-        for plan, part in zip(start, parts, strict=True):
+        incumbent = [q.plan for q in best[0]]
+        for plan, part in zip(incumbent, parts, strict=True):
             if plan is not None:
                 plan.layout = app_layout(best[1], part.pb.app.name)
     res = joint.solve(list(parts), node, solver=solver, time_limit_s=left(), objective=objective,
-                      absolute_gap=gap_abs, start=start, upper_bound=bound)
+                      absolute_gap=gap_abs, start=incumbent, upper_bound=bound)
     secs = time.perf_counter() - t0
     b = bound if math.isnan(res.bound) else min(bound, res.bound)
     have = res.status in ("optimal", "feasible") and all(p is not None for p in res.plans)
