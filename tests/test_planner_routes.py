@@ -64,3 +64,4 @@ def test_a_task_no_request_reaches_is_routed_to_a_variant_that_runs() -> None:
     # without the measured factor the person task is reached: vgg19 would carry requests, and
     # the lane (a broken plan, not round-off) stays for the verifier to report
     assert settle_lanes(app, lanes, inst) == lanes
+
