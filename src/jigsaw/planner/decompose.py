@@ -250,10 +250,12 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
             for i in loose:
                 q = chosen[i]
                 assert q is not None
-                fronts[i].points.remove(q)
                 p = point(i, q.budget, (q.plan, q.value) if q.plan is not None else None, delta)
-                tight.add(id(p))
-                fronts[i].points.append(p)
+                # both are plans within the same budget: the new bound holds for both
+                q.bound = min(q.bound, max(p.bound, q.value))
+                tight.update((id(p), id(q)))
+                if p.plan is not None and p.plan is not q.plan:
+                    fronts[i].points.append(p)
             continue
         if time.perf_counter() - t0 > time_limit_s:
             unsolved = True
