@@ -43,7 +43,7 @@ from itertools import product
 
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import Node
-from jigsaw.plan import Layout, Plan
+from jigsaw.plan import GpuLayout, Layout, PlacedInstance, Plan
 from jigsaw.planner import joint
 from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import PackingError
@@ -52,6 +52,14 @@ Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plan
 
 
 Usage = tuple[int, int]  # (compute slices, MIG placement slots) a plan's instances take
+
+
+def app_layout(layout: Layout, app: str) -> Layout:
+    """The node layout restricted to one app's instances (the same GPUs and starts)."""
+    return Layout(layout.gpu_model, tuple(
+        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, p.task, p.variant, p.index, p.mps,
+                                              p.max_batch) for p in g.instances if p.app == app))
+        for g in layout.gpus))
 
 
 def usage(plan: Plan, node: Node) -> Usage:
@@ -312,8 +320,6 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     # 4. unproven: the joint model, started from the incumbent and cut by the bound
     incumbent: list[Plan | None] | None = None
     if best is not None:
-        from jigsaw.planner.node_plan import app_layout  # node_plan imports this module
-
         incumbent = [q.plan for q in best[0]]
         for plan, part in zip(incumbent, parts, strict=True):
             if plan is not None:

@@ -671,6 +671,9 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                     for p, part in zip(start, parts, strict=True) if p is not None)
         best = JointResult("feasible", [copy.deepcopy(p) for p in start], value, ub,
                            time.perf_counter() - t0, "start")
+        for p in best.plans:
+            if p is not None:
+                p.status = "feasible"
         if ub - value <= gap_abs:
             best.status = "optimal"
             for p in best.plans:

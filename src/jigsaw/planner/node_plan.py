@@ -22,6 +22,7 @@ from jigsaw.node import NODE_OBJECTIVES, Node
 from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
 from jigsaw.planner import decompose, joint
 from jigsaw.planner.anytime import extend_plan, quick_plan
+from jigsaw.planner.decompose import app_layout
 from jigsaw.planner.packer import InstanceRequest, PackingError, pack
 from jigsaw.planner.problem import Factors, make_problem
 from jigsaw.planner.verify import verify_plan
@@ -81,14 +82,6 @@ def _pack_node(plans: Mapping[str, Plan], node: Node, previous: NodePlan | None)
         prev = None
     return _decoded(pack(_requests(plans), node.gpu, node.num_gpus,
                          _encoded(prev) if prev is not None else None))
-
-
-def app_layout(layout: Layout, app: str) -> Layout:
-    """The node layout restricted to one app's instances (the same GPUs and starts)."""
-    return Layout(layout.gpu_model, tuple(
-        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, p.task, p.variant, p.index, p.mps,
-                                              p.max_batch) for p in g.instances if p.app == app))
-        for g in layout.gpus))
 
 
 def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float], *,
