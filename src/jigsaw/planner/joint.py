@@ -682,8 +682,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     if sol.has_incumbent:
         lifts = [_lift(core, sol.values, i) for i in range(len(parts))]
         lifted = all(cols is not None for cols, _ in lifts)
-        if lifted and best is not None and sol.objective <= best.objective:
-            return best  # the core's own solution is no better than the start
+        if lifted and best is not None and sol.objective <= best.objective and sol.status != "optimal":
+            return best  # the core's own solution, unproven, is no better than the start
         if lifted:
             secs = time.perf_counter() - t0
             gap = math.inf if capacity_mode else _gap(sol)
