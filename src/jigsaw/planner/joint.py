@@ -68,6 +68,8 @@ class Part:
     demand_rps: float | None
     weight: float = 1.0
     max_rps: float | None = None  # cap on a variable demand
+    # columns (``Column.key``) the running plan uses: among equally good columns, lifting keeps them
+    keep: frozenset[tuple[str, str, str, int, int]] = frozenset()
 
 
 @dataclass
@@ -459,10 +461,26 @@ def _lift(built: _Built, values: list[float], i: int) -> tuple[tuple[Column, ...
                    if (total := sum(2 * caps[t] for t in p)) > 0), default=1.0)
     final = {t: caps[t] * max(1.0, stretch) * (1 - 1e-12) for t in app.task_names}
     out = list(cols)
+    supply: dict[tuple[str, str], float] = defaultdict(float)
     for j, c in used:
         col = best_under(j, final[c.task])
         assert col is not None
         out[j] = col
+        supply[(c.task, c.variant)] += counts[j] * col.throughput_rps
+    if part.keep:
+        # a column the running plan uses, where it still carries the demand: the instances that
+        # run keep running (same slices, lanes and objective; only the MPS level or batch differ)
+        for j, c in used:
+            group = groups[(c.task, c.variant, c.mig_profile)]
+            kept = [x for x in group if x.key in part.keep and x.latency_ms <= final[c.task]]
+            if not kept or out[j].key in part.keep:
+                continue
+            k = max(kept, key=lambda x: x.throughput_rps)
+            tv = (c.task, c.variant)
+            after = supply[tv] + counts[j] * (k.throughput_rps - out[j].throughput_rps)
+            if after >= demand.get(tv, 0.0) * (1 - _COVER_TOL):
+                supply[tv] = after
+                out[j] = k
     return tuple(out), caps
 
 

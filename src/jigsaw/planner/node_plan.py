@@ -95,7 +95,8 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     apps compete, one packing check; ``decompose``) or ``joint`` (one model over all apps,
     kept to check the decomposition against). Both prove the same optimum.
     ``start``: a feasible node plan for the same demands (``quick_plan_node``'s) to start the
-    joint model from.
+    joint model from (the decomposition starts each app from its own greedy plan: packed for
+    that app alone, it is the start ``milp.plan`` uses too, so both give the same plans).
     """
     t0 = time.perf_counter()
     if not apps:
@@ -123,8 +124,10 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     form = formulation or DEFAULT_FORMULATION
     if form not in FORMULATIONS:
         raise PlanError(f"unknown formulation {form!r} (expected one of {', '.join(FORMULATIONS)})")
+    running = previous.plans if previous is not None else {}
     parts = [joint.Part(make_problem(a, node, profiles, sp, (factors or {}).get(a.name)),
-                        float(demands[a.name]), node.planner.app_weight(a.name)) for a in apps]
+                        float(demands[a.name]), node.planner.app_weight(a.name),
+                        keep=_keys(running.get(a.name))) for a in apps]
     names = [a.name for a in apps]
 
     def decide(parts: list[joint.Part], start_plans: list[Plan | None] | None) -> _Decision:
@@ -133,8 +136,7 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
                             start=start_plans)
             return _Decision(r.status, r.plans, r.objective, r.bound, None, r.notes, r.stage)
         d = decompose.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
-                            pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous),
-                            start=start_plans)
+                            pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous))
         return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage)
 
     res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
@@ -149,7 +151,8 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
         scale = first.planned_rps / max(parts[0].demand_rps or 0.0, joint.MIN_DEMAND_RPS)
         res = _Decision(cap.status, cap.plans, cap.objective, cap.bound, None, cap.notes, cap.stage)
         for shrink in (1.0, 1 - 1e-7, 1 - 1e-5):
-            scaled = [joint.Part(p.pb, (p.demand_rps or 0.0) * scale * shrink, p.weight) for p in parts]
+            scaled = [joint.Part(p.pb, (p.demand_rps or 0.0) * scale * shrink, p.weight, keep=p.keep)
+                      for p in parts]
             again = decide(scaled, None)
             if all(p is not None for p in again.plans):
                 res = again
@@ -181,6 +184,13 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
                     objective=res.objective, gap=gap, slices_used=sum(p.slices_used for p in plans.values()),
                     slices_available=node.slices_available, solve_seconds=secs, plans=plans,
                     layout=layout, demand_scale=scale, notes=notes + res.notes)
+
+
+def _keys(plan: Plan | None) -> frozenset[tuple[str, str, str, int, int]]:
+    """The columns a running plan uses (what lifting keeps among equally good ones)."""
+    if plan is None:
+        return frozenset()
+    return frozenset((x.task, x.variant, x.mig_profile, x.mps, x.max_batch) for x in plan.instances)
 
 
 def _empty(node: Node, kind: str, status: str, secs: float, note: str) -> NodePlan:
