@@ -1,11 +1,15 @@
 """The node-wide plan: all apps of a node in one decision, timed; and the anytime incumbent.
 
 For the node's apps (default: all three example apps on ``examples/h100x4.toml``) each app's
-capacity alone is computed once; then ``plan_node`` plans all of them together at
-``--loads`` (fractions of each app's capacity divided by the number of apps, so 1.0 is a full
-node), ``--repeats`` times each, printing per solve the wall seconds, status, gap and slices;
-then the median. With ``--gpus`` the node is scaled (e.g. 16 GPUs at load 0.5). Finally, per app
-and load, the time ``quick_plan`` takes to hand over a verified plan (target 100 ms).
+capacity alone is computed once (or given with ``--capacities``); then ``plan_node`` plans all
+of them together at ``--loads`` (fractions of each app's capacity divided by the number of
+apps, so 1.0 is a full node), ``--repeats`` times each and with each of ``--formulations``
+(``decomposed``, the default path, and ``joint``, the single model it is checked against) in the
+same run, printing per solve the wall seconds, status, gap, slices and objective; then per
+formulation the median, the speed-up of the first formulation over each other one (ratio of
+medians) and whether their objectives agree within the node's stopping gap (beta/2) on every
+load both proved. With ``--gpus`` the node is scaled (e.g. 16 GPUs at load 0.5). Finally, per
+app and load, the time ``quick_plan`` takes to hand over a verified plan (target 100 ms).
 
 The profiles are modeled (profiles/generate.py), not measured on GPUs.
 
@@ -44,7 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--objective", default=None, choices=("accuracy", "slices"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--formulations", default="decomposed,joint",
+                    help="comma-separated: decomposed (the default path) and/or joint")
+    ap.add_argument("--capacities", default="",
+                    help="app=rps,... each app's capacity alone on the (unscaled) node, to skip "
+                         "computing it")
+    ap.add_argument("--no-quick", action="store_true", help="skip the quick_plan timings")
     args = ap.parse_args(argv)
+    forms = [f for f in args.formulations.split(",") if f]
 
     node = load_node(args.node)
     if args.gpus:
@@ -54,30 +65,68 @@ def main(argv: list[str] | None = None) -> int:
     profiles = load_node_profiles(node, apps)
     print(f"node {node.name}: {node.num_gpus}x {node.gpu.name} ({node.slices_available} slices), "
           f"solver {args.solver}, one thread, apps {', '.join(names)}; profiles modeled")
+    given = dict(kv.split("=", 1) for kv in args.capacities.split(",") if kv)
     caps = {}
     for a in apps:
+        if a.name in given:
+            caps[a.name] = float(given[a.name]) * (args.gpus / 4 if args.gpus else 1.0)
+            print(f"  capacity of {a.name} alone: {caps[a.name]:.6g} rps (given"
+                  f"{', scaled by the GPU count' if args.gpus else ''})")
+            continue
         c = capacity(a, node, profiles, solver="highs", time_limit_s=120)
         caps[a.name] = c.max_demand_rps
         print(f"  capacity of {a.name} alone: {c.max_demand_rps:.6g} rps "
               f"({c.status}, {c.solve_seconds:.1f} s)")
-    medians = {}
-    for load in (float(x) for x in args.loads.split(",") if x):
+    loads = [float(x) for x in args.loads.split(",") if x]
+    times: dict[str, dict[float, list[float]]] = {f: {ld: [] for ld in loads} for f in forms}
+    results: dict[str, dict[float, list]] = {f: {ld: [] for ld in loads} for f in forms}
+    for load in loads:
         demands = {n: load * caps[n] / len(apps) for n in names}
-        times = []
         for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            res = plan_node(apps, node, profiles, demands, solver=args.solver, objective=args.objective,
-                            time_limit_s=args.time_limit)
-            wall = time.perf_counter() - t0
-            times.append(wall)
-            bad = sum(bool(verify_plan(p, node.app(n), node, profiles)) for n, p in res.plans.items())
-            gap = "inf" if math.isinf(res.gap) else f"{res.gap:.2g}"
-            print(f"  load {load:4.0%}: {wall:7.3f} s  {res.status:<9} gap {gap:<7} "
-                  f"slices {res.slices_used}/{res.slices_available}  scale {res.demand_scale:.3f}"
-                  f"{'  VERIFY FAILED' if bad else ''}", flush=True)
-        medians[load] = statistics.median(times)
-    print("median wall seconds per node plan: "
-          + ", ".join(f"load {k:.0%}: {v:.3f} s" for k, v in medians.items()))
+            for form in forms:  # interleaved: both see the same machine load
+                t0 = time.perf_counter()
+                res = plan_node(apps, node, profiles, demands, solver=args.solver,
+                                objective=args.objective, time_limit_s=args.time_limit,
+                                formulation=form)
+                wall = time.perf_counter() - t0
+                times[form][load].append(wall)
+                results[form][load].append(res)
+                bad = sum(bool(verify_plan(p, node.app(n), node, profiles)) for n, p in res.plans.items())
+                gap = "inf" if math.isinf(res.gap) else f"{res.gap:.2g}"
+                print(f"  load {load:4.0%} {form:<10}: {wall:7.3f} s  {res.status:<11} gap {gap:<7} "
+                      f"slices {res.slices_used:>3}/{res.slices_available}  scale {res.demand_scale:.3f}"
+                      f"  objective {res.objective:.4f}{'  VERIFY FAILED' if bad else ''}", flush=True)
+    print("\nmedian wall seconds per node plan:")
+    for form in forms:
+        print(f"  {form:<10} " + ", ".join(f"load {ld:.0%}: {statistics.median(v):.3f} s"
+                                          for ld, v in times[form].items()))
+    first = forms[0]
+    for other in forms[1:]:
+        row = []
+        for ld in loads:
+            ratio = statistics.median(times[other][ld]) / max(statistics.median(times[first][ld]), 1e-9)
+            runs = list(zip(results[first][ld], results[other][ld], strict=True))
+            pairs = [(a, b) for a, b in runs if a.status == "optimal" and b.status == "optimal"]
+            # one proven: the other (with a plan) may not beat it by more than the gap
+            one = [(a, b) for a, b in runs if (a.status == "optimal") != (b.status == "optimal")
+                   and b.plans and a.plans]
+            tol = node.absolute_gap + 1e-9
+            if pairs and all(abs(a.objective - b.objective) <= tol for a, b in pairs):
+                same = "same objective"
+            elif pairs:
+                same = "OBJECTIVES DIFFER"
+            elif one and all((b.objective <= a.objective + tol) if a.status == "optimal"
+                             else (a.objective <= b.objective + tol) for a, b in one):
+                worst = max(abs(a.objective - b.objective) for a, b in one)
+                same = f"only one proven; the other within it (off by {worst:.3g})"
+            elif one:
+                same = "THE UNPROVEN ONE BEATS THE PROVEN ONE"
+            else:
+                same = "neither proven or no plan"
+            row.append(f"load {ld:.0%}: {ratio:.1f}x ({same})")
+        print(f"  speed-up of {first} over {other}: " + ", ".join(row))
+    if args.no_quick:
+        return 0
     print("\nquick_plan (verified anytime incumbent), wall ms:")
     for a in apps:
         row = []

@@ -90,3 +90,27 @@ def test_prefer_quick_only_over_an_unproven_worse_or_empty_exact_plan(example) -
     unproven = dataclasses.replace(exact, status="feasible")
     worse = node_value(q.plans, node) > node_value(exact.plans, node)
     assert prefer_quick(q, unproven, node) == worse
+
+
+def test_quick_plan_keeps_what_runs(example) -> None:
+    """A burst's quick plan extends the running plans: every running instance stays, on the
+    same GPU and start, and only instances for the extra demand are added."""
+    node, profiles = example
+    running = plan_node(node.apps, node, profiles, DEMANDS, solver="highs", time_limit_s=30)
+    assert running.status == "optimal"
+    burst = {name: 3 * rps for name, rps in DEMANDS.items()}
+    q = quick_plan_node(node.apps, node, profiles, burst, previous=running, budget_s=1.0)
+    assert q is not None and q.status == QUICK_STATUS and "running plans kept" in q.notes[0]
+    for name, p in q.plans.items():
+        assert p.planned_rps == pytest.approx(burst[name])
+        assert verify_plan(p, node.app(name), node, profiles) == []
+        have = {(x.task, x.variant, x.mig_profile, x.mps, x.max_batch): x.count for x in p.instances}
+        for x in running.plans[name].instances:
+            assert have.get((x.task, x.variant, x.mig_profile, x.mps, x.max_batch), 0) >= x.count
+    def placed(layout):
+        return {(g.gpu, x.start, x.profile, x.app, x.task, x.variant)
+                for g in layout.gpus for x in g.instances}
+    assert placed(running.layout) <= placed(q.layout)  # nothing that runs moves
+    # without the running plans: each app's greedy plan, which shares no such guarantee
+    fresh = quick_plan_node(node.apps, node, profiles, burst, budget_s=1.0)
+    assert fresh is None or "greedy" in fresh.notes[0]

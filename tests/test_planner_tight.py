@@ -211,3 +211,17 @@ def test_level_models_bracket_the_reference_optimum(demand: float) -> None:
     refined = joint.refine_levels(pb, levels, need)
     if any(sum(2 * need[t] for t in p) > app.latency_slo_ms for p in app.paths):
         assert refined is not None and any(len(refined[t]) > len(levels[t]) for t in levels)
+
+
+def test_plan_right_at_capacity_starts_from_the_capacity_plan(example) -> None:
+    """At 100% of capacity the greedy plan finds nothing; the capacity's plan (its lanes scaled
+    to the demand) is a start the exact solve proves or improves, never a plan without a gap."""
+    node, profiles = example
+    app = node.app("traffic_analysis")
+    cap = capacity(app, node, profiles, solver="highs", time_limit_s=60)
+    assert cap.status == "optimal"
+    p = plan(app, node, profiles, cap.max_demand_rps, solver="cbc", time_limit_s=60, start=cap.plan)
+    assert p.feasible and not p.max_demand_plan and p.status == "optimal" and p.gap == 0.0
+    assert p.planned_rps == pytest.approx(cap.max_demand_rps)
+    assert p.objective >= cap.plan.objective - node.absolute_gap
+    assert verify_plan(p, app, node, profiles) == []

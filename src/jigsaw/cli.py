@@ -52,8 +52,10 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--objective", choices=("accuracy", "slices"),
                     help="node-wide plan: weighted accuracy minus slices, or fewest slices "
                          "(default: the node's planner.objective)")
-    pl.add_argument("--formulation", choices=("tight", "reference"),
-                    help="planner model (default: the node's planner.formulation, tight)")
+    pl.add_argument("--formulation", choices=("tight", "reference", "decomposed", "joint"),
+                    help="one-app plan: tight or reference (default: the node's planner.formulation, "
+                         "tight); node-wide plan: decomposed (default) or joint (one model over all "
+                         "apps, kept to check against)")
     pl.add_argument("--fleet", metavar="F.toml", help="plan a fleet of nodes (--json, --out DIR, --down)")
     pl.add_argument("--down", metavar="NODE,...", help="with --fleet: plan without these nodes")
     pl.add_argument("--space", choices=SPACES, help="search space (default: the node's)")
@@ -325,6 +327,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return _cmd_plan_node(args)
     if not args.app:
         raise ConfigError("--app", "--app", "a one-app plan needs --app (or give --demand as app=rps pairs)")
+    if args.formulation in ("decomposed", "joint"):
+        raise ConfigError("--formulation", "--formulation",
+                          "a one-app plan is tight or reference (decomposed and joint plan a node's apps)")
     node, app = _node_and_app(args)
     profiles = load_node_profiles(node, [app])
     previous = load_plan(args.previous) if args.previous else None
@@ -359,9 +364,10 @@ def _cmd_plan_node(args: argparse.Namespace) -> int:
         except KeyError:
             names = ", ".join(a.name for a in node.apps) or "none"
             raise ConfigError(args.node, "apps", f"no app named {name!r} (apps: {names})") from None
-    if args.formulation == "reference":
+    if args.formulation in ("reference", "tight"):
         raise ConfigError("--formulation", "--formulation",
-                          "the node-wide plan has only the tight formulation")
+                          "a node-wide plan is decomposed (default) or joint")
+    node_form = args.formulation
     profiles = load_node_profiles(node, apps)
     if args.previous:
         raise ConfigError("--previous", "--previous", "a node-wide plan does not take --previous yet "
@@ -369,7 +375,8 @@ def _cmd_plan_node(args: argparse.Namespace) -> int:
     try:  # what jigsawd does at start-up: the quick plan, the exact one started from it, the better
         quick = None
         for result in plan_node_anytime(apps, node, profiles, demands, objective=args.objective,
-                                        space=args.space, time_limit_s=args.time_limit, solver=args.solver):
+                                        space=args.space, time_limit_s=args.time_limit, solver=args.solver,
+                                        formulation=node_form):
             quick = result if result.status == QUICK_STATUS else quick
         if quick is not None and prefer_quick(quick, result, node, args.objective):
             quick.notes.append(f"the exact solve stopped {result.status} short of this verified plan")

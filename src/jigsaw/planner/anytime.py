@@ -23,6 +23,7 @@ from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import Column
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
 from jigsaw.planner.problem import Factors, Problem, make_problem
+from jigsaw.planner.routes import settle_lanes
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
@@ -187,7 +188,8 @@ def _as_plan(pb: Problem, demand_rps: float, rate: float, lanes: dict[int, float
         accuracy=sum(pb.lane_acc[li] * x for li, x in lanes.items()) / rate,
         slices_used=sum(x.count * x.slices for x in instances), slices_available=node.slices_available,
         solve_seconds=0.0, gap=math.inf, instances=instances,
-        lanes=[LanePlan(app.lane_dict(pb.lanes[li]), x) for li, x in lanes.items()],
+        lanes=settle_lanes(app, [LanePlan(app.lane_dict(pb.lanes[li]), x) for li, x in lanes.items()],
+                           instances, pb.factors),
         task_latency_ms={t: max((x.latency_ms for x in instances if x.task == t), default=0.0)
                          for t in app.task_names},
         node=node.name, gpu_model=node.gpu.name, latency_slo_ms=app.latency_slo_ms,
@@ -196,3 +198,74 @@ def _as_plan(pb: Problem, demand_rps: float, rate: float, lanes: dict[int, float
         notes=["anytime incumbent: greedy single-lane plan, verified; not proven optimal"],
     )
 
+
+
+def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, demand_rps: float, *,
+                space: str | SearchSpace | None = None, factors: Factors | None = None,
+                problem: Problem | None = None) -> Plan | None:
+    """The running plan, kept, with instances added greedily where ``demand_rps`` needs more.
+
+    Its lanes keep their mix, scaled to the new demand (so the accuracy stays what it was);
+    each (task, variant) short of capacity gets instances of its best throughput-per-slice
+    column whose latency keeps every path within the SLO (``_task_instances``). What already
+    runs is not touched, so a burst's quick plan restarts nothing; the exact plan may then
+    rearrange the node. None when the running plan has no lanes, names a profile row or lane
+    that no longer exists, or the additions do not fit. Not yet packed or verified.
+    """
+    sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
+    pb = problem or make_problem(app, node, profiles, sp, factors)
+    total = sum(lp.rate_rps for lp in running.lanes)
+    if not running.instances or total <= 0:
+        return None
+    r = max(demand_rps, MIN_DEMAND_RPS)
+    lane_index = {lane: li for li, lane in enumerate(pb.lanes)}
+    lanes: dict[int, float] = {}
+    for lp in running.lanes:
+        li = lane_index.get(tuple(lp.variants.get(t, "") for t in app.task_names))
+        if li is None:
+            return None
+        lanes[li] = lanes.get(li, 0.0) + lp.rate_rps * r / total
+    mig = {p.name: p for p in node.gpu.profiles}
+    have: list[tuple[Column, int]] = []
+    for x in running.instances:
+        row = profiles.get(x.variant, x.mig_profile, x.mps, x.max_batch)
+        if row is None or x.mig_profile not in mig:
+            return None
+        have.append((Column(x.task, x.variant, x.mig_profile, x.mps, x.max_batch, row.latency_ms,
+                            row.throughput_rps * node.planner.max_utilization,
+                            mig[x.mig_profile].compute_slices), x.count))
+    latency = {t: max((c.latency_ms for c, _ in have if c.task == t), default=0.0) for t in app.task_names}
+    cap = {t: math.inf for t in app.task_names}  # the most an added instance may take: path slack
+    for p in app.paths:
+        for t in p:
+            cap[t] = min(cap[t], app.latency_slo_ms / 2 - sum(latency[u] for u in p if u != t))
+    demand: dict[tuple[str, str], float] = {}
+    for li, x in lanes.items():
+        for k, t in enumerate(app.task_names):
+            key = (t, pb.lanes[li][k])
+            demand[key] = demand.get(key, 0.0) + x * pb.lane_mult[li][t]
+    supply: dict[tuple[str, str], float] = {}
+    for c, n in have:
+        supply[(c.task, c.variant)] = supply.get((c.task, c.variant), 0.0) + n * c.throughput_rps
+    by_tv: dict[tuple[str, str], list[Column]] = {}
+    for c in pb.colset.columns:
+        by_tv.setdefault((c.task, c.variant), []).append(c)
+    chosen = list(have)
+    for (t, v), need in demand.items():
+        short = need - supply.get((t, v), 0.0)
+        if short <= 1e-9 * max(1.0, need):
+            continue
+        got = _task_instances(by_tv.get((t, v), []), short, cap[t])
+        if got is None:
+            return None
+        chosen += got
+    slices = sum(c.slices * n for c, n in chosen)
+    if slices > node.slices_available:
+        return None
+    slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+    accuracy = sum(pb.lane_acc[li] * x for li, x in lanes.items()) / r
+    plan = _as_plan(pb, demand_rps, r, lanes, chosen, slo_acc,
+                    node.planner.alpha * accuracy - node.beta * slices)
+    plan.notes = ["anytime incumbent: the running plan, kept, with instances added for the new demand; "
+                  "verified, not proven optimal"]
+    return plan

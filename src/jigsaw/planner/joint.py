@@ -38,6 +38,7 @@ as a tie-break only (``slices``).
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 import time
 from collections import defaultdict
@@ -48,6 +49,7 @@ from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import Column
 from jigsaw.planner.model import LinearModel, Solution
 from jigsaw.planner.problem import Problem, demand_terms, node_layouts
+from jigsaw.planner.routes import settle_lanes
 
 OBJECTIVES = ("accuracy", "slices")
 MIN_DEMAND_RPS = 0.01
@@ -66,6 +68,8 @@ class Part:
     demand_rps: float | None
     weight: float = 1.0
     max_rps: float | None = None  # cap on a variable demand
+    # columns (``Column.key``) the running plan uses: among equally good columns, lifting keeps them
+    keep: frozenset[tuple[str, str, str, int, int]] = frozenset()
 
 
 @dataclass
@@ -92,6 +96,14 @@ class JointResult:
     seconds: float
     stage: str  # core | levels | restricted | full: which model gave the answer
     notes: list[str] = field(default_factory=list)
+
+
+def part_value(plan: Plan, part: Part, node: Node, objective: str, total_weight: float) -> float:
+    """One part's term of the model's objective (``build``) for ``plan`` (demand mode)."""
+    beta = node.beta
+    if objective == "slices":
+        return 0.5 * beta * part.weight / total_weight * plan.accuracy - beta * plan.slices_used
+    return node.planner.alpha * part.weight * plan.accuracy - beta * plan.slices_used
 
 
 def _cap_max(pb: Problem) -> dict[str, float]:
@@ -205,18 +217,26 @@ def refine_levels(pb: Problem, levels: dict[str, list[float]],
 def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accuracy",
           scale_demands: bool = False, caps: list[dict[str, float] | None] | None = None,
           levels: list[dict[str, list[float]] | None] | None = None,
-          relax_levels: bool = False) -> _Built:
+          relax_levels: bool = False, max_slices: int | None = None,
+          max_slots: int | None = None, total_weight: float | None = None) -> _Built:
     """The model over ``parts``: the full one, or the latency-relaxed core (see the module doc).
 
     ``scale_demands``: serve the largest common fraction (at most 1) of every part's demand
     instead (the node's maximum-demand plan when the demands do not fit together).
+    ``max_slices``, ``max_slots``: at most this many compute slices, and MIG placement slots
+    (memory slices), in all (budgets below the node's: a point of an app's frontier,
+    ``decompose``). ``total_weight``: the weights' sum the ``slices``
+    objective's accuracy tie-break divides by (default: the parts'; a node's, when one app of
+    it is planned alone as part of the node decision).
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r} (expected {', '.join(OBJECTIVES)})")
     md = LinearModel(maximize=True)
     beta = node.beta
     alpha = node.planner.alpha
-    total_weight = sum(p.weight for p in parts) or 1.0
+    if total_weight is None:
+        total_weight = sum(p.weight for p in parts) or 1.0
+    budget = node.slices_available if max_slices is None else max(0, min(max_slices, node.slices_available))
     capacity_mode = scale_demands or any(p.demand_rps is None for p in parts)
     theta = md.var(0.0, 1.0, cost=1.0) if scale_demands else None
     max_per_gpu = {p.name: p.max_per_gpu for p in node.gpu.profiles}
@@ -266,7 +286,7 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
         max_mult = {tv: max(m for _, m in tr) for tv, tr in terms.items()}
         count = []
         for c in cols:
-            ub = min(node.slices_available // c.slices, node.num_gpus * max_per_gpu[c.mig_profile])
+            ub = min(budget // c.slices, node.num_gpus * max_per_gpu[c.mig_profile])
             if demand_ub is not None:
                 need = demand_ub * max_mult.get((c.task, c.variant), 0.0) / c.throughput_rps
                 ub = min(ub, max(1, math.ceil(need - 1e-9)))
@@ -342,8 +362,12 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
         all_rate.append(rate)
         all_cols.append(cols)
         all_count.append(count)
+    if max_slots is not None:
+        size = {p.name: p.size for p in node.gpu.profiles}
+        md.row([v for cs, cnt in zip(all_cols, all_count, strict=True) for v in cnt],
+               [float(size[c.mig_profile]) for cs in all_cols for c in cs], hi=float(max_slots))
     slice_cost = -1e-6 if capacity_mode else -beta
-    slices_total = md.var(0.0, node.slices_available, cost=slice_cost, integer=True)
+    slices_total = md.var(0.0, budget, cost=slice_cost, integer=True)
     md.row([slices_total, *task_totals], [1.0] + [-1.0] * len(task_totals), 0.0, 0.0)
     # Packability: every GPU takes one maximal valid layout (or part of it) over all apps' profiles.
     names = sorted(by_profile)
@@ -437,10 +461,26 @@ def _lift(built: _Built, values: list[float], i: int) -> tuple[tuple[Column, ...
                    if (total := sum(2 * caps[t] for t in p)) > 0), default=1.0)
     final = {t: caps[t] * max(1.0, stretch) * (1 - 1e-12) for t in app.task_names}
     out = list(cols)
+    supply: dict[tuple[str, str], float] = defaultdict(float)
     for j, c in used:
         col = best_under(j, final[c.task])
         assert col is not None
         out[j] = col
+        supply[(c.task, c.variant)] += counts[j] * col.throughput_rps
+    if part.keep:
+        # a column the running plan uses, where it still carries the demand: the instances that
+        # run keep running (same slices, lanes and objective; only the MPS level or batch differ)
+        for j, c in used:
+            group = groups[(c.task, c.variant, c.mig_profile)]
+            kept = [x for x in group if x.key in part.keep and x.latency_ms <= final[c.task]]
+            if not kept or out[j].key in part.keep:
+                continue
+            k = max(kept, key=lambda x: x.throughput_rps)
+            tv = (c.task, c.variant)
+            after = supply[tv] + counts[j] * (k.throughput_rps - out[j].throughput_rps)
+            if after >= demand.get(tv, 0.0) * (1 - _COVER_TOL):
+                supply[tv] = after
+                out[j] = k
     return tuple(out), caps
 
 
@@ -475,8 +515,8 @@ def _extract(built: _Built, values: list[float], i: int, cols: tuple[Column, ...
                                                                     x[0].batch))]
     lam = [max(0.0, values[v]) for v in built.lam[i]]
     total = sum(lam) or 1.0
-    lanes = [LanePlan(app.lane_dict(pb.lanes[li]), rate) for li, rate in enumerate(lam)
-             if rate > _RATE_EPS * max(1.0, total)]
+    lanes = settle_lanes(app, [LanePlan(app.lane_dict(pb.lanes[li]), rate) for li, rate in enumerate(lam)
+                               if rate > _RATE_EPS * max(1.0, total)], instances, pb.factors)
     accuracy = sum(pb.lane_acc[li] * lam[li] for li in range(len(lam))) / total
     task_latency = {t: max((x.latency_ms for x in instances if x.task == t), default=0.0)
                     for t in app.task_names}
@@ -529,6 +569,15 @@ def _objective_cut(model: LinearModel, bound: float) -> None:
     """objective <= bound (a relaxation's optimum), as a row."""
     nz = [(k, c) for k, c in enumerate(model.cost) if c]
     model.row([k for k, _ in nz], [c for _, c in nz], hi=bound + 1e-7)
+
+
+def _proven(sol: Solution) -> float:
+    """The solve's proven upper bound on its model's optimum (inf when unknown): the solver's own
+    bound, which an ``optimal`` solve may leave up to the stopping gap above its objective."""
+    for b in (sol.dual_bound, sol.bound):
+        if not math.isnan(b) and math.isfinite(b):
+            return max(b, sol.objective) if not math.isnan(sol.objective) else b
+    return math.inf
 
 
 def _gap(sol: Solution) -> float:
@@ -597,10 +646,14 @@ def _core_start(core: _Built, plans: list[Plan | None] | None) -> dict[int, floa
 
 def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
           objective: str = "accuracy", absolute_gap: float | None = None,
-          scale_demands: bool = False, start: list[Plan | None] | None = None) -> JointResult:
+          scale_demands: bool = False, start: list[Plan | None] | None = None,
+          max_slices: int | None = None, max_slots: int | None = None,
+          total_weight: float | None = None, upper_bound: float | None = None) -> JointResult:
     """Core, lifting, and the full model only where lifting fails (see the module doc).
 
     ``start``: a known feasible plan per part (the anytime incumbent) to start the core from.
+    ``max_slices``, ``max_slots``, ``total_weight``: as in ``build``. ``upper_bound``: a known bound on the
+    optimum (e.g. from a decomposition), added to every model as an objective cut.
     """
     t0 = time.perf_counter()
     gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
@@ -613,7 +666,12 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     if any(not p.pb.colset.columns for p in parts):
         return JointResult("infeasible", [None] * len(parts), math.nan, math.nan,
                            time.perf_counter() - t0, "core", ["an app has no admissible column"])
-    core = build(parts, node, full=False, objective=objective, scale_demands=scale_demands)
+    shape = {"objective": objective, "scale_demands": scale_demands, "max_slices": max_slices,
+             "max_slots": max_slots, "total_weight": total_weight}
+    core = build(parts, node, full=False, **shape)
+    if upper_bound is not None and math.isfinite(upper_bound) and not capacity_mode:
+        # every plan of the full model maps onto the core with its objective: the cut keeps them
+        _objective_cut(core.model, upper_bound)
     sol = core.model.solve(solver, time_limit_s, gap_abs, start=_core_start(core, start),
                            relative_gap=rel_gap)
     if sol.status == "infeasible":
@@ -621,16 +679,38 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                            time.perf_counter() - t0, "core")
     best: JointResult | None = None
     # the best proven bound on the full model's objective (the core's, then the level models')
-    ub = sol.bound if sol.has_incumbent and math.isfinite(sol.bound) else math.inf
+    ub = _proven(sol) if sol.has_incumbent else math.inf
+    if upper_bound is not None and math.isfinite(upper_bound) and not capacity_mode:
+        ub = min(ub, upper_bound)
+    if start is not None and all(p is not None for p in start) and not capacity_mode:
+        # the start is an incumbent: proven when the core's bound is within the gap of it
+        weights = total_weight if total_weight is not None else (sum(p.weight for p in parts) or 1.0)
+        value = sum(part_value(p, part, node, objective, weights)
+                    for p, part in zip(start, parts, strict=True) if p is not None)
+        best = JointResult("feasible", [copy.deepcopy(p) for p in start], value, ub,
+                           time.perf_counter() - t0, "start")
+        for p in best.plans:
+            if p is not None:
+                p.status = "feasible"
+        if ub - value <= gap_abs:
+            best.status = "optimal"
+            for p in best.plans:
+                if p is not None:
+                    p.status, p.gap = "optimal", 0.0
     if sol.has_incumbent:
         lifts = [_lift(core, sol.values, i) for i in range(len(parts))]
-        if all(cols is not None for cols, _ in lifts):
+        lifted = all(cols is not None for cols, _ in lifts)
+        if lifted and best is not None and sol.objective <= best.objective and sol.status != "optimal":
+            return best  # the core's own solution, unproven, is no better than the start
+        if lifted:
             secs = time.perf_counter() - t0
             gap = math.inf if capacity_mode else _gap(sol)
             plans: list[Plan | None] = [
                 _extract(core, sol.values, i, cols, sol.status, secs, gap)
                 for i, (cols, _) in enumerate(lifts) if cols is not None]
-            return JointResult(sol.status, plans, sol.objective, sol.bound, secs, "core")
+            return JointResult(sol.status, plans, sol.objective, _proven(sol), secs, "core")
+        if best is not None and best.status == "optimal":
+            return best  # the start, proven by the core's bound
         # The latency levels: per task of each part whose lift failed, a few caps to choose
         # from. The relaxed level model (each level counted on the paths at the smallest
         # latency it admits) bounds the full model more tightly than the core; when its
@@ -661,8 +741,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
         if capacity_mode:
             # the maximum demand: the single restricted model (the core under the shrunk caps)
             # finds a large feasible rate fast, which the full model then starts from
-            got = restrict(build(parts, node, full=False, objective=objective,
-                                 scale_demands=scale_demands, caps=caps), "restricted")
+            got = restrict(build(parts, node, full=False, caps=caps, **shape), "restricted")
             if got is not None:
                 best = got
                 if got.status == "optimal":
@@ -671,16 +750,14 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             left = time_limit_s - (time.perf_counter() - t0)
             if left <= 0.05 * time_limit_s:
                 break
-            relaxed = build(parts, node, full=False, objective=objective, scale_demands=scale_demands,
-                            levels=levels, relax_levels=True)
+            relaxed = build(parts, node, full=False, levels=levels, relax_levels=True, **shape)
             if math.isfinite(ub):
                 _objective_cut(relaxed.model, ub)
             # at most half the time left: the restriction below must still find an incumbent
             xsol = relaxed.model.solve(solver, 0.5 * left, gap_abs, relative_gap=rel_gap)
             if not xsol.has_incumbent:
                 break
-            if not math.isnan(xsol.bound):
-                ub = min(ub, xsol.bound)
+            ub = min(ub, _proven(xsol))
             xl = [_lift(relaxed, xsol.values, i) for i in range(len(parts))]
             if all(cols is not None for cols, _ in xl):
                 # feasible as it stands: optimal when proven, else an incumbent
@@ -689,8 +766,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 if best.status == "optimal":
                     return best
             # The same levels, each counted on the paths at its own cap: a restriction.
-            got = restrict(build(parts, node, full=False, objective=objective,
-                                 scale_demands=scale_demands, levels=levels), "restricted")
+            got = restrict(build(parts, node, full=False, levels=levels, **shape), "restricted")
             if got is not None:
                 best = _better(best, got)
                 if best.status == "optimal":
@@ -713,7 +789,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 p.gap = math.inf if capacity_mode else 0.0
         return best
     left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
-    full = build(parts, node, full=True, objective=objective, scale_demands=scale_demands)
+    full = build(parts, node, full=True, **shape)
     if math.isfinite(ub):
         # the relaxations' optimum bounds the full model's objective: a valid cut
         _objective_cut(full.model, ub)
@@ -727,9 +803,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                     p.solve_seconds = secs
             return best
         return JointResult(fsol.status, [None] * len(parts), math.nan, fsol.bound, secs, "full")
-    bound = fsol.bound
-    if math.isfinite(ub):
-        bound = min(bound, ub) if not math.isnan(bound) else ub
+    bound = min(_proven(fsol), ub)
     status = fsol.status
     gap = 0.0 if status == "optimal" else (abs(bound - fsol.objective) if not math.isnan(bound) else math.inf)
     if status == "feasible" and gap <= max(gap_abs, rel_gap * abs(bound)):

@@ -14,6 +14,7 @@ packability by maximal valid per-GPU layouts. Objective (14).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -30,6 +31,7 @@ from jigsaw.planner import joint
 from jigsaw.planner.columns import ColumnSet, build_columns
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
 from jigsaw.planner.problem import Problem, demand_terms, make_problem
+from jigsaw.planner.routes import settle_lanes
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
 
@@ -213,6 +215,7 @@ class _Model:
             rate = var.x or 0.0
             if rate > _RATE_EPS * max(1.0, total):
                 lanes.append(LanePlan(app.lane_dict(pb.lanes[li]), rate))
+        lanes = settle_lanes(app, lanes, instances, pb.factors)
         accuracy = sum(pb.lane_acc[li] * (self.lam[li].x or 0.0) for li in range(len(pb.lanes))) / total
         task_latency = {t: max((i.latency_ms for i in instances if i.task == t), default=0.0)
                         for t in app.task_names}
@@ -262,8 +265,12 @@ DEFAULT_FORMULATION = "tight"
 
 
 def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: Plan | None,
-              formulation: str, start: Plan | None = None) -> tuple[str, Plan | None]:
-    """One solve at a fixed demand: the solver's word and its plan (None without an incumbent)."""
+              formulation: str, start: Plan | None = None, start_is_fallback: bool = False
+              ) -> tuple[str, Plan | None]:
+    """One solve at a fixed demand: the solver's word and its plan (None without an incumbent).
+
+    ``start``: a feasible plan at ``demand`` to start from; with ``start_is_fallback``, only
+    where the greedy plan finds none (the greedy plan is usually the cheaper start)."""
     if formulation == "reference":
         model = _Model(pb, demand, solver)
         if previous is not None:
@@ -276,8 +283,8 @@ def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: P
     from jigsaw.planner.anytime import quick_plan
 
     quick = start
-    if quick is None and pb.colset.columns and pb.profiles is not None:
-        quick = quick_plan(pb.app, pb.node, pb.profiles, demand, factors=pb.factors, problem=pb)
+    if pb.colset.columns and pb.profiles is not None and (quick is None or start_is_fallback):
+        quick = quick_plan(pb.app, pb.node, pb.profiles, demand, factors=pb.factors, problem=pb) or start
     res = joint.solve([joint.Part(pb, demand)], pb.node, solver=solver, time_limit_s=limit,
                       start=[quick] if quick is not None else None)
     exact = res.plans[0]
@@ -286,6 +293,22 @@ def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: P
         quick.notes.append(f"the solver's best within {limit:g} s was not better than the greedy plan")
         return "feasible", quick
     return res.status, exact
+
+
+def _scaled_to(plan: Plan | None, demand_rps: float) -> Plan | None:
+    """``plan`` serving ``demand_rps`` on the same instances: every lane's rate scaled down (its
+    instances carry at least as much; accuracy and slices unchanged). None if ``plan`` serves
+    less, has no lanes, or has no layout (a start needs one)."""
+    if plan is None or not plan.lanes or plan.layout is None or not plan.feasible:
+        return None
+    total = sum(lp.rate_rps for lp in plan.lanes)
+    if total < demand_rps * (1 - 1e-9) or total <= 0:
+        return None
+    k = demand_rps / total
+    return dataclasses.replace(plan, demand_rps=demand_rps, planned_rps=demand_rps, status="feasible",
+                               gap=math.inf, max_demand_plan=False,
+                               lanes=[LanePlan(dict(lp.variants), lp.rate_rps * k) for lp in plan.lanes],
+                               instances=list(plan.instances), notes=list(plan.notes))
 
 
 def _check_formulation(formulation: str | None) -> str:
@@ -298,8 +321,12 @@ def _check_formulation(formulation: str | None) -> str:
 def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
          space: str | SearchSpace | None = None, previous: Plan | None = None,
          time_limit_s: float | None = None, factors: Factors | None = None,
-         solver: str | None = None, formulation: str | None = None) -> Plan:
+         solver: str | None = None, formulation: str | None = None, start: Plan | None = None) -> Plan:
     """The cheapest accurate-enough configuration serving ``demand_rps`` root requests/s.
+
+    ``start``: a feasible plan serving at least ``demand_rps`` (e.g. ``capacity``'s plan), the
+    tight formulation's start where the greedy plan finds none (right at capacity it rarely does,
+    and without a start the solver may find no plan within the limit).
 
     Above capacity, returns the plan of the maximum serviceable demand with
     ``max_demand_plan=True`` and ``feasible=False``. Always packed onto the node's GPUs.
@@ -317,7 +344,7 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
     t0 = time.perf_counter()
     pb = _problem(app, node, profiles, sp, factors)
     r = max(demand_rps, MIN_DEMAND_RPS)
-    word, result = _solve_at(pb, r, solver, limit, previous, form)
+    word, result = _solve_at(pb, r, solver, limit, previous, form, _scaled_to(start, r), True)
     if result is not None:
         result.demand_rps = demand_rps
         result.solver = solver

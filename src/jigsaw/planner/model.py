@@ -27,6 +27,10 @@ class Solution:
     bound: float  # the solver's best bound on the optimum (objective when proven)
     seconds: float
     nodes: int = 0
+    # the solver's own bound when it stopped: an ``optimal`` solve stops once its incumbent is
+    # within the absolute gap of it, so it may exceed ``objective`` (``bound`` is then the
+    # objective); nan when unknown
+    dual_bound: float = math.nan
 
     @property
     def has_incumbent(self) -> bool:
@@ -167,10 +171,18 @@ def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
     mip = any(model.integer)
     bound = info.mip_dual_bound if mip else obj
     word = _status_word(status == ms.kOptimal, status in (ms.kInfeasible, ms.kUnboundedOrInfeasible), has)
+    dual = _dual(model, obj, bound) if has else math.nan
     if word == "optimal":
         bound = obj
     nodes = int(info.mip_node_count) if mip else 0
-    return Solution(word, values, obj, bound, secs, nodes)
+    return Solution(word, values, obj, bound, secs, nodes, dual)
+
+
+def _dual(model: LinearModel, objective: float, bound: float) -> float:
+    """The solver's bound, never on the wrong side of its own incumbent."""
+    if bound is None or math.isnan(bound):
+        return math.nan
+    return max(objective, bound) if model.maximize else min(objective, bound)
 
 
 def _solve_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
@@ -205,6 +217,7 @@ def _solve_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
     obj = float(m.objective_value) if has else math.nan
     bound = float(m.objective_bound) if m.objective_bound is not None else math.nan
     word = _status_word(st == S.OPTIMAL, st in (S.INFEASIBLE, S.INT_INFEASIBLE), has)
+    dual = _dual(model, obj, bound) if has else math.nan
     if word == "optimal":
         bound = obj
-    return Solution(word, values, obj, bound, secs)
+    return Solution(word, values, obj, bound, secs, 0, dual)

@@ -14,22 +14,39 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from jigsaw.app import App
 from jigsaw.errors import PlanError
 from jigsaw.node import NODE_OBJECTIVES, Node
 from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
-from jigsaw.planner import joint
-from jigsaw.planner.anytime import quick_plan
+from jigsaw.planner import decompose, joint
+from jigsaw.planner.anytime import extend_plan, quick_plan
+from jigsaw.planner.decompose import app_layout
 from jigsaw.planner.packer import InstanceRequest, PackingError, pack
 from jigsaw.planner.problem import Factors, make_problem
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
 
+FORMULATIONS = ("decomposed", "joint")
+DEFAULT_FORMULATION = "decomposed"
 QUICK_STATUS = "heuristic"  # a quick_plan_node plan: verified, not proven optimal
 QUICK_BUDGET_S = 0.08  # per app: a smaller share loses the LP-rounded candidates of larger apps
 _SEP = "\x1f"  # joins app and task in the packer's requests: no name contains it
+
+
+@dataclass
+class _Decision:
+    """What either formulation decided (``layout``: already packed, or None)."""
+
+    status: str
+    plans: list[Plan | None]
+    objective: float
+    bound: float
+    layout: Layout | None
+    notes: list[str]
+    stage: str
 
 
 def _requests(plans: Mapping[str, Plan]) -> list[InstanceRequest]:
@@ -67,22 +84,19 @@ def _pack_node(plans: Mapping[str, Plan], node: Node, previous: NodePlan | None)
                          _encoded(prev) if prev is not None else None))
 
 
-def app_layout(layout: Layout, app: str) -> Layout:
-    """The node layout restricted to one app's instances (the same GPUs and starts)."""
-    return Layout(layout.gpu_model, tuple(
-        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, p.task, p.variant, p.index, p.mps,
-                                              p.max_batch) for p in g.instances if p.app == app))
-        for g in layout.gpus))
-
-
 def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float], *,
               objective: str | None = None, space: str | SearchSpace | None = None,
               previous: NodePlan | None = None, time_limit_s: float | None = None,
               factors: Mapping[str, Factors] | None = None, solver: str | None = None,
-              start: NodePlan | None = None) -> NodePlan:
+              start: NodePlan | None = None, formulation: str | None = None) -> NodePlan:
     """One plan for all ``apps`` of the node at ``demands`` (app name -> root requests/s).
 
-    ``start``: a feasible node plan for the same demands (``quick_plan_node``'s) to start from.
+    ``formulation``: ``decomposed`` (default: each app alone, its slice frontier where the
+    apps compete, one packing check; ``decompose``) or ``joint`` (one model over all apps,
+    kept to check the decomposition against). Both prove the same optimum.
+    ``start``: a feasible node plan for the same demands (``quick_plan_node``'s) to start the
+    joint model from (the decomposition starts each app from its own greedy plan: packed for
+    that app alone, it is the start ``milp.plan`` uses too, so both give the same plans).
     """
     t0 = time.perf_counter()
     if not apps:
@@ -107,10 +121,25 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     solver = solver or node.planner.solver
     if solver not in ("cbc", "highs"):
         raise PlanError(f"unknown solver {solver!r} (expected cbc or highs)")
+    form = formulation or DEFAULT_FORMULATION
+    if form not in FORMULATIONS:
+        raise PlanError(f"unknown formulation {form!r} (expected one of {', '.join(FORMULATIONS)})")
+    running = previous.plans if previous is not None else {}
     parts = [joint.Part(make_problem(a, node, profiles, sp, (factors or {}).get(a.name)),
-                        float(demands[a.name]), node.planner.app_weight(a.name)) for a in apps]
-    res = joint.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
-                      start=[start.plans.get(a.name) for a in apps] if start is not None else None)
+                        float(demands[a.name]), node.planner.app_weight(a.name),
+                        keep=_keys(running.get(a.name))) for a in apps]
+    names = [a.name for a in apps]
+
+    def decide(parts: list[joint.Part], start_plans: list[Plan | None] | None) -> _Decision:
+        if form == "joint":
+            r = joint.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
+                            start=start_plans)
+            return _Decision(r.status, r.plans, r.objective, r.bound, None, r.notes, r.stage)
+        d = decompose.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
+                            pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous))
+        return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage)
+
+    res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
     scale = 1.0
     notes: list[str] = []
     if res.status == "infeasible":
@@ -120,10 +149,11 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
             return _empty(node, kind, res.status, time.perf_counter() - t0,
                           "the apps cannot be served together on this node at any demand")
         scale = first.planned_rps / max(parts[0].demand_rps or 0.0, joint.MIN_DEMAND_RPS)
-        res = cap
+        res = _Decision(cap.status, cap.plans, cap.objective, cap.bound, None, cap.notes, cap.stage)
         for shrink in (1.0, 1 - 1e-7, 1 - 1e-5):
-            scaled = [joint.Part(p.pb, (p.demand_rps or 0.0) * scale * shrink, p.weight) for p in parts]
-            again = joint.solve(scaled, node, solver=solver, time_limit_s=limit, objective=kind)
+            scaled = [joint.Part(p.pb, (p.demand_rps or 0.0) * scale * shrink, p.weight, keep=p.keep)
+                      for p in parts]
+            again = decide(scaled, None)
             if all(p is not None for p in again.plans):
                 res = again
                 scale *= shrink
@@ -142,7 +172,7 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
             p.max_demand_plan = True
             p.notes.append(f"node-wide plan: serving {p.planned_rps:.6g} of {p.demand_rps:g} rps")
         plans[a.name] = p
-    layout = _pack_node(plans, node, previous)
+    layout = res.layout if res.layout is not None else _pack_node(plans, node, previous)
     secs = time.perf_counter() - t0
     for name, p in plans.items():
         p.layout = app_layout(layout, name)
@@ -154,6 +184,13 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
                     objective=res.objective, gap=gap, slices_used=sum(p.slices_used for p in plans.values()),
                     slices_available=node.slices_available, solve_seconds=secs, plans=plans,
                     layout=layout, demand_scale=scale, notes=notes + res.notes)
+
+
+def _keys(plan: Plan | None) -> frozenset[tuple[str, str, str, int, int]]:
+    """The columns a running plan uses (what lifting keeps among equally good ones)."""
+    if plan is None:
+        return frozenset()
+    return frozenset((x.task, x.variant, x.mig_profile, x.mps, x.max_batch) for x in plan.instances)
 
 
 def _empty(node: Node, kind: str, status: str, secs: float, note: str) -> NodePlan:
@@ -209,31 +246,57 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
     by ``verify.verify_plan``. None when the greedy plans do not fit together (the exact
     ``plan_node`` decides how to share the node then) or any app has none.
 
+    With ``previous`` (the running node plan), each app's running plan is kept and extended
+    for its new demand first (``anytime.extend_plan``): a burst's quick plan then adds
+    instances beside the running ones instead of restarting the node on a greedy plan that
+    shares nothing with it. Only if those do not fit together are the greedy plans tried.
+
     What a controller reacting to a burst deploys while ``plan_node`` proves the optimum.
     """
     t0 = time.perf_counter()
     kind = objective or node.planner.objective
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
-    plans: dict[str, Plan] = {}
+    by_name = {a.name: a for a in apps}
     for a in apps:
         if a.name not in demands:
             raise PlanError(f"no demand given for app {a.name!r}")
-        p = quick_plan(a, node, profiles, float(demands[a.name]), space=sp,
-                       factors=(factors or {}).get(a.name), budget_s=budget_s)
-        if p is None:
+    kept: dict[str, Plan] = {}
+    if previous is not None:
+        for a in apps:
+            run = previous.plans.get(a.name)
+            if run is not None and run.instances:
+                p = extend_plan(a, node, profiles, run, float(demands[a.name]), space=sp,
+                                factors=(factors or {}).get(a.name))
+                if p is not None:
+                    kept[a.name] = p
+
+    def attempt(use_kept: bool) -> tuple[dict[str, Plan], Layout] | None:
+        plans: dict[str, Plan] = {}
+        for a in apps:
+            p = kept.get(a.name) if use_kept else None
+            if p is None:
+                p = quick_plan(a, node, profiles, float(demands[a.name]), space=sp,
+                               factors=(factors or {}).get(a.name), budget_s=budget_s)
+            if p is None:
+                return None
+            plans[a.name] = p
+        if sum(p.slices_used for p in plans.values()) > node.slices_available:
             return None
-        plans[a.name] = p
-    if sum(p.slices_used for p in plans.values()) > node.slices_available:
-        return None
-    try:
-        layout = _pack_node(plans, node, previous)
-    except PackingError:
-        return None
-    by_name = {a.name: a for a in apps}
-    for name, p in plans.items():
-        p.layout = app_layout(layout, name)
-        if verify_plan(p, by_name[name], node, profiles, (factors or {}).get(name)):
+        try:
+            layout = _pack_node(plans, node, previous)
+        except PackingError:
             return None
+        for name, p in plans.items():
+            p.layout = app_layout(layout, name)
+            if verify_plan(p, by_name[name], node, profiles, (factors or {}).get(name)):
+                return None
+        return plans, layout
+
+    # the running plans kept (what runs stays where it is) first, each app's greedy plan else
+    got = (attempt(True) if kept else None) or attempt(False)
+    if got is None:
+        return None
+    plans, layout = got
     secs = time.perf_counter() - t0
     for p in plans.values():
         p.solve_seconds = secs
@@ -242,23 +305,31 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
                     objective=node_value(plans, node, kind),
                     gap=math.inf, slices_used=slices, slices_available=node.slices_available,
                     solve_seconds=secs, plans=plans, layout=layout, demand_scale=1.0,
-                    notes=["anytime incumbent: each app's greedy plan, packed together and verified; "
-                           "not proven optimal"])
+                    notes=["anytime incumbent: " + (
+                        "the running plans kept, instances added for the new demands"
+                        if any(plans.get(n) is k for n, k in kept.items()) else "each app's greedy plan")
+                        + ", packed together and verified; not proven optimal"])
 
 
 def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
                       demands: Mapping[str, float], *, objective: str | None = None,
                       space: str | SearchSpace | None = None,
                       previous: NodePlan | None = None, time_limit_s: float | None = None,
-                      factors: Mapping[str, Factors] | None = None, solver: str | None = None
-                      ) -> Iterator[NodePlan]:
+                      factors: Mapping[str, Factors] | None = None, solver: str | None = None,
+                      formulation: str | None = None) -> Iterator[NodePlan]:
     """Yields ``quick_plan_node``'s plan (status ``heuristic``) when it finds one, then the exact
-    node plan: ``separate_optima``'s when the apps' own optima fit together, else ``plan_node``'s
-    started from the quick plan."""
+    node plan, ``plan_node``'s started from the quick plan (with the ``joint`` formulation:
+    ``separate_optima``'s when the apps' own optima fit together, else the joint model's)."""
     quick = quick_plan_node(apps, node, profiles, demands, objective=objective, space=space,
                             previous=previous, factors=factors)
     if quick is not None:
         yield quick
+    if (formulation or DEFAULT_FORMULATION) != "joint":
+        # the decomposition starts with each app's own optimum (what separate_optima checks)
+        yield plan_node(apps, node, profiles, demands, objective=objective, space=space,
+                        previous=previous, time_limit_s=time_limit_s, factors=factors, solver=solver,
+                        start=quick, formulation=formulation)
+        return
     limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
     t0 = time.perf_counter()
     apart = separate_optima(apps, node, profiles, demands, objective=objective, space=space,
@@ -268,7 +339,7 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
         return
     exact = plan_node(apps, node, profiles, demands, objective=objective, space=space, previous=previous,
                       time_limit_s=max(0.5 * limit, limit - (time.perf_counter() - t0)), factors=factors,
-                      solver=solver, start=apart if apart is not None else quick)
+                      solver=solver, start=apart if apart is not None else quick, formulation="joint")
     yield apart if apart is not None and prefer_quick(apart, exact, node, objective) else exact
 
 

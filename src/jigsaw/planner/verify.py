@@ -76,6 +76,17 @@ def verify_plan(plan: Plan, app: App, node: Node, profiles: ProfileTable,
     supply: dict[tuple[str, str], float] = defaultdict(float)
     for inst in plan.instances:
         supply[(inst.task, inst.variant)] += inst.count * inst.throughput_rps
+    # Every lane that carries requests runs the variant of each task they reach: the runtime
+    # cannot route a request to a variant without a process, however small the lane's rate.
+    run = {key for key, cap in supply.items() if cap > 0}
+    for li, lane in enumerate(plan.lanes):
+        if lane.rate_rps <= 0:
+            continue
+        mult = app.multipliers(tuple(lane.variants[t] for t in app.task_names), factors)
+        for t in app.task_names:
+            if mult[t] > 0 and (t, lane.variants[t]) not in run:
+                problems.append(f"lane {li} sends {t} to variant {lane.variants[t]!r}, which the plan "
+                                "does not run")
     for key, need in demand.items():
         if need > supply[key] * (1 + _REL_TOL) + 1e-9:
             problems.append(f"{key[0]}/{key[1]}: demand {need:.6g} rps > capacity {supply[key]:.6g} rps")

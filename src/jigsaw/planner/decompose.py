@@ -1,0 +1,347 @@
+"""The node's plan by decomposition: each app alone, a frontier where they compete, one packing.
+
+The joint model (``joint``) couples a node's apps only through the GPUs' MIG layouts; its
+objective is a sum of one term per app (``accuracy``: weight x alpha x accuracy minus beta per
+slice; ``slices``: minus beta per slice plus a small accuracy tie-break), and every app's part
+of a node plan is a plan for that app alone. Any set of MIG instances that packs onto G GPUs
+takes at most 7 G compute slices and 8 G placement slots (memory slices). So, with ``g_a(k, m)``
+the best value of app ``a`` alone on at most ``k`` slices and ``m`` slots (one small
+single-app solve, ``joint.solve(max_slices=k, max_slots=m)``):
+
+    node optimum <= max { sum_a g_a(k_a, m_a) : sum_a k_a <= 7 G, sum_a m_a <= 8 G }   (the bound)
+
+and any choice of single-app plans that packs together is a node plan (an incumbent).
+``solve`` computes ``g_a`` lazily, only where the bound's best choice needs it: first each
+app's own optimum (no budget; started from a verified plan); when those together overrun the
+node in slices or slots, points below them, best-first (a knapsack over the apps' budgets,
+with an upper estimate of each ``g_a`` not yet solved: g is nondecreasing, so the bound of any
+larger budget solved; and a lower bound on each app's slots at a slice budget from the
+latency-relaxed core, which rules out the budgets below it in one solve). Accuracy lies in
+[0.9, 1], so an app's optimum is within about 3 slices of its fewest-slices plan: frontiers
+are a few points.
+
+What is proven: each solve reports the solver's own bound on its optimum (an ``optimal`` solve
+stops within the gap of it), so the bound above holds with each ``g_a`` replaced by its solve's
+bound. When the best choice's plans pack onto the GPUs and their values are within the node's
+stopping gap (``Node.absolute_gap``) of that bound, the node plan is ``optimal`` in the joint
+model's own sense; where the solves' gaps add up to more, the chosen points are solved again
+to a share (the gap / the number of apps) each. When the plans do not pack (the bound knows
+the slices and slots, not the placement rules), the best packable choice among the plans
+computed is an incumbent and the joint model decides, started from it and cut by the bound.
+When no choice of budgets fits, the demands do not fit together: ``infeasible``, proven by the
+bound alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+
+from jigsaw.mig import NUM_PLACEMENT_SLOTS
+from jigsaw.node import Node
+from jigsaw.plan import GpuLayout, Layout, PlacedInstance, Plan
+from jigsaw.planner import joint
+from jigsaw.planner.anytime import quick_plan
+from jigsaw.planner.packer import PackingError
+
+Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plans do not fit together
+
+
+Usage = tuple[int, int]  # (compute slices, MIG placement slots) a plan's instances take
+
+
+def app_layout(layout: Layout, app: str) -> Layout:
+    """The node layout restricted to one app's instances (the same GPUs and starts)."""
+    return Layout(layout.gpu_model, tuple(
+        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, p.task, p.variant, p.index, p.mps,
+                                              p.max_batch) for p in g.instances if p.app == app))
+        for g in layout.gpus))
+
+
+def usage(plan: Plan, node: Node) -> Usage:
+    """The compute slices and the placement slots (memory slices) of ``plan``'s instances."""
+    size = {p.name: p.size for p in node.gpu.profiles}
+    return plan.slices_used, sum(x.count * size[x.mig_profile] for x in plan.instances)
+
+
+@dataclass
+class _Point:
+    """One single-app solve within a budget: its plan (None: none found) and its bound."""
+
+    budget: Usage  # at most these slices and slots (the node's, when unbounded)
+    plan: Plan | None
+    value: float  # the plan's objective (-inf without a plan)
+    bound: float  # upper bound on g(budget), hence on g(b) for every b <= budget
+    used: Usage = (0, 0)
+
+
+@dataclass
+class _Frontier:
+    """What is known of one app's g(b): the points solved, and the budgets proven infeasible."""
+
+    points: list[_Point] = field(default_factory=list)
+    infeasible: list[Usage] = field(default_factory=list)
+    min_slots: dict[int, int] = field(default_factory=dict)  # k -> no plan on <= k slices has fewer
+
+    def known(self, b: Usage) -> _Point | None:
+        """A solved point whose plan is optimal for budget b (its usage <= b <= its budget)."""
+        for p in self.points:
+            if p.plan is not None and p.used[0] <= b[0] <= p.budget[0] and p.used[1] <= b[1] <= p.budget[1]:
+                return p
+        return None
+
+    def upper(self, b: Usage) -> float:
+        """An upper bound on g(b): g is nondecreasing in b, so the bound of any budget >= b."""
+        if any(b[0] <= x[0] and b[1] <= x[1] for x in self.infeasible):
+            return -math.inf
+        if any(b[0] <= k and b[1] < m for k, m in self.min_slots.items()):
+            return -math.inf
+        return min((p.bound for p in self.points if p.budget[0] >= b[0] and p.budget[1] >= b[1]),
+                   default=math.inf)
+
+
+@dataclass
+class Result:
+    status: str  # optimal | feasible | infeasible | no_solution
+    plans: list[Plan | None]
+    objective: float
+    bound: float
+    seconds: float
+    layout: Layout | None
+    solves: int  # single-app solves
+    stage: str  # apart | frontier | joint
+    notes: list[str] = field(default_factory=list)
+
+
+def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_limit_s: float
+               ) -> int | None:
+    """A lower bound on the placement slots of any plan of ``part`` on at most ``max_slices``
+    slices (None: no such plan): the latency-relaxed core (a relaxation) minimising slots."""
+    built = joint.build([part], node, full=False, max_slices=max_slices)
+    md = built.model
+    size = {p.name: p.size for p in node.gpu.profiles}
+    md.cost = [0.0] * md.num_vars
+    for c, v in zip(built.cols[0], built.count[0], strict=True):
+        md.cost[v] = -float(size[c.mig_profile])
+    sol = md.solve(solver, time_limit_s, 0.5)
+    if sol.status == "infeasible":
+        return None
+    dual = sol.dual_bound if not math.isnan(sol.dual_bound) else sol.bound
+    if math.isnan(dual) or not math.isfinite(dual):
+        return 0
+    return max(0, math.ceil(-dual - 1e-6))
+
+
+def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
+                 ) -> tuple[float, list[Usage]] | None:
+    """The budgets b (one per app) maximising the sum of the upper bounds of g with sum b <=
+    ``room``; ties go to fewer unsolved budgets, then larger budgets (a solved one is an
+    incumbent already), then the overrun spread over the apps (each cut a little is likelier
+    feasible than one cut a lot). A knapsack over the apps in both resources.
+
+    Each app's budget ranges from its own optimum's usage (more never raises g) down by the
+    node's overrun in each resource (``tops`` summed minus ``room``): any choice with less
+    can be raised to that without breaking the room, and g is nondecreasing.
+    """
+    over = [max(0, sum(t[r] for t in tops) - room[r]) for r in (0, 1)]
+    best: dict[Usage, tuple[tuple[float, int, int, int], list[Usage]]] = {(0, 0): ((0.0, 0, 0, 0), [])}
+    for f, top in zip(fronts, tops, strict=True):
+        options = []
+        for k in range(max(0, top[0] - over[0]), top[0] + 1):
+            for m in range(max(0, top[1] - over[1]), top[1] + 1):
+                ub = f.upper((k, m))
+                if ub > -math.inf:
+                    spread = (top[0] - k) ** 2 + (top[1] - m) ** 2
+                    options.append(((k, m), ub, f.known((k, m)) is None, spread))
+        nxt: dict[Usage, tuple[tuple[float, int, int, int], list[Usage]]] = {}
+        for used, (score, bs) in best.items():
+            for b, ub, unknown, spread in options:
+                at = (used[0] + b[0], used[1] + b[1])
+                if at[0] > room[0] or at[1] > room[1]:
+                    continue
+                sc = (score[0] + ub, score[1] - unknown, score[2] + b[0] + b[1], score[3] - spread)
+                have = nxt.get(at)
+                if have is None or sc > have[0]:
+                    nxt[at] = (sc, [*bs, b])
+        best = nxt
+        if not best:
+            return None
+    score, bs = max(best.values(), key=lambda x: x[0])
+    return score[0], bs
+
+
+def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
+          objective: str, pack: Packer, absolute_gap: float | None = None,
+          start: Sequence[Plan | None] | None = None) -> Result:
+    """The node decision over ``parts`` (see the module doc); ``pack`` lays out a choice of plans.
+
+    ``start``: per app, a verified plan at its demand (e.g. ``quick_plan_node``'s) that each
+    app's own solve starts from; where none is given, the app's greedy plan (``quick_plan``).
+    """
+    t0 = time.perf_counter()
+    n = len(parts)
+    gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
+    delta = gap_abs / n  # each app's share of the stopping gap, where a proof needs it
+    total_weight = sum(p.weight for p in parts) or 1.0
+    room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
+    fronts = [_Frontier() for _ in parts]
+    solves = 0
+
+    def left() -> float:
+        return max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
+
+    def point(i: int, budget: Usage, start: tuple[Plan, float] | None = None,
+              gap: float | None = None) -> _Point:
+        """g at ``budget`` for app i; ``start``: a known plan within the budget and its value."""
+        nonlocal solves
+        solves += 1
+        res = joint.solve([parts[i]], node, solver=solver, time_limit_s=left(), objective=objective,
+                          absolute_gap=gap_abs if gap is None else gap,
+                          start=[start[0]] if start is not None else None,
+                          max_slices=budget[0] if budget[0] < room[0] else None,
+                          max_slots=budget[1] if budget[1] < room[1] else None,
+                          total_weight=total_weight)
+        plan = res.plans[0]
+        if res.status == "infeasible":
+            return _Point(budget, None, -math.inf, -math.inf)
+        bound = res.bound if not math.isnan(res.bound) else math.inf  # proven (the solver's own)
+        if start is not None and (plan is None or start[1] > res.objective):
+            plan, value = start
+        elif plan is not None:
+            value = res.objective
+        else:
+            return _Point(budget, None, -math.inf, bound)
+        return _Point(budget, plan, value, max(bound, value), usage(plan, node))
+
+    # 1. each app's own optimum, started from its greedy plan
+    for i, part in enumerate(parts):
+        pb = part.pb
+        quick = copy.deepcopy(start[i]) if start is not None else None  # the caller keeps its own
+        if quick is None and pb.profiles is not None and pb.colset.columns and part.demand_rps is not None:
+            quick = quick_plan(pb.app, node, pb.profiles, part.demand_rps, factors=pb.factors,
+                               problem=pb)
+        p = point(i, room, (quick, joint.part_value(quick, part, node, objective, total_weight))
+                  if quick is not None else None)
+        if p.bound == -math.inf:
+            return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
+                          None, solves, "apart", [f"{pb.app.name} alone does not fit on the node at "
+                                                  "its demand"])
+        fronts[i].points.append(p)
+    tops = [f.points[0].used for f in fronts]
+
+    # 2. best-first over the budgets: solve g where the bound's best choice needs it
+    stage = "apart"
+    bound = math.inf
+    budgets: list[Usage] = []
+    tight: set[int] = set()  # the points solved to delta
+    unsolved = any(f.points[0].plan is None for f in fronts)
+    while not unsolved:
+        got = _best_choice(fronts, tops, room)
+        if got is None:
+            return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
+                          None, solves, stage, ["the apps' plans with the fewest slices and MIG slots "
+                                                "exceed the node together"])
+        bound, budgets = got
+        todo = [i for i, b in enumerate(budgets) if fronts[i].known(b) is None]
+        if not todo:
+            chosen = [fronts[i].known(b) for i, b in enumerate(budgets)]
+            loose = [i for i, q in enumerate(chosen) if q is not None and q.bound - q.value > delta + 1e-12
+                     and id(q) not in tight]
+            if bound - sum(q.value for q in chosen if q is not None) <= gap_abs + 1e-9 or not loose:
+                break
+            # every solve so far stopped within the node's gap of its own bound; where their sum
+            # leaves more than the node's gap, the chosen ones are solved again to their share
+            for i in loose:
+                q = chosen[i]
+                assert q is not None
+                p = point(i, q.budget, (q.plan, q.value) if q.plan is not None else None, delta)
+                # both are plans within the same budget: the new bound holds for both
+                q.bound = min(q.bound, max(p.bound, q.value))
+                tight.update((id(p), id(q)))
+                if p.plan is not None and p.plan is not q.plan:
+                    fronts[i].points.append(p)
+            continue
+        if time.perf_counter() - t0 > time_limit_s:
+            unsolved = True
+            break
+        stage = "frontier"
+        i = todo[0]
+        k = budgets[i][0]
+        if k not in fronts[i].min_slots:
+            solves += 1
+            floor = _min_slots(parts[i], node, solver, k, left())
+            if floor is None:
+                fronts[i].infeasible.append((k, room[1]))
+            else:
+                fronts[i].min_slots[k] = floor
+            if floor is None or floor > budgets[i][1]:
+                continue
+        # first the budget with every slot the app's own optimum took: its plan (often on
+        # fewer slots) covers the budgets between, and its bound caps those it does not
+        wide = (k, tops[i][1])
+        fresh = fronts[i].known(wide) is None and all(q.budget != wide for q in fronts[i].points)
+        probe = wide if fresh else budgets[i]
+        p = point(i, probe)
+        if p.bound == -math.inf:
+            fronts[i].infeasible.append(probe)
+        elif p.plan is None:
+            unsolved = True  # not even a plan within the limit: the joint model decides
+        else:
+            fronts[i].points.append(p)
+
+    # 3. the incumbent: the best choice among the plans computed that packs onto the GPUs
+    options = [sorted((q for q in f.points if q.plan is not None), key=lambda q: -q.value)
+               for f in fronts]
+    combos: list[tuple[_Point, ...]] = []
+    if not unsolved:
+        chosen = [fronts[i].known(b) for i, b in enumerate(budgets)]
+        combos.append(tuple(q for q in chosen if q is not None))
+    combos += sorted(product(*options), key=lambda c: -sum(q.value for q in c))
+    best: tuple[tuple[_Point, ...], Layout] | None = None
+    for combo in combos:
+        if len(combo) != n or any(sum(q.used[r] for q in combo) > room[r] for r in (0, 1)):
+            continue
+        try:
+            layout = pack([q.plan for q in combo if q.plan is not None])
+        except PackingError:
+            continue
+        best = (combo, layout)
+        break
+    if best is not None:
+        combo, layout = best
+        value = sum(q.value for q in combo)
+        if bound - value <= gap_abs + 1e-9:
+            return Result("optimal", [q.plan for q in combo], value, bound,
+                          time.perf_counter() - t0, layout, solves, stage)
+    # 4. unproven: the joint model, started from the incumbent and cut by the bound
+    incumbent: list[Plan | None] | None = None
+    if best is not None:
+        incumbent = [q.plan for q in best[0]]
+        for plan, part in zip(incumbent, parts, strict=True):
+            if plan is not None:
+                plan.layout = app_layout(best[1], part.pb.app.name)
+    res = joint.solve(list(parts), node, solver=solver, time_limit_s=left(), objective=objective,
+                      absolute_gap=gap_abs, start=incumbent, upper_bound=bound)
+    secs = time.perf_counter() - t0
+    b = bound if math.isnan(res.bound) else min(bound, res.bound)
+    have = res.status in ("optimal", "feasible") and all(p is not None for p in res.plans)
+    if best is not None and (not have or res.objective <= sum(q.value for q in best[0])):
+        combo, layout = best
+        value = sum(q.value for q in combo)
+        return Result("optimal" if b - value <= gap_abs + 1e-9 else "feasible",
+                      [q.plan for q in combo], value, b, secs, layout, solves, "joint",
+                      ["the best choice of each app's plans did not pack: the joint model decided, "
+                       "started from the best that packs"])
+    if not have:
+        return Result(res.status, [None] * n, math.nan, b, secs, None, solves, "joint")
+    try:
+        layout = pack([p for p in res.plans if p is not None])
+    except PackingError:
+        return Result("no_solution", [None] * n, math.nan, b, secs, None, solves, "joint",
+                      ["the joint model's plan did not pack"])
+    status = res.status if b - res.objective > gap_abs + 1e-9 else "optimal"
+    return Result(status, list(res.plans), res.objective, b, secs, layout, solves, "joint")

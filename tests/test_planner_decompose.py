@@ -1,0 +1,82 @@
+"""The node plan by decomposition proves the joint model's optimum, on instances small enough for
+the joint model to prove too (one GPU, two apps; HiGHS, generous limits on a shared machine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jigsaw.errors import PlanError
+from jigsaw.node import load_node, load_node_profiles
+from jigsaw.planner import decompose, joint
+from jigsaw.planner.node_plan import plan_node
+from jigsaw.planner.packer import validate_layout
+from jigsaw.planner.problem import make_problem
+from jigsaw.planner.verify import verify_plan
+from jigsaw.spaces import search_space
+
+NODE = Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml"
+
+
+@pytest.fixture(scope="module")
+def one_gpu():
+    node = load_node(NODE).with_gpus(1)
+    return node, load_node_profiles(node)
+
+
+@pytest.mark.parametrize(("apps", "demands", "objective"), [
+    (("social_media", "traffic_analysis"), (700.0, 120.0), "accuracy"),
+    (("social_media", "traffic_analysis"), (500.0, 150.0), "accuracy"),  # the apps compete
+    (("social_media", "ar_assistant"), (600.0, 30.0), "accuracy"),
+    (("social_media", "traffic_analysis"), (500.0, 150.0), "slices"),
+])
+def test_decomposition_proves_the_joint_optimum(one_gpu, apps, demands, objective) -> None:
+    node, profiles = one_gpu
+    got = {}
+    for form in ("decomposed", "joint"):
+        res = plan_node([node.app(a) for a in apps], node, profiles, dict(zip(apps, demands, strict=True)),
+                        solver="highs", time_limit_s=60, objective=objective, formulation=form)
+        assert res.status == "optimal" and res.feasible, (form, res.notes)
+        assert validate_layout(res.layout, node.gpu) == []
+        for name, p in res.plans.items():
+            assert verify_plan(p, node.app(name), node, profiles) == [], (form, name)
+        got[form] = res
+    # both stop within the node's gap of the same optimum
+    assert got["decomposed"].objective == pytest.approx(got["joint"].objective, abs=node.absolute_gap + 1e-9)
+    if objective == "slices":
+        assert got["decomposed"].slices_used == got["joint"].slices_used
+
+
+def test_competing_apps_use_the_frontier_and_fit(one_gpu) -> None:
+    """Each app's own optimum together would need more than the GPU: the decomposition solves
+    points below them, and its bound (their sum) holds the joint optimum."""
+    node, profiles = one_gpu
+    names = ("social_media", "traffic_analysis")
+    parts = [joint.Part(make_problem(node.app(a), node, profiles, search_space("ast"), None), d)
+             for a, d in zip(names, (500.0, 150.0), strict=True)]
+    from jigsaw.planner.node_plan import _pack_node
+
+    res = decompose.solve(parts, node, solver="highs", time_limit_s=60, objective="accuracy",
+                          pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None))
+    assert res.status == "optimal" and res.stage == "frontier" and res.solves > len(parts)
+    assert sum(p.slices_used for p in res.plans if p is not None) <= node.slices_available
+    assert res.bound - res.objective <= node.absolute_gap + 1e-9
+    ref = joint.solve(parts, node, solver="highs", time_limit_s=60)
+    assert ref.objective <= res.bound + 1e-6  # the decomposition's bound holds the joint optimum
+
+
+def test_demands_that_cannot_fit_are_infeasible_by_the_bound(one_gpu) -> None:
+    node, profiles = one_gpu
+    names = ("social_media", "traffic_analysis")
+    parts = [joint.Part(make_problem(node.app(a), node, profiles, search_space("ast"), None), d)
+             for a, d in zip(names, (1500.0, 400.0), strict=True)]
+    res = decompose.solve(parts, node, solver="highs", time_limit_s=60, objective="accuracy",
+                          pack=lambda ps: pytest.fail("nothing should be packed"))
+    assert res.status == "infeasible" and all(p is None for p in res.plans)
+
+
+def test_unknown_node_formulation_is_a_plan_error(one_gpu) -> None:
+    node, profiles = one_gpu
+    with pytest.raises(PlanError, match="formulation"):
+        plan_node([node.app("social_media")], node, profiles, {"social_media": 10.0}, formulation="magic")
