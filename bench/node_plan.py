@@ -121,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                 same = f"only one proven; the other within it (off by {worst:.3g})"
             elif one:
                 same = "THE UNPROVEN ONE BEATS THE PROVEN ONE"
+            elif any((a.status == "optimal") != (b.status == "optimal") for a, b in runs):
+                proven = first if all(a.status == "optimal" for a, _ in runs) else other
+                same = f"only {proven} proven; the other found no plan"
             else:
                 same = "neither proven or no plan"
             row.append(f"load {ld:.0%}: {ratio:.1f}x ({same})")
