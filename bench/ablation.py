@@ -159,7 +159,8 @@ def table(runs: list[Run], results: dict[str, dict[str, Any]]) -> str:
 
 
 def write_readme(readme: Path, text: str) -> None:
-    doc = readme.read_text()
+    """Rewrite the table between the markers of ``readme`` (a new file holds just the table)."""
+    doc = readme.read_text() if readme.exists() else ""
     if BEGIN not in doc or END not in doc:
         doc = doc.rstrip("\n") + f"\n\n{BEGIN}\n{END}\n"
     a = doc.index(BEGIN) + len(BEGIN)
@@ -195,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", type=Path, default=ROOT / "bench" / "README.md")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their wall time; run nothing")
     args = p.parse_args(argv)
+    if not args.readme.parent.is_dir():
+        raise SystemExit(f"ablation: --readme {args.readme}: its directory does not exist")
     scales = parse_time_scales(args.time_scale)
     runs = [r for r in matrix() if not args.only or any(fnmatch.fnmatch(r.id, g) for g in args.only)]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -69,3 +69,12 @@ def test_the_readme_table_is_rewritten_between_its_markers(tmp_path: Path) -> No
     assert ("| traffic_analysis | ast | 96:144 | all | 40.0 | 9.50 | 1.00 | 1.20 | 7.00 | 3 | yes (100) | "
             "kept up") in text
     assert "| none | not run |" in text
+
+
+def test_a_readme_that_does_not_exist_yet_is_created_with_the_table(tmp_path: Path) -> None:
+    readme = tmp_path / "new.md"
+    runs = [ablation.Run("traffic_analysis", "ast", "peak", "all")]
+    ablation.write_readme(readme, ablation.table(runs, {}))
+    text = readme.read_text()
+    assert text.count(ablation.BEGIN) == 1 and text.count(ablation.END) == 1
+    assert "| all | not run |" in text
