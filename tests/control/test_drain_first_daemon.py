@@ -13,7 +13,6 @@ need every slot (no lane left to serve).
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -22,77 +21,28 @@ from typing import Any
 import pytest
 from dpserver import Load, Server, http
 from mps_standin import fake_mps
+from pinned import APP, instance, write_pinned
 
 from jigsaw.gpu.emulated_nvml import NVML_ERROR_IN_USE, NVML_ERROR_INSUFFICIENT_RESOURCES
 
-APP = "tiny"
 SWAP_RPS = 1025  # a and one b kept, two 2g.20gb instances of b over four of b's 1g.10gb ones
 ALL_RPS = 1500  # three 2g.20gb instances of b: every slot is in the way
 
-APP_TOML = """name = "tiny"
-latency_slo_ms = 2000.0
-staleness_ms = 1000.0
-[[inputs]]
-name = "image"
-datatype = "UINT8"
-shape = [-1]
-[[tasks]]
-name = "a"
-kind = "classifier"
-variants = [{ name = "a-v", accuracy = 1.0 }]
-[[tasks]]
-name = "b"
-kind = "classifier"
-variants = [{ name = "b-v", accuracy = 1.0 }]
-[[edges]]
-from = "a"
-to = "b"
-factor = 1.0
-"""
-PROFILES = """variant,mig_profile,mps,batch,latency_ms,throughput_rps,memory_mb,source,host,backend,date
-a-v,1g.10gb,1,1,0.2,5000.000,100,modeled,,,
+PROFILES = """a-v,1g.10gb,1,1,0.2,5000.000,100,modeled,,,
 b-v,1g.10gb,1,1,20.0,50.000,100,modeled,,,
 b-v,2g.20gb,2,1,4.0,500.000,100,modeled,,,
 """
-NODE_TOML = """name = "tiny-node"
-apps = ["app.toml"]
-[gpus]
-model = "H100-80GB"
-count = 1
-mps_levels = [1, 2]
-batch_sizes = [1]
-profiles_dir = "profiles"
-backend = "emulated"
-[planner]
-hop_latency_ms = 0.0
-"""
-
-
-def _instance(task: str, profile: str, count: int, latency_ms: float, rps: float) -> dict[str, Any]:
-    return {"task": task, "variant": f"{task}-v", "mig_profile": profile, "mps": 1, "max_batch": 1,
-            "count": count, "latency_ms": latency_ms, "throughput_rps": rps, "slices": 1}
 
 
 def _args(tmp_path: Path) -> list[str]:
-    d = tmp_path / "tiny"
-    (d / "profiles").mkdir(parents=True)
-    (d / "app.toml").write_text(APP_TOML)
-    (d / "profiles" / "tiny.csv").write_text(PROFILES)
-    (d / "node.toml").write_text(NODE_TOML)
     placed = [{"profile": "1g.10gb", "start": 0, "task": "a", "variant": "a-v", "index": 0}]
     placed += [{"profile": "1g.10gb", "start": s, "task": "b", "variant": "b-v", "index": s - 1}
                for s in range(1, 7)]
-    plan = {"app": APP, "space": "ast", "demand_rps": 300.0, "planned_rps": 300.0, "feasible": True,
-            "max_demand_plan": False, "status": "optimal", "objective": 0.0, "accuracy": 1.0,
-            "slices_used": 7, "slices_available": 7, "solve_seconds": 0.0, "gap": 0.0,
-            "instances": [_instance("a", "1g.10gb", 1, 0.2, 5000.0),
-                          _instance("b", "1g.10gb", 6, 20.0, 50.0)],
-            "lanes": [{"variants": {"a": "a-v", "b": "b-v"}, "rate_rps": 300.0}],
-            "task_latency_ms": {"a": 0.2, "b": 20.0},
-            "gpu_model": "H100-80GB", "layout": [{"gpu": 0, "instances": placed}]}
-    (d / "plan.json").write_text(json.dumps(plan))
-    return ["--node-config", str(d / "node.toml"), "--plan", str(d / "plan.json"), "--controller",
-            "--bin-seconds", "3600", "--plan-time-limit", "30", "--anytime", "off"]
+    return write_pinned(tmp_path, latency_slo_ms=2000.0, profiles=PROFILES, mps_levels="[1, 2]",
+                        node_extra="", demand_rps=300.0,
+                        instances=[instance("a", "1g.10gb", 1, 0.2, 5000.0),
+                                   instance("b", "1g.10gb", 6, 20.0, 50.0)],
+                        placed=placed, slices_used=7)
 
 
 def _layout(url: str) -> dict[str, Any]:

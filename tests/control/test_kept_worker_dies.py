@@ -10,52 +10,18 @@ far past the bound the test sets.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 from dpserver import Load, Server, http
+from pinned import APP, instance, write_pinned
 
-APP = "tiny"
-APP_TOML = """name = "tiny"
-latency_slo_ms = 30000.0
-staleness_ms = 1000.0
-[[inputs]]
-name = "image"
-datatype = "UINT8"
-shape = [-1]
-[[tasks]]
-name = "a"
-kind = "classifier"
-variants = [{ name = "a-v", accuracy = 1.0 }]
-[[tasks]]
-name = "b"
-kind = "classifier"
-variants = [{ name = "b-v", accuracy = 1.0 }]
-[[edges]]
-from = "a"
-to = "b"
-factor = 1.0
-"""
-PROFILES = """variant,mig_profile,mps,batch,latency_ms,throughput_rps,memory_mb,source,host,backend,date
-a-v,1g.10gb,1,1,1.0,1000.000,100,modeled,,,
+PROFILES = """a-v,1g.10gb,1,1,1.0,1000.000,100,modeled,,,
 b-v,1g.10gb,1,1,1000.0,1.000,100,modeled,,,
 """
-NODE_TOML = """name = "tiny-node"
-apps = ["app.toml"]
-[gpus]
-model = "H100-80GB"
-count = 1
-mps_levels = [1]
-batch_sizes = [1]
-profiles_dir = "profiles"
-backend = "emulated"
-[planner]
-hop_latency_ms = 0.0
-[control]
+NODE_EXTRA = """[control]
 replan_on_rate = false
 replan_violation_rate = 1.0
 """
@@ -64,28 +30,14 @@ BOUND_S = 10.0  # from the kill until every request sent is answered and the old
 
 def slow_b_args(tmp_path: Path, node_extra: str = "") -> list[str]:
     """The daemon arguments of the node (``node_extra``: more of its TOML, e.g. a ``[server]``)."""
-    d = tmp_path / "tiny"
-    (d / "profiles").mkdir(parents=True)
-    (d / "app.toml").write_text(APP_TOML)
-    (d / "profiles" / "tiny.csv").write_text(PROFILES)
-    (d / "node.toml").write_text(NODE_TOML + node_extra)
     placed = [{"profile": "1g.10gb", "start": 0, "task": "a", "variant": "a-v", "index": 0},
               *({"profile": "1g.10gb", "start": s, "task": "b", "variant": "b-v", "index": s - 1}
                 for s in (1, 2))]
-
-    def inst(task: str, count: int, latency_ms: float) -> dict[str, Any]:
-        return {"task": task, "variant": f"{task}-v", "mig_profile": "1g.10gb", "mps": 1, "max_batch": 1,
-                "count": count, "latency_ms": latency_ms, "throughput_rps": 1000.0 / latency_ms, "slices": 1}
-    plan = {"app": APP, "space": "ast", "demand_rps": 2.0, "planned_rps": 2.0, "feasible": True,
-            "max_demand_plan": False, "status": "optimal", "objective": 0.0, "accuracy": 1.0,
-            "slices_used": 3, "slices_available": 7, "solve_seconds": 0.0, "gap": 0.0,
-            "instances": [inst("a", 1, 1.0), inst("b", 2, 1000.0)],
-            "lanes": [{"variants": {"a": "a-v", "b": "b-v"}, "rate_rps": 2.0}],
-            "task_latency_ms": {"a": 1.0, "b": 1000.0},
-            "gpu_model": "H100-80GB", "layout": [{"gpu": 0, "instances": placed}]}
-    (d / "plan.json").write_text(json.dumps(plan))
-    return ["--node-config", str(d / "node.toml"), "--plan", str(d / "plan.json"), "--controller",
-            "--bin-seconds", "3600", "--plan-time-limit", "30", "--anytime", "off"]
+    return write_pinned(tmp_path, latency_slo_ms=30000.0, profiles=PROFILES, mps_levels="[1]",
+                        node_extra=NODE_EXTRA + node_extra, demand_rps=2.0,
+                        instances=[instance("a", "1g.10gb", 1, 1.0, 1000.0),
+                                   instance("b", "1g.10gb", 2, 1000.0, 1.0)],
+                        placed=placed, slices_used=3)
 
 
 def test_kept_worker_dying_during_the_drain_settles_the_old_generation_at_once(tmp_path: Path) -> None:

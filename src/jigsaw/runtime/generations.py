@@ -493,13 +493,7 @@ class GenerationManager:
         pairs = [] if desired.fresh_generation else kept_processes(old, gen)
         gen.adopt(old, pairs)
         try:
-            mps_env = await asyncio.to_thread(self._start_mps, gen, node_layout)
-            gen.create_segments()
-            gen.start_workers(mps_env, self.spares)
-            for k in gen.adopted:
-                self._tell(gen.workers[k])
-            router.add_generation(gen.gid, gen.topology)
-            await self._wait_ready(gen, desired.repartition_delay_s if changed else 0.0)
+            await self._launch(gen, node_layout, router, desired.repartition_delay_s if changed else 0.0)
         except Exception as exc:
             self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old.gid}")
             self.failures_total += 1
@@ -524,6 +518,20 @@ class GenerationManager:
         self.processes_kept_total += len(pairs)
         return Applied(gen.gid, old_gid, True, switched_s, tuple(changed), n,
                        kept=len(pairs), started=n - len(pairs), stopped=stopped)
+
+    async def _launch(self, gen: Generation, layout: NodeLayout | None, router: Router,
+                      hold_s: float = 0.0) -> None:
+        """Bring ``gen`` up beside the running generations: its MPS daemons, its segments, its new
+        processes (on spares where it can), the processes it adopted told to serve it too; returns
+        once every process is ready (``hold_s``: see ``_wait_ready``), raises otherwise. One
+        sequence for a re-plan, a drain-first's interim plan and a restore, so they cannot drift."""
+        mps_env = await asyncio.to_thread(self._start_mps, gen, layout)
+        gen.create_segments()
+        gen.start_workers(mps_env, self.spares)
+        for k in gen.adopted:
+            self._tell(gen.workers[k])
+        router.add_generation(gen.gid, gen.topology)
+        await self._wait_ready(gen, hold_s)
 
     async def _wait_ready(self, gen: Generation, hold_s: float = 0.0) -> None:
         """Until every process of ``gen`` is ready (and ``hold_s`` passed: a MIG repartition's
@@ -578,13 +586,7 @@ class GenerationManager:
             layout = self.partition.with_uuids(layout)
             back = self._lay_out(mid.app, plan)
             back.adopt(mid, kept_processes(mid, back))
-            mps_env = await asyncio.to_thread(self._start_mps, back, layout)
-            back.create_segments()
-            back.start_workers(mps_env, self.spares)
-            for k in back.adopted:
-                self._tell(back.workers[k])
-            router.add_generation(back.gid, back.topology)
-            await self._wait_ready(back)
+            await self._launch(back, layout, router)
         except Exception as exc:
             if back is not None:
                 await self._abandon(back)
@@ -639,12 +641,7 @@ class GenerationManager:
         mid = self._lay_out(old.app, mid_plan)
         mid.adopt(old, kept_processes(old, mid))
         try:
-            mid.create_segments()
-            mid.start_workers(await asyncio.to_thread(self._start_mps, mid, self.node_layout))
-            for k in mid.adopted:
-                self._tell(mid.workers[k])
-            router.add_generation(mid.gid, mid.topology)
-            await self._wait_ready(mid)
+            await self._launch(mid, self.node_layout, router)
         except Exception as exc:
             await self._abandon(mid)
             raise JigsawError(f"the processes serving while the instances drain did not start: {exc}") \
