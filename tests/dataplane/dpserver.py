@@ -188,9 +188,25 @@ def image(n: int = 4, rid: str | None = None) -> dict[str, Any]:
     return body
 
 
+def _idle_spare(pid: int, stat: str) -> bool:
+    """A spare worker that has not been handed a spec. It is named ``jigsaw-spare`` only once its
+    imports are done, so a spare still starting is told by its command line: ``--spare`` with a
+    control file the daemon has not written yet (it writes it before the SIGHUP that hands a spec)."""
+    if stat.startswith(f"{pid} (jigsaw-spare)"):
+        return True
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if b"--spare" not in argv or b"--control" not in argv:
+        return False
+    i = argv.index(b"--control") + 1
+    return i < len(argv) and not Path(os.fsdecode(argv[i])).exists()
+
+
 def worker_pids(daemon_pid: int, *, spares: bool = False) -> set[int]:
     """The daemon's direct children (its worker processes), from /proc; idle spare workers
-    (``runtime/spares.py``, named ``jigsaw-spare`` while they wait) only with ``spares``."""
+    (``runtime/spares.py``) only with ``spares``."""
     children = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -198,7 +214,8 @@ def worker_pids(daemon_pid: int, *, spares: bool = False) -> set[int]:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            idle_spare = stat.startswith(f"{entry} (jigsaw-spare)")
-            if int(stat.rsplit(")", 1)[1].split()[1]) == daemon_pid and (spares or not idle_spare):
+            if int(stat.rsplit(")", 1)[1].split()[1]) != daemon_pid:
+                continue
+            if spares or not _idle_spare(int(entry), stat):
                 children.add(int(entry))
     return children
