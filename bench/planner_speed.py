@@ -25,6 +25,7 @@ solver on this MILP, not a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ except ImportError:  # run from a checkout without an installed package
 
 from jigsaw.node import load_node, load_node_profiles  # noqa: E402
 from jigsaw.plan import json_safe  # noqa: E402
+from jigsaw.planner import joint  # noqa: E402
 from jigsaw.planner.milp import capacity, plan  # noqa: E402
 
 TARGET_MEDIAN_S = 0.3
@@ -53,6 +56,24 @@ DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(1, 11))
 def machine() -> str:
     return (f"{platform.platform()}, {platform.processor() or platform.machine()}, "
             f"os.cpu_count()={os.cpu_count()}, python {platform.python_version()}")
+
+
+PLAIN = "tight-plain"  # the tight model as before the split search and the HiGHS core stage
+
+
+@contextlib.contextmanager
+def formulation_of(form: str) -> Iterator[str]:
+    """The formulation ``plan`` takes for the bench's name: ``tight-plain`` is ``tight`` with
+    every stage on the solver named and no split search (the path before both)."""
+    if form != PLAIN:
+        yield form
+        return
+    saved = joint.CORE_SOLVER, joint.SPLIT_SEARCH
+    joint.CORE_SOLVER, joint.SPLIT_SEARCH = None, False
+    try:
+        yield "tight"
+    finally:
+        joint.CORE_SOLVER, joint.SPLIT_SEARCH = saved
 
 
 def hit_limit(status: str, seconds: float, limit: float) -> bool:
@@ -92,8 +113,9 @@ def run_app(app_name: str, node, profiles, solvers: list[str], fractions: list[f
             demand = f * cap.max_demand_rps
             t1 = time.perf_counter()
             # the capacity's plan serves every fraction: the start where the greedy plan finds none
-            p = plan(app, node, profiles, demand, space=space, time_limit_s=limit, solver=solver,
-                     formulation=form, start=cap.plan if start_from_capacity else None)
+            with formulation_of(form) as name:
+                p = plan(app, node, profiles, demand, space=space, time_limit_s=limit, solver=solver,
+                         formulation=name, start=cap.plan if start_from_capacity else None)
             wall = time.perf_counter() - t1
             status = p.status if p.feasible or not p.max_demand_plan else f"{p.status}*"
             row = {"fraction": f, "demand_rps": demand, "status": p.status, "feasible": p.feasible,
@@ -154,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--apps", default="", help="comma-separated app names (default: all of the node's)")
     ap.add_argument("--solvers", default="cbc,highs")
     ap.add_argument("--formulations", default="tight,reference",
-                    help="tight (default formulation) and/or reference (the original model)")
+                    help="tight (default formulation), tight-plain (tight as before the split "
+                         "search and the HiGHS core stage) and/or reference (the original model)")
     ap.add_argument("--fractions", default=",".join(f"{f:g}" for f in DEFAULT_FRACTIONS),
                     help="demands as fractions of the capacity")
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per solve")
@@ -187,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n== summary (wall per solve incl. columns and build; targets: median <= "
           f"{TARGET_MEDIAN_S:g} s, max <= {TARGET_MAX_S:g} s, every gap < beta {node.beta:.3g})")
+    print("speed-up and same optimum: tight against tight-plain where both ran, else against "
+          "reference")
     print(f"{'app':<18} {'solver/formulation':<16} {'median s':>8} {'max s':>7} {'max gap':>9} "
           f"{'at limit':>8} {'speed-up':>8} {'same optimum':>12}")
     for r in results:
@@ -194,8 +219,10 @@ def main(argv: list[str] | None = None) -> int:
             s = run["summary"]
             solver, form = key.split("/")
             ref = r["runs"].get(f"{solver}/reference")
+            if form == "tight" and f"{solver}/{PLAIN}" in r["runs"]:
+                ref = r["runs"][f"{solver}/{PLAIN}"]  # the same model before: the change's ratio
             speedup, same = "-", "-"
-            if form != "reference" and ref is not None:
+            if form not in ("reference", PLAIN) and ref is not None:
                 speedup = f"{ref['summary']['median_s'] / max(s['median_s'], 1e-9):.1f}x"
                 same = same_optimum(run["rows"], ref["rows"], node.absolute_gap)
             print(f"{r['app']:<18} {key:<16} {s['median_s']:>8.3f} {s['max_s']:>7.2f} "

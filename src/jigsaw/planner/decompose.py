@@ -127,7 +127,7 @@ def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_
     md.cost = [0.0] * md.num_vars
     for c, v in zip(built.cols[0], built.count[0], strict=True):
         md.cost[v] = -float(size[c.mig_profile])
-    sol = md.solve(solver, time_limit_s, 0.5)
+    sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5)
     if sol.status == "infeasible":
         return None
     dual = sol.dual_bound if not math.isnan(sol.dual_bound) else sol.bound
