@@ -66,6 +66,7 @@ LEVELS_PER_TASK = 6
 # CBC (ar_assistant 0.01-0.3 s against 0.4-3.8 s). Both are exact: the answer is the same.
 CORE_SOLVER: str | None = "highs"  # None: the node's solver
 SPLIT_SEARCH = True  # the default of ``solve(split_search=...)``
+SPLIT_SOLVER: str | None = "highs"  # who solves the split search's restricted cores (None: the node's)
 
 
 CORE_SOLVERS = ("auto", "same", "cbc", "highs")
@@ -724,8 +725,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
         # every plan of the full model maps onto the core with its objective: the cut keeps them
         _objective_cut(core.model, upper_bound)
     # the capacity's core stays on the node's solver: its proven figure is the one benches cite
-    sol = core.model.solve(solver if capacity_mode else stage_solver(solver, core_solver),
-                           time_limit_s, gap_abs,
+    core_how = solver if capacity_mode else stage_solver(solver, core_solver)
+    sol = core.model.solve(core_how, time_limit_s, gap_abs,
                            start=_core_start(core, start),
                            relative_gap=rel_gap)
     if sol.status == "infeasible":
@@ -763,6 +764,24 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 _extract(core, sol.values, i, cols, sol.status, secs, gap)
                 for i, (cols, _) in enumerate(lifts) if cols is not None]
             return JointResult(sol.status, plans, sol.objective, _proven(sol), secs, "core")
+        if best is not None and best.status != "optimal" and sol.status == "optimal" and \
+                ub - best.objective <= 2 * gap_abs and core_how == "highs":
+            # HiGHS reports its own bound (up to the gap above its incumbent): where that leaves
+            # the start just short of a proof, the core solved again from the start by the
+            # node's solver (CBC closes such a core in about a second), or by HiGHS to a
+            # quarter of the gap, usually brings it within
+            again = solver if solver != core_how else core_how
+            tsol = core.model.solve(again, max(time_limit_s - (time.perf_counter() - t0),
+                                               0.05 * time_limit_s),
+                                    gap_abs if again != core_how else gap_abs / 4,
+                                    start=_core_start(core, start))
+            if tsol.has_incumbent:
+                ub = min(ub, _proven(tsol))
+                if ub - best.objective <= gap_abs:
+                    best.status, best.bound = "optimal", ub
+                    for p in best.plans:
+                        if p is not None:
+                            p.status, p.gap = "optimal", 0.0
         if best is not None and best.status == "optimal":
             return best  # the start, proven by the core's bound
         # The latency levels: per task of each part whose lift failed, a few caps to choose
@@ -808,7 +827,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 cand: list[dict[str, float] | None] = [
                     x[min(k, len(x) - 1)] if x else None for x in splits]
                 got = restrict(build(parts, node, full=False, caps=cand, **shape), "split",
-                               stage_solver(solver, core_solver))
+                               SPLIT_SOLVER or solver)
                 if got is not None:
                     best = _better(best, got)
                     if best.status == "optimal":
