@@ -19,10 +19,12 @@ The profiles are modeled (profiles/generate.py), not measured on GPUs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,10 +34,28 @@ except ImportError:  # run from a checkout without an installed package
     sys.path.insert(0, str(ROOT / "src"))
 
 from jigsaw.node import load_node, load_node_profiles  # noqa: E402
+from jigsaw.planner import joint  # noqa: E402
 from jigsaw.planner.anytime import quick_plan  # noqa: E402
 from jigsaw.planner.milp import capacity  # noqa: E402
 from jigsaw.planner.node_plan import plan_node  # noqa: E402
 from jigsaw.planner.verify import verify_plan  # noqa: E402
+
+PLAIN = "-plain"  # e.g. decomposed-plain: the formulation as before the split search and HiGHS core
+
+
+@contextlib.contextmanager
+def formulation_of(form: str) -> Iterator[str]:
+    """The formulation ``plan_node`` takes for the bench's name: ``X-plain`` is ``X`` with every
+    single-app stage on the solver named and no split search (the path before both)."""
+    if not form.endswith(PLAIN):
+        yield form
+        return
+    saved = joint.CORE_SOLVER, joint.SPLIT_SEARCH
+    joint.CORE_SOLVER, joint.SPLIT_SEARCH = None, False
+    try:
+        yield form[:-len(PLAIN)]
+    finally:
+        joint.CORE_SOLVER, joint.SPLIT_SEARCH = saved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--formulations", default="decomposed,joint",
-                    help="comma-separated: decomposed (the default path) and/or joint")
+                    help="comma-separated: decomposed (the default path), joint, and either "
+                         "with -plain (before the split search and the HiGHS core stage)")
     ap.add_argument("--capacities", default="",
                     help="app=rps,... each app's capacity alone on the (unscaled) node, to skip "
                          "computing it")
@@ -85,20 +106,21 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             for form in forms:  # interleaved: both see the same machine load
                 t0 = time.perf_counter()
-                res = plan_node(apps, node, profiles, demands, solver=args.solver,
-                                objective=args.objective, time_limit_s=args.time_limit,
-                                formulation=form)
+                with formulation_of(form) as name:
+                    res = plan_node(apps, node, profiles, demands, solver=args.solver,
+                                    objective=args.objective, time_limit_s=args.time_limit,
+                                    formulation=name)
                 wall = time.perf_counter() - t0
                 times[form][load].append(wall)
                 results[form][load].append(res)
                 bad = sum(bool(verify_plan(p, node.app(n), node, profiles)) for n, p in res.plans.items())
                 gap = "inf" if math.isinf(res.gap) else f"{res.gap:.2g}"
-                print(f"  load {load:4.0%} {form:<10}: {wall:7.3f} s  {res.status:<11} gap {gap:<7} "
+                print(f"  load {load:4.0%} {form:<17}: {wall:7.3f} s  {res.status:<11} gap {gap:<7} "
                       f"slices {res.slices_used:>3}/{res.slices_available}  scale {res.demand_scale:.3f}"
                       f"  objective {res.objective:.4f}{'  VERIFY FAILED' if bad else ''}", flush=True)
     print("\nmedian wall seconds per node plan:")
     for form in forms:
-        print(f"  {form:<10} " + ", ".join(f"load {ld:.0%}: {statistics.median(v):.3f} s"
+        print(f"  {form:<17} " + ", ".join(f"load {ld:.0%}: {statistics.median(v):.3f} s"
                                           for ld, v in times[form].items()))
     first = forms[0]
     for other in forms[1:]:
