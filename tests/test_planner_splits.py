@@ -1,0 +1,72 @@
+"""The tight planner's split search and small-stage solver: same optimum as the path before them."""
+
+from __future__ import annotations
+
+import pytest
+from factories import make_app, make_node, make_profiles
+
+from jigsaw.planner import joint
+from jigsaw.planner.milp import plan
+from jigsaw.planner.problem import make_problem
+from jigsaw.planner.verify import verify_plan
+from jigsaw.spaces import search_space
+
+# A chain where latency binds (the largest batches of every task do not fit the SLO together).
+CHAIN = dict(
+    tasks={"a": [("a1", 70.0), ("a2", 80.0)], "b": [("b1", 60.0), ("b2", 66.0)], "c": [("c1", 50.0)]},
+    edges=[("a", "b", {"a1": 1.0, "a2": 1.5}), ("b", "c", {"b1": 0.5, "b2": 0.8})],
+)
+CHAIN_BASE = {"a1": 2.0, "a2": 5.0, "b1": 3.0, "b2": 7.0, "c1": 1.0}
+
+
+def _chain():
+    app = make_app(**CHAIN, latency_slo_ms=160.0)
+    node = make_node(num_gpus=2, mps_levels=(1, 2), batch_sizes=(1, 4, 16))
+    return app, node, make_profiles(node, CHAIN_BASE)
+
+
+def test_cap_splits_meet_every_path_and_stay_below_the_needed_caps() -> None:
+    app, node, profiles = _chain()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    lats = joint.task_latencies(pb)
+    need = {t: ls[-1] for t, ls in lats.items()}  # every task at its slowest: the path breaks
+    assert any(sum(2 * need[t] for t in p) > app.latency_slo_ms for p in app.paths)
+    splits = joint._cap_splits(pb, need)
+    assert splits
+    for caps in splits:
+        for p in app.paths:
+            assert sum(2 * caps[t] for t in p) <= app.latency_slo_ms * (1 + 1e-9)
+        assert all(caps[t] <= need[t] + 1e-9 for t in need)
+    # distinct, and the proportional cut comes last
+    assert len({tuple(sorted(c.items())) for c in splits}) == len(splits)
+    assert splits[-1] == joint._feasible_caps(pb, need)
+
+
+@pytest.mark.parametrize("demand", [60.0, 150.0, 250.0])
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_split_search_and_highs_core_keep_the_optimum(demand: float, solver: str) -> None:
+    """The default path (HiGHS for the core, the split search) and the one before both prove
+    the same optimum within the node's stopping gap, and both plans pass the verifier."""
+    app, node, profiles = _chain()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    new = joint.solve([joint.Part(pb, demand)], node, solver=solver, time_limit_s=60)
+    old = joint.solve([joint.Part(pb, demand)], node, solver=solver, time_limit_s=60,
+                      core_solver="same", split_search=False)
+    assert new.status == old.status == "optimal"
+    if demand == 250.0:
+        assert new.stage == "split"  # the core does not lift here; a split of its caps is optimal
+    assert abs(new.objective - old.objective) <= node.absolute_gap + 1e-9
+    for res in (new, old):
+        p = res.plans[0]
+        assert p is not None
+        assert res.objective <= res.bound + 1e-9
+    assert verify_plan(plan(app, node, profiles, demand, solver=solver, time_limit_s=60),
+                       app, node, profiles) == []
+
+
+def test_stage_solver_names() -> None:
+    assert joint.stage_solver("cbc", "same") == "cbc"
+    assert joint.stage_solver("cbc", "highs") == "highs"
+    assert joint.stage_solver("highs", "auto") == (joint.CORE_SOLVER or "highs")
+    with pytest.raises(ValueError, match="unknown core solver"):
+        joint.stage_solver("cbc", "gurobi")
