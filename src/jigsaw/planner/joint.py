@@ -117,7 +117,7 @@ class JointResult:
     objective: float
     bound: float
     seconds: float
-    stage: str  # core | levels | restricted | full: which model gave the answer
+    stage: str  # start | core | split | levels | restricted | full: which model gave the answer
     notes: list[str] = field(default_factory=list)
 
 
