@@ -567,9 +567,12 @@ def _extract(built: _Built, values: list[float], i: int, cols: tuple[Column, ...
                     for t in app.task_names}
     slices_used = sum(x.count * x.slices for x in instances)
     demand = part.demand_rps if part.demand_rps is not None else total
+    planned = sum(lam)
+    if part.demand_rps is not None and abs(planned - demand) <= 1e-9 * max(1.0, demand):
+        planned = demand  # the rates' row holds it exactly; the sum of a solver's floats may not
     slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
     return Plan(
-        app=app.name, space=pb.space.name, demand_rps=demand, planned_rps=sum(lam),
+        app=app.name, space=pb.space.name, demand_rps=demand, planned_rps=planned,
         feasible=True, max_demand_plan=False, status=status,
         objective=node.planner.alpha * accuracy - node.beta * slices_used, accuracy=accuracy,
         slices_used=slices_used, slices_available=node.slices_available, solve_seconds=solve_s,
