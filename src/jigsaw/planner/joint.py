@@ -62,7 +62,7 @@ _COVER_TOL = 1e-7
 CAPACITY_RELATIVE_GAP = 1e-5
 LEVELS_PER_TASK = 6
 # The latency-relaxed core (tens of integer variables, a few dozen rows) is solved by HiGHS
-# whichever solver the node names: on the example apps it proves the core 5-40x faster than
+# whichever solver the node names: on the example apps it proved the core 2-40x faster than
 # CBC (ar_assistant 0.01-0.3 s against 0.4-3.8 s). Both are exact: the answer is the same.
 CORE_SOLVER: str | None = "highs"  # None: the node's solver
 SPLIT_SEARCH = True  # the default of ``solve(split_search=...)``
