@@ -432,6 +432,12 @@ class Worker:
             if waiter and not waiter[0].done():
                 waiter[0].set_result(None)
 
+        timed_out: list[bool] = []
+
+        def on_timeout() -> None:
+            timed_out.append(True)
+            wake()
+
         def on_bell() -> None:
             bell.clear()  # the flag stays clear: producers need not ring until this loop re-arms
             wake()
@@ -486,10 +492,12 @@ class Worker:
                         timeout_s = min(IDLE_WAIT_S, max(0.0, (due - time.monotonic_ns()) / 1e9))
                 fut = loop.create_future()
                 waiter[:] = [fut]
-                timer = loop.call_later(timeout_s, wake)
+                timed_out.clear()
+                timer = loop.call_later(timeout_s, on_timeout)
                 await fut
                 timer.cancel()
-                if os.getppid() != self.parent_pid:
+                # (a system call: only when idle; PR_SET_PDEATHSIG stops a busy one with its parent)
+                if timed_out and os.getppid() != self.parent_pid:
                     break
         finally:
             loop.remove_reader(bell.fileno())
