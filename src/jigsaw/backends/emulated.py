@@ -21,6 +21,7 @@ from jigsaw.backends.base import Backend, Downstream, ItemResult, OutputSpec
 from jigsaw.tensors import Tensor, encode_tensors
 
 CAPTION_TOKENS = 16
+LOOP_TIMER_S = 0.001  # the resolution of the workers' uvloop timers
 SAMPLES_PER_TOKEN = 1200  # emulated speech length: 22.05 kHz, ~18 tokens/s
 
 _OUTPUTS: dict[str, list[OutputSpec]] = {
@@ -99,8 +100,10 @@ class EmulatedBackend(Backend):
 
     async def execute_async(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
         delay_s = self.batch_duration_ms(len(inputs)) * self.time_scale / 1000.0
-        if delay_s > 0:
+        if delay_s >= LOOP_TIMER_S / 2:
             await asyncio.sleep(delay_s)
+        # (uvloop rounds a timer to whole milliseconds: a shorter sleep would not wait, only
+        # cost the worker one more turn of its loop before the batch's children leave)
         return [self._item(rid, payload) for rid, payload in zip(request_ids, inputs)]
 
     def _item(self, request_id: int, payload: bytes) -> ItemResult:

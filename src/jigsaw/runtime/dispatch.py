@@ -35,7 +35,9 @@ from jigsaw.runtime.records import (
     HOP_SENT,
     HOP_START,
     TOTAL_CREDIT,
+    TRACE_DIR,
     split_credit,
+    write_trace,
 )
 from jigsaw.runtime.rings import Doorbell, RecordHeader, ShmRing, Status, drop_reason
 from jigsaw.runtime.routing import RoutingTable
@@ -93,6 +95,10 @@ class Dispatcher:
         self._closing = False
         self._drain_scheduled = False
         self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
+        self._woke_ns = 0  # when the doorbell last woke the loop
+        # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR), the ones not rung yet
+        self.trace: dict[int, list[int]] | None = {} if TRACE_DIR else None
+        self._unrung: list[list[int]] = []
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -109,6 +115,10 @@ class Dispatcher:
         self._watched = bell
 
     def stop(self) -> None:
+        if self.trace:
+            write_trace("frontend", ["app", "request_id", "created", "sent", "rung", "woke", "answered"],
+                        list(self.trace.values()))
+            self.trace = {}
         self._closing = True
         if self._watched is not None and self._loop is not None:
             with contextlib.suppress(RuntimeError, ValueError, OSError):  # the loop may be closed
@@ -119,6 +129,7 @@ class Dispatcher:
         bell = self._watched
         if bell is None:
             return
+        self._woke_ns = time.monotonic_ns()
         bell.clear()  # the flag stays clear: workers need not ring until the drain re-arms it
         if not self._drain_scheduled:
             self._drain()
@@ -209,6 +220,8 @@ class Dispatcher:
             req.timer.cancel()
 
     def _finish(self, req: Pending, status: int, body: dict[str, Any], reason: str | None) -> None:
+        if self.trace is not None and req.request_id in self.trace:
+            self.trace[req.request_id][5:7] = [self._woke_ns, time.monotonic_ns()]
         req.answered = True
         req.body = b""
         app = req.routes.app.name
@@ -356,6 +369,10 @@ class Dispatcher:
             for t in usable:
                 if self.routing.rings[t.ring].push_framed(h, share, req.body):
                     self._ring_later(t.ring)
+                    if self.trace is not None and sent == 0:
+                        row = [routes.app_index, req.request_id, req.created_ns, h.hops[HOP_SENT], 0, 0, 0]
+                        self.trace[req.request_id] = row
+                        self._unrung.append(row)
                     sent += 1
                     break
             else:
@@ -379,6 +396,11 @@ class Dispatcher:
 
     def _ring_due(self) -> None:
         due, self._bells_due = self._bells_due, {}
+        if self._unrung:
+            rung = time.monotonic_ns()  # (before the write: a woken worker may run before it returns)
+            for row in self._unrung:
+                row[4] = rung
+            self._unrung = []
         for bell in due.values():
             bell.ring()
 

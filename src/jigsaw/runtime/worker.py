@@ -51,7 +51,9 @@ from jigsaw.runtime.records import (
     HOP_POPPED,
     HOP_SENT,
     HOP_START,
+    TRACE_DIR,
     split_credit,
+    write_trace,
 )
 from jigsaw.runtime.rings import Doorbell, RecordHeader, RingClosedError, ShmRing, Status
 from jigsaw.runtime.stats import (
@@ -167,6 +169,8 @@ class Worker:
         self._next_input = 0
         self._passed_over_ns = 0  # the last time a full batch left items in the rings
         self._rewire = False
+        self._woke_ns = 0  # when the doorbell last woke the loop
+        self.trace: list[list[int]] | None = [] if TRACE_DIR else None
 
     @staticmethod
     def _new_queue(spec: ProcessSpec) -> BatchQueue:
@@ -401,6 +405,7 @@ class Worker:
         self.stats.add(slot, BATCHES, 1)
         self.stats.add(slot, ITEMS, len(batch))
         sink = not self.spec.downstream
+        trace = self.trace
         for (header, credit, _, w), result in zip(items, results):
             header.stamp(HOP_START, start)
             header.stamp(HOP_END, end)
@@ -413,8 +418,17 @@ class Worker:
             # carry what the next tasks need). The record goes before the children: see complete.
             self.complete(header, Status.OK, kept, encode_tensors(result.outputs) if sink else b"",
                           len(children), w)
+            done_ns = time.monotonic_ns() if trace is not None else 0
             if children:
                 self.forward(header, children, shares, w)
+            if trace is not None:
+                hops = header.hops
+                trace.append([self.spec.task_index, header.request_id, hops[HOP_SENT], self._woke_ns,
+                              hops[HOP_POPPED], start, end, done_ns, time.monotonic_ns()])
+        if trace is not None:
+            rung = time.monotonic_ns()  # (before the write: a woken consumer may run before it returns)
+            for row in trace[len(trace) - len(items):]:
+                row.append(rung)
         self._ring_outputs()
         return True
 
@@ -439,6 +453,7 @@ class Worker:
             wake()
 
         def on_bell() -> None:
+            self._woke_ns = time.monotonic_ns()
             bell.clear()  # the flag stays clear: producers need not ring until this loop re-arms
             wake()
 
@@ -503,6 +518,9 @@ class Worker:
             loop.remove_reader(bell.fileno())
 
     def close(self) -> None:
+        if self.trace:
+            write_trace("worker", ["task", "request_id", "sent", "woke", "popped", "start", "end",
+                                   "completion_pushed", "children_pushed", "rung"], self.trace)
         for w in (*self.wirings, *self._unmapped):
             w.close()
         self.bell.close()
