@@ -3,7 +3,7 @@
     PYTHONPATH=src python bench/dataplane.py [--quick] [--json OUT] [--connections 32]
         [--traffic-demand 300] [--traffic-seconds 20] [--time-scale 1]
 
-Three measurements in one run, every number emulated (profile latencies, no GPU) on this machine:
+Four measurements in one run, every number emulated (profile latencies, no GPU) on this machine:
 
 1. frontend throughput: a closed-loop client (wrk when installed) with N connections against
    jigsawd serving a 1-task app whose emulated task takes ~0 ms, once per HTTP front end
@@ -13,6 +13,8 @@ Three measurements in one run, every number emulated (profile latencies, no GPU)
    Poisson load at 500 and 2000 req/s; per hop = (p_chain - p_single) / 2 (the chain has two
    more ring hops than the single task), for p50 and p99 (target p99 <= 1 ms per hop), also from
    the per-task ``queue_us`` timings the frontend returns in ``parameters``;
+2b. where a hop's time goes: the chain alone at the first rate, every record's timeline kept
+   (``JIGSAW_HOP_TRACE``): p50/p99 of each step from the frontend's push to its answer;
 3. the traffic app (examples/apps/traffic_analysis.toml) on the emulated examples/h100x4.toml node,
    planned by jigsawd at a demand D and loaded with open-loop Poisson traffic at D: achieved
    throughput, mean fan-out, latency and SLO violations (a 504, a 503 or a transport error counts
@@ -647,7 +649,7 @@ def summarize_breakdown(by_request: dict[int, dict[str, int]]) -> list[dict[str,
                 if t.get(start) and t.get(end) and t[end] >= t[start]]
         skipped = sum(1 for t in by_request.values() if t.get(start) and t.get(end) and t[end] < t[start])
         out.append({"step": label, "p50_us": pct(vals, 50), "p99_us": pct(vals, 99), "n": len(vals),
-                    "awake": skipped})
+                    "skipped": skipped, "wake": end.endswith(".woke")})
     return out
 
 
@@ -679,7 +681,8 @@ def print_breakdown(bd: dict[str, Any]) -> None:
     print(f"  chain a -> b -> c at {bd['rate']} req/s (sent {bd['sent_rps']:.0f}), {bd['requests']} "
           "requests; server-side stamps, p50 / p99 us")
     for row in bd["steps"]:
-        awake = f"  (loop already awake for {row['awake']})" if row["awake"] else ""
+        why = "loop already awake" if row["wake"] else "the other order"
+        awake = f"  ({why} for {row['skipped']})" if row["skipped"] else ""
         print(f"    {row['step']:<62} {fmt(row['p50_us'], 1):>8} / {fmt(row['p99_us'], 1):>8}{awake}")
 
 
