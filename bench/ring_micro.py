@@ -109,7 +109,8 @@ def throughput_rps(mod, reg: SegmentRegistry, tag: str, size: int, seconds: floa
             if framed:
                 for _ in range(burst):
                     ring.push_framed(header, 12345, payload)
-                ring.pop_many_framed(burst)
+                for _ in range(burst):
+                    ring.pop_many_framed(1)
             else:
                 for _ in range(burst):
                     ring.push(header, payload)
