@@ -19,9 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +72,6 @@ class Pending:
     generation: int = 0
     body: bytes | bytearray = b""  # the encoded inputs, kept to dispatch again after a worker fault
     attempts: int = 1
-    on_answer: Callable[[], None] | None = None  # called at once with the answer (else: await future)
 
 
 class Dispatcher:
@@ -237,13 +234,6 @@ class Dispatcher:
         self.metrics.request_duration.observe((("app", app),), (time.monotonic_ns() - req.created_ns) / 1e3)
         if not req.future.done():
             req.future.set_result((status, body))
-        if req.on_answer is not None:
-            # the HTTP front end writes the answer in this turn of the loop, not one turn later
-            # (a future's callbacks are scheduled); what goes wrong there must not stop the drain
-            try:
-                req.on_answer()
-            except Exception as exc:
-                print(f"jigsawd: cannot write an answer: {exc!r}", file=sys.stderr, flush=True)
 
     def _answer_dropped(self, req: Pending) -> None:
         assert req.drop is not None

@@ -278,10 +278,7 @@ class FastConnection(asyncio.Protocol):
             slot[0] = _answer_bytes(got, slot[1])
             return
         req, parsed = got
-        if req.future.done():  # answered while dispatched (an early drop): write it next turn
-            req.future.add_done_callback(lambda fut: self._answered(slot, req, parsed))
-        else:
-            req.on_answer = lambda: self._answered(slot, req, parsed)
+        req.future.add_done_callback(lambda fut: self._answered(slot, req, parsed))
 
     def _answered(self, slot: list[Any], req: Pending, parsed: InferRequest) -> None:
         if self.closed:
