@@ -3,7 +3,7 @@
     PYTHONPATH=src python bench/dataplane.py [--quick] [--json OUT] [--connections 32]
         [--traffic-demand 300] [--traffic-seconds 20] [--time-scale 1]
 
-Three measurements in one run, every number emulated (profile latencies, no GPU) on this machine:
+Four measurements in one run, every number emulated (profile latencies, no GPU) on this machine:
 
 1. frontend throughput: a closed-loop client (wrk when installed) with N connections against
    jigsawd serving a 1-task app whose emulated task takes ~0 ms, once per HTTP front end
@@ -13,6 +13,8 @@ Three measurements in one run, every number emulated (profile latencies, no GPU)
    Poisson load at 500 and 2000 req/s; per hop = (p_chain - p_single) / 2 (the chain has two
    more ring hops than the single task), for p50 and p99 (target p99 <= 1 ms per hop), also from
    the per-task ``queue_us`` timings the frontend returns in ``parameters``;
+2b. where a hop's time goes: the chain alone at the first rate, every record's timeline kept
+   (``JIGSAW_HOP_TRACE``): p50/p99 of each step from the frontend's push to its answer;
 3. the traffic app (examples/apps/traffic_analysis.toml) on the emulated examples/h100x4.toml node,
    planned by jigsawd at a demand D and loaded with open-loop Poisson traffic at D: achieved
    throughput, mean fan-out, latency and SLO violations (a 504, a 503 or a transport error counts
@@ -122,10 +124,10 @@ def _alive(pgid: int) -> bool:
     return True
 
 
-def jigsawd(args: list[str], log_path: Path) -> tuple[Proc, str]:
+def jigsawd(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> tuple[Proc, str]:
     port = free_port()
     server = Proc(jigsawd_command(args, port), port, log_path, name="jigsawd", ready_timeout_s=180.0,
-                  cwd=ROOT)
+                  cwd=ROOT, env=env)
     return server, server.url
 
 
@@ -594,6 +596,96 @@ def bench_hops(zero_args: list[str], work: Path, args: argparse.Namespace) -> di
     return results
 
 
+# ---- 2b. where a hop's time goes ------------------------------------------------------------
+BREAKDOWN_STEPS = [
+    ("frontend: request parsed -> root item pushed", "fe.created", "fe.sent"),
+    ("frontend: pushed -> doorbell written (end of the loop turn)", "fe.sent", "fe.rung"),
+    ("wake-up: doorbell written -> worker's loop sees it", "fe.rung", "a.woke"),
+    ("worker: woken -> item popped", "a.woke", "a.popped"),
+    ("worker: popped -> batch starts (batch formation)", "a.popped", "a.start"),
+    ("worker: batch runs (emulated ~0 ms)", "a.start", "a.end"),
+    ("worker: batch done -> completion record pushed", "a.end", "a.completion_pushed"),
+    ("worker: completion pushed -> child pushed", "a.completion_pushed", "a.children_pushed"),
+    ("worker: child pushed -> doorbell written", "a.children_pushed", "a.rung"),
+    ("wake-up: doorbell written -> next worker's loop sees it", "a.rung", "b.woke"),
+    ("ring hop: child pushed -> popped by the next worker", "a.children_pushed", "b.popped"),
+    ("one worker, woken -> next doorbell written", "b.woke", "b.rung"),
+    ("a->b hop: popped by a -> popped by b", "a.popped", "b.popped"),
+    ("last worker: completion pushed -> doorbell written", "c.completion_pushed", "c.rung"),
+    ("wake-up: doorbell written -> frontend's loop sees it", "c.rung", "fe.woke"),
+    ("frontend: woken -> request answered (e2e_us stamp)", "fe.woke", "fe.answered"),
+    ("server e2e: request parsed -> answered", "fe.created", "fe.answered"),
+]
+
+
+def read_traces(trace_dir: Path) -> dict[int, dict[str, int]]:
+    """Each chain request's timeline, ``{"fe.sent": ns, "a.popped": ns, ...}``, from the
+    ``JIGSAW_HOP_TRACE`` files (``runtime/records.py``) of one jigsawd serving ``chain`` only."""
+    by_request: dict[int, dict[str, int]] = {}
+    workers = []
+    for path in sorted(trace_dir.glob("*.json")):
+        doc = json.loads(path.read_text())
+        if doc["role"] == "frontend":
+            for row in doc["rows"]:
+                by_request.setdefault(row[1], {}).update(
+                    {f"fe.{c}": v for c, v in zip(doc["columns"][2:], row[2:])})
+        else:
+            workers.append(doc)
+    for doc in workers:
+        for row in doc["rows"]:
+            task = "abc"[row[0]] if row[0] < 3 else f"t{row[0]}"
+            stamps = {f"{task}.{c}": v for c, v in zip(doc["columns"][2:], row[2:])}
+            by_request.setdefault(row[1], {}).update(stamps)
+    return by_request
+
+
+def summarize_breakdown(by_request: dict[int, dict[str, int]]) -> list[dict[str, Any]]:
+    """p50 / p99 (us) of each step of ``BREAKDOWN_STEPS`` over the requests that have both stamps.
+    A "woke" stamp older than the doorbell before it means the loop was awake already (no wake-up
+    needed, the step is left out for that request)."""
+    out = []
+    for label, start, end in BREAKDOWN_STEPS:
+        vals = [(t[end] - t[start]) / 1e3 for t in by_request.values()
+                if t.get(start) and t.get(end) and t[end] >= t[start]]
+        skipped = sum(1 for t in by_request.values() if t.get(start) and t.get(end) and t[end] < t[start])
+        out.append({"step": label, "p50_us": pct(vals, 50), "p99_us": pct(vals, 99), "n": len(vals),
+                    "skipped": skipped, "wake": end.endswith(".woke")})
+    return out
+
+
+def bench_breakdown(zero_args: list[str], work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The chain app alone at the first rate with every record's timeline kept (JIGSAW_HOP_TRACE)."""
+    trace_dir = work / "trace"
+    trace_dir.mkdir()
+    only_chain = []
+    for k, a in enumerate(zero_args):
+        if zero_args[k - 1] == "--plan" and "single" in Path(a).name:
+            only_chain.pop()
+            continue
+        only_chain.append(a)
+    body = infer_body()
+    server, url = jigsawd([*only_chain, "--http", args.fronts[0]], work / "jigsawd-breakdown.log",
+                          env={"JIGSAW_HOP_TRACE": str(trace_dir)})
+    with server:
+        raw_open_loop(url, "/v2/models/chain/infer", body, 200, 0.5, 1)
+        rate = args.rates[0]
+        run = raw_open_loop(url, "/v2/models/chain/infer", body, rate, args.hop_seconds, rate + 2)
+    by_request = read_traces(trace_dir)
+    first = min((t["fe.created"] for t in by_request.values() if t.get("fe.created")), default=0)
+    warm = {rid: t for rid, t in by_request.items() if t.get("fe.created", 0) > first + 0.6e9}
+    return {"rate": rate, "sent_rps": run["sent_rps"], "requests": len(warm),
+            "steps": summarize_breakdown(warm)}
+
+
+def print_breakdown(bd: dict[str, Any]) -> None:
+    print(f"  chain a -> b -> c at {bd['rate']} req/s (sent {bd['sent_rps']:.0f}), {bd['requests']} "
+          "requests; server-side stamps, p50 / p99 us")
+    for row in bd["steps"]:
+        why = "loop already awake" if row["wake"] else "the other order"
+        awake = f"  ({why} for {row['skipped']})" if row["skipped"] else ""
+        print(f"    {row['step']:<62} {fmt(row['p50_us'], 1):>8} / {fmt(row['p99_us'], 1):>8}{awake}")
+
+
 # ---- 3. traffic app -------------------------------------------------------------------------
 def planned_processes(demand: float) -> tuple[int, float, dict[str, Any]]:
     cmd = [sys.executable, "-m", "jigsaw.cli", "plan", "--app", "traffic_analysis", "--node",
@@ -674,7 +766,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="load with the in-process aiohttp clients, not wrk and the raw open-loop sender")
     p.add_argument("--fronts", default="fast,aiohttp",
                    help="jigsawd HTTP front ends to load in the throughput part (the first: also the hops)")
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: throughput,hops,traffic")
+    p.add_argument("--skip", default="",
+                   help="comma-separated parts to skip: throughput,hops,breakdown,traffic")
     a = p.parse_args(argv)
     a.rates = [int(x) for x in a.rates.split(",") if x]
     a.fronts = [x.strip() for x in a.fronts.split(",") if x.strip()]
@@ -801,6 +894,13 @@ def main(argv: list[str] | None = None) -> int:
             hops = bench_hops(zero_args, work, args)
             results["hops"] = hops
             print_hops(hops)
+        if "breakdown" not in args.skip:
+            print(f"\n[2b] where a hop's time goes ({LABEL}, jigsawd --http {args.fronts[0]}): the chain "
+                  f"alone, open-loop Poisson at {args.rates[0]} req/s for {args.hop_seconds:g} s, every "
+                  "record's timeline kept (JIGSAW_HOP_TRACE)", flush=True)
+            bd = bench_breakdown(zero_args, work, args)
+            results["breakdown"] = bd
+            print_breakdown(bd)
         if "traffic" not in args.skip:
             k = args.time_scale
             scaled = (f", time scale {k:g} (latencies and SLO x{k:g}, load sent at "

@@ -2,7 +2,8 @@
 
     PYTHONPATH=src python bench/ring_micro.py [--seconds 0.5] [--samples 2000]
 
-* throughput: push+pop of one record in one process (records/s);
+* throughput: push+pop of one record in one process (records/s); and the data plane's framed
+  calls (``push_framed`` + ``pop_many_framed``: the credit and the tensors, one copy each way);
 * one-way latency: a child process stamps ``created_ns`` and pushes; this process pops and
   subtracts (ping-pong over a second ring, so no queue builds up). ``spin``: the consumer polls
   ``pop``; ``doorbell``: it sleeps in ``Doorbell.wait`` (poll() on the doorbell's FIFO) and the
@@ -91,8 +92,11 @@ def _impls() -> dict[str, object]:
     return impls
 
 
-def throughput_rps(mod, reg: SegmentRegistry, tag: str, size: int, seconds: float) -> float:
-    name = reg.name(f"tp-{tag}")
+def throughput_rps(mod, reg: SegmentRegistry, tag: str, size: int, seconds: float,
+                   framed: bool = False) -> float:
+    """push + pop of one record; ``framed``: the data plane's way, ``push_framed`` (credit + tensors
+    written into the ring, no joined payload) and ``pop_many_framed`` (credit and tensors out)."""
+    name = reg.name(f"tp-{tag}{'-framed' if framed else ''}")
     reg.add_shm(name)
     ring = mod.ShmRing.create(name, 1 << 22)
     header = mod.RecordHeader(request_id=1, deadline_ns=2)
@@ -102,10 +106,16 @@ def throughput_rps(mod, reg: SegmentRegistry, tag: str, size: int, seconds: floa
     t0 = time.perf_counter()
     try:
         while time.perf_counter() - t0 < seconds:
-            for _ in range(burst):
-                ring.push(header, payload)
-            for _ in range(burst):
-                ring.pop()
+            if framed:
+                for _ in range(burst):
+                    ring.push_framed(header, 12345, payload)
+                for _ in range(burst):
+                    ring.pop_many_framed(1)
+            else:
+                for _ in range(burst):
+                    ring.push(header, payload)
+                for _ in range(burst):
+                    ring.pop()
             n += burst
         return n / (time.perf_counter() - t0)
     finally:
@@ -203,6 +213,9 @@ def main() -> None:
         for label, size in SIZES.items():
             cells = {k: throughput_rps(m, reg, f"{k}-{size}", size, args.seconds) for k, m in impls.items()}
             rows.append(("push+pop throughput (records/s)", label, cells))
+            cells = {k: throughput_rps(m, reg, f"{k}-{size}", size, args.seconds, framed=True)
+                     for k, m in impls.items()}
+            rows.append(("push_framed+pop_many_framed (records/s)", label, cells))
         for mode in ("spin", "semaphore", "doorbell", "loop"):
             for label, size in SIZES.items():
                 p50 = {}

@@ -369,57 +369,19 @@ cdef class ShmRing:
 
     def push(self, header, payload):
         """Append one record; False when there is no room now (never blocks)."""
-        cdef Py_buffer view
-        cdef jg_header_t tmp
-        cdef const jg_header_t *src
-        cdef uint64_t n, need, tail, pos, skip
-        cdef jg_frame_t *frame
-        cdef char *at
-        self._check_mapped()
-        try:
-            PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
-        except BufferError as exc:
-            raise ValueError(f"payload must be a C-contiguous buffer: {exc}") from None
-        try:
-            n = view.len
-            if n > self._max_payload:
-                raise ValueError(f"payload of {n} bytes exceeds this ring's max_payload_bytes="
-                                 f"{self._max_payload} (ring {self._name}, capacity {self._capacity})")
-            if type(header) is RecordHeader:
-                src = &(<RecordHeader>header).c
-            else:
-                _fill_header(&tmp, header)
-                src = &tmp
-            if jg_load32(self._closed):
-                raise RingClosedError(f"ring {self._name} is closed")
-            need = RECORD_OVERHEAD_BYTES + _align8(n)
-            tail = jg_load_relaxed(self._tail)
-            pos = tail % self._capacity
-            skip = self._capacity - pos if need > self._capacity - pos else 0
-            if skip + need > self._capacity - (tail - jg_load_acquire(self._head)):
-                return False
-            if skip:
-                frame = <jg_frame_t *>(self._data + pos)
-                frame.record_bytes = <uint32_t>skip
-                frame.kind = KIND_SKIP
-                pos = 0
-            at = self._data + pos
-            frame = <jg_frame_t *>at
-            frame.record_bytes = <uint32_t>need
-            frame.kind = KIND_DATA
-            memcpy(at + FRAME_BYTES, src, sizeof(jg_header_t))
-            (<jg_header_t *>(at + FRAME_BYTES)).payload_len = <uint32_t>n
-            if n:
-                memcpy(at + RECORD_OVERHEAD_BYTES, view.buf, n)
-            if n & 7:
-                memset(at + RECORD_OVERHEAD_BYTES + n, 0, 8 - (n & 7))
-            jg_store_release(self._tail, tail + skip + need)
-            jg_store_release(self._pushed, jg_load_relaxed(self._pushed) + 1)
-            return True
-        finally:
-            PyBuffer_Release(&view)
+        return _ring_push(self, header, payload, NULL, 0)
+
+    def push_framed(self, header, uint64_t credit, payload):
+        """Append one record whose payload is ``credit`` (u64, little-endian) then ``payload``:
+        the data plane's framing (``runtime/records.py``) written straight into the ring, so the
+        tensors are copied once, here, and never joined with their credit first."""
+        cdef uint64_t le = credit  # x86-64 and aarch64 Linux: little-endian
+        return _ring_push(self, header, payload, <const char *>&le, 8)
 
     cdef object _take(self, uint64_t *head, uint64_t tail):
+        return self._take_at(head, tail, 0)
+
+    cdef object _take_at(self, uint64_t *head, uint64_t tail, bint framed):
         cdef uint64_t h = head[0]
         cdef uint64_t pos = h % self._capacity
         cdef jg_frame_t *frame = <jg_frame_t *>(self._data + pos)
@@ -443,7 +405,15 @@ cdef class ShmRing:
             raise RingCorruptError(f"ring {self._name}: payload_len {src.payload_len} disagrees with "
                                    f"record size")
         cdef RecordHeader rh = RecordHeader.__new__(RecordHeader)
+        cdef uint64_t credit
         rh.c = src[0]
+        if framed:
+            if src.payload_len < 8:
+                raise RingCorruptError(f"ring {self._name}: payload of {src.payload_len} bytes has no credit")
+            memcpy(&credit, self._data + pos + RECORD_OVERHEAD_BYTES, 8)
+            body = PyBytes_FromStringAndSize(self._data + pos + RECORD_OVERHEAD_BYTES + 8, src.payload_len - 8)
+            head[0] = h + record_bytes
+            return (rh, credit, body)
         payload = PyBytes_FromStringAndSize(self._data + pos + RECORD_OVERHEAD_BYTES, src.payload_len)
         head[0] = h + record_bytes
         return (rh, payload)
@@ -475,6 +445,22 @@ cdef class ShmRing:
             jg_store_release(self._popped, jg_load_relaxed(self._popped) + k)
         return out
 
+    def pop_many_framed(self, Py_ssize_t max_n):
+        """``pop_many`` for records pushed by ``push_framed``: ``(header, credit, tensors)`` each,
+        the tensors copied once, out of the ring (no framed payload to slice again)."""
+        self._check_mapped()
+        cdef uint64_t tail = jg_load_acquire(self._tail)
+        cdef uint64_t head = jg_load_relaxed(self._head)
+        cdef list out = []
+        cdef Py_ssize_t k = 0
+        while head != tail and k < max_n:
+            out.append(self._take_at(&head, tail, 1))
+            k += 1
+        if k:
+            jg_store_release(self._head, head)
+            jg_store_release(self._popped, jg_load_relaxed(self._popped) + k)
+        return out
+
     def close(self):
         """Unmap this process's view; idempotent. Does not unlink the name."""
         if self._base != NULL:
@@ -499,6 +485,62 @@ cdef class ShmRing:
             return f"<ShmRing {self._name} capacity={self._capacity} unmapped>"
         return (f"<ShmRing {self._name} capacity={self._capacity} {len(self)} records, "
                 f"{self.used_bytes} bytes used>")
+
+cdef inline object _ring_push(ShmRing self, header, payload, const char *prefix, uint64_t prefix_len):
+    """``ShmRing.push``: one record whose payload is ``prefix`` then ``payload`` (inlined into both
+    push calls; a method call would cost the plain push about 7%)."""
+    cdef Py_buffer view
+    cdef jg_header_t tmp
+    cdef const jg_header_t *src
+    cdef uint64_t n, need, tail, pos, skip
+    cdef jg_frame_t *frame
+    cdef char *at
+    self._check_mapped()
+    try:
+        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+    except BufferError as exc:
+        raise ValueError(f"payload must be a C-contiguous buffer: {exc}") from None
+    try:
+        n = view.len + prefix_len
+        if n > self._max_payload:
+            raise ValueError(f"payload of {n} bytes exceeds this ring's max_payload_bytes="
+                             f"{self._max_payload} (ring {self._name}, capacity {self._capacity})")
+        if type(header) is RecordHeader:
+            src = &(<RecordHeader>header).c
+        else:
+            _fill_header(&tmp, header)
+            src = &tmp
+        if jg_load32(self._closed):
+            raise RingClosedError(f"ring {self._name} is closed")
+        need = RECORD_OVERHEAD_BYTES + _align8(n)
+        tail = jg_load_relaxed(self._tail)
+        pos = tail % self._capacity
+        skip = self._capacity - pos if need > self._capacity - pos else 0
+        if skip + need > self._capacity - (tail - jg_load_acquire(self._head)):
+            return False
+        if skip:
+            frame = <jg_frame_t *>(self._data + pos)
+            frame.record_bytes = <uint32_t>skip
+            frame.kind = KIND_SKIP
+            pos = 0
+        at = self._data + pos
+        frame = <jg_frame_t *>at
+        frame.record_bytes = <uint32_t>need
+        frame.kind = KIND_DATA
+        memcpy(at + FRAME_BYTES, src, sizeof(jg_header_t))
+        (<jg_header_t *>(at + FRAME_BYTES)).payload_len = <uint32_t>n
+        if prefix_len:
+            memcpy(at + RECORD_OVERHEAD_BYTES, prefix, prefix_len)
+        if n > prefix_len:
+            memcpy(at + RECORD_OVERHEAD_BYTES + prefix_len, view.buf, n - prefix_len)
+        if n & 7:
+            memset(at + RECORD_OVERHEAD_BYTES + n, 0, 8 - (n & 7))
+        jg_store_release(self._tail, tail + skip + need)
+        jg_store_release(self._pushed, jg_load_relaxed(self._pushed) + 1)
+        return True
+    finally:
+        PyBuffer_Release(&view)
+
 
 cdef class BatchQueue:
     """Bounded batching queue with deadline-aware dropping; rules on

@@ -153,12 +153,49 @@ def _prepare(t: Any) -> tuple[bytes, int, tuple[int, ...], Any]:
     return name_b, _CODE_OF[datatype], shape, wire
 
 
+_RAW_HEADS: dict[tuple[str, str, tuple[int, ...], int], bytes] = {}
+"""(name, datatype, shape, data bytes) -> the encoded tensor up to its data, for ``_encode_raw``."""
+_RAW_HEADS_MAX = 4096
+_PADS = tuple(bytes(k) for k in range(8))
+
+
+def _encode_raw(tensors: Sequence[Any]) -> bytearray | None:
+    """``encode_tensors`` of ``Tensor``s whose data is raw ``bytes`` of a fixed-width type (what the
+    workers' backends emit), from cached per-tensor heads: a checked head is the same bytes for the
+    same name, type, shape and length, so only the first of each is built by ``_prepare``. None
+    when any tensor is of another form."""
+    if len(tensors) > 0xFFFF:
+        return None
+    parts: list[bytes] = [_PREAMBLE.pack(MAGIC, VERSION, len(tensors))]
+    for t in tensors:
+        if (type(t) is not Tensor or type(t.data) is not bytes or type(t.shape) is not tuple
+                or t.datatype == "BYTES"):
+            return None
+        data = t.data
+        key = (t.name, t.datatype, t.shape, len(data))
+        head = _RAW_HEADS.get(key)
+        if head is None:
+            name_b, code, shape, wire = _prepare(t)  # raises on a bad name, type or length
+            head_len = _TENSOR.size + 8 * len(shape) + len(name_b)
+            head = b"".join((_TENSOR.pack(len(name_b), code, len(shape), 0, len(wire)),
+                             struct.pack(f"<{len(shape)}Q", *shape), name_b, _PADS[-head_len % 8]))
+            if len(_RAW_HEADS) >= _RAW_HEADS_MAX:
+                _RAW_HEADS.clear()
+            _RAW_HEADS[key] = head
+        parts += (head, data, _PADS[-len(data) % 8])
+    return bytearray().join(parts)
+
+
 def encode_tensors(tensors: Iterable[Tensor | tuple[str, str, Sequence[int] | None, Any]]) -> bytearray:
     """Serialise tensors (``Tensor`` or ``(name, datatype, shape, data)``) into one payload.
 
     ``data``: a numpy array of the matching dtype, raw little-endian bytes, or for BYTES a
     sequence/array of bytes or str (or already length-prefixed bytes).
     """
+    tensors = tensors if isinstance(tensors, list | tuple) else list(tensors)
+    fast = _encode_raw(tensors)
+    if fast is not None:
+        return fast
     parts = [_prepare(t) for t in tensors]
     if len(parts) > 0xFFFF:
         raise ValueError("at most 65535 tensors per payload")

@@ -34,6 +34,54 @@ def test_frame_roundtrip_and_bad_split():
         split_credit(3, 4)
 
 
+def _ring_impls() -> list[object]:
+    from jigsaw.runtime import _pyring
+    from jigsaw.runtime.rings import load_core
+    core = load_core()
+    return [_pyring] + ([core] if core is not None else [])
+
+
+@pytest.mark.parametrize("impl", _ring_impls(), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_framed_push_reads_back_as_the_joined_frame(impl):
+    # push_framed(credit, tensors) is frame(credit, tensors) pushed without the join: the same bytes
+    from jigsaw.runtime.rings import SegmentRegistry
+    with SegmentRegistry() as reg:
+        name = reg.name("framed")
+        reg.add_shm(name)
+        ring = impl.ShmRing.create(name, 1 << 12)
+        try:
+            bodies = [b"", b"abc", bytearray(b"x" * 13), memoryview(b"12345678"), bytes(range(200))]
+            for k, body in enumerate(bodies):
+                assert ring.push_framed(impl.RecordHeader(request_id=k), TOTAL_CREDIT - k, body)
+            ring.push(impl.RecordHeader(request_id=99), frame(7, b"joined"))
+            got = ring.pop_many_framed(100)
+            assert [(h.request_id, c, bytes(t)) for h, c, t in got] == [
+                *((k, TOTAL_CREDIT - k, bytes(b)) for k, b in enumerate(bodies)), (99, 7, b"joined")]
+            ring.push_framed(impl.RecordHeader(request_id=1), 5, b"abc")
+            ((_, payload),) = ring.pop_many(1)
+            assert unframe(payload)[0] == 5 and bytes(unframe(payload)[1]) == b"abc"
+            with pytest.raises(OverflowError):
+                ring.push_framed(impl.RecordHeader(), -1, b"")
+            big = bytes(ring.max_payload_bytes - 7)
+            with pytest.raises(ValueError, match="exceeds"):  # the credit counts against the limit
+                ring.push_framed(impl.RecordHeader(), 1, big)
+            ring.push(impl.RecordHeader(), b"short")
+            with pytest.raises(impl.RingCorruptError, match="no credit"):
+                ring.pop_many_framed(1)
+        finally:
+            ring.close()
+
+
+def test_emulated_item_values_are_a_function_of_the_request():
+    b = EmulatedBackend("c", "captioner", latency_ms_by_batch={1: 0.0}, seed=3)
+    first, again = b.execute([11, 12], [b"", b""]), b.execute([12, 11], [b"", b""])
+    assert bytes(first[0].outputs[0].data) == bytes(again[1].outputs[0].data)
+    assert bytes(first[0].outputs[0].data) != bytes(first[1].outputs[0].data)
+    tokens = [v for r in b.execute(list(range(200)), [b""] * 200)
+              for v in memoryview(r.outputs[0].data).cast("i")]
+    assert min(tokens) >= 0 and max(tokens) < 30522 and len(set(tokens)) > 3000
+
+
 def test_emulated_latency_uses_smallest_profiled_batch_at_least_actual():
     b = EmulatedBackend("c", "classifier", latency_ms_by_batch={1: 10.0, 4: 30.0, 8: 50.0})
     assert b.batch_latency_ms(1) == 10.0 and b.batch_latency_ms(2) == 30.0
@@ -186,3 +234,23 @@ def test_batch_timeout_allows_ten_times_the_slowest_profiled_batch():
     fields.update(latency_ms_by_batch={1: 50.0, 8: 200.0}, time_scale=2.0)
     spec = ProcessSpec(**fields)
     assert batch_timeout_ns(spec, 3.0) == int((3.0 + 10 * 0.4) * 1e9)
+
+
+def test_raw_tensor_encoding_matches_the_general_path_and_checks_lengths():
+    # Tensors of raw bytes (what backends emit) are encoded from cached heads; the bytes must be
+    # those of the general path (tuples take it), and a wrong length still fails on every call
+    import struct
+
+    from jigsaw.tensors import Tensor, decode_tensors, encode_tensors
+    cases = [[Tensor("value", "FP32", (1,), struct.pack("<f", 0.5))],
+             [Tensor("label", "INT32", (1,), struct.pack("<i", 5)), Tensor("x" * 13, "UINT8", (3,), b"abc")],
+             [Tensor("tokens", "INT32", (1, 16), bytes(range(64))), Tensor("é", "INT64", (1,), bytes(8))], []]
+    for tensors in cases:
+        for _ in range(2):  # the second encodes from the cache
+            fast = encode_tensors(tensors)
+            assert fast == encode_tensors([(t.name, t.datatype, t.shape, t.data) for t in tensors])
+        assert [(d.name, d.shape, bytes(d.data)) for d in decode_tensors(fast)] == [
+            (t.name, t.shape, t.data) for t in tensors]
+    for _ in range(2):
+        with pytest.raises(ValueError, match="expected 8"):
+            encode_tensors([Tensor("v", "FP32", (2,), bytes(4))])

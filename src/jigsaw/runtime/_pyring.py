@@ -38,6 +38,7 @@ from jigsaw.runtime.ring_layout import (
 )
 
 _CONTROL = struct.Struct("<QIIQQIII")  # magic, version, control_bytes, capacity, max_payload, pids, closed
+_CREDIT = struct.Struct("<Q")  # the data plane's payload framing (``runtime/records.py``)
 _FRAME = struct.Struct("<II")
 _RECORD = struct.Struct("<II" + "".join(f"{n}{code}" if n > 1 else code for _, code, n in HEADER_FIELDS))
 assert _FRAME.size == FRAME_BYTES and _RECORD.size == RECORD_OVERHEAD_BYTES == FRAME_BYTES + HEADER_BYTES
@@ -301,10 +302,23 @@ class ShmRing:
 
     def push(self, header: Any, payload: bytes | bytearray | memoryview) -> bool:
         """Append one record; False when there is no room now (never blocks)."""
+        return self._push(header, payload, b"")
+
+    def push_framed(self, header: Any, credit: int, payload: bytes | bytearray | memoryview) -> bool:
+        """Append one record whose payload is ``credit`` (u64, little-endian) then ``payload``
+        (the data plane's framing, written straight into the ring: one copy of the tensors)."""
+        try:
+            prefix = _CREDIT.pack(credit)
+        except struct.error as exc:
+            raise OverflowError(f"credit {credit} out of range: {exc}") from None
+        return self._push(header, payload, prefix)
+
+    def _push(self, header: Any, payload: bytes | bytearray | memoryview, prefix: bytes) -> bool:
         mv = memoryview(payload)
         if not mv.c_contiguous:
             raise ValueError("payload must be a C-contiguous buffer")
-        n = mv.nbytes
+        k = len(prefix)
+        n = mv.nbytes + k
         if n > self._max_payload:
             raise ValueError(f"payload of {n} bytes exceeds this ring's max_payload_bytes="
                              f"{self._max_payload} (ring {self._name}, capacity {self._capacity})")
@@ -328,8 +342,10 @@ class ShmRing:
                               header.created_ns, *header.hops)
         except struct.error as exc:
             raise OverflowError(f"record header field out of range: {exc}") from None
-        if n:
-            buf[at + RECORD_OVERHEAD_BYTES:at + RECORD_OVERHEAD_BYTES + n] = mv.cast("B")
+        if k:
+            buf[at + RECORD_OVERHEAD_BYTES:at + RECORD_OVERHEAD_BYTES + k] = prefix
+        if n > k:
+            buf[at + RECORD_OVERHEAD_BYTES + k:at + RECORD_OVERHEAD_BYTES + n] = mv.cast("B")
         u64[_U64_TAIL] = tail + skip + need
         u64[_U64_PUSHED] += 1
         return True
@@ -384,6 +400,15 @@ class ShmRing:
         if out:
             u64[_U64_HEAD] = head
             u64[_U64_POPPED] += len(out)
+        return out
+
+    def pop_many_framed(self, max_n: int) -> list[tuple[RecordHeader, int, bytes]]:
+        """``pop_many`` for records pushed by ``push_framed``: ``(header, credit, tensors)`` each."""
+        out = []
+        for h, payload in self.pop_many(max_n):
+            if len(payload) < _CREDIT.size:
+                raise RingCorruptError(f"ring {self._name}: payload of {len(payload)} bytes has no credit")
+            out.append((h, _CREDIT.unpack_from(payload)[0], payload[_CREDIT.size:]))
         return out
 
     def close(self) -> None:

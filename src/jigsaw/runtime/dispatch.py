@@ -35,9 +35,9 @@ from jigsaw.runtime.records import (
     HOP_SENT,
     HOP_START,
     TOTAL_CREDIT,
-    frame,
+    TRACE_DIR,
     split_credit,
-    unframe,
+    write_trace,
 )
 from jigsaw.runtime.rings import Doorbell, RecordHeader, ShmRing, Status, drop_reason
 from jigsaw.runtime.routing import RoutingTable
@@ -70,7 +70,7 @@ class Pending:
     error: str = ""  # why a task failed this request's item (answered 500), as its worker said
     timer: asyncio.TimerHandle | None = None
     generation: int = 0
-    body: bytes = b""  # the encoded inputs, kept to dispatch again after a worker fault
+    body: bytes | bytearray = b""  # the encoded inputs, kept to dispatch again after a worker fault
     attempts: int = 1
 
 
@@ -95,6 +95,10 @@ class Dispatcher:
         self._closing = False
         self._drain_scheduled = False
         self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
+        self._woke_ns = 0  # when the doorbell last woke the loop
+        # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR), the ones not rung yet
+        self.trace: dict[int, list[int]] | None = {} if TRACE_DIR else None
+        self._unrung: list[list[int]] = []
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -111,6 +115,10 @@ class Dispatcher:
         self._watched = bell
 
     def stop(self) -> None:
+        if self.trace:
+            write_trace("frontend", ["app", "request_id", "created", "sent", "rung", "woke", "answered"],
+                        list(self.trace.values()))
+            self.trace = {}
         self._closing = True
         if self._watched is not None and self._loop is not None:
             with contextlib.suppress(RuntimeError, ValueError, OSError):  # the loop may be closed
@@ -121,6 +129,7 @@ class Dispatcher:
         bell = self._watched
         if bell is None:
             return
+        self._woke_ns = time.monotonic_ns()
         bell.clear()  # the flag stays clear: workers need not ring until the drain re-arms it
         if not self._drain_scheduled:
             self._drain()
@@ -152,20 +161,19 @@ class Dispatcher:
         """Account every completion record waiting in ``rings``; True when more may be left."""
         more = False
         for ring in rings:
-            got = ring.pop_many(DRAIN_POP)
+            got = ring.pop_many_framed(DRAIN_POP)
             more |= len(got) == DRAIN_POP
-            for header, payload in got:
-                self._on_completion(header, payload)
+            for header, credit, tensors in got:
+                self._on_completion(header, credit, tensors)
         return more
 
-    def _on_completion(self, h: RecordHeader, payload: bytes) -> None:
+    def _on_completion(self, h: RecordHeader, credit: int, tensors: bytes) -> None:
         req = self.pending.get(h.request_id)
         if req is None:
             self.metrics.late.inc()
             return
         app = req.routes.app
         task = app.task_names[h.task] if h.task < len(app.task_names) else f"#{h.task}"
-        credit, tensors = unframe(payload)
         hops = h.hops
         if h.status == Status.OK:
             variant = req.routes.lanes[req.lane].get(task, "")
@@ -177,10 +185,11 @@ class Dispatcher:
             if h.child_index == 0 or h.child_count <= 1:
                 self.metrics.batch_size.observe((*labels, ("variant", variant)), hops[HOP_BATCH])
             # the two ring hops of this item, from server-side stamps: push -> pop by the worker,
-            # and its completion record's push -> this drain
+            # and its completion record's push -> this drain (only a record that woke the frontend:
+            # one that handed work on to children waits in its ring for a child's record)
             hop_us = max(0.0, (hops[HOP_POPPED] - hops[HOP_SENT]) / 1e3)
-            done_us = max(0.0, (time.monotonic_ns() - hops[HOP_DONE]) / 1e3)
-            t = req.timings.setdefault(task, [0.0, 0.0, 0, 0.0, 0.0])
+            done_us = -1.0 if h.child_count else max(0.0, (time.monotonic_ns() - hops[HOP_DONE]) / 1e3)
+            t = req.timings.setdefault(task, [0.0, 0.0, 0, 0.0, -1.0])
             t[0], t[1], t[2] = max(t[0], queue_us), max(t[1], compute_us), t[2] + 1
             t[3], t[4] = max(t[3], hop_us), max(t[4], done_us)
             if h.child_count:
@@ -211,6 +220,8 @@ class Dispatcher:
             req.timer.cancel()
 
     def _finish(self, req: Pending, status: int, body: dict[str, Any], reason: str | None) -> None:
+        if self.trace is not None and req.request_id in self.trace:
+            self.trace[req.request_id][5:7] = [self._woke_ns, time.monotonic_ns()]
         req.answered = True
         req.body = b""
         app = req.routes.app.name
@@ -283,7 +294,8 @@ class Dispatcher:
             params[f"compute_us.{task}"] = round(compute_us, 1)
             params[f"items.{task}"] = int(n)
             params[f"hop_us.{task}"] = round(hop_us, 1)
-            params[f"done_us.{task}"] = round(done_us, 1)
+            if done_us >= 0:  # (a task whose every item had children did not wake the frontend)
+                params[f"done_us.{task}"] = round(done_us, 1)
         for task, n in req.children.items():
             params[f"children.{task}"] = n
         params["e2e_us"] = round((time.monotonic_ns() - req.created_ns) / 1e3, 1)
@@ -309,7 +321,7 @@ class Dispatcher:
         if timeout_us is not None:
             deadline = min(deadline, now + timeout_us * 1000)
         req = Pending(0, routes, 0, client_id, now, deadline, self._loop.create_future(), outputs_wanted,
-                      body=bytes(encode_tensors(tensors)))
+                      body=encode_tensors(tensors))
         why = self._dispatch(req)
         if why is not None:
             return why
@@ -353,11 +365,14 @@ class Dispatcher:
             h = RecordHeader(request_id=req.request_id, app=routes.app_index, task=app.task_names.index(task),
                              lane=req.lane, deadline_ns=req.deadline_ns, created_ns=req.created_ns)
             h.stamp(HOP_SENT, time.monotonic_ns())
-            payload = frame(share, req.body)
             usable = self.routing.usable(targets)
             for t in usable:
-                if self.routing.rings[t.ring].push(h, payload):
+                if self.routing.rings[t.ring].push_framed(h, share, req.body):
                     self._ring_later(t.ring)
+                    if self.trace is not None and sent == 0:
+                        row = [routes.app_index, req.request_id, req.created_ns, h.hops[HOP_SENT], 0, 0, 0]
+                        self.trace[req.request_id] = row
+                        self._unrung.append(row)
                     sent += 1
                     break
             else:
@@ -381,6 +396,11 @@ class Dispatcher:
 
     def _ring_due(self) -> None:
         due, self._bells_due = self._bells_due, {}
+        if self._unrung:
+            rung = time.monotonic_ns()  # (before the write: a woken worker may run before it returns)
+            for row in self._unrung:
+                row[4] = rung
+            self._unrung = []
         for bell in due.values():
             bell.ring()
 

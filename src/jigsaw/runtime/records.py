@@ -19,7 +19,10 @@ children it spawned, and the hop slots below hold that item's timeline on that t
 
 from __future__ import annotations
 
+import json
+import os
 import struct
+from pathlib import Path
 
 TOTAL_CREDIT = 1 << 62
 
@@ -52,3 +55,14 @@ def split_credit(credit: int, n: int) -> list[int]:
         raise ValueError(f"cannot split credit {credit} into {n} positive shares")
     share, rest = divmod(credit, n)
     return [share + rest] + [share] * (n - 1)
+
+
+TRACE_DIR = os.environ.get("JIGSAW_HOP_TRACE", "")
+"""A directory: each data-plane process then writes every record's timeline there when it stops
+(``<role>-<pid>.json``), for ``bench/dataplane.py --breakdown``. Unset (the default): nothing is kept."""
+
+
+def write_trace(role: str, columns: list[str], rows: list[list[int]]) -> None:
+    """Write one process's timelines (monotonic ns) to ``TRACE_DIR`` (see there)."""
+    path = Path(TRACE_DIR) / f"{role}-{os.getpid()}.json"
+    path.write_text(json.dumps({"role": role, "columns": columns, "rows": rows}))

@@ -51,9 +51,9 @@ from jigsaw.runtime.records import (
     HOP_POPPED,
     HOP_SENT,
     HOP_START,
-    frame,
+    TRACE_DIR,
     split_credit,
-    unframe,
+    write_trace,
 )
 from jigsaw.runtime.rings import Doorbell, RecordHeader, RingClosedError, ShmRing, Status
 from jigsaw.runtime.stats import (
@@ -77,6 +77,7 @@ from jigsaw.tensors import encode_tensors
 IDLE_WAIT_S = 1.0  # an idle process wakes this often only to notice that its parent died
 HEARTBEAT_S = 0.2  # the loop stamps its heartbeat this often while it is free to run
 POP_BATCH = 256
+Buffer = bytes | bytearray | memoryview  # a payload the rings copy in
 PUSH_RETRY_S = 0.0005
 
 _running = True
@@ -135,6 +136,7 @@ class Wiring:
             self._close_rings()
             raise
         self.output_slots = [o.slot for o in spec.outputs]
+        self.index_of = {str(d["task"]): int(d["task_index"]) for d in spec.downstream}  # type: ignore[call-overload]
         self.rung: set[int] = set()  # output rings pushed to this turn: rung once at its end
         self.done_rung = False  # the completion ring too
 
@@ -167,6 +169,8 @@ class Worker:
         self._next_input = 0
         self._passed_over_ns = 0  # the last time a full batch left items in the rings
         self._rewire = False
+        self._woke_ns = 0  # when the doorbell last woke the loop
+        self.trace: list[list[int]] | None = [] if TRACE_DIR else None
 
     @staticmethod
     def _new_queue(spec: ProcessSpec) -> BatchQueue:
@@ -232,9 +236,10 @@ class Worker:
         self._unmapped = []
 
     # ---- outputs ------------------------------------------------------------------------
-    def _push_blocking(self, ring: ShmRing, header: RecordHeader, payload: bytes, until_ns: int) -> bool:
+    def _push_blocking(self, ring: ShmRing, header: RecordHeader, credit: int, tensors: Buffer,
+                       until_ns: int) -> bool:
         """Push, retrying while the ring is full until ``until_ns``; False when it never fit."""
-        while not ring.push(header, payload):
+        while not ring.push_framed(header, credit, tensors):
             now = time.monotonic_ns()
             if now >= until_ns or not _running:
                 return False
@@ -246,9 +251,16 @@ class Worker:
         for w in self.wirings:
             w.stats.set(w.spec.slot, HEARTBEAT_NS, now_ns)
 
-    def complete(self, header: RecordHeader, status: int, credit: int, tensors: bytes = b"",
+    def complete(self, header: RecordHeader, status: int, credit: int, tensors: Buffer = b"",
                  num_children: int = 0, wiring: Wiring | None = None) -> None:
-        """Report an item this task finished or dropped (with the credit it returns)."""
+        """Report an item this task finished or dropped (with the credit it returns).
+
+        A record that ends a branch (no children, a drop, an error) wakes the frontend: it may
+        complete or answer the request. One that hands its work on to children does not: the
+        request cannot complete before a child's own record, which does wake it, and the frontend
+        drains every completion ring per wake-up. For that, ``run_batch`` pushes an item's record
+        before its children exist, so it is in the ring before any record that a child causes.
+        """
         w = wiring or self.wiring
         h = header.copy()
         h.task = self.spec.task_index
@@ -257,46 +269,54 @@ class Worker:
         h.stamp(HOP_DONE, time.monotonic_ns())
         # The frontend always drains: wait for room rather than lose an answer.
         with contextlib.suppress(RingClosedError):
-            self._push_blocking(w.done, h, frame(credit, tensors), time.monotonic_ns() + 60 * 10**9)
-        w.done_rung = True  # rung once per turn (``_ring_outputs``): one wake-up for a batch
+            self._push_blocking(w.done, h, credit, tensors, time.monotonic_ns() + 60 * 10**9)
+        if num_children == 0 or status != Status.OK:
+            w.done_rung = True  # rung once per turn (``_ring_outputs``): one wake-up for a batch
 
     def _least_loaded(self, candidates: list[int], w: Wiring) -> list[int]:
         return routable(candidates, lambda i: w.stats.get(w.output_slots[i], STATE),
                         lambda i: len(w.outputs[i]) + w.stats.get(w.output_slots[i], QUEUED))
 
-    def forward(self, header: RecordHeader, credit: int, result: ItemResult,
-                wiring: Wiring | None = None) -> tuple[int, int]:
-        """Send the item's children downstream; returns (children sent, credit kept).
-
-        The item's own completion record keeps one share of the credit, so the frontend cannot
-        see every credit back (and answer) before that record, with its ``child_count``, arrives.
-        """
+    def children_of(self, header: RecordHeader, credit: int, result: ItemResult,
+                    wiring: Wiring | None = None) -> tuple[list[tuple[str, Buffer]], list[int], int]:
+        """The children the item sends (those its lane routes), their credit shares, and the share
+        its own completion record keeps: the frontend cannot see every credit back (and answer)
+        before that record, with its ``child_count``, arrives."""
         w = wiring or self.wiring
         children = [(task, body) for task, bodies in result.children.items() for body in bodies]
+        if not children:
+            return [], [], credit
         routes = w.spec.routes[header.lane] if header.lane < len(w.spec.routes) else {}
         children = [(t, b) for t, b in children if routes.get(t)]
         if not children or credit < 2:
-            return 0, credit
+            return [], [], credit
         if len(children) > credit - 1:
             children = children[:credit - 1]
         kept, *shares = split_credit(credit, len(children) + 1)
-        index_of = {str(d["task"]): int(d["task_index"]) for d in w.spec.downstream}  # type: ignore[call-overload]
+        return children, shares, kept
+
+    def forward(self, header: RecordHeader, children: list[tuple[str, Buffer]], shares: list[int],
+                wiring: Wiring | None = None) -> None:
+        """Send the item's children (``children_of``) downstream; a child no process of its task
+        can take returns its share to the frontend as a drop."""
+        w = wiring or self.wiring
+        routes = w.spec.routes[header.lane] if header.lane < len(w.spec.routes) else {}
+        index_of = w.index_of
         for k, ((task, body), share) in enumerate(zip(children, shares)):
             h = RecordHeader(request_id=header.request_id, parent_id=header.request_id, app=header.app,
                              task=index_of[task], lane=header.lane, child_index=k,
                              child_count=len(children), deadline_ns=header.deadline_ns,
                              created_ns=header.created_ns)
             h.stamp(HOP_SENT, time.monotonic_ns())
-            payload = frame(share, body)
             sent = False
             order = self._least_loaded(routes[task], w)
             for i in order:
-                if w.outputs[i].push(h, payload):
+                if w.outputs[i].push_framed(h, share, body):
                     w.rung.add(i)
                     sent = True
                     break
             if not sent and order:
-                sent = self._push_blocking(w.outputs[order[0]], h, payload, header.deadline_ns)
+                sent = self._push_blocking(w.outputs[order[0]], h, share, body, header.deadline_ns)
                 w.rung.add(order[0])
             if not sent:
                 # Never reached the next task: its deadline passed while every ring was full, or
@@ -304,9 +324,8 @@ class Worker:
                 dropped = h.copy()
                 dropped.status = int(Status.DROPPED_DEADLINE if order else Status.ERROR)
                 dropped.stamp(HOP_DONE, time.monotonic_ns())
-                self._push_blocking(w.done, dropped, frame(share, b""), time.monotonic_ns() + 60 * 10**9)
+                self._push_blocking(w.done, dropped, share, b"", time.monotonic_ns() + 60 * 10**9)
                 w.done_rung = True
-        return len(children), kept
 
     def _ring_outputs(self) -> None:
         """Ring each consumer this turn pushed to, once: a batch's records cost one wake-up each."""
@@ -337,14 +356,13 @@ class Worker:
                 break
             ring = self.inputs[(self._next_input + j) % k]
             wiring = self._input_wiring[(self._next_input + j) % k]
-            for header, payload in ring.pop_many(max_n - n):
+            for header, credit, tensors in ring.pop_many_framed(max_n - n):
                 now = time.monotonic_ns()
                 header.stamp(HOP_POPPED, now)
                 sent = header.hops[HOP_SENT]
                 arrival = sent if 0 < sent <= self._passed_over_ns else now
-                item = (header, payload, wiring)
+                item = (header, credit, tensors, wiring)
                 if not self.queue.push(header.request_id, header.deadline_ns, arrival, item):
-                    credit, _ = unframe(payload)
                     self.complete(header, Status.REJECTED, credit, wiring=wiring)
                     self.stats.add(self.spec.slot, DROPPED, 1)
                 n += 1
@@ -362,8 +380,7 @@ class Worker:
             self._passed_over_ns = time.monotonic_ns()
 
     def drop_expired(self) -> None:
-        for _, _, _, (header, payload, wiring), reason in self.queue.expired(time.monotonic_ns()):
-            credit, _ = unframe(payload)
+        for _, _, _, (header, credit, _, wiring), reason in self.queue.expired(time.monotonic_ns()):
             self.complete(header, int(reason), credit, wiring=wiring)
             self.stats.add(self.spec.slot, DROPPED, 1)
 
@@ -377,27 +394,41 @@ class Worker:
         if not batch:
             return False
         slot = self.spec.slot
-        headers = [e[3][0] for e in batch]
-        framed = [unframe(e[3][1]) for e in batch]
-        wirings = [e[3][2] for e in batch]
+        items = [e[3] for e in batch]
         start = time.monotonic_ns()
         self.stats.set(slot, BATCH_STARTED_NS, start)
-        results = await self.backend.execute_async([h.request_id for h in headers],
-                                                   [bytes(t) for _, t in framed])
+        results = await self.backend.execute_async([item[0].request_id for item in items],
+                                                   [item[2] for item in items])
         end = time.monotonic_ns()
         self.stats.set(slot, BATCH_STARTED_NS, 0)
         self.stats.add(slot, BUSY_NS, end - start)
         self.stats.add(slot, BATCHES, 1)
         self.stats.add(slot, ITEMS, len(batch))
-        for header, (credit, _), result, w in zip(headers, framed, results, wirings):
+        sink = not self.spec.downstream
+        trace = self.trace
+        for (header, credit, _, w), result in zip(items, results):
             header.stamp(HOP_START, start)
             header.stamp(HOP_END, end)
             header.stamp(HOP_BATCH, len(batch))
             if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
                 self.complete(header, Status.ERROR, credit, result.error.encode()[:4096], wiring=w)
                 continue
-            sent, kept = self.forward(header, credit, result, w)
-            self.complete(header, Status.OK, kept, bytes(encode_tensors(result.outputs)), sent, w)
+            children, shares, kept = self.children_of(header, credit, result, w)
+            # Only a sink's outputs are answered; the frontend reads no other task's (the children
+            # carry what the next tasks need). The record goes before the children: see complete.
+            self.complete(header, Status.OK, kept, encode_tensors(result.outputs) if sink else b"",
+                          len(children), w)
+            done_ns = time.monotonic_ns() if trace is not None else 0
+            if children:
+                self.forward(header, children, shares, w)
+            if trace is not None:
+                hops = header.hops
+                trace.append([self.spec.task_index, header.request_id, hops[HOP_SENT], self._woke_ns,
+                              hops[HOP_POPPED], start, end, done_ns, time.monotonic_ns()])
+        if trace is not None:
+            rung = time.monotonic_ns()  # (before the write: a woken consumer may run before it returns)
+            for row in trace[len(trace) - len(items):]:
+                row.append(rung)
         self._ring_outputs()
         return True
 
@@ -415,7 +446,14 @@ class Worker:
             if waiter and not waiter[0].done():
                 waiter[0].set_result(None)
 
+        timed_out: list[bool] = []
+
+        def on_timeout() -> None:
+            timed_out.append(True)
+            wake()
+
         def on_bell() -> None:
+            self._woke_ns = time.monotonic_ns()
             bell.clear()  # the flag stays clear: producers need not ring until this loop re-arms
             wake()
 
@@ -469,15 +507,20 @@ class Worker:
                         timeout_s = min(IDLE_WAIT_S, max(0.0, (due - time.monotonic_ns()) / 1e9))
                 fut = loop.create_future()
                 waiter[:] = [fut]
-                timer = loop.call_later(timeout_s, wake)
+                timed_out.clear()
+                timer = loop.call_later(timeout_s, on_timeout)
                 await fut
                 timer.cancel()
-                if os.getppid() != self.parent_pid:
+                # (a system call: only when idle; PR_SET_PDEATHSIG stops a busy one with its parent)
+                if timed_out and os.getppid() != self.parent_pid:
                     break
         finally:
             loop.remove_reader(bell.fileno())
 
     def close(self) -> None:
+        if self.trace:
+            write_trace("worker", ["task", "request_id", "sent", "woke", "popped", "start", "end",
+                                   "completion_pushed", "children_pushed", "rung"], self.trace)
         for w in (*self.wirings, *self._unmapped):
             w.close()
         self.bell.close()
