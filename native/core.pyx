@@ -430,36 +430,29 @@ cdef class ShmRing:
         jg_store_release(self._popped, jg_load_relaxed(self._popped) + 1)
         return rec
 
-    def pop_many(self, Py_ssize_t max_n):
-        """Pop up to ``max_n`` records with one tail load and one head store."""
+    cdef list _pop_n(self, Py_ssize_t max_n, bint framed):
+        """Up to ``max_n`` records with one tail load and one head store."""
         self._check_mapped()
         cdef uint64_t tail = jg_load_acquire(self._tail)
         cdef uint64_t head = jg_load_relaxed(self._head)
         cdef list out = []
         cdef Py_ssize_t k = 0
         while head != tail and k < max_n:
-            out.append(self._take(&head, tail))
+            out.append(self._take_at(&head, tail, framed))
             k += 1
         if k:
             jg_store_release(self._head, head)
             jg_store_release(self._popped, jg_load_relaxed(self._popped) + k)
         return out
 
+    def pop_many(self, Py_ssize_t max_n):
+        """Pop up to ``max_n`` records with one tail load and one head store."""
+        return self._pop_n(max_n, 0)
+
     def pop_many_framed(self, Py_ssize_t max_n):
         """``pop_many`` for records pushed by ``push_framed``: ``(header, credit, tensors)`` each,
         the tensors copied once, out of the ring (no framed payload to slice again)."""
-        self._check_mapped()
-        cdef uint64_t tail = jg_load_acquire(self._tail)
-        cdef uint64_t head = jg_load_relaxed(self._head)
-        cdef list out = []
-        cdef Py_ssize_t k = 0
-        while head != tail and k < max_n:
-            out.append(self._take_at(&head, tail, 1))
-            k += 1
-        if k:
-            jg_store_release(self._head, head)
-            jg_store_release(self._popped, jg_load_relaxed(self._popped) + k)
-        return out
+        return self._pop_n(max_n, 1)
 
     def close(self):
         """Unmap this process's view; idempotent. Does not unlink the name."""
