@@ -50,6 +50,9 @@ MECHANISMS = {
     "burst_floor": "control.burst_requests=0",
     "spike_predictor": "control.predictor=mean",
     "rate_replan": "control.replan_on_rate=false",
+    "rate_significance": "control.rate_trigger_z=0",
+    "single_reconfiguration": "control.single_reconfiguration=false",
+    "shrink_hysteresis": "control.shrink_min_slices=0",
 }
 # wall rates are demand / time scale: social_media's capacity is about 4x traffic_analysis's, so its
 # client needs a larger scale to keep its schedule on a 2-core machine

@@ -112,6 +112,15 @@ class ControlSettings:
     # "recurring": the mean + slack, raised at bins where the history's demand jumps recur and in
     # the bin after a jump (control/predictor.py RecurringSpikePredictor); "mean": the paper's
     predictor: str = "recurring"
+    # the rate trigger fires only on a count the plan's rate would reach by chance less often than
+    # this many Poisson standard deviations allow (control/controller.py); 0: the rate alone decides
+    rate_trigger_z: float = 2.5
+    # an urgent re-plan deploys one plan: a quick plan that serves is not followed by the exact one
+    # (the next bin's re-plan brings it); false: quick plan, then exact plan, two reconfigurations
+    single_reconfiguration: bool = True
+    # a running plan that holds its demand is kept unless the new one frees at least this many
+    # slices (a new generation's drain holds its slots for up to an SLO); 0: any better plan replaces it
+    shrink_min_slices: int = 2
 
 
 @dataclass(frozen=True)
@@ -279,6 +288,9 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         repartition_delay_s=c.number("repartition_delay_s", 2.0, low=0),
         burst_requests=c.integer("burst_requests", 40, low=0),
         predictor=predictor,
+        rate_trigger_z=c.number("rate_trigger_z", 2.5, low=0),
+        single_reconfiguration=c.bool("single_reconfiguration", True),
+        shrink_min_slices=c.integer("shrink_min_slices", 2, low=0),
     )
 
     apps: list[App] = []

@@ -106,12 +106,17 @@ def _per_app(fn: Callable[[str, float], Plan]) -> Solve:
 
 def _controller(solver: Solve, bin_seconds: float = 100.0, rate_trigger: bool = True,
                 apps: tuple[str, ...] = (TA,), anytime: str = "off",
-                plans: dict[str, Plan] | None = None) -> tuple[NodeController, _Fe]:
+                plans: dict[str, Plan] | None = None, *, rate_trigger_z: float = 0.0,
+                single_reconfiguration: bool = False,
+                shrink_min_slices: int = 0) -> tuple[NodeController, _Fe]:
     node = load_node(NODE)
     # the paper's mean predictor and no burst floor: these tests check the controller's timing and
-    # triggers around the demand it asks for
-    node = dataclasses.replace(node, control=dataclasses.replace(node.control, replan_on_rate=rate_trigger,
-                                                                 predictor="mean", burst_requests=0))
+    # triggers around the demand it asks for; the burst mechanisms (significance of the rate, one
+    # reconfiguration per re-plan, shrink hysteresis) are off unless a test turns one on
+    node = dataclasses.replace(node, control=dataclasses.replace(
+        node.control, replan_on_rate=rate_trigger, predictor="mean", burst_requests=0,
+        rate_trigger_z=rate_trigger_z, single_reconfiguration=single_reconfiguration,
+        shrink_min_slices=shrink_min_slices))
     fe = _Fe(list(apps))
     plane = _Plane(node, plans or {a: _plan(10.0, app=a) for a in apps})
     c = NodeController([node.app(a) for a in apps], plane, fe, space="ast",  # type: ignore[arg-type]
@@ -624,5 +629,78 @@ def test_an_operators_replan_waits_for_the_exact_plan() -> None:
         assert entry["exact"]["deployed"] and not (entry["quick"] or {}).get("deployed")
         await c.replan({TA: 300.0}, trigger="rate")  # an urgent one deploys the quick plan first
         assert [d.plan.slices_used for d in c.plane.applied][:2] == [3, 2]  # type: ignore[attr-defined]
+
+    asyncio.run(go())
+
+
+# ---- the burst mechanisms, each switchable (control.rate_trigger_z, single_reconfiguration,
+# shrink_min_slices) --------------------------------------------------------------------------------
+def test_the_rate_trigger_ignores_what_poisson_noise_explains_but_not_a_burst() -> None:
+    # The plan holds 10 rps (10.5 with the slack); 60 arrivals in 10 s at time scale 2 read 12 rps:
+    # the plan's rate brings 52.5 in that time, and 60 is within 2.5 standard deviations (7.2) of it.
+    solver = _per_app(lambda a, d: _plan(d, [], app=a))
+
+    async def go() -> None:
+        for z, arrivals, fires in ((2.5, 60, False), (0.0, 60, True), (2.5, 1000, True)):
+            c, fe = _controller(solver, rate_trigger_z=z)
+            c.bin_start = time.monotonic() - 10.0
+            fe.bins[TA].arrivals = arrivals
+            c._check_early()
+            assert (c._replan_task is not None) == fires, (z, arrivals)
+            if c._replan_task is not None:
+                await c._replan_task
+        node = load_node(NODE)
+        assert node.control.rate_trigger_z == 2.5  # on by default
+        ac = _app(c)
+        assert not ac.significant(60, 12.0, 10.5) and ac.significant(90, 18.0, 10.5)
+
+    asyncio.run(go())
+
+
+def test_a_quick_plan_that_holds_the_burst_is_the_one_reconfiguration() -> None:
+    # the exact plan comes 1 s after the quick one: with single_reconfiguration the quick plan
+    # serves until the next bin's re-plan (one generation), without it the exact one follows
+    solver = _anytime_solver(exact_s=1.0)
+
+    async def go() -> None:
+        c, _ = _controller(solver, anytime="auto", single_reconfiguration=True)
+        await c.replan({TA: 200.0}, trigger="rate")
+        assert [d.plan.slices_used for d in c.plane.applied] == [4]  # type: ignore[attr-defined]
+        (entry,) = _app(c).current.replans
+        assert entry["quick"]["deployed"] and not entry["exact"]["deployed"]
+        assert entry["exact"]["skipped"] == "single_reconfiguration"
+        assert _app(c).current.reconfigurations == 1
+        # the next (routine) re-plan brings the exact plan: 2 slices instead of 4
+        solver.released.set()  # type: ignore[attr-defined]
+        await c.replan({TA: 200.0}, trigger="bin")
+        assert [d.plan.slices_used for d in c.plane.applied][-1] == 2  # type: ignore[attr-defined]
+        assert load_node(NODE).control.single_reconfiguration  # on by default
+
+    asyncio.run(go())
+
+
+def test_a_plan_that_holds_its_demand_is_kept_unless_the_new_one_frees_enough_slices() -> None:
+    # running: 3 slices holding 10 rps. A 2-slice plan for the same demand frees one slice: not
+    # worth a new generation with shrink_min_slices = 2; a 1-slice plan frees two and replaces it.
+    # With the hysteresis off (0) the 2-slice plan replaces it as before.
+    slices = {"n": 2}
+    solver = _per_app(lambda a, d: _plan(d, [_inst(slices["n"])], app=a))
+
+    async def go() -> None:
+        for min_frees, new_slices, replaced in ((2, 2, False), (2, 1, True), (0, 2, True)):
+            slices["n"] = new_slices
+            c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(3)])}, shrink_min_slices=min_frees)
+            plane: _Plane = c.plane  # type: ignore[assignment]
+            await c.replan({TA: 10.0}, trigger="bin")
+            assert (plane.gens[TA] != 0) == replaced, (min_frees, new_slices)
+            assert plane.plans[TA].slices_used == (new_slices if replaced else 3)
+            if not replaced:
+                assert _app(c).current.replans[0]["exact"]["kept"] == [TA]
+        # a plan that does not hold the demand is replaced however few slices the new one frees
+        slices["n"] = 3
+        c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(3)])}, shrink_min_slices=2)
+        await c.replan({TA: 50.0}, trigger="rate")
+        assert c.plane.plans[TA].planned_rps == 50.0  # type: ignore[attr-defined]
+        assert load_node(NODE).control.shrink_min_slices == 2  # on by default
 
     asyncio.run(go())

@@ -308,7 +308,9 @@ class AppController:
             # burst that has passed) are no reason to plan for less: that would reconfigure again
             floor_rps = holds_rps
         elif (node.control.replan_on_rate and not self.plan.max_demand_plan
-              and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > holds_rps * slack):
+              and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > holds_rps * slack
+              and (self.significant(recent_n, recent_rps, holds_rps * slack)
+                   or self.significant(c.arrivals, so_far, holds_rps * slack))):
             trigger = "rate"
             why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds"
         else:
@@ -318,6 +320,24 @@ class AppController:
         base_rps = self.history_rps[-1] if self.history_rps and self.history_rps[-1] > 0 else holds_rps
         demand = min(max(recent_rps, so_far), RATE_JUMP_MAX * base_rps)
         return trigger, why, max(demand, floor_rps) * slack
+
+    def significant(self, count: int, rate_rps: float, holds_rps: float) -> bool:
+        """``count`` arrivals, read as ``rate_rps``, are more than the plan's ``holds_rps`` would bring
+        by chance: above its expected count in the same time by ``control.rate_trigger_z`` Poisson
+        standard deviations.
+
+        Why: the rate window is half a second of a compressed bin, a few dozen arrivals; their
+        Poisson noise alone reads 10-20% above the mean in one poll of ten, and a plan holds its
+        prediction + 5%. Each misfire is a re-plan and a new generation whose drain holds its MIG
+        slots for up to an SLO, so the re-plan for the real burst a bin later is refused.
+        """
+        z = self.node.control.rate_trigger_z
+        if z <= 0:
+            return True
+        if rate_rps <= 0 or count <= 0:
+            return False
+        expected = holds_rps * count / rate_rps  # what the plan's rate brings in the same time
+        return count > expected + z * expected ** 0.5
 
     def capacity_demand(self) -> float:
         """What to re-plan for when a worker is lost: the prediction, or the bin's rate so far."""
@@ -602,12 +622,22 @@ class NodeController:
                 c.predicted_rps = full[n]
                 if for_bin is None or for_bin == self.bin_index:  # else open_bin copies it over
                     c.current.predicted_rps = full[n]
-            use_exact = bool(exact.plans) and not (deployed is not None
-                                                   and prefer_quick(deployed, exact, self.node))
+            # one reconfiguration per re-plan: a quick plan that serves and holds the demands stays
+            # until the next bin's re-plan (a second generation now would start while the first
+            # one's predecessor still drains, and its drain would hold slots the next burst needs)
+            single = (deployed is not None and self.node.control.single_reconfiguration
+                      and self._holds(full))
+            worse = deployed is not None and prefer_quick(deployed, exact, self.node)
+            use_exact = bool(exact.plans) and not single and not worse
             entry["exact"] = self._summary(exact, use_exact)
+            if single and exact.plans:
+                entry["exact"]["skipped"] = "single_reconfiguration"
             if not exact.plans:
                 self.log(f"node: no configuration for {self._demands_text(full)} ({exact.status}; "
                          f"{'; '.join(exact.notes)}); keeping the running plans")
+            elif single:
+                self.log("node: the quick plan serves and holds the demands; the exact plan waits for the "
+                         "next bin's re-plan (one reconfiguration per re-plan)")
             elif not use_exact:
                 self.log(f"node: the exact solve stopped {exact.status} at a worse objective than the quick "
                          f"plan's; keeping the quick plan")
@@ -667,7 +697,10 @@ class NodeController:
         app), and the node's slices allow it beside the others' new plans: a new generation costs
         seconds of reconfiguration, and the manager applies one at a time, so churn in one app
         delays the app the re-plan is for. A lost worker's app, and demands scaled to fit, always
-        take the new plan.
+        take the new plan. With ``control.shrink_min_slices`` a better plan that frees fewer slices
+        than that is not worth its generation either: each new generation drains its predecessor
+        for up to an SLO, and MIG slots held by a draining generation refuse the next re-plan that
+        needs them (on a compressed replay that is the re-plan for the next burst).
         """
         plans = dict(np.plans)
         kept: list[str] = []
@@ -678,7 +711,10 @@ class NodeController:
             if name in fresh or not new.instances or not run.instances or run.max_demand_plan \
                     or run.planned_rps < demands[name] * (1 - 1e-9) or same_instances(run, new):
                 continue
-            if app_value(name, run, self.node) < app_value(name, new, self.node) - 1e-9:
+            frees = run.slices_used - new.slices_used
+            min_frees = self.node.control.shrink_min_slices
+            if app_value(name, run, self.node) < app_value(name, new, self.node) - 1e-9 \
+                    and (min_frees <= 0 or frees >= min_frees):
                 continue
             total = sum(p.slices_used for p in plans.values()) - new.slices_used + run.slices_used
             if total > self.node.slices_available:
