@@ -53,6 +53,7 @@ MECHANISMS = {
     "rate_significance": "control.rate_trigger_z=0",
     "single_reconfiguration": "control.single_reconfiguration=false",
     "shrink_hysteresis": "control.shrink_min_slices=0",
+    "place_around_draining": "control.place_around_draining=false",
 }
 # wall rates are demand / time scale: social_media's capacity is about 4x traffic_analysis's, so its
 # client needs a larger scale to keep its schedule on a 2-core machine

@@ -121,6 +121,9 @@ class ControlSettings:
     # a running plan that holds its demand is kept unless the new one frees at least this many
     # slices (a new generation's drain holds its slots for up to an SLO); 0: any better plan replaces it
     shrink_min_slices: int = 2
+    # a re-plan's new MIG instances keep off the slots of draining generations where the rest of
+    # the node holds them (runtime/generations.py place_around); false: placed as if none drained
+    place_around_draining: bool = True
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         rate_trigger_z=c.number("rate_trigger_z", 2.5, low=0),
         single_reconfiguration=c.bool("single_reconfiguration", True),
         shrink_min_slices=c.integer("shrink_min_slices", 2, low=0),
+        place_around_draining=c.bool("place_around_draining", True),
     )
 
     apps: list[App] = []
