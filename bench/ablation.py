@@ -54,6 +54,7 @@ MECHANISMS = {
     "single_reconfiguration": "control.single_reconfiguration=false",
     "shrink_hysteresis": "control.shrink_min_slices=0",
     "place_around_draining": "control.place_around_draining=false",
+    "skip_ended_spikes": "control.skip_ended_spikes=false",
 }
 # wall rates are demand / time scale: social_media's capacity is about 4x traffic_analysis's, so its
 # client needs a larger scale to keep its schedule on a 2-core machine

@@ -112,6 +112,9 @@ class ControlSettings:
     # "recurring": the mean + slack, raised at bins where the history's demand jumps recur and in
     # the bin after a jump (control/predictor.py RecurringSpikePredictor); "mean": the paper's
     predictor: str = "recurring"
+    # the recurring predictor's mean leaves out the bins of spikes that have ended; false: it
+    # averages them in (the five bins after a spike are planned for about twice their demand)
+    skip_ended_spikes: bool = True
     # the rate trigger fires only on a count the plan's rate would reach by chance less often than
     # this many Poisson standard deviations allow (control/controller.py); 0: the rate alone decides
     rate_trigger_z: float = 2.5
@@ -295,6 +298,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         single_reconfiguration=c.bool("single_reconfiguration", True),
         shrink_min_slices=c.integer("shrink_min_slices", 2, low=0),
         place_around_draining=c.bool("place_around_draining", True),
+        skip_ended_spikes=c.bool("skip_ended_spikes", True),
     )
 
     apps: list[App] = []

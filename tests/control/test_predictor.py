@@ -79,6 +79,20 @@ def test_a_single_jump_is_not_a_pattern() -> None:
     assert p.predict([]) == mean.predict([])
 
 
+def test_the_mean_leaves_out_a_spike_once_it_has_ended() -> None:
+    # level 100, a spike of 300 and 250, back to 100: the next bins are planned from the level, not
+    # from a mean the spike holds at twice it; while the spike runs its bins count
+    history = [100.0] * 6 + [300.0, 250.0, 100.0, 100.0]
+    p = RecurringSpikePredictor(MeanSlackPredictor(5, 0.0))
+    assert p.ended_spike_bins(history, p.jumps(history)) == {6, 7}
+    assert p.predict(history) == pytest.approx(100.0)
+    off = RecurringSpikePredictor(MeanSlackPredictor(5, 0.0), skip_ended_spikes=False)
+    assert off.predict(history) == pytest.approx((300.0 + 250.0 + 300.0) / 5)
+    running = history[:8]  # the spike's second bin was the last: not ended, not left out
+    assert p.ended_spike_bins(running, p.jumps(running)) == set()
+    assert p.predict(running) == pytest.approx((3 * 100.0 + 300.0 + 250.0) / 5)
+
+
 def test_make_predictor_by_name() -> None:
     assert isinstance(make_predictor("mean", 5, 0.05, 3.0), MeanSlackPredictor)
     assert isinstance(make_predictor("recurring", 5, 0.05, 3.0), RecurringSpikePredictor)
