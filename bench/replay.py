@@ -460,6 +460,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trace", default="synthetic", help="twitter:PATH | azure:PATH | synthetic[:SEED]")
     p.add_argument("--day", type=int, default=0, help="day of the trace (0-based)")
     p.add_argument("--bins", default=None, help="A:B window of the day's 5-minute bins (default: all 288)")
+    p.add_argument("--history-bins", type=int, default=288,
+                   help="seed the controller's history with up to this many of the day's bins before the "
+                        "window (default 288: all of them, as on a node that has served since the day began; "
+                        "the recurring-spike predictor needs earlier spikes to see the next)")
     p.add_argument("--bin-seconds", type=float, default=10.0,
                    help="wall seconds each 5-minute bin is played for (jigsawd's bin length follows)")
     scale = p.add_mutually_exclusive_group()
@@ -510,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         peak = capacity_rps(node_path, args.app, "ast")
         log(f"{args.app}: capacity under ast {peak:.1f} rps ({time.monotonic() - t0:.1f} s to compute)")
     try:
-        history, window, first = demand_window(args.trace, args.day, args.bins, peak)
+        history, window, first = demand_window(args.trace, args.day, args.bins, peak,
+                                               max(1, args.history_bins))
     except TraceError as exc:
         log(str(exc))
         return 2

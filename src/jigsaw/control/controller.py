@@ -62,6 +62,9 @@ from jigsaw.runtime.generations import Applied, DesiredState, same_instances
 
 LEAD_MARGIN = 1.25  # a re-plan ahead of a bin's end starts this many recent re-plan durations early
 HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per app
+# the demand history the predictor reads: a day of 5-minute bins, since the recurring-spike
+# predictor needs several cycles of a spike that recurs every couple of hours to predict the next
+HISTORY_RPS_BINS = 288
 MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
 MIN_ARRIVALS_FOR_RATE = 20  # the rate trigger needs this many arrivals in its window
 RATE_WINDOW_BINS = 0.1  # the rate trigger's window, a share of the bin (at least two polls)
@@ -193,7 +196,7 @@ class AppController:
             node.control.predictor, node.control.history_bins, node.planner.demand_slack, plan.demand_rps,
             node.control.skip_ended_spikes)
         self.floor_rps = burst_floor_rps(app.latency_slo_ms, node.control.burst_requests)
-        self.history_rps: deque[float] = deque(maxlen=max(64, node.control.history_bins))
+        self.history_rps: deque[float] = deque(maxlen=max(HISTORY_RPS_BINS, node.control.history_bins))
         self.factor_bins: deque[dict[tuple[str, str], float]] = deque(maxlen=node.control.history_bins)
         self.records: deque[BinRecord] = deque(maxlen=HISTORY_MAX_BINS)
         self.predicted_rps = plan.demand_rps
