@@ -34,6 +34,13 @@ replaces it unless the exact solve stopped unproven at a worse objective); ``alw
 every quick plan first (for tests and ablations); ``off`` waits for the exact plan. Both are
 recorded in the bin records (``replans``) and counted in ``/metrics``.
 
+Fewer generations around a burst: every new generation drains its predecessor for up to an SLO,
+and slots a draining generation holds make the next re-plan that needs them wait or be refused.
+So the rate trigger ignores what Poisson noise explains (``control.rate_trigger_z``); a quick plan
+that holds the demand is the re-plan's one reconfiguration (``control.single_reconfiguration``;
+the next bin's re-plan brings the exact plan); and a running plan that holds its demand is kept
+unless the new one frees ``control.shrink_min_slices`` slices (``settle``).
+
 A planner that fails or times out leaves the running plans serving; the bin's records and
 ``jigsaw_planner_failures_total`` report it.
 """
