@@ -704,3 +704,23 @@ def test_a_plan_that_holds_its_demand_is_kept_unless_the_new_one_frees_enough_sl
         assert load_node(NODE).control.shrink_min_slices == 2  # on by default
 
     asyncio.run(go())
+
+
+def test_lookahead_plans_a_spike_the_predictor_sees_two_bins_ahead() -> None:
+    # spikes of 4x every 6 bins at phase 2 (bins 2, 8, 14, 20); the history ends at bin 18, so the
+    # next bin (19) is quiet and the one after it (20) spikes: with lookahead_bins = 1 the plan for
+    # bin 19 already holds the spike, with 0 it holds the quiet level
+    history = [100.0 if i % 6 != 2 else 400.0 for i in range(19)]
+
+    async def go() -> None:
+        for ahead, spike in ((0, False), (1, True)):
+            c, _ = _controller(_per_app(lambda a, d: _plan(d, app=a)))
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, predictor="recurring", lookahead_bins=ahead))
+            ac = AppController(c.node.app(TA), c)
+            ac.history_rps.extend(history)
+            got = ac.predict_next()
+            assert (got > 300.0) == spike, (ahead, got)
+        assert load_node(NODE).control.lookahead_bins == 0  # off by default
+
+    asyncio.run(go())

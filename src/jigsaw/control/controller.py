@@ -257,13 +257,31 @@ class AppController:
         history = list(self.history_rps)
         if c is not None and elapsed > 0:
             history.append(c.arrivals / elapsed * self.ctl.time_scale)
-        return self._hold(self.predictor.predict(history), self.current, history)
+        return self._hold(self.look_ahead(history), self.current, history)
 
     def predict_next(self) -> float:
         """The next bin's prediction once the running bin has closed."""
         history = list(self.history_rps)
         last = self.records[-1] if self.records else None
-        return self._hold(self.predictor.predict(history), last, history)
+        return self._hold(self.look_ahead(history), last, history)
+
+    def look_ahead(self, history: list[float]) -> float:
+        """The next bin's prediction, raised to the most any of the ``control.lookahead_bins`` bins
+        after it is predicted at (each predicted from the ones before, less the slack).
+
+        Why: a re-plan takes seconds of solving and starting processes, more than a compressed
+        bin on a busy machine, so a plan for a spike the predictor sees coming one bin ahead is in
+        place only once the spike has begun; planned a bin earlier it serves from the spike's
+        first second. The cost is a bin at the spike's slices before each predicted spike.
+        """
+        predicted = self.predictor.predict(history)
+        ext = list(history)
+        nxt = predicted
+        for _ in range(self.node.control.lookahead_bins):
+            ext.append(nxt / (1.0 + self.node.planner.demand_slack))
+            nxt = self.predictor.predict(ext)
+            predicted = max(predicted, nxt)
+        return predicted
 
     def _hold(self, predicted: float, bin_record: BinRecord | None, history: list[float]) -> float:
         """Burst hold: a bin that outran its plan (it re-planned early) keeps its demand for one more bin.
