@@ -724,3 +724,25 @@ def test_lookahead_plans_a_spike_the_predictor_sees_two_bins_ahead() -> None:
         assert load_node(NODE).control.lookahead_bins == 0  # off by default
 
     asyncio.run(go())
+
+
+def test_arrivals_counted_at_once_after_a_stalled_loop_are_not_a_burst() -> None:
+    # 5 s bins: the window is 0.5 s. The last poll was 2 s ago (the loop stalled) and 200 arrivals
+    # were counted since: they waited for the loop, so no rate is read until a window has passed
+    # since; then the window reads only what came after the stall.
+    solver = _per_app(lambda a, d: _plan(d, [], app=a))
+
+    async def go() -> None:
+        c, _ = _controller(solver, bin_seconds=5.0)
+        ac = _app(c)
+        now = time.monotonic()
+        c.bin_start = now - 3.0
+        ac._arrival_samples = deque([(now - 2.5, 10), (now - 2.0, 20)])
+        assert ac.recent_rate_rps(220) == (0.0, 0)
+        assert not ac._arrival_samples or ac._arrival_samples[0][1] == 220
+        ac._stalled_at -= 0.6  # a window later: 10 arrivals since the stall, over 0.6 s
+        ac._arrival_samples = deque([(ac._stalled_at, 220)])
+        rate, n = ac.recent_rate_rps(230)
+        assert n == 10 and rate == pytest.approx(10 / 0.6 * 2.0, rel=0.05)
+
+    asyncio.run(go())

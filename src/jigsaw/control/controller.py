@@ -75,6 +75,7 @@ HISTORY_RPS_BINS = 288
 MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
 MIN_ARRIVALS_FOR_RATE = 20  # the rate trigger needs this many arrivals in its window
 RATE_WINDOW_BINS = 0.1  # the rate trigger's window, a share of the bin (at least two polls)
+RATE_STALL_S = 1.0  # a gap between polls this long (or the window) is a stalled loop, not a burst
 QUICK_PATIENCE_S = 0.3  # an urgent re-plan waits this long for the exact plan before deploying the quick one
 MAX_REPLANS_RECORDED = 50  # per app and bin
 ANYTIME_MODES = ("auto", "always", "off")
@@ -209,6 +210,7 @@ class AppController:
         self.predicted_rps = plan.demand_rps
         self.current = self.new_record()
         self._arrival_samples: deque[tuple[float, int]] = deque()  # (monotonic s, bin arrivals so far)
+        self._stalled_at = float("-inf")  # when the loop last came back from a stall (monotonic s)
 
     @property
     def name(self) -> str:
@@ -298,12 +300,19 @@ class AppController:
 
         Sampled at every poll; until the window is covered, the bin so far stands in for it, and
         before the bin is a window old there is no rate yet ``(0, 0)``: a few arrivals bunched in
-        a fraction of a second are noise, not a burst.
+        a fraction of a second are noise, not a burst. After a gap between polls longer than
+        ``RATE_STALL_S`` (and the window) the loop stalled: the arrivals it counted at once had
+        waited for it, so the window starts again from now (the bin so far stands in).
         """
         now = time.monotonic()
         samples = self._arrival_samples
-        samples.append((now, arrivals))
         window_s = RATE_WINDOW_BINS * self.ctl.bin_seconds
+        if samples and now - samples[-1][0] > max(RATE_STALL_S, window_s):
+            samples.clear()
+            self._stalled_at = now
+        samples.append((now, arrivals))
+        if now - self._stalled_at < window_s:
+            return 0.0, 0
         while len(samples) > 2 and now - samples[1][0] >= window_s:
             samples.popleft()
         t0, a0 = samples[0]
