@@ -746,3 +746,37 @@ def test_arrivals_counted_at_once_after_a_stalled_loop_are_not_a_burst() -> None
         assert n == 10 and rate == pytest.approx(10 / 0.6 * 2.0, rel=0.05)
 
     asyncio.run(go())
+
+
+def test_a_routine_replan_put_off_by_a_running_one_runs_once_it_is_done() -> None:
+    # an early re-plan is still solving when the next bin's routine re-plan is due: the routine one
+    # is not dropped but runs, with a fresh prediction, at the first poll after the early one
+    gate = threading.Event()
+
+    def slow(app: str, demand: float) -> Plan:
+        gate.wait(5.0)
+        return _plan(demand, app=app)
+    solver = _per_app(slow)
+
+    async def go() -> None:
+        c, _ = _controller(solver, bin_seconds=100.0)
+        c.bin_start = time.monotonic() - 99.0  # a second before the bin's end
+        _app(c).history_rps.extend([40.0] * 5)
+        c._spawn({TA: 200.0}, "rate")
+        first = c._replan_task
+        c._spawn({TA: _app(c).predict_ahead()}, "bin", for_next_bin=True)
+        assert c._replan_task is first and c._routine_for == 1  # put off, for bin 1
+        c._check_early()
+        assert c._replan_task is first  # still busy: nothing new
+        gate.set()
+        assert first is not None
+        await first
+        c._check_early()
+        assert c._replan_task is not first and c._routine_for is None
+        await c._replan_task
+        asked = [d[TA] for d in solver.asked]  # type: ignore[attr-defined]
+        assert asked[0] == 200.0 and len(asked) == 2
+        assert _app(c).current.replans[-1]["trigger"] == "bin"
+        assert _app(c).current.replans[-1]["for_bin"] == 1
+
+    asyncio.run(go())
