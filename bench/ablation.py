@@ -50,7 +50,6 @@ MECHANISMS = {
     "burst_floor": "control.burst_requests=0",
     "spike_predictor": "control.predictor=mean",
     "rate_replan": "control.replan_on_rate=false",
-    "rate_significance": "control.rate_trigger_z=0",
     "single_reconfiguration": "control.single_reconfiguration=false",
     "shrink_hysteresis": "control.shrink_min_slices=0",
     "place_around_draining": "control.place_around_draining=false",

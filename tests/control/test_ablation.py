@@ -35,7 +35,7 @@ def test_set_writes_a_node_file_with_the_settings_that_loads_from_anywhere(tmp_p
 def test_every_mechanism_setting_loads_and_switches_its_mechanism_off(tmp_path: Path) -> None:
     base = load_node(NODE)
     node = load_node(node_with_settings(NODE, list(ablation.MECHANISMS.values()), tmp_path))
-    for n, want in ((base, (2.5, True, 2, True, True)), (node, (0.0, False, 0, False, False))):
+    for n, want in ((base, (0.0, True, 2, True, True)), (node, (0.0, False, 0, False, False))):
         got = (n.control.rate_trigger_z, n.control.single_reconfiguration, n.control.shrink_min_slices,
                n.control.place_around_draining, n.control.skip_ended_spikes)
         assert got == want

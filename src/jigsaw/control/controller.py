@@ -36,7 +36,8 @@ recorded in the bin records (``replans``) and counted in ``/metrics``.
 
 Fewer generations around a burst: every new generation drains its predecessor for up to an SLO,
 and slots a draining generation holds make the next re-plan that needs them wait or be refused.
-So the rate trigger ignores what Poisson noise explains (``control.rate_trigger_z``); a quick plan
+So the rate trigger can ignore what Poisson noise explains (``control.rate_trigger_z``, off by
+default: on a busy node those misfires were headroom that absorbed the next spike); a quick plan
 that holds the demand is the re-plan's one reconfiguration (``control.single_reconfiguration``;
 the next bin's re-plan brings the exact plan); and a running plan that holds its demand is kept
 unless the new one frees ``control.shrink_min_slices`` slices (``settle``).
@@ -210,7 +211,6 @@ class AppController:
         self.predicted_rps = plan.demand_rps
         self.current = self.new_record()
         self._arrival_samples: deque[tuple[float, int]] = deque()  # (monotonic s, bin arrivals so far)
-        self._stalled_at = float("-inf")  # when the loop last came back from a stall (monotonic s)
 
     @property
     def name(self) -> str:
@@ -302,17 +302,15 @@ class AppController:
         before the bin is a window old there is no rate yet ``(0, 0)``: a few arrivals bunched in
         a fraction of a second are noise, not a burst. After a gap between polls longer than
         ``RATE_STALL_S`` (and the window) the loop stalled: the arrivals it counted at once had
-        waited for it, so the window starts again from now (the bin so far stands in).
+        waited for it, so the window starts again from now, and the bin so far stands in until it
+        is covered (a stall is no burst, but a burst often stalls the loop: it must still be seen).
         """
         now = time.monotonic()
         samples = self._arrival_samples
         window_s = RATE_WINDOW_BINS * self.ctl.bin_seconds
         if samples and now - samples[-1][0] > max(RATE_STALL_S, window_s):
             samples.clear()
-            self._stalled_at = now
         samples.append((now, arrivals))
-        if now - self._stalled_at < window_s:
-            return 0.0, 0
         while len(samples) > 2 and now - samples[1][0] >= window_s:
             samples.popleft()
         t0, a0 = samples[0]
