@@ -673,7 +673,7 @@ def test_a_quick_plan_that_holds_the_burst_is_the_one_reconfiguration() -> None:
         solver.released.set()  # type: ignore[attr-defined]
         await c.replan({TA: 200.0}, trigger="bin")
         assert [d.plan.slices_used for d in c.plane.applied][-1] == 2  # type: ignore[attr-defined]
-        assert load_node(NODE).control.single_reconfiguration  # on by default
+        assert not load_node(NODE).control.single_reconfiguration  # off by default
 
     asyncio.run(go())
 
@@ -700,7 +700,7 @@ def test_a_plan_that_holds_its_demand_is_kept_unless_the_new_one_frees_enough_sl
         c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(3)])}, shrink_min_slices=2)
         await c.replan({TA: 50.0}, trigger="rate")
         assert c.plane.plans[TA].planned_rps == 50.0  # type: ignore[attr-defined]
-        assert load_node(NODE).control.shrink_min_slices == 2  # on by default
+        assert load_node(NODE).control.shrink_min_slices == 0  # off by default
 
     asyncio.run(go())
 

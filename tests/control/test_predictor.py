@@ -83,7 +83,7 @@ def test_the_mean_leaves_out_a_spike_once_it_has_ended() -> None:
     # level 100, a spike of 300 and 250, back to 100: the next bins are planned from the level, not
     # from a mean the spike holds at twice it; while the spike runs its bins count
     history = [100.0] * 6 + [300.0, 250.0, 100.0, 100.0]
-    p = RecurringSpikePredictor(MeanSlackPredictor(5, 0.0))
+    p = RecurringSpikePredictor(MeanSlackPredictor(5, 0.0), skip_ended_spikes=True)
     assert p.ended_spike_bins(history, p.jumps(history)) == {6, 7}
     assert p.predict(history) == pytest.approx(100.0)
     off = RecurringSpikePredictor(MeanSlackPredictor(5, 0.0), skip_ended_spikes=False)

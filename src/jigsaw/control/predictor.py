@@ -65,7 +65,7 @@ class RecurringSpikePredictor:
 
     def __init__(self, base: MeanSlackPredictor, *, max_period: int = 48, min_hits: int = 2,
                  hit_share: float = 0.7, tail_quantile: float = 0.75,
-                 skip_ended_spikes: bool = True) -> None:
+                 skip_ended_spikes: bool = False) -> None:
         self.base = base
         self.slack = base.slack
         self.max_period = max_period
@@ -124,7 +124,7 @@ class RecurringSpikePredictor:
 
 
 def make_predictor(kind: str, window: int, slack: float, default_rps: float,
-                   skip_ended_spikes: bool = True) -> Predictor:
+                   skip_ended_spikes: bool = False) -> Predictor:
     """The node's ``control.predictor``: "recurring" (spike-aware; ``control.skip_ended_spikes``:
     its mean leaves out the bins of spikes that have ended) or "mean" (the paper's)."""
     mean = MeanSlackPredictor(window, slack, default_rps)
