@@ -34,13 +34,15 @@ replaces it unless the exact solve stopped unproven at a worse objective); ``alw
 every quick plan first (for tests and ablations); ``off`` waits for the exact plan. Both are
 recorded in the bin records (``replans``) and counted in ``/metrics``.
 
-Fewer generations around a burst: every new generation drains its predecessor for up to an SLO,
-and slots a draining generation holds make the next re-plan that needs them wait or be refused.
-So the rate trigger can ignore what Poisson noise explains (``control.rate_trigger_z``, off by
-default: on a busy node those misfires were headroom that absorbed the next spike); a quick plan
-that holds the demand is the re-plan's one reconfiguration (``control.single_reconfiguration``;
-the next bin's re-plan brings the exact plan); and a running plan that holds its demand is kept
-unless the new one frees ``control.shrink_min_slices`` slices (``settle``).
+Fewer generations around a burst (each switch off by default: on the 2-core replays, runs with
+them on had fewer generations and refused re-plans but more violations, their plans less
+headroom): every new generation drains its predecessor for up to an SLO, and slots a draining
+generation holds make the next re-plan that needs them wait or be refused. So the rate trigger
+can ignore what Poisson noise explains (``control.rate_trigger_z``); a quick plan that holds the
+demand can be the re-plan's one reconfiguration (``control.single_reconfiguration``; the next
+bin's re-plan brings the exact plan); and a running plan that holds its demand can be kept unless
+the new one frees ``control.shrink_min_slices`` slices (``settle``). A bin's routine re-plan that
+comes due while another runs is not dropped but runs once it is done (``_routine_due``).
 
 A planner that fails or times out leaves the running plans serving; the bin's records and
 ``jigsaw_planner_failures_total`` report it.
