@@ -61,7 +61,8 @@ from jigsaw.traces import (  # noqa: E402
 
 CSV_FIELDS = ("bin", "demand_rps", "predicted_rps", "slices_used_pct", "accuracy_drop_pct",
               "slo_violation_pct", "slo_violation_paper_pct", "p50_ms", "p99_ms", "sent", "answered",
-              "violations", "violations_paper", "extra_items", "behind", "behind_s", "settle_lost")
+              "violations", "violations_paper", "extra_items", "shed_503", "dropped_504", "other_failed",
+              "behind", "behind_s", "settle_lost")
 MAX_CONCURRENCY = 512
 BEHIND_THRESHOLD_S = 0.25  # an arrival sent this much later than scheduled marks its bin behind
 TAIL_TIMEOUT_S = 60.0
@@ -185,6 +186,11 @@ class BinResult:
     latencies_ms: list[float] = field(default_factory=list)
     behind: bool = False
     behind_s: float = 0.0  # the most any arrival of the bin was sent late
+    # where the violations come from: shed at the door (503), dropped or late in the node (504),
+    # anything else (another status, a client timeout or error)
+    shed_503: int = 0
+    dropped_504: int = 0
+    other_failed: int = 0
 
     @property
     def violation_pct(self) -> float:
@@ -257,12 +263,14 @@ async def play(url: str, app: str, window: list[float], bin_seconds: float, time
     async def one(session: aiohttp.ClientSession, r: BinResult) -> None:
         t0 = time.monotonic()
         weight = 1.0
+        status = 0
         try:
             async with session.post(infer, data=body, headers=headers) as resp:
                 answer = await resp.read()
-                ok = resp.status == 200
+                status = resp.status
+                ok = status == 200
                 if not ok:
-                    weight = items_lost(resp.status, answer)
+                    weight = items_lost(status, answer)
         except (TimeoutError, aiohttp.ClientError):
             ok = False
         finally:
@@ -272,6 +280,12 @@ async def play(url: str, app: str, window: list[float], bin_seconds: float, time
             r.latencies_ms.append((time.monotonic() - t0) * 1000.0 / time_scale)
         else:
             r.violations += 1
+            if status == 503:
+                r.shed_503 += 1
+            elif status == 504:
+                r.dropped_504 += 1
+            else:
+                r.other_failed += 1
             r.violations_paper += weight
             r.extra_items += weight - 1.0
 
@@ -360,6 +374,7 @@ def run_space(url: str, app: str, space: str, window: list[float], history: list
             "p99_ms": round(percentile(r.latencies_ms, 99), 2),
             "sent": r.sent, "answered": r.answered, "violations": r.violations,
             "violations_paper": round(r.violations_paper, 3), "extra_items": round(r.extra_items, 3),
+            "shed_503": r.shed_503, "dropped_504": r.dropped_504, "other_failed": r.other_failed,
             "behind": int(r.behind), "behind_s": round(r.behind_s, 3),
             "settle_lost": settling.sent - settling.answered if k == len(window) - 1 else 0,
         })
@@ -445,6 +460,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trace", default="synthetic", help="twitter:PATH | azure:PATH | synthetic[:SEED]")
     p.add_argument("--day", type=int, default=0, help="day of the trace (0-based)")
     p.add_argument("--bins", default=None, help="A:B window of the day's 5-minute bins (default: all 288)")
+    p.add_argument("--history-bins", type=int, default=288,
+                   help="seed the controller's history with up to this many of the day's bins before the "
+                        "window (default 288: all of them, as on a node that has served since the day began; "
+                        "the recurring-spike predictor needs earlier spikes to see the next)")
     p.add_argument("--bin-seconds", type=float, default=10.0,
                    help="wall seconds each 5-minute bin is played for (jigsawd's bin length follows)")
     scale = p.add_mutually_exclusive_group()
@@ -495,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         peak = capacity_rps(node_path, args.app, "ast")
         log(f"{args.app}: capacity under ast {peak:.1f} rps ({time.monotonic() - t0:.1f} s to compute)")
     try:
-        history, window, first = demand_window(args.trace, args.day, args.bins, peak)
+        history, window, first = demand_window(args.trace, args.day, args.bins, peak,
+                                               max(1, args.history_bins))
     except TraceError as exc:
         log(str(exc))
         return 2

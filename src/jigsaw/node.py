@@ -112,6 +112,29 @@ class ControlSettings:
     # "recurring": the mean + slack, raised at bins where the history's demand jumps recur and in
     # the bin after a jump (control/predictor.py RecurringSpikePredictor); "mean": the paper's
     predictor: str = "recurring"
+    # the recurring predictor's mean leaves out the bins of spikes that have ended; false (default):
+    # it averages them in (the five bins after a spike are planned for about twice their demand)
+    skip_ended_spikes: bool = False
+    # each plan holds the most the predictor expects over this many bins after the next one (a
+    # spike predicted two bins ahead is planned for a bin early; on day 0 of the Twitter trace 1
+    # raises the mean prediction by 15%); 0: the next bin only
+    lookahead_bins: int = 0
+    # the rate trigger fires only on a count the plan's rate would reach by chance less often than
+    # this many Poisson standard deviations allow (control/controller.py); 0 (default): the rate
+    # alone decides. Off by default: on the 2-core replays its misfires were the headroom that
+    # absorbed the next spike, and runs with it on had more violations
+    rate_trigger_z: float = 0.0
+    # an urgent re-plan deploys one plan: a quick plan that serves is not followed by the exact one
+    # (the next bin's re-plan brings it); false (default): quick plan, then exact plan
+    single_reconfiguration: bool = False
+    # a running plan that holds its demand is kept unless the new one frees at least this many
+    # slices (a new generation's drain holds its slots for up to an SLO); 0 (default): any better
+    # plan replaces it
+    shrink_min_slices: int = 0
+    # a re-plan's new MIG instances keep off the slots of draining generations where the rest of
+    # the node holds them (runtime/generations.py place_around); false (default): placed as if
+    # none drained
+    place_around_draining: bool = False
 
 
 @dataclass(frozen=True)
@@ -279,6 +302,12 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         repartition_delay_s=c.number("repartition_delay_s", 2.0, low=0),
         burst_requests=c.integer("burst_requests", 40, low=0),
         predictor=predictor,
+        rate_trigger_z=c.number("rate_trigger_z", 0.0, low=0),
+        single_reconfiguration=c.bool("single_reconfiguration", False),
+        shrink_min_slices=c.integer("shrink_min_slices", 0, low=0),
+        place_around_draining=c.bool("place_around_draining", False),
+        skip_ended_spikes=c.bool("skip_ended_spikes", False),
+        lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),
     )
 
     apps: list[App] = []

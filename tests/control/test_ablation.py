@@ -32,9 +32,28 @@ def test_set_writes_a_node_file_with_the_settings_that_loads_from_anywhere(tmp_p
     assert node_with_settings(NODE, [], tmp_path) == NODE  # nothing to set: the file itself
 
 
+def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path) -> None:
+    base = load_node(NODE)
+    off = load_node(node_with_settings(NODE, list(ablation.MECHANISMS.values()), tmp_path / "off"))
+    assert not off.control.replan_on_rate and off.control.burst_requests == 0
+    on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
+    for n, want in ((base, (0.0, False, 0, False, False, 0)), (on, (2.5, True, 2, True, True, 1))):
+        got = (n.control.rate_trigger_z, n.control.single_reconfiguration, n.control.shrink_min_slices,
+               n.control.place_around_draining, n.control.skip_ended_spikes, n.control.lookahead_bins)
+        assert got == want
+    run = ablation.Run("traffic_analysis", "ast", "peak", "with_lookahead")
+    assert run.settings() == ["control.lookahead_bins=1"]
+    ids = {r.id for r in ablation.matrix()}
+    assert {f"traffic_analysis/ast/peak/with_{m}" for m in ablation.OPTIONAL} <= ids
+
+
 def test_a_bad_setting_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="predictor"):
         node_with_settings(NODE, ["control.predictor=oracle"], tmp_path)
+    with pytest.raises(ConfigError, match="rate_trigger_z"):
+        node_with_settings(NODE, ["control.rate_trigger_z=-1"], tmp_path)
+    with pytest.raises(ConfigError, match="shrink_min_slices"):
+        node_with_settings(NODE, ["control.shrink_min_slices=-2"], tmp_path)
     with pytest.raises(ValueError, match=r"section\.key=value"):
         node_with_settings(NODE, ["lane_shift=false"], tmp_path)
 

@@ -106,12 +106,17 @@ def _per_app(fn: Callable[[str, float], Plan]) -> Solve:
 
 def _controller(solver: Solve, bin_seconds: float = 100.0, rate_trigger: bool = True,
                 apps: tuple[str, ...] = (TA,), anytime: str = "off",
-                plans: dict[str, Plan] | None = None) -> tuple[NodeController, _Fe]:
+                plans: dict[str, Plan] | None = None, *, rate_trigger_z: float = 0.0,
+                single_reconfiguration: bool = False,
+                shrink_min_slices: int = 0) -> tuple[NodeController, _Fe]:
     node = load_node(NODE)
     # the paper's mean predictor and no burst floor: these tests check the controller's timing and
-    # triggers around the demand it asks for
-    node = dataclasses.replace(node, control=dataclasses.replace(node.control, replan_on_rate=rate_trigger,
-                                                                 predictor="mean", burst_requests=0))
+    # triggers around the demand it asks for; the burst mechanisms (significance of the rate, one
+    # reconfiguration per re-plan, shrink hysteresis) are off unless a test turns one on
+    node = dataclasses.replace(node, control=dataclasses.replace(
+        node.control, replan_on_rate=rate_trigger, predictor="mean", burst_requests=0,
+        rate_trigger_z=rate_trigger_z, single_reconfiguration=single_reconfiguration,
+        shrink_min_slices=shrink_min_slices))
     fe = _Fe(list(apps))
     plane = _Plane(node, plans or {a: _plan(10.0, app=a) for a in apps})
     c = NodeController([node.app(a) for a in apps], plane, fe, space="ast",  # type: ignore[arg-type]
@@ -624,5 +629,150 @@ def test_an_operators_replan_waits_for_the_exact_plan() -> None:
         assert entry["exact"]["deployed"] and not (entry["quick"] or {}).get("deployed")
         await c.replan({TA: 300.0}, trigger="rate")  # an urgent one deploys the quick plan first
         assert [d.plan.slices_used for d in c.plane.applied][:2] == [3, 2]  # type: ignore[attr-defined]
+
+    asyncio.run(go())
+
+
+# ---- the burst mechanisms, each switchable (control.rate_trigger_z, single_reconfiguration,
+# shrink_min_slices) --------------------------------------------------------------------------------
+def test_the_rate_trigger_ignores_what_poisson_noise_explains_but_not_a_burst() -> None:
+    # The plan holds 10 rps (10.5 with the slack); 60 arrivals in 10 s at time scale 2 read 12 rps:
+    # the plan's rate brings 52.5 in that time, and 60 is within 2.5 standard deviations (7.2) of it.
+    solver = _per_app(lambda a, d: _plan(d, [], app=a))
+
+    async def go() -> None:
+        for z, arrivals, fires in ((2.5, 60, False), (0.0, 60, True), (2.5, 1000, True)):
+            c, fe = _controller(solver, rate_trigger_z=z)
+            c.bin_start = time.monotonic() - 10.0
+            fe.bins[TA].arrivals = arrivals
+            c._check_early()
+            assert (c._replan_task is not None) == fires, (z, arrivals)
+            if c._replan_task is not None:
+                await c._replan_task
+        assert load_node(NODE).control.rate_trigger_z == 0.0  # off by default
+        ac = _app(c)
+        assert not ac.significant(60, 12.0, 10.5) and ac.significant(90, 18.0, 10.5)
+
+    asyncio.run(go())
+
+
+def test_a_quick_plan_that_holds_the_burst_is_the_one_reconfiguration() -> None:
+    # the exact plan comes 1 s after the quick one: with single_reconfiguration the quick plan
+    # serves until the next bin's re-plan (one generation), without it the exact one follows
+    solver = _anytime_solver(exact_s=1.0)
+
+    async def go() -> None:
+        c, _ = _controller(solver, anytime="auto", single_reconfiguration=True)
+        await c.replan({TA: 200.0}, trigger="rate")
+        assert [d.plan.slices_used for d in c.plane.applied] == [4]  # type: ignore[attr-defined]
+        (entry,) = _app(c).current.replans
+        assert entry["quick"]["deployed"] and not entry["exact"]["deployed"]
+        assert entry["exact"]["skipped"] == "single_reconfiguration"
+        assert _app(c).current.reconfigurations == 1
+        # the next (routine) re-plan brings the exact plan: 2 slices instead of 4
+        solver.released.set()  # type: ignore[attr-defined]
+        await c.replan({TA: 200.0}, trigger="bin")
+        assert [d.plan.slices_used for d in c.plane.applied][-1] == 2  # type: ignore[attr-defined]
+        assert not load_node(NODE).control.single_reconfiguration  # off by default
+
+    asyncio.run(go())
+
+
+def test_a_plan_that_holds_its_demand_is_kept_unless_the_new_one_frees_enough_slices() -> None:
+    # running: 3 slices holding 10 rps. A 2-slice plan for the same demand frees one slice: not
+    # worth a new generation with shrink_min_slices = 2; a 1-slice plan frees two and replaces it.
+    # With the hysteresis off (0) the 2-slice plan replaces it as before.
+    slices = {"n": 2}
+    solver = _per_app(lambda a, d: _plan(d, [_inst(slices["n"])], app=a))
+
+    async def go() -> None:
+        for min_frees, new_slices, replaced in ((2, 2, False), (2, 1, True), (0, 2, True)):
+            slices["n"] = new_slices
+            c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(3)])}, shrink_min_slices=min_frees)
+            plane: _Plane = c.plane  # type: ignore[assignment]
+            await c.replan({TA: 10.0}, trigger="bin")
+            assert (plane.gens[TA] != 0) == replaced, (min_frees, new_slices)
+            assert plane.plans[TA].slices_used == (new_slices if replaced else 3)
+            if not replaced:
+                assert _app(c).current.replans[0]["exact"]["kept"] == [TA]
+        # a plan that does not hold the demand is replaced however few slices the new one frees
+        slices["n"] = 3
+        c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(3)])}, shrink_min_slices=2)
+        await c.replan({TA: 50.0}, trigger="rate")
+        assert c.plane.plans[TA].planned_rps == 50.0  # type: ignore[attr-defined]
+        assert load_node(NODE).control.shrink_min_slices == 0  # off by default
+
+    asyncio.run(go())
+
+
+def test_lookahead_plans_a_spike_the_predictor_sees_two_bins_ahead() -> None:
+    # spikes of 4x every 6 bins at phase 2 (bins 2, 8, 14, 20); the history ends at bin 18, so the
+    # next bin (19) is quiet and the one after it (20) spikes: with lookahead_bins = 1 the plan for
+    # bin 19 already holds the spike, with 0 it holds the quiet level
+    history = [100.0 if i % 6 != 2 else 400.0 for i in range(19)]
+
+    async def go() -> None:
+        for ahead, spike in ((0, False), (1, True)):
+            c, _ = _controller(_per_app(lambda a, d: _plan(d, app=a)))
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, predictor="recurring", lookahead_bins=ahead))
+            ac = AppController(c.node.app(TA), c)
+            ac.history_rps.extend(history)
+            got = ac.predict_next()
+            assert (got > 300.0) == spike, (ahead, got)
+        assert load_node(NODE).control.lookahead_bins == 0  # off by default
+
+    asyncio.run(go())
+
+
+def test_arrivals_counted_at_once_after_a_stalled_loop_are_not_a_burst() -> None:
+    # 5 s bins: the window is 0.5 s. The last poll was 2 s ago (the loop stalled) and 200 arrivals
+    # were counted since, 220 in the bin's 3 s: the window starts again from now and the bin so far
+    # (220 in 3 s) stands in for it; read over the last samples it would be 200 in 2 s.
+    solver = _per_app(lambda a, d: _plan(d, [], app=a))
+
+    async def go() -> None:
+        c, _ = _controller(solver, bin_seconds=5.0)
+        ac = _app(c)
+        now = time.monotonic()
+        c.bin_start = now - 3.0
+        ac._arrival_samples = deque([(now - 2.5, 10), (now - 2.0, 20)])
+        rate, n = ac.recent_rate_rps(220)
+        assert n == 220 and rate == pytest.approx(220 / 3.0 * 2.0, rel=0.05)
+        assert len(ac._arrival_samples) == 1 and ac._arrival_samples[0][1] == 220
+
+    asyncio.run(go())
+
+
+def test_a_routine_replan_put_off_by_a_running_one_runs_once_it_is_done() -> None:
+    # an early re-plan is still solving when the next bin's routine re-plan is due: the routine one
+    # is not dropped but runs, with a fresh prediction, at the first poll after the early one
+    gate = threading.Event()
+
+    def slow(app: str, demand: float) -> Plan:
+        gate.wait(5.0)
+        return _plan(demand, app=app)
+    solver = _per_app(slow)
+
+    async def go() -> None:
+        c, _ = _controller(solver, bin_seconds=100.0)
+        c.bin_start = time.monotonic() - 99.0  # a second before the bin's end
+        _app(c).history_rps.extend([40.0] * 5)
+        c._spawn({TA: 200.0}, "rate")
+        first = c._replan_task
+        c._spawn({TA: _app(c).predict_ahead()}, "bin", for_next_bin=True)
+        assert c._replan_task is first and c._routine_for == 1  # put off, for bin 1
+        c._check_early()
+        assert c._replan_task is first  # still busy: nothing new
+        gate.set()
+        assert first is not None
+        await first
+        c._check_early()
+        assert c._replan_task is not first and c._routine_for is None
+        await c._replan_task
+        asked = [d[TA] for d in solver.asked]  # type: ignore[attr-defined]
+        assert asked[0] == 200.0 and len(asked) == 2
+        assert _app(c).current.replans[-1]["trigger"] == "bin"
+        assert _app(c).current.replans[-1]["for_bin"] == 1
 
     asyncio.run(go())

@@ -79,6 +79,31 @@ def test_a_single_jump_is_not_a_pattern() -> None:
     assert p.predict([]) == mean.predict([])
 
 
+def test_the_mean_leaves_out_a_spike_once_it_has_ended() -> None:
+    # level 100, a spike of 300 and 250, back to 100: the next bins are planned from the level, not
+    # from a mean the spike holds at twice it; while the spike runs its bins count
+    history = [100.0] * 6 + [300.0, 250.0, 100.0, 100.0]
+    p = RecurringSpikePredictor(MeanSlackPredictor(5, 0.0), skip_ended_spikes=True)
+    assert p.ended_spike_bins(history, p.jumps(history)) == {6, 7}
+    assert p.predict(history) == pytest.approx(100.0)
+    off = RecurringSpikePredictor(MeanSlackPredictor(5, 0.0), skip_ended_spikes=False)
+    assert off.predict(history) == pytest.approx((300.0 + 250.0 + 300.0) / 5)
+    running = history[:8]  # the spike's second bin was the last: not ended, not left out
+    assert p.ended_spike_bins(running, p.jumps(running)) == set()
+    assert p.predict(running) == pytest.approx((3 * 100.0 + 300.0 + 250.0) / 5)
+
+
+def test_two_jumps_in_three_cycles_are_not_a_pattern() -> None:
+    # jumps at bins 3 and 9 (period 6), none at 15: at bin 21 the period matched 2 of 3 cycles, which
+    # on day 0 of the Twitter trace raised bins 99, 102 and 108 to spike level for nothing
+    history = [400.0 if i in (3, 9) else 100.0 for i in range(21)]
+    p = RecurringSpikePredictor(MeanSlackPredictor(5, 0.0))
+    assert p.recurring_ratio(history, p.jumps(history)) == 0.0
+    assert p.predict(history) == pytest.approx(100.0)
+    loose = RecurringSpikePredictor(MeanSlackPredictor(5, 0.0), hit_share=0.6)
+    assert loose.predict(history) == pytest.approx(400.0)
+
+
 def test_make_predictor_by_name() -> None:
     assert isinstance(make_predictor("mean", 5, 0.05, 3.0), MeanSlackPredictor)
     assert isinstance(make_predictor("recurring", 5, 0.05, 3.0), RecurringSpikePredictor)

@@ -34,6 +34,16 @@ replaces it unless the exact solve stopped unproven at a worse objective); ``alw
 every quick plan first (for tests and ablations); ``off`` waits for the exact plan. Both are
 recorded in the bin records (``replans``) and counted in ``/metrics``.
 
+Fewer generations around a burst (each switch off by default: on the 2-core replays, runs with
+them on had fewer generations and refused re-plans but more violations, their plans less
+headroom): every new generation drains its predecessor for up to an SLO, and slots a draining
+generation holds make the next re-plan that needs them wait or be refused. So the rate trigger
+can ignore what Poisson noise explains (``control.rate_trigger_z``); a quick plan that holds the
+demand can be the re-plan's one reconfiguration (``control.single_reconfiguration``; the next
+bin's re-plan brings the exact plan); and a running plan that holds its demand can be kept unless
+the new one frees ``control.shrink_min_slices`` slices (``settle``). A bin's routine re-plan that
+comes due while another runs is not dropped but runs once it is done (``_routine_due``).
+
 A planner that fails or times out leaves the running plans serving; the bin's records and
 ``jigsaw_planner_failures_total`` report it.
 """
@@ -62,9 +72,13 @@ from jigsaw.runtime.generations import Applied, DesiredState, same_instances
 
 LEAD_MARGIN = 1.25  # a re-plan ahead of a bin's end starts this many recent re-plan durations early
 HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per app
+# the demand history the predictor reads: a day of 5-minute bins, since the recurring-spike
+# predictor needs several cycles of a spike that recurs every couple of hours to predict the next
+HISTORY_RPS_BINS = 288
 MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
 MIN_ARRIVALS_FOR_RATE = 20  # the rate trigger needs this many arrivals in its window
 RATE_WINDOW_BINS = 0.1  # the rate trigger's window, a share of the bin (at least two polls)
+RATE_STALL_S = 1.0  # a gap between polls this long (or the window) is a stalled loop, not a burst
 QUICK_PATIENCE_S = 0.3  # an urgent re-plan waits this long for the exact plan before deploying the quick one
 MAX_REPLANS_RECORDED = 50  # per app and bin
 ANYTIME_MODES = ("auto", "always", "off")
@@ -190,9 +204,10 @@ class AppController:
         self.counters = ctl.counters
         plan = ctl.plane.plan_of(app.name)
         self.predictor: Predictor = predictor or make_predictor(
-            node.control.predictor, node.control.history_bins, node.planner.demand_slack, plan.demand_rps)
+            node.control.predictor, node.control.history_bins, node.planner.demand_slack, plan.demand_rps,
+            node.control.skip_ended_spikes)
         self.floor_rps = burst_floor_rps(app.latency_slo_ms, node.control.burst_requests)
-        self.history_rps: deque[float] = deque(maxlen=max(64, node.control.history_bins))
+        self.history_rps: deque[float] = deque(maxlen=max(HISTORY_RPS_BINS, node.control.history_bins))
         self.factor_bins: deque[dict[tuple[str, str], float]] = deque(maxlen=node.control.history_bins)
         self.records: deque[BinRecord] = deque(maxlen=HISTORY_MAX_BINS)
         self.predicted_rps = plan.demand_rps
@@ -246,13 +261,31 @@ class AppController:
         history = list(self.history_rps)
         if c is not None and elapsed > 0:
             history.append(c.arrivals / elapsed * self.ctl.time_scale)
-        return self._hold(self.predictor.predict(history), self.current, history)
+        return self._hold(self.look_ahead(history), self.current, history)
 
     def predict_next(self) -> float:
         """The next bin's prediction once the running bin has closed."""
         history = list(self.history_rps)
         last = self.records[-1] if self.records else None
-        return self._hold(self.predictor.predict(history), last, history)
+        return self._hold(self.look_ahead(history), last, history)
+
+    def look_ahead(self, history: list[float]) -> float:
+        """The next bin's prediction, raised to the most any of the ``control.lookahead_bins`` bins
+        after it is predicted at (each predicted from the ones before, less the slack).
+
+        Why: a re-plan takes seconds of solving and starting processes, more than a compressed
+        bin on a busy machine, so a plan for a spike the predictor sees coming one bin ahead is in
+        place only once the spike has begun; planned a bin earlier it serves from the spike's
+        first second. The cost is a bin at the spike's slices before each predicted spike.
+        """
+        predicted = self.predictor.predict(history)
+        ext = list(history)
+        nxt = predicted
+        for _ in range(self.node.control.lookahead_bins):
+            ext.append(nxt / (1.0 + self.node.planner.demand_slack))
+            nxt = self.predictor.predict(ext)
+            predicted = max(predicted, nxt)
+        return predicted
 
     def _hold(self, predicted: float, bin_record: BinRecord | None, history: list[float]) -> float:
         """Burst hold: a bin that outran its plan (it re-planned early) keeps its demand for one more bin.
@@ -269,12 +302,17 @@ class AppController:
 
         Sampled at every poll; until the window is covered, the bin so far stands in for it, and
         before the bin is a window old there is no rate yet ``(0, 0)``: a few arrivals bunched in
-        a fraction of a second are noise, not a burst.
+        a fraction of a second are noise, not a burst. After a gap between polls longer than
+        ``RATE_STALL_S`` (and the window) the loop stalled: the arrivals it counted at once had
+        waited for it, so the window starts again from now, and the bin so far stands in until it
+        is covered (a stall is no burst, but a burst often stalls the loop: it must still be seen).
         """
         now = time.monotonic()
         samples = self._arrival_samples
-        samples.append((now, arrivals))
         window_s = RATE_WINDOW_BINS * self.ctl.bin_seconds
+        if samples and now - samples[-1][0] > max(RATE_STALL_S, window_s):
+            samples.clear()
+        samples.append((now, arrivals))
         while len(samples) > 2 and now - samples[1][0] >= window_s:
             samples.popleft()
         t0, a0 = samples[0]
@@ -308,7 +346,9 @@ class AppController:
             # burst that has passed) are no reason to plan for less: that would reconfigure again
             floor_rps = holds_rps
         elif (node.control.replan_on_rate and not self.plan.max_demand_plan
-              and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > holds_rps * slack):
+              and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > holds_rps * slack
+              and (self.significant(recent_n, recent_rps, holds_rps * slack)
+                   or self.significant(c.arrivals, so_far, holds_rps * slack))):
             trigger = "rate"
             why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds"
         else:
@@ -318,6 +358,24 @@ class AppController:
         base_rps = self.history_rps[-1] if self.history_rps and self.history_rps[-1] > 0 else holds_rps
         demand = min(max(recent_rps, so_far), RATE_JUMP_MAX * base_rps)
         return trigger, why, max(demand, floor_rps) * slack
+
+    def significant(self, count: int, rate_rps: float, holds_rps: float) -> bool:
+        """``count`` arrivals, read as ``rate_rps``, are more than the plan's ``holds_rps`` would bring
+        by chance: above its expected count in the same time by ``control.rate_trigger_z`` Poisson
+        standard deviations.
+
+        Why: the rate window is half a second of a compressed bin, a few dozen arrivals; their
+        Poisson noise alone reads 10-20% above the mean in one poll of ten, and a plan holds its
+        prediction + 5%. Each misfire is a re-plan and a new generation whose drain holds its MIG
+        slots for up to an SLO, so the re-plan for the real burst a bin later is refused.
+        """
+        z = self.node.control.rate_trigger_z
+        if z <= 0:
+            return True
+        if rate_rps <= 0 or count <= 0:
+            return False
+        expected = holds_rps * count / rate_rps  # what the plan's rate brings in the same time
+        return count > expected + z * expected ** 0.5
 
     def capacity_demand(self) -> float:
         """What to re-plan for when a worker is lost: the prediction, or the bin's rate so far."""
@@ -425,6 +483,7 @@ class NodeController:
         self._task: asyncio.Task[None] | None = None
         self._replan_task: asyncio.Task[Any] | None = None
         self._ahead_bin: int | None = None  # the bin whose successor's re-plan has started
+        self._routine_for: int | None = None  # a routine re-plan put off while another ran: its bin
         self._lost: dict[str, float] = {}  # capacity-loss re-plans waiting: app -> demand
         self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
 
@@ -456,6 +515,7 @@ class NodeController:
         self.bin_index = 0
         self.bin_start = time.monotonic()
         self._ahead_bin = None
+        self._routine_for = None
         for c in self.apps.values():
             c.open_bin()
 
@@ -505,8 +565,19 @@ class NodeController:
             return 0.0
         return min(0.5 * self.bin_seconds, LEAD_MARGIN * self._replan_s)
 
+    def _routine_due(self) -> None:
+        """Spawn the routine re-plan a busy node put off (``_spawn``), once nothing else runs."""
+        if self._routine_for is None or self.busy():
+            return
+        target, self._routine_for = self._routine_for, None
+        if target > self.bin_index:  # still ahead of its bin: the bin so far counts
+            self._spawn({n: c.predict_ahead() for n, c in self.apps.items()}, "bin", for_next_bin=True)
+        elif target == self.bin_index:
+            self._spawn({n: c.predict_next() for n, c in self.apps.items()}, "bin")
+
     def _check_early(self) -> None:
         self._replan_lost()
+        self._routine_due()
         demands: dict[str, float] = {}
         triggers: list[str] = []
         for name, c in self.apps.items():
@@ -539,11 +610,17 @@ class NodeController:
 
     def _spawn(self, demands: dict[str, float], trigger: str, *, for_next_bin: bool = False,
                fresh: frozenset[str] = frozenset()) -> None:
-        if self._replan_task is not None and not self._replan_task.done():
-            return  # the previous re-plan still runs: the next bin end re-plans with fresher data
         # ahead of the bin's end the plan is for the next bin; after it (or early) for this one
         target = self.bin_index + 1 if for_next_bin and time.monotonic() < self.bin_start + self.bin_seconds \
             else self.bin_index
+        if self._replan_task is not None and not self._replan_task.done():
+            # the previous re-plan still runs. A bin's routine re-plan is not dropped: it runs, with
+            # a fresh prediction, as soon as that one is done (``_routine_due``); skipped, the bin
+            # ran on the plan of two bins before, which on a busy node (re-plans of 5-10 s against
+            # 5 s bins) was how a predicted spike met the plan made for the quiet bin before it
+            if trigger == "bin":
+                self._routine_for = max(self._routine_for or 0, target)
+            return
         self._replan_task = asyncio.get_running_loop().create_task(
             self.replan(demands, for_bin=target, fresh=fresh, trigger=trigger))
 
@@ -602,12 +679,22 @@ class NodeController:
                 c.predicted_rps = full[n]
                 if for_bin is None or for_bin == self.bin_index:  # else open_bin copies it over
                     c.current.predicted_rps = full[n]
-            use_exact = bool(exact.plans) and not (deployed is not None
-                                                   and prefer_quick(deployed, exact, self.node))
+            # one reconfiguration per re-plan: a quick plan that serves and holds the demands stays
+            # until the next bin's re-plan (a second generation now would start while the first
+            # one's predecessor still drains, and its drain would hold slots the next burst needs)
+            single = (deployed is not None and self.node.control.single_reconfiguration
+                      and self._holds(full))
+            worse = deployed is not None and prefer_quick(deployed, exact, self.node)
+            use_exact = bool(exact.plans) and not single and not worse
             entry["exact"] = self._summary(exact, use_exact)
+            if single and exact.plans:
+                entry["exact"]["skipped"] = "single_reconfiguration"
             if not exact.plans:
                 self.log(f"node: no configuration for {self._demands_text(full)} ({exact.status}; "
                          f"{'; '.join(exact.notes)}); keeping the running plans")
+            elif single:
+                self.log("node: the quick plan serves and holds the demands; the exact plan waits for the "
+                         "next bin's re-plan (one reconfiguration per re-plan)")
             elif not use_exact:
                 self.log(f"node: the exact solve stopped {exact.status} at a worse objective than the quick "
                          f"plan's; keeping the quick plan")
@@ -667,7 +754,10 @@ class NodeController:
         app), and the node's slices allow it beside the others' new plans: a new generation costs
         seconds of reconfiguration, and the manager applies one at a time, so churn in one app
         delays the app the re-plan is for. A lost worker's app, and demands scaled to fit, always
-        take the new plan.
+        take the new plan. With ``control.shrink_min_slices`` a better plan that frees fewer slices
+        than that is not worth its generation either: each new generation drains its predecessor
+        for up to an SLO, and MIG slots held by a draining generation refuse the next re-plan that
+        needs them (on a compressed replay that is the re-plan for the next burst).
         """
         plans = dict(np.plans)
         kept: list[str] = []
@@ -678,7 +768,10 @@ class NodeController:
             if name in fresh or not new.instances or not run.instances or run.max_demand_plan \
                     or run.planned_rps < demands[name] * (1 - 1e-9) or same_instances(run, new):
                 continue
-            if app_value(name, run, self.node) < app_value(name, new, self.node) - 1e-9:
+            frees = run.slices_used - new.slices_used
+            min_frees = self.node.control.shrink_min_slices
+            if app_value(name, run, self.node) < app_value(name, new, self.node) - 1e-9 \
+                    and (min_frees <= 0 or frees >= min_frees):
                 continue
             total = sum(p.slices_used for p in plans.values()) - new.slices_used + run.slices_used
             if total > self.node.slices_available:

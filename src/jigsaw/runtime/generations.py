@@ -57,9 +57,10 @@ from jigsaw.gpu.layout import (
 from jigsaw.gpu.mps import MPS_CONTROL, EmulatedMps, MpsManager
 from jigsaw.gpu.nvml import MigApplier
 from jigsaw.gpu.partition import MigPartition, overlaps
+from jigsaw.mig import GpuModel
 from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import Plan
-from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
+from jigsaw.planner.packer import InstanceRequest, PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.generation import Generation, tell
 from jigsaw.runtime.gpus import placements
@@ -77,6 +78,30 @@ READY_FAST_S = 0.2  # for this long after the start the readiness is polled ever
 READY_FAST_POLL_S = 0.002
 DRAIN_POLL_S = 0.05
 DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed")
+DRAINING = "\x00draining"  # the owner ``place`` gives the slots a draining generation still holds
+
+
+def place_around(layout: NodeLayout, held: list[NodeInstance], app: str,
+                 requests: list[InstanceRequest], gpu: GpuModel) -> NodeLayout:
+    """``place_app`` that keeps off ``held`` (the slots of draining generations) when the rest of
+    the node holds the new instances, and places over them only when it does not.
+
+    Why: the node layout holds only the serving generations; a new instance placed on a slot an
+    old generation still drains (up to an SLO, and a request's SLO is seconds on a time-scaled
+    replay) needs a drain-first the manager must refuse, so the re-plan for a burst right after a
+    re-plan was refused and the burst met the old plan.
+    """
+    clear = [h for h in held if not any(overlaps(gpu, h, i) for i in layout.instances)]
+    if clear:
+        stand_ins = (dataclasses.replace(h, app=DRAINING) for h in clear)
+        around = layout.with_instances((*layout.instances, *stand_ins))
+        try:
+            placed = place_app(around, app, requests, gpu)
+        except PackingError:
+            pass
+        else:
+            return placed.with_instances(i for i in placed.instances if i.app != DRAINING)
+    return place_app(layout, app, requests, gpu)
 
 
 class Router(Protocol):
@@ -300,11 +325,21 @@ class GenerationManager:
         if self.node_layout is None:
             return None, plan
         gpu = self.node.gpu
-        desired = place_app(self.node_layout, app, instances_from_plan(plan), gpu)
+        draining = self.draining_instances() if self.node.control.place_around_draining else []
+        desired = place_around(self.node_layout, draining, app, instances_from_plan(plan), gpu)
         problems = validate_node_layout(desired, gpu)
         if problems:  # place_app never does this; a guard, since an overlap would break a GPU
             raise PackingError(f"node layout would break the placement rules: {'; '.join(problems)}")
         return desired, dataclasses.replace(plan, layout=desired.app_layout(app))
+
+    def draining_instances(self) -> list[NodeInstance]:
+        """The MIG instances of every generation that no longer serves its app (draining or retiring)."""
+        out: list[NodeInstance] = []
+        for g in self.generations.values():
+            if g.gid != self.current.get(g.app.name) and g.plan.layout is not None:
+                out += from_app_layouts(self.node.gpu.name, self.node.num_gpus,
+                                        {g.app.name: g.plan.layout}).instances
+        return out
 
     # ---- reading -------------------------------------------------------------------------------
     @property
