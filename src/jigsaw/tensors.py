@@ -159,6 +159,13 @@ _RAW_HEADS_MAX = 4096
 _PADS = tuple(bytes(k) for k in range(8))
 
 
+def _head(name_b: bytes, code: int, shape: tuple[int, ...], data_bytes: int) -> bytes:
+    """A tensor's encoding up to its data: the fixed header, the shape, the name, padding to 8."""
+    head_len = _TENSOR.size + 8 * len(shape) + len(name_b)
+    return b"".join((_TENSOR.pack(len(name_b), code, len(shape), 0, data_bytes),
+                     struct.pack(f"<{len(shape)}Q", *shape), name_b, _PADS[-head_len % 8]))
+
+
 def _encode_raw(tensors: Sequence[Any]) -> bytearray | None:
     """``encode_tensors`` of ``Tensor``s whose data is raw ``bytes`` of a fixed-width type (what the
     workers' backends emit), from cached per-tensor heads: a checked head is the same bytes for the
@@ -176,9 +183,7 @@ def _encode_raw(tensors: Sequence[Any]) -> bytearray | None:
         head = _RAW_HEADS.get(key)
         if head is None:
             name_b, code, shape, wire = _prepare(t)  # raises on a bad name, type or length
-            head_len = _TENSOR.size + 8 * len(shape) + len(name_b)
-            head = b"".join((_TENSOR.pack(len(name_b), code, len(shape), 0, len(wire)),
-                             struct.pack(f"<{len(shape)}Q", *shape), name_b, _PADS[-head_len % 8]))
+            head = _head(name_b, code, shape, len(wire))
             if len(_RAW_HEADS) >= _RAW_HEADS_MAX:
                 _RAW_HEADS.clear()
             _RAW_HEADS[key] = head
@@ -196,25 +201,13 @@ def encode_tensors(tensors: Iterable[Tensor | tuple[str, str, Sequence[int] | No
     fast = _encode_raw(tensors)
     if fast is not None:
         return fast
-    parts = [_prepare(t) for t in tensors]
-    if len(parts) > 0xFFFF:
+    prepared = [_prepare(t) for t in tensors]
+    if len(prepared) > 0xFFFF:
         raise ValueError("at most 65535 tensors per payload")
-    total = _PREAMBLE.size
-    for name_b, _, shape, wire in parts:
-        total += _align8(_TENSOR.size + 8 * len(shape) + len(name_b)) + _align8(len(wire))
-    out = bytearray(total)
-    _PREAMBLE.pack_into(out, 0, MAGIC, VERSION, len(parts))
-    pos = _PREAMBLE.size
-    for name_b, code, shape, wire in parts:
-        _TENSOR.pack_into(out, pos, len(name_b), code, len(shape), 0, len(wire))
-        pos += _TENSOR.size
-        struct.pack_into(f"<{len(shape)}Q", out, pos, *shape)
-        pos += 8 * len(shape)
-        out[pos:pos + len(name_b)] = name_b
-        pos = _align8(pos + len(name_b))
-        out[pos:pos + len(wire)] = wire
-        pos = _align8(pos + len(wire))
-    return out
+    parts: list[Any] = [_PREAMBLE.pack(MAGIC, VERSION, len(prepared))]
+    for name_b, code, shape, wire in prepared:
+        parts += (_head(name_b, code, shape, len(wire)), wire, _PADS[-len(wire) % 8])
+    return bytearray().join(parts)
 
 
 def decode_tensors(payload: bytes | bytearray | memoryview) -> list[Tensor]:
