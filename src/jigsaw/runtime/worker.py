@@ -37,7 +37,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Coroutine, Generator
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -77,6 +79,7 @@ from jigsaw.tensors import encode_tensors
 IDLE_WAIT_S = 1.0  # an idle process wakes this often only to notice that its parent died
 HEARTBEAT_S = 0.2  # the loop stamps its heartbeat this often while it is free to run
 POP_BATCH = 256
+TURN_BATCHES = 16  # batches one turn runs before it lets the loop run its other callbacks
 Buffer = bytes | bytearray | memoryview  # a payload the rings copy in
 PUSH_RETRY_S = 0.0005
 
@@ -114,6 +117,33 @@ def make_backend(spec: ProcessSpec) -> Backend:
                       time_scale=spec.time_scale, seed=spec.seed)
     backend.load(spec.variant, spec.max_batch)
     return backend
+
+
+class _Resume:
+    """Await a coroutine that was already stepped once and yielded ``waiting`` (a future, or
+    None for a bare yield): the rest of it runs in the task that awaits this."""
+
+    __slots__ = ("coro", "waiting")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting: Any) -> None:
+        self.coro = coro
+        self.waiting = waiting
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value = self.coro, self.waiting
+        while True:
+            try:
+                sent = yield value
+            except BaseException as exc:
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
 
 
 class Wiring:
@@ -170,6 +200,11 @@ class Worker:
         self._passed_over_ns = 0  # the last time a full batch left items in the rings
         self._rewire = False
         self._woke_ns = 0  # when the doorbell last woke the loop
+        self._busy = False  # a batch is awaiting its backend (a task finishes it)
+        self._batch_task: asyncio.Task[None] | None = None
+        self._done: asyncio.Future[None] | None = None  # set when ``run`` is to return
+        self._timer: asyncio.TimerHandle | None = None  # the next turn when no doorbell rings first
+        self._idle = False  # that timer is the idle one (not a batching deadline)
         self.trace: list[list[int]] | None = [] if TRACE_DIR else None
 
     @staticmethod
@@ -384,32 +419,64 @@ class Worker:
             self.complete(header, int(reason), credit, wiring=wiring)
             self.stats.add(self.spec.slot, DROPPED, 1)
 
-    async def run_batch(self) -> bool:
-        # ``idle=True`` is the paper's release rule (§3.3), not a shortcut: this process asks only
-        # once its previous batch has finished, and while that batch ran, new items waited in the
-        # rings with their age counted from ring entry. So an item's batching wait is bounded by the
-        # time until this process can run its next batch (and by L^(t) through the 2 L^(t) <= SLO
-        # budget), and a free process never holds a partial batch back.
+    def _start_batch(self) -> bool:
+        """Run the next batch when the queue releases one; False when it holds none back.
+
+        ``idle=True`` is the paper's release rule (§3.3), not a shortcut: this process asks only
+        once its previous batch has finished, and while that batch ran, new items waited in the
+        rings with their age counted from ring entry. So an item's batching wait is bounded by the
+        time until this process can run its next batch (and by L^(t) through the 2 L^(t) <= SLO
+        budget), and a free process never holds a partial batch back.
+
+        The backend's coroutine is stepped here, in the doorbell's callback: one that finishes
+        without waiting (an emulated batch shorter than the loop's timer resolution) is finished
+        in the same turn; one that waits (a device, a thread, a timer) is finished by a task, and
+        the process takes no new batch until then (``_busy``).
+        """
         batch = self.queue.next_batch(time.monotonic_ns(), True)
         if not batch:
             return False
-        slot = self.spec.slot
         items = [e[3] for e in batch]
         start = time.monotonic_ns()
-        self.stats.set(slot, BATCH_STARTED_NS, start)
-        results = await self.backend.execute_async([item[0].request_id for item in items],
-                                                   [item[2] for item in items])
+        self.stats.set(self.spec.slot, BATCH_STARTED_NS, start)
+        coro = self.backend.execute_async([item[0].request_id for item in items], [item[2] for item in items])
+        try:
+            waiting = coro.send(None)
+        except StopIteration as done:
+            self._finish_batch(items, start, done.value)
+            return True
+        self._busy = True
+        self._batch_task = asyncio.get_running_loop().create_task(
+            self._await_batch(items, start, _Resume(coro, waiting)))
+        return True
+
+    async def _await_batch(self, items: list[Any], start: int, pending: _Resume) -> None:
+        try:
+            results = await pending
+            self._finish_batch(items, start, results)
+        except BaseException as exc:
+            self._fail(exc)
+            return
+        finally:
+            self._busy = False
+        self._turn()
+
+    def _finish_batch(self, items: list[Any], start: int, results: list[ItemResult]) -> None:
+        """Account a finished batch, report each item and send its children on (then ring)."""
         end = time.monotonic_ns()
-        self.stats.set(slot, BATCH_STARTED_NS, 0)
-        self.stats.add(slot, BUSY_NS, end - start)
-        self.stats.add(slot, BATCHES, 1)
-        self.stats.add(slot, ITEMS, len(batch))
+        slot = self.spec.slot
+        stats = self.stats
+        stats.set(slot, BATCH_STARTED_NS, 0)
+        stats.add(slot, BUSY_NS, end - start)
+        stats.add(slot, BATCHES, 1)
+        stats.add(slot, ITEMS, len(items))
         sink = not self.spec.downstream
         trace = self.trace
+        n = len(items)
         for (header, credit, _, w), result in zip(items, results):
             header.stamp(HOP_START, start)
             header.stamp(HOP_END, end)
-            header.stamp(HOP_BATCH, len(batch))
+            header.stamp(HOP_BATCH, n)
             if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
                 self.complete(header, Status.ERROR, credit, result.error.encode()[:4096], wiring=w)
                 continue
@@ -427,50 +494,107 @@ class Worker:
                               hops[HOP_POPPED], start, end, done_ns, time.monotonic_ns()])
         if trace is not None:
             rung = time.monotonic_ns()  # (before the write: a woken consumer may run before it returns)
-            for row in trace[len(trace) - len(items):]:
+            for row in trace[len(trace) - n:]:
                 row.append(rung)
         self._ring_outputs()
-        return True
 
     def publish_queued(self) -> None:
         for w in self.wirings:
             w.stats.set(w.spec.slot, QUEUED, len(self.queue))
 
+    def _turn(self) -> None:
+        """One turn of the process, run in the callback that woke it (the doorbell, a signal, a
+        timer): drain the rings into the batching queue, run batches while there are any, and when
+        out of work arm the doorbell, look once more (``rings.Doorbell``) and return to the loop.
+
+        A turn runs at most ``TURN_BATCHES`` batches before it hands the loop one turn (the
+        heartbeat, signals), then goes on.
+        """
+        if self._busy or self._done is None or self._done.done():
+            return
+        bell = self.bell
+        try:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            batches = 0
+            while True:
+                if not _running:
+                    self._done.set_result(None)
+                    return
+                bell.disarm()  # awake: every push until the next arm() is seen by the look below
+                if self._rewire:
+                    self._rewire = False
+                    self.rewire()
+                if self._unmapped or self._queue_spec is not None:
+                    self._maybe_swap_queue()
+                self.fill()
+                self._ring_outputs()  # the drops fill() reported
+                self.publish_queued()
+                if self._start_batch():
+                    if self._busy:
+                        return  # its task finishes it and turns again
+                    self.publish_queued()
+                    batches += 1
+                    if batches >= TURN_BATCHES:
+                        asyncio.get_running_loop().call_soon(self._turn)
+                        return
+                    continue
+                # Out of work: arm (producers ring from now on), then look at the rings once more,
+                # so a push that came before the arm is not left waiting for the next one.
+                bell.arm()
+                if self._rewire or any(len(ring) for ring in self.inputs):
+                    continue
+                break
+            timeout_s = IDLE_WAIT_S
+            self._idle = True
+            if len(self.queue):
+                due = self.queue.next_wakeup_ns(time.monotonic_ns())
+                if due is not None:
+                    timeout_s = min(IDLE_WAIT_S, max(0.0, (due - time.monotonic_ns()) / 1e9))
+                    self._idle = timeout_s >= IDLE_WAIT_S
+            self._timer = asyncio.get_running_loop().call_later(timeout_s, self._on_timer)
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        # (a system call: only when idle; PR_SET_PDEATHSIG stops a busy one with its parent)
+        if self._idle and os.getppid() != self.parent_pid:
+            if self._done is not None and not self._done.done():
+                self._done.set_result(None)
+            return
+        self._turn()
+
+    def _fail(self, exc: BaseException) -> None:
+        """An error in a turn ends ``run`` with it (the supervisor restarts the process)."""
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(exc)
+
     async def run(self) -> None:
         slot = self.spec.slot
         loop = asyncio.get_running_loop()
         bell = self.bell
-        waiter: list[asyncio.Future[None]] = []
-
-        def wake() -> None:
-            if waiter and not waiter[0].done():
-                waiter[0].set_result(None)
-
-        timed_out: list[bool] = []
-
-        def on_timeout() -> None:
-            timed_out.append(True)
-            wake()
+        self._done = loop.create_future()
 
         def on_bell() -> None:
             self._woke_ns = time.monotonic_ns()
-            bell.clear()  # the flag stays clear: producers need not ring until this loop re-arms
-            wake()
+            bell.clear()  # the flag stays clear: producers need not ring until this turn re-arms
+            self._turn()
 
         def on_sigterm() -> None:
             _stop(signal.SIGTERM, None)
-            wake()
-
-        loop.add_reader(bell.fileno(), on_bell)
-        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+            self._turn()
 
         def on_sighup() -> None:
             self._rewire = True
-            wake()
+            self._turn()
 
+        loop.add_reader(bell.fileno(), on_bell)
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
         loop.add_signal_handler(signal.SIGHUP, on_sighup)
         if _rewire_early:
-            on_sighup()
+            self._rewire = True
 
         def heartbeat() -> None:
             self._beat(time.monotonic_ns())
@@ -481,41 +605,14 @@ class Worker:
         self.stats.set(slot, PID, os.getpid())
         self.stats.set(slot, STARTED_NS, time.monotonic_ns())
         self.stats.set(slot, STATE, READY)
+        loop.call_soon(self._turn)
         try:
-            while _running:
-                bell.disarm()  # awake: every push until the next arm() is seen by the look below
-                if self._rewire:
-                    self._rewire = False
-                    self.rewire()
-                if self._unmapped or self._queue_spec is not None:
-                    self._maybe_swap_queue()
-                self.fill()
-                self._ring_outputs()  # the drops fill() reported
-                self.publish_queued()
-                if await self.run_batch():
-                    self.publish_queued()
-                    continue
-                # Out of work: arm (producers ring from now on), then look at the rings once more,
-                # so a push that came before the arm is not left waiting for the next one.
-                bell.arm()
-                if self._rewire or any(len(ring) for ring in self.inputs):
-                    continue
-                timeout_s = IDLE_WAIT_S
-                if len(self.queue):
-                    due = self.queue.next_wakeup_ns(time.monotonic_ns())
-                    if due is not None:
-                        timeout_s = min(IDLE_WAIT_S, max(0.0, (due - time.monotonic_ns()) / 1e9))
-                fut = loop.create_future()
-                waiter[:] = [fut]
-                timed_out.clear()
-                timer = loop.call_later(timeout_s, on_timeout)
-                await fut
-                timer.cancel()
-                # (a system call: only when idle; PR_SET_PDEATHSIG stops a busy one with its parent)
-                if timed_out and os.getppid() != self.parent_pid:
-                    break
+            await self._done
         finally:
             loop.remove_reader(bell.fileno())
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
     def close(self) -> None:
         if self.trace:
