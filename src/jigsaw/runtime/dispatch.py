@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +74,7 @@ class Pending:
     generation: int = 0
     body: bytes | bytearray = b""  # the encoded inputs, kept to dispatch again after a worker fault
     attempts: int = 1
+    on_answer: Callable[[], None] | None = None  # called at once with the answer (``future`` set)
 
 
 class Dispatcher:
@@ -94,11 +97,11 @@ class Dispatcher:
         self._watched: Doorbell | None = None  # the frontend's doorbell, once registered with the loop
         self._closing = False
         self._drain_scheduled = False
-        self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
         self._woke_ns = 0  # when the doorbell last woke the loop
-        # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR), the ones not rung yet
+        # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR)
         self.trace: dict[int, list[int]] | None = {} if TRACE_DIR else None
-        self._unrung: list[list[int]] = []
+        # app -> task -> the keys of its timings in an answer's parameters
+        self._keys: dict[str, dict[str, tuple[str, str, str, str, str, str]]] = {}
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -234,6 +237,14 @@ class Dispatcher:
         self.metrics.request_duration.observe((("app", app),), (time.monotonic_ns() - req.created_ns) / 1e3)
         if not req.future.done():
             req.future.set_result((status, body))
+            if req.on_answer is not None:
+                # In this drain, not a loop turn later as a future's callbacks are: the answer
+                # leaves as soon as the record that completes it is read.
+                try:
+                    req.on_answer()
+                except Exception as exc:  # one answer must not stop the drain
+                    print(f"jigsawd: answering request {req.request_id} failed: {exc!r}", file=sys.stderr,
+                          flush=True)
 
     def _answer_dropped(self, req: Pending) -> None:
         assert req.drop is not None
@@ -279,7 +290,9 @@ class Dispatcher:
                 if req.outputs_wanted is not None and name not in req.outputs_wanted:
                     continue
                 parts = [arrays[k] for _, arrays in items if k < len(arrays)]
-                if parts:
+                if len(parts) == 1:  # one item (no fan-out before the sink): its array as it came
+                    data = parts[0].reshape((-1, *spec.shape[1:]))
+                elif parts:
                     data = np.concatenate([p.reshape((-1, *spec.shape[1:])) for p in parts])
                 else:
                     data = np.zeros((0, *spec.shape[1:]), dtype=np.int32)
@@ -289,15 +302,23 @@ class Dispatcher:
         params: dict[str, Any] = {"backend": self.backend_name, "emulated": self.emulated}
         for task, variant in req.routes.lanes[req.lane].items():
             params[f"lane.{task}"] = variant
+        keys = self._keys.get(app.name)
+        if keys is None:
+            keys = self._keys[app.name] = {}
         for task, (queue_us, compute_us, n, hop_us, done_us) in req.timings.items():
-            params[f"queue_us.{task}"] = round(queue_us, 1)
-            params[f"compute_us.{task}"] = round(compute_us, 1)
-            params[f"items.{task}"] = int(n)
-            params[f"hop_us.{task}"] = round(hop_us, 1)
+            k = keys.get(task)
+            if k is None:
+                k = keys[task] = (f"queue_us.{task}", f"compute_us.{task}", f"items.{task}", f"hop_us.{task}",
+                                  f"done_us.{task}", f"children.{task}")
+            params[k[0]] = round(queue_us, 1)
+            params[k[1]] = round(compute_us, 1)
+            params[k[2]] = n
+            params[k[3]] = round(hop_us, 1)
             if done_us >= 0:  # (a task whose every item had children did not wake the frontend)
-                params[f"done_us.{task}"] = round(done_us, 1)
+                params[k[4]] = round(done_us, 1)
         for task, n in req.children.items():
-            params[f"children.{task}"] = n
+            k = keys.get(task)
+            params[k[5] if k is not None else f"children.{task}"] = n
         params["e2e_us"] = round((time.monotonic_ns() - req.created_ns) / 1e3, 1)
         body = {"model_name": app.name, "model_version": "1", "outputs": outputs, "parameters": params}
         if req.client_id is not None:
@@ -368,11 +389,13 @@ class Dispatcher:
             usable = self.routing.usable(targets)
             for t in usable:
                 if self.routing.rings[t.ring].push_framed(h, share, req.body):
-                    self._ring_later(t.ring)
                     if self.trace is not None and sent == 0:
-                        row = [routes.app_index, req.request_id, req.created_ns, h.hops[HOP_SENT], 0, 0, 0]
-                        self.trace[req.request_id] = row
-                        self._unrung.append(row)
+                        row = [routes.app_index, req.request_id, req.created_ns, h.hops[HOP_SENT],
+                               time.monotonic_ns(), 0, 0]  # (rung: before the write, as a woken
+                        self.trace[req.request_id] = row  # worker may run before it returns)
+                    # At once: the flag makes it a system call only when the worker may sleep,
+                    # and only the first push after it armed pays it (``rings.Doorbell``).
+                    self.routing.bells[t.ring].ring()
                     sent += 1
                     break
             else:
@@ -384,25 +407,6 @@ class Dispatcher:
                 req.drop = req.drop or (task, int(Status.REJECTED))
         self.pending[req.request_id] = req
         return None
-
-    def _ring_later(self, ring: str) -> None:
-        """Ring the worker's doorbell once this loop turn's callbacks are done: a turn that
-        parses many requests (many ready connections) wakes each worker once, not once per
-        request; waking a worker is a system call and, on a busy machine, a context switch."""
-        if not self._bells_due:
-            assert self._loop is not None
-            self._loop.call_soon(self._ring_due)
-        self._bells_due[ring] = self.routing.bells[ring]
-
-    def _ring_due(self) -> None:
-        due, self._bells_due = self._bells_due, {}
-        if self._unrung:
-            rung = time.monotonic_ns()  # (before the write: a woken worker may run before it returns)
-            for row in self._unrung:
-                row[4] = rung
-            self._unrung = []
-        for bell in due.values():
-            bell.ring()
 
     def on_worker_failed(self, generation: int, task: str, variant: str) -> tuple[int, int]:
         """Settle the requests a dead process of (task, variant) in ``generation`` may have held.

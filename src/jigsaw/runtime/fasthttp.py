@@ -14,7 +14,8 @@ aiohttp's server; ``FastSite`` replaces aiohttp's ``TCPSite``):
   says where each message ends; the body is sliced from the buffer once it is complete.
 - A hot request is served by the code aiohttp's handler runs (``OipHttp.find_routes``,
   ``infer_door``, ``infer_begin``, ``oip.encode_response``): the same validation, admission,
-  dispatch, binary tensor extension and error bodies.
+  dispatch, binary tensor extension and error bodies. Its answer is encoded and written by the
+  dispatcher's call (``Pending.on_answer``) in the drain that completed it.
 - Answers leave in request order: each request takes a slot in the connection's queue, and a
   slot filled early waits for the slots before it (pipelining). At most ``MAX_PIPELINE`` answers
   may be outstanding; reading pauses beyond that and while the client does not read.
@@ -278,7 +279,11 @@ class FastConnection(asyncio.Protocol):
             slot[0] = _answer_bytes(got, slot[1])
             return
         req, parsed = got
-        req.future.add_done_callback(lambda fut: self._answered(slot, req, parsed))
+        # Called by the dispatcher as it answers (in the drain that read the last record), not a
+        # loop turn later as a future's done-callback would be.
+        req.on_answer = lambda: self._answered(slot, req, parsed)
+        if req.future.done():  # answered at dispatch (an early drop)
+            self._answered(slot, req, parsed)
 
     def _answered(self, slot: list[Any], req: Pending, parsed: InferRequest) -> None:
         if self.closed:
