@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 
@@ -254,3 +255,37 @@ def test_raw_tensor_encoding_matches_the_general_path_and_checks_lengths():
     for _ in range(2):
         with pytest.raises(ValueError, match="expected 8"):
             encode_tensors([Tensor("v", "FP32", (2,), bytes(4))])
+
+
+def test_a_stepped_coroutine_finishes_in_the_task_that_resumes_it():
+    """The worker steps its backend's coroutine in the doorbell callback (``_Resume``): one that
+    waits is finished by a task with its value, its exception or its cancellation."""
+    from jigsaw.runtime.worker import _Resume
+
+    async def waits(n: int) -> int:
+        await asyncio.sleep(0)  # a bare yield
+        await asyncio.sleep(0.001)  # a future
+        if n < 0:
+            raise ValueError("bad batch")
+        return n * 2
+
+    async def main() -> None:
+        coro = waits(21)
+        first = coro.send(None)
+        assert await asyncio.get_running_loop().create_task(_wrap(_Resume(coro, first))) == 42
+        coro = waits(-1)
+        first = coro.send(None)
+        with pytest.raises(ValueError, match="bad batch"):
+            await asyncio.get_running_loop().create_task(_wrap(_Resume(coro, first)))
+        coro = waits(1)
+        task = asyncio.get_running_loop().create_task(_wrap(_Resume(coro, coro.send(None))))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert coro.cr_frame is None  # the inner coroutine was closed by the cancellation
+
+    async def _wrap(awaitable: _Resume) -> int:
+        return await awaitable
+
+    asyncio.run(main())

@@ -6,16 +6,20 @@ daemon hands it a spec (``runtime/spares.py``).
 
 Each process runs one uvloop event loop, which watches the process's doorbell FIFO
 (``add_reader``: no helper thread, no spinning; see ``rings.Doorbell`` for the arm / re-check
-handshake). Each turn the loop pops at most one batch's worth of items from its input rings (the
-rings are the task's queue) into the batching queue (see ``take_inputs`` for the arrival stamp the
-stale rule reads), drops what can no longer meet its deadline or went stale, runs one batch when
-the queue's release rule allows (the process is idle whenever it asks, so a batch starts as soon
-as the previous one finished: paper §3.3), routes each item's children to the least-loaded process
-of the lane's variant of each downstream task, and reports every finished or dropped item to the
+handshake). The process's turn (``Worker._turn``) runs in the callback that woke it (the
+doorbell, a signal, a timer), not a loop turn later: it pops at most one batch's worth of items
+from its input rings (the rings are the task's queue) into the batching queue (see
+``take_inputs`` for the arrival stamp the stale rule reads), drops what can no longer meet its
+deadline or went stale, runs one batch when the queue's release rule allows (the process is idle
+whenever it asks, so a batch starts as soon as the previous one finished: paper §3.3), routes
+each item's children to the least-loaded process of the lane's variant of each downstream task,
+and reports every finished or dropped item to the
 frontend with its credit (see ``jigsaw.runtime.records``).
 
 A process runs one batch at a time, as the paper's instances do; the backend's ``execute_async``
-awaits the batch (a timer for the emulated backend, a device event for a GPU one).
+awaits the batch (a timer for the emulated backend, a device event for a GPU one). The turn steps
+that coroutine itself: a batch that does not wait (an emulated one shorter than the loop's timer)
+is finished in the same callback; one that waits is finished by a task, which then turns again.
 
 A process outlives the generation that started it when a re-plan keeps its instance: the daemon
 writes the spec files the process serves (newest first) to its ``--control`` file and sends
@@ -62,7 +66,9 @@ from jigsaw.runtime.stats import (
     BATCH_STARTED_NS,
     BATCHES,
     BUSY_NS,
+    DEAD,
     DROPPED,
+    FAILED,
     HEARTBEAT_NS,
     ITEMS,
     PID,
@@ -301,14 +307,20 @@ class Worker:
         h.task = self.spec.task_index
         h.status = int(status)
         h.child_count = num_children
-        h.stamp(HOP_DONE, time.monotonic_ns())
+        now = time.monotonic_ns()
+        h.stamp(HOP_DONE, now)
         # The frontend always drains: wait for room rather than lose an answer.
-        with contextlib.suppress(RingClosedError):
-            self._push_blocking(w.done, h, credit, tensors, time.monotonic_ns() + 60 * 10**9)
+        try:
+            if not w.done.push_framed(h, credit, tensors):
+                self._push_blocking(w.done, h, credit, tensors, now + 60 * 10**9)
+        except RingClosedError:
+            pass
         if num_children == 0 or status != Status.OK:
             w.done_rung = True  # rung once per turn (``_ring_outputs``): one wake-up for a batch
 
     def _least_loaded(self, candidates: list[int], w: Wiring) -> list[int]:
+        if len(candidates) == 1 and w.stats.get(w.output_slots[candidates[0]], STATE) not in (DEAD, FAILED):
+            return candidates  # the one live process (``routable``'s answer, without its sort)
         return routable(candidates, lambda i: w.stats.get(w.output_slots[i], STATE),
                         lambda i: len(w.outputs[i]) + w.stats.get(w.output_slots[i], QUEUED))
 
@@ -391,8 +403,11 @@ class Worker:
                 break
             ring = self.inputs[(self._next_input + j) % k]
             wiring = self._input_wiring[(self._next_input + j) % k]
-            for header, credit, tensors in ring.pop_many_framed(max_n - n):
-                now = time.monotonic_ns()
+            got = ring.pop_many_framed(max_n - n)
+            if not got:
+                continue
+            now = time.monotonic_ns()
+            for header, credit, tensors in got:
                 header.stamp(HOP_POPPED, now)
                 sent = header.hops[HOP_SENT]
                 arrival = sent if 0 < sent <= self._passed_over_ns else now
