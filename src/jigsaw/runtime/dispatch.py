@@ -44,7 +44,7 @@ from jigsaw.runtime.records import (
 from jigsaw.runtime.rings import Doorbell, RecordHeader, ShmRing, Status, drop_reason
 from jigsaw.runtime.routing import RoutingTable
 from jigsaw.runtime.topology import AppRoutes
-from jigsaw.tensors import decode_tensors, encode_tensors
+from jigsaw.tensors import DATATYPES, Tensor, decode_tensors, encode_tensors
 
 DRAIN_POP = 256
 LATE_GRACE_S = 10.0  # a timed-out request's record is kept this long to absorb its late credits
@@ -75,6 +75,15 @@ class Pending:
     body: bytes | bytearray = b""  # the encoded inputs, kept to dispatch again after a worker fault
     attempts: int = 1
     on_answer: Callable[[], None] | None = None  # called at once with the answer (``future`` set)
+
+
+def _raw(t: tuple[str, str, tuple[int, ...], Any]) -> Any:
+    """A parsed input as a ``Tensor`` of raw bytes when its array is already of its wire type: the
+    tensor codec then reuses a cached head for it (``tensors._encode_raw``); the same bytes."""
+    name, datatype, shape, data = t
+    if type(data) is np.ndarray and datatype != "BF16" and data.dtype == DATATYPES.get(datatype):
+        return Tensor(name, datatype, shape, data.tobytes())
+    return t
 
 
 class Dispatcher:
@@ -200,7 +209,9 @@ class Dispatcher:
             if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
                 self.admission.fan_out(app.name, task, variant, h.child_count)
             elif not req.answered:
-                arrays = [np.array(x.data) for x in decode_tensors(tensors)]
+                # views into ``tensors`` (bytes of its own, out of the ring: the views keep it alive)
+                arrays = [x.data if type(x.data) is np.ndarray else np.array(x.data)
+                          for x in decode_tensors(tensors)]
                 req.items.setdefault(task, []).append((h.child_index, arrays))
         else:
             reason = drop_reason(h.status)
@@ -342,7 +353,7 @@ class Dispatcher:
         if timeout_us is not None:
             deadline = min(deadline, now + timeout_us * 1000)
         req = Pending(0, routes, 0, client_id, now, deadline, self._loop.create_future(), outputs_wanted,
-                      body=encode_tensors(tensors))
+                      body=encode_tensors([_raw(t) for t in tensors]))
         why = self._dispatch(req)
         if why is not None:
             return why
