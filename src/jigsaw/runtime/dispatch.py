@@ -106,9 +106,11 @@ class Dispatcher:
         self._watched: Doorbell | None = None  # the frontend's doorbell, once registered with the loop
         self._closing = False
         self._drain_scheduled = False
+        self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
         self._woke_ns = 0  # when the doorbell last woke the loop
         # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR)
         self.trace: dict[int, list[int]] | None = {} if TRACE_DIR else None
+        self._unrung: list[list[int]] = []
         # app -> task -> the keys of its timings in an answer's parameters
         self._keys: dict[str, dict[str, tuple[str, str, str, str, str, str]]] = {}
 
@@ -400,13 +402,11 @@ class Dispatcher:
             usable = self.routing.usable(targets)
             for t in usable:
                 if self.routing.rings[t.ring].push_framed(h, share, req.body):
+                    self._ring_later(t.ring)
                     if self.trace is not None and sent == 0:
-                        row = [routes.app_index, req.request_id, req.created_ns, h.hops[HOP_SENT],
-                               time.monotonic_ns(), 0, 0]  # (rung: before the write, as a woken
-                        self.trace[req.request_id] = row  # worker may run before it returns)
-                    # At once: the flag makes it a system call only when the worker may sleep,
-                    # and only the first push after it armed pays it (``rings.Doorbell``).
-                    self.routing.bells[t.ring].ring()
+                        row = [routes.app_index, req.request_id, req.created_ns, h.hops[HOP_SENT], 0, 0, 0]
+                        self.trace[req.request_id] = row
+                        self._unrung.append(row)
                     sent += 1
                     break
             else:
@@ -418,6 +418,25 @@ class Dispatcher:
                 req.drop = req.drop or (task, int(Status.REJECTED))
         self.pending[req.request_id] = req
         return None
+
+    def _ring_later(self, ring: str) -> None:
+        """Ring the worker's doorbell once this loop turn's callbacks are done: a turn that
+        parses many requests (many ready connections) wakes each worker once, not once per
+        request; waking a worker is a system call and, on a busy machine, a context switch."""
+        if not self._bells_due:
+            assert self._loop is not None
+            self._loop.call_soon(self._ring_due)
+        self._bells_due[ring] = self.routing.bells[ring]
+
+    def _ring_due(self) -> None:
+        due, self._bells_due = self._bells_due, {}
+        if self._unrung:
+            rung = time.monotonic_ns()  # (before the write: a woken worker may run before it returns)
+            for row in self._unrung:
+                row[4] = rung
+            self._unrung = []
+        for bell in due.values():
+            bell.ring()
 
     def on_worker_failed(self, generation: int, task: str, variant: str) -> tuple[int, int]:
         """Settle the requests a dead process of (task, variant) in ``generation`` may have held.
