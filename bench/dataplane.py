@@ -599,7 +599,7 @@ def bench_hops(zero_args: list[str], work: Path, args: argparse.Namespace) -> di
 # ---- 2b. where a hop's time goes ------------------------------------------------------------
 BREAKDOWN_STEPS = [
     ("frontend: request parsed -> root item pushed", "fe.created", "fe.sent"),
-    ("frontend: pushed -> doorbell written (end of the loop turn)", "fe.sent", "fe.rung"),
+    ("frontend: pushed -> doorbell written (first push of a turn: at once)", "fe.sent", "fe.rung"),
     ("wake-up: doorbell written -> worker's loop sees it", "fe.rung", "a.woke"),
     ("worker: woken -> item popped", "a.woke", "a.popped"),
     ("worker: popped -> batch starts (batch formation)", "a.popped", "a.start"),

@@ -107,6 +107,7 @@ class Dispatcher:
         self._closing = False
         self._drain_scheduled = False
         self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
+        self._turn_pushed = False  # this loop turn pushed (and rang) once already
         self._woke_ns = 0  # when the doorbell last woke the loop
         # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR)
         self.trace: dict[int, list[int]] | None = {} if TRACE_DIR else None
@@ -402,11 +403,11 @@ class Dispatcher:
             usable = self.routing.usable(targets)
             for t in usable:
                 if self.routing.rings[t.ring].push_framed(h, share, req.body):
-                    self._ring_later(t.ring)
+                    row = None
                     if self.trace is not None and sent == 0:
                         row = [routes.app_index, req.request_id, req.created_ns, h.hops[HOP_SENT], 0, 0, 0]
                         self.trace[req.request_id] = row
-                        self._unrung.append(row)
+                    self._ring(t.ring, row)
                     sent += 1
                     break
             else:
@@ -419,19 +420,33 @@ class Dispatcher:
         self.pending[req.request_id] = req
         return None
 
-    def _ring_later(self, ring: str) -> None:
-        """Ring the worker's doorbell once this loop turn's callbacks are done: a turn that
-        parses many requests (many ready connections) wakes each worker once, not once per
-        request; waking a worker is a system call and, on a busy machine, a context switch."""
-        if not self._bells_due:
-            assert self._loop is not None
-            self._loop.call_soon(self._ring_due)
-        self._bells_due[ring] = self.routing.bells[ring]
+    def _ring(self, ring: str, row: list[int] | None) -> None:
+        """Ring the worker's doorbell: at once for the loop turn's first push, at the turn's end for
+        the others. A request alone in its turn (light load) wakes its worker without waiting for
+        the rest of the turn; a turn that parses many (a burst, a closed loop) wakes each worker at
+        most twice, not once per request: rung at every push, a worker that keeps up re-arms
+        between pushes and is woken for each, which cost the workers twice the CPU per request.
+        The flag makes a ring a system call only when the worker may sleep (``rings.Doorbell``)."""
+        bell = self.routing.bells[ring]
+        if self._turn_pushed:
+            self._bells_due[ring] = bell
+            if row is not None:
+                self._unrung.append(row)
+            return
+        self._turn_pushed = True
+        assert self._loop is not None
+        self._loop.call_soon(self._ring_due)
+        if row is not None:
+            row[4] = time.monotonic_ns()  # (before the write: a woken worker may run before it returns)
+        bell.ring()
 
     def _ring_due(self) -> None:
+        """The end of the turn: ring what its later pushes left (the first push's worker again too,
+        if it re-armed meanwhile)."""
+        self._turn_pushed = False
         due, self._bells_due = self._bells_due, {}
         if self._unrung:
-            rung = time.monotonic_ns()  # (before the write: a woken worker may run before it returns)
+            rung = time.monotonic_ns()
             for row in self._unrung:
                 row[4] = rung
             self._unrung = []
