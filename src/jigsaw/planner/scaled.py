@@ -1,0 +1,159 @@
+"""The largest common fraction of every app's demand a node can serve, by decomposition.
+
+When the apps' demands do not fit on the node together (a spike), every app serves the same
+fraction theta of its demand, as large as the node allows. The joint capacity model decides
+that in one MILP over all apps, which takes tens of seconds on three apps and stops unproven.
+Here theta is searched with the node decision by decomposition (``decompose.solve`` with the
+``slices`` objective) as the test of one theta, which either finds plans that pack together
+or proves that none fit (its bound: the apps' fewest slices and MIG slots exceed the node):
+
+* a test that finds plans gives more than its theta: with every lane scaled by a plan's
+  **headroom** (its smallest supply/demand ratio over the (task, variant) pairs it runs), the
+  same instances, packed the same way, serve ``theta x headroom`` of the demand (accuracy and
+  latency do not change when all lanes scale together). So ``theta_lo`` rises to the smallest
+  headroom's theta, with plans;
+* the next test is just above that, ``theta_lo x (1 + tolerance)``: when it is proven
+  infeasible, theta* lies in ``[theta_lo, theta_lo x (1 + tolerance))`` (``proven``); when it
+  finds plans, theta_lo climbs again.
+
+The first test is the demands' floors scaled to the node: each app's fewest slices at its full
+demand (one small single-app solve each), and theta = the node's slices / their sum. A first
+test that fails steps down in proportion. Pure: the result depends only on the inputs (and the
+solver's answers within the limit).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from jigsaw.node import Node
+from jigsaw.plan import LanePlan, Layout, Plan
+from jigsaw.planner import decompose, joint
+
+SCALE_TOLERANCE = 1e-2  # theta* is proven to within this fraction of itself
+_CARRY_EPS = 1e-9
+_STEP_DOWN = 0.92  # a first test that fails: the next one this much lower
+
+
+@dataclass
+class ScaleResult:
+    """theta* lies in [theta_lo, theta_hi); ``plans`` (one per part, packed as ``layout``)
+    serve theta_lo x each demand. ``status``: ``proven`` (theta_hi <= theta_lo x (1 +
+    tolerance)), ``bound`` (the time ran out first: theta_lo is served, theta_hi is the
+    smallest theta proven not to fit), ``none`` (no plans found within the time)."""
+
+    status: str
+    theta_lo: float
+    theta_hi: float
+    plans: list[Plan] | None
+    layout: Layout | None
+    seconds: float
+    tests: int  # node decisions by decomposition
+    notes: list[str] = field(default_factory=list)
+
+
+def headroom(plan: Plan, part: joint.Part) -> float:
+    """How many times its lanes' rates the plan's instances carry (>= 1 for a sound plan):
+    the smallest supply/demand over the (task, variant) pairs its lanes reach."""
+    app = part.pb.app
+    demand: dict[tuple[str, str], float] = {}
+    for lane in plan.lanes:
+        if lane.rate_rps <= 0:
+            continue
+        mult = app.multipliers(tuple(lane.variants[t] for t in app.task_names), part.pb.factors)
+        for t in app.task_names:
+            key = (t, lane.variants[t])
+            demand[key] = demand.get(key, 0.0) + lane.rate_rps * mult[t]
+    supply: dict[tuple[str, str], float] = {}
+    for x in plan.instances:
+        supply[(x.task, x.variant)] = supply.get((x.task, x.variant), 0.0) + x.count * x.throughput_rps
+    ratios = [supply.get(k, 0.0) / v for k, v in demand.items() if v > 0]
+    return max(1.0, min(ratios, default=1.0))
+
+
+def scale_plan(plan: Plan, factor: float) -> Plan:
+    """``plan`` with every lane's rate times ``factor`` (at most its headroom: still sound)."""
+    out = copy.deepcopy(plan)
+    out.lanes = [LanePlan(dict(x.variants), x.rate_rps * factor) for x in plan.lanes]
+    out.planned_rps = plan.planned_rps * factor
+    return out
+
+
+def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
+              pack: decompose.Packer, tolerance: float = SCALE_TOLERANCE,
+              theta_hi: float = 1.0, hi_proven: bool = True) -> ScaleResult:
+    """theta* for ``parts`` (each at its ``demand_rps``) on ``node``; see the module doc.
+
+    ``theta_hi``: where the search starts from above; ``hi_proven``: it is known not to fit
+    (the caller's decision at the full demands proved it), else it is tested too.
+    """
+    t0 = time.perf_counter()
+    notes: list[str] = []
+    tests = 0
+    lo, hi = 0.0, theta_hi if hi_proven else math.inf
+    plans: list[Plan] | None = None
+    layout: Layout | None = None
+
+    def left() -> float:
+        return time_limit_s - (time.perf_counter() - t0)
+
+    # the first test: each app's fewest slices at theta_hi, scaled to the node's slices
+    need = 0
+    for part in parts:
+        res = joint.solve([joint.Part(part.pb, (part.demand_rps or 0.0) * theta_hi, part.weight)], node,
+                          solver=solver, time_limit_s=max(0.1, min(left(), time_limit_s / 10)),
+                          objective="slices")
+        p = res.plans[0] if res.plans else None
+        if res.status == "optimal" and p is not None:
+            need += p.slices_used
+        elif math.isfinite(res.bound):  # objective = -beta x slices + a tie-break below beta / 2
+            need += max(1, math.ceil(-res.bound / node.beta - 0.5 - 1e-9))
+        else:
+            need += node.slices_available  # alone it does not fit at theta_hi
+    guess = theta_hi * min(1.0 if not hi_proven else 1.0 - tolerance, node.slices_available / max(need, 1))
+    while hi > lo * (1 + tolerance) and left() > 0:
+        tests += 1
+        scaled = [joint.Part(p.pb, (p.demand_rps or 0.0) * guess, p.weight, keep=p.keep) for p in parts]
+        d = decompose.solve(scaled, node, solver=solver, time_limit_s=max(left(), 0.05),
+                            objective="slices", pack=pack)
+        if d.status in ("optimal", "feasible") and d.layout is not None and \
+                all(p is not None for p in d.plans):
+            got = [p for p in d.plans if p is not None]
+            room = min(headroom(p, part) for p, part in zip(got, parts, strict=True))
+            factor = max(1.0, room * (1 - _CARRY_EPS))
+            if not hi_proven:
+                factor = min(factor, max(1.0, theta_hi / guess))  # never beyond the full demand
+            if guess * factor > lo:
+                lo = guess * factor
+                plans = [scale_plan(p, factor) for p in got]
+                layout = d.layout
+            if guess >= theta_hi and not hi_proven:
+                break  # the whole demand fits after all
+            # just above what is served: a proof of the tolerance, or a climb; far below the
+            # least theta shown not to fit, halfway (geometrically) first
+            guess = lo * (1 + tolerance) * (1 + 1e-9)
+            if math.isfinite(hi) and hi > lo * (1 + 4 * tolerance):
+                guess = math.sqrt(lo * hi)
+            elif not math.isfinite(hi) and lo * (1 + 4 * tolerance) < theta_hi:
+                guess = math.sqrt(lo * theta_hi)
+            if guess >= hi:
+                break
+        elif d.status == "infeasible":
+            hi = min(hi, guess)  # proven by the decomposition's bound
+            guess = lo * (1 + tolerance) * (1 + 1e-9) if lo > 0 else guess * _STEP_DOWN
+            if lo > 0 and hi > lo * (1 + 4 * tolerance):
+                guess = math.sqrt(lo * hi)
+            if lo > 0 and guess >= hi:
+                break
+        else:  # no decision within the time: the best found stands, unproven above it
+            notes.append(f"the test at {guess:.4%} found no decision within the time")
+            break
+    if left() <= 0:
+        notes.append(f"stopped at the {time_limit_s:g} s limit")
+    status = "proven" if plans is not None and hi <= lo * (1 + tolerance) * (1 + 1e-6) else (
+        "bound" if plans is not None else "none")
+    return ScaleResult(status, lo, hi, plans, layout, time.perf_counter() - t0, tests, notes)
