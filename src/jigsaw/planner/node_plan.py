@@ -48,6 +48,7 @@ class _Decision:
     layout: Layout | None
     notes: list[str]
     stage: str
+    floors: list[float] | None = None  # the decomposition's screen, per app (when it ran)
 
 
 def _requests(plans: Mapping[str, Plan]) -> list[InstanceRequest]:
@@ -138,7 +139,7 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
             return _Decision(r.status, r.plans, r.objective, r.bound, None, r.notes, r.stage)
         d = decompose.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
                             pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous))
-        return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage)
+        return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage, d.floors)
 
     res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
     scale = 1.0
@@ -149,7 +150,7 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
         left_s = max(limit - (time.perf_counter() - t0), 0.5 * limit)
         sc = max_scale(parts, node, solver=solver, time_limit_s=left_s,
                        pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous),
-                       hi_proven=res.status == "infeasible")
+                       hi_proven=res.status == "infeasible", floors=res.floors)
         if sc.plans is not None:
             scale = min(1.0, sc.theta_lo)
             got = dict(zip(names, sc.plans, strict=True))

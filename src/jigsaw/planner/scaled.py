@@ -36,6 +36,7 @@ from jigsaw.planner import decompose, joint
 
 SCALE_TOLERANCE = 1e-2  # theta* is proven to within this fraction of itself
 _CARRY_EPS = 1e-9
+_TRACE = False
 _STEP_DOWN = 0.92  # a first test that fails: the next one this much lower
 
 
@@ -85,11 +86,14 @@ def scale_plan(plan: Plan, factor: float) -> Plan:
 
 def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
               pack: decompose.Packer, tolerance: float = SCALE_TOLERANCE,
-              theta_hi: float = 1.0, hi_proven: bool = True) -> ScaleResult:
+              theta_hi: float = 1.0, hi_proven: bool = True,
+              floors: Sequence[float] | None = None) -> ScaleResult:
     """theta* for ``parts`` (each at its ``demand_rps``) on ``node``; see the module doc.
 
     ``theta_hi``: where the search starts from above; ``hi_proven``: it is known not to fit
     (the caller's decision at the full demands proved it), else it is tested too.
+    ``floors``: per part, a lower bound on its slices at theta_hi (``decompose.floor_slices``;
+    the caller's decision computed them), else computed here.
     """
     t0 = time.perf_counter()
     notes: list[str] = []
@@ -101,25 +105,32 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     def left() -> float:
         return time_limit_s - (time.perf_counter() - t0)
 
-    # the first test: each app's fewest slices at theta_hi, scaled to the node's slices
-    need = 0
-    for part in parts:
-        res = joint.solve([joint.Part(part.pb, (part.demand_rps or 0.0) * theta_hi, part.weight)], node,
-                          solver=solver, time_limit_s=max(0.1, min(left(), time_limit_s / 10)),
-                          objective="slices")
-        p = res.plans[0] if res.plans else None
-        if res.status == "optimal" and p is not None:
-            need += p.slices_used
-        elif math.isfinite(res.bound):  # objective = -beta x slices + a tie-break below beta / 2
-            need += max(1, math.ceil(-res.bound / node.beta - 0.5 - 1e-9))
-        else:
-            need += node.slices_available  # alone it does not fit at theta_hi
+    def at(theta: float) -> list[joint.Part]:
+        return [joint.Part(p.pb, (p.demand_rps or 0.0) * theta, p.weight, keep=p.keep) for p in parts]
+
+    def floor_sum(theta: float) -> float:
+        """The apps' latency-relaxed fewest slices at theta, summed (a quick lower bound)."""
+        return sum(min(f, node.slices_available + 1)
+                   for f in decompose.floor_slices(at(theta), node, solver,
+                                                   min(decompose.FLOOR_LIMIT_S, 0.05 * time_limit_s)))
+
+    # the first test: the floors at theta_hi scaled to the node's slices
+    need = sum(min(f, node.slices_available + 1) for f in floors) if floors is not None else \
+        floor_sum(theta_hi)
+    if _TRACE:
+        print(f"    floors at {theta_hi}: {need} ({time.perf_counter() - t0:.3f} s)")
     guess = theta_hi * min(1.0 if not hi_proven else 1.0 - tolerance, node.slices_available / max(need, 1))
+    climbs = 0  # feasible tests in a row
     while hi > lo * (1 + tolerance) and left() > 0:
         tests += 1
-        scaled = [joint.Part(p.pb, (p.demand_rps or 0.0) * guess, p.weight, keep=p.keep) for p in parts]
-        d = decompose.solve(scaled, node, solver=solver, time_limit_s=max(left(), 0.05),
-                            objective="slices", pack=pack)
+        if lo > 0 and floor_sum(guess) > node.slices_available:
+            d = decompose.Result("infeasible", [], math.nan, math.nan, 0.0, None, 0, "apart")
+        else:
+            d = decompose.solve(at(guess), node, solver=solver, time_limit_s=max(left(), 0.05),
+                                objective="slices", pack=pack)
+        if _TRACE:
+            print(f"    test {guess:.5f}: {d.status} {d.stage} {d.solves} solves "
+                  f"{time.perf_counter() - t0:.3f} s in; lo {lo:.5f} hi {hi:.5f}")
         if d.status in ("optimal", "feasible") and d.layout is not None and \
                 all(p is not None for p in d.plans):
             got = [p for p in d.plans if p is not None]
@@ -133,20 +144,18 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
                 layout = d.layout
             if guess >= theta_hi and not hi_proven:
                 break  # the whole demand fits after all
-            # just above what is served: a proof of the tolerance, or a climb; far below the
-            # least theta shown not to fit, halfway (geometrically) first
-            guess = lo * (1 + tolerance) * (1 + 1e-9)
-            if math.isfinite(hi) and hi > lo * (1 + 4 * tolerance):
-                guess = math.sqrt(lo * hi)
-            elif not math.isfinite(hi) and lo * (1 + 4 * tolerance) < theta_hi:
-                guess = math.sqrt(lo * theta_hi)
+            # just above what is served: a proof of the tolerance when it does not fit; after
+            # each climb in a row the step doubles (theta* may lie well above)
+            climbs += 1
+            guess = lo * (1 + tolerance) ** (2 ** (climbs - 1)) * (1 + 1e-9)
+            if guess >= hi:
+                guess = lo * (1 + tolerance) * (1 + 1e-9)
             if guess >= hi:
                 break
         elif d.status == "infeasible":
             hi = min(hi, guess)  # proven by the decomposition's bound
+            climbs = 0
             guess = lo * (1 + tolerance) * (1 + 1e-9) if lo > 0 else guess * _STEP_DOWN
-            if lo > 0 and hi > lo * (1 + 4 * tolerance):
-                guess = math.sqrt(lo * hi)
             if lo > 0 and guess >= hi:
                 break
         else:  # no decision within the time: the best found stands, unproven above it
