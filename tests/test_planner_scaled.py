@@ -89,3 +89,19 @@ def test_a_node_plan_above_the_node_serves_the_scaled_demands(one_gpu) -> None:
     for name, p in res.plans.items():
         assert p.max_demand_plan and p.planned_rps == pytest.approx(res.demand_scale * demands[name], rel=1e-6)
         assert verify_plan(p, node.app(name), node, profiles) == [], name
+
+
+def test_the_controllers_re_plan_above_capacity_is_a_scaled_plan(one_gpu) -> None:
+    """The controller's solver (in process) for a spike above one app's capacity alone: the
+    decomposition's scaled plan, not 'infeasible' and not an empty plan."""
+    from jigsaw.control.solver import solve_node
+
+    node, profiles = one_gpu
+    apps = [node.app("social_media"), node.app("ar_assistant")]
+    demands = {"social_media": 400.0, "ar_assistant": 2000.0}
+    quick = []
+    res = solve_node(apps, node, profiles, demands, space=None, previous=None, time_limit_s=30,
+                     factors=None, on_quick=quick.append)
+    assert res.status in ("optimal", "feasible") and 0 < res.demand_scale < 1, res.notes
+    assert all(p.instances and p.max_demand_plan for p in res.plans.values())
+    assert res.slices_used <= node.slices_available
