@@ -17,8 +17,9 @@ or proves that none fit (its bound: the apps' fewest slices and MIG slots exceed
   finds plans, theta_lo climbs again.
 
 The first test is the demands' floors scaled to the node: each app's fewest slices at its full
-demand (one small single-app solve each), and theta = the node's slices / their sum. A first
-test that fails steps down in proportion. Pure: the result depends only on the inputs (and the
+demand in the latency-relaxed core (``decompose.floor_slices``; the decision at the full demands
+computed them), and theta = the node's slices / their sum. A first test that fails steps down in
+proportion. Each test screens itself by those floors first (``decompose.solve``). Pure: the result depends only on the inputs (and the
 solver's answers within the limit).
 """
 
@@ -36,7 +37,6 @@ from jigsaw.planner import decompose, joint
 
 SCALE_TOLERANCE = 1e-2  # theta* is proven to within this fraction of itself
 _CARRY_EPS = 1e-9
-_TRACE = False
 _STEP_DOWN = 0.92  # a first test that fails: the next one this much lower
 
 
@@ -117,20 +117,13 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     # the first test: the floors at theta_hi scaled to the node's slices
     need = sum(min(f, node.slices_available + 1) for f in floors) if floors is not None else \
         floor_sum(theta_hi)
-    if _TRACE:
-        print(f"    floors at {theta_hi}: {need} ({time.perf_counter() - t0:.3f} s)")
-    guess = theta_hi * min(1.0 if not hi_proven else 1.0 - tolerance, node.slices_available / max(need, 1))
+    # (just below theta_hi even when it is not known not to fit: the decision there found nothing)
+    guess = theta_hi * min(1.0 - tolerance, node.slices_available / max(need, 1))
     climbs = 0  # feasible tests in a row
     while hi > lo * (1 + tolerance) and left() > 0:
         tests += 1
-        if lo > 0 and floor_sum(guess) > node.slices_available:
-            d = decompose.Result("infeasible", [], math.nan, math.nan, 0.0, None, 0, "apart")
-        else:
-            d = decompose.solve(at(guess), node, solver=solver, time_limit_s=max(left(), 0.05),
-                                objective="slices", pack=pack)
-        if _TRACE:
-            print(f"    test {guess:.5f}: {d.status} {d.stage} {d.solves} solves "
-                  f"{time.perf_counter() - t0:.3f} s in; lo {lo:.5f} hi {hi:.5f}")
+        d = decompose.solve(at(guess), node, solver=solver, time_limit_s=max(left(), 0.05),
+                            objective="slices", pack=pack)
         if d.status in ("optimal", "feasible") and d.layout is not None and \
                 all(p is not None for p in d.plans):
             got = [p for p in d.plans if p is not None]
