@@ -87,7 +87,8 @@ def test_a_node_plan_above_the_node_serves_the_scaled_demands(one_gpu) -> None:
     assert 0 < res.demand_scale < 1 and not res.feasible
     assert any("every app serves" in n for n in res.notes)
     for name, p in res.plans.items():
-        assert p.max_demand_plan and p.planned_rps == pytest.approx(res.demand_scale * demands[name], rel=1e-6)
+        assert p.max_demand_plan
+        assert p.planned_rps == pytest.approx(res.demand_scale * demands[name], rel=1e-6)
         assert verify_plan(p, node.app(name), node, profiles) == [], name
 
 

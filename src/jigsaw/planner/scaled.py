@@ -19,8 +19,8 @@ or proves that none fit (its bound: the apps' fewest slices and MIG slots exceed
 The first test is the demands' floors scaled to the node: each app's fewest slices at its full
 demand in the latency-relaxed core (``decompose.floor_slices``; the decision at the full demands
 computed them), and theta = the node's slices / their sum. A first test that fails steps down in
-proportion. Each test screens itself by those floors first (``decompose.solve``). Pure: the result depends only on the inputs (and the
-solver's answers within the limit).
+proportion. Each test screens itself by those floors first (``decompose.solve``). Pure: the
+result depends only on the inputs (and the solver's answers within the limit).
 """
 
 from __future__ import annotations
