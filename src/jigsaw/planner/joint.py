@@ -65,7 +65,6 @@ LEVELS_PER_TASK = 6
 # whichever solver the node names: on the example apps it proved the core 2-40x faster than
 # CBC (ar_assistant 0.01-0.3 s against 0.4-3.8 s). Both are exact: the answer is the same.
 CORE_SOLVER: str | None = "highs"  # None: the node's solver
-CAPACITY_SEARCH = False  # capacity mode: the split search and level models too
 SPLIT_SEARCH = True  # the default of ``solve(split_search=...)``
 SPLIT_SOLVER: str | None = "highs"  # who solves the split search's restricted cores (None: the node's)
 
@@ -837,11 +836,11 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                     if best.status == "optimal":
                         return
 
-        if not capacity_mode or CAPACITY_SEARCH:
+        if not capacity_mode:
             try_splits(lifts)
             if best is not None and best.status == "optimal":
                 return best
-        if capacity_mode and not CAPACITY_SEARCH:
+        if capacity_mode:
             # the maximum demand: the single restricted model (the core under the shrunk caps)
             # finds a large feasible rate fast, which the full model then starts from
             got = restrict(build(parts, node, full=False, caps=caps, **shape), "restricted")
@@ -849,7 +848,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 best = got
                 if got.status == "optimal":
                     return got
-        for _ in range(0 if capacity_mode and not CAPACITY_SEARCH else REFINE_ROUNDS):
+        for _ in range(0 if capacity_mode else REFINE_ROUNDS):
             left = time_limit_s - (time.perf_counter() - t0)
             if left <= 0.05 * time_limit_s:
                 break
