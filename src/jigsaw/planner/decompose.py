@@ -249,6 +249,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     # linear relaxations take milliseconds, the cores themselves (tighter) run only where those
     # come near the node (a spike: the apps' own optima below would be solved in vain)
     screened = False
+    floors: list[float] | None = None
     lp_floors = floor_slices(parts, node, solver, FLOOR_LIMIT_S, lp=True)
     if sum(lp_floors) >= SCREEN_SHARE * room[0]:
         screened = True
@@ -286,6 +287,14 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
             return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
                           None, solves, "apart", ["the apps' fewest slices (latency relaxed) exceed "
                                                   "the node together"], floors)
+    for i, f in enumerate(fronts):
+        # no plan of app i takes fewer slices than its floor (the core's) nor, with the
+        # ``slices`` objective, than its own optimum's bound proves: budgets below are out
+        least = floors[i] if floors is not None else 0.0
+        if objective == "slices" and math.isfinite(f.points[0].bound):
+            least = max(least, math.ceil(-f.points[0].bound / node.beta - 0.5 - 1e-9))
+        if least >= 1:
+            f.infeasible.append((int(min(least, room[0] + 1)) - 1, room[1]))
 
     # 2. best-first over the budgets: solve g where the bound's best choice needs it
     stage = "apart"
