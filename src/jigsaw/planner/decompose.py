@@ -30,6 +30,11 @@ the slices and slots, not the placement rules), the best packable choice among t
 computed is an incumbent and the joint model decides, started from it and cut by the bound.
 When no choice of budgets fits, the demands do not fit together: ``infeasible``, proven by the
 bound alone.
+
+A spike is screened first: each app's fewest slices in the latency-relaxed core (a relaxation:
+a floor on any plan's slices; its LP in milliseconds, the core itself only where the LP floors
+come near the node, or where the own optima overrun it) proves ``infeasible`` when the floors
+exceed the node, and rules out every budget below an app's floor without a solve.
 """
 
 from __future__ import annotations
