@@ -106,3 +106,32 @@ def test_the_controllers_re_plan_above_capacity_is_a_scaled_plan(one_gpu) -> Non
     assert res.status in ("optimal", "feasible") and 0 < res.demand_scale < 1, res.notes
     assert all(p.instances and p.max_demand_plan for p in res.plans.values())
     assert res.slices_used <= node.slices_available
+
+
+def test_the_capacity_bound_is_an_upper_bound_and_proves_the_search(one_gpu) -> None:
+    """``theta_bound`` (the latency-relaxed joint core in capacity mode) bounds theta* from
+    above, equals the joint capacity model's own core optimum when solved to the end, and a
+    search started from it stops proven."""
+    node, profiles = one_gpu
+    names, demands = ("social_media", "traffic_analysis"), (1500.0, 400.0)
+    parts = _parts(node, profiles, names, demands)
+    tight = scaled.theta_bound(parts, node, time_limit_s=60, relative_gap=1e-6)
+    loose = scaled.theta_bound(parts, node, time_limit_s=0.01)
+    assert 0 < tight <= 1 and tight <= loose * (1 + 1e-9)
+    # the core's proven optimum, solved independently (relative gap 1e-5, theta's cost 1)
+    core = joint.build(parts, node, full=False, scale_demands=True)
+    sol = core.model.solve("highs", 60, 1e-6, relative_gap=1e-6)
+    assert sol.status == "optimal"
+    assert sol.objective <= tight <= sol.objective * (1 + scaled.SCALE_TOLERANCE)
+    got = scaled.max_scale(parts, node, solver="highs", time_limit_s=60, use_bound=True,
+                           bound_limit_s=60,
+                           pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None))
+    assert got.status == "proven", got.notes
+    assert got.bound == pytest.approx(tight, rel=1e-4)
+    # every served fraction lies below the bound, and the proof used it: theta_hi is the bound
+    assert got.theta_lo <= got.bound
+    assert got.theta_hi <= got.bound * (1 + 1e-6)
+    assert got.theta_hi <= got.theta_lo * (1 + scaled.SCALE_TOLERANCE) * (1 + 1e-6)
+    ref = joint.solve(parts, node, solver="highs", time_limit_s=120, scale_demands=True)
+    assert ref.status == "optimal" and ref.plans[0] is not None
+    assert ref.plans[0].planned_rps / demands[0] <= got.bound * (1 + 1e-6)

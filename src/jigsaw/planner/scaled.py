@@ -16,11 +16,27 @@ or proves that none fit (its bound: the apps' fewest slices and MIG slots exceed
   infeasible, theta* lies in ``[theta_lo, theta_lo x (1 + tolerance))`` (``proven``); when it
   finds plans, theta_lo climbs again.
 
-The first test is the demands' floors scaled to the node: each app's fewest slices at its full
-demand in the latency-relaxed core (``decompose.floor_slices``; the decision at the full demands
-computed them), and theta = the node's slices / their sum. A first test that fails steps down in
-proportion. Each test screens itself by those floors first (``decompose.solve``). Pure: the
-result depends only on the inputs (and the solver's answers within the limit).
+Optionally (``use_bound``), before any test, a proven upper bound on theta* (``theta_bound``): the latency-relaxed joint
+core in capacity mode (all apps in one small model: no latency binaries, the MIG layouts kept;
+every node plan maps onto it, DESIGN section 3), solved by HiGHS for at most ``BOUND_LIMIT_S``
+(its dual bound when stopped). It caps theta_hi (a proof once theta_lo is within the tolerance
+of it), and when the floors' first test lies above it, the first test is just below it
+(``bound / (1 + tolerance)``), then down by the tolerance (twice), then in proportion. Measured
+on the three example apps at 115-300% of their capacities (h100x4, a loaded 2-core machine):
+the core proves theta* only in 2-5 s (its optimum is within 0.3-0.8% of the theta the tests
+find); stopped at 0.25-0.5 s its bound is 3-9% above theta*, which helps only where the floors
+overshoot more (300%: 3.6-3.9 s proven against 9.9 s); started from that bound at 115% and
+150% the search took 9-10 s against 2.3-5 s, and even as a cap below the floors' guess it
+slowed 150% (10.9 s, unproven, against 5.6 s): a test just below a loose bound lands where the
+decomposition's screen cannot refute it cheaply. So ``max_scale`` uses it only when asked
+(``use_bound``): a bound that pays needs the core proven, which is not cheaper than the tests.
+
+Without a bound (not asked for, or it gave none), the first test is the demands' floors scaled to the node: each
+app's fewest slices at its full demand in the latency-relaxed core (``decompose.floor_slices``;
+the decision at the full demands computed them), and theta = the node's slices / their sum. A
+first test that fails steps down in proportion. Each test screens itself by those floors first
+(``decompose.solve``). Pure: the result depends only on the inputs (and the solver's answers
+within the limit).
 """
 
 from __future__ import annotations
@@ -38,6 +54,9 @@ from jigsaw.planner import decompose, joint
 SCALE_TOLERANCE = 1e-2  # theta* is proven to within this fraction of itself
 _CARRY_EPS = 1e-9
 _STEP_DOWN = 0.92  # a first test that fails: the next one this much lower
+BOUND_LIMIT_S = 0.25  # the bound's solve (``theta_bound``) at most this long (or a tenth of the limit)
+_BOUND_GAP = 0.25  # the bound's solve stops within this fraction of the tolerance
+_NEAR_STEPS = 2  # tests below the bound that step down by the tolerance before the larger steps
 
 
 @dataclass
@@ -55,6 +74,34 @@ class ScaleResult:
     seconds: float
     tests: int  # node decisions by decomposition
     notes: list[str] = field(default_factory=list)
+    bound: float = math.inf  # ``theta_bound``'s proven upper bound on theta* (inf: none)
+    bound_seconds: float = 0.0
+
+
+def theta_bound(parts: Sequence[joint.Part], node: Node, *, time_limit_s: float,
+                relative_gap: float = _BOUND_GAP * SCALE_TOLERANCE) -> float:
+    """A proven upper bound on the largest common fraction of the parts' demands (at most 1;
+    inf when the solve gave no bound within ``time_limit_s``).
+
+    The latency-relaxed joint core with ``scale_demands`` (``joint.build``): every node plan
+    maps onto it with the same slices and at least its capacity, so its optimum bounds theta*.
+    Its objective is theta minus 1e-6 per slice, so theta <= the solver's dual bound plus 1e-6
+    times the node's slices. HiGHS (whichever solver the node names: it proves this small
+    model fastest) stops once its bound is within ``relative_gap`` of its incumbent; a solve
+    stopped by the time limit still gives its dual bound.
+    """
+    core = joint.build(list(parts), node, full=False, scale_demands=True)
+    sol = core.model.solve("highs", time_limit_s, 1e-4, relative_gap=relative_gap)
+    if sol.status == "infeasible":
+        return 0.0  # not even no service: cannot happen (theta = 0 on no slices is a plan)
+    b = math.inf
+    for x in (sol.dual_bound, sol.bound):
+        if not math.isnan(x) and math.isfinite(x):
+            b = max(x, sol.objective) if not math.isnan(sol.objective) else x
+            break
+    if not math.isfinite(b):
+        return math.inf
+    return min(1.0, b + 1e-6 * node.slices_available + 1e-9)
 
 
 def headroom(plan: Plan, part: joint.Part) -> float:
@@ -87,13 +134,16 @@ def scale_plan(plan: Plan, factor: float) -> Plan:
 def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
               pack: decompose.Packer, tolerance: float = SCALE_TOLERANCE,
               theta_hi: float = 1.0, hi_proven: bool = True,
-              floors: Sequence[float] | None = None) -> ScaleResult:
+              floors: Sequence[float] | None = None, use_bound: bool = False,
+              bound_limit_s: float | None = None) -> ScaleResult:
     """theta* for ``parts`` (each at its ``demand_rps``) on ``node``; see the module doc.
 
     ``theta_hi``: where the search starts from above; ``hi_proven``: it is known not to fit
     (the caller's decision at the full demands proved it), else it is tested too.
     ``floors``: per part, a lower bound on its slices at theta_hi (``decompose.floor_slices``;
-    the caller's decision computed them), else computed here.
+    the caller's decision computed them), else computed here. ``use_bound``: compute
+    ``theta_bound`` first (within ``bound_limit_s``, default ``BOUND_LIMIT_S`` or a tenth of
+    the limit) to cap theta_hi and place the first test; off by default (see the module doc).
     """
     t0 = time.perf_counter()
     notes: list[str] = []
@@ -114,11 +164,30 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
                    for f in decompose.floor_slices(at(theta), node, solver,
                                                    min(decompose.FLOOR_LIMIT_S, 0.05 * time_limit_s)))
 
+    bound, bound_s = math.inf, 0.0
+    if use_bound:
+        tb = time.perf_counter()
+        bound = theta_bound(parts, node, time_limit_s=bound_limit_s if bound_limit_s is not None
+                            else min(BOUND_LIMIT_S, 0.1 * time_limit_s),
+                            relative_gap=_BOUND_GAP * tolerance)
+        bound_s = time.perf_counter() - tb
+    near = 0  # failed tests stepping down from the bound by the tolerance
+    if bound <= 0:
+        notes.append("no common fraction above 0 fits (the capacity bound)")
+        return ScaleResult("none", 0.0, 0.0, None, None, time.perf_counter() - t0, 0, notes,
+                           bound, bound_s)
     # the first test: the floors at theta_hi scaled to the node's slices
     need = sum(min(f, node.slices_available + 1) for f in floors) if floors is not None else \
         floor_sum(theta_hi)
     # (just below theta_hi even when it is not known not to fit: the decision there found nothing)
     guess = theta_hi * min(1.0 - tolerance, node.slices_available / max(need, 1))
+    if math.isfinite(bound) and bound < min(hi, theta_hi * (1 + tolerance)):
+        hi = min(hi, bound * (1 + 1e-9))  # theta* <= bound: proven without a test
+        if hi / (1 + tolerance) < guess:
+            # the floors overshoot the bound: the first test just below it (when it finds
+            # plans, theta* is proven at once), then down by the tolerance
+            guess = hi / (1 + tolerance)
+            near = _NEAR_STEPS
     climbs = 0  # feasible tests in a row
     while hi > lo * (1 + tolerance) and left() > 0:
         tests += 1
@@ -148,7 +217,13 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
         elif d.status == "infeasible":
             hi = min(hi, guess)  # proven by the decomposition's bound
             climbs = 0
-            guess = lo * (1 + tolerance) * (1 + 1e-9) if lo > 0 else guess * _STEP_DOWN
+            if lo > 0:
+                guess = lo * (1 + tolerance) * (1 + 1e-9)
+            elif near > 0:  # just below the bound: step down by the tolerance first
+                near -= 1
+                guess = guess / (1 + tolerance)
+            else:
+                guess = guess * _STEP_DOWN
             if lo > 0 and guess >= hi:
                 break
         else:  # no decision within the time: the best found stands, unproven above it
@@ -158,4 +233,5 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
         notes.append(f"stopped at the {time_limit_s:g} s limit")
     status = "proven" if plans is not None and hi <= lo * (1 + tolerance) * (1 + 1e-6) else (
         "bound" if plans is not None else "none")
-    return ScaleResult(status, lo, hi, plans, layout, time.perf_counter() - t0, tests, notes)
+    return ScaleResult(status, lo, hi, plans, layout, time.perf_counter() - t0, tests, notes, bound,
+                       bound_s)
