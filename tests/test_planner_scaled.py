@@ -127,6 +127,7 @@ def test_the_capacity_bound_is_an_upper_bound_and_proves_the_search(one_gpu) -> 
                            bound_limit_s=60,
                            pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None))
     assert got.status == "proven", got.notes
+    assert got.tests == 1  # the first test, just below the bound, found plans: proven by it
     assert got.bound == pytest.approx(tight, rel=1e-4)
     # every served fraction lies below the bound, and the proof used it: theta_hi is the bound
     assert got.theta_lo <= got.bound
@@ -135,3 +136,25 @@ def test_the_capacity_bound_is_an_upper_bound_and_proves_the_search(one_gpu) -> 
     ref = joint.solve(parts, node, solver="highs", time_limit_s=120, scale_demands=True)
     assert ref.status == "optimal" and ref.plans[0] is not None
     assert ref.plans[0].planned_rps / demands[0] <= got.bound * (1 + 1e-6)
+
+
+def test_a_controller_replan_above_capacity_gets_the_scaled_plan(one_gpu) -> None:
+    """The controller's re-plan (``control.solver.solve_node``, the anytime path a spike takes)
+    on demands above the node returns a plan that serves every app the same fraction, packed
+    as one layout; not an infeasible empty plan."""
+    from jigsaw.control.solver import solve_node
+
+    node, profiles = one_gpu
+    names, demands = ("social_media", "traffic_analysis"), {"social_media": 1500.0, "traffic_analysis": 400.0}
+    quick = []
+    got = solve_node([node.app(n) for n in names], node, profiles, demands, space="ast", previous=None,
+                     time_limit_s=60, factors=None, on_quick=quick.append)
+    assert quick == []  # the greedy plans do not fit together: nothing to deploy first
+    assert not got.feasible and 0.3 < got.demand_scale < 1
+    assert got.status in ("optimal", "feasible") and set(got.plans) == set(names)
+    assert got.layout is not None and validate_layout(got.layout, node.gpu) == []
+    for name in names:
+        p = got.plans[name]
+        assert p.max_demand_plan and p.instances
+        assert p.planned_rps == pytest.approx(got.demand_scale * demands[name], rel=1e-6)
+        assert verify_plan(p, node.app(name), node, profiles) == [], name

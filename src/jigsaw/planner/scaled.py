@@ -16,27 +16,28 @@ or proves that none fit (its bound: the apps' fewest slices and MIG slots exceed
   infeasible, theta* lies in ``[theta_lo, theta_lo x (1 + tolerance))`` (``proven``); when it
   finds plans, theta_lo climbs again.
 
-Optionally (``use_bound``), before any test, a proven upper bound on theta* (``theta_bound``): the latency-relaxed joint
-core in capacity mode (all apps in one small model: no latency binaries, the MIG layouts kept;
-every node plan maps onto it, DESIGN section 3), solved by HiGHS for at most ``BOUND_LIMIT_S``
-(its dual bound when stopped). It caps theta_hi (a proof once theta_lo is within the tolerance
-of it), and when the floors' first test lies above it, the first test is just below it
-(``bound / (1 + tolerance)``), then down by the tolerance (twice), then in proportion. Measured
-on the three example apps at 115-300% of their capacities (h100x4, a loaded 2-core machine):
-the core proves theta* only in 2-5 s (its optimum is within 0.3-0.8% of the theta the tests
-find); stopped at 0.25-0.5 s its bound is 3-9% above theta*, which helps only where the floors
-overshoot more (300%: 3.6-3.9 s proven against 9.9 s); started from that bound at 115% and
-150% the search took 9-10 s against 2.3-5 s, and even as a cap below the floors' guess it
-slowed 150% (10.9 s, unproven, against 5.6 s): a test just below a loose bound lands where the
-decomposition's screen cannot refute it cheaply. So ``max_scale`` uses it only when asked
-(``use_bound``): a bound that pays needs the core proven, which is not cheaper than the tests.
+Optionally (``use_bound``), before any test, a proven upper bound on theta* (``theta_bound``):
+the latency-relaxed joint core in capacity mode (all apps in one small model: no latency
+binaries, the MIG layouts kept; every node plan maps onto it, DESIGN section 3), solved by
+HiGHS for at most ``BOUND_LIMIT_S`` (its dual bound when stopped). It caps theta_hi (a proof
+once theta_lo is within the tolerance of it), and when the floors' first test lies above it,
+the first test is just below it (``bound / (1 + tolerance)``), then down by the tolerance
+(twice), then in proportion. Measured on the three example apps at 115-300% of their capacities
+(h100x4, a loaded 2-core machine): the core proves theta* only in 2-5 s (its optimum is within
+0.3-0.8% of the theta the tests find); stopped at 0.25-0.5 s its bound is 3-9% above theta*,
+which helps only where the floors overshoot more (300%: 3.6-3.9 s proven against 9.9 s);
+started from that bound at 115% and 150% the search took 9-10 s against 2.3-5 s, and even as a
+cap below the floors' guess it slowed 150% (10.9 s, unproven, against 5.6 s): a test just below
+a loose bound lands where the decomposition's screen cannot refute it cheaply. So ``max_scale``
+uses it only when asked (``use_bound``): a bound that pays needs the core proven, which is not
+cheaper than the tests.
 
-Without a bound (not asked for, or it gave none), the first test is the demands' floors scaled to the node: each
-app's fewest slices at its full demand in the latency-relaxed core (``decompose.floor_slices``;
-the decision at the full demands computed them), and theta = the node's slices / their sum. A
-first test that fails steps down in proportion. Each test screens itself by those floors first
-(``decompose.solve``). Pure: the result depends only on the inputs (and the solver's answers
-within the limit).
+Without a bound (not asked for, or it gave none), the first test is the demands' floors scaled
+to the node: each app's fewest slices at its full demand in the latency-relaxed core
+(``decompose.floor_slices``; the decision at the full demands computed them), and theta = the
+node's slices / their sum. A first test that fails steps down in proportion. Each test screens
+itself by those floors first (``decompose.solve``). Pure: the result depends only on the inputs
+(and the solver's answers within the limit).
 """
 
 from __future__ import annotations
