@@ -57,7 +57,8 @@ from jigsaw.planner import decompose, joint
 SCALE_TOLERANCE = 1e-2  # theta* is proven to within this fraction of itself
 _CARRY_EPS = 1e-9
 _STEP_DOWN = 0.92  # a first test that fails: the next one this much lower
-BOUND_LIMIT_S = 0.25  # the bound's solve (``theta_bound``) at most this long (or a tenth of the limit)
+USE_BOUND = False  # ``max_scale(use_bound=None)``'s default (see the module doc: measured slower)
+BOUND_LIMIT_S = 6.0  # the bound's solve (``theta_bound``) at most this long (or half the limit)
 _BOUND_GAP = 0.25  # the bound's solve stops within this fraction of the tolerance
 _NEAR_STEPS = 2  # tests below the bound that step down by the tolerance before the larger steps
 
@@ -137,7 +138,7 @@ def scale_plan(plan: Plan, factor: float) -> Plan:
 def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
               pack: decompose.Packer, tolerance: float = SCALE_TOLERANCE,
               theta_hi: float = 1.0, hi_proven: bool = True,
-              floors: Sequence[float] | None = None, use_bound: bool = False,
+              floors: Sequence[float] | None = None, use_bound: bool | None = None,
               bound_limit_s: float | None = None) -> ScaleResult:
     """theta* for ``parts`` (each at its ``demand_rps``) on ``node``; see the module doc.
 
@@ -145,8 +146,9 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     (the caller's decision at the full demands proved it), else it is tested too.
     ``floors``: per part, a lower bound on its slices at theta_hi (``decompose.floor_slices``;
     the caller's decision computed them), else computed here. ``use_bound``: compute
-    ``theta_bound`` first (within ``bound_limit_s``, default ``BOUND_LIMIT_S`` or a tenth of
-    the limit) to cap theta_hi and place the first test; off by default (see the module doc).
+    ``theta_bound`` first (within ``bound_limit_s``, default ``BOUND_LIMIT_S`` or half the
+    limit) to cap theta_hi and place the first test; None: ``USE_BOUND`` (off: see the
+    module doc).
     """
     t0 = time.perf_counter()
     notes: list[str] = []
@@ -168,10 +170,10 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
                                                    min(decompose.FLOOR_LIMIT_S, 0.05 * time_limit_s)))
 
     bound, bound_s = math.inf, 0.0
-    if use_bound:
+    if USE_BOUND if use_bound is None else use_bound:
         tb = time.perf_counter()
         bound = theta_bound(parts, node, time_limit_s=bound_limit_s if bound_limit_s is not None
-                            else min(BOUND_LIMIT_S, 0.1 * time_limit_s),
+                            else min(BOUND_LIMIT_S, 0.5 * time_limit_s),
                             relative_gap=_BOUND_GAP * tolerance)
         bound_s = time.perf_counter() - tb
     near = 0  # failed tests stepping down from the bound by the tolerance
