@@ -30,11 +30,17 @@ the slices and slots, not the placement rules), the best packable choice among t
 computed is an incumbent and the joint model decides, started from it and cut by the bound.
 When no choice of budgets fits, the demands do not fit together: ``infeasible``, proven by the
 bound alone.
+
+A spike is screened first: each app's fewest slices in the latency-relaxed core (a relaxation:
+a floor on any plan's slices; its LP in milliseconds, the core itself only where the LP floors
+come near the node, or where the own optima overrun it) proves ``infeasible`` when the floors
+exceed the node, and rules out every budget below an app's floor without a solve.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +54,8 @@ from jigsaw.planner import joint
 from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import PackingError
 
+SCREEN_SHARE = 0.85  # the cores' floors are solved where their LP floors reach this share of the node
+FLOOR_LIMIT_S = 0.3  # each app's latency-relaxed slice floor (``floor_slices``): a quick screen
 Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plans do not fit together
 
 
@@ -116,6 +124,7 @@ class Result:
     solves: int  # single-app solves
     stage: str  # apart | frontier | joint
     notes: list[str] = field(default_factory=list)
+    floors: list[float] | None = None  # per app, the screen's fewest slices (when it ran)
 
 
 def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_limit_s: float
@@ -135,6 +144,27 @@ def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_
     if math.isnan(dual) or not math.isfinite(dual):
         return 0
     return max(0, math.ceil(-dual - 1e-6))
+
+
+def floor_slices(parts: Sequence[joint.Part], node: Node, solver: str, time_limit_s: float,
+                 lp: bool = False) -> list[float]:
+    """Per part, a lower bound on the slices of any plan at its demand (inf: none serves it):
+    the latency-relaxed core's ``slices`` objective, solved within ``time_limit_s`` (its dual
+    bound holds whenever it stops; the objective is -beta x slices + a tie-break below beta/2).
+    ``lp``: its linear relaxation only (milliseconds; weaker)."""
+    out: list[float] = []
+    for part in parts:
+        md = joint.build([part], node, full=False, objective="slices").model
+        if lp:
+            md = dataclasses.replace(md, integer=[False] * md.num_vars)
+        sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5 * node.beta)
+        if sol.status == "infeasible":
+            out.append(math.inf)
+            continue
+        dual = sol.dual_bound if not math.isnan(sol.dual_bound) else sol.bound
+        out.append(0.0 if math.isnan(dual) or not math.isfinite(dual)
+                   else float(max(0, math.ceil(-dual / node.beta - 0.5 - 1e-9))))
+    return out
 
 
 def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
@@ -220,6 +250,24 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         return _Point(budget, plan, value, max(bound, value), usage(plan, node),
                       time.perf_counter() - t1)
 
+    # 0. a screen: the latency-relaxed cores' fewest slices bound every app's share; their
+    # linear relaxations take milliseconds, the cores themselves (tighter) run only where those
+    # come near the node (a spike: the apps' own optima below would be solved in vain)
+    screened = False
+    floors: list[float] | None = None
+    lp_floors = floor_slices(parts, node, solver, FLOOR_LIMIT_S, lp=True)
+    if sum(lp_floors) >= SCREEN_SHARE * room[0]:
+        screened = True
+        floors = floor_slices(parts, node, solver, min(FLOOR_LIMIT_S, 0.05 * time_limit_s))
+        solves += n
+        if sum(floors) > room[0]:
+            alone = [parts[i].pb.app.name for i, f in enumerate(floors) if f > room[0]]
+            return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
+                          None, solves, "apart",
+                          [f"{', '.join(alone)} alone does not fit on the node at its demand" if alone
+                           else "the apps' fewest slices (latency relaxed) exceed the node together"],
+                          floors)
+
     # 1. each app's own optimum, started from its greedy plan
     for i, part in enumerate(parts):
         pb = part.pb
@@ -235,6 +283,23 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
                                                   "its demand"])
         fronts[i].points.append(p)
     tops = [f.points[0].used for f in fronts]
+    if not screened and any(sum(t[r] for t in tops) > room[r] for r in (0, 1)):
+        # the apps' own optima overrun the node: the latency-relaxed cores' fewest slices (a
+        # bound, each within a small share of the time) often prove at once that nothing fits
+        floors = floor_slices(parts, node, solver, min(FLOOR_LIMIT_S, 0.05 * time_limit_s))
+        solves += n
+        if sum(floors) > room[0]:
+            return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
+                          None, solves, "apart", ["the apps' fewest slices (latency relaxed) exceed "
+                                                  "the node together"], floors)
+    for i, f in enumerate(fronts):
+        # no plan of app i takes fewer slices than its floor (the core's) nor, with the
+        # ``slices`` objective, than its own optimum's bound proves: budgets below are out
+        least = floors[i] if floors is not None else 0.0
+        if objective == "slices" and math.isfinite(f.points[0].bound):
+            least = max(least, math.ceil(-f.points[0].bound / node.beta - 0.5 - 1e-9))
+        if least >= 1:
+            f.infeasible.append((int(min(least, room[0] + 1)) - 1, room[1]))
 
     # 2. best-first over the budgets: solve g where the bound's best choice needs it
     stage = "apart"

@@ -25,6 +25,7 @@ from jigsaw.planner.anytime import extend_plan, quick_plan
 from jigsaw.planner.decompose import app_layout
 from jigsaw.planner.packer import InstanceRequest, PackingError, pack
 from jigsaw.planner.problem import Factors, make_problem
+from jigsaw.planner.scaled import SCALE_TOLERANCE, max_scale
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
@@ -47,6 +48,7 @@ class _Decision:
     layout: Layout | None
     notes: list[str]
     stage: str
+    floors: list[float] | None = None  # the decomposition's screen, per app (when it ran)
 
 
 def _requests(plans: Mapping[str, Plan]) -> list[InstanceRequest]:
@@ -137,11 +139,33 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
             return _Decision(r.status, r.plans, r.objective, r.bound, None, r.notes, r.stage)
         d = decompose.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
                             pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous))
-        return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage)
+        return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage, d.floors)
 
     res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
     scale = 1.0
     notes: list[str] = []
+    if form != "joint" and (res.status == "infeasible" or any(p is None for p in res.plans)):
+        # the demands do not fit together (or no plan was found for them in time): every app
+        # at the largest common fraction, searched by decomposition (``scaled``)
+        left_s = max(limit - (time.perf_counter() - t0), 0.5 * limit)
+        sc = max_scale(parts, node, solver=solver, time_limit_s=left_s,
+                       pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous),
+                       hi_proven=res.status == "infeasible", floors=res.floors)
+        if sc.plans is not None:
+            scale = min(1.0, sc.theta_lo)
+            got = dict(zip(names, sc.plans, strict=True))
+            res = _Decision("optimal" if sc.status == "proven" else "feasible", list(sc.plans),
+                            node_value(got, node, kind), math.nan, sc.layout, sc.notes, "scaled")
+            if sc.status == "proven":
+                why = (f"the largest common fraction to within {SCALE_TOLERANCE:.0%}: "
+                       f"{sc.theta_hi:.4%} does not fit")
+            elif math.isfinite(sc.theta_hi) and sc.theta_hi < 1.0:
+                why = f"not proven the largest: {sc.theta_hi:.4%} is the least shown not to fit"
+            else:
+                why = "not proven the largest"
+            if scale < 1.0:
+                notes.append(f"the demands do not fit together: every app serves {scale:.4%} of its "
+                             f"demand ({why})")
     if res.status == "infeasible":
         cap = joint.solve(parts, node, solver=solver, time_limit_s=limit, scale_demands=True)
         first = cap.plans[0]

@@ -1,0 +1,242 @@
+"""The largest common fraction of every app's demand a node can serve, by decomposition.
+
+When the apps' demands do not fit on the node together (a spike), every app serves the same
+fraction theta of its demand, as large as the node allows. The joint capacity model decides
+that in one MILP over all apps, which takes tens of seconds on three apps and stops unproven.
+Here theta is searched with the node decision by decomposition (``decompose.solve`` with the
+``slices`` objective) as the test of one theta, which either finds plans that pack together
+or proves that none fit (its bound: the apps' fewest slices and MIG slots exceed the node):
+
+* a test that finds plans gives more than its theta: with every lane scaled by a plan's
+  **headroom** (its smallest supply/demand ratio over the (task, variant) pairs it runs), the
+  same instances, packed the same way, serve ``theta x headroom`` of the demand (accuracy and
+  latency do not change when all lanes scale together). So ``theta_lo`` rises to the smallest
+  headroom's theta, with plans;
+* the next test is just above that, ``theta_lo x (1 + tolerance)``: when it is proven
+  infeasible, theta* lies in ``[theta_lo, theta_lo x (1 + tolerance))`` (``proven``); when it
+  finds plans, theta_lo climbs again.
+
+Optionally (``use_bound``), before any test, a proven upper bound on theta* (``theta_bound``):
+the latency-relaxed joint core in capacity mode (all apps in one small model: no latency
+binaries, the MIG layouts kept; every node plan maps onto it, DESIGN section 3), solved by
+HiGHS for at most ``BOUND_LIMIT_S`` (its dual bound when stopped). It caps theta_hi (a proof
+once theta_lo is within the tolerance of it), and when the floors' first test lies above it,
+the first test is just below it (``bound / (1 + tolerance)``), then down by the tolerance
+(twice), then in proportion. Measured on the three example apps at 115-300% of their capacities
+(h100x4, a loaded 2-core machine): the core proves theta* only in 2-5 s (its optimum is within
+0.3-0.8% of the theta the tests find); stopped at 0.25-0.5 s its bound is 3-9% above theta*,
+which helps only where the floors overshoot more (300%: 3.6-3.9 s proven against 9.9 s);
+started from that bound at 115% and 150% the search took 9-10 s against 2.3-5 s, and even as a
+cap below the floors' guess it slowed 150% (10.9 s, unproven, against 5.6 s): a test just below
+a loose bound lands where the decomposition's screen cannot refute it cheaply. So ``max_scale``
+uses it only when asked (``use_bound``): a bound that pays needs the core proven, which is not
+cheaper than the tests. Proven (``bound_limit_s`` 6), it makes the search one test, but the
+core's proof took 5.2, 2.8 and (unproven) 6.0 s: 6.6, 4.4 and 10.5 s in all against 2.0, 4.7
+and 9.9 s without. On one GPU (two apps) it pays: 3.8 s against 7.2 s, 1.6 s against 16 s.
+
+Without a bound (not asked for, or it gave none), the first test is the demands' floors scaled
+to the node: each app's fewest slices at its full demand in the latency-relaxed core
+(``decompose.floor_slices``; the decision at the full demands computed them), and theta = the
+node's slices / their sum. A first test that fails steps down in proportion. Each test screens
+itself by those floors first (``decompose.solve``). Pure: the result depends only on the inputs
+(and the solver's answers within the limit).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from jigsaw.node import Node
+from jigsaw.plan import LanePlan, Layout, Plan
+from jigsaw.planner import decompose, joint
+
+SCALE_TOLERANCE = 1e-2  # theta* is proven to within this fraction of itself
+_CARRY_EPS = 1e-9
+_STEP_DOWN = 0.92  # a first test that fails: the next one this much lower
+USE_BOUND = False  # ``max_scale(use_bound=None)``'s default (see the module doc: measured slower)
+BOUND_LIMIT_S = 6.0  # the bound's solve (``theta_bound``) at most this long (or half the limit)
+_BOUND_GAP = 0.25  # the bound's solve stops within this fraction of the tolerance
+_NEAR_STEPS = 2  # tests below the bound that step down by the tolerance before the larger steps
+
+
+@dataclass
+class ScaleResult:
+    """theta* lies in [theta_lo, theta_hi); ``plans`` (one per part, packed as ``layout``)
+    serve theta_lo x each demand. ``status``: ``proven`` (theta_hi <= theta_lo x (1 +
+    tolerance)), ``bound`` (the time ran out first: theta_lo is served, theta_hi is the
+    smallest theta proven not to fit), ``none`` (no plans found within the time)."""
+
+    status: str
+    theta_lo: float
+    theta_hi: float
+    plans: list[Plan] | None
+    layout: Layout | None
+    seconds: float
+    tests: int  # node decisions by decomposition
+    notes: list[str] = field(default_factory=list)
+    bound: float = math.inf  # ``theta_bound``'s proven upper bound on theta* (inf: none)
+    bound_seconds: float = 0.0
+
+
+def theta_bound(parts: Sequence[joint.Part], node: Node, *, time_limit_s: float,
+                relative_gap: float = _BOUND_GAP * SCALE_TOLERANCE) -> float:
+    """A proven upper bound on the largest common fraction of the parts' demands (at most 1;
+    inf when the solve gave no bound within ``time_limit_s``).
+
+    The latency-relaxed joint core with ``scale_demands`` (``joint.build``): every node plan
+    maps onto it with the same slices and at least its capacity, so its optimum bounds theta*.
+    Its objective is theta minus 1e-6 per slice, so theta <= the solver's dual bound plus 1e-6
+    times the node's slices. HiGHS (whichever solver the node names: it proves this small
+    model fastest) stops once its bound is within ``relative_gap`` of its incumbent; a solve
+    stopped by the time limit still gives its dual bound.
+    """
+    core = joint.build(list(parts), node, full=False, scale_demands=True)
+    sol = core.model.solve("highs", time_limit_s, 1e-4, relative_gap=relative_gap)
+    if sol.status == "infeasible":
+        return 0.0  # not even no service: cannot happen (theta = 0 on no slices is a plan)
+    b = math.inf
+    for x in (sol.dual_bound, sol.bound):
+        if not math.isnan(x) and math.isfinite(x):
+            b = max(x, sol.objective) if not math.isnan(sol.objective) else x
+            break
+    if not math.isfinite(b):
+        return math.inf
+    return min(1.0, b + 1e-6 * node.slices_available + 1e-9)
+
+
+def headroom(plan: Plan, part: joint.Part) -> float:
+    """How many times its lanes' rates the plan's instances carry (>= 1 for a sound plan):
+    the smallest supply/demand over the (task, variant) pairs its lanes reach."""
+    app = part.pb.app
+    demand: dict[tuple[str, str], float] = {}
+    for lane in plan.lanes:
+        if lane.rate_rps <= 0:
+            continue
+        mult = app.multipliers(tuple(lane.variants[t] for t in app.task_names), part.pb.factors)
+        for t in app.task_names:
+            key = (t, lane.variants[t])
+            demand[key] = demand.get(key, 0.0) + lane.rate_rps * mult[t]
+    supply: dict[tuple[str, str], float] = {}
+    for x in plan.instances:
+        supply[(x.task, x.variant)] = supply.get((x.task, x.variant), 0.0) + x.count * x.throughput_rps
+    ratios = [supply.get(k, 0.0) / v for k, v in demand.items() if v > 0]
+    return max(1.0, min(ratios, default=1.0))
+
+
+def scale_plan(plan: Plan, factor: float) -> Plan:
+    """``plan`` with every lane's rate times ``factor`` (at most its headroom: still sound)."""
+    out = copy.deepcopy(plan)
+    out.lanes = [LanePlan(dict(x.variants), x.rate_rps * factor) for x in plan.lanes]
+    out.planned_rps = plan.planned_rps * factor
+    return out
+
+
+def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
+              pack: decompose.Packer, tolerance: float = SCALE_TOLERANCE,
+              theta_hi: float = 1.0, hi_proven: bool = True,
+              floors: Sequence[float] | None = None, use_bound: bool | None = None,
+              bound_limit_s: float | None = None) -> ScaleResult:
+    """theta* for ``parts`` (each at its ``demand_rps``) on ``node``; see the module doc.
+
+    ``theta_hi``: where the search starts from above; ``hi_proven``: it is known not to fit
+    (the caller's decision at the full demands proved it), else it is tested too.
+    ``floors``: per part, a lower bound on its slices at theta_hi (``decompose.floor_slices``;
+    the caller's decision computed them), else computed here. ``use_bound``: compute
+    ``theta_bound`` first (within ``bound_limit_s``, default ``BOUND_LIMIT_S`` or half the
+    limit) to cap theta_hi and place the first test; None: ``USE_BOUND`` (off: see the
+    module doc).
+    """
+    t0 = time.perf_counter()
+    notes: list[str] = []
+    tests = 0
+    lo, hi = 0.0, theta_hi if hi_proven else math.inf
+    plans: list[Plan] | None = None
+    layout: Layout | None = None
+
+    def left() -> float:
+        return time_limit_s - (time.perf_counter() - t0)
+
+    def at(theta: float) -> list[joint.Part]:
+        return [joint.Part(p.pb, (p.demand_rps or 0.0) * theta, p.weight, keep=p.keep) for p in parts]
+
+    def floor_sum(theta: float) -> float:
+        """The apps' latency-relaxed fewest slices at theta, summed (a quick lower bound)."""
+        return sum(min(f, node.slices_available + 1)
+                   for f in decompose.floor_slices(at(theta), node, solver,
+                                                   min(decompose.FLOOR_LIMIT_S, 0.05 * time_limit_s)))
+
+    bound, bound_s = math.inf, 0.0
+    if USE_BOUND if use_bound is None else use_bound:
+        tb = time.perf_counter()
+        bound = theta_bound(parts, node, time_limit_s=bound_limit_s if bound_limit_s is not None
+                            else min(BOUND_LIMIT_S, 0.5 * time_limit_s),
+                            relative_gap=_BOUND_GAP * tolerance)
+        bound_s = time.perf_counter() - tb
+    near = 0  # failed tests stepping down from the bound by the tolerance
+    if bound <= 0:
+        notes.append("no common fraction above 0 fits (the capacity bound)")
+        return ScaleResult("none", 0.0, 0.0, None, None, time.perf_counter() - t0, 0, notes,
+                           bound, bound_s)
+    # the first test: the floors at theta_hi scaled to the node's slices
+    need = sum(min(f, node.slices_available + 1) for f in floors) if floors is not None else \
+        floor_sum(theta_hi)
+    # (just below theta_hi even when it is not known not to fit: the decision there found nothing)
+    guess = theta_hi * min(1.0 - tolerance, node.slices_available / max(need, 1))
+    if math.isfinite(bound) and bound < min(hi, theta_hi * (1 + tolerance)):
+        hi = min(hi, bound * (1 + 1e-9))  # theta* <= bound: proven without a test
+        if hi / (1 + tolerance) < guess:
+            # the floors overshoot the bound: the first test just below it (when it finds
+            # plans, theta* is proven at once), then down by the tolerance
+            guess = hi / (1 + tolerance)
+            near = _NEAR_STEPS
+    climbs = 0  # feasible tests in a row
+    while hi > lo * (1 + tolerance) and left() > 0:
+        tests += 1
+        d = decompose.solve(at(guess), node, solver=solver, time_limit_s=max(left(), 0.05),
+                            objective="slices", pack=pack)
+        if d.status in ("optimal", "feasible") and d.layout is not None and \
+                all(p is not None for p in d.plans):
+            got = [p for p in d.plans if p is not None]
+            room = min(headroom(p, part) for p, part in zip(got, parts, strict=True))
+            factor = max(1.0, room * (1 - _CARRY_EPS))
+            if not hi_proven:
+                factor = min(factor, max(1.0, theta_hi / guess))  # never beyond the full demand
+            if guess * factor > lo:
+                lo = guess * factor
+                plans = [scale_plan(p, factor) for p in got]
+                layout = d.layout
+            if guess >= theta_hi and not hi_proven:
+                break  # the whole demand fits after all
+            # just above what is served: a proof of the tolerance when it does not fit; after
+            # each climb in a row the step doubles (theta* may lie well above)
+            climbs += 1
+            guess = lo * (1 + tolerance) ** (2 ** (climbs - 1)) * (1 + 1e-9)
+            if guess >= hi:
+                guess = lo * (1 + tolerance) * (1 + 1e-9)
+            if guess >= hi:
+                break
+        elif d.status == "infeasible":
+            hi = min(hi, guess)  # proven by the decomposition's bound
+            climbs = 0
+            if lo > 0:
+                guess = lo * (1 + tolerance) * (1 + 1e-9)
+            elif near > 0:  # just below the bound: step down by the tolerance first
+                near -= 1
+                guess = guess / (1 + tolerance)
+            else:
+                guess = guess * _STEP_DOWN
+            if lo > 0 and guess >= hi:
+                break
+        else:  # no decision within the time: the best found stands, unproven above it
+            notes.append(f"the test at {guess:.4%} found no decision within the time")
+            break
+    if left() <= 0:
+        notes.append(f"stopped at the {time_limit_s:g} s limit")
+    status = "proven" if plans is not None and hi <= lo * (1 + tolerance) * (1 + 1e-6) else (
+        "bound" if plans is not None else "none")
+    return ScaleResult(status, lo, hi, plans, layout, time.perf_counter() - t0, tests, notes, bound,
+                       bound_s)

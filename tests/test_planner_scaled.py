@@ -1,0 +1,160 @@
+"""The scaled-demand mode by decomposition (``scaled.max_scale``): when the demands exceed the
+node, every app serves the same largest fraction, found without the joint capacity model and
+checked against it on instances small enough for it to prove (one GPU; HiGHS, generous limits
+on a shared machine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jigsaw.node import load_node, load_node_profiles
+from jigsaw.planner import joint, scaled
+from jigsaw.planner.decompose import app_layout
+from jigsaw.planner.node_plan import _pack_node, plan_node
+from jigsaw.planner.packer import validate_layout
+from jigsaw.planner.problem import make_problem
+from jigsaw.planner.verify import verify_plan
+from jigsaw.spaces import search_space
+
+NODE = Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml"
+
+
+@pytest.fixture(scope="module")
+def one_gpu():
+    node = load_node(NODE).with_gpus(1)
+    return node, load_node_profiles(node)
+
+
+def _parts(node, profiles, names, demands):
+    return [joint.Part(make_problem(node.app(a), node, profiles, search_space("ast"), None), d)
+            for a, d in zip(names, demands, strict=True)]
+
+
+@pytest.mark.parametrize(("names", "demands"), [
+    (("social_media", "traffic_analysis"), (1500.0, 400.0)),
+    (("social_media", "ar_assistant"), (1200.0, 200.0)),
+])
+def test_the_largest_common_fraction_matches_the_joint_capacity_model(one_gpu, names, demands) -> None:
+    node, profiles = one_gpu
+    parts = _parts(node, profiles, names, demands)
+    got = scaled.max_scale(parts, node, solver="highs", time_limit_s=60,
+                           pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None))
+    assert got.status == "proven", got.notes
+    assert 0 < got.theta_lo < 1 and got.theta_hi <= got.theta_lo * (1 + scaled.SCALE_TOLERANCE) * (1 + 1e-6)
+    # its plans serve theta_lo of every demand, pass the verifier and pack as one layout
+    assert got.plans is not None and got.layout is not None
+    assert validate_layout(got.layout, node.gpu) == []
+    for name, d, p in zip(names, demands, got.plans, strict=True):
+        assert p.planned_rps == pytest.approx(got.theta_lo * d, rel=1e-6)
+        p.layout = app_layout(got.layout, name)
+        assert verify_plan(p, node.app(name), node, profiles) == [], name
+    # the joint capacity model's proven fraction lies in [theta_lo, theta_hi)
+    ref = joint.solve(parts, node, solver="highs", time_limit_s=120, scale_demands=True)
+    assert ref.status == "optimal" and ref.plans[0] is not None
+    theta = ref.plans[0].planned_rps / demands[0]
+    assert got.theta_lo <= theta * (1 + 1e-4)
+    assert theta < got.theta_hi * (1 + 1e-4)
+
+
+def test_headroom_scales_a_plan_as_far_as_its_instances_carry(one_gpu) -> None:
+    node, profiles = one_gpu
+    (part,) = _parts(node, profiles, ("traffic_analysis",), (150.0,))
+    res = joint.solve([part], node, solver="highs", time_limit_s=60, objective="slices")
+    plan = res.plans[0]
+    assert plan is not None
+    room = scaled.headroom(plan, part)
+    assert room >= 1.0
+    app = node.app("traffic_analysis")
+    for factor, sound in ((room * (1 - 1e-9), True), (room * 1.01, False)):
+        big = scaled.scale_plan(plan, factor)
+        big.layout = _pack_node({"traffic_analysis": big}, node, None)
+        big.layout = app_layout(big.layout, "traffic_analysis")
+        problems = verify_plan(big, app, node, profiles)
+        assert (problems == []) == sound, (factor, problems)
+
+
+def test_a_node_plan_above_the_node_serves_the_scaled_demands(one_gpu) -> None:
+    """plan_node at demands the node cannot hold (one app above its capacity alone): a plan for
+    every app at one common fraction, never 'infeasible'."""
+    node, profiles = one_gpu
+    names = ("social_media", "traffic_analysis")
+    demands = {"social_media": 1000.0, "traffic_analysis": 5000.0}
+    res = plan_node([node.app(a) for a in names], node, profiles, demands, solver="highs",
+                    time_limit_s=60)
+    assert res.plans and all(p.instances for p in res.plans.values()), res.notes
+    assert 0 < res.demand_scale < 1 and not res.feasible
+    assert any("every app serves" in n for n in res.notes)
+    for name, p in res.plans.items():
+        assert p.max_demand_plan
+        assert p.planned_rps == pytest.approx(res.demand_scale * demands[name], rel=1e-6)
+        assert verify_plan(p, node.app(name), node, profiles) == [], name
+
+
+def test_the_controllers_re_plan_above_capacity_is_a_scaled_plan(one_gpu) -> None:
+    """The controller's solver (in process) for a spike above one app's capacity alone: the
+    decomposition's scaled plan, not 'infeasible' and not an empty plan."""
+    from jigsaw.control.solver import solve_node
+
+    node, profiles = one_gpu
+    apps = [node.app("social_media"), node.app("ar_assistant")]
+    demands = {"social_media": 400.0, "ar_assistant": 2000.0}
+    quick = []
+    res = solve_node(apps, node, profiles, demands, space=None, previous=None, time_limit_s=30,
+                     factors=None, on_quick=quick.append)
+    assert res.status in ("optimal", "feasible") and 0 < res.demand_scale < 1, res.notes
+    assert all(p.instances and p.max_demand_plan for p in res.plans.values())
+    assert res.slices_used <= node.slices_available
+
+
+def test_the_capacity_bound_is_an_upper_bound_and_proves_the_search(one_gpu) -> None:
+    """``theta_bound`` (the latency-relaxed joint core in capacity mode) bounds theta* from
+    above, equals the joint capacity model's own core optimum when solved to the end, and a
+    search started from it stops proven."""
+    node, profiles = one_gpu
+    names, demands = ("social_media", "traffic_analysis"), (1500.0, 400.0)
+    parts = _parts(node, profiles, names, demands)
+    tight = scaled.theta_bound(parts, node, time_limit_s=60, relative_gap=1e-6)
+    loose = scaled.theta_bound(parts, node, time_limit_s=0.01)
+    assert 0 < tight <= 1 and tight <= loose * (1 + 1e-9)
+    # the core's proven optimum, solved independently (relative gap 1e-5, theta's cost 1)
+    core = joint.build(parts, node, full=False, scale_demands=True)
+    sol = core.model.solve("highs", 60, 1e-6, relative_gap=1e-6)
+    assert sol.status == "optimal"
+    assert sol.objective <= tight <= sol.objective * (1 + scaled.SCALE_TOLERANCE)
+    got = scaled.max_scale(parts, node, solver="highs", time_limit_s=60, use_bound=True,
+                           bound_limit_s=60,
+                           pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None))
+    assert got.status == "proven", got.notes
+    assert got.tests == 1  # the first test, just below the bound, found plans: proven by it
+    assert got.bound == pytest.approx(tight, rel=1e-4)
+    # every served fraction lies below the bound, and the proof used it: theta_hi is the bound
+    assert got.theta_lo <= got.bound
+    assert got.theta_hi <= got.bound * (1 + 1e-6)
+    assert got.theta_hi <= got.theta_lo * (1 + scaled.SCALE_TOLERANCE) * (1 + 1e-6)
+    ref = joint.solve(parts, node, solver="highs", time_limit_s=120, scale_demands=True)
+    assert ref.status == "optimal" and ref.plans[0] is not None
+    assert ref.plans[0].planned_rps / demands[0] <= got.bound * (1 + 1e-6)
+
+
+def test_a_controller_replan_above_capacity_gets_the_scaled_plan(one_gpu) -> None:
+    """The controller's re-plan (``control.solver.solve_node``, the anytime path a spike takes)
+    on demands above the node returns a plan that serves every app the same fraction, packed
+    as one layout; not an infeasible empty plan."""
+    from jigsaw.control.solver import solve_node
+
+    node, profiles = one_gpu
+    names, demands = ("social_media", "traffic_analysis"), {"social_media": 1500.0, "traffic_analysis": 400.0}
+    quick = []
+    got = solve_node([node.app(n) for n in names], node, profiles, demands, space="ast", previous=None,
+                     time_limit_s=60, factors=None, on_quick=quick.append)
+    assert quick == []  # the greedy plans do not fit together: nothing to deploy first
+    assert not got.feasible and 0.3 < got.demand_scale < 1
+    assert got.status in ("optimal", "feasible") and set(got.plans) == set(names)
+    assert got.layout is not None and validate_layout(got.layout, node.gpu) == []
+    for name in names:
+        p = got.plans[name]
+        assert p.max_demand_plan and p.instances
+        assert p.planned_rps == pytest.approx(got.demand_scale * demands[name], rel=1e-6)
+        assert verify_plan(p, node.app(name), node, profiles) == [], name
