@@ -143,6 +143,9 @@ class ControlSettings:
     # serving generation, its progress lost, and the draining processes' capacity goes with them:
     # cutting a drain of hundreds put a burst on the new plan); a busier drain refuses the re-plan
     cut_drain_max_unanswered: int = 8
+    # the new instances keep off the slots of drains too busy to cut where the node holds them
+    # elsewhere (runtime/generations.py place_around), so the re-plan is not refused for them
+    place_around_busy_drains: bool = True
     # a replaced generation drains until every request it holds is answered, then retires: the
     # answered ones still waiting for late credits (a timed-out request's, for 10 s) are forgotten;
     # true: it waits for their credits too (up to the SLO and DRAIN_MARGIN_S), its slots held
@@ -320,6 +323,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         place_around_draining=c.bool("place_around_draining", False),
         cut_drains=c.bool("cut_drains", True),
         cut_drain_max_unanswered=c.integer("cut_drain_max_unanswered", 8, low=0),
+        place_around_busy_drains=c.bool("place_around_busy_drains", True),
         drain_late_credits=c.bool("drain_late_credits", False),
         skip_ended_spikes=c.bool("skip_ended_spikes", False),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),

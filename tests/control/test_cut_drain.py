@@ -41,7 +41,7 @@ b-v,2g.20gb,1,1,40.0,25.000,100,modeled,,,
 REQUESTS = 12  # on generation 0: six seconds of b's work on its two processes
 
 
-def _plans(tmp_path: Path, node_extra: str) -> tuple[Path, Plan, Plan, Plan]:
+def _plans(tmp_path: Path, node_extra: str, added: str) -> tuple[Path, Plan, Plan, Plan]:
     placed = [{"profile": "1g.10gb", "start": 0, "task": "a", "variant": "a-v", "index": 0},
               *({"profile": "1g.10gb", "start": s, "task": "b", "variant": "b-v", "index": s - 1}
                 for s in (1, 2))]
@@ -53,9 +53,11 @@ def _plans(tmp_path: Path, node_extra: str) -> tuple[Path, Plan, Plan, Plan]:
     node_path = Path(args[1])
     first = Plan.from_json_dict(json.loads(Path(args[3]).read_text()))
     a, b = first.instances
-    big = dataclasses.replace(b, mig_profile="3g.40gb", count=1, slices=3, latency_ms=20.0, throughput_rps=50.0)
+    big = dataclasses.replace(b, mig_profile="3g.40gb", count=1, slices=3, latency_ms=20.0,
+                              throughput_rps=50.0)
     second = dataclasses.replace(first, instances=[a, big])
-    mid = dataclasses.replace(b, mig_profile="2g.20gb", count=1, slices=2, latency_ms=40.0, throughput_rps=25.0)
+    mid = dataclasses.replace(b, mig_profile="2g.20gb", count=1, slices=2, latency_ms=40.0,
+                              throughput_rps=25.0) if added == "2g.20gb" else dataclasses.replace(b, count=1)
     third = dataclasses.replace(first, instances=[a, big, mid])
     return node_path, first, second, third
 
@@ -64,10 +66,10 @@ def _shm_segments(daemon_id: str) -> set[str]:
     return {n for n in os.listdir("/dev/shm") if daemon_id in n}
 
 
-def _run(tmp_path: Path, node_extra: str = "") -> dict[str, Any]:
-    """Start generation 0, load it, re-plan to generation 1, then at once to the plan that needs
-    generation 0's slot; return what happened."""
-    node_path, first, second, third = _plans(tmp_path, node_extra)
+def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb") -> dict[str, Any]:
+    """Start generation 0, load it, re-plan to generation 1, then at once to the plan that adds
+    an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot); return what happened."""
+    node_path, first, second, third = _plans(tmp_path, node_extra, added)
     node = load_node(node_path)
     app = node.apps[0]
     logs: list[str] = []
@@ -100,6 +102,7 @@ def _run(tmp_path: Path, node_extra: str = "") -> dict[str, Any]:
                 one = await gm.apply(DesiredState(APP, second))
                 assert one.error is None and one.new_generation, (one, logs)
                 out["gen0_pending_before"] = fe.pending_in(one.previous)
+                out["keep_off"] = sorted((i.gpu, i.start) for i in gm._keep_off())
                 for _ in range(4):  # and a few on generation 1
                     got = fe.dispatcher.submit(fe.routing.routes[APP], None, image, None)
                     assert not isinstance(got, str), got
@@ -112,7 +115,7 @@ def _run(tmp_path: Path, node_extra: str = "") -> dict[str, Any]:
                 out["statuses"] = Counter(status for status, _ in results)
                 out["sent"] = len(sent)
                 for _ in range(400):  # every old generation retires (the cut one at once)
-                    if len(gm.generations) == 1:
+                    if len(gm.generations) == 1 and not gm._retiring:  # (its segments unlinked too)
                         break
                     await asyncio.sleep(0.05)
                 out["generations"] = sorted(gm.generations)
@@ -171,3 +174,22 @@ def test_a_drain_with_more_requests_to_answer_than_the_limit_is_not_cut(tmp_path
     assert out["gen0_alive_after"] and out["cut"][0] == 0
     assert out["statuses"] == {200: out["sent"]}, out["statuses"]
     assert out["leaked"] == set()
+
+
+def test_a_busy_drain_is_placed_around_where_the_node_has_room(tmp_path: Path) -> None:
+    """The slots of a drain too busy to cut are kept off when a new plan is placed (a 1g.10gb of
+    ``b`` then goes to start 3, free), so the re-plan is not refused for them."""
+    limit = f"[control]\ncut_drain_max_unanswered = {REQUESTS // 4}\n"
+    out = _run(tmp_path, limit, added="1g.10gb")
+    assert out["keep_off"] == [(0, 0), (0, 1), (0, 2)]  # generation 0's (a@0 is kept by 1 too)
+    two = out["third"]
+    assert two.error is None and two.new_generation, (two, out["logs"])
+    assert out["gen0_alive_after"] and out["cut"][0] == 0  # not cut: it drains on
+    small = sorted(i.start for i in out["layout"].instances if i.profile == "1g.10gb" and i.start > 0)
+    assert small == [3], out["layout"]
+    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+    off = _run(tmp_path / "off", limit + "place_around_busy_drains = false\n", added="1g.10gb")
+    assert off["keep_off"] == []
+    cuttable = _run(tmp_path / "cuttable", f"[control]\ncut_drain_max_unanswered = {REQUESTS}\n",
+                    added="1g.10gb")
+    assert cuttable["keep_off"] == []  # a drain that can be cut holds nothing a plan must keep off

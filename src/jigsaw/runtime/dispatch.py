@@ -428,7 +428,8 @@ class Dispatcher:
                 continue
             routes = self.routing.routes.get(req.routes.app.name, req.routes)
             why = None
-            if routes.generation != generation and req.deadline_ns - now > self.routing.fastest_path_ns(routes):
+            time_left_ns = req.deadline_ns - now
+            if routes.generation != generation and time_left_ns > self.routing.fastest_path_ns(routes):
                 req.routes = routes
                 req.credit_in, req.drop, req.error = 0, None, ""
                 req.items, req.timings, req.children = {}, {}, {}

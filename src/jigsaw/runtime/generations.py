@@ -340,12 +340,24 @@ class GenerationManager:
         if self.node_layout is None:
             return None, plan
         gpu = self.node.gpu
-        draining = self.draining_instances() if self.node.control.place_around_draining else []
+        draining = self._keep_off()
         desired = place_around(self.node_layout, draining, app, instances_from_plan(plan), gpu)
         problems = validate_node_layout(desired, gpu)
         if problems:  # place_app never does this; a guard, since an overlap would break a GPU
             raise PackingError(f"node layout would break the placement rules: {'; '.join(problems)}")
         return desired, dataclasses.replace(plan, layout=desired.app_layout(app))
+
+    def _keep_off(self) -> list[NodeInstance]:
+        """The slots a new plan keeps off where the rest of the node holds its instances: every
+        draining generation's (``control.place_around_draining``), else those of the drains too
+        busy to cut short (``control.place_around_busy_drains``; ``_cut_drains``), else none."""
+        c = self.node.control
+        if c.place_around_draining:
+            return self.draining_instances()
+        if not (c.cut_drains and c.place_around_busy_drains) or self.router is None:
+            return []
+        return [i for gid, held in self._draining_by_generation().items()
+                if self.router.unanswered_in(gid) > c.cut_drain_max_unanswered for i in held]
 
     def draining_instances(self) -> list[NodeInstance]:
         """The MIG instances of every generation that no longer serves its app (draining or retiring)."""
@@ -533,7 +545,7 @@ class GenerationManager:
                 if deferred and self.node.control.cut_drains \
                         and await self._cut_drains(app, node_layout, deferred):
                     deferred = await asyncio.to_thread(self.partition.bring_up, node_layout,
-                                                       f"{app}: re-plan, after the drains in its way were cut")
+                                                       f"{app}: re-plan, the drains in its way cut")
             except JigsawError as exc:
                 self.log(f"{app}: MIG reconfiguration failed ({exc}); rolled back, "
                          f"keeping generation {old_gid}")
@@ -643,7 +655,8 @@ class GenerationManager:
         want = [i for i in desired.instances if i.slot in set(deferred)]
         router = self._router()
         in_way = sorted(gid for gid, held in self._draining_by_generation().items()
-                        if gid in self._retiring_gids and any(overlaps(gpu, w, i) for w in want for i in held))
+                        if gid in self._retiring_gids
+                        and any(overlaps(gpu, w, i) for w in want for i in held))
         limit = self.node.control.cut_drain_max_unanswered
         holders = [gid for gid in in_way if router.unanswered_in(gid) <= limit]
         if len(holders) < len(in_way):
