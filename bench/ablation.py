@@ -50,6 +50,9 @@ MECHANISMS = {
     "burst_floor": "control.burst_requests=0",
     "spike_predictor": "control.predictor=mean",
     "rate_replan": "control.replan_on_rate=false",
+    "cut_drains": "control.cut_drains=false",
+    "place_around_busy_drains": "control.place_around_busy_drains=false",
+    "short_drains": "control.drain_late_credits=true",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

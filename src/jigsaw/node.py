@@ -135,6 +135,21 @@ class ControlSettings:
     # the node holds them (runtime/generations.py place_around); false (default): placed as if
     # none drained
     place_around_draining: bool = False
+    # a re-plan whose new MIG instances need slots a draining generation still holds cuts that
+    # drain short (its requests settled at once: runtime/generations.py _cut_drains) and takes the
+    # slots; false: the re-plan is refused, and the node serves on until the next one
+    cut_drains: bool = True
+    # ... only a drain with at most this many requests not answered yet (each is sent again on the
+    # serving generation, its progress lost, and the draining processes' capacity goes with them:
+    # cutting a drain of hundreds put a burst on the new plan); a busier drain refuses the re-plan
+    cut_drain_max_unanswered: int = 8
+    # the new instances keep off the slots of drains too busy to cut where the node holds them
+    # elsewhere (runtime/generations.py place_around), so the re-plan is not refused for them
+    place_around_busy_drains: bool = True
+    # a replaced generation drains until every request it holds is answered, then retires: the
+    # answered ones still waiting for late credits (a timed-out request's, for 10 s) are forgotten;
+    # true: it waits for their credits too (up to the SLO and DRAIN_MARGIN_S), its slots held
+    drain_late_credits: bool = False
 
 
 @dataclass(frozen=True)
@@ -306,6 +321,10 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         single_reconfiguration=c.bool("single_reconfiguration", False),
         shrink_min_slices=c.integer("shrink_min_slices", 0, low=0),
         place_around_draining=c.bool("place_around_draining", False),
+        cut_drains=c.bool("cut_drains", True),
+        cut_drain_max_unanswered=c.integer("cut_drain_max_unanswered", 8, low=0),
+        place_around_busy_drains=c.bool("place_around_busy_drains", True),
+        drain_late_credits=c.bool("drain_late_credits", False),
         skip_ended_spikes=c.bool("skip_ended_spikes", False),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),
     )

@@ -176,7 +176,10 @@ async def h_control(request: web.Request) -> web.Response:
         demand = float(target) if target is not None else c.predictor.predict(list(c.history_rps))
         await c.replan(demand, as_asked=target is not None)
     if body.get("restart_bins"):
-        c.restart_bins()
+        # seeded again: a bin that closed while the re-plan above ran appended its demand after the
+        # seed, and every later bin's history index was one ahead of the trace's (the recurring-
+        # spike predictor then planned each spike a bin early and the spike bin for the quiet level)
+        c.restart_bins(history)
     generation = request.app[GENERATIONS_KEY].generation_of(name)
     return web.json_response({"app": name, "plan": plan_summary(c.plan), "generation": generation,
                               "predicted_rps": c.predicted_rps})

@@ -153,6 +153,10 @@ class Dispatcher:
         """Requests of ``generation`` whose credits are not all back yet (its drain is not over)."""
         return sum(1 for r in self.pending.values() if r.generation == generation)
 
+    def unanswered_in(self, generation: int) -> int:
+        """Requests of ``generation`` not answered yet (the rest only wait for late credits)."""
+        return sum(1 for r in self.pending.values() if r.generation == generation and not r.answered)
+
     # ---- completions --------------------------------------------------------------------------
     def _drain(self) -> None:
         """Account every ready completion; yield to the loop after each ``DRAIN_POP`` per ring,
@@ -452,6 +456,51 @@ class Dispatcher:
             self._unrung = []
         for bell in due.values():
             bell.ring()
+
+    def cut_generation(self, generation: int) -> tuple[int, int, int]:
+        """Settle every request of ``generation`` now: its drain is cut short (a re-plan needs its
+        slots) and its processes stop.
+
+        Answered ones only waiting for late credits are forgotten; an unanswered one is dispatched
+        again on the app's current routes when its deadline leaves time for their fastest path,
+        else answered 504 (it would time out) or 503 (no ring took it). Returns (forgotten,
+        resent, failed).
+        """
+        forgotten = resent = failed = 0
+        now = time.monotonic_ns()
+        for req in [r for r in self.pending.values() if r.generation == generation]:
+            self.pending.pop(req.request_id, None)
+            if req.answered:
+                if req.timer is not None:
+                    req.timer.cancel()
+                forgotten += 1
+                continue
+            routes = self.routing.routes.get(req.routes.app.name, req.routes)
+            why = None
+            time_left_ns = req.deadline_ns - now
+            if routes.generation != generation and time_left_ns > self.routing.fastest_path_ns(routes):
+                req.routes = routes
+                req.credit_in, req.drop, req.error = 0, None, ""
+                req.items, req.timings, req.children = {}, {}, {}
+                why = self._dispatch(req)
+                if why is None:
+                    resent += 1
+                    if req.drop is not None:
+                        self._answer_dropped(req)
+                    continue
+            failed += 1
+            if req.timer is not None:
+                req.timer.cancel()
+            if why is None:
+                self._finish(req, 504, {"error": "request timed out: its generation was retired early and "
+                                                 "its deadline leaves no time to run it again",
+                                        "status": "DEADLINE_EXCEEDED", "task": None, "reason": "deadline",
+                                        "id": req.client_id}, "timeout")
+            else:
+                self._finish(req, 503, {"error": f"its generation was retired early and {why}; retry later",
+                                        "status": "UNAVAILABLE", "task": None, "reason": "shed",
+                                        "id": req.client_id}, "shed")
+        return forgotten, resent, failed
 
     def on_worker_failed(self, generation: int, task: str, variant: str) -> tuple[int, int]:
         """Settle the requests a dead process of (task, variant) in ``generation`` may have held.

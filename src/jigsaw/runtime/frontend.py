@@ -64,6 +64,14 @@ class Frontend:
     def pending_in(self, generation: int) -> int:
         return self.dispatcher.pending_in(generation)
 
+    def unanswered_in(self, generation: int) -> int:
+        return self.dispatcher.unanswered_in(generation)
+
+    def cut_generation(self, generation: int) -> tuple[int, int, int]:
+        """Settle a draining generation's requests now (a re-plan needs its slots); returns
+        (forgotten, resent, failed): ``Dispatcher.cut_generation``."""
+        return self.dispatcher.cut_generation(generation)
+
     def remove_generation(self, generation: int) -> None:
         """Unmap a drained generation (its workers stopped); late records of it are discarded."""
         mapped = self.routing.remove_generation(generation)

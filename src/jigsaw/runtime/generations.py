@@ -36,6 +36,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -77,6 +78,7 @@ READY_POLL_S = 0.02
 READY_FAST_S = 0.2  # for this long after the start the readiness is polled every READY_FAST_POLL_S
 READY_FAST_POLL_S = 0.002
 DRAIN_POLL_S = 0.05
+CUT_WAIT_S = 15.0  # a cut drain's processes stop within ms; past this the re-plan goes on without
 DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed")
 DRAINING = "\x00draining"  # the owner ``place`` gives the slots a draining generation still holds
 
@@ -111,6 +113,8 @@ class Router(Protocol):
     def route(self, app: str, generation: int) -> None: ...
     def reweight(self, app: str, plan: Plan) -> None: ...
     def pending_in(self, generation: int) -> int: ...
+    def unanswered_in(self, generation: int) -> int: ...
+    def cut_generation(self, generation: int) -> tuple[int, int, int]: ...
     def remove_generation(self, generation: int) -> None: ...
     def worker_failed(self, generation: int, app: str, task: str, variant: str,
                       reason: str) -> tuple[int, int]: ...
@@ -255,6 +259,13 @@ class GenerationManager:
         self._next_gid = 0
         self._bell_created = False
         self._retiring: set[asyncio.Task[None]] = set()
+        # generations in ``_retire`` (until their processes and MPS daemons are stopped), and the
+        # event that cuts each one's drain short (``_cut_drains``)
+        self._retiring_gids: set[int] = set()
+        self._cut: dict[int, asyncio.Event] = {}
+        # the MPS daemons are started and stopped from threads (a re-plan's, a retirement's): one
+        # at a time, or two stop the same daemon
+        self._mps_lock = threading.Lock()
         # the node's one layout, all apps together (GPU nodes): every plan is placed against it
         # (a GPU model without MIG - whole GPUs - has no partition to keep: ``mig`` false)
         partitioned = node.gpu.kind == "gpu" and getattr(node.gpu, "mig", True)
@@ -283,6 +294,10 @@ class GenerationManager:
         self.mps_stopped_total = 0
         self.mps_failures_total = 0
         self.failures_total = 0  # new generations that failed to start (the running one served on)
+        # drains cut short for a re-plan that needed their slots, and their requests: forgotten
+        # (answered, only waiting for late credits), re-sent on the current generation, failed
+        self.drains_cut_total = 0
+        self.cut_requests_total: Counter[str] = Counter()
         # drain-first re-plans by outcome: done, refused, failed (before the drain: nothing changed),
         # restored (failed after it: the running plan brought back), restore_failed
         self.drain_first_total: Counter[str] = Counter()
@@ -325,21 +340,34 @@ class GenerationManager:
         if self.node_layout is None:
             return None, plan
         gpu = self.node.gpu
-        draining = self.draining_instances() if self.node.control.place_around_draining else []
+        draining = self._keep_off()
         desired = place_around(self.node_layout, draining, app, instances_from_plan(plan), gpu)
         problems = validate_node_layout(desired, gpu)
         if problems:  # place_app never does this; a guard, since an overlap would break a GPU
             raise PackingError(f"node layout would break the placement rules: {'; '.join(problems)}")
         return desired, dataclasses.replace(plan, layout=desired.app_layout(app))
 
+    def _keep_off(self) -> list[NodeInstance]:
+        """The slots a new plan keeps off where the rest of the node holds its instances: every
+        draining generation's (``control.place_around_draining``), else those of the drains too
+        busy to cut short (``control.place_around_busy_drains``; ``_cut_drains``), else none."""
+        c = self.node.control
+        if c.place_around_draining:
+            return self.draining_instances()
+        if not (c.cut_drains and c.place_around_busy_drains) or self.router is None:
+            return []
+        return [i for gid, held in self._draining_by_generation().items()
+                if self.router.unanswered_in(gid) > c.cut_drain_max_unanswered for i in held]
+
     def draining_instances(self) -> list[NodeInstance]:
         """The MIG instances of every generation that no longer serves its app (draining or retiring)."""
-        out: list[NodeInstance] = []
-        for g in self.generations.values():
-            if g.gid != self.current.get(g.app.name) and g.plan.layout is not None:
-                out += from_app_layouts(self.node.gpu.name, self.node.num_gpus,
+        return [i for held in self._draining_by_generation().values() for i in held]
+
+    def _draining_by_generation(self) -> dict[int, tuple[NodeInstance, ...]]:
+        return {g.gid: from_app_layouts(self.node.gpu.name, self.node.num_gpus,
                                         {g.app.name: g.plan.layout}).instances
-        return out
+                for g in self.generations.values()
+                if g.gid != self.current.get(g.app.name) and g.plan.layout is not None}
 
     # ---- reading -------------------------------------------------------------------------------
     @property
@@ -386,6 +414,18 @@ class GenerationManager:
             ("jigsaw_reconfig_failures_total", "counter",
              "re-plans whose new processes failed to start (rolled back; the running plan served on)",
              self.failures_total),
+            ("jigsaw_reconfig_drains_cut_total", "counter",
+             "drains of old generations cut short because a re-plan needed their MIG slots",
+             self.drains_cut_total),
+            ("jigsaw_reconfig_cut_forgotten_total", "counter",
+             "answered requests of cut drains that were still waiting for late credits (forgotten)",
+             self.cut_requests_total["forgotten"]),
+            ("jigsaw_reconfig_cut_resent_total", "counter",
+             "unanswered requests of cut drains dispatched again on the app's current generation",
+             self.cut_requests_total["resent"]),
+            ("jigsaw_reconfig_cut_failed_total", "counter",
+             "unanswered requests of cut drains answered 503/504 (no time left to run them again)",
+             self.cut_requests_total["failed"]),
             ("jigsaw_mps_daemons_started_total", "counter", "MPS control daemons started",
              self.mps_started_total),
             ("jigsaw_mps_daemons_stopped_total", "counter", "MPS control daemons stopped",
@@ -502,6 +542,10 @@ class GenerationManager:
         if self.partition is not None and node_layout is not None:
             try:
                 deferred = await asyncio.to_thread(self.partition.bring_up, node_layout, f"{app}: re-plan")
+                if deferred and self.node.control.cut_drains \
+                        and await self._cut_drains(app, node_layout, deferred):
+                    deferred = await asyncio.to_thread(self.partition.bring_up, node_layout,
+                                                       f"{app}: re-plan, the drains in its way cut")
             except JigsawError as exc:
                 self.log(f"{app}: MIG reconfiguration failed ({exc}); rolled back, "
                          f"keeping generation {old_gid}")
@@ -591,6 +635,70 @@ class GenerationManager:
             self._tell(back.workers[j])
         await asyncio.get_running_loop().run_in_executor(None, gen.close)
         await asyncio.to_thread(self._stop_unused_mps)
+
+    async def _cut_drains(self, app: str, desired: NodeLayout,
+                          deferred: tuple[tuple[int, int, str], ...]) -> bool:
+        """Some of the new instances' slots are held by generations that no longer serve (their
+        drain runs in the background, up to an SLO and the late-credit grace) or by the MIG
+        instances of ones that just retired: cut those drains short and free the slots, so the
+        caller can take them at once. Without this a re-plan made within a drain of the one before
+        (a burst's) was refused and the burst met the older plan; waiting for the drain instead
+        held the re-plan lock for up to an SLO.
+
+        Each such generation's requests are settled now (the router: answered ones waiting for
+        late credits are forgotten, unanswered ones dispatched again on the app's current
+        generation or answered 503/504), its retirement stops its processes (an executing batch
+        finishes; its records are late) and unlinks its segments, and its MIG instances that
+        nothing else runs on are destroyed here. True when slots were freed."""
+        assert self.partition is not None
+        gpu = self.node.gpu
+        want = [i for i in desired.instances if i.slot in set(deferred)]
+        router = self._router()
+        in_way = sorted(gid for gid, held in self._draining_by_generation().items()
+                        if gid in self._retiring_gids
+                        and any(overlaps(gpu, w, i) for w in want for i in held))
+        limit = self.node.control.cut_drain_max_unanswered
+        holders = [gid for gid in in_way if router.unanswered_in(gid) <= limit]
+        if len(holders) < len(in_way):
+            busy = {gid: router.unanswered_in(gid) for gid in in_way if gid not in holders}
+            self.log(f"{app}: the new instances need slots of draining generation(s) "
+                     f"{', '.join(f'{g} ({n} unanswered)' for g, n in busy.items())}: more than {limit} "
+                     "requests each still to answer, not cut short")
+            return False
+        if holders:
+            settled: Counter[str] = Counter()
+            for gid in holders:
+                forgotten, resent, failed = router.cut_generation(gid)
+                settled.update(forgotten=forgotten, resent=resent, failed=failed)
+                self._cut.setdefault(gid, asyncio.Event()).set()
+            self.drains_cut_total += len(holders)
+            self.cut_requests_total.update(settled)
+            t0 = time.monotonic()
+            # until their retirement is done: it stops their MPS daemons itself (not twice at once)
+            while set(holders) & self._retiring_gids and time.monotonic() - t0 < CUT_WAIT_S:
+                await asyncio.sleep(READY_FAST_POLL_S)
+            self.log(f"{app}: the new instances need slots of draining generation(s) "
+                     f"{', '.join(map(str, holders))}: their drains cut short "
+                     f"({settled['forgotten']} answered requests forgotten, {settled['resent']} sent again, "
+                     f"{settled['failed']} failed), retired in {(time.monotonic() - t0) * 1e3:.0f} ms")
+            if set(holders) & self._retiring_gids:
+                return False
+        in_use = self.in_use_layout()
+        assert in_use is not None
+        used = {i.slot: i for i in in_use.instances}
+        orphans = [e for e in self.partition.existing.values()
+                   if e.slot not in used and any(overlaps(gpu, w, e) for w in want)]
+        if not holders and not orphans:
+            return False
+        # what runs, and the new plan's instances (those made already stay): the rest goes
+        keep = in_use.with_instances({**used, **{i.slot: i for i in desired.instances}}.values())
+        try:
+            await asyncio.to_thread(self.partition.tear_down, keep,
+                                    f"{app}: the retired generations in the way of a re-plan")
+        except JigsawError as exc:
+            self.log(f"{app}: freeing the slots of the retired generations failed ({exc})")
+            return False
+        return True
 
     def _retire_later(self, gid: int) -> None:
         task = asyncio.get_running_loop().create_task(self._drain_and_retire(gid))
@@ -713,6 +821,11 @@ class GenerationManager:
         environment per (GPU, start). A failure stops the ones this call started and raises."""
         if self.mps is None or layout is None:
             return {}
+        with self._mps_lock:
+            return self._start_mps_locked(g, layout)
+
+    def _start_mps_locked(self, g: Generation, layout: NodeLayout) -> dict[tuple[int, int], dict[str, str]]:
+        assert self.mps is not None
         at = {(i.gpu, i.start): i for i in layout.instances}
         started = []
         env: dict[tuple[int, int], dict[str, str]] = {}
@@ -740,6 +853,11 @@ class GenerationManager:
         """Stop the MPS daemons no live process runs on any more (after their processes stopped)."""
         if self.mps is None:
             return
+        with self._mps_lock:
+            self._stop_unused_mps_locked()
+
+    def _stop_unused_mps_locked(self) -> None:
+        assert self.mps is not None
         used = set()
         for g in self.generations.values():
             live = [k for k in range(len(g.topology.processes)) if k not in g.handed_over]
@@ -760,7 +878,12 @@ class GenerationManager:
     async def _drain_and_retire(self, gid: int) -> None:
         """In the background: ``_retire``, then the MIG instances and MPS daemons nothing uses go."""
         g = self.generations[gid]
-        await self._retire(gid)
+        self._retiring_gids.add(gid)
+        try:
+            await self._retire(gid)
+        finally:
+            self._retiring_gids.discard(gid)
+            self._cut.pop(gid, None)
         async with self._lock:
             await asyncio.to_thread(self._stop_unused_mps)
             await self._release_mig(f"{g.app.name}: generation {gid} retired")
@@ -773,8 +896,14 @@ class GenerationManager:
         budget_s = (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
             * self.time_scale / 1000.0
         deadline = time.monotonic() + budget_s + DRAIN_MARGIN_S
-        while router.pending_in(gid) and time.monotonic() < deadline:
-            await asyncio.sleep(DRAIN_POLL_S)
+        cut = self._cut.setdefault(gid, asyncio.Event())  # set: a re-plan needs its slots now
+        settled = router.pending_in if self.node.control.drain_late_credits else router.unanswered_in
+        while settled(gid) and time.monotonic() < deadline and not cut.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(cut.wait(), DRAIN_POLL_S)
+        self._cut.pop(gid, None)
+        if not cut.is_set() and not self.node.control.drain_late_credits and not router.unanswered_in(gid):
+            router.cut_generation(gid)  # every request answered: forget the late credits awaited
         left = router.pending_in(gid)
         if left:
             self.log(f"{g.app.name}: generation {gid}: {left} requests unsettled after drain")

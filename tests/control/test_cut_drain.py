@@ -1,0 +1,195 @@
+"""A re-plan whose new MIG instance needs a slot a draining generation still holds cuts that drain
+short: the draining generation's requests are settled at once (re-sent on the serving generation),
+its processes stop, its slots are freed and the re-plan takes them; every request is answered once.
+
+The generation manager is driven directly (a real frontend, real worker processes, the emulated
+NVML) with hand-made plans on one 7-slice GPU, so the slots are known:
+
+- generation 0: ``a`` on 1g@0, ``b`` on 1g@1 and 1g@2; ``b`` takes one second per item, so a
+  dozen requests keep generation 0 busy (and draining) for six;
+- generation 1: ``b`` moves to one 3g.40gb at start 4 (free): generation 0 drains on 1g@1, 1g@2;
+- the next plan adds a 2g.20gb of ``b``: its only free place is start 2, held by draining 1g@2.
+
+Only a drain with few requests left to answer is cut (``control.cut_drain_max_unanswered``):
+re-sending a busy one's put a burst on the new plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pinned import APP, instance, write_pinned
+
+from jigsaw.backends.registry import backend_kind
+from jigsaw.node import load_node
+from jigsaw.plan import Plan
+from jigsaw.runtime.frontend import Frontend
+from jigsaw.runtime.generations import DesiredState, GenerationManager
+
+PROFILES = """a-v,1g.10gb,1,1,1.0,1000.000,100,modeled,,,
+b-v,1g.10gb,1,1,1000.0,1.000,100,modeled,,,
+b-v,3g.40gb,1,1,20.0,50.000,100,modeled,,,
+b-v,2g.20gb,1,1,40.0,25.000,100,modeled,,,
+"""
+REQUESTS = 12  # on generation 0: six seconds of b's work on its two processes
+
+
+def _plans(tmp_path: Path, node_extra: str, added: str) -> tuple[Path, Plan, Plan, Plan]:
+    placed = [{"profile": "1g.10gb", "start": 0, "task": "a", "variant": "a-v", "index": 0},
+              *({"profile": "1g.10gb", "start": s, "task": "b", "variant": "b-v", "index": s - 1}
+                for s in (1, 2))]
+    args = write_pinned(tmp_path, latency_slo_ms=30000.0, profiles=PROFILES, mps_levels="[1]",
+                        node_extra=node_extra, demand_rps=1.0,
+                        instances=[instance("a", "1g.10gb", 1, 1.0, 1000.0),
+                                   instance("b", "1g.10gb", 2, 1000.0, 1.0)],
+                        placed=placed, slices_used=3)
+    node_path = Path(args[1])
+    first = Plan.from_json_dict(json.loads(Path(args[3]).read_text()))
+    a, b = first.instances
+    big = dataclasses.replace(b, mig_profile="3g.40gb", count=1, slices=3, latency_ms=20.0,
+                              throughput_rps=50.0)
+    second = dataclasses.replace(first, instances=[a, big])
+    mid = dataclasses.replace(b, mig_profile="2g.20gb", count=1, slices=2, latency_ms=40.0,
+                              throughput_rps=25.0) if added == "2g.20gb" else dataclasses.replace(b, count=1)
+    third = dataclasses.replace(first, instances=[a, big, mid])
+    return node_path, first, second, third
+
+
+def _shm_segments(daemon_id: str) -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if daemon_id in n}
+
+
+def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb") -> dict[str, Any]:
+    """Start generation 0, load it, re-plan to generation 1, then at once to the plan that adds
+    an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot); return what happened."""
+    node_path, first, second, third = _plans(tmp_path, node_extra, added)
+    node = load_node(node_path)
+    app = node.apps[0]
+    logs: list[str] = []
+    gm = GenerationManager(node, [(app, first)], time_scale=1.0, seed=0, backend=backend_kind("emulated"),
+                           log=logs.append)
+    fe = Frontend(gm.backend, hop_latency_ms=0.0)
+    daemon_id = gm.registry.daemon_id
+    answers: Counter[int] = Counter()  # request (object id) -> answers given
+    finish = fe.dispatcher._finish
+
+    def counting_finish(req: Any, *args: Any) -> None:
+        answers[id(req)] += 1
+        finish(req, *args)
+
+    fe.dispatcher._finish = counting_finish  # type: ignore[method-assign]
+    out: dict[str, Any] = {"logs": logs}
+    try:
+        gm.start_all(timeout_s=60)
+
+        async def go() -> None:
+            gm.attach(fe)
+            fe.start(asyncio.get_running_loop())
+            image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
+            try:
+                sent = []
+                for _ in range(REQUESTS):
+                    got = fe.dispatcher.submit(fe.routing.routes[APP], None, image, None)
+                    assert not isinstance(got, str), got
+                    sent.append(got)
+                one = await gm.apply(DesiredState(APP, second))
+                assert one.error is None and one.new_generation, (one, logs)
+                out["gen0_pending_before"] = fe.pending_in(one.previous)
+                out["keep_off"] = sorted((i.gpu, i.start) for i in gm._keep_off())
+                for _ in range(4):  # and a few on generation 1
+                    got = fe.dispatcher.submit(fe.routing.routes[APP], None, image, None)
+                    assert not isinstance(got, str), got
+                    sent.append(got)
+                two = await gm.apply(DesiredState(APP, third))
+                out["second"], out["third"] = one, two
+                out["gen0_alive_after"] = one.previous in gm.generations
+                out["layout"] = gm.node_layout
+                results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
+                out["statuses"] = Counter(status for status, _ in results)
+                out["sent"] = len(sent)
+                for _ in range(400):  # every old generation retires (the cut one at once)
+                    if len(gm.generations) == 1 and not gm._retiring:  # (its segments unlinked too)
+                        break
+                    await asyncio.sleep(0.05)
+                out["generations"] = sorted(gm.generations)
+                await gm.stop_retiring()
+            finally:
+                fe.close()
+
+        asyncio.run(go())
+        out["answers"] = answers
+        out["cut"] = (gm.drains_cut_total, dict(gm.cut_requests_total))
+        out["mps_failures"] = gm.mps_failures_total
+        out["metrics"] = gm.prometheus()
+    finally:
+        gm.close()
+    out["leaked"] = _shm_segments(daemon_id)
+    return out
+
+
+def test_a_replan_cuts_the_drain_in_its_way_short_and_every_request_is_answered_once(tmp_path: Path) -> None:
+    out = _run(tmp_path, f"[control]\ncut_drain_max_unanswered = {REQUESTS}\n")
+    logs = out["logs"]
+    assert out["gen0_pending_before"] > 0  # generation 0 was draining, its requests queued in b
+    two = out["third"]
+    assert two.error is None and two.new_generation, (two, logs)
+    assert any("drains cut short" in line for line in logs), logs
+    assert not out["gen0_alive_after"]  # retired by the time the re-plan returned, not 6 s later
+    mid = [i for i in out["layout"].instances if i.profile == "2g.20gb"]
+    assert [i.start for i in mid] == [2], out["layout"]  # on the slot generation 0 held
+    cuts, settled = out["cut"]
+    assert cuts == 1 and settled.get("resent", 0) >= 1, settled
+    assert "jigsaw_reconfig_drains_cut_total 1" in out["metrics"]
+    # every accepted request answered exactly once, and the re-sent ones in time (200)
+    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+    assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
+    assert out["generations"] == [two.generation]
+    assert out["mps_failures"] == 0 and not any("did not stop" in line for line in logs), logs
+    assert not any("unsettled after drain" in line for line in logs), logs
+    assert out["leaked"] == set()
+
+
+def test_without_cutting_the_replan_is_refused_while_the_drain_holds_the_slot(tmp_path: Path) -> None:
+    out = _run(tmp_path, "[control]\ncut_drains = false\n")
+    two = out["third"]
+    assert not two.new_generation and two.error is not None and "drain-first refused" in two.error, two
+    assert out["gen0_alive_after"]  # still draining its queued requests
+    assert out["cut"][0] == 0
+    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+    assert out["leaked"] == set()
+
+
+def test_a_drain_with_more_requests_to_answer_than_the_limit_is_not_cut(tmp_path: Path) -> None:
+    out = _run(tmp_path, f"[control]\ncut_drain_max_unanswered = {REQUESTS // 4}\n")
+    two = out["third"]
+    assert not two.new_generation and "drain-first refused" in (two.error or ""), two
+    assert any("not cut short" in line for line in out["logs"]), out["logs"]
+    assert out["gen0_alive_after"] and out["cut"][0] == 0
+    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+    assert out["leaked"] == set()
+
+
+def test_a_busy_drain_is_placed_around_where_the_node_has_room(tmp_path: Path) -> None:
+    """The slots of a drain too busy to cut are kept off when a new plan is placed (a 1g.10gb of
+    ``b`` then goes to start 3, free), so the re-plan is not refused for them."""
+    limit = f"[control]\ncut_drain_max_unanswered = {REQUESTS // 4}\n"
+    out = _run(tmp_path, limit, added="1g.10gb")
+    assert out["keep_off"] == [(0, 0), (0, 1), (0, 2)]  # generation 0's (a@0 is kept by 1 too)
+    two = out["third"]
+    assert two.error is None and two.new_generation, (two, out["logs"])
+    assert out["gen0_alive_after"] and out["cut"][0] == 0  # not cut: it drains on
+    small = sorted(i.start for i in out["layout"].instances if i.profile == "1g.10gb" and i.start > 0)
+    assert small == [3], out["layout"]
+    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+    off = _run(tmp_path / "off", limit + "place_around_busy_drains = false\n", added="1g.10gb")
+    assert off["keep_off"] == []
+    cuttable = _run(tmp_path / "cuttable", f"[control]\ncut_drain_max_unanswered = {REQUESTS}\n",
+                    added="1g.10gb")
+    assert cuttable["keep_off"] == []  # a drain that can be cut holds nothing a plan must keep off
