@@ -457,6 +457,25 @@ class Dispatcher:
         for bell in due.values():
             bell.ring()
 
+    def _forget_answered(self, req: Pending) -> bool:
+        """Take ``req`` out of the pending table; True when it was answered already (it only
+        waited for late credits, which its generation will no longer send)."""
+        self.pending.pop(req.request_id, None)
+        if req.answered and req.timer is not None:
+            req.timer.cancel()
+        return req.answered
+
+    def _dispatch_again(self, req: Pending, routes: AppRoutes) -> str | None:
+        """Send an unanswered request again from its inputs on ``routes`` (what its old wiring held
+        is forgotten); None when a ring took it (a drop at once is answered), else why not."""
+        req.routes = routes
+        req.credit_in, req.drop, req.error = 0, None, ""
+        req.items, req.timings, req.children = {}, {}, {}
+        why = self._dispatch(req)
+        if why is None and req.drop is not None:
+            self._answer_dropped(req)
+        return why
+
     def cut_generation(self, generation: int) -> tuple[int, int, int]:
         """Settle every request of ``generation`` now: its drain is cut short (a re-plan needs its
         slots) and its processes stop.
@@ -469,24 +488,16 @@ class Dispatcher:
         forgotten = resent = failed = 0
         now = time.monotonic_ns()
         for req in [r for r in self.pending.values() if r.generation == generation]:
-            self.pending.pop(req.request_id, None)
-            if req.answered:
-                if req.timer is not None:
-                    req.timer.cancel()
+            if self._forget_answered(req):
                 forgotten += 1
                 continue
             routes = self.routing.routes.get(req.routes.app.name, req.routes)
             why = None
             time_left_ns = req.deadline_ns - now
             if routes.generation != generation and time_left_ns > self.routing.fastest_path_ns(routes):
-                req.routes = routes
-                req.credit_in, req.drop, req.error = 0, None, ""
-                req.items, req.timings, req.children = {}, {}, {}
-                why = self._dispatch(req)
+                why = self._dispatch_again(req, routes)
                 if why is None:
                     resent += 1
-                    if req.drop is not None:
-                        self._answer_dropped(req)
                     continue
             failed += 1
             if req.timer is not None:
@@ -514,25 +525,18 @@ class Dispatcher:
         for req in list(self.pending.values()):
             if req.generation != generation or req.routes.lanes[req.lane].get(task) != variant:
                 continue
-            self.pending.pop(req.request_id, None)
-            if req.answered:
-                if req.timer is not None:
-                    req.timer.cancel()
+            if self._forget_answered(req):
                 continue
             name = req.routes.app.name
             routes = self.routing.routes.get(name, req.routes)
             fastest = self.routing.fastest_path_ns(routes)
             why = None
             if req.attempts < MAX_ATTEMPTS and req.deadline_ns - now > fastest:
-                req.routes, req.attempts = routes, req.attempts + 1
-                req.credit_in, req.drop, req.error = 0, None, ""
-                req.items, req.timings, req.children = {}, {}, {}
-                why = self._dispatch(req)
+                req.attempts += 1
+                why = self._dispatch_again(req, routes)
                 if why is None:
                     retried += 1
                     self.metrics.retries.inc((("app", name),))
-                    if req.drop is not None:
-                        self._answer_dropped(req)
                     continue
             failed += 1
             if req.timer is not None:
