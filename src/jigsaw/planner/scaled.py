@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Layout, Plan
 from jigsaw.planner import decompose, joint
+from jigsaw.planner.verify import demand_and_supply
 
 SCALE_TOLERANCE = 1e-2  # theta* is proven to within this fraction of itself
 _CARRY_EPS = 1e-9
@@ -111,18 +112,7 @@ def theta_bound(parts: Sequence[joint.Part], node: Node, *, time_limit_s: float,
 def headroom(plan: Plan, part: joint.Part) -> float:
     """How many times its lanes' rates the plan's instances carry (>= 1 for a sound plan):
     the smallest supply/demand over the (task, variant) pairs its lanes reach."""
-    app = part.pb.app
-    demand: dict[tuple[str, str], float] = {}
-    for lane in plan.lanes:
-        if lane.rate_rps <= 0:
-            continue
-        mult = app.multipliers(tuple(lane.variants[t] for t in app.task_names), part.pb.factors)
-        for t in app.task_names:
-            key = (t, lane.variants[t])
-            demand[key] = demand.get(key, 0.0) + lane.rate_rps * mult[t]
-    supply: dict[tuple[str, str], float] = {}
-    for x in plan.instances:
-        supply[(x.task, x.variant)] = supply.get((x.task, x.variant), 0.0) + x.count * x.throughput_rps
+    demand, supply = demand_and_supply(plan, part.pb.app, part.pb.factors)
     ratios = [supply.get(k, 0.0) / v for k, v in demand.items() if v > 0]
     return max(1.0, min(ratios, default=1.0))
 

@@ -17,6 +17,21 @@ from jigsaw.profiles import ProfileTable
 _REL_TOL = 1e-6
 
 
+def demand_and_supply(plan: Plan, app: App, factors: dict[tuple[str, str, str], float] | None
+                      ) -> tuple[defaultdict[tuple[str, str], float], defaultdict[tuple[str, str], float]]:
+    """Per (task, variant): the rate the plan's lanes send it (each lane's rate times the task's
+    multiplicative factor on that lane) and the rate its instances carry."""
+    demand: defaultdict[tuple[str, str], float] = defaultdict(float)
+    for lane in plan.lanes:
+        mult = app.multipliers(tuple(lane.variants[t] for t in app.task_names), factors)
+        for t in app.task_names:
+            demand[(t, lane.variants[t])] += lane.rate_rps * mult[t]
+    supply: defaultdict[tuple[str, str], float] = defaultdict(float)
+    for inst in plan.instances:
+        supply[(inst.task, inst.variant)] += inst.count * inst.throughput_rps
+    return demand, supply
+
+
 def verify_plan(plan: Plan, app: App, node: Node, profiles: ProfileTable,
                 factors: dict[tuple[str, str, str], float] | None = None) -> list[str]:
     """Every violated constraint of ``plan``, as readable sentences (empty: the plan is sound)."""
@@ -65,17 +80,9 @@ def verify_plan(plan: Plan, app: App, node: Node, profiles: ProfileTable,
     rate = sum(lane.rate_rps for lane in plan.lanes)
     if abs(rate - plan.planned_rps) > _REL_TOL * max(1.0, plan.planned_rps):
         problems.append(f"lanes carry {rate:.6g} rps, the plan serves {plan.planned_rps:.6g}")
-    demand: dict[tuple[str, str], float] = defaultdict(float)
-    acc = 0.0
-    for lane in plan.lanes:
-        order = tuple(lane.variants[t] for t in app.task_names)
-        mult = app.multipliers(order, factors)
-        for t in app.task_names:
-            demand[(t, lane.variants[t])] += lane.rate_rps * mult[t]
-        acc += lane.rate_rps * app.lane_accuracy(order, factors)
-    supply: dict[tuple[str, str], float] = defaultdict(float)
-    for inst in plan.instances:
-        supply[(inst.task, inst.variant)] += inst.count * inst.throughput_rps
+    demand, supply = demand_and_supply(plan, app, factors)
+    acc = sum(lane.rate_rps * app.lane_accuracy(tuple(lane.variants[t] for t in app.task_names), factors)
+              for lane in plan.lanes)
     # Every lane that carries requests runs the variant of each task they reach: the runtime
     # cannot route a request to a variant without a process, however small the lane's rate.
     run = {key for key, cap in supply.items() if cap > 0}
