@@ -49,6 +49,7 @@ from jigsaw.tensors import DATATYPES, Tensor, decode_tensors, encode_tensors
 DRAIN_POP = 256
 LATE_GRACE_S = 10.0  # a timed-out request's record is kept this long to absorb its late credits
 MAX_ATTEMPTS = 3  # dispatches of one request across worker faults
+BURST_QUIET_NS = 200_000  # a turn this long after a burst's end rings its first push at once again
 
 
 @dataclass
@@ -107,13 +108,19 @@ class Dispatcher:
         self._closing = False
         self._drain_scheduled = False
         self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
-        self._turn_pushed = False  # this loop turn pushed (and rang) once already
+        self._turn_pushes = 0  # pushes this loop turn (its first scheduled ``_ring_due``)
+        self._burst = False  # the last turn that pushed pushed more than one item
+        self._due_ns = 0  # when that turn ended
         self._woke_ns = 0  # when the doorbell last woke the loop
         # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR)
         self.trace: dict[int, list[int]] | None = {} if TRACE_DIR else None
         self._unrung: list[list[int]] = []
         # app -> task -> the keys of its timings in an answer's parameters
         self._keys: dict[str, dict[str, tuple[str, str, str, str, str, str]]] = {}
+        # (app, task, variant) -> its metric labels: (app, task) and (app, task, variant)
+        self._labels: dict[tuple[str, str, str], tuple[tuple[tuple[str, str], ...], ...]] = {}
+        # (app, lane index) -> (the lane's variants, an answer's first parameters built from them)
+        self._lane_params: dict[tuple[str, int], tuple[dict[str, str], dict[str, Any]]] = {}
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -198,11 +205,15 @@ class Dispatcher:
             variant = req.routes.lanes[req.lane].get(task, "")
             queue_us = max(0.0, (hops[HOP_START] - hops[HOP_SENT]) / 1e3)
             compute_us = max(0.0, (hops[HOP_END] - hops[HOP_START]) / 1e3)
-            labels = (("app", app.name), ("task", task))
-            self.metrics.queue_duration.observe(labels, queue_us)
-            self.metrics.compute_duration.observe(labels, compute_us)
+            labels = self._labels.get((app.name, task, variant))
+            if labels is None:
+                at = (("app", app.name), ("task", task))
+                labels = self._labels[(app.name, task, variant)] = (at, (*at, ("variant", variant)))
+            metrics = self.metrics
+            metrics.queue_duration.observe(labels[0], queue_us)
+            metrics.compute_duration.observe(labels[0], compute_us)
             if h.child_index == 0 or h.child_count <= 1:
-                self.metrics.batch_size.observe((*labels, ("variant", variant)), hops[HOP_BATCH])
+                metrics.batch_size.observe(labels[1], hops[HOP_BATCH])
             # the two ring hops of this item, from server-side stamps: push -> pop by the worker,
             # and its completion record's push -> this drain (only a record that woke the frontend:
             # one that handed work on to children waits in its ring for a child's record)
@@ -317,9 +328,13 @@ class Dispatcher:
                 outputs.append({"name": name, "datatype": spec.datatype, "shape": list(data.shape),
                                 "data": data,  # an array until the handler encodes the response
                                 "parameters": {"emulated": self.emulated}})
-        params: dict[str, Any] = {"backend": self.backend_name, "emulated": self.emulated}
-        for task, variant in req.routes.lanes[req.lane].items():
-            params[f"lane.{task}"] = variant
+        lane = req.routes.lanes[req.lane]
+        cached = self._lane_params.get((app.name, req.lane))
+        if cached is None or cached[0] is not lane:  # (a re-plan's routes bring new lane dicts)
+            cached = self._lane_params[(app.name, req.lane)] = (lane, {
+                "backend": self.backend_name, "emulated": self.emulated,
+                **{f"lane.{task}": variant for task, variant in lane.items()}})
+        params = cached[1].copy()
         keys = self._keys.get(app.name)
         if keys is None:
             keys = self._keys[app.name] = {}
@@ -425,29 +440,36 @@ class Dispatcher:
         return None
 
     def _ring(self, ring: str, row: list[int] | None) -> None:
-        """Ring the worker's doorbell: at once for the loop turn's first push, at the turn's end for
-        the others. A request alone in its turn (light load) wakes its worker without waiting for
-        the rest of the turn; a turn that parses many (a burst, a closed loop) wakes each worker at
-        most twice, not once per request: rung at every push, a worker that keeps up re-arms
-        between pushes and is woken for each, which cost the workers twice the CPU per request.
+        """Ring the worker's doorbell: at once for a lone push, at the turn's end under a burst.
+
+        A request alone in its loop turn (light load) wakes its worker without waiting for the rest
+        of the turn. Once a turn has pushed more than one item (a burst, a closed loop), every push
+        of that turn and of the next one (unless ``BURST_QUIET_NS`` passed between them) waits for
+        the turn's end: rung at once, the woken worker
+        takes the one item, re-arms and is woken again at the turn's end (twice the wake-ups, and on
+        a machine short of cores the woken worker preempts this loop mid-turn); rung at every push,
+        a worker that keeps up is woken for each, which cost the workers twice the CPU per request.
         The flag makes a ring a system call only when the worker may sleep (``rings.Doorbell``)."""
         bell = self.routing.bells[ring]
-        if self._turn_pushed:
-            self._bells_due[ring] = bell
-            if row is not None:
-                self._unrung.append(row)
-            return
-        self._turn_pushed = True
-        assert self._loop is not None
-        self._loop.call_soon(self._ring_due)
+        self._turn_pushes += 1
+        if self._turn_pushes == 1:
+            assert self._loop is not None
+            self._loop.call_soon(self._ring_due)
+            if not self._burst or time.monotonic_ns() - self._due_ns > BURST_QUIET_NS:
+                if row is not None:
+                    row[4] = time.monotonic_ns()  # (before the write: the worker may run before it returns)
+                bell.ring()
+                return
+        self._bells_due[ring] = bell
         if row is not None:
-            row[4] = time.monotonic_ns()  # (before the write: a woken worker may run before it returns)
-        bell.ring()
+            self._unrung.append(row)
 
     def _ring_due(self) -> None:
-        """The end of the turn: ring what its later pushes left (the first push's worker again too,
-        if it re-armed meanwhile)."""
-        self._turn_pushed = False
+        """The end of the turn: ring what its pushes left (the first push's worker again too, if
+        it re-armed meanwhile); a turn of several pushes makes the next turn defer its first."""
+        self._burst = self._turn_pushes > 1
+        self._turn_pushes = 0
+        self._due_ns = time.monotonic_ns()
         due, self._bells_due = self._bells_due, {}
         if self._unrung:
             rung = time.monotonic_ns()
