@@ -310,51 +310,6 @@ def test_dispatched_inputs_encode_to_the_same_bytes_on_the_raw_path():
     assert bytes(encode_tensors([_raw(c) for c in cases])) == bytes(encode_tensors(cases))
 
 
-def test_a_lone_push_rings_at_once_and_a_burst_rings_at_the_turns_end(monkeypatch):
-    """The dispatcher's doorbell rule: the first push of a turn rings its worker at once, unless
-    the last turn that pushed was a burst (then every push waits for the turn's end), and a turn
-    long after a burst is a lone push again."""
-    from types import SimpleNamespace
-
-    from jigsaw.runtime import dispatch
-
-    rung: list[str] = []
-
-    class Bell:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def ring(self) -> None:
-            rung.append(self.name)
-
-    routing = SimpleNamespace(bells={"r1": Bell("r1"), "r2": Bell("r2")})
-    d = dispatch.Dispatcher(routing, None, None, backend_name="emulated", emulated=True)  # type: ignore[arg-type]
-    loop = asyncio.new_event_loop()
-    d._loop = loop
-
-    def turn(*rings: str) -> tuple[list[str], list[str]]:
-        """Push to ``rings`` in one loop turn: (rung during the pushes, rung by the turn's end)."""
-        rung.clear()
-        for r in rings:
-            d._ring(r, None)
-        during = list(rung)
-        loop.run_until_complete(asyncio.sleep(0))
-        return during, list(rung)
-
-    try:
-        assert turn("r1") == (["r1"], ["r1"])  # light load: at once, and nothing left for the end
-        assert turn("r1", "r2") == (["r1"], ["r1", "r2"])  # a burst: the first at once, the rest at the end
-        assert turn("r1", "r2") == ([], ["r1", "r2"])  # after a burst: all at the turn's end
-        assert turn("r1") == ([], ["r1"])  # a lone push right after a burst still waits
-        assert turn("r2") == (["r2"], ["r2"])  # ... and makes the next one ring at once again
-        turn("r1", "r2")
-        monkeypatch.setattr(dispatch, "BURST_QUIET_NS", 0)  # as if the burst ended long ago
-        time.sleep(0.001)
-        assert turn("r1") == (["r1"], ["r1"])
-    finally:
-        loop.close()
-
-
 def test_the_generic_items_child_is_its_outputs_encoded():
     """The generic task's pre-encoded child body is the codec's own encoding of its outputs, and
     its value the item's first draw."""

@@ -49,7 +49,6 @@ from jigsaw.tensors import DATATYPES, Tensor, decode_tensors, encode_tensors
 DRAIN_POP = 256
 LATE_GRACE_S = 10.0  # a timed-out request's record is kept this long to absorb its late credits
 MAX_ATTEMPTS = 3  # dispatches of one request across worker faults
-BURST_QUIET_NS = 200_000  # a turn this long after a burst's end rings its first push at once again
 
 
 @dataclass
@@ -108,9 +107,7 @@ class Dispatcher:
         self._closing = False
         self._drain_scheduled = False
         self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
-        self._turn_pushes = 0  # pushes this loop turn (its first scheduled ``_ring_due``)
-        self._burst = False  # the last turn that pushed pushed more than one item
-        self._due_ns = 0  # when that turn ended
+        self._turn_pushed = False  # this loop turn pushed (and rang) once already
         self._woke_ns = 0  # when the doorbell last woke the loop
         # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR)
         self.trace: dict[int, list[int]] | None = {} if TRACE_DIR else None
@@ -440,36 +437,29 @@ class Dispatcher:
         return None
 
     def _ring(self, ring: str, row: list[int] | None) -> None:
-        """Ring the worker's doorbell: at once for a lone push, at the turn's end under a burst.
-
-        A request alone in its loop turn (light load) wakes its worker without waiting for the rest
-        of the turn. Once a turn has pushed more than one item (a burst, a closed loop), every push
-        of that turn and of the next one (unless ``BURST_QUIET_NS`` passed between them) waits for
-        the turn's end: rung at once, the woken worker
-        takes the one item, re-arms and is woken again at the turn's end (twice the wake-ups, and on
-        a machine short of cores the woken worker preempts this loop mid-turn); rung at every push,
-        a worker that keeps up is woken for each, which cost the workers twice the CPU per request.
+        """Ring the worker's doorbell: at once for the loop turn's first push, at the turn's end for
+        the others. A request alone in its turn (light load) wakes its worker without waiting for
+        the rest of the turn; a turn that parses many (a burst, a closed loop) wakes each worker at
+        most twice, not once per request: rung at every push, a worker that keeps up re-arms
+        between pushes and is woken for each, which cost the workers twice the CPU per request.
         The flag makes a ring a system call only when the worker may sleep (``rings.Doorbell``)."""
         bell = self.routing.bells[ring]
-        self._turn_pushes += 1
-        if self._turn_pushes == 1:
-            assert self._loop is not None
-            self._loop.call_soon(self._ring_due)
-            if not self._burst or time.monotonic_ns() - self._due_ns > BURST_QUIET_NS:
-                if row is not None:
-                    row[4] = time.monotonic_ns()  # (before the write: the worker may run before it returns)
-                bell.ring()
-                return
-        self._bells_due[ring] = bell
+        if self._turn_pushed:
+            self._bells_due[ring] = bell
+            if row is not None:
+                self._unrung.append(row)
+            return
+        self._turn_pushed = True
+        assert self._loop is not None
+        self._loop.call_soon(self._ring_due)
         if row is not None:
-            self._unrung.append(row)
+            row[4] = time.monotonic_ns()  # (before the write: a woken worker may run before it returns)
+        bell.ring()
 
     def _ring_due(self) -> None:
-        """The end of the turn: ring what its pushes left (the first push's worker again too, if
-        it re-armed meanwhile); a turn of several pushes makes the next turn defer its first."""
-        self._burst = self._turn_pushes > 1
-        self._turn_pushes = 0
-        self._due_ns = time.monotonic_ns()
+        """The end of the turn: ring what its later pushes left (the first push's worker again too,
+        if it re-armed meanwhile)."""
+        self._turn_pushed = False
         due, self._bells_due = self._bells_due, {}
         if self._unrung:
             rung = time.monotonic_ns()

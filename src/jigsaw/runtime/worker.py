@@ -422,9 +422,13 @@ class Worker:
     def fill(self) -> None:
         """Top the batching queue up to one batch, dropping what can no longer make its deadline."""
         while len(self.queue) < self.spec.max_batch:
-            if not self.take_inputs(self.spec.max_batch - len(self.queue)):
+            want = self.spec.max_batch - len(self.queue)
+            got = self.take_inputs(want)
+            if not got:
                 break
             self.drop_expired()
+            if got < want:  # every input ring gave what it held: no second look
+                break
         self.drop_expired()
         if len(self.queue) >= self.spec.max_batch and any(len(ring) for ring in self.inputs):
             self._passed_over_ns = time.monotonic_ns()
@@ -529,9 +533,6 @@ class Worker:
             return
         bell = self.bell
         try:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
             batches = 0
             while True:
                 if not _running:
@@ -568,7 +569,14 @@ class Worker:
                 if due is not None:
                     timeout_s = min(IDLE_WAIT_S, max(0.0, (due - time.monotonic_ns()) / 1e9))
                     self._idle = timeout_s >= IDLE_WAIT_S
-            self._timer = asyncio.get_running_loop().call_later(timeout_s, self._on_timer)
+            # A pending timer due no later is kept (a turn that finds nothing to do is harmless):
+            # an idle process's turns then make no timer each (one a second, not one a turn).
+            loop = asyncio.get_running_loop()
+            timer = self._timer
+            if timer is None or timer.cancelled() or timer.when() > loop.time() + timeout_s:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = loop.call_later(timeout_s, self._on_timer)
         except BaseException as exc:
             self._fail(exc)
 
