@@ -423,12 +423,9 @@ class Worker:
         """Top the batching queue up to one batch, dropping what can no longer make its deadline."""
         while len(self.queue) < self.spec.max_batch:
             want = self.spec.max_batch - len(self.queue)
-            got = self.take_inputs(want)
-            if not got:
+            if self.take_inputs(want) < want:  # every input ring gave all it held: no second look
                 break
             self.drop_expired()
-            if got < want:  # every input ring gave what it held: no second look
-                break
         self.drop_expired()
         if len(self.queue) >= self.spec.max_batch and any(len(ring) for ring in self.inputs):
             self._passed_over_ns = time.monotonic_ns()
