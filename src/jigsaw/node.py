@@ -150,6 +150,11 @@ class ControlSettings:
     # answered ones still waiting for late credits (a timed-out request's, for 10 s) are forgotten;
     # true: it waits for their credits too (up to the SLO and DRAIN_MARGIN_S), its slots held
     drain_late_credits: bool = False
+    # a re-plan whose new MIG instances need slots the app's own running instances hold drains those
+    # first (runtime/generations.py _drain_first) only when the running plan does not hold the
+    # demand: a drain-first serves on part of the plan for up to an SLO and holds the node's
+    # re-plans meanwhile, a price for a plan the node needs, not for a better one; true: also then
+    drain_first_when_holding: bool = False
 
 
 @dataclass(frozen=True)
@@ -325,6 +330,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         cut_drain_max_unanswered=c.integer("cut_drain_max_unanswered", 8, low=0),
         place_around_busy_drains=c.bool("place_around_busy_drains", True),
         drain_late_credits=c.bool("drain_late_credits", False),
+        drain_first_when_holding=c.bool("drain_first_when_holding", False),
         skip_ended_spikes=c.bool("skip_ended_spikes", False),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),
     )
