@@ -100,3 +100,12 @@ def test_a_readme_that_does_not_exist_yet_is_created_with_the_table(tmp_path: Pa
     text = readme.read_text()
     assert text.count(ablation.BEGIN) == 1 and text.count(ablation.END) == 1
     assert "| all | not run |" in text
+
+
+def test_the_client_keeps_the_peak_rate_times_the_slo_in_flight() -> None:
+    # in flight = rate x latency at every time scale: social_media's peak (8500 rps, 700 ms SLO)
+    # needs thousands, which the fixed 512 of before held back (its client fell 93 s behind)
+    from replay import MIN_CONCURRENCY, client_concurrency
+    assert client_concurrency(8500.0, 700.0) >= 8500 * 0.7
+    assert client_concurrency(100.0, 650.0) == MIN_CONCURRENCY
+    assert client_concurrency(2013.0, 650.0) > client_concurrency(1000.0, 650.0)
