@@ -53,6 +53,7 @@ MECHANISMS = {
     "cut_drains": "control.cut_drains=false",
     "place_around_busy_drains": "control.place_around_busy_drains=false",
     "short_drains": "control.drain_late_credits=true",
+    "holding_plan_kept": "control.drain_first_when_holding=true",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

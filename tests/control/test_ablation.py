@@ -39,6 +39,7 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert base.control.cut_drains and not off.control.cut_drains
     assert base.control.place_around_busy_drains and not off.control.place_around_busy_drains
     assert not base.control.drain_late_credits and off.control.drain_late_credits
+    assert not base.control.drain_first_when_holding and off.control.drain_first_when_holding
     on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
     for n, want in ((base, (0.0, False, 0, False, False, 0)), (on, (2.5, True, 2, True, True, 1))):
         got = (n.control.rate_trigger_z, n.control.single_reconfiguration, n.control.shrink_min_slices,
