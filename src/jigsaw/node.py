@@ -115,6 +115,10 @@ class ControlSettings:
     # the recurring predictor's mean leaves out the bins of spikes that have ended; false (default):
     # it averages them in (the five bins after a spike are planned for about twice their demand)
     skip_ended_spikes: bool = False
+    # the recurring predictor predicts a spike past its second bin (every bin since its jump at
+    # spike level) at least at its last bin: the trace's spikes last three bins, and the mean
+    # planned their third for two thirds of it; false: the mean (and the spike rules) only
+    hold_spikes: bool = True
     # each plan holds the most the predictor expects over this many bins after the next one (a
     # spike predicted two bins ahead is planned for a bin early; on day 0 of the Twitter trace 1
     # raises the mean prediction by 15%); 0: the next bin only
@@ -336,6 +340,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         drain_late_credits=c.bool("drain_late_credits", True),
         drain_first_when_holding=c.bool("drain_first_when_holding", False),
         skip_ended_spikes=c.bool("skip_ended_spikes", False),
+        hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),
     )
 

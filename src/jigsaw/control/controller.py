@@ -205,7 +205,7 @@ class AppController:
         plan = ctl.plane.plan_of(app.name)
         self.predictor: Predictor = predictor or make_predictor(
             node.control.predictor, node.control.history_bins, node.planner.demand_slack, plan.demand_rps,
-            node.control.skip_ended_spikes)
+            node.control.skip_ended_spikes, node.control.hold_spikes)
         self.floor_rps = burst_floor_rps(app.latency_slo_ms, node.control.burst_requests)
         self.history_rps: deque[float] = deque(maxlen=max(HISTORY_RPS_BINS, node.control.history_bins))
         self.factor_bins: deque[dict[tuple[str, str], float]] = deque(maxlen=node.control.history_bins)
