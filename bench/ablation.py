@@ -51,6 +51,7 @@ MECHANISMS = {
     "spike_predictor": "control.predictor=mean",
     "rate_replan": "control.replan_on_rate=false",
     "holding_plan_kept": "control.drain_first_when_holding=true",
+    "spike_hold": "control.hold_spikes=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

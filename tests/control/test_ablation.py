@@ -37,6 +37,7 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     off = load_node(node_with_settings(NODE, list(ablation.MECHANISMS.values()), tmp_path / "off"))
     assert not off.control.replan_on_rate and off.control.burst_requests == 0
     assert not base.control.drain_first_when_holding and off.control.drain_first_when_holding
+    assert base.control.hold_spikes and not off.control.hold_spikes
     on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
     for n, want in ((base, (0.0, False, 0, False, False, 0)), (on, (2.5, True, 2, True, True, 1))):
         got = (n.control.rate_trigger_z, n.control.single_reconfiguration, n.control.shrink_min_slices,
