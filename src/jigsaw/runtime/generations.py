@@ -625,7 +625,11 @@ class GenerationManager:
         sequence for a re-plan, a drain-first's interim plan and a restore, so they cannot drift."""
         mps_env = await asyncio.to_thread(self._start_mps, gen, layout)
         gen.create_segments()
-        gen.start_workers(mps_env, self.spares)
+        # off the loop: starting a spike plan's 15-25 processes (a fork and exec each) held the
+        # frontend's loop for seconds on a loaded 2-core host, nothing dispatched or answered and
+        # the bin's arrivals counted in the next one (the supervisor skips a generation whose
+        # workers are not all started yet)
+        await asyncio.to_thread(gen.start_workers, mps_env, self.spares)
         for k in gen.adopted:
             self._tell(gen.workers[k])
         router.add_generation(gen.gid, gen.topology)
