@@ -56,10 +56,12 @@ class RecurringSpikePredictor:
     3 cycles through and raised 8 quiet bins to spike level, each a large reconfiguration there and
     back; 0.7 raises 4 and misses 2 of the 10 spikes), the next bin is predicted at the last bin
     times the median jump ratio; (2) after a jump, the next bin is predicted at the jump's level
-    times an upper quantile of what past spikes did in their second bin. Otherwise (and never below) it is the
-    mean. The mean leaves out the bins of spikes that have ended (``ended_spike_bins``): a spike
-    two or three times the level would otherwise hold the mean of the next five bins at twice what
-    they bring, slices the node can spend on the spikes themselves. The cost is the slices of the
+    times an upper quantile of what past spikes did in their second bin; (3) with ``hold_spikes``, a
+    spike past its second bin (every bin since its jump at spike level) is predicted at least at its
+    last bin. Otherwise (and never below) it is the mean. The mean leaves out the bins of spikes
+    that have ended (``ended_spike_bins``): a spike two or three times the level would otherwise
+    hold the mean of the next five bins at twice what they bring, slices the node can spend on the
+    spikes themselves. The cost is the slices of the
     bins it raises in vain; bench/README.md reports it.
     """
 
