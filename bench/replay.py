@@ -63,7 +63,14 @@ CSV_FIELDS = ("bin", "demand_rps", "predicted_rps", "slices_used_pct", "accuracy
               "slo_violation_pct", "slo_violation_paper_pct", "p50_ms", "p99_ms", "sent", "answered",
               "violations", "violations_paper", "extra_items", "shed_503", "dropped_504", "other_failed",
               "behind", "behind_s", "settle_lost")
-MAX_CONCURRENCY = 512
+MIN_CONCURRENCY = 512  # requests the client keeps in flight at least
+# Little's law: a client keeps rate x latency requests in flight, the same at every time scale (the
+# rate / K, the latency x K); a request lives about its SLO at most (then it is answered 504), so
+# the window's peak rate x the SLO bounds it, and this margin covers the tail. A cap below that
+# makes the client wait for a free slot and fall behind its schedule: social_media's peak window
+# (8500 rps x 0.7 s, about 6000 in flight) against the 512 it had fell 93 s behind.
+CONCURRENCY_MARGIN = 1.5
+DEFAULT_SLO_MS = 1000.0  # with --url and no node file the app's SLO is not known
 BEHIND_THRESHOLD_S = 0.25  # an arrival sent this much later than scheduled marks its bin behind
 TAIL_TIMEOUT_S = 60.0
 READY_TIMEOUT_S = 180.0
@@ -92,6 +99,11 @@ def demand_window(trace: str, day: int, bins: str | None, peak_rps: float | None
     return scaled[max(0, a - history_bins):a], scaled[a:b], a
 
 
+def client_concurrency(peak_rps: float, latency_slo_ms: float) -> int:
+    """How many requests the client may keep in flight (see ``CONCURRENCY_MARGIN``)."""
+    return max(MIN_CONCURRENCY, math.ceil(CONCURRENCY_MARGIN * peak_rps * latency_slo_ms / 1000.0))
+
+
 def poisson_times(rate_per_s: float, duration_s: float, rng: random.Random) -> list[float]:
     """Arrival offsets in [0, duration) of a Poisson process of ``rate_per_s``."""
     out: list[float] = []
@@ -110,6 +122,18 @@ def percentile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     k = max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))
     return s[k]
+
+
+def app_slo_ms(args: argparse.Namespace) -> float:
+    """The app's latency SLO from the node file (``--node`` or ``--capacity-node``), else a default."""
+    node_path = args.node or args.capacity_node
+    if node_path is None:
+        return DEFAULT_SLO_MS
+    from jigsaw.node import load_node
+    try:
+        return load_node(node_path).app(args.app).latency_slo_ms
+    except (JigsawError, KeyError, ValueError):
+        return DEFAULT_SLO_MS
 
 
 # ---- the daemon ---------------------------------------------------------------------------
@@ -242,7 +266,8 @@ def request_body(model: dict[str, Any], binary: bool = True) -> tuple[bytes, dic
 
 
 async def play(url: str, app: str, window: list[float], bin_seconds: float, time_scale: float,
-               seed: int, progress: Any, settle_s: float = 0.0) -> tuple[list[BinResult], BinResult]:
+               seed: int, progress: Any, settle_s: float = 0.0,
+               max_concurrency: int = MIN_CONCURRENCY) -> tuple[list[BinResult], BinResult]:
     """Open-loop Poisson arrivals, bin by bin; every request is awaited (bounded by its timeout).
 
     ``settle_s`` (steady state): each bin is played for ``settle_s`` more at its rate first, and the
@@ -255,10 +280,10 @@ async def play(url: str, app: str, window: list[float], bin_seconds: float, time
     model = http_json("GET", f"{url}/v2/models/{app}")
     body, headers = request_body(model)
     infer = f"{url}/v2/models/{app}/infer"
-    sem = asyncio.Semaphore(MAX_CONCURRENCY)
+    sem = asyncio.Semaphore(max_concurrency)
     tasks: set[asyncio.Task[None]] = set()
     timeout = aiohttp.ClientTimeout(total=TAIL_TIMEOUT_S)
-    conn = aiohttp.TCPConnector(limit=MAX_CONCURRENCY)
+    conn = aiohttp.TCPConnector(limit=max_concurrency)
 
     async def one(session: aiohttp.ClientSession, r: BinResult) -> None:
         t0 = time.monotonic()
@@ -305,7 +330,8 @@ async def play(url: str, app: str, window: list[float], bin_seconds: float, time
                 results[k].behind_s = max(results[k].behind_s, late_s)
                 if late_s > BEHIND_THRESHOLD_S and not results[k].behind:
                     results[k].behind = True
-                    log(f"bin {k}: the client is {late_s:.2f} s behind its schedule")
+                    log(f"bin {k}: the client is {late_s:.2f} s behind its schedule "
+                        f"({len(tasks)} requests in flight, at most {max_concurrency})")
                 r.sent += 1
                 t = asyncio.get_running_loop().create_task(one(session, r))
                 tasks.add(t)
@@ -337,14 +363,15 @@ def _progress_factory(n: int, label: str) -> tuple[Any, Any]:
 # ---- one space ----------------------------------------------------------------------------
 def run_space(url: str, app: str, space: str, window: list[float], history: list[float], first_bin: int,
               bin_seconds: float, time_scale: float, seed: int, token: str,
-              history_out: Path | None = None, settle_s: float = 0.0) -> list[dict[str, Any]]:
+              history_out: Path | None = None, settle_s: float = 0.0,
+              max_concurrency: int = MIN_CONCURRENCY) -> list[dict[str, Any]]:
     ctl = http_json("POST", f"{url}/admin/control", {"app": app, "history_rps": history or [window[0]],
                                                       "restart_bins": True}, token=token)
     log(f"[{space}] initial plan: {ctl['plan']['slices_used']} slices for {ctl['predicted_rps']:.1f} rps")
     update, close = _progress_factory(len(window), space)
     try:
         results, settling = asyncio.run(play(url, app, window, bin_seconds, time_scale, seed, update,
-                                             settle_s))
+                                             settle_s, max_concurrency))
     finally:
         close()
     if settling.sent != settling.answered:
@@ -487,6 +514,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a node setting for jigsawd (TOML value; repeatable), e.g. server.lane_shift=false: "
                         "the ablation's switches; the node file with them is written to --out")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="requests the client keeps in flight at most (default: 1.5 x the window's peak rate "
+                        "x the app's SLO, at least 512)")
     p.add_argument("--out", type=Path, default=Path("replay-out"))
     return p.parse_args(argv)
 
@@ -545,14 +575,20 @@ def main(argv: list[str] | None = None) -> int:
         log(f"node settings {', '.join(args.settings)} ({node_file})")
     if settle_s:
         log(f"steady state: each bin settles {settle_s:g} s before its {args.bin_seconds:g} s are measured")
+    concurrency = args.max_concurrency if args.max_concurrency is not None \
+        else client_concurrency(max(window), app_slo_ms(args))
+    if concurrency < 1:
+        log("--max-concurrency must be >= 1")
+        return 2
     log(f"{len(window)} bins from bin {first}, demand {min(window):.1f}..{max(window):.1f} rps, "
-        f"{args.bin_seconds:g} s each, time scale {args.time_scale:g}")
+        f"{args.bin_seconds:g} s each, time scale {args.time_scale:g}, at most {concurrency} requests "
+        "in flight")
     per_space: dict[str, list[dict[str, Any]]] = {}
     for space in spaces:
         if args.url:
             rows = run_space(args.url, args.app, space, window, history, first, args.bin_seconds,
                              args.time_scale, args.seed, args.token,
-                             args.out / f"{args.app}-{space}-history.json", settle_s)
+                             args.out / f"{args.app}-{space}-history.json", settle_s, concurrency)
         else:
             daemon_args = ["--node-config", str(node_file), "--space", space,
                            "--bin-seconds", str(args.bin_seconds + settle_s),
@@ -563,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
                          ready_timeout_s=READY_TIMEOUT_S, cwd=ROOT) as d:
                 rows = run_space(d.url, args.app, space, window, history, first, args.bin_seconds,
                                  args.time_scale, args.seed, args.token,
-                                 args.out / f"{args.app}-{space}-history.json", settle_s)
+                                 args.out / f"{args.app}-{space}-history.json", settle_s, concurrency)
         per_space[space] = rows
         with open(args.out / f"{args.app}-{space}.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=CSV_FIELDS)

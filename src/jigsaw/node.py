@@ -115,6 +115,10 @@ class ControlSettings:
     # the recurring predictor's mean leaves out the bins of spikes that have ended; false (default):
     # it averages them in (the five bins after a spike are planned for about twice their demand)
     skip_ended_spikes: bool = False
+    # the recurring predictor predicts a spike past its second bin (every bin since its jump at
+    # spike level) at least at its last bin: the trace's spikes last three bins, and the mean
+    # planned their third for two thirds of it; false: the mean (and the spike rules) only
+    hold_spikes: bool = True
     # each plan holds the most the predictor expects over this many bins after the next one (a
     # spike predicted two bins ahead is planned for a bin early; on day 0 of the Twitter trace 1
     # raises the mean prediction by 15%); 0: the next bin only
@@ -137,19 +141,28 @@ class ControlSettings:
     place_around_draining: bool = False
     # a re-plan whose new MIG instances need slots a draining generation still holds cuts that
     # drain short (its requests settled at once: runtime/generations.py _cut_drains) and takes the
-    # slots; false: the re-plan is refused, and the node serves on until the next one
-    cut_drains: bool = True
+    # slots; false (default: in three alternating pairs of peak-window replays on the 2-core machine
+    # the three drain switches on measured more violations than off, bench/README.md): the re-plan
+    # is refused, and the node serves on until the next one
+    cut_drains: bool = False
     # ... only a drain with at most this many requests not answered yet (each is sent again on the
     # serving generation, its progress lost, and the draining processes' capacity goes with them:
     # cutting a drain of hundreds put a burst on the new plan); a busier drain refuses the re-plan
     cut_drain_max_unanswered: int = 8
     # the new instances keep off the slots of drains too busy to cut where the node holds them
-    # elsewhere (runtime/generations.py place_around), so the re-plan is not refused for them
-    place_around_busy_drains: bool = True
-    # a replaced generation drains until every request it holds is answered, then retires: the
-    # answered ones still waiting for late credits (a timed-out request's, for 10 s) are forgotten;
-    # true: it waits for their credits too (up to the SLO and DRAIN_MARGIN_S), its slots held
-    drain_late_credits: bool = False
+    # elsewhere (runtime/generations.py place_around), so the re-plan is not refused for them (with
+    # cut_drains only; off by default with it)
+    place_around_busy_drains: bool = False
+    # a replaced generation drains until every request it holds is settled, late credits (a
+    # timed-out request's, for 10 s) included, up to the SLO and DRAIN_MARGIN_S, its slots held
+    # (default, with the other two drain switches); false: it retires once every request is
+    # answered, the answered ones still waiting for late credits forgotten
+    drain_late_credits: bool = True
+    # a re-plan whose new MIG instances need slots the app's own running instances hold drains those
+    # first (runtime/generations.py _drain_first) only when the running plan does not hold the
+    # demand: a drain-first serves on part of the plan for up to an SLO and holds the node's
+    # re-plans meanwhile, a price for a plan the node needs, not for a better one; true: also then
+    drain_first_when_holding: bool = False
 
 
 @dataclass(frozen=True)
@@ -321,11 +334,13 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         single_reconfiguration=c.bool("single_reconfiguration", False),
         shrink_min_slices=c.integer("shrink_min_slices", 0, low=0),
         place_around_draining=c.bool("place_around_draining", False),
-        cut_drains=c.bool("cut_drains", True),
+        cut_drains=c.bool("cut_drains", False),
         cut_drain_max_unanswered=c.integer("cut_drain_max_unanswered", 8, low=0),
-        place_around_busy_drains=c.bool("place_around_busy_drains", True),
-        drain_late_credits=c.bool("drain_late_credits", False),
+        place_around_busy_drains=c.bool("place_around_busy_drains", False),
+        drain_late_credits=c.bool("drain_late_credits", True),
+        drain_first_when_holding=c.bool("drain_first_when_holding", False),
         skip_ended_spikes=c.bool("skip_ended_spikes", False),
+        hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),
     )
 

@@ -36,14 +36,16 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     base = load_node(NODE)
     off = load_node(node_with_settings(NODE, list(ablation.MECHANISMS.values()), tmp_path / "off"))
     assert not off.control.replan_on_rate and off.control.burst_requests == 0
-    assert base.control.cut_drains and not off.control.cut_drains
-    assert base.control.place_around_busy_drains and not off.control.place_around_busy_drains
-    assert not base.control.drain_late_credits and off.control.drain_late_credits
+    assert not base.control.drain_first_when_holding and off.control.drain_first_when_holding
+    assert base.control.hold_spikes and not off.control.hold_spikes
     on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
     for n, want in ((base, (0.0, False, 0, False, False, 0)), (on, (2.5, True, 2, True, True, 1))):
         got = (n.control.rate_trigger_z, n.control.single_reconfiguration, n.control.shrink_min_slices,
                n.control.place_around_draining, n.control.skip_ended_spikes, n.control.lookahead_bins)
         assert got == want
+    assert not base.control.cut_drains and on.control.cut_drains
+    assert not base.control.place_around_busy_drains and on.control.place_around_busy_drains
+    assert base.control.drain_late_credits and not on.control.drain_late_credits
     run = ablation.Run("traffic_analysis", "ast", "peak", "with_lookahead")
     assert run.settings() == ["control.lookahead_bins=1"]
     ids = {r.id for r in ablation.matrix()}
@@ -100,3 +102,12 @@ def test_a_readme_that_does_not_exist_yet_is_created_with_the_table(tmp_path: Pa
     text = readme.read_text()
     assert text.count(ablation.BEGIN) == 1 and text.count(ablation.END) == 1
     assert "| all | not run |" in text
+
+
+def test_the_client_keeps_the_peak_rate_times_the_slo_in_flight() -> None:
+    # in flight = rate x latency at every time scale: social_media's peak (8500 rps, 700 ms SLO)
+    # needs thousands, which the fixed 512 of before held back (its client fell 93 s behind)
+    from replay import MIN_CONCURRENCY, client_concurrency
+    assert client_concurrency(8500.0, 700.0) >= 8500 * 0.7
+    assert client_concurrency(100.0, 650.0) == MIN_CONCURRENCY
+    assert client_concurrency(2013.0, 650.0) > client_concurrency(1000.0, 650.0)

@@ -66,9 +66,21 @@ def _shm_segments(daemon_id: str) -> set[str]:
     return {n for n in os.listdir("/dev/shm") if daemon_id in n}
 
 
+# the drain switches these tests are about (off by default): on unless a test sets them
+DRAIN_SWITCHES = {"cut_drains": "true", "place_around_busy_drains": "true", "drain_late_credits": "false"}
+
+
+def _with_switches(node_extra: str) -> str:
+    body = node_extra.removeprefix("[control]\n")
+    on = "".join(f"{k} = {v}\n" for k, v in DRAIN_SWITCHES.items() if f"{k} =" not in body)
+    return "[control]\n" + on + body
+
+
 def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb") -> dict[str, Any]:
     """Start generation 0, load it, re-plan to generation 1, then at once to the plan that adds
-    an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot); return what happened."""
+    an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot); return what happened.
+    The drain switches are on unless ``node_extra`` sets them."""
+    node_extra = _with_switches(node_extra)
     node_path, first, second, third = _plans(tmp_path, node_extra, added)
     node = load_node(node_path)
     app = node.apps[0]

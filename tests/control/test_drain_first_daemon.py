@@ -26,6 +26,7 @@ from pinned import APP, instance, write_pinned
 from jigsaw.gpu.emulated_nvml import NVML_ERROR_IN_USE, NVML_ERROR_INSUFFICIENT_RESOURCES
 
 SWAP_RPS = 1025  # a and one b kept, two 2g.20gb instances of b over four of b's 1g.10gb ones
+HELD_RPS = 200  # the running plan (300 rps) holds it; the planner's is smaller: b on one 2g.20gb
 ALL_RPS = 1500  # three 2g.20gb instances of b: every slot is in the way
 
 PROFILES = """a-v,1g.10gb,1,1,0.2,5000.000,100,modeled,,,
@@ -34,12 +35,12 @@ b-v,2g.20gb,2,1,4.0,500.000,100,modeled,,,
 """
 
 
-def _args(tmp_path: Path) -> list[str]:
+def _args(tmp_path: Path, node_extra: str = "") -> list[str]:
     placed = [{"profile": "1g.10gb", "start": 0, "task": "a", "variant": "a-v", "index": 0}]
     placed += [{"profile": "1g.10gb", "start": s, "task": "b", "variant": "b-v", "index": s - 1}
                for s in range(1, 7)]
     return write_pinned(tmp_path, latency_slo_ms=2000.0, profiles=PROFILES, mps_levels="[1, 2]",
-                        node_extra="", demand_rps=300.0,
+                        node_extra=node_extra, demand_rps=300.0,
                         instances=[instance("a", "1g.10gb", 1, 0.2, 5000.0),
                                    instance("b", "1g.10gb", 6, 20.0, 50.0)],
                         placed=placed, slices_used=7)
@@ -195,3 +196,32 @@ def test_drain_first_refused_when_no_lane_would_serve(tmp_path: Path) -> None:
     assert re.search(r'jigsaw_reconfig_drain_first_total\{outcome="refused"\} 1\b', metrics), metrics
     assert swapped["generation"] > gen0
     assert re.search(r'jigsaw_reconfig_drain_first_total\{outcome="done"\} 1\b', done), done
+
+
+@pytest.mark.parametrize("when_holding", [False, True])
+def test_no_drain_first_for_a_better_plan_when_the_running_one_holds(tmp_path: Path,
+                                                                     when_holding: bool) -> None:
+    # at 200 rps the running plan (300 rps on 7 slices) holds the demand; the planner's plan runs b
+    # on one 2g.20gb instance (3 slices), whose slots b's running 1g.10gb instances hold. By default
+    # that plan is not worth a drain-first: the running plan serves on, nothing is created or
+    # destroyed; with ``control.drain_first_when_holding`` the drain-first is made
+    extra = f"[control]\ndrain_first_when_holding = {'true' if when_holding else 'false'}\n"
+    with Server(_args(tmp_path, extra), tmp_path / "jigsawd.log") as server:
+        gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
+        before, doc, load = _replan(server, HELD_RPS)
+        after = _settle(server.url)
+        metrics = str(http("GET", f"{server.url}/metrics")[1])
+        log = server.log()
+    assert load.sent == load.answered and load.statuses.get(200, 0) == load.sent, load.statuses
+    if when_holding:
+        assert "draining those first" in log
+        assert doc["generation"] > gen0
+        assert ("b", "2g.20gb") in {(i["task"], i["profile"]) for i in after["instances"]}
+        assert re.search(r'jigsaw_reconfig_drain_first_total\{outcome="done"\} 1\b', metrics), metrics
+        return
+    assert "no drain-first" in log and "draining those first" not in log
+    assert doc["generation"] == gen0  # the running plan serves on: same generation, same pids
+    assert _pids(after) == _pids(before)
+    assert after["instances"] == before["instances"]
+    assert _mutations(before, after) == []  # no MIG instance created or destroyed
+    assert re.search(r'jigsaw_reconfig_drain_first_total\{outcome="skipped"\} 1\b', metrics), metrics

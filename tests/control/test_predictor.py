@@ -114,3 +114,19 @@ def test_make_predictor_by_name() -> None:
 def test_burst_floor_holds_the_burst_within_half_the_slo() -> None:
     assert burst_floor_rps(650.0, 40) == pytest.approx(40 / 0.325)
     assert burst_floor_rps(650.0, 0) == 0.0
+
+
+def test_a_spike_past_its_second_bin_is_held_at_its_last_bin() -> None:
+    # level 100, a jump to 300, then 450 and 320 (day 0's bins 114-116: 1332, 2013, 1401 after 573):
+    # the mean plans the spike's third bin for less than it brings; held, for its last bin
+    history = [100.0] * 6 + [300.0, 450.0]
+    held = RecurringSpikePredictor(MeanSlackPredictor(5, 0.0), hold_spikes=True)
+    mean_only = RecurringSpikePredictor(MeanSlackPredictor(5, 0.0))
+    assert mean_only.predict(history) == pytest.approx((3 * 100.0 + 300.0 + 450.0) / 5)
+    assert held.predict(history) == pytest.approx(450.0)
+    assert held.predict([*history, 320.0]) == pytest.approx(320.0)
+    # once a bin falls below the spike level the spike has ended: the mean again
+    ended = [*history, 320.0, 110.0]
+    assert held.predict(ended) == pytest.approx(mean_only.predict(ended))
+    # the bin right after the jump is the tail rule's, not this one's
+    assert held.predict(history[:7]) == mean_only.predict(history[:7])

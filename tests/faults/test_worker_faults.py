@@ -54,6 +54,13 @@ def event_of(server: Server, pid: int) -> dict[str, Any] | None:
     return next((e for e in admin_workers(server)["events"] if e["pid"] == pid), None)
 
 
+def capacity_replan_done(server: Server, app: str) -> bool:
+    """The controller has recorded a finished capacity-loss re-plan (quick and exact plan) of ``app``."""
+    status, doc, _ = http("GET", server.url + f"/admin/history?app={app}&current=1")
+    assert status == 200, doc
+    return any(r.get("trigger") == "capacity" for b in doc.get(app, []) for r in b.get("replans", []))
+
+
 def serving_again(server: Server, name: str, old_pid: int) -> dict[str, Any] | None:
     return next((w for w in admin_workers(server)["workers"]
                  if w["worker"] == name and w["pid"] != old_pid and w["state"] == "ready"), None)
@@ -152,6 +159,10 @@ def test_worker_failing_repeatedly_is_given_up_and_the_app_replanned(tmp_path: P
             assert event["action"] == "given_up", event
             wait_for("a new generation", lambda: http("GET", server.url + "/admin/plan")[1][app]["generation"]
                      > victim["generation"], 60.0)
+            # the capacity re-plan deploys its quick plan first and its exact plan seconds later: the
+            # workers are checked once it is done, not between the two (the quick plan's processes
+            # that the exact one does not keep stop when it retires)
+            wait_for("the capacity re-plan to finish", lambda: capacity_replan_done(server, app), 60.0)
             time.sleep(1.0)
         check_invariants(server, load, model=app)
         assert "capacity lost" in server.log()

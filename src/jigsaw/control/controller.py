@@ -205,7 +205,7 @@ class AppController:
         plan = ctl.plane.plan_of(app.name)
         self.predictor: Predictor = predictor or make_predictor(
             node.control.predictor, node.control.history_bins, node.planner.demand_slack, plan.demand_rps,
-            node.control.skip_ended_spikes)
+            node.control.skip_ended_spikes, node.control.hold_spikes)
         self.floor_rps = burst_floor_rps(app.latency_slo_ms, node.control.burst_requests)
         self.history_rps: deque[float] = deque(maxlen=max(HISTORY_RPS_BINS, node.control.history_bins))
         self.factor_bins: deque[dict[tuple[str, str], float]] = deque(maxlen=node.control.history_bins)
@@ -787,15 +787,23 @@ class NodeController:
         delay = self.repartition_delay_s()
         plans, kept = self.settle(np, demands, fresh)
         order = sorted(plans.items(), key=lambda kv: kv[1].slices_used - self.apps[kv[0]].plan.slices_used)
+        total = sum(p.slices_used for p in plans.values())
         for name, plan in order:
             c = self.apps[name]
             if not plan.instances:
                 self.log(f"{name}: the {source} node plan has no configuration for it ({plan.status}); "
                          "keeping its running plan")
                 continue
+            # the running plan holds the demand and the node's slices allow it beside the other
+            # apps' new plans: this plan is better, not needed (no drain-first for it)
+            run = c.plan
+            holds = (name not in fresh and bool(run.instances) and not run.max_demand_plan
+                     and run.planned_rps >= demands[name] * (1 - 1e-9)
+                     and total - plan.slices_used + run.slices_used <= self.node.slices_available)
             try:
                 done = await self.plane.apply(DesiredState(name, plan, repartition_delay_s=delay,
-                                                           fresh_generation=name in fresh))
+                                                           fresh_generation=name in fresh,
+                                                           running_holds=holds))
             except Exception as exc:  # a plan the runtime cannot lay out: keep the running one
                 c.record_error(f"{type(exc).__name__}: {exc}")
                 self.log(f"{name}: the {source} plan was not applied ({type(exc).__name__}: {exc})")

@@ -79,7 +79,7 @@ READY_FAST_S = 0.2  # for this long after the start the readiness is polled ever
 READY_FAST_POLL_S = 0.002
 DRAIN_POLL_S = 0.05
 CUT_WAIT_S = 15.0  # a cut drain's processes stop within ms; past this the re-plan goes on without
-DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed")
+DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed", "skipped")
 DRAINING = "\x00draining"  # the owner ``place`` gives the slots a draining generation still holds
 
 
@@ -133,6 +133,9 @@ class DesiredState:
     # process may have come back by the time the plan is ready, but the capacity-loss re-plan
     # still replaces it (the supervisor's retry is a stopgap, not a recovery)
     fresh_generation: bool = False
+    # the running plan holds the demand this plan is for: it is a better plan, not a needed one, so
+    # it is not worth a drain-first (``control.drain_first_when_holding``)
+    running_holds: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,8 @@ class Applied:
     # was brought back (its drained instances re-created and their processes restarted), False when
     # that failed too (the interim generation serves on); None when no restore was needed
     restored: bool | None = None
+    # why the running plan serves on although nothing failed (a drain-first not worth making)
+    note: str | None = None
 
 
 class DrainRefused(JigsawError):
@@ -441,7 +446,8 @@ class GenerationManager:
         name = "jigsaw_reconfig_drain_first_total"
         text += (f"# HELP {name} re-plans whose new MIG instances needed the slots of running ones, by "
                  "outcome (done; refused: no lane while they drain; failed before the drain; restored: "
-                 "failed after it, the running plan brought back; restore_failed: the interim plan serves)\n"
+                 "failed after it, the running plan brought back; restore_failed: the interim plan serves; "
+                 "skipped: the running plan held the demand)\n"
                  f"# TYPE {name} counter\n")
         return text + "".join(f'{name}{{outcome="{k}"}} {self.drain_first_total[k]}\n'
                               for k in DRAIN_FIRST_OUTCOMES)
@@ -542,7 +548,9 @@ class GenerationManager:
         if self.partition is not None and node_layout is not None:
             try:
                 deferred = await asyncio.to_thread(self.partition.bring_up, node_layout, f"{app}: re-plan")
-                if deferred and self.node.control.cut_drains \
+                skip = bool(deferred) and desired.running_holds \
+                    and not self.node.control.drain_first_when_holding
+                if deferred and not skip and self.node.control.cut_drains \
                         and await self._cut_drains(app, node_layout, deferred):
                     deferred = await asyncio.to_thread(self.partition.bring_up, node_layout,
                                                        f"{app}: re-plan, the drains in its way cut")
@@ -550,6 +558,17 @@ class GenerationManager:
                 self.log(f"{app}: MIG reconfiguration failed ({exc}); rolled back, "
                          f"keeping generation {old_gid}")
                 return Applied(old_gid, old_gid, False, error=str(exc))
+            if skip:
+                # the running plan holds the demand: cutting drains would send their requests again,
+                # and a drain-first would serve on part of the plan for up to an SLO, holding every
+                # re-plan of the node meanwhile, for a better plan only
+                await self._release_mig(f"{app}: re-plan skipped")
+                self.drain_first_total["skipped"] += 1
+                note = (f"the new plan's MIG instances need the slots of {len(deferred)} running or "
+                        "draining ones and the running plan holds the demand: no drain-first, "
+                        f"keeping generation {old_gid}")
+                self.log(f"{app}: {note}")
+                return Applied(old_gid, old_gid, False, time.monotonic() - t0, note=note)
             if deferred:
                 assert self.node_layout is not None
                 before = (old.plan, self.node_layout)
@@ -606,7 +625,11 @@ class GenerationManager:
         sequence for a re-plan, a drain-first's interim plan and a restore, so they cannot drift."""
         mps_env = await asyncio.to_thread(self._start_mps, gen, layout)
         gen.create_segments()
-        gen.start_workers(mps_env, self.spares)
+        # off the loop: starting a spike plan's 15-25 processes (a fork and exec each) held the
+        # frontend's loop for seconds on a loaded 2-core host, nothing dispatched or answered and
+        # the bin's arrivals counted in the next one (the supervisor skips a generation whose
+        # workers are not all started yet)
+        await asyncio.to_thread(gen.start_workers, mps_env, self.spares)
         for k in gen.adopted:
             self._tell(gen.workers[k])
         router.add_generation(gen.gid, gen.topology)
