@@ -21,6 +21,7 @@ from jigsaw.app import App
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import Column
+from jigsaw.planner.latency_caps import cap_plans, lanes_of
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
 from jigsaw.planner.problem import Factors, Problem, make_problem
 from jigsaw.planner.routes import settle_lanes
@@ -116,21 +117,67 @@ def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, 
                 if got is not None:
                     candidates.append(got)
     candidates.sort(key=lambda x: -x[0])
+    found = _first_verified(pb, demand_rps, r, candidates, slo_acc, previous, t0, budget_s)
+    if found is None:
+        # None of the single-lane or fixed-split plans fits (high loads, several paths): the
+        # LP relaxation's lane mixes, each with the latency split that needs the fewest slices
+        # for it (``latency_caps``). Only as a fallback, so the plans found before stay the same.
+        mixes = _lp_mixes(pb, r)
+        more = [cand for lanes in mixes for cand in _dp_candidates(pb, r, lanes)]
+        more.sort(key=lambda x: -x[0])
+        found = _first_verified(pb, demand_rps, r, more, slo_acc, previous, t0, 2 * budget_s, 6)
+    return found
+
+
+def _first_verified(pb: Problem, demand_rps: float, rate: float,
+                    candidates: list[tuple[float, dict[int, float], list[tuple[Column, int]]]],
+                    slo_acc: float, previous: Plan | None, t0: float, budget_s: float,
+                    at_least: int = 3) -> Plan | None:
+    """The first of ``candidates`` (best first) that packs and passes the checker, trying at
+    least ``at_least`` of them and then while ``budget_s`` lasts."""
+    node = pb.node
     for tried, (objective, lanes, chosen) in enumerate(candidates):
-        if tried >= 3 and time.perf_counter() - t0 > budget_s:
+        if tried >= at_least and time.perf_counter() - t0 > budget_s:
             break
-        plan = _as_plan(pb, demand_rps, r, lanes, chosen, slo_acc, objective)
+        plan = _as_plan(pb, demand_rps, rate, lanes, chosen, slo_acc, objective)
         prev = previous.layout if previous is not None else None
         try:
             plan.layout = pack(instances_from_plan(plan), node.gpu, node.num_gpus,
                                prev if prev is not None and prev.gpu_model == node.gpu.name else None)
         except PackingError:
             continue
-        if verify_plan(plan, app, node, profiles, factors):
+        if verify_plan(plan, pb.app, node, pb.profiles, pb.factors):
             continue
         plan.solve_seconds = time.perf_counter() - t0
         return plan
     return None
+
+
+def _lp_mixes(pb: Problem, rate: float) -> list[dict[int, float]]:
+    """Lane mixes from the LP relaxation of the latency-relaxed core, for both objectives (the
+    fewest slices, the best accuracy): distinct, each summing to ``rate``."""
+    from jigsaw.planner import joint
+
+    out: list[dict[int, float]] = []
+    for kind in ("slices", "accuracy"):
+        built = joint.build([joint.Part(pb, rate)], pb.node, full=False, objective=kind)
+        sol = built.model.relaxation("highs")
+        if not sol.has_incumbent:
+            continue
+        lanes = lanes_of(pb, [sol.values[v] for v in built.lam[0]], rate)
+        if lanes and all(any(abs(lanes.get(li, 0.0) - x.get(li, 0.0)) > 1e-6 * rate
+                             for li in set(lanes) | set(x)) for x in out):
+            out.append(lanes)
+    return out
+
+
+def _dp_candidates(pb: Problem, rate: float, lanes: dict[int, float]
+                   ) -> list[tuple[float, dict[int, float], list[tuple[Column, int]]]]:
+    """Candidates for one lane mix: the instance sets of the fewest slices (``cap_plans``)."""
+    node = pb.node
+    accuracy = sum(pb.lane_acc[li] * x for li, x in lanes.items()) / rate
+    return [(node.planner.alpha * accuracy - node.beta * cp.slices, lanes, list(cp.chosen))
+            for cp in cap_plans(pb, lanes, limit=4)]
 
 
 def _lp_rounded(pb: Problem, rate: float, caps: dict[str, float], kind: str

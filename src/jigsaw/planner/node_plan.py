@@ -350,9 +350,16 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
         yield quick
     if (formulation or DEFAULT_FORMULATION) != "joint":
         # the decomposition starts with each app's own optimum (what separate_optima checks)
-        yield plan_node(apps, node, profiles, demands, objective=objective, space=space,
-                        previous=previous, time_limit_s=time_limit_s, factors=factors, solver=solver,
-                        start=quick, formulation=formulation)
+        exact = plan_node(apps, node, profiles, demands, objective=objective, space=space,
+                          previous=previous, time_limit_s=time_limit_s, factors=factors,
+                          solver=solver, start=quick, formulation=formulation)
+        if quick is not None and prefer_quick(quick, exact, node, objective):
+            # the exact solve ran out of its limit with nothing better (a spike's re-plan): the
+            # verified quick plan is the answer, said so in its notes
+            quick.notes.append(f"the exact node plan ({exact.status}) was not better within the limit")
+            yield quick
+            return
+        yield exact
         return
     limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
     t0 = time.perf_counter()
