@@ -910,7 +910,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             22 in 0.5 s)."""
             nonlocal best
             failed = [i for i, (cols, _) in enumerate(lifted) if cols is None]
-            if not GRID_SEARCH or len(failed) != 1 or not math.isfinite(ub):
+            searching = SPLIT_SEARCH if split_search is None else split_search
+            if not (GRID_SEARCH and searching) or len(failed) != 1 or not math.isfinite(ub):
                 return
             i = failed[0]
             t_grid = time.perf_counter()
