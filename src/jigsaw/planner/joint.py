@@ -648,6 +648,19 @@ def _result(built: _Built, sol: Solution, cols: list[tuple[Column, ...] | None],
     return JointResult(status, plans, sol.objective, ub, secs, stage)
 
 
+def _nothing_above(parts: list[Part], node: Node, shape: dict, floor: float, cut: float, how: str,
+                   limit_s: float, gap_abs: float) -> bool:
+    """Whether the latency-relaxed core (a relaxation of the full model) has no plan of
+    objective at least ``floor``: proven infeasible within ``limit_s``, which bounds the full
+    model's optimum by ``floor``. ``cut``: a known bound on the objective (inf: none)."""
+    built = build(parts, node, full=False, **shape)
+    nz = [(k, c) for k, c in enumerate(built.model.cost) if c]
+    built.model.row([k for k, _ in nz], [c for _, c in nz], lo=floor)
+    if math.isfinite(cut):
+        _objective_cut(built.model, cut)
+    return built.model.solve(how, limit_s, gap_abs).status == "infeasible"
+
+
 def _better(best: JointResult | None, new: JointResult) -> JointResult:
     return new if best is None or new.objective > best.objective else best
 
@@ -813,13 +826,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             nonlocal best, ub
             if best is None or best.status == "optimal" or ub - best.objective > 2 * gap_abs:
                 return
-            floor = build(parts, node, full=False, **shape)
-            nz = [(k, c) for k, c in enumerate(floor.model.cost) if c]
-            floor.model.row([k for k, _ in nz], [c for _, c in nz], lo=best.objective + gap_abs)
-            if math.isfinite(ub):
-                _objective_cut(floor.model, ub)
-            psol = floor.model.solve(core_how, max(spent, 0.05 * time_limit_s), gap_abs)
-            if psol.status == "infeasible":
+            if _nothing_above(parts, node, shape, best.objective + gap_abs, ub, core_how,
+                              max(spent, 0.05 * time_limit_s), gap_abs):
                 ub = best.objective + gap_abs
                 best.status, best.bound = "optimal", ub
                 for p in best.plans:
