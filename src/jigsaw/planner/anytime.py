@@ -78,8 +78,12 @@ def _splits(pb: Problem, lane: tuple[str, ...], by_tv: dict[tuple[str, str], lis
 def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
                space: str | SearchSpace | None = None, factors: Factors | None = None,
                previous: Plan | None = None, budget_s: float = QUICK_BUDGET_S,
-               problem: Problem | None = None) -> Plan | None:
-    """A verified feasible plan for ``demand_rps`` found greedily, or None if none was found."""
+               problem: Problem | None = None, fewest_slices: bool = False) -> Plan | None:
+    """A verified feasible plan for ``demand_rps`` found greedily, or None if none was found.
+
+    ``fewest_slices``: only the LP lane mixes with their fewest-slice splits of the SLO, fewest
+    slices first (a node whose apps' quick plans do not fit together asks each for its least).
+    """
     t0 = time.perf_counter()
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
     pb = problem or make_problem(app, node, profiles, sp, factors)
@@ -90,6 +94,10 @@ def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, 
         by_tv.setdefault((c.task, c.variant), []).append(c)
     order = sorted((li for li, a in enumerate(pb.lane_acc) if a >= slo_acc - 1e-12),
                    key=lambda li: -pb.lane_acc[li])
+    if fewest_slices:
+        least = [cand for lanes in _lp_mixes(pb, r) for cand in _dp_candidates(pb, r, lanes)]
+        least.sort(key=lambda x: (sum(c.slices * n for c, n in x[2]), -x[0]))
+        return _first_verified(pb, demand_rps, r, least, slo_acc, previous, t0, budget_s, 6)
     candidates: list[tuple[float, dict[int, float], list[tuple[Column, int]]]] = []
     for li in order:
         if candidates and time.perf_counter() - t0 > 0.6 * budget_s:

@@ -294,13 +294,14 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
                 if p is not None:
                     kept[a.name] = p
 
-    def attempt(use_kept: bool) -> tuple[dict[str, Plan], Layout] | None:
+    def attempt(use_kept: bool, least: bool = False) -> tuple[dict[str, Plan], Layout] | None:
         plans: dict[str, Plan] = {}
         for a in apps:
             p = kept.get(a.name) if use_kept else None
             if p is None:
                 p = quick_plan(a, node, profiles, float(demands[a.name]), space=sp,
-                               factors=(factors or {}).get(a.name), budget_s=budget_s)
+                               factors=(factors or {}).get(a.name), budget_s=budget_s,
+                               fewest_slices=least)
             if p is None:
                 return None
             plans[a.name] = p
@@ -317,7 +318,9 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
         return plans, layout
 
     # the running plans kept (what runs stays where it is) first, each app's greedy plan else
-    got = (attempt(True) if kept else None) or attempt(False)
+    # and, where those do not fit together, each app's plan of the fewest slices
+    got = (attempt(True) if kept else None) or attempt(False) or \
+        (attempt(False, least=True) if len(apps) > 1 else None)
     if got is None:
         return None
     plans, layout = got
