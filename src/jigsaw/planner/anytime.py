@@ -6,8 +6,11 @@ latency SLO among the tasks, each task gets instances of its best throughput-per
 within its latency share, the last one swapped for the smallest column that covers the rest.
 Two more candidates per split come from the LP relaxation of the model restricted to those
 latency caps (lane rates as the LP mixes them, each variant's instances rounded up the same
-way). The candidates are ranked by the planner's objective; the best one that packs onto the GPUs and
-passes the independent checker (``verify.verify_plan``) is returned. ``milp.plan_anytime``
+way), and per lane mix of the LP relaxation of the latency-relaxed core (both objectives) the
+instance sets of the fewest slices over every split of the SLO (``latency_caps.cap_plans``:
+at high loads the only candidates that fit). The candidates are ranked by the planner's
+objective; the best one that packs onto the GPUs and passes the independent checker
+(``verify.verify_plan``) is returned. ``milp.plan_anytime``
 yields that plan first and the exact plan when it is ready; the controller may deploy the first
 and replace it by the second.
 """
