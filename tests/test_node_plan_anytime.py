@@ -114,3 +114,36 @@ def test_quick_plan_keeps_what_runs(example) -> None:
     # without the running plans: each app's greedy plan, which shares no such guarantee
     fresh = quick_plan_node(node.apps, node, profiles, burst, budget_s=1.0)
     assert fresh is None or "greedy" in fresh.notes[0]
+
+
+def test_quick_node_plan_falls_back_on_each_apps_fewest_slices(example) -> None:
+    """At 60% of the node (each app at a fifth of its capacity alone) the apps' best-objective
+    greedy plans may not fit together (they did not before the fallback); their fewest-slice
+    plans (LP lane mixes, the latency split of the fewest slices) do, on one verified layout."""
+    node, profiles = example
+    caps = {"social_media": 8502.0, "traffic_analysis": 2012.87, "ar_assistant": 863.7}
+    demands = {n: 0.6 * c / 3 for n, c in caps.items()}
+    q = quick_plan_node(node.apps, node, profiles, demands, budget_s=1.0)
+    assert q is not None and q.status == QUICK_STATUS
+    assert validate_layout(q.layout, node.gpu) == []
+    assert q.slices_used <= node.slices_available
+    for name, p in q.plans.items():
+        assert verify_plan(p, node.app(name), node, profiles) == []
+
+
+def test_anytime_hands_back_the_quick_plan_when_the_exact_one_finds_none(example, monkeypatch) -> None:
+    """A spike's re-plan whose exact solve runs out of its limit without a plan ends on the
+    verified quick plan (what the controller then keeps deployed), not on "no_solution"."""
+    from jigsaw.planner import node_plan
+
+    node, profiles = example
+    real = node_plan.plan_node
+
+    def out_of_time(*args, **kwargs):
+        got = real(*args, **kwargs)
+        return dataclasses.replace(got, status="no_solution", plans={}, layout=None)
+
+    monkeypatch.setattr(node_plan, "plan_node", out_of_time)
+    got = list(node_plan.plan_node_anytime(node.apps, node, profiles, DEMANDS, time_limit_s=30))
+    assert len(got) == 2 and got[0].status == got[1].status == QUICK_STATUS
+    assert got[1].plans and any("not better within the limit" in n for n in got[1].notes)

@@ -54,7 +54,8 @@ def test_split_search_and_highs_core_keep_the_optimum(demand: float, solver: str
                       core_solver="same", split_search=False)
     assert new.status == old.status == "optimal"
     if demand == 250.0:
-        assert new.stage == "split"  # the core does not lift here; a split of its caps is optimal
+        # the core does not lift here; a split of the SLO (the grid's, or of the core's caps) is
+        assert new.stage in ("grid", "split")
     assert abs(new.objective - old.objective) <= node.absolute_gap + 1e-9
     for res in (new, old):
         p = res.plans[0]
@@ -70,3 +71,34 @@ def test_stage_solver_names() -> None:
     assert joint.stage_solver("highs", "auto") == (joint.CORE_SOLVER or "highs")
     with pytest.raises(ValueError, match="unknown core solver"):
         joint.stage_solver("cbc", "gurobi")
+
+
+def test_grid_caps_meet_every_path_and_are_maximal() -> None:
+    app, node, profiles = _chain()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    grid = joint.grid_caps(pb, steps=8)
+    assert grid
+    unit = app.latency_slo_ms / 2 / 8
+    fastest = {t: min(c.latency_ms for c in pb.colset.columns if c.task == t) for t in app.task_names}
+    for caps in grid:
+        for p in app.paths:
+            assert sum(2 * caps[t] for t in p) <= app.latency_slo_ms * (1 + 1e-9)
+        assert all(caps[t] >= fastest[t] - 1e-9 for t in caps)  # every task keeps a column
+        for t in caps:  # maximal: no task's cap grows a step
+            assert any(sum(caps[u] + (unit if u == t else 0.0) for u in p) > app.latency_slo_ms / 2 + 1e-9
+                       for p in app.paths if t in p)
+
+
+def test_without_the_grid_the_optimum_is_the_same() -> None:
+    app, node, profiles = _chain()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    new = joint.solve([joint.Part(pb, 250.0)], node, solver="highs", time_limit_s=60)
+    saved = joint.GRID_SEARCH
+    joint.GRID_SEARCH = False
+    try:
+        off = joint.solve([joint.Part(pb, 250.0)], node, solver="highs", time_limit_s=60)
+    finally:
+        joint.GRID_SEARCH = saved
+    assert new.status == off.status == "optimal"
+    assert off.stage != "grid"
+    assert abs(new.objective - off.objective) <= node.absolute_gap + 1e-9

@@ -6,8 +6,11 @@ latency SLO among the tasks, each task gets instances of its best throughput-per
 within its latency share, the last one swapped for the smallest column that covers the rest.
 Two more candidates per split come from the LP relaxation of the model restricted to those
 latency caps (lane rates as the LP mixes them, each variant's instances rounded up the same
-way). The candidates are ranked by the planner's objective; the best one that packs onto the GPUs and
-passes the independent checker (``verify.verify_plan``) is returned. ``milp.plan_anytime``
+way), and per lane mix of the LP relaxation of the latency-relaxed core (both objectives) the
+instance sets of the fewest slices over every split of the SLO (``latency_caps.cap_plans``:
+at high loads the only candidates that fit). The candidates are ranked by the planner's
+objective; the best one that packs onto the GPUs and passes the independent checker
+(``verify.verify_plan``) is returned. ``milp.plan_anytime``
 yields that plan first and the exact plan when it is ready; the controller may deploy the first
 and replace it by the second.
 """
@@ -21,6 +24,7 @@ from jigsaw.app import App
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import Column
+from jigsaw.planner.latency_caps import cap_plans, lanes_of
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
 from jigsaw.planner.problem import Factors, Problem, make_problem
 from jigsaw.planner.routes import settle_lanes
@@ -77,8 +81,12 @@ def _splits(pb: Problem, lane: tuple[str, ...], by_tv: dict[tuple[str, str], lis
 def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
                space: str | SearchSpace | None = None, factors: Factors | None = None,
                previous: Plan | None = None, budget_s: float = QUICK_BUDGET_S,
-               problem: Problem | None = None) -> Plan | None:
-    """A verified feasible plan for ``demand_rps`` found greedily, or None if none was found."""
+               problem: Problem | None = None, fewest_slices: bool = False) -> Plan | None:
+    """A verified feasible plan for ``demand_rps`` found greedily, or None if none was found.
+
+    ``fewest_slices``: only the LP lane mixes with their fewest-slice splits of the SLO, fewest
+    slices first (a node whose apps' quick plans do not fit together asks each for its least).
+    """
     t0 = time.perf_counter()
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
     pb = problem or make_problem(app, node, profiles, sp, factors)
@@ -89,6 +97,10 @@ def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, 
         by_tv.setdefault((c.task, c.variant), []).append(c)
     order = sorted((li for li, a in enumerate(pb.lane_acc) if a >= slo_acc - 1e-12),
                    key=lambda li: -pb.lane_acc[li])
+    if fewest_slices:
+        least = [cand for lanes in _lp_mixes(pb, r) for cand in _dp_candidates(pb, r, lanes)]
+        least.sort(key=lambda x: (sum(c.slices * n for c, n in x[2]), -x[0]))
+        return _first_verified(pb, demand_rps, r, least, slo_acc, previous, t0, budget_s, 6)
     candidates: list[tuple[float, dict[int, float], list[tuple[Column, int]]]] = []
     for li in order:
         if candidates and time.perf_counter() - t0 > 0.6 * budget_s:
@@ -115,22 +127,63 @@ def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, 
                 got = _lp_rounded(pb, r, caps, kind)
                 if got is not None:
                     candidates.append(got)
+    # The LP relaxation's lane mixes, each with the latency split that needs the fewest slices
+    # for it (``latency_caps``): where no single lane fits (high loads) the only candidates, and
+    # elsewhere often better than the single lanes (traffic_analysis at 20%: 7 slices, not 18)
+    candidates += [cand for lanes in _lp_mixes(pb, r) for cand in _dp_candidates(pb, r, lanes)]
     candidates.sort(key=lambda x: -x[0])
+    return _first_verified(pb, demand_rps, r, candidates, slo_acc, previous, t0, budget_s, 6)
+
+
+def _first_verified(pb: Problem, demand_rps: float, rate: float,
+                    candidates: list[tuple[float, dict[int, float], list[tuple[Column, int]]]],
+                    slo_acc: float, previous: Plan | None, t0: float, budget_s: float,
+                    at_least: int = 3) -> Plan | None:
+    """The first of ``candidates`` (best first) that packs and passes the checker, trying at
+    least ``at_least`` of them and then while ``budget_s`` lasts."""
+    node = pb.node
     for tried, (objective, lanes, chosen) in enumerate(candidates):
-        if tried >= 3 and time.perf_counter() - t0 > budget_s:
+        if tried >= at_least and time.perf_counter() - t0 > budget_s:
             break
-        plan = _as_plan(pb, demand_rps, r, lanes, chosen, slo_acc, objective)
+        plan = _as_plan(pb, demand_rps, rate, lanes, chosen, slo_acc, objective)
         prev = previous.layout if previous is not None else None
         try:
             plan.layout = pack(instances_from_plan(plan), node.gpu, node.num_gpus,
                                prev if prev is not None and prev.gpu_model == node.gpu.name else None)
         except PackingError:
             continue
-        if verify_plan(plan, app, node, profiles, factors):
+        if verify_plan(plan, pb.app, node, pb.profiles, pb.factors):
             continue
         plan.solve_seconds = time.perf_counter() - t0
         return plan
     return None
+
+
+def _lp_mixes(pb: Problem, rate: float) -> list[dict[int, float]]:
+    """Lane mixes from the LP relaxation of the latency-relaxed core, for both objectives (the
+    fewest slices, the best accuracy): distinct, each summing to ``rate``."""
+    from jigsaw.planner import joint
+
+    out: list[dict[int, float]] = []
+    for kind in ("slices", "accuracy"):
+        built = joint.build([joint.Part(pb, rate)], pb.node, full=False, objective=kind)
+        sol = built.model.relaxation("highs")
+        if not sol.has_incumbent:
+            continue
+        lanes = lanes_of(pb, [sol.values[v] for v in built.lam[0]], rate)
+        if lanes and all(any(abs(lanes.get(li, 0.0) - x.get(li, 0.0)) > 1e-6 * rate
+                             for li in set(lanes) | set(x)) for x in out):
+            out.append(lanes)
+    return out
+
+
+def _dp_candidates(pb: Problem, rate: float, lanes: dict[int, float]
+                   ) -> list[tuple[float, dict[int, float], list[tuple[Column, int]]]]:
+    """Candidates for one lane mix: the instance sets of the fewest slices (``cap_plans``)."""
+    node = pb.node
+    accuracy = sum(pb.lane_acc[li] * x for li, x in lanes.items()) / rate
+    return [(node.planner.alpha * accuracy - node.beta * cp.slices, lanes, list(cp.chosen))
+            for cp in cap_plans(pb, lanes, limit=4)]
 
 
 def _lp_rounded(pb: Problem, rate: float, caps: dict[str, float], kind: str

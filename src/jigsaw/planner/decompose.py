@@ -56,6 +56,9 @@ from jigsaw.planner.packer import PackingError
 
 SCREEN_SHARE = 0.85  # the cores' floors are solved where their LP floors reach this share of the node
 FLOOR_LIMIT_S = 0.3  # each app's latency-relaxed slice floor (``floor_slices``): a quick screen
+# each slot floor (``_min_slots``): its dual bound holds wherever it stops, so a short solve only
+# weakens it (None: the time left)
+MIN_SLOTS_LIMIT_S: float | None = FLOOR_LIMIT_S
 Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plans do not fit together
 
 
@@ -352,7 +355,8 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         k = budgets[i][0]
         if k not in fronts[i].min_slots:
             solves += 1
-            floor = _min_slots(parts[i], node, solver, k, left())
+            floor = _min_slots(parts[i], node, solver, k,
+                               left() if MIN_SLOTS_LIMIT_S is None else min(left(), MIN_SLOTS_LIMIT_S))
             if floor is None:
                 fronts[i].infeasible.append((k, room[1]))
             else:

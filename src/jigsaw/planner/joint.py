@@ -81,6 +81,45 @@ def stage_solver(solver: str, core_solver: str = "auto") -> str:
         return CORE_SOLVER or solver
     return solver if core_solver == "same" else core_solver
 REFINE_ROUNDS = 4
+# The grid search over SLO splits (``try_grid`` in ``solve``): its steps per half SLO, the share
+# of the time limit its LP ranking may take, how many splits it solves and each one's share.
+GRID_SEARCH = True
+GRID_STEPS = 10
+GRID_SHARE = 0.05
+GRID_SOLVES = 3
+GRID_SOLVE_SHARE = 0.05
+
+
+def grid_caps(pb: Problem, steps: int = GRID_STEPS) -> list[dict[str, float]]:
+    """Latency caps per task on a grid of ``steps`` per half SLO that meet every path and are
+    maximal (no task's cap can grow a step), skipping those that leave a task no column."""
+    app = pb.app
+    half = app.latency_slo_ms / 2
+    fastest = {t: min((c.latency_ms for c in pb.colset.columns if c.task == t), default=math.inf)
+               for t in app.task_names}
+    unit = half / steps
+    low = {t: max(1, math.ceil(fastest[t] / unit - 1e-9)) for t in app.task_names}
+    tasks = app.task_names
+    out: list[dict[str, float]] = []
+
+    def fits(k: dict[str, int]) -> bool:
+        return all(sum(k[t] for t in p) <= steps for p in app.paths)
+
+    def walk(j: int, k: dict[str, int]) -> None:
+        if j == len(tasks):
+            if all(not fits({**k, t: k[t] + 1}) for t in tasks):
+                out.append({t: k[t] * unit for t in tasks})
+            return
+        t = tasks[j]
+        for x in range(low[t], steps + 1):
+            k[t] = x
+            if not all(sum(k.get(u, low[u]) for u in p) <= steps for p in app.paths if t in p):
+                break
+            walk(j + 1, k)
+        k.pop(t, None)
+
+    walk(0, {})
+    return out
 
 
 @dataclass
@@ -609,6 +648,19 @@ def _result(built: _Built, sol: Solution, cols: list[tuple[Column, ...] | None],
     return JointResult(status, plans, sol.objective, ub, secs, stage)
 
 
+def _nothing_above(parts: list[Part], node: Node, shape: dict, floor: float, cut: float, how: str,
+                   limit_s: float, gap_abs: float) -> bool:
+    """Whether the latency-relaxed core (a relaxation of the full model) has no plan of
+    objective at least ``floor``: proven infeasible within ``limit_s``, which bounds the full
+    model's optimum by ``floor``. ``cut``: a known bound on the objective (inf: none)."""
+    built = build(parts, node, full=False, **shape)
+    nz = [(k, c) for k, c in enumerate(built.model.cost) if c]
+    built.model.row([k for k, _ in nz], [c for _, c in nz], lo=floor)
+    if math.isfinite(cut):
+        _objective_cut(built.model, cut)
+    return built.model.solve(how, limit_s, gap_abs).status == "infeasible"
+
+
 def _better(best: JointResult | None, new: JointResult) -> JointResult:
     return new if best is None or new.objective > best.objective else best
 
@@ -767,6 +819,23 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 _extract(core, sol.values, i, cols, sol.status, secs, gap)
                 for i, (cols, _) in enumerate(lifts) if cols is not None]
             return JointResult(sol.status, plans, sol.objective, _proven(sol), secs, "core")
+        def prove(spent: float) -> None:
+            """The core's stop leaves its bound up to the gap above its own incumbent: where
+            that is all that keeps the best incumbent from a proof, ask the core for a plan
+            better than it by the gap. None exists (infeasible): the incumbent is optimal."""
+            nonlocal best, ub
+            if best is None or best.status == "optimal" or ub - best.objective > 2 * gap_abs:
+                return
+            if _nothing_above(parts, node, shape, best.objective + gap_abs, ub, core_how,
+                              max(spent, 0.05 * time_limit_s), gap_abs):
+                ub = best.objective + gap_abs
+                best.status, best.bound = "optimal", ub
+                for p in best.plans:
+                    if p is not None:
+                        p.status, p.gap = "optimal", 0.0
+
+        if not capacity_mode:
+            prove(0.1 * time_limit_s)  # the start, within the gap of a plan-free core?
         if best is not None and best.status != "optimal" and sol.status == "optimal" and \
                 ub - best.objective <= 2 * gap_abs and core_how == "highs":
             # HiGHS reports its own bound (up to the gap above its incumbent): where that leaves
@@ -798,13 +867,16 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
         levels: list[dict[str, list[float]] | None] = [
             None if cols is not None else candidate_levels(parts[i].pb, need, caps[i] or {})
             for i, (cols, need) in enumerate(lifts)]
-        def restrict(built: _Built, stage: str, how: str | None = None) -> JointResult | None:
+        def restrict(built: _Built, stage: str, how: str | None = None,
+                     limit_s: float | None = None) -> JointResult | None:
             """Solve a restriction of the full model (every plan it finds is feasible)."""
             if math.isfinite(ub):
                 # the relaxations' optimum bounds every restriction: with it as a cut the
                 # solver stops once its incumbent is within the gap of that bound
                 _objective_cut(built.model, ub)
             left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
+            if limit_s is not None:
+                left = min(left, limit_s)
             rsol = built.model.solve(how or solver, left, gap_abs, relative_gap=rel_gap)
             if not rsol.has_incumbent:
                 return None
@@ -836,8 +908,51 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                     if best.status == "optimal":
                         return
 
+        def try_grid(lifted: list[tuple[tuple[Column, ...] | None, dict[str, float]]]) -> None:
+            """Incumbents from a grid of SLO splits (``grid_caps``) for the one part whose lift
+            failed: each split's restricted core is ranked by its LP relaxation (milliseconds),
+            and the best few are solved for a short while each, stopping once one is proven
+            (within the gap of the bound ``ub``). Where the core's bound is tight but its
+            columns are too slow, the optimum sits under one such split (ar_assistant at 80%:
+            the core's splits find 23 slices after 10 s, the grid's second split the optimum's
+            22 in 0.5 s)."""
+            nonlocal best
+            failed = [i for i, (cols, _) in enumerate(lifted) if cols is None]
+            searching = SPLIT_SEARCH if split_search is None else split_search
+            if not (GRID_SEARCH and searching) or len(failed) != 1 or not math.isfinite(ub):
+                return
+            i = failed[0]
+            t_grid = time.perf_counter()
+            ranked: list[tuple[float, dict[str, float]]] = []
+            for cap in grid_caps(parts[i].pb):
+                cand: list[dict[str, float] | None] = [None] * len(parts)
+                cand[i] = cap
+                lp = build(parts, node, full=False, caps=cand, **shape).model.relaxation("highs")
+                if lp.has_incumbent and lp.objective > (best.objective if best else -math.inf) + gap_abs:
+                    ranked.append((lp.objective, cap))
+                if time.perf_counter() - t_grid > GRID_SHARE * time_limit_s:
+                    break
+            ranked.sort(key=lambda x: -x[0])
+            for _, cap in ranked[:GRID_SOLVES]:
+                if time.perf_counter() - t0 > 0.5 * time_limit_s:
+                    break
+                cand = [None] * len(parts)
+                cand[i] = cap
+                got = restrict(build(parts, node, full=False, caps=cand, **shape), "grid",
+                               SPLIT_SOLVER or solver, GRID_SOLVE_SHARE * time_limit_s)
+                if got is not None:
+                    best = _better(best, got)
+                    prove(0.1 * time_limit_s)
+                    if best.status == "optimal":
+                        return
+
         if not capacity_mode:
+            try_grid(lifts)
+            prove(0.1 * time_limit_s)
+            if best is not None and best.status == "optimal":
+                return best
             try_splits(lifts)
+            prove(0.1 * time_limit_s)
             if best is not None and best.status == "optimal":
                 return best
         if capacity_mode:

@@ -294,13 +294,14 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
                 if p is not None:
                     kept[a.name] = p
 
-    def attempt(use_kept: bool) -> tuple[dict[str, Plan], Layout] | None:
+    def attempt(use_kept: bool, least: bool = False) -> tuple[dict[str, Plan], Layout] | None:
         plans: dict[str, Plan] = {}
         for a in apps:
             p = kept.get(a.name) if use_kept else None
             if p is None:
                 p = quick_plan(a, node, profiles, float(demands[a.name]), space=sp,
-                               factors=(factors or {}).get(a.name), budget_s=budget_s)
+                               factors=(factors or {}).get(a.name), budget_s=budget_s,
+                               fewest_slices=least)
             if p is None:
                 return None
             plans[a.name] = p
@@ -317,7 +318,9 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
         return plans, layout
 
     # the running plans kept (what runs stays where it is) first, each app's greedy plan else
-    got = (attempt(True) if kept else None) or attempt(False)
+    # and, where those do not fit together, each app's plan of the fewest slices
+    got = (attempt(True) if kept else None) or attempt(False) or \
+        (attempt(False, least=True) if len(apps) > 1 else None)
     if got is None:
         return None
     plans, layout = got
@@ -350,9 +353,16 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
         yield quick
     if (formulation or DEFAULT_FORMULATION) != "joint":
         # the decomposition starts with each app's own optimum (what separate_optima checks)
-        yield plan_node(apps, node, profiles, demands, objective=objective, space=space,
-                        previous=previous, time_limit_s=time_limit_s, factors=factors, solver=solver,
-                        start=quick, formulation=formulation)
+        exact = plan_node(apps, node, profiles, demands, objective=objective, space=space,
+                          previous=previous, time_limit_s=time_limit_s, factors=factors,
+                          solver=solver, start=quick, formulation=formulation)
+        if quick is not None and prefer_quick(quick, exact, node, objective):
+            # the exact solve ran out of its limit with nothing better (a spike's re-plan): the
+            # verified quick plan is the answer, said so in its notes
+            quick.notes.append(f"the exact node plan ({exact.status}) was not better within the limit")
+            yield quick
+            return
+        yield exact
         return
     limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
     t0 = time.perf_counter()
