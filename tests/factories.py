@@ -49,3 +49,15 @@ def make_profiles(node: Node, base_ms: dict[str, float], memory_mb: float = 500.
                     rows.append(ProfileRow(variant, name, k, b, latency, k * b * 1000.0 / latency,
                                            memory_mb + 20.0 * b, "modeled"))
     return ProfileTable(rows, "factories")
+
+
+def latency_bound_chain() -> tuple[App, Node, ProfileTable]:
+    """A three-task chain where latency binds: the largest batches of every task do not fit the SLO
+    together, so the planner has to split the SLO among the tasks (the split searches' test case)."""
+    app = make_app(
+        tasks={"a": [("a1", 70.0), ("a2", 80.0)], "b": [("b1", 60.0), ("b2", 66.0)], "c": [("c1", 50.0)]},
+        edges=[("a", "b", {"a1": 1.0, "a2": 1.5}), ("b", "c", {"b1": 0.5, "b2": 0.8})],
+        latency_slo_ms=160.0,
+    )
+    node = make_node(num_gpus=2, mps_levels=(1, 2), batch_sizes=(1, 4, 16))
+    return app, node, make_profiles(node, {"a1": 2.0, "a2": 5.0, "b1": 3.0, "b2": 7.0, "c1": 1.0})

@@ -7,7 +7,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from factories import make_app, make_node, make_profiles
+from factories import latency_bound_chain
 
 from jigsaw.node import load_node, load_node_profiles
 from jigsaw.planner import latency_caps
@@ -17,17 +17,10 @@ from jigsaw.planner.verify import verify_plan
 from jigsaw.spaces import search_space
 
 NODE = Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml"
-CHAIN = dict(
-    tasks={"a": [("a1", 70.0), ("a2", 80.0)], "b": [("b1", 60.0), ("b2", 66.0)], "c": [("c1", 50.0)]},
-    edges=[("a", "b", {"a1": 1.0, "a2": 1.5}), ("b", "c", {"b1": 0.5, "b2": 0.8})],
-)
-CHAIN_BASE = {"a1": 2.0, "a2": 5.0, "b1": 3.0, "b2": 7.0, "c1": 1.0}
 
 
 def _chain():
-    app = make_app(**CHAIN, latency_slo_ms=160.0)
-    node = make_node(num_gpus=2, mps_levels=(1, 2), batch_sizes=(1, 4, 16))
-    profiles = make_profiles(node, CHAIN_BASE)
+    app, node, profiles = latency_bound_chain()
     return app, node, make_problem(app, node, profiles, search_space("ast"), None)
 
 

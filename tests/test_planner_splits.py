@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from factories import make_app, make_node, make_profiles
+from factories import latency_bound_chain
 
 from jigsaw.planner import joint
 from jigsaw.planner.milp import plan
@@ -11,18 +11,9 @@ from jigsaw.planner.problem import make_problem
 from jigsaw.planner.verify import verify_plan
 from jigsaw.spaces import search_space
 
-# A chain where latency binds (the largest batches of every task do not fit the SLO together).
-CHAIN = dict(
-    tasks={"a": [("a1", 70.0), ("a2", 80.0)], "b": [("b1", 60.0), ("b2", 66.0)], "c": [("c1", 50.0)]},
-    edges=[("a", "b", {"a1": 1.0, "a2": 1.5}), ("b", "c", {"b1": 0.5, "b2": 0.8})],
-)
-CHAIN_BASE = {"a1": 2.0, "a2": 5.0, "b1": 3.0, "b2": 7.0, "c1": 1.0}
-
 
 def _chain():
-    app = make_app(**CHAIN, latency_slo_ms=160.0)
-    node = make_node(num_gpus=2, mps_levels=(1, 2), batch_sizes=(1, 4, 16))
-    return app, node, make_profiles(node, CHAIN_BASE)
+    return latency_bound_chain()
 
 
 def test_cap_splits_meet_every_path_and_stay_below_the_needed_caps() -> None:
