@@ -12,12 +12,14 @@ from jigsaw.node import load_node, load_node_profiles
 from jigsaw.plan import NodePlan
 from jigsaw.planner.node_plan import (
     QUICK_STATUS,
+    SCALED_QUICK_FRACTIONS,
     merge_layouts,
     node_value,
     plan_node,
     plan_node_anytime,
     prefer_quick,
     quick_plan_node,
+    scaled_quick_plan_node,
     separate_optima,
 )
 from jigsaw.planner.packer import validate_layout
@@ -147,3 +149,40 @@ def test_anytime_hands_back_the_quick_plan_when_the_exact_one_finds_none(example
     got = list(node_plan.plan_node_anytime(node.apps, node, profiles, DEMANDS, time_limit_s=30))
     assert len(got) == 2 and got[0].status == got[1].status == QUICK_STATUS
     assert got[1].plans and any("not better within the limit" in n for n in got[1].notes)
+
+
+def test_scaled_quick_plan_serves_the_largest_fraction_it_finds(example) -> None:
+    node, profiles = example
+    apps = [a for a in node.apps if a.name == "traffic_analysis"]
+    demands = {"traffic_analysis": 5000.0}  # 2.5x its capacity: no greedy plan for all of it
+    assert quick_plan_node(apps, node, profiles, demands, budget_s=1.0) is None
+    q = scaled_quick_plan_node(apps, node, profiles, demands, budget_s=1.0)
+    assert q is not None and q.status == "feasible" and not q.feasible
+    assert 0 < q.demand_scale < 1 and q.demand_scale in SCALED_QUICK_FRACTIONS
+    p = q.plans["traffic_analysis"]
+    assert p.instances and q.slices_used <= node.slices_available
+    assert verify_plan(p, apps[0], node, profiles) == []
+    assert p.demand_rps == pytest.approx(5000.0 * q.demand_scale)
+    # and it is the largest such fraction: the next one up has no greedy plan
+    up = [f for f in SCALED_QUICK_FRACTIONS if f > q.demand_scale]
+    if up:
+        bigger = {"traffic_analysis": 5000.0 * min(up)}
+        assert quick_plan_node(apps, node, profiles, bigger, budget_s=1.0) is None
+
+
+def test_anytime_falls_back_on_a_scaled_quick_plan_when_the_exact_finds_nothing(example, monkeypatch) -> None:
+    import jigsaw.planner.node_plan as node_plan
+
+    node, profiles = example
+    apps = [a for a in node.apps if a.name == "traffic_analysis"]
+    demands = {"traffic_analysis": 5000.0}
+
+    def nothing(apps, node, profiles, demands, **kw):  # what a solve that ran out of its limit returns
+        return NodePlan(node=node.name, objective_kind="accuracy", status="no_solution", feasible=False,
+                        objective=float("nan"), gap=float("inf"), slices_used=0,
+                        slices_available=node.slices_available, solve_seconds=2.0)
+    monkeypatch.setattr(node_plan, "plan_node", nothing)
+    got = list(plan_node_anytime(apps, node, profiles, demands, time_limit_s=2.0))
+    assert len(got) == 1 and got[0].status == "feasible" and got[0].demand_scale < 1
+    assert got[0].plans["traffic_analysis"].instances
+    assert any("no_solution" in n for n in got[0].notes)

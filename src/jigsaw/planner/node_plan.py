@@ -338,6 +338,35 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
                         + ", packed together and verified; not proven optimal"])
 
 
+SCALED_QUICK_FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # tried in turn, largest first
+
+
+def scaled_quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable,
+                           demands: Mapping[str, float], *, objective: str | None = None,
+                           space: str | SearchSpace | None = None, previous: NodePlan | None = None,
+                           factors: Mapping[str, Factors] | None = None,
+                           budget_s: float = QUICK_BUDGET_S) -> NodePlan | None:
+    """``quick_plan_node``'s plan for the largest of ``SCALED_QUICK_FRACTIONS`` of every app's
+    demand that it finds one for (``demand_scale`` says which), or None.
+
+    Why: a spike's re-plan near or above the node's capacity can end its time limit with no plan
+    at all (the greedy finds none at the full demand, the exact solve and its scaled search run
+    out), and a controller with nothing to deploy keeps the quiet plan through the whole spike.
+    A verified plan that serves most of the demand, found in a few greedy tries, is far better.
+    """
+    for frac in SCALED_QUICK_FRACTIONS:
+        scaled = {name: float(rps) * frac for name, rps in demands.items()}
+        q = quick_plan_node(apps, node, profiles, scaled, objective=objective, space=space,
+                            previous=previous, factors=factors, budget_s=budget_s)
+        if q is not None:
+            # labelled as the scaled search's plans are: verified, not proven, not the full demand
+            q.status, q.feasible, q.demand_scale = "feasible", False, frac
+            q.notes.append(f"the greedy's plan for {frac:.0%} of every app's demand: the full demand "
+                           "found no plan within the limit")
+            return q
+    return None
+
+
 def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
                       demands: Mapping[str, float], *, objective: str | None = None,
                       space: str | SearchSpace | None = None,
@@ -356,6 +385,13 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
         exact = plan_node(apps, node, profiles, demands, objective=objective, space=space,
                           previous=previous, time_limit_s=time_limit_s, factors=factors,
                           solver=solver, start=quick, formulation=formulation)
+        if quick is None and (not exact.plans or any(not p.instances for p in exact.plans.values())):
+            scaled = scaled_quick_plan_node(apps, node, profiles, demands, objective=objective,
+                                            space=space, previous=previous, factors=factors)
+            if scaled is not None:
+                scaled.notes.append(f"the exact node plan ended {exact.status}")
+                yield scaled
+                return
         if quick is not None and prefer_quick(quick, exact, node, objective):
             # the exact solve ran out of its limit with nothing better (a spike's re-plan): the
             # verified quick plan is the answer, said so in its notes
