@@ -163,12 +163,19 @@ _F32 = struct.Struct("<f")
 _PAD4 = bytes(4)
 
 
-def _first_random(seed: int) -> float:
-    """``_ItemRandom(seed).random()``, without the object (the generic task's one draw)."""
-    s = (seed + 0x9E3779B97F4A7C15) & _MASK64
+_GOLDEN64 = 0x9E3779B97F4A7C15  # splitmix64's state increment
+
+
+def _mix64(s: int) -> int:
+    """splitmix64's output function of one state."""
     z = ((s ^ (s >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return ((z ^ (z >> 31)) >> 11) * (1.0 / (1 << 53))
+    return z ^ (z >> 31)
+
+
+def _first_random(seed: int) -> float:
+    """``_ItemRandom(seed).random()``, without the object (the generic task's one draw)."""
+    return (_mix64((seed + _GOLDEN64) & _MASK64) >> 11) * (1.0 / (1 << 53))
 
 
 def _generic_head() -> bytes | None:
@@ -198,10 +205,8 @@ class _ItemRandom:
         self._state = seed & _MASK64
 
     def _next(self) -> int:
-        self._state = s = (self._state + 0x9E3779B97F4A7C15) & _MASK64
-        z = ((s ^ (s >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        return z ^ (z >> 31)
+        self._state = s = (self._state + _GOLDEN64) & _MASK64
+        return _mix64(s)
 
     def random(self) -> float:
         """A float in [0, 1) (53 random bits)."""

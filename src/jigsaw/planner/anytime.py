@@ -98,7 +98,7 @@ def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, 
     order = sorted((li for li, a in enumerate(pb.lane_acc) if a >= slo_acc - 1e-12),
                    key=lambda li: -pb.lane_acc[li])
     if fewest_slices:
-        least = [cand for lanes in _lp_mixes(pb, r) for cand in _dp_candidates(pb, r, lanes)]
+        least = _cap_candidates(pb, r)
         least.sort(key=lambda x: (sum(c.slices * n for c, n in x[2]), -x[0]))
         return _first_verified(pb, demand_rps, r, least, slo_acc, previous, t0, budget_s, 6)
     candidates: list[tuple[float, dict[int, float], list[tuple[Column, int]]]] = []
@@ -130,7 +130,7 @@ def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, 
     # The LP relaxation's lane mixes, each with the latency split that needs the fewest slices
     # for it (``latency_caps``): where no single lane fits (high loads) the only candidates, and
     # elsewhere often better than the single lanes (traffic_analysis at 20%: 7 slices, not 18)
-    candidates += [cand for lanes in _lp_mixes(pb, r) for cand in _dp_candidates(pb, r, lanes)]
+    candidates += _cap_candidates(pb, r)
     candidates.sort(key=lambda x: -x[0])
     return _first_verified(pb, demand_rps, r, candidates, slo_acc, previous, t0, budget_s, 6)
 
@@ -175,6 +175,12 @@ def _lp_mixes(pb: Problem, rate: float) -> list[dict[int, float]]:
                              for li in set(lanes) | set(x)) for x in out):
             out.append(lanes)
     return out
+
+
+def _cap_candidates(pb: Problem, rate: float
+                    ) -> list[tuple[float, dict[int, float], list[tuple[Column, int]]]]:
+    """Per lane mix of the LP relaxation (``_lp_mixes``), its fewest-slice instance sets."""
+    return [cand for lanes in _lp_mixes(pb, rate) for cand in _dp_candidates(pb, rate, lanes)]
 
 
 def _dp_candidates(pb: Problem, rate: float, lanes: dict[int, float]

@@ -661,6 +661,16 @@ def _nothing_above(parts: list[Part], node: Node, shape: dict, floor: float, cut
     return built.model.solve(how, limit_s, gap_abs).status == "infeasible"
 
 
+def _mark_optimal(res: JointResult, bound: float | None = None, plan_gap: float = 0.0) -> None:
+    """Label ``res`` and each of its plans proven optimal (``bound``: the bound that proves it)."""
+    res.status = "optimal"
+    if bound is not None:
+        res.bound = bound
+    for p in res.plans:
+        if p is not None:
+            p.status, p.gap = "optimal", plan_gap
+
+
 def _better(best: JointResult | None, new: JointResult) -> JointResult:
     return new if best is None or new.objective > best.objective else best
 
@@ -803,10 +813,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             if p is not None:
                 p.status = "feasible"
         if ub - value <= gap_abs:
-            best.status = "optimal"
-            for p in best.plans:
-                if p is not None:
-                    p.status, p.gap = "optimal", 0.0
+            _mark_optimal(best)
     if sol.has_incumbent:
         lifts = [_lift(core, sol.values, i) for i in range(len(parts))]
         lifted = all(cols is not None for cols, _ in lifts)
@@ -829,10 +836,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             if _nothing_above(parts, node, shape, best.objective + gap_abs, ub, core_how,
                               max(spent, 0.05 * time_limit_s), gap_abs):
                 ub = best.objective + gap_abs
-                best.status, best.bound = "optimal", ub
-                for p in best.plans:
-                    if p is not None:
-                        p.status, p.gap = "optimal", 0.0
+                _mark_optimal(best, ub)
 
         if not capacity_mode:
             prove(0.1 * time_limit_s)  # the start, within the gap of a plan-free core?
@@ -850,10 +854,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             if tsol.has_incumbent:
                 ub = min(ub, _proven(tsol))
                 if ub - best.objective <= gap_abs:
-                    best.status, best.bound = "optimal", ub
-                    for p in best.plans:
-                        if p is not None:
-                            p.status, p.gap = "optimal", 0.0
+                    _mark_optimal(best, ub)
         if best is not None and best.status == "optimal":
             return best  # the start, proven by the core's bound
         # The latency levels: per task of each part whose lift failed, a few caps to choose
@@ -1005,11 +1006,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     if best is not None and best.status == "optimal":
         return best
     if best is not None and ub - best.objective <= max(gap_abs, rel_gap * abs(ub)):
-        best.status, best.bound = "optimal", ub  # a later bound proves the earlier incumbent
-        for p in best.plans:
-            if p is not None:
-                p.status = "optimal"
-                p.gap = math.inf if capacity_mode else 0.0
+        # a later bound proves the earlier incumbent
+        _mark_optimal(best, ub, math.inf if capacity_mode else 0.0)
         return best
     left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
     full = build(parts, node, full=True, **shape)

@@ -148,10 +148,6 @@ class RoutingTable:
 
     def usable(self, targets: list[Target]) -> list[Target]:
         """The targets that may take an item, least loaded first."""
-        if len(targets) == 1:  # one process (``routable``'s answer for it, without its sort)
-            t = targets[0]
-            if self.ring_stats[t.ring].get(t.slot, st.STATE) not in (st.DEAD, st.FAILED):
-                return targets
         return st.routable(targets, lambda t: self.ring_stats[t.ring].get(t.slot, st.STATE), self.load)
 
     def root_states(self, app: str) -> list[int]:

@@ -39,8 +39,12 @@ def routable(candidates: Iterable[T], state_of: Callable[[T], int], load_of: Cal
 
     When every candidate is dead, those being restarted are returned (the item waits in the ring
     for the new process); none when every one has failed for good. The frontend and the workers
-    route by this one rule.
+    route by this one rule. A lone live candidate is returned as given (the common case of a
+    task with one process, on every hop's path: no lists built, no sort).
     """
+    if isinstance(candidates, list) and len(candidates) == 1 \
+            and state_of(candidates[0]) not in (DEAD, FAILED):
+        return candidates
     live, restarting = [], []
     for c in candidates:
         state = state_of(c)

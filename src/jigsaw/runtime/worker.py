@@ -66,9 +66,7 @@ from jigsaw.runtime.stats import (
     BATCH_STARTED_NS,
     BATCHES,
     BUSY_NS,
-    DEAD,
     DROPPED,
-    FAILED,
     HEARTBEAT_NS,
     ITEMS,
     PID,
@@ -319,8 +317,6 @@ class Worker:
             w.done_rung = True  # rung once per turn (``_ring_outputs``): one wake-up for a batch
 
     def _least_loaded(self, candidates: list[int], w: Wiring) -> list[int]:
-        if len(candidates) == 1 and w.stats.get(w.output_slots[candidates[0]], STATE) not in (DEAD, FAILED):
-            return candidates  # the one live process (``routable``'s answer, without its sort)
         return routable(candidates, lambda i: w.stats.get(w.output_slots[i], STATE),
                         lambda i: len(w.outputs[i]) + w.stats.get(w.output_slots[i], QUEUED))
 
