@@ -59,6 +59,7 @@ FLOOR_LIMIT_S = 0.3  # each app's latency-relaxed slice floor (``floor_slices``)
 # each slot floor (``_min_slots``): its dual bound holds wherever it stops, so a short solve only
 # weakens it (None: the time left)
 MIN_SLOTS_LIMIT_S: float | None = FLOOR_LIMIT_S
+FIRST_FIT_TRIES = 6  # ``solve(first_fit=True)``: packings tried per new point
 Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plans do not fit together
 
 
@@ -210,11 +211,15 @@ def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
 
 def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
           objective: str, pack: Packer, absolute_gap: float | None = None,
-          start: Sequence[Plan | None] | None = None) -> Result:
+          start: Sequence[Plan | None] | None = None, first_fit: bool = False) -> Result:
     """The node decision over ``parts`` (see the module doc); ``pack`` lays out a choice of plans.
 
     ``start``: per app, a verified plan at its demand (e.g. ``quick_plan_node``'s) that each
     app's own solve starts from; where none is given, the app's greedy plan (``quick_plan``).
+    ``first_fit``: a test of whether the demands fit at all (the scaled search's): the first
+    choice of the plans computed that packs together is the answer (``feasible``, or ``optimal``
+    where the bound proves it), without going on to the best choice; ``infeasible`` is proven
+    as before.
     """
     t0 = time.perf_counter()
     n = len(parts)
@@ -304,8 +309,31 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         if least >= 1:
             f.infeasible.append((int(min(least, room[0] + 1)) - 1, room[1]))
 
+    def fitting() -> Result | None:
+        """``first_fit``: the best choice among the plans computed that packs (a few tries)."""
+        options = [[q for q in f.points if q.plan is not None] for f in fronts]
+        combos = sorted((c for c in product(*options)
+                         if all(sum(q.used[r] for q in c) <= room[r] for r in (0, 1))),
+                        key=lambda c: -sum(q.value for q in c))
+        for combo in combos[:FIRST_FIT_TRIES]:
+            try:
+                layout = pack([q.plan for q in combo if q.plan is not None])
+            except PackingError:
+                continue
+            value = sum(q.value for q in combo)
+            ub = sum(f.upper(f.points[0].budget) for f in fronts)
+            return Result("optimal" if ub - value <= gap_abs + 1e-9 else "feasible",
+                          [q.plan for q in combo], value, ub, time.perf_counter() - t0, layout,
+                          solves, "first-fit",
+                          ["the first choice of plans that packs (a test of whether the demands fit)"])
+        return None
+
     # 2. best-first over the budgets: solve g where the bound's best choice needs it
     stage = "apart"
+    if first_fit and all(f.points[0].plan is not None for f in fronts):
+        got_fit = fitting()
+        if got_fit is not None:
+            return got_fit
     bound = math.inf
     budgets: list[Usage] = []
     tight: set[int] = set()  # the points solved to delta
@@ -319,6 +347,8 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         bound, budgets = got
         todo = [i for i, b in enumerate(budgets) if fronts[i].known(b) is None]
         if not todo:
+            if time.perf_counter() - t0 > time_limit_s:
+                break  # the incumbent below, unproven
             chosen = [fronts[i].known(b) for i, b in enumerate(budgets)]
             loose = [i for i, q in enumerate(chosen) if q is not None and q.bound - q.value > delta + 1e-12
                      and id(q) not in tight]
@@ -341,8 +371,11 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
                     continue  # within what the others leave it already
                 p = point(i, q.budget, (q.plan, q.value) if q.plan is not None else None, target)
                 # both are plans within the same budget: the new bound holds for both
+                was = q.bound
                 q.bound = min(q.bound, max(p.bound, q.value))
-                if target <= delta:
+                if target <= delta or q.bound >= was - 1e-9:
+                    # solved to its share, or the solver's bound did not move (it may stop on its
+                    # own gap test above the target): solving it again would repeat this solve
                     tight.update((id(p), id(q)))
                 if p.plan is not None and p.plan is not q.plan:
                     fronts[i].points.append(p)
@@ -375,6 +408,10 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
             unsolved = True  # not even a plan within the limit: the joint model decides
         else:
             fronts[i].points.append(p)
+            if first_fit:
+                got_fit = fitting()
+                if got_fit is not None:
+                    return got_fit
 
     # 3. the incumbent: the best choice among the plans computed that packs onto the GPUs
     options = [sorted((q for q in f.points if q.plan is not None), key=lambda q: -q.value)

@@ -372,6 +372,9 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
     result = cap.plan
     result.demand_rps = demand_rps
     result.solve_seconds = time.perf_counter() - t0
+    # a fallback is an incumbent, never a proof: the capacity model's own status says its rate is
+    # the most it serves, not that these are the fewest slices for the demand
+    _as_fallback(result)
     if cap.max_demand_rps >= r * (1 - 1e-6):
         result.notes.append(f"no incumbent within {limit:g} s: the plan comes from the capacity "
                             "model and its slices are not minimised")
@@ -400,7 +403,16 @@ def _plan_at(pb: Problem, cap: _Cap, solver: str, limit: float, formulation: str
             break
     assert cap.plan is not None
     cap.plan.notes.append("the capacity model's plan: its slices are not minimised")
+    _as_fallback(cap.plan)
     return cap.plan
+
+
+def _as_fallback(plan: Plan) -> None:
+    """Label the capacity model's plan, used as the answer at a demand, for what it is: a
+    feasible incumbent whose slices are not minimised (status ``feasible``, gap unknown), not the
+    proven optimum its own solve's status would claim."""
+    plan.status = "feasible"
+    plan.gap = math.inf
 
 
 def _empty_plan(pb: Problem, demand_rps: float, status: str, secs: float, note: str) -> Plan:

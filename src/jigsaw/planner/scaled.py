@@ -61,6 +61,7 @@ _STEP_DOWN = 0.92  # a first test that fails: the next one this much lower
 USE_BOUND = False  # ``max_scale(use_bound=None)``'s default (see the module doc: measured slower)
 BOUND_LIMIT_S = 6.0  # the bound's solve (``theta_bound``) at most this long (or half the limit)
 _BOUND_GAP = 0.25  # the bound's solve stops within this fraction of the tolerance
+FIRST_FIT = True  # each test stops at the first plans that pack (see the module doc)
 _NEAR_STEPS = 2  # tests below the bound that step down by the tolerance before the larger steps
 
 
@@ -187,7 +188,7 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     while hi > lo * (1 + tolerance) and left() > 0:
         tests += 1
         d = decompose.solve(at(guess), node, solver=solver, time_limit_s=max(left(), 0.05),
-                            objective="slices", pack=pack)
+                            objective="slices", pack=pack, first_fit=FIRST_FIT)
         if d.status in ("optimal", "feasible") and d.layout is not None and \
                 all(p is not None for p in d.plans):
             got = [p for p in d.plans if p is not None]
