@@ -46,6 +46,7 @@ class ProfileTable:
 
     def __init__(self, rows: Iterable[ProfileRow] = (), source: str = "") -> None:
         self.source = source
+        self.version = 0  # bumped by every ``add``: what remembers work done from the rows checks it
         self._rows: dict[tuple[str, str, int, int], ProfileRow] = {}
         for r in rows:
             self._rows[r.key] = r
@@ -72,6 +73,7 @@ class ProfileTable:
 
     def add(self, row: ProfileRow) -> None:
         self._rows[row.key] = row
+        self.version += 1
 
     def with_rows(self, rows: Iterable[ProfileRow]) -> ProfileTable:
         table = ProfileTable(self._rows.values(), self.source)

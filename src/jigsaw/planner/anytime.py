@@ -92,16 +92,32 @@ def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, 
     pb = problem or make_problem(app, node, profiles, sp, factors)
     r = max(demand_rps, MIN_DEMAND_RPS)
     slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+    if fewest_slices:
+        least = _cap_candidates(pb, r)
+        least.sort(key=lambda x: (sum(c.slices * n for c, n in x[2]), -x[0]))
+        return _first_verified(pb, demand_rps, r, least, slo_acc, previous, t0, budget_s, 6)
+    candidates = quick_candidates(pb, r, budget_s, t0)
+    return _first_verified(pb, demand_rps, r, candidates, slo_acc, previous, t0, budget_s, 6)
+
+
+Candidate = tuple[float, dict[int, float], list[tuple[Column, int]]]  # objective, lanes, instances
+
+
+def quick_candidates(pb: Problem, r: float, budget_s: float = QUICK_BUDGET_S,
+                     t0: float | None = None) -> list[Candidate]:
+    """The greedy's candidate plans for ``pb`` at rate ``r``, best objective first, neither packed
+    nor verified (``candidate_plan`` makes one a plan): single lanes under each SLO split, the
+    LP-rounded ones and the LP lane mixes' fewest-slice ones (``quick_plan`` takes the first
+    that packs and verifies; ``node_plan.quick_plan_node`` a choice per app that fits together)."""
+    t0 = time.perf_counter() if t0 is None else t0
+    app, node = pb.app, pb.node
+    slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
     by_tv: dict[tuple[str, str], list[Column]] = {}
     for c in pb.colset.columns:
         by_tv.setdefault((c.task, c.variant), []).append(c)
     order = sorted((li for li, a in enumerate(pb.lane_acc) if a >= slo_acc - 1e-12),
                    key=lambda li: -pb.lane_acc[li])
-    if fewest_slices:
-        least = _cap_candidates(pb, r)
-        least.sort(key=lambda x: (sum(c.slices * n for c, n in x[2]), -x[0]))
-        return _first_verified(pb, demand_rps, r, least, slo_acc, previous, t0, budget_s, 6)
-    candidates: list[tuple[float, dict[int, float], list[tuple[Column, int]]]] = []
+    candidates: list[Candidate] = []
     for li in order:
         if candidates and time.perf_counter() - t0 > 0.6 * budget_s:
             break
@@ -132,7 +148,15 @@ def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, 
     # elsewhere often better than the single lanes (traffic_analysis at 20%: 7 slices, not 18)
     candidates += _cap_candidates(pb, r)
     candidates.sort(key=lambda x: -x[0])
-    return _first_verified(pb, demand_rps, r, candidates, slo_acc, previous, t0, budget_s, 6)
+    return candidates
+
+
+def candidate_plan(pb: Problem, demand_rps: float, rate: float, cand: Candidate) -> Plan:
+    """One of ``quick_candidates`` as a plan (no layout; not verified)."""
+    app, node = pb.app, pb.node
+    slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+    objective, lanes, chosen = cand
+    return _as_plan(pb, demand_rps, rate, lanes, chosen, slo_acc, objective)
 
 
 def _first_verified(pb: Problem, demand_rps: float, rate: float,

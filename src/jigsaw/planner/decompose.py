@@ -413,6 +413,11 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
                 if got_fit is not None:
                     return got_fit
 
+    if first_fit and unsolved:
+        # a test of whether the demands fit: the joint model below would rarely decide it in the
+        # time such a test has; undecided, the caller keeps what it has shown
+        return Result("no_solution", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
+                      None, solves, stage, ["a single-app solve found no plan within the limit"])
     # 3. the incumbent: the best choice among the plans computed that packs onto the GPUs
     options = [sorted((q for q in f.points if q.plan is not None), key=lambda q: -q.value)
                for f in fronts]

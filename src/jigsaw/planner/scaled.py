@@ -126,6 +126,16 @@ def scale_plan(plan: Plan, factor: float) -> Plan:
     return out
 
 
+def _between(lo: float, hi: float, tolerance: float) -> float:
+    """The next test between a served ``lo`` and a refuted ``hi``: their geometric mean (a
+    bisection in log theta) while that is more than the tolerance above ``lo``, else just above
+    ``lo`` by the tolerance (the proof: refuted there, theta* is within the tolerance of lo).
+    Re-testing near ``hi`` (a climb that lands within the tolerance of it) proves nothing new."""
+    proof = lo * (1 + tolerance) * (1 + 1e-9)
+    mid = math.sqrt(lo * hi)
+    return mid if mid > proof else proof
+
+
 def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
               pack: decompose.Packer, tolerance: float = SCALE_TOLERANCE,
               theta_hi: float = 1.0, hi_proven: bool = True,
@@ -205,16 +215,16 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
             # just above what is served: a proof of the tolerance when it does not fit; after
             # each climb in a row the step doubles (theta* may lie well above)
             climbs += 1
-            guess = lo * (1 + tolerance) ** (2 ** (climbs - 1)) * (1 + 1e-9)
-            if guess >= hi:
-                guess = lo * (1 + tolerance) * (1 + 1e-9)
+            # a refuted theta above: bisect towards it; none yet: climb, doubling the step
+            guess = _between(lo, hi, tolerance) if math.isfinite(hi) else \
+                lo * (1 + tolerance) ** (2 ** (climbs - 1)) * (1 + 1e-9)
             if guess >= hi:
                 break
         elif d.status == "infeasible":
             hi = min(hi, guess)  # proven by the decomposition's bound
             climbs = 0
             if lo > 0:
-                guess = lo * (1 + tolerance) * (1 + 1e-9)
+                guess = _between(lo, hi, tolerance)
             elif near > 0:  # just below the bound: step down by the tolerance first
                 near -= 1
                 guess = guess / (1 + tolerance)
