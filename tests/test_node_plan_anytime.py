@@ -186,3 +186,43 @@ def test_anytime_falls_back_on_a_scaled_quick_plan_when_the_exact_finds_nothing(
     assert len(got) == 1 and got[0].status == "feasible" and got[0].demand_scale < 1
     assert got[0].plans["traffic_analysis"].instances
     assert any("no_solution" in n for n in got[0].notes)
+
+
+def test_quick_node_plan_near_the_node_chooses_candidates_that_fit_together(example) -> None:
+    """At 80% of the node each app's own best greedy plan leaves the others too little (no quick
+    plan before the choice over the apps' candidates): now one verified layout for all three."""
+    node, profiles = example
+    caps = {"social_media": 8502.0, "traffic_analysis": 2012.87, "ar_assistant": 863.7}
+    demands = {n: 0.8 * c / 3 for n, c in caps.items()}
+    q = quick_plan_node(node.apps, node, profiles, demands, budget_s=1.0)
+    assert q is not None and q.status == QUICK_STATUS and q.feasible and q.demand_scale == 1.0
+    assert validate_layout(q.layout, node.gpu) == []
+    assert q.slices_used <= node.slices_available
+    for name, p in q.plans.items():
+        assert p.planned_rps == pytest.approx(demands[name])
+        assert verify_plan(p, node.app(name), node, profiles) == []
+
+
+def test_the_node_plan_at_a_fifth_of_the_node_ends(example, monkeypatch) -> None:
+    """At 20% of the node the decomposition once re-solved traffic_analysis's own optimum for
+    ever (the solver's bound did not move, so the point stayed loose): each point is now solved
+    again only while its bound moves. The solves are counted, not timed."""
+    from jigsaw.planner import joint
+
+    node, profiles = example
+    caps = {"social_media": 8502.0, "traffic_analysis": 2012.87, "ar_assistant": 863.7}
+    calls = []
+    real = joint.solve
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 60:
+            raise AssertionError("the node decision does not end")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(joint, "solve", counted)
+    res = plan_node(node.apps, node, profiles, {n: 0.2 * c / 3 for n, c in caps.items()},
+                    solver="cbc", time_limit_s=30)
+    assert res.status in ("optimal", "feasible") and res.feasible
+    for name, p in res.plans.items():
+        assert verify_plan(p, node.app(name), node, profiles) == []

@@ -241,3 +241,21 @@ def test_random_apps_give_sound_plans(app_and_base, demand: float, num_gpus: int
         assert result.accuracy >= 0.9 - 1e-6
     elif result.max_demand_plan:
         assert result.planned_rps < demand
+
+
+def test_the_capacity_models_fallback_is_labelled_feasible_not_optimal(monkeypatch) -> None:
+    """Where a solve at the demand ends without a plan, the capacity model's plan is the answer:
+    its own status says its rate is the most it serves, not that its slices are the fewest, so
+    the plan is an incumbent (``feasible``, gap unknown), never ``optimal``."""
+    from pathlib import Path
+
+    from jigsaw.node import load_node, load_node_profiles
+    from jigsaw.planner import milp
+
+    node = load_node(Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml")
+    profiles = load_node_profiles(node)
+    app = node.app("social_media")
+    monkeypatch.setattr(milp, "_solve_at", lambda *a, **k: ("no_solution", None))
+    p = milp.plan(app, node, profiles, 500.0, formulation="reference", time_limit_s=20)
+    assert p.instances and p.status == "feasible" and math.isinf(p.gap)
+    assert any("capacity model" in n for n in p.notes)

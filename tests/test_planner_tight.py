@@ -225,3 +225,27 @@ def test_plan_right_at_capacity_starts_from_the_capacity_plan(example) -> None:
     assert p.planned_rps == pytest.approx(cap.max_demand_rps)
     assert p.objective >= cap.plan.objective - node.absolute_gap
     assert verify_plan(p, app, node, profiles) == []
+
+
+def test_problems_are_remembered_until_the_profile_table_changes() -> None:
+    """``make_problem`` is pure: the same inputs give the same (shared) problem, and a profile
+    table that gains a row gives a new one built from it."""
+    import dataclasses
+    from pathlib import Path
+
+    from jigsaw.node import load_node, load_node_profiles
+    from jigsaw.planner.problem import forget, make_problem
+    from jigsaw.spaces import search_space
+
+    node = load_node(Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml")
+    profiles = load_node_profiles(node)
+    app, sp = node.app("social_media"), search_space("ast")
+    first = make_problem(app, node, profiles, sp, None)
+    assert make_problem(app, node, profiles, sp, None) is first
+    assert make_problem(app, node.with_gpus(2), profiles, sp, None) is not first
+    row = profiles.rows()[0]
+    profiles.add(dataclasses.replace(row, throughput_rps=row.throughput_rps * 2))
+    again = make_problem(app, node, profiles, sp, None)
+    assert again is not first
+    forget()
+    assert make_problem(app, node, profiles, sp, None) is not again
