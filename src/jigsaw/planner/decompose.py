@@ -59,6 +59,9 @@ FLOOR_LIMIT_S = 0.3  # each app's latency-relaxed slice floor (``floor_slices``)
 # each slot floor (``_min_slots``): its dual bound holds wherever it stops, so a short solve only
 # weakens it (None: the time left)
 MIN_SLOTS_LIMIT_S: float | None = FLOOR_LIMIT_S
+# HiGHS's presolve on the slot bound: off (traffic_analysis at 75-100% of the node: 0.13-0.34 s
+# against 0.33-0.78 s with it, mostly spent at the root node)
+MIN_SLOTS_PRESOLVE = False
 FIRST_FIT_TRIES = 6  # ``solve(first_fit=True)``: packings tried per new point
 Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plans do not fit together
 
@@ -141,7 +144,7 @@ def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_
     md.cost = [0.0] * md.num_vars
     for c, v in zip(built.cols[0], built.count[0], strict=True):
         md.cost[v] = -float(size[c.mig_profile])
-    sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5)
+    sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5, presolve=MIN_SLOTS_PRESOLVE)
     if sol.status == "infeasible":
         return None
     dual = sol.dual_bound if not math.isnan(sol.dual_bound) else sol.bound

@@ -74,9 +74,12 @@ class LinearModel:
         return len(self.row_lo) - 1
 
     def solve(self, solver: str, time_limit_s: float, absolute_gap: float,
-              start: dict[int, float] | None = None, relative_gap: float = 0.0) -> Solution:
+              start: dict[int, float] | None = None, relative_gap: float = 0.0,
+              presolve: bool = True) -> Solution:
+        """``presolve``: HiGHS's presolve (CBC ignores it); off where it measured slower (the
+        slot bounds of ``decompose``, whose root presolve took most of their time)."""
         if solver == "highs":
-            return _solve_highs(self, time_limit_s, absolute_gap, start, relative_gap)
+            return _solve_highs(self, time_limit_s, absolute_gap, start, relative_gap, presolve)
         if solver == "cbc":
             t0 = time.perf_counter()
             sol = _solve_cbc(self, time_limit_s, absolute_gap, start, relative_gap)
@@ -120,7 +123,8 @@ def _status_word(optimal: bool, infeasible: bool, has_solution: bool) -> str:
 
 
 def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
-                 start: dict[int, float] | None = None, relative_gap: float = 0.0) -> Solution:
+                 start: dict[int, float] | None = None, relative_gap: float = 0.0,
+                 presolve: bool = True) -> Solution:
     import highspy
     import numpy as np
 
@@ -131,6 +135,8 @@ def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
     h.setOptionValue("time_limit", float(max(time_limit_s, 1e-3)))
     h.setOptionValue("mip_abs_gap", float(absolute_gap))
     h.setOptionValue("mip_rel_gap", float(relative_gap))
+    if not presolve:
+        h.setOptionValue("presolve", "off")
     lp = highspy.HighsLp()
     n, m = model.num_vars, model.num_rows
     lp.num_col_ = n
