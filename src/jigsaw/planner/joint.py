@@ -85,9 +85,18 @@ REFINE_ROUNDS = 4
 # of the time limit its LP ranking may take, how many splits it solves and each one's share.
 GRID_SEARCH = True
 GRID_STEPS = 10
-GRID_SHARE = 0.05
+# The ranking is cut by count, not by the clock (None: no share): a busy machine ranks the same
+# splits as a quiet one, so it solves the same ones and gives the same plan (36 splits for
+# ar_assistant, about 8 ms each)
+GRID_SHARE: float | None = None
+GRID_RANKED = 64  # splits whose LP beats the incumbent, ranked at most
 GRID_SOLVES = 3
-GRID_SOLVE_SHARE = 0.05
+# Each split's solve stops after GRID_SOLVE_NODES nodes (the same on a busy machine as on a quiet
+# one), its time share only a guard: with 5% of the limit (0.5 s) and no node limit,
+# ar_assistant at 80% found its 22 slices on a quiet machine and ran to the 10 s limit at load
+# 7-10 (the split's solve takes 97 nodes, 0.8 s there); with the node limit it is proven in 2 s
+GRID_SOLVE_NODES: int | None = 200
+GRID_SOLVE_SHARE = 0.2
 
 
 def grid_caps(pb: Problem, steps: int = GRID_STEPS) -> list[dict[str, float]]:
@@ -869,7 +878,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             None if cols is not None else candidate_levels(parts[i].pb, need, caps[i] or {})
             for i, (cols, need) in enumerate(lifts)]
         def restrict(built: _Built, stage: str, how: str | None = None,
-                     limit_s: float | None = None) -> JointResult | None:
+                     limit_s: float | None = None, max_nodes: int | None = None) -> JointResult | None:
             """Solve a restriction of the full model (every plan it finds is feasible)."""
             if math.isfinite(ub):
                 # the relaxations' optimum bounds every restriction: with it as a cut the
@@ -878,7 +887,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
             if limit_s is not None:
                 left = min(left, limit_s)
-            rsol = built.model.solve(how or solver, left, gap_abs, relative_gap=rel_gap)
+            rsol = built.model.solve(how or solver, left, gap_abs, relative_gap=rel_gap,
+                                     max_nodes=max_nodes)
             if not rsol.has_incumbent:
                 return None
             rl = [_lift(built, rsol.values, i) for i in range(len(parts))]
@@ -931,7 +941,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 lp = build(parts, node, full=False, caps=cand, **shape).model.relaxation("highs")
                 if lp.has_incumbent and lp.objective > (best.objective if best else -math.inf) + gap_abs:
                     ranked.append((lp.objective, cap))
-                if time.perf_counter() - t_grid > GRID_SHARE * time_limit_s:
+                if len(ranked) >= GRID_RANKED or (GRID_SHARE is not None and
+                                                  time.perf_counter() - t_grid > GRID_SHARE * time_limit_s):
                     break
             ranked.sort(key=lambda x: -x[0])
             for _, cap in ranked[:GRID_SOLVES]:
@@ -940,7 +951,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 cand = [None] * len(parts)
                 cand[i] = cap
                 got = restrict(build(parts, node, full=False, caps=cand, **shape), "grid",
-                               SPLIT_SOLVER or solver, GRID_SOLVE_SHARE * time_limit_s)
+                               SPLIT_SOLVER or solver, GRID_SOLVE_SHARE * time_limit_s,
+                               GRID_SOLVE_NODES)
                 if got is not None:
                     best = _better(best, got)
                     prove(0.1 * time_limit_s)

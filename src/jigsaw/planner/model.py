@@ -75,19 +75,22 @@ class LinearModel:
 
     def solve(self, solver: str, time_limit_s: float, absolute_gap: float,
               start: dict[int, float] | None = None, relative_gap: float = 0.0,
-              presolve: bool = True) -> Solution:
+              presolve: bool = True, max_nodes: int | None = None) -> Solution:
         """``presolve``: HiGHS's presolve (CBC ignores it); off where it measured slower (the
-        slot bounds of ``decompose``, whose root presolve took most of their time)."""
+        slot bounds of ``decompose``, whose root presolve took most of their time).
+        ``max_nodes``: stop after this many branch-and-bound nodes, a limit of work rather than of
+        time: a busy machine stops at the same point as a quiet one (the same answer)."""
         if solver == "highs":
-            return _solve_highs(self, time_limit_s, absolute_gap, start, relative_gap, presolve)
+            return _solve_highs(self, time_limit_s, absolute_gap, start, relative_gap, presolve,
+                                max_nodes)
         if solver == "cbc":
             t0 = time.perf_counter()
-            sol = _solve_cbc(self, time_limit_s, absolute_gap, start, relative_gap)
+            sol = _solve_cbc(self, time_limit_s, absolute_gap, start, relative_gap, max_nodes)
             if start and sol.has_incumbent and self.violations(sol.values):
                 # CBC can return a broken "optimal" answer after a start it could not use:
                 # never trust it, solve again from scratch in the time left.
                 left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
-                sol = _solve_cbc(self, left, absolute_gap, None, relative_gap)
+                sol = _solve_cbc(self, left, absolute_gap, None, relative_gap, max_nodes)
                 sol.seconds = time.perf_counter() - t0
             return sol
         raise ValueError(f"unknown solver {solver!r} (expected cbc or highs)")
@@ -124,7 +127,7 @@ def _status_word(optimal: bool, infeasible: bool, has_solution: bool) -> str:
 
 def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
                  start: dict[int, float] | None = None, relative_gap: float = 0.0,
-                 presolve: bool = True) -> Solution:
+                 presolve: bool = True, max_nodes: int | None = None) -> Solution:
     import highspy
     import numpy as np
 
@@ -137,6 +140,8 @@ def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
     h.setOptionValue("mip_rel_gap", float(relative_gap))
     if not presolve:
         h.setOptionValue("presolve", "off")
+    if max_nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(max_nodes))
     lp = highspy.HighsLp()
     n, m = model.num_vars, model.num_rows
     lp.num_col_ = n
@@ -192,7 +197,8 @@ def _dual(model: LinearModel, objective: float, bound: float) -> float:
 
 
 def _solve_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
-               start: dict[int, float] | None, relative_gap: float = 0.0) -> Solution:
+               start: dict[int, float] | None, relative_gap: float = 0.0,
+               max_nodes: int | None = None) -> Solution:
     import mip
 
     m = mip.Model(sense=mip.MAXIMIZE if model.maximize else mip.MINIMIZE, solver_name=mip.CBC)
@@ -215,7 +221,8 @@ def _solve_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
     if start:
         m.start = [(xs[i], v) for i, v in start.items()]
     t0 = time.perf_counter()
-    st = m.optimize(max_seconds=max(time_limit_s, 1e-3))
+    st = m.optimize(max_seconds=max(time_limit_s, 1e-3),
+                    **({"max_nodes": int(max_nodes)} if max_nodes is not None else {}))
     secs = time.perf_counter() - t0
     S = mip.OptimizationStatus
     has = st in (S.OPTIMAL, S.FEASIBLE) and m.num_solutions > 0
