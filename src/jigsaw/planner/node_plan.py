@@ -267,10 +267,12 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
                     objective: str | None = None, space: str | SearchSpace | None = None,
                     previous: NodePlan | None = None, factors: Mapping[str, Factors] | None = None,
                     budget_s: float = QUICK_BUDGET_S) -> NodePlan | None:
-    """A verified node plan within about ``budget_s`` per app, or None: each app's greedy plan
-    (``anytime.quick_plan``) at its full demand, packed together as one layout and each checked
-    by ``verify.verify_plan``. None when the greedy plans do not fit together (the exact
-    ``plan_node`` decides how to share the node then) or any app has none.
+    """A verified node plan within about ``budget_s`` per app, or None: one of each app's
+    greedy candidates (``anytime.quick_candidates``) at its full demand, chosen so that they fit
+    the node together (``_fit_together``), packed as one layout and each checked by
+    ``verify.verify_plan``; where that finds none, each app's plan of the fewest slices. None when
+    those do not fit together either (the exact ``plan_node`` decides how to share the node then)
+    or any app has none. A single app takes its greedy plan (``anytime.quick_plan``).
 
     With ``previous`` (the running node plan), each app's running plan is kept and extended
     for its new demand first (``anytime.extend_plan``): a burst's quick plan then adds

@@ -14,7 +14,14 @@ or proves that none fit (its bound: the apps' fewest slices and MIG slots exceed
   headroom's theta, with plans;
 * the next test is just above that, ``theta_lo x (1 + tolerance)``: when it is proven
   infeasible, theta* lies in ``[theta_lo, theta_lo x (1 + tolerance))`` (``proven``); when it
-  finds plans, theta_lo climbs again.
+  finds plans, theta_lo climbs again. Once some theta_hi is refuted, the next test is the
+  geometric mean of theta_lo and theta_hi while that lies more than the tolerance above theta_lo
+  (``_between``): a bisection, where climbing by the tolerance from below re-tested fractions
+  next to one already refuted.
+* each test is ``decompose.solve(first_fit=True)``: it stops at the first plans that pack (the
+  question is whether theta fits, not on how few slices), so the plans served are not always the
+  fewest slices for theta_lo; a test whose single-app solves find no plan in time ends undecided
+  and the search keeps what it has (before, the joint model ran on in it to the limit).
 
 Optionally (``use_bound``), before any test, a proven upper bound on theta* (``theta_bound``):
 the latency-relaxed joint core in capacity mode (all apps in one small model: no latency
