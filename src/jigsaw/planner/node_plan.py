@@ -6,7 +6,8 @@ the slice budget, the per-GPU MIG layout constraint and the objective the node c
 (``planner.objective``): ``accuracy``, the sum over apps of ``weight x accuracy`` minus beta per
 slice; or ``slices``, every app at its demand on the fewest slices. The result is packed as one
 layout, so no two apps' instances overlap. If the demands do not fit together, every app serves
-the same largest fraction of its demand (``demand_scale``), on the fewest slices for that.
+the same largest fraction of its demand (``demand_scale``), on the first plans found that fit
+(``scaled``).
 """
 
 from __future__ import annotations
