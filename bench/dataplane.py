@@ -614,6 +614,9 @@ BREAKDOWN_STEPS = [
     ("last worker: completion pushed -> doorbell written", "c.completion_pushed", "c.rung"),
     ("wake-up: doorbell written -> frontend's loop sees it", "c.rung", "fe.woke"),
     ("frontend: woken -> request answered (e2e_us stamp)", "fe.woke", "fe.answered"),
+    ("  of which: woken -> its records popped", "fe.woke", "fe.popped"),
+    ("  of which: popped -> answered (records accounted, answer built)", "fe.popped", "fe.answered"),
+    ("frontend: answered -> response written to the socket", "fe.answered", "fe.written"),
     ("server e2e: request parsed -> answered", "fe.created", "fe.answered"),
 ]
 

@@ -30,18 +30,13 @@ import numpy as np
 from jigsaw.runtime.admission import Admission
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.records import (
-    HOP_BATCH,
-    HOP_DONE,
-    HOP_END,
-    HOP_POPPED,
     HOP_SENT,
-    HOP_START,
     TOTAL_CREDIT,
     TRACE_DIR,
     split_credit,
     write_trace,
 )
-from jigsaw.runtime.rings import Doorbell, RecordHeader, ShmRing, Status, drop_reason
+from jigsaw.runtime.rings import Completion, Doorbell, RecordHeader, ShmRing, Status, drop_reason
 from jigsaw.runtime.routing import RoutingTable
 from jigsaw.runtime.topology import AppRoutes
 from jigsaw.tensors import DATATYPES, Tensor, decode_tensors, encode_tensors
@@ -109,6 +104,7 @@ class Dispatcher:
         self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
         self._turn_pushed = False  # this loop turn pushed (and rang) once already
         self._woke_ns = 0  # when the doorbell last woke the loop
+        self._popped_ns = 0  # when the drain's last pop returned (JIGSAW_HOP_TRACE only)
         # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR)
         self.trace: dict[int, list[int]] | None = {} if TRACE_DIR else None
         self._unrung: list[list[int]] = []
@@ -135,7 +131,8 @@ class Dispatcher:
 
     def stop(self) -> None:
         if self.trace:
-            write_trace("frontend", ["app", "request_id", "created", "sent", "rung", "woke", "answered"],
+            write_trace("frontend", ["app", "request_id", "created", "sent", "rung", "woke", "answered",
+                                     "popped", "written"],
                         list(self.trace.values()))
             self.trace = {}
         self._closing = True
@@ -181,27 +178,35 @@ class Dispatcher:
             bell.disarm()
 
     def drain(self, rings: list[ShmRing]) -> bool:
-        """Account every completion record waiting in ``rings``; True when more may be left."""
+        """Account every completion record waiting in ``rings``; True when more may be left.
+
+        Each record comes out of the ring as one flat tuple (``ShmRing.pop_completions``: the
+        fields and durations read in the compiled core, no header object per record)."""
         more = False
+        pending = self.pending
         for ring in rings:
-            got = ring.pop_many_framed(DRAIN_POP)
+            got = ring.pop_completions(DRAIN_POP)
+            if not got:
+                continue
             more |= len(got) == DRAIN_POP
-            for header, credit, tensors in got:
-                self._on_completion(header, credit, tensors)
+            if self.trace is not None:
+                self._popped_ns = time.monotonic_ns()
+            for rec in got:
+                req = pending.get(rec[0])
+                if req is None:
+                    self.metrics.late.inc()
+                else:
+                    self._on_completion(req, rec)
         return more
 
-    def _on_completion(self, h: RecordHeader, credit: int, tensors: bytes) -> None:
-        req = self.pending.get(h.request_id)
-        if req is None:
-            self.metrics.late.inc()
-            return
+    def _on_completion(self, req: Pending, rec: Completion) -> None:
+        (_, task_index, status, child_index, child_count, credit, tensors, queue_us, compute_us, batch,
+         hop_us, done_ns) = rec
         app = req.routes.app
-        task = app.task_names[h.task] if h.task < len(app.task_names) else f"#{h.task}"
-        hops = h.hops
-        if h.status == Status.OK:
+        names = app.task_names
+        task = names[task_index] if task_index < len(names) else f"#{task_index}"
+        if status == 0:  # Status.OK
             variant = req.routes.lanes[req.lane].get(task, "")
-            queue_us = max(0.0, (hops[HOP_START] - hops[HOP_SENT]) / 1e3)
-            compute_us = max(0.0, (hops[HOP_END] - hops[HOP_START]) / 1e3)
             labels = self._labels.get((app.name, task, variant))
             if labels is None:
                 at = (("app", app.name), ("task", task))
@@ -209,31 +214,33 @@ class Dispatcher:
             metrics = self.metrics
             metrics.queue_duration.observe(labels[0], queue_us)
             metrics.compute_duration.observe(labels[0], compute_us)
-            if h.child_index == 0 or h.child_count <= 1:
-                metrics.batch_size.observe(labels[1], hops[HOP_BATCH])
-            # the two ring hops of this item, from server-side stamps: push -> pop by the worker,
-            # and its completion record's push -> this drain (only a record that woke the frontend:
-            # one that handed work on to children waits in its ring for a child's record)
-            hop_us = max(0.0, (hops[HOP_POPPED] - hops[HOP_SENT]) / 1e3)
-            done_us = -1.0 if h.child_count else max(0.0, (time.monotonic_ns() - hops[HOP_DONE]) / 1e3)
-            t = req.timings.setdefault(task, [0.0, 0.0, 0, 0.0, -1.0])
-            t[0], t[1], t[2] = max(t[0], queue_us), max(t[1], compute_us), t[2] + 1
-            t[3], t[4] = max(t[3], hop_us), max(t[4], done_us)
-            if h.child_count:
-                req.children[task] = req.children.get(task, 0) + h.child_count
+            if child_index == 0 or child_count <= 1:
+                metrics.batch_size.observe(labels[1], batch)
+            # the two ring hops of this item, from server-side stamps: push -> pop by the worker
+            # (``hop_us``), and its completion record's push -> this drain (only a record that woke
+            # the frontend: one that handed work on to children waits in its ring for a child's record)
+            done_us = -1.0 if child_count else max(0.0, (time.monotonic_ns() - done_ns) / 1e3)
+            t = req.timings.get(task)
+            if t is None:
+                req.timings[task] = [queue_us, compute_us, 1, hop_us, done_us]
+            else:
+                t[0], t[1], t[2] = max(t[0], queue_us), max(t[1], compute_us), t[2] + 1
+                t[3], t[4] = max(t[3], hop_us), max(t[4], done_us)
+            if child_count:
+                req.children[task] = req.children.get(task, 0) + child_count
             if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
-                self.admission.fan_out(app.name, task, variant, h.child_count)
+                self.admission.fan_out(app.name, task, variant, child_count)
             elif not req.answered:
                 # views into ``tensors`` (bytes of its own, out of the ring: the views keep it alive)
                 arrays = [x.data if type(x.data) is np.ndarray else np.array(x.data)
                           for x in decode_tensors(tensors)]
-                req.items.setdefault(task, []).append((h.child_index, arrays))
+                req.items.setdefault(task, []).append((child_index, arrays))
         else:
-            reason = drop_reason(h.status)
+            reason = drop_reason(status)
             self.metrics.dropped.inc((("app", app.name), ("task", task), ("reason", reason)))
             if req.drop is None:
-                req.drop = (task, h.status)
-                if h.status == Status.ERROR and len(tensors):
+                req.drop = (task, status)
+                if status == Status.ERROR and len(tensors):
                     req.error = bytes(tensors).decode("utf-8", "replace")
         req.credit_in += credit
         if req.drop is not None and not req.answered:
@@ -249,8 +256,9 @@ class Dispatcher:
             req.timer.cancel()
 
     def _finish(self, req: Pending, status: int, body: dict[str, Any], reason: str | None) -> None:
-        if self.trace is not None and req.request_id in self.trace:
-            self.trace[req.request_id][5:7] = [self._woke_ns, time.monotonic_ns()]
+        row = self.trace.get(req.request_id) if self.trace is not None else None
+        if row is not None:
+            row[5:8] = [self._woke_ns, time.monotonic_ns(), self._popped_ns]
         req.answered = True
         req.body = b""
         app = req.routes.app.name
@@ -271,6 +279,8 @@ class Dispatcher:
                 except Exception as exc:  # one answer must not stop the drain
                     print(f"jigsawd: answering request {req.request_id} failed: {exc!r}", file=sys.stderr,
                           flush=True)
+        if row is not None:
+            row[8] = time.monotonic_ns()
 
     def _answer_dropped(self, req: Pending) -> None:
         assert req.drop is not None
@@ -421,7 +431,7 @@ class Dispatcher:
                 if self.routing.rings[t.ring].push_framed(h, share, req.body):
                     row = None
                     if self.trace is not None and sent == 0:
-                        row = [routes.app_index, req.request_id, req.created_ns, h.hops[HOP_SENT], 0, 0, 0]
+                        row = [routes.app_index, req.request_id, req.created_ns, h.hops[HOP_SENT]] + [0] * 5
                         self.trace[req.request_id] = row
                     self._ring(t.ring, row)
                     sent += 1

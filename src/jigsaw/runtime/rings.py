@@ -38,6 +38,7 @@ import posix_ipc
 from jigsaw.runtime import _pyring
 from jigsaw.runtime._pyring import (
     RECORD_OVERHEAD_BYTES,
+    Completion,
     RingClosedError,
     RingCorruptError,
     default_max_payload_bytes,
@@ -47,6 +48,7 @@ __all__ = [
     "BELL_FLAG_BYTES",
     "HAS_EXTENSION",
     "RECORD_OVERHEAD_BYTES",
+    "Completion",
     "Doorbell",
     "RecordHeader",
     "RingClosedError",
