@@ -96,7 +96,7 @@ def test_completion_records_read_as_flat_tuples(impl):
                 got += ring.pop_completions(100)
                 assert ring.pop_completions(10) == [] and len(ring) == 0
                 assert [g[0] for g in got] == [100 * round_ + k for k in range(5)]
-                rid, task, status, child_index, child_count, credit, tensors, queue_us, compute_us, batch, \
+                _, task, status, child_index, child_count, credit, tensors, queue_us, compute_us, batch, \
                     hop_us, done_ns = got[2]
                 assert (task, status, child_index, child_count, credit) == (2, 0, 2, 4, TOTAL_CREDIT - 2)
                 assert bytes(tensors) == b"\x02" * 102

@@ -104,7 +104,7 @@ class Dispatcher:
         self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
         self._turn_pushed = False  # this loop turn pushed (and rang) once already
         self._woke_ns = 0  # when the doorbell last woke the loop
-        self._popped_ns = 0  # when the drain's last pop returned (JIGSAW_HOP_TRACE only)
+        self._popped_ns = 0  # when the drain's first pop returned (JIGSAW_HOP_TRACE only)
         # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR)
         self.trace: dict[int, list[int]] | None = {} if TRACE_DIR else None
         self._unrung: list[list[int]] = []
@@ -146,6 +146,7 @@ class Dispatcher:
         if bell is None:
             return
         self._woke_ns = time.monotonic_ns()
+        self._popped_ns = 0
         bell.clear()  # the flag stays clear: workers need not ring until the drain re-arms it
         if not self._drain_scheduled:
             self._drain()
@@ -189,7 +190,7 @@ class Dispatcher:
             if not got:
                 continue
             more |= len(got) == DRAIN_POP
-            if self.trace is not None:
+            if self.trace is not None and not self._popped_ns:  # the drain's first pop
                 self._popped_ns = time.monotonic_ns()
             for rec in got:
                 req = pending.get(rec[0])
