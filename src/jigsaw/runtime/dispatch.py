@@ -104,6 +104,7 @@ class Dispatcher:
         self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
         self._turn_pushed = False  # this loop turn pushed (and rang) once already
         self._woke_ns = 0  # when the doorbell last woke the loop
+        self._observed: list[tuple[Pending, str, Completion]] = []  # read by ``drain``, for ``_observe``
         self._popped_ns = 0  # when the drain's first pop returned (JIGSAW_HOP_TRACE only)
         # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR)
         self.trace: dict[int, list[int]] | None = {} if TRACE_DIR else None
@@ -182,7 +183,10 @@ class Dispatcher:
         """Account every completion record waiting in ``rings``; True when more may be left.
 
         Each record comes out of the ring as one flat tuple (``ShmRing.pop_completions``: the
-        fields and durations read in the compiled core, no header object per record)."""
+        fields and durations read in the compiled core, no header object per record). What an
+        answer needs (credits, the sink's outputs, the timings it reports) is done record by
+        record, so an answer leaves as soon as its last record is read; the metrics and bin
+        counters of the records follow once the drain's answers are out (``_observe``)."""
         more = False
         pending = self.pending
         for ring in rings:
@@ -198,25 +202,18 @@ class Dispatcher:
                     self.metrics.late.inc()
                 else:
                     self._on_completion(req, rec)
+        if self._observed:
+            self._observe()
         return more
 
     def _on_completion(self, req: Pending, rec: Completion) -> None:
-        (_, task_index, status, child_index, child_count, credit, tensors, queue_us, compute_us, batch,
+        (_, task_index, status, child_index, child_count, credit, tensors, queue_us, compute_us, _,
          hop_us, done_ns) = rec
         app = req.routes.app
         names = app.task_names
         task = names[task_index] if task_index < len(names) else f"#{task_index}"
         if status == 0:  # Status.OK
-            variant = req.routes.lanes[req.lane].get(task, "")
-            labels = self._labels.get((app.name, task, variant))
-            if labels is None:
-                at = (("app", app.name), ("task", task))
-                labels = self._labels[(app.name, task, variant)] = (at, (*at, ("variant", variant)))
-            metrics = self.metrics
-            metrics.queue_duration.observe(labels[0], queue_us)
-            metrics.compute_duration.observe(labels[0], compute_us)
-            if child_index == 0 or child_count <= 1:
-                metrics.batch_size.observe(labels[1], batch)
+            self._observed.append((req, task, rec))
             # the two ring hops of this item, from server-side stamps: push -> pop by the worker
             # (``hop_us``), and its completion record's push -> this drain (only a record that woke
             # the frontend: one that handed work on to children waits in its ring for a child's record)
@@ -229,9 +226,7 @@ class Dispatcher:
                 t[3], t[4] = max(t[3], hop_us), max(t[4], done_us)
             if child_count:
                 req.children[task] = req.children.get(task, 0) + child_count
-            if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
-                self.admission.fan_out(app.name, task, variant, child_count)
-            elif not req.answered:
+            if task in app.sinks and not req.answered:
                 # views into ``tensors`` (bytes of its own, out of the ring: the views keep it alive)
                 arrays = [x.data if type(x.data) is np.ndarray else np.array(x.data)
                           for x in decode_tensors(tensors)]
@@ -251,25 +246,39 @@ class Dispatcher:
                 self._answer_result(req)
             self._forget(req)
 
+    def _observe(self) -> None:
+        """The metrics (queue, compute, batch size) and the bin's fan-out counters of the OK
+        records the drain has read."""
+        observed, self._observed = self._observed, []
+        metrics = self.metrics
+        for req, task, rec in observed:
+            app = req.routes.app
+            variant = req.routes.lanes[req.lane].get(task, "")
+            labels = self._labels.get((app.name, task, variant))
+            if labels is None:
+                at = (("app", app.name), ("task", task))
+                labels = self._labels[(app.name, task, variant)] = (at, (*at, ("variant", variant)))
+            metrics.queue_duration.observe(labels[0], rec[7])
+            metrics.compute_duration.observe(labels[0], rec[8])
+            if rec[3] == 0 or rec[4] <= 1:  # a batch counts once: its first child (or its one item)
+                metrics.batch_size.observe(labels[1], rec[9])
+            if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
+                self.admission.fan_out(app.name, task, variant, rec[4])
+
     def _forget(self, req: Pending) -> None:
         self.pending.pop(req.request_id, None)
         if req.timer is not None:
             req.timer.cancel()
 
     def _finish(self, req: Pending, status: int, body: dict[str, Any], reason: str | None) -> None:
+        """Answer ``req`` once: the answer first (written in this call by the fast front end), the
+        bookkeeping after it (nothing else runs in between: the same callback)."""
+        now = time.monotonic_ns()
         row = self.trace.get(req.request_id) if self.trace is not None else None
         if row is not None:
-            row[5:8] = [self._woke_ns, time.monotonic_ns(), self._popped_ns]
+            row[5:8] = [self._woke_ns, now, self._popped_ns]
         req.answered = True
         req.body = b""
-        app = req.routes.app.name
-        self.admission.release(app)
-        self.admission.answered(app, status)
-        if reason is None:
-            self.metrics.success.inc((("app", app),))
-        else:
-            self.metrics.failure.inc((("app", app), ("reason", reason)))
-        self.metrics.request_duration.observe((("app", app),), (time.monotonic_ns() - req.created_ns) / 1e3)
         if not req.future.done():
             req.future.set_result((status, body))
             if req.on_answer is not None:
@@ -282,6 +291,14 @@ class Dispatcher:
                           flush=True)
         if row is not None:
             row[8] = time.monotonic_ns()
+        app = req.routes.app.name
+        self.admission.release(app)
+        self.admission.answered(app, status)
+        if reason is None:
+            self.metrics.success.inc((("app", app),))
+        else:
+            self.metrics.failure.inc((("app", app), ("reason", reason)))
+        self.metrics.request_duration.observe((("app", app),), (now - req.created_ns) / 1e3)
 
     def _answer_dropped(self, req: Pending) -> None:
         assert req.drop is not None
@@ -461,11 +478,11 @@ class Dispatcher:
                 self._unrung.append(row)
             return
         self._turn_pushed = True
-        assert self._loop is not None
-        self._loop.call_soon(self._ring_due)
         if row is not None:
             row[4] = time.monotonic_ns()  # (before the write: a woken worker may run before it returns)
         bell.ring()
+        assert self._loop is not None
+        self._loop.call_soon(self._ring_due)  # (after the ring: the worker need not wait for it)
 
     def _ring_due(self) -> None:
         """The end of the turn: ring what its later pushes left (the first push's worker again too,
