@@ -104,6 +104,7 @@ class Dispatcher:
         self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
         self._turn_pushed = False  # this loop turn pushed (and rang) once already
         self._woke_ns = 0  # when the doorbell last woke the loop
+        self._rung = False  # woken by the doorbell: its FIFO's bytes are still to be read
         self._observed: list[tuple[Pending, str, Completion]] = []  # read by ``drain``, for ``_observe``
         self._popped_ns = 0  # when the drain's first pop returned (JIGSAW_HOP_TRACE only)
         # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR)
@@ -148,9 +149,21 @@ class Dispatcher:
             return
         self._woke_ns = time.monotonic_ns()
         self._popped_ns = 0
-        bell.clear()  # the flag stays clear: workers need not ring until the drain re-arms it
+        # The flag stays clear: workers need not ring until the drain re-arms it. The FIFO's
+        # bytes are read once the drain's answers are out (``_quiet_bell``).
+        self._rung = True
         if not self._drain_scheduled:
             self._drain()
+        else:
+            self._quiet_bell()
+
+    def _quiet_bell(self) -> None:
+        """Read the doorbell's wake-up bytes (``Doorbell.clear``) after the drain's work and before
+        the arm (a byte read after it could be a new ring's, lost); a FIFO left readable would
+        call ``_on_bell`` at every loop iteration."""
+        if self._rung and self._watched is not None:
+            self._rung = False
+            self._watched.clear()
 
     def pending_in(self, generation: int) -> int:
         """Requests of ``generation`` whose credits are not all back yet (its drain is not over)."""
@@ -168,12 +181,14 @@ class Dispatcher:
         bell = self._watched
         while not self._closing:
             if self.drain(self.routing.completions):
+                self._quiet_bell()
                 self._drain_scheduled = True
                 assert self._loop is not None
                 self._loop.call_soon(self._drain)
                 return
             if bell is None:
                 return
+            self._quiet_bell()
             bell.arm()
             if not any(len(ring) for ring in self.routing.completions):
                 return
