@@ -452,6 +452,31 @@ def group_cpu_ticks(pgid: int) -> dict[int, int]:
     return out
 
 
+COUNTS = ("syscr", "syscw", "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")
+
+
+def proc_counts(pid: int) -> dict[str, int]:
+    """A process's read and write system calls and its voluntary (it slept: a wake-up) and
+    involuntary (preempted) context switches so far, from /proc: per request these are much
+    steadier than timings on a shared machine; empty when /proc does not say."""
+    out = {}
+    for path in (f"/proc/{pid}/io", f"/proc/{pid}/status"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key in COUNTS:
+                        out[key] = int(value)
+        except OSError:
+            pass
+    return out
+
+
+def group_counts(pgid: int) -> dict[int, dict[str, int]]:
+    """``proc_counts`` of every process in the process group ``pgid``."""
+    return {pid: proc_counts(pid) for pid in group_cpu_ticks(pgid)}
+
+
 def idle_cpu(pgid: int, seconds: float = 3.0) -> dict[str, Any]:
     """Each process's CPU share while the server is idle (target < 2%)."""
     hz = os.sysconf("SC_CLK_TCK")
@@ -507,9 +532,9 @@ def bench_throughput(zero_args: list[str], work: Path, args: argparse.Namespace)
             load(url, args.warmup, 0)
         for _ in range(rounds):
             for name, url in urls.items():
-                before = group_cpu_ticks(pgids[name])
+                before, counts0 = group_cpu_ticks(pgids[name]), group_counts(pgids[name])
                 r = load(url, args.tp_seconds / rounds, 0)
-                after = group_cpu_ticks(pgids[name])
+                after, counts1 = group_cpu_ticks(pgids[name]), group_counts(pgids[name])
                 ticks = sum(after.values()) - sum(before.values())
                 lead = after.get(pgids[name], 0) - before.get(pgids[name], 0)  # the daemon (frontend)
                 t = totals.setdefault(name, {"ok": 0, "errors": 0, "seconds": 0.0, "server_cpu_s": 0.0,
@@ -521,11 +546,18 @@ def bench_throughput(zero_args: list[str], work: Path, args: argparse.Namespace)
                 t["generator_cpu_s"] += r["generator_cpu_s"]
                 t["server_cpu_s"] += ticks / os.sysconf("SC_CLK_TCK")
                 t["lead_cpu_s"] += lead / os.sysconf("SC_CLK_TCK")
+                for pid, c1 in counts1.items():  # the lead process (frontend) and the rest (workers)
+                    who = "lead" if pid == pgids[name] else "rest"
+                    for key, v in c1.items():
+                        k = f"{who}_{key}"
+                        t[k] = t.get(k, 0) + v - counts0.get(pid, {}).get(key, v)
     for t in totals.values():
         t["rps"] = t["ok"] / t["seconds"] if t["seconds"] else 0.0
         t["generator_cpu_pct"] = 100.0 * t["generator_cpu_s"] / t["seconds"] if t["seconds"] else 0.0
         t["server_cpu_us_per_request"] = 1e6 * t["server_cpu_s"] / t["ok"] if t["ok"] else float("nan")
         t["lead_cpu_us_per_request"] = 1e6 * t["lead_cpu_s"] / t["ok"] if t["ok"] else float("nan")
+        t["per_request"] = {k: t[k] / t["ok"] if t["ok"] else float("nan")
+                            for k in [f"{w}_{c}" for w in ("lead", "rest") for c in COUNTS] if k in t}
     echo = totals["echo"]
     out = {"echo": echo, "connections": args.connections, "target_ratio": RATIO_TARGET,
            "generator": echo["generator"], "rounds": rounds, "fronts": list(args.fronts)}
@@ -614,6 +646,9 @@ BREAKDOWN_STEPS = [
     ("last worker: completion pushed -> doorbell written", "c.completion_pushed", "c.rung"),
     ("wake-up: doorbell written -> frontend's loop sees it", "c.rung", "fe.woke"),
     ("frontend: woken -> request answered (e2e_us stamp)", "fe.woke", "fe.answered"),
+    ("  of which: woken -> first records popped", "fe.woke", "fe.popped"),
+    ("  of which: popped -> answered (records accounted, answer built)", "fe.popped", "fe.answered"),
+    ("frontend: answered -> response written to the socket", "fe.answered", "fe.written"),
     ("server e2e: request parsed -> answered", "fe.created", "fe.answered"),
 ]
 
@@ -882,6 +917,15 @@ def main(argv: list[str] | None = None) -> int:
                 lead, total = jig["lead_cpu_us_per_request"], jig["server_cpu_us_per_request"]
                 print(f"  jigsawd --http {f} CPU per request: frontend {lead:.0f} us, "
                       f"workers {total - lead:.0f} us")
+                per = jig.get("per_request", {})
+                if per:
+                    nan = float("nan")
+                    print(f"  jigsawd --http {f} per request (/proc): " + "; ".join(
+                        f"{who} reads {fmt(per.get(w + '_syscr', nan))}, writes "
+                        f"{fmt(per.get(w + '_syscw', nan))}, wake-ups "
+                        f"{fmt(per.get(w + '_voluntary_ctxt_switches', nan))}, preempted "
+                        f"{fmt(per.get(w + '_nonvoluntary_ctxt_switches', nan))}"
+                        for who, w in (("frontend", "lead"), ("workers", "rest"))))
             for f in args.fronts:
                 verdict = "meets" if tp[f"ratio_{f}"] >= RATIO_TARGET else "MISSES"
                 print(f"  ratio jigsawd --http {f} / echo{' ' * (8 - len(f))}: {tp[f'ratio_{f}']:9.2f}   "

@@ -4,6 +4,8 @@
 
 * throughput: push+pop of one record in one process (records/s); and the data plane's framed
   calls (``push_framed`` + ``pop_many_framed``: the credit and the tensors, one copy each way);
+* the frontend's read of completion records: ``pop_completions`` (flat tuples) against
+  ``pop_many_framed`` and the header objects' fields (records/s);
 * one-way latency: a child process stamps ``created_ns`` and pushes; this process pops and
   subtracts (ping-pong over a second ring, so no queue builds up). ``spin``: the consumer polls
   ``pop``; ``doorbell``: it sleeps in ``Doorbell.wait`` (poll() on the doorbell's FIFO) and the
@@ -122,6 +124,43 @@ def throughput_rps(mod, reg: SegmentRegistry, tag: str, size: int, seconds: floa
         ring.close()
 
 
+def completion_read_rps(mod, reg: SegmentRegistry, tag: str, seconds: float, flat: bool) -> float:
+    """The frontend's read of completion records, three per pop (a chain's records), 64-byte
+    tensors: ``flat`` ``pop_completions`` (one tuple per record, durations computed in the core),
+    else ``pop_many_framed`` and the fields and durations read from each header object (the
+    frontend's read before ``pop_completions``). Records read per second; the push is not timed."""
+    name = reg.name(f"cr-{tag}")
+    reg.add_shm(name)
+    ring = mod.ShmRing.create(name, 1 << 22)
+    header = mod.RecordHeader(request_id=1, task=2, child_count=1,
+                              hops=(1_000, 4_000, 10_000, 12_500, 13_000, 1))
+    payload = bytes(64)
+    burst = 255
+    n = 0
+    spent = 0.0
+    try:
+        while spent < seconds:
+            for _ in range(burst):
+                ring.push_framed(header, 12345, payload)
+            t0 = time.perf_counter()
+            if flat:
+                for _ in range(burst // 3):
+                    for rec in ring.pop_completions(3):
+                        (_, _, _, _, _, _, _, _, _, _, _, _) = rec
+            else:
+                for _ in range(burst // 3):
+                    for h, _credit, _tensors in ring.pop_many_framed(3):
+                        hops = h.hops
+                        (h.request_id, h.task, h.status, h.child_index, h.child_count,
+                         max(0.0, (hops[2] - hops[0]) / 1e3), max(0.0, (hops[3] - hops[2]) / 1e3), hops[5],
+                         max(0.0, (hops[1] - hops[0]) / 1e3), hops[4])
+            spent += time.perf_counter() - t0
+            n += burst
+        return n / spent
+    finally:
+        ring.close()
+
+
 def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, samples: int,
                mode: str) -> tuple[float, float]:
     ping_name, pong_name = reg.name(f"ping-{tag}"), reg.name(f"pong-{tag}")
@@ -216,6 +255,11 @@ def main() -> None:
             cells = {k: throughput_rps(m, reg, f"{k}-{size}", size, args.seconds, framed=True)
                      for k, m in impls.items()}
             rows.append(("push_framed+pop_many_framed (records/s)", label, cells))
+        for flat, metric in ((False, "completion read: framed + header"),
+                             (True, "completion read: pop_completions")):
+            cells = {k: completion_read_rps(m, reg, f"{k}-{flat}", args.seconds, flat)
+                     for k, m in impls.items()}
+            rows.append((f"{metric} (rec/s)", "64 B", cells))
         for mode in ("spin", "semaphore", "doorbell", "loop"):
             for label, size in SIZES.items():
                 p50 = {}

@@ -29,6 +29,21 @@ cdef object _DROP_STALE = DropReason.DROP_STALE
 cdef inline uint64_t _align8(uint64_t n) noexcept nogil:
     return (n + 7) & ~(<uint64_t>7)
 
+# the hop slots of ``runtime/records.py`` (HOP_SENT ...) that ``pop_completions`` reads; a test
+# checks they agree
+cdef enum:
+    HOP_SENT_SLOT = 0
+    HOP_POPPED_SLOT = 1
+    HOP_START_SLOT = 2
+    HOP_END_SLOT = 3
+    HOP_DONE_SLOT = 4
+    HOP_BATCH_SLOT = 5
+HOP_SLOTS = (HOP_SENT_SLOT, HOP_POPPED_SLOT, HOP_START_SLOT, HOP_END_SLOT, HOP_DONE_SLOT, HOP_BATCH_SLOT)
+
+cdef inline double _span_us(uint64_t start_ns, uint64_t end_ns) noexcept nogil:
+    """``end - start`` in microseconds, 0 when the stamps are out of order (or missing)."""
+    return (end_ns - start_ns) / 1e3 if end_ns > start_ns else 0.0
+
 def default_max_payload_bytes(uint64_t capacity_bytes):
     return (capacity_bytes // 2 - RECORD_OVERHEAD_BYTES) & ~(<uint64_t>7)
 
@@ -453,6 +468,62 @@ cdef class ShmRing:
         """``pop_many`` for records pushed by ``push_framed``: ``(header, credit, tensors)`` each,
         the tensors copied once, out of the ring (no framed payload to slice again)."""
         return self._pop_n(max_n, 1)
+
+    def pop_completions(self, Py_ssize_t max_n):
+        """Up to ``max_n`` completion records (pushed by ``push_framed``) as flat tuples, no
+        ``RecordHeader`` each: ``(request_id, task, status, child_index, child_count, credit,
+        tensors, queue_us, compute_us, batch, hop_us, done_ns)``, the durations from the record's
+        stamps (``runtime/records.py``'s hop slots; negative ones are 0). The frontend reads every
+        record this way; see ``jigsaw.runtime._pyring.ShmRing.pop_completions``."""
+        self._check_mapped()
+        cdef uint64_t tail = jg_load_acquire(self._tail)
+        cdef uint64_t head = jg_load_relaxed(self._head)
+        cdef list out = []
+        cdef Py_ssize_t k = 0
+        cdef uint64_t h, pos, credit
+        cdef uint32_t record_bytes, kind
+        cdef jg_frame_t *frame
+        cdef jg_header_t *src
+        cdef char *at
+        while head != tail and k < max_n:
+            h = head
+            pos = h % self._capacity
+            frame = <jg_frame_t *>(self._data + pos)
+            record_bytes = frame.record_bytes
+            kind = frame.kind
+            if kind == KIND_SKIP:
+                if record_bytes != self._capacity - pos or h + record_bytes >= tail:
+                    raise RingCorruptError(f"ring {self._name}: bad skip record at {pos}")
+                h += record_bytes
+                pos = 0
+                frame = <jg_frame_t *>self._data
+                record_bytes = frame.record_bytes
+                kind = frame.kind
+            if (kind != KIND_DATA or record_bytes < RECORD_OVERHEAD_BYTES or record_bytes % 8
+                    or record_bytes > self._capacity - pos or h + record_bytes > tail):
+                raise RingCorruptError(f"ring {self._name}: bad record frame at {pos} "
+                                       f"(kind={kind:#x}, bytes={record_bytes})")
+            at = self._data + pos
+            src = <jg_header_t *>(at + FRAME_BYTES)
+            if RECORD_OVERHEAD_BYTES + _align8(src.payload_len) != record_bytes:
+                raise RingCorruptError(f"ring {self._name}: payload_len {src.payload_len} disagrees with "
+                                       f"record size")
+            if src.payload_len < 8:
+                raise RingCorruptError(f"ring {self._name}: payload of {src.payload_len} bytes has no credit")
+            memcpy(&credit, at + RECORD_OVERHEAD_BYTES, 8)
+            out.append((src.request_id, src.task, src.status, src.child_index, src.child_count, credit,
+                        PyBytes_FromStringAndSize(at + RECORD_OVERHEAD_BYTES + 8, src.payload_len - 8),
+                        _span_us(src.hops[HOP_SENT_SLOT], src.hops[HOP_START_SLOT]),
+                        _span_us(src.hops[HOP_START_SLOT], src.hops[HOP_END_SLOT]),
+                        src.hops[HOP_BATCH_SLOT],
+                        _span_us(src.hops[HOP_SENT_SLOT], src.hops[HOP_POPPED_SLOT]),
+                        src.hops[HOP_DONE_SLOT]))
+            head = h + record_bytes
+            k += 1
+        if k:
+            jg_store_release(self._head, head)
+            jg_store_release(self._popped, jg_load_relaxed(self._popped) + k)
+        return out
 
     def close(self):
         """Unmap this process's view; idempotent. Does not unlink the name."""

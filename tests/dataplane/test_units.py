@@ -73,6 +73,42 @@ def test_framed_push_reads_back_as_the_joined_frame(impl):
             ring.close()
 
 
+@pytest.mark.parametrize("impl", _ring_impls(), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_completion_records_read_as_flat_tuples(impl):
+    # pop_completions: the fields the frontend accounts, durations from the hop stamps (0 when out
+    # of order or missing), in push order across a wrap; a record without credit is corrupt
+    from jigsaw.runtime import records
+    from jigsaw.runtime.rings import SegmentRegistry
+    assert impl.HOP_SLOTS == (records.HOP_SENT, records.HOP_POPPED, records.HOP_START, records.HOP_END,
+                              records.HOP_DONE, records.HOP_BATCH)
+    with SegmentRegistry() as reg:
+        name = reg.name("completions")
+        reg.add_shm(name)
+        ring = impl.ShmRing.create(name, 1 << 12)
+        try:
+            stamps = (1_000, 4_000, 10_000, 12_500, 13_000, 3)  # sent, popped, start, end, done, batch
+            for round_ in range(12):  # 12 x 5 records of ~200 bytes: the ring wraps several times
+                for k in range(5):
+                    h = impl.RecordHeader(request_id=100 * round_ + k, task=k, status=k % 2, child_index=k,
+                                          child_count=2 * k, hops=stamps if k != 3 else (9_000, 0, 5_000))
+                    assert ring.push_framed(h, TOTAL_CREDIT - k, bytes([k]) * (100 + k))
+                got = ring.pop_completions(4)
+                got += ring.pop_completions(100)
+                assert ring.pop_completions(10) == [] and len(ring) == 0
+                assert [g[0] for g in got] == [100 * round_ + k for k in range(5)]
+                _, task, status, child_index, child_count, credit, tensors, queue_us, compute_us, batch, \
+                    hop_us, done_ns = got[2]
+                assert (task, status, child_index, child_count, credit) == (2, 0, 2, 4, TOTAL_CREDIT - 2)
+                assert bytes(tensors) == b"\x02" * 102
+                assert (queue_us, compute_us, batch, hop_us, done_ns) == (9.0, 2.5, 3, 3.0, 13_000)
+                assert got[3][7:] == (0.0, 0.0, 0, 0.0, 0)  # start before sent, popped and end missing
+            ring.push(impl.RecordHeader(request_id=1), b"short")
+            with pytest.raises(impl.RingCorruptError, match="no credit"):
+                ring.pop_completions(1)
+        finally:
+            ring.close()
+
+
 def test_emulated_item_values_are_a_function_of_the_request():
     b = EmulatedBackend("c", "captioner", latency_ms_by_batch={1: 0.0}, seed=3)
     first, again = b.execute([11, 12], [b"", b""]), b.execute([12, 11], [b"", b""])

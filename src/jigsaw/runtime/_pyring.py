@@ -73,6 +73,20 @@ def default_max_payload_bytes(capacity_bytes: int) -> int:
     return (capacity_bytes // 2 - RECORD_OVERHEAD_BYTES) & ~7
 
 
+# The hop slots (``runtime/records.py``'s HOP_SENT, HOP_POPPED, HOP_START, HOP_END, HOP_DONE,
+# HOP_BATCH) ``pop_completions`` reads; the compiled core declares the same (a test compares them).
+HOP_SLOTS = (0, 1, 2, 3, 4, 5)
+_SENT, _POPPED, _START, _END, _DONE, _BATCH = HOP_SLOTS
+
+# A completion record as ``pop_completions`` returns it.
+Completion = tuple[int, int, int, int, int, int, bytes, float, float, int, float, int]
+
+
+def _span_us(start_ns: int, end_ns: int) -> float:
+    """``end - start`` in microseconds, 0 when the stamps are out of order (or missing)."""
+    return (end_ns - start_ns) / 1e3 if end_ns > start_ns else 0.0
+
+
 class RecordHeader:
     """Fixed per-record metadata; mutable so a worker can stamp hops and status before forwarding.
 
@@ -409,6 +423,20 @@ class ShmRing:
             if len(payload) < _CREDIT.size:
                 raise RingCorruptError(f"ring {self._name}: payload of {len(payload)} bytes has no credit")
             out.append((h, _CREDIT.unpack_from(payload)[0], payload[_CREDIT.size:]))
+        return out
+
+    def pop_completions(self, max_n: int) -> list[Completion]:
+        """Up to ``max_n`` completion records (pushed by ``push_framed``) as flat tuples, no
+        header object each: ``(request_id, task, status, child_index, child_count, credit,
+        tensors, queue_us, compute_us, batch, hop_us, done_ns)``. The durations come from the
+        record's stamps (the hop slots of ``runtime/records.py``: ``HOP_SLOTS``); stamps out of
+        order (or missing) give 0. The frontend reads every completion record this way."""
+        out: list[Completion] = []
+        for h, credit, tensors in self.pop_many_framed(max_n):
+            hops = h.hops
+            out.append((h.request_id, h.task, h.status, h.child_index, h.child_count, credit, tensors,
+                        _span_us(hops[_SENT], hops[_START]), _span_us(hops[_START], hops[_END]), hops[_BATCH],
+                        _span_us(hops[_SENT], hops[_POPPED]), hops[_DONE]))
         return out
 
     def close(self) -> None:

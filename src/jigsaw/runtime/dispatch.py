@@ -30,18 +30,13 @@ import numpy as np
 from jigsaw.runtime.admission import Admission
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.records import (
-    HOP_BATCH,
-    HOP_DONE,
-    HOP_END,
-    HOP_POPPED,
     HOP_SENT,
-    HOP_START,
     TOTAL_CREDIT,
     TRACE_DIR,
     split_credit,
     write_trace,
 )
-from jigsaw.runtime.rings import Doorbell, RecordHeader, ShmRing, Status, drop_reason
+from jigsaw.runtime.rings import Completion, Doorbell, RecordHeader, ShmRing, Status, drop_reason
 from jigsaw.runtime.routing import RoutingTable
 from jigsaw.runtime.topology import AppRoutes
 from jigsaw.tensors import DATATYPES, Tensor, decode_tensors, encode_tensors
@@ -109,6 +104,9 @@ class Dispatcher:
         self._bells_due: dict[str, Doorbell] = {}  # ring -> its consumer's doorbell, rung at the turn's end
         self._turn_pushed = False  # this loop turn pushed (and rang) once already
         self._woke_ns = 0  # when the doorbell last woke the loop
+        self._rung = False  # woken by the doorbell: its FIFO's bytes are still to be read
+        self._observed: list[tuple[Pending, str, Completion]] = []  # read by ``drain``, for ``_observe``
+        self._popped_ns = 0  # when the drain's first pop returned (JIGSAW_HOP_TRACE only)
         # JIGSAW_HOP_TRACE: each request's timeline (records.TRACE_DIR)
         self.trace: dict[int, list[int]] | None = {} if TRACE_DIR else None
         self._unrung: list[list[int]] = []
@@ -135,7 +133,8 @@ class Dispatcher:
 
     def stop(self) -> None:
         if self.trace:
-            write_trace("frontend", ["app", "request_id", "created", "sent", "rung", "woke", "answered"],
+            write_trace("frontend", ["app", "request_id", "created", "sent", "rung", "woke", "answered",
+                                     "popped", "written"],
                         list(self.trace.values()))
             self.trace = {}
         self._closing = True
@@ -149,9 +148,22 @@ class Dispatcher:
         if bell is None:
             return
         self._woke_ns = time.monotonic_ns()
-        bell.clear()  # the flag stays clear: workers need not ring until the drain re-arms it
+        self._popped_ns = 0
+        # The flag stays clear: workers need not ring until the drain re-arms it. The FIFO's
+        # bytes are read once the drain's answers are out (``_quiet_bell``).
+        self._rung = True
         if not self._drain_scheduled:
             self._drain()
+        else:
+            self._quiet_bell()
+
+    def _quiet_bell(self) -> None:
+        """Read the doorbell's wake-up bytes (``Doorbell.clear``) after the drain's work and before
+        the arm (a byte read after it could be a new ring's, lost); a FIFO left readable would
+        call ``_on_bell`` at every loop iteration."""
+        if self._rung and self._watched is not None:
+            self._rung = False
+            self._watched.clear()
 
     def pending_in(self, generation: int) -> int:
         """Requests of ``generation`` whose credits are not all back yet (its drain is not over)."""
@@ -169,71 +181,77 @@ class Dispatcher:
         bell = self._watched
         while not self._closing:
             if self.drain(self.routing.completions):
+                self._quiet_bell()
                 self._drain_scheduled = True
                 assert self._loop is not None
                 self._loop.call_soon(self._drain)
                 return
             if bell is None:
                 return
+            self._quiet_bell()
             bell.arm()
             if not any(len(ring) for ring in self.routing.completions):
                 return
             bell.disarm()
 
     def drain(self, rings: list[ShmRing]) -> bool:
-        """Account every completion record waiting in ``rings``; True when more may be left."""
+        """Account every completion record waiting in ``rings``; True when more may be left.
+
+        Each record comes out of the ring as one flat tuple (``ShmRing.pop_completions``: the
+        fields and durations read in the compiled core, no header object per record). What an
+        answer needs (credits, the sink's outputs, the timings it reports) is done record by
+        record, so an answer leaves as soon as its last record is read; the metrics and bin
+        counters of the records follow once the drain's answers are out (``_observe``)."""
         more = False
+        pending = self.pending
         for ring in rings:
-            got = ring.pop_many_framed(DRAIN_POP)
+            got = ring.pop_completions(DRAIN_POP)
+            if not got:
+                continue
             more |= len(got) == DRAIN_POP
-            for header, credit, tensors in got:
-                self._on_completion(header, credit, tensors)
+            if self.trace is not None and not self._popped_ns:  # the drain's first pop
+                self._popped_ns = time.monotonic_ns()
+            for rec in got:
+                req = pending.get(rec[0])
+                if req is None:
+                    self.metrics.late.inc()
+                else:
+                    self._on_completion(req, rec)
+        if self._observed:
+            self._observe()
         return more
 
-    def _on_completion(self, h: RecordHeader, credit: int, tensors: bytes) -> None:
-        req = self.pending.get(h.request_id)
-        if req is None:
-            self.metrics.late.inc()
-            return
+    def _on_completion(self, req: Pending, rec: Completion) -> None:
+        (_, task_index, status, child_index, child_count, credit, tensors, queue_us, compute_us, _,
+         hop_us, done_ns) = rec
         app = req.routes.app
-        task = app.task_names[h.task] if h.task < len(app.task_names) else f"#{h.task}"
-        hops = h.hops
-        if h.status == Status.OK:
-            variant = req.routes.lanes[req.lane].get(task, "")
-            queue_us = max(0.0, (hops[HOP_START] - hops[HOP_SENT]) / 1e3)
-            compute_us = max(0.0, (hops[HOP_END] - hops[HOP_START]) / 1e3)
-            labels = self._labels.get((app.name, task, variant))
-            if labels is None:
-                at = (("app", app.name), ("task", task))
-                labels = self._labels[(app.name, task, variant)] = (at, (*at, ("variant", variant)))
-            metrics = self.metrics
-            metrics.queue_duration.observe(labels[0], queue_us)
-            metrics.compute_duration.observe(labels[0], compute_us)
-            if h.child_index == 0 or h.child_count <= 1:
-                metrics.batch_size.observe(labels[1], hops[HOP_BATCH])
-            # the two ring hops of this item, from server-side stamps: push -> pop by the worker,
-            # and its completion record's push -> this drain (only a record that woke the frontend:
-            # one that handed work on to children waits in its ring for a child's record)
-            hop_us = max(0.0, (hops[HOP_POPPED] - hops[HOP_SENT]) / 1e3)
-            done_us = -1.0 if h.child_count else max(0.0, (time.monotonic_ns() - hops[HOP_DONE]) / 1e3)
-            t = req.timings.setdefault(task, [0.0, 0.0, 0, 0.0, -1.0])
-            t[0], t[1], t[2] = max(t[0], queue_us), max(t[1], compute_us), t[2] + 1
-            t[3], t[4] = max(t[3], hop_us), max(t[4], done_us)
-            if h.child_count:
-                req.children[task] = req.children.get(task, 0) + h.child_count
-            if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
-                self.admission.fan_out(app.name, task, variant, h.child_count)
-            elif not req.answered:
+        names = app.task_names
+        task = names[task_index] if task_index < len(names) else f"#{task_index}"
+        if status == 0:  # Status.OK
+            self._observed.append((req, task, rec))
+            # the two ring hops of this item, from server-side stamps: push -> pop by the worker
+            # (``hop_us``), and its completion record's push -> this drain (only a record that woke
+            # the frontend: one that handed work on to children waits in its ring for a child's record)
+            done_us = -1.0 if child_count else max(0.0, (time.monotonic_ns() - done_ns) / 1e3)
+            t = req.timings.get(task)
+            if t is None:
+                req.timings[task] = [queue_us, compute_us, 1, hop_us, done_us]
+            else:
+                t[0], t[1], t[2] = max(t[0], queue_us), max(t[1], compute_us), t[2] + 1
+                t[3], t[4] = max(t[3], hop_us), max(t[4], done_us)
+            if child_count:
+                req.children[task] = req.children.get(task, 0) + child_count
+            if task in app.sinks and not req.answered:
                 # views into ``tensors`` (bytes of its own, out of the ring: the views keep it alive)
                 arrays = [x.data if type(x.data) is np.ndarray else np.array(x.data)
                           for x in decode_tensors(tensors)]
-                req.items.setdefault(task, []).append((h.child_index, arrays))
+                req.items.setdefault(task, []).append((child_index, arrays))
         else:
-            reason = drop_reason(h.status)
+            reason = drop_reason(status)
             self.metrics.dropped.inc((("app", app.name), ("task", task), ("reason", reason)))
             if req.drop is None:
-                req.drop = (task, h.status)
-                if h.status == Status.ERROR and len(tensors):
+                req.drop = (task, status)
+                if status == Status.ERROR and len(tensors):
                     req.error = bytes(tensors).decode("utf-8", "replace")
         req.credit_in += credit
         if req.drop is not None and not req.answered:
@@ -243,24 +261,39 @@ class Dispatcher:
                 self._answer_result(req)
             self._forget(req)
 
+    def _observe(self) -> None:
+        """The metrics (queue, compute, batch size) and the bin's fan-out counters of the OK
+        records the drain has read."""
+        observed, self._observed = self._observed, []
+        metrics = self.metrics
+        for req, task, rec in observed:
+            app = req.routes.app
+            variant = req.routes.lanes[req.lane].get(task, "")
+            labels = self._labels.get((app.name, task, variant))
+            if labels is None:
+                at = (("app", app.name), ("task", task))
+                labels = self._labels[(app.name, task, variant)] = (at, (*at, ("variant", variant)))
+            metrics.queue_duration.observe(labels[0], rec[7])
+            metrics.compute_duration.observe(labels[0], rec[8])
+            if rec[3] == 0 or rec[4] <= 1:  # a batch counts once: its first child (or its one item)
+                metrics.batch_size.observe(labels[1], rec[9])
+            if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
+                self.admission.fan_out(app.name, task, variant, rec[4])
+
     def _forget(self, req: Pending) -> None:
         self.pending.pop(req.request_id, None)
         if req.timer is not None:
             req.timer.cancel()
 
     def _finish(self, req: Pending, status: int, body: dict[str, Any], reason: str | None) -> None:
-        if self.trace is not None and req.request_id in self.trace:
-            self.trace[req.request_id][5:7] = [self._woke_ns, time.monotonic_ns()]
+        """Answer ``req`` once: the answer first (written in this call by the fast front end), the
+        bookkeeping after it (nothing else runs in between: the same callback)."""
+        now = time.monotonic_ns()
+        row = self.trace.get(req.request_id) if self.trace is not None else None
+        if row is not None:
+            row[5:8] = [self._woke_ns, now, self._popped_ns]
         req.answered = True
         req.body = b""
-        app = req.routes.app.name
-        self.admission.release(app)
-        self.admission.answered(app, status)
-        if reason is None:
-            self.metrics.success.inc((("app", app),))
-        else:
-            self.metrics.failure.inc((("app", app), ("reason", reason)))
-        self.metrics.request_duration.observe((("app", app),), (time.monotonic_ns() - req.created_ns) / 1e3)
         if not req.future.done():
             req.future.set_result((status, body))
             if req.on_answer is not None:
@@ -271,6 +304,16 @@ class Dispatcher:
                 except Exception as exc:  # one answer must not stop the drain
                     print(f"jigsawd: answering request {req.request_id} failed: {exc!r}", file=sys.stderr,
                           flush=True)
+        if row is not None:
+            row[8] = time.monotonic_ns()
+        app = req.routes.app.name
+        self.admission.release(app)
+        self.admission.answered(app, status)
+        if reason is None:
+            self.metrics.success.inc((("app", app),))
+        else:
+            self.metrics.failure.inc((("app", app), ("reason", reason)))
+        self.metrics.request_duration.observe((("app", app),), (now - req.created_ns) / 1e3)
 
     def _answer_dropped(self, req: Pending) -> None:
         assert req.drop is not None
@@ -421,7 +464,7 @@ class Dispatcher:
                 if self.routing.rings[t.ring].push_framed(h, share, req.body):
                     row = None
                     if self.trace is not None and sent == 0:
-                        row = [routes.app_index, req.request_id, req.created_ns, h.hops[HOP_SENT], 0, 0, 0]
+                        row = [routes.app_index, req.request_id, req.created_ns, h.hops[HOP_SENT]] + [0] * 5
                         self.trace[req.request_id] = row
                     self._ring(t.ring, row)
                     sent += 1
@@ -450,11 +493,11 @@ class Dispatcher:
                 self._unrung.append(row)
             return
         self._turn_pushed = True
-        assert self._loop is not None
-        self._loop.call_soon(self._ring_due)
         if row is not None:
             row[4] = time.monotonic_ns()  # (before the write: a woken worker may run before it returns)
         bell.ring()
+        assert self._loop is not None
+        self._loop.call_soon(self._ring_due)  # (after the ring: the worker need not wait for it)
 
     def _ring_due(self) -> None:
         """The end of the turn: ring what its later pushes left (the first push's worker again too,

@@ -38,6 +38,7 @@ import posix_ipc
 from jigsaw.runtime import _pyring
 from jigsaw.runtime._pyring import (
     RECORD_OVERHEAD_BYTES,
+    Completion,
     RingClosedError,
     RingCorruptError,
     default_max_payload_bytes,
@@ -47,6 +48,7 @@ __all__ = [
     "BELL_FLAG_BYTES",
     "HAS_EXTENSION",
     "RECORD_OVERHEAD_BYTES",
+    "Completion",
     "Doorbell",
     "RecordHeader",
     "RingClosedError",
@@ -170,10 +172,12 @@ class Doorbell:
 
     * producer: push, then ``ring()``: a full fence, and only if the flag is set, clear it and
       write one byte to the FIFO (a busy consumer costs its producers no system call);
-    * asyncio consumer: ``fileno()`` registered with ``loop.add_reader``; on readable, ``clear()``
-      (read the bytes; the flag stays 0: awake), drain every ready record; when out of work,
-      ``arm()`` (flag 1, full fence), look at the rings once more and, if a record is there,
-      ``disarm()`` and drain again, else return to the loop;
+    * asyncio consumer: ``fileno()`` registered with ``loop.add_reader``; on readable, drain every
+      ready record (the flag stays 0: awake, so no producer writes meanwhile); when out of work,
+      ``clear()`` (read the bytes: after the work, so the system call is off the woken path, and
+      before the arm, so no new ring's byte is read), ``arm()`` (flag 1, full fence), look at the
+      rings once more and, if a record is there, ``disarm()`` and drain again, else return to the
+      loop (a callback that returns without arming clears too: a readable FIFO calls it again);
     * blocking consumer: ``wait(timeout_s)`` polls the FIFO and re-arms after reading, so the
       simple loop "pop; if nothing, wait" never misses a ring.
 

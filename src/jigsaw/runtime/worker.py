@@ -204,6 +204,7 @@ class Worker:
         self._passed_over_ns = 0  # the last time a full batch left items in the rings
         self._rewire = False
         self._woke_ns = 0  # when the doorbell last woke the loop
+        self._rung = False  # woken by the doorbell: its FIFO's bytes are still to be read
         self._busy = False  # a batch is awaiting its backend (a task finishes it)
         self._batch_task: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] | None = None  # set when ``run`` is to return
@@ -474,14 +475,9 @@ class Worker:
         self._turn()
 
     def _finish_batch(self, items: list[Any], start: int, results: list[ItemResult]) -> None:
-        """Account a finished batch, report each item and send its children on (then ring)."""
+        """Report each item of a finished batch and send its children on, ring, then account the
+        batch in the stats block (after the ring: the next process need not wait for it)."""
         end = time.monotonic_ns()
-        slot = self.spec.slot
-        stats = self.stats
-        stats.set(slot, BATCH_STARTED_NS, 0)
-        stats.add(slot, BUSY_NS, end - start)
-        stats.add(slot, BATCHES, 1)
-        stats.add(slot, ITEMS, len(items))
         sink = not self.spec.downstream
         trace = self.trace
         n = len(items)
@@ -509,6 +505,12 @@ class Worker:
             for row in trace[len(trace) - n:]:
                 row.append(rung)
         self._ring_outputs()
+        slot = self.spec.slot
+        stats = self.stats
+        stats.set(slot, BATCH_STARTED_NS, 0)
+        stats.add(slot, BUSY_NS, end - start)
+        stats.add(slot, BATCHES, 1)
+        stats.add(slot, ITEMS, n)
 
     def publish_queued(self) -> None:
         for w in self.wirings:
@@ -523,12 +525,14 @@ class Worker:
         heartbeat, signals), then goes on.
         """
         if self._busy or self._done is None or self._done.done():
+            self._quiet_bell()
             return
         bell = self.bell
         try:
             batches = 0
             while True:
                 if not _running:
+                    self._quiet_bell()
                     self._done.set_result(None)
                     return
                 bell.disarm()  # awake: every push until the next arm() is seen by the look below
@@ -542,15 +546,19 @@ class Worker:
                 self.publish_queued()
                 if self._start_batch():
                     if self._busy:
+                        self._quiet_bell()
                         return  # its task finishes it and turns again
                     self.publish_queued()
                     batches += 1
                     if batches >= TURN_BATCHES:
+                        self._quiet_bell()
                         asyncio.get_running_loop().call_soon(self._turn)
                         return
                     continue
                 # Out of work: arm (producers ring from now on), then look at the rings once more,
-                # so a push that came before the arm is not left waiting for the next one.
+                # so a push that came before the arm is not left waiting for the next one. The
+                # wake-up bytes are read first (a byte written after the arm must stay).
+                self._quiet_bell()
                 bell.arm()
                 if self._rewire or any(len(ring) for ring in self.inputs):
                     continue
@@ -572,6 +580,15 @@ class Worker:
                 self._timer = loop.call_later(timeout_s, self._on_timer)
         except BaseException as exc:
             self._fail(exc)
+
+    def _quiet_bell(self) -> None:
+        """Read the doorbell's wake-up bytes (``Doorbell.clear``) when the turn it woke is past its
+        work: the system call is off the woken path (pop, batch, the next process's ring). Called
+        before the arm (a byte read after it could be a new ring's, lost) and before every other
+        return of a turn (a readable FIFO would call ``on_bell`` again at every loop iteration)."""
+        if self._rung:
+            self._rung = False
+            self.bell.clear()
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -595,7 +612,7 @@ class Worker:
 
         def on_bell() -> None:
             self._woke_ns = time.monotonic_ns()
-            bell.clear()  # the flag stays clear: producers need not ring until this turn re-arms
+            self._rung = True  # the flag stays clear: producers need not ring until this turn re-arms
             self._turn()
 
         def on_sigterm() -> None:
