@@ -163,6 +163,11 @@ class ControlSettings:
     # demand: a drain-first serves on part of the plan for up to an SLO and holds the node's
     # re-plans meanwhile, a price for a plan the node needs, not for a better one; true: also then
     drain_first_when_holding: bool = False
+    # a drain-first waits for the requests the app's running generation has not answered yet for
+    # at most this share of the app's SLO (x the time scale), then sends the rest again on the
+    # generation serving meanwhile and frees the slots (runtime/generations.py _drain_first); the
+    # late credits of timed-out requests are not waited for. 1.0: up to the whole SLO
+    drain_first_wait_slo: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -339,6 +344,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         place_around_busy_drains=c.bool("place_around_busy_drains", False),
         drain_late_credits=c.bool("drain_late_credits", True),
         drain_first_when_holding=c.bool("drain_first_when_holding", False),
+        drain_first_wait_slo=c.number("drain_first_wait_slo", 0.25, low=0, high=1),
         skip_ended_spikes=c.bool("skip_ended_spikes", False),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),

@@ -816,7 +816,9 @@ class GenerationManager:
         self.current[app] = mid.gid
         self.node_layout = self.node_layout.with_instances(
             i for i in self.node_layout.instances if (i.gpu, i.start) not in blockers)
-        await self._retire(old.gid)  # drained, stopped, its segments unlinked; MPS daemons stopped
+        # drained (briefly: see ``_retire``'s ``first``), stopped, its segments unlinked; MPS
+        # daemons stopped
+        await self._retire(old.gid, first=True)
         keep = self.in_use_layout()
         assert keep is not None
         try:
@@ -911,21 +913,38 @@ class GenerationManager:
             await asyncio.to_thread(self._stop_unused_mps)
             await self._release_mig(f"{g.app.name}: generation {gid} retired")
 
-    async def _retire(self, gid: int) -> None:
+    async def _retire(self, gid: int, *, first: bool = False) -> None:
         """Wait until the old generation's requests are all settled, then stop the processes the new
-        one did not keep, tell the kept ones to drop its wiring, and unlink its segments."""
+        one did not keep, tell the kept ones to drop its wiring, and unlink its segments.
+
+        ``first``: a drain-first's, whose new instances wait for these slots while the app serves
+        on part of its plan. It waits only for unanswered requests, at most
+        ``control.drain_first_wait_slo`` of the SLO, then sends the rest again on the serving
+        generation and forgets the late credits. Why: waiting for every late credit (a spike's
+        timed-out requests hold theirs for 10 s) made a spike's switch take the SLO plus that
+        margin, 25 s at time scale 20 (5 bins of the peak window), the app shedding at the door.
+        """
         router = self._router()
         g = self.generations[gid]
         budget_s = (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
             * self.time_scale / 1000.0
         deadline = time.monotonic() + budget_s + DRAIN_MARGIN_S
+        if first:
+            deadline = time.monotonic() + self.node.control.drain_first_wait_slo * budget_s
         cut = self._cut.setdefault(gid, asyncio.Event())  # set: a re-plan needs its slots now
-        settled = router.pending_in if self.node.control.drain_late_credits else router.unanswered_in
+        late = self.node.control.drain_late_credits and not first
+        settled = router.pending_in if late else router.unanswered_in
+        t0 = time.monotonic()
         while settled(gid) and time.monotonic() < deadline and not cut.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(cut.wait(), DRAIN_POLL_S)
         self._cut.pop(gid, None)
-        if not cut.is_set() and not self.node.control.drain_late_credits and not router.unanswered_in(gid):
+        if first:
+            forgotten, resent, failed = router.cut_generation(gid)
+            self.log(f"{g.app.name}: generation {gid} drained for the new instances in "
+                     f"{(time.monotonic() - t0) * 1e3:.0f} ms ({forgotten} answered requests' late credits "
+                     f"forgotten, {resent} sent again, {failed} failed)")
+        elif not cut.is_set() and not late and not router.unanswered_in(gid):
             router.cut_generation(gid)  # every request answered: forget the late credits awaited
         left = router.pending_in(gid)
         if left:
