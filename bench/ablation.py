@@ -71,6 +71,8 @@ OPTIONAL = {
     "cut_drains": "control.cut_drains=true",
     "place_around_busy_drains": "control.place_around_busy_drains=true",
     "short_drains": "control.drain_late_credits=false",
+    # a plan that frees 4 slices of a running plan that holds the demand is worth a drain-first
+    "shrink_drain_first": "control.shrink_drain_min_slices=4",
 }
 # wall rates are demand / time scale: social_media's capacity is about 4x traffic_analysis's, so its
 # client needs a larger scale to keep its schedule on a 2-core machine

@@ -174,6 +174,10 @@ class ControlSettings:
     # their drains short whatever they hold (runtime/generations.py _cut_drains); false: as
     # cut_drains says (refused by default)
     cut_drains_when_needed: bool = True
+    # a plan that frees at least this many slices of a running plan that holds the demand is worth
+    # a drain-first (control/controller.py _deploy): without it a spike's plan stayed until a
+    # smaller plan happened to fit beside it; 0 (default): never (drain_first_when_holding decides)
+    shrink_drain_min_slices: int = 0
 
 
 @dataclass(frozen=True)
@@ -352,6 +356,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         drain_first_when_holding=c.bool("drain_first_when_holding", False),
         drain_first_wait_slo=c.number("drain_first_wait_slo", 0.25, low=0, high=1),
         cut_drains_when_needed=c.bool("cut_drains_when_needed", True),
+        shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),
