@@ -52,6 +52,12 @@ MECHANISMS = {
     "rate_replan": "control.replan_on_rate=false",
     "holding_plan_kept": "control.drain_first_when_holding=true",
     "spike_hold": "control.hold_spikes=false",
+    # a drain-first waits for its running generation's unanswered requests the whole SLO, not a share
+    "short_drain_first": "control.drain_first_wait_slo=1",
+    # a needed re-plan waits that share of the SLO for the drains in its way, then cuts them
+    "needed_drain_cut": "control.cut_drains_when_needed=false",
+    # the predictor's mean leaves out the bins of spikes that have ended
+    "ended_spikes_skipped": "control.skip_ended_spikes=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
@@ -60,12 +66,13 @@ OPTIONAL = {
     "single_reconfiguration": "control.single_reconfiguration=true",
     "shrink_hysteresis": "control.shrink_min_slices=2",
     "place_around_draining": "control.place_around_draining=true",
-    "skip_ended_spikes": "control.skip_ended_spikes=true",
     "lookahead": "control.lookahead_bins=1",
     # the drain switches (off by default since three alternating pairs measured fewer violations off)
     "cut_drains": "control.cut_drains=true",
     "place_around_busy_drains": "control.place_around_busy_drains=true",
     "short_drains": "control.drain_late_credits=false",
+    # a plan that frees 4 slices of a running plan that holds the demand is worth a drain-first
+    "shrink_drain_first": "control.shrink_drain_min_slices=4",
 }
 # wall rates are demand / time scale: social_media's capacity is about 4x traffic_analysis's, so its
 # client needs a larger scale to keep its schedule on a 2-core machine

@@ -112,9 +112,10 @@ class ControlSettings:
     # "recurring": the mean + slack, raised at bins where the history's demand jumps recur and in
     # the bin after a jump (control/predictor.py RecurringSpikePredictor); "mean": the paper's
     predictor: str = "recurring"
-    # the recurring predictor's mean leaves out the bins of spikes that have ended; false (default):
-    # it averages them in (the five bins after a spike are planned for about twice their demand)
-    skip_ended_spikes: bool = False
+    # the recurring predictor's mean leaves out the bins of spikes that have ended (default: the
+    # bins after a spike were planned for about twice their demand, the peak window's largest
+    # over-provisioning, bench/README.md); false: it averages them in
+    skip_ended_spikes: bool = True
     # the recurring predictor predicts a spike past its second bin (every bin since its jump at
     # spike level) at least at its last bin: the trace's spikes last three bins, and the mean
     # planned their third for two thirds of it; false: the mean (and the spike rules) only
@@ -163,6 +164,20 @@ class ControlSettings:
     # demand: a drain-first serves on part of the plan for up to an SLO and holds the node's
     # re-plans meanwhile, a price for a plan the node needs, not for a better one; true: also then
     drain_first_when_holding: bool = False
+    # a drain-first waits for the requests the app's running generation has not answered yet for
+    # at most this share of the app's SLO (x the time scale), then sends the rest again on the
+    # generation serving meanwhile and frees the slots (runtime/generations.py _drain_first); the
+    # late credits of timed-out requests are not waited for. 1.0: up to the whole SLO
+    drain_first_wait_slo: float = 0.25
+    # a re-plan the app needs (its running plan does not hold the demand) whose new MIG instances
+    # need slots draining generations hold waits for them as long (drain_first_wait_slo), then cuts
+    # their drains short whatever they hold (runtime/generations.py _cut_drains); false: as
+    # cut_drains says (refused by default)
+    cut_drains_when_needed: bool = True
+    # a plan that frees at least this many slices of a running plan that holds the demand is worth
+    # a drain-first (control/controller.py _deploy): without it a spike's plan stayed until a
+    # smaller plan happened to fit beside it; 0 (default): never (drain_first_when_holding decides)
+    shrink_drain_min_slices: int = 0
 
 
 @dataclass(frozen=True)
@@ -339,7 +354,10 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         place_around_busy_drains=c.bool("place_around_busy_drains", False),
         drain_late_credits=c.bool("drain_late_credits", True),
         drain_first_when_holding=c.bool("drain_first_when_holding", False),
-        skip_ended_spikes=c.bool("skip_ended_spikes", False),
+        drain_first_wait_slo=c.number("drain_first_wait_slo", 0.25, low=0, high=1),
+        cut_drains_when_needed=c.bool("cut_drains_when_needed", True),
+        shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
+        skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),
     )

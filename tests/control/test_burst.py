@@ -13,6 +13,7 @@ from dpserver import EXAMPLE_NODE, Server, http, image
 
 APP = "traffic_analysis"
 BURST = 40
+ROUNDS = 5  # the measure: five bursts in a row, each 40/40 within the SLO
 
 
 def _burst(url: str) -> list[tuple[int, float]]:
@@ -29,11 +30,15 @@ def test_fresh_node_answers_a_burst_of_40_within_the_slo(tmp_path: Path) -> None
     args = ["--node-config", str(EXAMPLE_NODE), "--apps", APP, "--plan-time-limit", "5"]
     with Server(args, tmp_path / "jigsawd.log", ready_timeout_s=150) as server:
         plan = http("GET", f"{server.url}/admin/plan")[1][APP]["summary"]
-        got = _burst(server.url)
+        rounds = [_burst(server.url) for _ in range(ROUNDS)]
     assert plan["demand_rps"] >= BURST / 0.325 - 1e-6  # the floor: 40 requests through in half the SLO
-    statuses = [s for s, _ in got]
-    assert statuses == [200] * BURST, f"{statuses.count(200)}/{BURST} answered 200: {sorted(set(statuses))}"
-    assert max(ms for _, ms in got) < 650 + 20  # the app's SLO plus its one hop (the deadline)
+    for k, got in enumerate(rounds):
+        statuses = [s for s, _ in got]
+        worst_ms = max(ms for _, ms in got)
+        print(f"round {k}: {statuses.count(200)}/{BURST} answered 200, slowest {worst_ms:.0f} ms")
+        assert statuses == [200] * BURST, \
+            f"round {k}: {statuses.count(200)}/{BURST} answered 200: {sorted(set(statuses))}"
+        assert worst_ms < 650 + 20, f"round {k}: slowest {worst_ms:.0f} ms"  # the SLO plus its one hop
 
 
 def test_without_the_floor_the_default_plan_cannot(tmp_path: Path) -> None:

@@ -705,6 +705,27 @@ def test_a_plan_that_holds_its_demand_is_kept_unless_the_new_one_frees_enough_sl
     asyncio.run(go())
 
 
+def test_a_shrink_that_frees_enough_slices_is_pushed_as_needed_not_better() -> None:
+    # running: 8 slices holding 10 rps (a spike's plan after the spike). A 2-slice plan frees 6:
+    # with shrink_drain_min_slices = 4 it goes out with running_holds False (worth a drain-first
+    # should its instances need the running ones' slots); a 6-slice plan frees 2: still "better"
+    slices = {"n": 2}
+    solver = _per_app(lambda a, d: _plan(d, [_inst(slices["n"])], app=a))
+
+    async def go() -> None:
+        for min_frees, new_slices, holds in ((4, 2, False), (4, 6, True), (0, 2, True)):
+            slices["n"] = new_slices
+            c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(8)])})
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, shrink_drain_min_slices=min_frees))
+            plane: _Plane = c.plane  # type: ignore[assignment]
+            await c.replan({TA: 10.0}, trigger="bin")
+            assert [d.running_holds for d in plane.applied] == [holds], (min_frees, new_slices)
+        assert load_node(NODE).control.shrink_drain_min_slices == 0  # off by default
+
+    asyncio.run(go())
+
+
 def test_lookahead_plans_a_spike_the_predictor_sees_two_bins_ahead() -> None:
     # spikes of 4x every 6 bins at phase 2 (bins 2, 8, 14, 20); the history ends at bin 18, so the
     # next bin (19) is quiet and the one after it (20) spikes: with lookahead_bins = 1 the plan for

@@ -67,7 +67,8 @@ def _shm_segments(daemon_id: str) -> set[str]:
 
 
 # the drain switches these tests are about (off by default): on unless a test sets them
-DRAIN_SWITCHES = {"cut_drains": "true", "place_around_busy_drains": "true", "drain_late_credits": "false"}
+DRAIN_SWITCHES = {"cut_drains": "true", "place_around_busy_drains": "true", "drain_late_credits": "false",
+                  "cut_drains_when_needed": "false"}
 
 
 def _with_switches(node_extra: str) -> str:
@@ -205,3 +206,21 @@ def test_a_busy_drain_is_placed_around_where_the_node_has_room(tmp_path: Path) -
     cuttable = _run(tmp_path / "cuttable", f"[control]\ncut_drain_max_unanswered = {REQUESTS}\n",
                     added="1g.10gb")
     assert cuttable["keep_off"] == []  # a drain that can be cut holds nothing a plan must keep off
+
+
+def test_a_needed_replan_waits_a_share_of_the_slo_for_the_drain_then_cuts_it(tmp_path: Path) -> None:
+    """With the cut switches off, a re-plan the app needs (the default ``running_holds=False``:
+    its running plan does not hold the demand) waits ``drain_first_wait_slo`` of the SLO for the
+    drain in its way (0.1 s of 30 s here, far less than its 6 s of work), then cuts it whatever it
+    holds: the re-plan is made, the rest re-sent, every request answered once."""
+    out = _run(tmp_path, "[control]\ncut_drains = false\nplace_around_busy_drains = false\n"
+                         "cut_drains_when_needed = true\ndrain_first_wait_slo = 0.0034\n")
+    two, logs = out["third"], out["logs"]
+    assert two.error is None and two.new_generation, (two, logs)
+    assert any("drains cut short" in line for line in logs), logs
+    assert not out["gen0_alive_after"]
+    cuts, settled = out["cut"]
+    assert cuts == 1 and settled.get("resent", 0) > REQUESTS // 4, settled  # more than the limit's 8
+    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+    assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
+    assert out["leaked"] == set()

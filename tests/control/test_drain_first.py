@@ -10,8 +10,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from dpserver import write_tiny
 
 from jigsaw.backends.registry import backend_kind
@@ -23,12 +27,16 @@ from jigsaw.runtime.generations import DesiredState, GenerationManager
 
 
 def _plans(tmp_path: Path, task: str = "b", counts: tuple[int, int] = (2, 5),
-           kept: int = 3) -> tuple[Path, Plan, Plan]:
+           kept: int = 3, b_ms: float = 1.0, latency_slo_ms: float = 200.0,
+           control: str = "") -> tuple[Path, Plan, Plan]:
     """7 x 1g.10gb (``counts`` of a and b: the GPU is full), then ``task`` on ``kept`` of them
-    and one 2g.20gb instance."""
-    args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 1.0}, 1), ("b", "classifier", {1: 1.0}, 1)],
-                      edges=[("a", "b", 1.0)], counts={"a": counts[0], "b": counts[1]})
+    and one 2g.20gb instance. ``b_ms``: b's latency per item; ``control``: ``[control]`` lines."""
+    args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 1.0}, 1), ("b", "classifier", {1: b_ms}, 1)],
+                      edges=[("a", "b", 1.0)], counts={"a": counts[0], "b": counts[1]},
+                      latency_slo_ms=latency_slo_ms)
     node_path, plan_path = Path(args[1]), Path(args[3])
+    if control:
+        node_path.write_text(node_path.read_text() + "[control]\n" + control)
     csv = node_path.parent / "profiles" / "tiny.csv"
     csv.write_text(csv.read_text() + f"{task}-v,2g.20gb,1,1,1.0,1000.000,100,modeled,,,\n")
     doc = json.loads(plan_path.read_text())
@@ -131,3 +139,74 @@ def test_keep_all_replan_rewires_the_running_processes(tmp_path: Path) -> None:
         assert not g.not_ready() and all(w.poll() is None for w in g.workers)
     finally:
         gm.close()
+
+
+def _drain_first_under_load(tmp_path: Path, wait_slo: float) -> dict[str, Any]:
+    """40 requests queued on ``b`` (0.5 s an item on five processes: 4 s of work), then the re-plan
+    whose 2g.20gb instance needs two of b's slots (SLO 10 s, time scale 1)."""
+    node_path, first, second = _plans(tmp_path, b_ms=500.0, latency_slo_ms=10000.0,
+                                      control=f"drain_first_wait_slo = {wait_slo}\n")
+    node = load_node(node_path)
+    app = node.apps[0]
+    logs: list[str] = []
+    gm = GenerationManager(node, [(app, first)], time_scale=1.0, seed=0, backend=backend_kind("emulated"),
+                           log=logs.append)
+    fe = Frontend(gm.backend, hop_latency_ms=0.0)
+    answers: Counter[int] = Counter()
+    finish = fe.dispatcher._finish
+
+    def counting_finish(req: Any, *args: Any) -> None:
+        answers[id(req)] += 1
+        finish(req, *args)
+
+    fe.dispatcher._finish = counting_finish  # type: ignore[method-assign]
+    out: dict[str, Any] = {"logs": logs}
+    try:
+        gm.start_all(timeout_s=60)
+
+        async def go() -> None:
+            gm.attach(fe)
+            fe.start(asyncio.get_running_loop())
+            image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
+            try:
+                sent = []
+                for _ in range(40):
+                    got = fe.dispatcher.submit(fe.routing.routes[app.name], None, image, None)
+                    assert not isinstance(got, str), got
+                    sent.append(got)
+                out["done"] = await gm.apply(DesiredState(app.name, second))
+                results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
+                out["statuses"] = Counter(status for status, _ in results)
+                await gm.stop_retiring()
+            finally:
+                fe.close()
+
+        asyncio.run(go())
+        out["answers"] = answers
+    finally:
+        gm.close()
+    return out
+
+
+def test_a_drain_first_waits_a_share_of_the_slo_then_sends_the_rest_again(tmp_path: Path) -> None:
+    # 4 s of queued work against a wait of 0.1 x the 10 s SLO: the drain-first does not wait for
+    # it (nor for late credits) but sends what is left again on the generation serving meanwhile;
+    # every request is answered once, in time
+    out = _drain_first_under_load(tmp_path, 0.1)
+    done, logs = out["done"], out["logs"]
+    assert done.error is None and done.new_generation, (done, logs)
+    drained = [line for line in logs if "drained for the new instances" in line]
+    assert len(drained) == 1, logs
+    resent = int(re.search(r"(\d+) sent again", drained[0]).group(1))  # type: ignore[union-attr]
+    assert resent > 0, drained
+    assert out["statuses"] == {200: 40}, out["statuses"]
+    assert len(out["answers"]) == 40 and set(out["answers"].values()) == {1}, out["answers"]
+
+
+def test_a_drain_first_with_the_whole_slo_lets_the_queue_finish(tmp_path: Path) -> None:
+    out = _drain_first_under_load(tmp_path, 1.0)
+    done, logs = out["done"], out["logs"]
+    assert done.error is None and done.new_generation, (done, logs)
+    drained = [line for line in logs if "drained for the new instances" in line]
+    assert len(drained) == 1 and "0 sent again" in drained[0], drained
+    assert out["statuses"] == {200: 40}, out["statuses"]

@@ -550,8 +550,12 @@ class GenerationManager:
                 deferred = await asyncio.to_thread(self.partition.bring_up, node_layout, f"{app}: re-plan")
                 skip = bool(deferred) and desired.running_holds \
                     and not self.node.control.drain_first_when_holding
-                if deferred and not skip and self.node.control.cut_drains \
-                        and await self._cut_drains(app, node_layout, deferred):
+                # a plan the app needs (the running one does not hold the demand: a spike's) waits
+                # briefly for the drains in its way and then cuts them, whatever they still hold
+                needed = not desired.running_holds and self.node.control.cut_drains_when_needed
+                if deferred and not skip and (self.node.control.cut_drains or needed) \
+                        and await self._cut_drains(app, node_layout, deferred,
+                                                   wait_s=self._drain_first_wait_s(old) if needed else None):
                     deferred = await asyncio.to_thread(self.partition.bring_up, node_layout,
                                                        f"{app}: re-plan, the drains in its way cut")
             except JigsawError as exc:
@@ -659,8 +663,15 @@ class GenerationManager:
         await asyncio.get_running_loop().run_in_executor(None, gen.close)
         await asyncio.to_thread(self._stop_unused_mps)
 
+    def _drain_first_wait_s(self, g: Generation) -> float:
+        """How long a needed re-plan waits for the requests of what is in its way (wall seconds):
+        ``control.drain_first_wait_slo`` of the app's SLO and hops, times the time scale."""
+        budget_s = (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
+            * self.time_scale / 1000.0
+        return self.node.control.drain_first_wait_slo * budget_s
+
     async def _cut_drains(self, app: str, desired: NodeLayout,
-                          deferred: tuple[tuple[int, int, str], ...]) -> bool:
+                          deferred: tuple[tuple[int, int, str], ...], wait_s: float | None = None) -> bool:
         """Some of the new instances' slots are held by generations that no longer serve (their
         drain runs in the background, up to an SLO and the late-credit grace) or by the MIG
         instances of ones that just retired: cut those drains short and free the slots, so the
@@ -681,6 +692,17 @@ class GenerationManager:
                         if gid in self._retiring_gids
                         and any(overlaps(gpu, w, i) for w in want for i in held))
         limit = self.node.control.cut_drain_max_unanswered
+        if wait_s is not None:
+            # a needed plan (``control.cut_drains_when_needed``): their unanswered requests get
+            # ``wait_s`` to finish, then every drain in the way is cut, what is left sent again.
+            # Why: refused, the spike plan waited for the next trigger while the app shed at the
+            # door (bins 114-116 of day 0); the limit below protects plans that are only better
+            t_end = time.monotonic() + wait_s
+            while any(router.unanswered_in(g) for g in in_way if g in self._retiring_gids) \
+                    and time.monotonic() < t_end:
+                await asyncio.sleep(DRAIN_POLL_S)
+            in_way = [g for g in in_way if g in self._retiring_gids]
+            limit = max(limit, max((router.unanswered_in(g) for g in in_way), default=0))
         holders = [gid for gid in in_way if router.unanswered_in(gid) <= limit]
         if len(holders) < len(in_way):
             busy = {gid: router.unanswered_in(gid) for gid in in_way if gid not in holders}
@@ -816,7 +838,9 @@ class GenerationManager:
         self.current[app] = mid.gid
         self.node_layout = self.node_layout.with_instances(
             i for i in self.node_layout.instances if (i.gpu, i.start) not in blockers)
-        await self._retire(old.gid)  # drained, stopped, its segments unlinked; MPS daemons stopped
+        # drained (briefly: see ``_retire``'s ``first``), stopped, its segments unlinked; MPS
+        # daemons stopped
+        await self._retire(old.gid, first=True)
         keep = self.in_use_layout()
         assert keep is not None
         try:
@@ -911,21 +935,38 @@ class GenerationManager:
             await asyncio.to_thread(self._stop_unused_mps)
             await self._release_mig(f"{g.app.name}: generation {gid} retired")
 
-    async def _retire(self, gid: int) -> None:
+    async def _retire(self, gid: int, *, first: bool = False) -> None:
         """Wait until the old generation's requests are all settled, then stop the processes the new
-        one did not keep, tell the kept ones to drop its wiring, and unlink its segments."""
+        one did not keep, tell the kept ones to drop its wiring, and unlink its segments.
+
+        ``first``: a drain-first's, whose new instances wait for these slots while the app serves
+        on part of its plan. It waits only for unanswered requests, at most
+        ``control.drain_first_wait_slo`` of the SLO, then sends the rest again on the serving
+        generation and forgets the late credits. Why: waiting for every late credit (a spike's
+        timed-out requests hold theirs for 10 s) made a spike's switch take the SLO plus that
+        margin, 25 s at time scale 20 (5 bins of the peak window), the app shedding at the door.
+        """
         router = self._router()
         g = self.generations[gid]
         budget_s = (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
             * self.time_scale / 1000.0
         deadline = time.monotonic() + budget_s + DRAIN_MARGIN_S
+        if first:
+            deadline = time.monotonic() + self._drain_first_wait_s(g)
         cut = self._cut.setdefault(gid, asyncio.Event())  # set: a re-plan needs its slots now
-        settled = router.pending_in if self.node.control.drain_late_credits else router.unanswered_in
+        late = self.node.control.drain_late_credits and not first
+        settled = router.pending_in if late else router.unanswered_in
+        t0 = time.monotonic()
         while settled(gid) and time.monotonic() < deadline and not cut.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(cut.wait(), DRAIN_POLL_S)
         self._cut.pop(gid, None)
-        if not cut.is_set() and not self.node.control.drain_late_credits and not router.unanswered_in(gid):
+        if first:
+            forgotten, resent, failed = router.cut_generation(gid)
+            self.log(f"{g.app.name}: generation {gid} drained for the new instances in "
+                     f"{(time.monotonic() - t0) * 1e3:.0f} ms ({forgotten} answered requests' late credits "
+                     f"forgotten, {resent} sent again, {failed} failed)")
+        elif not cut.is_set() and not late and not router.unanswered_in(gid):
             router.cut_generation(gid)  # every request answered: forget the late credits awaited
         left = router.pending_in(gid)
         if left:
