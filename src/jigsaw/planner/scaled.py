@@ -14,10 +14,12 @@ or proves that none fit (its bound: the apps' fewest slices and MIG slots exceed
   headroom's theta, with plans;
 * the next test is just above that, ``theta_lo x (1 + tolerance)``: when it is proven
   infeasible, theta* lies in ``[theta_lo, theta_lo x (1 + tolerance))`` (``proven``); when it
-  finds plans, theta_lo climbs again. Once some theta_hi is refuted, the next test is the
-  geometric mean of theta_lo and theta_hi while that lies more than the tolerance above theta_lo
-  (``_between``): a bisection, where climbing by the tolerance from below re-tested fractions
-  next to one already refuted.
+  finds plans, theta_lo climbs again. Once some theta_hi is refuted and that proof test also
+  found plans, the next test is the geometric mean of theta_lo and theta_hi while that lies more
+  than the tolerance above theta_lo (``_between``): a bisection, where climbing by the tolerance
+  from below re-tested fractions next to one already refuted. The proof comes first because a
+  step down from a refuted test usually lands within the tolerance of theta* (115% and 150% of
+  the example node: one test, where bisecting first took 2.5x as long).
 * each test is ``decompose.solve(first_fit=True)``: it stops at the first plans that pack (the
   question is whether theta fits, not on how few slices), so the plans served are not always the
   fewest slices for theta_lo; a test whose single-app solves find no plan in time ends undecided
@@ -222,9 +224,15 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
             # just above what is served: a proof of the tolerance when it does not fit; after
             # each climb in a row the step doubles (theta* may lie well above)
             climbs += 1
-            # a refuted theta above: bisect towards it; none yet: climb, doubling the step
-            guess = _between(lo, hi, tolerance) if math.isfinite(hi) else \
-                lo * (1 + tolerance) ** (2 ** (climbs - 1)) * (1 + 1e-9)
+            # a refuted theta above: first the proof just above lo (a step down from a refuted
+            # test often lands within the tolerance of theta*: one test ends the search), then
+            # bisect towards hi; none refuted yet: climb, doubling the step
+            if not math.isfinite(hi):
+                guess = lo * (1 + tolerance) ** (2 ** (climbs - 1)) * (1 + 1e-9)
+            elif climbs == 1:
+                guess = lo * (1 + tolerance) * (1 + 1e-9)
+            else:
+                guess = _between(lo, hi, tolerance)
             if guess >= hi:
                 break
         elif d.status == "infeasible":
