@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from jigsaw.app import App, Edge, Task, Variant
 from jigsaw.mig import gpu_model
@@ -61,3 +63,17 @@ def latency_bound_chain() -> tuple[App, Node, ProfileTable]:
     )
     node = make_node(num_gpus=2, mps_levels=(1, 2), batch_sizes=(1, 4, 16))
     return app, node, make_profiles(node, {"a1": 2.0, "a2": 5.0, "b1": 3.0, "b2": 7.0, "c1": 1.0})
+
+
+def count_answers(dispatcher: Any) -> Counter[int]:
+    """Counts the answers the dispatcher gives each request (by object id), to assert that every
+    accepted request is answered exactly once across a reconfiguration."""
+    answers: Counter[int] = Counter()
+    finish = dispatcher._finish
+
+    def counting_finish(req: Any, *args: Any) -> None:
+        answers[id(req)] += 1
+        finish(req, *args)
+
+    dispatcher._finish = counting_finish
+    return answers

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from factories import count_answers
 from pinned import APP, instance, write_pinned
 
 from jigsaw.backends.registry import backend_kind
@@ -90,14 +91,7 @@ def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb") -> dict[s
                            log=logs.append)
     fe = Frontend(gm.backend, hop_latency_ms=0.0)
     daemon_id = gm.registry.daemon_id
-    answers: Counter[int] = Counter()  # request (object id) -> answers given
-    finish = fe.dispatcher._finish
-
-    def counting_finish(req: Any, *args: Any) -> None:
-        answers[id(req)] += 1
-        finish(req, *args)
-
-    fe.dispatcher._finish = counting_finish  # type: ignore[method-assign]
+    answers = count_answers(fe.dispatcher)  # request (object id) -> answers given
     out: dict[str, Any] = {"logs": logs}
     try:
         gm.start_all(timeout_s=60)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from dpserver import write_tiny
+from factories import count_answers
 
 from jigsaw.backends.registry import backend_kind
 from jigsaw.gpu.layout import validate_node_layout
@@ -48,14 +49,20 @@ def _plans(tmp_path: Path, task: str = "b", counts: tuple[int, int] = (2, 5),
     return node_path, first, second
 
 
-def test_new_instance_needing_running_slots_drains_them_first(tmp_path: Path) -> None:
-    node_path, first, second = _plans(tmp_path)
+def _serving(node_path: Path, first: Plan) -> tuple[Any, Any, GenerationManager, Frontend, list[str]]:
+    """The node, its one app, a manager serving ``first`` on the emulated backend (its log kept) and a
+    frontend for it: the set-up every drain-first test starts from."""
     node = load_node(node_path)
     app = node.apps[0]
     logs: list[str] = []
     gm = GenerationManager(node, [(app, first)], time_scale=1.0, seed=0, backend=backend_kind("emulated"),
                            log=logs.append)
-    fe = Frontend(gm.backend, hop_latency_ms=0.0)
+    return node, app, gm, Frontend(gm.backend, hop_latency_ms=0.0), logs
+
+
+def test_new_instance_needing_running_slots_drains_them_first(tmp_path: Path) -> None:
+    node_path, first, second = _plans(tmp_path)
+    node, app, gm, fe, logs = _serving(node_path, first)
     try:
         gm.start_all(timeout_s=60)
         before = gm.node_layout
@@ -146,20 +153,8 @@ def _drain_first_under_load(tmp_path: Path, wait_slo: float) -> dict[str, Any]:
     whose 2g.20gb instance needs two of b's slots (SLO 10 s, time scale 1)."""
     node_path, first, second = _plans(tmp_path, b_ms=500.0, latency_slo_ms=10000.0,
                                       control=f"drain_first_wait_slo = {wait_slo}\n")
-    node = load_node(node_path)
-    app = node.apps[0]
-    logs: list[str] = []
-    gm = GenerationManager(node, [(app, first)], time_scale=1.0, seed=0, backend=backend_kind("emulated"),
-                           log=logs.append)
-    fe = Frontend(gm.backend, hop_latency_ms=0.0)
-    answers: Counter[int] = Counter()
-    finish = fe.dispatcher._finish
-
-    def counting_finish(req: Any, *args: Any) -> None:
-        answers[id(req)] += 1
-        finish(req, *args)
-
-    fe.dispatcher._finish = counting_finish  # type: ignore[method-assign]
+    _node, app, gm, fe, logs = _serving(node_path, first)
+    answers = count_answers(fe.dispatcher)  # request (object id) -> answers given
     out: dict[str, Any] = {"logs": logs}
     try:
         gm.start_all(timeout_s=60)
