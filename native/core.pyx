@@ -396,40 +396,50 @@ cdef class ShmRing:
     cdef object _take(self, uint64_t *head, uint64_t tail):
         return self._take_at(head, tail, 0)
 
-    cdef object _take_at(self, uint64_t *head, uint64_t tail, bint framed):
-        cdef uint64_t h = head[0]
-        cdef uint64_t pos = h % self._capacity
+    cdef char *_record_at(self, uint64_t *h, uint64_t tail, uint32_t *record_bytes) except NULL:
+        """The record at ``h[0]``, checked whole (frame kind and size, payload length), past a
+        skip record at the ring's end (``h[0]`` moves over it): the one check every pop makes, so
+        a corrupt ring raises the same error whichever pop reads it."""
+        cdef uint64_t pos = h[0] % self._capacity
         cdef jg_frame_t *frame = <jg_frame_t *>(self._data + pos)
-        cdef uint32_t record_bytes = frame.record_bytes
+        cdef uint32_t nbytes = frame.record_bytes
         cdef uint32_t kind = frame.kind
         cdef jg_header_t *src
         if kind == KIND_SKIP:
-            if record_bytes != self._capacity - pos or h + record_bytes >= tail:
+            if nbytes != self._capacity - pos or h[0] + nbytes >= tail:
                 raise RingCorruptError(f"ring {self._name}: bad skip record at {pos}")
-            h += record_bytes
+            h[0] += nbytes
             pos = 0
             frame = <jg_frame_t *>self._data
-            record_bytes = frame.record_bytes
+            nbytes = frame.record_bytes
             kind = frame.kind
-        if (kind != KIND_DATA or record_bytes < RECORD_OVERHEAD_BYTES or record_bytes % 8
-                or record_bytes > self._capacity - pos or h + record_bytes > tail):
+        if (kind != KIND_DATA or nbytes < RECORD_OVERHEAD_BYTES or nbytes % 8
+                or nbytes > self._capacity - pos or h[0] + nbytes > tail):
             raise RingCorruptError(f"ring {self._name}: bad record frame at {pos} "
-                                   f"(kind={kind:#x}, bytes={record_bytes})")
+                                   f"(kind={kind:#x}, bytes={nbytes})")
         src = <jg_header_t *>(self._data + pos + FRAME_BYTES)
-        if RECORD_OVERHEAD_BYTES + _align8(src.payload_len) != record_bytes:
+        if RECORD_OVERHEAD_BYTES + _align8(src.payload_len) != nbytes:
             raise RingCorruptError(f"ring {self._name}: payload_len {src.payload_len} disagrees with "
                                    f"record size")
+        record_bytes[0] = nbytes
+        return self._data + pos
+
+    cdef object _take_at(self, uint64_t *head, uint64_t tail, bint framed):
+        cdef uint64_t h = head[0]
+        cdef uint32_t record_bytes
+        cdef char *at = self._record_at(&h, tail, &record_bytes)
+        cdef jg_header_t *src = <jg_header_t *>(at + FRAME_BYTES)
         cdef RecordHeader rh = RecordHeader.__new__(RecordHeader)
         cdef uint64_t credit
         rh.c = src[0]
         if framed:
             if src.payload_len < 8:
                 raise RingCorruptError(f"ring {self._name}: payload of {src.payload_len} bytes has no credit")
-            memcpy(&credit, self._data + pos + RECORD_OVERHEAD_BYTES, 8)
-            body = PyBytes_FromStringAndSize(self._data + pos + RECORD_OVERHEAD_BYTES + 8, src.payload_len - 8)
+            memcpy(&credit, at + RECORD_OVERHEAD_BYTES, 8)
+            body = PyBytes_FromStringAndSize(at + RECORD_OVERHEAD_BYTES + 8, src.payload_len - 8)
             head[0] = h + record_bytes
             return (rh, credit, body)
-        payload = PyBytes_FromStringAndSize(self._data + pos + RECORD_OVERHEAD_BYTES, src.payload_len)
+        payload = PyBytes_FromStringAndSize(at + RECORD_OVERHEAD_BYTES, src.payload_len)
         head[0] = h + record_bytes
         return (rh, payload)
 
@@ -480,34 +490,14 @@ cdef class ShmRing:
         cdef uint64_t head = jg_load_relaxed(self._head)
         cdef list out = []
         cdef Py_ssize_t k = 0
-        cdef uint64_t h, pos, credit
-        cdef uint32_t record_bytes, kind
-        cdef jg_frame_t *frame
+        cdef uint64_t h, credit
+        cdef uint32_t record_bytes
         cdef jg_header_t *src
         cdef char *at
         while head != tail and k < max_n:
             h = head
-            pos = h % self._capacity
-            frame = <jg_frame_t *>(self._data + pos)
-            record_bytes = frame.record_bytes
-            kind = frame.kind
-            if kind == KIND_SKIP:
-                if record_bytes != self._capacity - pos or h + record_bytes >= tail:
-                    raise RingCorruptError(f"ring {self._name}: bad skip record at {pos}")
-                h += record_bytes
-                pos = 0
-                frame = <jg_frame_t *>self._data
-                record_bytes = frame.record_bytes
-                kind = frame.kind
-            if (kind != KIND_DATA or record_bytes < RECORD_OVERHEAD_BYTES or record_bytes % 8
-                    or record_bytes > self._capacity - pos or h + record_bytes > tail):
-                raise RingCorruptError(f"ring {self._name}: bad record frame at {pos} "
-                                       f"(kind={kind:#x}, bytes={record_bytes})")
-            at = self._data + pos
+            at = self._record_at(&h, tail, &record_bytes)
             src = <jg_header_t *>(at + FRAME_BYTES)
-            if RECORD_OVERHEAD_BYTES + _align8(src.payload_len) != record_bytes:
-                raise RingCorruptError(f"ring {self._name}: payload_len {src.payload_len} disagrees with "
-                                       f"record size")
             if src.payload_len < 8:
                 raise RingCorruptError(f"ring {self._name}: payload of {src.payload_len} bytes has no credit")
             memcpy(&credit, at + RECORD_OVERHEAD_BYTES, 8)
