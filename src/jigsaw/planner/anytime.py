@@ -91,7 +91,7 @@ def quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, 
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
     pb = problem or make_problem(app, node, profiles, sp, factors)
     r = max(demand_rps, MIN_DEMAND_RPS)
-    slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+    slo_acc = _accuracy_slo(app, node)
     if fewest_slices:
         least = _cap_candidates(pb, r)
         least.sort(key=lambda x: (sum(c.slices * n for c, n in x[2]), -x[0]))
@@ -111,7 +111,7 @@ def quick_candidates(pb: Problem, r: float, budget_s: float = QUICK_BUDGET_S,
     that packs and verifies; ``node_plan.quick_plan_node`` a choice per app that fits together)."""
     t0 = time.perf_counter() if t0 is None else t0
     app, node = pb.app, pb.node
-    slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+    slo_acc = _accuracy_slo(app, node)
     by_tv: dict[tuple[str, str], list[Column]] = {}
     for c in pb.colset.columns:
         by_tv.setdefault((c.task, c.variant), []).append(c)
@@ -153,8 +153,7 @@ def quick_candidates(pb: Problem, r: float, budget_s: float = QUICK_BUDGET_S,
 
 def candidate_plan(pb: Problem, demand_rps: float, rate: float, cand: Candidate) -> Plan:
     """One of ``quick_candidates`` as a plan (no layout; not verified)."""
-    app, node = pb.app, pb.node
-    slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+    slo_acc = _accuracy_slo(pb.app, pb.node)
     objective, lanes, chosen = cand
     return _as_plan(pb, demand_rps, rate, lanes, chosen, slo_acc, objective)
 
@@ -201,8 +200,12 @@ def _lp_mixes(pb: Problem, rate: float) -> list[dict[int, float]]:
     return out
 
 
-def _cap_candidates(pb: Problem, rate: float
-                    ) -> list[tuple[float, dict[int, float], list[tuple[Column, int]]]]:
+def _accuracy_slo(app: App, node: Node) -> float:
+    """The accuracy SLO the quick plans are held to: the app's own, else the node planner's."""
+    return app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+
+
+def _cap_candidates(pb: Problem, rate: float) -> list[Candidate]:
     """Per lane mix of the LP relaxation (``_lp_mixes``), its fewest-slice instance sets."""
     return [cand for lanes in _lp_mixes(pb, rate) for cand in _dp_candidates(pb, rate, lanes)]
 
@@ -345,7 +348,7 @@ def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, dem
     slices = sum(c.slices * n for c, n in chosen)
     if slices > node.slices_available:
         return None
-    slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+    slo_acc = _accuracy_slo(app, node)
     accuracy = sum(pb.lane_acc[li] * x for li, x in lanes.items()) / r
     plan = _as_plan(pb, demand_rps, r, lanes, chosen, slo_acc,
                     node.planner.alpha * accuracy - node.beta * slices)
