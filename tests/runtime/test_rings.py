@@ -19,6 +19,7 @@ import pytest
 from jigsaw.runtime import rings
 from jigsaw.runtime._pybatching import DropReason
 from jigsaw.runtime.rings import (
+    BELL_FIFO,
     RECORD_OVERHEAD_BYTES,
     SHM_DIR,
     Doorbell,
@@ -224,13 +225,23 @@ def test_corrupt_record_raises(impl, new_ring, registry):
         ring.close()
 
 
-def test_segments_are_private(impl, new_ring, registry):
+@pytest.fixture(params=["fifo", "eventfd"])
+def bell_kind(request, monkeypatch):
+    """Both kinds of doorbell (``rings.doorbell_kind``); the eventfd only where it can be shared."""
+    if request.param == "eventfd" and not rings._probe_eventfd_sharing():
+        pytest.skip("this machine does not let a child take its parent's descriptors (pidfd_getfd)")
+    monkeypatch.setenv("JIGSAW_DOORBELL", request.param)
+    return request.param
+
+
+def test_segments_are_private(impl, new_ring, registry, bell_kind):
     ring = new_ring("mode", 4096)
     bell = registry.create_doorbell("mode-bell")
     try:
         assert stat.S_IMODE(os.stat(SHM_DIR / ring.name[1:]).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(SHM_DIR / bell.name[1:]).st_mode) == 0o600
-        assert stat.S_IMODE(os.stat(SHM_DIR / (bell.name[1:] + ".fifo")).st_mode) == 0o600
+        if bell.kind == BELL_FIFO:
+            assert stat.S_IMODE(os.stat(SHM_DIR / (bell.name[1:] + ".fifo")).st_mode) == 0o600
     finally:
         ring.close()
         bell.close()
@@ -296,7 +307,7 @@ _PRODUCER = textwrap.dedent("""
 """)
 
 
-def test_cross_process_in_order_and_intact(impl, new_ring, registry):
+def test_cross_process_in_order_and_intact(impl, new_ring, registry, bell_kind):
     n, max_len = 3000, 3000
     ring = new_ring("xproc", 16384, role="consumer")
     bell = registry.create_doorbell("xproc-bell")
@@ -382,7 +393,7 @@ def test_names_are_unique_and_validated():
         segment_name(a, "bad/purpose")
 
 
-def test_registry_cleanup_leaves_nothing(tmp_path):
+def test_registry_cleanup_leaves_nothing(tmp_path, bell_kind):
     before = set(os.listdir(SHM_DIR))
     manifest = tmp_path / "jigsaw.manifest"
     reg = SegmentRegistry(manifest)
@@ -390,8 +401,8 @@ def test_registry_cleanup_leaves_nothing(tmp_path):
         r1 = reg.create_ring("a", 4096)
         r2 = reg.create_ring("b", 8192)
         bell = reg.create_doorbell("bell")
-        assert set(os.listdir(SHM_DIR)) - before == {r1.name[1:], r2.name[1:], bell.name[1:],
-                                                      bell.name[1:] + ".fifo"}
+        fifo = {bell.name[1:] + ".fifo"} if bell.kind == BELL_FIFO else set()
+        assert set(os.listdir(SHM_DIR)) - before == {r1.name[1:], r2.name[1:], bell.name[1:], *fifo}
         assert manifest.read_text().split() == ["shm", r1.name, "shm", r2.name, "bell", bell.name]
         for obj in (r1, r2, bell):
             obj.close()
@@ -402,7 +413,7 @@ def test_registry_cleanup_leaves_nothing(tmp_path):
     assert not manifest.exists()
 
 
-def test_cleanup_manifest_after_crash(tmp_path):
+def test_cleanup_manifest_after_crash(tmp_path, bell_kind):
     before = set(os.listdir(SHM_DIR))
     manifest = tmp_path / "m"
     reg = SegmentRegistry(manifest)
@@ -415,7 +426,7 @@ def test_cleanup_manifest_after_crash(tmp_path):
         reg.cleanup()
 
 
-def test_cleanup_stale_removes_dead_daemons_only(tmp_path):
+def test_cleanup_stale_removes_dead_daemons_only(tmp_path, bell_kind):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=30)
     dead_reg = SegmentRegistry(None, daemon_id=make_daemon_id(dead.pid))
@@ -429,14 +440,14 @@ def test_cleanup_stale_removes_dead_daemons_only(tmp_path):
         assert sorted(removed) == sorted(dead_reg.names)
         assert cleanup_stale(f"jigsaw-{os.getpid()}-") == []
         entries = set(os.listdir(SHM_DIR))
-        assert live_reg.names[0][1:] in entries and live_reg.names[1][1:] + ".fifo" in entries
+        assert live_reg.names[0][1:] in entries and live_reg.names[1][1:] in entries
         assert not any(name[1:] in entries or name[1:] + ".fifo" in entries for name in dead_reg.names)
     finally:
         dead_reg.cleanup()
         live_reg.cleanup()
 
 
-def test_doorbell_attach_and_unlink(registry):
+def test_doorbell_attach_and_unlink(registry, bell_kind):
     bell = registry.create_doorbell("attach")
     other = Doorbell.attach(bell.name)
     try:

@@ -58,6 +58,7 @@ __all__ = [
     "Status",
     "cleanup_stale",
     "default_max_payload_bytes",
+    "doorbell_kind",
     "load_core",
     "make_daemon_id",
     "segment_name",
@@ -153,6 +154,73 @@ _FENCE = threading.Lock()
 _BellFlag = _core.BellFlag if _core is not None else _PyBellFlag
 BELL_FLAG_BYTES = 64
 FIFO_SUFFIX = ".fifo"
+BELL_FIFO, BELL_EVENTFD = 0, 1  # a doorbell's kind, in its flag segment
+_BELL_INFO = struct.Struct("<III")  # at byte 8 of the flag segment: kind, creator's pid, its eventfd
+_BELL_INFO_AT = 8
+_EVENTFD_ONE = (1).to_bytes(8, "little")
+_HELD: dict[str, int] = {}  # doorbell name -> the eventfd this process created for it (open until unlinked)
+_SYS_PIDFD_GETFD = 438  # the same number on every Linux architecture (since 5.6)
+_eventfd_shareable: bool | None = None
+
+
+def _pidfd_getfd(pid: int, fd: int) -> int:
+    """A duplicate of process ``pid``'s descriptor ``fd`` (``pidfd_getfd(2)``, close-on-exec)."""
+    import ctypes
+
+    pidfd = os.pidfd_open(pid)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        got = libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
+        if got < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return int(got)
+    finally:
+        os.close(pidfd)
+
+
+def _probe_eventfd_sharing() -> bool:
+    """Whether a child of this process may take one of its descriptors (``pidfd_getfd``): not where
+    Yama's ptrace scope, a seccomp filter or an old kernel forbids it. A forked child tries once."""
+    if not hasattr(os, "eventfd") or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: only system calls, then _exit
+            code = 1
+            try:
+                got = _pidfd_getfd(os.getppid(), efd)
+                os.write(got, _EVENTFD_ONE)
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            return False
+        return os.read(efd, 8) == _EVENTFD_ONE
+    except OSError:
+        return False
+    finally:
+        os.close(efd)
+
+
+def doorbell_kind() -> int:
+    """What ``Doorbell.create`` makes: ``JIGSAW_DOORBELL`` = ``fifo`` or ``eventfd``; by default
+    (``auto``) an eventfd where other processes can take it (probed once), else a FIFO."""
+    global _eventfd_shareable
+    want = os.environ.get("JIGSAW_DOORBELL", "auto")
+    if want == "fifo":
+        return BELL_FIFO
+    if _eventfd_shareable is None:
+        _eventfd_shareable = _probe_eventfd_sharing()
+    if want == "eventfd" and not _eventfd_shareable:
+        raise RuntimeError("JIGSAW_DOORBELL=eventfd, but other processes cannot take this process's "
+                           "descriptors (pidfd_getfd refused: Yama ptrace scope, seccomp or kernel < 5.6)")
+    return BELL_EVENTFD if _eventfd_shareable else BELL_FIFO
 
 
 def fifo_path(name: str) -> Path:
@@ -161,24 +229,29 @@ def fifo_path(name: str) -> Path:
 
 
 class Doorbell:
-    """A consumer's wake-up: a named FIFO its event loop watches, and a "may be asleep" flag.
+    """A consumer's wake-up: a descriptor its event loop watches, and a "may be asleep" flag.
 
-    Both live in /dev/shm under the doorbell's name (the flag is a 64-byte shm segment, the FIFO
-    ``<name>.fifo``), so any process attaches by name as it does to rings: a worker restarted by the
-    supervisor or kept across re-plans needs no inherited descriptor. Every process opens the FIFO
-    read-write and non-blocking (Linux), so a write never blocks nor fails for want of a reader.
+    Two kinds, both attached by name as rings are (a worker restarted by the supervisor, kept
+    across re-plans or started as a spare needs no inherited descriptor):
+
+    * an **eventfd** (the default where other processes may take it, ``doorbell_kind``): the
+      creator (the daemon) keeps it open; the flag segment names the creator's pid and the
+      descriptor, and ``attach`` takes a duplicate (``pidfd_getfd(2)``). A write to an eventfd
+      is a counter update and a wake-up, no pipe buffer;
+    * a named **FIFO** ``<name>.fifo`` beside the flag segment in /dev/shm, which every process
+      opens read-write and non-blocking (a write never blocks nor fails for want of a reader).
 
     Protocol (the flag is 1 while the consumer may sleep, 0 while it is awake or a wake-up waits):
 
     * producer: push, then ``ring()``: a full fence, and only if the flag is set, clear it and
-      write one byte to the FIFO (a busy consumer costs its producers no system call);
+      write to the descriptor (a busy consumer costs its producers no system call);
     * asyncio consumer: ``fileno()`` registered with ``loop.add_reader``; on readable, drain every
       ready record (the flag stays 0: awake, so no producer writes meanwhile); when out of work,
-      ``clear()`` (read the bytes: after the work, so the system call is off the woken path, and
-      before the arm, so no new ring's byte is read), ``arm()`` (flag 1, full fence), look at the
+      ``clear()`` (read the wake-up: after the work, so the system call is off the woken path, and
+      before the arm, so no new ring's wake-up is read), ``arm()`` (flag 1, full fence), look at the
       rings once more and, if a record is there, ``disarm()`` and drain again, else return to the
-      loop (a callback that returns without arming clears too: a readable FIFO calls it again);
-    * blocking consumer: ``wait(timeout_s)`` polls the FIFO and re-arms after reading, so the
+      loop (a callback that returns without arming clears too: a readable descriptor calls it again);
+    * blocking consumer: ``wait(timeout_s)`` polls the descriptor and re-arms after reading, so the
       simple loop "pop; if nothing, wait" never misses a ring.
 
     The fences make the handshake a Dekker pair (the compiled ``BellFlag``); the pure fallback
@@ -186,17 +259,21 @@ class Doorbell:
     The creator owns the names (see ``SegmentRegistry``).
     """
 
-    def __init__(self, name: str, fd: int, mm: mmap.mmap) -> None:
+    def __init__(self, name: str, fd: int, mm: mmap.mmap, kind: int = BELL_FIFO) -> None:
         self.name = name
+        self.kind = kind
         self._fd = fd
         self._mm = mm
         self._flag = _BellFlag(mm)
+        self._signal = _EVENTFD_ONE if kind == BELL_EVENTFD else b"\x01"
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN)
 
     @classmethod
-    def create(cls, name: str) -> Doorbell:
-        """Create a new doorbell (fails if ``name`` exists), mode 0o600, armed and not rung."""
+    def create(cls, name: str, kind: int | None = None) -> Doorbell:
+        """Create a new doorbell (fails if ``name`` exists), mode 0o600, armed and not rung; an
+        eventfd or a FIFO as ``doorbell_kind`` says unless ``kind`` is given."""
+        kind = doorbell_kind() if kind is None else kind
         shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=BELL_FLAG_BYTES)
         try:
             mm = mmap.mmap(shm.fd, BELL_FLAG_BYTES)
@@ -204,14 +281,23 @@ class Doorbell:
             shm.close_fd()
         struct.pack_into("<I", mm, 0, 1)
         try:
-            os.mkfifo(fifo_path(name), 0o600)
-            fd = os.open(fifo_path(name), os.O_RDWR | os.O_NONBLOCK)
+            if kind == BELL_EVENTFD:
+                held = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                _HELD[name] = held
+                _BELL_INFO.pack_into(mm, _BELL_INFO_AT, BELL_EVENTFD, os.getpid(), held)
+                fd = os.dup(held)
+            else:
+                os.mkfifo(fifo_path(name), 0o600)
+                fd = os.open(fifo_path(name), os.O_RDWR | os.O_NONBLOCK)
         except BaseException:
             mm.close()
             with contextlib.suppress(posix_ipc.ExistentialError):
                 posix_ipc.unlink_shared_memory(name)
+            held = _HELD.pop(name, None)
+            if held is not None:
+                os.close(held)
             raise
-        return cls(name, fd, mm)
+        return cls(name, fd, mm, kind)
 
     @classmethod
     def attach(cls, name: str) -> Doorbell:
@@ -222,22 +308,29 @@ class Doorbell:
             mm = mmap.mmap(shm.fd, BELL_FLAG_BYTES)
         finally:
             shm.close_fd()
+        kind, pid, held = _BELL_INFO.unpack_from(mm, _BELL_INFO_AT)
         try:
-            fd = os.open(fifo_path(name), os.O_RDWR | os.O_NONBLOCK)
+            if kind == BELL_EVENTFD:
+                fd = _take_eventfd(name, pid, held)
+            else:
+                fd = os.open(fifo_path(name), os.O_RDWR | os.O_NONBLOCK)
         except FileNotFoundError:
             mm.close()
             raise posix_ipc.ExistentialError(f"doorbell {name} has no FIFO {fifo_path(name)}") from None
-        return cls(name, fd, mm)
+        except BaseException:
+            mm.close()
+            raise
+        return cls(name, fd, mm, kind)
 
     def fileno(self) -> int:
-        """The FIFO's descriptor: readable while a wake-up is pending (for ``loop.add_reader``)."""
+        """The descriptor: readable while a wake-up is pending (for ``loop.add_reader``)."""
         return self._fd
 
     def ring(self) -> None:
         """Wake the consumer if it may be asleep (no system call while it is awake or already rung)."""
         if self._flag.take():
-            with contextlib.suppress(BlockingIOError):  # the FIFO is full: a wake-up is pending anyway
-                os.write(self._fd, b"\x01")
+            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+                os.write(self._fd, self._signal)
 
     def arm(self) -> None:
         """The consumer is about to sleep: producers must signal; look at the rings once more after it."""
@@ -248,7 +341,12 @@ class Doorbell:
         self._flag.disarm()
 
     def clear(self) -> bool:
-        """Read every pending wake-up byte (the flag is left as is); True when there was one."""
+        """Read every pending wake-up (the flag is left as is); True when there was one."""
+        if self.kind == BELL_EVENTFD:
+            try:
+                return bool(os.read(self._fd, 8))  # the counter, reset in one read
+            except BlockingIOError:
+                return False
         got = False
         while True:
             try:
@@ -287,6 +385,27 @@ class Doorbell:
 
     def __repr__(self) -> str:
         return f"<Doorbell {self.name}>"
+
+
+def _take_eventfd(name: str, pid: int, held: int) -> int:
+    """This process's descriptor for doorbell ``name``'s eventfd, held by process ``pid`` as ``held``."""
+    mine = _HELD.get(name)
+    if mine is not None and pid == os.getpid():
+        return os.dup(mine)
+    try:
+        fd = _pidfd_getfd(pid, held)
+    except OSError as exc:
+        raise posix_ipc.ExistentialError(f"doorbell {name}: cannot take eventfd {held} of process {pid} "
+                                         f"({exc.strerror}); JIGSAW_DOORBELL=fifo makes FIFO doorbells") from None
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        target = ""
+    if target != "anon_inode:[eventfd]":  # the creator is gone and its pid reused
+        os.close(fd)
+        raise posix_ipc.ExistentialError(f"doorbell {name}: descriptor {held} of process {pid} is not its "
+                                         "eventfd (its creator has exited)")
+    return fd
 
 
 class SegmentRegistry:
@@ -378,6 +497,9 @@ def _unlink(kind: str, name: str) -> str | None:
             return None
         return name
     removed = False
+    held = _HELD.pop(name, None)
+    if held is not None:  # an eventfd doorbell this process created: its last holder goes
+        os.close(held)
     with contextlib.suppress(posix_ipc.ExistentialError):
         posix_ipc.unlink_shared_memory(name)
         removed = True
