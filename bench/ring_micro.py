@@ -1,6 +1,6 @@
 """Micro-benchmark of the shared-memory ring: compiled vs pure Python, measured in one run.
 
-    PYTHONPATH=src python bench/ring_micro.py [--seconds 0.5] [--samples 2000]
+    PYTHONPATH=src python bench/ring_micro.py [--seconds 0.5] [--samples 2000] [--latency-only]
 
 * throughput: push+pop of one record in one process (records/s); and the data plane's framed
   calls (``push_framed`` + ``pop_many_framed``: the credit and the tensors, one copy each way);
@@ -12,8 +12,10 @@
   producer rings; ``loop``: it sleeps in a uvloop loop that watches the FIFO (``add_reader``,
   the arm / re-check handshake of the workers and the frontend). In the two sleeping modes the
   producer pauses 0.3 ms before each record, so the consumer is asleep when it arrives: the
-  figure includes the wake-up. ``semaphore``: the earlier design's wake-up for reference, the
-  consumer blocked in ``sem_timedwait`` on a POSIX semaphore (the producer posts).
+  figure includes the wake-up. Both sleeping modes run with each kind of doorbell (``fifo``, and
+  ``eventfd`` where this machine lets a child take its parent's descriptor). ``semaphore``: the
+  earlier design's wake-up for reference, the consumer blocked in ``sem_timedwait`` on a POSIX
+  semaphore (the producer posts).
 
 Absolute numbers depend on the machine; compare the ratio column.
 """
@@ -37,7 +39,14 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
 from jigsaw.runtime import _pyring  # noqa: E402
-from jigsaw.runtime.rings import SegmentRegistry, load_core  # noqa: E402
+from jigsaw.runtime.rings import (  # noqa: E402
+    BELL_EVENTFD,
+    BELL_FIFO,
+    Doorbell,
+    SegmentRegistry,
+    _probe_eventfd_sharing,
+    load_core,
+)
 
 SIZES = {"64 B": 64, "16 KiB": 16384}
 
@@ -162,7 +171,7 @@ def completion_read_rps(mod, reg: SegmentRegistry, tag: str, seconds: float, fla
 
 
 def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, samples: int,
-               mode: str) -> tuple[float, float]:
+               mode: str, bell_kind: int = BELL_FIFO) -> tuple[float, float]:
     ping_name, pong_name = reg.name(f"ping-{tag}"), reg.name(f"pong-{tag}")
     reg.add_shm(ping_name)
     reg.add_shm(pong_name)
@@ -173,7 +182,8 @@ def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, s
         bell = _Semaphore(reg.name(f"sem-{tag}"))
         cleanup = bell.close
     else:
-        bell = reg.create_doorbell(f"bell-{tag}")
+        reg.add_bell(reg.name(f"bell-{tag}"))
+        bell = Doorbell.create(reg.name(f"bell-{tag}"), bell_kind)
         cleanup = bell.close
     env = dict(os.environ, PYTHONPATH=str(SRC), JIGSAW_NO_EXTENSIONS="1" if impl_name == "pure" else "0")
     proc = subprocess.Popen([sys.executable, "-c", _PRODUCER, impl_name, ping_name, pong_name, bell.name,
@@ -243,39 +253,47 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=0.5, help="duration of each throughput run")
     ap.add_argument("--samples", type=int, default=2000, help="latency samples per configuration")
+    ap.add_argument("--latency-only", action="store_true", help="skip the throughput rows")
     args = ap.parse_args()
+    kinds = {"fifo": BELL_FIFO}
+    if _probe_eventfd_sharing():
+        kinds["eventfd"] = BELL_EVENTFD
     impls = _impls()
     if "compiled" not in impls:
         print("note: jigsaw._core is not built or disabled; showing the pure ring only", file=sys.stderr)
     rows: list[tuple[str, str, dict[str, float]]] = []
     with SegmentRegistry(None) as reg:
-        for label, size in SIZES.items():
+        for label, size in ({} if args.latency_only else SIZES).items():
             cells = {k: throughput_rps(m, reg, f"{k}-{size}", size, args.seconds) for k, m in impls.items()}
             rows.append(("push+pop throughput (records/s)", label, cells))
             cells = {k: throughput_rps(m, reg, f"{k}-{size}", size, args.seconds, framed=True)
                      for k, m in impls.items()}
             rows.append(("push_framed+pop_many_framed (records/s)", label, cells))
-        for flat, metric in ((False, "completion read: framed + header"),
-                             (True, "completion read: pop_completions")):
+        for flat, metric in () if args.latency_only else ((False, "completion read: framed + header"),
+                                                          (True, "completion read: pop_completions")):
             cells = {k: completion_read_rps(m, reg, f"{k}-{flat}", args.seconds, flat)
                      for k, m in impls.items()}
             rows.append((f"{metric} (rec/s)", "64 B", cells))
-        for mode in ("spin", "semaphore", "doorbell", "loop"):
+        modes = [("spin", BELL_FIFO, "spin"), ("semaphore", BELL_FIFO, "semaphore")]
+        modes += [(mode, kind, f"{mode}/{kind_name}") for mode in ("doorbell", "loop")
+                  for kind_name, kind in kinds.items()]
+        for mode, kind, title in modes:
             for label, size in SIZES.items():
                 p50 = {}
                 p99 = {}
                 for k, m in impls.items():
-                    p50[k], p99[k] = latency_us(k, m, reg, f"{k}-{size}-{mode}", size, args.samples, mode)
-                rows.append((f"one-way latency p50 (us), {mode}", label, p50))
-                rows.append((f"one-way latency p99 (us), {mode}", label, p99))
+                    p50[k], p99[k] = latency_us(k, m, reg, f"{k}-{size}-{mode}-{kind}", size, args.samples,
+                                                mode, kind)
+                rows.append((f"one-way latency p50 (us), {title}", label, p50))
+                rows.append((f"one-way latency p99 (us), {title}", label, p99))
     names = list(impls)
-    header = f"{'metric':<40} {'payload':>8} " + " ".join(f"{n:>12}" for n in names)
+    header = f"{'metric':<48} {'payload':>8} " + " ".join(f"{n:>12}" for n in names)
     if len(names) == 2:
         header += f" {'compiled/pure':>14}"
     print(header)
     print("-" * len(header))
     for metric, label, cells in rows:
-        line = f"{metric:<40} {label:>8} " + " ".join(f"{cells[n]:>12,.1f}" for n in names)
+        line = f"{metric:<48} {label:>8} " + " ".join(f"{cells[n]:>12,.1f}" for n in names)
         if len(names) == 2:
             line += f" {cells['compiled'] / cells['pure']:>14.2f}"
         print(line)

@@ -46,7 +46,7 @@ LATE_GRACE_S = 10.0  # a timed-out request's record is kept this long to absorb 
 MAX_ATTEMPTS = 3  # dispatches of one request across worker faults
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """One admitted request until its credits are all back (or it is forgotten after a timeout)."""
 
@@ -70,6 +70,14 @@ class Pending:
     body: bytes | bytearray = b""  # the encoded inputs, kept to dispatch again after a worker fault
     attempts: int = 1
     on_answer: Callable[[], None] | None = None  # called at once with the answer (``future`` set)
+
+
+_TaskOutputs = tuple[str, list[tuple[int, str, str, tuple[int, ...]]]]
+"""A sink task and its outputs: (index, "task.name", datatype, shape after the batch dimension)."""
+
+
+def _first(item: tuple[int, list[Any]]) -> int:
+    return item[0]
 
 
 def _raw(t: tuple[str, str, tuple[int, ...], Any]) -> Any:
@@ -116,6 +124,8 @@ class Dispatcher:
         self._labels: dict[tuple[str, str, str], tuple[tuple[tuple[str, str], ...], ...]] = {}
         # (app, lane index) -> (the lane's variants, an answer's first parameters built from them)
         self._lane_params: dict[tuple[str, int], tuple[dict[str, str], dict[str, Any]]] = {}
+        # app -> (its output spec table, the outputs in answer order: ``_outputs_of``)
+        self._outputs: dict[str, tuple[Any, list[_TaskOutputs]]] = {}
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -349,25 +359,45 @@ class Dispatcher:
         assert self._loop is not None
         req.timer = self._loop.call_later(LATE_GRACE_S, self._forget, req)
 
+    def _outputs_of(self, app_name: str) -> list[_TaskOutputs]:
+        """The app's outputs in answer order: (sink task, [(index, "task.name", datatype, shape
+        after the batch dimension)]), built once per output spec table (a re-plan maps a new one)."""
+        specs = self.routing.output_specs[app_name]
+        cached = self._outputs.get(app_name)
+        if cached is None or cached[0] is not specs:
+            cached = self._outputs[app_name] = (specs, [
+                (task, [(k, f"{task}.{spec.name}", spec.datatype, tuple(spec.shape[1:]))
+                        for k, spec in enumerate(task_specs)])
+                for task, task_specs in specs.items()])
+        return cached[1]
+
     def _answer_result(self, req: Pending) -> None:
         app = req.routes.app
         outputs = []
-        for task, specs in self.routing.output_specs[req.routes.app.name].items():
-            items = sorted(req.items.get(task, []), key=lambda x: x[0])
-            for k, spec in enumerate(specs):
-                name = f"{task}.{spec.name}"
-                if req.outputs_wanted is not None and name not in req.outputs_wanted:
+        wanted = req.outputs_wanted
+        emulated = self.emulated
+        for task, specs in self._outputs_of(app.name):
+            items = req.items.get(task)
+            if items is None:
+                items = []
+            elif len(items) > 1:
+                items.sort(key=_first)
+            for k, name, datatype, tail in specs:
+                if wanted is not None and name not in wanted:
                     continue
-                parts = [arrays[k] for _, arrays in items if k < len(arrays)]
-                if len(parts) == 1:  # one item (no fan-out before the sink): its array as it came
-                    data = parts[0].reshape((-1, *spec.shape[1:]))
-                elif parts:
-                    data = np.concatenate([p.reshape((-1, *spec.shape[1:])) for p in parts])
+                if len(items) == 1:  # one item (no fan-out before the sink): its array as it came
+                    arrays = items[0][1]
+                    data = (arrays[k].reshape((-1, *tail)) if k < len(arrays)
+                            else np.zeros((0, *tail), dtype=np.int32))
                 else:
-                    data = np.zeros((0, *spec.shape[1:]), dtype=np.int32)
-                outputs.append({"name": name, "datatype": spec.datatype, "shape": list(data.shape),
+                    parts = [arrays[k] for _, arrays in items if k < len(arrays)]
+                    if parts:
+                        data = np.concatenate([p.reshape((-1, *tail)) for p in parts])
+                    else:
+                        data = np.zeros((0, *tail), dtype=np.int32)
+                outputs.append({"name": name, "datatype": datatype, "shape": list(data.shape),
                                 "data": data,  # an array until the handler encodes the response
-                                "parameters": {"emulated": self.emulated}})
+                                "parameters": {"emulated": emulated}})
         lane = req.routes.lanes[req.lane]
         cached = self._lane_params.get((app.name, req.lane))
         if cached is None or cached[0] is not lane:  # (a re-plan's routes bring new lane dicts)

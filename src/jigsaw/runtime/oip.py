@@ -263,6 +263,10 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -
     return InferRequest(rid, inputs, outputs, params, binary_outputs, all_binary, timeout_us)
 
 
+_NATIVE_KINDS = frozenset("biu")  # numpy kinds orjson serializes exactly as their ``tolist()``
+_F8 = np.dtype("<f8")
+
+
 def encode_response(doc: dict[str, Any], binary: set[str] | None,
                     all_binary: bool) -> tuple[bytes, int | None]:
     """The response body and, when some outputs go binary, the length of its JSON part.
@@ -279,8 +283,10 @@ def encode_response(doc: dict[str, Any], binary: set[str] | None,
             blobs.append(np.ascontiguousarray(wire).tobytes())
             del out["data"]
             out.setdefault("parameters", {})["binary_data_size"] = len(blobs[-1])
+        elif (arr.dtype.kind in _NATIVE_KINDS or arr.dtype == _F8) and arr.dtype.isnative:
+            out["data"] = arr.reshape(-1)  # orjson writes it as it writes the list: no int objects
         else:
-            out["data"] = arr.reshape(-1).tolist()
+            out["data"] = arr.reshape(-1).tolist()  # (orjson writes FP32 as float32, not as Python floats)
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return head, None

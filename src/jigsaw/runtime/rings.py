@@ -396,7 +396,8 @@ def _take_eventfd(name: str, pid: int, held: int) -> int:
         fd = _pidfd_getfd(pid, held)
     except OSError as exc:
         raise posix_ipc.ExistentialError(f"doorbell {name}: cannot take eventfd {held} of process {pid} "
-                                         f"({exc.strerror}); JIGSAW_DOORBELL=fifo makes FIFO doorbells") from None
+                                         f"({exc.strerror}); JIGSAW_DOORBELL=fifo makes FIFO doorbells"
+                                         ) from None
     try:
         target = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
