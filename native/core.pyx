@@ -944,3 +944,76 @@ cdef class BellFlag:
         if self._held:
             PyBuffer_Release(&self._view)
             self._held = False
+
+# ---- the frontend's read of a sink's outputs -------------------------------------------------------
+cdef uint32_t _TENSORS_MAGIC = 0x534E544A  # b"JTNS", little-endian (``jigsaw.tensors.MAGIC``)
+cdef uint16_t _TENSORS_VERSION = 1
+cdef int _MAX_NDIM = 32
+cdef object _frombuffer = None
+
+def decode_arrays(payload, tuple wire_dtypes):
+    """The arrays of a tensor payload (``jigsaw.tensors.encode_tensors``), views into ``payload``,
+    or None when a tensor is BYTES (the caller decodes that payload the general way).
+
+    ``wire_dtypes[code]`` is the numpy dtype of a tensor's datatype code (None for BYTES). The
+    frontend reads every sink record's outputs this way: the checks of ``decode_tensors`` (a
+    malformed payload raises ValueError), without its ``Tensor`` objects and Python-level parse."""
+    global _frombuffer
+    if _frombuffer is None:
+        import numpy
+        _frombuffer = numpy.frombuffer
+    cdef Py_buffer view
+    PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+    cdef const unsigned char *p = <const unsigned char *>view.buf
+    cdef uint64_t end = view.len
+    cdef uint64_t pos, data_bytes, dim
+    cdef uint32_t magic, reserved
+    cdef uint16_t version, num, name_len
+    cdef unsigned char code, ndim
+    cdef Py_ssize_t i, d
+    cdef list out = []
+    cdef list shape
+    try:
+        if end < 8:
+            raise ValueError(f"tensor payload of {end} bytes is shorter than its preamble")
+        memcpy(&magic, p, 4)
+        memcpy(&version, p + 4, 2)
+        memcpy(&num, p + 6, 2)
+        if magic != _TENSORS_MAGIC or version != _TENSORS_VERSION:
+            raise ValueError(f"not a jigsaw tensor payload v{_TENSORS_VERSION} (magic={magic:#x}, "
+                             f"version={version})")
+        pos = 8
+        for i in range(num):
+            if end - pos < 16:
+                raise ValueError(f"truncated tensor payload: header of tensor {i} missing")
+            memcpy(&name_len, p + pos, 2)
+            code = p[pos + 2]
+            ndim = p[pos + 3]
+            memcpy(&reserved, p + pos + 4, 4)
+            memcpy(&data_bytes, p + pos + 8, 8)
+            pos += 16
+            if code == 0 or code >= len(wire_dtypes) or reserved != 0 or ndim > _MAX_NDIM:
+                raise ValueError(f"corrupt header of tensor {i} (dtype code {code}, ndim {ndim})")
+            dtype = wire_dtypes[code]
+            if dtype is None:
+                return None
+            if end - pos < 8 * <uint64_t>ndim + name_len:
+                raise ValueError(f"truncated tensor payload: shape/name of tensor {i} missing")
+            shape = []
+            count = 1
+            for d in range(ndim):
+                memcpy(&dim, p + pos + 8 * d, 8)
+                shape.append(dim)
+                count *= dim
+            pos = _align8(pos + 8 * <uint64_t>ndim + name_len)
+            if pos > end or data_bytes > end - pos:
+                raise ValueError(f"truncated tensor payload: data of tensor {i} overruns the payload")
+            if count * dtype.itemsize != data_bytes:
+                raise ValueError(f"tensor {i}: {data_bytes} data bytes for {dtype} shape {tuple(shape)}")
+            out.append(_frombuffer(payload, dtype, count, pos).reshape(shape))
+            pos = _align8(pos + data_bytes)
+        if pos != end:
+            raise ValueError(f"tensor payload is {end} bytes but its tensors end at {pos}")
+        return out
+    finally:
+        PyBuffer_Release(&view)

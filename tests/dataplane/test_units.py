@@ -361,3 +361,45 @@ def test_the_generic_items_child_is_its_outputs_encoded():
         (value,) = struct.unpack("<f", bytes(decode_tensors(r.children["b"][0])[0].data))
         assert value == pytest.approx(_ItemRandom(rid ^ 7).random(), rel=1e-6)
     assert EmulatedBackend("z", "generic")._item(5, b"").children == {}
+
+
+def test_sink_arrays_read_as_the_general_decoder_reads_them():
+    """The frontend's compiled read of a sink's outputs (``_core.decode_arrays``) gives the arrays
+    ``decode_tensors`` gives, refuses what it refuses, and leaves BYTES payloads to it."""
+    import numpy as np
+
+    from jigsaw import tensors as tz
+    from jigsaw.runtime import dispatch
+    from jigsaw.runtime.rings import load_core
+    from jigsaw.tensors import Tensor, decode_tensors, encode_tensors
+
+    assert all(dispatch._WIRE_DTYPES[code] is tz.DATATYPES[name] for name, code in tz._CODE_OF.items())
+    rng = np.random.default_rng(7)
+    payloads = []
+    for n in range(40):
+        ts = []
+        for i in range(int(rng.integers(0, 4))):
+            dt = str(rng.choice([d for d in tz.DATATYPES if d != "BYTES"]))
+            shape = tuple(int(x) for x in rng.integers(0, 4, size=int(rng.integers(0, 4))))
+            count = math.prod(shape)
+            raw = rng.integers(0, 256, size=count * tz.DATATYPES[dt].itemsize, dtype=np.uint8).tobytes()
+            ts.append(Tensor(f"t{n}.{i}", dt, shape, raw))
+        payloads.append(bytes(encode_tensors(ts)))
+    core = load_core()
+    for p in payloads:
+        want = [t.data for t in decode_tensors(p)]
+        for got in [dispatch.sink_arrays(p)] + ([core.decode_arrays(p, dispatch._WIRE_DTYPES)] if core else []):
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes()
+    words = bytes(encode_tensors([Tensor("s", "BYTES", (2,), np.array([b"ab", b""], dtype=object))]))
+    assert list(dispatch.sink_arrays(words)[0]) == [b"ab", b""]
+    if core is None:
+        return
+    assert core.decode_arrays(words, dispatch._WIRE_DTYPES) is None
+    good = payloads[next(i for i, p in enumerate(payloads) if len(p) > 8)]
+    for bad in (good[:-1], good + bytes(8), b"XXXX" + good[4:], good[:5], good[:8] + b"\xff" * 16):
+        with pytest.raises(ValueError):
+            decode_tensors(bad)
+        with pytest.raises(ValueError):
+            core.decode_arrays(bad, dispatch._WIRE_DTYPES)
