@@ -388,7 +388,8 @@ def test_sink_arrays_read_as_the_general_decoder_reads_them():
     core = load_core()
     for p in payloads:
         want = [t.data for t in decode_tensors(p)]
-        for got in [dispatch.sink_arrays(p)] + ([core.decode_arrays(p, dispatch._WIRE_DTYPES)] if core else []):
+        reads = [dispatch.sink_arrays(p)] + ([core.decode_arrays(p, dispatch._WIRE_DTYPES)] if core else [])
+        for got in reads:
             assert len(got) == len(want)
             for g, w in zip(got, want):
                 assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes()

@@ -3,7 +3,7 @@
 A request admitted at the door gets a lane drawn with probability rate/demand, is split into
 root items carrying credit, and is pushed to the least-loaded process of each root task.
 Completion records come back over one ring per worker; the loop watches the frontend's doorbell
-FIFO (``add_reader``, no thread) and, woken, accounts credits and answers each request exactly
+descriptor (``add_reader``, no thread) and, woken, accounts credits and answers each request exactly
 once: 200 with the sink outputs, 504 when a task dropped it (naming the task) or its deadline
 passed at the frontend.
 Late records are discarded and counted.

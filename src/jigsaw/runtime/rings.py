@@ -9,11 +9,11 @@ Blocking consumer loop (one ``Doorbell`` per consumer, shared by all its input r
     while running:
         got = [rec for ring in inputs for rec in ring.pop_many(64)]
         if not got:
-            bell.wait(timeout_s)   # blocks in poll() on the bell's FIFO: an idle consumer uses no CPU
+            bell.wait(timeout_s)   # blocks in poll() on the bell's descriptor: an idle consumer uses no CPU
         ...
 
 A producer pushes, then ``ring()``s. No wakeup is lost: a ring that lands between the consumer's
-empty check and its ``wait`` leaves a byte in the FIFO, so ``wait`` returns at once. An asyncio
+empty check and its ``wait`` leaves the descriptor readable, so ``wait`` returns at once. An asyncio
 consumer registers ``bell.fileno()`` with its loop instead (no helper thread) and follows the
 arm / re-check protocol on ``Doorbell``, so producers skip the system call while it is awake.
 """

@@ -4,7 +4,7 @@
 ``--spare --control FILE``: a process started ahead of need that waits, imports done, until the
 daemon hands it a spec (``runtime/spares.py``).
 
-Each process runs one uvloop event loop, which watches the process's doorbell FIFO
+Each process runs one uvloop event loop, which watches the process's doorbell descriptor
 (``add_reader``: no helper thread, no spinning; see ``rings.Doorbell`` for the arm / re-check
 handshake). The process's turn (``Worker._turn``) runs in the callback that woke it (the
 doorbell, a signal, a timer), not a loop turn later: it pops at most one batch's worth of items
