@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import aiohttp
-from dpserver import EXAMPLE_NODE, http, image, write_tiny
+import pytest
+from dpserver import EXAMPLE_NODE, Server, http, image, write_tiny
 
 
 async def _post_many(url: str, bodies: list[dict], *, delay_s: float = 0.0, limit: int = 100,
@@ -136,3 +138,26 @@ def test_admission_control_sheds_with_503(server_factory, tmp_path):
     assert statuses.count(200) >= 2 and statuses.count(503) >= 1, statuses
     assert all(st in (200, 503) for st in statuses)
     assert any("max_queue" in doc["error"] for st, doc in results if st == 503)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "eventfd"])
+def test_both_doorbell_kinds_serve_a_chain(tmp_path, kind):
+    """``JIGSAW_DOORBELL``: the FIFO doorbells (where other processes may not take the daemon's
+    eventfds) and the eventfd ones serve the same answers; only the FIFO kind leaves FIFOs."""
+    from jigsaw.runtime import rings
+
+    if kind == "eventfd" and not rings._probe_eventfd_sharing():
+        pytest.skip("this machine does not let a child take its parent's descriptors (pidfd_getfd)")
+    args = write_tiny(tmp_path, tasks=[("a", "generic", {1: 1.0}, 1), ("b", "generic", {1: 1.0}, 1),
+                                       ("c", "classifier", {1: 1.0}, 1)],
+                      edges=[("a", "b", 1.0), ("b", "c", 1.0)], latency_slo_ms=2000.0, name="bells")
+    with Server(args, tmp_path / "bells.log", env={"JIGSAW_DOORBELL": kind}) as s:
+        for i in range(5):
+            status, doc, _ = http("POST", s.url + "/v2/models/bells/infer", image(rid=f"r{i}"))
+            assert status == 200, doc
+            assert doc["id"] == f"r{i}" and [o["name"] for o in doc["outputs"]] == ["c.label", "c.score"]
+            assert [doc["parameters"][f"items.{t}"] for t in "abc"] == [1, 1, 1]
+        assert s.proc is not None
+        fifos = [e for e in os.listdir(rings.SHM_DIR)
+                 if e.startswith(f"jigsaw-{s.proc.pid}-") and e.endswith(rings.FIFO_SUFFIX)]
+        assert bool(fifos) == (kind == "fifo"), fifos
