@@ -21,6 +21,7 @@ import contextlib
 import random
 import sys
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,8 +137,8 @@ class Dispatcher:
         self._unrung: list[list[int]] = []
         # app -> task -> the keys of its timings in an answer's parameters
         self._keys: dict[str, dict[str, tuple[str, str, str, str, str, str]]] = {}
-        # (app, task, variant) -> its metric labels: (app, task) and (app, task, variant)
-        self._labels: dict[tuple[str, str, str], tuple[tuple[tuple[str, str], ...], ...]] = {}
+        # (app, task, variant) -> its histogram series: queue, compute, batch size; their buckets
+        self._series: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         # (app, lane index) -> (the lane's variants, an answer's first parameters built from them)
         self._lane_params: dict[tuple[str, int], tuple[dict[str, str], dict[str, Any]]] = {}
         # app -> (its output spec table, the outputs in answer order: ``_outputs_of``)
@@ -287,22 +288,37 @@ class Dispatcher:
 
     def _observe(self) -> None:
         """The metrics (queue, compute, batch size) and the bin's fan-out counters of the OK
-        records the drain has read."""
+        records the drain has read (each (app, task, variant)'s histogram series kept, counted
+        into as ``Histogram.observe`` does)."""
         observed, self._observed = self._observed, []
-        metrics = self.metrics
         for req, task, rec in observed:
             app = req.routes.app
             variant = req.routes.lanes[req.lane].get(task, "")
-            labels = self._labels.get((app.name, task, variant))
-            if labels is None:
-                at = (("app", app.name), ("task", task))
-                labels = self._labels[(app.name, task, variant)] = (at, (*at, ("variant", variant)))
-            metrics.queue_duration.observe(labels[0], rec[7])
-            metrics.compute_duration.observe(labels[0], rec[8])
+            c = self._series.get((app.name, task, variant))
+            if c is None:
+                c = self._series[(app.name, task, variant)] = self._series_of(app.name, task, variant)
+            queue, compute, batch, lat_buckets, batch_buckets = c
+            v = rec[7]
+            queue[bisect_left(lat_buckets, v)] += 1
+            queue[-1] += v
+            v = rec[8]
+            compute[bisect_left(lat_buckets, v)] += 1
+            compute[-1] += v
             if rec[3] == 0 or rec[4] <= 1:  # a batch counts once: its first child (or its one item)
-                metrics.batch_size.observe(labels[1], rec[9])
+                v = rec[9]
+                batch[bisect_left(batch_buckets, v)] += 1
+                batch[-1] += v
             if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
                 self.admission.fan_out(app.name, task, variant, rec[4])
+
+    def _series_of(self, app: str, task: str, variant: str) -> tuple[list[float], list[float], list[float],
+                                                                     tuple[float, ...], tuple[float, ...]]:
+        m = self.metrics
+        at = (("app", app), ("task", task))
+        assert m.queue_duration.buckets == m.compute_duration.buckets
+        return (m.queue_duration.series_for(at), m.compute_duration.series_for(at),
+                m.batch_size.series_for((*at, ("variant", variant))), m.queue_duration.buckets,
+                m.batch_size.buckets)
 
     def _forget(self, req: Pending) -> None:
         self.pending.pop(req.request_id, None)
@@ -427,16 +443,17 @@ class Dispatcher:
             if k is None:
                 k = keys[task] = (f"queue_us.{task}", f"compute_us.{task}", f"items.{task}", f"hop_us.{task}",
                                   f"done_us.{task}", f"children.{task}")
-            params[k[0]] = round(queue_us, 1)
-            params[k[1]] = round(compute_us, 1)
+            # to 0.1 us (the durations are >= 0; half-way rounds up: 3x cheaper than ``round``)
+            params[k[0]] = int(queue_us * 10.0 + 0.5) / 10.0
+            params[k[1]] = int(compute_us * 10.0 + 0.5) / 10.0
             params[k[2]] = n
-            params[k[3]] = round(hop_us, 1)
+            params[k[3]] = int(hop_us * 10.0 + 0.5) / 10.0
             if done_us >= 0:  # (a task whose every item had children did not wake the frontend)
-                params[k[4]] = round(done_us, 1)
+                params[k[4]] = int(done_us * 10.0 + 0.5) / 10.0
         for task, n in req.children.items():
             k = keys.get(task)
             params[k[5] if k is not None else f"children.{task}"] = n
-        params["e2e_us"] = round((time.monotonic_ns() - req.created_ns) / 1e3, 1)
+        params["e2e_us"] = int((time.monotonic_ns() - req.created_ns) / 100.0 + 0.5) / 10.0
         body = {"model_name": app.name, "model_version": "1", "outputs": outputs, "parameters": params}
         if req.client_id is not None:
             body["id"] = req.client_id

@@ -74,6 +74,14 @@ class Histogram:
         s[bisect.bisect_left(self.buckets, value)] += 1
         s[-1] += value
 
+    def series_for(self, labels: Labels) -> list[float]:
+        """The series of ``labels``, created empty: its bucket counts, the +Inf count, the sum.
+        A caller on the hot path keeps it and counts into it as ``observe`` does (no lookup)."""
+        s = self.series.get(labels)
+        if s is None:
+            s = self.series[labels] = [0.0] * (len(self.buckets) + 2)
+        return s
+
     def count(self, labels: Labels) -> int:
         s = self.series.get(labels)
         return int(sum(s[:-1])) if s else 0
