@@ -29,9 +29,11 @@ import re
 import secrets
 import select
 import struct
+import sys
 import threading
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import posix_ipc
 
@@ -161,16 +163,27 @@ _EVENTFD_ONE = (1).to_bytes(8, "little")
 _HELD: dict[str, int] = {}  # doorbell name -> the eventfd this process created for it (open until unlinked)
 _SYS_PIDFD_GETFD = 438  # the same number on every Linux architecture (since 5.6)
 _eventfd_shareable: bool | None = None
+_libc_syscall: Any = None
+
+
+def _syscall() -> Any:
+    """libc's ``syscall``, looked up once (so a forked child never runs the dynamic loader)."""
+    global _libc_syscall
+    if _libc_syscall is None:
+        import ctypes
+
+        _libc_syscall = ctypes.CDLL(None, use_errno=True).syscall
+    return _libc_syscall
 
 
 def _pidfd_getfd(pid: int, fd: int) -> int:
     """A duplicate of process ``pid``'s descriptor ``fd`` (``pidfd_getfd(2)``, close-on-exec)."""
     import ctypes
 
+    syscall = _syscall()
     pidfd = os.pidfd_open(pid)
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        got = libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
+        got = syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
         if got < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
@@ -185,8 +198,9 @@ def _probe_eventfd_sharing() -> bool:
     if not hasattr(os, "eventfd") or not hasattr(os, "pidfd_open"):
         return False
     try:
+        _syscall()
         efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    except OSError:
+    except (OSError, AttributeError):
         return False
     try:
         pid = os.fork()
@@ -217,6 +231,9 @@ def doorbell_kind() -> int:
         return BELL_FIFO
     if _eventfd_shareable is None:
         _eventfd_shareable = _probe_eventfd_sharing()
+        if not _eventfd_shareable and want == "auto":
+            print("jigsaw: doorbells are FIFOs: this machine does not let a child process take its parent's "
+                  "eventfd (pidfd_getfd: Yama ptrace scope, seccomp or kernel < 5.6)", file=sys.stderr, flush=True)
     if want == "eventfd" and not _eventfd_shareable:
         raise RuntimeError("JIGSAW_DOORBELL=eventfd, but other processes cannot take this process's "
                            "descriptors (pidfd_getfd refused: Yama ptrace scope, seccomp or kernel < 5.6)")
