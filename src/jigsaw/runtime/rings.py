@@ -233,7 +233,8 @@ def doorbell_kind() -> int:
         _eventfd_shareable = _probe_eventfd_sharing()
         if not _eventfd_shareable and want == "auto":
             print("jigsaw: doorbells are FIFOs: this machine does not let a child process take its parent's "
-                  "eventfd (pidfd_getfd: Yama ptrace scope, seccomp or kernel < 5.6)", file=sys.stderr, flush=True)
+                  "eventfd (pidfd_getfd: Yama ptrace scope, seccomp or kernel < 5.6)",
+                  file=sys.stderr, flush=True)
     if want == "eventfd" and not _eventfd_shareable:
         raise RuntimeError("JIGSAW_DOORBELL=eventfd, but other processes cannot take this process's "
                            "descriptors (pidfd_getfd refused: Yama ptrace scope, seccomp or kernel < 5.6)")
