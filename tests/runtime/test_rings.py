@@ -458,3 +458,37 @@ def test_doorbell_attach_and_unlink(registry, bell_kind):
         bell.close()
     bell.unlink()
     bell.unlink()
+
+
+def test_doorbells_fall_back_to_fifos_where_eventfds_cannot_be_shared(monkeypatch, registry):
+    monkeypatch.setattr(rings, "_eventfd_shareable", False)
+    monkeypatch.setenv("JIGSAW_DOORBELL", "auto")
+    assert rings.doorbell_kind() == BELL_FIFO
+    bell = registry.create_doorbell("fallback")
+    other = Doorbell.attach(bell.name)
+    try:
+        assert bell.kind == other.kind == BELL_FIFO
+        other.ring()
+        assert bell.wait(1.0)
+    finally:
+        other.close()
+        bell.close()
+    monkeypatch.setenv("JIGSAW_DOORBELL", "eventfd")
+    with pytest.raises(RuntimeError, match="pidfd_getfd"):
+        rings.doorbell_kind()
+
+
+def test_an_eventfd_doorbell_whose_creator_is_gone_does_not_attach(registry):
+    if not rings._probe_eventfd_sharing():
+        pytest.skip("this machine does not let a child take its parent's descriptors (pidfd_getfd)")
+    bell = Doorbell.create(registry.name("gone"), rings.BELL_EVENTFD)
+    registry.add_bell(bell.name)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    try:
+        kind, _, fd = rings._BELL_INFO.unpack_from(bell._mm, rings._BELL_INFO_AT)
+        rings._BELL_INFO.pack_into(bell._mm, rings._BELL_INFO_AT, kind, dead.pid, fd)
+        with pytest.raises(posix_ipc.ExistentialError, match="cannot take eventfd"):
+            Doorbell.attach(bell.name)
+    finally:
+        bell.close()
