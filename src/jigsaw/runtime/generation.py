@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from jigsaw.profiles import ProfileTable
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.cpus import ENV as CPUS_ENV
 from jigsaw.runtime.cpus import host_cpus, share_cpus
+from jigsaw.runtime.forkserver import Launcher, WorkerProcess, launch
 from jigsaw.runtime.gpus import (
     gpu_devices,
     mig_devices,
@@ -54,7 +54,7 @@ ProcessKey = tuple[str, str, str, int, int, object, int]
 """(task, variant, profile, mps, max_batch, (GPU, start) or the instance's index, process in it)."""
 
 
-def tell(control: Path, specs: list[Path], proc: subprocess.Popen[bytes],
+def tell(control: Path, specs: list[Path], proc: WorkerProcess,
          env: dict[str, str] | None = None) -> None:
     """Have a running worker serve ``specs`` (newest first): written atomically, then SIGHUP.
     ``env``: what a spare adds to its environment before it runs its first spec."""
@@ -90,8 +90,9 @@ class Generation:
 
     def __init__(self, gid: int, node: Node, app: App, plan: Plan, profiles: ProfileTable, *,
                  run_dir: Path, daemon_id: str, frontend_bell: str, time_scale: float, seed: int,
-                 backend: BackendKind) -> None:
+                 backend: BackendKind, launcher: Launcher | None = None) -> None:
         self.gid = gid
+        self.launcher = launcher  # the fork server when there is one (else a Python start per process)
         self.node = node
         self.backend = backend
         self.app = app
@@ -100,7 +101,7 @@ class Generation:
         self.dir = run_dir / f"g{gid}"
         self.dir.mkdir()
         self.registry = SegmentRegistry(run_dir / f"g{gid}.manifest", daemon_id=daemon_id)
-        self.workers: list[subprocess.Popen[bytes]] = []
+        self.workers: list[WorkerProcess] = []
         self.stats: st.StatsBlock | None = None
         self.stopping = False  # set once its workers are asked to stop: exits are then expected
         self._launch: list[tuple[Path, dict[str, str] | None]] = []
@@ -123,6 +124,7 @@ class Generation:
         self.adopted: dict[int, tuple[Generation, int]] = {}  # process -> (older generation, its process)
         self.handed_over: set[int] = set()  # processes a newer generation serves and supervises now
         self._env_of: list[dict[str, str] | None] = [None] * n
+        self._exec_only: set[int] = set()  # processes started with exec, never forked (MPS clients)
 
     # ---- keeping processes across re-plans ------------------------------------------------------
     def placement(self, k: int) -> tuple[int, int] | None:
@@ -200,6 +202,8 @@ class Generation:
                 # CPU pinning read it then); an MPS client gets its daemon's pipe directory from
                 # exec on, as the MPS documentation has it, so it is started anew
                 mps_client = where[k] is not None and bool((extra_env or {}).get(where[k]))
+                if mps_client:
+                    self._exec_only.add(k)
                 taken = spares.take() if spares is not None and not mps_client else None
                 if taken is None:
                     self.workers.append(self._spawn(k))
@@ -221,10 +225,13 @@ class Generation:
             back.append((old, j))
         return back
 
-    def _spawn(self, k: int) -> subprocess.Popen[bytes]:
+    def _spawn(self, k: int) -> WorkerProcess:
+        """Start process ``k``: forked from the fork server when there is one, except an MPS client
+        (its daemon's pipe directory must be in its environment from exec on, as the MPS
+        documentation has it: ``start_workers`` marks those with ``_exec_only``)."""
         path, env = self._launch[k]
-        return subprocess.Popen([sys.executable, "-m", "jigsaw.runtime.worker", "--spec", str(path),
-                                 "--control", str(self.controls[k])], stdin=subprocess.DEVNULL, env=env)
+        args = ["--spec", str(path), "--control", str(self.controls[k])]
+        return launch(None if k in self._exec_only else self.launcher, args, env)
 
     def restart_worker(self, k: int) -> None:
         """Start process ``k`` again on its spec: same rings, doorbell and stats slot."""

@@ -2,7 +2,8 @@
 
 ``python -m jigsaw.runtime.worker --spec spec.json`` (spec: ``topology.ProcessSpec`` as JSON), or
 ``--spare --control FILE``: a process started ahead of need that waits, imports done, until the
-daemon hands it a spec (``runtime/spares.py``).
+daemon hands it a spec (``runtime/spares.py``). The daemon forks most workers from its fork
+server (``runtime/forkserver.py``), which calls ``main`` in the child with the same arguments.
 
 Each process runs one uvloop event loop, which watches the process's doorbell FIFO
 (``add_reader``: no helper thread, no spinning; see ``rings.Doorbell`` for the arm / re-check
@@ -716,7 +717,10 @@ def await_spec(control: Path) -> Path | None:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, watch_parent: bool = True) -> int:
+    """Run one worker process. ``watch_parent`` false: the caller already arranged for this
+    process to die with the daemon (a child of the fork server watches the daemon, not its
+    parent, the fork server: ``runtime/forkserver.py``)."""
     parser = argparse.ArgumentParser(prog="jigsaw-worker", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", type=Path, default=None, help="the spec of the process to run")
     parser.add_argument("--control", type=Path, default=None,
@@ -726,7 +730,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.spec is None) == (not args.spare) or (args.spare and args.control is None):
         parser.error("expected --spec SPEC, or --spare --control FILE")
-    _die_with_parent()
+    if watch_parent:
+        _die_with_parent()
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGHUP, _hup)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon handles ^C and stops workers itself
