@@ -124,7 +124,6 @@ class Generation:
         self.adopted: dict[int, tuple[Generation, int]] = {}  # process -> (older generation, its process)
         self.handed_over: set[int] = set()  # processes a newer generation serves and supervises now
         self._env_of: list[dict[str, str] | None] = [None] * n
-        self._exec_only: set[int] = set()  # processes started with exec, never forked (MPS clients)
 
     # ---- keeping processes across re-plans ------------------------------------------------------
     def placement(self, k: int) -> tuple[int, int] | None:
@@ -202,8 +201,6 @@ class Generation:
                 # CPU pinning read it then); an MPS client gets its daemon's pipe directory from
                 # exec on, as the MPS documentation has it, so it is started anew
                 mps_client = where[k] is not None and bool((extra_env or {}).get(where[k]))
-                if mps_client:
-                    self._exec_only.add(k)
                 taken = spares.take() if spares is not None and not mps_client else None
                 if taken is None:
                     self.workers.append(self._spawn(k))
@@ -226,12 +223,11 @@ class Generation:
         return back
 
     def _spawn(self, k: int) -> WorkerProcess:
-        """Start process ``k``: forked from the fork server when there is one, except an MPS client
-        (its daemon's pipe directory must be in its environment from exec on, as the MPS
-        documentation has it: ``start_workers`` marks those with ``_exec_only``)."""
+        """Start process ``k``: forked from the fork server when there is one (its environment,
+        MIG instance, MPS directories and CPU pinning included, is set in the child before its
+        backend loads, which is when CUDA reads it), else a Python start."""
         path, env = self._launch[k]
-        args = ["--spec", str(path), "--control", str(self.controls[k])]
-        return launch(None if k in self._exec_only else self.launcher, args, env)
+        return launch(self.launcher, ["--spec", str(path), "--control", str(self.controls[k])], env)
 
     def restart_worker(self, k: int) -> None:
         """Start process ``k`` again on its spec: same rings, doorbell and stats slot."""
