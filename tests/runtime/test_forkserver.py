@@ -123,6 +123,33 @@ def test_the_working_directory_is_the_callers(server: ForkServer, tmp_path: Path
     assert proc.wait(timeout=BOUND_S) == 0
 
 
+def test_the_environment_is_the_requested_one(tmp_path: Path) -> None:
+    # argparse wraps the worker's --help at $COLUMNS: what the child's os.environ says. The zygote
+    # (and so each child) writes to the stdout it was started with: a file here
+    out_path = tmp_path / "out.txt"
+    saved = os.dup(1)
+    fs = ForkServer()
+    try:
+        with out_path.open("ab") as f:
+            os.dup2(f.fileno(), 1)
+            try:
+                assert fs.start()
+            finally:
+                os.dup2(saved, 1)
+        seen = 0
+        for columns in (40, 400):
+            proc = fs.spawn(["--help"], dict(os.environ, COLUMNS=str(columns)))
+            assert proc.wait(timeout=BOUND_S) == 0
+            text = out_path.read_text()[seen:]
+            seen += len(text)
+            assert "--control CONTROL" in text
+            width = max(len(line) for line in text.splitlines())
+            assert width <= columns if columns == 40 else width > 40, (columns, text)
+    finally:
+        os.close(saved)
+        fs.close()
+
+
 def test_a_killed_zygote_is_started_again_and_popen_serves_meanwhile(server: ForkServer,
                                                                      tmp_path: Path) -> None:
     before, _ = _spare(server, tmp_path, "before")

@@ -198,8 +198,8 @@ class Generation:
                 old.handed_over.add(j)
             else:
                 # a spare sets its environment in-process before its backend loads (CUDA and the
-                # CPU pinning read it then); an MPS client gets its daemon's pipe directory from
-                # exec on, as the MPS documentation has it, so it is started anew
+                # CPU pinning read it then); an MPS client is not handed to a spare but started
+                # anew (forked with its environment, or executed with it: ``_spawn``)
                 mps_client = where[k] is not None and bool((extra_env or {}).get(where[k]))
                 taken = spares.take() if spares is not None and not mps_client else None
                 if taken is None:
