@@ -32,7 +32,8 @@ number generators (``random`` by Python's own at-fork hook, numpy's global one h
 requested environment and working directory. It dies with the daemon, not with the zygote: a
 thread blocked on the daemon's pidfd SIGKILLs the child when the daemon exits, so a zygote that
 crashes takes no worker down with it (its orphans' exit statuses are then unknown:
-``UNKNOWN_STATUS``). The zygote itself dies with the daemon (``PR_SET_PDEATHSIG``).
+``UNKNOWN_STATUS``). The zygote itself dies with the daemon (``PR_SET_PDEATHSIG``, and it
+watches the daemon's pidfd and its socket's EOF).
 
 If the zygote dies, ``ForkServer.spawn`` starts that process with ``subprocess.Popen`` (today's
 path) and starts a new zygote, which serves once its imports are done. ``[server] fork_server``
@@ -169,7 +170,11 @@ class _Zygote:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "jigsaw.runtime.forkserver", "--fd", str(theirs.fileno()),
-                 *[a for m in preload for a in ("--preload", m)]],
+                 *[a for m in preload for a in ("--preload", m)],
+                 # PR_SET_PDEATHSIG fires when the *thread* that started it ends: only the main
+                 # thread's start asks for it (a restart from a re-plan's thread relies on the
+                 # socket's EOF and the daemon's pidfd, which the zygote watches too)
+                 *([] if threading.current_thread() is threading.main_thread() else ["--no-pdeathsig"])],
                 stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()])
         except BaseException:
             mine.close()
@@ -463,13 +468,18 @@ def _child(request: dict[str, object], sock: socket.socket, daemon_pidfd: int, c
         os._exit(code)
 
 
-def serve(fd: int, preload: Sequence[str]) -> int:
-    """The zygote: import ``preload``, then fork a worker per request until the daemon goes."""
+def serve(fd: int, preload: Sequence[str], *, pdeathsig: bool = True) -> int:
+    """The zygote: import ``preload``, then fork a worker per request until the daemon goes (its
+    end of the socket closes, or its pidfd says it exited)."""
     daemon = os.getppid()
-    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the daemon
+    if pdeathsig:
+        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the daemon
+    try:
+        daemon_pidfd = os.pidfd_open(daemon)
+    except ProcessLookupError:
+        return 0
     if os.getppid() != daemon:
         return 0
-    daemon_pidfd = os.pidfd_open(daemon)
     try:
         comm = open("/proc/self/comm", "rb").read().strip()  # noqa: SIM115
     except OSError:
@@ -500,7 +510,9 @@ def serve(fd: int, preload: Sequence[str]) -> int:
 
     send({"ready": os.getpid()})
     while True:
-        readable = select.select([sock, wake_r], [], [])[0]
+        readable = select.select([sock, wake_r, daemon_pidfd], [], [])[0]
+        if daemon_pidfd in readable:
+            return 0  # the daemon exited (its children watch it themselves)
         if wake_r in readable:
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake_r, 4096):
@@ -536,8 +548,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jigsaw-forkserver", description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="the daemon's socket (inherited)")
     parser.add_argument("--preload", action="append", default=[], help="a module to import before forking")
+    parser.add_argument("--no-pdeathsig", action="store_true",
+                        help="do not ask the kernel to kill it with its parent's starting thread")
     args = parser.parse_args(argv)
-    return serve(args.fd, args.preload)
+    return serve(args.fd, args.preload, pdeathsig=not args.no_pdeathsig)
 
 
 if __name__ == "__main__":
