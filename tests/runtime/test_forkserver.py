@@ -79,19 +79,21 @@ def _spare(fs: ForkServer, where: Path, name: str = "spare") -> tuple[ForkedProc
 
 
 def test_a_forked_worker_starts_clean(server: ForkServer, tmp_path: Path) -> None:
-    proc, _ = _spare(server, tmp_path)
+    proc, control = _spare(server, tmp_path)
     assert Path(f"/proc/{server.pid}/comm").read_bytes().strip() == ZYGOTE_NAME
     stat = Path(f"/proc/{proc.pid}/stat").read_text()
     assert int(stat.rsplit(")", 1)[1].split()[1]) == server.pid  # forked by the zygote
     assert stat.startswith(f"{proc.pid} (jigsaw-spare)")  # the worker's own name again, then its spare name
+    argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    assert argv[1:] == [b"-m", b"jigsaw.runtime.worker", b"--spare", b"--control", os.fsencode(control)]  # ps
     # stdio and the daemon's pidfd only: not the zygote's socket, not its wake-up pipe
     fds = {int(fd): os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")}
     assert set(fds) - {0, 1, 2} == {3} and "pidfd" in fds[3], fds
     # the signal state of a spare started with a Python start (the zygote's SIGCHLD handler gone)
-    control = tmp_path / "exec.json"
-    started = popen_worker(["--spare", "--control", str(control)])
+    exec_control = tmp_path / "exec.json"
+    started = popen_worker(["--spare", "--control", str(exec_control)])
     try:
-        _until("the exec'd spare is not ready", lambda: control.with_suffix(".ready").exists())
+        _until("the exec'd spare is not ready", lambda: exec_control.with_suffix(".ready").exists())
         assert _signals(proc.pid) == _signals(started.pid)
     finally:
         started.kill()

@@ -27,7 +27,7 @@ generations, the supervisor and the spare pool use (``pid``, ``poll``, ``returnc
 exit status from the zygote's report.
 
 A child starts clean: every descriptor but stdio and the daemon's pidfd closed, default signal
-handlers, an empty signal mask, no event loop (the zygote never makes one), reseeded random
+handlers, its command line (``ps``) and process name the worker's, an empty signal mask, no event loop (the zygote never makes one), reseeded random
 number generators (``random`` by Python's own at-fork hook, numpy's global one here), the
 requested environment and working directory. It dies with the daemon, not with the zygote: a
 thread blocked on the daemon's pidfd SIGKILLs the child when the daemon exits, so a zygote that
@@ -56,6 +56,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Protocol
 
 ZYGOTE_NAME = b"jigsaw-zygote"  # its /proc/<pid>/comm
@@ -66,6 +67,7 @@ REPLY_TIMEOUT_S = 10.0  # one fork
 EXIT_REPORT_WAIT_S = 1.0  # a child's pidfd says it exited; its status follows from the zygote
 STOP_TIMEOUT_S = 2.0
 MAX_MESSAGE = 1 << 20  # one request (the environment is the biggest part)
+CMDLINE_ROOM = 2048  # bytes of the zygote's command line its children rewrite as their own
 
 
 class WorkerProcess(Protocol):
@@ -174,7 +176,8 @@ class _Zygote:
                  # PR_SET_PDEATHSIG fires when the *thread* that started it ends: only the main
                  # thread's start asks for it (a restart from a re-plan's thread relies on the
                  # socket's EOF and the daemon's pidfd, which the zygote watches too)
-                 *([] if threading.current_thread() is threading.main_thread() else ["--no-pdeathsig"])],
+                 *([] if threading.current_thread() is threading.main_thread() else ["--no-pdeathsig"]),
+                 "--room", " " * CMDLINE_ROOM],
                 stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()])
         except BaseException:
             mine.close()
@@ -425,6 +428,24 @@ def _watch_daemon(pidfd: int) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def set_cmdline(args: Sequence[str]) -> bool:
+    """Make ``/proc/self/cmdline`` (what ``ps`` shows) read ``args``: written over the
+    process's own argument strings (``arg_start``..``arg_end`` of /proc/self/stat) through
+    /proc/self/mem, padded with NULs; False when they do not fit or the kernel refuses."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # fields 48 and 49 of proc(5)
+        data = b"\0".join(os.fsencode(a) for a in args) + b"\0"
+        if len(data) > end - start:
+            return False
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            mem.write(data.ljust(end - start, b"\0"))
+        return True
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def _child(request: dict[str, object], sock: socket.socket, daemon_pidfd: int, comm: bytes) -> None:
     """In the forked child: a clean process, then the worker's ``main``; never returns."""
     code = 1
@@ -449,6 +470,7 @@ def _child(request: dict[str, object], sock: socket.socket, daemon_pidfd: int, c
         _watch_daemon(daemon_pidfd)
         argv = [str(a) for a in request["argv"]]  # type: ignore[attr-defined]
         sys.argv = [WORKER_MODULE, *argv]
+        set_cmdline([sys.executable, "-m", WORKER_MODULE, *argv])  # ps shows a worker, not the zygote
         from jigsaw.runtime.worker import main
         code = main(argv, watch_parent=False)
     except SystemExit as exc:
@@ -548,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jigsaw-forkserver", description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="the daemon's socket (inherited)")
     parser.add_argument("--preload", action="append", default=[], help="a module to import before forking")
+    parser.add_argument("--room", default="", help="room its children's command lines are written in")
     parser.add_argument("--no-pdeathsig", action="store_true",
                         help="do not ask the kernel to kill it with its parent's starting thread")
     args = parser.parse_args(argv)
