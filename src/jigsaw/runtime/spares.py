@@ -8,7 +8,10 @@ path that tells a kept process to serve a new generation (``generation.tell``), 
 environment the process needs (MIG instance, MPS directories, CPU pinning) set before its backend
 loads. The pool is refilled after each re-plan, off the switch's critical path. A spare is only
 taken once it has said it is ready (``<control>.ready``): a SIGHUP before its handler exists
-would end it. ``[server] spare_workers`` sizes it (0: off); ``/metrics`` counts it.
+would end it. ``[server] spare_workers`` sizes it (0: off); ``/metrics`` counts it. With the fork
+server (``runtime/forkserver.py``) a spare is a fork: refilling the pool costs milliseconds of
+CPU instead of a Python start each, so the refill no longer competes with serving processes for
+the cores; a spare then saves a re-plan only that fork.
 """
 
 from __future__ import annotations
