@@ -277,8 +277,10 @@ def start_fork_server(backend: BackendKind) -> ForkServer | None:
     """The fork server workers are forked from, its imports done; None (each worker then starts
     Python) when it cannot be started."""
     fs = ForkServer(preload_modules(backend.class_path, backend.needs_gpu), log=_log)
+    t0 = time.monotonic()
     try:
         if fs.start():
+            _log(f"fork server ready (pid {fs.pid}, {time.monotonic() - t0:.2f} s): workers are forked")
             return fs
     except OSError as exc:
         _log(f"fork server not started ({exc}): workers start Python each")

@@ -27,9 +27,10 @@ generations, the supervisor and the spare pool use (``pid``, ``poll``, ``returnc
 exit status from the zygote's report.
 
 A child starts clean: every descriptor but stdio and the daemon's pidfd closed, default signal
-handlers, its command line (``ps``) and process name the worker's, an empty signal mask, no event loop (the zygote never makes one), reseeded random
+handlers, an empty signal mask, no event loop (the zygote never makes one), reseeded random
 number generators (``random`` by Python's own at-fork hook, numpy's global one here), the
-requested environment and working directory. It dies with the daemon, not with the zygote: a
+requested environment and working directory, its command line (``ps``) and process name the
+worker's. It dies with the daemon, not with the zygote: a
 thread blocked on the daemon's pidfd SIGKILLs the child when the daemon exits, so a zygote that
 crashes takes no worker down with it (its orphans' exit statuses are then unknown:
 ``UNKNOWN_STATUS``). The zygote itself dies with the daemon (``PR_SET_PDEATHSIG``, and it
