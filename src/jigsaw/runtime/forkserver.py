@@ -66,6 +66,7 @@ WORKER_MODULE = "jigsaw.runtime.worker"
 READY_TIMEOUT_S = 60.0  # the zygote's imports at start-up
 REPLY_TIMEOUT_S = 10.0  # one fork
 EXIT_REPORT_WAIT_S = 1.0  # a child's pidfd says it exited; its status follows from the zygote
+WAIT_SLICE_S = 0.1  # ``wait`` re-checks at least this often
 STOP_TIMEOUT_S = 2.0
 MAX_MESSAGE = 1 << 20  # one request (the environment is the biggest part)
 CMDLINE_ROOM = 2048  # bytes of the zygote's command line its children rewrite as their own
@@ -118,29 +119,38 @@ class ForkedProcess:
         self.returncode: int | None = None
         self._pidfd = pidfd
         self._zygote = zygote
+        # the supervisor (the loop) and a retirement (a thread) may poll at once: the pidfd is
+        # closed once, never while another thread signals through it
+        self._lock = threading.Lock()
 
     def poll(self) -> int | None:
-        if self.returncode is None and self._pidfd >= 0 and _exited(self._pidfd):
-            status = self._zygote.exit_status(self.pid, EXIT_REPORT_WAIT_S)
-            self.returncode = UNKNOWN_STATUS if status is None else status
-            self._close()
-        return self.returncode
+        with self._lock:
+            if self.returncode is None and self._pidfd >= 0 and _exited(self._pidfd):
+                status = self._zygote.exit_status(self.pid, EXIT_REPORT_WAIT_S)
+                self.returncode = UNKNOWN_STATUS if status is None else status
+                os.close(self._pidfd)
+                self._pidfd = -1
+            return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            left = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
+            if left <= 0:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-            select.select([self._pidfd], [], [], left)
+            fd = self._pidfd
+            if fd >= 0:
+                with contextlib.suppress(OSError, ValueError):  # closed by another thread's poll
+                    select.select([fd], [], [], left)
         assert self.returncode is not None
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
         """Signal the process through its pidfd (never a recycled pid); nothing once it has exited."""
         if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):  # exited since: the next poll collects it
-                signal.pidfd_send_signal(self._pidfd, sig)
+            with self._lock, contextlib.suppress(ProcessLookupError):  # exited since: poll collects it
+                if self._pidfd >= 0:
+                    signal.pidfd_send_signal(self._pidfd, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -148,14 +158,11 @@ class ForkedProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def _close(self) -> None:
-        if self._pidfd >= 0:
-            os.close(self._pidfd)
-            self._pidfd = -1
-
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
-            self._close()
+            if self._pidfd >= 0:
+                os.close(self._pidfd)
+                self._pidfd = -1
 
 
 class _Zygote:
