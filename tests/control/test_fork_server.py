@@ -100,8 +100,11 @@ def test_workers_forked_restarted_through_it_and_a_killed_fork_server_falls_back
         seen.add(row["pid"])
 
         # a killed fork server: the re-plan's two new processes start with Popen, a new one starts
+        serving = {w["pid"] for w in _workers(server.url)["workers"]}
         os.kill(zygote, signal.SIGKILL)
         _until("the fork server did not die", lambda: not _alive(zygote))
+        time.sleep(1.5)  # past the worker's idle check of its parent (IDLE_WAIT_S)
+        assert all(_alive(p) for p in serving)  # its children serve on: they watch the daemon
         before, after, load = _replan(server.url)
         _all_answered(load)
         started = after - before

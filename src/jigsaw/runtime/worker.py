@@ -200,7 +200,9 @@ class Worker:
         self._use([Wiring(spec, spec_path)])
         self.queue = self._new_queue(spec)
         self._queue_spec: ProcessSpec | None = None  # a newer spec's batching rule, once the queue empties
-        self.parent_pid = os.getppid()
+        # the daemon, whose end this process notices when idle; None: watched otherwise (a child of
+        # the fork server, whose parent is the fork server: ``main``'s ``watch_parent``)
+        self.parent_pid: int | None = os.getppid()
         self._next_input = 0
         self._passed_over_ns = 0  # the last time a full batch left items in the rings
         self._rewire = False
@@ -594,7 +596,7 @@ class Worker:
     def _on_timer(self) -> None:
         self._timer = None
         # (a system call: only when idle; PR_SET_PDEATHSIG stops a busy one with its parent)
-        if self._idle and os.getppid() != self.parent_pid:
+        if self._idle and self.parent_pid is not None and os.getppid() != self.parent_pid:
             if self._done is not None and not self._done.done():
                 self._done.set_result(None)
             return
@@ -741,6 +743,8 @@ def main(argv: list[str] | None = None, *, watch_parent: bool = True) -> int:
             return 0
     spec = ProcessSpec.from_json(args.spec.read_text())
     worker = Worker(spec, args.spec, args.control)
+    if not watch_parent:
+        worker.parent_pid = None  # its parent may die before the daemon: the caller watches the daemon
     try:
         uvloop.run(worker.run())
     finally:
