@@ -212,8 +212,8 @@ class _Zygote:
 
     def _receive(self, timeout_s: float) -> tuple[dict[str, object], list[int]] | None:
         """One message within ``timeout_s`` (0: only one already there); None if none came.
-        Marks the zygote dead when its socket closes."""
-        if self.dead:
+        Marks the zygote dead when its socket closes (what it sent before is still read)."""
+        if self.sock.fileno() < 0:
             return None
         if not select.select([self.sock], [], [], max(0.0, timeout_s))[0]:
             return None
@@ -246,7 +246,10 @@ class _Zygote:
 
     def exit_status(self, pid: int, wait_s: float) -> int | None:
         deadline = time.monotonic() + wait_s
-        while pid not in self.exits and self.alive() and time.monotonic() < deadline:
+        while pid not in self.exits and time.monotonic() < deadline:
+            if not self.alive():
+                self.drain()  # what it reported before it died
+                break
             self.drain(min(0.05, max(0.0, deadline - time.monotonic())))
         return self.exits.pop(pid, None)
 
