@@ -164,3 +164,12 @@ def test_server_http_front_end_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_node(path)
     assert err.value.field == "server.http" and "fast, aiohttp" in err.value.message
+
+
+def test_server_fork_server_is_a_bool(tmp_path: Path) -> None:
+    assert load_node(write(tmp_path, _node_text())).server.fork_server  # on by default
+    off = load_node(write(tmp_path, _node_text(**{"[server]": "[server]\nfork_server = false"})))
+    assert not off.server.fork_server
+    with pytest.raises(ConfigError) as err:
+        load_node(write(tmp_path, _node_text(**{"[server]": '[server]\nfork_server = "yes"'})))
+    assert err.value.field == "server.fork_server"

@@ -35,6 +35,8 @@ from jigsaw.control.predictor import burst_floor_rps
 from jigsaw.errors import JigsawError
 from jigsaw.node import HTTP_FRONTS, Node, load_node, load_node_profiles
 from jigsaw.plan import NodePlan, Plan
+from jigsaw.runtime.forkserver import ForkServer, preload_modules
+from jigsaw.runtime.forkserver import prometheus as fork_server_prometheus
 from jigsaw.runtime.generations import GenerationManager
 from jigsaw.runtime.rings import cleanup_stale
 from jigsaw.runtime.topology import TopologyError
@@ -195,6 +197,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     if generations.partition is not None:
         fe.http.extra_metrics.append(generations.partition.stats.prometheus)
     fe.http.extra_metrics.append(generations.prometheus)
+    fe.http.extra_metrics.append(lambda: fork_server_prometheus(generations.launcher))
     loop = asyncio.get_running_loop()
     fe.start(loop)
     stop = asyncio.Event()
@@ -270,6 +273,24 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
             solver.close()
 
 
+def start_fork_server(backend: BackendKind) -> ForkServer | None:
+    """The fork server workers are forked from, its imports done; None (each worker then starts
+    Python) when it cannot be started."""
+    fs = ForkServer(preload_modules(backend.class_path, backend.needs_gpu), log=_log)
+    t0 = time.monotonic()
+    try:
+        if fs.start():
+            _log(f"fork server ready (pid {fs.pid}, {time.monotonic() - t0:.2f} s): workers are forked")
+            return fs
+    except OSError as exc:
+        _log(f"fork server not started ({exc}): workers start Python each")
+        fs.close()
+        return None
+    _log("fork server not ready: workers start Python each")
+    fs.close()
+    return None
+
+
 def choose_backend(node_config: Path, emulate: bool) -> BackendKind:
     """The backend jigsawd runs: ``--emulate``, else the node's; a GPU one needs a usable GPU."""
     node = load_node(node_config, load_apps=False)
@@ -313,9 +334,16 @@ def main(argv: list[str] | None = None) -> int:
         if removed:
             _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
         controller = args.controller or not (args.no_controller or args.plan)
-        generations = GenerationManager(node, plans, time_scale=args.time_scale, seed=args.seed,
-                                        backend=backend, log=_log,
-                                        spare_workers=node.server.spare_workers if controller else 0)
+        fork_server = start_fork_server(backend) if node.server.fork_server else None
+        try:
+            generations = GenerationManager(node, plans, time_scale=args.time_scale, seed=args.seed,
+                                            backend=backend, log=_log,
+                                            spare_workers=node.server.spare_workers if controller else 0,
+                                            launcher=fork_server)
+        except BaseException:
+            if fork_server is not None:
+                fork_server.close()
+            raise
     except (JigsawError, TopologyError) as exc:
         _log(str(exc))
         return 2
@@ -339,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         generations.close()
+        if fork_server is not None:
+            fork_server.close()
     _log("stopped")
     return 0
 

@@ -87,6 +87,9 @@ class ServerSettings:
     # that starts processes does not wait for Python to start (runtime/spares.py); 0: off.
     # Kept only when the node re-plans (a controller runs)
     spare_workers: int = 4
+    # worker processes forked from a fork server that did the worker's imports once at start-up
+    # (runtime/forkserver.py) instead of a Python start each; false: python -m per process
+    fork_server: bool = True
     # the HTTP front end: "fast" serves the hot OIP routes on httptools (runtime/fasthttp.py) and
     # hands every other request to aiohttp; "aiohttp" serves everything on aiohttp
     http: str = "fast"
@@ -326,6 +329,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         lane_shift=s.bool("lane_shift", True),
         worker_restart_window_s=s.number("worker_restart_window_s", 60.0, low=0, low_open=True),
         spare_workers=s.integer("spare_workers", 4, low=0, high=64),
+        fork_server=s.bool("fork_server", True),
         http=s.str("http", "fast"),
         header_timeout_s=s.number("header_timeout_s", 10.0, low=0, low_open=True),
     )

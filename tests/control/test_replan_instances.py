@@ -120,8 +120,28 @@ def _replan(server: Server, rps: float) -> dict[str, Any]:
     return {"kept": kept, "started": started, "calls": calls, "changed_gpus": changed_gpus, "after": after}
 
 
+def _exec_node(tmp_path: Path) -> list[str]:
+    """ARGS on a copy of the example node whose workers start with exec, not from the fork server:
+    the MPS stand-in and this test read each client's environment from /proc/<pid>/environ, which
+    shows what a process was executed with (a forked worker sets its environment in-process)."""
+    import tomllib
+
+    from jigsaw.node import load_node
+    doc = tomllib.loads(EXAMPLE_NODE.read_text())
+    base = EXAMPLE_NODE.resolve().parent
+    apps = ", ".join(f'"{(base / a).resolve()}"' for a in doc["apps"])
+    text = EXAMPLE_NODE.read_text().replace("[server]\n", "[server]\nfork_server = false\n", 1)
+    text = re.sub(r"^apps = .*$", f"apps = [{apps}]", text, count=1, flags=re.M)
+    profiles = load_node(EXAMPLE_NODE, load_apps=False).profiles_dir
+    text = re.sub(r"^profiles_dir = .*$", f'profiles_dir = "{profiles}"', text, count=1, flags=re.M)
+    path = tmp_path / "node.toml"
+    path.write_text(text)
+    assert not load_node(path).server.fork_server
+    return [a if a != str(EXAMPLE_NODE) else str(path) for a in ARGS]
+
+
 def test_replan_keeps_unchanged_instances_and_touches_only_changed_gpus(tmp_path: Path) -> None:
-    with Server(ARGS, tmp_path / "jigsawd.log", env=_fake_mps(tmp_path)) as server:
+    with Server(_exec_node(tmp_path), tmp_path / "jigsawd.log", env=_fake_mps(tmp_path)) as server:
         started_mps = {e["pipe"] for e in _mps_log(tmp_path) if e["op"] == "start"}
         first = _replan(server, REPLAN_RPS)
         second = _replan(server, SCALE_UP_RPS)

@@ -204,18 +204,27 @@ def _idle_spare(pid: int, stat: str) -> bool:
     return i < len(argv) and not Path(os.fsdecode(argv[i])).exists()
 
 
-def worker_pids(daemon_pid: int, *, spares: bool = False) -> set[int]:
-    """The daemon's direct children (its worker processes), from /proc; idle spare workers
-    (``runtime/spares.py``) only with ``spares``."""
-    children = set()
+def _children(parent: int) -> dict[int, str]:
+    """``parent``'s direct children and their /proc stat lines."""
+    out = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) != daemon_pid:
-                continue
-            if spares or not _idle_spare(int(entry), stat):
-                children.add(int(entry))
-    return children
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                out[int(entry)] = stat
+    return out
+
+
+def worker_pids(daemon_pid: int, *, spares: bool = False) -> set[int]:
+    """The daemon's worker processes, from /proc: its direct children and those of its fork server
+    (``runtime/forkserver.py``, named ``jigsaw-zygote``), not the fork server itself; idle spare
+    workers (``runtime/spares.py``) only with ``spares``."""
+    found = _children(daemon_pid)
+    for pid, stat in list(found.items()):
+        if stat.startswith(f"{pid} (jigsaw-zygote)"):
+            del found[pid]
+            found.update(_children(pid))
+    return {pid for pid, stat in found.items() if spares or not _idle_spare(pid, stat)}

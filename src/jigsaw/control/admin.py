@@ -131,7 +131,8 @@ async def h_workers(request: web.Request) -> web.Response:
     if (denied := _deny(request)) is not None:
         return denied
     sup = request.app[SUPERVISOR_KEY]
-    return web.json_response({"workers": sup.workers(), "events": [e.to_json() for e in sup.events]})
+    return web.json_response({"workers": sup.workers(), "events": [e.to_json() for e in sup.events],
+                              "fork_server": sup.fork_server()})
 
 
 async def h_history(request: web.Request) -> web.Response:

@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from jigsaw.profiles import ProfileTable
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.cpus import ENV as CPUS_ENV
 from jigsaw.runtime.cpus import host_cpus, share_cpus
+from jigsaw.runtime.forkserver import Launcher, WorkerProcess, launch
 from jigsaw.runtime.gpus import (
     gpu_devices,
     mig_devices,
@@ -54,7 +54,7 @@ ProcessKey = tuple[str, str, str, int, int, object, int]
 """(task, variant, profile, mps, max_batch, (GPU, start) or the instance's index, process in it)."""
 
 
-def tell(control: Path, specs: list[Path], proc: subprocess.Popen[bytes],
+def tell(control: Path, specs: list[Path], proc: WorkerProcess,
          env: dict[str, str] | None = None) -> None:
     """Have a running worker serve ``specs`` (newest first): written atomically, then SIGHUP.
     ``env``: what a spare adds to its environment before it runs its first spec."""
@@ -90,8 +90,9 @@ class Generation:
 
     def __init__(self, gid: int, node: Node, app: App, plan: Plan, profiles: ProfileTable, *,
                  run_dir: Path, daemon_id: str, frontend_bell: str, time_scale: float, seed: int,
-                 backend: BackendKind) -> None:
+                 backend: BackendKind, launcher: Launcher | None = None) -> None:
         self.gid = gid
+        self.launcher = launcher  # the fork server when there is one (else a Python start per process)
         self.node = node
         self.backend = backend
         self.app = app
@@ -100,7 +101,7 @@ class Generation:
         self.dir = run_dir / f"g{gid}"
         self.dir.mkdir()
         self.registry = SegmentRegistry(run_dir / f"g{gid}.manifest", daemon_id=daemon_id)
-        self.workers: list[subprocess.Popen[bytes]] = []
+        self.workers: list[WorkerProcess] = []
         self.stats: st.StatsBlock | None = None
         self.stopping = False  # set once its workers are asked to stop: exits are then expected
         self._launch: list[tuple[Path, dict[str, str] | None]] = []
@@ -197,8 +198,8 @@ class Generation:
                 old.handed_over.add(j)
             else:
                 # a spare sets its environment in-process before its backend loads (CUDA and the
-                # CPU pinning read it then); an MPS client gets its daemon's pipe directory from
-                # exec on, as the MPS documentation has it, so it is started anew
+                # CPU pinning read it then); an MPS client is not handed to a spare but started
+                # anew (forked with its environment, or executed with it: ``_spawn``)
                 mps_client = where[k] is not None and bool((extra_env or {}).get(where[k]))
                 taken = spares.take() if spares is not None and not mps_client else None
                 if taken is None:
@@ -221,10 +222,12 @@ class Generation:
             back.append((old, j))
         return back
 
-    def _spawn(self, k: int) -> subprocess.Popen[bytes]:
+    def _spawn(self, k: int) -> WorkerProcess:
+        """Start process ``k``: forked from the fork server when there is one (its environment,
+        MIG instance, MPS directories and CPU pinning included, is set in the child before its
+        backend loads, which is when CUDA reads it), else a Python start."""
         path, env = self._launch[k]
-        return subprocess.Popen([sys.executable, "-m", "jigsaw.runtime.worker", "--spec", str(path),
-                                 "--control", str(self.controls[k])], stdin=subprocess.DEVNULL, env=env)
+        return launch(self.launcher, ["--spec", str(path), "--control", str(self.controls[k])], env)
 
     def restart_worker(self, k: int) -> None:
         """Start process ``k`` again on its spec: same rings, doorbell and stats slot."""

@@ -63,6 +63,7 @@ from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import Plan
 from jigsaw.planner.packer import InstanceRequest, PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime import stats as st
+from jigsaw.runtime.forkserver import Launcher
 from jigsaw.runtime.generation import Generation, tell
 from jigsaw.runtime.gpus import placements
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry
@@ -247,8 +248,9 @@ class GenerationManager:
 
     def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int,
                  backend: BackendKind, log: Callable[[str], None] = print, nvml: Any = None,
-                 spare_workers: int = 0) -> None:
+                 spare_workers: int = 0, launcher: Launcher | None = None) -> None:
         self.node = node
+        self.launcher = launcher  # starts worker processes: the fork server, or None (a Python start)
         self.backend = backend
         self.time_scale = time_scale
         self.seed = seed
@@ -311,7 +313,7 @@ class GenerationManager:
         self.mps_events: list[dict[str, Any]] = []
         self.applied: list[dict[str, Any]] = []  # the last re-plans applied (``Applied``), for /admin/layout
         # idle worker processes a re-plan hands its new processes' specs to (started after start-up)
-        self.spares = SparePool(self.run_dir, spare_workers) if spare_workers > 0 else None
+        self.spares = SparePool(self.run_dir, spare_workers, launcher) if spare_workers > 0 else None
         self._lock = asyncio.Lock()  # one reconfiguration of the node at a time
         self._seed_layout(plans)
         for app, plan in plans:
@@ -463,7 +465,8 @@ class GenerationManager:
         self._next_gid += 1
         g = Generation(gid, self.node, app, plan, self.profiles, run_dir=self.run_dir,
                        daemon_id=self.registry.daemon_id, frontend_bell=self.frontend_bell,
-                       time_scale=self.time_scale, seed=self.seed, backend=self.backend)
+                       time_scale=self.time_scale, seed=self.seed, backend=self.backend,
+                       launcher=self.launcher)
         self.generations[gid] = g
         return g
 

@@ -8,15 +8,19 @@ path that tells a kept process to serve a new generation (``generation.tell``), 
 environment the process needs (MIG instance, MPS directories, CPU pinning) set before its backend
 loads. The pool is refilled after each re-plan, off the switch's critical path. A spare is only
 taken once it has said it is ready (``<control>.ready``): a SIGHUP before its handler exists
-would end it. ``[server] spare_workers`` sizes it (0: off); ``/metrics`` counts it.
+would end it. ``[server] spare_workers`` sizes it (0: off); ``/metrics`` counts it. With the fork
+server (``runtime/forkserver.py``) a spare is a fork: refilling the pool costs milliseconds of
+CPU instead of a Python start each, so the refill no longer competes with serving processes for
+the cores; a spare then saves a re-plan only that fork.
 """
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 from pathlib import Path
+
+from jigsaw.runtime.forkserver import Launcher, WorkerProcess, launch
 
 STOP_TIMEOUT_S = 2.0
 
@@ -24,11 +28,12 @@ STOP_TIMEOUT_S = 2.0
 class SparePool:
     """Up to ``size`` idle worker processes (``refill``), handed out one by one (``take``)."""
 
-    def __init__(self, run_dir: Path, size: int) -> None:
+    def __init__(self, run_dir: Path, size: int, launcher: Launcher | None = None) -> None:
         self.dir = run_dir / "spares"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.size = size
-        self.idle: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self.launcher = launcher
+        self.idle: list[tuple[WorkerProcess, Path]] = []
         self.started_total = 0
         self.used_total = 0
         self._next = 0
@@ -39,12 +44,11 @@ class SparePool:
         while len(self.idle) < self.size:
             control = self.dir / f"spare-{self._next}.json"
             self._next += 1
-            proc = subprocess.Popen([sys.executable, "-m", "jigsaw.runtime.worker", "--spare",
-                                     "--control", str(control)], stdin=subprocess.DEVNULL)
+            proc = launch(self.launcher, ["--spare", "--control", str(control)])
             self.idle.append((proc, control))
             self.started_total += 1
 
-    def take(self) -> tuple[subprocess.Popen[bytes], Path] | None:
+    def take(self) -> tuple[WorkerProcess, Path] | None:
         """A ready spare and its control file (the caller hands it a spec), or None."""
         for i, (proc, control) in enumerate(self.idle):
             if proc.poll() is None and control.with_suffix(".ready").exists():

@@ -40,6 +40,8 @@ from typing import Any, Protocol
 
 from jigsaw.node import ServerSettings
 from jigsaw.runtime import stats as st
+from jigsaw.runtime.forkserver import WorkerProcess
+from jigsaw.runtime.forkserver import status as fork_server_status
 from jigsaw.runtime.generation import Generation
 from jigsaw.runtime.rings import ShmRing
 from jigsaw.runtime.topology import ProcessSpec
@@ -205,7 +207,7 @@ class Supervisor:
 
     def _fail(self, g: Generation, k: int, reason: str, detail: str) -> None:
         spec: ProcessSpec = g.topology.processes[k]
-        proc: subprocess.Popen[bytes] = g.workers[k]
+        proc: WorkerProcess = g.workers[k]
         assert g.stats is not None
         g.stats.set(spec.slot, st.STATE, st.DEAD)
         if proc.poll() is None:
@@ -253,10 +255,14 @@ class Supervisor:
         if give_up and not (self.stopped or g.stopping):
             self.sink.capacity_lost(spec.app, f"worker {spec.name} failed {len(recent)} times")
 
-    def _older_wirings(self, g: Generation, proc: subprocess.Popen[bytes]) -> list[tuple[Generation, int]]:
+    def _older_wirings(self, g: Generation, proc: WorkerProcess) -> list[tuple[Generation, int]]:
         """(generation, process) of every other live generation that handed ``proc`` over to ``g``."""
         return [(old, j) for old in self.pool.running() if old is not g
                 for j in sorted(old.handed_over) if j < len(old.workers) and old.workers[j] is proc]
+
+    def fork_server(self) -> dict[str, object]:
+        """The fork server's state (``/admin/workers``): enabled, up, pid, forks, fallbacks, restarts."""
+        return fork_server_status(getattr(self.pool, "launcher", None))
 
     def workers(self) -> list[dict[str, Any]]:
         """Every worker of every generation with its state, pid and restarts (``/admin/workers``)."""
@@ -274,5 +280,6 @@ class Supervisor:
                 out.append({"worker": spec.name, "app": spec.app, "task": spec.task, "variant": spec.variant,
                             "generation": gid, "pid": proc.pid if proc is not None else None,
                             "state": names.get(g.stats.get(spec.slot, st.STATE), "unknown"),
+                            "started_by": getattr(proc, "started_by", "exec"),
                             "failures": len(self._failures.get((gid, k), ()))})
         return out

@@ -2,7 +2,8 @@
 
 ``python -m jigsaw.runtime.worker --spec spec.json`` (spec: ``topology.ProcessSpec`` as JSON), or
 ``--spare --control FILE``: a process started ahead of need that waits, imports done, until the
-daemon hands it a spec (``runtime/spares.py``).
+daemon hands it a spec (``runtime/spares.py``). The daemon forks most workers from its fork
+server (``runtime/forkserver.py``), which calls ``main`` in the child with the same arguments.
 
 Each process runs one uvloop event loop, which watches the process's doorbell descriptor
 (``add_reader``: no helper thread, no spinning; see ``rings.Doorbell`` for the arm / re-check
@@ -199,7 +200,9 @@ class Worker:
         self._use([Wiring(spec, spec_path)])
         self.queue = self._new_queue(spec)
         self._queue_spec: ProcessSpec | None = None  # a newer spec's batching rule, once the queue empties
-        self.parent_pid = os.getppid()
+        # the daemon, whose end this process notices when idle; None: watched otherwise (a child of
+        # the fork server, whose parent is the fork server: ``main``'s ``watch_parent``)
+        self.parent_pid: int | None = os.getppid()
         self._next_input = 0
         self._passed_over_ns = 0  # the last time a full batch left items in the rings
         self._rewire = False
@@ -593,7 +596,7 @@ class Worker:
     def _on_timer(self) -> None:
         self._timer = None
         # (a system call: only when idle; PR_SET_PDEATHSIG stops a busy one with its parent)
-        if self._idle and os.getppid() != self.parent_pid:
+        if self._idle and self.parent_pid is not None and os.getppid() != self.parent_pid:
             if self._done is not None and not self._done.done():
                 self._done.set_result(None)
             return
@@ -716,7 +719,10 @@ def await_spec(control: Path) -> Path | None:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, watch_parent: bool = True) -> int:
+    """Run one worker process. ``watch_parent`` false: the caller already arranged for this
+    process to die with the daemon (a child of the fork server watches the daemon, not its
+    parent, the fork server: ``runtime/forkserver.py``)."""
     parser = argparse.ArgumentParser(prog="jigsaw-worker", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", type=Path, default=None, help="the spec of the process to run")
     parser.add_argument("--control", type=Path, default=None,
@@ -726,7 +732,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.spec is None) == (not args.spare) or (args.spare and args.control is None):
         parser.error("expected --spec SPEC, or --spare --control FILE")
-    _die_with_parent()
+    if watch_parent:
+        _die_with_parent()
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGHUP, _hup)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon handles ^C and stops workers itself
@@ -736,6 +743,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     spec = ProcessSpec.from_json(args.spec.read_text())
     worker = Worker(spec, args.spec, args.control)
+    if not watch_parent:
+        worker.parent_pid = None  # its parent may die before the daemon: the caller watches the daemon
     try:
         uvloop.run(worker.run())
     finally:
