@@ -62,6 +62,16 @@ MIN_SLOTS_LIMIT_S: float | None = FLOOR_LIMIT_S
 # HiGHS's presolve on the slot bound: off (traffic_analysis at 75-100% of the node: 0.13-0.34 s
 # against 0.33-0.78 s with it, mostly spent at the root node)
 MIN_SLOTS_PRESOLVE = False
+# the slot floors (``_min_slots``) before each frontier point: off. On the example node at
+# 75-90% they never ruled a budget out (every floor lay within the chosen budget's slots) and
+# took 0.26-0.39 s; a budget short of slots is proven infeasible by its own point's core as fast
+SLOT_FLOORS = False
+# after the apps' own optima overrun the node, their slice floors from those optima's bounds
+# (``value_floor``: free) stand in for the latency-relaxed cores' (0.3-0.4 s at 75-90%); the
+# cores' floors run only where the free ones come within ``CORE_FLOOR_MARGIN`` slices per app of
+# the node (where they may prove that nothing fits)
+VALUE_FLOORS = True
+CORE_FLOOR_MARGIN = 0
 FIRST_FIT_TRIES = 6  # ``solve(first_fit=True)``: packings tried per new point
 Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plans do not fit together
 
@@ -172,6 +182,26 @@ def floor_slices(parts: Sequence[joint.Part], node: Node, solver: str, time_limi
         out.append(0.0 if math.isnan(dual) or not math.isfinite(dual)
                    else float(max(0, math.ceil(-dual / node.beta - 0.5 - 1e-9))))
     return out
+
+
+def value_floor(part: joint.Part, bound: float, node: Node, objective: str) -> float:
+    """A lower bound on the slices of any plan of ``part`` at its demand, from ``bound`` (an upper
+    bound on its objective term, ``joint.part_value``, over all its plans on the node).
+
+    Why: it is free once the app's own optimum is solved. ``accuracy``: a plan's term is
+    alpha x weight x accuracy - beta x slices, and its accuracy is at least the app's accuracy
+    SLO (the PAS row) and at least its worst lane's, so slices >= (alpha x weight x that - bound)
+    / beta. ``slices``: the accuracy tie-break is below beta / 2, so slices >= -bound / beta - 1/2.
+    """
+    if not math.isfinite(bound):
+        return 0.0
+    beta = node.beta
+    if objective == "slices":
+        return float(max(0, math.ceil(-bound / beta - 0.5 - 1e-9)))
+    app = part.pb.app
+    slo = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+    acc_lo = max(slo, min(part.pb.lane_acc, default=0.0))
+    return float(max(0, math.ceil((node.planner.alpha * part.weight * acc_lo - bound) / beta - 1e-7)))
 
 
 def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
@@ -295,10 +325,16 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         fronts[i].points.append(p)
     tops = [f.points[0].used for f in fronts]
     if not screened and any(sum(t[r] for t in tops) > room[r] for r in (0, 1)):
-        # the apps' own optima overrun the node: the latency-relaxed cores' fewest slices (a
-        # bound, each within a small share of the time) often prove at once that nothing fits
-        floors = floor_slices(parts, node, solver, min(FLOOR_LIMIT_S, 0.05 * time_limit_s))
-        solves += n
+        # the apps' own optima overrun the node: their bounds give each app a floor for free
+        # (``value_floor``); the latency-relaxed cores' fewest slices (a tighter bound, each
+        # within a small share of the time) run where those come near the node, and often prove
+        # at once that nothing fits
+        floors = [value_floor(part, f.points[0].bound, node, objective)
+                  for part, f in zip(parts, fronts, strict=True)] if VALUE_FLOORS else None
+        if floors is None or room[0] - CORE_FLOOR_MARGIN * n < sum(floors) <= room[0]:
+            core = floor_slices(parts, node, solver, min(FLOOR_LIMIT_S, 0.05 * time_limit_s))
+            floors = core if floors is None else [max(a, b) for a, b in zip(floors, core, strict=True)]
+            solves += n
         if sum(floors) > room[0]:
             return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
                           None, solves, "apart", ["the apps' fewest slices (latency relaxed) exceed "
@@ -389,7 +425,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         stage = "frontier"
         i = todo[0]
         k = budgets[i][0]
-        if k not in fronts[i].min_slots:
+        if SLOT_FLOORS and k not in fronts[i].min_slots:
             solves += 1
             floor = _min_slots(parts[i], node, solver, k,
                                left() if MIN_SLOTS_LIMIT_S is None else min(left(), MIN_SLOTS_LIMIT_S))
