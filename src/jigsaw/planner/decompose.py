@@ -55,17 +55,25 @@ from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import PackingError
 
 SCREEN_SHARE = 0.85  # the cores' floors are solved where their LP floors reach this share of the node
-FLOOR_LIMIT_S = 0.3  # each app's latency-relaxed slice floor (``floor_slices``): a quick screen
+# each app's latency-relaxed slice floor (``floor_slices``), a quick screen, stops after
+# FLOOR_NODES branch-and-bound nodes: a limit of work, so a busy machine gets the same floors
+# (the same search after them) as a quiet one. Its dual bound holds wherever it stops; on the
+# example apps every floor is proven at the root (traffic_analysis: 0.1-0.4 s there, where the
+# 0.3 s clock limit before gave 7 slices on one run and 8 on another). FLOOR_LIMIT_S is a guard
+# only (not the decision's share of its limit: a scaled search's later tests have little left).
+FLOOR_NODES = 16
+FLOOR_LIMIT_S = 2.0
 # each slot floor (``_min_slots``): its dual bound holds wherever it stops, so a short solve only
 # weakens it (None: the time left)
 MIN_SLOTS_LIMIT_S: float | None = FLOOR_LIMIT_S
 # HiGHS's presolve on the slot bound: off (traffic_analysis at 75-100% of the node: 0.13-0.34 s
 # against 0.33-0.78 s with it, mostly spent at the root node)
 MIN_SLOTS_PRESOLVE = False
-# the slot floors (``_min_slots``) before each frontier point: off. On the example node at
-# 75-90% they never ruled a budget out (every floor lay within the chosen budget's slots) and
-# took 0.26-0.39 s; a budget short of slots is proven infeasible by its own point's core as fast
-SLOT_FLOORS = False
+# the slot floors (``_min_slots``) before each frontier point. Measured on the example node
+# (loaded machine, medians of two): at 75% they ruled no budget out and cost 0.26 s; at 90% one
+# (traffic_analysis's (9, 10), whose own core took 0.39 s to prove infeasible). Off: 75% 1.58 s,
+# 90% 1.72 s; on: 1.74 s and 1.45 s. Kept on (as before).
+SLOT_FLOORS = True
 # after the apps' own optima overrun the node, their slice floors from those optima's bounds
 # (``value_floor``: free) stand in for the latency-relaxed cores' (0.3-0.4 s at 75-90%); the
 # cores' floors run only where the free ones come within ``CORE_FLOOR_MARGIN`` slices per app of
@@ -154,7 +162,8 @@ def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_
     md.cost = [0.0] * md.num_vars
     for c, v in zip(built.cols[0], built.count[0], strict=True):
         md.cost[v] = -float(size[c.mig_profile])
-    sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5, presolve=MIN_SLOTS_PRESOLVE)
+    sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5, presolve=MIN_SLOTS_PRESOLVE,
+                   max_nodes=FLOOR_NODES)
     if sol.status == "infeasible":
         return None
     dual = sol.dual_bound if not math.isnan(sol.dual_bound) else sol.bound
@@ -174,7 +183,8 @@ def floor_slices(parts: Sequence[joint.Part], node: Node, solver: str, time_limi
         md = joint.build([part], node, full=False, objective="slices").model
         if lp:
             md = dataclasses.replace(md, integer=[False] * md.num_vars)
-        sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5 * node.beta)
+        sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5 * node.beta,
+                       max_nodes=None if lp else FLOOR_NODES)
         if sol.status == "infeasible":
             out.append(math.inf)
             continue
@@ -299,7 +309,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     lp_floors = floor_slices(parts, node, solver, FLOOR_LIMIT_S, lp=True)
     if sum(lp_floors) >= SCREEN_SHARE * room[0]:
         screened = True
-        floors = floor_slices(parts, node, solver, min(FLOOR_LIMIT_S, 0.05 * time_limit_s))
+        floors = floor_slices(parts, node, solver, FLOOR_LIMIT_S)
         solves += n
         if sum(floors) > room[0]:
             alone = [parts[i].pb.app.name for i, f in enumerate(floors) if f > room[0]]
@@ -332,7 +342,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         floors = [value_floor(part, f.points[0].bound, node, objective)
                   for part, f in zip(parts, fronts, strict=True)] if VALUE_FLOORS else None
         if floors is None or room[0] - CORE_FLOOR_MARGIN * n < sum(floors) <= room[0]:
-            core = floor_slices(parts, node, solver, min(FLOOR_LIMIT_S, 0.05 * time_limit_s))
+            core = floor_slices(parts, node, solver, FLOOR_LIMIT_S)
             floors = core if floors is None else [max(a, b) for a, b in zip(floors, core, strict=True)]
             solves += n
         if sum(floors) > room[0]:
