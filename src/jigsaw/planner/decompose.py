@@ -150,6 +150,18 @@ class Result:
     stage: str  # apart | frontier | joint
     notes: list[str] = field(default_factory=list)
     floors: list[float] | None = None  # per app, the screen's fewest slices (when it ran)
+    # per app, what the decision proved about its budgets (``Known``): they hold at any larger
+    # demand too (a plan for more serves less), which the scaled search's next tests reuse
+    known: list[Known] | None = None
+
+
+@dataclass(frozen=True)
+class Known:
+    """Budgets of one app proven infeasible (no plan within those slices and slots) and its
+    slot floors per slice budget, at some demand: both hold at every larger demand."""
+
+    infeasible: tuple[Usage, ...] = ()
+    min_slots: tuple[tuple[int, int], ...] = ()
 
 
 def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_limit_s: float
@@ -254,7 +266,8 @@ def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
 
 def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
           objective: str, pack: Packer, absolute_gap: float | None = None,
-          start: Sequence[Plan | None] | None = None, first_fit: bool = False) -> Result:
+          start: Sequence[Plan | None] | None = None, first_fit: bool = False,
+          known: Sequence[Known | None] | None = None) -> Result:
     """The node decision over ``parts`` (see the module doc); ``pack`` lays out a choice of plans.
 
     ``start``: per app, a verified plan at its demand (e.g. ``quick_plan_node``'s) that each
@@ -262,15 +275,31 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     ``first_fit``: a test of whether the demands fit at all (the scaled search's): the first
     choice of the plans computed that packs together is the answer (``feasible``, or ``optimal``
     where the bound proves it), without going on to the best choice; ``infeasible`` is proven
-    as before.
+    as before. ``known``: per app, what an earlier decision at a smaller demand proved
+    (``Result.known``): its infeasible budgets and slot floors hold here too.
     """
     t0 = time.perf_counter()
+    fronts = [_Frontier() for _ in parts]
+    for f, kn in zip(fronts, known or [None] * len(parts), strict=True):
+        if kn is not None:
+            f.infeasible.extend(kn.infeasible)
+            f.min_slots.update(kn.min_slots)
+    res = _solve(parts, node, solver=solver, time_limit_s=time_limit_s, objective=objective,
+                 pack=pack, absolute_gap=absolute_gap, start=start, first_fit=first_fit,
+                 fronts=fronts, t0=t0)
+    res.known = [Known(tuple(f.infeasible), tuple(sorted(f.min_slots.items()))) for f in fronts]
+    return res
+
+
+def _solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
+           objective: str, pack: Packer, absolute_gap: float | None, start: Sequence[Plan | None] | None,
+           first_fit: bool, fronts: list[_Frontier], t0: float) -> Result:
+    """``solve``'s body over the apps' frontiers (seeded with what is known)."""
     n = len(parts)
     gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
     delta = gap_abs / n  # each app's share of the stopping gap, where a proof needs it
     total_weight = sum(p.weight for p in parts) or 1.0
     room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
-    fronts = [_Frontier() for _ in parts]
     solves = 0
 
     def left() -> float:

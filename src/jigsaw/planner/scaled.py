@@ -72,8 +72,9 @@ _STEP_DOWN = 0.92  # a first test that fails: the next one this much lower (see 
 _STEP_NEAR = 0.98
 # the search stops after this many tests (a limit of work: the same fraction on a busy machine
 # as on a quiet one; the clock, ``time_limit_s``, only guards it). The example node at 100-150%
-# of its capacity needs 2-5 tests.
-MAX_TESTS = 8
+# of its capacity needs 2-5 tests; one GPU (7 slices: the floors' integer steps are coarse) 8-12.
+MAX_TESTS = 16
+REUSE_PROOFS = True  # each test starts from what the tests below it proved (``known_below``)
 STEP_RULE = "floors"  # ``floors``: ``_step_down``; ``fixed``: always ``_STEP_DOWN`` (as before)
 USE_BOUND = False  # ``max_scale(use_bound=None)``'s default (see the module doc: measured slower)
 BOUND_LIMIT_S = 6.0  # the bound's solve (``theta_bound``) at most this long (or half the limit)
@@ -143,21 +144,25 @@ def scale_plan(plan: Plan, factor: float) -> Plan:
     return out
 
 
-def _step_down(guess: float, floors: Sequence[float] | None, slices: int) -> float:
-    """The next test below a refuted ``guess`` while nothing is served yet.
+def _step_down(guess: float, floors: Sequence[float] | None, slices: int, falls: int = 1) -> float:
+    """The next test below a refuted ``guess`` while nothing is served yet (``falls``: the
+    refuted tests in a row, this one included).
 
     Why: a test the floors refute (their sum exceeds the node's ``slices``) says by how much:
-    the next one is in proportion (at least ``_STEP_NEAR`` lower). A test that needed the
-    frontier search to refute it had floors within the node, so theta* lies close below
+    the next one is in proportion (at least the near step lower). A test that needed the
+    frontier search to refute it had floors within the node, so theta* usually lies close below
     (100% of the example node: refuted at 93.3%, theta* 91.6%): ``_STEP_NEAR`` lower, where the
-    fixed 8% step landed at 85.9% and three more tests climbed back.
+    fixed 8% step landed at 85.9% and three more tests climbed back. Each refutation in a row
+    doubles the near step (0.98, 0.96, 0.92, ...): a guess far above theta* still comes down in
+    a few tests.
     """
     if STEP_RULE == "fixed":
         return guess * _STEP_DOWN
+    near = _STEP_NEAR ** (2 ** (max(falls, 1) - 1))
     need = sum(min(f, slices + 1) for f in floors) if floors is not None else 0.0
     if need > slices:
-        return guess * min(_STEP_NEAR, slices / need)
-    return guess * _STEP_NEAR
+        return guess * min(near, slices / need)
+    return guess * near
 
 
 def _between(lo: float, hi: float, tolerance: float) -> float:
@@ -229,10 +234,23 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
             guess = hi / (1 + tolerance)
             near = _NEAR_STEPS
     climbs = 0  # feasible tests in a row
+    falls = 0  # refuted tests in a row before any served
+    # what each test proved about the apps' budgets, by its theta: a test at a larger theta
+    # starts from those of the largest theta below it (``decompose.Known``; a plan for more
+    # serves less, so infeasible budgets and slot floors carry up)
+    learned: dict[float, list[decompose.Known]] = {}
+
+    def known_below(theta: float) -> list[decompose.Known] | None:
+        below = [t for t in learned if t <= theta]
+        return learned[max(below)] if below and REUSE_PROOFS else None
+
     while hi > lo * (1 + tolerance) and left() > 0 and tests < MAX_TESTS:
         tests += 1
         d = decompose.solve(at(guess), node, solver=solver, time_limit_s=max(left(), 0.05),
-                            objective="slices", pack=pack, first_fit=FIRST_FIT)
+                            objective="slices", pack=pack, first_fit=FIRST_FIT,
+                            known=known_below(guess))
+        if d.known is not None:
+            learned[guess] = d.known
         if d.status in ("optimal", "feasible") and d.layout is not None and \
                 all(p is not None for p in d.plans):
             got = [p for p in d.plans if p is not None]
@@ -269,7 +287,8 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
                 near -= 1
                 guess = guess / (1 + tolerance)
             else:
-                guess = _step_down(guess, d.floors, node.slices_available)
+                falls += 1
+                guess = _step_down(guess, d.floors, node.slices_available, falls)
             if lo > 0 and guess >= hi:
                 break
         else:  # no decision within the time: the best found stands, unproven above it
