@@ -46,8 +46,13 @@ and 9.9 s without. On one GPU (two apps) it pays: 3.8 s against 7.2 s, 1.6 s aga
 Without a bound (not asked for, or it gave none), the first test is the demands' floors scaled
 to the node: each app's fewest slices at its full demand in the latency-relaxed core
 (``decompose.floor_slices``; the decision at the full demands computed them), and theta = the
-node's slices / their sum. A first test that fails steps down in proportion. Each test screens
-itself by those floors first (``decompose.solve``). Pure: the result depends only on the inputs
+node's slices / their sum. A first test that fails steps down (``_step_down``): in proportion
+to the floors' overshoot where the floors refuted it, else (the frontier search refuted it:
+theta* lies close below) by 2%, the step doubling with each refutation in a row. Each test
+screens itself by those floors first (``decompose.solve``) and starts from what the tests below
+it proved (infeasible budgets and slot floors carry up to larger demands: ``decompose.Known``).
+The search stops after ``MAX_TESTS`` tests (a limit of work; the clock only guards it), so its
+answer does not depend on how busy the machine is. Pure: the result depends only on the inputs
 (and the solver's answers within the limit).
 """
 
