@@ -95,3 +95,17 @@ def test_the_free_floor_from_an_apps_bound_is_below_its_fewest_slices(one_gpu, o
         assert 1 <= got <= fewest.plans[0].slices_used, name
         if objective == "slices":  # its own bound, up to the stopping gap (half a slice) above
             assert got >= fewest.plans[0].slices_used - 1, name
+
+
+def test_a_budget_solved_again_is_known_by_its_better_plan() -> None:
+    from jigsaw.plan import Plan
+
+    def point(value: float, bound: float) -> decompose._Point:
+        return decompose._Point((8, 10), Plan.__new__(Plan), value, bound, (8, 10))
+
+    front = decompose._Frontier()
+    first, again = point(0.666, 0.68), point(0.6768, 0.68)
+    front.points += [first, again]
+    # the second solve (to a smaller gap) found the better plan: the decision builds on it
+    assert front.known((8, 10)) is again
+    assert front.known((8, 12)) is None  # beyond both budgets: not known
