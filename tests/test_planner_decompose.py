@@ -80,3 +80,32 @@ def test_unknown_node_formulation_is_a_plan_error(one_gpu) -> None:
     node, profiles = one_gpu
     with pytest.raises(PlanError, match="formulation"):
         plan_node([node.app("social_media")], node, profiles, {"social_media": 10.0}, formulation="magic")
+
+
+@pytest.mark.parametrize("objective", ["accuracy", "slices"])
+def test_the_free_floor_from_an_apps_bound_is_below_its_fewest_slices(one_gpu, objective) -> None:
+    node, profiles = one_gpu
+    for name, demand in (("traffic_analysis", 300.0), ("ar_assistant", 150.0), ("social_media", 1500.0)):
+        part = joint.Part(make_problem(node.app(name), node, profiles, search_space("ast"), None), demand)
+        own = joint.solve([part], node, solver="highs", time_limit_s=60, objective=objective)
+        fewest = joint.solve([part], node, solver="highs", time_limit_s=60, objective="slices")
+        assert own.status == "optimal" and fewest.status == "optimal", name
+        got = decompose.value_floor(part, own.bound, node, objective)
+        # a lower bound on every plan's slices (the fewest plan's too), and not a trivial one
+        assert 1 <= got <= fewest.plans[0].slices_used, name
+        if objective == "slices":  # its own bound, up to the stopping gap (half a slice) above
+            assert got >= fewest.plans[0].slices_used - 1, name
+
+
+def test_a_budget_solved_again_is_known_by_its_better_plan() -> None:
+    from jigsaw.plan import Plan
+
+    def point(value: float, bound: float) -> decompose._Point:
+        return decompose._Point((8, 10), Plan.__new__(Plan), value, bound, (8, 10))
+
+    front = decompose._Frontier()
+    first, again = point(0.666, 0.68), point(0.6768, 0.68)
+    front.points += [first, again]
+    # the second solve (to a smaller gap) found the better plan: the decision builds on it
+    assert front.known((8, 10)) is again
+    assert front.known((8, 12)) is None  # beyond both budgets: not known

@@ -158,3 +158,55 @@ def test_a_controller_replan_above_capacity_gets_the_scaled_plan(one_gpu) -> Non
         assert p.max_demand_plan and p.instances
         assert p.planned_rps == pytest.approx(got.demand_scale * demands[name], rel=1e-6)
         assert verify_plan(p, node.app(name), node, profiles) == [], name
+
+
+def test_a_refuted_test_steps_down_by_the_floors_overshoot_or_a_little() -> None:
+    # the floors refuted it (30 slices on 28): in proportion; the frontier did: 2% lower
+    assert scaled._step_down(0.9, [10.0, 10.0, 10.0], 28) == pytest.approx(0.9 * 28 / 30)
+    assert scaled._step_down(0.9, [9.0, 9.0, 9.0], 28) == pytest.approx(0.9 * scaled._STEP_NEAR)
+    assert scaled._step_down(0.9, None, 28) == pytest.approx(0.9 * scaled._STEP_NEAR)
+    # a floors' overshoot of less than the near step still steps at least that far
+    assert scaled._step_down(0.9, [50.0, 51.0], 100) == pytest.approx(0.9 * scaled._STEP_NEAR)
+    # refuted again and again: the step doubles
+    assert scaled._step_down(0.9, None, 28, falls=3) == pytest.approx(0.9 * scaled._STEP_NEAR ** 4)
+
+
+def test_the_search_stops_after_its_test_count_and_says_so(one_gpu, monkeypatch) -> None:
+    node, profiles = one_gpu
+    names, demands = ("social_media", "traffic_analysis"), (1500.0, 400.0)
+    parts = _parts(node, profiles, names, demands)
+
+    def search():
+        return scaled.max_scale(parts, node, solver="highs", time_limit_s=60,
+                                pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None))
+
+    full = search()
+    assert full.status == "proven" and full.tests >= 2
+    monkeypatch.setattr(scaled, "MAX_TESTS", 1)
+    one = search()
+    assert one.tests == 1
+    # one test cannot prove the fraction: whatever it served is a bound, labelled so
+    assert one.status in ("bound", "none")
+    assert any("after 1 tests" in n for n in one.notes)
+
+
+def test_proofs_carried_from_a_smaller_demand_give_the_same_decision(one_gpu) -> None:
+    from jigsaw.planner import decompose
+
+    node, profiles = one_gpu
+    names = ("social_media", "traffic_analysis")
+    pack = lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None)  # noqa: E731
+    low = decompose.solve(_parts(node, profiles, names, (1500.0, 380.0)), node, solver="highs",
+                          time_limit_s=60, objective="slices", pack=pack, first_fit=True)
+    assert low.known is not None and len(low.known) == 2
+    high = _parts(node, profiles, names, (1500.0, 400.0))
+    plain = decompose.solve(high, node, solver="highs", time_limit_s=60, objective="slices", pack=pack,
+                            first_fit=True)
+    seeded = decompose.solve(high, node, solver="highs", time_limit_s=60, objective="slices",
+                             pack=pack, first_fit=True, known=low.known)
+    assert seeded.status == plain.status
+    if plain.status != "infeasible":
+        assert seeded.objective == pytest.approx(plain.objective, abs=node.absolute_gap)
+    # what the larger demand proved includes what the smaller one did
+    for a, b in zip(low.known, seeded.known, strict=True):
+        assert set(a.infeasible) <= set(b.infeasible)

@@ -33,8 +33,13 @@ bound alone.
 
 A spike is screened first: each app's fewest slices in the latency-relaxed core (a relaxation:
 a floor on any plan's slices; its LP in milliseconds, the core itself only where the LP floors
-come near the node, or where the own optima overrun it) proves ``infeasible`` when the floors
-exceed the node, and rules out every budget below an app's floor without a solve.
+come near the node) proves ``infeasible`` when the floors exceed the node, and rules out every
+budget below an app's floor without a solve. Where the LP floors do not come near the node but
+the apps' own optima overrun it, each own optimum's bound gives its app a floor for free
+(``value_floor``: accuracy is at least the SLO, so more value than the bound needs fewer
+slices than it allows); the cores' floors run after them only where the free ones come within
+``CORE_FLOOR_MARGIN`` slices per app of the node (0, the default: never).
+Every floor's solve stops after a node count (``FLOOR_NODES``), not at a share of the clock.
 """
 
 from __future__ import annotations
@@ -55,13 +60,33 @@ from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import PackingError
 
 SCREEN_SHARE = 0.85  # the cores' floors are solved where their LP floors reach this share of the node
-FLOOR_LIMIT_S = 0.3  # each app's latency-relaxed slice floor (``floor_slices``): a quick screen
+# each app's latency-relaxed slice floor (``floor_slices``), a quick screen, stops after
+# FLOOR_NODES branch-and-bound nodes: a limit of work, so a busy machine gets the same floors
+# (the same search after them) as a quiet one. Its dual bound holds wherever it stops; on the
+# example apps every floor is proven at the root (traffic_analysis: 0.1-0.4 s there, where the
+# 0.3 s clock limit before gave 7 slices on one run and 8 on another). FLOOR_LIMIT_S is a guard
+# only (not the decision's share of its limit: a scaled search's later tests have little left).
+FLOOR_NODES = 16
+FLOOR_LIMIT_S = 2.0
 # each slot floor (``_min_slots``): its dual bound holds wherever it stops, so a short solve only
 # weakens it (None: the time left)
 MIN_SLOTS_LIMIT_S: float | None = FLOOR_LIMIT_S
 # HiGHS's presolve on the slot bound: off (traffic_analysis at 75-100% of the node: 0.13-0.34 s
 # against 0.33-0.78 s with it, mostly spent at the root node)
 MIN_SLOTS_PRESOLVE = False
+# the slot floors (``_min_slots``) before each frontier point. Measured on the example node
+# (loaded machine, medians of two): at 75% they ruled no budget out and cost 0.26 s; at 90% one
+# (traffic_analysis's (9, 10), whose own core took 0.39 s to prove infeasible). Off: 75% 1.58 s,
+# 90% 1.72 s; on: 1.74 s and 1.45 s. Kept on (as before).
+SLOT_FLOORS = True
+# after the apps' own optima overrun the node, their slice floors from those optima's bounds
+# (``value_floor``: free) stand in for the latency-relaxed cores' (0.3-0.4 s at 75-90%); the
+# cores' floors run only where the free ones come within ``CORE_FLOOR_MARGIN`` slices per app of
+# the node without exceeding it (where they may prove that nothing fits). At 90% of the example
+# node the free floors are 9, 9, 9 slices against the cores' 9, 9, 10 (28 on 28 slices: no
+# proof either way), so a margin of 1 ran the cores for 0.3-0.4 s to no effect: 0, never
+VALUE_FLOORS = True
+CORE_FLOOR_MARGIN = 0
 FIRST_FIT_TRIES = 6  # ``solve(first_fit=True)``: packings tried per new point
 Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plans do not fit together
 
@@ -104,11 +129,17 @@ class _Frontier:
     min_slots: dict[int, int] = field(default_factory=dict)  # k -> no plan on <= k slices has fewer
 
     def known(self, b: Usage) -> _Point | None:
-        """A solved point whose plan is optimal for budget b (its usage <= b <= its budget)."""
+        """The best solved point whose plan is optimal for budget b (its usage <= b <= its
+        budget): of the highest value, then the tightest bound. Why the best and not the first:
+        a point solved again to a smaller gap is added beside the first solve's, often with a
+        better plan (60% of the example node: the first points chosen again and again left the
+        node 0.008 short of its proof, and the joint model ran 5 s, unproven, at the end)."""
+        best: _Point | None = None
         for p in self.points:
-            if p.plan is not None and p.used[0] <= b[0] <= p.budget[0] and p.used[1] <= b[1] <= p.budget[1]:
-                return p
-        return None
+            if p.plan is not None and p.used[0] <= b[0] <= p.budget[0] and p.used[1] <= b[1] <= p.budget[1] \
+                    and (best is None or (p.value, -p.bound) > (best.value, -best.bound)):
+                best = p
+        return best
 
     def upper(self, b: Usage) -> float:
         """An upper bound on g(b): g is nondecreasing in b, so the bound of any budget >= b."""
@@ -132,6 +163,18 @@ class Result:
     stage: str  # apart | frontier | joint
     notes: list[str] = field(default_factory=list)
     floors: list[float] | None = None  # per app, the screen's fewest slices (when it ran)
+    # per app, what the decision proved about its budgets (``Known``): they hold at any larger
+    # demand too (a plan for more serves less), which the scaled search's next tests reuse
+    known: list[Known] | None = None
+
+
+@dataclass(frozen=True)
+class Known:
+    """Budgets of one app proven infeasible (no plan within those slices and slots) and its
+    slot floors per slice budget, at some demand: both hold at every larger demand."""
+
+    infeasible: tuple[Usage, ...] = ()
+    min_slots: tuple[tuple[int, int], ...] = ()
 
 
 def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_limit_s: float
@@ -144,7 +187,8 @@ def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_
     md.cost = [0.0] * md.num_vars
     for c, v in zip(built.cols[0], built.count[0], strict=True):
         md.cost[v] = -float(size[c.mig_profile])
-    sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5, presolve=MIN_SLOTS_PRESOLVE)
+    sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5, presolve=MIN_SLOTS_PRESOLVE,
+                   max_nodes=FLOOR_NODES)
     if sol.status == "infeasible":
         return None
     dual = sol.dual_bound if not math.isnan(sol.dual_bound) else sol.bound
@@ -164,7 +208,8 @@ def floor_slices(parts: Sequence[joint.Part], node: Node, solver: str, time_limi
         md = joint.build([part], node, full=False, objective="slices").model
         if lp:
             md = dataclasses.replace(md, integer=[False] * md.num_vars)
-        sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5 * node.beta)
+        sol = md.solve(joint.stage_solver(solver), time_limit_s, 0.5 * node.beta,
+                       max_nodes=None if lp else FLOOR_NODES)
         if sol.status == "infeasible":
             out.append(math.inf)
             continue
@@ -172,6 +217,26 @@ def floor_slices(parts: Sequence[joint.Part], node: Node, solver: str, time_limi
         out.append(0.0 if math.isnan(dual) or not math.isfinite(dual)
                    else float(max(0, math.ceil(-dual / node.beta - 0.5 - 1e-9))))
     return out
+
+
+def value_floor(part: joint.Part, bound: float, node: Node, objective: str) -> float:
+    """A lower bound on the slices of any plan of ``part`` at its demand, from ``bound`` (an upper
+    bound on its objective term, ``joint.part_value``, over all its plans on the node).
+
+    Why: it is free once the app's own optimum is solved. ``accuracy``: a plan's term is
+    alpha x weight x accuracy - beta x slices, and its accuracy is at least the app's accuracy
+    SLO (the PAS row) and at least its worst lane's, so slices >= (alpha x weight x that - bound)
+    / beta. ``slices``: the accuracy tie-break is below beta / 2, so slices >= -bound / beta - 1/2.
+    """
+    if not math.isfinite(bound):
+        return 0.0
+    beta = node.beta
+    if objective == "slices":
+        return float(max(0, math.ceil(-bound / beta - 0.5 - 1e-9)))
+    app = part.pb.app
+    slo = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
+    acc_lo = max(slo, min(part.pb.lane_acc, default=0.0))
+    return float(max(0, math.ceil((node.planner.alpha * part.weight * acc_lo - bound) / beta - 1e-7)))
 
 
 def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
@@ -214,7 +279,8 @@ def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
 
 def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
           objective: str, pack: Packer, absolute_gap: float | None = None,
-          start: Sequence[Plan | None] | None = None, first_fit: bool = False) -> Result:
+          start: Sequence[Plan | None] | None = None, first_fit: bool = False,
+          known: Sequence[Known | None] | None = None) -> Result:
     """The node decision over ``parts`` (see the module doc); ``pack`` lays out a choice of plans.
 
     ``start``: per app, a verified plan at its demand (e.g. ``quick_plan_node``'s) that each
@@ -222,15 +288,31 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     ``first_fit``: a test of whether the demands fit at all (the scaled search's): the first
     choice of the plans computed that packs together is the answer (``feasible``, or ``optimal``
     where the bound proves it), without going on to the best choice; ``infeasible`` is proven
-    as before.
+    as before. ``known``: per app, what an earlier decision at a smaller demand proved
+    (``Result.known``): its infeasible budgets and slot floors hold here too.
     """
     t0 = time.perf_counter()
+    fronts = [_Frontier() for _ in parts]
+    for f, kn in zip(fronts, known or [None] * len(parts), strict=True):
+        if kn is not None:
+            f.infeasible.extend(kn.infeasible)
+            f.min_slots.update(kn.min_slots)
+    res = _solve(parts, node, solver=solver, time_limit_s=time_limit_s, objective=objective,
+                 pack=pack, absolute_gap=absolute_gap, start=start, first_fit=first_fit,
+                 fronts=fronts, t0=t0)
+    res.known = [Known(tuple(f.infeasible), tuple(sorted(f.min_slots.items()))) for f in fronts]
+    return res
+
+
+def _solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
+           objective: str, pack: Packer, absolute_gap: float | None, start: Sequence[Plan | None] | None,
+           first_fit: bool, fronts: list[_Frontier], t0: float) -> Result:
+    """``solve``'s body over the apps' frontiers (seeded with what is known)."""
     n = len(parts)
     gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
     delta = gap_abs / n  # each app's share of the stopping gap, where a proof needs it
     total_weight = sum(p.weight for p in parts) or 1.0
     room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
-    fronts = [_Frontier() for _ in parts]
     solves = 0
 
     def left() -> float:
@@ -269,7 +351,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     lp_floors = floor_slices(parts, node, solver, FLOOR_LIMIT_S, lp=True)
     if sum(lp_floors) >= SCREEN_SHARE * room[0]:
         screened = True
-        floors = floor_slices(parts, node, solver, min(FLOOR_LIMIT_S, 0.05 * time_limit_s))
+        floors = floor_slices(parts, node, solver, FLOOR_LIMIT_S)
         solves += n
         if sum(floors) > room[0]:
             alone = [parts[i].pb.app.name for i, f in enumerate(floors) if f > room[0]]
@@ -295,10 +377,16 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         fronts[i].points.append(p)
     tops = [f.points[0].used for f in fronts]
     if not screened and any(sum(t[r] for t in tops) > room[r] for r in (0, 1)):
-        # the apps' own optima overrun the node: the latency-relaxed cores' fewest slices (a
-        # bound, each within a small share of the time) often prove at once that nothing fits
-        floors = floor_slices(parts, node, solver, min(FLOOR_LIMIT_S, 0.05 * time_limit_s))
-        solves += n
+        # the apps' own optima overrun the node: their bounds give each app a floor for free
+        # (``value_floor``); the latency-relaxed cores' fewest slices (a tighter bound, each
+        # within a small share of the time) run where those come near the node, and often prove
+        # at once that nothing fits
+        floors = [value_floor(part, f.points[0].bound, node, objective)
+                  for part, f in zip(parts, fronts, strict=True)] if VALUE_FLOORS else None
+        if floors is None or room[0] - CORE_FLOOR_MARGIN * n < sum(floors) <= room[0]:
+            core = floor_slices(parts, node, solver, FLOOR_LIMIT_S)
+            floors = core if floors is None else [max(a, b) for a, b in zip(floors, core, strict=True)]
+            solves += n
         if sum(floors) > room[0]:
             return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
                           None, solves, "apart", ["the apps' fewest slices (latency relaxed) exceed "
@@ -381,6 +469,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
                     # own gap test above the target): solving it again would repeat this solve
                     tight.update((id(p), id(q)))
                 if p.plan is not None and p.plan is not q.plan:
+                    p.bound = min(p.bound, q.bound)  # the same budget: both bounds hold for it
                     fronts[i].points.append(p)
             continue
         if time.perf_counter() - t0 > time_limit_s:
@@ -389,7 +478,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         stage = "frontier"
         i = todo[0]
         k = budgets[i][0]
-        if k not in fronts[i].min_slots:
+        if SLOT_FLOORS and k not in fronts[i].min_slots:
             solves += 1
             floor = _min_slots(parts[i], node, solver, k,
                                left() if MIN_SLOTS_LIMIT_S is None else min(left(), MIN_SLOTS_LIMIT_S))

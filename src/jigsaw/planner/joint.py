@@ -97,6 +97,19 @@ GRID_SOLVES = 3
 # 7-10 (the split's solve takes 97 nodes, 0.8 s there); with the node limit it is proven in 2 s
 GRID_SOLVE_NODES: int | None = 200
 GRID_SOLVE_SHARE = 0.2
+# The grid's solves go in two passes: first each of the GRID_SOLVES splits for GRID_FIRST_NODES
+# node(s) (the root and its heuristics), then those not finished for GRID_SOLVE_NODES. Why:
+# the LP ranks first a split whose integer optimum is worse (ar_assistant at 80%: 97 nodes to
+# prove 0.108, where the second split's root already holds the optimum's 0.1315, proven by the
+# bound); a root pass finds such an incumbent before any split's long search. None: one pass.
+GRID_FIRST_NODES: int | None = 1
+# The bound as an objective cut in the grid's solves: off. HiGHS took 0.7-1.1 s on that second
+# split with the cut (5 nodes) and 0.2-0.34 s without it (the root); a grid solve's answer is
+# checked against the bound all the same (``_result``).
+GRID_CUT = False
+# HiGHS's presolve in the grid's solves: off (the two splits above: 0.76-0.84 s and 0.29 s at
+# their root without it, 1.26-1.45 s and 0.46 s with it, on a loaded machine)
+GRID_PRESOLVE = False
 
 
 def grid_caps(pb: Problem, steps: int = GRID_STEPS) -> list[dict[str, float]]:
@@ -878,9 +891,13 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             None if cols is not None else candidate_levels(parts[i].pb, need, caps[i] or {})
             for i, (cols, need) in enumerate(lifts)]
         def restrict(built: _Built, stage: str, how: str | None = None,
-                     limit_s: float | None = None, max_nodes: int | None = None) -> JointResult | None:
-            """Solve a restriction of the full model (every plan it finds is feasible)."""
-            if math.isfinite(ub):
+                     limit_s: float | None = None, max_nodes: int | None = None,
+                     cut: bool = True, finished: list[bool] | None = None,
+                     presolve: bool = True) -> JointResult | None:
+            """Solve a restriction of the full model (every plan it finds is feasible).
+            ``finished``: appended whether the solve ended before ``max_nodes`` (its own
+            optimum or infeasibility proven: another try would repeat it)."""
+            if cut and math.isfinite(ub):
                 # the relaxations' optimum bounds every restriction: with it as a cut the
                 # solver stops once its incumbent is within the gap of that bound
                 _objective_cut(built.model, ub)
@@ -888,7 +905,10 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             if limit_s is not None:
                 left = min(left, limit_s)
             rsol = built.model.solve(how or solver, left, gap_abs, relative_gap=rel_gap,
-                                     max_nodes=max_nodes)
+                                     max_nodes=max_nodes, presolve=presolve)
+            if finished is not None:
+                finished.append(rsol.status in ("optimal", "infeasible") and
+                                (max_nodes is None or rsol.nodes < max_nodes))
             if not rsol.has_incumbent:
                 return None
             rl = [_lift(built, rsol.values, i) for i in range(len(parts))]
@@ -945,19 +965,34 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                                                   time.perf_counter() - t_grid > GRID_SHARE * time_limit_s):
                     break
             ranked.sort(key=lambda x: -x[0])
-            for _, cap in ranked[:GRID_SOLVES]:
-                if time.perf_counter() - t0 > 0.5 * time_limit_s:
-                    break
-                cand = [None] * len(parts)
-                cand[i] = cap
-                got = restrict(build(parts, node, full=False, caps=cand, **shape), "grid",
-                               SPLIT_SOLVER or solver, GRID_SOLVE_SHARE * time_limit_s,
-                               GRID_SOLVE_NODES)
-                if got is not None:
-                    best = _better(best, got)
-                    prove(0.1 * time_limit_s)
-                    if best.status == "optimal":
-                        return
+            todo = [cap for _, cap in ranked[:GRID_SOLVES]]
+            passes: list[int | None] = [GRID_SOLVE_NODES]
+            if GRID_FIRST_NODES is not None and \
+                    (GRID_SOLVE_NODES is None or GRID_FIRST_NODES < GRID_SOLVE_NODES):
+                passes.insert(0, GRID_FIRST_NODES)
+            for nodes in passes:
+                left_todo = []
+                for cap in todo:
+                    if time.perf_counter() - t0 > 0.5 * time_limit_s:
+                        break
+                    cand = [None] * len(parts)
+                    cand[i] = cap
+                    finished: list[bool] = []
+                    got = restrict(build(parts, node, full=False, caps=cand, **shape), "grid",
+                                   SPLIT_SOLVER or solver, GRID_SOLVE_SHARE * time_limit_s,
+                                   nodes, cut=GRID_CUT, finished=finished, presolve=GRID_PRESOLVE)
+                    if not all(finished):
+                        left_todo.append(cap)
+                    if got is not None:
+                        best = _better(best, got)
+                        if best.status == "optimal":
+                            return
+                        # within the gap of a plan-free core? (ar_assistant at 90%: the first
+                        # split's root, then this, proves it; the other splits are not solved)
+                        prove(0.1 * time_limit_s)
+                        if best.status == "optimal":
+                            return
+                todo = left_todo
 
         if not capacity_mode:
             try_grid(lifts)

@@ -458,17 +458,26 @@ def _capacity(pb: Problem, solver: str, limit: float, max_rps: float | None = No
     return _Cap(r, word, secs, model.extract(pb, r, r, word, secs), float(bound))
 
 
+# ``capacity``'s default time limit (at least the node's planning limit): a capacity is an offline
+# figure, and a proven one is the same on every run. ar_assistant's full capacity model is proven
+# at CBC's root: 12.4 s at load 10 on the 2-core machine, so the node's 10 s stopped it at
+# 862.94 rps ("feasible", a lower bound), where a quiet run proves 863.68.
+CAPACITY_TIME_LIMIT_S = 60.0
+
+
 def capacity(app: App, node: Node, profiles: ProfileTable, *, space: str | SearchSpace | None = None,
              time_limit_s: float | None = None, factors: Factors | None = None,
              solver: str | None = None, formulation: str | None = None) -> Capacity:
     """Maximum serviceable demand (root requests/s) and the cheapest plan that serves it.
 
     ``status`` is ``optimal`` when the maximum is proven; otherwise ``max_demand_rps`` is the
-    best found (a lower bound) and ``upper_bound_rps`` the solver's bound.
+    best found (a lower bound) and ``upper_bound_rps`` the solver's bound. ``time_limit_s``
+    defaults to the node's planning limit or ``CAPACITY_TIME_LIMIT_S``, whichever is longer.
     """
     form = _check_formulation(formulation or node.planner.formulation)
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
-    limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
+    limit = time_limit_s if time_limit_s is not None else \
+        max(node.planner.time_limit_s, CAPACITY_TIME_LIMIT_S)
     solver = solver or node.planner.solver
     t0 = time.perf_counter()
     pb = _problem(app, node, profiles, sp, factors)
