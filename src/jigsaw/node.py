@@ -181,6 +181,12 @@ class ControlSettings:
     # a drain-first (control/controller.py _deploy): without it a spike's plan stayed until a
     # smaller plan happened to fit beside it; 0 (default): never (drain_first_when_holding decides)
     shrink_drain_min_slices: int = 0
+    # a re-plan the node needs (a running plan does not hold its demand) deploys first whichever
+    # of its quick and exact plans starts fewer processes (the quick one keeps the running plans
+    # and adds instances: a spike's exact plan restarted every process, 5-17 s to its switch), and
+    # the other waits for the next bin's re-plan (control/controller.py); false: the exact plan
+    # when it is in within the patience
+    fewest_starts_first: bool = True
 
 
 @dataclass(frozen=True)
@@ -360,6 +366,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         drain_first_wait_slo=c.number("drain_first_wait_slo", 0.25, low=0, high=1),
         cut_drains_when_needed=c.bool("cut_drains_when_needed", False),
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
+        fewest_starts_first=c.bool("fewest_starts_first", True),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),
