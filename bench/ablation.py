@@ -58,8 +58,6 @@ MECHANISMS = {
     "short_drain_first": "control.drain_first_wait_slo=1",
     # the predictor's mean leaves out the bins of spikes that have ended
     "ended_spikes_skipped": "control.skip_ended_spikes=false",
-    # a needed re-plan switches first on whichever of its quick and exact plans starts fewer processes
-    "fewest_starts_first": "control.fewest_starts_first=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
@@ -78,6 +76,8 @@ OPTIONAL = {
     # a needed re-plan waits drain_first_wait_slo of the SLO for the drains in its way, then cuts
     # them (off by default since alternating pairs measured more violations on)
     "needed_drain_cut": "control.cut_drains_when_needed=true",
+    # a needed re-plan switches first on whichever of its quick and exact plans starts fewer processes
+    "fewest_starts_first": "control.fewest_starts_first=true",
 }
 # wall rates are demand / time scale: social_media's capacity is about 4x traffic_analysis's, so its
 # client needs a larger scale to keep its schedule on a 2-core machine

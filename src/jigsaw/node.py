@@ -184,9 +184,11 @@ class ControlSettings:
     # a re-plan the node needs (a running plan does not hold its demand) deploys first whichever
     # of its quick and exact plans starts fewer processes (the quick one keeps the running plans
     # and adds instances: a spike's exact plan restarted every process, 5-17 s to its switch), and
-    # the other waits for the next bin's re-plan (control/controller.py); false: the exact plan
-    # when it is in within the patience
-    fewest_starts_first: bool = True
+    # the other waits for the next bin's re-plan (control/controller.py); false (default: one
+    # alternating pair per app of peak-window replays measured no gain, bench/README.md, and more
+    # refused re-plans: the quick plan's added instances often need slots that still drain): the
+    # exact plan when it is in within the patience
+    fewest_starts_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -366,7 +368,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         drain_first_wait_slo=c.number("drain_first_wait_slo", 0.25, low=0, high=1),
         cut_drains_when_needed=c.bool("cut_drains_when_needed", False),
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
-        fewest_starts_first=c.bool("fewest_starts_first", True),
+        fewest_starts_first=c.bool("fewest_starts_first", False),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),

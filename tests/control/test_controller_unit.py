@@ -829,5 +829,5 @@ def test_a_needed_replan_switches_first_on_the_plan_that_starts_fewer_processes(
             if first == 2:
                 assert entry["quick"]["fewer_starts"]
                 assert entry["exact"]["skipped"] == "fewest_starts_first"
-        assert load_node(NODE).control.fewest_starts_first  # on by default
+        assert not load_node(NODE).control.fewest_starts_first  # off by default
     asyncio.run(go())

@@ -35,7 +35,7 @@ every quick plan first (for tests and ablations); ``off`` waits for the exact pl
 node needs whose exact plan is in first still switches on the quick plan when that one starts
 fewer worker processes (it keeps the running plans and adds instances; starting processes, not
 solving, is what a spike's switch waits for), and the exact plan waits for the next bin's re-plan
-(``control.fewest_starts_first``). Both are
+(``control.fewest_starts_first``, off by default: its replay pairs measured no gain). Both are
 recorded in the bin records (``replans``) and counted in ``/metrics``.
 
 Fewer generations around a burst (each switch off by default: on the 2-core replays, runs with
