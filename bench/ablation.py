@@ -2,7 +2,7 @@
 
     python bench/ablation.py [--trace twitter:../shared/data/twitter/workload.tbz2 | synthetic]
         [--only 'traffic_analysis/ast/peak/*'] [--bin-seconds 5] [--time-scale traffic_analysis=20]
-        [--out out/ablation] [--readme bench/README.md] [--dry-run]
+        [--out out/ablation] [--readme bench/README.md] [--dry-run] [--ast-capacity]
 
 The matrix (issue "hold the SLO through a real day's bursts"): for each example app of
 ``examples/h100x4.toml`` the full day 0 (288 bins) under ``ast``; the peak (bins 96:144) and
@@ -10,11 +10,13 @@ trough (180:228) windows under ``ast``, ``as``, ``at`` and ``st``; the peak wind
 with each mechanism off in turn (``MECHANISMS``: its node setting through ``bench/replay.py
 --set``) and with all of them off (``none``), and under ``--steady-state``. Every run is one
 ``bench/replay.py`` process (``--scale-to-capacity``: the day's peak is the app's maximum
-serviceable demand under ``ast``); its summary lands in ``--out/<run>/`` and one line of
-``--out/results.jsonl``. A run already in ``results.jsonl`` is not run again (delete the line to
-redo it), so the matrix can be run piecewise: it takes many hours at ``--bin-seconds 5`` (a full
-day is 24 minutes of replay per run, plus starting jigsawd). ``--only`` picks runs by glob on
-their ids (``app/space/window/variant``); ``--dry-run`` lists them with their wall time.
+serviceable demand under ``ast``; a run under another space scales it to that space's own
+capacity unless ``--ast-capacity``: ``st`` cannot reach ``ast``'s); its summary lands in
+``--out/<run>/`` and one line of ``--out/results.jsonl``. A run already in ``results.jsonl`` is
+not run again (delete the line to redo it), so the matrix can be run piecewise: it takes many
+hours at ``--bin-seconds 5`` (a full day is 24 minutes of replay per run, plus starting
+jigsawd). ``--only`` picks runs by glob on their ids (``app/space/window/variant``);
+``--dry-run`` lists them with their wall time.
 
 After every run the table between the ablation markers of ``--readme`` is rewritten from
 ``results.jsonl``: per run, slices % of available, accuracy drop %, SLO violations (plain and the
@@ -54,8 +56,6 @@ MECHANISMS = {
     "spike_hold": "control.hold_spikes=false",
     # a drain-first waits for its running generation's unanswered requests the whole SLO, not a share
     "short_drain_first": "control.drain_first_wait_slo=1",
-    # a needed re-plan waits that share of the SLO for the drains in its way, then cuts them
-    "needed_drain_cut": "control.cut_drains_when_needed=false",
     # the predictor's mean leaves out the bins of spikes that have ended
     "ended_spikes_skipped": "control.skip_ended_spikes=false",
 }
@@ -73,6 +73,11 @@ OPTIONAL = {
     "short_drains": "control.drain_late_credits=false",
     # a plan that frees 4 slices of a running plan that holds the demand is worth a drain-first
     "shrink_drain_first": "control.shrink_drain_min_slices=4",
+    # a needed re-plan waits drain_first_wait_slo of the SLO for the drains in its way, then cuts
+    # them (off by default since alternating pairs measured more violations on)
+    "needed_drain_cut": "control.cut_drains_when_needed=true",
+    # a needed re-plan switches first on whichever of its quick and exact plans starts fewer processes
+    "fewest_starts_first": "control.fewest_starts_first=true",
 }
 # wall rates are demand / time scale: social_media's capacity is about 4x traffic_analysis's, so its
 # client needs a larger scale to keep its schedule on a 2-core machine
@@ -136,13 +141,20 @@ def wall_s(run: Run, bin_seconds: float) -> float:
     return run.bins() * bin_seconds * steady + START_OVERHEAD_S
 
 
-def replay_args(run: Run, trace: str, bin_seconds: float, time_scale: float, out: Path) -> list[str]:
+def replay_args(run: Run, trace: str, bin_seconds: float, time_scale: float, out: Path,
+                per_space_capacity: bool = True) -> list[str]:
+    """The ``bench/replay.py`` command of ``run``; ``per_space_capacity``: a space other than ast
+    plays the trace scaled to its own capacity (``--capacity-space``), else to ast's."""
     node = str(ROOT / "examples" / "h100x4.toml")
     args = [sys.executable, str(ROOT / "bench" / "replay.py"), "--node", node,
             "--app", run.app, "--trace", trace, "--day", "0", "--scale-to-capacity", "--spaces", run.space,
             "--bin-seconds", f"{bin_seconds:g}", "--time-scale", f"{time_scale:g}", "--out", str(out)]
     if WINDOWS[run.window] is not None:
         args += ["--bins", str(WINDOWS[run.window])]
+    if run.space != "ast" and per_space_capacity:
+        # each space's window scaled to that space's own capacity: a trace scaled to ast's capacity
+        # is more than st can serve at any plan (every bin violated), which measures nothing
+        args += ["--capacity-space", run.space]
     if run.variant == "steady":
         args.append("--steady-state")
     for s in run.settings():
@@ -179,7 +191,9 @@ def table(runs: list[Run], results: dict[str, dict[str, Any]]) -> str:
         same = "yes" if s["sent"] == s["answered"] and not s.get("settle_lost") else \
             f"no ({s['sent']} / {s['answered']})"
         client = "kept up" if not s["behind_bins"] else f"behind in {s['behind_bins']} bins"
-        lines.append(f"| {run.app} | {run.space} | {bins} | {run.variant} | {_pct(s['slices_pct'], 1)} | "
+        scaled = r.get("capacity_space", "ast")
+        space = run.space if scaled == "ast" else f"{run.space} (its capacity)"
+        lines.append(f"| {run.app} | {space} | {bins} | {run.variant} | {_pct(s['slices_pct'], 1)} | "
                      f"{_pct(s['accuracy_drop_pct'])} | {_pct(s['violation_pct'])} | "
                      f"{_pct(s['violation_paper_pct'])} | {_pct(s['violation_paper_max_pct'])} | "
                      f"{s['bins_with_violations']} | {same} ({s['sent']}) | {client} | {r['time_scale']:g} |")
@@ -223,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "out" / "ablation")
     p.add_argument("--readme", type=Path, default=ROOT / "bench" / "README.md")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their wall time; run nothing")
+    p.add_argument("--ast-capacity", action="store_true",
+                   help="scale every space's window to ast's capacity (default: each space to its own)")
     args = p.parse_args(argv)
     if not args.readme.parent.is_dir():
         raise SystemExit(f"ablation: --readme {args.readme}: its directory does not exist")
@@ -237,13 +253,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.bin_seconds:g} s bins; trace {args.trace}; time scales {scales}", flush=True)
     if args.dry_run:
         for r in todo:
-            print(f"  {r.id:<50} {wall_s(r, args.bin_seconds) / 60:6.1f} min  "
-                  f"{' '.join(replay_args(r, args.trace, args.bin_seconds, scales[r.app], args.out / 'x'))}")
+            cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], args.out / "x",
+                              not args.ast_capacity)
+            print(f"  {r.id:<50} {wall_s(r, args.bin_seconds) / 60:6.1f} min  {' '.join(cmd)}")
         return 0
     failed = 0
     for r in todo:
         out = args.out / r.id.replace("/", "-")
-        cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], out)
+        cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], out, not args.ast_capacity)
         print(f"ablation: {r.id} (time scale {scales[r.app]:g}): {' '.join(cmd[1:])}", flush=True)
         t0 = time.monotonic()
         with open(args.out / f"{r.id.replace('/', '-')}.log", "w") as log:
@@ -255,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         summary = json.loads(summary_path.read_text())[r.space]
         record = {"id": r.id, "rc": rc, "time_scale": scales[r.app], "bin_seconds": args.bin_seconds,
-                  "trace": args.trace, "wall_s": round(time.monotonic() - t0, 1), "summary": summary}
+                  "trace": args.trace, "wall_s": round(time.monotonic() - t0, 1), "summary": summary,
+                  "capacity_space": "ast" if args.ast_capacity else r.space}
         with open(results_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         results[r.id] = record

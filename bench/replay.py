@@ -497,6 +497,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     scale.add_argument("--scale-to-capacity", action="store_true",
                        help="scale the day's peak to the app's maximum serviceable demand under ast")
     scale.add_argument("--peak-rps", type=float, default=None, help="scale the day's peak to this demand")
+    p.add_argument("--capacity-space", default="ast",
+                   help="--scale-to-capacity: the search space whose capacity the day's peak is scaled to "
+                        "(default ast, the paper's; a narrower space cannot reach ast's capacity)")
     p.add_argument("--spaces", default="ast", help="comma-separated search spaces, run in turn")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="latencies x K and rates / K on both sides (passed to jigsawd)")
@@ -535,14 +538,18 @@ def main(argv: list[str] | None = None) -> int:
         log("--bin-seconds and --time-scale must be > 0")
         return 2
     peak = args.peak_rps
+    if args.capacity_space not in SPACES:
+        log(f"--capacity-space: unknown space {args.capacity_space!r} (choose from {', '.join(SPACES)})")
+        return 2
     if args.scale_to_capacity:
         node_path = args.capacity_node or args.node
         if node_path is None:
             log("--scale-to-capacity with --url needs --capacity-node N.toml")
             return 2
         t0 = time.monotonic()
-        peak = capacity_rps(node_path, args.app, "ast")
-        log(f"{args.app}: capacity under ast {peak:.1f} rps ({time.monotonic() - t0:.1f} s to compute)")
+        peak = capacity_rps(node_path, args.app, args.capacity_space)
+        log(f"{args.app}: capacity under {args.capacity_space} {peak:.1f} rps "
+            f"({time.monotonic() - t0:.1f} s to compute)")
     try:
         history, window, first = demand_window(args.trace, args.day, args.bins, peak,
                                                max(1, args.history_bins))

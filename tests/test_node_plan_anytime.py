@@ -226,3 +226,51 @@ def test_the_node_plan_at_a_fifth_of_the_node_ends(example, monkeypatch) -> None
     assert res.status in ("optimal", "feasible") and res.feasible
     for name, p in res.plans.items():
         assert verify_plan(p, node.app(name), node, profiles) == []
+
+
+def test_processes_to_start_counts_the_processes_a_plan_adds() -> None:
+    """Per instance kind, the processes (count x MPS level) beyond what the running plan runs;
+    a kind that differs in anything, its max batch included, starts all its processes."""
+    from jigsaw.plan import PlanInstance
+    from jigsaw.planner.anytime import processes_to_start
+
+    def inst(variant: str, count: int, mps: int = 1, batch: int = 4) -> PlanInstance:
+        return PlanInstance("t", variant, "1g.10gb", mps, batch, count, 10.0, 100.0, 1)
+
+    def plan(*xs: PlanInstance):
+        return dataclasses.replace(_one_plan(), instances=list(xs))
+    running = plan(inst("a", 2), inst("b", 1, mps=4))
+    assert processes_to_start(running, running) == 0
+    assert processes_to_start(None, running) == 6
+    assert processes_to_start(running, plan(inst("a", 3), inst("b", 1, mps=4))) == 1
+    assert processes_to_start(running, plan(inst("a", 1), inst("b", 2, mps=4))) == 4
+    assert processes_to_start(running, plan(inst("a", 2, batch=8))) == 2  # another max batch
+
+
+def _one_plan():
+    node = load_node(NODE)
+    return plan_node([node.app("social_media")], node, load_node_profiles(node),
+                     {"social_media": 100.0}, solver="highs").plans["social_media"]
+
+
+def test_a_quick_replan_of_the_same_or_a_little_more_demand_keeps_the_processes(example) -> None:
+    """The quick plan for the demand the running plan was made for starts no process; for 20%
+    more it starts only the added instances' processes, fewer than the greedy plan made without
+    the running one (which shares nothing with it)."""
+    from jigsaw.planner.anytime import processes_to_start
+
+    node, profiles = example
+    apps = [node.app("social_media")]
+    demand = {"social_media": 2000.0}
+    running = plan_node(apps, node, profiles, demand, solver="highs", time_limit_s=30)
+    run = running.plans["social_media"]
+    same = quick_plan_node(apps, node, profiles, demand, previous=running, budget_s=1.0)
+    assert same is not None and processes_to_start(run, same.plans["social_media"]) == 0
+    more = {"social_media": 2400.0}
+    kept = quick_plan_node(apps, node, profiles, more, previous=running, budget_s=1.0)
+    fresh = quick_plan_node(apps, node, profiles, more, budget_s=1.0)
+    assert kept is not None and fresh is not None
+    started = processes_to_start(run, kept.plans["social_media"])
+    total = sum(x.count * x.mps for x in kept.plans["social_media"].instances)
+    assert started < total
+    assert started < processes_to_start(run, fresh.plans["social_media"])

@@ -174,13 +174,24 @@ class ControlSettings:
     drain_first_wait_slo: float = 0.25
     # a re-plan the app needs (its running plan does not hold the demand) whose new MIG instances
     # need slots draining generations hold waits for them as long (drain_first_wait_slo), then cuts
-    # their drains short whatever they hold (runtime/generations.py _cut_drains); false: as
+    # their drains short whatever they hold (runtime/generations.py _cut_drains); false (default:
+    # in alternating pairs of peak-window replays on the 2-core machine it measured more
+    # violations on both social_media and traffic_analysis, bench/README.md; at social_media's
+    # time scale 60 the wait is about 10 s, two bins, and the re-sent requests came back 504): as
     # cut_drains says (refused by default)
-    cut_drains_when_needed: bool = True
+    cut_drains_when_needed: bool = False
     # a plan that frees at least this many slices of a running plan that holds the demand is worth
     # a drain-first (control/controller.py _deploy): without it a spike's plan stayed until a
     # smaller plan happened to fit beside it; 0 (default): never (drain_first_when_holding decides)
     shrink_drain_min_slices: int = 0
+    # a re-plan the node needs (a running plan does not hold its demand) deploys first whichever
+    # of its quick and exact plans starts fewer processes (the quick one keeps the running plans
+    # and adds instances: a spike's exact plan restarted every process, 5-17 s to its switch), and
+    # the other waits for the next bin's re-plan (control/controller.py); false (default: one
+    # alternating pair per app of peak-window replays measured no gain, bench/README.md, and more
+    # refused re-plans: the quick plan's added instances often need slots that still drain): the
+    # exact plan when it is in within the patience
+    fewest_starts_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -359,8 +370,9 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         drain_late_credits=c.bool("drain_late_credits", True),
         drain_first_when_holding=c.bool("drain_first_when_holding", False),
         drain_first_wait_slo=c.number("drain_first_wait_slo", 0.25, low=0, high=1),
-        cut_drains_when_needed=c.bool("cut_drains_when_needed", True),
+        cut_drains_when_needed=c.bool("cut_drains_when_needed", False),
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
+        fewest_starts_first=c.bool("fewest_starts_first", False),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),

@@ -39,7 +39,6 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert not base.control.drain_first_when_holding and off.control.drain_first_when_holding
     assert base.control.hold_spikes and not off.control.hold_spikes
     assert base.control.drain_first_wait_slo == 0.25 and off.control.drain_first_wait_slo == 1.0
-    assert base.control.cut_drains_when_needed and not off.control.cut_drains_when_needed
     assert base.control.skip_ended_spikes and not off.control.skip_ended_spikes
     on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
     for n, want in ((base, (0.0, False, 0, False, 0)), (on, (2.5, True, 2, True, 1))):
@@ -49,6 +48,8 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert not base.control.cut_drains and on.control.cut_drains
     assert not base.control.place_around_busy_drains and on.control.place_around_busy_drains
     assert base.control.drain_late_credits and not on.control.drain_late_credits
+    assert not base.control.cut_drains_when_needed and on.control.cut_drains_when_needed
+    assert not base.control.fewest_starts_first and on.control.fewest_starts_first
     run = ablation.Run("traffic_analysis", "ast", "peak", "with_lookahead")
     assert run.settings() == ["control.lookahead_bins=1"]
     ids = {r.id for r in ablation.matrix()}
@@ -114,3 +115,25 @@ def test_the_client_keeps_the_peak_rate_times_the_slo_in_flight() -> None:
     assert client_concurrency(8500.0, 700.0) >= 8500 * 0.7
     assert client_concurrency(100.0, 650.0) == MIN_CONCURRENCY
     assert client_concurrency(2013.0, 650.0) > client_concurrency(1000.0, 650.0)
+
+
+def test_a_space_other_than_ast_plays_the_trace_scaled_to_its_own_capacity() -> None:
+    st = ablation.Run("traffic_analysis", "st", "trough", "all")
+    args = ablation.replay_args(st, "synthetic", 5.0, 20.0, Path("/tmp/x"))
+    assert args[args.index("--capacity-space") + 1] == "st" and "--scale-to-capacity" in args
+    assert "--capacity-space" not in ablation.replay_args(st, "synthetic", 5.0, 20.0, Path("/tmp/x"),
+                                                          per_space_capacity=False)
+    ast = ablation.Run("traffic_analysis", "ast", "trough", "all")
+    assert "--capacity-space" not in ablation.replay_args(ast, "synthetic", 5.0, 20.0, Path("/tmp/x"))
+    s = {"sent": 1, "answered": 1, "behind_bins": 0, "slices_pct": 1.0, "accuracy_drop_pct": 0.0,
+         "violation_pct": 0.0, "violation_paper_pct": 0.0, "violation_paper_max_pct": 0.0,
+         "bins_with_violations": 0}
+    text = ablation.table([st], {st.id: {"summary": s, "time_scale": 20.0, "capacity_space": "st"}})
+    assert "| st (its capacity) |" in text
+
+
+def test_replay_refuses_an_unknown_capacity_space(capsys: pytest.CaptureFixture[str]) -> None:
+    import replay
+    rc = replay.main(["--node", str(NODE), "--app", "traffic_analysis", "--scale-to-capacity",
+                      "--capacity-space", "abc"])
+    assert rc == 2 and "--capacity-space: unknown space 'abc'" in capsys.readouterr().err

@@ -797,3 +797,37 @@ def test_a_routine_replan_put_off_by_a_running_one_runs_once_it_is_done() -> Non
         assert _app(c).current.replans[-1]["for_bin"] == 1
 
     asyncio.run(go())
+
+
+def test_a_needed_replan_switches_first_on_the_plan_that_starts_fewer_processes() -> None:
+    # running: one 1-slice instance. The quick plan keeps it and adds one (1 process to start);
+    # the exact plan, in before the patience, runs two others (2 to start): with
+    # fewest_starts_first the quick plan goes first and the exact one waits for the next bin
+    running = _plan(10.0, [_inst(1)])
+
+    def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], *,
+               on_quick: Callable[[NodePlan], None] | None = None, **kw: Any) -> NodePlan:
+        if on_quick is not None:
+            on_quick(_node_plan({TA: _plan(demands[TA], [dataclasses.replace(_inst(1), count=2)])},
+                                status="heuristic", seconds=0.05))
+        return _node_plan({TA: _plan(demands[TA], [_inst(2, "w"), _inst(3, "w")])}, seconds=0.05)
+
+    async def go() -> None:
+        for on, demand, first in ((True, 200.0, 2), (False, 200.0, 5), (True, 10.0, 1)):
+            c, _ = _controller(solver, anytime="auto", plans={TA: running})
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, fewest_starts_first=on))
+            plane: _Plane = c.plane  # type: ignore[assignment]
+            await c.replan({TA: demand}, trigger="rate")
+            # on: the quick plan (2 slices, its one new process) alone; off: the exact plan as
+            # before; a running plan that holds the demand (nothing needed): the exact plan's
+            # turn, and the running plan, worth more, is kept (``settle``)
+            assert [d.plan.slices_used for d in plane.applied] == [first], (on, demand)
+            (entry,) = _app(c).current.replans
+            assert entry["quick"]["deployed"] == (first == 2)
+            assert entry["exact"]["deployed"] == (first != 2)
+            if first == 2:
+                assert entry["quick"]["fewer_starts"]
+                assert entry["exact"]["skipped"] == "fewest_starts_first"
+        assert not load_node(NODE).control.fewest_starts_first  # off by default
+    asyncio.run(go())

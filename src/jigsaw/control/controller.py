@@ -31,7 +31,11 @@ exact solve runs on. ``auto`` deploys it when it is needed - an early re-plan wh
 not in within ``QUICK_PATIENCE_S``, or a routine one whose exact plan is late for the bin
 boundary, and the running plans do not hold the new demands - and then the exact plan (which
 replaces it unless the exact solve stopped unproven at a worse objective); ``always`` deploys
-every quick plan first (for tests and ablations); ``off`` waits for the exact plan. Both are
+every quick plan first (for tests and ablations); ``off`` waits for the exact plan. A plan the
+node needs whose exact plan is in first still switches on the quick plan when that one starts
+fewer worker processes (it keeps the running plans and adds instances; starting processes, not
+solving, is what a spike's switch waits for), and the exact plan waits for the next bin's re-plan
+(``control.fewest_starts_first``, off by default: its replay pairs measured no gain). Both are
 recorded in the bin records (``replans``) and counted in ``/metrics``.
 
 Fewer generations around a burst (each switch off by default: on the 2-core replays, runs with
@@ -65,6 +69,7 @@ from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor
 from jigsaw.control.solver import solve_node
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
+from jigsaw.planner.anytime import processes_to_start
 from jigsaw.planner.node_plan import QUICK_STATUS, app_value, prefer_quick
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime.admission import BinCounters
@@ -673,8 +678,17 @@ class NodeController:
                 entry["error"] = f"{type(exc).__name__}: {exc}"[:500]
                 self._record(entry, full, t0)
                 return deployed
+            fewest = False
             if entry["quick"] is None and quick_box.done():  # found, but the exact one came first
-                entry["quick"] = self._summary(quick_box.result(), False)
+                q = quick_box.result()
+                fewest = self._starts_fewer(q, exact, full)
+                entry["quick"] = self._summary(q, fewest)
+                if fewest:  # a needed plan: the one whose switch comes soonest goes first
+                    self.log(f"node: the quick plan starts {self._starts(q)} processes, the exact one "
+                             f"{self._starts(exact)}: the quick plan goes first")
+                    entry["quick"]["fewer_starts"] = True
+                    entry["quick"]["kept"] = await self._deploy(q, fresh, "quick", full)
+                    deployed, fresh = q, frozenset()
             for n, c in self.apps.items():
                 c.predicted_rps = full[n]
                 if for_bin is None or for_bin == self.bin_index:  # else open_bin copies it over
@@ -682,13 +696,14 @@ class NodeController:
             # one reconfiguration per re-plan: a quick plan that serves and holds the demands stays
             # until the next bin's re-plan (a second generation now would start while the first
             # one's predecessor still drains, and its drain would hold slots the next burst needs)
-            single = (deployed is not None and self.node.control.single_reconfiguration
+            single = (deployed is not None and (self.node.control.single_reconfiguration or fewest)
                       and self._holds(full))
             worse = deployed is not None and prefer_quick(deployed, exact, self.node)
             use_exact = bool(exact.plans) and not single and not worse
             entry["exact"] = self._summary(exact, use_exact)
             if single and exact.plans:
-                entry["exact"]["skipped"] = "single_reconfiguration"
+                entry["exact"]["skipped"] = "single_reconfiguration" \
+                    if self.node.control.single_reconfiguration else "fewest_starts_first"
             if not exact.plans:
                 self.log(f"node: no configuration for {self._demands_text(full)} ({exact.status}; "
                          f"{'; '.join(exact.notes)}); keeping the running plans")
@@ -738,6 +753,26 @@ class NodeController:
             return None
         await asyncio.wait({exact_f, quick_box}, return_when=asyncio.FIRST_COMPLETED)
         return None if exact_f.done() or not quick_box.done() else quick_box.result()
+
+    def _starts_fewer(self, quick: NodePlan, exact: NodePlan, demands: Mapping[str, float]) -> bool:
+        """The quick plan goes first although the exact one is in (``control.fewest_starts_first``):
+        the node needs a plan (a running one does not hold its demand) and the quick plan, which
+        serves every demand in full, starts fewer processes than the exact one.
+
+        Why: the quick plan keeps the running plans and adds instances (``anytime.extend_plan``),
+        while a spike's exact plan rearranged the node and restarted every process ("0 kept, 19
+        started", 7 s from the decision to the switch on the 2-core replay); the node serves the
+        spike on the old plan until the switch. The exact plan waits for the next bin's re-plan,
+        when the quick plan holds the demand.
+        """
+        if not self.node.control.fewest_starts_first or self.anytime == "off" or not exact.plans \
+                or quick.demand_scale < 1.0 or self._holds(demands):
+            return False
+        return self._starts(quick) < self._starts(exact)
+
+    def _starts(self, np: NodePlan) -> int:
+        """Worker processes ``np`` starts beside the running plans (``anytime.processes_to_start``)."""
+        return sum(processes_to_start(self.apps[n].plan, p) for n, p in np.plans.items() if n in self.apps)
 
     def _holds(self, demands: Mapping[str, float]) -> bool:
         """Every running plan serves the demand it is now asked for."""

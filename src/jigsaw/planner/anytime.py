@@ -355,3 +355,25 @@ def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, dem
     plan.notes = ["anytime incumbent: the running plan, kept, with instances added for the new demand; "
                   "verified, not proven optimal"]
     return plan
+
+
+def processes_to_start(running: Plan | None, new: Plan) -> int:
+    """How many worker processes ``new`` needs that ``running`` does not run already: per instance
+    kind (task, variant, MIG profile, MPS level, max batch), the processes of the instances beyond
+    the running plan's count of that kind.
+
+    Why: the node keeps the process of an instance both plans run (same kind, placed on its old
+    slot) and starts the rest, seconds each on a loaded host; a plan the node needs now should be
+    the one whose switch comes soonest (``control.fewest_starts_first``).
+    """
+    have: dict[tuple[str, str, str, int, int], int] = {}
+    for x in running.instances if running is not None else ():
+        kind = (x.task, x.variant, x.mig_profile, x.mps, x.max_batch)
+        have[kind] = have.get(kind, 0) + x.count
+    started = 0
+    for x in new.instances:
+        kind = (x.task, x.variant, x.mig_profile, x.mps, x.max_batch)
+        kept = min(x.count, have.get(kind, 0))
+        have[kind] = have.get(kind, 0) - kept
+        started += (x.count - kept) * x.mps
+    return started
