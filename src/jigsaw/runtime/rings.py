@@ -72,13 +72,30 @@ _PURPOSE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,120}$")
 _NAME_RE = re.compile(r"^(?:sem\.)?jigsaw-(\d+)-[0-9a-f]+-")
 
 
+# what the Python layers use of the compiled core (a test checks this list against the code)
+CORE_NAMES = ("BatchQueue", "BellFlag", "RecordHeader", "ShmRing", "decode_arrays")
+_core_warned = False
+
+
 def load_core() -> ModuleType | None:
-    """The compiled ``jigsaw._core`` module, or None when absent or disabled by JIGSAW_NO_EXTENSIONS=1."""
+    """The compiled ``jigsaw._core`` module, or None when absent, disabled by
+    JIGSAW_NO_EXTENSIONS=1, or built from older sources than the Python code (then the pure
+    fallbacks run and stderr says to rebuild: a stale build in a source checkout otherwise failed
+    every request on its first missing function)."""
+    global _core_warned
     if os.environ.get("JIGSAW_NO_EXTENSIONS") == "1":
         return None
     try:
         from jigsaw import _core
     except ImportError:
+        return None
+    missing = [n for n in CORE_NAMES if not hasattr(_core, n)]
+    if missing:
+        if not _core_warned:
+            _core_warned = True
+            print(f"jigsaw: the compiled core {_core.__file__} is older than the code (no "
+                  f"{', '.join(missing)}): using the pure-Python fallbacks; rebuild it with "
+                  "`python setup.py build_ext --inplace` (or reinstall)", file=sys.stderr, flush=True)
         return None
     return _core
 
