@@ -21,7 +21,6 @@ import contextlib
 import random
 import sys
 import time
-from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from jigsaw.runtime.admission import Admission
-from jigsaw.runtime.metrics import Metrics
+from jigsaw.runtime.metrics import Metrics, count_into
 from jigsaw.runtime.records import (
     HOP_SENT,
     TOTAL_CREDIT,
@@ -289,7 +288,7 @@ class Dispatcher:
     def _observe(self) -> None:
         """The metrics (queue, compute, batch size) and the bin's fan-out counters of the OK
         records the drain has read (each (app, task, variant)'s histogram series kept, counted
-        into as ``Histogram.observe`` does)."""
+        into with ``metrics.count_into``)."""
         observed, self._observed = self._observed, []
         for req, task, rec in observed:
             app = req.routes.app
@@ -298,16 +297,10 @@ class Dispatcher:
             if c is None:
                 c = self._series[(app.name, task, variant)] = self._series_of(app.name, task, variant)
             queue, compute, batch, lat_buckets, batch_buckets = c
-            v = rec[7]
-            queue[bisect_left(lat_buckets, v)] += 1
-            queue[-1] += v
-            v = rec[8]
-            compute[bisect_left(lat_buckets, v)] += 1
-            compute[-1] += v
+            count_into(queue, lat_buckets, rec[7])
+            count_into(compute, lat_buckets, rec[8])
             if rec[3] == 0 or rec[4] <= 1:  # a batch counts once: its first child (or its one item)
-                v = rec[9]
-                batch[bisect_left(batch_buckets, v)] += 1
-                batch[-1] += v
+                count_into(batch, batch_buckets, rec[9])
             if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
                 self.admission.fan_out(app.name, task, variant, rec[4])
 

@@ -62,6 +62,13 @@ class Gauge(Counter):
             yield f"{self.name}{_fmt_labels(labels)} {_num(v)}"
 
 
+def count_into(series: list[float], buckets: tuple[float, ...], value: float) -> None:
+    """Count ``value`` into a histogram's ``series`` (bucket counts, +Inf count, sum): the one rule
+    ``Histogram.observe`` and the callers that keep a series (``series_for``) both use."""
+    series[bisect.bisect_left(buckets, value)] += 1
+    series[-1] += value
+
+
 class Histogram:
     def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]) -> None:
         self.name, self.help, self.buckets = name, help_text, buckets
@@ -71,12 +78,11 @@ class Histogram:
         s = self.series.get(labels)
         if s is None:
             s = self.series[labels] = [0.0] * (len(self.buckets) + 2)
-        s[bisect.bisect_left(self.buckets, value)] += 1
-        s[-1] += value
+        count_into(s, self.buckets, value)
 
     def series_for(self, labels: Labels) -> list[float]:
         """The series of ``labels``, created empty: its bucket counts, the +Inf count, the sum.
-        A caller on the hot path keeps it and counts into it as ``observe`` does (no lookup)."""
+        A caller on the hot path keeps it and counts into it with ``count_into`` (no lookup)."""
         s = self.series.get(labels)
         if s is None:
             s = self.series[labels] = [0.0] * (len(self.buckets) + 2)
