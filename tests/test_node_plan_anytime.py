@@ -12,7 +12,6 @@ from jigsaw.node import load_node, load_node_profiles
 from jigsaw.plan import NodePlan
 from jigsaw.planner.node_plan import (
     QUICK_STATUS,
-    SCALED_QUICK_FRACTIONS,
     merge_layouts,
     node_value,
     plan_node,
@@ -158,16 +157,36 @@ def test_scaled_quick_plan_serves_the_largest_fraction_it_finds(example) -> None
     assert quick_plan_node(apps, node, profiles, demands, budget_s=1.0) is None
     q = scaled_quick_plan_node(apps, node, profiles, demands, budget_s=1.0)
     assert q is not None and q.status == "feasible" and not q.feasible
-    assert 0 < q.demand_scale < 1 and q.demand_scale in SCALED_QUICK_FRACTIONS
+    # about 2012.9 rps fit (its capacity): the fraction found comes near 2012.9 / 5000
+    assert 0.25 < q.demand_scale < 2012.9 / 5000 + 1e-6
     p = q.plans["traffic_analysis"]
     assert p.instances and q.slices_used <= node.slices_available
     assert verify_plan(p, apps[0], node, profiles) == []
     assert p.demand_rps == pytest.approx(5000.0 * q.demand_scale)
-    # and it is the largest such fraction: the next one up has no greedy plan
-    up = [f for f in SCALED_QUICK_FRACTIONS if f > q.demand_scale]
-    if up:
-        bigger = {"traffic_analysis": 5000.0 * min(up)}
-        assert quick_plan_node(apps, node, profiles, bigger, budget_s=1.0) is None
+    assert p.planned_rps == pytest.approx(5000.0 * q.demand_scale)
+    # the same from quick_plan_node(scale_down=True), labelled as the quick plan
+    again = quick_plan_node(apps, node, profiles, demands, budget_s=1.0, scale_down=True)
+    assert again is not None and again.status == QUICK_STATUS and not again.feasible
+    assert again.demand_scale == pytest.approx(q.demand_scale)
+    # demands that fit: no scaled plan (the full one is quick_plan_node's)
+    assert scaled_quick_plan_node(apps, node, profiles, {"traffic_analysis": 500.0}, budget_s=1.0) is None
+
+
+def test_scaled_quick_plan_of_one_app_at_its_capacity(example) -> None:
+    """At 100% of an app's capacity the greedy finds no plan for all of it: ``scaled_quick_plan``
+    hands over a verified plan for most of it instead (the controller always has one)."""
+    from jigsaw.planner.anytime import quick_plan, scaled_quick_plan
+
+    node, profiles = example
+    app = node.app("ar_assistant")
+    assert quick_plan(app, node, profiles, 863.7) is None
+    p = scaled_quick_plan(app, node, profiles, 863.7, budget_s=1.0)
+    assert p is not None and not p.feasible and p.max_demand_plan
+    assert p.demand_rps == 863.7 and 0.5 * 863.7 < p.planned_rps < 863.7
+    assert verify_plan(p, app, node, profiles) == []
+    # below its capacity the plan for all of it
+    full = scaled_quick_plan(app, node, profiles, 300.0, budget_s=1.0)
+    assert full is not None and full.feasible and full.planned_rps == pytest.approx(300.0)
 
 
 def test_anytime_falls_back_on_a_scaled_quick_plan_when_the_exact_finds_nothing(example, monkeypatch) -> None:
@@ -183,7 +202,9 @@ def test_anytime_falls_back_on_a_scaled_quick_plan_when_the_exact_finds_nothing(
                         slices_available=node.slices_available, solve_seconds=2.0)
     monkeypatch.setattr(node_plan, "plan_node", nothing)
     got = list(plan_node_anytime(apps, node, profiles, demands, time_limit_s=2.0))
-    assert len(got) == 1 and got[0].status == "feasible" and got[0].demand_scale < 1
+    # the scaled quick plan first (within the quick plan's time), and again as the answer
+    assert len(got) == 2 and got[0] is got[1] and got[0].status == QUICK_STATUS
+    assert got[0].demand_scale < 1 and not got[0].feasible
     assert got[0].plans["traffic_analysis"].instances
     assert any("no_solution" in n for n in got[0].notes)
 

@@ -34,7 +34,7 @@ def test_cover_is_the_cheapest_multiset() -> None:
     cost = {p.name: p.compute_slices for p in node.gpu.profiles}
     items = list(best.values())
     for demand in (5.0, 40.0, 130.0):
-        got = latency_caps._cover(best, demand, 14, cost)
+        got = latency_caps.cover(best, demand, 14, cost)
         brute = min((sum(n * cost[c.mig_profile] for n, c in zip(ns, items, strict=True))
                      for ns in itertools.product(range(6), repeat=len(items))
                      if sum(n * c.throughput_rps for n, c in zip(ns, items, strict=True)) >= demand),

@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from jigsaw.app import App
+from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
+from jigsaw.planner import joint
 from jigsaw.planner.columns import Column
-from jigsaw.planner.latency_caps import cap_plans, lanes_of
+from jigsaw.planner.latency_caps import cap_plans, cover, lane_demand, lanes_of
+from jigsaw.planner.model import Solution
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
 from jigsaw.planner.problem import Factors, Problem, make_problem
 from jigsaw.planner.routes import settle_lanes
@@ -33,7 +38,56 @@ from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
 
 QUICK_BUDGET_S = 0.08
+T = TypeVar("T")
 MIN_DEMAND_RPS = 0.01
+
+
+def _derived(pb: Problem, key: tuple, make: Callable[[], T]) -> T:
+    """What ``make`` derives from ``pb`` alone (no demand), computed once per problem."""
+    got = pb.derived.get(key)
+    if got is None:
+        got = pb.derived[key] = make()
+    return got
+
+
+def _columns_by_tv(pb: Problem) -> dict[tuple[str, str], list[Column]]:
+    def make() -> dict[tuple[str, str], list[Column]]:
+        out: dict[tuple[str, str], list[Column]] = {}
+        for c in pb.colset.columns:
+            out.setdefault((c.task, c.variant), []).append(c)
+        return out
+    return _derived(pb, ("by_tv",), make)
+
+
+def _greedy_table(cols: list[Column], cap_ms: float) -> tuple[Column, list[Column]] | None:
+    """For ``_task_instances``: the columns within ``cap_ms``, their best per slice and all of
+    them by (slices, -throughput) (the cheapest cover of a remainder is the first that covers it)."""
+    ok = [c for c in cols if c.latency_ms <= cap_ms + 1e-9]
+    if not ok:
+        return None
+    best = max(ok, key=lambda c: (c.throughput_rps / c.slices, c.throughput_rps))
+    return best, sorted(ok, key=lambda c: (c.slices, -c.throughput_rps))
+
+
+def _task_instances_of(pb: Problem, t: str, v: str, demand: float, cap_ms: float
+                       ) -> list[tuple[Column, int]] | None:
+    """``_task_instances`` for (t, v) of ``pb``, its table kept per latency cap (the caps are the
+    SLO splits', the same at every demand)."""
+    table = _derived(pb, ("greedy", t, v, cap_ms),
+                     lambda: _greedy_table(_columns_by_tv(pb).get((t, v), []), cap_ms) or ())
+    return _greedy_instances(table, demand) if table else None
+
+
+def _greedy_instances(table: tuple[Column, list[Column]], demand: float) -> list[tuple[Column, int]]:
+    best, ranked = table
+    n = max(1, math.ceil(demand / best.throughput_rps - 1e-9))
+    plain = [(best, n)]
+    rest = demand - (n - 1) * best.throughput_rps
+    last = next((c for c in ranked if c.throughput_rps >= rest), None)
+    if last is None:
+        return plain
+    mixed = ([(best, n - 1)] if n > 1 else []) + [(last, 1)]
+    return mixed if (n - 1) * best.slices + last.slices < n * best.slices else plain
 
 
 def _task_instances(cols: list[Column], demand: float, cap_ms: float) -> list[tuple[Column, int]] | None:
@@ -57,6 +111,11 @@ def _splits(pb: Problem, lane: tuple[str, ...], by_tv: dict[tuple[str, str], lis
             ) -> list[dict[str, float]]:
     """Latency caps per task meeting every path: proportional to each task's natural latency,
     and an even split."""
+    return _derived(pb, ("splits", lane), lambda: _make_splits(pb, lane, by_tv))
+
+
+def _make_splits(pb: Problem, lane: tuple[str, ...], by_tv: dict[tuple[str, str], list[Column]]
+                 ) -> list[dict[str, float]]:
     app = pb.app
     out = []
     weights = []
@@ -112,11 +171,9 @@ def quick_candidates(pb: Problem, r: float, budget_s: float = QUICK_BUDGET_S,
     t0 = time.perf_counter() if t0 is None else t0
     app, node = pb.app, pb.node
     slo_acc = _accuracy_slo(app, node)
-    by_tv: dict[tuple[str, str], list[Column]] = {}
-    for c in pb.colset.columns:
-        by_tv.setdefault((c.task, c.variant), []).append(c)
-    order = sorted((li for li, a in enumerate(pb.lane_acc) if a >= slo_acc - 1e-12),
-                   key=lambda li: -pb.lane_acc[li])
+    by_tv = _columns_by_tv(pb)
+    order = _derived(pb, ("order", slo_acc), lambda: sorted(
+        (li for li, a in enumerate(pb.lane_acc) if a >= slo_acc - 1e-12), key=lambda li: -pb.lane_acc[li]))
     candidates: list[Candidate] = []
     for li in order:
         if candidates and time.perf_counter() - t0 > 0.6 * budget_s:
@@ -125,7 +182,7 @@ def quick_candidates(pb: Problem, r: float, budget_s: float = QUICK_BUDGET_S,
         for caps in _splits(pb, lane, by_tv):
             chosen: list[tuple[Column, int]] = []
             for t, v in zip(app.task_names, lane, strict=True):
-                got = _task_instances(by_tv[(t, v)], r * pb.lane_mult[li][t], caps[t])
+                got = _task_instances_of(pb, t, v, r * pb.lane_mult[li][t], caps[t])
                 if got is None:
                     break
                 chosen += got
@@ -149,6 +206,170 @@ def quick_candidates(pb: Problem, r: float, budget_s: float = QUICK_BUDGET_S,
     candidates += _cap_candidates(pb, r)
     candidates.sort(key=lambda x: -x[0])
     return candidates
+
+
+def rescale(pb: Problem, cand: Candidate, rate_from: float, rate_to: float, cost: str = "slices"
+            ) -> Candidate | None:
+    """``cand`` (a candidate at ``rate_from``) at ``rate_to``: its lane mix scaled, each (task,
+    variant) on the fewest slices (``cost="slots"``: MIG placement slots) of the columns no slower
+    than the candidate's for that task (``latency_caps.cover``), or None when that exceeds the
+    node's slices.
+
+    Why: a quick plan for a fraction of the demand (where the full demand does not fit) costs a
+    few knapsacks this way, not a new candidate search per fraction tried. The lane mix keeps
+    the accuracy, and no task gets slower than in the candidate, so the SLOs still hold (the
+    verifier checks the plan all the same).
+    """
+    _, lanes, chosen = cand
+    node = pb.node
+    f = rate_to / rate_from
+    scaled = {li: x * f for li, x in lanes.items()}
+    cap: dict[str, float] = {}
+    for c, _ in chosen:
+        cap[c.task] = max(cap.get(c.task, 0.0), c.latency_ms)
+    weight = _derived(pb, ("profile_cost", cost), lambda: {
+        p.name: p.compute_slices if cost == "slices" else p.size for p in node.gpu.profiles})
+    out: list[tuple[Column, int]] = []
+    for (t, v), d in lane_demand(pb, scaled).items():
+        if d <= 0:
+            continue
+        best = _derived(pb, ("best_per_profile", t, v, cap.get(t, 0.0)),
+                        lambda t=t, v=v: _best_per_profile(_columns_by_tv(pb).get((t, v), []),
+                                                           cap.get(t, 0.0)))
+        most = node.slices_available if cost == "slices" else NUM_PLACEMENT_SLOTS * node.num_gpus
+        got = cover(best, d, most, weight) if best else None
+        if got is None:
+            return None
+        out += got[1]
+    slices = sum(c.slices * n for c, n in out)
+    if slices > node.slices_available or not out:
+        return None
+    accuracy = sum(pb.lane_acc[li] * x for li, x in scaled.items()) / max(rate_to, MIN_DEMAND_RPS)
+    return node.planner.alpha * accuracy - node.beta * slices, scaled, out
+
+
+def _best_per_profile(cols: list[Column], cap_ms: float) -> dict[str, Column]:
+    """Per MIG profile the column of highest throughput within ``cap_ms``."""
+    best: dict[str, Column] = {}
+    for c in cols:
+        if c.latency_ms > cap_ms + 1e-9:
+            continue
+        have = best.get(c.mig_profile)
+        if have is None or (c.throughput_rps, -c.latency_ms) > (have.throughput_rps, -have.latency_ms):
+            best[c.mig_profile] = c
+    return best
+
+
+SCALE_PROBES = 9  # ``largest_fraction``: fractions tried at most
+SCALE_STEP = 0.005  # ... and how close its answer comes to the least fraction found not to fit
+
+
+def largest_fraction(probe: Callable[[float], T | None], first: float, top: float = 1.0
+                     ) -> tuple[float, T] | None:
+    """The largest fraction in (0, ``top``] (to within ``SCALE_STEP``, at most ``SCALE_PROBES``
+    tries) at which ``probe`` returns something, starting at the guess ``first``; the fraction
+    and what ``probe`` returned, or None.
+
+    Why a search over one number: a quick plan for part of the demand exists when the fractions'
+    plans use slices about in proportion, so a guess from the slices the full demand needs lands
+    near the answer and a few halvings of the interval settle it.
+    """
+    lo, hi = 0.0, top
+    best: tuple[float, T] | None = None
+    f = min(max(first, 1e-3), top)
+    for _ in range(SCALE_PROBES):
+        got = probe(f)
+        if got is not None:
+            lo, best = f, (f, got)
+        else:
+            hi = f
+        if hi - lo <= SCALE_STEP * max(hi, 1e-9):
+            break
+        # below the first failure step down fast (0.9x) until one fits, then bisect
+        f = 0.5 * (lo + hi) if best is not None else 0.9 * f
+    return best
+
+
+def candidates_below(pb: Problem, rate: float, budget_s: float = QUICK_BUDGET_S
+                     ) -> tuple[float, list[Candidate]]:
+    """``quick_candidates`` at ``rate``, or, where none exist (the demand alone exceeds the
+    node), at the first of its halves, quarters and eighths that has some: the rate they are
+    for and the candidates (a scaled quick plan ``rescale``s them)."""
+    r = rate
+    for _ in range(4):
+        got = quick_candidates(pb, r, budget_s)
+        if got:
+            return r, got
+        r *= 0.5
+    return rate, []
+
+
+def fewest_first(cands: list[Candidate], slot_size: dict[str, int], many: int = 4) -> list[Candidate]:
+    """The ``many`` candidates of fewest slices and the two of fewest MIG placement slots (the
+    ones worth rescaling where the demand does not fit), without repeats."""
+    by_slices = sorted(cands, key=lambda c: (sum(x.slices * n for x, n in c[2]), -c[0]))[:many]
+    by_slots = sorted(cands, key=lambda c: (sum(slot_size[x.mig_profile] * n for x, n in c[2]),
+                                            -c[0]))[:2]
+    out: list[Candidate] = []
+    for c in by_slices + by_slots:
+        if all(c is not o for o in out):
+            out.append(c)
+    return out
+
+
+def scaled_quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
+                      space: str | SearchSpace | None = None, factors: Factors | None = None,
+                      previous: Plan | None = None, budget_s: float = QUICK_BUDGET_S,
+                      problem: Problem | None = None) -> Plan | None:
+    """``quick_plan``'s plan for the full demand, else a verified plan for the largest fraction of
+    it the greedy's candidates reach (``rescale``, ``largest_fraction``): ``planned_rps`` below the
+    demand, ``feasible`` false, ``max_demand_plan`` true. None only when not even a small fraction
+    fits. Why: near or above the node's capacity (an app at 100% of it) the greedy finds no plan
+    for all of it, and a controller with nothing to deploy keeps a plan that serves far less."""
+    t0 = time.perf_counter()
+    sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
+    pb = problem or make_problem(app, node, profiles, sp, factors)
+    r = max(demand_rps, MIN_DEMAND_RPS)
+    cands = quick_candidates(pb, r, budget_s, t0)  # what quick_plan tries
+    full = _first_verified(pb, demand_rps, r, cands, _accuracy_slo(app, node), previous, t0, budget_s, 6)
+    if full is not None:
+        return full
+    at = r
+    if not cands:
+        at, cands = candidates_below(pb, 0.5 * r, budget_s)
+    size = {p.name: p.size for p in node.gpu.profiles}
+    few = fewest_first(cands, size)
+    if not few:
+        return None
+    slo_acc = _accuracy_slo(app, node)
+    prev = previous.layout if previous is not None and previous.layout is not None \
+        and previous.layout.gpu_model == node.gpu.name else None
+
+    def probe(f: float) -> Plan | None:
+        scaled = [c for c in (rescale(pb, c, at, f * r, k) for c in few for k in ("slices", "slots"))
+                  if c is not None]
+        scaled.sort(key=lambda c: -c[0])
+        for objective, lanes, chosen in scaled[:3]:
+            plan = _as_plan(pb, f * demand_rps, f * r, lanes, chosen, slo_acc, objective)
+            try:
+                plan.layout = pack(instances_from_plan(plan), node.gpu, node.num_gpus, prev)
+            except PackingError:
+                continue
+            if not verify_plan(plan, app, node, profiles, pb.factors):
+                return plan
+        return None
+
+    least = min(sum(x.slices * n for x, n in c[2]) for c in few)
+    guess = at / r * min(1.0, 0.99 * node.slices_available / max(least, 1))
+    got = largest_fraction(probe, guess)
+    if got is None:
+        return None
+    frac, plan = got
+    plan.demand_rps, plan.feasible, plan.max_demand_plan = demand_rps, False, True
+    plan.solve_seconds = time.perf_counter() - t0
+    plan.notes = [f"anytime incumbent for {frac:.2%} of the demand (no greedy plan for all of it): "
+                  "verified; not proven the largest fraction"]
+    return plan
 
 
 def candidate_plan(pb: Problem, demand_rps: float, rate: float, cand: Candidate) -> Plan:
@@ -185,12 +406,9 @@ def _first_verified(pb: Problem, demand_rps: float, rate: float,
 def _lp_mixes(pb: Problem, rate: float) -> list[dict[int, float]]:
     """Lane mixes from the LP relaxation of the latency-relaxed core, for both objectives (the
     fewest slices, the best accuracy): distinct, each summing to ``rate``."""
-    from jigsaw.planner import joint
-
     out: list[dict[int, float]] = []
     for kind in ("slices", "accuracy"):
-        built = joint.build([joint.Part(pb, rate)], pb.node, full=False, objective=kind)
-        sol = built.model.relaxation("highs")
+        built, sol = _relaxed(pb, rate, kind, None)
         if not sol.has_incumbent:
             continue
         lanes = lanes_of(pb, [sol.values[v] for v in built.lam[0]], rate)
@@ -222,10 +440,7 @@ def _dp_candidates(pb: Problem, rate: float, lanes: dict[int, float]
 def _lp_rounded(pb: Problem, rate: float, caps: dict[str, float], kind: str
                 ) -> tuple[float, dict[int, float], list[tuple[Column, int]]] | None:
     """Lane rates from the LP relaxation of the model restricted to ``caps``, instances rounded up."""
-    from jigsaw.planner import joint
-
-    built = joint.build([joint.Part(pb, rate)], pb.node, full=False, objective=kind, caps=[caps])
-    sol = built.model.relaxation("highs")
+    built, sol = _relaxed(pb, rate, kind, caps)
     if not sol.has_incumbent:
         return None
     lam = {li: max(0.0, sol.values[v]) for li, v in enumerate(built.lam[0])}
@@ -240,14 +455,11 @@ def _lp_rounded(pb: Problem, rate: float, caps: dict[str, float], kind: str
         for k, t in enumerate(app.task_names):
             key = (t, pb.lanes[li][k])
             demand[key] = demand.get(key, 0.0) + x * pb.lane_mult[li][t]
-    cols: dict[tuple[str, str], list[Column]] = {}
-    for c in pb.colset.columns:
-        cols.setdefault((c.task, c.variant), []).append(c)
     chosen: list[tuple[Column, int]] = []
     for (t, v), d in demand.items():
         if d <= 0:
             continue
-        got = _task_instances(cols.get((t, v), []), d, caps[t])
+        got = _task_instances_of(pb, t, v, d, caps[t])
         if got is None:
             return None
         chosen += got
@@ -257,6 +469,17 @@ def _lp_rounded(pb: Problem, rate: float, caps: dict[str, float], kind: str
         return None
     accuracy = sum(pb.lane_acc[li] * x for li, x in lam.items()) / rate
     return node.planner.alpha * accuracy - node.beta * slices, lam, chosen
+
+
+def _relaxed(pb: Problem, rate: float, kind: str, caps: dict[str, float] | None
+             ) -> tuple[joint.Built, Solution]:
+    """The LP relaxation of the latency-relaxed core (restricted to ``caps`` when given) at
+    ``rate``: the model is built once per problem, objective and caps and set to each demand
+    (``joint.at_rate``), which is most of the quick plan's time saved in a warm process."""
+    key = ("lp", kind, None if caps is None else tuple(sorted(caps.items())))
+    built = _derived(pb, key, lambda: joint.build([joint.Part(pb, rate)], pb.node, full=False,
+                                                  objective=kind, caps=None if caps is None else [caps]))
+    return built, joint.at_rate(built, rate, kind).relaxation("highs", presolve=False)
 
 
 def _as_plan(pb: Problem, demand_rps: float, rate: float, lanes: dict[int, float],

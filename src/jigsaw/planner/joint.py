@@ -157,7 +157,7 @@ class Part:
 
 
 @dataclass
-class _Built:
+class Built:
     model: LinearModel
     parts: list[Part]
     cols: list[tuple[Column, ...]]
@@ -169,6 +169,10 @@ class _Built:
     tv_slices: list[dict[tuple[str, str], int]] = field(default_factory=list)  # S[t,v] per part
     task_total: list[dict[str, int]] = field(default_factory=list)  # slices per task, per part
     layout_vars: list[tuple[int, dict[str, int]]] = field(default_factory=list)  # Y[g], layout g
+    # per part of fixed demand: its rows "lane rates sum to r" and "accuracy >= slo x r" (else None)
+    demand_rows: list[tuple[int, int] | None] = field(default_factory=list)
+    # ``at_rate``'s per count variable: its bound without the demand, and instances per demand rps
+    rate_bounds: list[tuple[int, float, float]] | None = None
 
 
 @dataclass
@@ -302,7 +306,7 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
           scale_demands: bool = False, caps: list[dict[str, float] | None] | None = None,
           levels: list[dict[str, list[float]] | None] | None = None,
           relax_levels: bool = False, max_slices: int | None = None,
-          max_slots: int | None = None, total_weight: float | None = None) -> _Built:
+          max_slots: int | None = None, total_weight: float | None = None) -> Built:
     """The model over ``parts``: the full one, or the latency-relaxed core (see the module doc).
 
     ``scale_demands``: serve the largest common fraction (at most 1) of every part's demand
@@ -332,6 +336,7 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     tv_slices: list[dict[tuple[str, str], int]] = []
     task_total: list[dict[str, int]] = []
     by_profile: dict[str, list[int]] = defaultdict(list)
+    demand_rows: list[tuple[int, int] | None] = []
     for pi, part in enumerate(parts):
         pb, app = part.pb, part.pb.app
         lev = levels[pi] if levels else None
@@ -351,6 +356,8 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
             acc_coef = [0.5 * beta * part.weight / total_weight * a / r for a in pb.lane_acc]
         lam = [md.var(cost=c) for c in acc_coef]
         rate: int | None = None
+        if part.demand_rps is None or theta is not None:
+            demand_rows.append(None)
         if part.demand_rps is None:
             rate = md.var(0.0, part.max_rps if part.max_rps is not None else math.inf, cost=1.0)
             md.row([*lam, rate], [1.0] * len(lam) + [-1.0], 0.0, 0.0)
@@ -363,8 +370,8 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
             demand_ub = r
         else:
             r = max(part.demand_rps, MIN_DEMAND_RPS)
-            md.row(lam, [1.0] * len(lam), r, r)
-            md.row(lam, pb.lane_acc, lo=slo_acc * r)
+            demand_rows.append((md.row(lam, [1.0] * len(lam), r, r),
+                                md.row(lam, pb.lane_acc, lo=slo_acc * r)))
             demand_ub = r
         terms = demand_terms(pb)
         max_mult = {tv: max(m for _, m in tr) for tv, tr in terms.items()}
@@ -462,11 +469,48 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     for name in names:
         md.row(by_profile[name] + ys, [1.0] * len(by_profile[name]) + [-float(lay[name]) for lay in layouts],
                hi=0.0)
-    return _Built(md, parts, all_cols, all_lam, all_rate, all_count, slices_total, full, tv_slices,
-                  task_total, list(zip(ys, layouts, strict=True)))
+    return Built(md, parts, all_cols, all_lam, all_rate, all_count, slices_total, full, tv_slices,
+                  task_total, list(zip(ys, layouts, strict=True)), demand_rows)
 
 
-def _lift(built: _Built, values: list[float], i: int) -> tuple[tuple[Column, ...] | None, dict[str, float]]:
+def at_rate(built: Built, rate: float, objective: str = "accuracy") -> LinearModel:
+    """The model of a one-part ``build`` (fixed demand, no levels, the node's whole slice budget)
+    at demand ``rate`` instead: the same as building it again at ``rate``, in a fraction of the time.
+
+    Why: the anytime planner solves the same few LP relaxations (per latency split, per objective)
+    at every re-plan's demand; only the lane rates' costs, the two demand rows and the instance
+    counts' bounds depend on the demand (``build``: ``acc_coef``, ``demand_ub``).
+    """
+    if len(built.parts) != 1 or not built.demand_rows or built.demand_rows[0] is None:
+        raise ValueError("at_rate: a model of one part at a fixed demand only")
+    part = built.parts[0]
+    pb, node, md = part.pb, part.pb.node, built.model
+    r = max(rate, MIN_DEMAND_RPS)
+    cost = list(md.cost)
+    alpha, beta = node.planner.alpha, node.beta
+    for li, v in enumerate(built.lam[0]):
+        a = pb.lane_acc[li]
+        cost[v] = alpha * part.weight * a / r if objective == "accuracy" else 0.5 * beta * a / r
+    row_lo, row_hi = list(md.row_lo), list(md.row_hi)
+    sum_row, acc_row = built.demand_rows[0]
+    row_lo[sum_row] = row_hi[sum_row] = float(r)
+    slo_acc = pb.app.accuracy_slo if pb.app.accuracy_slo is not None else node.planner.accuracy_slo
+    row_lo[acc_row] = float(slo_acc * r)
+    col_hi = list(md.col_hi)
+    if built.rate_bounds is None:
+        max_per_gpu = {p.name: p.max_per_gpu for p in node.gpu.profiles}
+        max_mult = {tv: max(m for _, m in tr) for tv, tr in demand_terms(pb).items()}
+        built.rate_bounds = [
+            (v, min(node.slices_available // c.slices, node.num_gpus * max_per_gpu[c.mig_profile]),
+             max_mult.get((c.task, c.variant), 0.0) / c.throughput_rps)
+            for c, v in zip(built.cols[0], built.count[0], strict=True)]
+    for v, ub, per_rps in built.rate_bounds:
+        col_hi[v] = float(min(ub, max(1, math.ceil(r * per_rps - 1e-9))))
+    return LinearModel(md.maximize, md.col_lo, col_hi, cost, md.integer, row_lo, row_hi,
+                       md.row_index, md.row_value)
+
+
+def _lift(built: Built, values: list[float], i: int) -> tuple[tuple[Column, ...] | None, dict[str, float]]:
     """Part i's core solution with each used group moved to its lowest sufficient latency cap.
 
     Returns the column of every core column (aligned), or None when no caps meet the paths,
@@ -602,7 +646,7 @@ def _feasible_caps(pb: Problem, needed: dict[str, float]) -> dict[str, float]:
     return {t: needed[t] * factor[t] for t in app.task_names}
 
 
-def _extract(built: _Built, values: list[float], i: int, cols: tuple[Column, ...], status: str,
+def _extract(built: Built, values: list[float], i: int, cols: tuple[Column, ...], status: str,
              solve_s: float, gap: float) -> Plan:
     part = built.parts[i]
     pb, app, node = part.pb, part.pb.app, part.pb.node
@@ -644,7 +688,7 @@ def _extract(built: _Built, values: list[float], i: int, cols: tuple[Column, ...
     )
 
 
-def _start(full: _Built, best: JointResult | None) -> dict[int, float] | None:
+def _start(full: Built, best: JointResult | None) -> dict[int, float] | None:
     """The restricted plan as a (partial) start of the full model: instance counts and their binaries."""
     if best is None:
         return None
@@ -658,7 +702,7 @@ def _start(full: _Built, best: JointResult | None) -> dict[int, float] | None:
     return start
 
 
-def _result(built: _Built, sol: Solution, cols: list[tuple[Column, ...] | None], ub: float,
+def _result(built: Built, sol: Solution, cols: list[tuple[Column, ...] | None], ub: float,
             gap_abs: float, rel_gap: float, capacity_mode: bool, t0: float, stage: str) -> JointResult:
     """A lifted solution as a result: optimal when within the gap of the bound ``ub``."""
     secs = time.perf_counter() - t0
@@ -720,7 +764,7 @@ def _gap(sol: Solution) -> float:
     return abs(sol.bound - sol.objective)
 
 
-def _core_start(core: _Built, plans: list[Plan | None] | None) -> dict[int, float] | None:
+def _core_start(core: Built, plans: list[Plan | None] | None) -> dict[int, float] | None:
     """Known plans (e.g. the anytime incumbents) as a start of the core: each instance counted
     on its group's core column (which carries at least as much), lane rates as they are."""
     if not plans or any(p is None for p in plans):
@@ -890,7 +934,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
         levels: list[dict[str, list[float]] | None] = [
             None if cols is not None else candidate_levels(parts[i].pb, need, caps[i] or {})
             for i, (cols, need) in enumerate(lifts)]
-        def restrict(built: _Built, stage: str, how: str | None = None,
+        def restrict(built: Built, stage: str, how: str | None = None,
                      limit_s: float | None = None, max_nodes: int | None = None,
                      cut: bool = True, finished: list[bool] | None = None,
                      presolve: bool = True) -> JointResult | None:

@@ -6,7 +6,7 @@ then usually keeps the core's lane mix but takes, per group, a column a few perc
 throughput and several times faster (a smaller batch), so the paths fit. With the lane rates
 fixed the problem separates per task: for a latency cap ``L`` on task t, the fewest slices
 that cover each variant's demand with columns no slower than ``L`` is a tiny covering knapsack
-over the MIG profiles (``_cover``), a step function of ``L``. The caps then combine under the
+over the MIG profiles (``cover``), a step function of ``L``. The caps then combine under the
 path constraints by enumeration over each task's few Pareto points (cap, slices). The plans
 come out in order of slices; they meet the SLOs by construction, but MIG placement is not
 modelled here: callers pack them (``packer.pack``) and check them (``verify.verify_plan``).
@@ -50,23 +50,26 @@ def lane_demand(pb: Problem, lanes: dict[int, float]) -> dict[tuple[str, str], f
     return dict(out)
 
 
-def _cover(best: dict[str, Column], demand: float, max_cost: int, cost: dict[str, int]
+def cover(best: dict[str, Column], demand: float, max_cost: int, cost: dict[str, int]
            ) -> tuple[int, list[tuple[Column, int]]] | None:
     """The cheapest multiset of ``best`` (one column per MIG profile) whose throughput covers
     ``demand``, each instance costing ``cost[profile]``: an unbounded knapsack over costs
     (None if ``max_cost`` does not suffice). Returns the cost and the instances."""
     items = list(best.values())
+    weights = [cost[c.mig_profile] for c in items]
+    gains = [c.throughput_rps for c in items]
+    wg = list(zip(range(len(items)), weights, gains))
     top = [0.0] * (max_cost + 1)
     pick: list[int] = [-1] * (max_cost + 1)
     need = demand * (1 - _COVER_TOL)
     for s in range(1, max_cost + 1):
-        top[s], pick[s] = top[s - 1], -1
-        for k, c in enumerate(items):
-            w = cost[c.mig_profile]
-            if w <= s and top[s - w] + c.throughput_rps > top[s]:
-                top[s] = top[s - w] + c.throughput_rps
-                pick[s] = k
-        if top[s] >= need:
+        t, p = top[s - 1], -1
+        for k, w, g in wg:
+            if w <= s and top[s - w] + g > t:
+                t = top[s - w] + g
+                p = k
+        top[s], pick[s] = t, p
+        if t >= need:
             counts: dict[int, int] = defaultdict(int)
             r = s
             while r > 0:
@@ -74,7 +77,7 @@ def _cover(best: dict[str, Column], demand: float, max_cost: int, cost: dict[str
                     r -= 1
                     continue
                 counts[pick[r]] += 1
-                r -= cost[items[pick[r]].mig_profile]
+                r -= weights[pick[r]]
             return s, [(items[k], n) for k, n in counts.items()]
     return None
 
@@ -84,21 +87,12 @@ def _task_frontier(pb: Problem, task: str, demand: dict[str, float], cap_max: fl
                    ) -> list[tuple[float, int, list[tuple[Column, int]]]]:
     """Per task: the Pareto points (latency cap, least cost, instances), cap ascending and
     cost strictly falling: each cap is the smallest column latency giving that cost."""
-    groups: dict[tuple[str, str], list[Column]] = defaultdict(list)
-    for c in pb.colset.columns:
-        if c.task == task and c.variant in demand and c.latency_ms <= cap_max + 1e-9:
-            groups[(c.variant, c.mig_profile)].append(c)
-    if set(demand) - {v for v, _ in groups}:
+    key = ("cap_events", task, tuple(sorted(demand)), cap_max)
+    events = pb.derived.get(key)
+    if events is None:
+        events = pb.derived[key] = _events(pb, task, set(demand), cap_max)
+    if not events:
         return []
-    # the latencies at which some group's best throughput rises: the only caps that matter
-    events: list[tuple[float, str, str, Column]] = []
-    for (v, prof), cols in groups.items():
-        top = 0.0
-        for c in sorted(cols, key=lambda x: (x.latency_ms, -x.throughput_rps)):
-            if c.throughput_rps > top:
-                top = c.throughput_rps
-                events.append((c.latency_ms, v, prof, c))
-    events.sort(key=lambda e: e[0])
     best: dict[str, dict[str, Column]] = defaultdict(dict)
     per_variant: dict[str, tuple[int, list[tuple[Column, int]]] | None] = {v: None for v in demand}
     out: list[tuple[float, int, list[tuple[Column, int]]]] = []
@@ -112,13 +106,35 @@ def _task_frontier(pb: Problem, task: str, demand: dict[str, float], cap_max: fl
             changed.add(v)
             i += 1
         for v in changed:
-            per_variant[v] = _cover(best[v], demand[v], max_cost, cost)
+            per_variant[v] = cover(best[v], demand[v], max_cost, cost)
         if any(x is None for x in per_variant.values()):
             continue
         total = sum(x[0] for x in per_variant.values() if x is not None)
         if not out or total < out[-1][1]:
             out.append((lat, total, [ci for x in per_variant.values() if x is not None for ci in x[1]]))
     return out
+
+
+def _events(pb: Problem, task: str, variants: set[str], cap_max: float
+            ) -> list[tuple[float, str, str, Column]]:
+    """The latencies (up to ``cap_max``) at which some (variant, MIG profile) group's best
+    throughput rises, ascending: the only caps that matter; empty when a variant has no column.
+    Independent of the demand, so kept per problem (``Problem.derived``)."""
+    groups: dict[tuple[str, str], list[Column]] = defaultdict(list)
+    for c in pb.colset.columns:
+        if c.task == task and c.variant in variants and c.latency_ms <= cap_max + 1e-9:
+            groups[(c.variant, c.mig_profile)].append(c)
+    if variants - {v for v, _ in groups}:
+        return []
+    events: list[tuple[float, str, str, Column]] = []
+    for (v, prof), cols in groups.items():
+        top = 0.0
+        for c in sorted(cols, key=lambda x: (x.latency_ms, -x.throughput_rps)):
+            if c.throughput_rps > top:
+                top = c.throughput_rps
+                events.append((c.latency_ms, v, prof, c))
+    events.sort(key=lambda e: e[0])
+    return events
 
 
 def cap_plans(pb: Problem, lanes: dict[int, float], *, max_slices: int | None = None,
@@ -153,8 +169,11 @@ def _cheapest(pb: Problem, lanes: dict[int, float], cost: dict[str, int], budget
     ``extra`` above the least, their ``slices`` field holding that cost."""
     app = pb.app
     demand = lane_demand(pb, lanes)
-    fastest = {t: min((c.latency_ms for c in pb.colset.columns if c.task == t), default=math.inf)
-               for t in app.task_names}
+    fastest = pb.derived.get(("fastest",))
+    if fastest is None:
+        fastest = pb.derived[("fastest",)] = {
+            t: min((c.latency_ms for c in pb.colset.columns if c.task == t), default=math.inf)
+            for t in app.task_names}
     half = app.latency_slo_ms / 2
     frontier: dict[str, list[tuple[float, int, list[tuple[Column, int]]]]] = {}
     for t in app.task_names:

@@ -24,7 +24,17 @@ from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import NODE_OBJECTIVES, Node
 from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
 from jigsaw.planner import decompose, joint
-from jigsaw.planner.anytime import Candidate, candidate_plan, extend_plan, quick_candidates, quick_plan
+from jigsaw.planner.anytime import (
+    Candidate,
+    candidate_plan,
+    candidates_below,
+    extend_plan,
+    fewest_first,
+    largest_fraction,
+    quick_candidates,
+    quick_plan,
+    rescale,
+)
 from jigsaw.planner.decompose import app_layout
 from jigsaw.planner.packer import InstanceRequest, PackingError, pack
 from jigsaw.planner.problem import Factors, Problem, make_problem
@@ -260,6 +270,8 @@ def prefer_quick(quick: NodePlan, exact: NodePlan, node: Node, objective: str | 
     answer for scaled demands (the quick plan serves them in full only when they fit), never loses."""
     if not exact.plans or any(not p.instances for p in exact.plans.values()):
         return True
+    if quick.demand_scale < exact.demand_scale - 1e-12:
+        return False  # a quick plan for part of the demands (``scale_down``) serves less
     return exact.status != "optimal" and exact.demand_scale >= 1.0 and \
         node_value(quick.plans, node, objective) > node_value(exact.plans, node, objective) + 1e-9
 
@@ -267,13 +279,17 @@ def prefer_quick(quick: NodePlan, exact: NodePlan, node: Node, objective: str | 
 def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float], *,
                     objective: str | None = None, space: str | SearchSpace | None = None,
                     previous: NodePlan | None = None, factors: Mapping[str, Factors] | None = None,
-                    budget_s: float = QUICK_BUDGET_S) -> NodePlan | None:
+                    budget_s: float = QUICK_BUDGET_S, scale_down: bool = False) -> NodePlan | None:
     """A verified node plan within about ``budget_s`` per app, or None: one of each app's
     greedy candidates (``anytime.quick_candidates``) at its full demand, chosen so that they fit
-    the node together (``_fit_together``), packed as one layout and each checked by
-    ``verify.verify_plan``; where that finds none, each app's plan of the fewest slices. None when
-    those do not fit together either (the exact ``plan_node`` decides how to share the node then)
-    or any app has none. A single app takes its greedy plan (``anytime.quick_plan``).
+    the node together (``_fit_together``: the best first, then those of the fewest slices and
+    slots), packed as one layout and each checked by ``verify.verify_plan``. None when none fit
+    together or any app has none. A single app takes its greedy plan (``anytime.quick_plan``).
+
+    ``scale_down``: where the full demands find no plan, the plan for the largest common
+    fraction of them that the candidates reach (``_scaled_fit``; ``demand_scale`` says which,
+    ``feasible`` is false, the status still ``heuristic``): near and above the node's capacity
+    the controller then still has a verified plan within the quick plan's time.
 
     With ``previous`` (the running node plan), each app's running plan is kept and extended
     for its new demand first (``anytime.extend_plan``): a burst's quick plan then adds
@@ -299,14 +315,13 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
                 if p is not None:
                     kept[a.name] = p
 
-    def attempt(use_kept: bool, least: bool = False) -> tuple[dict[str, Plan], Layout] | None:
+    def attempt(use_kept: bool) -> tuple[dict[str, Plan], Layout] | None:
         plans: dict[str, Plan] = {}
         for a in apps:
             p = kept.get(a.name) if use_kept else None
             if p is None:
                 p = quick_plan(a, node, profiles, float(demands[a.name]), space=sp,
-                               factors=(factors or {}).get(a.name), budget_s=budget_s,
-                               fewest_slices=least)
+                               factors=(factors or {}).get(a.name), budget_s=budget_s)
             if p is None:
                 return None
             plans[a.name] = p
@@ -322,15 +337,26 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
                 return None
         return plans, layout
 
-    # the running plans kept (what runs stays where it is) first; else, for several apps, the
-    # best choice of each app's greedy candidates that fits together (``_fit_together``), and
-    # each app's plan of the fewest slices where that finds none
-    if len(apps) == 1:
-        got = (attempt(True) if kept else None) or attempt(False)
-    else:
-        got = (attempt(True) if kept else None) or \
-            _fit_together(apps, node, profiles, demands, sp, factors, previous, budget_s, kind) or \
-            attempt(False, least=True)
+    # the running plans kept (what runs stays where it is) first; else, for several apps, a
+    # choice of each app's greedy candidates that fits together (``_fit_together``)
+    got = attempt(True) if kept else None
+    options: list[_AppOptions] | None = None
+    if got is None:
+        if len(apps) == 1:
+            got = attempt(False)
+        else:
+            options = _app_options(apps, node, profiles, demands, sp, factors, budget_s, kind)
+            got = _fit_together(options, node, profiles, demands, factors, previous, budget_s) \
+                if options is not None else None
+    scale = 1.0
+    if got is None and scale_down:
+        options = options or _app_options(apps, node, profiles, demands, sp, factors, budget_s, kind,
+                                          lower=True)
+        found = _scaled_fit(options, node, profiles, demands, factors, previous) \
+            if options is not None else None
+        if found is not None:
+            scale, plans, layout = found
+            got = plans, layout
     if got is None:
         return None
     plans, layout = got
@@ -338,41 +364,50 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
     for p in plans.values():
         p.solve_seconds = secs
     slices = sum(p.slices_used for p in plans.values())
-    return NodePlan(node=node.name, objective_kind=kind, status=QUICK_STATUS, feasible=True,
+    what = ("the running plans kept, instances added for the new demands"
+            if any(plans.get(n) is k for n, k in kept.items()) else "each app's greedy plan")
+    notes = ["anytime incumbent: " + what + ", packed together and verified; not proven optimal"]
+    if scale < 1.0:
+        notes.append(f"the greedy's plan for {scale:.2%} of every app's demand: none found for the full "
+                     "demands (not proven the largest fraction)")
+    return NodePlan(node=node.name, objective_kind=kind, status=QUICK_STATUS, feasible=scale >= 1.0,
                     objective=node_value(plans, node, kind),
                     gap=math.inf, slices_used=slices, slices_available=node.slices_available,
-                    solve_seconds=secs, plans=plans, layout=layout, demand_scale=1.0,
-                    notes=["anytime incumbent: " + (
-                        "the running plans kept, instances added for the new demands"
-                        if any(plans.get(n) is k for n, k in kept.items()) else "each app's greedy plan")
-                        + ", packed together and verified; not proven optimal"])
+                    solve_seconds=secs, plans=plans, layout=layout, demand_scale=scale, notes=notes)
 
 
-FIT_TRIES = 8  # ``_fit_together``: choices packed and verified at most (best first)
+FIT_TRIES = 8  # ``_fit_together``: choices packed and verified at most, per order tried
 
 
-def _fit_together(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float],
-                  sp: SearchSpace, factors: Mapping[str, Factors] | None, previous: NodePlan | None,
-                  budget_s: float, kind: str) -> tuple[dict[str, Plan], Layout] | None:
-    """The best choice of one greedy candidate per app (``anytime.quick_candidates``) whose
-    slices and MIG slots fit the node together, packed as one layout and every plan verified.
+@dataclass
+class _AppOptions:
+    """One app's greedy candidates for ``_fit_together`` and ``_scaled_fit``."""
 
-    Why: each app's own best greedy plan often leaves too little for the others near the node's
-    capacity (70-90% of it: no quick plan before), while a slightly worse candidate of one app
-    lets all fit. Per app only the candidates not dominated in (value, slices, slots) are kept
-    (with each one's runner-up of the same usage), so the choices are a few hundred tuples.
-    """
-    t0 = time.perf_counter()
+    app: App
+    pb: Problem
+    rate: float  # the app's demand (root rps, at least joint.MIN_DEMAND_RPS)
+    at: float  # the rate the candidates are for (``rate``, or a half of it, ... where none fit)
+    opts: list[tuple[tuple[int, int], float, Candidate]]  # (slices, slots), node value, candidate
+    cands: list[Candidate]  # every candidate (``_scaled_fit`` rescales the fewest-slice ones)
+
+
+def _app_options(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float],
+                 sp: SearchSpace, factors: Mapping[str, Factors] | None, budget_s: float, kind: str,
+                 lower: bool = False) -> list[_AppOptions] | None:
+    """Per app its greedy candidates (``anytime.quick_candidates``) not dominated in (value,
+    slices, slots), with each one's runner-up of the same usage; None if an app has none.
+    ``lower``: an app without candidates at its demand takes those at the first half, quarter...
+    that has some (``anytime.candidates_below``; for ``_scaled_fit``)."""
     size = {p.name: p.size for p in node.gpu.profiles}
     room = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
-    per_app: list[tuple[App, Problem, float, list[tuple[tuple[int, int], float, Candidate]]]] = []
+    out: list[_AppOptions] = []
     for a in apps:
-        f = (factors or {}).get(a.name)
-        pb = make_problem(a, node, profiles, sp, f)
+        pb = make_problem(a, node, profiles, sp, (factors or {}).get(a.name))
         r = max(float(demands[a.name]), joint.MIN_DEMAND_RPS)
+        at, cands = candidates_below(pb, r, budget_s) if lower else (r, quick_candidates(pb, r, budget_s))
         by_use: dict[tuple[int, int], list[tuple[float, Candidate]]] = {}
         w = node.planner.app_weight(a.name)
-        for cand in quick_candidates(pb, r, budget_s):
+        for cand in cands:
             use = (sum(c.slices * n for c, n in cand[2]), sum(size[c.mig_profile] * n for c, n in cand[2]))
             if use[0] > room[0] or use[1] > room[1]:
                 continue
@@ -388,37 +423,126 @@ def _fit_together(apps: Sequence[App], node: Node, profiles: ProfileTable, deman
         opts = [(u, val, c) for u in front for val, c in by_use[u]]
         if not opts:
             return None
-        per_app.append((a, pb, r, opts))
-    combos = [c for c in product(*(o for *_, o in per_app))
+        out.append(_AppOptions(a, pb, r, at, opts, cands))
+    return out
+
+
+def _fit_together(options: list[_AppOptions], node: Node, profiles: ProfileTable,
+                  demands: Mapping[str, float], factors: Mapping[str, Factors] | None,
+                  previous: NodePlan | None, budget_s: float) -> tuple[dict[str, Plan], Layout] | None:
+    """The best choice of one greedy candidate per app (``_app_options``) whose slices and MIG
+    slots fit the node together, packed as one layout and every plan verified: up to
+    ``FIT_TRIES`` choices best first, then as many of the fewest slices and of the fewest slots.
+
+    Why: each app's own best greedy plan often leaves too little for the others near the node's
+    capacity (70-90% of it: no quick plan before), while a slightly worse candidate of one app
+    lets all fit; at 90% only the choices of the fewest slices do.
+    """
+    t0 = time.perf_counter()
+    room = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
+    combos = [c for c in product(*(o.opts for o in options))
               if sum(x[0][0] for x in c) <= room[0] and sum(x[0][1] for x in c) <= room[1]]
-    combos.sort(key=lambda c: -sum(x[1] for x in c))
+    orders = (lambda c: -sum(x[1] for x in c),
+              lambda c: (sum(x[0][0] for x in c), -sum(x[1] for x in c)),
+              lambda c: (sum(x[0][1] for x in c), -sum(x[1] for x in c)))
     bad: set[int] = set()  # candidates (by id) whose plan failed the verifier
-    tries = 0
-    for combo in combos:
-        if tries >= FIT_TRIES or (tries and time.perf_counter() - t0 > len(apps) * budget_s):
-            break
-        if any(id(x[2]) in bad for x in combo):
-            continue
-        tries += 1
-        plans = {a.name: candidate_plan(pb, float(demands[a.name]), r, x[2])
-                 for (a, pb, r, _), x in zip(per_app, combo, strict=True)}
-        try:
-            layout = _pack_node(plans, node, previous)
-        except PackingError:
-            continue
-        ok = True
-        for (a, _, _, _), x in zip(per_app, combo, strict=True):
-            p = plans[a.name]
-            p.layout = app_layout(layout, a.name)
-            if verify_plan(p, a, node, profiles, (factors or {}).get(a.name)):
-                bad.add(id(x[2]))
-                ok = False
-        if ok:
-            return plans, layout
+    seen: set[tuple[int, ...]] = set()
+    for order in orders:
+        tries = 0
+        for combo in sorted(combos, key=order):
+            if tries >= FIT_TRIES or (tries and time.perf_counter() - t0 > len(options) * budget_s):
+                break
+            ids = tuple(id(x[2]) for x in combo)
+            if ids in seen or any(i in bad for i in ids):
+                continue
+            seen.add(ids)
+            tries += 1
+            got = _fit_one(options, [x[2] for x in combo], 1.0, node, profiles, demands, factors,
+                           previous, bad)
+            if got is not None:
+                return got
     return None
 
 
-SCALED_QUICK_FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # tried in turn, largest first
+def _fit_one(options: list[_AppOptions], cands: list[Candidate], scale: float, node: Node,
+             profiles: ProfileTable, demands: Mapping[str, float], factors: Mapping[str, Factors] | None,
+             previous: NodePlan | None, bad: set[int] | None = None
+             ) -> tuple[dict[str, Plan], Layout] | None:
+    """One candidate per app (for ``scale`` of its demand) as plans packed together and verified,
+    or None (each candidate whose plan fails the verifier goes into ``bad``)."""
+    plans = {o.app.name: candidate_plan(o.pb, scale * float(demands[o.app.name]), scale * o.rate, c)
+             for o, c in zip(options, cands, strict=True)}
+    try:
+        layout = _pack_node(plans, node, previous)
+    except PackingError:
+        return None
+    ok = True
+    for o, c in zip(options, cands, strict=True):
+        p = plans[o.app.name]
+        p.layout = app_layout(layout, o.app.name)
+        if verify_plan(p, o.app, node, profiles, (factors or {}).get(o.app.name)):
+            if bad is not None:
+                bad.add(id(c))
+            ok = False
+    return (plans, layout) if ok else None
+
+
+def _scaled_fit(options: list[_AppOptions], node: Node, profiles: ProfileTable,
+                demands: Mapping[str, float], factors: Mapping[str, Factors] | None,
+                previous: NodePlan | None) -> tuple[float, dict[str, Plan], Layout] | None:
+    """The largest common fraction of the demands (``anytime.largest_fraction``) at which each
+    app's candidates of the fewest slices or slots, ``anytime.rescale``d to it, fit together:
+    the fraction, the verified plans (each for its fraction of the demand) and their layout.
+
+    Why: a re-plan near or above the node's capacity found no quick plan before, and the scaled
+    one took 0.1-0.5 s (a whole candidate search per fraction tried); rescaling the candidates
+    found for the full demands costs a few knapsacks per fraction.
+    """
+    size = {p.name: p.size for p in node.gpu.profiles}
+    room = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
+    few = [fewest_first(o.cands, size) for o in options]
+
+    def usage(c: Candidate) -> tuple[int, int]:
+        return sum(x.slices * n for x, n in c[2]), sum(size[x.mig_profile] * n for x, n in c[2])
+
+    def probe(f: float) -> tuple[dict[str, Plan], Layout] | None:
+        per_app = []
+        for o, cs in zip(options, few, strict=True):
+            got = [c for c in (rescale(o.pb, c, o.at, f * o.rate, k) for c in cs for k in ("slices", "slots"))
+                   if c is not None]
+            if not got:
+                return None
+            per_app.append(got)
+        # per app the rescaled candidates not dominated in (slices, slots), then the choices
+        # that fit the node's slices and slots, fewest slices first (at most 3 packed)
+        fronts = []
+        for got in per_app:
+            use = {id(c): usage(c) for c in got}
+            fronts.append([c for c in got if not any(
+                use[id(o)] != use[id(c)] and use[id(o)][0] <= use[id(c)][0] and use[id(o)][1] <= use[id(c)][1]
+                for o in got)])
+        choices = []
+        for pick in product(*fronts):
+            slices = sum(usage(c)[0] for c in pick)
+            slots = sum(usage(c)[1] for c in pick)
+            if slices <= room[0] and slots <= room[1]:
+                choices.append((slices, slots, -sum(c[0] for c in pick), pick))
+        choices.sort(key=lambda x: x[:3])
+        for *_, pick in choices[:3]:
+            got = _fit_one(options, list(pick), f, node, profiles, demands, factors, previous)
+            if got is not None:
+                return got
+        return None
+
+    need = [min(usage(c)[k] for c in cs) for k in (0, 1) for cs in few]
+    n = len(options)
+    at = min(o.at / o.rate for o in options)
+    guess = at * min(1.0, 0.99 * room[0] / max(sum(need[:n]), 1), 0.99 * room[1] / max(sum(need[n:]), 1))
+    found = largest_fraction(probe, guess)
+    if found is None:
+        return None
+    frac, (plans, layout) = found
+    return frac, plans, layout
 
 
 def scaled_quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable,
@@ -426,25 +550,20 @@ def scaled_quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTab
                            space: str | SearchSpace | None = None, previous: NodePlan | None = None,
                            factors: Mapping[str, Factors] | None = None,
                            budget_s: float = QUICK_BUDGET_S) -> NodePlan | None:
-    """``quick_plan_node``'s plan for the largest of ``SCALED_QUICK_FRACTIONS`` of every app's
-    demand that it finds one for (``demand_scale`` says which), or None.
+    """``quick_plan_node(scale_down=True)``'s plan when it serves less than the full demands,
+    labelled as the scaled search's plans are (status ``feasible``: verified, not proven), else
+    None (the full demands have a quick plan, or not even a small fraction fits).
 
     Why: a spike's re-plan near or above the node's capacity can end its time limit with no plan
-    at all (the greedy finds none at the full demand, the exact solve and its scaled search run
-    out), and a controller with nothing to deploy keeps the quiet plan through the whole spike.
-    A verified plan that serves most of the demand, found in a few greedy tries, is far better.
+    at all (the exact solve and its scaled search run out), and a controller with nothing to
+    deploy keeps the quiet plan through the whole spike.
     """
-    for frac in SCALED_QUICK_FRACTIONS:
-        scaled = {name: float(rps) * frac for name, rps in demands.items()}
-        q = quick_plan_node(apps, node, profiles, scaled, objective=objective, space=space,
-                            previous=previous, factors=factors, budget_s=budget_s)
-        if q is not None:
-            # labelled as the scaled search's plans are: verified, not proven, not the full demand
-            q.status, q.feasible, q.demand_scale = "feasible", False, frac
-            q.notes.append(f"the greedy's plan for {frac:.0%} of every app's demand: the full demand "
-                           "found no plan within the limit")
-            return q
-    return None
+    q = quick_plan_node(apps, node, profiles, demands, objective=objective, space=space,
+                        previous=previous, factors=factors, budget_s=budget_s, scale_down=True)
+    if q is None or q.demand_scale >= 1.0:
+        return None
+    q.status = "feasible"
+    return q
 
 
 def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
@@ -453,25 +572,26 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
                       previous: NodePlan | None = None, time_limit_s: float | None = None,
                       factors: Mapping[str, Factors] | None = None, solver: str | None = None,
                       formulation: str | None = None) -> Iterator[NodePlan]:
-    """Yields ``quick_plan_node``'s plan (status ``heuristic``) when it finds one, then the exact
-    node plan, ``plan_node``'s started from the quick plan (with the ``joint`` formulation:
-    ``separate_optima``'s when the apps' own optima fit together, else the joint model's)."""
+    """Yields ``quick_plan_node``'s plan (status ``heuristic``) when it finds one (where the full
+    demands find none, its plan for the largest common fraction it reaches: ``scale_down``), then
+    the exact node plan, ``plan_node``'s started from a full quick plan (with the ``joint``
+    formulation: ``separate_optima``'s when the apps' own optima fit together, else the joint
+    model's); the quick plan again where the exact solve found nothing (or nothing better)."""
     quick = quick_plan_node(apps, node, profiles, demands, objective=objective, space=space,
-                            previous=previous, factors=factors)
+                            previous=previous, factors=factors, scale_down=True)
     if quick is not None:
         yield quick
+    start = quick if quick is not None and quick.demand_scale >= 1.0 else None
     if (formulation or DEFAULT_FORMULATION) != "joint":
         # the decomposition starts with each app's own optimum (what separate_optima checks)
         exact = plan_node(apps, node, profiles, demands, objective=objective, space=space,
                           previous=previous, time_limit_s=time_limit_s, factors=factors,
-                          solver=solver, start=quick, formulation=formulation)
-        if quick is None and (not exact.plans or any(not p.instances for p in exact.plans.values())):
-            scaled = scaled_quick_plan_node(apps, node, profiles, demands, objective=objective,
-                                            space=space, previous=previous, factors=factors)
-            if scaled is not None:
-                scaled.notes.append(f"the exact node plan ended {exact.status}")
-                yield scaled
-                return
+                          solver=solver, start=start, formulation=formulation)
+        if quick is not None and quick.demand_scale < 1.0 and \
+                (not exact.plans or any(not p.instances for p in exact.plans.values())):
+            quick.notes.append(f"the exact node plan ended {exact.status}")
+            yield quick
+            return
         if quick is not None and prefer_quick(quick, exact, node, objective):
             # the exact solve ran out of its limit with nothing better (a spike's re-plan): the
             # verified quick plan is the answer, said so in its notes
@@ -489,7 +609,7 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
         return
     exact = plan_node(apps, node, profiles, demands, objective=objective, space=space, previous=previous,
                       time_limit_s=max(0.5 * limit, limit - (time.perf_counter() - t0)), factors=factors,
-                      solver=solver, start=apart if apart is not None else quick, formulation="joint")
+                      solver=solver, start=apart if apart is not None else start, formulation="joint")
     yield apart if apart is not None and prefer_quick(apart, exact, node, objective) else exact
 
 

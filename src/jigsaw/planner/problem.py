@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jigsaw.app import App, Lane
 from jigsaw.node import Node
@@ -32,6 +32,9 @@ class Problem:
     layouts: list[dict[str, int]]  # maximal per-GPU profile counts over the columns' profiles
     factors: Factors | None = None
     profiles: ProfileTable | None = None  # what the columns came from (the verifier needs it)
+    # what the planner derives from the fields above alone (never from a demand), kept: a warm
+    # solver process's quick plan then skips rebuilding it (``anytime``); never changed once set
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 # make_problem's memo: per profile table (weakly: a table dropped takes its problems along), the
