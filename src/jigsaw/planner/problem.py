@@ -34,7 +34,7 @@ class Problem:
     profiles: ProfileTable | None = None  # what the columns came from (the verifier needs it)
     # what the planner derives from the fields above alone (never from a demand), kept: a warm
     # solver process's quick plan then skips rebuilding it (``anytime``); never changed once set
-    derived: dict = field(default_factory=dict, compare=False, repr=False)
+    derived: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
 
 # make_problem's memo: per profile table (weakly: a table dropped takes its problems along), the
