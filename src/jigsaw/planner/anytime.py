@@ -51,6 +51,7 @@ from jigsaw.spaces import SearchSpace, search_space
 
 QUICK_BUDGET_S = 0.08
 T = TypeVar("T")
+LP_PRESOLVE = False
 MIN_DEMAND_RPS = 0.01
 
 
@@ -491,7 +492,7 @@ def _relaxed(pb: Problem, rate: float, kind: str, caps: dict[str, float] | None
     key = ("lp", kind, None if caps is None else tuple(sorted(caps.items())))
     built = _derived(pb, key, lambda: joint.build([joint.Part(pb, rate)], pb.node, full=False,
                                                   objective=kind, caps=None if caps is None else [caps]))
-    return built, joint.at_rate(built, rate, kind).relaxation("highs", presolve=False)
+    return built, joint.at_rate(built, rate, kind).relaxation("highs", presolve=LP_PRESOLVE)
 
 
 def _as_plan(pb: Problem, demand_rps: float, rate: float, lanes: dict[int, float],
