@@ -126,7 +126,10 @@ def _alive(pgid: int) -> bool:
 
 def jigsawd(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> tuple[Proc, str]:
     port = free_port()
-    server = Proc(jigsawd_command(args, port), port, log_path, name="jigsawd", ready_timeout_s=180.0,
+    cmd = jigsawd_command(args, port)
+    if os.environ.get("DP_SERVER_CPU"):
+        cmd = ["taskset", "-c", os.environ["DP_SERVER_CPU"], *cmd]
+    server = Proc(cmd, port, log_path, name="jigsawd", ready_timeout_s=180.0,
                   cwd=ROOT, env=env)
     return server, server.url
 
@@ -885,6 +888,8 @@ def print_traffic(tr: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if os.environ.get("DP_CLIENT_CPU"):
+        os.sched_setaffinity(0, {int(os.environ["DP_CLIENT_CPU"])})
     results: dict[str, Any] = {
         "label": LABEL, "backend": "emulated", "machine": platform.node(), "cpus": os.cpu_count(),
         "platform": platform.platform(), "python": platform.python_version(),

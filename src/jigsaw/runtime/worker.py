@@ -211,6 +211,9 @@ class Worker:
         self._busy = False  # a batch is awaiting its backend (a task finishes it)
         self._batch_task: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] | None = None  # set when ``run`` is to return
+        # the running loop, kept: ``asyncio.get_running_loop`` makes a getpid(2) system call
+        # (glibc caches no pid), which every turn would pay
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None  # the next turn when no doorbell rings first
         self._idle = False  # that timer is the idle one (not a batching deadline)
         self.trace: list[list[int]] | None = [] if TRACE_DIR else None
@@ -462,7 +465,7 @@ class Worker:
             self._finish_batch(items, start, done.value)
             return True
         self._busy = True
-        self._batch_task = asyncio.get_running_loop().create_task(
+        self._batch_task = self._running_loop().create_task(
             self._await_batch(items, start, _Resume(coro, waiting)))
         return True
 
@@ -555,7 +558,7 @@ class Worker:
                     batches += 1
                     if batches >= TURN_BATCHES:
                         self._quiet_bell()
-                        asyncio.get_running_loop().call_soon(self._turn)
+                        self._running_loop().call_soon(self._turn)
                         return
                     continue
                 # Out of work: arm (producers ring from now on), then look at the rings once more,
@@ -575,7 +578,7 @@ class Worker:
                     self._idle = timeout_s >= IDLE_WAIT_S
             # A pending timer due no later is kept (a turn that finds nothing to do is harmless):
             # an idle process's turns then make no timer each (one a second, not one a turn).
-            loop = asyncio.get_running_loop()
+            loop = self._running_loop()
             timer = self._timer
             if timer is None or timer.cancelled() or timer.when() > loop.time() + timeout_s:
                 if timer is not None:
@@ -583,6 +586,12 @@ class Worker:
                 self._timer = loop.call_later(timeout_s, self._on_timer)
         except BaseException as exc:
             self._fail(exc)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _quiet_bell(self) -> None:
         """Read the doorbell's wake-up bytes (``Doorbell.clear``) when the turn it woke is past its
@@ -609,7 +618,7 @@ class Worker:
 
     async def run(self) -> None:
         slot = self.spec.slot
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         bell = self.bell
         self._done = loop.create_future()
 
