@@ -204,9 +204,9 @@ def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, s
         cleanup = bell.close
     env = dict(os.environ, PYTHONPATH=str(SRC), JIGSAW_NO_EXTENSIONS="1" if impl_name == "pure" else "0")
     consumer_cpu, producer_cpu = _cpus_of(placement)
+    pin = "-" if producer_cpu is None else str(producer_cpu)
     proc = subprocess.Popen([sys.executable, "-c", _PRODUCER, impl_name, ping_name, pong_name, bell.name,
-                             str(samples), str(size), mode, "-" if producer_cpu is None else str(producer_cpu)],
-                            env=env)
+                             str(samples), str(size), mode, pin], env=env)
     allowed = os.sched_getaffinity(0)
     if consumer_cpu is not None:
         os.sched_setaffinity(0, {consumer_cpu})
