@@ -12,7 +12,10 @@
   producer rings; ``loop``: it sleeps in a uvloop loop that watches the FIFO (``add_reader``,
   the arm / re-check handshake of the workers and the frontend). In the two sleeping modes the
   producer pauses 0.3 ms before each record, so the consumer is asleep when it arrives: the
-  figure includes the wake-up. Both sleeping modes run with each kind of doorbell (``fifo``, and
+  figure includes the wake-up (and yields while it waits for the ack: a spinning producer would
+  keep a consumer on its CPU waiting). ``--placements``: the sleeping modes with producer and
+  consumer left to the scheduler (``free``), pinned to one CPU (``same``) or to two (``apart``).
+  Both sleeping modes run with each kind of doorbell (``fifo``, and
   ``eventfd`` where this machine lets a child take its parent's descriptor). ``semaphore``: the
   earlier design's wake-up for reference, the consumer blocked in ``sem_timedwait`` on a POSIX
   semaphore (the producer posts).
@@ -76,7 +79,9 @@ _PRODUCER = textwrap.dedent("""
         ping.push(h, payload)
         if mode != "spin":
             ring()
-        while pong.pop() is None:
+        while pong.pop() is None:  # (sleeping modes: yield, the consumer may share this CPU)
+            if mode != "spin":
+                os.sched_yield()
             if time.monotonic() > give_up:
                 sys.exit("consumer stalled")
     ping.close(); pong.close()

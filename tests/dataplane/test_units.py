@@ -404,3 +404,41 @@ def test_sink_arrays_read_as_the_general_decoder_reads_them():
             decode_tensors(bad)
         with pytest.raises(ValueError):
             core.decode_arrays(bad, dispatch._WIRE_DTYPES)
+
+
+class _Bell:
+    """A doorbell whose consumer is asleep (``ring`` writes) or awake (it does not)."""
+
+    def __init__(self, asleep: bool) -> None:
+        self.asleep = asleep
+        self.rings = 0
+
+    def ring(self) -> bool:
+        self.rings += 1
+        return self.asleep
+
+
+@pytest.mark.parametrize(("child_asleep", "frontend_asleep", "switch", "yields"), [
+    (True, False, "1", 1),  # woke the next worker: yield, it may be waiting on this CPU
+    (True, True, "1", 1),
+    (False, True, "1", 0),  # woke only the frontend: no yield (it would cost its batching)
+    (False, False, "1", 0),  # woke nobody
+    (True, True, "0", 0),  # JIGSAW_RING_YIELD=0
+])
+def test_a_turn_yields_after_waking_a_sleeping_next_worker(monkeypatch, child_asleep, frontend_asleep,
+                                                           switch, yields):
+    from types import SimpleNamespace
+
+    from jigsaw.runtime import worker
+
+    calls = []
+    monkeypatch.setattr(worker.os, "sched_yield", lambda: calls.append(1))
+    monkeypatch.setattr(worker, "RING_YIELD", switch != "0")
+    child, front = _Bell(child_asleep), _Bell(frontend_asleep)
+    w = worker.Worker.__new__(worker.Worker)
+    w.wirings = [SimpleNamespace(rung={0}, output_bells=[child], done_rung=True, done_bell=front)]
+    w._ring_outputs()
+    assert (child.rings, front.rings, len(calls)) == (1, 1, yields)
+    assert w.wirings[0].rung == set() and not w.wirings[0].done_rung
+    w._ring_outputs()  # nothing pushed since: no ring, no yield
+    assert (child.rings, front.rings, len(calls)) == (1, 1, yields)
