@@ -368,14 +368,11 @@ class Doorbell:
         """The descriptor: readable while a wake-up is pending (for ``loop.add_reader``)."""
         return self._fd
 
-    def ring(self) -> bool:
-        """Wake the consumer if it may be asleep (no system call while it is awake or already rung);
-        True when it wrote (the consumer was asleep)."""
+    def ring(self) -> None:
+        """Wake the consumer if it may be asleep (no system call while it is awake or already rung)."""
         if self._flag.take():
             with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
                 os.write(self._fd, self._signal)
-            return True
-        return False
 
     def arm(self) -> None:
         """The consumer is about to sleep: producers must signal; look at the rings once more after it."""

@@ -97,8 +97,6 @@ Buffer = bytes | bytearray | memoryview  # a payload the rings copy in
 PUSH_RETRY_S = 0.0005
 
 _running = True
-# Yield the CPU after a turn's doorbells woke a sleeping next worker (``_ring_outputs``); 0: do not.
-RING_YIELD = os.environ.get("JIGSAW_RING_YIELD", "1") != "0"
 
 
 def make_backend(spec: ProcessSpec) -> Backend:
@@ -391,24 +389,14 @@ class Worker:
                     w.done_rung = True
 
     def _ring_outputs(self) -> None:
-        """Ring each consumer this turn pushed to, once: a batch's records cost one wake-up each.
-
-        When a ring woke a sleeping next worker, yield the CPU (``sched_yield``): the kernel often
-        wakes it on this CPU, where it would otherwise wait for the end of this turn (on a 2-vCPU
-        VM the next worker's wake-up went from ~35 to ~17 us p50); where it runs on another CPU,
-        the yield returns at once. Not for the frontend's doorbell: the frontend is the node's
-        busiest process, and handing it the CPU at every record cost the closed-loop throughput
-        a quarter (fewer records per drain). ``JIGSAW_RING_YIELD=0`` turns it off."""
-        woke = False
+        """Ring each consumer this turn pushed to, once: a batch's records cost one wake-up each."""
         for w in self.wirings:
             for i in w.rung:
-                woke |= w.output_bells[i].ring()
+                w.output_bells[i].ring()
             w.rung.clear()
             if w.done_rung:
                 w.done_rung = False
                 w.done_bell.ring()
-        if woke and RING_YIELD:
-            os.sched_yield()
 
     # ---- the loop -----------------------------------------------------------------------
     def take_inputs(self, max_n: int) -> int:
