@@ -404,4 +404,3 @@ def test_sink_arrays_read_as_the_general_decoder_reads_them():
             decode_tensors(bad)
         with pytest.raises(ValueError):
             core.decode_arrays(bad, dispatch._WIRE_DTYPES)
-
