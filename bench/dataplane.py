@@ -83,6 +83,7 @@ uvloop.run(main(int(sys.argv[1])))
 
 # ---- processes ------------------------------------------------------------------------------
 STARTED_PIDS: list[int] = []  # every server process this run started (jigsawd names its segments by pid)
+SERVER_CPUS = ""  # --server-cpus: the CPUs jigsawd and its workers are pinned to ("": not pinned)
 
 
 def shm_jigsaw(pids: list[int] | None = None) -> set[str]:
@@ -126,7 +127,10 @@ def _alive(pgid: int) -> bool:
 
 def jigsawd(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> tuple[Proc, str]:
     port = free_port()
-    server = Proc(jigsawd_command(args, port), port, log_path, name="jigsawd", ready_timeout_s=180.0,
+    cmd = jigsawd_command(args, port)
+    if SERVER_CPUS:  # every process of the node (workers inherit the daemon's CPUs)
+        cmd = ["taskset", "-c", SERVER_CPUS, *cmd]
+    server = Proc(cmd, port, log_path, name="jigsawd", ready_timeout_s=180.0,
                   cwd=ROOT, env=env)
     return server, server.url
 
@@ -788,6 +792,9 @@ def bench_traffic(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="shorter durations")
+    p.add_argument("--server-cpus", default="", help="pin jigsawd and its workers to these CPUs (taskset "
+                   "list, e.g. 0): a placement study; default: the scheduler's")
+    p.add_argument("--client-cpus", default="", help="pin this process (the load generator) to these CPUs")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--connections", type=int, default=32, help="closed-loop connections (throughput)")
     p.add_argument("--rates", default="500,2000", help="open-loop rates of the per-hop test (req/s)")
@@ -885,6 +892,10 @@ def print_traffic(tr: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    global SERVER_CPUS
+    SERVER_CPUS = args.server_cpus
+    if args.client_cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
     results: dict[str, Any] = {
         "label": LABEL, "backend": "emulated", "machine": platform.node(), "cpus": os.cpu_count(),
         "platform": platform.platform(), "python": platform.python_version(),

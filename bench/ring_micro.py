@@ -12,7 +12,10 @@
   producer rings; ``loop``: it sleeps in a uvloop loop that watches the FIFO (``add_reader``,
   the arm / re-check handshake of the workers and the frontend). In the two sleeping modes the
   producer pauses 0.3 ms before each record, so the consumer is asleep when it arrives: the
-  figure includes the wake-up. Both sleeping modes run with each kind of doorbell (``fifo``, and
+  figure includes the wake-up (and yields while it waits for the ack: a spinning producer would
+  keep a consumer on its CPU waiting). ``--placements``: the sleeping modes with producer and
+  consumer left to the scheduler (``free``), pinned to one CPU (``same``) or to two (``apart``).
+  Both sleeping modes run with each kind of doorbell (``fifo``, and
   ``eventfd`` where this machine lets a child take its parent's descriptor). ``semaphore``: the
   earlier design's wake-up for reference, the consumer blocked in ``sem_timedwait`` on a POSIX
   semaphore (the producer posts).
@@ -52,8 +55,11 @@ SIZES = {"64 B": 64, "16 KiB": 16384}
 
 _PRODUCER = textwrap.dedent("""
     import sys, time
-    impl, ping_name, pong_name, bell_name, n, size, mode = sys.argv[1:8]
+    import os
+    impl, ping_name, pong_name, bell_name, n, size, mode, cpu = sys.argv[1:9]
     n, size = int(n), int(size)
+    if cpu != "-":
+        os.sched_setaffinity(0, {int(cpu)})
     if impl == "compiled":
         from jigsaw._core import RecordHeader, ShmRing
     else:
@@ -73,7 +79,9 @@ _PRODUCER = textwrap.dedent("""
         ping.push(h, payload)
         if mode != "spin":
             ring()
-        while pong.pop() is None:
+        while pong.pop() is None:  # (sleeping modes: yield, the consumer may share this CPU)
+            if mode != "spin":
+                os.sched_yield()
             if time.monotonic() > give_up:
                 sys.exit("consumer stalled")
     ping.close(); pong.close()
@@ -170,8 +178,22 @@ def completion_read_rps(mod, reg: SegmentRegistry, tag: str, seconds: float, fla
         ring.close()
 
 
+PLACEMENTS = ("free", "same", "apart")
+
+
+def _cpus_of(placement: str) -> tuple[int | None, int | None]:
+    """(consumer CPU, producer CPU) of a placement: ``free`` leaves both to the scheduler, ``same``
+    pins both to one CPU, ``apart`` to two different ones (None: not pinned)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if placement == "free" or (placement == "apart" and len(cpus) < 2):
+        return None, None
+    if placement == "same":
+        return cpus[0], cpus[0]
+    return cpus[0], cpus[1]
+
+
 def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, samples: int,
-               mode: str, bell_kind: int = BELL_FIFO) -> tuple[float, float]:
+               mode: str, bell_kind: int = BELL_FIFO, placement: str = "free") -> tuple[float, float]:
     ping_name, pong_name = reg.name(f"ping-{tag}"), reg.name(f"pong-{tag}")
     reg.add_shm(ping_name)
     reg.add_shm(pong_name)
@@ -186,8 +208,13 @@ def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, s
         bell = Doorbell.create(reg.name(f"bell-{tag}"), bell_kind)
         cleanup = bell.close
     env = dict(os.environ, PYTHONPATH=str(SRC), JIGSAW_NO_EXTENSIONS="1" if impl_name == "pure" else "0")
+    consumer_cpu, producer_cpu = _cpus_of(placement)
+    pin = "-" if producer_cpu is None else str(producer_cpu)
     proc = subprocess.Popen([sys.executable, "-c", _PRODUCER, impl_name, ping_name, pong_name, bell.name,
-                             str(samples), str(size), mode], env=env)
+                             str(samples), str(size), mode, pin], env=env)
+    allowed = os.sched_getaffinity(0)
+    if consumer_cpu is not None:
+        os.sched_setaffinity(0, {consumer_cpu})
     lat_ns: list[int] = []
     ack = mod.RecordHeader()
     give_up = time.monotonic() + 120
@@ -211,6 +238,7 @@ def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, s
         ping.close()
         pong.close()
         cleanup()
+        os.sched_setaffinity(0, allowed)
     if len(lat_ns) < samples:
         raise RuntimeError(f"only {len(lat_ns)} of {samples} latency samples arrived")
     lat_ns.sort()
@@ -254,7 +282,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.5, help="duration of each throughput run")
     ap.add_argument("--samples", type=int, default=2000, help="latency samples per configuration")
     ap.add_argument("--latency-only", action="store_true", help="skip the throughput rows")
+    ap.add_argument("--placements", default=",".join(PLACEMENTS),
+                    help="CPU placements of the sleeping modes' producer and consumer: free (the "
+                         "scheduler's), same (both pinned to one CPU), apart (two CPUs)")
     args = ap.parse_args()
+    args.placements = [p for p in args.placements.split(",") if p]
+    if bad := [p for p in args.placements if p not in PLACEMENTS]:
+        ap.error(f"--placements: unknown {bad}; expected some of {', '.join(PLACEMENTS)}")
     kinds = {"fifo": BELL_FIFO}
     if _probe_eventfd_sharing():
         kinds["eventfd"] = BELL_EVENTFD
@@ -274,26 +308,27 @@ def main() -> None:
             cells = {k: completion_read_rps(m, reg, f"{k}-{flat}", args.seconds, flat)
                      for k, m in impls.items()}
             rows.append((f"{metric} (rec/s)", "64 B", cells))
-        modes = [("spin", BELL_FIFO, "spin"), ("semaphore", BELL_FIFO, "semaphore")]
-        modes += [(mode, kind, f"{mode}/{kind_name}") for mode in ("doorbell", "loop")
-                  for kind_name, kind in kinds.items()]
-        for mode, kind, title in modes:
+        modes = [("spin", BELL_FIFO, "spin", "free"), ("semaphore", BELL_FIFO, "semaphore", "free")]
+        modes += [(mode, kind, f"{mode}/{kind_name}" + ("" if where == "free" else f", cpus {where}"), where)
+                  for mode in ("doorbell", "loop") for kind_name, kind in kinds.items()
+                  for where in args.placements]
+        for mode, kind, title, where in modes:
             for label, size in SIZES.items():
                 p50 = {}
                 p99 = {}
                 for k, m in impls.items():
-                    p50[k], p99[k] = latency_us(k, m, reg, f"{k}-{size}-{mode}-{kind}", size, args.samples,
-                                                mode, kind)
+                    p50[k], p99[k] = latency_us(k, m, reg, f"{k}-{size}-{mode}-{kind}-{where}", size,
+                                                args.samples, mode, kind, where)
                 rows.append((f"one-way latency p50 (us), {title}", label, p50))
                 rows.append((f"one-way latency p99 (us), {title}", label, p99))
     names = list(impls)
-    header = f"{'metric':<48} {'payload':>8} " + " ".join(f"{n:>12}" for n in names)
+    header = f"{'metric':<62} {'payload':>8} " + " ".join(f"{n:>12}" for n in names)
     if len(names) == 2:
         header += f" {'compiled/pure':>14}"
     print(header)
     print("-" * len(header))
     for metric, label, cells in rows:
-        line = f"{metric:<48} {label:>8} " + " ".join(f"{cells[n]:>12,.1f}" for n in names)
+        line = f"{metric:<62} {label:>8} " + " ".join(f"{cells[n]:>12,.1f}" for n in names)
         if len(names) == 2:
             line += f" {cells['compiled'] / cells['pure']:>14.2f}"
         print(line)

@@ -543,9 +543,53 @@ cdef class ShmRing:
 cdef inline object _ring_push(ShmRing self, header, payload, const char *prefix, uint64_t prefix_len):
     """``ShmRing.push``: one record whose payload is ``prefix`` then ``payload`` (inlined into both
     push calls; a method call would cost the plain push about 7%)."""
-    cdef Py_buffer view
     cdef jg_header_t tmp
-    cdef const jg_header_t *src
+    if type(header) is RecordHeader:
+        return _ring_push_c(self, &(<RecordHeader>header).c, payload, prefix, prefix_len)
+    _fill_header(&tmp, header)
+    return _ring_push_c(self, &tmp, payload, prefix, prefix_len)
+
+
+def push_child(ShmRing ring, RecordHeader parent, uint16_t task, uint32_t child_index,
+               uint32_t child_count, uint64_t sent_ns, uint64_t credit, payload):
+    """Push a child item of ``parent`` to ``ring`` (the data plane's framing: ``credit`` then
+    ``payload``): the parent's request, app, lane, deadline and creation time, this child's task
+    and index, no status, hops cleared but ``HOP_SENT = sent_ns``. The header is written straight
+    into the ring (no header object); what a worker's ``forward`` built field by field. False
+    when the ring is full."""
+    cdef jg_header_t h
+    cdef uint64_t le = credit
+    memset(&h, 0, sizeof(jg_header_t))
+    h.request_id = parent.c.request_id
+    h.parent_id = parent.c.request_id
+    h.app = parent.c.app
+    h.task = task
+    h.lane = parent.c.lane
+    h.child_index = child_index
+    h.child_count = child_count
+    h.deadline_ns = parent.c.deadline_ns
+    h.created_ns = parent.c.created_ns
+    h.hops[HOP_SENT_SLOT] = sent_ns
+    return _ring_push_c(ring, &h, payload, <const char *>&le, 8)
+
+
+def push_completion(ShmRing ring, RecordHeader header, uint16_t task, uint16_t status,
+                    uint32_t child_count, uint64_t done_ns, uint64_t credit, tensors):
+    """Push the completion record of the item ``header`` to ``ring``: a copy of the header with
+    this worker's ``task``, ``status`` and ``child_count`` and ``HOP_DONE = done_ns`` (``header``
+    itself is left as it is), framed as ``credit`` then ``tensors``. False when the ring is full."""
+    cdef jg_header_t h = header.c
+    cdef uint64_t le = credit
+    h.task = task
+    h.status = status
+    h.child_count = child_count
+    h.hops[HOP_DONE_SLOT] = done_ns
+    return _ring_push_c(ring, &h, tensors, <const char *>&le, 8)
+
+
+cdef inline object _ring_push_c(ShmRing self, const jg_header_t *src, payload, const char *prefix,
+                                uint64_t prefix_len):
+    cdef Py_buffer view
     cdef uint64_t n, need, tail, pos, skip
     cdef jg_frame_t *frame
     cdef char *at
@@ -559,11 +603,6 @@ cdef inline object _ring_push(ShmRing self, header, payload, const char *prefix,
         if n > self._max_payload:
             raise ValueError(f"payload of {n} bytes exceeds this ring's max_payload_bytes="
                              f"{self._max_payload} (ring {self._name}, capacity {self._capacity})")
-        if type(header) is RecordHeader:
-            src = &(<RecordHeader>header).c
-        else:
-            _fill_header(&tmp, header)
-            src = &tmp
         if jg_load32(self._closed):
             raise RingClosedError(f"ring {self._name} is closed")
         need = RECORD_OVERHEAD_BYTES + _align8(n)

@@ -266,6 +266,52 @@ def test_pure_and_compiled_share_one_format(pure_impl, compiled_impl, registry):
         a.close()
 
 
+def _push_fns(impl):
+    from jigsaw.runtime import _pyring
+    if impl.name == "pure":
+        return _pyring.push_child, _pyring.push_completion
+    core = rings.load_core()
+    return core.push_child, core.push_completion
+
+
+def test_push_child_and_completion_write_what_the_worker_built(impl, new_ring, registry):
+    """``push_child`` / ``push_completion`` (headers written straight into the ring) give the same
+    records as the headers a worker built field by field and pushed with ``push_framed``."""
+    push_child, push_completion = _push_fns(impl)
+    ring = new_ring("derived", 1 << 16)
+    rng = random.Random(5)
+    for _ in range(200):
+        parent = impl.RecordHeader(request_id=rng.randrange(U64_MAX), parent_id=7, app=rng.randrange(1 << 16),
+                                   task=3, lane=rng.randrange(1 << 32), child_index=2, child_count=9,
+                                   status=1, flags=0, deadline_ns=rng.randrange(U64_MAX),
+                                   created_ns=rng.randrange(U64_MAX), hops=tuple(range(1, 9)))
+        before = parent.as_tuple()
+        body = rng.randbytes(rng.randrange(300))
+        credit, sent_ns = rng.randrange(U64_MAX), rng.randrange(U64_MAX)
+        task, k, n = rng.randrange(1 << 16), rng.randrange(1 << 32), rng.randrange(1 << 32)
+        assert push_child(ring, parent, task, k, n, sent_ns, credit, body)
+        want = impl.RecordHeader(request_id=parent.request_id, parent_id=parent.request_id, app=parent.app,
+                                 task=task, lane=parent.lane, child_index=k, child_count=n,
+                                 deadline_ns=parent.deadline_ns, created_ns=parent.created_ns)
+        want.stamp(0, sent_ns)
+        assert ring.push_framed(want, credit, body)
+        status = rng.choice(list(Status))
+        assert push_completion(ring, parent, task, status, n, sent_ns + 1, credit, body)
+        done = parent.copy()
+        done.task, done.status, done.child_count = task, int(status), n
+        done.stamp(4, sent_ns + 1)
+        assert ring.push_framed(done, credit, body)
+        assert parent.as_tuple() == before  # the item's own header is left as it is
+        (h1, c1, b1), (h2, c2, b2), (h3, c3, b3), (h4, c4, b4) = ring.pop_many_framed(4)
+        assert (h1.as_tuple(), c1, bytes(b1)) == (h2.as_tuple(), c2, bytes(b2))
+        assert (h3.as_tuple(), c3, bytes(b3)) == (h4.as_tuple(), c4, bytes(b4))
+        assert (c1, bytes(b1), h1.hops[0]) == (credit, body, sent_ns)
+        assert (h3.status, h3.hops[4]) == (status, sent_ns + 1)
+    while push_child(ring, parent, 1, 0, 1, 1, 1, bytes(1000)):
+        pass
+    assert not push_completion(ring, parent, 1, 0, 0, 1, 1, bytes(1000))  # full: False, as push_framed
+
+
 def test_status_and_drop_reason_agree():
     assert Status.DROPPED_DEADLINE == DropReason.DROP_DEADLINE
     assert Status.DROPPED_STALE == DropReason.DROP_STALE

@@ -56,6 +56,7 @@ class EmulatedBackend(Backend):
         self._latency_ms = dict(sorted((latency_ms_by_batch or {1: 0.0}).items()))
         self._mean_ms = dict(sorted((mean_ms_by_batch or {}).items()))
         self._timing = random.Random(seed ^ 0x5EED)
+        self._laws: dict[int, tuple[float, float, float]] = {}
         self.time_scale = time_scale
         self.seed = seed
         self.draw = draw
@@ -74,12 +75,22 @@ class EmulatedBackend(Backend):
 
     def batch_duration_ms(self, batch: int) -> float:
         """One draw of a batch's duration (unscaled): mean from the throughput, p95 from the profile."""
+        law = self._laws.get(batch)
+        if law is None:
+            law = self._laws[batch] = self._law(batch)
+        p95, mean, tail = law
+        if not tail:
+            return p95
+        return mean - tail + self._timing.expovariate(1.0 / tail)
+
+    def _law(self, batch: int) -> tuple[float, float, float]:
+        """(p95, mean, tail) of a batch's duration (tail 0: always the p95), kept per batch size:
+        the per-batch work of a worker whose tasks take ~0 ms is the data plane's own cost."""
         p95 = self.batch_latency_ms(batch)
         mean = next((ms for b, ms in self._mean_ms.items() if b >= batch), None)
         if mean is None or mean >= p95:
-            return p95
-        tail = (p95 - mean) / (math.log(20.0) - 1.0)  # P(X > mean - tail + tail * ln 20) = 5%
-        return mean - tail + self._timing.expovariate(1.0 / tail)
+            return p95, p95, 0.0
+        return p95, mean, (p95 - mean) / (math.log(20.0) - 1.0)  # P(X > mean - tail + tail * ln 20) = 5%
 
     def num_children(self, request_id: int, factor: float, edge: int) -> int:
         if self.draw == "round" or factor == int(factor):

@@ -463,3 +463,29 @@ class ShmRing:
     def __repr__(self) -> str:
         state = "unmapped" if self._mm is None else f"{len(self)} records, {self.used_bytes} bytes used"
         return f"<ShmRing {self._name} capacity={self._capacity} {state}>"
+
+
+def push_child(ring: ShmRing, parent: RecordHeader, task: int, child_index: int, child_count: int,
+               sent_ns: int, credit: int, payload: bytes | bytearray | memoryview) -> bool:
+    """Push a child item of ``parent`` to ``ring`` (``credit`` then ``payload``): the parent's
+    request, app, lane, deadline and creation time, this child's task and index, hops cleared but
+    ``HOP_SENT = sent_ns``. False when the ring is full. (The compiled core writes the header
+    straight into the ring.)"""
+    h = RecordHeader(request_id=parent.request_id, parent_id=parent.request_id, app=parent.app, task=task,
+                     lane=parent.lane, child_index=child_index, child_count=child_count,
+                     deadline_ns=parent.deadline_ns, created_ns=parent.created_ns)
+    h.stamp(_SENT, sent_ns)
+    return ring.push_framed(h, credit, payload)
+
+
+def push_completion(ring: ShmRing, header: RecordHeader, task: int, status: int, child_count: int,
+                    done_ns: int, credit: int, tensors: bytes | bytearray | memoryview) -> bool:
+    """Push the completion record of the item ``header``: a copy of it with ``task``, ``status``,
+    ``child_count`` and ``HOP_DONE = done_ns`` (``header`` is left as it is), framed as ``credit``
+    then ``tensors``. False when the ring is full."""
+    h = header.copy()
+    h.task = task
+    h.status = int(status)
+    h.child_count = child_count
+    h.stamp(_DONE, done_ns)
+    return ring.push_framed(h, credit, tensors)

@@ -63,6 +63,8 @@ __all__ = [
     "doorbell_kind",
     "load_core",
     "make_daemon_id",
+    "push_child",
+    "push_completion",
     "segment_name",
 ]
 
@@ -73,7 +75,8 @@ _NAME_RE = re.compile(r"^(?:sem\.)?jigsaw-(\d+)-[0-9a-f]+-")
 
 
 # what the Python layers use of the compiled core (a test checks this list against the code)
-CORE_NAMES = ("BatchQueue", "BellFlag", "RecordHeader", "ShmRing", "decode_arrays")
+CORE_NAMES = ("BatchQueue", "BellFlag", "RecordHeader", "ShmRing", "decode_arrays", "push_child",
+              "push_completion")
 _core_warned = False
 
 
@@ -105,9 +108,13 @@ HAS_EXTENSION = _core is not None
 if _core is not None:
     ShmRing = _core.ShmRing
     RecordHeader = _core.RecordHeader
+    push_child = _core.push_child
+    push_completion = _core.push_completion
 else:
     ShmRing = _pyring.ShmRing  # type: ignore[misc]
     RecordHeader = _pyring.RecordHeader  # type: ignore[misc]
+    push_child = _pyring.push_child
+    push_completion = _pyring.push_completion
 
 
 class Status(enum.IntEnum):

@@ -62,7 +62,15 @@ from jigsaw.runtime.records import (
     split_credit,
     write_trace,
 )
-from jigsaw.runtime.rings import Doorbell, RecordHeader, RingClosedError, ShmRing, Status
+from jigsaw.runtime.rings import (
+    Doorbell,
+    RecordHeader,
+    RingClosedError,
+    ShmRing,
+    Status,
+    push_child,
+    push_completion,
+)
 from jigsaw.runtime.stats import (
     BATCH_STARTED_NS,
     BATCHES,
@@ -211,6 +219,9 @@ class Worker:
         self._busy = False  # a batch is awaiting its backend (a task finishes it)
         self._batch_task: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] | None = None  # set when ``run`` is to return
+        # the running loop, kept: ``asyncio.get_running_loop`` makes a getpid(2) system call
+        # (glibc caches no pid), which every turn would pay
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None  # the next turn when no doorbell rings first
         self._idle = False  # that timer is the idle one (not a batching deadline)
         self.trace: list[list[int]] | None = [] if TRACE_DIR else None
@@ -305,15 +316,16 @@ class Worker:
         before its children exist, so it is in the ring before any record that a child causes.
         """
         w = wiring or self.wiring
-        h = header.copy()
-        h.task = self.spec.task_index
-        h.status = int(status)
-        h.child_count = num_children
         now = time.monotonic_ns()
-        h.stamp(HOP_DONE, now)
         # The frontend always drains: wait for room rather than lose an answer.
         try:
-            if not w.done.push_framed(h, credit, tensors):
+            if not push_completion(w.done, header, self.spec.task_index, status, num_children, now, credit,
+                                   tensors):
+                h = header.copy()
+                h.task = self.spec.task_index
+                h.status = int(status)
+                h.child_count = num_children
+                h.stamp(HOP_DONE, now)
                 self._push_blocking(w.done, h, credit, tensors, now + 60 * 10**9)
         except RingClosedError:
             pass
@@ -349,30 +361,32 @@ class Worker:
         w = wiring or self.wiring
         routes = w.spec.routes[header.lane] if header.lane < len(w.spec.routes) else {}
         index_of = w.index_of
+        count = len(children)
         for k, ((task, body), share) in enumerate(zip(children, shares)):
-            h = RecordHeader(request_id=header.request_id, parent_id=header.request_id, app=header.app,
-                             task=index_of[task], lane=header.lane, child_index=k,
-                             child_count=len(children), deadline_ns=header.deadline_ns,
-                             created_ns=header.created_ns)
-            h.stamp(HOP_SENT, time.monotonic_ns())
-            sent = False
+            task_index = index_of[task]
+            sent_ns = time.monotonic_ns()
             order = self._least_loaded(routes[task], w)
-            for i in order:
-                if w.outputs[i].push_framed(h, share, body):
+            for i in order:  # the header is written into the ring by the core (``push_child``)
+                if push_child(w.outputs[i], header, task_index, k, count, sent_ns, share, body):
                     w.rung.add(i)
-                    sent = True
                     break
-            if not sent and order:
-                sent = self._push_blocking(w.outputs[order[0]], h, share, body, header.deadline_ns)
-                w.rung.add(order[0])
-            if not sent:
-                # Never reached the next task: its deadline passed while every ring was full, or
-                # every process of that task has failed for good.
-                dropped = h.copy()
-                dropped.status = int(Status.DROPPED_DEADLINE if order else Status.ERROR)
-                dropped.stamp(HOP_DONE, time.monotonic_ns())
-                self._push_blocking(w.done, dropped, share, b"", time.monotonic_ns() + 60 * 10**9)
-                w.done_rung = True
+            else:
+                h = RecordHeader(request_id=header.request_id, parent_id=header.request_id, app=header.app,
+                                 task=task_index, lane=header.lane, child_index=k, child_count=count,
+                                 deadline_ns=header.deadline_ns, created_ns=header.created_ns)
+                h.stamp(HOP_SENT, sent_ns)
+                sent = False
+                if order:
+                    sent = self._push_blocking(w.outputs[order[0]], h, share, body, header.deadline_ns)
+                    w.rung.add(order[0])
+                if not sent:
+                    # Never reached the next task: its deadline passed while every ring was full,
+                    # or every process of that task has failed for good.
+                    dropped = h.copy()
+                    dropped.status = int(Status.DROPPED_DEADLINE if order else Status.ERROR)
+                    dropped.stamp(HOP_DONE, time.monotonic_ns())
+                    self._push_blocking(w.done, dropped, share, b"", time.monotonic_ns() + 60 * 10**9)
+                    w.done_rung = True
 
     def _ring_outputs(self) -> None:
         """Ring each consumer this turn pushed to, once: a batch's records cost one wake-up each."""
@@ -462,7 +476,7 @@ class Worker:
             self._finish_batch(items, start, done.value)
             return True
         self._busy = True
-        self._batch_task = asyncio.get_running_loop().create_task(
+        self._batch_task = self._running_loop().create_task(
             self._await_batch(items, start, _Resume(coro, waiting)))
         return True
 
@@ -555,7 +569,7 @@ class Worker:
                     batches += 1
                     if batches >= TURN_BATCHES:
                         self._quiet_bell()
-                        asyncio.get_running_loop().call_soon(self._turn)
+                        self._running_loop().call_soon(self._turn)
                         return
                     continue
                 # Out of work: arm (producers ring from now on), then look at the rings once more,
@@ -575,7 +589,7 @@ class Worker:
                     self._idle = timeout_s >= IDLE_WAIT_S
             # A pending timer due no later is kept (a turn that finds nothing to do is harmless):
             # an idle process's turns then make no timer each (one a second, not one a turn).
-            loop = asyncio.get_running_loop()
+            loop = self._running_loop()
             timer = self._timer
             if timer is None or timer.cancelled() or timer.when() > loop.time() + timeout_s:
                 if timer is not None:
@@ -583,6 +597,12 @@ class Worker:
                 self._timer = loop.call_later(timeout_s, self._on_timer)
         except BaseException as exc:
             self._fail(exc)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _quiet_bell(self) -> None:
         """Read the doorbell's wake-up bytes (``Doorbell.clear``) when the turn it woke is past its
@@ -609,7 +629,7 @@ class Worker:
 
     async def run(self) -> None:
         slot = self.spec.slot
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         bell = self.bell
         self._done = loop.create_future()
 
