@@ -11,11 +11,12 @@ with each mechanism off in turn (``MECHANISMS``: its node setting through ``benc
 --set``) and with all of them off (``none``), and under ``--steady-state``. Every run is one
 ``bench/replay.py`` process (``--scale-to-capacity``: the day's peak is the app's maximum
 serviceable demand under ``ast``; a run under another space scales it to that space's own
-capacity unless ``--ast-capacity``: ``st`` cannot reach ``ast``'s); its summary lands in
-``--out/<run>/`` and one line of ``--out/results.jsonl``. A run already in ``results.jsonl`` is
-not run again (delete the line to redo it), so the matrix can be run piecewise: it takes many
-hours at ``--bin-seconds 5`` (a full day is 24 minutes of replay per run, plus starting
-jigsawd). ``--only`` picks runs by glob on their ids (``app/space/window/variant``);
+capacity unless ``--ast-capacity``: ``st`` cannot reach ``ast``'s; the node's burst floor,
+``control.burst_requests``, is then scaled by the same factor, ``scaled_burst_requests``); its
+summary lands in ``--out/<run>/`` and one line of ``--out/results.jsonl``. A run already in
+``results.jsonl`` is not run again (delete the line to redo it), so the matrix can be run
+piecewise: it takes many hours at ``--bin-seconds 5`` (a full day is 24 minutes of replay per
+run, plus starting jigsawd). ``--only`` picks runs by glob on their ids (``app/space/window/variant``);
 ``--dry-run`` lists them with their wall time.
 
 After every run the table between the ablation markers of ``--readme`` is rewritten from
@@ -141,10 +142,27 @@ def wall_s(run: Run, bin_seconds: float) -> float:
     return run.bins() * bin_seconds * steady + START_OVERHEAD_S
 
 
+def scaled_burst_requests(burst_requests: int, capacity_rps: float, ast_capacity_rps: float) -> int:
+    """The node's burst floor (``control.burst_requests``) for a space whose window is scaled to its
+    own capacity: scaled by the same factor as the window, at least 1 where it was on.
+
+    Why: the floor plans every plan for ``burst_requests`` concurrent requests in half the SLO
+    (40 on traffic_analysis: 123 rps), 6% of ast's capacity but all of st's (122.7 rps). Unscaled,
+    every re-plan under st asked for the whole node, and each was refused (the one lane would have
+    had no instance left while the running ones drained): the trough ran its first bin's 7-slice
+    plan for 23 rps through demand up to 108 rps (59% violations).
+    """
+    if burst_requests <= 0 or ast_capacity_rps <= 0:
+        return burst_requests
+    return max(1, round(burst_requests * min(1.0, capacity_rps / ast_capacity_rps)))
+
+
 def replay_args(run: Run, trace: str, bin_seconds: float, time_scale: float, out: Path,
-                per_space_capacity: bool = True) -> list[str]:
+                per_space_capacity: bool = True, burst_requests: int | None = None) -> list[str]:
     """The ``bench/replay.py`` command of ``run``; ``per_space_capacity``: a space other than ast
-    plays the trace scaled to its own capacity (``--capacity-space``), else to ast's."""
+    plays the trace scaled to its own capacity (``--capacity-space``), else to ast's;
+    ``burst_requests``: the node's burst floor for this run (``scaled_burst_requests``; None: the
+    node's own)."""
     node = str(ROOT / "examples" / "h100x4.toml")
     args = [sys.executable, str(ROOT / "bench" / "replay.py"), "--node", node,
             "--app", run.app, "--trace", trace, "--day", "0", "--scale-to-capacity", "--spaces", run.space,
@@ -157,9 +175,28 @@ def replay_args(run: Run, trace: str, bin_seconds: float, time_scale: float, out
         args += ["--capacity-space", run.space]
     if run.variant == "steady":
         args.append("--steady-state")
-    for s in run.settings():
+    settings = run.settings()
+    if burst_requests is not None and not any(x.startswith("control.burst_requests=") for x in settings):
+        settings = [*settings, f"control.burst_requests={burst_requests}"]
+    for s in settings:
         args += ["--set", s]
     return args
+
+
+def run_burst_requests(run: Run, per_space_capacity: bool, cache: dict[tuple[str, str], float]) -> int | None:
+    """The burst floor of ``run``: the node's, scaled for a space played at its own capacity (None:
+    the node's own, unchanged)."""
+    if run.space == "ast" or not per_space_capacity:
+        return None
+    from replay import capacity_rps
+
+    from jigsaw.node import load_node
+    node_path = ROOT / "examples" / "h100x4.toml"
+    for space in ("ast", run.space):
+        if (run.app, space) not in cache:
+            cache[(run.app, space)] = capacity_rps(node_path, run.app, space)
+    base = load_node(node_path).control.burst_requests
+    return scaled_burst_requests(base, cache[(run.app, run.space)], cache[(run.app, "ast")])
 
 
 def load_results(path: Path) -> dict[str, dict[str, Any]]:
@@ -251,16 +288,18 @@ def main(argv: list[str] | None = None) -> int:
     total_s = sum(wall_s(r, args.bin_seconds) for r in todo)
     print(f"ablation: {len(runs)} runs selected, {len(todo)} to run, about {total_s / 3600:.1f} h at "
           f"{args.bin_seconds:g} s bins; trace {args.trace}; time scales {scales}", flush=True)
+    capacities: dict[tuple[str, str], float] = {}
     if args.dry_run:
         for r in todo:
             cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], args.out / "x",
-                              not args.ast_capacity)
+                              not args.ast_capacity, run_burst_requests(r, not args.ast_capacity, capacities))
             print(f"  {r.id:<50} {wall_s(r, args.bin_seconds) / 60:6.1f} min  {' '.join(cmd)}")
         return 0
     failed = 0
     for r in todo:
         out = args.out / r.id.replace("/", "-")
-        cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], out, not args.ast_capacity)
+        cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], out, not args.ast_capacity,
+                          run_burst_requests(r, not args.ast_capacity, capacities))
         print(f"ablation: {r.id} (time scale {scales[r.app]:g}): {' '.join(cmd[1:])}", flush=True)
         t0 = time.monotonic()
         with open(args.out / f"{r.id.replace('/', '-')}.log", "w") as log:
