@@ -172,8 +172,8 @@ class Wiring:
             raise
         self.output_slots = [o.slot for o in spec.outputs]
         # seconds per queued item of each consumer (its load is the time to serve its queue); 1.0
-        # each where a rate is unknown (an older spec): the load is then counted in items
-        rates = [getattr(o, "items_per_s", 0.0) for o in spec.outputs]
+        # each where a rate is unknown (a spec without rates): the load is then counted in items
+        rates = [o.items_per_s for o in spec.outputs]
         known = all(r > 0 for r in rates)
         self.output_cost = [1.0 / r if known else 1.0 for r in rates]
         self.index_of = {str(d["task"]): int(d["task_index"]) for d in spec.downstream}  # type: ignore[call-overload]
