@@ -11,11 +11,12 @@ with each mechanism off in turn (``MECHANISMS``: its node setting through ``benc
 --set``) and with all of them off (``none``), and under ``--steady-state``. Every run is one
 ``bench/replay.py`` process (``--scale-to-capacity``: the day's peak is the app's maximum
 serviceable demand under ``ast``; a run under another space scales it to that space's own
-capacity unless ``--ast-capacity``: ``st`` cannot reach ``ast``'s); its summary lands in
-``--out/<run>/`` and one line of ``--out/results.jsonl``. A run already in ``results.jsonl`` is
-not run again (delete the line to redo it), so the matrix can be run piecewise: it takes many
-hours at ``--bin-seconds 5`` (a full day is 24 minutes of replay per run, plus starting
-jigsawd). ``--only`` picks runs by glob on their ids (``app/space/window/variant``);
+capacity unless ``--ast-capacity``: ``st`` cannot reach ``ast``'s; the node's burst floor,
+``control.burst_requests``, is then scaled by the same factor, ``scaled_burst_requests``); its
+summary lands in ``--out/<run>/`` and one line of ``--out/results.jsonl``. A run already in
+``results.jsonl`` is not run again (delete the line to redo it), so the matrix can be run
+piecewise: it takes many hours at ``--bin-seconds 5`` (a full day is 24 minutes of replay per
+run, plus starting jigsawd). ``--only`` picks runs by glob on their ids (``app/space/window/variant``);
 ``--dry-run`` lists them with their wall time.
 
 After every run the table between the ablation markers of ``--readme`` is rewritten from
@@ -79,6 +80,14 @@ OPTIONAL = {
     # a needed re-plan switches first on whichever of its quick and exact plans starts fewer processes
     "fewest_starts_first": "control.fewest_starts_first=true",
 }
+# planner.max_utilization of every run: plan each instance for at most this share of its profiled
+# throughput. The planner's 2 x batch latency per task holds only while a task's queue stays
+# within a batch; at the profiles' full throughput a fan-out task's queue grows without bound
+# (traffic_analysis's cars arrive Poisson(17.8) per frame): under st, plans for 20, 60 and 120
+# req/s played at those rates on the emulated node violated 15%, 3% and 10% of their requests,
+# at 0.8 none (bench/plan_holds.py; bench/README.md). Recorded per run; --max-utilization 1 for
+# the node file's own.
+DEFAULT_MAX_UTILIZATION = 0.8
 # wall rates are demand / time scale: social_media's capacity is about 4x traffic_analysis's, so its
 # client needs a larger scale to keep its schedule on a 2-core machine
 DEFAULT_TIME_SCALE = {"traffic_analysis": 20.0, "social_media": 60.0, "ar_assistant": 20.0}
@@ -141,10 +150,28 @@ def wall_s(run: Run, bin_seconds: float) -> float:
     return run.bins() * bin_seconds * steady + START_OVERHEAD_S
 
 
+def scaled_burst_requests(burst_requests: int, capacity_rps: float, ast_capacity_rps: float) -> int:
+    """The node's burst floor (``control.burst_requests``) for a space whose window is scaled to its
+    own capacity: scaled by the same factor as the window, at least 1 where it was on.
+
+    Why: the floor plans every plan for ``burst_requests`` concurrent requests in half the SLO
+    (40 on traffic_analysis: 123 rps), 6% of ast's capacity but all of st's (122.7 rps). Unscaled,
+    every re-plan under st asked for the whole node, and each was refused (the one lane would have
+    had no instance left while the running ones drained): the trough ran its first bin's 7-slice
+    plan for 23 rps through demand up to 108 rps (59% violations).
+    """
+    if burst_requests <= 0 or ast_capacity_rps <= 0:
+        return burst_requests
+    return max(1, round(burst_requests * min(1.0, capacity_rps / ast_capacity_rps)))
+
+
 def replay_args(run: Run, trace: str, bin_seconds: float, time_scale: float, out: Path,
-                per_space_capacity: bool = True) -> list[str]:
+                per_space_capacity: bool = True, burst_requests: int | None = None,
+                max_utilization: float | None = None) -> list[str]:
     """The ``bench/replay.py`` command of ``run``; ``per_space_capacity``: a space other than ast
-    plays the trace scaled to its own capacity (``--capacity-space``), else to ast's."""
+    plays the trace scaled to its own capacity (``--capacity-space``), else to ast's;
+    ``burst_requests``: the node's burst floor for this run (``scaled_burst_requests``; None: the
+    node's own); ``max_utilization``: ``planner.max_utilization`` (None: the node's own)."""
     node = str(ROOT / "examples" / "h100x4.toml")
     args = [sys.executable, str(ROOT / "bench" / "replay.py"), "--node", node,
             "--app", run.app, "--trace", trace, "--day", "0", "--scale-to-capacity", "--spaces", run.space,
@@ -157,9 +184,34 @@ def replay_args(run: Run, trace: str, bin_seconds: float, time_scale: float, out
         args += ["--capacity-space", run.space]
     if run.variant == "steady":
         args.append("--steady-state")
-    for s in run.settings():
+    settings = run.settings()
+    if burst_requests is not None and not any(x.startswith("control.burst_requests=") for x in settings):
+        settings = [*settings, f"control.burst_requests={burst_requests}"]
+    if max_utilization is not None:
+        setting = f"planner.max_utilization={max_utilization:g}"
+        settings = [*settings, setting]
+        # the window is scaled to the capacity the plans are made for (at this utilization)
+        from replay import node_with_settings
+        args += ["--capacity-node", str(node_with_settings(Path(node), [setting], out / "capacity-node"))]
+    for s in settings:
         args += ["--set", s]
     return args
+
+
+def run_burst_requests(run: Run, per_space_capacity: bool, cache: dict[tuple[str, str], float]) -> int | None:
+    """The burst floor of ``run``: the node's, scaled for a space played at its own capacity (None:
+    the node's own, unchanged)."""
+    if run.space == "ast" or not per_space_capacity:
+        return None
+    from replay import capacity_rps
+
+    from jigsaw.node import load_node
+    node_path = ROOT / "examples" / "h100x4.toml"
+    for space in ("ast", run.space):
+        if (run.app, space) not in cache:
+            cache[(run.app, space)] = capacity_rps(node_path, run.app, space)
+    base = load_node(node_path).control.burst_requests
+    return scaled_burst_requests(base, cache[(run.app, run.space)], cache[(run.app, "ast")])
 
 
 def load_results(path: Path) -> dict[str, dict[str, Any]]:
@@ -193,7 +245,9 @@ def table(runs: list[Run], results: dict[str, dict[str, Any]]) -> str:
         client = "kept up" if not s["behind_bins"] else f"behind in {s['behind_bins']} bins"
         scaled = r.get("capacity_space", "ast")
         space = run.space if scaled == "ast" else f"{run.space} (its capacity)"
-        lines.append(f"| {run.app} | {space} | {bins} | {run.variant} | {_pct(s['slices_pct'], 1)} | "
+        util = r.get("max_utilization")
+        variant = run.variant if util is None or util >= 1 else f"{run.variant} (max util {util:g})"
+        lines.append(f"| {run.app} | {space} | {bins} | {variant} | {_pct(s['slices_pct'], 1)} | "
                      f"{_pct(s['accuracy_drop_pct'])} | {_pct(s['violation_pct'])} | "
                      f"{_pct(s['violation_paper_pct'])} | {_pct(s['violation_paper_max_pct'])} | "
                      f"{s['bins_with_violations']} | {same} ({s['sent']}) | {client} | {r['time_scale']:g} |")
@@ -237,12 +291,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "out" / "ablation")
     p.add_argument("--readme", type=Path, default=ROOT / "bench" / "README.md")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their wall time; run nothing")
+    p.add_argument("--max-utilization", type=float, default=DEFAULT_MAX_UTILIZATION,
+                   help=f"planner.max_utilization of every run (default {DEFAULT_MAX_UTILIZATION:g}; "
+                        "1: the profiles' full throughput)")
     p.add_argument("--ast-capacity", action="store_true",
                    help="scale every space's window to ast's capacity (default: each space to its own)")
     args = p.parse_args(argv)
     if not args.readme.parent.is_dir():
         raise SystemExit(f"ablation: --readme {args.readme}: its directory does not exist")
     scales = parse_time_scales(args.time_scale)
+    if not 0 < args.max_utilization <= 1:
+        raise SystemExit(f"ablation: --max-utilization {args.max_utilization:g}: expected 0 < U <= 1")
     runs = [r for r in matrix() if not args.only or any(fnmatch.fnmatch(r.id, g) for g in args.only)]
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.jsonl"
@@ -251,16 +310,19 @@ def main(argv: list[str] | None = None) -> int:
     total_s = sum(wall_s(r, args.bin_seconds) for r in todo)
     print(f"ablation: {len(runs)} runs selected, {len(todo)} to run, about {total_s / 3600:.1f} h at "
           f"{args.bin_seconds:g} s bins; trace {args.trace}; time scales {scales}", flush=True)
+    capacities: dict[tuple[str, str], float] = {}
     if args.dry_run:
         for r in todo:
             cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], args.out / "x",
-                              not args.ast_capacity)
+                              not args.ast_capacity, run_burst_requests(r, not args.ast_capacity, capacities),
+                              args.max_utilization)
             print(f"  {r.id:<50} {wall_s(r, args.bin_seconds) / 60:6.1f} min  {' '.join(cmd)}")
         return 0
     failed = 0
     for r in todo:
         out = args.out / r.id.replace("/", "-")
-        cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], out, not args.ast_capacity)
+        cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], out, not args.ast_capacity,
+                          run_burst_requests(r, not args.ast_capacity, capacities), args.max_utilization)
         print(f"ablation: {r.id} (time scale {scales[r.app]:g}): {' '.join(cmd[1:])}", flush=True)
         t0 = time.monotonic()
         with open(args.out / f"{r.id.replace('/', '-')}.log", "w") as log:
@@ -273,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = json.loads(summary_path.read_text())[r.space]
         record = {"id": r.id, "rc": rc, "time_scale": scales[r.app], "bin_seconds": args.bin_seconds,
                   "trace": args.trace, "wall_s": round(time.monotonic() - t0, 1), "summary": summary,
-                  "capacity_space": "ast" if args.ast_capacity else r.space}
+                  "capacity_space": "ast" if args.ast_capacity else r.space,
+                  "max_utilization": args.max_utilization}
         with open(results_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         results[r.id] = record

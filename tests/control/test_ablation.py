@@ -132,6 +132,30 @@ def test_a_space_other_than_ast_plays_the_trace_scaled_to_its_own_capacity() -> 
     assert "| st (its capacity) |" in text
 
 
+def test_a_space_at_its_own_capacity_gets_the_burst_floor_scaled_like_its_window() -> None:
+    # st's capacity is 6% of ast's on traffic_analysis: 40 concurrent requests (123 req/s) were
+    # all of st's node; scaled like the window, 2
+    assert ablation.scaled_burst_requests(40, 122.7, 2012.9) == 2
+    assert ablation.scaled_burst_requests(40, 1.0, 2012.9) == 1  # on stays on
+    assert ablation.scaled_burst_requests(0, 122.7, 2012.9) == 0  # off stays off
+    assert ablation.scaled_burst_requests(40, 3000.0, 2012.9) == 40  # never above the node's
+    st = ablation.Run("traffic_analysis", "st", "trough", "all")
+    args = ablation.replay_args(st, "synthetic", 5.0, 20.0, Path("/tmp/x"), burst_requests=2)
+    assert args[args.index("--set") + 1] == "control.burst_requests=2"
+    off = ablation.Run("traffic_analysis", "ast", "peak", "no_burst_floor")
+    args = ablation.replay_args(off, "synthetic", 5.0, 20.0, Path("/tmp/x"), burst_requests=2)
+    assert "control.burst_requests=2" not in args  # the run that switches it off keeps it off
+
+
+def test_every_run_plans_with_headroom_and_scales_its_window_to_the_capacity_at_it(tmp_path: Path) -> None:
+    run = ablation.Run("traffic_analysis", "ast", "peak", "all")
+    args = ablation.replay_args(run, "synthetic", 5.0, 20.0, tmp_path, max_utilization=0.8)
+    assert "planner.max_utilization=0.8" in args
+    node = load_node(Path(args[args.index("--capacity-node") + 1]))
+    assert node.planner.max_utilization == 0.8
+    assert "--capacity-node" not in ablation.replay_args(run, "synthetic", 5.0, 20.0, tmp_path)
+
+
 def test_replay_refuses_an_unknown_capacity_space(capsys: pytest.CaptureFixture[str]) -> None:
     import replay
     rc = replay.main(["--node", str(NODE), "--app", "traffic_analysis", "--scale-to-capacity",

@@ -199,6 +199,42 @@ def test_admission_limit_is_capacity_times_the_slos_queueing_share():
     assert admission_limit(routes) == 64
 
 
+def test_admission_limit_counts_requests_past_the_root_as_in_flight_not_queued():
+    """A two-task app whose second task takes most of the SLO: at its planned rate, the requests in
+    the second task are in flight too; the limit leaves them the SLO less the root's batch."""
+    from jigsaw.app import Edge
+    from jigsaw.plan import Plan, PlanInstance
+    from jigsaw.runtime.admission import admission_limit
+    from jigsaw.runtime.topology import AppRoutes
+
+    tasks = (Task("a", "detector", (Variant("v", 1.0),)), Task("b", "classifier", (Variant("w", 1.0),)))
+    app = App("x", tasks, (Edge("a", "b", {"v": 1.0}),), latency_slo_ms=650.0,
+              inputs=(TensorSpec("image", "UINT8", (-1,)),))
+    plan = Plan(app="x", space="st", demand_rps=60, planned_rps=60, feasible=True, max_demand_plan=False,
+                status="optimal", objective=0.0, accuracy=1.0, slices_used=2, slices_available=7,
+                solve_seconds=0.0, gap=0.0,
+                instances=[PlanInstance("a", "v", "1g.10gb", 1, 2, 1, 50.0, 60.0, 1),
+                           PlanInstance("b", "w", "3g.40gb", 1, 16, 1, 250.0, 60.0, 3)],
+                task_latency_ms={"a": 50.0, "b": 250.0})
+    routes = AppRoutes(app=app, app_index=0, lanes=[{"a": "v", "b": "w"}], lane_weights=[1.0], roots=[{}],
+                       depth=2, slices=4, plan=plan)
+    # 60 req/s x (650 - 50 ms): a request spends up to ~2 x 250 ms in b, past the root; the
+    # path's sum (650 - 300 ms: 21) shed requests at the plan's own rate
+    assert admission_limit(routes) == 36
+
+
+def test_children_go_to_the_process_that_serves_them_soonest_not_the_shortest_queue():
+    """Processes of one task on different segments: the load is the time to serve the queue."""
+    from jigsaw.runtime.topology import process_items_per_s
+
+    small = process_items_per_s({8: 210.0}, {8: 226.0}, 8)  # 1g.20gb x2, batch 8: 38 items/s
+    large = process_items_per_s({32: 226.0}, {32: 243.0}, 32)  # 3g.40gb x2, batch 32: 142 items/s
+    assert small == pytest.approx(38.1, abs=0.1) and large == pytest.approx(141.6, abs=0.1)
+    assert process_items_per_s({}, {8: 200.0}, 8) == pytest.approx(40.0)  # the p95 without a mean
+    # 6 queued on the large one are served before 2 on the small one
+    assert (6 + 1) / large < (2 + 1) / small
+
+
 def test_topology_tolerates_a_downstream_task_planned_without_processes():
     """Planned for a measured fan-out of 0, a downstream task may get no process: its route is empty."""
     import sys

@@ -34,7 +34,7 @@ STARTING, READY, STOPPED, DEAD, FAILED = 0, 1, 2, 3, 4
 T = TypeVar("T")
 
 
-def routable(candidates: Iterable[T], state_of: Callable[[T], int], load_of: Callable[[T], int]) -> list[T]:
+def routable(candidates: Iterable[T], state_of: Callable[[T], int], load_of: Callable[[T], float]) -> list[T]:
     """Where to send work, least loaded first: the processes not found dead or failed.
 
     When every candidate is dead, those being restarted are returned (the item waits in the ring

@@ -40,6 +40,22 @@ class OutputRing:
     doorbell: str  # the consumer's doorbell
     slot: int  # the consumer's stats slot (its load, for least-loaded routing)
     task: str
+    # the consumer's planned rate at its max batch (items/s, node time; 0: unknown): its load is
+    # counted as the time to serve its queue, not as items (``process_items_per_s``)
+    items_per_s: float = 0.0
+
+
+def process_items_per_s(mean_ms: dict[int, float], latency_ms: dict[int, float], max_batch: int) -> float:
+    """One process's rate at its max batch (items/s): ``max_batch`` over its mean batch time (the
+    p95 latency where the profile has no mean).
+
+    Why: children go to the least-loaded process of their task, and the processes of one task may
+    run on different segments (a 1g.20gb x2 at batch 8 serves 38 items/s, a 3g.40gb x2 at batch 32
+    141). Counted in items, an equal queue on both means a wait four times longer on the small
+    one, which then holds a fan-out's slowest items past the SLO while the large one idles.
+    """
+    ms = latency_for_batch_ms(mean_ms or latency_ms, max_batch) if (mean_ms or latency_ms) else 0.0
+    return 1000.0 * max_batch / ms if ms > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -314,7 +330,8 @@ def _process_specs(app: App, app_index: int, plan: Plan, procs: list[_Process], 
                 wiring.rings[ring] = WORK_RING_BYTES
                 inputs[q.slot].append(ring)
                 out_index[q.slot] = len(outputs)
-                outputs.append(OutputRing(ring, q.doorbell, q.slot, child))
+                outputs.append(OutputRing(ring, q.doorbell, q.slot, child,
+                                          process_items_per_s(q.mean_ms, q.latency_ms, q.max_batch)))
         lane_routes = [{child: [out_index[q.slot] for q in by_variant.get((child, lane.get(child, "")), [])]
                         for child in app.children(p.task)} for lane in lanes]
         done = shared.name_of(f"done-{p.slot}")

@@ -179,6 +179,11 @@ class Wiring:
             self._close_rings()
             raise
         self.output_slots = [o.slot for o in spec.outputs]
+        # seconds per queued item of each consumer (its load is the time to serve its queue); 1.0
+        # each where a rate is unknown (a spec without rates): the load is then counted in items
+        rates = [o.items_per_s for o in spec.outputs]
+        known = all(r > 0 for r in rates)
+        self.output_cost = [1.0 / r if known else 1.0 for r in rates]
         self.index_of = {str(d["task"]): int(d["task_index"]) for d in spec.downstream}  # type: ignore[call-overload]
         self.rung: set[int] = set()  # output rings pushed to this turn: rung once at its end
         self.done_rung = False  # the completion ring too
@@ -333,8 +338,10 @@ class Worker:
             w.done_rung = True  # rung once per turn (``_ring_outputs``): one wake-up for a batch
 
     def _least_loaded(self, candidates: list[int], w: Wiring) -> list[int]:
+        # the time until the consumer would serve one more item: its queue plus that item, at its rate
         return routable(candidates, lambda i: w.stats.get(w.output_slots[i], STATE),
-                        lambda i: len(w.outputs[i]) + w.stats.get(w.output_slots[i], QUEUED))
+                        lambda i: (len(w.outputs[i]) + w.stats.get(w.output_slots[i], QUEUED) + 1)
+                        * w.output_cost[i])
 
     def children_of(self, header: RecordHeader, credit: int, result: ItemResult,
                     wiring: Wiring | None = None) -> tuple[list[tuple[str, Buffer]], list[int], int]:
