@@ -227,7 +227,7 @@ def test_a_needed_replan_waits_a_share_of_the_slo_for_the_drain_then_cuts_it(tmp
 WAIT = "[control]\ncut_drains = false\nplace_around_busy_drains = false\nwait_drains_when_needed = true\n"
 
 
-def test_a_needed_replan_waits_for_the_drain_in_its_way_to_end_and_sends_nothing_again(tmp_path: Path) -> None:
+def test_a_needed_replan_waits_for_the_drain_in_its_way_and_sends_nothing_again(tmp_path: Path) -> None:
     """``control.wait_drains_when_needed``: the re-plan the app needs is not refused for the slot
     draining generation 0 holds; it waits until generation 0 has answered every request (its six
     seconds of work, within the 30 s SLO), then takes the slot. Nothing is sent twice: every
