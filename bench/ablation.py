@@ -76,6 +76,9 @@ OPTIONAL = {
     # a needed re-plan waits drain_first_wait_slo of the SLO for the drains in its way, then cuts
     # them (off by default since alternating pairs measured more violations on)
     "needed_drain_cut": "control.cut_drains_when_needed=true",
+    # a needed re-plan waits for the drains in its way to end (at most their own deadline) instead of
+    # being refused for their slots
+    "wait_drains": "control.wait_drains_when_needed=true",
     # a needed re-plan switches first on whichever of its quick and exact plans starts fewer processes
     "fewest_starts_first": "control.fewest_starts_first=true",
 }
