@@ -59,6 +59,9 @@ MECHANISMS = {
     "short_drain_first": "control.drain_first_wait_slo=1",
     # the predictor's mean leaves out the bins of spikes that have ended
     "ended_spikes_skipped": "control.skip_ended_spikes=false",
+    # a needed re-plan waits for the drains in its way to end (at most their own deadline) instead of
+    # being refused for their slots
+    "wait_drains": "control.wait_drains_when_needed=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
@@ -89,7 +92,9 @@ OPTIONAL = {
 # the node file's own.
 DEFAULT_MAX_UTILIZATION = 0.8
 # wall rates are demand / time scale: social_media's capacity is about 4x traffic_analysis's, so its
-# client needs a larger scale to keep its schedule on a 2-core machine
+# client needs a larger scale to keep its schedule on a 2-core machine. Measured (bench/README.md,
+# "The time scale"): traffic_analysis keeps up at 10 too, but at 5 the node itself runs short of
+# CPU (violations outside the spikes, 61% slices); social_media at 20 fell behind its schedule
 DEFAULT_TIME_SCALE = {"traffic_analysis": 20.0, "social_media": 60.0, "ar_assistant": 20.0}
 START_OVERHEAD_S = 60.0  # capacity solve + jigsawd start + tail, per run (2-core machine)
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"

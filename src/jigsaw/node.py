@@ -180,6 +180,15 @@ class ControlSettings:
     # time scale 60 the wait is about 10 s, two bins, and the re-sent requests came back 504): as
     # cut_drains says (refused by default)
     cut_drains_when_needed: bool = False
+    # a re-plan the app needs (its running plan does not hold the demand) whose new MIG instances
+    # need slots draining generations hold waits for those drains to end, at most until their own
+    # deadline (the SLO x the time scale after their switch, when every request they hold is
+    # answered or timed out), then takes the slots; nothing is sent again (runtime/generations.py
+    # _cut_drains). Why: refused, the spike's plan was retried only at the next trigger, after the
+    # drain had ended anyway (113 refusals over day 0 of traffic_analysis); on by default after
+    # alternating peak-window pairs (bench/README.md, "The time scale, and needed re-plans that
+    # wait"). cut_drains_when_needed takes precedence
+    wait_drains_when_needed: bool = True
     # a plan that frees at least this many slices of a running plan that holds the demand is worth
     # a drain-first (control/controller.py _deploy): without it a spike's plan stayed until a
     # smaller plan happened to fit beside it; 0 (default): never (drain_first_when_holding decides)
@@ -371,6 +380,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         drain_first_when_holding=c.bool("drain_first_when_holding", False),
         drain_first_wait_slo=c.number("drain_first_wait_slo", 0.25, low=0, high=1),
         cut_drains_when_needed=c.bool("cut_drains_when_needed", False),
+        wait_drains_when_needed=c.bool("wait_drains_when_needed", True),
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
         fewest_starts_first=c.bool("fewest_starts_first", False),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),

@@ -42,11 +42,12 @@ b-v,2g.20gb,1,1,40.0,25.000,100,modeled,,,
 REQUESTS = 12  # on generation 0: six seconds of b's work on its two processes
 
 
-def _plans(tmp_path: Path, node_extra: str, added: str) -> tuple[Path, Plan, Plan, Plan]:
+def _plans(tmp_path: Path, node_extra: str, added: str,
+           slo_ms: float = 30000.0) -> tuple[Path, Plan, Plan, Plan]:
     placed = [{"profile": "1g.10gb", "start": 0, "task": "a", "variant": "a-v", "index": 0},
               *({"profile": "1g.10gb", "start": s, "task": "b", "variant": "b-v", "index": s - 1}
                 for s in (1, 2))]
-    args = write_pinned(tmp_path, latency_slo_ms=30000.0, profiles=PROFILES, mps_levels="[1]",
+    args = write_pinned(tmp_path, latency_slo_ms=slo_ms, profiles=PROFILES, mps_levels="[1]",
                         node_extra=node_extra, demand_rps=1.0,
                         instances=[instance("a", "1g.10gb", 1, 1.0, 1000.0),
                                    instance("b", "1g.10gb", 2, 1000.0, 1.0)],
@@ -69,7 +70,7 @@ def _shm_segments(daemon_id: str) -> set[str]:
 
 # the drain switches these tests are about (off by default): on unless a test sets them
 DRAIN_SWITCHES = {"cut_drains": "true", "place_around_busy_drains": "true", "drain_late_credits": "false",
-                  "cut_drains_when_needed": "false"}
+                  "cut_drains_when_needed": "false", "wait_drains_when_needed": "false"}
 
 
 def _with_switches(node_extra: str) -> str:
@@ -78,12 +79,13 @@ def _with_switches(node_extra: str) -> str:
     return "[control]\n" + on + body
 
 
-def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb") -> dict[str, Any]:
+def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb", slo_ms: float = 30000.0,
+         requests: int = REQUESTS) -> dict[str, Any]:
     """Start generation 0, load it, re-plan to generation 1, then at once to the plan that adds
     an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot); return what happened.
     The drain switches are on unless ``node_extra`` sets them."""
     node_extra = _with_switches(node_extra)
-    node_path, first, second, third = _plans(tmp_path, node_extra, added)
+    node_path, first, second, third = _plans(tmp_path, node_extra, added, slo_ms)
     node = load_node(node_path)
     app = node.apps[0]
     logs: list[str] = []
@@ -102,7 +104,7 @@ def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb") -> dict[s
             image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
             try:
                 sent = []
-                for _ in range(REQUESTS):
+                for _ in range(requests):
                     got = fe.dispatcher.submit(fe.routing.routes[APP], None, image, None)
                     assert not isinstance(got, str), got
                     sent.append(got)
@@ -133,6 +135,7 @@ def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb") -> dict[s
         asyncio.run(go())
         out["answers"] = answers
         out["cut"] = (gm.drains_cut_total, dict(gm.cut_requests_total))
+        out["waits"] = (gm.drain_waits_total, gm.drain_wait_s_total)
         out["mps_failures"] = gm.mps_failures_total
         out["metrics"] = gm.prometheus()
     finally:
@@ -217,4 +220,50 @@ def test_a_needed_replan_waits_a_share_of_the_slo_for_the_drain_then_cuts_it(tmp
     assert cuts == 1 and settled.get("resent", 0) > REQUESTS // 4, settled  # more than the limit's 8
     assert out["statuses"] == {200: out["sent"]}, out["statuses"]
     assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
+    assert out["leaked"] == set()
+
+
+# the cut switches off: only the wait (and the hopeless rule) act
+WAIT = "[control]\ncut_drains = false\nplace_around_busy_drains = false\nwait_drains_when_needed = true\n"
+
+
+def test_a_needed_replan_waits_for_the_drain_in_its_way_and_sends_nothing_again(tmp_path: Path) -> None:
+    """``control.wait_drains_when_needed``: the re-plan the app needs is not refused for the slot
+    draining generation 0 holds; it waits until generation 0 has answered every request (its six
+    seconds of work, within the 30 s SLO), then takes the slot. Nothing is sent twice: every
+    request is answered 200, once, by the process it was queued on."""
+    out = _run(tmp_path, WAIT)
+    two, logs = out["third"], out["logs"]
+    assert out["gen0_pending_before"] > 0
+    assert two.error is None and two.new_generation, (two, logs)
+    assert any("waited" in line and "for their drains to end" in line for line in logs), logs
+    assert not out["gen0_alive_after"]
+    mid = [i for i in out["layout"].instances if i.profile == "2g.20gb"]
+    assert [i.start for i in mid] == [2], out["layout"]
+    cuts, settled = out["cut"]
+    assert cuts == 1 and settled.get("resent", 0) == 0 and settled.get("failed", 0) == 0, settled
+    assert out["waits"][0] == 1
+    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+    assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
+    assert "jigsaw_reconfig_drain_waits_total 1" in out["metrics"]
+    assert out["leaked"] == set()
+
+
+def test_the_wait_for_a_drain_that_cannot_answer_in_time_sends_nothing_again(tmp_path: Path) -> None:
+    """24 requests hold twelve seconds of ``b``'s work on generation 0's two processes against an
+    8 s SLO, so the last ones in its rings cannot make it: the workers drop them 504 (the early
+    drop at pop) once the ones ahead are done, and the re-plan's wait ends there, within the
+    drain's own deadline. Nothing is sent again; every request is answered once (200 or 504)."""
+    out = _run(tmp_path, WAIT, slo_ms=8000.0, requests=24)
+    two, logs = out["third"], out["logs"]
+    assert two.error is None and two.new_generation, (two, logs)
+    assert not out["gen0_alive_after"]
+    cuts, settled = out["cut"]
+    assert cuts == 1 and settled.get("resent", 0) == 0, settled
+    statuses = out["statuses"]
+    assert set(statuses) == {200, 504} and statuses[200] >= 4 + 2, statuses  # generation 1's 4 + some
+    assert sum(statuses.values()) == out["sent"]
+    assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
+    assert out["waits"][0] == 1
+    assert not any("unsettled after drain" in line for line in logs), logs
     assert out["leaked"] == set()

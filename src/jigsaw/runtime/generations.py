@@ -79,6 +79,7 @@ READY_POLL_S = 0.02
 READY_FAST_S = 0.2  # for this long after the start the readiness is polled every READY_FAST_POLL_S
 READY_FAST_POLL_S = 0.002
 DRAIN_POLL_S = 0.05
+DRAIN_END_MARGIN_S = 0.5  # past a drain's own deadline: the frontend's timers answer its last requests
 CUT_WAIT_S = 15.0  # a cut drain's processes stop within ms; past this the re-plan goes on without
 DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed", "skipped")
 DRAINING = "\x00draining"  # the owner ``place`` gives the slots a draining generation still holds
@@ -270,6 +271,13 @@ class GenerationManager:
         # event that cuts each one's drain short (``_cut_drains``)
         self._retiring_gids: set[int] = set()
         self._cut: dict[int, asyncio.Event] = {}
+        # when each draining generation's requests are all answered or timed out at the latest
+        # (monotonic s): what a needed re-plan waits for (``control.wait_drains_when_needed``)
+        self._drain_ends: dict[int, float] = {}
+        self.drains_total = 0  # drains of replaced generations, and their wall seconds in all
+        self.drain_s_total = 0.0
+        self.drain_waits_total = 0  # needed re-plans that waited for the drains in their way
+        self.drain_wait_s_total = 0.0
         # the MPS daemons are started and stopped from threads (a re-plan's, a retirement's): one
         # at a time, or two stop the same daemon
         self._mps_lock = threading.Lock()
@@ -433,6 +441,16 @@ class GenerationManager:
             ("jigsaw_reconfig_cut_failed_total", "counter",
              "unanswered requests of cut drains answered 503/504 (no time left to run them again)",
              self.cut_requests_total["failed"]),
+            ("jigsaw_reconfig_drain_waits_total", "counter",
+             "re-plans the app needed that waited for the drains in their way (wait_drains_when_needed)",
+             self.drain_waits_total),
+            ("jigsaw_reconfig_drain_wait_seconds_total", "counter",
+             "wall seconds those re-plans waited for the drains in their way",
+             round(self.drain_wait_s_total, 3)),
+            ("jigsaw_reconfig_drains_total", "counter", "drains of replaced generations that ended",
+             self.drains_total),
+            ("jigsaw_reconfig_drain_seconds_total", "counter",
+             "wall seconds the replaced generations drained, in all", round(self.drain_s_total, 3)),
             ("jigsaw_mps_daemons_started_total", "counter", "MPS control daemons started",
              self.mps_started_total),
             ("jigsaw_mps_daemons_stopped_total", "counter", "MPS control daemons stopped",
@@ -554,11 +572,15 @@ class GenerationManager:
                 skip = bool(deferred) and desired.running_holds \
                     and not self.node.control.drain_first_when_holding
                 # a plan the app needs (the running one does not hold the demand: a spike's) waits
-                # briefly for the drains in its way and then cuts them, whatever they still hold
-                needed = not desired.running_holds and self.node.control.cut_drains_when_needed
-                if deferred and not skip and (self.node.control.cut_drains or needed) \
+                # briefly for the drains in its way and then cuts them, whatever they still hold;
+                # or (``wait_drains_when_needed``) waits for their end and takes their slots
+                c = self.node.control
+                needed = not desired.running_holds and c.cut_drains_when_needed
+                until_end = not desired.running_holds and c.wait_drains_when_needed and not needed
+                if deferred and not skip and (c.cut_drains or needed or until_end) \
                         and await self._cut_drains(app, node_layout, deferred,
-                                                   wait_s=self._drain_first_wait_s(old) if needed else None):
+                                                   wait_s=self._drain_first_wait_s(old) if needed else None,
+                                                   until_end=until_end):
                     deferred = await asyncio.to_thread(self.partition.bring_up, node_layout,
                                                        f"{app}: re-plan, the drains in its way cut")
             except JigsawError as exc:
@@ -674,7 +696,8 @@ class GenerationManager:
         return self.node.control.drain_first_wait_slo * budget_s
 
     async def _cut_drains(self, app: str, desired: NodeLayout,
-                          deferred: tuple[tuple[int, int, str], ...], wait_s: float | None = None) -> bool:
+                          deferred: tuple[tuple[int, int, str], ...], wait_s: float | None = None,
+                          until_end: bool = False) -> bool:
         """Some of the new instances' slots are held by generations that no longer serve (their
         drain runs in the background, up to an SLO and the late-credit grace) or by the MIG
         instances of ones that just retired: cut those drains short and free the slots, so the
@@ -686,7 +709,12 @@ class GenerationManager:
         late credits are forgotten, unanswered ones dispatched again on the app's current
         generation or answered 503/504), its retirement stops its processes (an executing batch
         finishes; its records are late) and unlinks its segments, and its MIG instances that
-        nothing else runs on are destroyed here. True when slots were freed."""
+        nothing else runs on are destroyed here. True when slots were freed.
+
+        ``until_end`` (``control.wait_drains_when_needed``): wait for the drains in the way to end
+        instead, until every request they hold is answered, at most until their own deadline
+        (``_drain_ends``: by then the frontend has answered each 504 at its deadline, so none is
+        sent again), then free their slots (the late credits forgotten)."""
         assert self.partition is not None
         gpu = self.node.gpu
         want = [i for i in desired.instances if i.slot in set(deferred)]
@@ -695,7 +723,19 @@ class GenerationManager:
                         if gid in self._retiring_gids
                         and any(overlaps(gpu, w, i) for w in want for i in held))
         limit = self.node.control.cut_drain_max_unanswered
-        if wait_s is not None:
+        if until_end and in_way:
+            t0 = time.monotonic()
+            t_end = max(self._drain_ends.get(g, t0) for g in in_way) + DRAIN_END_MARGIN_S
+            while any(router.unanswered_in(g) for g in in_way if g in self._retiring_gids) \
+                    and time.monotonic() < t_end:
+                await asyncio.sleep(DRAIN_POLL_S)
+            in_way = [g for g in in_way if g in self._retiring_gids]
+            limit = max(limit, max((router.unanswered_in(g) for g in in_way), default=0))
+            self.drain_waits_total += 1
+            self.drain_wait_s_total += time.monotonic() - t0
+            self.log(f"{app}: the new instances need slots of draining generation(s); waited "
+                     f"{(time.monotonic() - t0) * 1e3:.0f} ms for their drains to end")
+        elif wait_s is not None:
             # a needed plan (``control.cut_drains_when_needed``): their unanswered requests get
             # ``wait_s`` to finish, then every drain in the way is cut, what is left sent again.
             # Why: refused, the spike plan waited for the next trigger while the app shed at the
@@ -954,6 +994,7 @@ class GenerationManager:
         budget_s = (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
             * self.time_scale / 1000.0
         deadline = time.monotonic() + budget_s + DRAIN_MARGIN_S
+        self._drain_ends[gid] = time.monotonic() + budget_s
         if first:
             deadline = time.monotonic() + self._drain_first_wait_s(g)
         cut = self._cut.setdefault(gid, asyncio.Event())  # set: a re-plan needs its slots now
@@ -964,13 +1005,19 @@ class GenerationManager:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(cut.wait(), DRAIN_POLL_S)
         self._cut.pop(gid, None)
+        self._drain_ends.pop(gid, None)
+        self.drains_total += 1
+        self.drain_s_total += time.monotonic() - t0
         if first:
             forgotten, resent, failed = router.cut_generation(gid)
             self.log(f"{g.app.name}: generation {gid} drained for the new instances in "
                      f"{(time.monotonic() - t0) * 1e3:.0f} ms ({forgotten} answered requests' late credits "
                      f"forgotten, {resent} sent again, {failed} failed)")
-        elif not cut.is_set() and not late and not router.unanswered_in(gid):
-            router.cut_generation(gid)  # every request answered: forget the late credits awaited
+        else:
+            self.log(f"{g.app.name}: generation {gid} drained in {(time.monotonic() - t0) * 1e3:.0f} ms"
+                     + (" (cut short)" if cut.is_set() else ""))
+            if not cut.is_set() and not late and not router.unanswered_in(gid):
+                router.cut_generation(gid)  # every request answered: forget the late credits awaited
         left = router.pending_in(gid)
         if left:
             self.log(f"{g.app.name}: generation {gid}: {left} requests unsettled after drain")
