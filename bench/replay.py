@@ -541,8 +541,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.capacity_space not in SPACES:
         log(f"--capacity-space: unknown space {args.capacity_space!r} (choose from {', '.join(SPACES)})")
         return 2
+    # the settings first: the capacity the window is scaled to is the node's as it will run (a
+    # planner.max_utilization below 1 lowers it)
+    node_file = args.node
+    if args.settings:
+        if args.node is None:
+            log("--set needs --node (a running jigsawd has its settings)")
+            return 2
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+            node_file = node_with_settings(args.node, args.settings, args.out)
+        except (ValueError, JigsawError) as exc:
+            log(str(exc))
+            return 2
+        log(f"node settings {', '.join(args.settings)} ({node_file})")
     if args.scale_to_capacity:
-        node_path = args.capacity_node or args.node
+        node_path = args.capacity_node or node_file
         if node_path is None:
             log("--scale-to-capacity with --url needs --capacity-node N.toml")
             return 2
@@ -569,17 +583,6 @@ def main(argv: list[str] | None = None) -> int:
     if settle_s < 0:
         log("--settle-seconds must be >= 0")
         return 2
-    node_file = args.node
-    if args.settings:
-        if args.node is None:
-            log("--set needs --node (a running jigsawd has its settings)")
-            return 2
-        try:
-            node_file = node_with_settings(args.node, args.settings, args.out)
-        except (ValueError, JigsawError) as exc:
-            log(str(exc))
-            return 2
-        log(f"node settings {', '.join(args.settings)} ({node_file})")
     if settle_s:
         log(f"steady state: each bin settles {settle_s:g} s before its {args.bin_seconds:g} s are measured")
     concurrency = args.max_concurrency if args.max_concurrency is not None \
