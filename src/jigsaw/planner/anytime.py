@@ -105,19 +105,8 @@ def _greedy_instances(table: tuple[Column, list[Column]], demand: float) -> list
 
 def _task_instances(cols: list[Column], demand: float, cap_ms: float) -> list[tuple[Column, int]] | None:
     """Fewest slices for one (task, variant) by the greedy rule, within a latency cap."""
-    ok = [c for c in cols if c.latency_ms <= cap_ms + 1e-9]
-    if not ok:
-        return None
-    best = max(ok, key=lambda c: (c.throughput_rps / c.slices, c.throughput_rps))
-    n = max(1, math.ceil(demand / best.throughput_rps - 1e-9))
-    plain = [(best, n)]
-    rest = demand - (n - 1) * best.throughput_rps
-    cover = [c for c in ok if c.throughput_rps >= rest]
-    if not cover:
-        return plain
-    last = min(cover, key=lambda c: (c.slices, -c.throughput_rps))
-    mixed = ([(best, n - 1)] if n > 1 else []) + [(last, 1)]
-    return mixed if (n - 1) * best.slices + last.slices < n * best.slices else plain
+    table = _greedy_table(cols, cap_ms)
+    return _greedy_instances(table, demand) if table else None
 
 
 def _splits(pb: Problem, lane: tuple[str, ...], by_tv: dict[tuple[str, str], list[Column]]

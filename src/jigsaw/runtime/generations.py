@@ -688,12 +688,16 @@ class GenerationManager:
         await asyncio.get_running_loop().run_in_executor(None, gen.close)
         await asyncio.to_thread(self._stop_unused_mps)
 
+    def _drain_budget_s(self, g: Generation) -> float:
+        """The longest a request of ``g`` may still take (wall seconds): the app's SLO and hops,
+        times the time scale; a drain's own deadline counts from its switch with it."""
+        return (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
+            * self.time_scale / 1000.0
+
     def _drain_first_wait_s(self, g: Generation) -> float:
         """How long a needed re-plan waits for the requests of what is in its way (wall seconds):
-        ``control.drain_first_wait_slo`` of the app's SLO and hops, times the time scale."""
-        budget_s = (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
-            * self.time_scale / 1000.0
-        return self.node.control.drain_first_wait_slo * budget_s
+        ``control.drain_first_wait_slo`` of ``_drain_budget_s``."""
+        return self.node.control.drain_first_wait_slo * self._drain_budget_s(g)
 
     async def _cut_drains(self, app: str, desired: NodeLayout,
                           deferred: tuple[tuple[int, int, str], ...], wait_s: float | None = None,
@@ -991,8 +995,7 @@ class GenerationManager:
         """
         router = self._router()
         g = self.generations[gid]
-        budget_s = (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
-            * self.time_scale / 1000.0
+        budget_s = self._drain_budget_s(g)
         deadline = time.monotonic() + budget_s + DRAIN_MARGIN_S
         self._drain_ends[gid] = time.monotonic() + budget_s
         if first:
