@@ -115,6 +115,15 @@ GRID_CUT = False
 # HiGHS's presolve in the grid's solves: off (the two splits above: 0.76-0.84 s and 0.29 s at
 # their root without it, 1.26-1.45 s and 0.46 s with it, on a loaded machine)
 GRID_PRESOLVE = False
+# The maximum demand of one app searched over every maximal split of the SLO
+# (``_max_over_splits``) where the core's plan does not lift, up to MAX_SPLITS splits; beyond,
+# and with CAPACITY_SPLITS off, the full model decides (as before)
+CAPACITY_SPLITS = True
+MAX_SPLITS = 256
+# ... and where the LP bounds leave more than MAX_SPLIT_SOLVES splits to solve (a small node,
+# where integrality takes a few percent off each split's LP: ar_assistant under ``st`` on 4 GPUs
+# has 184 splits, dozens above the best plan), the full model decides, from the best plan found
+MAX_SPLIT_SOLVES = 8
 
 
 def grid_caps(pb: Problem, steps: int = GRID_STEPS) -> list[dict[str, float]]:
@@ -147,6 +156,60 @@ def grid_caps(pb: Problem, steps: int = GRID_STEPS) -> list[dict[str, float]]:
 
     walk(0, {})
     return out
+
+
+def maximal_caps(pb: Problem, limit: int = MAX_SPLITS) -> list[dict[str, float]] | None:
+    """Every maximal split of the latency SLO over the tasks' column latencies: per task a cap
+    (one of its admissible column latencies) such that every path meets the SLO and no task can
+    take its next larger latency. None when there are more than ``limit``.
+
+    Why exact: a plan of the full model, with L(t) its slowest latency of task t, maps onto the
+    core restricted to caps L (``core_columns(pb, L)``: each group's fastest-enough column
+    carries at least as much on the same slices), and so onto the core under a maximal split
+    above L; each such restricted core is a restriction of the full model. So the full model's
+    optimum is the largest of the restricted cores' optima over these splits. A task whose paths'
+    other tasks all come before it takes the largest latency they leave it (any smaller one is
+    not maximal); the others are enumerated.
+    """
+    app = pb.app
+    lats = task_latencies(pb)
+    tasks = app.task_names
+    if any(not lats[t] for t in tasks):
+        return []
+    half = app.latency_slo_ms / 2 * (1 + 1e-12)
+    through = {t: [p for p in app.paths if t in p] for t in tasks}
+    fastest = {t: lats[t][0] for t in tasks}
+    before: set[str] = set()
+    determined = {}
+    for t in tasks:
+        determined[t] = all(u in before for p in through[t] for u in p if u != t)
+        before.add(t)
+
+    def room(t: str, k: dict[str, float]) -> float:
+        return min((half - sum(k.get(u, fastest[u]) for u in p if u != t) for p in through[t]),
+                   default=math.inf)
+
+    out: list[dict[str, float]] = []
+    k: dict[str, float] = {}
+
+    def walk(j: int) -> bool:
+        if j == len(tasks):
+            for t in tasks:
+                i = bisect.bisect_left(lats[t], k[t])
+                if i + 1 < len(lats[t]) and lats[t][i + 1] <= room(t, k) + 1e-9:
+                    return True  # not maximal
+            out.append(dict(k))
+            return len(out) <= limit
+        t = tasks[j]
+        top = bisect.bisect_right(lats[t], room(t, k) + 1e-9)
+        for x in (lats[t][top - 1:top] if determined[t] else lats[t][:top]):
+            k[t] = x
+            if not walk(j + 1):
+                return False
+        k.pop(t, None)
+        return True
+
+    return out if walk(0) else None
 
 
 @dataclass
@@ -825,6 +888,69 @@ def _core_start(core: Built, plans: list[Plan | None] | None) -> dict[int, float
     return start
 
 
+def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0: float,
+                     time_limit_s: float, gap_abs: float, rel_gap: float
+                     ) -> tuple[JointResult | None, float] | None:
+    """The maximum demand of one part as the largest of the cores restricted to each maximal
+    split of the SLO (``maximal_caps``: exact, no full model): each split's LP relaxation bounds
+    its core (milliseconds), the splits are solved in the order of their bounds, and a split
+    whose bound is within the gap of the best plan found is not solved. Returns the best plan
+    (None if no split has one) and the bound over every split (its proof), or None when the
+    splits are more than ``MAX_SPLITS``.
+
+    Why: traffic_analysis under ``ast`` on 120 GPUs has 39 splits; the full model took 57 s in
+    HiGHS (3620 nodes) and 19 s in CBC, the best split's core 0.6-1.1 s, and every split but
+    the best three is refuted by its LP bound.
+    """
+    pb = parts[0].pb
+    splits = maximal_caps(pb, MAX_SPLITS)
+    if splits is None:
+        return None
+    models: dict[tuple, Built] = {}
+    for caps in splits:  # splits that leave every group the same column are one model
+        key = tuple(c.key for c in core_columns(pb, caps))
+        if key not in models:
+            models[key] = build(parts, node, full=False, caps=[caps], **shape)
+    ranked: list[tuple[float, int, Built]] = []
+    for k, built in enumerate(models.values()):
+        lp = built.model.relaxation("highs")
+        if lp.has_incumbent:
+            ranked.append((lp.objective, k, built))
+    ranked.sort(key=lambda x: (-x[0], x[1]))
+    best: JointResult | None = None
+    bound = -math.inf  # over the splits solved so far, then the first one not solved
+    solves = 0
+    for k, (lp_bound, _, built) in enumerate(ranked):
+        if best is not None and lp_bound - best.objective <= max(gap_abs, rel_gap * abs(lp_bound)):
+            bound = max(bound, lp_bound)  # this split and all below it: within the gap
+            break
+        # the splits still above the best plan (the ranking's first is solved in any case)
+        above = 1 if best is None else \
+            sum(1 for x, _, _ in ranked[k:] if x - best.objective > max(gap_abs, rel_gap * abs(x)))
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left <= 0 or solves + above > MAX_SPLIT_SOLVES:
+            bound = max(bound, lp_bound)  # too many splits left open: the full model decides
+            break
+        solves += 1
+        sol = built.model.solve(solver, left, gap_abs, relative_gap=rel_gap)
+        if sol.status == "infeasible":
+            continue
+        if not sol.has_incumbent:
+            bound = max(bound, lp_bound)
+            continue
+        bound = max(bound, min(_proven(sol), lp_bound))
+        cols, _ = _lift(built, sol.values, 0)
+        if cols is None:  # the split's caps meet every path: never (kept as a guard)
+            bound = max(bound, lp_bound)
+            continue
+        # labelled against the bound over every split (the ranking's first); the caller decides
+        got = _result(built, sol, [cols], ranked[0][0], gap_abs, rel_gap, True, t0, "splits")
+        best = _better(best, got)
+    if best is not None:
+        bound = max(bound, best.objective)
+    return best, bound
+
+
 def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
           objective: str = "accuracy", absolute_gap: float | None = None,
           scale_demands: bool = False, start: list[Plan | None] | None = None,
@@ -1052,7 +1178,18 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
             prove(0.1 * time_limit_s)
             if best is not None and best.status == "optimal":
                 return best
-        if capacity_mode:
+        searched = None
+        if capacity_mode and CAPACITY_SPLITS and len(parts) == 1 and not scale_demands:
+            searched = _max_over_splits(parts, node, shape, solver, t0, time_limit_s, gap_abs, rel_gap)
+        if searched is not None:
+            got, bound = searched
+            ub = min(ub, bound)
+            if got is not None:
+                best = _better(best, got)
+            if best is not None and ub - best.objective <= max(gap_abs, rel_gap * abs(ub)):
+                _mark_optimal(best, ub, math.inf)
+                return best
+        elif capacity_mode:
             # the maximum demand: the single restricted model (the core under the shrunk caps)
             # finds a large feasible rate fast, which the full model then starts from
             got = restrict(build(parts, node, full=False, caps=caps, **shape), "restricted")
@@ -1114,6 +1251,11 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     secs = time.perf_counter() - t0
     if not fsol.has_incumbent or (best is not None and fsol.objective <= best.objective):
         if best is not None:
+            if fsol.has_incumbent and best.status != "optimal":
+                # the full model's bound proves the plan it started from (the splits' best)
+                bound = min(_proven(fsol), ub)
+                if bound - best.objective <= max(gap_abs, rel_gap * abs(bound)):
+                    _mark_optimal(best, bound, math.inf if capacity_mode else 0.0)
             best.seconds = secs
             for p in best.plans:
                 if p is not None:
