@@ -8,10 +8,14 @@ the demand normalized to ``unopt`` beside the paper's, the slices that plan uses
 available) and its accuracy, and writes a two-panel PNG like the paper's figure.
 
 If a capacity solve stops on the time limit its incumbent is a lower bound on the capacity;
-the status column says so. The profiles are modeled (profiles/generate.py), not measured.
+the status column says so. Beside each space's seconds: the MILPs and LPs solved and their
+branch-and-bound nodes (counts of work, the same on a busy machine). ``--compare-full`` solves
+each space again with the full model deciding where the core's plan does not lift (the search
+over the SLO's maximal splits off, as before it existed), alternating which goes first, and
+prints both with the ratio. The profiles are modeled (profiles/generate.py), not measured.
 
     PYTHONPATH=src python bench/capacity.py [--app traffic_analysis] [--gpus 120]
-        [--solver highs|cbc] [--time-limit 120] [--out out/]
+        [--solver cbc|highs] [--time-limit 120] [--compare-full] [--out out/]
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ except ImportError:  # run from a checkout without an installed package
 from jigsaw.errors import PlanError  # noqa: E402
 from jigsaw.node import load_node, load_node_profiles  # noqa: E402
 from jigsaw.plan import json_safe  # noqa: E402
+from jigsaw.planner import joint  # noqa: E402
 from jigsaw.planner.milp import capacity, column_counts  # noqa: E402
+from jigsaw.planner.model import tally  # noqa: E402
 
 # Figure order and labels; the paper's normalized maximum demand (traffic app, 120 GPUs).
 ORDER = ("unopt", "s", "a", "t", "at", "st", "as", "ast")
@@ -60,40 +66,90 @@ def machine() -> str:
     return f"{platform.platform()}, os.cpu_count()={os.cpu_count()}, python {platform.python_version()}"
 
 
-def run(app_name: str, node, profiles, spaces: list[str], solver: str, limit: float
-        ) -> list[dict[str, Any]]:
-    app = node.app(app_name)
-    rows = []
-    for sp in spaces:
-        cols = column_counts(app, node, profiles, sp)
-        print(f"  {LABELS[sp]:<6} solving ({len(cols.columns)} columns) ...", flush=True)
-        t0 = time.perf_counter()
-        try:
+def solve_space(app, node, profiles, sp: str, solver: str, limit: float, splits: bool = True
+                ) -> dict[str, Any]:
+    """One space's capacity and plan as a row; ``splits`` False: the full model decides where
+    the core's plan does not lift (``joint.CAPACITY_SPLITS`` off, the path before the split search)."""
+    cols = column_counts(app, node, profiles, sp)
+    saved = joint.CAPACITY_SPLITS
+    joint.CAPACITY_SPLITS = splits
+    t0 = time.perf_counter()
+    try:
+        with tally() as work:
             cap = capacity(app, node, profiles, space=sp, time_limit_s=limit, solver=solver)
-        except PlanError as exc:  # e.g. no incumbent for the re-solve at the maximum within the limit
-            wall = time.perf_counter() - t0
-            print(f"  {LABELS[sp]:<6} error after {wall:.1f} s: {exc}", flush=True)
-            rows.append({"space": sp, "label": LABELS[sp], "max_demand_rps": float("nan"),
-                         "status": "error", "plan_status": "error", "error": str(exc),
-                         "seconds": wall, "slices_used": 0, "slices_available": node.slices_available,
-                         "accuracy": float("nan"), "gap": float("inf"),
-                         "columns_total": cols.num_candidates, "columns_pruned": len(cols.columns),
-                         "gpus_used": 0, "budgets": None})
-            continue
+    except PlanError as exc:  # e.g. no incumbent for the re-solve at the maximum within the limit
         wall = time.perf_counter() - t0
-        p = cap.plan
-        row = {"space": sp, "label": LABELS[sp], "max_demand_rps": cap.max_demand_rps,
-               "status": cap.status, "plan_status": p.status, "seconds": wall,
-               "slices_used": p.slices_used, "slices_available": p.slices_available,
-               "accuracy": p.accuracy, "gap": p.gap, "columns_total": cols.num_candidates,
-               "columns_pruned": len(cols.columns),
-               "gpus_used": p.layout.gpus_used if p.layout is not None else 0,
-               "budgets": dict(cols.budgets.slices) if cols.budgets is not None else None}
-        rows.append(row)
-        print(f"  {LABELS[sp]:<6} {cap.max_demand_rps:>10.5g} rps  capacity {cap.status:<9} "
-              f"plan {p.status:<9} {wall:7.1f} s  slices {p.slices_used}/{p.slices_available}",
-              flush=True)
-    return rows
+        return {"space": sp, "label": LABELS[sp], "max_demand_rps": float("nan"),
+                "status": "error", "plan_status": "error", "error": str(exc),
+                "seconds": wall, "slices_used": 0, "slices_available": node.slices_available,
+                "accuracy": float("nan"), "gap": float("inf"), "objective": float("nan"),
+                "columns_total": cols.num_candidates, "columns_pruned": len(cols.columns),
+                "gpus_used": 0, "budgets": None, "milps": 0, "lps": 0, "nodes": 0}
+    finally:
+        joint.CAPACITY_SPLITS = saved
+    wall = time.perf_counter() - t0
+    p = cap.plan
+    return {"space": sp, "label": LABELS[sp], "max_demand_rps": cap.max_demand_rps,
+            "status": cap.status, "plan_status": p.status, "seconds": wall,
+            "slices_used": p.slices_used, "slices_available": p.slices_available,
+            "accuracy": p.accuracy, "gap": p.gap, "objective": p.objective,
+            "columns_total": cols.num_candidates, "columns_pruned": len(cols.columns),
+            "gpus_used": p.layout.gpus_used if p.layout is not None else 0,
+            "budgets": dict(cols.budgets.slices) if cols.budgets is not None else None,
+            "milps": work.milps, "lps": work.lps, "nodes": work.nodes}
+
+
+def _line(row: dict[str, Any], tag: str = "") -> str:
+    if row["status"] == "error":
+        return f"  {row['label']:<6} {tag}error after {row['seconds']:.1f} s: {row['error']}"
+    return (f"  {row['label']:<6} {tag}{row['max_demand_rps']:>10.5g} rps  capacity {row['status']:<9} "
+            f"plan {row['plan_status']:<9} {row['seconds']:7.1f} s  slices "
+            f"{row['slices_used']}/{row['slices_available']}  {row['milps']} MILPs "
+            f"({row['nodes']} nodes), {row['lps']} LPs")
+
+
+def run(app_name: str, node, profiles, spaces: list[str], solver: str, limit: float,
+        compare_full: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each space's row, and with ``compare_full`` its row with the full model (same order)."""
+    app = node.app(app_name)
+    rows, full_rows = [], []
+    for k, sp in enumerate(spaces):
+        print(f"  {LABELS[sp]:<6} solving ({len(column_counts(app, node, profiles, sp).columns)} "
+              "columns) ...", flush=True)
+        order = [True, False] if k % 2 == 0 else [False, True]
+        for splits in (order if compare_full else [True]):
+            row = solve_space(app, node, profiles, sp, solver, limit, splits)
+            (rows if splits else full_rows).append(row)
+            print(_line(row, "" if not compare_full else ("splits " if splits else "full   ")),
+                  flush=True)
+    return rows, full_rows
+
+
+def compare(rows: list[dict[str, Any]], full_rows: list[dict[str, Any]]) -> list[str]:
+    """The two paths side by side; a different answer is a problem."""
+    print("\n== the split search against the full model (the path before it), same run")
+    header = (f"{'space':<6} {'splits s':>9} {'full s':>8} {'ratio':>6} {'MILPs':>11} {'nodes':>13} "
+              f"{'same answer':>11}")
+    print(header)
+    print("-" * len(header))
+    problems = []
+    for a, b in zip(rows, full_rows, strict=True):
+        same = (a["status"] == b["status"] and a["plan_status"] == b["plan_status"]
+                and a["max_demand_rps"] == b["max_demand_rps"]
+                and abs(a["objective"] - b["objective"]) <= 1e-9)
+        if not same:
+            problems.append(f"{a['label']}: {a['max_demand_rps']:.9g} rps ({a['status']}, plan "
+                            f"{a['plan_status']} {a['objective']:.6g}) with the splits, "
+                            f"{b['max_demand_rps']:.9g} rps ({b['status']}, plan {b['plan_status']} "
+                            f"{b['objective']:.6g}) with the full model")
+        ratio = b["seconds"] / a["seconds"] if a["seconds"] > 0 else float("nan")
+        print(f"{a['label']:<6} {a['seconds']:>9.1f} {b['seconds']:>8.1f} {ratio:>5.1f}x "
+              f"{a['milps']:>5}/{b['milps']:<5} {a['nodes']:>6}/{b['nodes']:<6} "
+              f"{'yes' if same else 'NO':>11}")
+    total_a = sum(r["seconds"] for r in rows)
+    total_b = sum(r["seconds"] for r in full_rows)
+    print(f"{'total':<6} {total_a:>9.1f} {total_b:>8.1f} {total_b / total_a:>5.1f}x")
+    return problems
 
 
 def _status(row: dict[str, Any]) -> str:
@@ -191,17 +247,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--app", default="traffic_analysis")
     ap.add_argument("--gpus", type=int, default=120, help="GPUs of the (hypothetical) node")
     ap.add_argument("--spaces", default=",".join(ORDER), help="comma-separated search spaces")
-    ap.add_argument("--solver", default="highs", choices=("cbc", "highs"),
-                    help="cbc or highs (default highs: faster here, and CBC can wrongly report the "
-                         "re-solve at the maximum demand infeasible on the 120-GPU node)")
+    ap.add_argument("--solver", default=None, choices=("cbc", "highs"),
+                    help="cbc or highs (default: the node's, cbc on the example node)")
     ap.add_argument("--time-limit", type=float, default=120.0, help="seconds per MILP solve")
+    ap.add_argument("--compare-full", action="store_true",
+                    help="each space also with the full model instead of the split search "
+                         "(alternating), side by side")
     ap.add_argument("--out", default="out", help="folder for the PNG and JSON")
     args = ap.parse_args(argv)
 
     base = load_node(args.node)
     node = base.with_gpus(args.gpus)
     profiles = load_node_profiles(node)
-    solver = args.solver
+    solver = args.solver or node.planner.solver
     spaces = [s for s in args.spaces.split(",") if s]
     unknown = [s for s in spaces if s not in LABELS]
     if unknown:
@@ -212,9 +270,18 @@ def main(argv: list[str] | None = None) -> int:
           f"solver {solver}, time limit {args.time_limit:g} s per solve, beta {node.beta:.4g}")
     print("profiles: modeled (profiles/generate.py), not measured on GPUs")
     t0 = time.perf_counter()
-    rows = run(args.app, node, profiles, spaces, solver, args.time_limit)
-    print(f"\n== maximum serviceable demand, normalized to Unopt (total {time.perf_counter() - t0:.0f} s)")
+    rows, full_rows = run(args.app, node, profiles, spaces, solver, args.time_limit, args.compare_full)
+    wall = time.perf_counter() - t0
+    total = sum(r["seconds"] for r in rows)
+    print(f"\n== maximum serviceable demand, normalized to Unopt (total {total:.1f} s in the "
+          f"capacity solves{'' if full_rows else f', {wall:.1f} s wall'}; "
+          f"{sum(r['milps'] for r in rows)} MILPs, {sum(r['nodes'] for r in rows)} nodes)")
     problems = report(rows)
+    if full_rows:
+        different = compare(rows, full_rows)
+        for msg in different:
+            print(f"WARNING: a different answer: {msg}")
+        problems += different
     print("capacity 'limit: >=': the capacity solve stopped on the time limit, the value is a lower "
           "bound; paper slices: in words only (T spaces use all GPUs)")
     out_dir = Path(args.out)

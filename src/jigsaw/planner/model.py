@@ -12,11 +12,47 @@ through the time limit.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 INF = math.inf
+
+
+@dataclass
+class Tally:
+    """The solves made within ``tally()``: counts of work that a busy machine does not change
+    (unlike seconds), which the benches print beside the seconds."""
+
+    milps: int = 0  # models with integer variables
+    lps: int = 0
+    nodes: int = 0  # branch-and-bound nodes of the MILPs (CBC's and HiGHS's own counts)
+    seconds: float = 0.0  # in the solvers
+
+
+_TALLIES: list[Tally] = []
+
+
+@contextlib.contextmanager
+def tally() -> Iterator[Tally]:
+    """Counts every ``LinearModel.solve`` made inside the block (nested blocks each count)."""
+    t = Tally()
+    _TALLIES.append(t)
+    try:
+        yield t
+    finally:
+        _TALLIES.remove(t)
+
+
+def _count(model: LinearModel, sol: Solution) -> None:
+    mip = any(model.integer)
+    for t in _TALLIES:
+        t.milps += mip
+        t.lps += not mip
+        t.nodes += sol.nodes
+        t.seconds += sol.seconds
 
 
 @dataclass
@@ -81,17 +117,23 @@ class LinearModel:
         ``max_nodes``: stop after this many branch-and-bound nodes, a limit of work rather than of
         time: a busy machine stops at the same point as a quiet one (the same answer)."""
         if solver == "highs":
-            return _solve_highs(self, time_limit_s, absolute_gap, start, relative_gap, presolve,
-                                max_nodes)
+            sol = _solve_highs(self, time_limit_s, absolute_gap, start, relative_gap, presolve,
+                               max_nodes)
+            _count(self, sol)
+            return sol
         if solver == "cbc":
             t0 = time.perf_counter()
             sol = _solve_cbc(self, time_limit_s, absolute_gap, start, relative_gap, max_nodes)
             if start and sol.has_incumbent and self.violations(sol.values):
                 # CBC can return a broken "optimal" answer after a start it could not use:
                 # never trust it, solve again from scratch in the time left.
+                _count(self, sol)
                 left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
                 sol = _solve_cbc(self, left, absolute_gap, None, relative_gap, max_nodes)
+                _count(self, sol)
                 sol.seconds = time.perf_counter() - t0
+                return sol
+            _count(self, sol)
             return sol
         raise ValueError(f"unknown solver {solver!r} (expected cbc or highs)")
 
