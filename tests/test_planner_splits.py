@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
-from factories import latency_bound_chain
+from factories import latency_bound_chain, make_app, make_node, make_profiles
 
 from jigsaw.planner import joint
-from jigsaw.planner.milp import plan
+from jigsaw.planner.milp import capacity, plan
 from jigsaw.planner.problem import make_problem
 from jigsaw.planner.verify import verify_plan
 from jigsaw.spaces import search_space
@@ -93,3 +95,87 @@ def test_without_the_grid_the_optimum_is_the_same() -> None:
     assert new.status == off.status == "optimal"
     assert off.stage != "grid"
     assert abs(new.objective - off.objective) <= node.absolute_gap + 1e-9
+
+
+def _fork():
+    """A detector-like task feeding two others (traffic_analysis's shape): two paths share the
+    first task, so the SLO's maximal splits trade it against both children at once."""
+    app = make_app(
+        tasks={"d": [("d1", 70.0), ("d2", 80.0)], "x": [("x1", 60.0), ("x2", 66.0)], "y": [("y1", 50.0)]},
+        edges=[("d", "x", {"d1": 1.0, "d2": 1.5}), ("d", "y", {"d1": 0.5, "d2": 0.8})],
+        latency_slo_ms=120.0,
+    )
+    node = make_node(num_gpus=8, mps_levels=(1, 2), batch_sizes=(1, 4, 16))
+    return app, node, make_profiles(node, {"d1": 2.0, "d2": 5.0, "x1": 3.0, "x2": 7.0, "y1": 1.0})
+
+
+@pytest.mark.parametrize("make", [_chain, _fork])
+def test_maximal_caps_are_every_maximal_split(make) -> None:
+    """Against brute force over every combination of the tasks' column latencies."""
+    app, node, profiles = make()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    lats = joint.task_latencies(pb)
+    tasks = app.task_names
+
+    def fits(k: dict[str, float]) -> bool:
+        return all(sum(2 * k[t] for t in p) <= app.latency_slo_ms * (1 + 1e-12) for p in app.paths)
+
+    brute = []
+    for combo in itertools.product(*(lats[t] for t in tasks)):
+        k = dict(zip(tasks, combo, strict=True))
+        if fits(k) and not any(
+                i + 1 < len(lats[t]) and fits({**k, t: lats[t][i + 1]})
+                for t in tasks for i in [lats[t].index(k[t])]):
+            brute.append(k)
+    got = joint.maximal_caps(pb, 10**6)
+    assert got is not None and len(got) > 1
+    assert sorted(tuple(k[t] for t in tasks) for k in got) == \
+        sorted(tuple(k[t] for t in tasks) for k in brute)
+    assert joint.maximal_caps(pb, len(brute) - 1) is None  # more than the limit: none
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+@pytest.mark.parametrize(("make", "solves"), [(_fork, None), (_chain, None), (_fork, 0)])
+def test_capacity_over_the_splits_equals_the_full_model(make, solves: int | None, solver: str,
+                                                        monkeypatch) -> None:
+    """The maximum demand from the SLO's maximal splits is the full model's, proven both ways;
+    on the fork the splits decide (their LP bounds refute the rest: no full model is built); on
+    the 2-GPU chain too many are left open and the full model decides from the splits' best
+    plan (with no split solve allowed, from none)."""
+    app, node, profiles = make()
+    if solves is not None:
+        monkeypatch.setattr(joint, "MAX_SPLIT_SOLVES", solves)
+    built_full: list[bool] = []
+    build = joint.build
+
+    def recording_build(*args, **kwargs):
+        built_full.append(kwargs.get("full", False))
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(joint, "build", recording_build)
+    new = capacity(app, node, profiles, solver=solver, time_limit_s=60)
+    assert any(built_full) == (make is _chain or solves is not None)
+    monkeypatch.setattr(joint, "CAPACITY_SPLITS", False)
+    old = capacity(app, node, profiles, solver=solver, time_limit_s=60)
+    assert new.status == old.status == "optimal"
+    assert new.max_demand_rps == pytest.approx(old.max_demand_rps, rel=joint.CAPACITY_RELATIVE_GAP)
+    assert new.plan.status == old.plan.status == "optimal"
+    assert new.plan.objective == pytest.approx(old.plan.objective, abs=node.absolute_gap + 1e-9)
+    assert verify_plan(new.plan, app, node, profiles) == []
+
+
+def test_tally_counts_the_solves_inside_it() -> None:
+    from jigsaw.planner.model import LinearModel, tally
+
+    md = LinearModel()
+    xs = [md.var(0, 10, cost=i + 1.3, integer=True) for i in range(6)]
+    md.row(xs, [2 * i + 1.7 for i in range(6)], hi=23.3)
+    md.row(xs, [7 - i + 0.9 for i in range(6)], hi=19.1)
+    with tally() as outer:
+        sol = md.solve("cbc", 10, 1e-9)
+        with tally() as inner:
+            md.relaxation()
+    assert (outer.milps, outer.lps, inner.milps, inner.lps) == (1, 1, 0, 1)
+    assert outer.nodes == sol.nodes >= 0
+    md.solve("highs", 10, 1e-9)
+    assert outer.milps == 1  # outside the block: not counted
