@@ -27,6 +27,11 @@ Same constraints as the reference model (``milp._Model``, DESIGN section 3: lane
    lift, the core restricted to a few splits of the SLO near the caps that solution needed
    (each task of a broken path giving way alone, then all in proportion) gives cheap
    incumbents: a relaxation's optimum usually has a twin within the gap under one of them.
+   The maximum demand of one app (capacity mode) instead searches every maximal split of the
+   SLO over the tasks' column latencies (``maximal_caps``): the full model's optimum is the
+   largest of the cores restricted to them, each split's LP bounds its core, and the splits are
+   solved in the order of those bounds until the rest are within the gap
+   (``_max_over_splits``).
 4. Only then the full model (the reference constraints, built as arrays) decides, with the best
    bound as a cut and the best incumbent as its start.
 
