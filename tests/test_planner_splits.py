@@ -97,16 +97,16 @@ def test_without_the_grid_the_optimum_is_the_same() -> None:
     assert abs(new.objective - off.objective) <= node.absolute_gap + 1e-9
 
 
+# A detector-like task feeding two others (traffic_analysis's shape): two paths share the first
+# task, so the SLO's maximal splits trade it against both children at once.
+FORK = dict(tasks={"d": [("d1", 70.0), ("d2", 80.0)], "x": [("x1", 60.0), ("x2", 66.0)], "y": [("y1", 50.0)]},
+            edges=[("d", "x", {"d1": 1.0, "d2": 1.5}), ("d", "y", {"d1": 0.5, "d2": 0.8})])
+FORK_BASE = {"d1": 2.0, "d2": 5.0, "x1": 3.0, "x2": 7.0, "y1": 1.0}
+
+
 def _fork():
-    """A detector-like task feeding two others (traffic_analysis's shape): two paths share the
-    first task, so the SLO's maximal splits trade it against both children at once."""
-    app = make_app(
-        tasks={"d": [("d1", 70.0), ("d2", 80.0)], "x": [("x1", 60.0), ("x2", 66.0)], "y": [("y1", 50.0)]},
-        edges=[("d", "x", {"d1": 1.0, "d2": 1.5}), ("d", "y", {"d1": 0.5, "d2": 0.8})],
-        latency_slo_ms=120.0,
-    )
     node = make_node(num_gpus=8, mps_levels=(1, 2), batch_sizes=(1, 4, 16))
-    return app, node, make_profiles(node, {"d1": 2.0, "d2": 5.0, "x1": 3.0, "x2": 7.0, "y1": 1.0})
+    return make_app(**FORK, latency_slo_ms=120.0), node, make_profiles(node, FORK_BASE)
 
 
 @pytest.mark.parametrize("make", [_chain, _fork])
