@@ -75,7 +75,9 @@ from jigsaw.runtime.stats import (
     BATCH_STARTED_NS,
     BATCHES,
     BUSY_NS,
+    DEAD,
     DROPPED,
+    FAILED,
     HEARTBEAT_NS,
     ITEMS,
     PID,
@@ -338,6 +340,10 @@ class Worker:
             w.done_rung = True  # rung once per turn (``_ring_outputs``): one wake-up for a batch
 
     def _least_loaded(self, candidates: list[int], w: Wiring) -> list[int]:
+        if len(candidates) == 1:  # (``routable``'s lone-candidate case, without its two closures)
+            state = w.stats.get(w.output_slots[candidates[0]], STATE)
+            if state != DEAD and state != FAILED:
+                return candidates
         # the time until the consumer would serve one more item: its queue plus that item, at its rate
         return routable(candidates, lambda i: w.stats.get(w.output_slots[i], STATE),
                         lambda i: (len(w.outputs[i]) + w.stats.get(w.output_slots[i], QUEUED) + 1)
@@ -348,12 +354,12 @@ class Worker:
         """The children the item sends (those its lane routes), their credit shares, and the share
         its own completion record keeps: the frontend cannot see every credit back (and answer)
         before that record, with its ``child_count``, arrives."""
-        w = wiring or self.wiring
-        children = [(task, body) for task, bodies in result.children.items() for body in bodies]
-        if not children:
+        if not result.children:
             return [], [], credit
+        w = wiring or self.wiring
         routes = w.spec.routes[header.lane] if header.lane < len(w.spec.routes) else {}
-        children = [(t, b) for t, b in children if routes.get(t)]
+        children = [(task, body) for task, bodies in result.children.items() if routes.get(task)
+                    for body in bodies]
         if not children or credit < 2:
             return [], [], credit
         if len(children) > credit - 1:
@@ -428,10 +434,14 @@ class Worker:
             if not got:
                 continue
             now = time.monotonic_ns()
+            passed_over_ns = self._passed_over_ns
             for header, credit, tensors in got:
                 header.stamp(HOP_POPPED, now)
-                sent = header.hops[HOP_SENT]
-                arrival = sent if 0 < sent <= self._passed_over_ns else now
+                arrival = now
+                if passed_over_ns:  # (``hops`` builds a tuple: read only where it can matter)
+                    sent = header.hops[HOP_SENT]
+                    if 0 < sent <= passed_over_ns:
+                        arrival = sent
                 item = (header, credit, tensors, wiring)
                 if not self.queue.push(header.request_id, header.deadline_ns, arrival, item):
                     self.complete(header, Status.REJECTED, credit, wiring=wiring)
@@ -470,6 +480,7 @@ class Worker:
         in the same turn; one that waits (a device, a thread, a timer) is finished by a task, and
         the process takes no new batch until then (``_busy``).
         """
+        queued = len(self.queue)
         batch = self.queue.next_batch(time.monotonic_ns(), True)
         if not batch:
             return False
@@ -483,6 +494,7 @@ class Worker:
             self._finish_batch(items, start, done.value)
             return True
         self._busy = True
+        self.publish_queued(queued)  # what waits here while the batch runs (the batch's items too)
         self._batch_task = self._running_loop().create_task(
             self._await_batch(items, start, _Resume(coro, waiting)))
         return True
@@ -536,9 +548,12 @@ class Worker:
         stats.add(slot, BATCHES, 1)
         stats.add(slot, ITEMS, n)
 
-    def publish_queued(self) -> None:
+    def publish_queued(self, queued: int | None = None) -> None:
+        """Publish the items queued here (``queued``, else the queue's length) in every stats slot
+        this process has: the producers route by it."""
+        n = len(self.queue) if queued is None else queued
         for w in self.wirings:
-            w.stats.set(w.spec.slot, QUEUED, len(self.queue))
+            w.stats.set(w.spec.slot, QUEUED, n)
 
     def _turn(self) -> None:
         """One turn of the process, run in the callback that woke it (the doorbell, a signal, a
@@ -566,8 +581,11 @@ class Worker:
                 if self._unmapped or self._queue_spec is not None:
                     self._maybe_swap_queue()
                 self.fill()
-                self._ring_outputs()  # the drops fill() reported
-                self.publish_queued()
+                w = self.wiring
+                if w.done_rung or w.rung or len(self.wirings) > 1:
+                    self._ring_outputs()  # the drops fill() reported
+                # (the queue's length is published after the batch, or by ``_start_batch`` when
+                # the batch waits: not before it, on the way from the wake-up to the next ring)
                 if self._start_batch():
                     if self._busy:
                         self._quiet_bell()
@@ -579,6 +597,7 @@ class Worker:
                         self._running_loop().call_soon(self._turn)
                         return
                     continue
+                self.publish_queued()
                 # Out of work: arm (producers ring from now on), then look at the rings once more,
                 # so a push that came before the arm is not left waiting for the next one. The
                 # wake-up bytes are read first (a byte written after the arm must stay).
