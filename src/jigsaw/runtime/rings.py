@@ -371,8 +371,10 @@ class Doorbell:
     def ring(self) -> None:
         """Wake the consumer if it may be asleep (no system call while it is awake or already rung)."""
         if self._flag.take():
-            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+            try:  # noqa: SIM105 (``contextlib.suppress`` builds an object on every wake-up's path)
                 os.write(self._fd, self._signal)
+            except BlockingIOError:  # full: a wake-up is pending anyway
+                pass
 
     def arm(self) -> None:
         """The consumer is about to sleep: producers must signal; look at the rings once more after it."""

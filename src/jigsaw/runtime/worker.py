@@ -487,7 +487,7 @@ class Worker:
         items = [e[3] for e in batch]
         start = time.monotonic_ns()
         self.stats.set(self.spec.slot, BATCH_STARTED_NS, start)
-        coro = self.backend.execute_async([item[0].request_id for item in items], [item[2] for item in items])
+        coro = self.backend.execute_async([e[0] for e in batch], [item[2] for item in items])
         try:
             waiting = coro.send(None)
         except StopIteration as done:
