@@ -119,6 +119,7 @@ def main() -> int:
         try:
             blocks = sorted(uvloop.run(_measure(w, segs, args.items))[1:])
         finally:
+            trace, w.trace = w.trace, None  # (kept here: ``close`` would write it to JIGSAW_HOP_TRACE)
             w.close()
             segs["stats"].close()  # type: ignore[attr-defined]
             for k in ("in", "out", "done", "own", "out_bell", "done_bell"):
@@ -127,8 +128,8 @@ def main() -> int:
     print(f"worker turn, one item ({'sink' if args.sink else 'one child'}, {impl}): "
           f"min {blocks[0]:.2f} us, median {blocks[len(blocks) // 2]:.2f} us per item "
           f"({len(blocks)} blocks of {BLOCK})")
-    if args.stages and w.trace:
-        rows = w.trace[BLOCK:]  # (the first block is warm-up)
+    if trace:
+        rows = trace[BLOCK:]  # (the first block is warm-up)
         for label, a, b in STAGES:
             if args.sink and b in (8, 9) and a != 3:
                 continue
