@@ -17,10 +17,12 @@ each item's children to the least-loaded process of the lane's variant of each d
 and reports every finished or dropped item to the
 frontend with its credit (see ``jigsaw.runtime.records``).
 
-A process runs one batch at a time, as the paper's instances do; the backend's ``execute_async``
-awaits the batch (a timer for the emulated backend, a device event for a GPU one). The turn steps
-that coroutine itself: a batch that does not wait (an emulated one shorter than the loop's timer)
-is finished in the same callback; one that waits is finished by a task, which then turns again.
+A process runs one batch at a time, as the paper's instances do; the backend's ``execute_nowait``
+hands back a batch that needs no wait (an emulated one shorter than the loop's timer) as its
+results, finished in the same callback, and one that waits (a timer for the emulated backend, a
+device event for a GPU one) as a coroutine. The turn steps that coroutine itself: one that still
+finishes at once is finished in the same callback; one that waits is finished by a task, which then
+turns again.
 
 A process outlives the generation that started it when a re-plan keeps its instance: the daemon
 writes the spec files the process serves (newest first) to its ``--control`` file and sends
@@ -476,10 +478,11 @@ class Worker:
         time until this process can run its next batch (and by L^(t) through the 2 L^(t) <= SLO
         budget), and a free process never holds a partial batch back.
 
-        The backend's coroutine is stepped here, in the doorbell's callback: one that finishes
-        without waiting (an emulated batch shorter than the loop's timer resolution) is finished
-        in the same turn; one that waits (a device, a thread, a timer) is finished by a task, and
-        the process takes no new batch until then (``_busy``).
+        A batch the backend finishes without waiting (``execute_nowait``: an emulated batch
+        shorter than the loop's timer resolution) is finished in the same turn; otherwise its
+        coroutine is stepped here, in the doorbell's callback, and one that waits (a device, a
+        thread, a timer) is finished by a task, and the process takes no new batch until then
+        (``_busy``).
         """
         queued = len(self.queue)
         batch = self.queue.next_batch(time.monotonic_ns(), True)
@@ -488,7 +491,10 @@ class Worker:
         items = [e[3] for e in batch]
         start = time.monotonic_ns()
         self.stats.set(self.spec.slot, BATCH_STARTED_NS, start)
-        coro = self.backend.execute_async([e[0] for e in batch], [item[2] for item in items])
+        coro = self.backend.execute_nowait([e[0] for e in batch], [item[2] for item in items])
+        if type(coro) is list:  # done without waiting: no coroutine to step
+            self._finish_batch(items, start, coro)
+            return True
         try:
             waiting = coro.send(None)
         except StopIteration as done:
