@@ -124,3 +124,30 @@ def test_queue_length_after_a_batch_finished_in_the_turn(make_worker):
     asyncio.run(_turns(t, 2))
     assert t.stats.get(0, QUEUED) == 0
     assert len(t.out.pop_many_framed(8)) == 2
+
+
+def test_a_child_that_finds_its_ring_full_until_its_deadline_returns_its_share_as_a_drop(make_worker):
+    """The record and the child go in one call of the core when both fit; when the child's ring
+    stays full, the record went and the child takes the long way: its deadline passes and its
+    share comes back as a drop."""
+    t = make_worker()
+    t.stats.set(CONSUMER_SLOT, STATE, READY)
+    w = t.worker
+    while w.wiring.outputs[0].push_framed(RecordHeader(request_id=99), 1, b""):
+        pass
+    held = len(t.out)
+
+    async def run() -> None:
+        w._loop = asyncio.get_running_loop()
+        w._done = w._loop.create_future()
+        now = time.monotonic_ns()
+        h = RecordHeader(request_id=7, deadline_ns=now + 30 * 10**6, created_ns=now)
+        h.stamp(HOP_SENT, now)
+        assert t.producer.push_framed(h, TOTAL_CREDIT, bytes(16))
+        w._turn()
+
+    asyncio.run(run())
+    assert len(t.out) == held
+    records = t.done.pop_completions(8)
+    assert sorted(r[2] for r in records) == [int(Status.OK), int(Status.DROPPED_DEADLINE)]  # parent, child
+    assert sum(r[5] for r in records) == TOTAL_CREDIT

@@ -125,7 +125,9 @@ class EmulatedBackend(Backend):
             return self._after(delay_s, request_ids, inputs)
         # (uvloop rounds a timer to whole milliseconds: a shorter sleep would not wait, only
         # cost the worker one more turn of its loop before the batch's children leave)
-        return self._items(request_ids, inputs)
+        if self.task_kind not in _KINDS_DRAWN:
+            return self._generic_items(request_ids)
+        return [self._item(rid, payload) for rid, payload in zip(request_ids, inputs)]
 
     async def _after(self, delay_s: float, request_ids: Sequence[int],
                      inputs: Sequence[bytes]) -> list[ItemResult]:
@@ -213,8 +215,15 @@ def _mix64(s: int) -> int:
 
 
 def _first_random(seed: int) -> float:
-    """``_ItemRandom(seed).random()``, without the object (the generic task's one draw)."""
-    return (_mix64((seed + _GOLDEN64) & _MASK64) >> 11) * (1.0 / (1 << 53))
+    """``_ItemRandom(seed).random()``, without the object nor ``_mix64``'s call (the generic
+    task's one draw, on every item of the chain benches' every hop)."""
+    z = (seed + _GOLDEN64) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((z ^ (z >> 31)) >> 11) * _TO_UNIT
+
+
+_TO_UNIT = 1.0 / (1 << 53)
 
 
 _new_object = object.__new__

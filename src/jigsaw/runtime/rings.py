@@ -65,6 +65,7 @@ __all__ = [
     "make_daemon_id",
     "push_child",
     "push_completion",
+    "push_hop",
     "segment_name",
 ]
 
@@ -76,7 +77,7 @@ _NAME_RE = re.compile(r"^(?:sem\.)?jigsaw-(\d+)-[0-9a-f]+-")
 
 # what the Python layers use of the compiled core (a test checks this list against the code)
 CORE_NAMES = ("BatchQueue", "BellFlag", "RecordHeader", "ShmRing", "decode_arrays", "push_child",
-              "push_completion")
+              "push_completion", "push_hop")
 _core_warned = False
 
 
@@ -110,11 +111,13 @@ if _core is not None:
     RecordHeader = _core.RecordHeader
     push_child = _core.push_child
     push_completion = _core.push_completion
+    push_hop = _core.push_hop
 else:
     ShmRing = _pyring.ShmRing  # type: ignore[misc]
     RecordHeader = _pyring.RecordHeader  # type: ignore[misc]
     push_child = _pyring.push_child
     push_completion = _pyring.push_completion
+    push_hop = _pyring.push_hop
 
 
 class Status(enum.IntEnum):

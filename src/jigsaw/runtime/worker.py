@@ -72,6 +72,7 @@ from jigsaw.runtime.rings import (
     Status,
     push_child,
     push_completion,
+    push_hop,
 )
 from jigsaw.runtime.stats import (
     BATCH_STARTED_NS,
@@ -352,6 +353,12 @@ class Worker:
                         lambda i: (len(w.outputs[i]) + w.stats.get(w.output_slots[i], QUEUED) + 1)
                         * w.output_cost[i])
 
+    @staticmethod
+    def _routes(header: RecordHeader, w: Wiring) -> dict[str, list[int]]:
+        """The item's lane's routes: downstream task -> the output rings that may take its children."""
+        routes = w.spec.routes
+        return routes[header.lane] if header.lane < len(routes) else {}
+
     def children_of(self, header: RecordHeader, credit: int, result: ItemResult,
                     wiring: Wiring | None = None) -> tuple[list[tuple[str, Buffer]], list[int], int]:
         """The children the item sends (those its lane routes), their credit shares, and the share
@@ -360,11 +367,17 @@ class Worker:
         if not result.children:
             return [], [], credit
         w = wiring or self.wiring
-        routes = w.spec.routes[header.lane] if header.lane < len(w.spec.routes) else {}
-        children = [(task, body) for task, bodies in result.children.items() if routes.get(task)
-                    for body in bodies]
+        routes = self._routes(header, w)
+        children: list[tuple[str, Buffer]] = []
+        for task, bodies in result.children.items():  # (a loop, not a comprehension: no frame)
+            if routes.get(task):
+                for body in bodies:
+                    children.append((task, body))
         if not children or credit < 2:
             return [], [], credit
+        if len(children) == 1:  # ``split_credit(credit, 2)``, without its call and lists
+            share = credit // 2
+            return children, [share], credit - share
         if len(children) > credit - 1:
             children = children[:credit - 1]
         kept, *shares = split_credit(credit, len(children) + 1)
@@ -375,7 +388,7 @@ class Worker:
         """Send the item's children (``children_of``) downstream; a child no process of its task
         can take returns its share to the frontend as a drop."""
         w = wiring or self.wiring
-        routes = w.spec.routes[header.lane] if header.lane < len(w.spec.routes) else {}
+        routes = self._routes(header, w)
         index_of = w.index_of
         count = len(children)
         for k, ((task, body), share) in enumerate(zip(children, shares)):
@@ -524,25 +537,44 @@ class Worker:
         sink = not self.spec.downstream
         trace = self.trace
         n = len(items)
+        task_index = self.spec.task_index
         for (header, credit, _, w), result in zip(items, results):
-            header.stamp(HOP_START, start)
-            header.stamp(HOP_END, end)
-            header.stamp(HOP_BATCH, n)
-            if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
-                self.complete(header, Status.ERROR, credit, result.error.encode()[:4096], wiring=w)
-                continue
             children, shares, kept = self.children_of(header, credit, result, w)
-            # Only a sink's outputs are answered; the frontend reads no other task's (the children
-            # carry what the next tasks need). The record goes before the children: see complete.
-            self.complete(header, _OK, kept, encode_tensors(result.outputs) if sink else b"",
-                          len(children), w)
-            done_ns = time.monotonic_ns() if trace is not None else 0
-            if children:
-                self.forward(header, children, shares, w)
+            order = None
+            if len(children) == 1 and not result.error:
+                order = self._least_loaded(self._routes(header, w)[children[0][0]], w)
+            if order:
+                # One child (the chain's every middle hop): its record and the child in one call
+                # of the core, to the least-loaded consumer; what did not fit goes the long way.
+                task, body = children[0]
+                pushed = push_hop(w.done, header, task_index, start, end, n, kept, w.outputs[order[0]],
+                                  w.index_of[task], shares[0], body)
+                if pushed == 2:
+                    w.rung.add(order[0])
+                else:
+                    if pushed == 0:
+                        self.complete(header, _OK, kept, b"", 1, w)
+                    self.forward(header, children, shares, w)
+                done_ns = 0
+            else:
+                header.stamp(HOP_START, start)
+                header.stamp(HOP_END, end)
+                header.stamp(HOP_BATCH, n)
+                if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
+                    self.complete(header, Status.ERROR, credit, result.error.encode()[:4096], wiring=w)
+                    continue
+                # Only a sink's outputs are answered; the frontend reads no other task's (the children
+                # carry what the next tasks need). The record goes before the children: see complete.
+                self.complete(header, _OK, kept, encode_tensors(result.outputs) if sink else b"",
+                              len(children), w)
+                done_ns = time.monotonic_ns() if trace is not None else 0
+                if children:
+                    self.forward(header, children, shares, w)
             if trace is not None:
                 hops = header.hops
-                trace.append([self.spec.task_index, header.request_id, hops[HOP_SENT], self._woke_ns,
-                              hops[HOP_POPPED], start, end, done_ns, time.monotonic_ns()])
+                pushed_ns = time.monotonic_ns()  # (one call pushed both records: one time for both)
+                trace.append([task_index, header.request_id, hops[HOP_SENT], self._woke_ns,
+                              hops[HOP_POPPED], start, end, done_ns or pushed_ns, pushed_ns])
         if trace is not None:
             rung = time.monotonic_ns()  # (before the write: a woken consumer may run before it returns)
             for row in trace[len(trace) - n:]:
