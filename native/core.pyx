@@ -8,7 +8,7 @@ tests run against both.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap
@@ -858,6 +858,41 @@ cdef class BatchQueue:
 
     def push(self, uint64_t request_id, int64_t deadline_ns, int64_t arrival_ns, item):
         """Queue one request; False when the queue holds ``capacity`` requests."""
+        return self._push_c(request_id, deadline_ns, arrival_ns, item)
+
+    def take_framed(self, ShmRing ring, Py_ssize_t max_n, int64_t passed_over_ns, tag):
+        """Pop up to ``max_n`` framed records from ``ring`` into the queue, in one call: rules on
+        ``jigsaw.runtime._pybatching.BatchQueue.take_framed``."""
+        cdef list got = ring._pop_n(max_n, 1)
+        cdef list refused = None
+        cdef timespec ts
+        cdef RecordHeader h
+        cdef tuple rec
+        cdef int64_t now, arrival
+        cdef uint64_t sent
+        if not got:
+            return 0, ()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        now = <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+        for obj in got:
+            rec = <tuple>obj
+            h = <RecordHeader>rec[0]
+            h.c.hops[HOP_POPPED_SLOT] = <uint64_t>now
+            arrival = now
+            if passed_over_ns > 0:
+                sent = h.c.hops[HOP_SENT_SLOT]
+                if 0 < sent <= <uint64_t>passed_over_ns:
+                    arrival = <int64_t>sent
+            if h.c.deadline_ns > <uint64_t>INT64_MAX:
+                raise OverflowError("deadline_ns must fit in i64")
+            item = (h, rec[1], rec[2], tag)
+            if not self._push_c(h.c.request_id, <int64_t>h.c.deadline_ns, arrival, item):
+                if refused is None:
+                    refused = []
+                refused.append(item)
+        return len(got), (refused if refused is not None else ())
+
+    cdef bint _push_c(self, uint64_t request_id, int64_t deadline_ns, int64_t arrival_ns, item):
         cdef Py_ssize_t slot, p
         if self._n >= self._capacity:
             return False

@@ -447,25 +447,15 @@ class Worker:
         for j in range(k):
             if n >= max_n:
                 break
-            ring = self.inputs[(self._next_input + j) % k]
-            wiring = self._input_wiring[(self._next_input + j) % k]
-            got = ring.pop_many_framed(max_n - n)
-            if not got:
-                continue
-            now = time.monotonic_ns()
-            passed_over_ns = self._passed_over_ns
-            for header, credit, tensors in got:
-                header.stamp(HOP_POPPED, now)
-                arrival = now
-                if passed_over_ns:  # (``hops`` builds a tuple: read only where it can matter)
-                    sent = header.hops[HOP_SENT]
-                    if 0 < sent <= passed_over_ns:
-                        arrival = sent
-                item = (header, credit, tensors, wiring)
-                if not self.queue.push(header.request_id, header.deadline_ns, arrival, item):
-                    self.complete(header, Status.REJECTED, credit, wiring=wiring)
-                    self.stats.add(self.spec.slot, DROPPED, 1)
-                n += 1
+            at = (self._next_input + j) % k
+            # pop, stamp and queue in one call (``BatchQueue.take_framed``): the item's tag is
+            # the wiring it came in on
+            got, refused = self.queue.take_framed(self.inputs[at], max_n - n, self._passed_over_ns,
+                                                  self._input_wiring[at])
+            for header, credit, _, wiring in refused:
+                self.complete(header, Status.REJECTED, credit, wiring=wiring)
+                self.stats.add(self.spec.slot, DROPPED, 1)
+            n += got
         self._next_input = (self._next_input + 1) % max(1, k)
         return n
 
