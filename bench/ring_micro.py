@@ -1,6 +1,8 @@
 """Micro-benchmark of the shared-memory ring: compiled vs pure Python, measured in one run.
 
     PYTHONPATH=src python bench/ring_micro.py [--seconds 0.5] [--samples 2000] [--latency-only]
+        [--placements free,same,apart] [--modes spin,semaphore,raw,raw-loop,doorbell,loop]
+        [--sizes '64 B,16 KiB'] [--repeats 1]
 
 * throughput: push+pop of one record in one process (records/s); and the data plane's framed
   calls (``push_framed`` + ``pop_many_framed``: the credit and the tensors, one copy each way);
@@ -16,7 +18,11 @@
   keep a consumer on its CPU waiting). ``--placements``: the sleeping modes with producer and
   consumer left to the scheduler (``free``), pinned to one CPU (``same``) or to two (``apart``).
   Both sleeping modes run with each kind of doorbell (``fifo``, and
-  ``eventfd`` where this machine lets a child take its parent's descriptor). ``semaphore``: the
+  ``eventfd`` where this machine lets a child take its parent's descriptor). ``floor``: the
+  host's wake-up alone, per placement: the producer writes its send time to a bare eventfd (no
+  ring, no flag) and the consumer sleeps in a blocking ``read`` (the floor of ``doorbell``) or in
+  a uvloop loop watching it (the floor of ``loop``); a sleeping mode's p50 minus its floor is what
+  the project's code adds (the ring, the flag's handshake, the drain). ``semaphore``: the
   earlier design's wake-up for reference, the consumer blocked in ``sem_timedwait`` on a POSIX
   semaphore (the producer posts).
 
@@ -29,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -67,18 +74,25 @@ _PRODUCER = textwrap.dedent("""
     from jigsaw.runtime.rings import Doorbell
     import posix_ipc
     ping, pong = ShmRing.attach(ping_name, role="producer"), ShmRing.attach(pong_name, role="consumer")
-    bell = Doorbell.attach(bell_name) if mode != "semaphore" else posix_ipc.Semaphore(bell_name)
-    ring = bell.release if mode == "semaphore" else bell.ring
+    raw = mode.startswith("raw")  # the wake-up floor: the send time written to a bare eventfd
+    if raw:
+        fd = int(bell_name)
+    else:
+        bell = Doorbell.attach(bell_name) if mode != "semaphore" else posix_ipc.Semaphore(bell_name)
+        ring = bell.release if mode == "semaphore" else bell.ring
     payload = bytes(size)
     give_up = time.monotonic() + 120
     for i in range(n):
         if mode != "spin":
             time.sleep(0.0003)  # let the consumer fall asleep
-        h = RecordHeader(request_id=i)
-        h.created_ns = time.monotonic_ns()
-        ping.push(h, payload)
-        if mode != "spin":
-            ring()
+        if raw:
+            os.write(fd, time.monotonic_ns().to_bytes(8, "little"))
+        else:
+            h = RecordHeader(request_id=i)
+            h.created_ns = time.monotonic_ns()
+            ping.push(h, payload)
+            if mode != "spin":
+                ring()
         while pong.pop() is None:  # (sleeping modes: yield, the consumer may share this CPU)
             if mode != "spin":
                 os.sched_yield()
@@ -179,6 +193,7 @@ def completion_read_rps(mod, reg: SegmentRegistry, tag: str, seconds: float, fla
 
 
 PLACEMENTS = ("free", "same", "apart")
+MODES = ("spin", "semaphore", "raw", "raw-loop", "doorbell", "loop")
 
 
 def _cpus_of(placement: str) -> tuple[int | None, int | None]:
@@ -192,6 +207,10 @@ def _cpus_of(placement: str) -> tuple[int | None, int | None]:
     return cpus[0], cpus[1]
 
 
+def _cpus_title(placement: str) -> str:
+    return "" if placement == "free" else f", cpus {placement}"
+
+
 def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, samples: int,
                mode: str, bell_kind: int = BELL_FIFO, placement: str = "free") -> tuple[float, float]:
     ping_name, pong_name = reg.name(f"ping-{tag}"), reg.name(f"pong-{tag}")
@@ -199,7 +218,12 @@ def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, s
     reg.add_shm(pong_name)
     ping = mod.ShmRing.create(ping_name, 1 << 20, role="consumer")
     pong = mod.ShmRing.create(pong_name, 1 << 16, role="producer")
-    if mode == "semaphore":
+    raw_fd = -1
+    if mode.startswith("raw"):  # a bare eventfd the producer inherits (blocking for ``raw``)
+        raw_fd = os.eventfd(0, os.EFD_NONBLOCK if mode == "raw-loop" else 0)
+        bell = None
+        cleanup = lambda: os.close(raw_fd)  # noqa: E731
+    elif mode == "semaphore":
         reg.add_bell(reg.name(f"sem-{tag}"))  # unlinks a semaphore of that name too
         bell = _Semaphore(reg.name(f"sem-{tag}"))
         cleanup = bell.close
@@ -210,8 +234,10 @@ def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, s
     env = dict(os.environ, PYTHONPATH=str(SRC), JIGSAW_NO_EXTENSIONS="1" if impl_name == "pure" else "0")
     consumer_cpu, producer_cpu = _cpus_of(placement)
     pin = "-" if producer_cpu is None else str(producer_cpu)
-    proc = subprocess.Popen([sys.executable, "-c", _PRODUCER, impl_name, ping_name, pong_name, bell.name,
-                             str(samples), str(size), mode, pin], env=env)
+    bell_arg = str(raw_fd) if bell is None else bell.name
+    proc = subprocess.Popen([sys.executable, "-c", _PRODUCER, impl_name, ping_name, pong_name, bell_arg,
+                             str(samples), str(size), mode, pin], env=env,
+                            pass_fds=(raw_fd,) if raw_fd >= 0 else ())
     allowed = os.sched_getaffinity(0)
     if consumer_cpu is not None:
         os.sched_setaffinity(0, {consumer_cpu})
@@ -221,7 +247,13 @@ def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, s
     try:
         if mode == "loop":
             uvloop.run(_loop_consumer(ping, pong, bell, ack, lat_ns, samples, give_up))
-        while len(lat_ns) < samples and time.monotonic() < give_up:
+        elif mode == "raw-loop":
+            uvloop.run(_raw_loop_consumer(raw_fd, pong, ack, lat_ns, samples, give_up))
+        while mode == "raw" and len(lat_ns) < samples and time.monotonic() < give_up:
+            sent_ns = int.from_bytes(os.read(raw_fd, 8), "little")  # (blocks: the wake-up alone)
+            lat_ns.append(time.monotonic_ns() - sent_ns)
+            pong.push(ack, b"")
+        while not mode.startswith("raw") and len(lat_ns) < samples and time.monotonic() < give_up:
             rec = ping.pop()
             if rec is None:
                 if mode in ("doorbell", "semaphore"):
@@ -251,7 +283,10 @@ async def _loop_consumer(ping, pong, bell, ack, lat_ns: list[int], samples: int,
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 
+    rung = False
+
     def drain() -> None:
+        nonlocal rung
         while True:
             for h, _ in ping.pop_many(64):
                 lat_ns.append(time.monotonic_ns() - h.created_ns)
@@ -260,13 +295,17 @@ async def _loop_consumer(ping, pong, bell, ack, lat_ns: list[int], samples: int,
                 if not done.done():
                     done.set_result(None)
                 return
+            if rung:  # the wake-up is read after the work, before the arm, as the workers do
+                rung = False
+                bell.clear()
             bell.arm()
             if not len(ping):
                 return
             bell.disarm()
 
     def on_bell() -> None:
-        bell.clear()
+        nonlocal rung
+        rung = True
         drain()
 
     loop.add_reader(bell.fileno(), on_bell)
@@ -277,6 +316,27 @@ async def _loop_consumer(ping, pong, bell, ack, lat_ns: list[int], samples: int,
         loop.remove_reader(bell.fileno())
 
 
+async def _raw_loop_consumer(fd: int, pong, ack, lat_ns: list[int], samples: int, give_up: float) -> None:
+    """The floor of the ``loop`` mode: the same loop watching a bare eventfd that carries the send
+    time (no ring, no flag): what uvloop adds to the host's wake-up."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def on_readable() -> None:
+        with contextlib.suppress(BlockingIOError):
+            sent_ns = int.from_bytes(os.read(fd, 8), "little")
+            lat_ns.append(time.monotonic_ns() - sent_ns)
+            pong.push(ack, b"")
+        if (len(lat_ns) >= samples or time.monotonic() > give_up) and not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, on_readable)
+    try:
+        await asyncio.wait_for(done, max(0.0, give_up - time.monotonic()))
+    finally:
+        loop.remove_reader(fd)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=0.5, help="duration of each throughput run")
@@ -285,7 +345,21 @@ def main() -> None:
     ap.add_argument("--placements", default=",".join(PLACEMENTS),
                     help="CPU placements of the sleeping modes' producer and consumer: free (the "
                          "scheduler's), same (both pinned to one CPU), apart (two CPUs)")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="latency modes to run (default all): " + ", ".join(MODES))
+    ap.add_argument("--sizes", default=",".join(SIZES), help="payloads of the ring modes (default all)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run every latency configuration this often, the configurations in turn (so a "
+                         "change of load hits them alike), and print the median of the runs' p50 and p99")
     args = ap.parse_args()
+    args.modes = [m for m in args.modes.split(",") if m]
+    if bad := [m for m in args.modes if m not in MODES]:
+        ap.error(f"--modes: unknown {bad}; expected some of {', '.join(MODES)}")
+    args.sizes = [x for x in args.sizes.split(",") if x]
+    if bad := [x for x in args.sizes if x not in SIZES]:
+        ap.error(f"--sizes: unknown {bad}; expected some of {', '.join(SIZES)}")
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
     args.placements = [p for p in args.placements.split(",") if p]
     if bad := [p for p in args.placements if p not in PLACEMENTS]:
         ap.error(f"--placements: unknown {bad}; expected some of {', '.join(PLACEMENTS)}")
@@ -308,19 +382,27 @@ def main() -> None:
             cells = {k: completion_read_rps(m, reg, f"{k}-{flat}", args.seconds, flat)
                      for k, m in impls.items()}
             rows.append((f"{metric} (rec/s)", "64 B", cells))
-        modes = [("spin", BELL_FIFO, "spin", "free"), ("semaphore", BELL_FIFO, "semaphore", "free")]
-        modes += [(mode, kind, f"{mode}/{kind_name}" + ("" if where == "free" else f", cpus {where}"), where)
-                  for mode in ("doorbell", "loop") for kind_name, kind in kinds.items()
+        modes = [(m, BELL_FIFO, m, "free") for m in ("spin", "semaphore") if m in args.modes]
+        floors = (("raw", "floor: bare eventfd, blocking read"), ("raw-loop", "floor: bare eventfd, loop"))
+        modes += [(mode, BELL_EVENTFD, title + _cpus_title(where), where) for mode, title in floors
+                  if mode in args.modes and "eventfd" in kinds for where in args.placements]
+        modes += [(mode, kind, f"{mode}/{kind_name}" + _cpus_title(where), where)
+                  for mode in ("doorbell", "loop") if mode in args.modes for kind_name, kind in kinds.items()
                   for where in args.placements]
-        for mode, kind, title, where in modes:
-            for label, size in SIZES.items():
-                p50 = {}
-                p99 = {}
+        configs = [(mode, kind, title, where, label, size) for mode, kind, title, where in modes
+                   for label, size in ({"8 B": 8} if mode.startswith("raw") else
+                                       {x: SIZES[x] for x in args.sizes}).items()]
+        runs: dict[tuple[int, str], list[tuple[float, float]]] = {}
+        for r in range(args.repeats):
+            for i, (mode, kind, _, where, _, size) in enumerate(configs):
                 for k, m in impls.items():
-                    p50[k], p99[k] = latency_us(k, m, reg, f"{k}-{size}-{mode}-{kind}-{where}", size,
-                                                args.samples, mode, kind, where)
-                rows.append((f"one-way latency p50 (us), {title}", label, p50))
-                rows.append((f"one-way latency p99 (us), {title}", label, p99))
+                    tag = f"{k}-{size}-{mode}-{kind}-{where}-{r}"
+                    runs.setdefault((i, k), []).append(
+                        latency_us(k, m, reg, tag, size, args.samples, mode, kind, where))
+        for i, (_, _, title, _, label, _) in enumerate(configs):
+            for q, name in ((0, "p50"), (1, "p99")):
+                cells = {k: statistics.median(r[q] for r in runs[(i, k)]) for k in impls}
+                rows.append((f"one-way latency {name} (us), {title}", label, cells))
     names = list(impls)
     header = f"{'metric':<62} {'payload':>8} " + " ".join(f"{n:>12}" for n in names)
     if len(names) == 2:
@@ -332,7 +414,8 @@ def main() -> None:
         if len(names) == 2:
             line += f" {cells['compiled'] / cells['pure']:>14.2f}"
         print(line)
-    print(f"\nhost: {os.cpu_count()} CPUs; latency excludes the first 5% of samples (warm-up).")
+    print(f"\nhost: {os.cpu_count()} CPUs; latency excludes the first 5% of samples (warm-up)"
+          + (f"; median of {args.repeats} runs per configuration." if args.repeats > 1 else "."))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A worker's per-record CPU: one turn for one item, in this process, without wake-ups.
 
-    PYTHONPATH=src python bench/worker_turn.py [--items 20000] [--sink]
+    PYTHONPATH=src python bench/worker_turn.py [--items 20000] [--sink] [--stages]
 
 Builds a middle task's worker (``runtime/worker.py`` ``Worker``, the emulated backend, ~0 ms
 task, one child per item; ``--sink``: no child) on real shared-memory rings, then per item: push
@@ -11,6 +11,11 @@ the Python and core work of one hop, the part of a hop's latency that is the wor
 rest is the wake-up, ``bench/ring_micro.py``). Blocks of 1000 items; prints the minimum and the
 median block (us per item; other work on the machine raises the median, rarely the minimum).
 Runs the compiled core, or the pure fallbacks with ``JIGSAW_NO_EXTENSIONS=1``.
+
+``--stages`` also keeps every item's timeline (the worker's ``JIGSAW_HOP_TRACE`` rows; the
+turn's start stands for the doorbell's wake-up) and prints the median of each step, the
+in-process counterpart of ``bench/dataplane.py`` part [2b]'s worker rows: what the worker's own
+code costs at each step when nothing else runs, against what the same step costs in a live hop.
 """
 
 from __future__ import annotations
@@ -58,6 +63,12 @@ def _spec(reg: SegmentRegistry, sink: bool) -> tuple[ProcessSpec, dict[str, obje
     return spec, segs
 
 
+STAGES = (("woken -> item popped", 3, 4), ("popped -> batch starts (batch formation)", 4, 5),
+          ("batch runs (emulated ~0 ms)", 5, 6), ("batch done -> completion record pushed", 6, 7),
+          ("completion pushed -> child pushed", 7, 8), ("child pushed -> doorbell written", 8, 9),
+          ("woken -> doorbell written", 3, 9))
+
+
 async def _measure(w: worker_module.Worker, segs: dict[str, object], n: int) -> list[float]:
     loop = asyncio.get_running_loop()
     w._done = loop.create_future()
@@ -74,6 +85,7 @@ async def _measure(w: worker_module.Worker, segs: dict[str, object], n: int) -> 
             h.stamp(HOP_SENT, now)
             producer.push_framed(h, TOTAL_CREDIT, PAYLOAD)
             t0 = time.perf_counter_ns()
+            w._woke_ns = time.monotonic_ns()  # (as the doorbell's callback stamps it)
             w._turn()
             spent += time.perf_counter_ns() - t0
             for ring in outputs:
@@ -94,15 +106,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--items", type=int, default=20000, help="items (blocks of 1000; the first is warm-up)")
     ap.add_argument("--sink", action="store_true", help="a sink task (no child record)")
+    ap.add_argument("--stages", action="store_true",
+                    help="keep every item's timeline and print the median of each step (us)")
     args = ap.parse_args()
     if args.items < 2 * BLOCK:
         ap.error(f"--items must be at least {2 * BLOCK}")
     with SegmentRegistry(None) as reg:
         spec, segs = _spec(reg, args.sink)
         w = worker_module.Worker(spec)
+        if args.stages:
+            w.trace = []
         try:
             blocks = sorted(uvloop.run(_measure(w, segs, args.items))[1:])
         finally:
+            trace, w.trace = w.trace, None  # (kept here: ``close`` would write it to JIGSAW_HOP_TRACE)
             w.close()
             segs["stats"].close()  # type: ignore[attr-defined]
             for k in ("in", "out", "done", "own", "out_bell", "done_bell"):
@@ -111,6 +128,13 @@ def main() -> int:
     print(f"worker turn, one item ({'sink' if args.sink else 'one child'}, {impl}): "
           f"min {blocks[0]:.2f} us, median {blocks[len(blocks) // 2]:.2f} us per item "
           f"({len(blocks)} blocks of {BLOCK})")
+    if trace:
+        rows = trace[BLOCK:]  # (the first block is warm-up)
+        for label, a, b in STAGES:
+            if args.sink and b in (8, 9) and a != 3:
+                continue
+            spans = sorted(row[b] - row[a] for row in rows)
+            print(f"  {label:<44} p50 {spans[len(spans) // 2] / 1e3:6.2f} us")
     return 0
 
 

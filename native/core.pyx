@@ -8,10 +8,11 @@ tests run against both.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 # the ring's byte layout (native/core.pxd)
 from core cimport *
@@ -559,7 +560,13 @@ def push_child(ShmRing ring, RecordHeader parent, uint16_t task, uint32_t child_
     when the ring is full."""
     cdef jg_header_t h
     cdef uint64_t le = credit
-    memset(&h, 0, sizeof(jg_header_t))
+    _child_header(&h, parent, task, child_index, child_count, sent_ns)
+    return _ring_push_c(ring, &h, payload, <const char *>&le, 8)
+
+
+cdef inline void _child_header(jg_header_t *h, RecordHeader parent, uint16_t task, uint32_t child_index,
+                               uint32_t child_count, uint64_t sent_ns):
+    memset(h, 0, sizeof(jg_header_t))
     h.request_id = parent.c.request_id
     h.parent_id = parent.c.request_id
     h.app = parent.c.app
@@ -570,7 +577,6 @@ def push_child(ShmRing ring, RecordHeader parent, uint16_t task, uint32_t child_
     h.deadline_ns = parent.c.deadline_ns
     h.created_ns = parent.c.created_ns
     h.hops[HOP_SENT_SLOT] = sent_ns
-    return _ring_push_c(ring, &h, payload, <const char *>&le, 8)
 
 
 def push_completion(ShmRing ring, RecordHeader header, uint16_t task, uint16_t status,
@@ -585,6 +591,38 @@ def push_completion(ShmRing ring, RecordHeader header, uint16_t task, uint16_t s
     h.child_count = child_count
     h.hops[HOP_DONE_SLOT] = done_ns
     return _ring_push_c(ring, &h, tensors, <const char *>&le, 8)
+
+
+def push_hop(ShmRing done, RecordHeader header, uint16_t task, uint64_t start_ns, uint64_t end_ns,
+             uint32_t batch, uint64_t kept, ShmRing out, uint16_t child_task, uint64_t share, body):
+    """An item's hop to its one child, in one call (the chain's every middle hop): stamp its batch
+    on ``header`` (``HOP_START``, ``HOP_END``, ``HOP_BATCH = batch``), then push its completion
+    record to ``done`` (as ``push_completion``: status OK, one child, credit ``kept``, no tensors)
+    and its child to ``out`` (as ``push_child``: task ``child_task``, index 0 of 1, credit
+    ``share``, ``body``), both stamped with one clock read. Returns 2 when both went, 1 when only
+    the completion record did (``out`` is full), 0 when neither (``done`` is full, or a ring is
+    closed): the caller pushes the rest as ``push_completion`` and ``push_child`` would."""
+    cdef timespec ts
+    cdef jg_header_t h
+    cdef uint64_t now
+    header.c.hops[HOP_START_SLOT] = start_ns
+    header.c.hops[HOP_END_SLOT] = end_ns
+    header.c.hops[HOP_BATCH_SLOT] = batch
+    done._check_mapped()
+    out._check_mapped()
+    if jg_load32(done._closed) or jg_load32(out._closed):
+        return 0
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    now = <uint64_t>ts.tv_sec * 1000000000 + <uint64_t>ts.tv_nsec
+    h = header.c
+    h.task = task
+    h.status = 0
+    h.child_count = 1
+    h.hops[HOP_DONE_SLOT] = now
+    if not _ring_push_c(done, &h, b"", <const char *>&kept, 8):
+        return 0
+    _child_header(&h, header, child_task, 0, 1, now)
+    return 2 if _ring_push_c(out, &h, body, <const char *>&share, 8) else 1
 
 
 cdef inline object _ring_push_c(ShmRing self, const jg_header_t *src, payload, const char *prefix,
@@ -820,6 +858,41 @@ cdef class BatchQueue:
 
     def push(self, uint64_t request_id, int64_t deadline_ns, int64_t arrival_ns, item):
         """Queue one request; False when the queue holds ``capacity`` requests."""
+        return self._push_c(request_id, deadline_ns, arrival_ns, item)
+
+    def take_framed(self, ShmRing ring, Py_ssize_t max_n, int64_t passed_over_ns, tag):
+        """Pop up to ``max_n`` framed records from ``ring`` into the queue, in one call: rules on
+        ``jigsaw.runtime._pybatching.BatchQueue.take_framed``."""
+        cdef list got = ring._pop_n(max_n, 1)
+        cdef list refused = None
+        cdef timespec ts
+        cdef RecordHeader h
+        cdef tuple rec
+        cdef int64_t now, arrival
+        cdef uint64_t sent
+        if not got:
+            return 0, ()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        now = <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+        for obj in got:
+            rec = <tuple>obj
+            h = <RecordHeader>rec[0]
+            h.c.hops[HOP_POPPED_SLOT] = <uint64_t>now
+            arrival = now
+            if passed_over_ns > 0:
+                sent = h.c.hops[HOP_SENT_SLOT]
+                if 0 < sent <= <uint64_t>passed_over_ns:
+                    arrival = <int64_t>sent
+            if h.c.deadline_ns > <uint64_t>INT64_MAX:
+                raise OverflowError("deadline_ns must fit in i64")
+            item = (h, rec[1], rec[2], tag)
+            if not self._push_c(h.c.request_id, <int64_t>h.c.deadline_ns, arrival, item):
+                if refused is None:
+                    refused = []
+                refused.append(item)
+        return len(got), (refused if refused is not None else ())
+
+    cdef bint _push_c(self, uint64_t request_id, int64_t deadline_ns, int64_t arrival_ns, item):
         cdef Py_ssize_t slot, p
         if self._n >= self._capacity:
             return False

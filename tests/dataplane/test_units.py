@@ -130,6 +130,27 @@ def test_emulated_latency_uses_smallest_profiled_batch_at_least_actual():
     assert [t.name for t in r.outputs] == ["label", "score"]
 
 
+def test_emulated_batch_below_the_loop_timer_is_done_without_a_coroutine():
+    """``execute_nowait`` hands a batch shorter than the loop's timer back as its items; a longer
+    one as a coroutine that sleeps the whole draw; both give what ``execute`` gives."""
+    import asyncio
+    import inspect
+
+    quick = EmulatedBackend("c", "generic", [Downstream("d", 1.0)], latency_ms_by_batch={1: 0.1})
+    done = quick.execute_nowait([4, 5], [b"", b""])
+    assert isinstance(done, list)
+    assert [r.children for r in done] == [r.children for r in quick.execute([4, 5], [b"", b""])]
+    assert [bytes(r.outputs[0].data) for r in done] == [bytes(r.outputs[0].data)
+                                                         for r in quick.execute([4, 5], [b"", b""])]
+    slow = EmulatedBackend("c", "classifier", latency_ms_by_batch={1: 30.0})
+    pending = slow.execute_nowait([1], [b""])
+    assert inspect.iscoroutine(pending)
+    t0 = time.monotonic()
+    (r,) = asyncio.run(pending)
+    assert 0.029 <= time.monotonic() - t0 < 0.2
+    assert [t.name for t in r.outputs] == ["label", "score"]
+
+
 def test_emulated_detector_children_follow_factor():
     d = EmulatedBackend("det", "detector", [Downstream("car", 17.8), Downstream("person", 1.0)],
                         latency_ms_by_batch={1: 0.0})

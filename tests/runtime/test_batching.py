@@ -219,3 +219,34 @@ def test_every_request_returned_exactly_once(impl, program, max_batch, capacity)
 @given(program=ops, max_batch=st.integers(1, 6), capacity=st.integers(1, 12))
 def test_compiled_and_pure_agree(pure_impl, compiled_impl, program, max_batch, capacity):
     assert _run(compiled_impl, program, max_batch, capacity) == _run(pure_impl, program, max_batch, capacity)
+
+
+def test_take_framed_pops_stamps_and_queues_what_fits(impl, new_ring):
+    """A worker's intake from one ring in one call: each item ``(header, credit, tensors, tag)``
+    stamped popped, arriving now or, when a full batch passed it over, at its ring entry; what the
+    queue has no room for comes back, popped, to be answered."""
+    import time
+
+    ring = new_ring("intake", 1 << 14)
+    queue = (batching._pybatching.BatchQueue if impl.name == "pure" else batching.BatchQueue)(
+        4, 10 * MS, 3, 100 * MS, REMAINING_NS, EXEC_NS)
+    if impl.name == "compiled" and not batching.HAS_EXTENSION:
+        pytest.skip("the compiled queue is not in use")
+    assert queue.take_framed(ring, 8, 0, "w") == (0, ())
+    t0 = time.monotonic_ns()
+    for rid, sent in ((1, 500), (2, 10**12), (3, 7), (4, 8)):
+        h = impl.RecordHeader(request_id=rid, deadline_ns=t0 + 10**10, hops=(sent,))
+        assert ring.push_framed(h, 100 + rid, bytes([rid]) * 3)
+    got, refused = queue.take_framed(ring, 8, 1000, "w")
+    now = time.monotonic_ns()
+    assert got == 4 and len(queue) == 3 and len(ring) == 0
+    ((header, credit, tensors, tag),) = refused
+    assert (header.request_id, credit, bytes(tensors), tag) == (4, 104, b"\x04" * 3, "w")
+    entries = queue.next_batch(now, True)
+    by_id = {e[0]: e for e in entries}
+    # passed over (entered before 1000): its ring entry; after it: now
+    assert by_id[1][2] == 500 and by_id[3][2] == 7 and t0 <= by_id[2][2] <= now
+    for rid, (h, credit, tensors, tag) in ((r, e[3]) for r, e in by_id.items()):
+        assert (h.request_id, credit, bytes(tensors), tag) == (rid, 100 + rid, bytes([rid]) * 3, "w")
+        assert t0 <= h.hops[1] <= now  # HOP_POPPED
+    assert queue.take_framed(ring, 8, 0, "w") == (0, ())

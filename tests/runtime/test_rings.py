@@ -269,15 +269,15 @@ def test_pure_and_compiled_share_one_format(pure_impl, compiled_impl, registry):
 def _push_fns(impl):
     from jigsaw.runtime import _pyring
     if impl.name == "pure":
-        return _pyring.push_child, _pyring.push_completion
+        return _pyring.push_child, _pyring.push_completion, _pyring.push_hop
     core = rings.load_core()
-    return core.push_child, core.push_completion
+    return core.push_child, core.push_completion, core.push_hop
 
 
 def test_push_child_and_completion_write_what_the_worker_built(impl, new_ring, registry):
     """``push_child`` / ``push_completion`` (headers written straight into the ring) give the same
     records as the headers a worker built field by field and pushed with ``push_framed``."""
-    push_child, push_completion = _push_fns(impl)
+    push_child, push_completion, _ = _push_fns(impl)
     ring = new_ring("derived", 1 << 16)
     rng = random.Random(5)
     for _ in range(200):
@@ -310,6 +310,46 @@ def test_push_child_and_completion_write_what_the_worker_built(impl, new_ring, r
     while push_child(ring, parent, 1, 0, 1, 1, 1, bytes(1000)):
         pass
     assert not push_completion(ring, parent, 1, 0, 0, 1, 1, bytes(1000))  # full: False, as push_framed
+
+
+def test_push_hop_is_the_stamps_a_completion_and_a_child(impl, new_ring, registry):
+    """``push_hop`` stamps the batch on the item's header and pushes what ``push_completion`` (OK,
+    one child, no tensors) and ``push_child`` (index 0 of 1) push, with one time in both; a full
+    ring says how far it got (2 both, 1 the record only, 0 nothing), a closed one pushes nothing."""
+    push_child, push_completion, push_hop = _push_fns(impl)
+    done, out = new_ring("hop-done", 1 << 12), new_ring("hop-out", 1 << 12)
+    parent = impl.RecordHeader(request_id=U64_MAX - 5, app=9, task=2, lane=3, deadline_ns=77, created_ns=55,
+                               hops=(11, 12))
+    body = bytes(range(40))
+    t0 = time.monotonic_ns()
+    assert push_hop(done, parent, 4, 100, 200, 3, 1000, out, 5, 999, body) == 2
+    assert parent.hops[2:6] == (100, 200, 0, 3)  # HOP_START, HOP_END, HOP_BATCH on the item's header
+    ((d, dc, db),), ((c, cc, cb),) = done.pop_many_framed(2), out.pop_many_framed(2)
+    now = d.hops[4]
+    assert t0 <= now <= time.monotonic_ns() and c.hops[0] == now
+    assert push_completion(done, parent, 4, Status.OK, 1, now, 1000, b"")
+    assert push_child(out, parent, 5, 0, 1, now, 999, body)
+    ((d2, dc2, db2),), ((c2, cc2, cb2),) = done.pop_many_framed(2), out.pop_many_framed(2)
+    assert (d.as_tuple(), dc, bytes(db)) == (d2.as_tuple(), dc2, bytes(db2))
+    assert (c.as_tuple(), cc, bytes(cb)) == (c2.as_tuple(), cc2, bytes(cb2))
+    while push_child(out, parent, 5, 0, 1, 1, 1, body):
+        pass
+    assert push_hop(done, parent, 4, 1, 2, 1, 1000, out, 5, 999, body) == 1  # the record went, not the child
+    assert len(done) == 1 and done.pop_many_framed(1)
+    while push_completion(done, parent, 4, 0, 0, 1, 1, b""):
+        pass
+    out.pop_many_framed(1)  # room for the child: the full completion ring alone stops it
+    held = len(done), len(out)
+    assert push_hop(done, parent, 4, 1, 2, 1, 1000, out, 5, 999, body) == 0
+    assert (len(done), len(out)) == held
+    peer = impl.ShmRing.attach(out.name)
+    try:
+        for ring in (done, out):
+            ring.pop_many_framed(100)
+        peer.mark_closed()
+        assert push_hop(done, parent, 4, 1, 2, 1, 1000, out, 5, 999, body) == 0 and len(done) == 0
+    finally:
+        peer.close()
 
 
 def test_status_and_drop_reason_agree():

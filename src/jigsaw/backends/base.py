@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from jigsaw.tensors import Tensor
 
@@ -81,6 +82,17 @@ class Backend(abc.ABC):
             self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         return await asyncio.get_running_loop().run_in_executor(self._compute, self.execute, request_ids,
                                                                 inputs)
+
+    def execute_nowait(self, request_ids: Sequence[int], inputs: Sequence[bytes]
+                       ) -> list[ItemResult] | Coroutine[Any, Any, list[ItemResult]]:
+        """The batch's results when it finishes without waiting, else a coroutine that awaits them
+        (by default ``execute_async``'s: a model runtime always waits on its thread or device).
+
+        The worker's turn calls this: a batch that needs no wait (an emulated one shorter than the
+        loop's timer) is then a plain call, without a coroutine to make, step and finish on the
+        hop's path. A backend that overrides it keeps ``execute_async`` meaning the same batch.
+        """
+        return self.execute_async(request_ids, inputs)
 
     @classmethod
     @abc.abstractmethod

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Sequence
 from typing import Any
+
+_HOP_SENT, _HOP_POPPED = 0, 1  # ``runtime/records.py``'s hop slots (a record's ring entry, its pop)
 
 Entry = tuple[int, int, int, Any]
 """``(request_id, deadline_ns, arrival_ns, item)`` as returned by ``next_batch`` and ``drain``."""
@@ -177,6 +180,30 @@ class BatchQueue:
         self._next[slot] = self._free
         self._free = slot
         return (self._rid[slot], self._deadline[slot], self._arrival[slot], item)
+
+    def take_framed(self, ring: Any, max_n: int, passed_over_ns: int, tag: Any) -> tuple[int, Sequence[Any]]:
+        """Pop up to ``max_n`` framed records from ``ring`` (a ``rings.ShmRing``) into the queue as
+        items ``(header, credit, tensors, tag)``: a worker's intake, one call per ring (the compiled
+        core's is one pass). Each header is stamped ``HOP_POPPED`` now; the item arrives now, or
+        at its ring-entry time (``HOP_SENT``) when that is not after ``passed_over_ns`` (an item
+        a full batch passed over: see ``Worker.take_inputs``). Returns the records popped and the
+        items the queue had no room for (to be answered as rejected)."""
+        got = ring.pop_many_framed(max_n)
+        if not got:
+            return 0, ()
+        now = time.monotonic_ns()
+        refused = []
+        for header, credit, tensors in got:
+            header.stamp(_HOP_POPPED, now)
+            arrival = now
+            if passed_over_ns > 0:  # (``hops`` builds a tuple: read only where it can matter)
+                sent = header.hops[_HOP_SENT]
+                if 0 < sent <= passed_over_ns:
+                    arrival = sent
+            item = (header, credit, tensors, tag)
+            if not self.push(header.request_id, header.deadline_ns, arrival, item):
+                refused.append(item)
+        return len(got), refused
 
     def push(self, request_id: int, deadline_ns: int, arrival_ns: int, item: Any) -> bool:
         """Queue one request; False when the queue holds ``capacity`` requests."""

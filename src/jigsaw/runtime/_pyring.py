@@ -11,6 +11,7 @@ import contextlib
 import mmap
 import os
 import struct
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -489,3 +490,22 @@ def push_completion(ring: ShmRing, header: RecordHeader, task: int, status: int,
     h.child_count = child_count
     h.stamp(_DONE, done_ns)
     return ring.push_framed(h, credit, tensors)
+
+
+def push_hop(done: ShmRing, header: RecordHeader, task: int, start_ns: int, end_ns: int, batch: int,
+             kept: int, out: ShmRing, child_task: int, share: int,
+             body: bytes | bytearray | memoryview) -> int:
+    """An item's hop to its one child: stamp its batch on ``header`` (``HOP_START``, ``HOP_END``,
+    ``HOP_BATCH = batch``), push its completion record to ``done`` (status OK, one child, credit
+    ``kept``, no tensors) and its child to ``out`` (index 0 of 1, credit ``share``), both stamped
+    with one clock read. 2: both went; 1: only the completion record (``out`` is full); 0: neither
+    (``done`` is full, or a ring is closed). (The compiled core does it in one call.)"""
+    header.stamp(_START, start_ns)
+    header.stamp(_END, end_ns)
+    header.stamp(_BATCH, batch)
+    if done.closed or out.closed:
+        return 0
+    now = time.monotonic_ns()
+    if not push_completion(done, header, task, 0, 1, now, kept, b""):
+        return 0
+    return 2 if push_child(out, header, child_task, 0, 1, now, share, body) else 1

@@ -65,6 +65,7 @@ __all__ = [
     "make_daemon_id",
     "push_child",
     "push_completion",
+    "push_hop",
     "segment_name",
 ]
 
@@ -76,7 +77,7 @@ _NAME_RE = re.compile(r"^(?:sem\.)?jigsaw-(\d+)-[0-9a-f]+-")
 
 # what the Python layers use of the compiled core (a test checks this list against the code)
 CORE_NAMES = ("BatchQueue", "BellFlag", "RecordHeader", "ShmRing", "decode_arrays", "push_child",
-              "push_completion")
+              "push_completion", "push_hop")
 _core_warned = False
 
 
@@ -110,11 +111,13 @@ if _core is not None:
     RecordHeader = _core.RecordHeader
     push_child = _core.push_child
     push_completion = _core.push_completion
+    push_hop = _core.push_hop
 else:
     ShmRing = _pyring.ShmRing  # type: ignore[misc]
     RecordHeader = _pyring.RecordHeader  # type: ignore[misc]
     push_child = _pyring.push_child
     push_completion = _pyring.push_completion
+    push_hop = _pyring.push_hop
 
 
 class Status(enum.IntEnum):
@@ -371,8 +374,10 @@ class Doorbell:
     def ring(self) -> None:
         """Wake the consumer if it may be asleep (no system call while it is awake or already rung)."""
         if self._flag.take():
-            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+            try:  # noqa: SIM105 (``contextlib.suppress`` builds an object on every wake-up's path)
                 os.write(self._fd, self._signal)
+            except BlockingIOError:  # full: a wake-up is pending anyway
+                pass
 
     def arm(self) -> None:
         """The consumer is about to sleep: producers must signal; look at the rings once more after it."""

@@ -17,10 +17,12 @@ each item's children to the least-loaded process of the lane's variant of each d
 and reports every finished or dropped item to the
 frontend with its credit (see ``jigsaw.runtime.records``).
 
-A process runs one batch at a time, as the paper's instances do; the backend's ``execute_async``
-awaits the batch (a timer for the emulated backend, a device event for a GPU one). The turn steps
-that coroutine itself: a batch that does not wait (an emulated one shorter than the loop's timer)
-is finished in the same callback; one that waits is finished by a task, which then turns again.
+A process runs one batch at a time, as the paper's instances do; the backend's ``execute_nowait``
+hands back a batch that needs no wait (an emulated one shorter than the loop's timer) as its
+results, finished in the same callback, and one that waits (a timer for the emulated backend, a
+device event for a GPU one) as a coroutine. The turn steps that coroutine itself: one that still
+finishes at once is finished in the same callback; one that waits is finished by a task, which then
+turns again.
 
 A process outlives the generation that started it when a re-plan keeps its instance: the daemon
 writes the spec files the process serves (newest first) to its ``--control`` file and sends
@@ -38,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import operator
 import os
 import signal
 import sys
@@ -70,12 +73,15 @@ from jigsaw.runtime.rings import (
     Status,
     push_child,
     push_completion,
+    push_hop,
 )
 from jigsaw.runtime.stats import (
     BATCH_STARTED_NS,
     BATCHES,
     BUSY_NS,
+    DEAD,
     DROPPED,
+    FAILED,
     HEARTBEAT_NS,
     ITEMS,
     PID,
@@ -93,6 +99,9 @@ IDLE_WAIT_S = 1.0  # an idle process wakes this often only to notice that its pa
 HEARTBEAT_S = 0.2  # the loop stamps its heartbeat this often while it is free to run
 POP_BATCH = 256
 TURN_BATCHES = 16  # batches one turn runs before it lets the loop run its other callbacks
+# a queue entry's request id and item, and an item's payload (``take_inputs`` makes both)
+_REQUEST_ID, _ITEM, _TENSORS = operator.itemgetter(0), operator.itemgetter(3), operator.itemgetter(2)
+_OK = int(Status.OK)  # (an enum member's lookup costs ~4x an int compare, twice per item on the hop's path)
 Buffer = bytes | bytearray | memoryview  # a payload the rings copy in
 PUSH_RETRY_S = 0.0005
 
@@ -334,28 +343,44 @@ class Worker:
                 self._push_blocking(w.done, h, credit, tensors, now + 60 * 10**9)
         except RingClosedError:
             pass
-        if num_children == 0 or status != Status.OK:
+        if num_children == 0 or status != _OK:
             w.done_rung = True  # rung once per turn (``_ring_outputs``): one wake-up for a batch
 
     def _least_loaded(self, candidates: list[int], w: Wiring) -> list[int]:
+        if len(candidates) == 1:  # (``routable``'s lone-candidate case, without its two closures)
+            state = w.stats.get(w.output_slots[candidates[0]], STATE)
+            if state != DEAD and state != FAILED:
+                return candidates
         # the time until the consumer would serve one more item: its queue plus that item, at its rate
         return routable(candidates, lambda i: w.stats.get(w.output_slots[i], STATE),
                         lambda i: (len(w.outputs[i]) + w.stats.get(w.output_slots[i], QUEUED) + 1)
                         * w.output_cost[i])
+
+    @staticmethod
+    def _routes(header: RecordHeader, w: Wiring) -> dict[str, list[int]]:
+        """The item's lane's routes: downstream task -> the output rings that may take its children."""
+        routes = w.spec.routes
+        return routes[header.lane] if header.lane < len(routes) else {}
 
     def children_of(self, header: RecordHeader, credit: int, result: ItemResult,
                     wiring: Wiring | None = None) -> tuple[list[tuple[str, Buffer]], list[int], int]:
         """The children the item sends (those its lane routes), their credit shares, and the share
         its own completion record keeps: the frontend cannot see every credit back (and answer)
         before that record, with its ``child_count``, arrives."""
-        w = wiring or self.wiring
-        children = [(task, body) for task, bodies in result.children.items() for body in bodies]
-        if not children:
+        if not result.children:
             return [], [], credit
-        routes = w.spec.routes[header.lane] if header.lane < len(w.spec.routes) else {}
-        children = [(t, b) for t, b in children if routes.get(t)]
+        w = wiring or self.wiring
+        routes = self._routes(header, w)
+        children: list[tuple[str, Buffer]] = []
+        for task, bodies in result.children.items():  # (a loop, not a comprehension: no frame)
+            if routes.get(task):
+                for body in bodies:
+                    children.append((task, body))
         if not children or credit < 2:
             return [], [], credit
+        if len(children) == 1:  # ``split_credit(credit, 2)``, without its call and lists
+            share = credit // 2
+            return children, [share], credit - share
         if len(children) > credit - 1:
             children = children[:credit - 1]
         kept, *shares = split_credit(credit, len(children) + 1)
@@ -366,7 +391,7 @@ class Worker:
         """Send the item's children (``children_of``) downstream; a child no process of its task
         can take returns its share to the frontend as a drop."""
         w = wiring or self.wiring
-        routes = w.spec.routes[header.lane] if header.lane < len(w.spec.routes) else {}
+        routes = self._routes(header, w)
         index_of = w.index_of
         count = len(children)
         for k, ((task, body), share) in enumerate(zip(children, shares)):
@@ -422,21 +447,15 @@ class Worker:
         for j in range(k):
             if n >= max_n:
                 break
-            ring = self.inputs[(self._next_input + j) % k]
-            wiring = self._input_wiring[(self._next_input + j) % k]
-            got = ring.pop_many_framed(max_n - n)
-            if not got:
-                continue
-            now = time.monotonic_ns()
-            for header, credit, tensors in got:
-                header.stamp(HOP_POPPED, now)
-                sent = header.hops[HOP_SENT]
-                arrival = sent if 0 < sent <= self._passed_over_ns else now
-                item = (header, credit, tensors, wiring)
-                if not self.queue.push(header.request_id, header.deadline_ns, arrival, item):
-                    self.complete(header, Status.REJECTED, credit, wiring=wiring)
-                    self.stats.add(self.spec.slot, DROPPED, 1)
-                n += 1
+            at = (self._next_input + j) % k
+            # pop, stamp and queue in one call (``BatchQueue.take_framed``): the item's tag is
+            # the wiring it came in on
+            got, refused = self.queue.take_framed(self.inputs[at], max_n - n, self._passed_over_ns,
+                                                  self._input_wiring[at])
+            for header, credit, _, wiring in refused:
+                self.complete(header, Status.REJECTED, credit, wiring=wiring)
+                self.stats.add(self.spec.slot, DROPPED, 1)
+            n += got
         self._next_input = (self._next_input + 1) % max(1, k)
         return n
 
@@ -465,24 +484,30 @@ class Worker:
         time until this process can run its next batch (and by L^(t) through the 2 L^(t) <= SLO
         budget), and a free process never holds a partial batch back.
 
-        The backend's coroutine is stepped here, in the doorbell's callback: one that finishes
-        without waiting (an emulated batch shorter than the loop's timer resolution) is finished
-        in the same turn; one that waits (a device, a thread, a timer) is finished by a task, and
-        the process takes no new batch until then (``_busy``).
+        A batch the backend finishes without waiting (``execute_nowait``: an emulated batch
+        shorter than the loop's timer resolution) is finished in the same turn; otherwise its
+        coroutine is stepped here, in the doorbell's callback, and one that waits (a device, a
+        thread, a timer) is finished by a task, and the process takes no new batch until then
+        (``_busy``).
         """
+        queued = len(self.queue)
         batch = self.queue.next_batch(time.monotonic_ns(), True)
         if not batch:
             return False
-        items = [e[3] for e in batch]
+        items = list(map(_ITEM, batch))  # (maps of getters, not comprehensions: no frame each)
         start = time.monotonic_ns()
         self.stats.set(self.spec.slot, BATCH_STARTED_NS, start)
-        coro = self.backend.execute_async([item[0].request_id for item in items], [item[2] for item in items])
+        coro = self.backend.execute_nowait(list(map(_REQUEST_ID, batch)), list(map(_TENSORS, items)))
+        if type(coro) is list:  # done without waiting: no coroutine to step
+            self._finish_batch(items, start, coro)
+            return True
         try:
             waiting = coro.send(None)
         except StopIteration as done:
             self._finish_batch(items, start, done.value)
             return True
         self._busy = True
+        self.publish_queued(queued)  # what waits here while the batch runs (the batch's items too)
         self._batch_task = self._running_loop().create_task(
             self._await_batch(items, start, _Resume(coro, waiting)))
         return True
@@ -505,25 +530,44 @@ class Worker:
         sink = not self.spec.downstream
         trace = self.trace
         n = len(items)
+        task_index = self.spec.task_index
         for (header, credit, _, w), result in zip(items, results):
-            header.stamp(HOP_START, start)
-            header.stamp(HOP_END, end)
-            header.stamp(HOP_BATCH, n)
-            if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
-                self.complete(header, Status.ERROR, credit, result.error.encode()[:4096], wiring=w)
-                continue
             children, shares, kept = self.children_of(header, credit, result, w)
-            # Only a sink's outputs are answered; the frontend reads no other task's (the children
-            # carry what the next tasks need). The record goes before the children: see complete.
-            self.complete(header, Status.OK, kept, encode_tensors(result.outputs) if sink else b"",
-                          len(children), w)
-            done_ns = time.monotonic_ns() if trace is not None else 0
-            if children:
-                self.forward(header, children, shares, w)
+            order = None
+            if len(children) == 1 and not result.error:
+                order = self._least_loaded(self._routes(header, w)[children[0][0]], w)
+            if order:
+                # One child (the chain's every middle hop): its record and the child in one call
+                # of the core, to the least-loaded consumer; what did not fit goes the long way.
+                task, body = children[0]
+                pushed = push_hop(w.done, header, task_index, start, end, n, kept, w.outputs[order[0]],
+                                  w.index_of[task], shares[0], body)
+                if pushed == 2:
+                    w.rung.add(order[0])
+                else:
+                    if pushed == 0:
+                        self.complete(header, _OK, kept, b"", 1, w)
+                    self.forward(header, children, shares, w)
+                done_ns = 0
+            else:
+                header.stamp(HOP_START, start)
+                header.stamp(HOP_END, end)
+                header.stamp(HOP_BATCH, n)
+                if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
+                    self.complete(header, Status.ERROR, credit, result.error.encode()[:4096], wiring=w)
+                    continue
+                # Only a sink's outputs are answered; the frontend reads no other task's (the children
+                # carry what the next tasks need). The record goes before the children: see complete.
+                self.complete(header, _OK, kept, encode_tensors(result.outputs) if sink else b"",
+                              len(children), w)
+                done_ns = time.monotonic_ns() if trace is not None else 0
+                if children:
+                    self.forward(header, children, shares, w)
             if trace is not None:
                 hops = header.hops
-                trace.append([self.spec.task_index, header.request_id, hops[HOP_SENT], self._woke_ns,
-                              hops[HOP_POPPED], start, end, done_ns, time.monotonic_ns()])
+                pushed_ns = time.monotonic_ns()  # (one call pushed both records: one time for both)
+                trace.append([task_index, header.request_id, hops[HOP_SENT], self._woke_ns,
+                              hops[HOP_POPPED], start, end, done_ns or pushed_ns, pushed_ns])
         if trace is not None:
             rung = time.monotonic_ns()  # (before the write: a woken consumer may run before it returns)
             for row in trace[len(trace) - n:]:
@@ -536,9 +580,12 @@ class Worker:
         stats.add(slot, BATCHES, 1)
         stats.add(slot, ITEMS, n)
 
-    def publish_queued(self) -> None:
+    def publish_queued(self, queued: int | None = None) -> None:
+        """Publish the items queued here (``queued``, else the queue's length) in every stats slot
+        this process has: the producers route by it."""
+        n = len(self.queue) if queued is None else queued
         for w in self.wirings:
-            w.stats.set(w.spec.slot, QUEUED, len(self.queue))
+            w.stats.set(w.spec.slot, QUEUED, n)
 
     def _turn(self) -> None:
         """One turn of the process, run in the callback that woke it (the doorbell, a signal, a
@@ -566,8 +613,11 @@ class Worker:
                 if self._unmapped or self._queue_spec is not None:
                     self._maybe_swap_queue()
                 self.fill()
-                self._ring_outputs()  # the drops fill() reported
-                self.publish_queued()
+                w = self.wiring
+                if w.done_rung or w.rung or len(self.wirings) > 1:
+                    self._ring_outputs()  # the drops fill() reported
+                # (the queue's length is published after the batch, or by ``_start_batch`` when
+                # the batch waits: not before it, on the way from the wake-up to the next ring)
                 if self._start_batch():
                     if self._busy:
                         self._quiet_bell()
@@ -579,6 +629,7 @@ class Worker:
                         self._running_loop().call_soon(self._turn)
                         return
                     continue
+                self.publish_queued()
                 # Out of work: arm (producers ring from now on), then look at the rings once more,
                 # so a push that came before the arm is not left waiting for the next one. The
                 # wake-up bytes are read first (a byte written after the arm must stay).

@@ -1,0 +1,153 @@
+"""A middle task's worker turn on real rings, in this process: where its child goes by the one
+consumer's state, and the queue length it publishes for its producers (compiled core, or the pure
+one with ``JIGSAW_NO_EXTENSIONS=1``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+
+from jigsaw.runtime import worker as worker_module
+from jigsaw.runtime.records import HOP_SENT, TOTAL_CREDIT
+from jigsaw.runtime.rings import RecordHeader, SegmentRegistry, ShmRing, Status
+from jigsaw.runtime.stats import DEAD, FAILED, QUEUED, READY, STATE, StatsBlock
+from jigsaw.runtime.topology import OutputRing, ProcessSpec
+
+CONSUMER_SLOT = 1  # the child task's process
+
+
+def _worker(reg: SegmentRegistry, batch_ms: float) -> SimpleNamespace:
+    ring_in, ring_out, done = (reg.create_ring(p, 1 << 16) for p in ("in", "out", "done"))
+    own, out_bell, done_bell = (reg.create_doorbell(p) for p in ("own", "out-bell", "done-bell"))
+    stats_name = reg.name("stats")
+    reg.add_shm(stats_name)
+    stats = StatsBlock.create(stats_name, 2)
+    ms = {b: batch_ms for b in (1, 2, 4)}
+    spec = ProcessSpec(
+        slot=0, name="t.b.v.1g.0", app="t", app_index=0, task="b", task_index=1, task_kind="generic",
+        variant="v", mig_profile="1g.10gb", mps=1, max_batch=4, latency_ms_by_batch=ms, time_scale=1.0,
+        max_wait_ns=10**9, staleness_ns=5 * 10**9, remaining_min_ns=0, exec_estimate_ns=[1000] * 4,
+        downstream=[{"task": "c", "task_index": 2, "factor": 1.0}], doorbell=own.name, inputs=[ring_in.name],
+        outputs=[OutputRing(ring_out.name, out_bell.name, CONSUMER_SLOT, "c")], routes=[{"c": [0]}],
+        completion_ring=done.name, completion_doorbell=done_bell.name, stats=stats_name, mean_ms_by_batch=ms)
+    return SimpleNamespace(
+        worker=worker_module.Worker(spec), stats=stats,
+        closing=[stats, ring_in, ring_out, done, own, out_bell, done_bell],
+        producer=ShmRing.attach(ring_in.name, role="producer"),
+        out=ShmRing.attach(ring_out.name, role="consumer"), done=ShmRing.attach(done.name, role="consumer"))
+
+
+@pytest.fixture
+def make_worker() -> Iterator:
+    made: list[SimpleNamespace] = []
+    with SegmentRegistry(None) as reg:
+        def make(batch_ms: float = 0.001) -> SimpleNamespace:
+            made.append(_worker(reg, batch_ms))
+            return made[-1]
+        yield make
+        for t in made:
+            if t.worker._timer is not None:
+                t.worker._timer.cancel()
+            t.worker.close()
+            for ring in (t.producer, t.out, t.done):
+                ring.close()
+            for seg in t.closing:
+                seg.close()
+
+
+def _push(t: SimpleNamespace, request_id: int) -> None:
+    now = time.monotonic_ns()
+    h = RecordHeader(request_id=request_id, deadline_ns=now + 10**10, created_ns=now)
+    h.stamp(HOP_SENT, now)
+    assert t.producer.push_framed(h, TOTAL_CREDIT, bytes(16))
+
+
+async def _turns(t: SimpleNamespace, items: int, wait_s: float = 0.0) -> None:
+    """Push ``items`` and run the worker's turn as its doorbell would, then wait ``wait_s``."""
+    w = t.worker
+    w._loop = asyncio.get_running_loop()
+    w._done = w._loop.create_future()
+    for i in range(items):
+        _push(t, i + 1)
+    w._turn()
+    if wait_s:
+        await asyncio.sleep(wait_s)
+
+
+@pytest.mark.parametrize("state", [READY, DEAD])
+def test_the_lone_child_consumer_gets_the_child_unless_it_failed_for_good(make_worker, state):
+    """READY takes it; DEAD is being restarted, so the child waits in its ring for the new process."""
+    t = make_worker()
+    t.stats.set(CONSUMER_SLOT, STATE, state)
+    asyncio.run(_turns(t, 1))
+    assert [h.request_id for h, _, _ in t.out.pop_many_framed(8)] == [1]
+    records = t.done.pop_completions(8)
+    assert [(r[0], r[2], r[4]) for r in records] == [(1, int(Status.OK), 1)]  # the parent's, one child
+
+
+def test_a_child_whose_only_consumer_failed_returns_its_share_as_an_error(make_worker):
+    t = make_worker()
+    t.stats.set(CONSUMER_SLOT, STATE, FAILED)
+    asyncio.run(_turns(t, 1))
+    assert t.out.pop_many_framed(8) == []
+    records = t.done.pop_completions(8)
+    # the parent's record, and the child's drop
+    assert sorted(r[2] for r in records) == [int(Status.OK), int(Status.ERROR)]
+    assert sum(r[5] for r in records) == TOTAL_CREDIT  # the frontend gets every credit back
+
+
+def test_queue_length_is_published_while_a_batch_waits_and_after_it(make_worker):
+    """A batch that waits on its backend leaves its items counted as queued (the producers route
+    by it); once it has finished, the published length is the queue's again."""
+    t = make_worker(batch_ms=50.0)
+    t.stats.set(CONSUMER_SLOT, STATE, READY)
+
+    async def run() -> tuple[int, int]:
+        await _turns(t, 3, wait_s=0.005)
+        waiting = t.stats.get(0, QUEUED)
+        await t.worker._batch_task
+        return waiting, t.stats.get(0, QUEUED)
+
+    waiting, after = asyncio.run(run())
+    assert (waiting, after) == (3, 0)
+    assert len(t.out.pop_many_framed(8)) == 3
+
+
+def test_queue_length_after_a_batch_finished_in_the_turn(make_worker):
+    t = make_worker()
+    t.stats.set(CONSUMER_SLOT, STATE, READY)
+    t.stats.set(0, QUEUED, 99)
+    asyncio.run(_turns(t, 2))
+    assert t.stats.get(0, QUEUED) == 0
+    assert len(t.out.pop_many_framed(8)) == 2
+
+
+def test_a_child_that_finds_its_ring_full_until_its_deadline_returns_its_share_as_a_drop(make_worker):
+    """The record and the child go in one call of the core when both fit; when the child's ring
+    stays full, the record went and the child takes the long way: its deadline passes and its
+    share comes back as a drop."""
+    t = make_worker()
+    t.stats.set(CONSUMER_SLOT, STATE, READY)
+    w = t.worker
+    while w.wiring.outputs[0].push_framed(RecordHeader(request_id=99), 1, b""):
+        pass
+    held = len(t.out)
+
+    async def run() -> None:
+        w._loop = asyncio.get_running_loop()
+        w._done = w._loop.create_future()
+        now = time.monotonic_ns()
+        h = RecordHeader(request_id=7, deadline_ns=now + 30 * 10**6, created_ns=now)
+        h.stamp(HOP_SENT, now)
+        assert t.producer.push_framed(h, TOTAL_CREDIT, bytes(16))
+        w._turn()
+
+    asyncio.run(run())
+    assert len(t.out) == held
+    records = t.done.pop_completions(8)
+    assert sorted(r[2] for r in records) == [int(Status.OK), int(Status.DROPPED_DEADLINE)]  # parent, child
+    assert sum(r[5] for r in records) == TOTAL_CREDIT
