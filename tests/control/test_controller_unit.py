@@ -831,3 +831,48 @@ def test_a_needed_replan_switches_first_on_the_plan_that_starts_fewer_processes(
                 assert entry["exact"]["skipped"] == "fewest_starts_first"
         assert not load_node(NODE).control.fewest_starts_first  # off by default
     asyncio.run(go())
+
+
+def test_a_refused_exact_plan_is_followed_by_the_quick_plan_that_keeps_the_running_instances() -> None:
+    # running: one 1-slice instance. The exact plan (in before the patience) runs two others and
+    # the runtime refuses it (a drain-first that would leave no lane); the quick plan keeps the
+    # running instance and adds one: with quick_after_refusal it serves next, off nothing does
+    running = _plan(10.0, [_inst(1)])
+    quick_rps = {"rps": 200.0}
+
+    def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], *,
+               on_quick: Callable[[NodePlan], None] | None = None, **kw: Any) -> NodePlan:
+        if on_quick is not None:
+            on_quick(_node_plan({TA: _plan(quick_rps["rps"], [dataclasses.replace(_inst(1), count=2)])},
+                                status="heuristic", seconds=0.01))
+        return _node_plan({TA: _plan(demands[TA], [_inst(2, "w"), _inst(3, "w")])}, seconds=0.05)
+
+    class Refusing(_Plane):
+        async def apply(self, desired: DesiredState) -> Applied:
+            if any(i.variant == "w" for i in desired.plan.instances):  # the exact plan's instances
+                self.applied.append(desired)
+                g = self.gens[desired.app]
+                return Applied(g, g, False, error="drain-first refused: no lane left", refused=True)
+            return await super().apply(desired)
+
+    async def go() -> None:
+        for on, quick_rps["rps"], pushed in ((True, 200.0, [5, 2]), (False, 200.0, [5]), (True, 10.0, [5])):
+            c, _ = _controller(solver, anytime="auto", plans={TA: running})
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, quick_after_refusal=on))
+            plane = Refusing(c.node, {TA: running})
+            c.plane = plane
+            await c.replan({TA: 200.0}, trigger="rate")
+            # on: the refused exact plan, then the quick one; off: the refused exact plan alone; a
+            # quick plan that serves no more than the running plan (10 rps, a scaled one) is not pushed
+            assert [d.plan.slices_used for d in plane.applied] == pushed, (on, quick_rps)
+            (entry,) = _app(c).current.replans
+            assert entry["quick"]["deployed"] == (len(pushed) == 2)
+            assert _app(c).plan.slices_used == (2 if len(pushed) == 2 else 1)
+            assert _app(c).current.reconfiguration_errors == ["drain-first refused: no lane left"]
+            if len(pushed) == 2:
+                assert entry["quick"]["after_refusal"] == [TA]
+                assert 'jigsaw_node_plans_total{source="quick",deployed="true"} 1' in c.stats.prometheus()
+        assert load_node(NODE).control.quick_after_refusal  # on by default
+    asyncio.run(go())
+

@@ -17,13 +17,13 @@ layout to keep, the mean measured factors of the last bins, and a time limit bel
 
 Early re-plans: a bin whose violation rate crosses ``control.replan_violation_rate`` (once per app
 and bin), and with ``control.replan_on_rate`` an arrival rate over the last ``RATE_WINDOW_BINS``
-of a bin above what the running plan holds (its ``planned_rps``): the predictor's mean of past
-bins sees a burst one bin late, the door sees it within a second. Either re-plans the node with
-the triggering app at its recent observed rate (plus the planner's demand slack; at most
+of a bin above what the running plan holds (its ``planned_rps``): the predictor's
+mean of past bins sees a burst one bin late, the door sees it within a second. Either re-plans the
+node with the triggering app at its recent observed rate (plus the planner's demand slack; at most
 ``RATE_JUMP_MAX`` x the last bin's demand, since a stalled loop's backlog of arrivals reads as a
-burst; after violations never less than the plan holds) and the other apps at the demand they
-were planned for. Every plan holds at least the burst floor (``control.burst_requests``). When
-the supervisor gives up on a worker (capacity lost), the node re-plans at once and that app's plan
+burst; after violations never less than the plan holds) and the other apps at the demand they were
+planned for. Every plan holds at least the burst floor (``control.burst_requests``). When the
+supervisor gives up on a worker (capacity lost), the node re-plans at once and that app's plan
 runs on a fresh generation.
 
 Anytime (``anytime``): the planner hands over a verified greedy plan within about 100 ms while the
@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import time
 from collections import Counter, deque
@@ -669,7 +670,7 @@ class NodeController:
                 use = self.anytime == "always" or trigger in URGENT_TRIGGERS or not self._holds(full)
                 entry["quick"] = self._summary(quick, use)
                 if use:
-                    entry["quick"]["kept"] = await self._deploy(quick, fresh, "quick", full)
+                    entry["quick"]["kept"], _ = await self._deploy(quick, fresh, "quick", full)
                     deployed, fresh = quick, frozenset()
             try:
                 exact = await exact_f
@@ -687,7 +688,7 @@ class NodeController:
                     self.log(f"node: the quick plan starts {self._starts(q)} processes, the exact one "
                              f"{self._starts(exact)}: the quick plan goes first")
                     entry["quick"]["fewer_starts"] = True
-                    entry["quick"]["kept"] = await self._deploy(q, fresh, "quick", full)
+                    entry["quick"]["kept"], _ = await self._deploy(q, fresh, "quick", full)
                     deployed, fresh = q, frozenset()
             for n, c in self.apps.items():
                 c.predicted_rps = full[n]
@@ -716,8 +717,11 @@ class NodeController:
             else:
                 for note in exact.notes:
                     self.log(f"node: {note}")
-                entry["exact"]["kept"] = await self._deploy(exact, fresh, "exact", full)
+                entry["exact"]["kept"], refused = await self._deploy(exact, fresh, "exact", full)
                 deployed = exact
+                if refused:
+                    deployed = await self._quick_after_refusal(quick_box, refused, entry, fresh, full) \
+                        or deployed
             took = time.monotonic() - t0
             self._replan_s = took if self._replan_s is None else 0.5 * (self._replan_s + took)
             if for_bin is None or for_bin == self.bin_index:
@@ -815,11 +819,47 @@ class NodeController:
             kept.append(name)
         return plans, kept
 
+    async def _quick_after_refusal(self, quick_box: asyncio.Future[NodePlan], refused: list[str],
+                                   entry: dict[str, Any], fresh: frozenset[str],
+                                   demands: Mapping[str, float]) -> NodePlan | None:
+        """After the runtime refused the exact plan of ``refused`` apps (``Applied.refused``: a
+        drain-first that would leave an app no lane, or slots that draining generations hold),
+        deploy the re-plan's quick plan for those of them it serves better than their running plan
+        (``control.quick_after_refusal``). Returns the quick plan when it was pushed.
+
+        Why: the exact plan of a spike rearranges the node and needs the slots of the running
+        instances; refused, the spike met the quiet plan until the next re-plan (bin 187 of day 0:
+        1414 req/s on a plan for 1007) although the quick plan, which keeps the running instances
+        and adds some (``anytime.extend_plan``) and so needs no drain-first, was in hand.
+        """
+        if not self.node.control.quick_after_refusal or not quick_box.done() \
+                or (entry["quick"] or {}).get("deployed"):
+            return None
+        q = quick_box.result()
+        better = [n for n in refused if (p := q.plans.get(n)) is not None and p.instances
+                  and p.planned_rps > self.apps[n].plan.planned_rps * (1 + 1e-9)]
+        if not better:
+            return None
+        self.log(f"node: the exact plan of {', '.join(better)} was refused; the quick plan serves "
+                 "meanwhile (it keeps the running instances)")
+        part = dataclasses.replace(q, plans={n: q.plans[n] for n in better})
+        kept, _ = await self._deploy(part, fresh & frozenset(better), "quick", demands)
+        if entry["quick"] is None:
+            entry["quick"] = self._summary(q, True)
+        else:  # summarised as not deployed when the exact plan came first
+            self.stats.plans[("quick", False)] -= 1
+            self.stats.plans[("quick", True)] += 1
+            entry["quick"]["deployed"] = True
+        entry["quick"].update(kept=kept, after_refusal=better)
+        return q
+
     async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str,
-                      demands: Mapping[str, float]) -> list[str]:
+                      demands: Mapping[str, float]) -> tuple[list[str], list[str]]:
         """Push every app's part of ``np`` as its DesiredState (apps that shrink first); apps that
-        keep their running plan (``settle``) are pushed it again, a no-op. Returns those apps."""
+        keep their running plan (``settle``) are pushed it again, a no-op. Returns those apps, and
+        the apps whose plan the runtime refused before changing anything (``Applied.refused``)."""
         delay = self.repartition_delay_s()
+        refused: list[str] = []
         plans, kept = self.settle(np, demands, fresh)
         order = sorted(plans.items(), key=lambda kv: kv[1].slices_used - self.apps[kv[0]].plan.slices_used)
         total = sum(p.slices_used for p in plans.values())
@@ -848,7 +888,9 @@ class NodeController:
                 self.log(f"{name}: the {source} plan was not applied ({type(exc).__name__}: {exc})")
                 continue
             c.record_applied(done, plan, source)
-        return kept
+            if done.refused:
+                refused.append(name)
+        return kept, refused
 
     def _summary(self, np: NodePlan, deployed: bool) -> dict[str, Any]:
         source = "quick" if np.status == QUICK_STATUS else "exact"

@@ -160,6 +160,10 @@ class Applied:
     restored: bool | None = None
     # why the running plan serves on although nothing failed (a drain-first not worth making)
     note: str | None = None
+    # the plan was refused before anything changed (``DrainRefused``: a drain-first would leave the
+    # app no lane, or the slots in its way are not the app's own): a plan that keeps the running
+    # instances may still be applied
+    refused: bool = False
 
 
 class DrainRefused(JigsawError):
@@ -613,7 +617,8 @@ class GenerationManager:
                     self.drain_first_total[outcome] += 1
                     self.log(f"{app}: cannot free the MIG slots of the new instances ({exc}); "
                              f"re-plan {outcome}, keeping generation {old_gid}")
-                    return Applied(old_gid, old_gid, False, error=f"drain-first {outcome}: {exc}")
+                    return Applied(old_gid, old_gid, False, error=f"drain-first {outcome}: {exc}",
+                                   refused=outcome == "refused")
                 restore = before
             node_layout = self.partition.with_uuids(node_layout)
         gen = self._lay_out(old.app, new)
