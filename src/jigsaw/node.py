@@ -209,6 +209,12 @@ class ControlSettings:
     # rearranges the node, and on day 0 of traffic_analysis its refusal left bin 187 (1414 req/s)
     # on the 1007 req/s plan while the quick plan for the spike had been found in 30 ms
     quick_after_refusal: bool = True
+    # a solve that overruns its time limit is killed after twice the limit plus this many bins of
+    # grace (at least 3 s, at most 30 s: control/solver.py grace_for_bins); its re-plan keeps the
+    # running plans. Why: the controller holds its re-plan lock meanwhile; with 5 s bins the fixed
+    # 30 s grace froze the node's re-plans for seven bins while the solver process took a core.
+    # 0: the fixed 30 s
+    solver_grace_bins: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -392,6 +398,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
         fewest_starts_first=c.bool("fewest_starts_first", False),
         quick_after_refusal=c.bool("quick_after_refusal", True),
+        solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),

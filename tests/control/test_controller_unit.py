@@ -876,3 +876,27 @@ def test_a_refused_exact_plan_is_followed_by_the_quick_plan_that_keeps_the_runni
         assert load_node(NODE).control.quick_after_refusal  # on by default
     asyncio.run(go())
 
+
+
+def test_a_solve_that_overruns_is_killed_within_the_bins_grace() -> None:
+    # the daemon's grace is control.solver_grace_bins of its bins (at least 3 s, at most 30 s): a
+    # solver that hangs past its limit is killed that soon, not after the fixed 30 s
+    import sys
+
+    from jigsaw.control.solver import GRACE_S, MIN_GRACE_S, SolverError, SubprocessSolver, grace_for_bins
+    assert grace_for_bins(5.0, 1.0) == 5.0
+    assert grace_for_bins(1.0, 1.0) == MIN_GRACE_S
+    assert grace_for_bins(300.0, 1.0) == GRACE_S
+    assert grace_for_bins(5.0, 0.0) == GRACE_S  # 0: the fixed grace
+    assert load_node(NODE).control.solver_grace_bins == 1.0
+    node = load_node(NODE)
+    hang = [sys.executable, "-c", "import sys, time; sys.stdin.readline(); time.sleep(120)"]
+    solver = SubprocessSolver(NODE, command=hang, grace_s=grace_for_bins(1.0, 1.0))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SolverError, match=r"timed out after 3\.5 s"):
+            solver([node.app(TA)], node, None, {TA: 10.0}, space=None, previous=None,  # type: ignore[arg-type]
+                   time_limit_s=0.25, factors=None)
+        assert time.monotonic() - t0 < 3.5 + 4.0  # the kill, and the wait for the process
+    finally:
+        solver.close()
