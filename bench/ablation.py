@@ -62,6 +62,11 @@ MECHANISMS = {
     # a needed re-plan waits for the drains in its way to end (at most their own deadline) instead of
     # being refused for their slots
     "wait_drains": "control.wait_drains_when_needed=false",
+    # a needed plan the runtime refused (a drain-first with no lane left, slots of drains) is followed
+    # by the re-plan's quick plan, which keeps the running instances
+    "quick_after_refusal": "control.quick_after_refusal=false",
+    # a solve that overruns its limit is killed after a bin of grace, not 30 s
+    "solver_grace_bins": "control.solver_grace_bins=0",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
