@@ -215,6 +215,11 @@ class ControlSettings:
     # 30 s grace froze the node's re-plans for seven bins while the solver process took a core.
     # 0: the fixed 30 s
     solver_grace_bins: float = 1.0
+    # a plan the app needed (its running plan did not hold the demand), once it serves, takes its
+    # predecessor's unanswered requests at once (sent again on it; the predecessor retires without
+    # draining: runtime/generations.py _hand_over) instead of leaving them queued on the smaller
+    # plan that met the burst; false (default): the predecessor drains them
+    handover_on_needed_switch: bool = False
 
 
 @dataclass(frozen=True)
@@ -399,6 +404,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         fewest_starts_first=c.bool("fewest_starts_first", False),
         quick_after_refusal=c.bool("quick_after_refusal", True),
         solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),
+        handover_on_needed_switch=c.bool("handover_on_needed_switch", False),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),

@@ -267,3 +267,74 @@ def test_the_wait_for_a_drain_that_cannot_answer_in_time_sends_nothing_again(tmp
     assert out["waits"][0] == 1
     assert not any("unsettled after drain" in line for line in logs), logs
     assert out["leaked"] == set()
+
+
+def _switch_once(tmp_path: Path, handover: bool) -> dict[str, Any]:
+    """Load generation 0 (``b`` at one second per item on two processes: six seconds of work),
+    switch to generation 1 (``b`` on a 3g.40gb at 20 ms per item) as a plan the app needs, and time
+    until every request is answered."""
+    node_path, first, second, _ = _plans(tmp_path, _with_switches(
+        f"[control]\nhandover_on_needed_switch = {str(handover).lower()}\n"), "2g.20gb")
+    node = load_node(node_path)
+    logs: list[str] = []
+    gm = GenerationManager(node, [(node.apps[0], first)], time_scale=1.0, seed=0,
+                           backend=backend_kind("emulated"), log=logs.append)
+    fe = Frontend(gm.backend, hop_latency_ms=0.0)
+    daemon_id = gm.registry.daemon_id
+    answers = count_answers(fe.dispatcher)
+    out: dict[str, Any] = {"logs": logs}
+    try:
+        gm.start_all(timeout_s=60)
+
+        async def go() -> None:
+            gm.attach(fe)
+            fe.start(asyncio.get_running_loop())
+            image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
+            try:
+                sent = [fe.dispatcher.submit(fe.routing.routes[APP], None, image, None)
+                        for _ in range(REQUESTS)]
+                assert not any(isinstance(r, str) for r in sent), sent
+                await asyncio.sleep(0.3)  # generation 0's two processes start their first items
+                one = await gm.apply(DesiredState(APP, second, running_holds=False))
+                assert one.error is None and one.new_generation, (one, logs)
+                t0 = asyncio.get_running_loop().time()
+                results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
+                out["answered_s"] = asyncio.get_running_loop().time() - t0
+                out["statuses"] = Counter(status for status, _ in results)
+                for _ in range(200):
+                    if len(gm.generations) == 1 and not gm._retiring:
+                        break
+                    await asyncio.sleep(0.05)
+                out["generations"] = sorted(gm.generations)
+                await gm.stop_retiring()
+            finally:
+                fe.close()
+
+        asyncio.run(go())
+        out["answers"] = answers
+        out["metrics"] = gm.prometheus()
+    finally:
+        gm.close()
+    out["leaked"] = _shm_segments(daemon_id)
+    return out
+
+
+def test_a_needed_switch_hands_its_predecessors_queue_to_the_new_generation(tmp_path: Path) -> None:
+    """``control.handover_on_needed_switch``: the twelve requests queued on generation 0's two
+    slow processes are sent again on generation 1 once it serves, answered within a second or two
+    instead of the six seconds generation 0 needs; each is answered once, 200, and generation 0
+    retires without draining. Off (the default), generation 0 answers them itself."""
+    on = _switch_once(tmp_path / "on", True)
+    assert any("handed over to generation" in line for line in on["logs"]), on["logs"]
+    assert on["statuses"] == {200: REQUESTS}, on["statuses"]
+    assert len(on["answers"]) == REQUESTS and set(on["answers"].values()) == {1}, on["answers"]
+    assert on["answered_s"] < 3.0, on["answered_s"]
+    assert "jigsaw_reconfig_handovers_total 1" in on["metrics"]
+    assert len(on["generations"]) == 1 and on["leaked"] == set()
+    off = _switch_once(tmp_path / "off", False)
+    assert not any("handed over" in line for line in off["logs"])
+    assert off["statuses"] == {200: REQUESTS}, off["statuses"]
+    assert off["answered_s"] > 4.0, off["answered_s"]  # generation 0's own six seconds, less the head start
+    assert "jigsaw_reconfig_handovers_total 0" in off["metrics"]
+    assert not load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                         ).control.handover_on_needed_switch  # off by default
