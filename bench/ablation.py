@@ -87,6 +87,8 @@ OPTIONAL = {
     "needed_drain_cut": "control.cut_drains_when_needed=true",
     # a needed re-plan switches first on whichever of its quick and exact plans starts fewer processes
     "fewest_starts_first": "control.fewest_starts_first=true",
+    # a needed switch sends its predecessor's unanswered requests again on the new generation at once
+    "handover": "control.handover_on_needed_switch=true",
 }
 # planner.max_utilization of every run: plan each instance for at most this share of its profiled
 # throughput. The planner's 2 x batch latency per task holds only while a task's queue stays
