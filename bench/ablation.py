@@ -67,6 +67,8 @@ MECHANISMS = {
     "quick_after_refusal": "control.quick_after_refusal=false",
     # a solve that overruns its limit is killed after a bin of grace, not 30 s
     "solver_grace_bins": "control.solver_grace_bins=0",
+    # a re-plan that finds no plan at all (near the node's capacity) is asked again at 85% of its demand
+    "unplanned_retry": "control.unplanned_retry_share=0",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

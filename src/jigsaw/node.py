@@ -220,6 +220,11 @@ class ControlSettings:
     # draining: runtime/generations.py _hand_over) instead of leaving them queued on the smaller
     # plan that met the burst; false (default): the predecessor drains them
     handover_on_needed_switch: bool = False
+    # a re-plan of the controller's that finds no plan at all (neither quick nor exact: near and
+    # above the node's capacity, or a planner error) is asked once more at this share of every
+    # app's demand (control/controller.py replan): a plan for most of a spike beats the quiet plan
+    # through it; 0: not asked again
+    unplanned_retry_share: float = 0.85
 
 
 @dataclass(frozen=True)
@@ -405,6 +410,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         quick_after_refusal=c.bool("quick_after_refusal", True),
         solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),
         handover_on_needed_switch=c.bool("handover_on_needed_switch", False),
+        unplanned_retry_share=c.number("unplanned_retry_share", 0.85, low=0, high=1),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),

@@ -900,3 +900,30 @@ def test_a_solve_that_overruns_is_killed_within_the_bins_grace() -> None:
         assert time.monotonic() - t0 < 3.5 + 4.0  # the kill, and the wait for the process
     finally:
         solver.close()
+
+
+def test_a_replan_that_finds_no_plan_is_asked_again_at_a_share_of_the_demand() -> None:
+    # the planner finds nothing above 180 req/s (the node's capacity): a rate re-plan for 200 is
+    # asked again at unplanned_retry_share of it (170) and that plan deployed; with the share 0, or
+    # for an operator's demand, the running plan serves on after the one attempt
+    def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], **kw: Any) -> NodePlan:
+        solver.asked.append(demands[TA])  # type: ignore[attr-defined]
+        if demands[TA] > 180.0:
+            return NodePlan(node="h100x4", objective_kind="accuracy", status="no_solution", feasible=False,
+                            objective=0.0, gap=0.0, slices_used=0, slices_available=28, solve_seconds=0.1,
+                            plans={})
+        return _node_plan({TA: _plan(demands[TA], [_inst(3, "w")])})
+
+    async def go() -> None:
+        for share, trigger, asked, slices in ((0.85, "rate", [200.0, 170.0], 3), (0.0, "rate", [200.0], 1),
+                                              (0.85, "admin", [200.0], 1)):
+            solver.asked = []  # type: ignore[attr-defined]
+            c, _ = _controller(solver)
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, unplanned_retry_share=share))
+            await c.replan({TA: 200.0}, trigger=trigger)
+            assert solver.asked == pytest.approx(asked), (share, trigger)  # type: ignore[attr-defined]
+            assert _app(c).plan.slices_used == slices
+            assert _app(c).plan.planned_rps == (170.0 if slices == 3 else 10.0)
+        assert load_node(NODE).control.unplanned_retry_share == 0.85
+    asyncio.run(go())

@@ -642,7 +642,32 @@ class NodeController:
         even when it runs the same instances (a worker was given up). ``as_asked``: apps whose
         given demand is an operator's, planned without the burst floor. Returns the node plan
         deployed last (None when nothing was).
+
+        A re-plan of the controller's own (not an operator's) that finds no plan at all, neither
+        quick nor exact (the planner's answer near and above the node's capacity, or a planner
+        error), is asked once more at ``control.unplanned_retry_share`` of every app's demand.
+        Why: on day 0 of traffic_analysis the spike's re-plans for 1535-1554 req/s (95-97% of the
+        node's capacity) found nothing in 4.6-4.9 s, twice, and bins 115-116 met the spike on the
+        15-slice plan (171 violations in bin 116), while a plan for 85% of that is found in
+        0.3 s.
         """
+        got, found = await self._replan_once(demands, for_bin=for_bin, fresh=fresh, trigger=trigger,
+                                             as_asked=as_asked)
+        share = self.node.control.unplanned_retry_share
+        if found or share <= 0 or trigger == "admin" or as_asked:
+            return got
+        smaller = {n: share * max(c.floor_rps, float(demands[n]) if n in demands else c.predicted_rps)
+                   for n, c in self.apps.items()}
+        self.log(f"node: no plan for the demands; re-planning once at {share:.0%} of them "
+                 f"({self._demands_text(smaller)})")
+        again, _ = await self._replan_once(smaller, for_bin=for_bin, fresh=fresh, trigger=trigger)
+        return again or got
+
+    async def _replan_once(self, demands: Mapping[str, float], *, for_bin: int | None,
+                           fresh: frozenset[str], trigger: str, as_asked: frozenset[str] = frozenset()
+                           ) -> tuple[NodePlan | None, bool]:
+        """``replan``'s one attempt: (the node plan deployed last or None, whether the planner found
+        any plan, quick or exact, for the demands)."""
         async with self.lock:
             t0 = time.monotonic()
             self.stats.replans[trigger] += 1
@@ -678,7 +703,7 @@ class NodeController:
                 self._planner_failed(exc)
                 entry["error"] = f"{type(exc).__name__}: {exc}"[:500]
                 self._record(entry, full, t0)
-                return deployed
+                return deployed, deployed is not None
             fewest = False
             if entry["quick"] is None and quick_box.done():  # found, but the exact one came first
                 q = quick_box.result()
@@ -728,7 +753,7 @@ class NodeController:
                 for c in self.apps.values():
                     c.current.plan = plan_summary(c.plan)
             self._record(entry, full, t0)
-            return deployed
+            return deployed, deployed is not None or bool(exact.plans) or quick_box.done()
 
     async def _first_needed(self, exact_f: asyncio.Future[NodePlan], quick_box: asyncio.Future[NodePlan],
                             trigger: str, for_bin: int | None, t0: float) -> NodePlan | None:
