@@ -816,7 +816,9 @@ class GenerationManager:
         queued there (at time scale 20 up to 13 s of the small plan's work) drained on that plan's
         few processes, late, while the spike's plan had idle capacity; the drain also held its MIG
         slots, and the spike's next re-plan waited 12 s for them (day 0, bins 42-45). The price:
-        a request already past its root runs again from the start.
+        a request already past its root runs again from the start, and every needed switch (the
+        quick plan's, then the exact one's) re-sends a burst of it; two alternating spike-window
+        pairs measured more violations with it on, so it is off by default (bench/README.md).
         """
         forgotten, resent, failed = self._router().cut_generation(old_gid)
         self._cut.setdefault(old_gid, asyncio.Event()).set()  # its retirement does not wait
