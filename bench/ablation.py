@@ -62,6 +62,13 @@ MECHANISMS = {
     # a needed re-plan waits for the drains in its way to end (at most their own deadline) instead of
     # being refused for their slots
     "wait_drains": "control.wait_drains_when_needed=false",
+    # a needed plan the runtime refused (a drain-first with no lane left, slots of drains) is followed
+    # by the re-plan's quick plan, which keeps the running instances
+    "quick_after_refusal": "control.quick_after_refusal=false",
+    # a solve that overruns its limit is killed after a bin of grace, not 30 s
+    "solver_grace_bins": "control.solver_grace_bins=0",
+    # a re-plan that finds no plan at all (near the node's capacity) is asked again at 85% of its demand
+    "unplanned_retry": "control.unplanned_retry_share=0",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
@@ -82,6 +89,8 @@ OPTIONAL = {
     "needed_drain_cut": "control.cut_drains_when_needed=true",
     # a needed re-plan switches first on whichever of its quick and exact plans starts fewer processes
     "fewest_starts_first": "control.fewest_starts_first=true",
+    # a needed switch sends its predecessor's unanswered requests again on the new generation at once
+    "handover": "control.handover_on_needed_switch=true",
 }
 # planner.max_utilization of every run: plan each instance for at most this share of its profiled
 # throughput. The planner's 2 x batch latency per task holds only while a task's queue stays

@@ -187,7 +187,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
 
     from jigsaw.control.admin import add_admin_routes, is_loopback
     from jigsaw.control.controller import NodeController, default_solver
-    from jigsaw.control.solver import SubprocessSolver
+    from jigsaw.control.solver import SubprocessSolver, grace_for_bins
     from jigsaw.runtime.frontend import Frontend
     from jigsaw.runtime.supervisor import POLL_S, Supervisor
     node = generations.node
@@ -205,7 +205,9 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
         loop.add_signal_handler(sig, stop.set)
     web_app = fe.make_app(node.server.max_payload_bytes)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planner")
-    solver = SubprocessSolver(node_config) if controller and node_config is not None else None
+    grace_s = grace_for_bins(bin_seconds or node.control.bin_seconds, node.control.solver_grace_bins)
+    solver = SubprocessSolver(node_config, grace_s=grace_s) \
+        if controller and node_config is not None else None
     ctl: NodeController | None = None
     if controller:
         ctl = NodeController([node.app(name) for name in generations.apps], generations, fe, space=space,

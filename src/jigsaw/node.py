@@ -201,6 +201,32 @@ class ControlSettings:
     # refused re-plans: the quick plan's added instances often need slots that still drain): the
     # exact plan when it is in within the patience
     fewest_starts_first: bool = False
+    # a plan the runtime refused before changing anything (a drain-first that would leave the app
+    # no lane, or slots draining generations hold: runtime/generations.py DrainRefused) is followed
+    # by the same re-plan's quick plan when that one serves more than the running plan (it keeps
+    # the running instances and adds some, so it needs no drain-first: control/controller.py);
+    # false: the running plan serves on until the next re-plan. Why: a spike's exact plan
+    # rearranges the node, and on day 0 of traffic_analysis its refusal left bin 187 (1414 req/s)
+    # on the 1007 req/s plan while the quick plan for the spike had been found in 30 ms
+    quick_after_refusal: bool = True
+    # a solve that overruns its time limit is killed after twice the limit plus this many bins of
+    # grace (at least 3 s, at most 30 s: control/solver.py grace_for_bins); its re-plan keeps the
+    # running plans. Why: the controller holds its re-plan lock meanwhile; with 5 s bins the fixed
+    # 30 s grace froze the node's re-plans for seven bins while the solver process took a core.
+    # 0: the fixed 30 s
+    solver_grace_bins: float = 1.0
+    # a plan the app needed (its running plan did not hold the demand), once it serves, takes its
+    # predecessor's unanswered requests at once (sent again on it; the predecessor retires without
+    # draining: runtime/generations.py _hand_over) instead of leaving them queued on the smaller
+    # plan that met the burst; false (default: worse in two alternating pairs of spike-window
+    # replays, 5.5% vs 0% and 28% vs 7%: each needed switch re-sent a burst of restarted work,
+    # bench/README.md): the predecessor drains them
+    handover_on_needed_switch: bool = False
+    # a re-plan of the controller's that finds no plan at all (neither quick nor exact: near and
+    # above the node's capacity, or a planner error) is asked once more at this share of every
+    # app's demand (control/controller.py replan): a plan for most of a spike beats the quiet plan
+    # through it; 0: not asked again
+    unplanned_retry_share: float = 0.85
 
 
 @dataclass(frozen=True)
@@ -383,6 +409,10 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         wait_drains_when_needed=c.bool("wait_drains_when_needed", True),
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
         fewest_starts_first=c.bool("fewest_starts_first", False),
+        quick_after_refusal=c.bool("quick_after_refusal", True),
+        solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),
+        handover_on_needed_switch=c.bool("handover_on_needed_switch", False),
+        unplanned_retry_share=c.number("unplanned_retry_share", 0.85, low=0, high=1),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),

@@ -41,6 +41,9 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert base.control.drain_first_wait_slo == 0.25 and off.control.drain_first_wait_slo == 1.0
     assert base.control.skip_ended_spikes and not off.control.skip_ended_spikes
     assert base.control.wait_drains_when_needed and not off.control.wait_drains_when_needed
+    assert base.control.quick_after_refusal and not off.control.quick_after_refusal
+    assert base.control.solver_grace_bins == 1.0 and off.control.solver_grace_bins == 0.0
+    assert base.control.unplanned_retry_share == 0.85 and off.control.unplanned_retry_share == 0.0
     on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
     for n, want in ((base, (0.0, False, 0, False, 0)), (on, (2.5, True, 2, True, 1))):
         got = (n.control.rate_trigger_z, n.control.single_reconfiguration, n.control.shrink_min_slices,
@@ -51,6 +54,7 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert base.control.drain_late_credits and not on.control.drain_late_credits
     assert not base.control.cut_drains_when_needed and on.control.cut_drains_when_needed
     assert not base.control.fewest_starts_first and on.control.fewest_starts_first
+    assert not base.control.handover_on_needed_switch and on.control.handover_on_needed_switch
     run = ablation.Run("traffic_analysis", "ast", "peak", "with_lookahead")
     assert run.settings() == ["control.lookahead_bins=1"]
     ids = {r.id for r in ablation.matrix()}

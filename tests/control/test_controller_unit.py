@@ -831,3 +831,99 @@ def test_a_needed_replan_switches_first_on_the_plan_that_starts_fewer_processes(
                 assert entry["exact"]["skipped"] == "fewest_starts_first"
         assert not load_node(NODE).control.fewest_starts_first  # off by default
     asyncio.run(go())
+
+
+def test_a_refused_exact_plan_is_followed_by_the_quick_plan_that_keeps_the_running_instances() -> None:
+    # running: one 1-slice instance. The exact plan (in before the patience) runs two others and
+    # the runtime refuses it (a drain-first that would leave no lane); the quick plan keeps the
+    # running instance and adds one: with quick_after_refusal it serves next, off nothing does
+    running = _plan(10.0, [_inst(1)])
+    quick_rps = {"rps": 200.0}
+
+    def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], *,
+               on_quick: Callable[[NodePlan], None] | None = None, **kw: Any) -> NodePlan:
+        if on_quick is not None:
+            on_quick(_node_plan({TA: _plan(quick_rps["rps"], [dataclasses.replace(_inst(1), count=2)])},
+                                status="heuristic", seconds=0.01))
+        return _node_plan({TA: _plan(demands[TA], [_inst(2, "w"), _inst(3, "w")])}, seconds=0.05)
+
+    class Refusing(_Plane):
+        async def apply(self, desired: DesiredState) -> Applied:
+            if any(i.variant == "w" for i in desired.plan.instances):  # the exact plan's instances
+                self.applied.append(desired)
+                g = self.gens[desired.app]
+                return Applied(g, g, False, error="drain-first refused: no lane left", refused=True)
+            return await super().apply(desired)
+
+    async def go() -> None:
+        for on, quick_rps["rps"], pushed in ((True, 200.0, [5, 2]), (False, 200.0, [5]), (True, 10.0, [5])):
+            c, _ = _controller(solver, anytime="auto", plans={TA: running})
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, quick_after_refusal=on))
+            plane = Refusing(c.node, {TA: running})
+            c.plane = plane
+            await c.replan({TA: 200.0}, trigger="rate")
+            # on: the refused exact plan, then the quick one; off: the refused exact plan alone; a
+            # quick plan that serves no more than the running plan (10 rps, a scaled one) is not pushed
+            assert [d.plan.slices_used for d in plane.applied] == pushed, (on, quick_rps)
+            (entry,) = _app(c).current.replans
+            assert entry["quick"]["deployed"] == (len(pushed) == 2)
+            assert _app(c).plan.slices_used == (2 if len(pushed) == 2 else 1)
+            assert _app(c).current.reconfiguration_errors == ["drain-first refused: no lane left"]
+            if len(pushed) == 2:
+                assert entry["quick"]["after_refusal"] == [TA]
+                assert 'jigsaw_node_plans_total{source="quick",deployed="true"} 1' in c.stats.prometheus()
+        assert load_node(NODE).control.quick_after_refusal  # on by default
+    asyncio.run(go())
+
+
+
+def test_a_solve_that_overruns_is_killed_within_the_bins_grace() -> None:
+    # the daemon's grace is control.solver_grace_bins of its bins (at least 3 s, at most 30 s): a
+    # solver that hangs past its limit is killed that soon, not after the fixed 30 s
+    import sys
+
+    from jigsaw.control.solver import GRACE_S, MIN_GRACE_S, SolverError, SubprocessSolver, grace_for_bins
+    assert grace_for_bins(5.0, 1.0) == 5.0
+    assert grace_for_bins(1.0, 1.0) == MIN_GRACE_S
+    assert grace_for_bins(300.0, 1.0) == GRACE_S
+    assert grace_for_bins(5.0, 0.0) == GRACE_S  # 0: the fixed grace
+    assert load_node(NODE).control.solver_grace_bins == 1.0
+    node = load_node(NODE)
+    hang = [sys.executable, "-c", "import sys, time; sys.stdin.readline(); time.sleep(120)"]
+    solver = SubprocessSolver(NODE, command=hang, grace_s=grace_for_bins(1.0, 1.0))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SolverError, match=r"timed out after 3\.5 s"):
+            solver([node.app(TA)], node, None, {TA: 10.0}, space=None, previous=None,  # type: ignore[arg-type]
+                   time_limit_s=0.25, factors=None)
+        assert time.monotonic() - t0 < 3.5 + 4.0  # the kill, and the wait for the process
+    finally:
+        solver.close()
+
+
+def test_a_replan_that_finds_no_plan_is_asked_again_at_a_share_of_the_demand() -> None:
+    # the planner finds nothing above 180 req/s (the node's capacity): a rate re-plan for 200 is
+    # asked again at unplanned_retry_share of it (170) and that plan deployed; with the share 0, or
+    # for an operator's demand, the running plan serves on after the one attempt
+    def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], **kw: Any) -> NodePlan:
+        solver.asked.append(demands[TA])  # type: ignore[attr-defined]
+        if demands[TA] > 180.0:
+            return NodePlan(node="h100x4", objective_kind="accuracy", status="no_solution", feasible=False,
+                            objective=0.0, gap=0.0, slices_used=0, slices_available=28, solve_seconds=0.1,
+                            plans={})
+        return _node_plan({TA: _plan(demands[TA], [_inst(3, "w")])})
+
+    async def go() -> None:
+        for share, trigger, asked, slices in ((0.85, "rate", [200.0, 170.0], 3), (0.0, "rate", [200.0], 1),
+                                              (0.85, "admin", [200.0], 1)):
+            solver.asked = []  # type: ignore[attr-defined]
+            c, _ = _controller(solver)
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, unplanned_retry_share=share))
+            await c.replan({TA: 200.0}, trigger=trigger)
+            assert solver.asked == pytest.approx(asked), (share, trigger)  # type: ignore[attr-defined]
+            assert _app(c).plan.slices_used == slices
+            assert _app(c).plan.planned_rps == (170.0 if slices == 3 else 10.0)
+        assert load_node(NODE).control.unplanned_retry_share == 0.85
+    asyncio.run(go())

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,51 +80,40 @@ def _with_switches(node_extra: str) -> str:
     return "[control]\n" + on + body
 
 
-def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb", slo_ms: float = 30000.0,
-         requests: int = REQUESTS) -> dict[str, Any]:
-    """Start generation 0, load it, re-plan to generation 1, then at once to the plan that adds
-    an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot); return what happened.
-    The drain switches are on unless ``node_extra`` sets them."""
-    node_extra = _with_switches(node_extra)
-    node_path, first, second, third = _plans(tmp_path, node_extra, added, slo_ms)
+Steps = Callable[[GenerationManager, Frontend, Callable[[], Any], dict[str, Any]], Awaitable[list[Any]]]
+
+
+def _serve(node_path: Path, first: Plan, steps: Steps) -> dict[str, Any]:
+    """Serve ``first`` (a real frontend, real workers, the emulated NVML), run ``steps(gm, fe,
+    submit, out)`` (it returns the requests it sent), wait for every answer and for every old
+    generation to retire; return what happened (``out``), the answers and what leaked."""
     node = load_node(node_path)
-    app = node.apps[0]
     logs: list[str] = []
-    gm = GenerationManager(node, [(app, first)], time_scale=1.0, seed=0, backend=backend_kind("emulated"),
-                           log=logs.append)
+    gm = GenerationManager(node, [(node.apps[0], first)], time_scale=1.0, seed=0,
+                           backend=backend_kind("emulated"), log=logs.append)
     fe = Frontend(gm.backend, hop_latency_ms=0.0)
     daemon_id = gm.registry.daemon_id
     answers = count_answers(fe.dispatcher)  # request (object id) -> answers given
     out: dict[str, Any] = {"logs": logs}
+    image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
+
+    def submit() -> Any:
+        got = fe.dispatcher.submit(fe.routing.routes[APP], None, image, None)
+        assert not isinstance(got, str), got
+        return got
     try:
         gm.start_all(timeout_s=60)
 
         async def go() -> None:
             gm.attach(fe)
             fe.start(asyncio.get_running_loop())
-            image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
             try:
-                sent = []
-                for _ in range(requests):
-                    got = fe.dispatcher.submit(fe.routing.routes[APP], None, image, None)
-                    assert not isinstance(got, str), got
-                    sent.append(got)
-                one = await gm.apply(DesiredState(APP, second))
-                assert one.error is None and one.new_generation, (one, logs)
-                out["gen0_pending_before"] = fe.pending_in(one.previous)
-                out["keep_off"] = sorted((i.gpu, i.start) for i in gm._keep_off())
-                for _ in range(4):  # and a few on generation 1
-                    got = fe.dispatcher.submit(fe.routing.routes[APP], None, image, None)
-                    assert not isinstance(got, str), got
-                    sent.append(got)
-                two = await gm.apply(DesiredState(APP, third))
-                out["second"], out["third"] = one, two
-                out["gen0_alive_after"] = one.previous in gm.generations
-                out["layout"] = gm.node_layout
+                sent = await steps(gm, fe, submit, out)
                 results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
+                out["answered_at"] = asyncio.get_running_loop().time()
                 out["statuses"] = Counter(status for status, _ in results)
                 out["sent"] = len(sent)
-                for _ in range(400):  # every old generation retires (the cut one at once)
+                for _ in range(400):  # every old generation retires (a cut one at once)
                     if len(gm.generations) == 1 and not gm._retiring:  # (its segments unlinked too)
                         break
                     await asyncio.sleep(0.05)
@@ -142,6 +132,29 @@ def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb", slo_ms: f
         gm.close()
     out["leaked"] = _shm_segments(daemon_id)
     return out
+
+
+def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb", slo_ms: float = 30000.0,
+         requests: int = REQUESTS) -> dict[str, Any]:
+    """Start generation 0, load it, re-plan to generation 1, then at once to the plan that adds
+    an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot); return what happened.
+    The drain switches are on unless ``node_extra`` sets them."""
+    node_path, first, second, third = _plans(tmp_path, _with_switches(node_extra), added, slo_ms)
+
+    async def steps(gm: GenerationManager, fe: Frontend, submit: Callable[[], Any],
+                    out: dict[str, Any]) -> list[Any]:
+        sent = [submit() for _ in range(requests)]
+        one = await gm.apply(DesiredState(APP, second))
+        assert one.error is None and one.new_generation, (one, out["logs"])
+        out["gen0_pending_before"] = fe.pending_in(one.previous)
+        out["keep_off"] = sorted((i.gpu, i.start) for i in gm._keep_off())
+        sent += [submit() for _ in range(4)]  # and a few on generation 1
+        two = await gm.apply(DesiredState(APP, third))
+        out["second"], out["third"] = one, two
+        out["gen0_alive_after"] = one.previous in gm.generations
+        out["layout"] = gm.node_layout
+        return sent
+    return _serve(node_path, first, steps)
 
 
 def test_a_replan_cuts_the_drain_in_its_way_short_and_every_request_is_answered_once(tmp_path: Path) -> None:
@@ -267,3 +280,44 @@ def test_the_wait_for_a_drain_that_cannot_answer_in_time_sends_nothing_again(tmp
     assert out["waits"][0] == 1
     assert not any("unsettled after drain" in line for line in logs), logs
     assert out["leaked"] == set()
+
+
+def _switch_once(tmp_path: Path, handover: bool) -> dict[str, Any]:
+    """Load generation 0 (``b`` at one second per item on two processes: six seconds of work),
+    switch to generation 1 (``b`` on a 3g.40gb at 20 ms per item) as a plan the app needs, and time
+    until every request is answered (``answered_s``)."""
+    node_path, first, second, _ = _plans(tmp_path, _with_switches(
+        f"[control]\nhandover_on_needed_switch = {str(handover).lower()}\n"), "2g.20gb")
+
+    async def steps(gm: GenerationManager, fe: Frontend, submit: Callable[[], Any],
+                    out: dict[str, Any]) -> list[Any]:
+        sent = [submit() for _ in range(REQUESTS)]
+        await asyncio.sleep(0.3)  # generation 0's two processes start their first items
+        one = await gm.apply(DesiredState(APP, second, running_holds=False))
+        assert one.error is None and one.new_generation, (one, out["logs"])
+        out["switched_at"] = asyncio.get_running_loop().time()
+        return sent
+    out = _serve(node_path, first, steps)
+    out["answered_s"] = out["answered_at"] - out["switched_at"]
+    return out
+
+
+def test_a_needed_switch_hands_its_predecessors_queue_to_the_new_generation(tmp_path: Path) -> None:
+    """``control.handover_on_needed_switch``: the twelve requests queued on generation 0's two
+    slow processes are sent again on generation 1 once it serves, answered within a second or two
+    instead of the six seconds generation 0 needs; each is answered once, 200, and generation 0
+    retires without draining. Off (the default), generation 0 answers them itself."""
+    on = _switch_once(tmp_path / "on", True)
+    assert any("handed over to generation" in line for line in on["logs"]), on["logs"]
+    assert on["statuses"] == {200: REQUESTS}, on["statuses"]
+    assert len(on["answers"]) == REQUESTS and set(on["answers"].values()) == {1}, on["answers"]
+    assert on["answered_s"] < 3.0, on["answered_s"]
+    assert "jigsaw_reconfig_handovers_total 1" in on["metrics"]
+    assert len(on["generations"]) == 1 and on["leaked"] == set()
+    off = _switch_once(tmp_path / "off", False)
+    assert not any("handed over" in line for line in off["logs"])
+    assert off["statuses"] == {200: REQUESTS}, off["statuses"]
+    assert off["answered_s"] > 4.0, off["answered_s"]  # generation 0's own six seconds, less the head start
+    assert "jigsaw_reconfig_handovers_total 0" in off["metrics"]
+    assert not load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                         ).control.handover_on_needed_switch  # off by default

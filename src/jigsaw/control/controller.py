@@ -17,13 +17,13 @@ layout to keep, the mean measured factors of the last bins, and a time limit bel
 
 Early re-plans: a bin whose violation rate crosses ``control.replan_violation_rate`` (once per app
 and bin), and with ``control.replan_on_rate`` an arrival rate over the last ``RATE_WINDOW_BINS``
-of a bin above what the running plan holds (its ``planned_rps``): the predictor's mean of past
-bins sees a burst one bin late, the door sees it within a second. Either re-plans the node with
-the triggering app at its recent observed rate (plus the planner's demand slack; at most
+of a bin above what the running plan holds (its ``planned_rps``): the predictor's
+mean of past bins sees a burst one bin late, the door sees it within a second. Either re-plans the
+node with the triggering app at its recent observed rate (plus the planner's demand slack; at most
 ``RATE_JUMP_MAX`` x the last bin's demand, since a stalled loop's backlog of arrivals reads as a
-burst; after violations never less than the plan holds) and the other apps at the demand they
-were planned for. Every plan holds at least the burst floor (``control.burst_requests``). When
-the supervisor gives up on a worker (capacity lost), the node re-plans at once and that app's plan
+burst; after violations never less than the plan holds) and the other apps at the demand they were
+planned for. Every plan holds at least the burst floor (``control.burst_requests``). When the
+supervisor gives up on a worker (capacity lost), the node re-plans at once and that app's plan
 runs on a fresh generation.
 
 Anytime (``anytime``): the planner hands over a verified greedy plan within about 100 ms while the
@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import time
 from collections import Counter, deque
@@ -641,7 +642,32 @@ class NodeController:
         even when it runs the same instances (a worker was given up). ``as_asked``: apps whose
         given demand is an operator's, planned without the burst floor. Returns the node plan
         deployed last (None when nothing was).
+
+        A re-plan of the controller's own (not an operator's) that finds no plan at all, neither
+        quick nor exact (the planner's answer near and above the node's capacity, or a planner
+        error), is asked once more at ``control.unplanned_retry_share`` of every app's demand.
+        Why: on day 0 of traffic_analysis the spike's re-plans for 1535-1554 req/s (95-97% of the
+        node's capacity) found nothing in 4.6-4.9 s, twice, and bins 115-116 met the spike on the
+        15-slice plan (171 violations in bin 116), while a plan for 85% of that is found in
+        0.3 s.
         """
+        got, found = await self._replan_once(demands, for_bin=for_bin, fresh=fresh, trigger=trigger,
+                                             as_asked=as_asked)
+        share = self.node.control.unplanned_retry_share
+        if found or share <= 0 or trigger == "admin" or as_asked:
+            return got
+        smaller = {n: share * max(c.floor_rps, float(demands[n]) if n in demands else c.predicted_rps)
+                   for n, c in self.apps.items()}
+        self.log(f"node: no plan for the demands; re-planning once at {share:.0%} of them "
+                 f"({self._demands_text(smaller)})")
+        again, _ = await self._replan_once(smaller, for_bin=for_bin, fresh=fresh, trigger=trigger)
+        return again or got
+
+    async def _replan_once(self, demands: Mapping[str, float], *, for_bin: int | None,
+                           fresh: frozenset[str], trigger: str, as_asked: frozenset[str] = frozenset()
+                           ) -> tuple[NodePlan | None, bool]:
+        """``replan``'s one attempt: (the node plan deployed last or None, whether the planner found
+        any plan, quick or exact, for the demands)."""
         async with self.lock:
             t0 = time.monotonic()
             self.stats.replans[trigger] += 1
@@ -669,7 +695,7 @@ class NodeController:
                 use = self.anytime == "always" or trigger in URGENT_TRIGGERS or not self._holds(full)
                 entry["quick"] = self._summary(quick, use)
                 if use:
-                    entry["quick"]["kept"] = await self._deploy(quick, fresh, "quick", full)
+                    entry["quick"]["kept"], _ = await self._deploy(quick, fresh, "quick", full)
                     deployed, fresh = quick, frozenset()
             try:
                 exact = await exact_f
@@ -677,7 +703,7 @@ class NodeController:
                 self._planner_failed(exc)
                 entry["error"] = f"{type(exc).__name__}: {exc}"[:500]
                 self._record(entry, full, t0)
-                return deployed
+                return deployed, deployed is not None
             fewest = False
             if entry["quick"] is None and quick_box.done():  # found, but the exact one came first
                 q = quick_box.result()
@@ -687,7 +713,7 @@ class NodeController:
                     self.log(f"node: the quick plan starts {self._starts(q)} processes, the exact one "
                              f"{self._starts(exact)}: the quick plan goes first")
                     entry["quick"]["fewer_starts"] = True
-                    entry["quick"]["kept"] = await self._deploy(q, fresh, "quick", full)
+                    entry["quick"]["kept"], _ = await self._deploy(q, fresh, "quick", full)
                     deployed, fresh = q, frozenset()
             for n, c in self.apps.items():
                 c.predicted_rps = full[n]
@@ -716,15 +742,18 @@ class NodeController:
             else:
                 for note in exact.notes:
                     self.log(f"node: {note}")
-                entry["exact"]["kept"] = await self._deploy(exact, fresh, "exact", full)
+                entry["exact"]["kept"], refused = await self._deploy(exact, fresh, "exact", full)
                 deployed = exact
+                if refused:
+                    deployed = await self._quick_after_refusal(quick_box, refused, entry, fresh, full) \
+                        or deployed
             took = time.monotonic() - t0
             self._replan_s = took if self._replan_s is None else 0.5 * (self._replan_s + took)
             if for_bin is None or for_bin == self.bin_index:
                 for c in self.apps.values():
                     c.current.plan = plan_summary(c.plan)
             self._record(entry, full, t0)
-            return deployed
+            return deployed, deployed is not None or bool(exact.plans) or quick_box.done()
 
     async def _first_needed(self, exact_f: asyncio.Future[NodePlan], quick_box: asyncio.Future[NodePlan],
                             trigger: str, for_bin: int | None, t0: float) -> NodePlan | None:
@@ -815,11 +844,47 @@ class NodeController:
             kept.append(name)
         return plans, kept
 
+    async def _quick_after_refusal(self, quick_box: asyncio.Future[NodePlan], refused: list[str],
+                                   entry: dict[str, Any], fresh: frozenset[str],
+                                   demands: Mapping[str, float]) -> NodePlan | None:
+        """After the runtime refused the exact plan of ``refused`` apps (``Applied.refused``: a
+        drain-first that would leave an app no lane, or slots that draining generations hold),
+        deploy the re-plan's quick plan for those of them it serves better than their running plan
+        (``control.quick_after_refusal``). Returns the quick plan when it was pushed.
+
+        Why: the exact plan of a spike rearranges the node and needs the slots of the running
+        instances; refused, the spike met the quiet plan until the next re-plan (bin 187 of day 0:
+        1414 req/s on a plan for 1007) although the quick plan, which keeps the running instances
+        and adds some (``anytime.extend_plan``) and so needs no drain-first, was in hand.
+        """
+        if not self.node.control.quick_after_refusal or not quick_box.done() \
+                or (entry["quick"] or {}).get("deployed"):
+            return None
+        q = quick_box.result()
+        better = [n for n in refused if (p := q.plans.get(n)) is not None and p.instances
+                  and p.planned_rps > self.apps[n].plan.planned_rps * (1 + 1e-9)]
+        if not better:
+            return None
+        self.log(f"node: the exact plan of {', '.join(better)} was refused; the quick plan serves "
+                 "meanwhile (it keeps the running instances)")
+        part = dataclasses.replace(q, plans={n: q.plans[n] for n in better})
+        kept, _ = await self._deploy(part, fresh & frozenset(better), "quick", demands)
+        if entry["quick"] is None:
+            entry["quick"] = self._summary(q, True)
+        else:  # summarised as not deployed when the exact plan came first
+            self.stats.plans[("quick", False)] -= 1
+            self.stats.plans[("quick", True)] += 1
+            entry["quick"]["deployed"] = True
+        entry["quick"].update(kept=kept, after_refusal=better)
+        return q
+
     async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str,
-                      demands: Mapping[str, float]) -> list[str]:
+                      demands: Mapping[str, float]) -> tuple[list[str], list[str]]:
         """Push every app's part of ``np`` as its DesiredState (apps that shrink first); apps that
-        keep their running plan (``settle``) are pushed it again, a no-op. Returns those apps."""
+        keep their running plan (``settle``) are pushed it again, a no-op. Returns those apps, and
+        the apps whose plan the runtime refused before changing anything (``Applied.refused``)."""
         delay = self.repartition_delay_s()
+        refused: list[str] = []
         plans, kept = self.settle(np, demands, fresh)
         order = sorted(plans.items(), key=lambda kv: kv[1].slices_used - self.apps[kv[0]].plan.slices_used)
         total = sum(p.slices_used for p in plans.values())
@@ -848,7 +913,9 @@ class NodeController:
                 self.log(f"{name}: the {source} plan was not applied ({type(exc).__name__}: {exc})")
                 continue
             c.record_applied(done, plan, source)
-        return kept
+            if done.refused:
+                refused.append(name)
+        return kept, refused
 
     def _summary(self, np: NodePlan, deployed: bool) -> dict[str, Any]:
         source = "quick" if np.status == QUICK_STATUS else "exact"

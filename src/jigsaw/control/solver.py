@@ -47,11 +47,30 @@ Factors = dict[tuple[str, str, str], float]
 QuickSink = Callable[[NodePlan], None]
 MAX_LINE_BYTES = 64 << 20
 GRACE_S = 30.0  # beyond the solve's time limit: model building, then the answer's JSON
+MIN_GRACE_S = 3.0  # the least grace ``grace_for_bins`` gives: the answer's JSON on a loaded host
 
 
 def hard_timeout_s(time_limit_s: float | None, grace_s: float = GRACE_S) -> float:
     """How long a solve may take before its process is killed (the solver's own limit, x2, + grace)."""
     return 2.0 * (time_limit_s if time_limit_s is not None else 60.0) + grace_s
+
+
+def grace_for_bins(bin_seconds: float, bins: float) -> float:
+    """The grace of a controller whose bins last ``bin_seconds``: ``bins`` of them (at least
+    ``MIN_GRACE_S``, at most ``GRACE_S``); ``GRACE_S`` when ``bins`` is 0
+    (``control.solver_grace_bins``).
+
+    Why: the controller holds its re-plan lock while it waits for the solve, so a solve that
+    overruns its limit freezes every re-plan of the node, and its process keeps a core busy. With
+    compressed 5 s bins the fixed 30 s grace was 34 s: on day 0 of traffic_analysis one such solve
+    (a routine re-plan after the first spike, 2 s limit) held the node for seven bins while the
+    2-core host's serving processes starved (45% violations in a bin served by a 20-slice plan
+    at 360 req/s). The problems are built when the process starts (``warm_up``), so the grace
+    covers the answer, not a model build.
+    """
+    if bins <= 0:
+        return GRACE_S
+    return min(GRACE_S, max(MIN_GRACE_S, bins * bin_seconds))
 
 
 class SolverError(RuntimeError):

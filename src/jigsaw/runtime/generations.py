@@ -160,6 +160,10 @@ class Applied:
     restored: bool | None = None
     # why the running plan serves on although nothing failed (a drain-first not worth making)
     note: str | None = None
+    # the plan was refused before anything changed (``DrainRefused``: a drain-first would leave the
+    # app no lane, or the slots in its way are not the app's own): a plan that keeps the running
+    # instances may still be applied
+    refused: bool = False
 
 
 class DrainRefused(JigsawError):
@@ -313,6 +317,8 @@ class GenerationManager:
         # (answered, only waiting for late credits), re-sent on the current generation, failed
         self.drains_cut_total = 0
         self.cut_requests_total: Counter[str] = Counter()
+        self.handovers_total = 0  # needed switches whose predecessor's requests moved to them
+        self.handover_requests_total: Counter[str] = Counter()  # forgotten / resent / failed
         # drain-first re-plans by outcome: done, refused, failed (before the drain: nothing changed),
         # restored (failed after it: the running plan brought back), restore_failed
         self.drain_first_total: Counter[str] = Counter()
@@ -441,6 +447,12 @@ class GenerationManager:
             ("jigsaw_reconfig_cut_failed_total", "counter",
              "unanswered requests of cut drains answered 503/504 (no time left to run them again)",
              self.cut_requests_total["failed"]),
+            ("jigsaw_reconfig_handovers_total", "counter",
+             "needed switches that sent their predecessor's unanswered requests to the new generation "
+             "(handover_on_needed_switch)", self.handovers_total),
+            ("jigsaw_reconfig_handover_resent_total", "counter",
+             "requests a handover dispatched again on the new generation",
+             self.handover_requests_total["resent"]),
             ("jigsaw_reconfig_drain_waits_total", "counter",
              "re-plans the app needed that waited for the drains in their way (wait_drains_when_needed)",
              self.drain_waits_total),
@@ -613,7 +625,8 @@ class GenerationManager:
                     self.drain_first_total[outcome] += 1
                     self.log(f"{app}: cannot free the MIG slots of the new instances ({exc}); "
                              f"re-plan {outcome}, keeping generation {old_gid}")
-                    return Applied(old_gid, old_gid, False, error=f"drain-first {outcome}: {exc}")
+                    return Applied(old_gid, old_gid, False, error=f"drain-first {outcome}: {exc}",
+                                   refused=outcome == "refused")
                 restore = before
             node_layout = self.partition.with_uuids(node_layout)
         gen = self._lay_out(old.app, new)
@@ -639,6 +652,8 @@ class GenerationManager:
                  f"{len(gen.topology.processes) - len(pairs)} started; routing switched "
                  f"{switched_s * 1e3:.1f} ms after the plan was decided")
         self._retire_later(old.gid)
+        if self.node.control.handover_on_needed_switch and not desired.running_holds:
+            self._hand_over(app, old.gid, gen.gid)
         n = len(gen.topology.processes)
         stopped = len(old.topology.processes) - len(old.handed_over)
         self.processes_started_total += n - len(pairs)
@@ -791,6 +806,26 @@ class GenerationManager:
             self.log(f"{app}: freeing the slots of the retired generations failed ({exc})")
             return False
         return True
+
+    def _hand_over(self, app: str, old_gid: int, new_gid: int) -> None:
+        """A plan the app needed now serves: its predecessor's unanswered requests are dispatched
+        again on it at once (``Router.cut_generation``; each answered once, by whichever copy ends
+        first) and the predecessor retires without draining (``control.handover_on_needed_switch``).
+
+        Why: a spike met the quiet plan for a second or two before its plan switched, and what it
+        queued there (at time scale 20 up to 13 s of the small plan's work) drained on that plan's
+        few processes, late, while the spike's plan had idle capacity; the drain also held its MIG
+        slots, and the spike's next re-plan waited 12 s for them (day 0, bins 42-45). The price:
+        a request already past its root runs again from the start, and every needed switch (the
+        quick plan's, then the exact one's) re-sends a burst of it; two alternating spike-window
+        pairs measured more violations with it on, so it is off by default (bench/README.md).
+        """
+        forgotten, resent, failed = self._router().cut_generation(old_gid)
+        self._cut.setdefault(old_gid, asyncio.Event()).set()  # its retirement does not wait
+        self.handovers_total += 1
+        self.handover_requests_total.update(forgotten=forgotten, resent=resent, failed=failed)
+        self.log(f"{app}: generation {old_gid}'s requests handed over to generation {new_gid} ({resent} "
+                 f"sent again, {failed} failed, {forgotten} answered ones' late credits forgotten)")
 
     def _retire_later(self, gid: int) -> None:
         task = asyncio.get_running_loop().create_task(self._drain_and_retire(gid))
