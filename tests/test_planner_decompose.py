@@ -109,3 +109,22 @@ def test_a_budget_solved_again_is_known_by_its_better_plan() -> None:
     # the second solve (to a smaller gap) found the better plan: the decision builds on it
     assert front.known((8, 10)) is again
     assert front.known((8, 12)) is None  # beyond both budgets: not known
+
+
+def test_a_cbc_solve_stopped_before_any_bound_reports_an_infinite_bound_not_dbl_max() -> None:
+    """CBC stopped before its root LP reports +-DBL_MAX as its bound: taken as a number, a slice
+    floor computed from it (-bound / beta) overflowed to infinity and failed a node re-plan."""
+    import math
+    import random
+
+    from jigsaw.planner.model import LinearModel
+
+    rng = random.Random(1)
+    m = LinearModel(maximize=True)
+    xs = [m.var(0, 10, cost=rng.uniform(1, 10), integer=True) for _ in range(400)]
+    for _ in range(200):
+        idx = rng.sample(xs, 40)
+        m.row(idx, [rng.uniform(1, 9) for _ in idx], hi=rng.uniform(50, 100))
+    sol = m.solve("cbc", time_limit_s=1e-3, absolute_gap=1e-6)
+    assert not sol.has_incumbent
+    assert math.isinf(sol.bound) or math.isnan(sol.bound), sol.bound

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 INF = math.inf
+NO_BOUND = 1e300  # a solver bound this large is none (CBC reports +-DBL_MAX before it has one)
 
 
 @dataclass
@@ -272,6 +273,8 @@ def _solve_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
     values = [x.x if x.x is not None else 0.0 for x in xs] if has else []
     obj = float(m.objective_value) if has else math.nan
     bound = float(m.objective_bound) if m.objective_bound is not None else math.nan
+    if abs(bound) >= NO_BOUND:  # CBC's "no bound yet" is +-DBL_MAX: the infinity HiGHS gives
+        bound = math.copysign(INF, bound)
     word = _status_word(st == S.OPTIMAL, st in (S.INFEASIBLE, S.INT_INFEASIBLE), has)
     dual = _dual(model, obj, bound) if has else math.nan
     if word == "optimal":
