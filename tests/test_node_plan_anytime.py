@@ -189,6 +189,23 @@ def test_scaled_quick_plan_of_one_app_at_its_capacity(example) -> None:
     assert full is not None and full.feasible and full.planned_rps == pytest.approx(300.0)
 
 
+def test_scaled_quick_plan_just_below_capacity_where_every_candidate_overruns_the_node(example) -> None:
+    """At 97% of traffic_analysis's capacity the greedy has candidates for all of it, each a
+    little over the node's slices or slots: the scaled quick plan rescales them (it found
+    nothing there before, so a spike's re-plan near capacity had no quick plan to deploy)."""
+    node, profiles = example
+    apps = [a for a in node.apps if a.name == "traffic_analysis"]
+    demands = {"traffic_analysis": 1950.0}
+    assert quick_plan_node(apps, node, profiles, demands, budget_s=1.0) is None
+    q = quick_plan_node(apps, node, profiles, demands, budget_s=1.0, scale_down=True)
+    assert q is not None and q.status == QUICK_STATUS and not q.feasible
+    assert 0.6 < q.demand_scale < 1.0
+    p = q.plans["traffic_analysis"]
+    assert q.slices_used <= node.slices_available
+    assert verify_plan(p, apps[0], node, profiles) == []
+    assert p.planned_rps == pytest.approx(1950.0 * q.demand_scale)
+
+
 def test_anytime_falls_back_on_a_scaled_quick_plan_when_the_exact_finds_nothing(example, monkeypatch) -> None:
     import jigsaw.planner.node_plan as node_plan
 

@@ -395,7 +395,8 @@ def _app_options(apps: Sequence[App], node: Node, profiles: ProfileTable, demand
                  sp: SearchSpace, factors: Mapping[str, Factors] | None, budget_s: float, kind: str,
                  lower: bool = False) -> list[_AppOptions] | None:
     """Per app its greedy candidates (``anytime.quick_candidates``) not dominated in (value,
-    slices, slots), with each one's runner-up of the same usage; None if an app has none.
+    slices, slots), with each one's runner-up of the same usage; None if an app has none that
+    fits the node (with ``lower``: none at all).
     ``lower``: an app without candidates at its demand takes those at the first half, quarter...
     that has some (``anytime.candidates_below``; for ``_scaled_fit``)."""
     size = {p.name: p.size for p in node.gpu.profiles}
@@ -421,7 +422,10 @@ def _app_options(apps: Sequence[App], node: Node, profiles: ProfileTable, demand
         front = [u for u in best if not any(
             v != u and v[0] <= u[0] and v[1] <= u[1] and best[v] >= best[u] for v in best)]
         opts = [(u, val, c) for u in front for val, c in by_use[u]]
-        if not opts:
+        if not opts and not (lower and cands):
+            # (``lower``: candidates too large for the node at this rate are still what
+            # ``_scaled_fit`` rescales: near capacity every one overran the slices or slots by
+            # a little, and the scaled quick plan found nothing where it is needed most)
             return None
         out.append(_AppOptions(a, pb, r, at, opts, cands))
     return out
