@@ -82,6 +82,9 @@ OPTIONAL = {
     "needed_drain_cut": "control.cut_drains_when_needed=true",
     # a needed re-plan switches first on whichever of its quick and exact plans starts fewer processes
     "fewest_starts_first": "control.fewest_starts_first=true",
+    # admission counts the plan's bottleneck task, not only its roots (a chain's later task that
+    # lost instances while they drain admits only what it finishes)
+    "bottleneck_admission": "server.admission_bottleneck=true",
 }
 # planner.max_utilization of every run: plan each instance for at most this share of its profiled
 # throughput. The planner's 2 x batch latency per task holds only while a task's queue stays

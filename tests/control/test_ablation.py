@@ -51,6 +51,7 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert base.control.drain_late_credits and not on.control.drain_late_credits
     assert not base.control.cut_drains_when_needed and on.control.cut_drains_when_needed
     assert not base.control.fewest_starts_first and on.control.fewest_starts_first
+    assert not base.server.admission_bottleneck and on.server.admission_bottleneck
     run = ablation.Run("traffic_analysis", "ast", "peak", "with_lookahead")
     assert run.settings() == ["control.lookahead_bins=1"]
     ids = {r.id for r in ablation.matrix()}
