@@ -319,6 +319,8 @@ def draw_figures(results: dict[str, dict[str, Any]], out_dir: Path, runs_dir: Pa
     written: list[Path] = []
     width = 0.8 / len(FIGURE_SPACES)
     for app in apps:
+        if not any(r.startswith(f"{app}/") for r in results):
+            continue  # nothing of it measured under this --out: no figure of only "not run"
         cells = figure_cells(results, app)
         fig, axes = plt.subplots(1, len(FIGURE_METRICS), figsize=(12, 3.6))
         for ax, (metric, label) in zip(axes, FIGURE_METRICS):

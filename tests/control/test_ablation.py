@@ -147,8 +147,11 @@ def test_fig4_bars_come_from_the_runs_that_exist_and_hatch_at_ten_percent(tmp_pa
     day = runs_dir / "ar_assistant-ast-day-all"
     day.mkdir(parents=True)
     (day / "ar_assistant-fig4.png").write_bytes(b"per-bin chart")
+    sm = ablation.Run("social_media", "as", "peak", "all").id
+    results[sm] = {"id": sm, "summary": _summary(20.0, 5.0, 0.0)}
     written = ablation.draw_figures(results, tmp_path / "figs", runs_dir,
-                                    apps=("ar_assistant", "social_media"))
+                                    apps=("ar_assistant", "social_media", "traffic_analysis"))
+    # traffic_analysis has no run here: no figure of only "not run"
     assert [p.name for p in written] == ["ar_assistant-fig4-bars.png", "ar_assistant-fig4-day.png",
                                          "social_media-fig4-bars.png"]
     assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
