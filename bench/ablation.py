@@ -336,7 +336,10 @@ def draw_figures(results: dict[str, dict[str, Any]], out_dir: Path, runs_dir: Pa
                     hatch = "//" if hatched(cell) else None
                     ax.bar(x, cell[metric], width, color=f"C{i}", hatch=hatch, edgecolor="black",
                            linewidth=0.5)
-                    ax.text(x, cell[metric], f"{cell[metric]:.1f}", ha="center", va="bottom", fontsize=5)
+                    # "*": the run's client fell behind its schedule (a gentler load: not evidence)
+                    mark = "*" if cell.get("behind_bins") else ""
+                    ax.text(x, cell[metric], f"{cell[metric]:.1f}{mark}", ha="center", va="bottom",
+                            fontsize=6)
             ax.set_xticks(range(len(FIGURE_WINDOWS)), [w for _, w in FIGURE_WINDOWS], fontsize=8)
             ax.set_ylabel(label, fontsize=8)
             ax.grid(axis="y", alpha=0.3)
@@ -344,8 +347,8 @@ def draw_figures(results: dict[str, dict[str, Any]], out_dir: Path, runs_dir: Pa
         handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="black", hatch="//"))
         fig.legend(handles, [*FIGURE_SPACES, f"violations >= {HATCH_VIOLATION_PCT:g}%"], loc="upper right",
                    fontsize=8, ncol=len(handles))
-        fig.suptitle(f"{app}: each space's default run (emulated node, modeled profiles)", fontsize=10,
-                     x=0.01, ha="left")
+        fig.suptitle(f"{app}: each space's default run (emulated node, modeled profiles; "
+                     "* the client fell behind: not evidence)", fontsize=9, x=0.01, ha="left")
         fig.tight_layout(rect=(0, 0, 1, 0.92))
         path = out_dir / f"{app}-fig4-bars.png"
         fig.savefig(path, dpi=80)
