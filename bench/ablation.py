@@ -91,6 +91,9 @@ OPTIONAL = {
     "fewest_starts_first": "control.fewest_starts_first=true",
     # a needed switch sends its predecessor's unanswered requests again on the new generation at once
     "handover": "control.handover_on_needed_switch=true",
+    # admission counts the plan's bottleneck task, not only its roots (a chain's later task that
+    # lost instances while they drain admits only what it finishes)
+    "bottleneck_admission": "server.admission_bottleneck=true",
 }
 # planner.max_utilization of every run: plan each instance for at most this share of its profiled
 # throughput. The planner's 2 x batch latency per task holds only while a task's queue stays
@@ -242,8 +245,25 @@ def _pct(x: Any, digits: int = 2) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def table(runs: list[Run], results: dict[str, dict[str, Any]]) -> str:
-    """The markdown table of ``runs`` (those without a result are listed as not run)."""
+def readme_rows(readme: Path) -> dict[str, str]:
+    """The measured rows of the table already in ``readme``, by run id: a run whose result is not in
+    this ``results.jsonl`` (measured elsewhere, another ``--out``) keeps its row."""
+    doc = readme.read_text() if readme.exists() else ""
+    if BEGIN not in doc or END not in doc:
+        return {}
+    windows = {spec or "0:288": w for w, spec in WINDOWS.items()}
+    rows: dict[str, str] = {}
+    for line in doc[doc.index(BEGIN):doc.index(END)].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 5 or cells[4] in ("not run", "slices %") or cells[2] not in windows:
+            continue
+        rows[Run(cells[0], cells[1].split()[0], windows[cells[2]], cells[3].split()[0]).id] = line
+    return rows
+
+
+def table(runs: list[Run], results: dict[str, dict[str, Any]], kept: dict[str, str] | None = None) -> str:
+    """The markdown table of ``runs``: a run in ``results`` from it, else its row in ``kept``
+    (``readme_rows``), else listed as not run."""
     head = ("| app | space | bins | variant | slices % | acc drop % | viol % | paper % | worst bin % | "
             "bins > 0 | sent = answered | client | time scale |")
     lines = [head, "|" + "---|" * 13]
@@ -251,7 +271,8 @@ def table(runs: list[Run], results: dict[str, dict[str, Any]]) -> str:
         r = results.get(run.id)
         bins = WINDOWS[run.window] or "0:288"
         if r is None:
-            lines.append(f"| {run.app} | {run.space} | {bins} | {run.variant} | not run | | | | | | | | |")
+            lines.append((kept or {}).get(run.id)
+                         or f"| {run.app} | {run.space} | {bins} | {run.variant} | not run | | | | | | | | |")
             continue
         s = r["summary"]
         same = "yes" if s["sent"] == s["answered"] and not s.get("settle_lost") else \
@@ -266,6 +287,86 @@ def table(runs: list[Run], results: dict[str, dict[str, Any]]) -> str:
                      f"{_pct(s['violation_paper_pct'])} | {_pct(s['violation_paper_max_pct'])} | "
                      f"{s['bins_with_violations']} | {same} ({s['sent']}) | {client} | {r['time_scale']:g} |")
     return "\n".join(lines)
+
+
+# the paper's Fig. 4 (d)-(f): its low-demand, high-demand and whole-day aggregates, per space
+FIGURE_WINDOWS = (("trough", "low (bins 180:228)"), ("peak", "high (bins 96:144)"), ("day", "whole day"))
+FIGURE_SPACES = ("ast", "as", "at", "st")
+FIGURE_METRICS = (("slices_pct", "GPU slices used (%)"), ("accuracy_drop_pct", "accuracy drop (%)"),
+                  ("violation_paper_pct", "SLO violations (%, paper's counting)"))
+HATCH_VIOLATION_PCT = 10.0  # the paper hatches a bar whose window violated at least this share
+
+
+def figure_cells(results: dict[str, dict[str, Any]],
+                 app: str) -> dict[tuple[str, str], dict[str, Any] | None]:
+    """Fig. 4 (d)-(f)'s bars of ``app``: per (window, space), the summary of its ``all`` run (every
+    default mechanism on), or None where that run is not in ``results`` (drawn as "not run": a
+    window is never cut out of another run or filled in)."""
+    return {(w, space): (results.get(Run(app, space, w, "all").id) or {}).get("summary")
+            for w, _ in FIGURE_WINDOWS for space in FIGURE_SPACES}
+
+
+def hatched(summary: dict[str, Any]) -> bool:
+    """The paper hatches a bar whose run violated the SLO for at least 10% of its requests."""
+    return summary["violation_paper_pct"] >= HATCH_VIOLATION_PCT
+
+
+def draw_figures(results: dict[str, dict[str, Any]], out_dir: Path, runs_dir: Path,
+                 apps: tuple[str, ...] = APPS) -> list[Path]:
+    """Per app, the bar chart of the paper's Fig. 4 (d)-(f) (``<app>-fig4-bars.png``: slices %,
+    accuracy drop % and violations per space over the low, high and whole-day windows, hatched
+    where violations >= 10%) and, where its full-day ``ast`` run is in ``runs_dir``, that run's
+    per-bin chart as ``bench/replay.py`` drew it (``<app>-fig4-day.png``, (a)-(c)). Returns the
+    files written."""
+    import shutil
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    width = 0.8 / len(FIGURE_SPACES)
+    for app in apps:
+        if not any(r.startswith(f"{app}/") for r in results):
+            continue  # nothing of it measured under this --out: no figure of only "not run"
+        cells = figure_cells(results, app)
+        fig, axes = plt.subplots(1, len(FIGURE_METRICS), figsize=(12, 3.6))
+        for ax, (metric, label) in zip(axes, FIGURE_METRICS):
+            top = max((c[metric] for c in cells.values() if c is not None), default=1.0) or 1.0
+            for i, space in enumerate(FIGURE_SPACES):
+                for k, (window, _) in enumerate(FIGURE_WINDOWS):
+                    x = k - 0.4 + width * (i + 0.5)
+                    cell = cells[(window, space)]
+                    if cell is None:
+                        ax.text(x, 0.02 * top, "not run", rotation=90, ha="center", va="bottom",
+                                fontsize=6, color="grey")
+                        continue
+                    hatch = "//" if hatched(cell) else None
+                    ax.bar(x, cell[metric], width, color=f"C{i}", hatch=hatch, edgecolor="black",
+                           linewidth=0.5)
+                    # "*": the run's client fell behind its schedule (a gentler load: not evidence)
+                    mark = "*" if cell.get("behind_bins") else ""
+                    ax.text(x, cell[metric], f"{cell[metric]:.1f}{mark}", ha="center", va="bottom",
+                            fontsize=6)
+            ax.set_xticks(range(len(FIGURE_WINDOWS)), [w for _, w in FIGURE_WINDOWS], fontsize=8)
+            ax.set_ylabel(label, fontsize=8)
+            ax.grid(axis="y", alpha=0.3)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{i}") for i in range(len(FIGURE_SPACES))]
+        handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="black", hatch="//"))
+        fig.legend(handles, [*FIGURE_SPACES, f"violations >= {HATCH_VIOLATION_PCT:g}%"], loc="upper right",
+                   fontsize=8, ncol=len(handles))
+        fig.suptitle(f"{app}: each space's default run (emulated node, modeled profiles; "
+                     "* the client fell behind: not evidence)", fontsize=9, x=0.01, ha="left")
+        fig.tight_layout(rect=(0, 0, 1, 0.92))
+        path = out_dir / f"{app}-fig4-bars.png"
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        written.append(path)
+        day = runs_dir / Run(app, "ast", "day", "all").id.replace("/", "-") / f"{app}-fig4.png"
+        if day.exists():
+            written.append(Path(shutil.copyfile(day, out_dir / f"{app}-fig4-day.png")))
+    return written
 
 
 def write_readme(readme: Path, text: str) -> None:
@@ -310,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
                         "1: the profiles' full throughput)")
     p.add_argument("--ast-capacity", action="store_true",
                    help="scale every space's window to ast's capacity (default: each space to its own)")
+    p.add_argument("--figures", type=Path, metavar="DIR",
+                   help="draw the paper's Fig. 4 per app from results.jsonl into DIR (the bars (d)-(f) and "
+                        "the full day's per-bin chart) and run nothing")
     args = p.parse_args(argv)
     if not args.readme.parent.is_dir():
         raise SystemExit(f"ablation: --readme {args.readme}: its directory does not exist")
@@ -325,6 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ablation: {len(runs)} runs selected, {len(todo)} to run, about {total_s / 3600:.1f} h at "
           f"{args.bin_seconds:g} s bins; trace {args.trace}; time scales {scales}", flush=True)
     capacities: dict[tuple[str, str], float] = {}
+    if args.figures is not None:
+        for path in draw_figures(results, args.figures, args.out):
+            print(f"ablation: wrote {path}")
+        return 0
     if args.dry_run:
         for r in todo:
             cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], args.out / "x",
@@ -357,8 +465,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ablation: {r.id}: rc {rc}, slices {summary['slices_pct']:.1f}%, violations "
               f"{summary['violation_paper_pct']:.2f}% (paper's), worst bin "
               f"{summary['violation_paper_max_pct']:.2f}%", flush=True)
-        write_readme(args.readme, table(matrix(), results))
-    write_readme(args.readme, table(matrix(), results))
+        write_readme(args.readme, table(matrix(), results, readme_rows(args.readme)))
+    write_readme(args.readme, table(matrix(), results, readme_rows(args.readme)))
     return 1 if failed else 0
 
 

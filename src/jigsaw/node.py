@@ -83,6 +83,11 @@ class ServerSettings:
     # lane shift (runtime/lanes.py): a request whose drawn lane is backed up past its share of the
     # SLO takes the lane of the running plan that finishes it soonest (off: the plan's draw only)
     lane_shift: bool = True
+    # admission counts the capacity of the plan's bottleneck task (each task's instances over the
+    # items a request brings it, through the lanes' fan-out), not only of its roots: a chain whose
+    # later task lost instances (an interim plan while they drain) admits only what it finishes.
+    # Off: the roots' capacity, as the planner's plans are sized at every task
+    admission_bottleneck: bool = False
     # idle worker processes (imports done) a re-plan hands new processes' specs to, so a switch
     # that starts processes does not wait for Python to start (runtime/spares.py); 0: off.
     # Kept only when the node re-plans (a controller runs)
@@ -373,6 +378,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         worker_max_restarts=s.integer("worker_max_restarts", 3, low=0),
         stale_drops=s.bool("stale_drops", False),
         lane_shift=s.bool("lane_shift", True),
+        admission_bottleneck=s.bool("admission_bottleneck", False),
         worker_restart_window_s=s.number("worker_restart_window_s", 60.0, low=0, low_open=True),
         spare_workers=s.integer("spare_workers", 4, low=0, high=64),
         fork_server=s.bool("fork_server", True),

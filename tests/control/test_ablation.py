@@ -55,6 +55,7 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert not base.control.cut_drains_when_needed and on.control.cut_drains_when_needed
     assert not base.control.fewest_starts_first and on.control.fewest_starts_first
     assert not base.control.handover_on_needed_switch and on.control.handover_on_needed_switch
+    assert not base.server.admission_bottleneck and on.server.admission_bottleneck
     run = ablation.Run("traffic_analysis", "ast", "peak", "with_lookahead")
     assert run.settings() == ["control.lookahead_bins=1"]
     ids = {r.id for r in ablation.matrix()}
@@ -102,6 +103,63 @@ def test_the_readme_table_is_rewritten_between_its_markers(tmp_path: Path) -> No
     assert ("| traffic_analysis | ast | 96:144 | all | 40.0 | 9.50 | 1.00 | 1.20 | 7.00 | 3 | yes (100) | "
             "kept up") in text
     assert "| none | not run |" in text
+
+
+def _summary(slices: float, drop: float, violations: float) -> dict[str, float]:
+    return {"slices_pct": slices, "accuracy_drop_pct": drop, "violation_pct": violations,
+            "violation_paper_pct": violations, "violation_paper_max_pct": violations,
+            "bins_with_violations": 1, "sent": 100, "answered": 100, "behind_bins": 0, "settle_lost": 0}
+
+
+def test_a_row_measured_elsewhere_keeps_its_place_in_the_table(tmp_path: Path) -> None:
+    """A results.jsonl of other runs rewrites the table without turning rows it lacks into "not run"."""
+    readme = tmp_path / "README.md"
+    other = ablation.Run("traffic_analysis", "st", "trough", "all")
+    mine = ablation.Run("social_media", "ast", "peak", "all")
+    runs = [other, mine, ablation.Run("ar_assistant", "ast", "day", "all")]
+    earlier = {other.id: {"id": other.id, "time_scale": 20.0, "summary": _summary(35.3, 0.0, 0.39),
+                          "capacity_space": "st", "max_utilization": 0.8}}
+    ablation.write_readme(readme, ablation.table(runs, earlier))
+    kept = ablation.readme_rows(readme)
+    assert set(kept) == {other.id}
+    results = {mine.id: {"id": mine.id, "time_scale": 60.0, "summary": _summary(41.2, 6.65, 3.71)}}
+    ablation.write_readme(readme, ablation.table(runs, results, kept))
+    text = readme.read_text()
+    assert "| traffic_analysis | st (its capacity) | 180:228 | all (max util 0.8) | 35.3 |" in text
+    assert "| social_media | ast | 96:144 | all | 41.2 | 6.65 | 3.71 |" in text
+    assert "| ar_assistant | ast | 0:288 | all | not run |" in text
+    # a result of this results.jsonl replaces the row the table had
+    results[other.id] = {**earlier[other.id], "summary": _summary(30.0, 0.0, 0.0)}
+    ablation.write_readme(readme, ablation.table(runs, results, ablation.readme_rows(readme)))
+    assert "180:228 | all (max util 0.8) | 30.0 |" in readme.read_text()
+
+
+def test_fig4_bars_come_from_the_runs_that_exist_and_hatch_at_ten_percent(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    results = {r.id: {"id": r.id, "summary": _summary(*v)} for r, v in (
+        (ablation.Run("ar_assistant", "ast", "peak", "all"), (40.0, 9.0, 12.0)),
+        (ablation.Run("ar_assistant", "st", "trough", "all"), (30.0, 0.0, 0.5)),
+        (ablation.Run("ar_assistant", "ast", "peak", "none"), (20.0, 9.0, 50.0)))}
+    cells = ablation.figure_cells(results, "ar_assistant")
+    assert len(cells) == len(ablation.FIGURE_WINDOWS) * len(ablation.FIGURE_SPACES)
+    assert cells[("peak", "ast")]["slices_pct"] == 40.0  # the default run, not the "none" one
+    assert cells[("trough", "st")]["violation_paper_pct"] == 0.5
+    assert [k for k, v in cells.items() if v is not None] == [("trough", "st"), ("peak", "ast")]
+    assert ablation.hatched(cells[("peak", "ast")]) and not ablation.hatched(cells[("trough", "st")])
+    assert ablation.hatched(_summary(1.0, 1.0, ablation.HATCH_VIOLATION_PCT))
+    runs_dir = tmp_path / "runs"
+    day = runs_dir / "ar_assistant-ast-day-all"
+    day.mkdir(parents=True)
+    (day / "ar_assistant-fig4.png").write_bytes(b"per-bin chart")
+    sm = ablation.Run("social_media", "as", "peak", "all").id
+    results[sm] = {"id": sm, "summary": _summary(20.0, 5.0, 0.0)}
+    written = ablation.draw_figures(results, tmp_path / "figs", runs_dir,
+                                    apps=("ar_assistant", "social_media", "traffic_analysis"))
+    # traffic_analysis has no run here: no figure of only "not run"
+    assert [p.name for p in written] == ["ar_assistant-fig4-bars.png", "ar_assistant-fig4-day.png",
+                                         "social_media-fig4-bars.png"]
+    assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert written[1].read_bytes() == b"per-bin chart"
 
 
 def test_a_readme_that_does_not_exist_yet_is_created_with_the_table(tmp_path: Path) -> None:

@@ -244,6 +244,50 @@ def test_admission_limit_counts_requests_past_the_root_as_in_flight_not_queued()
     assert admission_limit(routes) == 36
 
 
+def test_bottleneck_admission_counts_a_chains_later_task_that_lost_instances():
+    """A depth-3 chain (ar_assistant's shape: detect -> caption -> speak, one item per edge) whose
+    caption kept one of its three instances (an interim plan while the others drain): the roots'
+    capacity still admits 300 req/s, which caption cannot finish; with ``admission_bottleneck``
+    the limit is caption's 100 req/s, and a plan sized at every task is limited as before."""
+    import dataclasses
+
+    from jigsaw.app import Edge
+    from jigsaw.plan import Plan, PlanInstance
+    from jigsaw.runtime.admission import admission_limit, bottleneck_rps, items_per_request
+    from jigsaw.runtime.topology import AppRoutes
+
+    tasks = (Task("detect", "detector", (Variant("n", 1.0), Variant("x", 2.0))),
+             Task("caption", "captioner", (Variant("g", 1.0),)),
+             Task("speak", "tts", (Variant("t", 1.0),)))
+    edges = (Edge("detect", "caption", {"n": 1.0, "x": 2.0}), Edge("caption", "speak", {"g": 1.0}))
+    app = App("ar", tasks, edges, latency_slo_ms=1000.0, inputs=(TensorSpec("image", "UINT8", (-1,)),))
+    assert items_per_request(app, {"detect": "x", "caption": "g", "speak": "t"}) == \
+        {"detect": 1.0, "caption": 2.0, "speak": 2.0}
+
+    def routes(caption_count: int, bottleneck: bool) -> AppRoutes:
+        plan = Plan(app="ar", space="ast", demand_rps=300, planned_rps=300, feasible=True,
+                    max_demand_plan=False, status="optimal", objective=0.0, accuracy=1.0, slices_used=5,
+                    slices_available=28, solve_seconds=0.0, gap=0.0,
+                    instances=[PlanInstance("detect", "n", "1g.10gb", 1, 8, 1, 100.0, 300.0, 1),
+                               PlanInstance("caption", "g", "1g.10gb", 1, 8, caption_count, 100.0, 100.0, 1),
+                               PlanInstance("speak", "t", "1g.10gb", 1, 8, 1, 100.0, 300.0, 1)],
+                    task_latency_ms={"detect": 100.0, "caption": 100.0, "speak": 100.0})
+        return AppRoutes(app=app, app_index=0, lanes=[{"detect": "n", "caption": "g", "speak": "t"}],
+                         lane_weights=[300.0], roots=[{}], depth=3, slices=5, plan=plan,
+                         admission_bottleneck=bottleneck)
+    # 900 ms of the SLO left behind the root's batch
+    assert admission_limit(routes(3, True)) == admission_limit(routes(3, False)) == 270
+    assert bottleneck_rps(routes(1, True)) == 100.0
+    assert admission_limit(routes(1, False)) == 270  # the roots' capacity only
+    assert admission_limit(routes(1, True)) == 90
+    # a lane that doubles caption's items halves what caption carries per request
+    two = routes(3, True)
+    plan = dataclasses.replace(two.plan, instances=[dataclasses.replace(two.plan.instances[0], variant="x"),
+                                                    *two.plan.instances[1:]])
+    two = dataclasses.replace(two, plan=plan, lanes=[{"detect": "x", "caption": "g", "speak": "t"}])
+    assert bottleneck_rps(two) == 150.0
+
+
 def test_children_go_to_the_process_that_serves_them_soonest_not_the_shortest_queue():
     """Processes of one task on different segments: the load is the time to serve the queue."""
     from jigsaw.runtime.topology import process_items_per_s

@@ -210,3 +210,35 @@ def test_the_zygote_and_its_children_die_with_the_daemon(tmp_path: Path) -> None
         daemon.wait()
         for pid in pids:
             _kill(pid)
+
+
+def test_workers_start_and_are_waited_for_past_fd_setsize(tmp_path: Path) -> None:
+    """A daemon with thousands of client connections numbers its zygote socket and its workers'
+    pidfds past select's FD_SETSIZE (1024); forking, polling and waiting still work there."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1100 + 64
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {want}")
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    fs = ForkServer()
+    proc: ForkedProcess | None = None
+    try:
+        assert fs.start(), "the fork server did not get ready"
+        assert fs._zygote is not None and fs._zygote.sock.fileno() >= 1024
+        proc, _ = _spare(fs, tmp_path)
+        assert proc._pidfd >= 1024
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.05)
+        proc.kill()
+        assert proc.wait(timeout=BOUND_S) == -signal.SIGKILL
+    finally:
+        fs.close()
+        if proc is not None:
+            _kill(proc.pid)
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

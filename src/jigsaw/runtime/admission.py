@@ -1,6 +1,7 @@
 """Admission: how many requests an app may have in flight, and the per-bin counts of the door.
 
-An app admits what its root instances finish within the latency SLO (``admission_limit``), scaled
+An app admits what its root instances finish within the latency SLO (``admission_limit``; with
+``server.admission_bottleneck``, what its bottleneck task finishes, ``bottleneck_rps``), scaled
 by the share of its root processes that are up, and at most ``server.max_queue``; beyond that a
 request is shed with 503 at once. The same object counts, per app and bin, the arrivals, answers
 and SLO violations the controller reads (``take_bin``), and the measured fan-out of each upstream
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from jigsaw.app import App
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.topology import AppRoutes
 
@@ -25,6 +27,37 @@ class BinCounters:
     violations: int = 0  # 504 (dropped or deadline passed) and 503 shed answers
     # (task, variant) -> [items finished, children spawned]: the measured multiplicative factor
     children: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+
+
+def items_per_request(app: App, lane: dict[str, str]) -> dict[str, float]:
+    """The items each task gets per request sent down ``lane``: 1 at a root, then each edge's
+    multiplicative factor under the lane's variant of its source."""
+    items: dict[str, float] = {}
+
+    def of(task: str) -> float:
+        if task not in items:
+            parents = app.parents(task)
+            items[task] = 1.0 if not parents else sum(of(p) * app.factor(p, lane[p], task) for p in parents)
+        return items[task]
+    return {t: of(t) for t in app.task_names}
+
+
+def bottleneck_rps(routes: AppRoutes) -> float | None:
+    """The request rate the plan's instances carry at the lanes' planned mix: the least, over each
+    (task, variant), of its instances' throughput over the items that mix brings it per request.
+    None when the plan has no lane with a rate."""
+    total = sum(routes.lane_weights)
+    if total <= 0 or not routes.lanes:
+        return None
+    need: dict[tuple[str, str], float] = {}  # items per request, at the mix
+    for lane, weight in zip(routes.lanes, routes.lane_weights, strict=True):
+        for task, items in items_per_request(routes.app, lane).items():
+            key = (task, lane[task])
+            need[key] = need.get(key, 0.0) + weight / total * items
+    have: dict[tuple[str, str], float] = {}
+    for i in routes.plan.instances:
+        have[(i.task, i.variant)] = have.get((i.task, i.variant), 0.0) + i.count * i.throughput_rps
+    return min((have.get(k, 0.0) / n for k, n in need.items() if n > 0), default=None)
 
 
 def admission_limit(routes: AppRoutes) -> int:
@@ -42,6 +75,8 @@ def admission_limit(routes: AppRoutes) -> int:
         cap = sum(i.count * i.throughput_rps for i in routes.plan.instances if i.task == root)
         capacities.append(cap)
     capacity_rps = min(capacities) if capacities else 0.0
+    if routes.admission_bottleneck and (bottleneck := bottleneck_rps(routes)) is not None:
+        capacity_rps = min(capacity_rps, bottleneck)
     # A request in flight is in the root's queue or batch, or past the root (in the tasks after it,
     # where it delays no new arrival at the root). The root's queue may use what the SLO leaves
     # after the root's batch; a request past the root stays there at most the SLO's rest. So the

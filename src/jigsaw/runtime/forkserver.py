@@ -48,6 +48,7 @@ import contextlib
 import ctypes
 import importlib
 import json
+import math
 import os
 import select
 import signal
@@ -103,9 +104,21 @@ def launch(launcher: Launcher | None, args: Sequence[str],
     return popen_worker(args, env) if launcher is None else launcher.spawn(args, env)
 
 
+def _readable(fd: int, timeout_s: float | None) -> bool:
+    """Whether ``fd`` becomes readable within ``timeout_s`` (None: wait for it).
+
+    ``poll``, not ``select``: the daemon holds a socket per client connection, so its pidfds and
+    the zygote's socket can be numbered past select's FD_SETSIZE (1024), where ``select`` raises
+    "filedescriptor out of range" (a replay of social_media's peak, thousands of requests in
+    flight, failed a generation's start that way)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout_s is None else max(0, math.ceil(timeout_s * 1000.0))))
+
+
 def _exited(pidfd: int) -> bool:
     """A pidfd is readable once its process has exited (reaped or not)."""
-    return bool(select.select([pidfd], [], [], 0)[0])
+    return _readable(pidfd, 0)
 
 
 class ForkedProcess:
@@ -141,7 +154,7 @@ class ForkedProcess:
             fd = self._pidfd
             if fd >= 0:
                 with contextlib.suppress(OSError, ValueError):  # closed by another thread's poll
-                    select.select([fd], [], [], left)
+                    _readable(fd, left)
         assert self.returncode is not None
         return self.returncode
 
@@ -215,7 +228,7 @@ class _Zygote:
         Marks the zygote dead when its socket closes (what it sent before is still read)."""
         if self.sock.fileno() < 0:
             return None
-        if not select.select([self.sock], [], [], max(0.0, timeout_s))[0]:
+        if not _readable(self.sock.fileno(), timeout_s):
             return None
         try:
             data, fds, _, _ = socket.recv_fds(self.sock, MAX_MESSAGE, 4)
@@ -430,7 +443,7 @@ def _watch_daemon(pidfd: int) -> None:
     """SIGKILL this process when the daemon exits (a thread blocked on the daemon's pidfd;
     every signal blocked in it, so the process's signals go to its main thread)."""
     def watch() -> None:
-        select.select([pidfd], [], [])
+        _readable(pidfd, None)
         os.kill(os.getpid(), signal.SIGKILL)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     try:
@@ -542,8 +555,11 @@ def serve(fd: int, preload: Sequence[str], *, pdeathsig: bool = True) -> int:
             send({"exit": pid, "status": os.waitstatus_to_exitcode(status)})
 
     send({"ready": os.getpid()})
+    poller = select.poll()  # not select: the daemon may hand over descriptors past FD_SETSIZE
+    for fd in (sock.fileno(), wake_r, daemon_pidfd):
+        poller.register(fd, select.POLLIN)
     while True:
-        readable = select.select([sock, wake_r, daemon_pidfd], [], [])[0]
+        readable = {fd for fd, _ in poller.poll()}
         if daemon_pidfd in readable:
             return 0  # the daemon exited (its children watch it themselves)
         if wake_r in readable:
@@ -551,7 +567,7 @@ def serve(fd: int, preload: Sequence[str], *, pdeathsig: bool = True) -> int:
                 while os.read(wake_r, 4096):
                     pass
             reap()
-        if sock not in readable:
+        if sock.fileno() not in readable:
             continue
         try:
             data = sock.recv(MAX_MESSAGE)

@@ -129,6 +129,7 @@ class AppRoutes:
     plan: Plan
     generation: int = 0  # which generation of the app's processes these routes lead to
     lane_shift: bool = True  # node.server.lane_shift: a backed-up lane's requests may take another
+    admission_bottleneck: bool = False  # node.server.admission_bottleneck (runtime/admission.py)
 
 
 @dataclass
@@ -248,6 +249,7 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
                                        node.server.stale_drops))
         routes[app.name] = _app_routes(app, app_index, plan, lanes, weights, by_variant, roots)
         routes[app.name].lane_shift = node.server.lane_shift
+        routes[app.name].admission_bottleneck = node.server.admission_bottleneck
     return Topology(specs, routes, wiring.doorbells[0], wiring.completion_rings, stats, wiring.rings,
                     wiring.doorbells)
 
