@@ -12,7 +12,7 @@ import pytest
 from jigsaw.node import load_node, load_node_profiles
 from jigsaw.planner import joint, scaled
 from jigsaw.planner.decompose import app_layout
-from jigsaw.planner.node_plan import _pack_node, plan_node
+from jigsaw.planner.node_plan import QUICK_STATUS, _pack_node, plan_node
 from jigsaw.planner.packer import validate_layout
 from jigsaw.planner.problem import make_problem
 from jigsaw.planner.verify import verify_plan
@@ -149,8 +149,14 @@ def test_a_controller_replan_above_capacity_gets_the_scaled_plan(one_gpu) -> Non
     quick = []
     got = solve_node([node.app(n) for n in names], node, profiles, demands, space="ast", previous=None,
                      time_limit_s=60, factors=None, on_quick=quick.append)
-    assert quick == []  # the greedy plans do not fit together: nothing to deploy first
+    # first the greedy's scaled plan (its candidates for the full demands overrun the node:
+    # rescaled), verified, for a fraction the exact plan then matches or beats
+    assert len(quick) == 1 and quick[0].status == QUICK_STATUS and not quick[0].feasible
+    assert 0 < quick[0].demand_scale < 1 and set(quick[0].plans) == set(names)
+    for name in names:
+        assert verify_plan(quick[0].plans[name], node.app(name), node, profiles) == [], name
     assert not got.feasible and 0.3 < got.demand_scale < 1
+    assert got.demand_scale >= quick[0].demand_scale - 1e-9
     assert got.status in ("optimal", "feasible") and set(got.plans) == set(names)
     assert got.layout is not None and validate_layout(got.layout, node.gpu) == []
     for name in names:
