@@ -253,7 +253,7 @@ def test_bottleneck_admission_counts_a_chains_later_task_that_lost_instances():
 
     from jigsaw.app import Edge
     from jigsaw.plan import Plan, PlanInstance
-    from jigsaw.runtime.admission import admission_limit, bottleneck_rps, items_per_request
+    from jigsaw.runtime.admission import admission_limit, bottleneck_rps
     from jigsaw.runtime.topology import AppRoutes
 
     tasks = (Task("detect", "detector", (Variant("n", 1.0), Variant("x", 2.0))),
@@ -261,7 +261,7 @@ def test_bottleneck_admission_counts_a_chains_later_task_that_lost_instances():
              Task("speak", "tts", (Variant("t", 1.0),)))
     edges = (Edge("detect", "caption", {"n": 1.0, "x": 2.0}), Edge("caption", "speak", {"g": 1.0}))
     app = App("ar", tasks, edges, latency_slo_ms=1000.0, inputs=(TensorSpec("image", "UINT8", (-1,)),))
-    assert items_per_request(app, {"detect": "x", "caption": "g", "speak": "t"}) == \
+    assert app.multipliers(("x", "g", "t")) == \
         {"detect": 1.0, "caption": 2.0, "speak": 2.0}
 
     def routes(caption_count: int, bottleneck: bool) -> AppRoutes:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from jigsaw.app import App
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.topology import AppRoutes
 
@@ -29,19 +28,6 @@ class BinCounters:
     children: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
 
-def items_per_request(app: App, lane: dict[str, str]) -> dict[str, float]:
-    """The items each task gets per request sent down ``lane``: 1 at a root, then each edge's
-    multiplicative factor under the lane's variant of its source."""
-    items: dict[str, float] = {}
-
-    def of(task: str) -> float:
-        if task not in items:
-            parents = app.parents(task)
-            items[task] = 1.0 if not parents else sum(of(p) * app.factor(p, lane[p], task) for p in parents)
-        return items[task]
-    return {t: of(t) for t in app.task_names}
-
-
 def bottleneck_rps(routes: AppRoutes) -> float | None:
     """The request rate the plan's instances carry at the lanes' planned mix: the least, over each
     (task, variant), of its instances' throughput over the items that mix brings it per request.
@@ -51,7 +37,7 @@ def bottleneck_rps(routes: AppRoutes) -> float | None:
         return None
     need: dict[tuple[str, str], float] = {}  # items per request, at the mix
     for lane, weight in zip(routes.lanes, routes.lane_weights, strict=True):
-        for task, items in items_per_request(routes.app, lane).items():
+        for task, items in routes.app.multipliers(tuple(lane[t] for t in routes.app.task_names)).items():
             key = (task, lane[task])
             need[key] = need.get(key, 0.0) + weight / total * items
     have: dict[tuple[str, str], float] = {}
