@@ -658,15 +658,6 @@ BREAKDOWN_STEPS = [
 ]
 
 
-def read_trace_counts(trace_dir: Path) -> dict[str, int]:
-    """The workers' event counts (``write_trace``'s ``counts``: speculative wake-ups), summed."""
-    total: dict[str, int] = {}
-    for path in sorted(trace_dir.glob("worker-*.json")):
-        for key, n in json.loads(path.read_text()).get("counts", {}).items():
-            total[key] = total.get(key, 0) + int(n)
-    return total
-
-
 def read_traces(trace_dir: Path) -> dict[int, dict[str, int]]:
     """Each chain request's timeline, ``{"fe.sent": ns, "a.popped": ns, ...}``, from the
     ``JIGSAW_HOP_TRACE`` files (``runtime/records.py``) of one jigsawd serving ``chain`` only."""
@@ -723,7 +714,7 @@ def bench_breakdown(zero_args: list[str], work: Path, args: argparse.Namespace) 
     first = min((t["fe.created"] for t in by_request.values() if t.get("fe.created")), default=0)
     warm = {rid: t for rid, t in by_request.items() if t.get("fe.created", 0) > first + 0.6e9}
     return {"rate": rate, "sent_rps": run["sent_rps"], "requests": len(warm),
-            "steps": summarize_breakdown(warm), "counts": read_trace_counts(trace_dir)}
+            "steps": summarize_breakdown(warm)}
 
 
 def print_breakdown(bd: dict[str, Any]) -> None:
@@ -733,11 +724,6 @@ def print_breakdown(bd: dict[str, Any]) -> None:
         why = "loop already awake" if row["wake"] else "the other order"
         awake = f"  ({why} for {row['skipped']})" if row["skipped"] else ""
         print(f"    {row['step']:<62} {fmt(row['p50_us'], 1):>8} / {fmt(row['p99_us'], 1):>8}{awake}")
-    c = bd.get("counts", {})
-    if c.get("prewakes"):
-        print(f"  speculative wake-ups (server.prewake_poll_us), whole run: {c['prewakes']} rung ahead of a "
-              f"batch; {c.get('prewake_polls', 0)} polls by a woken worker with nothing yet, "
-              f"{c.get('prewake_hits', 0)} of them found the record (the rest slept again)")
 
 
 # ---- 3. traffic app -------------------------------------------------------------------------
@@ -811,8 +797,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "list, e.g. 0): a placement study; default: the scheduler's")
     p.add_argument("--client-cpus", default="", help="pin this process (the load generator) to these CPUs")
     p.add_argument("--server-setting", action="append", default=[], metavar="'KEY = VALUE'",
-                   help="a TOML line for the zero-latency node's [server] table "
-                        "(e.g. 'prewake_poll_us = 0'); repeatable")
+                   help="a TOML line for the zero-latency node's [server] table (an A/B of a data-plane "
+                        "setting, e.g. 'http = \"aiohttp\"'); repeatable")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--connections", type=int, default=32, help="closed-loop connections (throughput)")
     p.add_argument("--rates", default="500,2000", help="open-loop rates of the per-hop test (req/s)")

@@ -99,11 +99,6 @@ class ServerSettings:
     # hands every other request to aiohttp; "aiohttp" serves everything on aiohttp
     http: str = "fast"
     header_timeout_s: float = 10.0  # "fast": a request head must arrive within this (slowloris)
-    # speculative wake-up (runtime/worker.py, ``Worker._prewake``): a worker about to run a batch
-    # expected to finish within this rings the doorbell of the child process its results go to
-    # first, so that process's wake-up overlaps the batch, and the child, woken with nothing in its
-    # rings, polls them until the record is due (at most this long) before it sleeps again; 0: off
-    prewake_poll_us: float = 150.0
 
 
 HTTP_FRONTS = ("fast", "aiohttp")
@@ -389,7 +384,6 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         fork_server=s.bool("fork_server", True),
         http=s.str("http", "fast"),
         header_timeout_s=s.number("header_timeout_s", 10.0, low=0, low_open=True),
-        prewake_poll_us=s.number("prewake_poll_us", 150.0, low=0, high=1000),
     )
     if server.http not in HTTP_FRONTS:
         raise s.error("http", f"expected one of {', '.join(HTTP_FRONTS)}, got {server.http!r}")

@@ -62,8 +62,7 @@ TRACE_DIR = os.environ.get("JIGSAW_HOP_TRACE", "")
 (``<role>-<pid>.json``), for ``bench/dataplane.py --breakdown``. Unset (the default): nothing is kept."""
 
 
-def write_trace(role: str, columns: list[str], rows: list[list[int]],
-                counts: dict[str, int] | None = None) -> None:
-    """Write one process's timelines (monotonic ns) and its event ``counts`` to ``TRACE_DIR`` (see there)."""
+def write_trace(role: str, columns: list[str], rows: list[list[int]]) -> None:
+    """Write one process's timelines (monotonic ns) to ``TRACE_DIR`` (see there)."""
     path = Path(TRACE_DIR) / f"{role}-{os.getpid()}.json"
-    path.write_text(json.dumps({"role": role, "columns": columns, "rows": rows, "counts": counts or {}}))
+    path.write_text(json.dumps({"role": role, "columns": columns, "rows": rows}))

@@ -186,9 +186,6 @@ FIFO_SUFFIX = ".fifo"
 BELL_FIFO, BELL_EVENTFD = 0, 1  # a doorbell's kind, in its flag segment
 _BELL_INFO = struct.Struct("<III")  # at byte 8 of the flag segment: kind, creator's pid, its eventfd
 _BELL_INFO_AT = 8
-# at byte 24 of the flag segment: a producer's speculative wake-up (``Doorbell.prewake``), the
-# monotonic ns until which the woken consumer may poll its rings for the record it announced; 0: none
-_PREWAKE_AT = 24
 _EVENTFD_ONE = (1).to_bytes(8, "little")
 _HELD: dict[str, int] = {}  # doorbell name -> the eventfd this process created for it (open until unlinked)
 _SYS_PIDFD_GETFD = 438  # the same number on every Linux architecture (since 5.6)
@@ -300,13 +297,7 @@ class Doorbell:
       rings once more and, if a record is there, ``disarm()`` and drain again, else return to the
       loop (a callback that returns without arming clears too: a readable descriptor calls it again);
     * blocking consumer: ``wait(timeout_s)`` polls the descriptor and re-arms after reading, so the
-      simple loop "pop; if nothing, wait" never misses a ring;
-    * speculative wake-up: a producer that will push soon (a worker starting a batch whose results
-      go to this consumer) may ``prewake(until_ns)``: it writes the time the record is due by and
-      rings. The consumer, out of work, reads it (``take_prewake``) and, while still disarmed (so
-      no producer needs to signal), polls its rings until then before the usual clear / arm /
-      re-check: a record pushed during the poll is found by the poll or by that re-check. The
-      time is a hint only (plain stores): a stale or torn one costs a poll, never a wake-up.
+      simple loop "pop; if nothing, wait" never misses a ring.
 
     The fences make the handshake a Dekker pair (the compiled ``BellFlag``); the pure fallback
     cannot fence its loads, so its producers always signal. A ring coalesces with a pending one.
@@ -319,7 +310,6 @@ class Doorbell:
         self._fd = fd
         self._mm = mm
         self._flag = _BellFlag(mm)
-        self._prewake = memoryview(mm)[_PREWAKE_AT:_PREWAKE_AT + 8].cast("Q")
         self._signal = _EVENTFD_ONE if kind == BELL_EVENTFD else b"\x01"
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN)
@@ -389,19 +379,6 @@ class Doorbell:
             except BlockingIOError:  # full: a wake-up is pending anyway
                 pass
 
-    def prewake(self, until_ns: int) -> None:
-        """Wake the consumer ahead of a push due by ``until_ns`` (monotonic ns): it may poll its
-        rings until then instead of sleeping (see the class docstring)."""
-        self._prewake[0] = until_ns
-        self.ring()
-
-    def take_prewake(self) -> int:
-        """The consumer's side: the time a producer's ``prewake`` announced (0: none), cleared."""
-        until_ns = self._prewake[0]
-        if until_ns:
-            self._prewake[0] = 0
-        return until_ns
-
     def arm(self) -> None:
         """The consumer is about to sleep: producers must signal; look at the rings once more after it."""
         self._flag.arm()
@@ -440,7 +417,6 @@ class Doorbell:
         if self._mm is None:
             return
         self._flag.release()
-        self._prewake.release()
         os.close(self._fd)
         self._mm.close()
         self._mm = None

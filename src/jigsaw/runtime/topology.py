@@ -93,7 +93,6 @@ class ProcessSpec:
     mean_ms_by_batch: dict[int, float] = field(default_factory=dict)  # from the profile's throughput
     model: str = ""  # the variant's ONNX file (a repository model); "": the zoo network ``zoo``
     zoo: str = ""  # the zoo network of a built-in model ("": the variant's name)
-    prewake_poll_ns: int = 0  # node.server.prewake_poll_us: the speculative wake-up's poll cap; 0: off
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -213,7 +212,6 @@ class Shared:
     seed: int
     backend: str
     stale_drops: bool = False  # node.server.stale_drops: else no item is ever stale
-    prewake_poll_ns: int = 0  # node.server.prewake_poll_us (``ProcessSpec.prewake_poll_ns``)
 
 
 def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileTable, *,
@@ -248,7 +246,7 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
         roots = _root_rings(app, procs, name_of, wiring, root_ring_bytes)
         specs += _process_specs(app, app_index, plan, procs, lanes, by_variant, roots, wiring,
                                 Shared(name_of, stats, wiring.doorbells[0], time_scale, seed, backend,
-                                       node.server.stale_drops, int(node.server.prewake_poll_us * 1000)))
+                                       node.server.stale_drops))
         routes[app.name] = _app_routes(app, app_index, plan, lanes, weights, by_variant, roots)
         routes[app.name].lane_shift = node.server.lane_shift
         routes[app.name].admission_bottleneck = node.server.admission_bottleneck
@@ -356,8 +354,7 @@ def _process_specs(app: App, app_index: int, plan: Plan, procs: list[_Process], 
                     for c in app.children(p.task)],
         doorbell=p.doorbell, inputs=inputs[p.slot], outputs=outputs, routes=lane_routes,
         completion_ring=done, completion_doorbell=shared.frontend_doorbell, stats=shared.stats,
-        seed=shared.seed, backend=shared.backend, prewake_poll_ns=shared.prewake_poll_ns,
-        **_model_fields(app, p.task, p.variant),
+        seed=shared.seed, backend=shared.backend, **_model_fields(app, p.task, p.variant),
     ) for p, outputs, lane_routes, done in wired]
 
 

@@ -104,10 +104,6 @@ _REQUEST_ID, _ITEM, _TENSORS = operator.itemgetter(0), operator.itemgetter(3), o
 _OK = int(Status.OK)  # (an enum member's lookup costs ~4x an int compare, twice per item on the hop's path)
 Buffer = bytes | bytearray | memoryview  # a payload the rings copy in
 PUSH_RETRY_S = 0.0005
-# a speculative wake-up's poll (``Worker._prewake``) lasts the batch's expected time plus this (the
-# rest of the producer's turn: its records pushed and rung, with room for a slow turn), at most the
-# spec's ``prewake_poll_ns``
-PREWAKE_MARGIN_NS = 100_000
 
 _running = True
 
@@ -243,9 +239,6 @@ class Worker:
         self._timer: asyncio.TimerHandle | None = None  # the next turn when no doorbell rings first
         self._idle = False  # that timer is the idle one (not a batching deadline)
         self.trace: list[list[int]] | None = [] if TRACE_DIR else None
-        # speculative wake-ups (``_prewake``): rung ahead of a batch, polls run when woken by one,
-        # and polls that found the record (the rest timed out and slept)
-        self.num_prewakes = self.num_prewake_polls = self.num_prewake_hits = 0
 
     @staticmethod
     def _new_queue(spec: ProcessSpec) -> BatchQueue:
@@ -502,8 +495,6 @@ class Worker:
         if not batch:
             return False
         items = list(map(_ITEM, batch))  # (maps of getters, not comprehensions: no frame each)
-        if self.spec.prewake_poll_ns and self.spec.downstream:
-            self._prewake(items)
         start = time.monotonic_ns()
         self.stats.set(self.spec.slot, BATCH_STARTED_NS, start)
         coro = self.backend.execute_nowait(list(map(_REQUEST_ID, batch)), list(map(_TENSORS, items)))
@@ -531,56 +522,6 @@ class Worker:
         finally:
             self._busy = False
         self._turn()
-
-    def _prewake(self, items: list[Any]) -> None:
-        """Speculative wake-up: ring, before the batch runs, the doorbell of the process each
-        item's lane would send its children to now (the least-loaded one), so that process's
-        wake-up (tens of microseconds on a VM whose idle CPUs halt) overlaps the batch instead of
-        following it; it polls its rings until the batch's expected end plus a margin
-        (``Doorbell.prewake``, ``_poll_prewake``). Only for a batch expected within the spec's
-        cap: a longer one would have the child poll, or its wake-up wasted, for longer than a
-        wake-up costs. The doorbell of a consumer that is awake takes no system call, and the
-        push after the batch then takes none either (the flag stays clear until the consumer
-        re-arms)."""
-        estimates = self.spec.exec_estimate_ns
-        expected_ns = estimates[min(len(items), len(estimates)) - 1]
-        cap_ns = self.spec.prewake_poll_ns
-        if expected_ns >= cap_ns:
-            return
-        until_ns = time.monotonic_ns() + min(cap_ns, expected_ns + PREWAKE_MARGIN_NS)
-        seen: set[tuple[int, int]] = set()  # (lane, wiring): the same routes
-        for header, _, _, w in items:
-            key = (header.lane, id(w))
-            if key in seen:
-                continue
-            seen.add(key)
-            for candidates in self._routes(header, w).values():
-                order = self._least_loaded(candidates, w) if candidates else candidates
-                if order:
-                    w.output_bells[order[0]].prewake(until_ns)
-                    self.num_prewakes += 1
-
-    def _poll_prewake(self) -> bool:
-        """A turn out of work after a speculative wake-up (``_prewake``): poll the input rings
-        until the announced time, still disarmed (producers need not ring); True when a record
-        arrived. Each look yields the CPU: a producer on this CPU runs on (a 2-vCPU node runs
-        more processes than it has CPUs)."""
-        until_ns = self.bell.take_prewake()
-        if not until_ns:
-            return False
-        now = time.monotonic_ns()
-        if until_ns <= now or until_ns - now > self.spec.prewake_poll_ns:
-            return False
-        self.num_prewake_polls += 1
-        inputs = self.inputs
-        while True:
-            for ring in inputs:
-                if len(ring):
-                    self.num_prewake_hits += 1
-                    return True
-            if time.monotonic_ns() >= until_ns:
-                return False
-            os.sched_yield()
 
     def _finish_batch(self, items: list[Any], start: int, results: list[ItemResult]) -> None:
         """Report each item of a finished batch and send its children on, ring, then account the
@@ -689,10 +630,6 @@ class Worker:
                         return
                     continue
                 self.publish_queued()
-                # Woken ahead of a record (``_prewake``) and none came yet: poll for it first. Only
-                # when this turn ran no batch: one that did has taken the record it announced.
-                if self.spec.prewake_poll_ns and not batches and self._poll_prewake():
-                    continue
                 # Out of work: arm (producers ring from now on), then look at the rings once more,
                 # so a push that came before the arm is not left waiting for the next one. The
                 # wake-up bytes are read first (a byte written after the arm must stay).
@@ -794,9 +731,7 @@ class Worker:
     def close(self) -> None:
         if self.trace:
             write_trace("worker", ["task", "request_id", "sent", "woke", "popped", "start", "end",
-                                   "completion_pushed", "children_pushed", "rung"], self.trace,
-                        {"prewakes": self.num_prewakes, "prewake_polls": self.num_prewake_polls,
-                         "prewake_hits": self.num_prewake_hits})
+                                   "completion_pushed", "children_pushed", "rung"], self.trace)
         for w in (*self.wirings, *self._unmapped):
             w.close()
         self.bell.close()
