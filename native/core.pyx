@@ -8,6 +8,9 @@ tests run against both.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_Size
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.ref cimport PyObject
 from libc.stdint cimport INT64_MAX, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
@@ -623,6 +626,27 @@ def push_hop(ShmRing done, RecordHeader header, uint16_t task, uint64_t start_ns
         return 0
     _child_header(&h, header, child_task, 0, 1, now)
     return 2 if _ring_push_c(out, &h, body, <const char *>&share, 8) else 1
+
+
+def lone_child(dict children, dict routes):
+    """The item's one child, when its backend gave exactly one (one task, one payload in a list)
+    and ``routes`` (its lane's: task -> candidate output indexes) sends that task somewhere:
+    ``(task, payload, candidates)``; else None, and ``Worker.children_of`` decides (several
+    children, none, or one the lane does not route). The chain's every middle hop takes this path,
+    without the lists and the credit split of the general one."""
+    cdef Py_ssize_t pos = 0
+    cdef PyObject *task
+    cdef PyObject *bodies
+    cdef PyObject *candidates
+    if children is None or routes is None or PyDict_Size(children) != 1:
+        return None
+    PyDict_Next(children, &pos, &task, &bodies)
+    if type(<object>bodies) is not list or PyList_GET_SIZE(<object>bodies) != 1:
+        return None
+    candidates = PyDict_GetItem(routes, <object>task)
+    if candidates is NULL or not <object>candidates:
+        return None
+    return (<object>task, <object>PyList_GET_ITEM(<object>bodies, 0), <object>candidates)
 
 
 cdef inline object _ring_push_c(ShmRing self, const jg_header_t *src, payload, const char *prefix,

@@ -274,6 +274,26 @@ def _push_fns(impl):
     return core.push_child, core.push_completion, core.push_hop
 
 
+@pytest.mark.parametrize(("children", "routes", "expected"), [
+    ({"c": [b"x"]}, {"c": [0, 2]}, ("c", b"x", [0, 2])),  # the chain's middle hop
+    ({"c": [b"x"]}, {"c": []}, None),  # the lane sends task c nowhere
+    ({"c": [b"x"]}, {}, None),
+    ({"c": [b"x"]}, {"d": [1]}, None),
+    ({"c": [b"x", b"y"]}, {"c": [0]}, None),  # two children of one task
+    ({"c": [b"x"], "d": [b"y"]}, {"c": [0], "d": [1]}, None),  # children of two tasks
+    ({"c": [b"x"], "d": [b"y"]}, {"c": [0]}, None),  # (one routed: the general path decides)
+    ({}, {"c": [0]}, None),  # a sink, or no child this time
+    ({"c": []}, {"c": [0]}, None),
+    ({"c": (b"x",)}, {"c": [0]}, None),  # not a list: the general path
+])
+def test_lone_child_is_the_one_routed_child_else_none(impl, children, routes, expected):
+    """``lone_child`` answers only where ``Worker.children_of`` would give exactly one child of a
+    routed task; every other case is left to it (None)."""
+    from jigsaw.runtime import _pyring
+    lone_child = _pyring.lone_child if impl.name == "pure" else rings.load_core().lone_child
+    assert lone_child(children, routes) == expected
+
+
 def test_push_child_and_completion_write_what_the_worker_built(impl, new_ring, registry):
     """``push_child`` / ``push_completion`` (headers written straight into the ring) give the same
     records as the headers a worker built field by field and pushed with ``push_framed``."""

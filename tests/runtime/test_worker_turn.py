@@ -89,6 +89,23 @@ def test_the_lone_child_consumer_gets_the_child_unless_it_failed_for_good(make_w
     assert [(r[0], r[2], r[4]) for r in records] == [(1, int(Status.OK), 1)]  # the parent's, one child
 
 
+def test_the_one_child_path_splits_the_credit_as_children_of_does(make_worker):
+    """The middle hop's fast path (``lone_child`` + ``push_hop``) gives the child half the credit
+    and the parent's record the rest, with one child counted: what ``children_of`` gives."""
+    t = make_worker()
+    t.stats.set(CONSUMER_SLOT, STATE, READY)
+    w = t.worker
+    asyncio.run(_turns(t, 1))
+    (child,) = t.out.pop_many_framed(8)
+    (record,) = t.done.pop_completions(8)
+    header = RecordHeader(request_id=1)
+    result = w.backend.execute_nowait([1], [bytes(16)])[0]  # (what the item's batch gave, same seed)
+    children, shares, kept = w.children_of(header, TOTAL_CREDIT, result)
+    assert (child[0].request_id, child[1]) == (1, shares[0]) and len(children) == 1
+    assert (record[0], record[4], record[5]) == (1, 1, kept)
+    assert child[1] + record[5] == TOTAL_CREDIT
+
+
 def test_a_child_whose_only_consumer_failed_returns_its_share_as_an_error(make_worker):
     t = make_worker()
     t.stats.set(CONSUMER_SLOT, STATE, FAILED)

@@ -509,3 +509,18 @@ def push_hop(done: ShmRing, header: RecordHeader, task: int, start_ns: int, end_
     if not push_completion(done, header, task, 0, 1, now, kept, b""):
         return 0
     return 2 if push_child(out, header, child_task, 0, 1, now, share, body) else 1
+
+
+def lone_child(children: dict[str, list[bytes]], routes: dict[str, list[int]]
+               ) -> tuple[str, bytes, list[int]] | None:
+    """The item's one child, when its backend gave exactly one (one task, one payload in a list)
+    and ``routes`` (its lane's: task -> candidate output indexes) sends that task somewhere:
+    ``(task, payload, candidates)``; else None (the compiled core's twin)."""
+    if len(children) != 1:
+        return None
+    for task, bodies in children.items():
+        if type(bodies) is not list or len(bodies) != 1:
+            return None
+        candidates = routes.get(task)
+        return (task, bodies[0], candidates) if candidates else None
+    return None

@@ -62,6 +62,7 @@ __all__ = [
     "default_max_payload_bytes",
     "doorbell_kind",
     "load_core",
+    "lone_child",
     "make_daemon_id",
     "push_child",
     "push_completion",
@@ -77,7 +78,7 @@ _NAME_RE = re.compile(r"^(?:sem\.)?jigsaw-(\d+)-[0-9a-f]+-")
 
 # what the Python layers use of the compiled core (a test checks this list against the code)
 CORE_NAMES = ("BatchQueue", "BellFlag", "RecordHeader", "ShmRing", "decode_arrays", "push_child",
-              "push_completion", "push_hop")
+              "push_completion", "push_hop", "lone_child")
 _core_warned = False
 
 
@@ -112,12 +113,14 @@ if _core is not None:
     push_child = _core.push_child
     push_completion = _core.push_completion
     push_hop = _core.push_hop
+    lone_child = _core.lone_child
 else:
     ShmRing = _pyring.ShmRing  # type: ignore[misc]
     RecordHeader = _pyring.RecordHeader  # type: ignore[misc]
     push_child = _pyring.push_child
     push_completion = _pyring.push_completion
     push_hop = _pyring.push_hop
+    lone_child = _pyring.lone_child
 
 
 class Status(enum.IntEnum):

@@ -71,6 +71,7 @@ from jigsaw.runtime.rings import (
     RingClosedError,
     ShmRing,
     Status,
+    lone_child,
     push_child,
     push_completion,
     push_hop,
@@ -104,6 +105,7 @@ _REQUEST_ID, _ITEM, _TENSORS = operator.itemgetter(0), operator.itemgetter(3), o
 _OK = int(Status.OK)  # (an enum member's lookup costs ~4x an int compare, twice per item on the hop's path)
 Buffer = bytes | bytearray | memoryview  # a payload the rings copy in
 PUSH_RETRY_S = 0.0005
+_NO_ROUTES: dict[str, list[int]] = {}  # the routes of a lane a wiring does not know
 
 _running = True
 
@@ -532,22 +534,30 @@ class Worker:
         n = len(items)
         task_index = self.spec.task_index
         for (header, credit, _, w), result in zip(items, results):
-            children, shares, kept = self.children_of(header, credit, result, w)
+            # One child its lane routes (the chain's every middle hop: ``lone_child``, in the core),
+            # to a consumer that is not failed: its record and the child in one call of the core
+            # (``push_hop``), half the credit each (``children_of``'s split of one child); what did
+            # not fit goes the long way.
+            one = None
             order = None
-            if len(children) == 1 and not result.error:
-                order = self._least_loaded(self._routes(header, w)[children[0][0]], w)
+            if credit > 1 and result.children and not result.error:
+                routes = w.spec.routes
+                lane = header.lane
+                one = lone_child(result.children, routes[lane] if lane < len(routes) else _NO_ROUTES)
+                if one is not None:
+                    order = self._least_loaded(one[2], w)
             if order:
-                # One child (the chain's every middle hop): its record and the child in one call
-                # of the core, to the least-loaded consumer; what did not fit goes the long way.
-                task, body = children[0]
+                task, body, _ = one  # type: ignore[misc]
+                share = credit // 2
+                kept = credit - share
                 pushed = push_hop(w.done, header, task_index, start, end, n, kept, w.outputs[order[0]],
-                                  w.index_of[task], shares[0], body)
+                                  w.index_of[task], share, body)
                 if pushed == 2:
                     w.rung.add(order[0])
                 else:
                     if pushed == 0:
                         self.complete(header, _OK, kept, b"", 1, w)
-                    self.forward(header, children, shares, w)
+                    self.forward(header, [(task, body)], [share], w)
                 done_ns = 0
             else:
                 header.stamp(HOP_START, start)
@@ -556,6 +566,7 @@ class Worker:
                 if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
                     self.complete(header, Status.ERROR, credit, result.error.encode()[:4096], wiring=w)
                     continue
+                children, shares, kept = self.children_of(header, credit, result, w)
                 # Only a sink's outputs are answered; the frontend reads no other task's (the children
                 # carry what the next tasks need). The record goes before the children: see complete.
                 self.complete(header, _OK, kept, encode_tensors(result.outputs) if sink else b"",
