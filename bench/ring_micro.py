@@ -22,7 +22,10 @@
   host's wake-up alone, per placement: the producer writes its send time to a bare eventfd (no
   ring, no flag) and the consumer sleeps in a blocking ``read`` (the floor of ``doorbell``) or in
   a uvloop loop watching it (the floor of ``loop``); a sleeping mode's p50 minus its floor is what
-  the project's code adds (the ring, the flag's handshake, the drain). ``semaphore``: the
+  the project's code adds (the ring, the flag's handshake, the drain). The ``raw`` floor also
+  times the producer's own ``write`` that wakes the sleeper: what a wake-up costs the process
+  that rings (on a VM whose idle CPUs halt, an interprocessor interrupt through the hypervisor),
+  the reason a wake-up rung ahead of time (before a batch) does not pay. ``semaphore``: the
   earlier design's wake-up for reference, the consumer blocked in ``sem_timedwait`` on a POSIX
   semaphore (the producer posts).
 
@@ -81,12 +84,15 @@ _PRODUCER = textwrap.dedent("""
         bell = Doorbell.attach(bell_name) if mode != "semaphore" else posix_ipc.Semaphore(bell_name)
         ring = bell.release if mode == "semaphore" else bell.ring
     payload = bytes(size)
+    write_ns = []
     give_up = time.monotonic() + 120
     for i in range(n):
         if mode != "spin":
             time.sleep(0.0003)  # let the consumer fall asleep
         if raw:
-            os.write(fd, time.monotonic_ns().to_bytes(8, "little"))
+            sent = time.monotonic_ns()
+            os.write(fd, sent.to_bytes(8, "little"))
+            write_ns.append(time.monotonic_ns() - sent)  # what waking the sleeper costs this process
         else:
             h = RecordHeader(request_id=i)
             h.created_ns = time.monotonic_ns()
@@ -99,6 +105,7 @@ _PRODUCER = textwrap.dedent("""
             if time.monotonic() > give_up:
                 sys.exit("consumer stalled")
     ping.close(); pong.close()
+    print(" ".join(map(str, write_ns)))
 """)
 
 
@@ -212,7 +219,10 @@ def _cpus_title(placement: str) -> str:
 
 
 def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, samples: int,
-               mode: str, bell_kind: int = BELL_FIFO, placement: str = "free") -> tuple[float, float]:
+               mode: str, bell_kind: int = BELL_FIFO, placement: str = "free"
+               ) -> tuple[float, float, float, float]:
+    """One-way latency p50 and p99 (us) of ``mode``; for ``raw``, also the p50 and p99 of the
+    producer's own eventfd write that wakes the sleeping consumer (else NaN)."""
     ping_name, pong_name = reg.name(f"ping-{tag}"), reg.name(f"pong-{tag}")
     reg.add_shm(ping_name)
     reg.add_shm(pong_name)
@@ -237,7 +247,7 @@ def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, s
     bell_arg = str(raw_fd) if bell is None else bell.name
     proc = subprocess.Popen([sys.executable, "-c", _PRODUCER, impl_name, ping_name, pong_name, bell_arg,
                              str(samples), str(size), mode, pin], env=env,
-                            pass_fds=(raw_fd,) if raw_fd >= 0 else ())
+                            pass_fds=(raw_fd,) if raw_fd >= 0 else (), stdout=subprocess.PIPE, text=True)
     allowed = os.sched_getaffinity(0)
     if consumer_cpu is not None:
         os.sched_setaffinity(0, {consumer_cpu})
@@ -262,7 +272,7 @@ def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, s
                 continue
             lat_ns.append(time.monotonic_ns() - rec[0].created_ns)
             pong.push(ack, b"")
-        proc.wait(timeout=60)
+        written, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -273,8 +283,15 @@ def latency_us(impl_name: str, mod, reg: SegmentRegistry, tag: str, size: int, s
         os.sched_setaffinity(0, allowed)
     if len(lat_ns) < samples:
         raise RuntimeError(f"only {len(lat_ns)} of {samples} latency samples arrived")
-    lat_ns.sort()
-    warm = lat_ns[len(lat_ns) // 20:] if len(lat_ns) > 100 else lat_ns
+    return (*_p50_p99_us(lat_ns), *_p50_p99_us([int(x) for x in written.split()]))
+
+
+def _p50_p99_us(values_ns: list[int]) -> tuple[float, float]:
+    """p50 and p99 in us, the first 5% of the samples left out (warm-up); NaN when there are none."""
+    if not values_ns:
+        return float("nan"), float("nan")
+    values_ns = sorted(values_ns)
+    warm = values_ns[len(values_ns) // 20:] if len(values_ns) > 100 else values_ns
     return warm[len(warm) // 2] / 1e3, warm[int(len(warm) * 0.99)] / 1e3
 
 
@@ -399,10 +416,14 @@ def main() -> None:
                     tag = f"{k}-{size}-{mode}-{kind}-{where}-{r}"
                     runs.setdefault((i, k), []).append(
                         latency_us(k, m, reg, tag, size, args.samples, mode, kind, where))
-        for i, (_, _, title, _, label, _) in enumerate(configs):
+        for i, (mode, _, title, where, label, _) in enumerate(configs):
             for q, name in ((0, "p50"), (1, "p99")):
                 cells = {k: statistics.median(r[q] for r in runs[(i, k)]) for k in impls}
                 rows.append((f"one-way latency {name} (us), {title}", label, cells))
+            for q, name in ((2, "p50"), (3, "p99")) if mode == "raw" else ():
+                cells = {k: statistics.median(r[q] for r in runs[(i, k)]) for k in impls}
+                metric = f"the waking write's cost to the producer {name} (us){_cpus_title(where)}"
+                rows.append((metric, label, cells))
     names = list(impls)
     header = f"{'metric':<62} {'payload':>8} " + " ".join(f"{n:>12}" for n in names)
     if len(names) == 2:
