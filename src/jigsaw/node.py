@@ -133,17 +133,20 @@ class ControlSettings:
     # raises the mean prediction by 15%); 0: the next bin only
     lookahead_bins: int = 0
     # the rate trigger fires only on a count the plan's rate would reach by chance less often than
-    # this many Poisson standard deviations allow (control/controller.py); 0 (default): the rate
-    # alone decides. Off by default: on the 2-core replays its misfires were the headroom that
-    # absorbed the next spike, and runs with it on had more violations
-    rate_trigger_z: float = 0.0
+    # the normal tail beyond this many standard deviations (an exact Poisson tail,
+    # control/controller.py significant; 3.5: about 2 in 10000 windows); 0: the rate alone decides.
+    # Why on: in the trough the half-second window holds about 11 arrivals and read 1.8x the plan
+    # in about one bin of ten; each misfire was three generations and their 504s
+    rate_trigger_z: float = 3.5
     # an urgent re-plan deploys one plan: a quick plan that serves is not followed by the exact one
     # (the next bin's re-plan brings it); false (default): quick plan, then exact plan
     single_reconfiguration: bool = False
     # a running plan that holds its demand is kept unless the new one frees at least this many
-    # slices (a new generation's drain holds its slots for up to an SLO); 0 (default): any better
-    # plan replaces it
-    shrink_min_slices: int = 0
+    # slices (a new generation's drain holds its slots for up to an SLO, and its processes start
+    # on the node's CPUs); 1 (default): a plan of as many slices or more, better only in accuracy
+    # or layout, is not worth a new generation (in the trough the routine re-plans replaced one
+    # 7-slice plan by another in most bins, every process new); 0: any better plan replaces it
+    shrink_min_slices: int = 1
     # a re-plan's new MIG instances keep off the slots of draining generations where the rest of
     # the node holds them (runtime/generations.py place_around); false (default): placed as if
     # none drained
@@ -401,9 +404,9 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         repartition_delay_s=c.number("repartition_delay_s", 2.0, low=0),
         burst_requests=c.integer("burst_requests", 40, low=0),
         predictor=predictor,
-        rate_trigger_z=c.number("rate_trigger_z", 0.0, low=0),
+        rate_trigger_z=c.number("rate_trigger_z", 3.5, low=0),
         single_reconfiguration=c.bool("single_reconfiguration", False),
-        shrink_min_slices=c.integer("shrink_min_slices", 0, low=0),
+        shrink_min_slices=c.integer("shrink_min_slices", 1, low=0),
         place_around_draining=c.bool("place_around_draining", False),
         cut_drains=c.bool("cut_drains", False),
         cut_drain_max_unanswered=c.integer("cut_drain_max_unanswered", 8, low=0),
