@@ -74,6 +74,8 @@ MECHANISMS = {
     "rate_significance": "control.rate_trigger_z=0",
     # a running plan that holds its demand is kept against a plan of as many slices or more
     "equal_slices_kept": "control.shrink_min_slices=0",
+    # the rate trigger may re-plan a second time in a bin, against the plan the first one deployed
+    "second_rate_replan": "control.early_replans_per_bin=1",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

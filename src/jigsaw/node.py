@@ -235,6 +235,12 @@ class ControlSettings:
     # app's demand (control/controller.py replan): a plan for most of a spike beats the quiet plan
     # through it; 0: not asked again
     unplanned_retry_share: float = 0.85
+    # early re-plans one app may trigger per bin: the violation trigger fires once, and the rate
+    # trigger again (against the plan the earlier one deployed) while fewer than this many ran.
+    # Why: a spike's first early re-plan can read a rate from the first second of the bin (bin 258
+    # of day 0: a violation re-plan for 489 rps against 906 rps of demand) and, once per bin, the
+    # bin met the spike on it; 1: once per bin
+    early_replans_per_bin: int = 2
 
 
 @dataclass(frozen=True)
@@ -422,6 +428,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),
         handover_on_needed_switch=c.bool("handover_on_needed_switch", False),
         unplanned_retry_share=c.number("unplanned_retry_share", 0.85, low=0, high=1),
+        early_replans_per_bin=c.integer("early_replans_per_bin", 2, low=1),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),

@@ -47,6 +47,7 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
     assert base.control.rate_trigger_z == 3.5 and off.control.rate_trigger_z == 0.0
     assert base.control.shrink_min_slices == 1 and off.control.shrink_min_slices == 0
+    assert base.control.early_replans_per_bin == 2 and off.control.early_replans_per_bin == 1
     for n, want in ((base, (False, 1, False, 0)), (on, (True, 2, True, 1))):
         got = (n.control.single_reconfiguration, n.control.shrink_min_slices,
                n.control.place_around_draining, n.control.lookahead_bins)

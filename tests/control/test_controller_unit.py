@@ -357,13 +357,53 @@ def test_arrivals_above_what_the_plan_holds_replan_within_the_bin() -> None:
         c._check_early()
         assert c._replan_task is not None
         await c._replan_task
-        c._check_early()  # once per bin
+        # the plan found has no instances, so 10 rps still serves: the rate trigger fires again,
+        # up to control.early_replans_per_bin (2) in the bin, then no more
+        c._replan_task = None
+        c._check_early()
+        assert c._replan_task is not None
+        await c._replan_task
+        c._replan_task = None
+        c._check_early()
+        assert c._replan_task is None
         asked = [d[TA] for d in solver.asked]  # type: ignore[attr-defined]
-        assert len(asked) == 1 and ac.current.early_replans == 1
+        assert len(asked) == 2 and ac.current.early_replans == 2
         slack = 1.0 + c.node.planner.demand_slack
         assert 150.0 * slack < asked[0] < 210.0 * slack, asked
 
     asyncio.run(go())
+
+
+def test_a_burst_after_a_violation_replan_for_too_little_replans_again_in_the_bin() -> None:
+    # The plan holds 10 rps. Half the bin's answers late fire the violation trigger at the rate so
+    # far, ~21 rps; then the burst arrives, ~210 rps over the bin so far, on the plan for ~22. With
+    # the default early_replans_per_bin (2) the rate trigger re-plans again, for the burst; with 1
+    # (once per bin) the bin meets it on the plan for 22. Neither fires a third time.
+    solver = _per_app(lambda a, d: _plan(d, app=a))
+
+    async def go() -> None:
+        assert load_node(NODE).control.early_replans_per_bin == 2
+        for per_bin, want in ((2, 2), (1, 1)):
+            c, fe = _controller(solver)
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, early_replans_per_bin=per_bin))
+            ac = _app(c)
+            ac.history_rps.extend([10.0] * 4 + [60.0])  # the last bin's 60 rps allows up to 240 rps
+            c.bin_start = time.monotonic() - 10.5
+            b = fe.bins[TA]
+            b.arrivals, b.answered, b.violations = 110, 100, 50
+            for arrivals in (110, 1100, 2200):
+                b.arrivals = arrivals
+                c._check_early()
+                if c._replan_task is not None:
+                    await c._replan_task
+                    c._replan_task = None
+            asked = [d[TA] for d in solver.asked]  # type: ignore[attr-defined]
+            solver.asked.clear()  # type: ignore[attr-defined]
+            assert len(asked) == want and ac.current.early_replans == want, (per_bin, asked)
+            assert asked[0] < 30.0
+            if want == 2:
+                assert asked[1] > 180.0 and c.plane.plans[TA].planned_rps > 180.0  # type: ignore[attr-defined]
 
 
 def test_arrivals_the_plan_holds_or_a_switched_off_trigger_do_not_replan() -> None:

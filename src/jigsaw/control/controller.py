@@ -17,7 +17,9 @@ layout to keep, the mean measured factors of the last bins, and a time limit bel
 
 Early re-plans: a bin whose violation rate crosses ``control.replan_violation_rate`` (once per app
 and bin), and with ``control.replan_on_rate`` an arrival rate over the last ``RATE_WINDOW_BINS``
-of a bin above what the running plan holds (its ``planned_rps``): the predictor's
+of a bin above what the running plan holds (its ``planned_rps``; up to
+``control.early_replans_per_bin`` early re-plans per app and bin, each against the plan the last
+one deployed): the predictor's
 mean of past bins sees a burst one bin late, the door sees it within a second. Either re-plans the
 node with the triggering app at its recent observed rate (plus the planner's demand slack; at most
 ``RATE_JUMP_MAX`` x the last bin's demand, since a stalled loop's backlog of arrivals reads as a
@@ -355,9 +357,10 @@ class AppController:
         if c is None:
             return None
         recent_rps, recent_n = self.recent_rate_rps(c.arrivals)
-        if self.current.early_replans or self.ctl.busy():
-            return None
         node = self.node
+        done = self.current.early_replans
+        if done >= node.control.early_replans_per_bin or self.ctl.busy():
+            return None
         threshold = node.control.replan_violation_rate
         slack = 1.0 + node.planner.demand_slack
         elapsed = max(1e-3, time.monotonic() - self.ctl.bin_start)
@@ -366,7 +369,9 @@ class AppController:
         violations = self.current.violations + c.violations
         holds_rps = self.plan.planned_rps
         floor_rps = 0.0
-        if answered >= MIN_ANSWERED_FOR_TRIGGER and violations / answered > threshold:
+        # the violation trigger fires once per bin (the bin's violations stay after its re-plan);
+        # the rate trigger again while the plan the earlier re-plan deployed does not hold the rate
+        if not done and answered >= MIN_ANSWERED_FOR_TRIGGER and violations / answered > threshold:
             trigger, why = "violations", f"{violations}/{answered} SLO violations (> {threshold:.0%})"
             # violations under a plan that holds the observed rate (a reconfiguration under way, a
             # burst that has passed) are no reason to plan for less: that would reconfigure again
