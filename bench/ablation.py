@@ -76,6 +76,9 @@ MECHANISMS = {
     "equal_slices_kept": "control.shrink_min_slices=0",
     # the rate trigger may re-plan a second time in a bin, against the plan the first one deployed
     "second_rate_replan": "control.early_replans_per_bin=1",
+    # a needed re-plan that the drain-first after its wait for drains would refuse (no lane left) is
+    # refused before that wait
+    "refuse_before_drain_wait": "control.refuse_before_drain_wait=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

@@ -197,6 +197,12 @@ class ControlSettings:
     # alternating peak-window pairs (bench/README.md, "The time scale, and needed re-plans that
     # wait"). cut_drains_when_needed takes precedence
     wait_drains_when_needed: bool = True
+    # ... unless the new instances also need the slots of so many of the app's running instances
+    # that the drain-first after the wait would leave it no lane: then it is refused before the
+    # wait, not after (runtime/generations.py _no_lane_before_wait), and the re-plan's quick plan
+    # goes out at once (quick_after_refusal). Why: on day 0 of traffic_analysis 8 needed re-plans,
+    # at three spikes among them, waited 5-12 s and were then refused that way; false: after
+    refuse_before_drain_wait: bool = True
     # a plan that frees at least this many slices of a running plan that holds the demand is worth
     # a drain-first (control/controller.py _deploy): without it a spike's plan stayed until a
     # smaller plan happened to fit beside it; 0 (default): never (drain_first_when_holding decides)
@@ -422,6 +428,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         drain_first_wait_slo=c.number("drain_first_wait_slo", 0.25, low=0, high=1),
         cut_drains_when_needed=c.bool("cut_drains_when_needed", False),
         wait_drains_when_needed=c.bool("wait_drains_when_needed", True),
+        refuse_before_drain_wait=c.bool("refuse_before_drain_wait", True),
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
         fewest_starts_first=c.bool("fewest_starts_first", False),
         quick_after_refusal=c.bool("quick_after_refusal", True),
