@@ -134,10 +134,12 @@ class ControlSettings:
     lookahead_bins: int = 0
     # the rate trigger fires only on a count the plan's rate would reach by chance less often than
     # the normal tail beyond this many standard deviations (an exact Poisson tail,
-    # control/controller.py significant; 3.5: about 2 in 10000 windows); 0: the rate alone decides.
-    # Why on: in the trough the half-second window holds about 11 arrivals and read 1.8x the plan
-    # in about one bin of ten; each misfire was three generations and their 504s
-    rate_trigger_z: float = 3.5
+    # control/controller.py significant; 3.5: about 2 in 10000 windows); 0 (default): the rate
+    # alone decides. At 3.5 the trough's misfires (a half-second window of about 11 arrivals read
+    # 1.8x the plan about one bin in ten) were gone, but so was the headroom they left: the full
+    # day's spikes met 10-11-slice plans whose spike plans needed every lane's slots and were
+    # refused (bench/README.md, "The trough's self-inflicted violations")
+    rate_trigger_z: float = 0.0
     # an urgent re-plan deploys one plan: a quick plan that serves is not followed by the exact one
     # (the next bin's re-plan brings it); false (default): quick plan, then exact plan
     single_reconfiguration: bool = False
@@ -416,7 +418,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         repartition_delay_s=c.number("repartition_delay_s", 2.0, low=0),
         burst_requests=c.integer("burst_requests", 40, low=0),
         predictor=predictor,
-        rate_trigger_z=c.number("rate_trigger_z", 3.5, low=0),
+        rate_trigger_z=c.number("rate_trigger_z", 0.0, low=0),
         single_reconfiguration=c.bool("single_reconfiguration", False),
         shrink_min_slices=c.integer("shrink_min_slices", 1, low=0),
         place_around_draining=c.bool("place_around_draining", False),

@@ -690,7 +690,7 @@ def test_the_rate_trigger_ignores_what_poisson_noise_explains_but_not_a_burst() 
             assert (c._replan_task is not None) == fires, (z, arrivals)
             if c._replan_task is not None:
                 await c._replan_task
-        assert load_node(NODE).control.rate_trigger_z == 3.5  # on by default
+        assert load_node(NODE).control.rate_trigger_z == 0.0  # off by default
         ac = _app(c)
         assert not ac.significant(60, 12.0, 10.5) and ac.significant(90, 18.0, 10.5)
 
@@ -705,15 +705,14 @@ def test_poisson_tail_is_the_exact_upper_tail() -> None:
     assert poisson_tail(0, 5.0) == 1.0 and poisson_tail(3, 0.0) == 0.0
 
 
-def test_the_default_rate_test_ignores_a_trough_windows_noise_but_not_a_spike() -> None:
+def test_the_poisson_rate_test_ignores_a_trough_windows_noise_but_not_a_spike() -> None:
     # The trough of day 0 at time scale 20: the plan holds 311 rps (15.6 req/s of wall-clock
     # traffic), and a 0.75 s window of Poisson arrivals at that rate holds about 11. A count of 20
     # there (read as 533 rps, 1.7x the plan; a window reaches it about one bin in ten) fired the
-    # rate trigger with no significance test; at the default z it does not, nor does 25. A spike
+    # rate trigger with no significance test (the default); at z = 3.5 it does not, nor does 25. A spike
     # to 2.4x (the bin-258 jump, 37 req/s) brings 28 in that window: that fires, and so does a
     # second of it over the bin so far (37 against the plan's 15.6).
-    c, _ = _controller(_per_app(lambda a, d: _plan(d, [], app=a)),
-                       rate_trigger_z=load_node(NODE).control.rate_trigger_z)
+    c, _ = _controller(_per_app(lambda a, d: _plan(d, [], app=a)), rate_trigger_z=3.5)
     ac = _app(c)
     holds = 311.0
     for count, window_s, fires in ((20, 0.75, False), (25, 0.75, False), (28, 0.75, True),

@@ -42,9 +42,10 @@ recorded in the bin records (``replans``) and counted in ``/metrics``.
 
 Fewer generations: every new generation starts processes on the node's CPUs and drains its
 predecessor for up to an SLO, and slots a draining generation holds make the next re-plan that
-needs them wait or be refused. So the rate trigger ignores what Poisson noise explains
+needs them wait or be refused. So the rate trigger can ignore what Poisson noise explains
 (``control.rate_trigger_z``, an exact Poisson tail: in the trough a half-second window holds a
-dozen arrivals), and a running plan that holds its demand is kept unless the new one frees
+dozen arrivals; off by default: its misfires were the headroom the day's spikes were met from),
+and a running plan that holds its demand is kept unless the new one frees
 ``control.shrink_min_slices`` slices (``settle``; by default one: a plan of as many slices,
 better only in accuracy, is not worth a generation). Off by default (on the 2-core peak-window
 replays, runs with them on had fewer generations but more violations, their plans less
