@@ -69,11 +69,20 @@ MECHANISMS = {
     "solver_grace_bins": "control.solver_grace_bins=0",
     # a re-plan that finds no plan at all (near the node's capacity) is asked again at 85% of its demand
     "unplanned_retry": "control.unplanned_retry_share=0",
+    # a running plan that holds its demand is kept against a plan of as many slices or more
+    "equal_slices_kept": "control.shrink_min_slices=0",
+    # the rate trigger may re-plan a second time in a bin, against the plan the first one deployed
+    "second_rate_replan": "control.early_replans_per_bin=1",
+    # a needed re-plan that the drain-first after its wait for drains would refuse (no lane left) is
+    # refused before that wait
+    "refuse_before_drain_wait": "control.refuse_before_drain_wait=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
 OPTIONAL = {
-    "rate_significance": "control.rate_trigger_z=2.5",
+    # the rate trigger fires only on a count the plan's rate would bring by chance less often than
+    # z = 3.5 standard deviations' normal tail (an exact Poisson tail)
+    "rate_significance": "control.rate_trigger_z=3.5",
     "single_reconfiguration": "control.single_reconfiguration=true",
     "shrink_hysteresis": "control.shrink_min_slices=2",
     "place_around_draining": "control.place_around_draining=true",

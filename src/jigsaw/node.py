@@ -133,17 +133,22 @@ class ControlSettings:
     # raises the mean prediction by 15%); 0: the next bin only
     lookahead_bins: int = 0
     # the rate trigger fires only on a count the plan's rate would reach by chance less often than
-    # this many Poisson standard deviations allow (control/controller.py); 0 (default): the rate
-    # alone decides. Off by default: on the 2-core replays its misfires were the headroom that
-    # absorbed the next spike, and runs with it on had more violations
+    # the normal tail beyond this many standard deviations (an exact Poisson tail,
+    # control/controller.py significant; 3.5: about 2 in 10000 windows); 0 (default): the rate
+    # alone decides. At 3.5 the trough's misfires (a half-second window of about 11 arrivals read
+    # 1.8x the plan about one bin in ten) were gone, but so was the headroom they left: the full
+    # day's spikes met 10-11-slice plans whose spike plans needed every lane's slots and were
+    # refused (bench/README.md, "The trough's self-inflicted violations")
     rate_trigger_z: float = 0.0
     # an urgent re-plan deploys one plan: a quick plan that serves is not followed by the exact one
     # (the next bin's re-plan brings it); false (default): quick plan, then exact plan
     single_reconfiguration: bool = False
     # a running plan that holds its demand is kept unless the new one frees at least this many
-    # slices (a new generation's drain holds its slots for up to an SLO); 0 (default): any better
-    # plan replaces it
-    shrink_min_slices: int = 0
+    # slices (a new generation's drain holds its slots for up to an SLO, and its processes start
+    # on the node's CPUs); 1 (default): a plan of as many slices or more, better only in accuracy
+    # or layout, is not worth a new generation (in the trough the routine re-plans replaced one
+    # 7-slice plan by another in most bins, every process new); 0: any better plan replaces it
+    shrink_min_slices: int = 1
     # a re-plan's new MIG instances keep off the slots of draining generations where the rest of
     # the node holds them (runtime/generations.py place_around); false (default): placed as if
     # none drained
@@ -194,6 +199,12 @@ class ControlSettings:
     # alternating peak-window pairs (bench/README.md, "The time scale, and needed re-plans that
     # wait"). cut_drains_when_needed takes precedence
     wait_drains_when_needed: bool = True
+    # ... unless the new instances also need the slots of so many of the app's running instances
+    # that the drain-first after the wait would leave it no lane: then it is refused before the
+    # wait, not after (runtime/generations.py _no_lane_before_wait), and the re-plan's quick plan
+    # goes out at once (quick_after_refusal). Why: on day 0 of traffic_analysis 8 needed re-plans,
+    # at three spikes among them, waited 5-12 s and were then refused that way; false: after
+    refuse_before_drain_wait: bool = True
     # a plan that frees at least this many slices of a running plan that holds the demand is worth
     # a drain-first (control/controller.py _deploy): without it a spike's plan stayed until a
     # smaller plan happened to fit beside it; 0 (default): never (drain_first_when_holding decides)
@@ -232,6 +243,12 @@ class ControlSettings:
     # app's demand (control/controller.py replan): a plan for most of a spike beats the quiet plan
     # through it; 0: not asked again
     unplanned_retry_share: float = 0.85
+    # early re-plans one app may trigger per bin: the violation trigger fires once, and the rate
+    # trigger again (against the plan the earlier one deployed) while fewer than this many ran.
+    # Why: a spike's first early re-plan can read a rate from the first second of the bin (bin 258
+    # of day 0: a violation re-plan for 489 rps against 906 rps of demand) and, once per bin, the
+    # bin met the spike on it; 1: once per bin
+    early_replans_per_bin: int = 2
 
 
 @dataclass(frozen=True)
@@ -403,7 +420,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         predictor=predictor,
         rate_trigger_z=c.number("rate_trigger_z", 0.0, low=0),
         single_reconfiguration=c.bool("single_reconfiguration", False),
-        shrink_min_slices=c.integer("shrink_min_slices", 0, low=0),
+        shrink_min_slices=c.integer("shrink_min_slices", 1, low=0),
         place_around_draining=c.bool("place_around_draining", False),
         cut_drains=c.bool("cut_drains", False),
         cut_drain_max_unanswered=c.integer("cut_drain_max_unanswered", 8, low=0),
@@ -413,12 +430,14 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         drain_first_wait_slo=c.number("drain_first_wait_slo", 0.25, low=0, high=1),
         cut_drains_when_needed=c.bool("cut_drains_when_needed", False),
         wait_drains_when_needed=c.bool("wait_drains_when_needed", True),
+        refuse_before_drain_wait=c.bool("refuse_before_drain_wait", True),
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
         fewest_starts_first=c.bool("fewest_starts_first", False),
         quick_after_refusal=c.bool("quick_after_refusal", True),
         solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),
         handover_on_needed_switch=c.bool("handover_on_needed_switch", False),
         unplanned_retry_share=c.number("unplanned_retry_share", 0.85, low=0, high=1),
+        early_replans_per_bin=c.integer("early_replans_per_bin", 2, low=1),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),
         lookahead_bins=c.integer("lookahead_bins", 0, low=0, high=12),

@@ -45,8 +45,12 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert base.control.solver_grace_bins == 1.0 and off.control.solver_grace_bins == 0.0
     assert base.control.unplanned_retry_share == 0.85 and off.control.unplanned_retry_share == 0.0
     on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
-    for n, want in ((base, (0.0, False, 0, False, 0)), (on, (2.5, True, 2, True, 1))):
-        got = (n.control.rate_trigger_z, n.control.single_reconfiguration, n.control.shrink_min_slices,
+    assert base.control.rate_trigger_z == 0.0 and on.control.rate_trigger_z == 3.5
+    assert base.control.shrink_min_slices == 1 and off.control.shrink_min_slices == 0
+    assert base.control.early_replans_per_bin == 2 and off.control.early_replans_per_bin == 1
+    assert base.control.refuse_before_drain_wait and not off.control.refuse_before_drain_wait
+    for n, want in ((base, (False, 1, False, 0)), (on, (True, 2, True, 1))):
+        got = (n.control.single_reconfiguration, n.control.shrink_min_slices,
                n.control.place_around_draining, n.control.lookahead_bins)
         assert got == want
     assert not base.control.cut_drains and on.control.cut_drains

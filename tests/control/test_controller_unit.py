@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import threading
 import time
 from collections import deque
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from jigsaw.control.controller import RATE_JUMP_MAX, AppController, NodeController
+from jigsaw.control.controller import RATE_JUMP_MAX, AppController, NodeController, poisson_tail
 from jigsaw.control.predictor import burst_floor_rps
 from jigsaw.node import Node, load_node
 from jigsaw.plan import NodePlan, Plan, PlanInstance
@@ -356,13 +357,53 @@ def test_arrivals_above_what_the_plan_holds_replan_within_the_bin() -> None:
         c._check_early()
         assert c._replan_task is not None
         await c._replan_task
-        c._check_early()  # once per bin
+        # the plan found has no instances, so 10 rps still serves: the rate trigger fires again,
+        # up to control.early_replans_per_bin (2) in the bin, then no more
+        c._replan_task = None
+        c._check_early()
+        assert c._replan_task is not None
+        await c._replan_task
+        c._replan_task = None
+        c._check_early()
+        assert c._replan_task is None
         asked = [d[TA] for d in solver.asked]  # type: ignore[attr-defined]
-        assert len(asked) == 1 and ac.current.early_replans == 1
+        assert len(asked) == 2 and ac.current.early_replans == 2
         slack = 1.0 + c.node.planner.demand_slack
         assert 150.0 * slack < asked[0] < 210.0 * slack, asked
 
     asyncio.run(go())
+
+
+def test_a_burst_after_a_violation_replan_for_too_little_replans_again_in_the_bin() -> None:
+    # The plan holds 10 rps. Half the bin's answers late fire the violation trigger at the rate so
+    # far, ~21 rps; then the burst arrives, ~210 rps over the bin so far, on the plan for ~22. With
+    # the default early_replans_per_bin (2) the rate trigger re-plans again, for the burst; with 1
+    # (once per bin) the bin meets it on the plan for 22. Neither fires a third time.
+    solver = _per_app(lambda a, d: _plan(d, app=a))
+
+    async def go() -> None:
+        assert load_node(NODE).control.early_replans_per_bin == 2
+        for per_bin, want in ((2, 2), (1, 1)):
+            c, fe = _controller(solver)
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, early_replans_per_bin=per_bin))
+            ac = _app(c)
+            ac.history_rps.extend([10.0] * 4 + [60.0])  # the last bin's 60 rps allows up to 240 rps
+            c.bin_start = time.monotonic() - 10.5
+            b = fe.bins[TA]
+            b.arrivals, b.answered, b.violations = 110, 100, 50
+            for arrivals in (110, 1100, 2200):
+                b.arrivals = arrivals
+                c._check_early()
+                if c._replan_task is not None:
+                    await c._replan_task
+                    c._replan_task = None
+            asked = [d[TA] for d in solver.asked]  # type: ignore[attr-defined]
+            solver.asked.clear()  # type: ignore[attr-defined]
+            assert len(asked) == want and ac.current.early_replans == want, (per_bin, asked)
+            assert asked[0] < 30.0
+            if want == 2:
+                assert asked[1] > 180.0 and c.plane.plans[TA].planned_rps > 180.0  # type: ignore[attr-defined]
 
 
 def test_arrivals_the_plan_holds_or_a_switched_off_trigger_do_not_replan() -> None:
@@ -656,6 +697,33 @@ def test_the_rate_trigger_ignores_what_poisson_noise_explains_but_not_a_burst() 
     asyncio.run(go())
 
 
+def test_poisson_tail_is_the_exact_upper_tail() -> None:
+    # P(X >= k) for X ~ Poisson(mu), against the sum of the probabilities below k
+    for mu, k in ((11.25, 20), (11.25, 26), (3.0, 1), (50.0, 70), (0.5, 4)):
+        below = sum(math.exp(i * math.log(mu) - mu - math.lgamma(i + 1)) for i in range(k))
+        assert poisson_tail(k, mu) == pytest.approx(1.0 - below, rel=1e-6, abs=1e-12)
+    assert poisson_tail(0, 5.0) == 1.0 and poisson_tail(3, 0.0) == 0.0
+
+
+def test_the_poisson_rate_test_ignores_a_trough_windows_noise_but_not_a_spike() -> None:
+    # The trough of day 0 at time scale 20: the plan holds 311 rps (15.6 req/s of wall-clock
+    # traffic), and a 0.75 s window of Poisson arrivals at that rate holds about 11. A count of 20
+    # there (read as 533 rps, 1.7x the plan; a window reaches it about one bin in ten) fired the
+    # rate trigger with no significance test (the default); at z = 3.5 it does not, nor does 25. A spike
+    # to 2.4x (the bin-258 jump, 37 req/s) brings 28 in that window: that fires, and so does a
+    # second of it over the bin so far (37 against the plan's 15.6).
+    c, _ = _controller(_per_app(lambda a, d: _plan(d, [], app=a)), rate_trigger_z=3.5)
+    ac = _app(c)
+    holds = 311.0
+    for count, window_s, fires in ((20, 0.75, False), (25, 0.75, False), (28, 0.75, True),
+                                   (37, 1.0, True)):
+        rate = count / window_s * 20.0
+        assert ac.significant(count, rate, holds) == fires, (count, window_s)
+    # the z = 0 switch is the bare ratio
+    c0, _ = _controller(_per_app(lambda a, d: _plan(d, [], app=a)), rate_trigger_z=0.0)
+    assert _app(c0).significant(20, 20 / 0.75 * 20.0, holds)
+
+
 def test_a_quick_plan_that_holds_the_burst_is_the_one_reconfiguration() -> None:
     # the exact plan comes 1 s after the quick one: with single_reconfiguration the quick plan
     # serves until the next bin's re-plan (one generation), without it the exact one follows
@@ -700,7 +768,29 @@ def test_a_plan_that_holds_its_demand_is_kept_unless_the_new_one_frees_enough_sl
         c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(3)])}, shrink_min_slices=2)
         await c.replan({TA: 50.0}, trigger="rate")
         assert c.plane.plans[TA].planned_rps == 50.0  # type: ignore[attr-defined]
-        assert load_node(NODE).control.shrink_min_slices == 0  # off by default
+        assert load_node(NODE).control.shrink_min_slices == 1  # equal-slice plans kept by default
+
+    asyncio.run(go())
+
+
+def test_by_default_a_plan_of_as_many_slices_better_only_in_accuracy_is_not_a_new_generation() -> None:
+    # running: 3 slices holding 10 rps at 0.90 accuracy; the re-plan finds 3 slices at 0.98 (the
+    # trough's routine re-plans: another 7-slice layout each bin, every process new). With the
+    # default shrink_min_slices (1) the running plan stays; with 0 the better one replaces it; a
+    # plan that frees a slice replaces it either way.
+    slices = {"n": 3}
+    solver = _per_app(lambda a, d: _plan(d, [_inst(slices["n"], "w")], app=a, accuracy=0.98))
+
+    async def go() -> None:
+        default = load_node(NODE).control.shrink_min_slices
+        for min_frees, new_slices, replaced in ((default, 3, False), (0, 3, True), (default, 2, True)):
+            slices["n"] = new_slices
+            c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(3)], accuracy=0.90)},
+                               shrink_min_slices=min_frees)
+            plane: _Plane = c.plane  # type: ignore[assignment]
+            await c.replan({TA: 10.0}, trigger="bin")
+            assert (plane.gens[TA] != 0) == replaced, (min_frees, new_slices)
+            assert plane.plans[TA].accuracy == (0.98 if replaced else 0.90)
 
     asyncio.run(go())
 

@@ -59,9 +59,12 @@ def _plans(tmp_path: Path, node_extra: str, added: str,
     big = dataclasses.replace(b, mig_profile="3g.40gb", count=1, slices=3, latency_ms=20.0,
                               throughput_rps=50.0)
     second = dataclasses.replace(first, instances=[a, big])
-    mid = dataclasses.replace(b, mig_profile="2g.20gb", count=1, slices=2, latency_ms=40.0,
-                              throughput_rps=25.0) if added == "2g.20gb" else dataclasses.replace(b, count=1)
+    two_g = dataclasses.replace(b, mig_profile="2g.20gb", count=1, slices=2, latency_ms=40.0,
+                                throughput_rps=25.0)
+    mid = two_g if added == "2g.20gb" else dataclasses.replace(b, count=1)
     third = dataclasses.replace(first, instances=[a, big, mid])
+    if added == "2x2g.20gb":  # b moves to two 2g.20gb, at starts 2 and 4: over its only lane too
+        third = dataclasses.replace(first, instances=[a, dataclasses.replace(two_g, count=2)], slices_used=5)
     return node_path, first, second, third
 
 
@@ -280,6 +283,29 @@ def test_the_wait_for_a_drain_that_cannot_answer_in_time_sends_nothing_again(tmp
     assert out["waits"][0] == 1
     assert not any("unsettled after drain" in line for line in logs), logs
     assert out["leaked"] == set()
+
+
+def test_a_needed_replan_that_would_leave_no_lane_is_refused_before_waiting(tmp_path: Path) -> None:
+    """``control.refuse_before_drain_wait``: b moves to two 2g.20gb instances, at start 2 (held by
+    draining generation 0) and start 4 (generation 1's 3g.40gb, b's only instance). Whatever the
+    drain does, the drain-first after it would leave b no lane: the re-plan is refused at once,
+    without the wait. Off, it waits for generation 0's drain (six seconds of b's work) and is
+    refused after it. Every request is answered once either way."""
+    for on in (True, False):
+        out = _run(tmp_path / str(on), WAIT + f"refuse_before_drain_wait = {str(on).lower()}\n",
+                   added="2x2g.20gb")
+        two, logs = out["third"], out["logs"]
+        assert not two.new_generation and two.refused, (two, logs)
+        assert "no lane left" in (two.error or ""), two
+        waited = any("for their drains to end" in line for line in logs)
+        assert waited != on and out["waits"][0] == (0 if on else 1), logs
+        assert ("refused before waiting" in (two.error or "")) == on, two
+        assert out["gen0_alive_after"] == on  # refused at once, generation 0 still draining
+        assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+        assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}
+        assert out["leaked"] == set()
+    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                     ).control.refuse_before_drain_wait  # on by default
 
 
 def _switch_once(tmp_path: Path, handover: bool) -> dict[str, Any]:

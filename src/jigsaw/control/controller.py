@@ -17,7 +17,9 @@ layout to keep, the mean measured factors of the last bins, and a time limit bel
 
 Early re-plans: a bin whose violation rate crosses ``control.replan_violation_rate`` (once per app
 and bin), and with ``control.replan_on_rate`` an arrival rate over the last ``RATE_WINDOW_BINS``
-of a bin above what the running plan holds (its ``planned_rps``): the predictor's
+of a bin above what the running plan holds (its ``planned_rps``; up to
+``control.early_replans_per_bin`` early re-plans per app and bin, each against the plan the last
+one deployed): the predictor's
 mean of past bins sees a burst one bin late, the door sees it within a second. Either re-plans the
 node with the triggering app at its recent observed rate (plus the planner's demand slack; at most
 ``RATE_JUMP_MAX`` x the last bin's demand, since a stalled loop's backlog of arrivals reads as a
@@ -38,15 +40,19 @@ solving, is what a spike's switch waits for), and the exact plan waits for the n
 (``control.fewest_starts_first``, off by default: its replay pairs measured no gain). Both are
 recorded in the bin records (``replans``) and counted in ``/metrics``.
 
-Fewer generations around a burst (each switch off by default: on the 2-core replays, runs with
-them on had fewer generations and refused re-plans but more violations, their plans less
-headroom): every new generation drains its predecessor for up to an SLO, and slots a draining
-generation holds make the next re-plan that needs them wait or be refused. So the rate trigger
-can ignore what Poisson noise explains (``control.rate_trigger_z``); a quick plan that holds the
-demand can be the re-plan's one reconfiguration (``control.single_reconfiguration``; the next
-bin's re-plan brings the exact plan); and a running plan that holds its demand can be kept unless
-the new one frees ``control.shrink_min_slices`` slices (``settle``). A bin's routine re-plan that
-comes due while another runs is not dropped but runs once it is done (``_routine_due``).
+Fewer generations: every new generation starts processes on the node's CPUs and drains its
+predecessor for up to an SLO, and slots a draining generation holds make the next re-plan that
+needs them wait or be refused. So the rate trigger can ignore what Poisson noise explains
+(``control.rate_trigger_z``, an exact Poisson tail: in the trough a half-second window holds a
+dozen arrivals; off by default: its misfires were the headroom the day's spikes were met from),
+and a running plan that holds its demand is kept unless the new one frees
+``control.shrink_min_slices`` slices (``settle``; by default one: a plan of as many slices,
+better only in accuracy, is not worth a generation). Off by default (on the 2-core peak-window
+replays, runs with them on had fewer generations but more violations, their plans less
+headroom): a quick plan that holds the demand as the re-plan's one reconfiguration
+(``control.single_reconfiguration``; the next bin's re-plan brings the exact plan). A bin's
+routine re-plan that comes due while another runs is not dropped but runs once it is done
+(``_routine_due``).
 
 A planner that fails or times out leaves the running plans serving; the bin's records and
 ``jigsaw_planner_failures_total`` report it.
@@ -58,6 +64,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
@@ -95,6 +102,22 @@ URGENT_TRIGGERS = ("rate", "violations", "capacity")
 RATE_JUMP_MAX = 4.0
 Factors = dict[tuple[str, str, str], float]
 QuickSink = Callable[[NodePlan], None]
+
+
+def poisson_tail(count: int, mean: float) -> float:
+    """P(X >= ``count``) for X ~ Poisson(``mean``): the terms from ``count`` up, summed until they
+    no longer add (each is the last x mean / k; past the mean they fall geometrically)."""
+    if count <= 0:
+        return 1.0
+    if mean <= 0:
+        return 0.0
+    term = math.exp(count * math.log(mean) - mean - math.lgamma(count + 1))
+    total, k = 0.0, count
+    while term > 1e-16 * max(total, 1e-300) and k < count + 100000:
+        total += term
+        k += 1
+        term *= mean / k
+    return min(1.0, total)
 
 
 class Solver(Protocol):
@@ -335,9 +358,10 @@ class AppController:
         if c is None:
             return None
         recent_rps, recent_n = self.recent_rate_rps(c.arrivals)
-        if self.current.early_replans or self.ctl.busy():
-            return None
         node = self.node
+        done = self.current.early_replans
+        if done >= node.control.early_replans_per_bin or self.ctl.busy():
+            return None
         threshold = node.control.replan_violation_rate
         slack = 1.0 + node.planner.demand_slack
         elapsed = max(1e-3, time.monotonic() - self.ctl.bin_start)
@@ -346,7 +370,9 @@ class AppController:
         violations = self.current.violations + c.violations
         holds_rps = self.plan.planned_rps
         floor_rps = 0.0
-        if answered >= MIN_ANSWERED_FOR_TRIGGER and violations / answered > threshold:
+        # the violation trigger fires once per bin (the bin's violations stay after its re-plan);
+        # the rate trigger again while the plan the earlier re-plan deployed does not hold the rate
+        if not done and answered >= MIN_ANSWERED_FOR_TRIGGER and violations / answered > threshold:
             trigger, why = "violations", f"{violations}/{answered} SLO violations (> {threshold:.0%})"
             # violations under a plan that holds the observed rate (a reconfiguration under way, a
             # burst that has passed) are no reason to plan for less: that would reconfigure again
@@ -367,13 +393,16 @@ class AppController:
 
     def significant(self, count: int, rate_rps: float, holds_rps: float) -> bool:
         """``count`` arrivals, read as ``rate_rps``, are more than the plan's ``holds_rps`` would bring
-        by chance: above its expected count in the same time by ``control.rate_trigger_z`` Poisson
-        standard deviations.
+        by chance: the Poisson upper tail of its expected count in the same time at ``count`` is
+        below the one-sided normal tail of ``control.rate_trigger_z`` (``poisson_tail``).
 
-        Why: the rate window is half a second of a compressed bin, a few dozen arrivals; their
-        Poisson noise alone reads 10-20% above the mean in one poll of ten, and a plan holds its
-        prediction + 5%. Each misfire is a re-plan and a new generation whose drain holds its MIG
-        slots for up to an SLO, so the re-plan for the real burst a bin later is refused.
+        Why: the rate window is half a second of a compressed bin, a few dozen arrivals; in the
+        trough (15 req/s of wall-clock traffic at time scale 20) it holds about 11, and a count of
+        20, which such a window reaches in about one bin of ten, read as 1.8x the plan. Each
+        misfire deployed a plan of twice the slices, every instance new, then the routine re-plan
+        took it back: three generations in a bin, and the switches' 504s (day 0 of
+        traffic_analysis: about 140 of its 320 violations). The exact tail, not a normal
+        approximation, because at a dozen arrivals the normal one fires several times too often.
         """
         z = self.node.control.rate_trigger_z
         if z <= 0:
@@ -381,7 +410,7 @@ class AppController:
         if rate_rps <= 0 or count <= 0:
             return False
         expected = holds_rps * count / rate_rps  # what the plan's rate brings in the same time
-        return count > expected + z * expected ** 0.5
+        return count > expected and poisson_tail(count, expected) < 0.5 * math.erfc(z / math.sqrt(2.0))
 
     def capacity_demand(self) -> float:
         """What to re-plan for when a worker is lost: the prediction, or the bin's rate so far."""

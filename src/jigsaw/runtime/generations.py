@@ -166,6 +166,9 @@ class Applied:
     refused: bool = False
 
 
+Slot = tuple[int, int]  # a MIG instance's (GPU, start)
+
+
 class DrainRefused(JigsawError):
     """A drain-first re-plan that cannot be made safely (nothing was changed): the app would have
     no lane while the instances in the way drain, or their slots are not the app's own."""
@@ -589,12 +592,16 @@ class GenerationManager:
                 c = self.node.control
                 needed = not desired.running_holds and c.cut_drains_when_needed
                 until_end = not desired.running_holds and c.wait_drains_when_needed and not needed
+                if deferred and not skip and until_end and c.refuse_before_drain_wait:
+                    self._no_lane_before_wait(app, old, node_layout, deferred)
                 if deferred and not skip and (c.cut_drains or needed or until_end) \
                         and await self._cut_drains(app, node_layout, deferred,
                                                    wait_s=self._drain_first_wait_s(old) if needed else None,
                                                    until_end=until_end):
                     deferred = await asyncio.to_thread(self.partition.bring_up, node_layout,
                                                        f"{app}: re-plan, the drains in its way cut")
+            except DrainRefused as exc:  # before the wait for the drains in its way
+                return await self._refused(app, old_gid, exc)
             except JigsawError as exc:
                 self.log(f"{app}: MIG reconfiguration failed ({exc}); rolled back, "
                          f"keeping generation {old_gid}")
@@ -620,13 +627,7 @@ class GenerationManager:
                     if self.current[app] != old_gid:  # it failed after the drain: bring the plan back
                         self.log(f"{app}: the re-plan failed after its drain-first ({exc})")
                         return await self._restore(app, before, old_gid, str(exc))
-                    await self._release_mig(f"{app}: re-plan abandoned")
-                    outcome = "refused" if isinstance(exc, DrainRefused) else "failed"
-                    self.drain_first_total[outcome] += 1
-                    self.log(f"{app}: cannot free the MIG slots of the new instances ({exc}); "
-                             f"re-plan {outcome}, keeping generation {old_gid}")
-                    return Applied(old_gid, old_gid, False, error=f"drain-first {outcome}: {exc}",
-                                   refused=outcome == "refused")
+                    return await self._refused(app, old_gid, exc)
                 restore = before
             node_layout = self.partition.with_uuids(node_layout)
         gen = self._lay_out(old.app, new)
@@ -660,6 +661,17 @@ class GenerationManager:
         self.processes_kept_total += len(pairs)
         return Applied(gen.gid, old_gid, True, switched_s, tuple(changed), n,
                        kept=len(pairs), started=n - len(pairs), stopped=stopped)
+
+    async def _refused(self, app: str, old_gid: int, exc: JigsawError) -> Applied:
+        """A drain-first that was refused (``DrainRefused``: nothing changed) or failed before its
+        switch: the MIG instances brought up for it go, the running generation serves on."""
+        await self._release_mig(f"{app}: re-plan abandoned")
+        outcome = "refused" if isinstance(exc, DrainRefused) else "failed"
+        self.drain_first_total[outcome] += 1
+        self.log(f"{app}: cannot free the MIG slots of the new instances ({exc}); "
+                 f"re-plan {outcome}, keeping generation {old_gid}")
+        return Applied(old_gid, old_gid, False, error=f"drain-first {outcome}: {exc}",
+                       refused=outcome == "refused")
 
     async def _launch(self, gen: Generation, layout: NodeLayout | None, router: Router,
                       hold_s: float = 0.0) -> None:
@@ -880,6 +892,38 @@ class GenerationManager:
                        processes=len(back.topology.processes), error=why, kept=len(back.adopted),
                        started=started, restored=True)
 
+    def _blockers(self, app: str, old: Generation, desired: NodeLayout,
+                  deferred: tuple[tuple[int, int, str], ...]) -> tuple[set[Slot], set[Slot]]:
+        """The slots (GPU, start) of the MIG instances in the way of the new ones at ``deferred``,
+        and those of them the app's running plan owns."""
+        assert self.partition is not None and self.node_layout is not None
+        gpu = self.node.gpu
+        want = [i for i in desired.instances if i.slot in set(deferred)]
+        mine = {(i.gpu, i.start): i for i in self.node_layout.instances}
+        blockers = {(e.gpu, e.start) for e in self.partition.existing.values()
+                    if any(overlaps(gpu, w, e) for w in want)}
+        owned = set(placements(old.plan.layout).values()) if old.plan.layout is not None else set()
+        own = {b for b in blockers if b in mine and mine[b].app == app and b in owned}
+        return blockers, own
+
+    def _no_lane_before_wait(self, app: str, old: Generation, desired: NodeLayout,
+                             deferred: tuple[tuple[int, int, str], ...]) -> None:
+        """Raise ``DrainRefused`` when the new instances also need the slots of so many of the app's
+        running instances that it would have no lane left while they drain: the drain-first after
+        a wait for the drains in the way would refuse the plan anyway (the running instances stay
+        in the way whatever the drains do, and taking more slots leaves fewer lanes), so it is
+        refused before the wait (``control.refuse_before_drain_wait``).
+
+        Why: on day 0 of traffic_analysis a needed re-plan waited 5-12 s for the drains in its way
+        and was then refused this way 8 times (50 s in all), at the spikes of bins 73, 114 and 258
+        among them; the same re-plan's quick plan, which keeps the running instances, went out only
+        after that wait."""
+        _, own = self._blockers(app, old, desired, deferred)
+        if own and without_instances(old.plan, own) is None:
+            raise DrainRefused(f"the app would have no lane left to serve while the {len(own)} "
+                               "instances in the way of the new ones drain (refused before waiting "
+                               "for the drains in the way)")
+
     async def _drain_first(self, app: str, old: Generation, desired: NodeLayout,
                            deferred: tuple[tuple[int, int, str], ...]) -> Generation:
         """No free slots for some new instances: drain the app's instances in their way first while
@@ -890,14 +934,9 @@ class GenerationManager:
         before the switch to the interim generation leaves the running one serving, one after it
         leaves the interim one serving (the caller restores the running plan)."""
         assert self.partition is not None and self.node_layout is not None
-        gpu = self.node.gpu
-        want = [i for i in desired.instances if i.slot in set(deferred)]
         mine = {(i.gpu, i.start): i for i in self.node_layout.instances}
-        blockers = {(e.gpu, e.start) for e in self.partition.existing.values()
-                    if any(overlaps(gpu, w, e) for w in want)}
-        strangers = [mine[b].name if b in mine else f"gpu{b[0]}/start{b[1]}" for b in blockers
-                     if b not in mine or mine[b].app != app or old.plan.layout is None
-                     or b not in set(placements(old.plan.layout).values())]
+        blockers, own = self._blockers(app, old, desired, deferred)
+        strangers = [mine[b].name if b in mine else f"gpu{b[0]}/start{b[1]}" for b in blockers - own]
         if strangers:
             raise DrainRefused(f"the slots are held by instances the app's running plan does not own "
                                f"({', '.join(sorted(strangers))}; a draining generation?)")
@@ -905,7 +944,8 @@ class GenerationManager:
         if mid_plan is None:
             raise DrainRefused(f"the app would have no lane left to serve while the {len(blockers)} "
                                "instances in the way of the new ones drain")
-        self.log(f"{app}: {len(want)} new MIG instances need the slots of {len(blockers)} running ones: "
+        wanted = sum(1 for i in desired.instances if i.slot in set(deferred))
+        self.log(f"{app}: {wanted} new MIG instances need the slots of {len(blockers)} running ones: "
                  "draining those first while the rest serves")
         router = self._router()
         mid = self._lay_out(old.app, mid_plan)
