@@ -69,6 +69,9 @@ MECHANISMS = {
     "solver_grace_bins": "control.solver_grace_bins=0",
     # a re-plan that finds no plan at all (near the node's capacity) is asked again at 85% of its demand
     "unplanned_retry": "control.unplanned_retry_share=0",
+    # a running plan that holds its demand, whose smaller plan needs its slots, gives back the
+    # instances the demand leaves spare (every process kept, no drain-first)
+    "trim": "control.trim_min_slices=0",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
@@ -94,6 +97,9 @@ OPTIONAL = {
     # admission counts the plan's bottleneck task, not only its roots (a chain's later task that
     # lost instances while they drain admits only what it finishes)
     "bottleneck_admission": "server.admission_bottleneck=true",
+    # a plan that holds its demand is not replaced in the bin it began to serve in (a raised plan
+    # is not taken down by the next bin's re-plan at once)
+    "keep_new_plan": "control.keep_new_plan_bins=1",
 }
 # planner.max_utilization of every run: plan each instance for at most this share of its profiled
 # throughput. The planner's 2 x batch latency per task holds only while a task's queue stays

@@ -927,3 +927,86 @@ def test_a_replan_that_finds_no_plan_is_asked_again_at_a_share_of_the_demand() -
             assert _app(c).plan.planned_rps == (170.0 if slices == 3 else 10.0)
         assert load_node(NODE).control.unplanned_retry_share == 0.85
     asyncio.run(go())
+
+
+def test_a_running_plan_whose_smaller_plan_was_not_applied_is_trimmed_to_its_demand() -> None:
+    # ar_assistant runs a spike's plan (600 req/s); the quiet bin's re-plan (250) finds a smaller
+    # plan whose MIG instances need the running ones' slots, and the runtime does not apply it (the
+    # running plan holds the demand: no drain-first). With trim_min_slices the running plan is
+    # trimmed instead: a subset of its placed instances, every process kept; with 0 it stays.
+    from jigsaw.node import load_node_profiles
+    from jigsaw.planner.node_plan import plan_node
+
+    node = load_node(NODE)
+    app = node.app("ar_assistant")
+    profiles = load_node_profiles(node, [app])
+    running, quiet = (plan_node([app], node, profiles, {app.name: d}, solver="highs",
+                                time_limit_s=30).plans[app.name] for d in (600.0, 250.0))
+
+    def placed(p: Plan) -> set[tuple[Any, ...]]:
+        assert p.layout is not None
+        return {(g.gpu, x.start, x.profile, x.task, x.variant, x.mps, x.max_batch)
+                for g in p.layout.gpus for x in g.instances}
+
+    class Skipping(_Plane):
+        async def apply(self, desired: DesiredState) -> Applied:
+            g = self.gens[desired.app]
+            if desired.running_holds and not placed(desired.plan) <= placed(self.plans[desired.app]):
+                self.applied.append(desired)
+                return Applied(g, g, False, note="no drain-first")
+            return await super().apply(desired)
+
+    async def go() -> None:
+        for min_frees, trimmed in ((4, True), (0, False), (running.slices_used, False)):
+            c, _ = _controller(_per_app(lambda a, d: quiet), apps=(app.name,), plans={app.name: running})
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, trim_min_slices=min_frees))
+            plane = Skipping(c.node, {app.name: running})
+            plane.profiles = profiles
+            c.plane = plane
+            await c.replan({app.name: 250.0}, trigger="bin")
+            now = plane.plans[app.name]
+            assert plane.applied[0].plan is quiet  # the smaller plan went first, and was not applied
+            if trimmed:
+                assert len(plane.applied) == 2 and plane.applied[1].running_holds
+                assert placed(now) < placed(running) and now.slices_used <= running.slices_used - min_frees
+                assert now.planned_rps == pytest.approx(250.0) and plane.gens[app.name] == 1
+                assert "jigsaw_node_trims_total 1" in c.stats.prometheus()
+            else:
+                assert now is running and len(plane.applied) == 1, min_frees
+        assert load_node(NODE).control.trim_min_slices == 4  # on by default
+
+    asyncio.run(go())
+
+
+def test_a_raised_plan_is_kept_through_its_first_bins_with_keep_new_plan_bins() -> None:
+    # a rate re-plan raises the plan in bin 0 (5 slices for 50 rps); the next bin's re-plan, made
+    # in the same bin for 10 rps, finds a 1-slice plan: with keep_new_plan_bins = 1 the raised plan
+    # stays until a bin has passed, then goes; with 0 it goes at once
+    solver = _per_app(lambda a, d: _plan(d, [_inst(5 if d > 20 else 1)], app=a))
+
+    async def go() -> None:
+        for keep in (1, 0):
+            c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(1)])})
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, keep_new_plan_bins=keep))
+            plane: _Plane = c.plane  # type: ignore[assignment]
+            await c.replan({TA: 50.0}, trigger="rate")
+            assert plane.plans[TA].slices_used == 5 and _app(c).serving_since_bin == 0
+            await c.replan({TA: 10.0}, trigger="bin")
+            assert plane.plans[TA].slices_used == (5 if keep else 1), keep
+            if keep:
+                assert _app(c).current.replans[-1]["exact"]["kept"] == [TA]
+                c.close_bins()
+                await c.replan({TA: 10.0}, trigger="bin")
+                assert plane.plans[TA].slices_used == 1
+        # a young plan that does not hold the new demand is replaced all the same
+        c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(1)])})
+        c.node = dataclasses.replace(c.node, control=dataclasses.replace(c.node.control,
+                                                                         keep_new_plan_bins=3))
+        await c.replan({TA: 50.0}, trigger="rate")
+        await c.replan({TA: 80.0}, trigger="rate")
+        assert c.plane.plans[TA].planned_rps == 80.0  # type: ignore[attr-defined]
+        assert load_node(NODE).control.keep_new_plan_bins == 0  # off by default
+
+    asyncio.run(go())
