@@ -45,8 +45,15 @@ generation holds make the next re-plan that needs them wait or be refused. So th
 can ignore what Poisson noise explains (``control.rate_trigger_z``); a quick plan that holds the
 demand can be the re-plan's one reconfiguration (``control.single_reconfiguration``; the next
 bin's re-plan brings the exact plan); and a running plan that holds its demand can be kept unless
-the new one frees ``control.shrink_min_slices`` slices (``settle``). A bin's routine re-plan that
-comes due while another runs is not dropped but runs once it is done (``_routine_due``).
+the new one frees ``control.shrink_min_slices`` slices, or, with ``control.keep_new_plan_bins``,
+until it has served that many bins (``settle``). A bin's routine re-plan that comes due while
+another runs is not dropped but runs once it is done (``_routine_due``).
+
+Giving back: a running plan that holds its demand is not drained for a smaller plan whose MIG
+instances need its slots (the runtime skips it), so a spike's plan that fills the node would stay
+through the quiet bins after it; instead it is trimmed to the demand (``_trim_running``,
+``control.trim_min_slices``): the instances the demand leaves spare go, the rest keep their slots
+and processes.
 
 A planner that fails or times out leaves the running plans serving; the bin's records and
 ``jigsaw_planner_failures_total`` report it.

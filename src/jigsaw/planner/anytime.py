@@ -12,7 +12,9 @@ at high loads the only candidates that fit). The candidates are ranked by the pl
 objective; the best one that packs onto the GPUs and passes the independent checker
 (``verify.verify_plan``) is returned. ``milp.plan_anytime``
 yields that plan first and the exact plan when it is ready; the controller may deploy the first
-and replace it by the second.
+and replace it by the second. ``extend_plan`` keeps a running plan and adds instances for more
+demand (a burst's quick plan); ``trim_plan`` keeps it and drops what less demand leaves spare
+(the controller's give-back of a plan whose smaller successor needs its slots).
 
 Where the full demand finds no plan (an app at its capacity, a node past it),
 ``scaled_quick_plan`` (and ``node_plan.quick_plan_node(scale_down=True)``) rescale the
