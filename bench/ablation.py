@@ -72,6 +72,9 @@ MECHANISMS = {
     # a running plan that holds its demand, whose smaller plan needs its slots, gives back the
     # instances the demand leaves spare (every process kept, no drain-first)
     "trim": "control.trim_min_slices=0",
+    # an app whose plans were refused (no lane left while its small plan drains) gets its running
+    # plan extended in place for the share of the demand that packs beside what runs
+    "in_place_extension": "control.extend_in_place_after_refusal=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

@@ -13,6 +13,7 @@ from jigsaw.plan import NodePlan
 from jigsaw.planner.anytime import trim_plan
 from jigsaw.planner.node_plan import (
     QUICK_STATUS,
+    extend_in_place,
     merge_layouts,
     node_value,
     plan_node,
@@ -344,3 +345,25 @@ def test_trim_plan_gives_back_what_a_lower_demand_leaves_spare_on_the_running_sl
     assert trim_plan(app, node, profiles, running, 250.0).slices_used \
         < trim_plan(app, node, profiles, running, 450.0).slices_used
     assert trim_plan(app, node, profiles, running, running.planned_rps) is None
+
+
+def test_extend_in_place_serves_the_largest_share_that_packs_beside_what_runs(example) -> None:
+    """A spike on a small running plan: its extension for the whole spike does not fit beside it,
+    the plan kept in place for a share of it does; nothing that runs moves, and it verifies."""
+    node, profiles = example
+    node = dataclasses.replace(node, planner=dataclasses.replace(node.planner, max_utilization=0.8))
+    app = node.app("ar_assistant")
+    running = plan_node([app], node, profiles, {app.name: 155.0}, solver="highs", time_limit_s=30)
+    run = running.plans[app.name]
+    spike = 560.0
+    p = extend_in_place(app, node, profiles, running.plans, spike)
+    assert p is not None and run.planned_rps < p.planned_rps < spike  # a share of the spike, more than runs
+    assert verify_plan(p, app, node, profiles) == []
+
+    def placed(layout):
+        return {(g.gpu, x.start, x.profile, x.task, x.variant) for g in layout.gpus for x in g.instances}
+    assert placed(run.layout) <= placed(p.layout)
+    # a demand the extension holds whole is served whole; one the running plan holds needs none
+    small = extend_in_place(app, node, profiles, running.plans, 250.0)
+    assert small is not None and small.planned_rps == pytest.approx(250.0)
+    assert extend_in_place(app, node, profiles, running.plans, run.planned_rps) is None

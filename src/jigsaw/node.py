@@ -211,6 +211,12 @@ class ControlSettings:
     # re-plan took it down at once, each down-switch a generation whose drain (up to an SLO x the
     # time scale) held slots the next raise waited for; 0 (default): replaced at once
     keep_new_plan_bins: int = 0
+    # an app whose plans the runtime refused in a re-plan (a drain-first that would leave it no
+    # lane: a spike's plans reuse the slots of a small running plan) and whose running plan does
+    # not hold its demand gets that plan extended in place for the largest share of the demand
+    # that packs beside every running instance (planner/node_plan.py extend_in_place;
+    # control/controller.py _extend_after_refusal); false: the running plan serves on
+    extend_in_place_after_refusal: bool = True
     # a re-plan the node needs (a running plan does not hold its demand) deploys first whichever
     # of its quick and exact plans starts fewer processes (the quick one keeps the running plans
     # and adds instances: a spike's exact plan restarted every process, 5-17 s to its switch), and
@@ -429,6 +435,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
         trim_min_slices=c.integer("trim_min_slices", 4, low=0),
         keep_new_plan_bins=c.integer("keep_new_plan_bins", 0, low=0),
+        extend_in_place_after_refusal=c.bool("extend_in_place_after_refusal", True),
         fewest_starts_first=c.bool("fewest_starts_first", False),
         quick_after_refusal=c.bool("quick_after_refusal", True),
         solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),

@@ -1010,3 +1010,52 @@ def test_a_raised_plan_is_kept_through_its_first_bins_with_keep_new_plan_bins() 
         assert load_node(NODE).control.keep_new_plan_bins == 0  # off by default
 
     asyncio.run(go())
+
+
+def test_a_spike_whose_plans_are_refused_gets_the_running_plan_extended_in_place() -> None:
+    # ar_assistant runs a small plan (155 req/s); a spike's re-plan (560) finds plans that reuse
+    # the running instances' slots, and the runtime refuses them (draining those would leave no
+    # lane). With extend_in_place_after_refusal the running plan is extended beside itself for a
+    # share of the spike; off, the small plan serves on.
+    from jigsaw.node import load_node_profiles
+    from jigsaw.planner.node_plan import plan_node
+
+    node = load_node(NODE)
+    app = node.app("ar_assistant")
+    profiles = load_node_profiles(node, [app])
+    running, spike = (plan_node([app], node, profiles, {app.name: d}, solver="highs",
+                                time_limit_s=30).plans[app.name] for d in (155.0, 700.0))
+
+    def placed(p: Plan) -> set[tuple[Any, ...]]:
+        assert p.layout is not None
+        return {(g.gpu, x.start, x.profile, x.task, x.variant) for g in p.layout.gpus for x in g.instances}
+
+    class Refusing(_Plane):
+        async def apply(self, desired: DesiredState) -> Applied:
+            g = self.gens[desired.app]
+            if not placed(self.plans[desired.app]) <= placed(desired.plan):
+                self.applied.append(desired)
+                return Applied(g, g, False, error="drain-first refused: no lane left", refused=True)
+            return await super().apply(desired)
+
+    async def go() -> None:
+        for on in (True, False):
+            c, _ = _controller(_per_app(lambda a, d: spike), apps=(app.name,), plans={app.name: running})
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, extend_in_place_after_refusal=on))
+            plane = Refusing(c.node, {app.name: running})
+            plane.profiles = profiles
+            c.plane = plane
+            await c.replan({app.name: 700.0}, trigger="rate")
+            now = plane.plans[app.name]
+            (entry,) = _app(c, app.name).current.replans
+            if on:
+                assert placed(running) < placed(now) and running.planned_rps < now.planned_rps < 700.0
+                assert plane.gens[app.name] == 1
+                assert entry["in_place"] == {app.name: {"slices_used": now.slices_used,
+                                                        "planned_rps": round(now.planned_rps, 3)}}
+            else:
+                assert now is running and "in_place" not in entry
+        assert load_node(NODE).control.extend_in_place_after_refusal  # on by default
+
+    asyncio.run(go())

@@ -65,6 +65,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
@@ -78,7 +79,7 @@ from jigsaw.control.solver import solve_node
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
 from jigsaw.planner.anytime import processes_to_start, trim_plan
-from jigsaw.planner.node_plan import QUICK_STATUS, app_value, prefer_quick
+from jigsaw.planner.node_plan import QUICK_STATUS, app_value, extend_in_place, prefer_quick
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime.admission import BinCounters
 from jigsaw.runtime.generations import Applied, DesiredState, same_instances
@@ -718,12 +719,14 @@ class NodeController:
             exact_f = loop.run_in_executor(self.executor, call)
             entry: dict[str, Any] = {"trigger": trigger, "for_bin": for_bin, "quick": None, "exact": None}
             deployed: NodePlan | None = None
+            refused_any: set[str] = set()  # apps whose plan the runtime refused (``Applied.refused``)
             quick = await self._first_needed(exact_f, quick_box, trigger, for_bin, t0)
             if quick is not None:
                 use = self.anytime == "always" or trigger in URGENT_TRIGGERS or not self._holds(full)
                 entry["quick"] = self._summary(quick, use)
                 if use:
-                    entry["quick"]["kept"], _ = await self._deploy(quick, fresh, "quick", full)
+                    entry["quick"]["kept"], no = await self._deploy(quick, fresh, "quick", full)
+                    refused_any.update(no)
                     deployed, fresh = quick, frozenset()
             try:
                 exact = await exact_f
@@ -741,7 +744,8 @@ class NodeController:
                     self.log(f"node: the quick plan starts {self._starts(q)} processes, the exact one "
                              f"{self._starts(exact)}: the quick plan goes first")
                     entry["quick"]["fewer_starts"] = True
-                    entry["quick"]["kept"], _ = await self._deploy(q, fresh, "quick", full)
+                    entry["quick"]["kept"], no = await self._deploy(q, fresh, "quick", full)
+                    refused_any.update(no)
                     deployed, fresh = q, frozenset()
             for n, c in self.apps.items():
                 c.predicted_rps = full[n]
@@ -771,10 +775,13 @@ class NodeController:
                 for note in exact.notes:
                     self.log(f"node: {note}")
                 entry["exact"]["kept"], refused = await self._deploy(exact, fresh, "exact", full)
+                refused_any.update(refused)
                 deployed = exact
                 if refused:
                     deployed = await self._quick_after_refusal(quick_box, refused, entry, fresh, full) \
                         or deployed
+            if refused_any:
+                deployed = await self._extend_after_refusal(refused_any, full, fresh, entry) or deployed
             took = time.monotonic() - t0
             self._replan_s = took if self._replan_s is None else 0.5 * (self._replan_s + took)
             if for_bin is None or for_bin == self.bin_index:
@@ -907,6 +914,57 @@ class NodeController:
             entry["quick"]["deployed"] = True
         entry["quick"].update(kept=kept, after_refusal=better)
         return q
+
+    async def _extend_after_refusal(self, refused: set[str], demands: Mapping[str, float],
+                                    fresh: frozenset[str], entry: dict[str, Any]) -> NodePlan | None:
+        """After the runtime refused a plan of ``refused`` apps in this re-plan, each of them whose
+        running plan still does not hold its demand gets its running plan extended in place for
+        the largest fraction of the demand that packs beside every running instance
+        (``node_plan.extend_in_place``), when that serves more than the running plan
+        (``control.extend_in_place_after_refusal``). Returns the node plan pushed, or None.
+
+        Why: a spike's exact and quick plans (the greedy's, once the running plan extended for the
+        whole spike no longer fits beside itself) both reuse the running instances' slots, and a
+        small running plan cannot be drained for them without leaving the app no lane: on
+        ar_assistant's peak window every plan of the second spike was refused for that, twice per
+        re-plan over three bins, and 560-710 req/s met the 8-slice plan for 155 (30% and 79% of
+        the bins' requests violated). The plan kept in place serves 75% of that spike.
+        """
+        if not self.node.control.extend_in_place_after_refusal:
+            return None
+        running = {n: c.plan for n, c in self.apps.items()}
+        pushed: dict[str, Plan] = {}
+        for name in sorted(refused):
+            c = self.apps[name]
+            run = c.plan
+            if not run.max_demand_plan and run.planned_rps >= demands[name] * (1 - 1e-9):
+                continue
+            p = await asyncio.to_thread(extend_in_place, c.app, self.node, self.plane.profiles, running,
+                                        float(demands[name]), space=self.space,
+                                        factors=c.measured_factors() or None)
+            if p is None or p.planned_rps <= run.planned_rps * (1 + 1e-9):
+                continue
+            self.log(f"{name}: its plans were refused; the running plan, kept in place, is extended for "
+                     f"{p.planned_rps:.1f} of {demands[name]:.1f} rps ({p.slices_used} slices)")
+            try:
+                done = await self.plane.apply(DesiredState(
+                    name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh))
+            except Exception as exc:  # cannot be laid out after all: the running plan serves on
+                c.record_error(f"{type(exc).__name__}: {exc}")
+                self.log(f"{name}: the plan extended in place was not applied ({type(exc).__name__}: {exc})")
+                continue
+            c.record_applied(done, p, "in-place")
+            if done.new_generation and done.error is None:
+                pushed[name] = p
+                running[name] = c.plan
+        entry["in_place"] = {n: {"slices_used": p.slices_used, "planned_rps": round(p.planned_rps, 3)}
+                             for n, p in pushed.items()} or None
+        if not pushed:
+            return None
+        return NodePlan(node=self.node.name, objective_kind=self.node.planner.objective, status=QUICK_STATUS,
+                        feasible=False, objective=0.0, gap=math.inf,
+                        slices_used=sum(p.slices_used for p in running.values()),
+                        slices_available=self.node.slices_available, solve_seconds=0.0, plans=pushed)
 
     async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str,
                       demands: Mapping[str, float]) -> tuple[list[str], list[str]]:
