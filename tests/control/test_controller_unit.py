@@ -929,41 +929,64 @@ def test_a_replan_that_finds_no_plan_is_asked_again_at_a_share_of_the_demand() -
     asyncio.run(go())
 
 
-def test_a_running_plan_whose_smaller_plan_was_not_applied_is_trimmed_to_its_demand() -> None:
-    # ar_assistant runs a spike's plan (600 req/s); the quiet bin's re-plan (250) finds a smaller
-    # plan whose MIG instances need the running ones' slots, and the runtime does not apply it (the
-    # running plan holds the demand: no drain-first). With trim_min_slices the running plan is
-    # trimmed instead: a subset of its placed instances, every process kept; with 0 it stays.
+def _ar_plans(*demands: float) -> tuple[Any, Any, list[Plan]]:
+    """ar_assistant of the example node, its profiles, and its optimal plans at ``demands``."""
     from jigsaw.node import load_node_profiles
     from jigsaw.planner.node_plan import plan_node
 
     node = load_node(NODE)
     app = node.app("ar_assistant")
     profiles = load_node_profiles(node, [app])
-    running, quiet = (plan_node([app], node, profiles, {app.name: d}, solver="highs",
-                                time_limit_s=30).plans[app.name] for d in (600.0, 250.0))
+    return app, profiles, [plan_node([app], node, profiles, {app.name: d}, solver="highs",
+                                     time_limit_s=30).plans[app.name] for d in demands]
 
-    def placed(p: Plan) -> set[tuple[Any, ...]]:
-        assert p.layout is not None
-        return {(g.gpu, x.start, x.profile, x.task, x.variant, x.mps, x.max_batch)
-                for g in p.layout.gpus for x in g.instances}
 
-    class Skipping(_Plane):
+def _placed(p: Plan) -> set[tuple[Any, ...]]:
+    """The plan's MIG instances where they run: what the runtime keeps when both plans have it."""
+    assert p.layout is not None
+    return {(g.gpu, x.start, x.profile, x.task, x.variant, x.mps, x.max_batch)
+            for g in p.layout.gpus for x in g.instances}
+
+
+def _ar_controller(app: Any, profiles: Any, running: Plan, new: Plan,
+                   answer: Callable[[Plan, DesiredState], Applied | None], **control: Any
+                   ) -> tuple[NodeController, _Plane]:
+    """A controller of ``app`` on ``running`` whose solver answers ``new`` (with ``control``
+    settings), on a fake plane that returns ``answer(running plan, desired)`` instead of applying
+    where that is not None."""
+    class Plane(_Plane):
         async def apply(self, desired: DesiredState) -> Applied:
+            got = answer(self.plans[desired.app], desired)
+            if got is None:
+                return await super().apply(desired)
+            self.applied.append(desired)
             g = self.gens[desired.app]
-            if desired.running_holds and not placed(desired.plan) <= placed(self.plans[desired.app]):
-                self.applied.append(desired)
-                return Applied(g, g, False, note="no drain-first")
-            return await super().apply(desired)
+            return dataclasses.replace(got, generation=g, previous=g)
+
+    c, _ = _controller(_per_app(lambda a, d: new), apps=(app.name,), plans={app.name: running})
+    c.node = dataclasses.replace(c.node, control=dataclasses.replace(c.node.control, **control))
+    plane = Plane(c.node, {app.name: running})
+    plane.profiles = profiles
+    c.plane = plane
+    return c, plane
+
+
+def test_a_running_plan_whose_smaller_plan_was_not_applied_is_trimmed_to_its_demand() -> None:
+    # ar_assistant runs a spike's plan (600 req/s); the quiet bin's re-plan (250) finds a smaller
+    # plan whose MIG instances need the running ones' slots, and the runtime does not apply it (the
+    # running plan holds the demand: no drain-first). With trim_min_slices the running plan is
+    # trimmed instead: a subset of its placed instances, every process kept; with 0 it stays.
+    app, profiles, (running, quiet) = _ar_plans(600.0, 250.0)
+    placed = _placed
+
+    def skip(run: Plan, desired: DesiredState) -> Applied | None:
+        if desired.running_holds and not placed(desired.plan) <= placed(run):
+            return Applied(0, 0, False, note="no drain-first")
+        return None
 
     async def go() -> None:
         for min_frees, trimmed in ((4, True), (0, False), (running.slices_used, False)):
-            c, _ = _controller(_per_app(lambda a, d: quiet), apps=(app.name,), plans={app.name: running})
-            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
-                c.node.control, trim_min_slices=min_frees))
-            plane = Skipping(c.node, {app.name: running})
-            plane.profiles = profiles
-            c.plane = plane
+            c, plane = _ar_controller(app, profiles, running, quiet, skip, trim_min_slices=min_frees)
             await c.replan({app.name: 250.0}, trigger="bin")
             now = plane.plans[app.name]
             assert plane.applied[0].plan is quiet  # the smaller plan went first, and was not applied
@@ -1017,35 +1040,17 @@ def test_a_spike_whose_plans_are_refused_gets_the_running_plan_extended_in_place
     # the running instances' slots, and the runtime refuses them (draining those would leave no
     # lane). With extend_in_place_after_refusal the running plan is extended beside itself for a
     # share of the spike; off, the small plan serves on.
-    from jigsaw.node import load_node_profiles
-    from jigsaw.planner.node_plan import plan_node
+    app, profiles, (running, spike) = _ar_plans(155.0, 700.0)
+    placed = _placed
 
-    node = load_node(NODE)
-    app = node.app("ar_assistant")
-    profiles = load_node_profiles(node, [app])
-    running, spike = (plan_node([app], node, profiles, {app.name: d}, solver="highs",
-                                time_limit_s=30).plans[app.name] for d in (155.0, 700.0))
-
-    def placed(p: Plan) -> set[tuple[Any, ...]]:
-        assert p.layout is not None
-        return {(g.gpu, x.start, x.profile, x.task, x.variant) for g in p.layout.gpus for x in g.instances}
-
-    class Refusing(_Plane):
-        async def apply(self, desired: DesiredState) -> Applied:
-            g = self.gens[desired.app]
-            if not placed(self.plans[desired.app]) <= placed(desired.plan):
-                self.applied.append(desired)
-                return Applied(g, g, False, error="drain-first refused: no lane left", refused=True)
-            return await super().apply(desired)
+    def refuse(run: Plan, desired: DesiredState) -> Applied | None:
+        if not placed(run) <= placed(desired.plan):
+            return Applied(0, 0, False, error="drain-first refused: no lane left", refused=True)
+        return None
 
     async def go() -> None:
         for on in (True, False):
-            c, _ = _controller(_per_app(lambda a, d: spike), apps=(app.name,), plans={app.name: running})
-            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
-                c.node.control, extend_in_place_after_refusal=on))
-            plane = Refusing(c.node, {app.name: running})
-            plane.profiles = profiles
-            c.plane = plane
+            c, plane = _ar_controller(app, profiles, running, spike, refuse, extend_in_place_after_refusal=on)
             await c.replan({app.name: 700.0}, trigger="rate")
             now = plane.plans[app.name]
             (entry,) = _app(c, app.name).current.replans

@@ -99,6 +99,17 @@ def _pack_node(plans: Mapping[str, Plan], node: Node, previous: NodePlan | None)
                          _encoded(prev) if prev is not None else None))
 
 
+def _pack_within(plans: Mapping[str, Plan], node: Node, previous: NodePlan | None) -> Layout | None:
+    """``_pack_node`` of ``plans``, or None when they take more slices than the node has or do
+    not pack."""
+    if sum(p.slices_used for p in plans.values()) > node.slices_available:
+        return None
+    try:
+        return _pack_node(plans, node, previous)
+    except PackingError:
+        return None
+
+
 def extend_in_place(app: App, node: Node, profiles: ProfileTable, running: Mapping[str, Plan],
                     demand_rps: float, *, space: str | SearchSpace | None = None,
                     factors: Factors | None = None) -> Plan | None:
@@ -130,12 +141,8 @@ def extend_in_place(app: App, node: Node, profiles: ProfileTable, running: Mappi
         p = extend_plan(app, node, profiles, run, f * demand_rps, space=sp, factors=factors, problem=pb)
         if p is None:
             return None
-        plans = {**running, app.name: p}
-        if sum(x.slices_used for x in plans.values()) > node.slices_available:
-            return None
-        try:
-            packed = _pack_node(plans, node, previous)
-        except PackingError:
+        packed = _pack_within({**running, app.name: p}, node, previous)
+        if packed is None:
             return None
         if not held <= {(g.gpu, x.start, x.profile, x.app, x.task, x.variant)
                         for g in packed.gpus for x in g.instances}:
@@ -382,11 +389,8 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
             if p is None:
                 return None
             plans[a.name] = p
-        if sum(p.slices_used for p in plans.values()) > node.slices_available:
-            return None
-        try:
-            layout = _pack_node(plans, node, previous)
-        except PackingError:
+        layout = _pack_within(plans, node, previous)
+        if layout is None:
             return None
         for name, p in plans.items():
             p.layout = app_layout(layout, name)
