@@ -76,6 +76,12 @@ MECHANISMS = {
     # a needed re-plan that the drain-first after its wait for drains would refuse (no lane left) is
     # refused before that wait
     "refuse_before_drain_wait": "control.refuse_before_drain_wait=false",
+    # a running plan that holds its demand, whose smaller plan needs its slots, gives back the
+    # instances the demand leaves spare (every process kept, no drain-first)
+    "trim": "control.trim_min_slices=0",
+    # an app whose plans were refused (no lane left while its small plan drains) gets its running
+    # plan extended in place for the share of the demand that packs beside what runs
+    "in_place_extension": "control.extend_in_place_after_refusal=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
@@ -103,6 +109,9 @@ OPTIONAL = {
     # admission counts the plan's bottleneck task, not only its roots (a chain's later task that
     # lost instances while they drain admits only what it finishes)
     "bottleneck_admission": "server.admission_bottleneck=true",
+    # a plan that holds its demand is not replaced in the bin it began to serve in (a raised plan
+    # is not taken down by the next bin's re-plan at once)
+    "keep_new_plan": "control.keep_new_plan_bins=1",
 }
 # planner.max_utilization of every run: plan each instance for at most this share of its profiled
 # throughput. The planner's 2 x batch latency per task holds only while a task's queue stays

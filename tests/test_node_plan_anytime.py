@@ -10,8 +10,10 @@ import pytest
 
 from jigsaw.node import load_node, load_node_profiles
 from jigsaw.plan import NodePlan
+from jigsaw.planner.anytime import trim_plan
 from jigsaw.planner.node_plan import (
     QUICK_STATUS,
+    extend_in_place,
     merge_layouts,
     node_value,
     plan_node,
@@ -312,3 +314,56 @@ def test_a_quick_replan_of_the_same_or_a_little_more_demand_keeps_the_processes(
     total = sum(x.count * x.mps for x in kept.plans["social_media"].instances)
     assert started < total
     assert started < processes_to_start(run, fresh.plans["social_media"])
+
+
+def test_trim_plan_gives_back_what_a_lower_demand_leaves_spare_on_the_running_slots(example) -> None:
+    """A spike's plan for a quiet bin: the instances the demand leaves spare go, what stays runs on
+    its own slot (the runtime keeps every process of it), the plan verifies and holds the demand."""
+    node, profiles = example
+    node = dataclasses.replace(node, planner=dataclasses.replace(node.planner, max_utilization=0.8))
+    app = node.app("ar_assistant")
+    spike = plan_node([app], node, profiles, {app.name: 600.0}, solver="highs", time_limit_s=30)
+    running = spike.plans[app.name]
+    assert running.slices_used >= 20  # the spike's plan fills most of the node
+    for demand in (250.0, 450.0):
+        t = trim_plan(app, node, profiles, running, demand)
+        assert t is not None and t.slices_used < running.slices_used
+        assert t.planned_rps == pytest.approx(demand) and verify_plan(t, app, node, profiles) == []
+        assert t.accuracy == pytest.approx(running.accuracy)  # the lanes keep their mix
+
+        def placed(p):
+            return {(g.gpu, x.start, x.profile, x.task, x.variant, x.mps, x.max_batch)
+                    for g in p.layout.gpus for x in g.instances}
+        assert placed(t) < placed(running)  # a subset: nothing moves, nothing new
+        # the counts match the layout, and each kind's indexes run 0..count-1 again
+        for i in t.instances:
+            idx = sorted(x.index for g in t.layout.gpus for x in g.instances
+                         if (x.task, x.variant, x.profile, x.mps, x.max_batch)
+                         == (i.task, i.variant, i.mig_profile, i.mps, i.max_batch))
+            assert idx == list(range(i.count))
+    # more trimmed for less demand; nothing to give back at the demand it was planned for
+    assert trim_plan(app, node, profiles, running, 250.0).slices_used \
+        < trim_plan(app, node, profiles, running, 450.0).slices_used
+    assert trim_plan(app, node, profiles, running, running.planned_rps) is None
+
+
+def test_extend_in_place_serves_the_largest_share_that_packs_beside_what_runs(example) -> None:
+    """A spike on a small running plan: its extension for the whole spike does not fit beside it,
+    the plan kept in place for a share of it does; nothing that runs moves, and it verifies."""
+    node, profiles = example
+    node = dataclasses.replace(node, planner=dataclasses.replace(node.planner, max_utilization=0.8))
+    app = node.app("ar_assistant")
+    running = plan_node([app], node, profiles, {app.name: 155.0}, solver="highs", time_limit_s=30)
+    run = running.plans[app.name]
+    spike = 560.0
+    p = extend_in_place(app, node, profiles, running.plans, spike)
+    assert p is not None and run.planned_rps < p.planned_rps < spike  # a share of the spike, more than runs
+    assert verify_plan(p, app, node, profiles) == []
+
+    def placed(layout):
+        return {(g.gpu, x.start, x.profile, x.task, x.variant) for g in layout.gpus for x in g.instances}
+    assert placed(run.layout) <= placed(p.layout)
+    # a demand the extension holds whole is served whole; one the running plan holds needs none
+    small = extend_in_place(app, node, profiles, running.plans, 250.0)
+    assert small is not None and small.planned_rps == pytest.approx(250.0)
+    assert extend_in_place(app, node, profiles, running.plans, run.planned_rps) is None

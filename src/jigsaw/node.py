@@ -209,6 +209,25 @@ class ControlSettings:
     # a drain-first (control/controller.py _deploy): without it a spike's plan stayed until a
     # smaller plan happened to fit beside it; 0 (default): never (drain_first_when_holding decides)
     shrink_drain_min_slices: int = 0
+    # a running plan that holds its demand, whose re-planned smaller plan was not applied (its MIG
+    # instances need slots the running ones hold: no drain-first for a plan that is only better),
+    # gives back the instances the demand leaves spare (planner/anytime.py trim_plan: what stays
+    # runs where it runs, every process kept, no slot waited for) when that frees at least this
+    # many slices (control/controller.py _trim_running). Why: ar_assistant's spike plans fill the
+    # node and were kept through the quiet bins after each spike (54% of the slices on day 0);
+    # 0: off
+    trim_min_slices: int = 4
+    # a running plan that holds its demand is not replaced (control/controller.py settle) until it
+    # has served this many bins: the rate trigger raised a plan within a bin and the next bin's
+    # re-plan took it down at once, each down-switch a generation whose drain (up to an SLO x the
+    # time scale) held slots the next raise waited for; 0 (default): replaced at once
+    keep_new_plan_bins: int = 0
+    # an app whose plans the runtime refused in a re-plan (a drain-first that would leave it no
+    # lane: a spike's plans reuse the slots of a small running plan) and whose running plan does
+    # not hold its demand gets that plan extended in place for the largest share of the demand
+    # that packs beside every running instance (planner/node_plan.py extend_in_place;
+    # control/controller.py _extend_after_refusal); false: the running plan serves on
+    extend_in_place_after_refusal: bool = True
     # a re-plan the node needs (a running plan does not hold its demand) deploys first whichever
     # of its quick and exact plans starts fewer processes (the quick one keeps the running plans
     # and adds instances: a spike's exact plan restarted every process, 5-17 s to its switch), and
@@ -432,6 +451,9 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         wait_drains_when_needed=c.bool("wait_drains_when_needed", True),
         refuse_before_drain_wait=c.bool("refuse_before_drain_wait", True),
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
+        trim_min_slices=c.integer("trim_min_slices", 4, low=0),
+        keep_new_plan_bins=c.integer("keep_new_plan_bins", 0, low=0),
+        extend_in_place_after_refusal=c.bool("extend_in_place_after_refusal", True),
         fewest_starts_first=c.bool("fewest_starts_first", False),
         quick_after_refusal=c.bool("quick_after_refusal", True),
         solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),

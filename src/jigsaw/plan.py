@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +180,44 @@ class NodePlan:
             return cls(**kwargs, plans=plans, layout=Layout(gpu_model, gpus) if gpus else None)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(source, "(node plan)", f"not a jigsaw node plan: {exc}") from None
+
+
+def without_placed(plan: Plan, slots: set[tuple[int, int]]) -> Plan | None:
+    """``plan`` less its placed instances at ``slots`` (GPU, start): instance counts and layout
+    (each kind's instances numbered 0.. again in their old order: process n of a kind runs on
+    index n // mps); its lanes as they were. None when the plan has no layout.
+
+    Shared by the runtime's drain-first (the processes that serve on while some instances drain)
+    and the planner's trimmed plans (a running plan less what its demand leaves spare)."""
+    if plan.layout is None:
+        return None
+    removed: dict[tuple[str, str, str, int, int], int] = {}
+    gpus = []
+    for g in plan.layout.gpus:
+        kept = []
+        for p in g.instances:
+            if (g.gpu, p.start) in slots:
+                kind = (p.task, p.variant, p.profile, p.mps, p.max_batch)
+                removed[kind] = removed.get(kind, 0) + 1
+            else:
+                kept.append(p)
+        gpus.append(replace(g, instances=tuple(kept)))
+    order = sorted(((p.task, p.variant, p.profile, p.mps, p.max_batch), p.index, g.gpu, p.start)
+                   for g in gpus for p in g.instances)
+    counts: dict[tuple[str, str, str, int, int], int] = {}
+    index: dict[tuple[int, int], int] = {}
+    for kind, _, gpu, start in order:
+        index[(gpu, start)] = counts.get(kind, 0)
+        counts[kind] = index[(gpu, start)] + 1
+    gpus = [replace(g, instances=tuple(replace(p, index=index[(g.gpu, p.start)]) for p in g.instances))
+            for g in gpus]
+    instances = []
+    for i in plan.instances:
+        kind = (i.task, i.variant, i.mig_profile, i.mps, i.max_batch)
+        gone = min(i.count, removed.get(kind, 0))
+        removed[kind] = removed.get(kind, 0) - gone
+        instances.append(replace(i, count=i.count - gone))
+    return replace(plan, instances=instances, layout=replace(plan.layout, gpus=tuple(gpus)))
 
 
 def json_safe(x: Any) -> Any:

@@ -1017,3 +1017,140 @@ def test_a_replan_that_finds_no_plan_is_asked_again_at_a_share_of_the_demand() -
             assert _app(c).plan.planned_rps == (170.0 if slices == 3 else 10.0)
         assert load_node(NODE).control.unplanned_retry_share == 0.85
     asyncio.run(go())
+
+
+def _ar_plans(*demands: float) -> tuple[Any, Any, list[Plan]]:
+    """ar_assistant of the example node, its profiles, and its optimal plans at ``demands``."""
+    from jigsaw.node import load_node_profiles
+    from jigsaw.planner.node_plan import plan_node
+
+    node = load_node(NODE)
+    app = node.app("ar_assistant")
+    profiles = load_node_profiles(node, [app])
+    return app, profiles, [plan_node([app], node, profiles, {app.name: d}, solver="highs",
+                                     time_limit_s=30).plans[app.name] for d in demands]
+
+
+def _placed(p: Plan) -> set[tuple[Any, ...]]:
+    """The plan's MIG instances where they run: what the runtime keeps when both plans have it."""
+    assert p.layout is not None
+    return {(g.gpu, x.start, x.profile, x.task, x.variant, x.mps, x.max_batch)
+            for g in p.layout.gpus for x in g.instances}
+
+
+def _ar_controller(app: Any, profiles: Any, running: Plan, new: Plan,
+                   answer: Callable[[Plan, DesiredState], Applied | None], **control: Any
+                   ) -> tuple[NodeController, _Plane]:
+    """A controller of ``app`` on ``running`` whose solver answers ``new`` (with ``control``
+    settings), on a fake plane that returns ``answer(running plan, desired)`` instead of applying
+    where that is not None."""
+    class Plane(_Plane):
+        async def apply(self, desired: DesiredState) -> Applied:
+            got = answer(self.plans[desired.app], desired)
+            if got is None:
+                return await super().apply(desired)
+            self.applied.append(desired)
+            g = self.gens[desired.app]
+            return dataclasses.replace(got, generation=g, previous=g)
+
+    c, _ = _controller(_per_app(lambda a, d: new), apps=(app.name,), plans={app.name: running})
+    c.node = dataclasses.replace(c.node, control=dataclasses.replace(c.node.control, **control))
+    plane = Plane(c.node, {app.name: running})
+    plane.profiles = profiles
+    c.plane = plane
+    return c, plane
+
+
+def test_a_running_plan_whose_smaller_plan_was_not_applied_is_trimmed_to_its_demand() -> None:
+    # ar_assistant runs a spike's plan (600 req/s); the quiet bin's re-plan (250) finds a smaller
+    # plan whose MIG instances need the running ones' slots, and the runtime does not apply it (the
+    # running plan holds the demand: no drain-first). With trim_min_slices the running plan is
+    # trimmed instead: a subset of its placed instances, every process kept; with 0 it stays.
+    app, profiles, (running, quiet) = _ar_plans(600.0, 250.0)
+    placed = _placed
+
+    def skip(run: Plan, desired: DesiredState) -> Applied | None:
+        if desired.running_holds and not placed(desired.plan) <= placed(run):
+            return Applied(0, 0, False, note="no drain-first")
+        return None
+
+    async def go() -> None:
+        for min_frees, trimmed in ((4, True), (0, False), (running.slices_used, False)):
+            c, plane = _ar_controller(app, profiles, running, quiet, skip, trim_min_slices=min_frees)
+            await c.replan({app.name: 250.0}, trigger="bin")
+            now = plane.plans[app.name]
+            assert plane.applied[0].plan is quiet  # the smaller plan went first, and was not applied
+            if trimmed:
+                assert len(plane.applied) == 2 and plane.applied[1].running_holds
+                assert placed(now) < placed(running) and now.slices_used <= running.slices_used - min_frees
+                assert now.planned_rps == pytest.approx(250.0) and plane.gens[app.name] == 1
+                assert "jigsaw_node_trims_total 1" in c.stats.prometheus()
+            else:
+                assert now is running and len(plane.applied) == 1, min_frees
+        assert load_node(NODE).control.trim_min_slices == 4  # on by default
+
+    asyncio.run(go())
+
+
+def test_a_raised_plan_is_kept_through_its_first_bins_with_keep_new_plan_bins() -> None:
+    # a rate re-plan raises the plan in bin 0 (5 slices for 50 rps); the next bin's re-plan, made
+    # in the same bin for 10 rps, finds a 1-slice plan: with keep_new_plan_bins = 1 the raised plan
+    # stays until a bin has passed, then goes; with 0 it goes at once
+    solver = _per_app(lambda a, d: _plan(d, [_inst(5 if d > 20 else 1)], app=a))
+
+    async def go() -> None:
+        for keep in (1, 0):
+            c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(1)])})
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, keep_new_plan_bins=keep))
+            plane: _Plane = c.plane  # type: ignore[assignment]
+            await c.replan({TA: 50.0}, trigger="rate")
+            assert plane.plans[TA].slices_used == 5 and _app(c).serving_since_bin == 0
+            await c.replan({TA: 10.0}, trigger="bin")
+            assert plane.plans[TA].slices_used == (5 if keep else 1), keep
+            if keep:
+                assert _app(c).current.replans[-1]["exact"]["kept"] == [TA]
+                c.close_bins()
+                await c.replan({TA: 10.0}, trigger="bin")
+                assert plane.plans[TA].slices_used == 1
+        # a young plan that does not hold the new demand is replaced all the same
+        c, _ = _controller(solver, plans={TA: _plan(10.0, [_inst(1)])})
+        c.node = dataclasses.replace(c.node, control=dataclasses.replace(c.node.control,
+                                                                         keep_new_plan_bins=3))
+        await c.replan({TA: 50.0}, trigger="rate")
+        await c.replan({TA: 80.0}, trigger="rate")
+        assert c.plane.plans[TA].planned_rps == 80.0  # type: ignore[attr-defined]
+        assert load_node(NODE).control.keep_new_plan_bins == 0  # off by default
+
+    asyncio.run(go())
+
+
+def test_a_spike_whose_plans_are_refused_gets_the_running_plan_extended_in_place() -> None:
+    # ar_assistant runs a small plan (155 req/s); a spike's re-plan (560) finds plans that reuse
+    # the running instances' slots, and the runtime refuses them (draining those would leave no
+    # lane). With extend_in_place_after_refusal the running plan is extended beside itself for a
+    # share of the spike; off, the small plan serves on.
+    app, profiles, (running, spike) = _ar_plans(155.0, 700.0)
+    placed = _placed
+
+    def refuse(run: Plan, desired: DesiredState) -> Applied | None:
+        if not placed(run) <= placed(desired.plan):
+            return Applied(0, 0, False, error="drain-first refused: no lane left", refused=True)
+        return None
+
+    async def go() -> None:
+        for on in (True, False):
+            c, plane = _ar_controller(app, profiles, running, spike, refuse, extend_in_place_after_refusal=on)
+            await c.replan({app.name: 700.0}, trigger="rate")
+            now = plane.plans[app.name]
+            (entry,) = _app(c, app.name).current.replans
+            if on:
+                assert placed(running) < placed(now) and running.planned_rps < now.planned_rps < 700.0
+                assert plane.gens[app.name] == 1
+                assert entry["in_place"] == {app.name: {"slices_used": now.slices_used,
+                                                        "planned_rps": round(now.planned_rps, 3)}}
+            else:
+                assert now is running and "in_place" not in entry
+        assert load_node(NODE).control.extend_in_place_after_refusal  # on by default
+
+    asyncio.run(go())

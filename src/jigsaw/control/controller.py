@@ -47,12 +47,19 @@ needs them wait or be refused. So the rate trigger can ignore what Poisson noise
 dozen arrivals; off by default: its misfires were the headroom the day's spikes were met from),
 and a running plan that holds its demand is kept unless the new one frees
 ``control.shrink_min_slices`` slices (``settle``; by default one: a plan of as many slices,
-better only in accuracy, is not worth a generation). Off by default (on the 2-core peak-window
+better only in accuracy, is not worth a generation), or, with ``control.keep_new_plan_bins`` (off
+by default), until it has served that many bins. Off by default (on the 2-core peak-window
 replays, runs with them on had fewer generations but more violations, their plans less
 headroom): a quick plan that holds the demand as the re-plan's one reconfiguration
 (``control.single_reconfiguration``; the next bin's re-plan brings the exact plan). A bin's
 routine re-plan that comes due while another runs is not dropped but runs once it is done
 (``_routine_due``).
+
+Giving back: a running plan that holds its demand is not drained for a smaller plan whose MIG
+instances need its slots (the runtime skips it), so a spike's plan that fills the node would stay
+through the quiet bins after it; instead it is trimmed to the demand (``_trim_running``,
+``control.trim_min_slices``): the instances the demand leaves spare go, the rest keep their slots
+and processes.
 
 A planner that fails or times out leaves the running plans serving; the bin's records and
 ``jigsaw_planner_failures_total`` report it.
@@ -77,8 +84,8 @@ from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor
 from jigsaw.control.solver import solve_node
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
-from jigsaw.planner.anytime import processes_to_start
-from jigsaw.planner.node_plan import QUICK_STATUS, app_value, prefer_quick
+from jigsaw.planner.anytime import processes_to_start, trim_plan
+from jigsaw.planner.node_plan import QUICK_STATUS, app_value, extend_in_place, prefer_quick
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime.admission import BinCounters
 from jigsaw.runtime.generations import Applied, DesiredState, same_instances
@@ -100,6 +107,7 @@ URGENT_TRIGGERS = ("rate", "violations", "capacity")
 # within a bin, while a loop that stalled a second counts the arrivals it held back in one short
 # window and reads a rate ten times the real one.
 RATE_JUMP_MAX = 4.0
+NOT_YOUNG_BIN = -(10 ** 9)  # ``serving_since_bin`` of a plan that no longer counts as new
 Factors = dict[tuple[str, str, str], float]
 QuickSink = Callable[[NodePlan], None]
 
@@ -202,6 +210,7 @@ class ControllerStats:
         self.replans: Counter[str] = Counter()  # node re-plans, by trigger
         self.plans: Counter[tuple[str, bool]] = Counter()  # (quick|exact, deployed)
         self.last_seconds: dict[str, float] = {}  # quick|exact -> seconds of the latest
+        self.trims = 0  # running plans trimmed to their demand (``control.trim_min_slices``)
 
     def prometheus(self) -> str:
         rows = ["# HELP jigsaw_node_replans_total Node-wide re-plans (all apps in one decision), by trigger.",
@@ -220,6 +229,9 @@ class ControllerStats:
                  "# TYPE jigsaw_node_plan_seconds gauge"]
         rows += [f'jigsaw_node_plan_seconds{{source="{k}"}} {v:.6f}'
                  for k, v in sorted(self.last_seconds.items())]
+        rows += ["# HELP jigsaw_node_trims_total Running plans that held their demand trimmed to it "
+                 "(instances given back, every process kept).",
+                 "# TYPE jigsaw_node_trims_total counter", f"jigsaw_node_trims_total {self.trims}"]
         return "\n".join(rows) + "\n"
 
 
@@ -242,6 +254,7 @@ class AppController:
         self.predicted_rps = plan.demand_rps
         self.current = self.new_record()
         self._arrival_samples: deque[tuple[float, int]] = deque()  # (monotonic s, bin arrivals so far)
+        self.serving_since_bin = NOT_YOUNG_BIN  # the bin in which the running generation began to serve
 
     @property
     def name(self) -> str:
@@ -439,6 +452,19 @@ class AppController:
                 out[(task, variant, c)] = total * (d / norm if norm > 0 else 1.0 / len(kids))
         return out
 
+    def young(self) -> bool:
+        """The running plan began to serve less than ``control.keep_new_plan_bins`` bins ago: one
+        that holds its demand is not replaced yet (``NodeController.settle``).
+
+        Why: the rate trigger raises a plan within the bin, and the next bin's re-plan, for the
+        mean of the bins, took it down again at once; at social_media's time scale 60 (its SLO is
+        42 s of wall time, eight 5-s bins) each of those down-switches left the raised plan's
+        generation draining for 10-17 s, and the next raise waited for that drain (5-28 s, peak
+        window of day 0) while the bin's arrivals met the smaller plan.
+        """
+        n = self.node.control.keep_new_plan_bins
+        return n > 0 and self.ctl.bin_index - self.serving_since_bin < n
+
     # ---- what the node's re-plans report back ----------------------------------------------
     def record_applied(self, done: Applied, new: Plan, source: str) -> None:
         if done.error is not None and len(self.current.reconfiguration_errors) < 10:
@@ -452,6 +478,7 @@ class AppController:
                          f"{done.generation} serves")
             return
         r.reconfigurations += 1
+        self.serving_since_bin = self.ctl.bin_index
         r.reconfiguration_seconds += done.seconds
         r.changed_gpus = sorted(set(r.changed_gpus) | set(done.changed_gpus))
         self.ctl.log(f"{self.app.name}: generation {done.generation} serves the {source} plan "
@@ -546,6 +573,7 @@ class NodeController:
                 c.history_rps.extend(float(x) for x in history)
             self.counters.take_bin(name)
             c._arrival_samples.clear()
+            c.serving_since_bin = NOT_YOUNG_BIN
             c.records.clear()
         self.bin_index = 0
         self.bin_start = time.monotonic()
@@ -719,12 +747,14 @@ class NodeController:
             exact_f = loop.run_in_executor(self.executor, call)
             entry: dict[str, Any] = {"trigger": trigger, "for_bin": for_bin, "quick": None, "exact": None}
             deployed: NodePlan | None = None
+            refused_any: set[str] = set()  # apps whose plan the runtime refused (``Applied.refused``)
             quick = await self._first_needed(exact_f, quick_box, trigger, for_bin, t0)
             if quick is not None:
                 use = self.anytime == "always" or trigger in URGENT_TRIGGERS or not self._holds(full)
                 entry["quick"] = self._summary(quick, use)
                 if use:
-                    entry["quick"]["kept"], _ = await self._deploy(quick, fresh, "quick", full)
+                    entry["quick"]["kept"], no = await self._deploy(quick, fresh, "quick", full)
+                    refused_any.update(no)
                     deployed, fresh = quick, frozenset()
             try:
                 exact = await exact_f
@@ -742,7 +772,8 @@ class NodeController:
                     self.log(f"node: the quick plan starts {self._starts(q)} processes, the exact one "
                              f"{self._starts(exact)}: the quick plan goes first")
                     entry["quick"]["fewer_starts"] = True
-                    entry["quick"]["kept"], _ = await self._deploy(q, fresh, "quick", full)
+                    entry["quick"]["kept"], no = await self._deploy(q, fresh, "quick", full)
+                    refused_any.update(no)
                     deployed, fresh = q, frozenset()
             for n, c in self.apps.items():
                 c.predicted_rps = full[n]
@@ -772,10 +803,13 @@ class NodeController:
                 for note in exact.notes:
                     self.log(f"node: {note}")
                 entry["exact"]["kept"], refused = await self._deploy(exact, fresh, "exact", full)
+                refused_any.update(refused)
                 deployed = exact
                 if refused:
                     deployed = await self._quick_after_refusal(quick_box, refused, entry, fresh, full) \
                         or deployed
+            if refused_any:
+                deployed = await self._extend_after_refusal(refused_any, full, fresh, entry) or deployed
             took = time.monotonic() - t0
             self._replan_s = took if self._replan_s is None else 0.5 * (self._replan_s + took)
             if for_bin is None or for_bin == self.bin_index:
@@ -850,7 +884,9 @@ class NodeController:
         take the new plan. With ``control.shrink_min_slices`` a better plan that frees fewer slices
         than that is not worth its generation either: each new generation drains its predecessor
         for up to an SLO, and MIG slots held by a draining generation refuse the next re-plan that
-        needs them (on a compressed replay that is the re-plan for the next burst).
+        needs them (on a compressed replay that is the re-plan for the next burst). With
+        ``control.keep_new_plan_bins`` a plan that began to serve less than that many bins ago
+        is kept too (``AppController.young``).
         """
         plans = dict(np.plans)
         kept: list[str] = []
@@ -864,7 +900,7 @@ class NodeController:
             frees = run.slices_used - new.slices_used
             min_frees = self.node.control.shrink_min_slices
             if app_value(name, run, self.node) < app_value(name, new, self.node) - 1e-9 \
-                    and (min_frees <= 0 or frees >= min_frees):
+                    and (min_frees <= 0 or frees >= min_frees) and not self.apps[name].young():
                 continue
             total = sum(p.slices_used for p in plans.values()) - new.slices_used + run.slices_used
             if total > self.node.slices_available:
@@ -907,6 +943,57 @@ class NodeController:
         entry["quick"].update(kept=kept, after_refusal=better)
         return q
 
+    async def _extend_after_refusal(self, refused: set[str], demands: Mapping[str, float],
+                                    fresh: frozenset[str], entry: dict[str, Any]) -> NodePlan | None:
+        """After the runtime refused a plan of ``refused`` apps in this re-plan, each of them whose
+        running plan still does not hold its demand gets its running plan extended in place for
+        the largest fraction of the demand that packs beside every running instance
+        (``node_plan.extend_in_place``), when that serves more than the running plan
+        (``control.extend_in_place_after_refusal``). Returns the node plan pushed, or None.
+
+        Why: a spike's exact and quick plans (the greedy's, once the running plan extended for the
+        whole spike no longer fits beside itself) both reuse the running instances' slots, and a
+        small running plan cannot be drained for them without leaving the app no lane: on
+        ar_assistant's peak window every plan of the second spike was refused for that, twice per
+        re-plan over three bins, and 560-710 req/s met the 8-slice plan for 155 (30% and 79% of
+        the bins' requests violated). The plan kept in place serves 75% of that spike.
+        """
+        if not self.node.control.extend_in_place_after_refusal:
+            return None
+        running = {n: c.plan for n, c in self.apps.items()}
+        pushed: dict[str, Plan] = {}
+        for name in sorted(refused):
+            c = self.apps[name]
+            run = c.plan
+            if not run.max_demand_plan and run.planned_rps >= demands[name] * (1 - 1e-9):
+                continue
+            p = await asyncio.to_thread(extend_in_place, c.app, self.node, self.plane.profiles, running,
+                                        float(demands[name]), space=self.space,
+                                        factors=c.measured_factors() or None)
+            if p is None or p.planned_rps <= run.planned_rps * (1 + 1e-9):
+                continue
+            self.log(f"{name}: its plans were refused; the running plan, kept in place, is extended for "
+                     f"{p.planned_rps:.1f} of {demands[name]:.1f} rps ({p.slices_used} slices)")
+            try:
+                done = await self.plane.apply(DesiredState(
+                    name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh))
+            except Exception as exc:  # cannot be laid out after all: the running plan serves on
+                c.record_error(f"{type(exc).__name__}: {exc}")
+                self.log(f"{name}: the plan extended in place was not applied ({type(exc).__name__}: {exc})")
+                continue
+            c.record_applied(done, p, "in-place")
+            if done.new_generation and done.error is None:
+                pushed[name] = p
+                running[name] = c.plan
+        entry["in_place"] = {n: {"slices_used": p.slices_used, "planned_rps": round(p.planned_rps, 3)}
+                             for n, p in pushed.items()} or None
+        if not pushed:
+            return None
+        return NodePlan(node=self.node.name, objective_kind=self.node.planner.objective, status=QUICK_STATUS,
+                        feasible=False, objective=0.0, gap=math.inf,
+                        slices_used=sum(p.slices_used for p in running.values()),
+                        slices_available=self.node.slices_available, solve_seconds=0.0, plans=pushed)
+
     async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str,
                       demands: Mapping[str, float]) -> tuple[list[str], list[str]]:
         """Push every app's part of ``np`` as its DesiredState (apps that shrink first); apps that
@@ -944,7 +1031,41 @@ class NodeController:
             c.record_applied(done, plan, source)
             if done.refused:
                 refused.append(name)
+            elif done.note is not None and holds:
+                await self._trim_running(name, plan, demands[name], delay)
         return kept, refused
+
+    async def _trim_running(self, name: str, skipped: Plan, demand_rps: float, delay: float) -> None:
+        """The app's running plan held its demand and the re-plan's smaller plan was not applied
+        (its MIG instances need slots the running ones hold, and no drain-first is made for a plan
+        that is only better): give back the running instances the demand leaves spare instead
+        (``anytime.trim_plan``: what stays runs where it runs, so every process is kept and no slot
+        is waited for), when that frees at least ``control.trim_min_slices`` slices.
+
+        Why: ar_assistant's spike plans fill the node (24-25 of 28 slices), every smaller plan
+        needs some of their slots, and on day 0 such a plan served 92 of 288 bins after the
+        spikes (115 re-plans not applied), 54% of the slices against the 45% target; a
+        drain-first for the give-back (``control.shrink_drain_min_slices``) served on part of the
+        plan while it drained.
+        """
+        min_frees = self.node.control.trim_min_slices
+        c = self.apps[name]
+        run = c.plan
+        if min_frees <= 0 or run.slices_used - skipped.slices_used < min_frees:
+            return
+        factors = c.measured_factors() or None
+        trimmed = await asyncio.to_thread(trim_plan, c.app, self.node, self.plane.profiles, run,
+                                          demand_rps, space=self.space, factors=factors)
+        if trimmed is None or run.slices_used - trimmed.slices_used < min_frees:
+            return
+        try:
+            done = await self.plane.apply(DesiredState(name, trimmed, repartition_delay_s=delay,
+                                                       running_holds=True))
+        except Exception as exc:  # cannot be laid out: the running plan serves on
+            self.log(f"{name}: the trimmed plan was not applied ({type(exc).__name__}: {exc})")
+            return
+        self.stats.trims += 1
+        c.record_applied(done, trimmed, "trimmed")
 
     def _summary(self, np: NodePlan, deployed: bool) -> dict[str, Any]:
         source = "quick" if np.status == QUICK_STATUS else "exact"

@@ -12,7 +12,9 @@ at high loads the only candidates that fit). The candidates are ranked by the pl
 objective; the best one that packs onto the GPUs and passes the independent checker
 (``verify.verify_plan``) is returned. ``milp.plan_anytime``
 yields that plan first and the exact plan when it is ready; the controller may deploy the first
-and replace it by the second.
+and replace it by the second. ``extend_plan`` keeps a running plan and adds instances for more
+demand (a burst's quick plan); ``trim_plan`` keeps it and drops what less demand leaves spare
+(the controller's give-back of a plan whose smaller successor needs its slots).
 
 Where the full demand finds no plan (an app at its capacity, a node past it),
 ``scaled_quick_plan`` (and ``node_plan.quick_plan_node(scale_down=True)``) rescale the
@@ -37,7 +39,7 @@ from typing import TypeVar
 from jigsaw.app import App
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import Node
-from jigsaw.plan import LanePlan, Plan, PlanInstance
+from jigsaw.plan import LanePlan, Plan, PlanInstance, without_placed
 from jigsaw.planner import joint
 from jigsaw.planner.columns import Column
 from jigsaw.planner.latency_caps import cap_plans, cover, lane_demand, lanes_of
@@ -511,18 +513,16 @@ def _as_plan(pb: Problem, demand_rps: float, rate: float, lanes: dict[int, float
 
 
 
-def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, demand_rps: float, *,
-                space: str | SearchSpace | None = None, factors: Factors | None = None,
-                problem: Problem | None = None) -> Plan | None:
-    """The running plan, kept, with instances added greedily where ``demand_rps`` needs more.
+_Kind = tuple[str, str, str, int, int]  # (task, variant, MIG profile, MPS level, max batch)
 
-    Its lanes keep their mix, scaled to the new demand (so the accuracy stays what it was);
-    each (task, variant) short of capacity gets instances of its best throughput-per-slice
-    column whose latency keeps every path within the SLO (``_task_instances``). What already
-    runs is not touched, so a burst's quick plan restarts nothing; the exact plan may then
-    rearrange the node. None when the running plan has no lanes, names a profile row or lane
-    that no longer exists, or the additions do not fit. Not yet packed or verified.
-    """
+
+def _running_parts(app: App, node: Node, profiles: ProfileTable, running: Plan, demand_rps: float,
+                   space: str | SearchSpace | None, factors: Factors | None, problem: Problem | None
+                   ) -> tuple[Problem, float, dict[int, float], list[tuple[Column, int]],
+                              dict[tuple[str, str], float]] | None:
+    """The running plan read for a new demand: (problem, rate, lanes at the rate with the running
+    mix, its instances as columns with counts, the items/s each (task, variant) must serve). None
+    when the plan has no lanes or names a profile row or lane that no longer exists."""
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
     pb = problem or make_problem(app, node, profiles, sp, factors)
     total = sum(lp.rate_rps for lp in running.lanes)
@@ -545,16 +545,35 @@ def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, dem
         have.append((Column(x.task, x.variant, x.mig_profile, x.mps, x.max_batch, row.latency_ms,
                             row.throughput_rps * node.planner.max_utilization,
                             mig[x.mig_profile].compute_slices), x.count))
-    latency = {t: max((c.latency_ms for c, _ in have if c.task == t), default=0.0) for t in app.task_names}
-    cap = {t: math.inf for t in app.task_names}  # the most an added instance may take: path slack
-    for p in app.paths:
-        for t in p:
-            cap[t] = min(cap[t], app.latency_slo_ms / 2 - sum(latency[u] for u in p if u != t))
     demand: dict[tuple[str, str], float] = {}
     for li, x in lanes.items():
         for k, t in enumerate(app.task_names):
             key = (t, pb.lanes[li][k])
             demand[key] = demand.get(key, 0.0) + x * pb.lane_mult[li][t]
+    return pb, r, lanes, have, demand
+
+
+def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, demand_rps: float, *,
+                space: str | SearchSpace | None = None, factors: Factors | None = None,
+                problem: Problem | None = None) -> Plan | None:
+    """The running plan, kept, with instances added greedily where ``demand_rps`` needs more.
+
+    Its lanes keep their mix, scaled to the new demand (so the accuracy stays what it was);
+    each (task, variant) short of capacity gets instances of its best throughput-per-slice
+    column whose latency keeps every path within the SLO (``_task_instances``). What already
+    runs is not touched, so a burst's quick plan restarts nothing; the exact plan may then
+    rearrange the node. None when the running plan has no lanes, names a profile row or lane
+    that no longer exists, or the additions do not fit. Not yet packed or verified.
+    """
+    parts = _running_parts(app, node, profiles, running, demand_rps, space, factors, problem)
+    if parts is None:
+        return None
+    pb, r, lanes, have, demand = parts
+    latency = {t: max((c.latency_ms for c, _ in have if c.task == t), default=0.0) for t in app.task_names}
+    cap = {t: math.inf for t in app.task_names}  # the most an added instance may take: path slack
+    for p in app.paths:
+        for t in p:
+            cap[t] = min(cap[t], app.latency_slo_ms / 2 - sum(latency[u] for u in p if u != t))
     supply: dict[tuple[str, str], float] = {}
     for c, n in have:
         supply[(c.task, c.variant)] = supply.get((c.task, c.variant), 0.0) + n * c.throughput_rps
@@ -579,6 +598,69 @@ def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, dem
                     node.planner.alpha * accuracy - node.beta * slices)
     plan.notes = ["anytime incumbent: the running plan, kept, with instances added for the new demand; "
                   "verified, not proven optimal"]
+    return plan
+
+
+def trim_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, demand_rps: float, *,
+              space: str | SearchSpace | None = None, factors: Factors | None = None,
+              problem: Problem | None = None) -> Plan | None:
+    """The running plan, kept where it runs, less the instances ``demand_rps`` leaves spare: the
+    mirror of ``extend_plan``, laid out on the running plan's own slots.
+
+    Its lanes keep their mix, scaled to the new demand; each (task, variant) gives up whole
+    instances, the least throughput per slice first (the larger first among equals), while what
+    stays still serves its share of the demand. Every process left is one the running plan
+    runs, on its slot, so the runtime keeps them all and needs no MIG slot anyone holds: the
+    give-back of a plan that fills the node, whose re-planned smaller plan needs the slots the
+    running one holds (a drain-first, refused while the running plan holds the demand:
+    ``control.drain_first_when_holding``). None when nothing can go, the running plan has no
+    layout, or it cannot be read for the new demand (``_running_parts``). Verified
+    (``verify.verify_plan``) before it is returned.
+    """
+    if running.layout is None:
+        return None
+    parts = _running_parts(app, node, profiles, running, demand_rps, space, factors, problem)
+    if parts is None:
+        return None
+    pb, r, lanes, have, demand = parts
+    spare: dict[tuple[str, str], float] = {}
+    for c, n in have:
+        tv = (c.task, c.variant)
+        spare[tv] = spare.get(tv, 0.0) + n * c.throughput_rps
+    for tv, need in demand.items():
+        spare[tv] = spare.get(tv, 0.0) - need
+    column: dict[_Kind, Column] = {c.key: c for c, _ in have}
+    placed = sorted(((g.gpu, p.start, (p.task, p.variant, p.profile, p.mps, p.max_batch))
+                     for g in running.layout.gpus for p in g.instances),
+                    key=lambda x: (column[x[2]].throughput_rps / column[x[2]].slices if x[2] in column
+                                   else math.inf, -column[x[2]].slices if x[2] in column else 0,
+                                   x[0], x[1]))
+    gone: set[tuple[int, int]] = set()
+    for gpu, start, kind in placed:
+        c = column.get(kind)
+        if c is None:
+            continue
+        tv = (c.task, c.variant)
+        if spare[tv] - c.throughput_rps >= -1e-9 * max(1.0, demand.get(tv, 0.0)):
+            spare[tv] -= c.throughput_rps
+            gone.add((gpu, start))
+    if not gone:
+        return None
+    less = without_placed(running, gone)
+    if less is None:
+        return None
+    chosen = [(column[(i.task, i.variant, i.mig_profile, i.mps, i.max_batch)], i.count)
+              for i in less.instances if i.count > 0]
+    slo_acc = _accuracy_slo(app, node)
+    accuracy = sum(pb.lane_acc[li] * x for li, x in lanes.items()) / r
+    slices = sum(c.slices * n for c, n in chosen)
+    plan = _as_plan(pb, demand_rps, r, lanes, chosen, slo_acc,
+                    node.planner.alpha * accuracy - node.beta * slices)
+    plan.layout = less.layout
+    plan.notes = ["the running plan, kept where it runs, less the instances the new demand leaves spare; "
+                  "verified, not proven optimal"]
+    if verify_plan(plan, app, node, profiles, pb.factors):
+        return None
     return plan
 
 

@@ -60,7 +60,7 @@ from jigsaw.gpu.nvml import MigApplier
 from jigsaw.gpu.partition import MigPartition, overlaps
 from jigsaw.mig import GpuModel
 from jigsaw.node import Node, load_node_profiles
-from jigsaw.plan import Plan
+from jigsaw.plan import Plan, without_placed
 from jigsaw.planner.packer import InstanceRequest, PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.forkserver import Launcher
@@ -203,41 +203,14 @@ def without_instances(plan: Plan, slots: set[tuple[int, int]]) -> Plan | None:
     """``plan`` less its instances at ``slots`` (GPU, start): the processes that serve on while
     those are drained to free their MIG slots. Only the lanes whose every variant still runs are
     kept (their weights as planned); None when no lane is left."""
-    if plan.layout is None:
+    less = without_placed(plan, slots)
+    if less is None:
         return None
-    removed: dict[tuple[str, str, str, int, int], int] = {}
-    gpus = []
-    for g in plan.layout.gpus:
-        kept = []
-        for p in g.instances:
-            if (g.gpu, p.start) in slots:
-                kind = (p.task, p.variant, p.profile, p.mps, p.max_batch)
-                removed[kind] = removed.get(kind, 0) + 1
-            else:
-                kept.append(p)
-        gpus.append(dataclasses.replace(g, instances=tuple(kept)))
-    # renumber each kind's instances 0.. in their old order (process n of a kind runs on index n // mps)
-    order = sorted(((p.task, p.variant, p.profile, p.mps, p.max_batch), p.index, g.gpu, p.start)
-                   for g in gpus for p in g.instances)
-    counts: dict[tuple[str, str, str, int, int], int] = {}
-    index: dict[tuple[int, int], int] = {}
-    for kind, _, gpu, start in order:
-        index[(gpu, start)] = counts.get(kind, 0)
-        counts[kind] = index[(gpu, start)] + 1
-    gpus = [dataclasses.replace(g, instances=tuple(dataclasses.replace(p, index=index[(g.gpu, p.start)])
-                                                   for p in g.instances)) for g in gpus]
-    instances = []
-    for i in plan.instances:
-        kind = (i.task, i.variant, i.mig_profile, i.mps, i.max_batch)
-        gone = min(i.count, removed.get(kind, 0))
-        removed[kind] = removed.get(kind, 0) - gone
-        instances.append(dataclasses.replace(i, count=i.count - gone))
-    running = {(i.task, i.variant) for i in instances if i.count > 0}
+    running = {(i.task, i.variant) for i in less.instances if i.count > 0}
     lanes = [lp for lp in plan.lanes if all(tv in running for tv in lp.variants.items())]
     if not lanes:
         return None
-    return dataclasses.replace(plan, instances=instances, lanes=lanes,
-                               layout=dataclasses.replace(plan.layout, gpus=tuple(gpus)))
+    return dataclasses.replace(less, lanes=lanes)
 
 
 def same_instances(a: Plan, b: Plan) -> bool:
