@@ -974,15 +974,10 @@ class NodeController:
                 continue
             self.log(f"{name}: its plans were refused; the running plan, kept in place, is extended for "
                      f"{p.planned_rps:.1f} of {demands[name]:.1f} rps ({p.slices_used} slices)")
-            try:
-                done = await self.plane.apply(DesiredState(
-                    name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh))
-            except Exception as exc:  # cannot be laid out after all: the running plan serves on
-                c.record_error(f"{type(exc).__name__}: {exc}")
-                self.log(f"{name}: the plan extended in place was not applied ({type(exc).__name__}: {exc})")
-                continue
-            c.record_applied(done, p, "in-place")
-            if done.new_generation and done.error is None:
+            done = await self._apply(DesiredState(
+                name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh),
+                "in-place")
+            if done is not None and done.new_generation and done.error is None:
                 pushed[name] = p
                 running[name] = c.plan
         entry["in_place"] = {n: {"slices_used": p.slices_used, "planned_rps": round(p.planned_rps, 3)}
@@ -993,6 +988,22 @@ class NodeController:
                         feasible=False, objective=0.0, gap=math.inf,
                         slices_used=sum(p.slices_used for p in running.values()),
                         slices_available=self.node.slices_available, solve_seconds=0.0, plans=pushed)
+
+    async def _apply(self, desired: DesiredState, source: str, *,
+                     record_error: bool = True) -> Applied | None:
+        """Push one app's ``desired`` state and record what the runtime did with its ``source``
+        plan; None when the runtime could not lay it out (logged, and with ``record_error`` kept in
+        the bin's record): the running plan serves on."""
+        c = self.apps[desired.app]
+        try:
+            done = await self.plane.apply(desired)
+        except Exception as exc:  # a plan the runtime cannot lay out: keep the running one
+            if record_error:
+                c.record_error(f"{type(exc).__name__}: {exc}")
+            self.log(f"{desired.app}: the {source} plan was not applied ({type(exc).__name__}: {exc})")
+            return None
+        c.record_applied(done, desired.plan, source)
+        return done
 
     async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str,
                       demands: Mapping[str, float]) -> tuple[list[str], list[str]]:
@@ -1020,15 +1031,11 @@ class NodeController:
             holds = (name not in fresh and bool(run.instances) and not run.max_demand_plan
                      and run.planned_rps >= demands[name] * (1 - 1e-9) and not big_shrink
                      and total - plan.slices_used + run.slices_used <= self.node.slices_available)
-            try:
-                done = await self.plane.apply(DesiredState(name, plan, repartition_delay_s=delay,
-                                                           fresh_generation=name in fresh,
-                                                           running_holds=holds))
-            except Exception as exc:  # a plan the runtime cannot lay out: keep the running one
-                c.record_error(f"{type(exc).__name__}: {exc}")
-                self.log(f"{name}: the {source} plan was not applied ({type(exc).__name__}: {exc})")
+            done = await self._apply(DesiredState(name, plan, repartition_delay_s=delay,
+                                                  fresh_generation=name in fresh, running_holds=holds),
+                                     source)
+            if done is None:
                 continue
-            c.record_applied(done, plan, source)
             if done.refused:
                 refused.append(name)
             elif done.note is not None and holds:
@@ -1058,14 +1065,9 @@ class NodeController:
                                           demand_rps, space=self.space, factors=factors)
         if trimmed is None or run.slices_used - trimmed.slices_used < min_frees:
             return
-        try:
-            done = await self.plane.apply(DesiredState(name, trimmed, repartition_delay_s=delay,
-                                                       running_holds=True))
-        except Exception as exc:  # cannot be laid out: the running plan serves on
-            self.log(f"{name}: the trimmed plan was not applied ({type(exc).__name__}: {exc})")
-            return
-        self.stats.trims += 1
-        c.record_applied(done, trimmed, "trimmed")
+        if await self._apply(DesiredState(name, trimmed, repartition_delay_s=delay, running_holds=True),
+                             "trimmed", record_error=False) is not None:
+            self.stats.trims += 1
 
     def _summary(self, np: NodePlan, deployed: bool) -> dict[str, Any]:
         source = "quick" if np.status == QUICK_STATUS else "exact"

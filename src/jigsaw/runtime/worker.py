@@ -105,7 +105,6 @@ _REQUEST_ID, _ITEM, _TENSORS = operator.itemgetter(0), operator.itemgetter(3), o
 _OK = int(Status.OK)  # (an enum member's lookup costs ~4x an int compare, twice per item on the hop's path)
 Buffer = bytes | bytearray | memoryview  # a payload the rings copy in
 PUSH_RETRY_S = 0.0005
-_NO_ROUTES: dict[str, list[int]] = {}  # the routes of a lane a wiring does not know
 
 _running = True
 
@@ -541,9 +540,7 @@ class Worker:
             one = None
             order = None
             if credit > 1 and result.children and not result.error:
-                routes = w.spec.routes
-                lane = header.lane
-                one = lone_child(result.children, routes[lane] if lane < len(routes) else _NO_ROUTES)
+                one = lone_child(result.children, self._routes(header, w))
                 if one is not None:
                     order = self._least_loaded(one[2], w)
             if order:
