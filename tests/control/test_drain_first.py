@@ -23,6 +23,7 @@ from jigsaw.backends.registry import backend_kind
 from jigsaw.gpu.layout import validate_node_layout
 from jigsaw.node import load_node
 from jigsaw.plan import Plan
+from jigsaw.runtime import stats as st
 from jigsaw.runtime.frontend import Frontend
 from jigsaw.runtime.generations import DesiredState, GenerationManager
 
@@ -146,6 +147,58 @@ def test_keep_all_replan_rewires_the_running_processes(tmp_path: Path) -> None:
         assert not g.not_ready() and all(w.poll() is None for w in g.workers)
     finally:
         gm.close()
+
+
+def test_a_kept_process_mid_batch_does_not_hold_the_switch(tmp_path: Path) -> None:
+    # b's batch lasts 3 s; a keep-all re-plan comes while it runs: every process is told to serve
+    # the new generation and the routing switches while the batch still runs (the batch's stamp is
+    # in the kept process's new slot at the switch); its request is then answered once, 200
+    node_path, first, _ = _plans(tmp_path, b_ms=3000.0, latency_slo_ms=20000.0)
+    slower = {t: 2 * ms for t, ms in first.task_latency_ms.items()}
+    second = dataclasses.replace(first, task_latency_ms=slower)
+    _node, app, gm, fe, logs = _serving(node_path, first)
+    answers = count_answers(fe.dispatcher)
+    out: dict[str, Any] = {}
+    try:
+        gm.start_all(timeout_s=60)
+
+        async def go() -> None:
+            gm.attach(fe)
+            fe.start(asyncio.get_running_loop())
+            image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
+            try:
+                sent = fe.dispatcher.submit(fe.routing.routes[app.name], None, image, None)
+                assert not isinstance(sent, str), sent
+                g1 = gm.generations[gm.current[app.name]]
+                assert g1.stats is not None
+                running = []
+                for _ in range(500):  # until b's batch runs
+                    running = [j for j, p in enumerate(g1.topology.processes)
+                               if p.task == "b" and g1.stats.get(p.slot, st.BATCH_STARTED_NS)]
+                    if running:
+                        break
+                    await asyncio.sleep(0.01)
+                assert running, "b's batch never started"
+                done = await gm.apply(DesiredState(app.name, second))
+                g2 = gm.generations[done.generation]
+                assert g2.stats is not None
+                k = next(k for k, (old, j) in g2.adopted.items() if old is g1 and j == running[0])
+                out["done"] = done
+                out["batch_started_at_switch"] = g2.stats.get(g2.topology.processes[k].slot,
+                                                              st.BATCH_STARTED_NS)
+                out["answered_at_switch"] = sent.future.done()
+                out["status"] = (await asyncio.wait_for(sent.future, 30))[0]
+                await gm.stop_retiring()
+            finally:
+                fe.close()
+
+        asyncio.run(go())
+    finally:
+        gm.close()
+    done = out["done"]
+    assert done.new_generation and done.error is None and (done.kept, done.started) == (7, 0), (done, logs)
+    assert out["batch_started_at_switch"] > 0 and not out["answered_at_switch"], out
+    assert out["status"] == 200 and list(answers.values()) == [1], (out, answers)
 
 
 def _drain_first_under_load(tmp_path: Path, wait_slo: float) -> dict[str, Any]:

@@ -5,6 +5,7 @@ one with ``JIGSAW_NO_EXTENSIONS=1``)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -14,16 +15,17 @@ import pytest
 from jigsaw.runtime import worker as worker_module
 from jigsaw.runtime.records import HOP_SENT, TOTAL_CREDIT
 from jigsaw.runtime.rings import RecordHeader, SegmentRegistry, ShmRing, Status
-from jigsaw.runtime.stats import DEAD, FAILED, QUEUED, READY, STATE, StatsBlock
+from jigsaw.runtime.stats import BATCH_STARTED_NS, DEAD, FAILED, QUEUED, READY, STATE, StatsBlock
 from jigsaw.runtime.topology import OutputRing, ProcessSpec
 
 CONSUMER_SLOT = 1  # the child task's process
 
 
-def _worker(reg: SegmentRegistry, batch_ms: float) -> SimpleNamespace:
-    ring_in, ring_out, done = (reg.create_ring(p, 1 << 16) for p in ("in", "out", "done"))
-    own, out_bell, done_bell = (reg.create_doorbell(p) for p in ("own", "out-bell", "done-bell"))
-    stats_name = reg.name("stats")
+def _wiring(reg: SegmentRegistry, batch_ms: float, own: str, tag: str = "") -> SimpleNamespace:
+    """One generation's segments of the worker (``tag`` names a second generation's) and its spec."""
+    ring_in, ring_out, done = (reg.create_ring(p + tag, 1 << 16) for p in ("in", "out", "done"))
+    out_bell, done_bell = (reg.create_doorbell(p + tag) for p in ("out-bell", "done-bell"))
+    stats_name = reg.name("stats" + tag)
     reg.add_shm(stats_name)
     stats = StatsBlock.create(stats_name, 2)
     ms = {b: batch_ms for b in (1, 2, 4)}
@@ -31,14 +33,21 @@ def _worker(reg: SegmentRegistry, batch_ms: float) -> SimpleNamespace:
         slot=0, name="t.b.v.1g.0", app="t", app_index=0, task="b", task_index=1, task_kind="generic",
         variant="v", mig_profile="1g.10gb", mps=1, max_batch=4, latency_ms_by_batch=ms, time_scale=1.0,
         max_wait_ns=10**9, staleness_ns=5 * 10**9, remaining_min_ns=0, exec_estimate_ns=[1000] * 4,
-        downstream=[{"task": "c", "task_index": 2, "factor": 1.0}], doorbell=own.name, inputs=[ring_in.name],
+        downstream=[{"task": "c", "task_index": 2, "factor": 1.0}], doorbell=own, inputs=[ring_in.name],
         outputs=[OutputRing(ring_out.name, out_bell.name, CONSUMER_SLOT, "c")], routes=[{"c": [0]}],
         completion_ring=done.name, completion_doorbell=done_bell.name, stats=stats_name, mean_ms_by_batch=ms)
     return SimpleNamespace(
-        worker=worker_module.Worker(spec), stats=stats,
-        closing=[stats, ring_in, ring_out, done, own, out_bell, done_bell],
+        spec=spec, stats=stats, closing=[stats, ring_in, ring_out, done, out_bell, done_bell],
         producer=ShmRing.attach(ring_in.name, role="producer"),
         out=ShmRing.attach(ring_out.name, role="consumer"), done=ShmRing.attach(done.name, role="consumer"))
+
+
+def _worker(reg: SegmentRegistry, batch_ms: float) -> SimpleNamespace:
+    own = reg.create_doorbell("own")
+    t = _wiring(reg, batch_ms, own.name)
+    t.worker = worker_module.Worker(t.spec)
+    t.closing.append(own)
+    return t
 
 
 @pytest.fixture
@@ -168,3 +177,53 @@ def test_a_child_that_finds_its_ring_full_until_its_deadline_returns_its_share_a
     records = t.done.pop_completions(8)
     assert sorted(r[2] for r in records) == [int(Status.OK), int(Status.DROPPED_DEADLINE)]  # parent, child
     assert sum(r[5] for r in records) == TOTAL_CREDIT
+
+
+def test_a_sighup_mid_batch_serves_the_new_wiring_at_once_and_the_batch_on_its_own(make_worker, tmp_path):
+    """A kept process told to serve a new generation while a batch awaits its backend is ready in
+    the new stats slot at once (the daemon switches the routing only when every process is), not
+    when the batch ends; the batch's items are answered once, through the rings they came in on;
+    the old wiring, no longer listed, is unmapped only after the batch, and the batch's stamp and
+    the queue length move to the slot the supervisor and the producers now read."""
+    t = make_worker(batch_ms=300.0)
+    t.stats.set(CONSUMER_SLOT, STATE, READY)
+    w = t.worker
+    old = w.wiring
+    with SegmentRegistry(None) as reg:
+        new = _wiring(reg, 300.0, t.spec.doorbell, tag="-2")
+        new.stats.set(CONSUMER_SLOT, STATE, READY)
+        spec_path = tmp_path / "new.json"
+        spec_path.write_text(new.spec.to_json())
+        w.control = tmp_path / "control.json"
+        w.control.write_text(json.dumps({"specs": [str(spec_path)]}))  # the old spec no longer listed
+        closed: list[bool] = []
+        close = old.close
+        old.close = lambda: (closed.append(bool(w._busy)), close())  # type: ignore[method-assign]
+
+        async def run() -> tuple[int, int, int, bool]:
+            await _turns(t, 3, wait_s=0.02)
+            assert w._busy  # the batch awaits its backend
+            w._rewire = True  # what the SIGHUP handler does
+            w._turn()
+            state, queued = new.stats.get(0, STATE), new.stats.get(0, QUEUED)
+            started = new.stats.get(0, BATCH_STARTED_NS)
+            mapped = old in w._unmapped and not closed
+            await w._batch_task
+            return state, queued, started, mapped
+
+        try:
+            state, queued, started, mapped = asyncio.run(run())
+            assert state == READY and mapped  # ready mid-batch, the old rings still mapped
+            assert queued == 3 and started > 0 and t.stats.get(0, BATCH_STARTED_NS) == 0
+            assert new.stats.get(0, BATCH_STARTED_NS) == 0  # cleared by the batch's end
+            assert closed == [False] and w._unmapped == []  # unmapped once, after the batch
+            assert w.wiring.spec.stats == new.spec.stats
+            records = t.done.pop_completions(8)
+            assert sorted(r[0] for r in records) == [1, 2, 3]  # each item answered once, on its wiring
+            assert sorted(h.request_id for h, _, _ in t.out.pop_many_framed(8)) == [1, 2, 3]
+            assert new.done.pop_completions(8) == [] and new.out.pop_many_framed(8) == []
+        finally:
+            for ring in (new.producer, new.out, new.done):
+                ring.close()
+            for seg in new.closing:  # (the worker's own mappings stay until the fixture closes it)
+                seg.close()

@@ -31,7 +31,15 @@ ones it has, reports ready in the new stats slot, and keeps its backend (a loade
 loaded). Items keep the wiring they came in on: an item popped from an older generation's ring is
 routed and completed through that generation's rings, so its lane means what it meant when it was
 admitted. A wiring the control file no longer lists takes no more items; its rings are unmapped once
-the batching queue holds none of its items.
+neither the batching queue nor the batch in flight holds one of its items.
+
+The signal is taken at once, also while a batch awaits its backend: the daemon switches a re-plan's
+routing only when every process of the new generation is ready, so a kept process that waited for
+its batch to end held the whole switch for up to a batch (seconds of wall time at the replays' time
+scales, where a spike's new plan is most needed). Nothing the batch in flight uses changes meaning:
+its items carry their wiring, its stats (the batch's start, busy time, the queue length producers
+route by) follow the current slot, and the new spec's batching rule replaces the queue only when the
+queue is empty (the batch in flight is not in it).
 """
 
 from __future__ import annotations
@@ -232,6 +240,9 @@ class Worker:
         self._woke_ns = 0  # when the doorbell last woke the loop
         self._rung = False  # woken by the doorbell: its FIFO's bytes are still to be read
         self._busy = False  # a batch is awaiting its backend (a task finishes it)
+        self._in_flight: list[Any] = []  # that batch's items (their wirings stay mapped until it ends)
+        self._in_flight_queued = 0  # the queue length published when it started (its items included)
+        self._batch_start_ns = 0
         self._batch_task: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] | None = None  # set when ``run`` is to return
         # the running loop, kept: ``asyncio.get_running_loop`` makes a getpid(2) system call
@@ -281,28 +292,38 @@ class Worker:
         if not wirings:
             return
         self._unmapped = list(have.values())
+        previous = self.wiring
         self._use(wirings)
         self._queue_spec = self.spec
         self._maybe_swap_queue()
         now = time.monotonic_ns()
         slot = self.spec.slot
-        self.stats.set(slot, BATCH_STARTED_NS, 0)
+        # a batch in flight (a SIGHUP mid-batch): its start stamp moves to the current slot, which
+        # the supervisor watches (and ``_finish_batch`` clears), and so does the queue length
+        started = self._batch_start_ns if self._busy else 0
+        if started and previous is not self.wiring:
+            previous.stats.set(previous.spec.slot, BATCH_STARTED_NS, 0)
+            self.stats.set(slot, QUEUED, self._in_flight_queued)
+        self.stats.set(slot, BATCH_STARTED_NS, started)
         self.stats.set(slot, HEARTBEAT_NS, now)
         self.stats.set(slot, PID, os.getpid())
         self.stats.set(slot, STARTED_NS, now)
         self.stats.set(slot, STATE, READY)
 
     def _maybe_swap_queue(self) -> None:
-        """Take a newer spec's batching rule (planned wait, estimates) once no item is queued, and
-        unmap the wirings no longer served."""
+        """Take a newer spec's batching rule (planned wait, estimates) once no item is queued (a
+        batch in flight is not in the queue), and unmap the wirings no longer served that no item
+        queued or in flight uses."""
         if len(self.queue):
             return
         if self._queue_spec is not None:
             self.queue = self._new_queue(self._queue_spec)
             self._queue_spec = None
+        in_use = {item[3] for item in self._in_flight} if self._busy else set()
         for w in self._unmapped:
-            w.close()
-        self._unmapped = []
+            if w not in in_use:
+                w.close()
+        self._unmapped = [w for w in self._unmapped if w in in_use]
 
     # ---- outputs ------------------------------------------------------------------------
     def _push_blocking(self, ring: ShmRing, header: RecordHeader, credit: int, tensors: Buffer,
@@ -422,8 +443,9 @@ class Worker:
                     w.done_rung = True
 
     def _ring_outputs(self) -> None:
-        """Ring each consumer this turn pushed to, once: a batch's records cost one wake-up each."""
-        for w in self.wirings:
+        """Ring each consumer this turn pushed to, once: a batch's records cost one wake-up each
+        (the wirings no longer listed too: their items queued or in flight were pushed there)."""
+        for w in (self.wirings if not self._unmapped else (*self.wirings, *self._unmapped)):
             for i in w.rung:
                 w.output_bells[i].ring()
             w.rung.clear()
@@ -508,6 +530,9 @@ class Worker:
             self._finish_batch(items, start, done.value)
             return True
         self._busy = True
+        self._in_flight = items
+        self._in_flight_queued = queued
+        self._batch_start_ns = start
         self.publish_queued(queued)  # what waits here while the batch runs (the batch's items too)
         self._batch_task = self._running_loop().create_task(
             self._await_batch(items, start, _Resume(coro, waiting)))
@@ -522,6 +547,7 @@ class Worker:
             return
         finally:
             self._busy = False
+            self._in_flight = []
         self._turn()
 
     def _finish_batch(self, items: list[Any], start: int, results: list[ItemResult]) -> None:
@@ -604,6 +630,8 @@ class Worker:
         heartbeat, signals), then goes on.
         """
         if self._busy or self._done is None or self._done.done():
+            if self._rewire and self._busy and self._done is not None and not self._done.done():
+                self._rewire_now()  # a kept process is ready for the new generation mid-batch
             self._quiet_bell()
             return
         bell = self.bell
@@ -622,7 +650,7 @@ class Worker:
                     self._maybe_swap_queue()
                 self.fill()
                 w = self.wiring
-                if w.done_rung or w.rung or len(self.wirings) > 1:
+                if w.done_rung or w.rung or len(self.wirings) > 1 or self._unmapped:
                     self._ring_outputs()  # the drops fill() reported
                 # (the queue's length is published after the batch, or by ``_start_batch`` when
                 # the batch waits: not before it, on the way from the wake-up to the next ring)
@@ -661,6 +689,14 @@ class Worker:
                 if timer is not None:
                     timer.cancel()
                 self._timer = loop.call_later(timeout_s, self._on_timer)
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _rewire_now(self) -> None:
+        """Take the new wiring while a batch awaits its backend (see the module docstring)."""
+        self._rewire = False
+        try:
+            self.rewire()
         except BaseException as exc:
             self._fail(exc)
 
