@@ -201,6 +201,56 @@ def test_a_kept_process_mid_batch_does_not_hold_the_switch(tmp_path: Path) -> No
     assert out["status"] == 200 and list(answers.values()) == [1], (out, answers)
 
 
+def test_a_retiring_generation_gives_an_older_draining_one_back_the_processes_it_kept(tmp_path: Path) -> None:
+    # 40 requests queued on b (1 s an item on five processes: 8 s of work) in generation A; a
+    # keep-all re-plan (B) and then a fresh one (C, no process kept) come at once. B, which holds
+    # no request, retires first: the processes it kept from A still hold A's queued items, so they
+    # go back to A instead of stopping, and every request is answered once, 200, before its
+    # deadline (20 s); A stops them when it retires, nothing is left running but C's
+    node_path, first, _ = _plans(tmp_path, b_ms=1000.0, latency_slo_ms=20000.0)
+    slower = {t: 2 * ms for t, ms in first.task_latency_ms.items()}
+    second = dataclasses.replace(first, task_latency_ms=slower)
+    _node, app, gm, fe, logs = _serving(node_path, first)
+    answers = count_answers(fe.dispatcher)
+    out: dict[str, Any] = {}
+    try:
+        gm.start_all(timeout_s=60)
+        pids_a = {p["pid"] for p in gm.processes()}
+
+        async def go() -> None:
+            gm.attach(fe)
+            fe.start(asyncio.get_running_loop())
+            image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
+            try:
+                sent = []
+                for _ in range(40):
+                    got = fe.dispatcher.submit(fe.routing.routes[app.name], None, image, None)
+                    assert not isinstance(got, str), got
+                    sent.append(got)
+                out["b"] = await gm.apply(DesiredState(app.name, second))
+                out["c"] = await gm.apply(DesiredState(app.name, first, fresh_generation=True))
+                results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 30)
+                out["statuses"] = Counter(status for status, _ in results)
+                for _ in range(200):  # A retires once its requests are answered
+                    if len(gm.generations) == 1:
+                        break
+                    await asyncio.sleep(0.05)
+                await gm.stop_retiring()
+            finally:
+                fe.close()
+
+        asyncio.run(go())
+        assert (out["b"].kept, out["c"].kept, out["c"].started) == (7, 0, 7), (out, logs)
+        drained = [line for line in logs if " drained in " in line]
+        assert [line.split()[2] for line in drained] == ["1", "0"], logs  # B retired while A drained
+        assert out["statuses"] == {200: 40}, (out["statuses"], logs)
+        assert len(answers) == 40 and set(answers.values()) == {1}, answers
+        assert list(gm.generations) == [out["c"].generation], logs
+        assert not pids_a & {p["pid"] for p in gm.processes()}
+    finally:
+        gm.close()
+
+
 def _drain_first_under_load(tmp_path: Path, wait_slo: float) -> dict[str, Any]:
     """40 requests queued on ``b`` (0.5 s an item on five processes: 4 s of work), then the re-plan
     whose 2g.20gb instance needs two of b's slots (SLO 10 s, time scale 1)."""

@@ -227,3 +227,46 @@ def test_a_sighup_mid_batch_serves_the_new_wiring_at_once_and_the_batch_on_its_o
                 ring.close()
             for seg in new.closing:  # (the worker's own mappings stay until the fixture closes it)
                 seg.close()
+
+
+def test_a_second_sighup_mid_batch_unmaps_the_wiring_the_first_added_at_once(make_worker, tmp_path):
+    """A wiring added mid-batch and dropped again before the batch ends holds no item: it is
+    unmapped at once, the batch's stamp moving on to the newest slot; the batch's own wiring stays
+    mapped until the batch ends."""
+    t = make_worker(batch_ms=300.0)
+    t.stats.set(CONSUMER_SLOT, STATE, READY)
+    w = t.worker
+    old = w.wiring
+    w.control = tmp_path / "control.json"
+    with SegmentRegistry(None) as reg:
+        made = [_wiring(reg, 300.0, t.spec.doorbell, tag=f"-{k}") for k in (2, 3)]
+
+        def tell(k: int) -> None:
+            path = tmp_path / f"{k}.json"
+            path.write_text(made[k].spec.to_json())
+            w.control.write_text(json.dumps({"specs": [str(path)]}))
+            w._rewire = True  # what the SIGHUP handler does
+            w._turn()
+
+        async def run() -> tuple[bool, bool, int, int]:
+            await _turns(t, 2, wait_s=0.02)
+            assert w._busy
+            tell(0)
+            second = w.wiring
+            tell(1)
+            dropped = second not in w._unmapped and second not in w.wirings  # unmapped at once
+            kept = old in w._unmapped
+            stamps = made[0].stats.get(0, BATCH_STARTED_NS), made[1].stats.get(0, BATCH_STARTED_NS)
+            await w._batch_task
+            return dropped, kept, *stamps
+
+        try:
+            dropped, kept, stamp_dropped, stamp_newest = asyncio.run(run())
+            assert dropped and kept and stamp_dropped == 0 and stamp_newest > 0
+            assert w._unmapped == [] and sorted(r[0] for r in t.done.pop_completions(8)) == [1, 2]
+        finally:
+            for x in made:
+                for ring in (x.producer, x.out, x.done):
+                    ring.close()
+                for seg in x.closing:
+                    seg.close()

@@ -122,7 +122,9 @@ class Generation:
                                 for p in self.topology.processes]
         self.controls = [run_dir / f"ctl-{gid}.{p.slot}.json" for p in self.topology.processes]
         self.adopted: dict[int, tuple[Generation, int]] = {}  # process -> (older generation, its process)
-        self.handed_over: set[int] = set()  # processes a newer generation serves and supervises now
+        # processes a newer generation (or, once this one retires, the older one it took them
+        # from, still draining) serves and supervises now
+        self.handed_over: set[int] = set()
         self._env_of: list[dict[str, str] | None] = [None] * n
 
     # ---- keeping processes across re-plans ------------------------------------------------------
@@ -212,11 +214,16 @@ class Generation:
                 tell(control, [path], proc, env=more)
                 self.workers.append(proc)
 
-    def hand_back(self) -> list[tuple[Generation, int]]:
-        """This generation failed before serving: its adopted processes go back to their older
-        generations (returned, for the caller to ``tell`` them their specs again)."""
+    def hand_back(self, draining: set[int] | None = None) -> list[tuple[Generation, int]]:
+        """Its adopted processes go back to their older generations (returned, for the caller to
+        ``tell`` them their specs again): all of them when this generation failed before serving;
+        when it retires, those that no newer generation took and whose older generation still
+        drains (gids ``draining``): that one still has items queued on them, and stops them when
+        it retires."""
         back = []
         for k, (old, j) in self.adopted.items():
+            if draining is not None and (old.gid not in draining or k in self.handed_over):
+                continue
             old.handed_over.discard(j)
             self.handed_over.add(k)
             back.append((old, j))

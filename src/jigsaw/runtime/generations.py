@@ -1072,6 +1072,12 @@ class GenerationManager:
         left = router.pending_in(gid)
         if left:
             self.log(f"{g.app.name}: generation {gid}: {left} requests unsettled after drain")
+        # A process this generation kept from an older one that still drains (a re-plan that came
+        # within that one's drain) serves that one's queued items: it goes back to it instead of
+        # stopping. Stopped, it took them along, and the older drain held its MIG slots until its
+        # deadline (24 s of a spike at time scale 20) while a needed re-plan waited for them.
+        g.hand_back({x.gid for x in self.generations.values() if x.gid < gid and not x.stopping})
+        g.stopping = True  # (here, on the loop: a younger generation's retirement reads it)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, g.stop_workers)
         router.remove_generation(gid)

@@ -294,16 +294,17 @@ class Worker:
         self._unmapped = list(have.values())
         previous = self.wiring
         self._use(wirings)
-        self._queue_spec = self.spec
-        self._maybe_swap_queue()
-        now = time.monotonic_ns()
         slot = self.spec.slot
         # a batch in flight (a SIGHUP mid-batch): its start stamp moves to the current slot, which
         # the supervisor watches (and ``_finish_batch`` clears), and so does the queue length
+        # (before ``_maybe_swap_queue``, which may unmap the previous wiring)
         started = self._batch_start_ns if self._busy else 0
         if started and previous is not self.wiring:
             previous.stats.set(previous.spec.slot, BATCH_STARTED_NS, 0)
             self.stats.set(slot, QUEUED, self._in_flight_queued)
+        self._queue_spec = self.spec
+        self._maybe_swap_queue()
+        now = time.monotonic_ns()
         self.stats.set(slot, BATCH_STARTED_NS, started)
         self.stats.set(slot, HEARTBEAT_NS, now)
         self.stats.set(slot, PID, os.getpid())
