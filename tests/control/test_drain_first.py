@@ -12,6 +12,7 @@ import dataclasses
 import json
 import re
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,56 +150,85 @@ def test_keep_all_replan_rewires_the_running_processes(tmp_path: Path) -> None:
         gm.close()
 
 
-def test_a_kept_process_mid_batch_does_not_hold_the_switch(tmp_path: Path) -> None:
-    # b's batch lasts 3 s; a keep-all re-plan comes while it runs: every process is told to serve
-    # the new generation and the routing switches while the batch still runs (the batch's stamp is
-    # in the kept process's new slot at the switch); its request is then answered once, 200
-    node_path, first, _ = _plans(tmp_path, b_ms=3000.0, latency_slo_ms=20000.0)
+Submit = Callable[[int], list[Any]]  # n requests accepted
+Scenario = Callable[[GenerationManager, Any, Submit, dict[str, Any]], Awaitable[None]]
+
+
+def _keep_all(tmp_path: Path, b_ms: float) -> tuple[Path, Plan, Plan]:
+    """The node, the first plan (b: ``b_ms`` an item, SLO 20 s) and a plan of the same instances
+    with another planned latency: a re-plan that keeps every process."""
+    node_path, first, _ = _plans(tmp_path, b_ms=b_ms, latency_slo_ms=20000.0)
     slower = {t: 2 * ms for t, ms in first.task_latency_ms.items()}
-    second = dataclasses.replace(first, task_latency_ms=slower)
+    return node_path, first, dataclasses.replace(first, task_latency_ms=slower)
+
+
+def _under_load(node_path: Path, first: Plan, scenario: Scenario) -> dict[str, Any]:
+    """Serve ``first`` (``_serving``) and run ``scenario(gm, app, submit, out)`` on the frontend's
+    loop (``submit(n)``: n requests accepted); returns ``out`` with the logs, the answers each
+    request got and the pids running at the start and the end."""
     _node, app, gm, fe, logs = _serving(node_path, first)
-    answers = count_answers(fe.dispatcher)
-    out: dict[str, Any] = {}
+    answers = count_answers(fe.dispatcher)  # request (object id) -> answers given
+    out: dict[str, Any] = {"logs": logs}
+    image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
+
+    def submit(n: int) -> list[Any]:
+        sent = [fe.dispatcher.submit(fe.routing.routes[app.name], None, image, None) for _ in range(n)]
+        assert not any(isinstance(got, str) for got in sent), sent
+        return sent
+
     try:
         gm.start_all(timeout_s=60)
+        out["pids_before"] = {p["pid"] for p in gm.processes()}
 
         async def go() -> None:
             gm.attach(fe)
             fe.start(asyncio.get_running_loop())
-            image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
             try:
-                sent = fe.dispatcher.submit(fe.routing.routes[app.name], None, image, None)
-                assert not isinstance(sent, str), sent
-                g1 = gm.generations[gm.current[app.name]]
-                assert g1.stats is not None
-                running = []
-                for _ in range(500):  # until b's batch runs
-                    running = [j for j, p in enumerate(g1.topology.processes)
-                               if p.task == "b" and g1.stats.get(p.slot, st.BATCH_STARTED_NS)]
-                    if running:
-                        break
-                    await asyncio.sleep(0.01)
-                assert running, "b's batch never started"
-                done = await gm.apply(DesiredState(app.name, second))
-                g2 = gm.generations[done.generation]
-                assert g2.stats is not None
-                k = next(k for k, (old, j) in g2.adopted.items() if old is g1 and j == running[0])
-                out["done"] = done
-                out["batch_started_at_switch"] = g2.stats.get(g2.topology.processes[k].slot,
-                                                              st.BATCH_STARTED_NS)
-                out["answered_at_switch"] = sent.future.done()
-                out["status"] = (await asyncio.wait_for(sent.future, 30))[0]
+                await scenario(gm, app, submit, out)
                 await gm.stop_retiring()
             finally:
                 fe.close()
 
         asyncio.run(go())
+        out["answers"] = answers
+        out["pids_after"] = {p["pid"] for p in gm.processes()}
+        out["generations"] = list(gm.generations)
     finally:
         gm.close()
+    return out
+
+
+def test_a_kept_process_mid_batch_does_not_hold_the_switch(tmp_path: Path) -> None:
+    # b's batch lasts 3 s; a keep-all re-plan comes while it runs: every process is told to serve
+    # the new generation and the routing switches while the batch still runs (the batch's stamp is
+    # in the kept process's new slot at the switch); its request is then answered once, 200
+    node_path, first, second = _keep_all(tmp_path, 3000.0)
+
+    async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
+        (sent,) = submit(1)
+        g1 = gm.generations[gm.current[app.name]]
+        assert g1.stats is not None
+        running = []
+        for _ in range(500):  # until b's batch runs
+            running = [j for j, p in enumerate(g1.topology.processes)
+                       if p.task == "b" and g1.stats.get(p.slot, st.BATCH_STARTED_NS)]
+            if running:
+                break
+            await asyncio.sleep(0.01)
+        assert running, "b's batch never started"
+        done = out["done"] = await gm.apply(DesiredState(app.name, second))
+        g2 = gm.generations[done.generation]
+        assert g2.stats is not None
+        k = next(k for k, (old, j) in g2.adopted.items() if old is g1 and j == running[0])
+        out["batch_started_at_switch"] = g2.stats.get(g2.topology.processes[k].slot, st.BATCH_STARTED_NS)
+        out["answered_at_switch"] = sent.future.done()
+        out["status"] = (await asyncio.wait_for(sent.future, 30))[0]
+
+    out = _under_load(node_path, first, scenario)
     done = out["done"]
-    assert done.new_generation and done.error is None and (done.kept, done.started) == (7, 0), (done, logs)
+    assert done.new_generation and done.error is None and (done.kept, done.started) == (7, 0), out
     assert out["batch_started_at_switch"] > 0 and not out["answered_at_switch"], out
-    assert out["status"] == 200 and list(answers.values()) == [1], (out, answers)
+    assert out["status"] == 200 and list(out["answers"].values()) == [1], out
 
 
 def test_a_retiring_generation_gives_an_older_draining_one_back_the_processes_it_kept(tmp_path: Path) -> None:
@@ -207,48 +237,28 @@ def test_a_retiring_generation_gives_an_older_draining_one_back_the_processes_it
     # no request, retires first: the processes it kept from A still hold A's queued items, so they
     # go back to A instead of stopping, and every request is answered once, 200, before its
     # deadline (20 s); A stops them when it retires, nothing is left running but C's
-    node_path, first, _ = _plans(tmp_path, b_ms=1000.0, latency_slo_ms=20000.0)
-    slower = {t: 2 * ms for t, ms in first.task_latency_ms.items()}
-    second = dataclasses.replace(first, task_latency_ms=slower)
-    _node, app, gm, fe, logs = _serving(node_path, first)
-    answers = count_answers(fe.dispatcher)
-    out: dict[str, Any] = {}
-    try:
-        gm.start_all(timeout_s=60)
-        pids_a = {p["pid"] for p in gm.processes()}
+    node_path, first, second = _keep_all(tmp_path, 1000.0)
 
-        async def go() -> None:
-            gm.attach(fe)
-            fe.start(asyncio.get_running_loop())
-            image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
-            try:
-                sent = []
-                for _ in range(40):
-                    got = fe.dispatcher.submit(fe.routing.routes[app.name], None, image, None)
-                    assert not isinstance(got, str), got
-                    sent.append(got)
-                out["b"] = await gm.apply(DesiredState(app.name, second))
-                out["c"] = await gm.apply(DesiredState(app.name, first, fresh_generation=True))
-                results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 30)
-                out["statuses"] = Counter(status for status, _ in results)
-                for _ in range(200):  # A retires once its requests are answered
-                    if len(gm.generations) == 1:
-                        break
-                    await asyncio.sleep(0.05)
-                await gm.stop_retiring()
-            finally:
-                fe.close()
+    async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
+        sent = submit(40)
+        out["b"] = await gm.apply(DesiredState(app.name, second))
+        out["c"] = await gm.apply(DesiredState(app.name, first, fresh_generation=True))
+        results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 30)
+        out["statuses"] = Counter(status for status, _ in results)
+        for _ in range(200):  # A retires once its requests are answered
+            if len(gm.generations) == 1:
+                break
+            await asyncio.sleep(0.05)
 
-        asyncio.run(go())
-        assert (out["b"].kept, out["c"].kept, out["c"].started) == (7, 0, 7), (out, logs)
-        drained = [line for line in logs if " drained in " in line]
-        assert [line.split()[2] for line in drained] == ["1", "0"], logs  # B retired while A drained
-        assert out["statuses"] == {200: 40}, (out["statuses"], logs)
-        assert len(answers) == 40 and set(answers.values()) == {1}, answers
-        assert list(gm.generations) == [out["c"].generation], logs
-        assert not pids_a & {p["pid"] for p in gm.processes()}
-    finally:
-        gm.close()
+    out = _under_load(node_path, first, scenario)
+    logs = out["logs"]
+    assert (out["b"].kept, out["c"].kept, out["c"].started) == (7, 0, 7), out
+    drained = [line for line in logs if " drained in " in line]
+    assert [line.split()[2] for line in drained] == ["1", "0"], logs  # B retired while A drained
+    assert out["statuses"] == {200: 40}, out
+    assert len(out["answers"]) == 40 and set(out["answers"].values()) == {1}, out["answers"]
+    assert out["generations"] == [out["c"].generation], logs
+    assert not out["pids_before"] & out["pids_after"]
 
 
 def _drain_first_under_load(tmp_path: Path, wait_slo: float) -> dict[str, Any]:
@@ -256,34 +266,14 @@ def _drain_first_under_load(tmp_path: Path, wait_slo: float) -> dict[str, Any]:
     whose 2g.20gb instance needs two of b's slots (SLO 10 s, time scale 1)."""
     node_path, first, second = _plans(tmp_path, b_ms=500.0, latency_slo_ms=10000.0,
                                       control=f"drain_first_wait_slo = {wait_slo}\n")
-    _node, app, gm, fe, logs = _serving(node_path, first)
-    answers = count_answers(fe.dispatcher)  # request (object id) -> answers given
-    out: dict[str, Any] = {"logs": logs}
-    try:
-        gm.start_all(timeout_s=60)
 
-        async def go() -> None:
-            gm.attach(fe)
-            fe.start(asyncio.get_running_loop())
-            image = [("image", "UINT8", (4,), np.zeros(4, np.uint8))]
-            try:
-                sent = []
-                for _ in range(40):
-                    got = fe.dispatcher.submit(fe.routing.routes[app.name], None, image, None)
-                    assert not isinstance(got, str), got
-                    sent.append(got)
-                out["done"] = await gm.apply(DesiredState(app.name, second))
-                results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
-                out["statuses"] = Counter(status for status, _ in results)
-                await gm.stop_retiring()
-            finally:
-                fe.close()
+    async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
+        sent = submit(40)
+        out["done"] = await gm.apply(DesiredState(app.name, second))
+        results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
+        out["statuses"] = Counter(status for status, _ in results)
 
-        asyncio.run(go())
-        out["answers"] = answers
-    finally:
-        gm.close()
-    return out
+    return _under_load(node_path, first, scenario)
 
 
 def test_a_drain_first_waits_a_share_of_the_slo_then_sends_the_rest_again(tmp_path: Path) -> None:
