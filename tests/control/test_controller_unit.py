@@ -20,8 +20,9 @@ from jigsaw.control.controller import RATE_JUMP_MAX, AppController, NodeControll
 from jigsaw.control.predictor import burst_floor_rps
 from jigsaw.node import Node, load_node
 from jigsaw.plan import NodePlan, Plan, PlanInstance
+from jigsaw.planner.node_plan import extend_in_place
 from jigsaw.runtime.admission import BinCounters
-from jigsaw.runtime.generations import Applied, DesiredState, same_instances
+from jigsaw.runtime.generations import Applied, Beside, DesiredState, same_instances
 from jigsaw.runtime.metrics import Metrics
 
 NODE = Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
@@ -82,6 +83,9 @@ class _Plane:
 
     def generation_of(self, app: str) -> int:
         return self.gens[app]
+
+    def beside(self) -> Beside | None:
+        return None  # no MIG layout: every plan goes where the planner put it
 
     async def apply(self, desired: DesiredState) -> Applied:
         self.applied.append(desired)
@@ -1039,12 +1043,15 @@ def _placed(p: Plan) -> set[tuple[Any, ...]]:
 
 
 def _ar_controller(app: Any, profiles: Any, running: Plan, new: Plan,
-                   answer: Callable[[Plan, DesiredState], Applied | None], **control: Any
-                   ) -> tuple[NodeController, _Plane]:
+                   answer: Callable[[Plan, DesiredState], Applied | None], *, laid_out: bool = False,
+                   **control: Any) -> tuple[NodeController, _Plane]:
     """A controller of ``app`` on ``running`` whose solver answers ``new`` (with ``control``
     settings), on a fake plane that returns ``answer(running plan, desired)`` instead of applying
-    where that is not None."""
+    where that is not None; ``laid_out``: the plane has a MIG layout, its plans' own (``beside``)."""
     class Plane(_Plane):
+        def beside(self) -> Beside | None:
+            return _beside_of(self.plans) if laid_out else None
+
         async def apply(self, desired: DesiredState) -> Applied:
             got = answer(self.plans[desired.app], desired)
             if got is None:
@@ -1152,5 +1159,98 @@ def test_a_spike_whose_plans_are_refused_gets_the_running_plan_extended_in_place
             else:
                 assert now is running and "in_place" not in entry
         assert load_node(NODE).control.extend_in_place_after_refusal  # on by default
+
+    asyncio.run(go())
+
+
+def _spread(plan: Plan) -> Plan:
+    """``plan`` laid out one instance per GPU in turn (largest first), as a node's runtime layout
+    ends up after some re-plans: every GPU partly used, none empty."""
+    from jigsaw.gpu.layout import NodeInstance, NodeLayout
+    from jigsaw.planner.packer import instances_from_plan
+
+    node = load_node(NODE)
+    gpu = node.gpu
+    free = dict.fromkeys(range(node.num_gpus), 0)
+    placed = []
+    for k, r in enumerate(sorted(instances_from_plan(plan), key=lambda r: -gpu.profile(r.profile).size)):
+        g = k % node.num_gpus
+        start = next(x for x in gpu.profile(r.profile).starts if x >= free[g])
+        free[g] = start + gpu.profile(r.profile).size
+        placed.append(NodeInstance(g, r.profile, start, app=plan.app, task=r.task, variant=r.variant,
+                                   mps=r.mps, max_batch=r.max_batch, index=r.index))
+    layout = NodeLayout(gpu.name, node.num_gpus, tuple(placed))
+    return dataclasses.replace(plan, layout=layout.app_layout(plan.app))
+
+
+def _beside_of(plans: Mapping[str, Plan]) -> Beside:
+    """What the runtime's ``beside`` sees on a node that runs ``plans`` (laid out), nothing draining."""
+    from jigsaw.gpu.layout import from_app_layouts
+
+    node = load_node(NODE)
+    layout = from_app_layouts(node.gpu.name, node.num_gpus, {n: p.layout for n, p in plans.items()})
+    return Beside(layout, layout.instances, node.gpu)
+
+
+def test_a_needed_plan_that_needs_the_running_slots_goes_out_as_the_running_plan_extended_at_once() -> None:
+    # ar_assistant runs a small plan (230 req/s) spread over every GPU; a spike's re-plan (700)
+    # finds a plan that needs the running instances' slots, which the runtime would refuse (no lane
+    # left while they drain). With extend_in_place_first_below (the running plan holds under 80% of
+    # the demand) it is extended beside itself at once, on free slots of the partly used GPUs, and
+    # the spike plan is not pushed; off, the spike plan is pushed and refused (then extended after
+    # the refusal, as before), and so it is for a shortfall of under 20% (250 req/s)
+    app, profiles, (small, spike) = _ar_plans(230.0, 700.0)
+    running = _spread(small)
+    placed = _placed
+
+    def refuse(run: Plan, desired: DesiredState) -> Applied | None:
+        if not placed(run) <= placed(desired.plan):
+            return Applied(0, 0, False, error="drain-first refused: no lane left", refused=True)
+        return None
+
+    async def go() -> None:
+        for below, demand, first in ((0.8, 700.0, True), (0.0, 700.0, False), (0.8, 250.0, False)):
+            c, plane = _ar_controller(app, profiles, running, spike, refuse, laid_out=True,
+                                      extend_in_place_first_below=below)
+            await c.replan({app.name: demand}, trigger="rate")
+            now = plane.plans[app.name]
+            (entry,) = _app(c, app.name).current.replans
+            assert placed(running) < placed(now) and running.planned_rps < now.planned_rps <= demand
+            if first:
+                (only,) = plane.applied  # the extension, placed beside what runs; nothing refused
+                assert only.plan is now and only.beside
+                assert entry["in_place_first"] == [app.name] and "in_place" not in entry
+                assert _app(c, app.name).current.reconfiguration_errors == []
+            else:
+                assert plane.applied[0].plan is spike and not plane.applied[0].beside
+                errors = _app(c, app.name).current.reconfiguration_errors
+                assert errors == ["drain-first refused: no lane left"]
+                assert entry["in_place"] is not None and "in_place_first" not in entry
+        assert load_node(NODE).control.extend_in_place_first_below == 0.8  # on by default
+
+    asyncio.run(go())
+
+
+def test_a_needed_plan_that_fits_beside_what_runs_is_placed_there_a_better_one_as_any() -> None:
+    # a needed plan whose new instances fit on free slots is pushed to be placed beside what runs
+    # and drains (no drain waited for); with place_needed_beside off, or for a plan that is only
+    # better (the running one holds the demand), it is placed as any plan
+    app, profiles, (small,) = _ar_plans(230.0)
+    running = _spread(small)
+    grown = extend_in_place(app, load_node(NODE), profiles, {app.name: running}, 300.0,
+                            fits=lambda p: (g[1] if (g := _beside_of({app.name: running}).place(app.name, p))
+                                            else None))
+    assert grown is not None and grown.planned_rps > running.planned_rps
+
+    async def go() -> None:
+        for on, demand, beside in ((True, 300.0, True), (False, 300.0, False), (True, 200.0, False)):
+            c, plane = _ar_controller(app, profiles, running, grown, lambda run, d: None, laid_out=True,
+                                      place_needed_beside=on)
+            await c.replan({app.name: demand}, trigger="rate")
+            if demand > running.planned_rps:
+                assert plane.applied[0].plan is grown and plane.applied[0].beside is beside, on
+            else:  # kept (settle) or pushed as a better plan: placed as any
+                assert not any(d.beside for d in plane.applied)
+        assert load_node(NODE).control.place_needed_beside  # on by default
 
     asyncio.run(go())

@@ -88,7 +88,7 @@ from jigsaw.planner.anytime import processes_to_start, trim_plan
 from jigsaw.planner.node_plan import QUICK_STATUS, app_value, extend_in_place, prefer_quick
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime.admission import BinCounters
-from jigsaw.runtime.generations import Applied, DesiredState, same_instances
+from jigsaw.runtime.generations import Applied, Beside, DesiredState, same_instances
 
 LEAD_MARGIN = 1.25  # a re-plan ahead of a bin's end starts this many recent re-plan durations early
 HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per app
@@ -149,6 +149,7 @@ class DataPlane(Protocol):
     def plan_of(self, app: str) -> Plan: ...
     def generation_of(self, app: str) -> int: ...
     async def apply(self, desired: DesiredState) -> Applied: ...
+    def beside(self) -> Beside | None: ...
 
 
 class BinSource(Protocol):
@@ -546,6 +547,7 @@ class NodeController:
         self._replan_task: asyncio.Task[Any] | None = None
         self._ahead_bin: int | None = None  # the bin whose successor's re-plan has started
         self._routine_for: int | None = None  # a routine re-plan put off while another ran: its bin
+        self._extended_first: list[str] = []  # the running re-plan's apps extended in place at once
         self._lost: dict[str, float] = {}  # capacity-loss re-plans waiting: app -> demand
         self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
 
@@ -746,6 +748,7 @@ class NodeController:
                 on_quick=None if self.anytime == "off" else on_quick)
             exact_f = loop.run_in_executor(self.executor, call)
             entry: dict[str, Any] = {"trigger": trigger, "for_bin": for_bin, "quick": None, "exact": None}
+            self._extended_first = []
             deployed: NodePlan | None = None
             refused_any: set[str] = set()  # apps whose plan the runtime refused (``Applied.refused``)
             quick = await self._first_needed(exact_f, quick_box, trigger, for_bin, t0)
@@ -960,34 +963,48 @@ class NodeController:
         """
         if not self.node.control.extend_in_place_after_refusal:
             return None
-        running = {n: c.plan for n, c in self.apps.items()}
         pushed: dict[str, Plan] = {}
         for name in sorted(refused):
-            c = self.apps[name]
-            run = c.plan
+            run = self.apps[name].plan
             if not run.max_demand_plan and run.planned_rps >= demands[name] * (1 - 1e-9):
                 continue
-            p = await asyncio.to_thread(extend_in_place, c.app, self.node, self.plane.profiles, running,
-                                        float(demands[name]), space=self.space,
-                                        factors=c.measured_factors() or None)
-            if p is None or p.planned_rps <= run.planned_rps * (1 + 1e-9):
-                continue
-            self.log(f"{name}: its plans were refused; the running plan, kept in place, is extended for "
-                     f"{p.planned_rps:.1f} of {demands[name]:.1f} rps ({p.slices_used} slices)")
-            done = await self._apply(DesiredState(
-                name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh),
-                "in-place")
-            if done is not None and done.new_generation and done.error is None:
+            p = await self._extend_in_place(name, float(demands[name]), fresh, "its plans were refused")
+            if p is not None:
                 pushed[name] = p
-                running[name] = c.plan
         entry["in_place"] = {n: {"slices_used": p.slices_used, "planned_rps": round(p.planned_rps, 3)}
                              for n, p in pushed.items()} or None
         if not pushed:
             return None
+        running = {n: c.plan for n, c in self.apps.items()}
         return NodePlan(node=self.node.name, objective_kind=self.node.planner.objective, status=QUICK_STATUS,
                         feasible=False, objective=0.0, gap=math.inf,
                         slices_used=sum(p.slices_used for p in running.values()),
                         slices_available=self.node.slices_available, solve_seconds=0.0, plans=pushed)
+
+    async def _extend_in_place(self, name: str, demand_rps: float, fresh: frozenset[str], why: str,
+                               beside: Beside | None = None) -> Plan | None:
+        """Push ``name``'s running plan extended in place for the largest share of ``demand_rps``
+        that fits beside what runs (``node_plan.extend_in_place``; with the runtime's own check of
+        the slots that run and drain, ``Beside``, where the node has a layout) when that serves
+        more than the running plan; the plan pushed, or None."""
+        c = self.apps[name]
+        run = c.plan
+        running = {n: a.plan for n, a in self.apps.items()}
+        beside = beside if beside is not None else self.plane.beside()
+        fits = None if beside is None else (lambda p: got[1] if (got := beside.place(name, p)) else None)
+        p = await asyncio.to_thread(extend_in_place, c.app, self.node, self.plane.profiles, running,
+                                    demand_rps, space=self.space, factors=c.measured_factors() or None,
+                                    fits=fits)
+        if p is None or p.planned_rps <= run.planned_rps * (1 + 1e-9):
+            return None
+        self.log(f"{name}: {why}; the running plan, kept in place, is extended for "
+                 f"{p.planned_rps:.1f} of {demand_rps:.1f} rps ({p.slices_used} slices)")
+        done = await self._apply(DesiredState(
+            name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh,
+            beside=beside is not None), "in-place")
+        if done is None or not done.new_generation or done.error is not None:
+            return None
+        return p
 
     async def _apply(self, desired: DesiredState, source: str, *,
                      record_error: bool = True) -> Applied | None:
@@ -1031,8 +1048,15 @@ class NodeController:
             holds = (name not in fresh and bool(run.instances) and not run.max_demand_plan
                      and run.planned_rps >= demands[name] * (1 - 1e-9) and not big_shrink
                      and total - plan.slices_used + run.slices_used <= self.node.slices_available)
+            beside = False
+            if name not in fresh and bool(run.instances) \
+                    and (run.max_demand_plan or run.planned_rps < demands[name] * (1 - 1e-9)):
+                beside, extended = await self._needed_beside(name, plan, float(demands[name]), fresh, source)
+                if extended:
+                    continue
             done = await self._apply(DesiredState(name, plan, repartition_delay_s=delay,
-                                                  fresh_generation=name in fresh, running_holds=holds),
+                                                  fresh_generation=name in fresh, running_holds=holds,
+                                                  beside=beside),
                                      source)
             if done is None:
                 continue
@@ -1041,6 +1065,38 @@ class NodeController:
             elif done.note is not None and holds:
                 await self._trim_running(name, plan, demands[name], delay)
         return kept, refused
+
+    async def _needed_beside(self, name: str, plan: Plan, demand_rps: float, fresh: frozenset[str],
+                             source: str) -> tuple[bool, bool]:
+        """For a plan ``name`` needs (its running plan does not hold ``demand_rps``): (whether to
+        place it beside what runs and drains, whether its running plan was extended in place
+        instead). Beside when it fits so (``control.place_needed_beside``); where it does not and
+        the running plan holds less than ``control.extend_in_place_first_below`` of the demand, the
+        running plan extended in place at once when that serves more, and the plan not pushed.
+
+        Why: a spike's plan placed over the slots of the small running plan needed a drain-first
+        that left the app no lane and was refused, three times in 9 s on ar_assistant's day 0
+        (bins 90-93, 508-720 req/s on a plan for 227, 18 slices free), and placed over draining
+        slots it waited for their drains; the extension after the refusals came 20 s after the
+        spike's onset.
+        """
+        ctl = self.node.control
+        run = self.apps[name].plan
+        spike = not run.max_demand_plan and run.planned_rps < ctl.extend_in_place_first_below * demand_rps
+        if not (ctl.place_needed_beside or spike):
+            return False, False
+        beside = self.plane.beside()
+        if beside is None:  # no MIG layout to keep off
+            return False, False
+        if await asyncio.to_thread(beside.place, name, plan) is not None:
+            return ctl.place_needed_beside, False
+        if not spike:
+            return False, False
+        why = f"the {source} plan needs slots that run or drain"
+        if await self._extend_in_place(name, demand_rps, fresh, why, beside) is None:
+            return False, False
+        self._extended_first.append(name)
+        return False, True
 
     async def _trim_running(self, name: str, skipped: Plan, demand_rps: float, delay: float) -> None:
         """The app's running plan held its demand and the re-plan's smaller plan was not applied
@@ -1079,6 +1135,8 @@ class NodeController:
 
     def _record(self, entry: dict[str, Any], demands: Mapping[str, float], t0: float) -> None:
         entry["seconds"] = round(time.monotonic() - t0, 4)
+        if self._extended_first:  # apps whose plan went out as the running plan extended in place
+            entry["in_place_first"] = sorted(set(self._extended_first))
         for n, c in self.apps.items():
             if len(c.current.replans) < MAX_REPLANS_RECORDED:
                 c.current.replans.append(dict(entry, demand_rps=round(demands[n], 3)))
