@@ -996,6 +996,9 @@ class NodeController:
                                     demand_rps, space=self.space, factors=c.measured_factors() or None,
                                     fits=fits)
         if p is None or p.planned_rps <= run.planned_rps * (1 + 1e-9):
+            free = "" if beside is None else \
+                f" ({self.node.slices_available - beside.layout.slices_used(self.node.gpu)} slices free)"
+            self.log(f"{name}: {why}; no extension of the running plan fits beside what runs{free}")
             return None
         self.log(f"{name}: {why}; the running plan, kept in place, is extended for "
                  f"{p.planned_rps:.1f} of {demand_rps:.1f} rps ({p.slices_used} slices)")

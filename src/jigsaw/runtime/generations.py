@@ -175,9 +175,9 @@ class DesiredState:
     # the running plan holds the demand this plan is for: it is a better plan, not a needed one, so
     # it is not worth a drain-first (``control.drain_first_when_holding``)
     running_holds: bool = False
-    # placed beside everything that runs and drains (``Beside.place``: the running instances kept,
-    # the others on slots nothing holds), or not applied: a needed plan that must not wait for a
-    # drain or drain the app's own instances (``control.place_needed_beside``)
+    # placed beside everything that runs and drains where it fits so (``Beside.place``: the running
+    # instances kept, the others on slots nothing holds), else as any plan: a needed plan, which
+    # should not wait for a drain or drain the app's own instances (``control.place_needed_beside``)
     beside: bool = False
 
 
@@ -595,13 +595,10 @@ class GenerationManager:
         old_gid = self.current[app]
         old = self.generations[old_gid]
         beside = self.beside() if desired.beside else None
-        if beside is not None:
-            got = beside.place(app, new)
-            if got is None:
-                note = (f"the new plan no longer fits beside what runs and drains; keeping generation "
-                        f"{old_gid}")
-                self.log(f"{app}: {note}")
-                return Applied(old_gid, old_gid, False, time.monotonic() - t0, error=note)
+        got = beside.place(app, new) if beside is not None else None
+        if beside is not None and got is None:  # the node changed since the controller looked
+            self.log(f"{app}: the new plan no longer fits beside what runs and drains; placed as any plan")
+        if got is not None:
             node_layout, new = got
         else:
             try:
