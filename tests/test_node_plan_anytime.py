@@ -377,7 +377,8 @@ def test_extending_a_chain_shares_its_latency_slack_among_the_tasks_that_grow(ex
     node, profiles = example
     node = dataclasses.replace(node, planner=dataclasses.replace(node.planner, max_utilization=0.8))
     app = node.app("ar_assistant")
-    run = plan_node([app], node, profiles, {app.name: 231.792}, solver="highs", time_limit_s=30).plans[app.name]
+    run = plan_node([app], node, profiles, {app.name: 231.792}, solver="highs",
+                    time_limit_s=30).plans[app.name]
     # caption as the daemon's plan of day 0 ran it: 3 processes of batch 32 (353 ms), not 2 of 64
     row = profiles.get("git-large", "3g.40gb", 3, 32)
     run = dataclasses.replace(run, instances=[
