@@ -1208,23 +1208,31 @@ def test_a_needed_plan_that_needs_the_running_slots_goes_out_as_the_running_plan
             return Applied(0, 0, False, error="drain-first refused: no lane left", refused=True)
         return None
 
+    def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], *,
+               on_quick: Callable[[NodePlan], None] | None = None, **kw: Any) -> NodePlan:
+        if on_quick is not None:  # the quick plan (here the same) first, then the exact one
+            on_quick(_node_plan({app.name: spike}, status="heuristic", seconds=0.05))
+        return _node_plan({app.name: spike})
+
     async def go() -> None:
         for below, demand, first in ((0.8, 700.0, True), (0.0, 700.0, False), (0.8, 250.0, False)):
             c, plane = _ar_controller(app, profiles, running, spike, refuse, laid_out=True,
                                       extend_in_place_first_below=below)
+            c.solver, c.anytime = solver, "always"
             await c.replan({app.name: demand}, trigger="rate")
             now = plane.plans[app.name]
             (entry,) = _app(c, app.name).current.replans
             assert placed(running) < placed(now) and running.planned_rps < now.planned_rps <= demand
-            if first:
+            if first:  # neither the quick plan nor the exact one after it is pushed
                 (only,) = plane.applied  # the extension, placed beside what runs; nothing refused
                 assert only.plan is now and only.beside
+                assert entry["quick"]["deployed"] and entry["exact"]["deployed"]
                 assert entry["in_place_first"] == [app.name] and "in_place" not in entry
                 assert _app(c, app.name).current.reconfiguration_errors == []
             else:
                 assert plane.applied[0].plan is spike and not plane.applied[0].beside
                 errors = _app(c, app.name).current.reconfiguration_errors
-                assert errors == ["drain-first refused: no lane left"]
+                assert errors == ["drain-first refused: no lane left"] * 2  # the quick plan, the exact one
                 assert entry["in_place"] is not None and "in_place_first" not in entry
         assert load_node(NODE).control.extend_in_place_first_below == 0.8  # on by default
 

@@ -1075,7 +1075,9 @@ class NodeController:
         place it beside what runs and drains, whether its running plan was extended in place
         instead). Beside when it fits so (``control.place_needed_beside``); where it does not and
         the running plan holds less than ``control.extend_in_place_first_below`` of the demand, the
-        running plan extended in place at once when that serves more, and the plan not pushed.
+        running plan extended in place at once when that serves more, and the plan not pushed; nor
+        is a later plan of the same re-plan (the exact one after the quick one) that does not fit
+        beside the extension.
 
         Why: a spike's plan placed over the slots of the small running plan needed a drain-first
         that left the app no lane and was refused, three times in 9 s on ar_assistant's day 0
@@ -1086,16 +1088,22 @@ class NodeController:
         ctl = self.node.control
         run = self.apps[name].plan
         spike = not run.max_demand_plan and run.planned_rps < ctl.extend_in_place_first_below * demand_rps
-        if not (ctl.place_needed_beside or spike):
+        again = name in self._extended_first
+        if not (ctl.place_needed_beside or spike or again):
             return False, False
         beside = self.plane.beside()
         if beside is None:  # no MIG layout to keep off
             return False, False
         if await asyncio.to_thread(beside.place, name, plan) is not None:
             return ctl.place_needed_beside, False
+        why = f"the {source} plan needs slots that run or drain"
+        if again:
+            # extended at once in this re-plan already: a drain-first of that plan (or its refusal)
+            # would serve the spike on less while it drains; the next re-plan asks again
+            self.log(f"{name}: {why}; its running plan, extended in place in this re-plan, serves on")
+            return False, True
         if not spike:
             return False, False
-        why = f"the {source} plan needs slots that run or drain"
         if await self._extend_in_place(name, demand_rps, fresh, why, beside) is None:
             return False, False
         self._extended_first.append(name)
