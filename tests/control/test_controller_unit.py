@@ -1262,3 +1262,27 @@ def test_a_needed_plan_that_fits_beside_what_runs_is_placed_there_a_better_one_a
         assert load_node(NODE).control.place_needed_beside  # on by default
 
     asyncio.run(go())
+
+
+def test_an_extension_that_adds_no_instance_serves_as_a_reweight_and_the_spike_plan_waits() -> None:
+    # the running plan's instances hold 230 req/s but it was planned for 150: a spike to 200 needs
+    # no new instance, so its extension in place is the running instances re-weighted (no new
+    # generation); that serves, and the spike's plan (which needs the running slots) is not pushed
+    app, profiles, (small, spike) = _ar_plans(230.0, 700.0)
+    running = dataclasses.replace(_spread(small), planned_rps=150.0, demand_rps=150.0)
+    placed = _placed
+
+    def refuse(run: Plan, desired: DesiredState) -> Applied | None:
+        if not placed(run) <= placed(desired.plan):
+            return Applied(0, 0, False, error="drain-first refused: no lane left", refused=True)
+        return None
+
+    async def go() -> None:
+        c, plane = _ar_controller(app, profiles, running, spike, refuse, laid_out=True)
+        await c.replan({app.name: 200.0}, trigger="rate")
+        (only,) = plane.applied
+        assert only.beside and same_instances(only.plan, running)
+        assert only.plan.planned_rps == pytest.approx(200.0)
+        assert plane.gens[app.name] == 0 and _app(c, app.name).current.reconfiguration_errors == []
+
+    asyncio.run(go())

@@ -1005,7 +1005,8 @@ class NodeController:
         done = await self._apply(DesiredState(
             name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh,
             beside=beside is not None), "in-place")
-        if done is None or not done.new_generation or done.error is not None:
+        # re-weighted in place counts (the instances that run serve more); a skip (``note``) does not
+        if done is None or done.error is not None or (not done.new_generation and done.note is not None):
             return None
         return p
 
