@@ -55,6 +55,12 @@ headroom): a quick plan that holds the demand as the re-plan's one reconfigurati
 routine re-plan that comes due while another runs is not dropped but runs once it is done
 (``_routine_due``).
 
+Needed plans beside what runs: a plan an app needs (its running plan does not hold the demand)
+is placed beside everything that runs and drains where it fits so (``_needed_beside``, the
+runtime's ``Beside``), and a spike's plan that does not fit so goes out as the running plan
+extended in place at once (``node_plan.extend_in_place`` against the same slots) instead of being
+pushed, refused for no lane left and extended only after the refusals.
+
 Giving back: a running plan that holds its demand is not drained for a smaller plan whose MIG
 instances need its slots (the runtime skips it), so a spike's plan that fills the node would stay
 through the quiet bins after it; instead it is trimmed to the demand (``_trim_running``,
