@@ -1042,6 +1042,14 @@ def _placed(p: Plan) -> set[tuple[Any, ...]]:
             for g in p.layout.gpus for x in g.instances}
 
 
+def _refuse_moves(run: Plan, desired: DesiredState) -> Applied | None:
+    """The runtime's answer to a plan that moves a running instance: refused (draining the small
+    running plan for it would leave no lane); None (applied) otherwise."""
+    if not _placed(run) <= _placed(desired.plan):
+        return Applied(0, 0, False, error="drain-first refused: no lane left", refused=True)
+    return None
+
+
 def _ar_controller(app: Any, profiles: Any, running: Plan, new: Plan,
                    answer: Callable[[Plan, DesiredState], Applied | None], *, laid_out: bool = False,
                    **control: Any) -> tuple[NodeController, _Plane]:
@@ -1140,14 +1148,10 @@ def test_a_spike_whose_plans_are_refused_gets_the_running_plan_extended_in_place
     app, profiles, (running, spike) = _ar_plans(155.0, 700.0)
     placed = _placed
 
-    def refuse(run: Plan, desired: DesiredState) -> Applied | None:
-        if not placed(run) <= placed(desired.plan):
-            return Applied(0, 0, False, error="drain-first refused: no lane left", refused=True)
-        return None
-
     async def go() -> None:
         for on in (True, False):
-            c, plane = _ar_controller(app, profiles, running, spike, refuse, extend_in_place_after_refusal=on)
+            c, plane = _ar_controller(app, profiles, running, spike, _refuse_moves,
+                                      extend_in_place_after_refusal=on)
             await c.replan({app.name: 700.0}, trigger="rate")
             now = plane.plans[app.name]
             (entry,) = _app(c, app.name).current.replans
@@ -1203,11 +1207,6 @@ def test_a_needed_plan_that_needs_the_running_slots_goes_out_as_the_running_plan
     running = _spread(small)
     placed = _placed
 
-    def refuse(run: Plan, desired: DesiredState) -> Applied | None:
-        if not placed(run) <= placed(desired.plan):
-            return Applied(0, 0, False, error="drain-first refused: no lane left", refused=True)
-        return None
-
     def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], *,
                on_quick: Callable[[NodePlan], None] | None = None, **kw: Any) -> NodePlan:
         if on_quick is not None:  # the quick plan (here the same) first, then the exact one
@@ -1216,7 +1215,7 @@ def test_a_needed_plan_that_needs_the_running_slots_goes_out_as_the_running_plan
 
     async def go() -> None:
         for below, demand, first in ((0.8, 700.0, True), (0.0, 700.0, False), (0.8, 250.0, False)):
-            c, plane = _ar_controller(app, profiles, running, spike, refuse, laid_out=True,
+            c, plane = _ar_controller(app, profiles, running, spike, _refuse_moves, laid_out=True,
                                       extend_in_place_first_below=below)
             c.solver, c.anytime = solver, "always"
             await c.replan({app.name: demand}, trigger="rate")
@@ -1270,15 +1269,9 @@ def test_an_extension_that_adds_no_instance_serves_as_a_reweight_and_the_spike_p
     # generation); that serves, and the spike's plan (which needs the running slots) is not pushed
     app, profiles, (small, spike) = _ar_plans(230.0, 700.0)
     running = dataclasses.replace(_spread(small), planned_rps=150.0, demand_rps=150.0)
-    placed = _placed
-
-    def refuse(run: Plan, desired: DesiredState) -> Applied | None:
-        if not placed(run) <= placed(desired.plan):
-            return Applied(0, 0, False, error="drain-first refused: no lane left", refused=True)
-        return None
 
     async def go() -> None:
-        c, plane = _ar_controller(app, profiles, running, spike, refuse, laid_out=True)
+        c, plane = _ar_controller(app, profiles, running, spike, _refuse_moves, laid_out=True)
         await c.replan({app.name: 200.0}, trigger="rate")
         (only,) = plane.applied
         assert only.beside and same_instances(only.plan, running)
