@@ -236,8 +236,8 @@ class ControlSettings:
     # ... and where it does not fit so and the running plan holds less than this share of the
     # demand (a spike), the running plan is extended in place for the largest share of the demand
     # that does fit (planner/node_plan.py extend_in_place with the runtime's check), at once,
-    # instead of the plan, and the re-plan's later plan (the exact one) too where it does not fit
-    # beside the extension (control/controller.py _needed_beside). Why: ar_assistant's spike plans
+    # instead of the plan, and the re-plan's later plan (the exact one) too where it needs the
+    # extension's running slots (control/controller.py _needed_beside). Why: ar_assistant's spike plans
     # needed the 10-slice running plan's slots, were refused three times ("no lane left") over 9 s
     # while 18 slices were free, and bins 90-92 met the small plan. Not for a small shortfall: an
     # extension for a few percent more costs slices no later plan gives back (46% of the slices

@@ -76,5 +76,9 @@ def test_a_plan_placed_beside_keeps_what_runs_and_takes_only_slots_nothing_holds
     # more than the free slots hold, a running instance given up, or one swapped for another
     # workload: not beside (a drain, a drain-first or a restart would be needed)
     assert beside.place("a", _plan(v=6)) is None
+    # ... though with the draining slots taken for free it fits: it needs only their drains to end
+    got = beside.serving_only().place("a", _plan(v=6))
+    assert got is not None and _new_slots(got[0], "v") & {2, 3}
+    assert beside.serving_only().place("a", _plan(v=8)) is None  # more than the GPU holds
     assert beside.place("a", _plan(v=1, w=2)) is None
     assert beside.place("a", _plan(w=2)) is None

@@ -1083,8 +1083,8 @@ class NodeController:
         instead). Beside when it fits so (``control.place_needed_beside``); where it does not and
         the running plan holds less than ``control.extend_in_place_first_below`` of the demand, the
         running plan extended in place at once when that serves more, and the plan not pushed; nor
-        is a later plan of the same re-plan (the exact one after the quick one) that does not fit
-        beside the extension.
+        is a later plan of the same re-plan (the exact one after the quick one) that needs slots of
+        the extension's running instances (one that needs only draining slots waits for them).
 
         Why: a spike's plan placed over the slots of the small running plan needed a drain-first
         that left the app no lane and was refused, three times in 9 s on ar_assistant's day 0
@@ -1106,7 +1106,10 @@ class NodeController:
         why = f"the {source} plan needs slots that run or drain"
         if again:
             # extended at once in this re-plan already: a drain-first of that plan (or its refusal)
-            # would serve the spike on less while it drains; the next re-plan asks again
+            # would serve the spike on less while it drains; the next re-plan asks again. A plan
+            # that needs only draining slots is pushed: it waits for them while the extension serves
+            if await asyncio.to_thread(beside.serving_only().place, name, plan) is not None:
+                return False, False
             self.log(f"{name}: {why}; its running plan, extended in place in this re-plan, serves on")
             return False, True
         if not spike:

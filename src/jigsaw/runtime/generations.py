@@ -124,6 +124,12 @@ class Beside:
     held: tuple[NodeInstance, ...]  # every slot held, serving or not
     gpu: GpuModel
 
+    def serving_only(self) -> Beside:
+        """The same node with every draining slot taken for free: where a plan fits so, it needs
+        only drains to end (a wait), no slot of a running instance (a drain-first)."""
+        serving = tuple(i for i in self.layout.instances if i.app != DRAINING)
+        return Beside(self.layout.with_instances(serving), serving, self.gpu)
+
     def place(self, app: str, plan: Plan) -> tuple[NodeLayout, Plan] | None:
         """The node layout with ``app`` on ``plan`` and the plan laid out, when every instance of
         the app's running plan stays where it runs (same workload) and each other instance goes on
