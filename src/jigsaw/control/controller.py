@@ -554,6 +554,7 @@ class NodeController:
         self._ahead_bin: int | None = None  # the bin whose successor's re-plan has started
         self._routine_for: int | None = None  # a routine re-plan put off while another ran: its bin
         self._extended_first: list[str] = []  # the running re-plan's apps extended in place at once
+        self._trigger = ""  # the running re-plan's trigger
         self._lost: dict[str, float] = {}  # capacity-loss re-plans waiting: app -> demand
         self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
 
@@ -755,6 +756,7 @@ class NodeController:
             exact_f = loop.run_in_executor(self.executor, call)
             entry: dict[str, Any] = {"trigger": trigger, "for_bin": for_bin, "quick": None, "exact": None}
             self._extended_first = []
+            self._trigger = trigger
             deployed: NodePlan | None = None
             refused_any: set[str] = set()  # apps whose plan the runtime refused (``Applied.refused``)
             quick = await self._first_needed(exact_f, quick_box, trigger, for_bin, t0)
@@ -1059,7 +1061,7 @@ class NodeController:
                      and run.planned_rps >= demands[name] * (1 - 1e-9) and not big_shrink
                      and total - plan.slices_used + run.slices_used <= self.node.slices_available)
             beside = False
-            if name not in fresh and bool(run.instances) \
+            if name not in fresh and bool(run.instances) and self._trigger != "admin" \
                     and (run.max_demand_plan or run.planned_rps < demands[name] * (1 - 1e-9)):
                 beside, extended = await self._needed_beside(name, plan, float(demands[name]), fresh, source)
                 if extended:
@@ -1078,7 +1080,8 @@ class NodeController:
 
     async def _needed_beside(self, name: str, plan: Plan, demand_rps: float, fresh: frozenset[str],
                              source: str) -> tuple[bool, bool]:
-        """For a plan ``name`` needs (its running plan does not hold ``demand_rps``): (whether to
+        """For a plan ``name`` needs (its running plan does not hold ``demand_rps``; the controller's
+        own re-plan, not an operator's, who asked for that plan): (whether to
         place it beside what runs and drains, whether its running plan was extended in place
         instead). Beside when it fits so (``control.place_needed_beside``); where it does not and
         the running plan holds less than ``control.extend_in_place_first_below`` of the demand, the
