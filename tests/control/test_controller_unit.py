@@ -1279,3 +1279,33 @@ def test_an_extension_that_adds_no_instance_serves_as_a_reweight_and_the_spike_p
         assert plane.gens[app.name] == 0 and _app(c, app.name).current.reconfiguration_errors == []
 
     asyncio.run(go())
+
+
+def test_an_extension_that_serves_little_of_a_spike_does_not_stand_in_for_its_plan() -> None:
+    # every free slot drains: the spike's extension can only re-weight the running instances
+    # (230 of 700 req/s, from 229). That is not worth holding the spike's plan back: the plan is
+    # pushed (here refused), and the extension after the refusal goes out as before
+    app, profiles, (small, spike) = _ar_plans(230.0, 700.0)
+    running = dataclasses.replace(_spread(small), planned_rps=229.0, demand_rps=229.0)
+
+    def full(plans: Mapping[str, Plan]) -> Beside:
+        from jigsaw.gpu.layout import NodeInstance
+        from jigsaw.runtime.generations import DRAINING
+
+        b = _beside_of(plans)
+        taken = {(i.gpu, s) for i in b.layout.instances
+                 for s in range(i.start, i.start + b.gpu.profile(i.profile).size)}
+        fill = [NodeInstance(g, "1g.10gb", s, app=DRAINING) for g in range(4) for s in range(7)
+                if (g, s) not in taken]
+        return Beside(b.layout.with_instances((*b.layout.instances, *fill)), (*b.held, *fill), b.gpu)
+
+    async def go() -> None:
+        c, plane = _ar_controller(app, profiles, running, spike, _refuse_moves, laid_out=True)
+        plane.beside = lambda: full(plane.plans)  # type: ignore[method-assign]
+        await c.replan({app.name: 700.0}, trigger="rate")
+        assert plane.applied[0].plan is spike and not plane.applied[0].beside
+        (entry,) = _app(c, app.name).current.replans
+        assert "in_place_first" not in entry and entry["in_place"] is not None
+        assert same_instances(plane.plans[app.name], running)  # the re-weight, after the refusal
+
+    asyncio.run(go())
