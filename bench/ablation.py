@@ -82,6 +82,11 @@ MECHANISMS = {
     # an app whose plans were refused (no lane left while its small plan drains) gets its running
     # plan extended in place for the share of the demand that packs beside what runs
     "in_place_extension": "control.extend_in_place_after_refusal=false",
+    # a needed plan goes on slots nothing runs or drains on when it fits there (no drain waited for)
+    "needed_beside": "control.place_needed_beside=false",
+    # a spike's plan that needs slots that run or drain goes out as the running plan extended in
+    # place at once, not after its refusal
+    "in_place_first": "control.extend_in_place_first_below=0",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

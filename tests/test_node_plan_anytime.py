@@ -10,7 +10,7 @@ import pytest
 
 from jigsaw.node import load_node, load_node_profiles
 from jigsaw.plan import NodePlan
-from jigsaw.planner.anytime import trim_plan
+from jigsaw.planner.anytime import extend_plan, trim_plan
 from jigsaw.planner.node_plan import (
     QUICK_STATUS,
     extend_in_place,
@@ -367,3 +367,27 @@ def test_extend_in_place_serves_the_largest_share_that_packs_beside_what_runs(ex
     small = extend_in_place(app, node, profiles, running.plans, 250.0)
     assert small is not None and small.planned_rps == pytest.approx(250.0)
     assert extend_in_place(app, node, profiles, running.plans, run.planned_rps) is None
+
+
+def test_extending_a_chain_shares_its_latency_slack_among_the_tasks_that_grow(example) -> None:
+    """ar_assistant's 230 req/s plan (detect -> caption -> speak, 2 x 635 ms of a 1550 ms SLO)
+    extended for 1.5x its demand: every task needs more instances, and each added instance may
+    take only its share of the path's slack, so the extension verifies (each task taking the
+    whole slack made 1821 ms: the quick plan and the in-place extension were lost)."""
+    node, profiles = example
+    node = dataclasses.replace(node, planner=dataclasses.replace(node.planner, max_utilization=0.8))
+    app = node.app("ar_assistant")
+    run = plan_node([app], node, profiles, {app.name: 231.792}, solver="highs",
+                    time_limit_s=30).plans[app.name]
+    # caption as the daemon's plan of day 0 ran it: 3 processes of batch 32 (353 ms), not 2 of 64
+    row = profiles.get("git-large", "3g.40gb", 3, 32)
+    run = dataclasses.replace(run, instances=[
+        dataclasses.replace(i, mps=3, max_batch=32, latency_ms=row.latency_ms,
+                            throughput_rps=row.throughput_rps * node.planner.max_utilization)
+        if i.task == "caption" else i for i in run.instances])
+    for demand in (300.0, 346.5, 420.0):
+        p = extend_plan(app, node, profiles, run, demand)
+        assert p is not None and p.planned_rps == pytest.approx(demand)
+        assert verify_plan(p, app, node, profiles) == ["the plan has no layout"], demand  # not packed yet
+        assert {(i.task, i.variant, i.mig_profile, i.mps, i.max_batch) for i in run.instances} <= \
+            {(i.task, i.variant, i.mig_profile, i.mps, i.max_batch) for i in p.instances}

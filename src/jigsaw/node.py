@@ -228,6 +228,22 @@ class ControlSettings:
     # that packs beside every running instance (planner/node_plan.py extend_in_place;
     # control/controller.py _extend_after_refusal); false: the running plan serves on
     extend_in_place_after_refusal: bool = True
+    # a plan an app needs (its running plan does not hold the demand) goes beside everything that
+    # runs and drains when it fits so (runtime/generations.py Beside: its running instances kept
+    # where they run, the others on slots nothing holds), so it neither waits for a drain nor needs
+    # a drain-first; false: placed as any plan (over draining slots, or over the app's own)
+    place_needed_beside: bool = True
+    # ... and where it does not fit so and the running plan holds less than this share of the
+    # demand (a spike), the running plan is extended in place for the largest share of the demand
+    # that does fit (planner/node_plan.py extend_in_place with the runtime's check), at once,
+    # instead of the plan, and the re-plan's later plan (the exact one) too where it needs the
+    # extension's running slots (control/controller.py _needed_beside). Why: ar_assistant's spike plans
+    # needed the 10-slice running plan's slots, were refused three times ("no lane left") over 9 s
+    # while 18 slices were free, and bins 90-92 met the small plan. Not for a small shortfall: an
+    # extension for a few percent more costs slices no later plan gives back (46% of the slices
+    # against 38% on ar_assistant's bins 84-100 with it for every shortfall); 0: off, the plan is
+    # pushed and extended in place only after a refusal (extend_in_place_after_refusal)
+    extend_in_place_first_below: float = 0.8
     # a re-plan the node needs (a running plan does not hold its demand) deploys first whichever
     # of its quick and exact plans starts fewer processes (the quick one keeps the running plans
     # and adds instances: a spike's exact plan restarted every process, 5-17 s to its switch), and
@@ -454,6 +470,8 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         trim_min_slices=c.integer("trim_min_slices", 4, low=0),
         keep_new_plan_bins=c.integer("keep_new_plan_bins", 0, low=0),
         extend_in_place_after_refusal=c.bool("extend_in_place_after_refusal", True),
+        place_needed_beside=c.bool("place_needed_beside", True),
+        extend_in_place_first_below=c.number("extend_in_place_first_below", 0.8, low=0, high=1),
         fewest_starts_first=c.bool("fewest_starts_first", False),
         quick_after_refusal=c.bool("quick_after_refusal", True),
         solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),

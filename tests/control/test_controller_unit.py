@@ -20,8 +20,9 @@ from jigsaw.control.controller import RATE_JUMP_MAX, AppController, NodeControll
 from jigsaw.control.predictor import burst_floor_rps
 from jigsaw.node import Node, load_node
 from jigsaw.plan import NodePlan, Plan, PlanInstance
+from jigsaw.planner.node_plan import extend_in_place
 from jigsaw.runtime.admission import BinCounters
-from jigsaw.runtime.generations import Applied, DesiredState, same_instances
+from jigsaw.runtime.generations import Applied, Beside, DesiredState, same_instances
 from jigsaw.runtime.metrics import Metrics
 
 NODE = Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
@@ -82,6 +83,9 @@ class _Plane:
 
     def generation_of(self, app: str) -> int:
         return self.gens[app]
+
+    def beside(self) -> Beside | None:
+        return None  # no MIG layout: every plan goes where the planner put it
 
     async def apply(self, desired: DesiredState) -> Applied:
         self.applied.append(desired)
@@ -1038,13 +1042,24 @@ def _placed(p: Plan) -> set[tuple[Any, ...]]:
             for g in p.layout.gpus for x in g.instances}
 
 
+def _refuse_moves(run: Plan, desired: DesiredState) -> Applied | None:
+    """The runtime's answer to a plan that moves a running instance: refused (draining the small
+    running plan for it would leave no lane); None (applied) otherwise."""
+    if not _placed(run) <= _placed(desired.plan):
+        return Applied(0, 0, False, error="drain-first refused: no lane left", refused=True)
+    return None
+
+
 def _ar_controller(app: Any, profiles: Any, running: Plan, new: Plan,
-                   answer: Callable[[Plan, DesiredState], Applied | None], **control: Any
-                   ) -> tuple[NodeController, _Plane]:
+                   answer: Callable[[Plan, DesiredState], Applied | None], *, laid_out: bool = False,
+                   **control: Any) -> tuple[NodeController, _Plane]:
     """A controller of ``app`` on ``running`` whose solver answers ``new`` (with ``control``
     settings), on a fake plane that returns ``answer(running plan, desired)`` instead of applying
-    where that is not None."""
+    where that is not None; ``laid_out``: the plane has a MIG layout, its plans' own (``beside``)."""
     class Plane(_Plane):
+        def beside(self) -> Beside | None:
+            return _beside_of(self.plans) if laid_out else None
+
         async def apply(self, desired: DesiredState) -> Applied:
             got = answer(self.plans[desired.app], desired)
             if got is None:
@@ -1133,14 +1148,10 @@ def test_a_spike_whose_plans_are_refused_gets_the_running_plan_extended_in_place
     app, profiles, (running, spike) = _ar_plans(155.0, 700.0)
     placed = _placed
 
-    def refuse(run: Plan, desired: DesiredState) -> Applied | None:
-        if not placed(run) <= placed(desired.plan):
-            return Applied(0, 0, False, error="drain-first refused: no lane left", refused=True)
-        return None
-
     async def go() -> None:
         for on in (True, False):
-            c, plane = _ar_controller(app, profiles, running, spike, refuse, extend_in_place_after_refusal=on)
+            c, plane = _ar_controller(app, profiles, running, spike, _refuse_moves,
+                                      extend_in_place_after_refusal=on)
             await c.replan({app.name: 700.0}, trigger="rate")
             now = plane.plans[app.name]
             (entry,) = _app(c, app.name).current.replans
@@ -1152,5 +1163,149 @@ def test_a_spike_whose_plans_are_refused_gets_the_running_plan_extended_in_place
             else:
                 assert now is running and "in_place" not in entry
         assert load_node(NODE).control.extend_in_place_after_refusal  # on by default
+
+    asyncio.run(go())
+
+
+def _spread(plan: Plan) -> Plan:
+    """``plan`` laid out one instance per GPU in turn (largest first), as a node's runtime layout
+    ends up after some re-plans: every GPU partly used, none empty."""
+    from jigsaw.gpu.layout import NodeInstance, NodeLayout
+    from jigsaw.planner.packer import instances_from_plan
+
+    node = load_node(NODE)
+    gpu = node.gpu
+    free = dict.fromkeys(range(node.num_gpus), 0)
+    placed = []
+    for k, r in enumerate(sorted(instances_from_plan(plan), key=lambda r: -gpu.profile(r.profile).size)):
+        g = k % node.num_gpus
+        start = next(x for x in gpu.profile(r.profile).starts if x >= free[g])
+        free[g] = start + gpu.profile(r.profile).size
+        placed.append(NodeInstance(g, r.profile, start, app=plan.app, task=r.task, variant=r.variant,
+                                   mps=r.mps, max_batch=r.max_batch, index=r.index))
+    layout = NodeLayout(gpu.name, node.num_gpus, tuple(placed))
+    return dataclasses.replace(plan, layout=layout.app_layout(plan.app))
+
+
+def _beside_of(plans: Mapping[str, Plan]) -> Beside:
+    """What the runtime's ``beside`` sees on a node that runs ``plans`` (laid out), nothing draining."""
+    from jigsaw.gpu.layout import from_app_layouts
+
+    node = load_node(NODE)
+    layout = from_app_layouts(node.gpu.name, node.num_gpus, {n: p.layout for n, p in plans.items()})
+    return Beside(layout, layout.instances, node.gpu)
+
+
+def test_a_needed_plan_that_needs_the_running_slots_goes_out_as_the_running_plan_extended_at_once() -> None:
+    # ar_assistant runs a small plan (230 req/s) spread over every GPU; a spike's re-plan (700)
+    # finds a plan that needs the running instances' slots, which the runtime would refuse (no lane
+    # left while they drain). With extend_in_place_first_below (the running plan holds under 80% of
+    # the demand) it is extended beside itself at once, on free slots of the partly used GPUs, and
+    # the spike plan is not pushed; off, the spike plan is pushed and refused (then extended after
+    # the refusal, as before), and so it is for a shortfall of under 20% (250 req/s)
+    app, profiles, (small, spike) = _ar_plans(230.0, 700.0)
+    running = _spread(small)
+    placed = _placed
+
+    def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], *,
+               on_quick: Callable[[NodePlan], None] | None = None, **kw: Any) -> NodePlan:
+        if on_quick is not None:  # the quick plan (here the same) first, then the exact one
+            on_quick(_node_plan({app.name: spike}, status="heuristic", seconds=0.05))
+        return _node_plan({app.name: spike})
+
+    async def go() -> None:
+        for below, demand, first in ((0.8, 700.0, True), (0.0, 700.0, False), (0.8, 250.0, False)):
+            c, plane = _ar_controller(app, profiles, running, spike, _refuse_moves, laid_out=True,
+                                      extend_in_place_first_below=below)
+            c.solver, c.anytime = solver, "always"
+            await c.replan({app.name: demand}, trigger="rate")
+            now = plane.plans[app.name]
+            (entry,) = _app(c, app.name).current.replans
+            assert placed(running) < placed(now) and running.planned_rps < now.planned_rps <= demand
+            if first:  # neither the quick plan nor the exact one after it is pushed
+                (only,) = plane.applied  # the extension, placed beside what runs; nothing refused
+                assert only.plan is now and only.beside
+                assert entry["quick"]["deployed"] and entry["exact"]["deployed"]
+                assert entry["in_place_first"] == [app.name] and "in_place" not in entry
+                assert _app(c, app.name).current.reconfiguration_errors == []
+            else:
+                assert plane.applied[0].plan is spike and not plane.applied[0].beside
+                errors = _app(c, app.name).current.reconfiguration_errors
+                assert errors == ["drain-first refused: no lane left"] * 2  # the quick plan, the exact one
+                assert entry["in_place"] is not None and "in_place_first" not in entry
+        assert load_node(NODE).control.extend_in_place_first_below == 0.8  # on by default
+
+    asyncio.run(go())
+
+
+def test_a_needed_plan_that_fits_beside_what_runs_is_placed_there_a_better_one_as_any() -> None:
+    # a needed plan whose new instances fit on free slots is pushed to be placed beside what runs
+    # and drains (no drain waited for); with place_needed_beside off, or for a plan that is only
+    # better (the running one holds the demand), it is placed as any plan
+    app, profiles, (small,) = _ar_plans(230.0)
+    running = _spread(small)
+    grown = extend_in_place(app, load_node(NODE), profiles, {app.name: running}, 300.0,
+                            fits=lambda p: (g[1] if (g := _beside_of({app.name: running}).place(app.name, p))
+                                            else None))
+    assert grown is not None and grown.planned_rps > running.planned_rps
+
+    async def go() -> None:
+        for on, demand, beside in ((True, 300.0, True), (False, 300.0, False), (True, 200.0, False)):
+            c, plane = _ar_controller(app, profiles, running, grown, lambda run, d: None, laid_out=True,
+                                      place_needed_beside=on)
+            await c.replan({app.name: demand}, trigger="rate")
+            if demand > running.planned_rps:
+                assert plane.applied[0].plan is grown and plane.applied[0].beside is beside, on
+            else:  # kept (settle) or pushed as a better plan: placed as any
+                assert not any(d.beside for d in plane.applied)
+        assert load_node(NODE).control.place_needed_beside  # on by default
+
+    asyncio.run(go())
+
+
+def test_an_extension_that_adds_no_instance_serves_as_a_reweight_and_the_spike_plan_waits() -> None:
+    # the running plan's instances hold 230 req/s but it was planned for 150: a spike to 200 needs
+    # no new instance, so its extension in place is the running instances re-weighted (no new
+    # generation); that serves, and the spike's plan (which needs the running slots) is not pushed
+    app, profiles, (small, spike) = _ar_plans(230.0, 700.0)
+    running = dataclasses.replace(_spread(small), planned_rps=150.0, demand_rps=150.0)
+
+    async def go() -> None:
+        c, plane = _ar_controller(app, profiles, running, spike, _refuse_moves, laid_out=True)
+        await c.replan({app.name: 200.0}, trigger="rate")
+        (only,) = plane.applied
+        assert only.beside and same_instances(only.plan, running)
+        assert only.plan.planned_rps == pytest.approx(200.0)
+        assert plane.gens[app.name] == 0 and _app(c, app.name).current.reconfiguration_errors == []
+
+    asyncio.run(go())
+
+
+def test_an_extension_that_serves_little_of_a_spike_does_not_stand_in_for_its_plan() -> None:
+    # every free slot drains: the spike's extension can only re-weight the running instances
+    # (230 of 700 req/s, from 229). That is not worth holding the spike's plan back: the plan is
+    # pushed (here refused), and the extension after the refusal goes out as before
+    app, profiles, (small, spike) = _ar_plans(230.0, 700.0)
+    running = dataclasses.replace(_spread(small), planned_rps=229.0, demand_rps=229.0)
+
+    def full(plans: Mapping[str, Plan]) -> Beside:
+        from jigsaw.gpu.layout import NodeInstance
+        from jigsaw.runtime.generations import DRAINING
+
+        b = _beside_of(plans)
+        taken = {(i.gpu, s) for i in b.layout.instances
+                 for s in range(i.start, i.start + b.gpu.profile(i.profile).size)}
+        fill = [NodeInstance(g, "1g.10gb", s, app=DRAINING) for g in range(4) for s in range(7)
+                if (g, s) not in taken]
+        return Beside(b.layout.with_instances((*b.layout.instances, *fill)), (*b.held, *fill), b.gpu)
+
+    async def go() -> None:
+        c, plane = _ar_controller(app, profiles, running, spike, _refuse_moves, laid_out=True)
+        plane.beside = lambda: full(plane.plans)  # type: ignore[method-assign]
+        await c.replan({app.name: 700.0}, trigger="rate")
+        assert plane.applied[0].plan is spike and not plane.applied[0].beside
+        (entry,) = _app(c, app.name).current.replans
+        assert "in_place_first" not in entry and entry["in_place"] is not None
+        assert same_instances(plane.plans[app.name], running)  # the re-weight, after the refusal
 
     asyncio.run(go())

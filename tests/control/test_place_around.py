@@ -1,14 +1,17 @@
 """Placing a re-plan's new MIG instances around the slots a draining generation still holds
-(``runtime.generations.place_around``): pure, on a hand-made one-GPU layout."""
+(``runtime.generations.place_around``), and a needed plan beside everything that runs and drains
+(``runtime.generations.Beside``): pure, on a hand-made one-GPU layout."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from jigsaw.gpu.layout import NodeInstance, NodeLayout, place_app, validate_node_layout
 from jigsaw.node import load_node
-from jigsaw.planner.packer import InstanceRequest
-from jigsaw.runtime.generations import place_around
+from jigsaw.plan import Plan, PlanInstance
+from jigsaw.planner.packer import InstanceRequest, instances_from_plan
+from jigsaw.runtime.generations import DRAINING, Beside, place_around
 
 NODE = Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
 GPU = load_node(NODE).gpu  # H100: 7 compute slices
@@ -42,3 +45,40 @@ def test_without_room_beside_them_the_new_instances_go_over_the_draining_slots()
     placed = place_around(layout, draining, "a", want, GPU)
     assert placed == place_app(layout, "a", want, GPU)
     assert place_around(layout, [], "a", want, GPU) == placed  # nothing draining: place_app's own
+
+
+def _plan(**counts: int) -> Plan:
+    """App "a"'s plan: ``counts`` 1g instances of task t per variant."""
+    inst = [PlanInstance(task="t", variant=v, mig_profile="1g.10gb", mps=1, max_batch=1, count=n,
+                         latency_ms=1.0, throughput_rps=1.0, slices=1) for v, n in counts.items()]
+    return Plan(app="a", space="ast", demand_rps=1.0, planned_rps=1.0, feasible=True, max_demand_plan=False,
+                status="optimal", objective=0.0, accuracy=1.0, slices_used=sum(counts.values()),
+                slices_available=7, solve_seconds=0.0, gap=0.0, instances=inst)
+
+
+def test_a_plan_placed_beside_keeps_what_runs_and_takes_only_slots_nothing_holds() -> None:
+    # serving: a/v on slots 0 and 1 (with max batch 1, as the plan asks); draining: a/u on 2 and 3.
+    # Two more v: on the free slots 4-6, never on the draining ones (place_app alone takes them)
+    serving = (dataclasses.replace(_inst(0, "v"), max_batch=1),
+               dataclasses.replace(_inst(1, "v", index=1), max_batch=1))
+    layout = NodeLayout(GPU.name, 1, serving)
+    draining = (_inst(2, "u"), _inst(3, "u", index=1))
+    stand_ins = (dataclasses.replace(d, app=DRAINING) for d in draining)
+    beside = Beside(layout.with_instances((*serving, *stand_ins)), (*serving, *draining), GPU)
+    grown = _plan(v=4)
+    assert _new_slots(place_app(layout, "a", instances_from_plan(grown), GPU), "v") & {2, 3}
+    got = beside.place("a", grown)
+    assert got is not None
+    placed, plan = got
+    assert _new_slots(placed, "v") - {4, 5, 6} == {0, 1} and len(_new_slots(placed, "v")) == 4
+    assert not validate_node_layout(placed, GPU)
+    assert all(i.app == "a" for i in placed.instances) and plan.layout == placed.app_layout("a")
+    # more than the free slots hold, a running instance given up, or one swapped for another
+    # workload: not beside (a drain, a drain-first or a restart would be needed)
+    assert beside.place("a", _plan(v=6)) is None
+    # ... though with the draining slots taken for free it fits: it needs only their drains to end
+    got = beside.serving_only().place("a", _plan(v=6))
+    assert got is not None and _new_slots(got[0], "v") & {2, 3}
+    assert beside.serving_only().place("a", _plan(v=8)) is None  # more than the GPU holds
+    assert beside.place("a", _plan(v=1, w=2)) is None
+    assert beside.place("a", _plan(w=2)) is None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
 
@@ -112,11 +112,18 @@ def _pack_within(plans: Mapping[str, Plan], node: Node, previous: NodePlan | Non
 
 def extend_in_place(app: App, node: Node, profiles: ProfileTable, running: Mapping[str, Plan],
                     demand_rps: float, *, space: str | SearchSpace | None = None,
-                    factors: Factors | None = None) -> Plan | None:
+                    factors: Factors | None = None,
+                    fits: Callable[[Plan], Plan | None] | None = None) -> Plan | None:
     """``app``'s running plan extended (``anytime.extend_plan``) for the largest fraction of
     ``demand_rps`` whose added instances pack beside every running instance of the node
     (``running``: each app's running plan, laid out), none of which moves; verified. None when
     not even a small fraction packs so, or the running plan cannot be extended.
+
+    ``fits``: the runtime's own check (the plan laid out on slots nothing holds, draining
+    generations' included, or None), used instead of the packer's. Why: ``pack`` keeps a GPU's
+    partition only whole, so added instances never went on the free slots of a GPU that runs
+    some (the extension failed on every fraction above the running plan's share once the small
+    plan touched every GPU), and it cannot see the slots that drain.
 
     Why: a spike's quick plan extends the running plan at the full demand only while the added
     instances fit beside it; past that the greedy plans it falls back on reuse the running
@@ -141,6 +148,9 @@ def extend_in_place(app: App, node: Node, profiles: ProfileTable, running: Mappi
         p = extend_plan(app, node, profiles, run, f * demand_rps, space=sp, factors=factors, problem=pb)
         if p is None:
             return None
+        if fits is not None:
+            laid = fits(p)
+            return None if laid is None or verify_plan(laid, app, node, profiles, factors) else laid
         packed = _pack_within({**running, app.name: p}, node, previous)
         if packed is None:
             return None

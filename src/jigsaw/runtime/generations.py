@@ -108,6 +108,49 @@ def place_around(layout: NodeLayout, held: list[NodeInstance], app: str,
     return place_app(layout, app, requests, gpu)
 
 
+@dataclass(frozen=True)
+class Beside:
+    """What a plan placed beside everything that runs sees: the serving layout, and the slots every
+    live generation (serving, starting, draining) and every MIG instance of the partition hold.
+    Immutable, so the controller's planner thread may place plans against it.
+
+    Why: a needed re-plan's plan was placed as if nothing drained and over the slots of the app's
+    own outgoing instances (``place_app``'s fallbacks), so it waited for drains or needed a
+    drain-first that left the app no lane, and was refused (ar_assistant, day 0, bins 90-93: three
+    refusals while 508-720 req/s met a plan for 227) while the node had 18 slices free.
+    """
+
+    layout: NodeLayout  # the serving layout with the other held slots as ``DRAINING`` stand-ins
+    held: tuple[NodeInstance, ...]  # every slot held, serving or not
+    gpu: GpuModel
+
+    def serving_only(self) -> Beside:
+        """The same node with every draining slot taken for free: where a plan fits so, it needs
+        only drains to end (a wait), no slot of a running instance (a drain-first)."""
+        serving = tuple(i for i in self.layout.instances if i.app != DRAINING)
+        return Beside(self.layout.with_instances(serving), serving, self.gpu)
+
+    def place(self, app: str, plan: Plan) -> tuple[NodeLayout, Plan] | None:
+        """The node layout with ``app`` on ``plan`` and the plan laid out, when every instance of
+        the app's running plan stays where it runs (same workload) and each other instance goes on
+        a slot nothing holds: no drain to wait for, no drain-first, no instance moved. Else None."""
+        own = [i for i in self.layout.instances if i.app == app]
+        try:
+            placed = place_app(self.layout, app, instances_from_plan(plan), self.gpu)
+        except PackingError:
+            return None
+        mine = [i for i in placed.instances if i.app == app]
+        kept = {(i.slot, i.workload) for i in mine} & {(i.slot, i.workload) for i in own}
+        if len(kept) < len(own):  # a running instance moved or hosts another workload
+            return None
+        for i in mine:
+            if (i.slot, i.workload) not in kept and any(
+                    overlaps(self.gpu, i, h) and not (h.is_idle and h.slot == i.slot) for h in self.held):
+                return None  # an idle instance on its very slot is reused; any other is in the way
+        desired = placed.with_instances(i for i in placed.instances if i.app != DRAINING)
+        return desired, dataclasses.replace(plan, layout=desired.app_layout(app))
+
+
 class Router(Protocol):
     """What the manager pushes to the data plane (the frontend implements it)."""
 
@@ -138,6 +181,10 @@ class DesiredState:
     # the running plan holds the demand this plan is for: it is a better plan, not a needed one, so
     # it is not worth a drain-first (``control.drain_first_when_holding``)
     running_holds: bool = False
+    # placed beside everything that runs and drains where it fits so (``Beside.place``: the running
+    # instances kept, the others on slots nothing holds), else as any plan: a needed plan, which
+    # should not wait for a drain or drain the app's own instances (``control.place_needed_beside``)
+    beside: bool = False
 
 
 @dataclass(frozen=True)
@@ -344,6 +391,23 @@ class GenerationManager:
             raise PackingError(f"node layout would break the placement rules: {'; '.join(problems)}")
         return desired, dataclasses.replace(plan, layout=desired.app_layout(app))
 
+    def beside(self) -> Beside | None:
+        """What a plan placed beside everything that runs sees now; None without a node layout."""
+        if self.node_layout is None:
+            return None
+        in_use = self.in_use_layout()
+        assert in_use is not None
+        held = {i.slot: i for i in in_use.instances}
+        if self.partition is not None:
+            for e in self.partition.existing.values():
+                held.setdefault(e.slot, e)
+        serving = self.node_layout.instances
+        stand_ins = [dataclasses.replace(h, app=DRAINING) for h in held.values()
+                     if h.slot not in {i.slot for i in serving} and not h.is_idle
+                     and not any(overlaps(self.node.gpu, h, i) for i in serving)]
+        return Beside(self.node_layout.with_instances((*serving, *stand_ins)), tuple(held.values()),
+                      self.node.gpu)
+
     def _keep_off(self) -> list[NodeInstance]:
         """The slots a new plan keeps off where the rest of the node holds its instances: every
         draining generation's (``control.place_around_draining``), else those of the drains too
@@ -536,12 +600,19 @@ class GenerationManager:
         app, new = desired.app, desired.plan
         old_gid = self.current[app]
         old = self.generations[old_gid]
-        try:
-            node_layout, new = self.place(app, new)
-        except PackingError as exc:
-            self.log(f"{app}: the new plan does not fit beside the node's other apps ({exc}); "
-                     f"keeping generation {old_gid}")
-            return Applied(old_gid, old_gid, False, error=f"cannot be laid out: {exc}")
+        beside = self.beside() if desired.beside else None
+        got = beside.place(app, new) if beside is not None else None
+        if beside is not None and got is None:  # the node changed since the controller looked
+            self.log(f"{app}: the new plan no longer fits beside what runs and drains; placed as any plan")
+        if got is not None:
+            node_layout, new = got
+        else:
+            try:
+                node_layout, new = self.place(app, new)
+            except PackingError as exc:
+                self.log(f"{app}: the new plan does not fit beside the node's other apps ({exc}); "
+                         f"keeping generation {old_gid}")
+                return Applied(old_gid, old_gid, False, error=f"cannot be laid out: {exc}")
         if not desired.fresh_generation and same_instances(old.plan, new) and not old.failed_workers():
             old.plan = new
             self.node_layout = node_layout
