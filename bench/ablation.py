@@ -8,7 +8,8 @@ The matrix (issue "hold the SLO through a real day's bursts"): for each example 
 ``examples/h100x4.toml`` the full day 0 (288 bins) under ``ast``; the peak (bins 96:144) and
 trough (180:228) windows under ``ast``, ``as``, ``at`` and ``st``; the peak window under ``ast``
 with each mechanism off in turn (``MECHANISMS``: its node setting through ``bench/replay.py
---set``) and with all of them off (``none``), and under ``--steady-state``. Every run is one
+--set``) and with all of them off (``none``), and under ``--steady-state`` (``steady``: each bin
+first played a bin unmeasured; ``steady_15s``: 15 s, ``STEADY_SETTLE_S``). Every run is one
 ``bench/replay.py`` process (``--scale-to-capacity``: the day's peak is the app's maximum
 serviceable demand under ``ast``; a run under another space scales it to that space's own
 capacity unless ``--ast-capacity``: ``st`` cannot reach ``ast``'s; the node's burst floor,
@@ -132,6 +133,12 @@ DEFAULT_MAX_UTILIZATION = 0.8
 # CPU (violations outside the spikes, 61% slices); social_media at 20 fell behind its schedule
 DEFAULT_TIME_SCALE = {"traffic_analysis": 20.0, "social_media": 60.0, "ar_assistant": 20.0}
 START_OVERHEAD_S = 60.0  # capacity solve + jigsawd start + tail, per run (2-core machine)
+# the steady-state variants: variant -> wall seconds each bin is played unmeasured before its
+# measured --bin-seconds (None: one bin, the replay's default). A bin's settling must outlast the
+# reconfiguration its re-plan starts, or the measured half still holds the transition: on the
+# 2-core machine a spike plan took 13.4 s to switch and needed re-plans waited up to 12.5 s for
+# drains (bench/README.md), longer than a 5 s bin, so ``steady_15s`` settles 15 s
+STEADY_SETTLE_S: dict[str, float | None] = {"steady": None, "steady_15s": 15.0}
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
 
 
@@ -141,7 +148,7 @@ class Run:
     space: str
     window: str  # a WINDOWS key
     # "all": every default mechanism on; "no_<mechanism>"; "none": all off; "with_<optional>": an
-    # optional one on too; "steady": --steady-state
+    # optional one on too; a STEADY_SETTLE_S key: --steady-state
     variant: str
 
     @property
@@ -174,7 +181,7 @@ def matrix(apps: tuple[str, ...] = APPS) -> list[Run]:
         runs += [Run(app, "ast", "peak", f"no_{m}") for m in MECHANISMS]
         runs.append(Run(app, "ast", "peak", "none"))
         runs += [Run(app, "ast", "peak", f"with_{m}") for m in OPTIONAL]
-        runs.append(Run(app, "ast", "peak", "steady"))
+        runs += [Run(app, "ast", "peak", v) for v in STEADY_SETTLE_S]
     for app in apps:
         runs.append(Run(app, "ast", "trough", "all"))
         for space in ("as", "at", "st"):
@@ -185,9 +192,16 @@ def matrix(apps: tuple[str, ...] = APPS) -> list[Run]:
     return runs
 
 
+def settle_s(run: Run, bin_seconds: float) -> float:
+    """Wall seconds each bin of ``run`` is played unmeasured first (0: not a steady-state run)."""
+    if run.variant not in STEADY_SETTLE_S:
+        return 0.0
+    settle = STEADY_SETTLE_S[run.variant]
+    return bin_seconds if settle is None else settle
+
+
 def wall_s(run: Run, bin_seconds: float) -> float:
-    steady = 2.0 if run.variant == "steady" else 1.0
-    return run.bins() * bin_seconds * steady + START_OVERHEAD_S
+    return run.bins() * (bin_seconds + settle_s(run, bin_seconds)) + START_OVERHEAD_S
 
 
 def scaled_burst_requests(burst_requests: int, capacity_rps: float, ast_capacity_rps: float) -> int:
@@ -222,8 +236,10 @@ def replay_args(run: Run, trace: str, bin_seconds: float, time_scale: float, out
         # each space's window scaled to that space's own capacity: a trace scaled to ast's capacity
         # is more than st can serve at any plan (every bin violated), which measures nothing
         args += ["--capacity-space", run.space]
-    if run.variant == "steady":
+    if run.variant in STEADY_SETTLE_S:
         args.append("--steady-state")
+        if STEADY_SETTLE_S[run.variant] is not None:
+            args += ["--settle-seconds", f"{STEADY_SETTLE_S[run.variant]:g}"]
     settings = run.settings()
     if burst_requests is not None and not any(x.startswith("control.burst_requests=") for x in settings):
         settings = [*settings, f"control.burst_requests={burst_requests}"]

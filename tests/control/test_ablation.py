@@ -89,8 +89,23 @@ def test_the_matrix_covers_the_issue_and_switches_one_mechanism_at_a_time() -> N
     assert run.settings() == ["server.lane_shift=false"] and run.bins() == 48
     args = ablation.replay_args(run, "synthetic", 5.0, 20.0, Path("/tmp/x"))
     assert args[args.index("--bins") + 1] == "96:144" and "--set" in args
-    assert "--steady-state" in ablation.replay_args(ablation.Run("a", "ast", "day", "steady"), "synthetic",
-                                                    5.0, 20.0, Path("/tmp/x"))
+    steady = ablation.replay_args(ablation.Run("a", "ast", "day", "steady"), "synthetic", 5.0, 20.0,
+                                  Path("/tmp/x"))
+    assert "--steady-state" in steady and "--settle-seconds" not in steady  # the replay's one bin
+
+
+def test_the_settled_steady_state_run_settles_longer_than_a_reconfiguration() -> None:
+    ids = {r.id for r in ablation.matrix()}
+    assert {f"{app}/ast/peak/{v}" for app in ablation.APPS for v in ("steady", "steady_15s")} <= ids
+    run = ablation.Run("social_media", "ast", "peak", "steady_15s")
+    args = ablation.replay_args(run, "synthetic", 5.0, 30.0, Path("/tmp/x"))
+    assert "--steady-state" in args and args[args.index("--settle-seconds") + 1] == "15"
+    # 48 bins of 15 s settling + 5 s measured, against one bin's settling for plain steady
+    assert ablation.wall_s(run, 5.0) == 48 * 20 + ablation.START_OVERHEAD_S
+    assert ablation.wall_s(ablation.Run("social_media", "ast", "peak", "steady"), 5.0) == \
+        48 * 10 + ablation.START_OVERHEAD_S
+    assert ablation.wall_s(ablation.Run("social_media", "ast", "peak", "all"), 5.0) == \
+        48 * 5 + ablation.START_OVERHEAD_S
 
 
 def test_the_readme_table_is_rewritten_between_its_markers(tmp_path: Path) -> None:

@@ -53,3 +53,11 @@ def test_without_the_floor_the_default_plan_cannot(tmp_path: Path) -> None:
         got = _burst(server.url)
     assert plan["demand_rps"] == 10.0  # the daemon's default demand
     assert [s for s, _ in got].count(200) < BURST
+
+
+def test_the_bench_counts_only_200s_within_the_slo() -> None:
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from burst import within_slo
+    got = [(200, 400.0), (200, 650.0), (200, 651.0), (503, 10.0), (504, 600.0), (0, 30000.0)]
+    assert within_slo(got, 650.0) == 2  # a late 200, a shed, a drop and no answer do not count
