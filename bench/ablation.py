@@ -88,6 +88,9 @@ MECHANISMS = {
     # a spike's plan that needs slots that run or drain goes out as the running plan extended in
     # place at once, not after its refusal
     "in_place_first": "control.extend_in_place_first_below=0",
+    # the plan's admission limit counts only the current generation's requests (a previous
+    # generation's backlog does not shed new requests at the door)
+    "generation_admission": "server.admission_per_generation=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

@@ -88,6 +88,11 @@ class ServerSettings:
     # later task lost instances (an interim plan while they drain) admits only what it finishes.
     # Off: the roots' capacity, as the planner's plans are sized at every task
     admission_bottleneck: bool = False
+    # the plan's admission limit counts the requests of the generation new requests go to, not
+    # the backlog a previous generation still holds (it ends by its deadline there; max_queue still
+    # bounds all of them): after a spike's switch that backlog shed every new request at the door
+    # while the new instances sat idle (runtime/admission.py). Off: every request of the app counts
+    admission_per_generation: bool = True
     # idle worker processes (imports done) a re-plan hands new processes' specs to, so a switch
     # that starts processes does not wait for Python to start (runtime/spares.py); 0: off.
     # Kept only when the node re-plans (a controller runs)
@@ -431,6 +436,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         stale_drops=s.bool("stale_drops", False),
         lane_shift=s.bool("lane_shift", True),
         admission_bottleneck=s.bool("admission_bottleneck", False),
+        admission_per_generation=s.bool("admission_per_generation", True),
         worker_restart_window_s=s.number("worker_restart_window_s", 60.0, low=0, low_open=True),
         spare_workers=s.integer("spare_workers", 4, low=0, high=64),
         fork_server=s.bool("fork_server", True),

@@ -505,3 +505,49 @@ def test_sink_arrays_read_as_the_general_decoder_reads_them():
             decode_tensors(bad)
         with pytest.raises(ValueError):
             core.decode_arrays(bad, dispatch._WIRE_DTYPES)
+
+
+def test_admission_per_generation_keeps_a_previous_generations_backlog_off_the_new_plans_limit():
+    """After a switch, the requests still in flight on the previous generation (a spike's backlog
+    that ends by its deadline there) do not shed new requests at the current generation's door;
+    ``max_queue`` still bounds all of them, and a request sent again on another generation moves."""
+    from jigsaw.plan import Plan, PlanInstance
+    from jigsaw.runtime.admission import Admission
+    from jigsaw.runtime.topology import AppRoutes
+
+    app = App("x", (Task("a", "classifier", (Variant("v", 1.0),)),), (), latency_slo_ms=200.0,
+              inputs=(TensorSpec("image", "UINT8", (-1,)),))
+    plan = Plan(app="x", space="ast", demand_rps=300, planned_rps=300, feasible=True, max_demand_plan=False,
+                status="optimal", objective=0.0, accuracy=1.0, slices_used=2, slices_available=7,
+                solve_seconds=0.0, gap=0.0,
+                instances=[PlanInstance("a", "v", "1g.10gb", 1, 8, 2, 40.0, 200.0, 1)],
+                task_latency_ms={"a": 40.0})
+    routes = AppRoutes(app=app, app_index=0, lanes=[{"a": "v"}], lane_weights=[1.0], roots=[{}],
+                       depth=1, slices=2, plan=plan, generation=2)
+    door = Admission(max_queue=140)
+    door.refresh(routes, [])
+    assert door.limit("x") == 64
+    for _ in range(70):
+        door.admit("x", 1)  # the previous generation's backlog
+    assert door.full("x")  # counted the old way: every request of the app
+    assert not door.full("x", 2)  # the current generation has none yet
+    for _ in range(63):
+        door.admit("x", 2)
+    assert not door.full("x", 2)
+    door.admit("x", 2)
+    assert door.full("x", 2)  # its own limit reached
+    door.release("x", 2)
+    door.moved("x", 1, 2)  # sent again on the current generation: counts there now
+    assert door.full("x", 2) and door.by_generation["x"] == {1: 69, 2: 64}
+    for _ in range(64):
+        door.release("x", 2)
+    assert not door.full("x", 2) and door.by_generation["x"] == {1: 69}
+    for _ in range(63):
+        door.admit("x", 2)
+    assert not door.full("x", 2)
+    for _ in range(8):
+        door.admit("x", 1)
+    assert door.inflight["x"] == 140 and door.full("x", 2)  # max_queue bounds them all
+    for _ in range(77):
+        door.release("x", 1)
+    assert door.by_generation["x"] == {2: 63} and not door.full("x", 2)

@@ -340,7 +340,7 @@ class Dispatcher:
         if row is not None:
             row[8] = time.monotonic_ns()
         app = req.routes.app.name
-        self.admission.release(app)
+        self.admission.release(app, req.generation)
         self.admission.answered(app, status)
         if reason is None:
             self.metrics.success.inc((("app", app),))
@@ -473,7 +473,7 @@ class Dispatcher:
         why = self._dispatch(req)
         if why is not None:
             return why
-        self.admission.admit(app.name)
+        self.admission.admit(app.name, req.generation)
         req.timer = self._loop.call_later(max(0.0, (deadline - time.monotonic_ns()) / 1e9),
                                           self._on_deadline, req)
         if req.drop is not None:
@@ -580,7 +580,9 @@ class Dispatcher:
         req.routes = routes
         req.credit_in, req.drop, req.error = 0, None, ""
         req.items, req.timings, req.children = {}, {}, {}
+        old_generation = req.generation
         why = self._dispatch(req)
+        self.admission.moved(routes.app.name, old_generation, req.generation)
         if why is None and req.drop is not None:
             self._answer_dropped(req)
         return why

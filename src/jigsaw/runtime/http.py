@@ -153,10 +153,13 @@ class OipHttp:
                                              f"{', '.join(sorted(known))})"})
         door = self.admission
         door.arrived(name)
-        if door.full(name):
+        generation = routes.generation if routes.admission_per_generation else None
+        if door.full(name, generation):
             door.answered(name, 503)
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
-            return Answer(503, {"error": f"model {name!r} has {door.inflight[name]} requests in flight "
+            held = door.inflight[name] if generation is None else \
+                door.by_generation.get(name, {}).get(generation, 0)
+            return Answer(503, {"error": f"model {name!r} has {held} requests in flight "
                                          f"(limit {door.limit(name)}: the smaller of max_queue "
                                          f"{door.max_queue} and what its instances finish within the "
                                          "SLO); retry later"},

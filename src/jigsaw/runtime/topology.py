@@ -130,6 +130,7 @@ class AppRoutes:
     generation: int = 0  # which generation of the app's processes these routes lead to
     lane_shift: bool = True  # node.server.lane_shift: a backed-up lane's requests may take another
     admission_bottleneck: bool = False  # node.server.admission_bottleneck (runtime/admission.py)
+    admission_per_generation: bool = False  # node.server.admission_per_generation (the same)
 
 
 @dataclass
@@ -250,6 +251,7 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
         routes[app.name] = _app_routes(app, app_index, plan, lanes, weights, by_variant, roots)
         routes[app.name].lane_shift = node.server.lane_shift
         routes[app.name].admission_bottleneck = node.server.admission_bottleneck
+        routes[app.name].admission_per_generation = node.server.admission_per_generation
     return Topology(specs, routes, wiring.doorbells[0], wiring.completion_rings, stats, wiring.rings,
                     wiring.doorbells)
 
