@@ -202,9 +202,9 @@ def test_emulated_batch_time_has_the_profiles_mean_and_p95():
     assert fixed.batch_duration_ms(1) == 10.0  # without a mean it sleeps the p95
 
 
-def test_admission_limit_is_capacity_times_the_slos_queueing_share():
+def _one_task_routes(generation: int = 0) -> object:
+    """One task's routes: 2 instances of 200 req/s, a 40 ms batch, a 200 ms SLO."""
     from jigsaw.plan import Plan, PlanInstance
-    from jigsaw.runtime.admission import admission_limit
     from jigsaw.runtime.topology import AppRoutes
 
     app = App("x", (Task("a", "classifier", (Variant("v", 1.0),)),), (), latency_slo_ms=200.0,
@@ -214,8 +214,14 @@ def test_admission_limit_is_capacity_times_the_slos_queueing_share():
                 solve_seconds=0.0, gap=0.0,
                 instances=[PlanInstance("a", "v", "1g.10gb", 1, 8, 2, 40.0, 200.0, 1)],
                 task_latency_ms={"a": 40.0})
-    routes = AppRoutes(app=app, app_index=0, lanes=[{"a": "v"}], lane_weights=[1.0], roots=[{}],
-                       depth=1, slices=2, plan=plan)
+    return AppRoutes(app=app, app_index=0, lanes=[{"a": "v"}], lane_weights=[1.0], roots=[{}],
+                     depth=1, slices=2, plan=plan, generation=generation)
+
+
+def test_admission_limit_is_capacity_times_the_slos_queueing_share():
+    from jigsaw.runtime.admission import admission_limit
+
+    routes = _one_task_routes()
     # 2 instances x 200 req/s, and 200 - 40 ms of the SLO left for queueing: 400 * 0.16 = 64.
     assert admission_limit(routes) == 64
 
@@ -511,21 +517,10 @@ def test_admission_per_generation_keeps_a_previous_generations_backlog_off_the_n
     """After a switch, the requests still in flight on the previous generation (a spike's backlog
     that ends by its deadline there) do not shed new requests at the current generation's door;
     ``max_queue`` still bounds all of them, and a request sent again on another generation moves."""
-    from jigsaw.plan import Plan, PlanInstance
     from jigsaw.runtime.admission import Admission
-    from jigsaw.runtime.topology import AppRoutes
 
-    app = App("x", (Task("a", "classifier", (Variant("v", 1.0),)),), (), latency_slo_ms=200.0,
-              inputs=(TensorSpec("image", "UINT8", (-1,)),))
-    plan = Plan(app="x", space="ast", demand_rps=300, planned_rps=300, feasible=True, max_demand_plan=False,
-                status="optimal", objective=0.0, accuracy=1.0, slices_used=2, slices_available=7,
-                solve_seconds=0.0, gap=0.0,
-                instances=[PlanInstance("a", "v", "1g.10gb", 1, 8, 2, 40.0, 200.0, 1)],
-                task_latency_ms={"a": 40.0})
-    routes = AppRoutes(app=app, app_index=0, lanes=[{"a": "v"}], lane_weights=[1.0], roots=[{}],
-                       depth=1, slices=2, plan=plan, generation=2)
     door = Admission(max_queue=140)
-    door.refresh(routes, [])
+    door.refresh(_one_task_routes(generation=2), [])
     assert door.limit("x") == 64
     for _ in range(70):
         door.admit("x", 1)  # the previous generation's backlog
