@@ -402,8 +402,9 @@ class GenerationManager:
             for e in self.partition.existing.values():
                 held.setdefault(e.slot, e)
         serving = self.node_layout.instances
+        serving_slots = {i.slot for i in serving}
         stand_ins = [dataclasses.replace(h, app=DRAINING) for h in held.values()
-                     if h.slot not in {i.slot for i in serving} and not h.is_idle
+                     if h.slot not in serving_slots and not h.is_idle
                      and not any(overlaps(self.node.gpu, h, i) for i in serving)]
         return Beside(self.node_layout.with_instances((*serving, *stand_ins)), tuple(held.values()),
                       self.node.gpu)
