@@ -77,6 +77,9 @@ MECHANISMS = {
     # a needed re-plan that the drain-first after its wait for drains would refuse (no lane left) is
     # refused before that wait
     "refuse_before_drain_wait": "control.refuse_before_drain_wait=false",
+    # a needed re-plan asks again before draining the app's running instances (after any wait for
+    # drains) and keeps the running plan when the rate now arriving is one that plan holds
+    "need_recheck": "control.recheck_need_before_drain_first=false",
     # a running plan that holds its demand, whose smaller plan needs its slots, gives back the
     # instances the demand leaves spare (every process kept, no drain-first)
     "trim": "control.trim_min_slices=0",

@@ -214,6 +214,16 @@ class ControlSettings:
     # a drain-first (control/controller.py _deploy): without it a spike's plan stayed until a
     # smaller plan happened to fit beside it; 0 (default): never (drain_first_when_holding decides)
     shrink_drain_min_slices: int = 0
+    # a needed re-plan (its running plan did not hold the demand when it was pushed) asks the
+    # controller again, after any wait for the drains in its way and before a drain-first of the
+    # app's running instances, whether the rate now arriving still exceeds what the running plan
+    # holds; when not (the spike has passed) it drains nothing and keeps the running plan
+    # (runtime/generations.py DesiredState.still_needed, control/controller.py _still_needed).
+    # Why: on day 0 of social_media the exact plan for bin 157's 4228 req/s waited 7.9 s for drains,
+    # then drained 6 of the 16-slice plan's instances for 5.4 s, and switched 18.5 s after it was
+    # decided, when 1385 req/s arrived, which the running plan held; the interim plan and the
+    # re-sent backlog violated 42-78% of bins 158-160. false: the drain-first goes on regardless
+    recheck_need_before_drain_first: bool = True
     # a running plan that holds its demand, whose re-planned smaller plan was not applied (its MIG
     # instances need slots the running ones hold: no drain-first for a plan that is only better),
     # gives back the instances the demand leaves spare (planner/anytime.py trim_plan: what stays
@@ -473,6 +483,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         wait_drains_when_needed=c.bool("wait_drains_when_needed", True),
         refuse_before_drain_wait=c.bool("refuse_before_drain_wait", True),
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
+        recheck_need_before_drain_first=c.bool("recheck_need_before_drain_first", True),
         trim_min_slices=c.integer("trim_min_slices", 4, low=0),
         keep_new_plan_bins=c.integer("keep_new_plan_bins", 0, low=0),
         extend_in_place_after_refusal=c.bool("extend_in_place_after_refusal", True),

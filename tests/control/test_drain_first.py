@@ -110,6 +110,57 @@ def test_new_instance_needing_running_slots_drains_them_first(tmp_path: Path) ->
         gm.close()
 
 
+def _needed_once(tmp_path: Path, control: str, needed: bool) -> tuple[Any, list[str], int, int]:
+    """The drain-first scenario above, pushed as a needed plan whose ``still_needed`` answers
+    ``needed``: (what ``apply`` returned, the log, how often it was asked, NVML instances destroyed)."""
+    node_path, first, second = _plans(tmp_path, control=control)
+    _node, app, gm, fe, logs = _serving(node_path, first)
+    asked: list[bool] = []
+
+    def still_needed() -> bool:
+        asked.append(needed)
+        return needed
+    try:
+        gm.start_all(timeout_s=60)
+        nvml = gm.partition.applier.nvml  # type: ignore[union-attr]
+        calls0 = len(nvml.calls)
+
+        async def go() -> Any:
+            gm.attach(fe)
+            fe.start(asyncio.get_running_loop())
+            try:
+                done = await gm.apply(DesiredState(app.name, second, still_needed=still_needed))
+                await gm.stop_retiring()
+                return done
+            finally:
+                fe.close()
+
+        done = asyncio.run(go())
+        destroyed = sum(c[0] == "nvmlGpuInstanceDestroy" for c in nvml.calls[calls0:])
+    finally:
+        gm.close()
+    return done, logs, len(asked), destroyed
+
+
+def test_a_needed_plan_that_the_rate_no_longer_needs_drains_nothing(tmp_path: Path) -> None:
+    """``control.recheck_need_before_drain_first``: before draining the two running instances in
+    its way, the re-plan asks whether it is still needed; told no (the spike it was for has
+    passed, the running plan holds what arrives now), it destroys no instance and the running
+    generation serves on. Still needed, or with the switch off, the drain-first goes on."""
+    done, logs, asked, destroyed = _needed_once(tmp_path / "passed", "", needed=False)
+    assert asked == 1 and not done.new_generation and done.error is None, (done, logs)
+    assert done.generation == 0 and "the rate now arriving is one the running plan holds" in (done.note or "")
+    assert destroyed == 0 and not any("draining those first" in line for line in logs), logs
+    done, logs, asked, destroyed = _needed_once(tmp_path / "needed", "", needed=True)
+    assert asked == 1 and done.new_generation and done.error is None, (done, logs)
+    assert destroyed == 2 and any("draining those first" in line for line in logs), logs
+    done, logs, asked, destroyed = _needed_once(
+        tmp_path / "off", "recheck_need_before_drain_first = false\n", needed=False)
+    assert asked == 0 and done.new_generation and destroyed == 2, (done, logs)
+    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                     ).control.recheck_need_before_drain_first  # on by default
+
+
 def test_keep_all_replan_rewires_the_running_processes(tmp_path: Path) -> None:
     # the same instances with another planned task latency: a new routing generation on the same
     # processes (no process started), told by SIGHUP to serve its rings; the old one retires

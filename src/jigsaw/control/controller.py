@@ -377,6 +377,30 @@ class AppController:
         dt = now - t0
         return (arrivals - a0) / dt * self.ctl.time_scale, arrivals - a0
 
+    def rate_now_rps(self) -> float | None:
+        """The full-speed arrival rate over the rate trigger's last window (the polls' samples,
+        read, not taken), the bin so far until that is covered; None before the bin is a window
+        old or while no poll has sampled it."""
+        c = self.counters.peek_bin(self.app.name)
+        if c is None or not self._arrival_samples:
+            return None
+        now = time.monotonic()
+        window_s = RATE_WINDOW_BINS * self.ctl.bin_seconds
+        t0, a0 = self._arrival_samples[0]
+        if now - t0 < window_s:
+            t0, a0 = self.ctl.bin_start, 0
+        if now - t0 < window_s:
+            return None
+        return (c.arrivals - a0) / (now - t0) * self.ctl.time_scale
+
+    def still_needed(self) -> bool:
+        """Whether the rate now arriving exceeds what the running plan holds (unknown: yes); asked
+        by a needed re-plan before it drains the app's running instances
+        (``control.recheck_need_before_drain_first``)."""
+        rate = self.rate_now_rps()
+        run = self.plan
+        return rate is None or run.max_demand_plan or rate > run.planned_rps
+
     def early_trigger(self) -> tuple[str, str, float] | None:
         """(trigger, why, demand) when this app's bin calls for an early re-plan of the node."""
         c = self.counters.peek_bin(self.app.name)
@@ -1076,7 +1100,8 @@ class NodeController:
                     continue
             done = await self._apply(DesiredState(name, plan, repartition_delay_s=delay,
                                                   fresh_generation=name in fresh, running_holds=holds,
-                                                  beside=beside),
+                                                  beside=beside,
+                                                  still_needed=None if holds else c.still_needed),
                                      source)
             if done is None:
                 continue

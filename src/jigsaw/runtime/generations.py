@@ -81,7 +81,7 @@ READY_FAST_POLL_S = 0.002
 DRAIN_POLL_S = 0.05
 DRAIN_END_MARGIN_S = 0.5  # past a drain's own deadline: the frontend's timers answer its last requests
 CUT_WAIT_S = 15.0  # a cut drain's processes stop within ms; past this the re-plan goes on without
-DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed", "skipped")
+DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed", "skipped", "not_needed")
 DRAINING = "\x00draining"  # the owner ``place`` gives the slots a draining generation still holds
 
 
@@ -185,6 +185,10 @@ class DesiredState:
     # instances kept, the others on slots nothing holds), else as any plan: a needed plan, which
     # should not wait for a drain or drain the app's own instances (``control.place_needed_beside``)
     beside: bool = False
+    # for a needed plan: asked again before a drain-first of the app's running instances (after
+    # any wait for the drains in the way), whether the plan is still needed; False keeps the
+    # running plan (``control.recheck_need_before_drain_first``). None: needed whatever happens
+    still_needed: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -520,7 +524,8 @@ class GenerationManager:
         text += (f"# HELP {name} re-plans whose new MIG instances needed the slots of running ones, by "
                  "outcome (done; refused: no lane while they drain; failed before the drain; restored: "
                  "failed after it, the running plan brought back; restore_failed: the interim plan serves; "
-                 "skipped: the running plan held the demand)\n"
+                 "skipped: the running plan held the demand; not_needed: the rate fell to one the running "
+                 "plan holds before the drain-first)\n"
                  f"# TYPE {name} counter\n")
         return text + "".join(f'{name}{{outcome="{k}"}} {self.drain_first_total[k]}\n'
                               for k in DRAIN_FIRST_OUTCOMES)
@@ -651,6 +656,18 @@ class GenerationManager:
                 self.log(f"{app}: MIG reconfiguration failed ({exc}); rolled back, "
                          f"keeping generation {old_gid}")
                 return Applied(old_gid, old_gid, False, error=str(exc))
+            passed = bool(deferred) and not skip and desired.still_needed is not None \
+                and self.node.control.recheck_need_before_drain_first and not desired.still_needed()
+            if passed:
+                # the spike the plan was for has passed while it waited: a drain-first now would
+                # serve the passed spike's backlog on part of the running plan, which holds the rate
+                await self._release_mig(f"{app}: re-plan no longer needed")
+                self.drain_first_total["not_needed"] += 1
+                note = (f"the new plan's MIG instances need the slots of {len(deferred)} running or "
+                        "draining ones and the rate now arriving is one the running plan holds: no "
+                        f"drain-first, keeping generation {old_gid}")
+                self.log(f"{app}: {note}")
+                return Applied(old_gid, old_gid, False, time.monotonic() - t0, note=note)
             if skip:
                 # the running plan holds the demand: cutting drains would send their requests again,
                 # and a drain-first would serve on part of the plan for up to an SLO, holding every
