@@ -214,11 +214,12 @@ class ControlSettings:
     # a drain-first (control/controller.py _deploy): without it a spike's plan stayed until a
     # smaller plan happened to fit beside it; 0 (default): never (drain_first_when_holding decides)
     shrink_drain_min_slices: int = 0
-    # a needed re-plan (its running plan did not hold the demand when it was pushed) asks the
-    # controller again, after any wait for the drains in its way and before a drain-first of the
-    # app's running instances, whether the rate now arriving still exceeds what the running plan
-    # holds; when not (the spike has passed) it drains nothing and keeps the running plan
-    # (runtime/generations.py DesiredState.still_needed, control/controller.py _still_needed).
+    # a needed re-plan of the rate trigger (its running plan did not hold the rate when it was
+    # pushed) asks the controller again, after any wait for the drains in its way and before a
+    # drain-first of the app's running instances, whether the rate now arriving still exceeds what
+    # the running plan holds; when not (the spike has passed) it drains nothing and keeps the
+    # running plan (runtime/generations.py DesiredState.still_needed, control/controller.py
+    # AppController.still_needed; a bin's re-plan, which may be for a predicted spike, is not asked).
     # Why: on day 0 of social_media the exact plan for bin 157's 4228 req/s waited 7.9 s for drains,
     # then drained 6 of the 16-slice plan's instances for 5.4 s, and switched 18.5 s after it was
     # decided, when 1385 req/s arrived, which the running plan held; the interim plan and the

@@ -859,6 +859,43 @@ def test_arrivals_counted_at_once_after_a_stalled_loop_are_not_a_burst() -> None
     asyncio.run(go())
 
 
+def test_a_needed_plan_asks_the_rate_window_whether_it_is_still_needed() -> None:
+    # a burst (~17 rps over the window, the plan holds 10) re-plans for it; the plan pushed asks,
+    # when the runtime calls it back, whether the rate now arriving still exceeds what the running
+    # plan holds: yes while the burst lasts, no once the window reads 2 rps, and yes when the
+    # window cannot be read yet. The samples are read, not taken.
+    solver = _per_app(lambda a, d: _plan(d, [_inst(2)], app=a))
+
+    async def go() -> None:
+        c, fe = _controller(solver)
+        ac = _app(c)
+        now = time.monotonic()
+        c.bin_start = now - 50.0
+        ac._arrival_samples = deque([(now - 12.0, 50), (now - 9.0, 60)])
+        fe.bins[TA].arrivals = 150
+        c._check_early()
+        assert c._replan_task is not None
+        await c._replan_task
+        pushed = c.plane.applied  # type: ignore[attr-defined]
+        assert pushed and pushed[-1].still_needed is not None, pushed
+        c.plane.plans[TA] = _plan(10.0, app=TA)  # the runtime still serves the running plan
+        now = time.monotonic()
+        ac._arrival_samples = deque([(now - 12.0, 50)])
+        fe.bins[TA].arrivals = 150  # 100 in 12 s at time scale 2: ~17 rps > 10
+        assert pushed[-1].still_needed()
+        fe.bins[TA].arrivals = 62  # 12 in 12 s: 2 rps, which the running plan holds
+        assert not pushed[-1].still_needed()
+        assert list(ac._arrival_samples) == [(now - 12.0, 50)]
+        ac._arrival_samples.clear()
+        assert pushed[-1].still_needed()  # no sample yet: needed
+        c._spawn({TA: 40.0}, "bin")  # a bin's re-plan may be for a spike predicted ahead of the rate
+        assert c._replan_task is not None
+        await c._replan_task
+        assert len(pushed) > 1 and pushed[-1].still_needed is None, pushed
+
+    asyncio.run(go())
+
+
 def test_a_routine_replan_put_off_by_a_running_one_runs_once_it_is_done() -> None:
     # an early re-plan is still solving when the next bin's routine re-plan is due: the routine one
     # is not dropped but runs, with a fresh prediction, at the first poll after the early one

@@ -1098,10 +1098,10 @@ class NodeController:
                 beside, extended = await self._needed_beside(name, plan, float(demands[name]), fresh, source)
                 if extended:
                     continue
+            recheck = c.still_needed if self._recheck(holds) else None
             done = await self._apply(DesiredState(name, plan, repartition_delay_s=delay,
                                                   fresh_generation=name in fresh, running_holds=holds,
-                                                  beside=beside,
-                                                  still_needed=None if holds else c.still_needed),
+                                                  beside=beside, still_needed=recheck),
                                      source)
             if done is None:
                 continue
@@ -1110,6 +1110,13 @@ class NodeController:
             elif done.note is not None and holds:
                 await self._trim_running(name, plan, demands[name], delay)
         return kept, refused
+
+    def _recheck(self, holds: bool) -> bool:
+        """Whether a plan pushed now is asked again before a drain-first whether the rate still
+        needs it (``AppController.still_needed``): a needed plan of the rate trigger, which was
+        sized to the rate. A bin's re-plan may be for a spike predicted ahead of the rate, and an
+        operator's is pushed as asked."""
+        return not holds and self._trigger == "rate"
 
     async def _needed_beside(self, name: str, plan: Plan, demand_rps: float, fresh: frozenset[str],
                              source: str) -> tuple[bool, bool]:
