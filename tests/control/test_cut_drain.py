@@ -138,7 +138,7 @@ def _serve(node_path: Path, first: Plan, steps: Steps) -> dict[str, Any]:
 
 
 def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb", slo_ms: float = 30000.0,
-         requests: int = REQUESTS) -> dict[str, Any]:
+         requests: int = REQUESTS, still_needed: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Start generation 0, load it, re-plan to generation 1, then at once to the plan that adds
     an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot); return what happened.
     The drain switches are on unless ``node_extra`` sets them."""
@@ -152,7 +152,9 @@ def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb", slo_ms: f
         out["gen0_pending_before"] = fe.pending_in(one.previous)
         out["keep_off"] = sorted((i.gpu, i.start) for i in gm._keep_off())
         sent += [submit() for _ in range(4)]  # and a few on generation 1
-        two = await gm.apply(DesiredState(APP, third))
+        out["third_at"] = asyncio.get_running_loop().time()
+        two = await gm.apply(DesiredState(APP, third, still_needed=still_needed))
+        out["third_s"] = asyncio.get_running_loop().time() - out["third_at"]
         out["second"], out["third"] = one, two
         out["gen0_alive_after"] = one.previous in gm.generations
         out["layout"] = gm.node_layout
@@ -263,6 +265,34 @@ def test_a_needed_replan_waits_for_the_drain_in_its_way_and_sends_nothing_again(
     assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
     assert "jigsaw_reconfig_drain_waits_total 1" in out["metrics"]
     assert out["leaked"] == set()
+
+
+def test_a_needed_replan_stops_waiting_for_the_drain_once_the_rate_no_longer_needs_it(tmp_path: Path) -> None:
+    """``control.recheck_need_before_drain_first``: the re-plan waiting for generation 0's six
+    seconds of work asks at each poll whether it is still needed; once told no (here after about a
+    second: the spike it was for has passed) it stops waiting, cuts nothing, sends nothing again
+    and keeps the running generation. Off, it waits the whole drain and takes the slot."""
+    t0: list[float] = []
+
+    def passes_after_a_second() -> bool:
+        t0.append(t0[0] if t0 else asyncio.get_running_loop().time())
+        return asyncio.get_running_loop().time() - t0[0] < 1.0
+    out = _run(tmp_path / "on", WAIT, still_needed=passes_after_a_second)
+    two, logs = out["third"], out["logs"]
+    assert not two.new_generation and two.error is None and not two.refused, (two, logs)
+    assert "the rate now arriving is one the running plan holds" in (two.note or ""), two
+    assert any("no longer needed: the wait ends there" in line for line in logs), logs
+    assert 0.9 < out["third_s"] < 4.5, out["third_s"]  # not the six seconds of generation 0
+    assert out["gen0_alive_after"] and out["cut"][0] == 0  # it drains on, nothing re-sent
+    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+    assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
+    assert 'jigsaw_reconfig_drain_first_total{outcome="not_needed"} 1' in out["metrics"]
+    assert out["leaked"] == set()
+    t0.clear()
+    off = _run(tmp_path / "off", WAIT + "recheck_need_before_drain_first = false\n",
+               still_needed=passes_after_a_second)
+    assert off["third"].new_generation and not off["gen0_alive_after"], (off["third"], off["logs"])
+    assert off["third_s"] > 3.0, off["third_s"]
 
 
 def test_the_wait_for_a_drain_that_cannot_answer_in_time_sends_nothing_again(tmp_path: Path) -> None:

@@ -642,12 +642,13 @@ class GenerationManager:
                 c = self.node.control
                 needed = not desired.running_holds and c.cut_drains_when_needed
                 until_end = not desired.running_holds and c.wait_drains_when_needed and not needed
+                recheck = desired.still_needed if c.recheck_need_before_drain_first else None
                 if deferred and not skip and until_end and c.refuse_before_drain_wait:
                     self._no_lane_before_wait(app, old, node_layout, deferred)
                 if deferred and not skip and (c.cut_drains or needed or until_end) \
                         and await self._cut_drains(app, node_layout, deferred,
                                                    wait_s=self._drain_first_wait_s(old) if needed else None,
-                                                   until_end=until_end):
+                                                   until_end=until_end, still_needed=recheck):
                     deferred = await asyncio.to_thread(self.partition.bring_up, node_layout,
                                                        f"{app}: re-plan, the drains in its way cut")
             except DrainRefused as exc:  # before the wait for the drains in its way
@@ -656,8 +657,7 @@ class GenerationManager:
                 self.log(f"{app}: MIG reconfiguration failed ({exc}); rolled back, "
                          f"keeping generation {old_gid}")
                 return Applied(old_gid, old_gid, False, error=str(exc))
-            passed = bool(deferred) and not skip and desired.still_needed is not None \
-                and self.node.control.recheck_need_before_drain_first and not desired.still_needed()
+            passed = bool(deferred) and not skip and recheck is not None and not recheck()
             if passed:
                 # the spike the plan was for has passed while it waited: a drain-first now would
                 # serve the passed spike's backlog on part of the running plan, which holds the rate
@@ -790,7 +790,7 @@ class GenerationManager:
 
     async def _cut_drains(self, app: str, desired: NodeLayout,
                           deferred: tuple[tuple[int, int, str], ...], wait_s: float | None = None,
-                          until_end: bool = False) -> bool:
+                          until_end: bool = False, still_needed: Callable[[], bool] | None = None) -> bool:
         """Some of the new instances' slots are held by generations that no longer serve (their
         drain runs in the background, up to an SLO and the late-credit grace) or by the MIG
         instances of ones that just retired: cut those drains short and free the slots, so the
@@ -807,7 +807,9 @@ class GenerationManager:
         ``until_end`` (``control.wait_drains_when_needed``): wait for the drains in the way to end
         instead, until every request they hold is answered, at most until their own deadline
         (``_drain_ends``: by then the frontend has answered each 504 at its deadline, so none is
-        sent again), then free their slots (the late credits forgotten)."""
+        sent again), then free their slots (the late credits forgotten). A plan ``still_needed``
+        no longer answers for ends that wait at once and cuts nothing (False): the caller keeps
+        the running plan."""
         assert self.partition is not None
         gpu = self.node.gpu
         want = [i for i in desired.instances if i.slot in set(deferred)]
@@ -819,15 +821,22 @@ class GenerationManager:
         if until_end and in_way:
             t0 = time.monotonic()
             t_end = max(self._drain_ends.get(g, t0) for g in in_way) + DRAIN_END_MARGIN_S
+            passed = False
             while any(router.unanswered_in(g) for g in in_way if g in self._retiring_gids) \
                     and time.monotonic() < t_end:
+                if still_needed is not None and not still_needed():
+                    passed = True
+                    break
                 await asyncio.sleep(DRAIN_POLL_S)
             in_way = [g for g in in_way if g in self._retiring_gids]
             limit = max(limit, max((router.unanswered_in(g) for g in in_way), default=0))
             self.drain_waits_total += 1
             self.drain_wait_s_total += time.monotonic() - t0
             self.log(f"{app}: the new instances need slots of draining generation(s); waited "
-                     f"{(time.monotonic() - t0) * 1e3:.0f} ms for their drains to end")
+                     f"{(time.monotonic() - t0) * 1e3:.0f} ms for their drains to end"
+                     + (" (the plan is no longer needed: the wait ends there)" if passed else ""))
+            if passed:
+                return False
         elif wait_s is not None:
             # a needed plan (``control.cut_drains_when_needed``): their unanswered requests get
             # ``wait_s`` to finish, then every drain in the way is cut, what is left sent again.
