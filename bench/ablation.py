@@ -80,6 +80,9 @@ MECHANISMS = {
     # a needed re-plan asks again before draining the app's running instances (after any wait for
     # drains) and keeps the running plan when the rate now arriving is one that plan holds
     "need_recheck": "control.recheck_need_before_drain_first=false",
+    # a spike whose free MIG slots all drain gets the running plan extended over the slots that
+    # only drain (it waits for those drains) instead of the exact plan's drain-first
+    "over_draining": "control.extend_over_draining=false",
     # a running plan that holds its demand, whose smaller plan needs its slots, gives back the
     # instances the demand leaves spare (every process kept, no drain-first)
     "trim": "control.trim_min_slices=0",

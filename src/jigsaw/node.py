@@ -260,6 +260,16 @@ class ControlSettings:
     # against 38% on ar_assistant's bins 84-100 with it for every shortfall); 0: off, the plan is
     # pushed and extended in place only after a refusal (extend_in_place_after_refusal)
     extend_in_place_first_below: float = 0.8
+    # ... and where no extension beside everything that runs and drains serves enough more (the
+    # draining generations hold the MIG slots), the running plan is extended over the slots that
+    # only drain: it waits for those drains to end (wait_drains_when_needed) and drains none of the
+    # app's running instances (runtime/generations.py DesiredState.over_draining). Why: on
+    # social_media's bin-156 spike the drains of the plans the spike had swamped held every free
+    # MIG slot ("8 slices free" counted compute slices; no memory slot was free), so the exact
+    # plan was pushed instead: it waited 13.3 s for those drains, then drained 5 of the running
+    # instances for 5.4 s (309 requests sent again) and served 21.7 s after it was decided.
+    # false: the exact plan is pushed
+    extend_over_draining: bool = True
     # a re-plan the node needs (a running plan does not hold its demand) deploys first whichever
     # of its quick and exact plans starts fewer processes (the quick one keeps the running plans
     # and adds instances: a spike's exact plan restarted every process, 5-17 s to its switch), and
@@ -490,6 +500,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         extend_in_place_after_refusal=c.bool("extend_in_place_after_refusal", True),
         place_needed_beside=c.bool("place_needed_beside", True),
         extend_in_place_first_below=c.number("extend_in_place_first_below", 0.8, low=0, high=1),
+        extend_over_draining=c.bool("extend_over_draining", True),
         fewest_starts_first=c.bool("fewest_starts_first", False),
         quick_after_refusal=c.bool("quick_after_refusal", True),
         solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),

@@ -50,6 +50,7 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert base.control.early_replans_per_bin == 2 and off.control.early_replans_per_bin == 1
     assert base.control.refuse_before_drain_wait and not off.control.refuse_before_drain_wait
     assert base.control.recheck_need_before_drain_first and not off.control.recheck_need_before_drain_first
+    assert base.control.extend_over_draining and not off.control.extend_over_draining
     assert base.control.place_needed_beside and not off.control.place_needed_beside
     assert base.control.extend_in_place_first_below == 0.8 and off.control.extend_in_place_first_below == 0.0
     for n, want in ((base, (False, 1, False, 0)), (on, (True, 2, True, 1))):

@@ -1318,26 +1318,31 @@ def test_an_extension_that_adds_no_instance_serves_as_a_reweight_and_the_spike_p
     asyncio.run(go())
 
 
+def _all_draining(plans: Mapping[str, Plan]) -> Beside:
+    """``_beside_of(plans)`` with every free slot held by a draining generation."""
+    from jigsaw.gpu.layout import NodeInstance
+    from jigsaw.runtime.generations import DRAINING
+
+    b = _beside_of(plans)
+    taken = {(i.gpu, s) for i in b.layout.instances
+             for s in range(i.start, i.start + b.gpu.profile(i.profile).size)}
+    fill = [NodeInstance(g, "1g.10gb", s, app=DRAINING) for g in range(4) for s in range(7)
+            if (g, s) not in taken]
+    return Beside(b.layout.with_instances((*b.layout.instances, *fill)), (*b.held, *fill), b.gpu)
+
+
 def test_an_extension_that_serves_little_of_a_spike_does_not_stand_in_for_its_plan() -> None:
     # every free slot drains: the spike's extension can only re-weight the running instances
-    # (230 of 700 req/s, from 229). That is not worth holding the spike's plan back: the plan is
-    # pushed (here refused), and the extension after the refusal goes out as before
+    # (230 of 700 req/s, from 229). That is not worth holding the spike's plan back: without the
+    # extension over draining slots the plan is pushed (here refused), and the extension after the
+    # refusal goes out as before
     app, profiles, (small, spike) = _ar_plans(230.0, 700.0)
     running = dataclasses.replace(_spread(small), planned_rps=229.0, demand_rps=229.0)
-
-    def full(plans: Mapping[str, Plan]) -> Beside:
-        from jigsaw.gpu.layout import NodeInstance
-        from jigsaw.runtime.generations import DRAINING
-
-        b = _beside_of(plans)
-        taken = {(i.gpu, s) for i in b.layout.instances
-                 for s in range(i.start, i.start + b.gpu.profile(i.profile).size)}
-        fill = [NodeInstance(g, "1g.10gb", s, app=DRAINING) for g in range(4) for s in range(7)
-                if (g, s) not in taken]
-        return Beside(b.layout.with_instances((*b.layout.instances, *fill)), (*b.held, *fill), b.gpu)
+    full = _all_draining
 
     async def go() -> None:
-        c, plane = _ar_controller(app, profiles, running, spike, _refuse_moves, laid_out=True)
+        c, plane = _ar_controller(app, profiles, running, spike, _refuse_moves, laid_out=True,
+                                  extend_over_draining=False)
         plane.beside = lambda: full(plane.plans)  # type: ignore[method-assign]
         await c.replan({app.name: 700.0}, trigger="rate")
         assert plane.applied[0].plan is spike and not plane.applied[0].beside
@@ -1346,3 +1351,26 @@ def test_an_extension_that_serves_little_of_a_spike_does_not_stand_in_for_its_pl
         assert same_instances(plane.plans[app.name], running)  # the re-weight, after the refusal
 
     asyncio.run(go())
+
+
+def test_a_spike_whose_free_slots_all_drain_gets_the_running_plan_extended_over_them() -> None:
+    # every free slot drains (the plans the spike swamped): no extension beside what runs and
+    # drains serves more, so with control.extend_over_draining the running plan is extended over
+    # the slots that only drain (the runtime waits for those drains, drains no running instance)
+    # and the spike's plan, which needs the running slots, is not pushed
+    app, profiles, (small, spike) = _ar_plans(230.0, 700.0)
+    running = dataclasses.replace(_spread(small), planned_rps=229.0, demand_rps=229.0)
+
+    async def go() -> None:
+        c, plane = _ar_controller(app, profiles, running, spike, _refuse_moves, laid_out=True)
+        plane.beside = lambda: _all_draining(plane.plans)  # type: ignore[method-assign]
+        await c.replan({app.name: 700.0}, trigger="rate")
+        first = plane.applied[0]
+        assert first.beside and first.over_draining and first.still_needed is not None, plane.applied
+        assert _placed(running) < _placed(first.plan) and first.plan.planned_rps > 300.0
+        assert not any(d.plan is spike for d in plane.applied)
+        (entry,) = _app(c, app.name).current.replans
+        assert entry["in_place_first"] == [app.name]
+        assert _app(c, app.name).current.reconfiguration_errors == []
+    asyncio.run(go())
+    assert load_node(NODE).control.extend_over_draining  # on by default

@@ -138,7 +138,8 @@ def _serve(node_path: Path, first: Plan, steps: Steps) -> dict[str, Any]:
 
 
 def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb", slo_ms: float = 30000.0,
-         requests: int = REQUESTS, still_needed: Callable[[], bool] | None = None) -> dict[str, Any]:
+         requests: int = REQUESTS, still_needed: Callable[[], bool] | None = None,
+         **desired: bool) -> dict[str, Any]:
     """Start generation 0, load it, re-plan to generation 1, then at once to the plan that adds
     an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot); return what happened.
     The drain switches are on unless ``node_extra`` sets them."""
@@ -153,7 +154,7 @@ def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb", slo_ms: f
         out["keep_off"] = sorted((i.gpu, i.start) for i in gm._keep_off())
         sent += [submit() for _ in range(4)]  # and a few on generation 1
         out["third_at"] = asyncio.get_running_loop().time()
-        two = await gm.apply(DesiredState(APP, third, still_needed=still_needed))
+        two = await gm.apply(DesiredState(APP, third, still_needed=still_needed, **desired))
         out["third_s"] = asyncio.get_running_loop().time() - out["third_at"]
         out["second"], out["third"] = one, two
         out["gen0_alive_after"] = one.previous in gm.generations
@@ -265,6 +266,24 @@ def test_a_needed_replan_waits_for_the_drain_in_its_way_and_sends_nothing_again(
     assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
     assert "jigsaw_reconfig_drain_waits_total 1" in out["metrics"]
     assert out["leaked"] == set()
+
+
+def test_an_extension_over_draining_slots_is_placed_beside_what_serves_and_waits_for_the_drain(
+        tmp_path: Path) -> None:
+    """``DesiredState.over_draining`` (``control.extend_over_draining``): the plan placed beside
+    what serves only takes start 2, which draining generation 0 holds, and waits for that drain;
+    placed beside everything (``over_draining`` false) it does not fit and is placed as any plan."""
+    out = _run(tmp_path / "over", WAIT, beside=True, over_draining=True)
+    two, logs = out["third"], out["logs"]
+    assert two.error is None and two.new_generation, (two, logs)
+    assert not any("no longer fits beside" in line for line in logs), logs
+    assert any("for their drains to end" in line for line in logs), logs
+    assert [i.start for i in out["layout"].instances if i.profile == "2g.20gb"] == [2], out["layout"]
+    assert out["cut"][1].get("resent", 0) == 0
+    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+    assert out["leaked"] == set()
+    plain = _run(tmp_path / "plain", WAIT, beside=True)
+    assert any("no longer fits beside" in line for line in plain["logs"]), plain["logs"]
 
 
 def test_a_needed_replan_stops_waiting_for_the_drain_once_the_rate_no_longer_needs_it(tmp_path: Path) -> None:

@@ -1019,12 +1019,14 @@ class NodeController:
                         slices_available=self.node.slices_available, solve_seconds=0.0, plans=pushed)
 
     async def _extend_in_place(self, name: str, demand_rps: float, fresh: frozenset[str], why: str,
-                               beside: Beside | None = None, min_gain: float = 0.0) -> Plan | None:
+                               beside: Beside | None = None, min_gain: float = 0.0,
+                               over_draining: bool = False) -> Plan | None:
         """Push ``name``'s running plan extended in place for the largest share of ``demand_rps``
         that fits beside what runs (``node_plan.extend_in_place``; with the runtime's own check of
         the slots that run and drain, ``Beside``, where the node has a layout) when that serves
         more than the running plan, by at least ``min_gain`` of what it lacks; the plan pushed, or
-        None."""
+        None. ``over_draining``: ``beside`` is what serves only, and the runtime places the plan
+        so too (it waits for the drains in its way)."""
         c = self.apps[name]
         run = c.plan
         least_rps = run.planned_rps + min_gain * max(0.0, demand_rps - run.planned_rps)
@@ -1044,7 +1046,8 @@ class NodeController:
                  f"{p.planned_rps:.1f} of {demand_rps:.1f} rps ({p.slices_used} slices)")
         done = await self._apply(DesiredState(
             name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh,
-            beside=beside is not None), "in-place")
+            beside=beside is not None, over_draining=over_draining,
+            still_needed=c.still_needed if self._recheck(False) else None), "in-place")
         # re-weighted in place counts (the instances that run serve more); a skip (``note``) does not
         if done is None or done.error is not None or (not done.new_generation and done.note is not None):
             return None
@@ -1157,7 +1160,10 @@ class NodeController:
             return False, True
         if not spike:
             return False, False
-        if await self._extend_in_place(name, demand_rps, fresh, why, beside, EXTEND_FIRST_MIN_GAIN) is None:
+        if await self._extend_in_place(name, demand_rps, fresh, why, beside, EXTEND_FIRST_MIN_GAIN) is None \
+                and (not ctl.extend_over_draining or await self._extend_in_place(
+                    name, demand_rps, fresh, f"{why}; over the slots that only drain", beside.serving_only(),
+                    EXTEND_FIRST_MIN_GAIN, over_draining=True) is None):
             return False, False
         self._extended_first.append(name)
         return False, True

@@ -185,6 +185,9 @@ class DesiredState:
     # instances kept, the others on slots nothing holds), else as any plan: a needed plan, which
     # should not wait for a drain or drain the app's own instances (``control.place_needed_beside``)
     beside: bool = False
+    # with ``beside``: placed beside what serves only, on slots that drain where it needs them
+    # (``Beside.serving_only``): it waits for those drains, never drains a running instance
+    over_draining: bool = False
     # for a needed plan: asked again before a drain-first of the app's running instances (after
     # any wait for the drains in the way), whether the plan is still needed; False keeps the
     # running plan (``control.recheck_need_before_drain_first``). None: needed whatever happens
@@ -607,6 +610,8 @@ class GenerationManager:
         old_gid = self.current[app]
         old = self.generations[old_gid]
         beside = self.beside() if desired.beside else None
+        if beside is not None and desired.over_draining:
+            beside = beside.serving_only()
         got = beside.place(app, new) if beside is not None else None
         if beside is not None and got is None:  # the node changed since the controller looked
             self.log(f"{app}: the new plan no longer fits beside what runs and drains; placed as any plan")
