@@ -82,3 +82,17 @@ def test_a_plan_placed_beside_keeps_what_runs_and_takes_only_slots_nothing_holds
     assert beside.serving_only().place("a", _plan(v=8)) is None  # more than the GPU holds
     assert beside.place("a", _plan(v=1, w=2)) is None
     assert beside.place("a", _plan(w=2)) is None
+
+
+def test_beside_counts_the_memory_slots_nothing_holds_not_only_the_free_compute_slices() -> None:
+    # two 3g.40gb instances (one serving, one a draining stand-in) fill GPU 0's eight memory slots
+    # while one of its seven compute slices is free: no MIG instance fits there; GPU 1 holds one
+    # 1g.20gb (two memory slots, one compute slice)
+    serving = (NodeInstance(0, "3g.40gb", 0, app="a", task="t", variant="v"),
+               NodeInstance(1, "1g.20gb", 0, app="a", task="t", variant="v"))
+    draining = NodeInstance(0, "3g.40gb", 4, app=DRAINING)
+    layout = NodeLayout(GPU.name, 2, (*serving, draining))
+    beside = Beside(layout, (*serving, draining), GPU)
+    assert 2 * GPU.compute_slices - layout.slices_used(GPU) == 7  # compute slices "free"
+    assert beside.free_memory_slots() == 6  # all of them on GPU 1
+    assert beside.serving_only().free_memory_slots() == 10  # the draining slots counted free

@@ -1038,7 +1038,8 @@ class NodeController:
                                     fits=fits)
         if p is None or p.planned_rps <= max(run.planned_rps * (1 + 1e-9), least_rps):
             free = "" if beside is None else \
-                f" ({self.node.slices_available - beside.layout.slices_used(self.node.gpu)} slices free)"
+                (f" ({self.node.slices_available - beside.layout.slices_used(self.node.gpu)} slices free, "
+                 f"{beside.free_memory_slots()} MIG memory slots)")
             self.log(f"{name}: {why}; no extension of the running plan that fits beside what runs "
                      f"serves enough more{free}")
             return None
