@@ -670,26 +670,19 @@ class GenerationManager:
                 self.log(f"{app}: MIG reconfiguration failed ({exc}); rolled back, "
                          f"keeping generation {old_gid}")
                 return Applied(old_gid, old_gid, False, error=str(exc))
+            # the spike the plan was for has passed while it waited: a drain-first now would serve
+            # the passed spike's backlog on part of the running plan, which holds the rate
             passed = bool(deferred) and not skip and recheck is not None and not recheck()
-            if passed:
-                # the spike the plan was for has passed while it waited: a drain-first now would
-                # serve the passed spike's backlog on part of the running plan, which holds the rate
-                await self._release_mig(f"{app}: re-plan no longer needed")
-                self.drain_first_total["not_needed"] += 1
-                note = (f"the new plan's MIG instances need the slots of {len(deferred)} running or "
-                        "draining ones and the rate now arriving is one the running plan holds: no "
-                        f"drain-first, keeping generation {old_gid}")
-                self.log(f"{app}: {note}")
-                return Applied(old_gid, old_gid, False, time.monotonic() - t0, note=note)
-            if skip:
+            if skip or passed:
                 # the running plan holds the demand: cutting drains would send their requests again,
                 # and a drain-first would serve on part of the plan for up to an SLO, holding every
                 # re-plan of the node meanwhile, for a better plan only
-                await self._release_mig(f"{app}: re-plan skipped")
-                self.drain_first_total["skipped"] += 1
+                await self._release_mig(f"{app}: re-plan {'no longer needed' if passed else 'skipped'}")
+                self.drain_first_total["not_needed" if passed else "skipped"] += 1
+                holds = "the rate now arriving is one the running plan holds" if passed \
+                    else "the running plan holds the demand"
                 note = (f"the new plan's MIG instances need the slots of {len(deferred)} running or "
-                        "draining ones and the running plan holds the demand: no drain-first, "
-                        f"keeping generation {old_gid}")
+                        f"draining ones and {holds}: no drain-first, keeping generation {old_gid}")
                 self.log(f"{app}: {note}")
                 return Applied(old_gid, old_gid, False, time.monotonic() - t0, note=note)
             if deferred:
