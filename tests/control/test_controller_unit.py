@@ -883,6 +883,8 @@ def test_a_needed_plan_asks_the_rate_window_whether_it_is_still_needed() -> None
         ac._arrival_samples = deque([(now - 12.0, 50)])
         fe.bins[TA].arrivals = 150  # 100 in 12 s at time scale 2: ~17 rps > 10
         assert pushed[-1].still_needed()
+        fe.bins[TA].arrivals = 105  # 55 in 12 s: ~9 rps, a noisy read of the burst, not its end
+        assert pushed[-1].still_needed()
         fe.bins[TA].arrivals = 62  # 12 in 12 s: 2 rps, which the running plan holds
         assert not pushed[-1].still_needed()
         assert list(ac._arrival_samples) == [(now - 12.0, 50)]
