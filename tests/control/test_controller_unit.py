@@ -887,6 +887,10 @@ def test_a_needed_plan_asks_the_rate_window_whether_it_is_still_needed() -> None
         assert pushed[-1].still_needed()
         fe.bins[TA].arrivals = 62  # 12 in 12 s: 2 rps, which the running plan holds
         assert not pushed[-1].still_needed()
+        ac._arrival_samples = deque([(now - 12.0, 290)])
+        fe.bins[TA].arrivals = 300  # 10 in the last 12 s, but 12 rps over the bin so far
+        assert pushed[-1].still_needed()
+        ac._arrival_samples = deque([(now - 12.0, 50)])
         assert list(ac._arrival_samples) == [(now - 12.0, 50)]
         ac._arrival_samples.clear()
         assert pushed[-1].still_needed()  # no sample yet: needed
