@@ -114,32 +114,19 @@ def _needed_once(tmp_path: Path, control: str, needed: bool) -> tuple[Any, list[
     """The drain-first scenario above, pushed as a needed plan whose ``still_needed`` answers
     ``needed``: (what ``apply`` returned, the log, how often it was asked, NVML instances destroyed)."""
     node_path, first, second = _plans(tmp_path, control=control)
-    _node, app, gm, fe, logs = _serving(node_path, first)
     asked: list[bool] = []
 
     def still_needed() -> bool:
         asked.append(needed)
         return needed
-    try:
-        gm.start_all(timeout_s=60)
+
+    async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
         nvml = gm.partition.applier.nvml  # type: ignore[union-attr]
         calls0 = len(nvml.calls)
-
-        async def go() -> Any:
-            gm.attach(fe)
-            fe.start(asyncio.get_running_loop())
-            try:
-                done = await gm.apply(DesiredState(app.name, second, still_needed=still_needed))
-                await gm.stop_retiring()
-                return done
-            finally:
-                fe.close()
-
-        done = asyncio.run(go())
-        destroyed = sum(c[0] == "nvmlGpuInstanceDestroy" for c in nvml.calls[calls0:])
-    finally:
-        gm.close()
-    return done, logs, len(asked), destroyed
+        out["done"] = await gm.apply(DesiredState(app.name, second, still_needed=still_needed))
+        out["destroyed"] = sum(c[0] == "nvmlGpuInstanceDestroy" for c in nvml.calls[calls0:])
+    out = _under_load(node_path, first, scenario)
+    return out["done"], out["logs"], len(asked), out["destroyed"]
 
 
 def test_a_needed_plan_that_the_rate_no_longer_needs_drains_nothing(tmp_path: Path) -> None:
