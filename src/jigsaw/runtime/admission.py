@@ -3,9 +3,10 @@
 An app admits what its root instances finish within the latency SLO (``admission_limit``; with
 ``server.admission_bottleneck``, what its bottleneck task finishes, ``bottleneck_rps``), scaled
 by the share of its root processes that are up, and at most ``server.max_queue``; beyond that a
-request is shed with 503 at once. The same object counts, per app and bin, the arrivals, answers
-and SLO violations the controller reads (``take_bin``), and the measured fan-out of each upstream
-variant.
+request is shed with 503 at once, unless (``server.admission_backlog``) the work queued ahead of
+it on the processes it would take leaves time for its deadline (``queue_admits``). The same
+object counts, per app and bin, the arrivals, answers and SLO violations the controller reads
+(``take_bin``), and the measured fan-out of each upstream variant.
 """
 
 from __future__ import annotations
@@ -74,6 +75,25 @@ def admission_limit(routes: AppRoutes) -> int:
     return max(1, math.ceil(capacity_rps * queue_ms / 1000.0))
 
 
+QUEUE_ADMIT_SHARE = 0.5  # of a request's deadline: the queued work plus fastest path it may face
+
+
+def queue_admits(end_s: float | None, budget_s: float) -> bool:
+    """Whether a request over the in-flight limit is admitted all the same: the work queued ahead
+    of it on the lane it would take plus that lane's fastest path (``end_s``, wall seconds,
+    ``RoutingTable.queued_end_s``; None when unknown) is within ``QUEUE_ADMIT_SHARE`` of its
+    deadline (``budget_s``).
+
+    Why: the limit is an estimate of the queue from a count, and the count sheds requests that
+    would have met their deadline: it counts a request past the root as queued, a kept process's
+    backlog of an older generation not at all, a re-sent one twice as long. A 503 at the door is the
+    paper's early drop only when the request could not have made it; the queue itself says so. The
+    share leaves room for what the estimate leaves out (batching waits, hops, the processes' rate
+    measured at their largest batch).
+    """
+    return end_s is not None and end_s <= QUEUE_ADMIT_SHARE * budget_s
+
+
 class Admission:
     """In-flight counts and limits per app, and the bin counters."""
 
@@ -85,6 +105,9 @@ class Admission:
         self.by_generation: dict[str, dict[int, int]] = {}
         self.limits: dict[str, int] = {}
         self.bins: dict[str, BinCounters] = {}
+        # app -> [over the limit and shed, over the limit and admitted by the queue]
+        # (``server.admission_backlog``): how often the count alone would have shed wrongly
+        self.over_limit: dict[str, list[int]] = {}
 
     def refresh(self, routes: AppRoutes, root_states: list[int]) -> None:
         """The app's limit for ``routes``, scaled by the share of its root processes that are up."""
@@ -115,6 +138,10 @@ class Admission:
         if n >= self.max_queue:
             return True
         return self.by_generation.get(app, {}).get(generation, 0) >= self.limit(app)
+
+    def over_limit_decided(self, app: str, admitted: bool) -> None:
+        """Count one request that arrived over the limit: shed, or admitted by its queue."""
+        self.over_limit.setdefault(app, [0, 0])[1 if admitted else 0] += 1
 
     def admit(self, app: str, generation: int = 0) -> None:
         self.inflight[app] += 1

@@ -464,10 +464,7 @@ class Dispatcher:
         assert self._loop is not None
         app = routes.app
         now = time.monotonic_ns()
-        budget_ms = (app.latency_slo_ms + routes.depth * self.hop_latency_ms) * self.time_scale
-        deadline = now + int(budget_ms * 1e6)
-        if timeout_us is not None:
-            deadline = min(deadline, now + timeout_us * 1000)
+        deadline = now + self.budget_ns(routes, timeout_us)
         req = Pending(0, routes, 0, client_id, now, deadline, self._loop.create_future(), outputs_wanted,
                       body=encode_tensors([_raw(t) for t in tensors]))
         why = self._dispatch(req)
@@ -479,6 +476,12 @@ class Dispatcher:
         if req.drop is not None:
             self._answer_dropped(req)
         return req
+
+    def budget_ns(self, routes: AppRoutes, timeout_us: int | None = None) -> int:
+        """Wall nanoseconds from arrival to a request's deadline: the app's SLO plus one hop per
+        level, times the time scale, or ``timeout_us`` when that is sooner."""
+        budget = int((routes.app.latency_slo_ms + routes.depth * self.hop_latency_ms) * self.time_scale * 1e6)
+        return budget if timeout_us is None else min(budget, timeout_us * 1000)
 
     def _dispatch(self, req: Pending) -> str | None:
         """Draw a lane, give the request a fresh id and push its root items; None when sent."""
