@@ -82,7 +82,7 @@ def _fill(door: Admission, n: int, generation: int = 3) -> None:
 def test_a_request_over_the_limit_is_admitted_when_the_queue_ahead_leaves_time_for_its_deadline():
     """The count says full (64 of 64 in flight, e.g. requests past the root or a re-sent backlog)
     but the processes' queues hold 50 ms of work on a 200 ms deadline: the request is served, not
-    shed. The same queue at 150 ms (past half the deadline) sheds it, and so does the count alone
+    shed. The same queue at 150 ms (past 0.6 of the deadline) sheds it, and so does the count alone
     with ``server.admission_backlog`` off."""
     http, routing, dispatcher, door = _door(backlog=True)
     assert door.limit("x") == 64
@@ -123,7 +123,7 @@ def test_the_queue_does_not_lift_max_queue_or_a_tight_timeout():
     _fill(door, 64)
     routing.end_s = 0.05
     tight = json.loads(BODY)
-    tight["parameters"] = {"timeout": 60_000}  # 60 ms: 50 ms of queue is past half of it
+    tight["parameters"] = {"timeout": 60_000}  # 60 ms: 50 ms of queue is past 0.6 of it
     got = http.infer_begin(routing.routes["x"], json.dumps(tight).encode(), None)
     assert isinstance(got, Answer) and got.status == 503 and dispatcher.submitted == 0
 
