@@ -149,3 +149,48 @@ def test_soonest_end_is_the_queue_ahead_over_the_batch_rate_plus_the_fastest_pat
     assert end is not None and abs(end - 0.35) < 1e-9
     alive[0] = st.DEAD
     assert soonest_end_s(shape, queued.__getitem__, alive.__getitem__, [1.0, 1.0], any_lane=True) is None
+
+
+def test_a_cut_drain_sends_again_only_what_the_serving_plans_queue_leaves_time_for():
+    """A drain cut short (a drain-first in a spike): its unanswered requests are sent again on the
+    serving plan oldest first while the queue there, which each one sent again lengthens (here by
+    1 s), leaves it time (``QUEUE_ADMIT_SHARE`` of the 10 s it has left: 6 s); the rest are
+    answered 504 at once instead of filling the plan's queue and door until their deadline. With
+    ``server.admission_backlog`` off, every one is sent again."""
+    import asyncio
+    import time
+
+    from jigsaw.runtime.dispatch import Dispatcher, Pending
+
+    async def cut(backlog: bool) -> tuple[tuple[int, int, int], list[int], Admission]:
+        routes = _routes(backlog=backlog)
+        door = Admission(4096)
+        door.refresh(routes, [])
+        routing = _Routing(routes)
+        routing.fastest_path_ns = lambda r: 0  # type: ignore[attr-defined]
+        d = Dispatcher(routing, door, Metrics("emulated"), backend_name="emulated",  # type: ignore[arg-type]
+                       emulated=True)
+        d._loop = asyncio.get_running_loop()
+        old = _routes(backlog=backlog)
+        old.generation = 2
+        now = time.monotonic_ns()
+        for k in range(12):
+            req = Pending(k, old, 0, None, now, now + 10_500_000_000, d._loop.create_future(), None)
+            req.generation = 2
+            d.pending[k] = req
+            door.admit("x", 2)
+        sent: list[int] = []
+
+        def again(req: Pending, to: AppRoutes) -> None:
+            sent.append(req.request_id)
+            req.routes, req.generation = to, to.generation
+            door.moved("x", 2, to.generation)
+            routing.end_s = (routing.end_s or 0.0) + 1.0  # its items now queue ahead of the next
+        d._dispatch_again = again  # type: ignore[method-assign]
+        return d.cut_generation(2), sent, door
+
+    (forgotten, resent, failed), sent, door = asyncio.run(cut(backlog=True))
+    assert (forgotten, resent, failed) == (0, 7, 5) and sent == list(range(7))
+    assert door.by_generation["x"] == {3: 7}  # the 5 answered 504 are out of the door's count
+    (forgotten, resent, failed), sent, door = asyncio.run(cut(backlog=False))
+    assert (forgotten, resent, failed) == (0, 12, 0) and door.by_generation["x"] == {3: 12}

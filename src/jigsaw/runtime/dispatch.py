@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from jigsaw.runtime.admission import Admission
+from jigsaw.runtime.admission import Admission, queue_admits
 from jigsaw.runtime.metrics import Metrics, count_into
 from jigsaw.runtime.records import (
     HOP_SENT,
@@ -595,9 +595,15 @@ class Dispatcher:
         slots) and its processes stop.
 
         Answered ones only waiting for late credits are forgotten; an unanswered one is dispatched
-        again on the app's current routes when its deadline leaves time for their fastest path,
-        else answered 504 (it would time out) or 503 (no ring took it). Returns (forgotten,
-        resent, failed).
+        again on the app's current routes when its deadline leaves time for their fastest path
+        (with ``server.admission_backlog``, for the queue there too: ``admission.queue_admits``
+        against the time it has left, oldest first), else answered 504 (it would time out) or 503
+        (no ring took it). Returns (forgotten, resent, failed).
+
+        Why the queue: a drain-first in a spike cut 869 requests of the drained instances and sent
+        them all again on the interim plan, whose door admits 379 (social_media bins 115-117 at
+        time scale 30): 37 s of queue on a 21 s deadline, every one of them answered 504 at its
+        deadline, and the door shut to new requests (which had their whole deadline) for 20 s.
         """
         forgotten = resent = failed = 0
         now = time.monotonic_ns()
@@ -608,7 +614,8 @@ class Dispatcher:
             routes = self.routing.routes.get(req.routes.app.name, req.routes)
             why = None
             time_left_ns = req.deadline_ns - now
-            if routes.generation != generation and time_left_ns > self.routing.fastest_path_ns(routes):
+            if routes.generation != generation and time_left_ns > self.routing.fastest_path_ns(routes) \
+                    and self._queue_leaves_time(routes, time_left_ns):
                 why = self._dispatch_again(req, routes)
                 if why is None:
                     resent += 1
@@ -626,6 +633,13 @@ class Dispatcher:
                                         "status": "UNAVAILABLE", "task": None, "reason": "shed",
                                         "id": req.client_id}, "shed")
         return forgotten, resent, failed
+
+    def _queue_leaves_time(self, routes: AppRoutes, time_left_ns: int) -> bool:
+        """Whether a request sent again on ``routes`` with ``time_left_ns`` until its deadline may
+        still make it behind their queue (always, with ``server.admission_backlog`` off)."""
+        if not routes.admission_backlog:
+            return True
+        return queue_admits(self.routing.queued_end_s(routes), time_left_ns / 1e9)
 
     def on_worker_failed(self, generation: int, task: str, variant: str) -> tuple[int, int]:
         """Settle the requests a dead process of (task, variant) in ``generation`` may have held.
