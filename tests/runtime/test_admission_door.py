@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from jigsaw.app import App, Task, TensorSpec, Variant
-from jigsaw.plan import Plan, PlanInstance
+from factories import one_task_routes
+
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.admission import QUEUE_ADMIT_SHARE, Admission
 from jigsaw.runtime.http import Answer, OipHttp, ServingState
@@ -23,16 +23,7 @@ SLO_MS = 200.0
 
 def _routes(*, backlog: bool) -> AppRoutes:
     """One task, 2 instances of 200 req/s, a 40 ms batch, a 200 ms SLO: an in-flight limit of 64."""
-    app = App("x", (Task("a", "classifier", (Variant("v", 1.0),)),), (), latency_slo_ms=SLO_MS,
-              inputs=(TensorSpec("image", "UINT8", (-1,)),))
-    plan = Plan(app="x", space="ast", demand_rps=300, planned_rps=300, feasible=True, max_demand_plan=False,
-                status="optimal", objective=0.0, accuracy=1.0, slices_used=2, slices_available=7,
-                solve_seconds=0.0, gap=0.0,
-                instances=[PlanInstance("a", "v", "1g.10gb", 1, 8, 2, 40.0, 200.0, 1)],
-                task_latency_ms={"a": 40.0})
-    return AppRoutes(app=app, app_index=0, lanes=[{"a": "v"}], lane_weights=[1.0], roots=[{}], depth=1,
-                     slices=2, plan=plan, generation=3, admission_per_generation=True,
-                     admission_backlog=backlog)
+    return one_task_routes(3, admission_per_generation=True, admission_backlog=backlog)
 
 
 class _Routing:
