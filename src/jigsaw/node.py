@@ -95,7 +95,7 @@ class ServerSettings:
     admission_per_generation: bool = True
     # a request over the in-flight limit is shed only when the work queued ahead of it on the
     # lane it would take (the processes' queues and input rings, at their batch rates) plus the
-    # lane's fastest path exceeds 0.6 of its deadline (runtime/admission.py, ``queue_admits``): the
+    # lane's fastest path exceeds 0.75 of its deadline (runtime/admission.py, ``queue_admits``): the
     # count is an estimate of the queue, and it sheds requests that would have met their deadline
     # (a backlog counted that is not ahead of them, requests past the root). Off: the count decides
     admission_backlog: bool = True
