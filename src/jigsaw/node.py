@@ -97,7 +97,9 @@ class ServerSettings:
     # lane it would take (the processes' queues and input rings, at their batch rates) plus the
     # lane's fastest path exceeds 0.75 of its deadline (runtime/admission.py, ``queue_admits``): the
     # count is an estimate of the queue, and it sheds requests that would have met their deadline
-    # (a backlog counted that is not ahead of them, requests past the root). Off: the count decides
+    # (a backlog counted that is not ahead of them, requests past the root). The same rule picks
+    # which requests of a drain cut short are sent again (runtime/dispatch.py ``cut_generation``;
+    # the rest are answered 504 at once). Off: the count decides, and every one is sent again
     admission_backlog: bool = True
     # idle worker processes (imports done) a re-plan hands new processes' specs to, so a switch
     # that starts processes does not wait for Python to start (runtime/spares.py); 0: off.
