@@ -97,6 +97,9 @@ MECHANISMS = {
     # the plan's admission limit counts only the current generation's requests (a previous
     # generation's backlog does not shed new requests at the door)
     "generation_admission": "server.admission_per_generation=false",
+    # a request over the in-flight limit is shed only when the work queued ahead of it on its lane
+    # leaves no time for its deadline (the count alone sheds requests that would have made it)
+    "queue_admission": "server.admission_backlog=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

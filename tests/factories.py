@@ -77,3 +77,21 @@ def count_answers(dispatcher: Any) -> Counter[int]:
 
     dispatcher._finish = counting_finish
     return answers
+
+
+def one_task_routes(generation: int = 0, **settings: Any) -> Any:
+    """One task's routes (app ``x``): 2 instances of 200 req/s, a 40 ms batch, a 200 ms SLO, an
+    in-flight limit of 64; ``settings`` sets ``AppRoutes`` fields (``admission_backlog=True``...)."""
+    from jigsaw.app import TensorSpec
+    from jigsaw.plan import Plan, PlanInstance
+    from jigsaw.runtime.topology import AppRoutes
+
+    app = App("x", (Task("a", "classifier", (Variant("v", 1.0),)),), (), latency_slo_ms=200.0,
+              inputs=(TensorSpec("image", "UINT8", (-1,)),))
+    plan = Plan(app="x", space="ast", demand_rps=300, planned_rps=300, feasible=True, max_demand_plan=False,
+                status="optimal", objective=0.0, accuracy=1.0, slices_used=2, slices_available=7,
+                solve_seconds=0.0, gap=0.0,
+                instances=[PlanInstance("a", "v", "1g.10gb", 1, 8, 2, 40.0, 200.0, 1)],
+                task_latency_ms={"a": 40.0})
+    return AppRoutes(app=app, app_index=0, lanes=[{"a": "v"}], lane_weights=[1.0], roots=[{}],
+                     depth=1, slices=2, plan=plan, generation=generation, **settings)

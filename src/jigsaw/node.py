@@ -93,6 +93,14 @@ class ServerSettings:
     # bounds all of them): after a spike's switch that backlog shed every new request at the door
     # while the new instances sat idle (runtime/admission.py). Off: every request of the app counts
     admission_per_generation: bool = True
+    # a request over the in-flight limit is shed only when the work queued ahead of it on the
+    # lane it would take (the processes' queues and input rings, at their batch rates) plus the
+    # lane's fastest path exceeds 0.75 of its deadline (runtime/admission.py, ``queue_admits``): the
+    # count is an estimate of the queue, and it sheds requests that would have met their deadline
+    # (a backlog counted that is not ahead of them, requests past the root). The same rule picks
+    # which requests of a drain cut short are sent again (runtime/dispatch.py ``cut_generation``;
+    # the rest are answered 504 at once). Off: the count decides, and every one is sent again
+    admission_backlog: bool = True
     # idle worker processes (imports done) a re-plan hands new processes' specs to, so a switch
     # that starts processes does not wait for Python to start (runtime/spares.py); 0: off.
     # Kept only when the node re-plans (a controller runs)
@@ -458,6 +466,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         lane_shift=s.bool("lane_shift", True),
         admission_bottleneck=s.bool("admission_bottleneck", False),
         admission_per_generation=s.bool("admission_per_generation", True),
+        admission_backlog=s.bool("admission_backlog", True),
         worker_restart_window_s=s.number("worker_restart_window_s", 60.0, low=0, low_open=True),
         spare_workers=s.integer("spare_workers", 4, low=0, high=64),
         fork_server=s.bool("fork_server", True),

@@ -204,18 +204,9 @@ def test_emulated_batch_time_has_the_profiles_mean_and_p95():
 
 def _one_task_routes(generation: int = 0) -> object:
     """One task's routes: 2 instances of 200 req/s, a 40 ms batch, a 200 ms SLO."""
-    from jigsaw.plan import Plan, PlanInstance
-    from jigsaw.runtime.topology import AppRoutes
+    from factories import one_task_routes
 
-    app = App("x", (Task("a", "classifier", (Variant("v", 1.0),)),), (), latency_slo_ms=200.0,
-              inputs=(TensorSpec("image", "UINT8", (-1,)),))
-    plan = Plan(app="x", space="ast", demand_rps=300, planned_rps=300, feasible=True, max_demand_plan=False,
-                status="optimal", objective=0.0, accuracy=1.0, slices_used=2, slices_available=7,
-                solve_seconds=0.0, gap=0.0,
-                instances=[PlanInstance("a", "v", "1g.10gb", 1, 8, 2, 40.0, 200.0, 1)],
-                task_latency_ms={"a": 40.0})
-    return AppRoutes(app=app, app_index=0, lanes=[{"a": "v"}], lane_weights=[1.0], roots=[{}],
-                     depth=1, slices=2, plan=plan, generation=generation)
+    return one_task_routes(generation)
 
 
 def test_admission_limit_is_capacity_times_the_slos_queueing_share():

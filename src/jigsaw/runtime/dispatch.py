@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from jigsaw.runtime.admission import Admission
+from jigsaw.runtime.admission import Admission, queue_admits
 from jigsaw.runtime.metrics import Metrics, count_into
 from jigsaw.runtime.records import (
     HOP_SENT,
@@ -464,10 +464,7 @@ class Dispatcher:
         assert self._loop is not None
         app = routes.app
         now = time.monotonic_ns()
-        budget_ms = (app.latency_slo_ms + routes.depth * self.hop_latency_ms) * self.time_scale
-        deadline = now + int(budget_ms * 1e6)
-        if timeout_us is not None:
-            deadline = min(deadline, now + timeout_us * 1000)
+        deadline = now + self.budget_ns(routes, timeout_us)
         req = Pending(0, routes, 0, client_id, now, deadline, self._loop.create_future(), outputs_wanted,
                       body=encode_tensors([_raw(t) for t in tensors]))
         why = self._dispatch(req)
@@ -479,6 +476,12 @@ class Dispatcher:
         if req.drop is not None:
             self._answer_dropped(req)
         return req
+
+    def budget_ns(self, routes: AppRoutes, timeout_us: int | None = None) -> int:
+        """Wall nanoseconds from arrival to a request's deadline: the app's SLO plus one hop per
+        level, times the time scale, or ``timeout_us`` when that is sooner."""
+        budget = int((routes.app.latency_slo_ms + routes.depth * self.hop_latency_ms) * self.time_scale * 1e6)
+        return budget if timeout_us is None else min(budget, timeout_us * 1000)
 
     def _dispatch(self, req: Pending) -> str | None:
         """Draw a lane, give the request a fresh id and push its root items; None when sent."""
@@ -592,9 +595,15 @@ class Dispatcher:
         slots) and its processes stop.
 
         Answered ones only waiting for late credits are forgotten; an unanswered one is dispatched
-        again on the app's current routes when its deadline leaves time for their fastest path,
-        else answered 504 (it would time out) or 503 (no ring took it). Returns (forgotten,
-        resent, failed).
+        again on the app's current routes when its deadline leaves time for their fastest path
+        (with ``server.admission_backlog``, for the queue there too: ``admission.queue_admits``
+        against the time it has left, oldest first), else answered 504 (it would time out) or 503
+        (no ring took it). Returns (forgotten, resent, failed).
+
+        Why the queue: a drain-first in a spike cut 869 requests of the drained instances and sent
+        them all again on the interim plan, whose door admits 379 (social_media bins 115-117 at
+        time scale 30): 37 s of queue on a 21 s deadline, every one of them answered 504 at its
+        deadline, and the door shut to new requests (which had their whole deadline) for 20 s.
         """
         forgotten = resent = failed = 0
         now = time.monotonic_ns()
@@ -605,7 +614,8 @@ class Dispatcher:
             routes = self.routing.routes.get(req.routes.app.name, req.routes)
             why = None
             time_left_ns = req.deadline_ns - now
-            if routes.generation != generation and time_left_ns > self.routing.fastest_path_ns(routes):
+            if routes.generation != generation and time_left_ns > self.routing.fastest_path_ns(routes) \
+                    and self._queue_leaves_time(routes, time_left_ns):
                 why = self._dispatch_again(req, routes)
                 if why is None:
                     resent += 1
@@ -623,6 +633,13 @@ class Dispatcher:
                                         "status": "UNAVAILABLE", "task": None, "reason": "shed",
                                         "id": req.client_id}, "shed")
         return forgotten, resent, failed
+
+    def _queue_leaves_time(self, routes: AppRoutes, time_left_ns: int) -> bool:
+        """Whether a request sent again on ``routes`` with ``time_left_ns`` until its deadline may
+        still make it behind their queue (always, with ``server.admission_backlog`` off)."""
+        if not routes.admission_backlog:
+            return True
+        return queue_admits(self.routing.queued_end_s(routes), time_left_ns / 1e9)
 
     def on_worker_failed(self, generation: int, task: str, variant: str) -> tuple[int, int]:
         """Settle the requests a dead process of (task, variant) in ``generation`` may have held.

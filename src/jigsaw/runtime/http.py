@@ -8,6 +8,7 @@ Every error an OIP client sees is JSON ``{"error": ...}``, aiohttp's own 404/405
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from aiohttp import web
 
 from jigsaw import __version__
 from jigsaw.runtime import stats as st
-from jigsaw.runtime.admission import Admission
+from jigsaw.runtime.admission import Admission, queue_admits
 from jigsaw.runtime.dispatch import Dispatcher, Pending
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.oip import (
@@ -33,6 +34,7 @@ from jigsaw.runtime.routing import RoutingTable
 from jigsaw.runtime.topology import AppRoutes
 
 RETRY_AFTER_S = "1"
+DOOR_LOG_EVERY_S = 1.0  # the door's over-the-limit line in the daemon log, at most this often per app
 MAX_PAYLOAD_KEY = web.AppKey("max_payload_bytes", int)
 
 
@@ -58,6 +60,7 @@ class OipHttp:
         self.metrics = metrics
         self.state = state
         self.backend_name = backend_name
+        self._door_logged: dict[str, float] = {}  # app -> when its door line was last written
         self.extra_metrics: list[Callable[[], str]] = []  # more Prometheus text (the node's MIG counters)
 
     def make_app(self, max_payload_bytes: int) -> web.Application:
@@ -154,7 +157,7 @@ class OipHttp:
         door = self.admission
         door.arrived(name)
         generation = routes.generation if routes.admission_per_generation else None
-        if door.full(name, generation):
+        if door.full(name, generation) and not self._queue_admits(routes, parsed.timeout_us):
             door.answered(name, 503)
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
             held = door.inflight[name] if generation is None else \
@@ -172,6 +175,30 @@ class OipHttp:
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
             return Answer(503, {"error": f"{req}; retry later"}, RETRY_HEADERS)
         return req, parsed
+
+    def _queue_admits(self, routes: AppRoutes, timeout_us: int | None) -> bool:
+        """A request over the in-flight limit: whether the work queued ahead of it leaves time for
+        its deadline (``server.admission_backlog``, ``admission.queue_admits``); ``max_queue``
+        bounds every app's requests whatever the queue."""
+        name = routes.app.name
+        if not routes.admission_backlog or self.admission.inflight[name] >= self.admission.max_queue:
+            return False
+        end_s = self.routing.queued_end_s(routes)
+        budget_s = self.dispatcher.budget_ns(routes, timeout_us) / 1e9
+        admitted = queue_admits(end_s, budget_s)
+        door = self.admission
+        door.over_limit_decided(name, admitted)
+        now = time.monotonic()
+        if now - self._door_logged.get(name, 0.0) >= DOOR_LOG_EVERY_S:  # a line a second at most
+            self._door_logged[name] = now
+            shed, taken = door.over_limit[name]
+            queued = "unknown" if end_s is None else f"{end_s:.2f} s"
+            print(f"jigsawd: {name}: door: over the in-flight limit {door.limit(name)} (generation "
+                  f"{routes.generation}: {door.by_generation.get(name, {}).get(routes.generation, 0)}, all: "
+                  f"{door.inflight[name]}), {shed} shed and {taken} admitted by their queue so far; "
+                  f"now queued work and fastest path {queued} of a {budget_s:.2f} s deadline",
+                  file=sys.stderr, flush=True)
+        return admitted
 
     async def h_infer(self, request: web.Request) -> web.Response:
         routes = self._routes(request)

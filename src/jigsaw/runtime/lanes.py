@@ -119,3 +119,22 @@ def _live(shape: LaneShape, lane: int, state: Callable[[int], int]) -> bool:
     """Every stage of the lane has a process that is not dead or failed."""
     return all(any(state(slot) not in (st.DEAD, st.FAILED) for slot in s.slots)
                for stages in shape.lanes[lane] for s in stages)
+
+
+def soonest_end_s(shape: LaneShape, queued: Callable[[int], int], state: Callable[[int], int],
+                  weights: list[float], any_lane: bool) -> float | None:
+    """Seconds until a new request would finish: its lane's backlog plus fastest path, on the lane
+    that ends soonest among those it may take (``any_lane``: every lane with live processes, as a
+    lane shift may take any; else the lanes the plan's draw gives a rate, the latest of them
+    counting, as the draw may give any). None when no such lane runs."""
+    ends = []
+    for lane in range(len(shape.lanes)):
+        if not shape.runs[lane] or not _live(shape, lane, state):
+            continue
+        if not any_lane and (lane >= len(weights) or weights[lane] <= 0):
+            continue
+        path_s = shape.min_path_s[lane] if lane < len(shape.min_path_s) else 0.0
+        ends.append(backlog_s(shape, lane, queued) + path_s)
+    if not ends:
+        return None
+    return min(ends) if any_lane else max(ends)

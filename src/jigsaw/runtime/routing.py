@@ -11,13 +11,14 @@ workers use too).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jigsaw.backends.base import OutputSpec
 from jigsaw.backends.registry import BackendKind
 from jigsaw.plan import Plan
 from jigsaw.runtime import stats as st
-from jigsaw.runtime.lanes import LaneShape, choose_lane, lane_shape
+from jigsaw.runtime.lanes import LaneShape, choose_lane, lane_shape, soonest_end_s
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.rings import Doorbell, ShmRing
 from jigsaw.runtime.stats import StatsBlock
@@ -54,6 +55,16 @@ def min_path_ns(topology: Topology, routes: AppRoutes) -> list[int]:
             fastest[key] = min(fastest.get(key, p.exec_estimate_ns[0]), p.exec_estimate_ns[0])
     return [max((sum(fastest.get((t, lane.get(t, "")), 0) for t in path) for path in routes.app.paths),
                 default=0) for lane in routes.lanes]
+
+
+def _queued(mapped: MappedGeneration) -> Callable[[int], int]:
+    """A process's items not yet finished: in its batch queue or batch, and still in its input ring."""
+    block, rings = mapped.stats, mapped.root_rings
+
+    def queued(slot: int) -> int:
+        ring = rings.get(slot)
+        return block.get(slot, st.QUEUED) + (len(ring) if ring is not None else 0)
+    return queued
 
 
 def lane_weights(plan: Plan) -> list[float]:
@@ -165,12 +176,23 @@ class RoutingTable:
         if not routes.lane_shift or shape is None or len(routes.lanes) < 2:
             return drawn
         assert mapped is not None
-        block, rings = mapped.stats, mapped.root_rings
+        block = mapped.stats
+        return choose_lane(drawn, shape, _queued(mapped), lambda slot: block.get(slot, st.STATE),
+                           budget_ns / 1e9)
 
-        def queued(slot: int) -> int:  # in its batch queue or batch, and still in its input ring
-            ring = rings.get(slot)
-            return block.get(slot, st.QUEUED) + (len(ring) if ring is not None else 0)
-        return choose_lane(drawn, shape, queued, lambda slot: block.get(slot, st.STATE), budget_ns / 1e9)
+    def queued_end_s(self, routes: AppRoutes) -> float | None:
+        """Wall seconds until a request admitted now would finish on the processes of ``routes``:
+        the work queued ahead of it along its lane plus the lane's fastest path
+        (``lanes.soonest_end_s``; the lane a shift may take when ``server.lane_shift`` is on).
+        None when unknown (no mapped generation or no lane with live processes)."""
+        mapped = self.generations.get(routes.generation)
+        shape = mapped.shapes.get(routes.app.name) if mapped is not None else None
+        if shape is None:
+            return None
+        assert mapped is not None
+        block = mapped.stats
+        return soonest_end_s(shape, _queued(mapped), lambda slot: block.get(slot, st.STATE),
+                             routes.lane_weights, routes.lane_shift and len(routes.lanes) > 1)
 
     def fastest_path_ns(self, routes: AppRoutes) -> int:
         """The least time any lane of ``routes`` can take end to end (0 when unknown)."""

@@ -131,6 +131,7 @@ class AppRoutes:
     lane_shift: bool = True  # node.server.lane_shift: a backed-up lane's requests may take another
     admission_bottleneck: bool = False  # node.server.admission_bottleneck (runtime/admission.py)
     admission_per_generation: bool = False  # node.server.admission_per_generation (the same)
+    admission_backlog: bool = False  # node.server.admission_backlog (the same)
 
 
 @dataclass
@@ -252,6 +253,7 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
         routes[app.name].lane_shift = node.server.lane_shift
         routes[app.name].admission_bottleneck = node.server.admission_bottleneck
         routes[app.name].admission_per_generation = node.server.admission_per_generation
+        routes[app.name].admission_backlog = node.server.admission_backlog
     return Topology(specs, routes, wiring.doorbells[0], wiring.completion_rings, stats, wiring.rings,
                     wiring.doorbells)
 
