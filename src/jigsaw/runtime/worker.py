@@ -86,13 +86,10 @@ from jigsaw.runtime.rings import (
 )
 from jigsaw.runtime.stats import (
     BATCH_STARTED_NS,
-    BATCHES,
-    BUSY_NS,
     DEAD,
     DROPPED,
     FAILED,
     HEARTBEAT_NS,
-    ITEMS,
     PID,
     QUEUED,
     READY,
@@ -115,6 +112,14 @@ Buffer = bytes | bytearray | memoryview  # a payload the rings copy in
 PUSH_RETRY_S = 0.0005
 
 _running = True
+
+
+def _any_queued(rings: list[ShmRing]) -> bool:
+    """Whether any of ``rings`` holds a record (a loop: ``any`` over a generator makes a frame)."""
+    for ring in rings:  # noqa: SIM110 (see the docstring)
+        if len(ring):
+            return True
+    return False
 
 
 def make_backend(spec: ProcessSpec) -> Backend:
@@ -466,22 +471,33 @@ class Worker:
         its ring-entry time (``HOP_SENT``): its real age; one that made the first batch it could
         arrives now. The deadline rule reads the absolute deadline, which always is real.
         """
-        n = 0
+        # pop, stamp and queue in one call (``BatchQueue.take_framed``): the item's tag is the
+        # wiring it came in on
         k = len(self.inputs)
+        if k == 1:  # (one ring, the usual case: no rotation to keep)
+            got, refused = self.queue.take_framed(self.inputs[0], max_n, self._passed_over_ns,
+                                                  self._input_wiring[0])
+            if refused:
+                self._refuse(refused)
+            return got
+        n = 0
         for j in range(k):
             if n >= max_n:
                 break
             at = (self._next_input + j) % k
-            # pop, stamp and queue in one call (``BatchQueue.take_framed``): the item's tag is
-            # the wiring it came in on
             got, refused = self.queue.take_framed(self.inputs[at], max_n - n, self._passed_over_ns,
                                                   self._input_wiring[at])
-            for header, credit, _, wiring in refused:
-                self.complete(header, Status.REJECTED, credit, wiring=wiring)
-                self.stats.add(self.spec.slot, DROPPED, 1)
+            if refused:
+                self._refuse(refused)
             n += got
         self._next_input = (self._next_input + 1) % max(1, k)
         return n
+
+    def _refuse(self, refused: list[Any]) -> None:
+        """Report the items the batching queue refused (full) as rejected."""
+        for header, credit, _, wiring in refused:
+            self.complete(header, Status.REJECTED, credit, wiring=wiring)
+            self.stats.add(self.spec.slot, DROPPED, 1)
 
     def fill(self) -> None:
         """Top the batching queue up to one batch, dropping what can no longer make its deadline."""
@@ -490,8 +506,9 @@ class Worker:
             if self.take_inputs(want) < want:  # every input ring gave all it held: no second look
                 break
             self.drop_expired()
-        self.drop_expired()
-        if len(self.queue) >= self.spec.max_batch and any(len(ring) for ring in self.inputs):
+        if len(self.queue):
+            self.drop_expired()
+        if len(self.queue) >= self.spec.max_batch and _any_queued(self.inputs):
             self._passed_over_ns = time.monotonic_ns()
 
     def drop_expired(self) -> None:
@@ -608,12 +625,7 @@ class Worker:
             for row in trace[len(trace) - n:]:
                 row.append(rung)
         self._ring_outputs()
-        slot = self.spec.slot
-        stats = self.stats
-        stats.set(slot, BATCH_STARTED_NS, 0)
-        stats.add(slot, BUSY_NS, end - start)
-        stats.add(slot, BATCHES, 1)
-        stats.add(slot, ITEMS, n)
+        self.stats.batch_done(self.spec.slot, end - start, n)
 
     def publish_queued(self, queued: int | None = None) -> None:
         """Publish the items queued here (``queued``, else the queue's length) in every stats slot
@@ -665,14 +677,20 @@ class Worker:
                         self._quiet_bell()
                         self._running_loop().call_soon(self._turn)
                         return
-                    continue
-                self.publish_queued()
+                    # Nothing queued, nothing in the rings, nothing to take up: out of work
+                    # already, so on to the arm without a pass that would find nothing (its fill,
+                    # drop check, release rule and publish are a fifth of a lone record's turn).
+                    if (len(self.queue) or self._rewire or self._unmapped or self._queue_spec is not None
+                            or not _running or _any_queued(self.inputs)):
+                        continue
+                else:
+                    self.publish_queued()
                 # Out of work: arm (producers ring from now on), then look at the rings once more,
                 # so a push that came before the arm is not left waiting for the next one. The
                 # wake-up bytes are read first (a byte written after the arm must stay).
                 self._quiet_bell()
                 bell.arm()
-                if self._rewire or any(len(ring) for ring in self.inputs):
+                if self._rewire or _any_queued(self.inputs):
                     continue
                 break
             timeout_s = IDLE_WAIT_S
@@ -684,12 +702,14 @@ class Worker:
                     self._idle = timeout_s >= IDLE_WAIT_S
             # A pending timer due no later is kept (a turn that finds nothing to do is harmless):
             # an idle process's turns then make no timer each (one a second, not one a turn).
-            loop = self._running_loop()
+            # Every timer is set at most IDLE_WAIT_S ahead, so a pending one is due within the
+            # idle wait without asking the loop's clock.
             timer = self._timer
-            if timer is None or timer.cancelled() or timer.when() > loop.time() + timeout_s:
+            if (timer is None or timer.cancelled()
+                    or (timeout_s < IDLE_WAIT_S and timer.when() > self._running_loop().time() + timeout_s)):
                 if timer is not None:
                     timer.cancel()
-                self._timer = loop.call_later(timeout_s, self._on_timer)
+                self._timer = self._running_loop().call_later(timeout_s, self._on_timer)
         except BaseException as exc:
             self._fail(exc)
 
