@@ -48,6 +48,12 @@ cdef inline double _span_us(uint64_t start_ns, uint64_t end_ns) noexcept nogil:
     """``end - start`` in microseconds, 0 when the stamps are out of order (or missing)."""
     return (end_ns - start_ns) / 1e3 if end_ns > start_ns else 0.0
 
+cdef inline int64_t _now_ns() noexcept nogil:
+    """CLOCK_MONOTONIC in ns (``time.monotonic_ns`` without its call)."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
 def default_max_payload_bytes(uint64_t capacity_bytes):
     return (capacity_bytes // 2 - RECORD_OVERHEAD_BYTES) & ~(<uint64_t>7)
 
@@ -376,6 +382,10 @@ cdef class ShmRing:
         return jg_load_acquire(self._tail) - head
 
     def __len__(self):
+        return self._queued()
+
+    cdef uint64_t _queued(self) except? 0xFFFFFFFFFFFFFFFF:
+        """The records in the ring (``len``)."""
         self._check_mapped()
         cdef uint64_t popped = jg_load_acquire(self._popped)
         cdef uint64_t pushed = jg_load_acquire(self._pushed)
@@ -864,6 +874,13 @@ cdef class BatchQueue:
                 self._sift_down(i)
 
     cdef object _remove(self, Py_ssize_t slot):
+        cdef uint64_t rid = self._rid[slot]
+        cdef int64_t deadline = self._deadline[slot], arrival = self._arrival[slot]
+        item = self._remove_item(slot)
+        return (rid, deadline, arrival, item)
+
+    cdef object _remove_item(self, Py_ssize_t slot):
+        """Unlink ``slot`` and free it; its item."""
         cdef Py_ssize_t p = self._prev[slot], q = self._next[slot]
         if p != -1:
             self._next[p] = q
@@ -878,7 +895,7 @@ cdef class BatchQueue:
         self._items[slot] = None
         self._next[slot] = self._free
         self._free = slot
-        return (self._rid[slot], self._deadline[slot], self._arrival[slot], item)
+        return item
 
     def push(self, uint64_t request_id, int64_t deadline_ns, int64_t arrival_ns, item):
         """Queue one request; False when the queue holds ``capacity`` requests."""
@@ -887,17 +904,23 @@ cdef class BatchQueue:
     def take_framed(self, ShmRing ring, Py_ssize_t max_n, int64_t passed_over_ns, tag):
         """Pop up to ``max_n`` framed records from ``ring`` into the queue, in one call: rules on
         ``jigsaw.runtime._pybatching.BatchQueue.take_framed``."""
+        cdef list refused = []
+        cdef Py_ssize_t got = self._take_framed_c(ring, max_n, passed_over_ns, tag, refused)
+        if not got:
+            return 0, ()
+        return got, (refused if refused else ())
+
+    cdef Py_ssize_t _take_framed_c(self, ShmRing ring, Py_ssize_t max_n, int64_t passed_over_ns, tag,
+                                   list refused) except -1:
+        """``take_framed``: the records popped; the items refused (queue full) appended to ``refused``."""
         cdef list got = ring._pop_n(max_n, 1)
-        cdef list refused = None
-        cdef timespec ts
         cdef RecordHeader h
         cdef tuple rec
         cdef int64_t now, arrival
         cdef uint64_t sent
         if not got:
-            return 0, ()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        now = <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+            return 0
+        now = _now_ns()
         for obj in got:
             rec = <tuple>obj
             h = <RecordHeader>rec[0]
@@ -911,10 +934,53 @@ cdef class BatchQueue:
                 raise OverflowError("deadline_ns must fit in i64")
             item = (h, rec[1], rec[2], tag)
             if not self._push_c(h.c.request_id, <int64_t>h.c.deadline_ns, arrival, item):
-                if refused is None:
-                    refused = []
                 refused.append(item)
-        return len(got), (refused if refused is not None else ())
+        return len(got)
+
+    def take_batch(self, list rings, list tags, Py_ssize_t first, int64_t passed_over_ns):
+        """A worker's intake and release in one call: rules on
+        ``jigsaw.runtime._pybatching.BatchQueue.take_batch``."""
+        cdef Py_ssize_t k = len(rings), want, n, j, at, count, i
+        cdef list dropped = []
+        cdef list refused = []
+        cdef list items, ids, tensors
+        if len(tags) != k:
+            raise ValueError(f"{k} rings but {len(tags)} tags")
+        while self._n < self._max_batch:
+            want = self._max_batch - self._n
+            n = 0
+            for j in range(k):
+                if n >= want:
+                    break
+                at = (first + j) % k
+                n += self._take_framed_c(rings[at], want - n, passed_over_ns, tags[at], refused)
+            if k > 1:
+                first = (first + 1) % k
+            if n < want:  # every ring gave all it held: no second look
+                break
+            self._expire_into(_now_ns(), dropped)
+        if self._n:
+            self._expire_into(_now_ns(), dropped)
+        if self._n >= self._max_batch:
+            for j in range(k):
+                if (<ShmRing?>rings[j])._queued():
+                    passed_over_ns = _now_ns()
+                    break
+        if self._n == 0:
+            items = None
+            ids = tensors = None
+        else:
+            count = self._n if self._n < self._max_batch else self._max_batch
+            items = []
+            ids = []
+            tensors = []
+            for i in range(count):
+                ids.append(self._rid[self._first])
+                item = self._remove_item(self._first)
+                items.append(item)
+                tensors.append(item[2])
+        return (items, ids, tensors, dropped if dropped else (), refused if refused else (), first,
+                passed_over_ns)
 
     cdef bint _push_c(self, uint64_t request_id, int64_t deadline_ns, int64_t arrival_ns, item):
         cdef Py_ssize_t slot, p
@@ -962,9 +1028,13 @@ cdef class BatchQueue:
 
     def expired(self, int64_t now_ns):
         """Remove and return ``(request_id, deadline_ns, arrival_ns, item, reason)`` to drop now."""
+        cdef list out = []
+        self._expire_into(now_ns, out)
+        return out
+
+    cdef int _expire_into(self, int64_t now_ns, list out) except -1:
         cdef int64_t slack_ns = self._exec1() + self._remaining_min_ns
         cdef Py_ssize_t slot
-        cdef list out = []
         while self._n:
             slot = self._heap[0]
             if self._deadline[slot] - now_ns >= slack_ns:
@@ -975,7 +1045,7 @@ cdef class BatchQueue:
             if now_ns - self._arrival[slot] <= self._staleness_ns:
                 break
             out.append(self._remove(slot) + (_DROP_STALE,))
-        return out
+        return 0
 
     def next_wakeup_ns(self, int64_t now_ns):
         """Earliest time a release or drop rule can next fire (>= now_ns), or None when empty."""
