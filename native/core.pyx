@@ -615,6 +615,12 @@ def push_hop(ShmRing done, RecordHeader header, uint16_t task, uint64_t start_ns
     ``share``, ``body``), both stamped with one clock read. Returns 2 when both went, 1 when only
     the completion record did (``out`` is full), 0 when neither (``done`` is full, or a ring is
     closed): the caller pushes the rest as ``push_completion`` and ``push_child`` would."""
+    return _push_hop(done, header, task, start_ns, end_ns, batch, kept, out, child_task, share, body)
+
+
+cdef int _push_hop(ShmRing done, RecordHeader header, uint16_t task, uint64_t start_ns, uint64_t end_ns,
+                   uint32_t batch, uint64_t kept, ShmRing out, uint16_t child_task, uint64_t share,
+                   body) except -1:
     cdef timespec ts
     cdef jg_header_t h
     cdef uint64_t now
@@ -644,6 +650,10 @@ def lone_child(dict children, dict routes):
     ``(task, payload, candidates)``; else None, and ``Worker.children_of`` decides (several
     children, none, or one the lane does not route). The chain's every middle hop takes this path,
     without the lists and the credit split of the general one."""
+    return _lone_child(children, routes)
+
+
+cdef object _lone_child(dict children, dict routes):
     cdef Py_ssize_t pos = 0
     cdef PyObject *task
     cdef PyObject *bodies
@@ -657,6 +667,58 @@ def lone_child(dict children, dict routes):
     if candidates is NULL or not <object>candidates:
         return None
     return (<object>task, <object>PyList_GET_ITEM(<object>bodies, 0), <object>candidates)
+
+
+def push_hops(list items, list results, uint16_t task, uint64_t start_ns, uint64_t end_ns,
+              uint64_t dead, uint64_t failed):
+    """A batch's one-child hops in one call: rules on ``jigsaw.runtime._pyring.push_hops``."""
+    cdef Py_ssize_t i, n = len(items), c, at
+    cdef list rest = []
+    cdef tuple item, hop, one
+    cdef list routes, state_at
+    cdef RecordHeader header
+    cdef uint64_t credit, share, state
+    cdef int pushed
+    cdef Py_buffer view
+    if len(results) != n:
+        raise ValueError(f"{n} items but {len(results)} results")
+    for i in range(n):
+        item = <tuple?>items[i]
+        result = results[i]
+        header = <RecordHeader?>item[0]
+        credit = item[1]
+        one = None
+        if credit > 1:
+            children = result.children
+            if children and not result.error:
+                hop = <tuple?>item[3].hop
+                routes = <list?>hop[2]
+                if header.c.lane < <uint64_t>len(routes):
+                    one = _lone_child(children, routes[header.c.lane])
+        if one is None or len(one[2]) != 1:
+            rest.append((i, -1))
+            continue
+        c = one[2][0]
+        state_at = <list?>hop[5]
+        at = state_at[c]
+        PyObject_GetBuffer(hop[4], &view, PyBUF_SIMPLE)
+        try:
+            if at < 0 or (at + 1) * 8 > view.len:
+                raise IndexError(f"stats word {at} is outside the stats block")
+            state = (<uint64_t *>view.buf)[at]
+        finally:
+            PyBuffer_Release(&view)
+        if state == dead or state == failed:
+            rest.append((i, -1))
+            continue
+        share = credit // 2
+        pushed = _push_hop(hop[0], header, task, start_ns, end_ns, n, credit - share, hop[1][c],
+                           hop[3][one[0]], share, one[1])
+        if pushed == 2:
+            (<set?>hop[6]).add(c)
+        else:
+            rest.append((i, pushed))
+    return rest
 
 
 cdef inline object _ring_push_c(ShmRing self, const jg_header_t *src, payload, const char *prefix,

@@ -84,6 +84,12 @@ class StatsBlock:
             shm.close_fd()
         return cls(name, mm, size // (SLOT_WORDS * 8))
 
+    @property
+    def words(self) -> memoryview:
+        """The block as u64 words (slot ``s``'s word ``w`` at ``s * SLOT_WORDS + w``): what the
+        compiled core reads a consumer's state from (``rings.push_hops``)."""
+        return self._words
+
     def get(self, slot: int, word: int) -> int:
         return self._words[slot * SLOT_WORDS + word]
 

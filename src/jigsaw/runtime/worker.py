@@ -82,6 +82,7 @@ from jigsaw.runtime.rings import (
     push_child,
     push_completion,
     push_hop,
+    push_hops,
 )
 from jigsaw.runtime.stats import (
     BATCH_STARTED_NS,
@@ -92,6 +93,7 @@ from jigsaw.runtime.stats import (
     PID,
     QUEUED,
     READY,
+    SLOT_WORDS,
     STARTED_NS,
     STATE,
     StatsBlock,
@@ -207,6 +209,9 @@ class Wiring:
         self.index_of = {str(d["task"]): int(d["task_index"]) for d in spec.downstream}  # type: ignore[call-overload]
         self.rung: set[int] = set()  # output rings pushed to this turn: rung once at its end
         self.done_rung = False  # the completion ring too
+        # what ``rings.push_hops`` reads of this wiring (its docstring has the layout)
+        self.hop = (self.done, self.outputs, spec.routes, self.index_of, self.stats.words,
+                    [slot * SLOT_WORDS + STATE for slot in self.output_slots], self.rung)
 
     def _close_rings(self) -> None:
         for ring in (*self.inputs, *self.outputs):
@@ -542,11 +547,28 @@ class Worker:
         trace = self.trace
         n = len(items)
         task_index = self.spec.task_index
-        for (header, credit, _, w), result in zip(items, results):
-            # One child its lane routes (the chain's every middle hop: ``lone_child``, in the core),
-            # to a consumer that is not failed: its record and the child in one call of the core
-            # (``push_hop``), half the credit each (``children_of``'s split of one child); what did
-            # not fit goes the long way.
+        # The items with one child its lane routes to one consumer that is not failed (the chain's
+        # every middle hop): their records and children in one call of the core (``push_hops``),
+        # half the credit each (``children_of``'s split of one child). The rest come back: what
+        # did not fit goes the long way, the others take the general path below (all of them
+        # when the hops are traced: the trace stamps each item's records).
+        if trace is None:
+            pending = push_hops(items, results if type(results) is list else list(results), task_index, start,
+                                end, DEAD, FAILED)
+        else:
+            pending = [(i, -1) for i in range(n)]
+        for i, pushed in pending:
+            header, credit, _, w = items[i]
+            result = results[i]
+            if pushed >= 0:  # push_hops pushed the record (1) or nothing (0): the child goes the long way
+                task, body, _ = lone_child(result.children, self._routes(header, w))  # type: ignore[misc]
+                share = credit // 2
+                if pushed == 0:
+                    self.complete(header, _OK, credit - share, b"", 1, w)
+                self.forward(header, [(task, body)], [share], w)
+                continue
+            # One child its lane routes, to a consumer chosen by load (several candidates) or one
+            # that push_hops left out (failed, or traced): as push_hops does, one call of the core.
             one = None
             order = None
             if credit > 1 and result.children and not result.error:
