@@ -233,18 +233,18 @@ class BatchQueue:
         dropped: list[Dropped] = []
         refused: list[Any] = []
         while self._n < self._max_batch:
-            want = self._max_batch - self._n
-            n = 0
-            for j in range(k):
-                if n >= want:
+            wanted = self._max_batch - self._n
+            taken = 0
+            start = first % k if k else 0
+            for at in (*range(start, k), *range(start)):  # round-robin from ``first``
+                if taken == wanted:
                     break
-                at = (first + j) % k
-                got, no_room = self.take_framed(rings[at], want - n, passed_over_ns, tags[at])
+                popped, no_room = self.take_framed(rings[at], wanted - taken, passed_over_ns, tags[at])
                 refused.extend(no_room)
-                n += got
+                taken += popped
             if k > 1:
-                first = (first + 1) % k
-            if n < want:  # every ring gave all it held: no second look
+                first = (start + 1) % k
+            if taken < wanted:  # every ring gave all it held: no second look
                 break
             dropped.extend(self.expired(time.monotonic_ns()))
         if self._n:
