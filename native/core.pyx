@@ -48,6 +48,12 @@ cdef inline double _span_us(uint64_t start_ns, uint64_t end_ns) noexcept nogil:
     """``end - start`` in microseconds, 0 when the stamps are out of order (or missing)."""
     return (end_ns - start_ns) / 1e3 if end_ns > start_ns else 0.0
 
+cdef inline int64_t _now_ns() noexcept nogil:
+    """CLOCK_MONOTONIC in ns (``time.monotonic_ns`` without its call)."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
 def default_max_payload_bytes(uint64_t capacity_bytes):
     return (capacity_bytes // 2 - RECORD_OVERHEAD_BYTES) & ~(<uint64_t>7)
 
@@ -376,6 +382,10 @@ cdef class ShmRing:
         return jg_load_acquire(self._tail) - head
 
     def __len__(self):
+        return self._queued()
+
+    cdef uint64_t _queued(self) except? 0xFFFFFFFFFFFFFFFF:
+        """The records in the ring (``len``)."""
         self._check_mapped()
         cdef uint64_t popped = jg_load_acquire(self._popped)
         cdef uint64_t pushed = jg_load_acquire(self._pushed)
@@ -605,6 +615,12 @@ def push_hop(ShmRing done, RecordHeader header, uint16_t task, uint64_t start_ns
     ``share``, ``body``), both stamped with one clock read. Returns 2 when both went, 1 when only
     the completion record did (``out`` is full), 0 when neither (``done`` is full, or a ring is
     closed): the caller pushes the rest as ``push_completion`` and ``push_child`` would."""
+    return _push_hop(done, header, task, start_ns, end_ns, batch, kept, out, child_task, share, body)
+
+
+cdef int _push_hop(ShmRing done, RecordHeader header, uint16_t task, uint64_t start_ns, uint64_t end_ns,
+                   uint32_t batch, uint64_t kept, ShmRing out, uint16_t child_task, uint64_t share,
+                   body) except -1:
     cdef timespec ts
     cdef jg_header_t h
     cdef uint64_t now
@@ -634,6 +650,10 @@ def lone_child(dict children, dict routes):
     ``(task, payload, candidates)``; else None, and ``Worker.children_of`` decides (several
     children, none, or one the lane does not route). The chain's every middle hop takes this path,
     without the lists and the credit split of the general one."""
+    return _lone_child(children, routes)
+
+
+cdef object _lone_child(dict children, dict routes):
     cdef Py_ssize_t pos = 0
     cdef PyObject *task
     cdef PyObject *bodies
@@ -647,6 +667,58 @@ def lone_child(dict children, dict routes):
     if candidates is NULL or not <object>candidates:
         return None
     return (<object>task, <object>PyList_GET_ITEM(<object>bodies, 0), <object>candidates)
+
+
+def push_hops(list items, list results, uint16_t task, uint64_t start_ns, uint64_t end_ns,
+              uint64_t dead, uint64_t failed):
+    """A batch's one-child hops in one call: rules on ``jigsaw.runtime._pyring.push_hops``."""
+    cdef Py_ssize_t i, n = len(items), c, at
+    cdef list rest = []
+    cdef tuple item, hop, one
+    cdef list routes, state_at
+    cdef RecordHeader header
+    cdef uint64_t credit, share, state
+    cdef int pushed
+    cdef Py_buffer view
+    if len(results) != n:
+        raise ValueError(f"{n} items but {len(results)} results")
+    for i in range(n):
+        item = <tuple?>items[i]
+        result = results[i]
+        header = <RecordHeader?>item[0]
+        credit = item[1]
+        one = None
+        if credit > 1:
+            children = result.children
+            if children and not result.error:
+                hop = <tuple?>item[3].hop
+                routes = <list?>hop[2]
+                if header.c.lane < <uint64_t>len(routes):
+                    one = _lone_child(children, routes[header.c.lane])
+        if one is None or len(one[2]) != 1:
+            rest.append((i, -1))
+            continue
+        c = one[2][0]
+        state_at = <list?>hop[5]
+        at = state_at[c]
+        PyObject_GetBuffer(hop[4], &view, PyBUF_SIMPLE)
+        try:
+            if at < 0 or (at + 1) * 8 > view.len:
+                raise IndexError(f"stats word {at} is outside the stats block")
+            state = (<uint64_t *>view.buf)[at]
+        finally:
+            PyBuffer_Release(&view)
+        if state == dead or state == failed:
+            rest.append((i, -1))
+            continue
+        share = credit // 2
+        pushed = _push_hop(hop[0], header, task, start_ns, end_ns, n, credit - share, hop[1][c],
+                           hop[3][one[0]], share, one[1])
+        if pushed == 2:
+            (<set?>hop[6]).add(c)
+        else:
+            rest.append((i, pushed))
+    return rest
 
 
 cdef inline object _ring_push_c(ShmRing self, const jg_header_t *src, payload, const char *prefix,
@@ -864,6 +936,13 @@ cdef class BatchQueue:
                 self._sift_down(i)
 
     cdef object _remove(self, Py_ssize_t slot):
+        cdef uint64_t rid = self._rid[slot]
+        cdef int64_t deadline = self._deadline[slot], arrival = self._arrival[slot]
+        item = self._remove_item(slot)
+        return (rid, deadline, arrival, item)
+
+    cdef object _remove_item(self, Py_ssize_t slot):
+        """Unlink ``slot`` and free it; its item."""
         cdef Py_ssize_t p = self._prev[slot], q = self._next[slot]
         if p != -1:
             self._next[p] = q
@@ -878,7 +957,7 @@ cdef class BatchQueue:
         self._items[slot] = None
         self._next[slot] = self._free
         self._free = slot
-        return (self._rid[slot], self._deadline[slot], self._arrival[slot], item)
+        return item
 
     def push(self, uint64_t request_id, int64_t deadline_ns, int64_t arrival_ns, item):
         """Queue one request; False when the queue holds ``capacity`` requests."""
@@ -887,17 +966,23 @@ cdef class BatchQueue:
     def take_framed(self, ShmRing ring, Py_ssize_t max_n, int64_t passed_over_ns, tag):
         """Pop up to ``max_n`` framed records from ``ring`` into the queue, in one call: rules on
         ``jigsaw.runtime._pybatching.BatchQueue.take_framed``."""
+        cdef list refused = []
+        cdef Py_ssize_t got = self._take_framed_c(ring, max_n, passed_over_ns, tag, refused)
+        if not got:
+            return 0, ()
+        return got, (refused if refused else ())
+
+    cdef Py_ssize_t _take_framed_c(self, ShmRing ring, Py_ssize_t max_n, int64_t passed_over_ns, tag,
+                                   list refused) except -1:
+        """``take_framed``: the records popped; the items refused (queue full) appended to ``refused``."""
         cdef list got = ring._pop_n(max_n, 1)
-        cdef list refused = None
-        cdef timespec ts
         cdef RecordHeader h
         cdef tuple rec
         cdef int64_t now, arrival
         cdef uint64_t sent
         if not got:
-            return 0, ()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        now = <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+            return 0
+        now = _now_ns()
         for obj in got:
             rec = <tuple>obj
             h = <RecordHeader>rec[0]
@@ -911,10 +996,53 @@ cdef class BatchQueue:
                 raise OverflowError("deadline_ns must fit in i64")
             item = (h, rec[1], rec[2], tag)
             if not self._push_c(h.c.request_id, <int64_t>h.c.deadline_ns, arrival, item):
-                if refused is None:
-                    refused = []
                 refused.append(item)
-        return len(got), (refused if refused is not None else ())
+        return len(got)
+
+    def take_batch(self, list rings, list tags, Py_ssize_t first, int64_t passed_over_ns):
+        """A worker's intake and release in one call: rules on
+        ``jigsaw.runtime._pybatching.BatchQueue.take_batch``."""
+        cdef Py_ssize_t k = len(rings), want, n, j, at, count, i
+        cdef list dropped = []
+        cdef list refused = []
+        cdef list items, ids, tensors
+        if len(tags) != k:
+            raise ValueError(f"{k} rings but {len(tags)} tags")
+        while self._n < self._max_batch:
+            want = self._max_batch - self._n
+            n = 0
+            for j in range(k):
+                if n >= want:
+                    break
+                at = (first + j) % k
+                n += self._take_framed_c(rings[at], want - n, passed_over_ns, tags[at], refused)
+            if k > 1:
+                first = (first + 1) % k
+            if n < want:  # every ring gave all it held: no second look
+                break
+            self._expire_into(_now_ns(), dropped)
+        if self._n:
+            self._expire_into(_now_ns(), dropped)
+        if self._n >= self._max_batch:
+            for j in range(k):
+                if (<ShmRing?>rings[j])._queued():
+                    passed_over_ns = _now_ns()
+                    break
+        if self._n == 0:
+            items = None
+            ids = tensors = None
+        else:
+            count = self._n if self._n < self._max_batch else self._max_batch
+            items = []
+            ids = []
+            tensors = []
+            for i in range(count):
+                ids.append(self._rid[self._first])
+                item = self._remove_item(self._first)
+                items.append(item)
+                tensors.append(item[2])
+        return (items, ids, tensors, dropped if dropped else (), refused if refused else (), first,
+                passed_over_ns)
 
     cdef bint _push_c(self, uint64_t request_id, int64_t deadline_ns, int64_t arrival_ns, item):
         cdef Py_ssize_t slot, p
@@ -962,9 +1090,13 @@ cdef class BatchQueue:
 
     def expired(self, int64_t now_ns):
         """Remove and return ``(request_id, deadline_ns, arrival_ns, item, reason)`` to drop now."""
+        cdef list out = []
+        self._expire_into(now_ns, out)
+        return out
+
+    cdef int _expire_into(self, int64_t now_ns, list out) except -1:
         cdef int64_t slack_ns = self._exec1() + self._remaining_min_ns
         cdef Py_ssize_t slot
-        cdef list out = []
         while self._n:
             slot = self._heap[0]
             if self._deadline[slot] - now_ns >= slack_ns:
@@ -975,7 +1107,7 @@ cdef class BatchQueue:
             if now_ns - self._arrival[slot] <= self._staleness_ns:
                 break
             out.append(self._remove(slot) + (_DROP_STALE,))
-        return out
+        return 0
 
     def next_wakeup_ns(self, int64_t now_ns):
         """Earliest time a release or drop rule can next fire (>= now_ns), or None when empty."""

@@ -250,3 +250,53 @@ def test_take_framed_pops_stamps_and_queues_what_fits(impl, new_ring):
         assert (h.request_id, credit, bytes(tensors), tag) == (rid, 100 + rid, bytes([rid]) * 3, "w")
         assert t0 <= h.hops[1] <= now  # HOP_POPPED
     assert queue.take_framed(ring, 8, 0, "w") == (0, ())
+
+
+def _intake_queue(impl, max_batch, capacity):
+    if impl.name == "compiled" and not batching.HAS_EXTENSION:
+        pytest.skip("the compiled queue is not in use")
+    cls = batching._pybatching.BatchQueue if impl.name == "pure" else batching.BatchQueue
+    return cls(max_batch, 10 * MS, capacity, 100 * MS, REMAINING_NS, EXEC_NS)
+
+
+def test_take_batch_fills_round_robin_drops_and_releases_in_one_call(impl, new_ring):
+    """A worker's intake and release in one call: rings visited from ``first`` (which moves on
+    each round), a round that fills the batch followed by the drop rules, the oldest ``max_batch``
+    released with their ids and tensors, and the time a full batch left items in the rings kept:
+    the item it passed over arrives at its ring entry and so goes stale."""
+    import time
+
+    a, b = new_ring("take-a", 1 << 14), new_ring("take-b", 1 << 14)
+    queue = _intake_queue(impl, 2, 4)
+    t0 = time.monotonic_ns()
+    for ring, rid, deadline, sent in ((a, 1, t0 + 10**12, t0), (a, 2, t0, t0), (b, 3, t0 + 10**12, t0),
+                                      (b, 4, t0 + 10**12, 5)):
+        h = impl.RecordHeader(request_id=rid, deadline_ns=deadline, hops=(sent,))
+        assert ring.push_framed(h, 10 * rid, bytes([rid]))
+    items, ids, tensors, dropped, refused, first, passed_over = queue.take_batch([a, b], ["A", "B"], 0, 0)
+    now = time.monotonic_ns()
+    assert ids == [1, 3] and [bytes(t) for t in tensors] == [b"\x01", b"\x03"]
+    assert [(h.request_id, credit, tag) for h, credit, _, tag in items] == [(1, 10, "A"), (3, 30, "B")]
+    assert [(d[0], d[3][3], d[4]) for d in dropped] == [(2, "A", DropReason.DROP_DEADLINE)]
+    assert list(refused) == [] and first == 0 and t0 <= passed_over <= now
+    assert len(queue) == 0 and len(a) == 0 and len(b) == 1
+    items, ids, tensors, dropped, refused, first, passed = queue.take_batch([a, b], ["A", "B"], 1,
+                                                                            passed_over)
+    assert items is None and ids is None and tensors is None and list(refused) == []
+    assert [(d[0], d[2], d[3][3], d[4]) for d in dropped] == [(4, 5, "B", DropReason.DROP_STALE)]
+    assert (first, passed) == (0, passed_over)
+    got = queue.take_batch([a, b], ["A", "B"], 1, passed_over)
+    assert got[0] is None and list(got[3]) == [] and got[5:] == (0, passed_over)
+    with pytest.raises(ValueError, match="tags"):
+        queue.take_batch([a, b], ["A"], 0, 0)
+
+
+def test_take_batch_returns_what_the_queue_has_no_room_for(impl, new_ring):
+    ring = new_ring("take-full", 1 << 14)
+    queue = _intake_queue(impl, 2, 1)
+    for rid in (1, 2):
+        assert ring.push_framed(impl.RecordHeader(request_id=rid, deadline_ns=10**18), rid, b"x")
+    _, ids, _, dropped, refused, first, _ = queue.take_batch([ring], ["w"], 0, 0)
+    assert ids == [1] and list(dropped) == [] and first == 0
+    ((header, credit, tensors, tag),) = refused
+    assert (header.request_id, credit, bytes(tensors), tag) == (2, 2, b"x", "w")

@@ -598,3 +598,43 @@ def test_an_eventfd_doorbell_whose_creator_is_gone_does_not_attach(registry):
             Doorbell.attach(bell.name)
     finally:
         bell.close()
+
+
+def test_push_hops_pushes_each_lone_child_hop_and_returns_the_rest(impl, new_ring):
+    """A batch's one-child hops in one call: an item whose lone child goes to one live consumer
+    gets its record and child (half the credit each) and its output is marked to ring; an item
+    whose consumer failed, with no credit to split, with an error or with two candidates comes
+    back untouched (-1), and one whose child finds its ring full comes back with ``push_hop``'s 1
+    (its record went)."""
+    from types import SimpleNamespace
+
+    from jigsaw.runtime import _pyring
+    from jigsaw.runtime.stats import FAILED, READY, SLOT_WORDS, STATE
+    push_hops = _pyring.push_hops if impl.name == "pure" else rings.load_core().push_hops
+    done, out = new_ring("hops-done", 1 << 12), new_ring("hops-out", 1 << 12)
+    tiny = new_ring("hops-tiny", 1 << 10)
+    while tiny.push_framed(impl.RecordHeader(), 1, b""):
+        pass
+    words = memoryview(bytearray(3 * SLOT_WORDS * 8)).cast("Q")
+    for slot, state in enumerate((READY, FAILED, READY)):
+        words[slot * SLOT_WORDS + STATE] = state
+    # lanes: 0 to output 0 (live), 1 to output 1 (failed), 2 to output 2 (full), 3 to 0 or 2
+    routes = [{"c": [0]}, {"c": [1]}, {"c": [2]}, {"c": [0, 2]}]
+    rung: set[int] = set()
+    wiring = SimpleNamespace(hop=(done, [out, out, tiny], routes, {"c": 7},
+                                  words, [s * SLOT_WORDS + STATE for s in range(3)], rung))
+    cases = [(0, 100, ""), (1, 100, ""), (0, 1, ""), (0, 100, "bad input"), (3, 100, ""), (2, 101, "")]
+    items, results = [], []
+    for rid, (lane, credit, error) in enumerate(cases):
+        items.append((impl.RecordHeader(request_id=rid, lane=lane, deadline_ns=9), credit, b"", wiring))
+        results.append(SimpleNamespace(children={"c": [bytes([rid])]}, error=error))
+    assert push_hops(items, results, 4, 10, 20, 3, FAILED) == [(1, -1), (2, -1), (3, -1), (4, -1), (5, 1)]
+    assert rung == {0}
+    records = [(h.request_id, h.task, h.status, h.child_count, k) for h, k, _ in done.pop_many_framed(8)]
+    assert records == [(0, 4, 0, 1, 50), (5, 4, 0, 1, 51)]
+    ((child, share, body),) = out.pop_many_framed(8)
+    assert (child.request_id, child.task, child.child_index, child.child_count, share, bytes(body)) == (
+        0, 7, 0, 1, 50, b"\x00")
+    assert items[0][0].hops[2:6] == (10, 20, 0, 6) and items[1][0].hops[2] == 0
+    with pytest.raises(ValueError, match="results"):
+        push_hops(items, results[:1], 4, 10, 20, 3, FAILED)

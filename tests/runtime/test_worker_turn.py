@@ -152,6 +152,42 @@ def test_queue_length_after_a_batch_finished_in_the_turn(make_worker):
     assert len(t.out.pop_many_framed(8)) == 2
 
 
+@pytest.mark.parametrize("items", [1, 6])
+def test_a_turn_counts_its_batches_and_arms_once_out_of_work(make_worker, items):
+    """Batches of up to 4: the slot counts each batch, item and its busy time, clears the batch's
+    start stamp, and the turn ends armed (a producer's next ring wakes the process), also when the
+    last batch left nothing to look at again."""
+    from jigsaw.runtime.stats import BATCHES, BUSY_NS, ITEMS
+    t = make_worker()
+    t.stats.set(CONSUMER_SLOT, STATE, READY)
+    asyncio.run(_turns(t, items))
+    assert t.stats.get(0, BATCHES) == (items + 3) // 4
+    assert t.stats.get(0, ITEMS) == items
+    assert t.stats.get(0, BUSY_NS) > 0 and t.stats.get(0, BATCH_STARTED_NS) == 0
+    assert len(t.out.pop_many_framed(8)) == items
+    assert t.worker.bell._flag.armed
+
+
+def test_a_turn_takes_what_came_while_its_batch_ran(make_worker, monkeypatch):
+    """A record pushed while the batch runs is taken in the same turn, not left for a wake-up."""
+    t = make_worker()
+    t.stats.set(CONSUMER_SLOT, STATE, READY)
+    w = t.worker
+    run = w.backend.execute_nowait
+    pushed = []
+
+    def execute_and_push(request_ids, inputs):
+        if not pushed:
+            pushed.append(True)
+            _push(t, 99)
+        return run(request_ids, inputs)
+
+    monkeypatch.setattr(w.backend, "execute_nowait", execute_and_push)
+    asyncio.run(_turns(t, 1))
+    assert [h.request_id for h, _, _ in t.out.pop_many_framed(8)] == [1, 99]
+    assert len(t.producer) == 0 and w.bell._flag.armed
+
+
 def test_a_child_that_finds_its_ring_full_until_its_deadline_returns_its_share_as_a_drop(make_worker):
     """The record and the child go in one call of the core when both fit; when the child's ring
     stays full, the record went and the child takes the long way: its deadline passes and its

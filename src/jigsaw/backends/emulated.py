@@ -57,6 +57,7 @@ class EmulatedBackend(Backend):
         self._latency_ms = dict(sorted((latency_ms_by_batch or {1: 0.0}).items()))
         self._mean_ms = dict(sorted((mean_ms_by_batch or {}).items()))
         self._timing = random.Random(seed ^ 0x5EED)
+        self._random = self._timing.random
         self._laws: dict[int, tuple[float, float, float]] = {}
         self.time_scale = time_scale
         self.seed = seed
@@ -83,7 +84,8 @@ class EmulatedBackend(Backend):
         p95, mean, tail = law
         if not tail:
             return p95
-        return mean - tail + self._timing.expovariate(1.0 / tail)
+        # ``Random.expovariate(1.0 / tail)``'s own arithmetic (the same draw), without its call
+        return mean - tail + -_log(1.0 - self._random()) / (1.0 / tail)
 
     def _law(self, batch: int) -> tuple[float, float, float]:
         """(p95, mean, tail) of a batch's duration (tail 0: always the p95), kept per batch size:
@@ -199,6 +201,7 @@ class EmulatedBackend(Backend):
 
 
 _MASK64 = (1 << 64) - 1
+_log = math.log
 _KINDS_DRAWN = frozenset(("detector", "classifier", "captioner", "tts"))
 _F32 = struct.Struct("<f")
 _PAD4 = bytes(4)

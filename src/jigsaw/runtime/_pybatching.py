@@ -15,6 +15,10 @@ Entry = tuple[int, int, int, Any]
 Dropped = tuple[int, int, int, Any, "DropReason"]
 """``(request_id, deadline_ns, arrival_ns, item, reason)`` as returned by ``expired``."""
 
+Taken = tuple[list[Any] | None, list[int] | None, list[Any] | None, Sequence[Dropped], Sequence[Any], int,
+              int]
+"""``(items, request_ids, tensors, dropped, refused, first, passed_over_ns)``: ``take_batch``'s."""
+
 
 class DropReason(enum.IntEnum):
     """Why a request left the queue without being served; equal to the matching ring ``Status``."""
@@ -204,6 +208,55 @@ class BatchQueue:
             if not self.push(header.request_id, header.deadline_ns, arrival, item):
                 refused.append(item)
         return len(got), refused
+
+    def take_batch(self, rings: Sequence[Any], tags: Sequence[Any], first: int,
+                   passed_over_ns: int) -> Taken:
+        """A worker's intake and release in one call (the compiled core's keeps a lone record's
+        pop, drop checks and release out of the interpreter): top the queue up to one batch from
+        ``rings`` (``rings.ShmRing``; ``take_framed`` each, ``tags[i]`` tagging ``rings[i]``'s
+        items), visiting them round-robin from ``first``, which moves on by one each round when
+        there are several; drop what can no longer make its deadline or went stale (``expired``,
+        after a round that filled the batch and once at the end); then release the next batch as
+        ``next_batch(now, idle=True)`` does (the caller asks only when it can run one).
+
+        ``passed_over_ns`` is the last time a full batch left items in the rings: it comes back
+        as now when this call leaves the queue full and a ring not empty, else unchanged.
+
+        Returns ``(items, request_ids, tensors, dropped, refused, first, passed_over_ns)``: the
+        batch's items (``(header, credit, tensors, tag)``, oldest first; None when the queue is
+        empty), their request ids and tensors (the backend's arguments), the ``expired`` entries
+        dropped, the items the queue had no room for (popped, to be answered as rejected), and
+        the round-robin start and passed-over time for the next call."""
+        if len(tags) != len(rings):
+            raise ValueError(f"{len(rings)} rings but {len(tags)} tags")
+        k = len(rings)
+        dropped: list[Dropped] = []
+        refused: list[Any] = []
+        while self._n < self._max_batch:
+            wanted = self._max_batch - self._n
+            taken = 0
+            start = first % k if k else 0
+            for at in (*range(start, k), *range(start)):  # round-robin from ``first``
+                if taken == wanted:
+                    break
+                popped, no_room = self.take_framed(rings[at], wanted - taken, passed_over_ns, tags[at])
+                refused.extend(no_room)
+                taken += popped
+            if k > 1:
+                first = (start + 1) % k
+            if taken < wanted:  # every ring gave all it held: no second look
+                break
+            dropped.extend(self.expired(time.monotonic_ns()))
+        if self._n:
+            dropped.extend(self.expired(time.monotonic_ns()))
+        if self._n >= self._max_batch and any(len(ring) for ring in rings):
+            passed_over_ns = time.monotonic_ns()
+        batch = self.next_batch(time.monotonic_ns(), True)
+        if batch is None:
+            return None, None, None, dropped, refused, first, passed_over_ns
+        items = [entry[3] for entry in batch]
+        return (items, [entry[0] for entry in batch], [item[2] for item in items], dropped, refused, first,
+                passed_over_ns)
 
     def push(self, request_id: int, deadline_ns: int, arrival_ns: int, item: Any) -> bool:
         """Queue one request; False when the queue holds ``capacity`` requests."""

@@ -524,3 +524,42 @@ def lone_child(children: dict[str, list[bytes]], routes: dict[str, list[int]]
         candidates = routes.get(task)
         return (task, bodies[0], candidates) if candidates else None
     return None
+
+
+def push_hops(items: list[tuple[Any, int, Any, Any]], results: list[Any], task: int, start_ns: int,
+              end_ns: int, dead: int, failed: int) -> list[tuple[int, int]]:
+    """A finished batch's one-child hops in one call (the compiled core's keeps a chain's middle
+    hop out of the interpreter): for each item ``(header, credit, tensors, wiring)`` whose result
+    (``children``, ``error``) has one child its lane routes (``lone_child``) to one candidate
+    whose stats state is neither ``dead`` nor ``failed``, ``push_hop`` its record and its child,
+    half the credit each (``credit > 1``), and add the candidate to the wiring's rung set.
+
+    ``wiring.hop`` is ``(done, outputs, routes, index_of, words, state_at, rung)``: the completion
+    ring, the output rings, the routes per lane (task -> candidate output indexes), the task
+    indexes by name, the stats block's u64 words, the index of each output's state word, and the
+    set of outputs to ring. Returns ``(index, pushed)`` for the items left to the caller: -1 for
+    one not taken here (no lone child, several candidates, a failed one, no credit to split),
+    else ``push_hop``'s 0 or 1 (what did not fit goes the long way)."""
+    if len(results) != len(items):
+        raise ValueError(f"{len(items)} items but {len(results)} results")
+    n = len(items)
+    rest: list[tuple[int, int]] = []
+    for i, (header, credit, _, wiring) in enumerate(items):
+        result = results[i]
+        one = None
+        if credit > 1 and result.children and not result.error:
+            done, outputs, routes, index_of, words, state_at, rung = wiring.hop
+            if header.lane < len(routes):
+                one = lone_child(result.children, routes[header.lane])
+        if one is None or len(one[2]) != 1 or words[state_at[one[2][0]]] in (dead, failed):
+            rest.append((i, -1))
+            continue
+        child_task, body, (c,) = one
+        share = credit // 2
+        pushed = push_hop(done, header, task, start_ns, end_ns, n, credit - share, outputs[c],
+                          index_of[child_task], share, body)
+        if pushed == 2:
+            rung.add(c)
+        else:
+            rest.append((i, pushed))
+    return rest

@@ -67,6 +67,7 @@ __all__ = [
     "push_child",
     "push_completion",
     "push_hop",
+    "push_hops",
     "segment_name",
 ]
 
@@ -78,7 +79,7 @@ _NAME_RE = re.compile(r"^(?:sem\.)?jigsaw-(\d+)-[0-9a-f]+-")
 
 # what the Python layers use of the compiled core (a test checks this list against the code)
 CORE_NAMES = ("BatchQueue", "BellFlag", "RecordHeader", "ShmRing", "decode_arrays", "push_child",
-              "push_completion", "push_hop", "lone_child")
+              "push_completion", "push_hop", "push_hops", "lone_child")
 _core_warned = False
 
 
@@ -113,6 +114,7 @@ if _core is not None:
     push_child = _core.push_child
     push_completion = _core.push_completion
     push_hop = _core.push_hop
+    push_hops = _core.push_hops
     lone_child = _core.lone_child
 else:
     ShmRing = _pyring.ShmRing  # type: ignore[misc]
@@ -120,6 +122,7 @@ else:
     push_child = _pyring.push_child
     push_completion = _pyring.push_completion
     push_hop = _pyring.push_hop
+    push_hops = _pyring.push_hops
     lone_child = _pyring.lone_child
 
 

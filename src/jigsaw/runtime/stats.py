@@ -84,6 +84,12 @@ class StatsBlock:
             shm.close_fd()
         return cls(name, mm, size // (SLOT_WORDS * 8))
 
+    @property
+    def words(self) -> memoryview:
+        """The block as u64 words (slot ``s``'s word ``w`` at ``s * SLOT_WORDS + w``): what the
+        compiled core reads a consumer's state from (``rings.push_hops``)."""
+        return self._words
+
     def get(self, slot: int, word: int) -> int:
         return self._words[slot * SLOT_WORDS + word]
 
@@ -93,6 +99,16 @@ class StatsBlock:
     def add(self, slot: int, word: int, delta: int) -> None:
         i = slot * SLOT_WORDS + word
         self._words[i] = self._words[i] + delta
+
+    def batch_done(self, slot: int, busy_ns: int, num_items: int) -> None:
+        """A batch of ``num_items`` that ran ``busy_ns`` has ended: its start stamp is cleared (the
+        supervisor's batch watch) and the busy, batch and item counters advance. One call on every
+        batch's path, where four ``set``/``add`` calls were."""
+        words, i = self._words, slot * SLOT_WORDS
+        words[i + BATCH_STARTED_NS] = 0
+        words[i + BUSY_NS] += busy_ns
+        words[i + BATCHES] += 1
+        words[i + ITEMS] += num_items
 
     def close(self) -> None:
         if self._mm is not None:

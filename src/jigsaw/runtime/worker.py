@@ -10,7 +10,7 @@ Each process runs one uvloop event loop, which watches the process's doorbell de
 handshake). The process's turn (``Worker._turn``) runs in the callback that woke it (the
 doorbell, a signal, a timer), not a loop turn later: it pops at most one batch's worth of items
 from its input rings (the rings are the task's queue) into the batching queue (see
-``take_inputs`` for the arrival stamp the stale rule reads), drops what can no longer meet its
+``take_batch`` for the arrival stamp the stale rule reads), drops what can no longer meet its
 deadline or went stale, runs one batch when the queue's release rule allows (the process is idle
 whenever it asks, so a batch starts as soon as the previous one finished: paper §3.3), routes
 each item's children to the least-loaded process of the lane's variant of each downstream task,
@@ -48,7 +48,6 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
-import operator
 import os
 import signal
 import sys
@@ -83,19 +82,18 @@ from jigsaw.runtime.rings import (
     push_child,
     push_completion,
     push_hop,
+    push_hops,
 )
 from jigsaw.runtime.stats import (
     BATCH_STARTED_NS,
-    BATCHES,
-    BUSY_NS,
     DEAD,
     DROPPED,
     FAILED,
     HEARTBEAT_NS,
-    ITEMS,
     PID,
     QUEUED,
     READY,
+    SLOT_WORDS,
     STARTED_NS,
     STATE,
     StatsBlock,
@@ -108,13 +106,19 @@ IDLE_WAIT_S = 1.0  # an idle process wakes this often only to notice that its pa
 HEARTBEAT_S = 0.2  # the loop stamps its heartbeat this often while it is free to run
 POP_BATCH = 256
 TURN_BATCHES = 16  # batches one turn runs before it lets the loop run its other callbacks
-# a queue entry's request id and item, and an item's payload (``take_inputs`` makes both)
-_REQUEST_ID, _ITEM, _TENSORS = operator.itemgetter(0), operator.itemgetter(3), operator.itemgetter(2)
 _OK = int(Status.OK)  # (an enum member's lookup costs ~4x an int compare, twice per item on the hop's path)
 Buffer = bytes | bytearray | memoryview  # a payload the rings copy in
 PUSH_RETRY_S = 0.0005
 
 _running = True
+
+
+def _any_queued(rings: list[ShmRing]) -> bool:
+    """Whether any of ``rings`` holds a record (a loop: ``any`` over a generator makes a frame)."""
+    for ring in rings:  # noqa: SIM110 (see the docstring)
+        if len(ring):
+            return True
+    return False
 
 
 def make_backend(spec: ProcessSpec) -> Backend:
@@ -205,6 +209,9 @@ class Wiring:
         self.index_of = {str(d["task"]): int(d["task_index"]) for d in spec.downstream}  # type: ignore[call-overload]
         self.rung: set[int] = set()  # output rings pushed to this turn: rung once at its end
         self.done_rung = False  # the completion ring too
+        # what ``rings.push_hops`` reads of this wiring (its docstring has the layout)
+        self.hop = (self.done, self.outputs, spec.routes, self.index_of, self.stats.words,
+                    [slot * SLOT_WORDS + STATE for slot in self.output_slots], self.rung)
 
     def _close_rings(self) -> None:
         for ring in (*self.inputs, *self.outputs):
@@ -455,8 +462,11 @@ class Worker:
                 w.done_bell.ring()
 
     # ---- the loop -----------------------------------------------------------------------
-    def take_inputs(self, max_n: int) -> int:
-        """Pop up to ``max_n`` items, visiting the input rings round-robin from a rotating start.
+    def take_batch(self) -> tuple[list[Any], list[int], list[Any]] | None:
+        """Top the batching queue up to one batch from the input rings, drop what can no longer
+        make its deadline, and release the next batch (``BatchQueue.take_batch``, one call of the
+        core): its items, request ids and tensors, or None when nothing is queued. The drops and
+        the items the queue had no room for are reported (rung with the turn's other records).
 
         Items stay in the rings (the task's queue) until this process can batch them, so the
         batching queue holds at most one batch; the items a batch takes were forming it while
@@ -464,43 +474,26 @@ class Worker:
         instance picked up because every forming batch was full. So an item the process passed
         over (it was in a ring when a full batch left it there, ``_passed_over_ns``) arrives at
         its ring-entry time (``HOP_SENT``): its real age; one that made the first batch it could
-        arrives now. The deadline rule reads the absolute deadline, which always is real.
+        arrives now. The deadline rule reads the absolute deadline, which always is real. The
+        rings are visited round-robin from a rotating start (``_next_input``); an item's tag is
+        the wiring it came in on.
         """
-        n = 0
-        k = len(self.inputs)
-        for j in range(k):
-            if n >= max_n:
-                break
-            at = (self._next_input + j) % k
-            # pop, stamp and queue in one call (``BatchQueue.take_framed``): the item's tag is
-            # the wiring it came in on
-            got, refused = self.queue.take_framed(self.inputs[at], max_n - n, self._passed_over_ns,
-                                                  self._input_wiring[at])
+        items, ids, tensors, dropped, refused, self._next_input, self._passed_over_ns = self.queue.take_batch(
+            self.inputs, self._input_wiring, self._next_input, self._passed_over_ns)
+        if refused:  # the queue was full: rejected
             for header, credit, _, wiring in refused:
                 self.complete(header, Status.REJECTED, credit, wiring=wiring)
                 self.stats.add(self.spec.slot, DROPPED, 1)
-            n += got
-        self._next_input = (self._next_input + 1) % max(1, k)
-        return n
+        if dropped:
+            for _, _, _, (header, credit, _, wiring), reason in dropped:
+                self.complete(header, int(reason), credit, wiring=wiring)
+                self.stats.add(self.spec.slot, DROPPED, 1)
+        if items is None:
+            return None
+        return items, ids, tensors  # type: ignore[return-value]
 
-    def fill(self) -> None:
-        """Top the batching queue up to one batch, dropping what can no longer make its deadline."""
-        while len(self.queue) < self.spec.max_batch:
-            want = self.spec.max_batch - len(self.queue)
-            if self.take_inputs(want) < want:  # every input ring gave all it held: no second look
-                break
-            self.drop_expired()
-        self.drop_expired()
-        if len(self.queue) >= self.spec.max_batch and any(len(ring) for ring in self.inputs):
-            self._passed_over_ns = time.monotonic_ns()
-
-    def drop_expired(self) -> None:
-        for _, _, _, (header, credit, _, wiring), reason in self.queue.expired(time.monotonic_ns()):
-            self.complete(header, int(reason), credit, wiring=wiring)
-            self.stats.add(self.spec.slot, DROPPED, 1)
-
-    def _start_batch(self) -> bool:
-        """Run the next batch when the queue releases one; False when it holds none back.
+    def _start_batch(self, items: list[Any], request_ids: list[int], tensors: list[Any]) -> None:
+        """Run the batch ``take_batch`` released.
 
         ``idle=True`` is the paper's release rule (§3.3), not a shortcut: this process asks only
         once its previous batch has finished, and while that batch ran, new items waited in the
@@ -514,22 +507,18 @@ class Worker:
         thread, a timer) is finished by a task, and the process takes no new batch until then
         (``_busy``).
         """
-        queued = len(self.queue)
-        batch = self.queue.next_batch(time.monotonic_ns(), True)
-        if not batch:
-            return False
-        items = list(map(_ITEM, batch))  # (maps of getters, not comprehensions: no frame each)
+        queued = len(items) + len(self.queue)  # (the queue as it was before the release)
         start = time.monotonic_ns()
         self.stats.set(self.spec.slot, BATCH_STARTED_NS, start)
-        coro = self.backend.execute_nowait(list(map(_REQUEST_ID, batch)), list(map(_TENSORS, items)))
+        coro = self.backend.execute_nowait(request_ids, tensors)
         if type(coro) is list:  # done without waiting: no coroutine to step
             self._finish_batch(items, start, coro)
-            return True
+            return
         try:
             waiting = coro.send(None)
         except StopIteration as done:
             self._finish_batch(items, start, done.value)
-            return True
+            return
         self._busy = True
         self._in_flight = items
         self._in_flight_queued = queued
@@ -537,7 +526,6 @@ class Worker:
         self.publish_queued(queued)  # what waits here while the batch runs (the batch's items too)
         self._batch_task = self._running_loop().create_task(
             self._await_batch(items, start, _Resume(coro, waiting)))
-        return True
 
     async def _await_batch(self, items: list[Any], start: int, pending: _Resume) -> None:
         try:
@@ -559,11 +547,28 @@ class Worker:
         trace = self.trace
         n = len(items)
         task_index = self.spec.task_index
-        for (header, credit, _, w), result in zip(items, results):
-            # One child its lane routes (the chain's every middle hop: ``lone_child``, in the core),
-            # to a consumer that is not failed: its record and the child in one call of the core
-            # (``push_hop``), half the credit each (``children_of``'s split of one child); what did
-            # not fit goes the long way.
+        # The items with one child its lane routes to one consumer that is not failed (the chain's
+        # every middle hop): their records and children in one call of the core (``push_hops``),
+        # half the credit each (``children_of``'s split of one child). The rest come back: what
+        # did not fit goes the long way, the others take the general path below (all of them
+        # when the hops are traced: the trace stamps each item's records).
+        if trace is None:
+            pending = push_hops(items, results if type(results) is list else list(results), task_index, start,
+                                end, DEAD, FAILED)
+        else:
+            pending = [(i, -1) for i in range(n)]
+        for i, pushed in pending:
+            header, credit, _, w = items[i]
+            result = results[i]
+            if pushed >= 0:  # push_hops pushed the record (1) or nothing (0): the child goes the long way
+                task, body, _ = lone_child(result.children, self._routes(header, w))  # type: ignore[misc]
+                share = credit // 2
+                if pushed == 0:
+                    self.complete(header, _OK, credit - share, b"", 1, w)
+                self.forward(header, [(task, body)], [share], w)
+                continue
+            # One child its lane routes, to a consumer chosen by load (several candidates) or one
+            # that push_hops left out (failed, or traced): as push_hops does, one call of the core.
             one = None
             order = None
             if credit > 1 and result.children and not result.error:
@@ -608,12 +613,7 @@ class Worker:
             for row in trace[len(trace) - n:]:
                 row.append(rung)
         self._ring_outputs()
-        slot = self.spec.slot
-        stats = self.stats
-        stats.set(slot, BATCH_STARTED_NS, 0)
-        stats.add(slot, BUSY_NS, end - start)
-        stats.add(slot, BATCHES, 1)
-        stats.add(slot, ITEMS, n)
+        self.stats.batch_done(self.spec.slot, end - start, n)
 
     def publish_queued(self, queued: int | None = None) -> None:
         """Publish the items queued here (``queued``, else the queue's length) in every stats slot
@@ -649,13 +649,14 @@ class Worker:
                     self.rewire()
                 if self._unmapped or self._queue_spec is not None:
                     self._maybe_swap_queue()
-                self.fill()
+                batch = self.take_batch()
                 w = self.wiring
                 if w.done_rung or w.rung or len(self.wirings) > 1 or self._unmapped:
-                    self._ring_outputs()  # the drops fill() reported
+                    self._ring_outputs()  # the drops take_batch reported
                 # (the queue's length is published after the batch, or by ``_start_batch`` when
                 # the batch waits: not before it, on the way from the wake-up to the next ring)
-                if self._start_batch():
+                if batch is not None:
+                    self._start_batch(*batch)
                     if self._busy:
                         self._quiet_bell()
                         return  # its task finishes it and turns again
@@ -665,14 +666,20 @@ class Worker:
                         self._quiet_bell()
                         self._running_loop().call_soon(self._turn)
                         return
-                    continue
-                self.publish_queued()
+                    # Nothing queued, nothing in the rings, nothing to take up: out of work
+                    # already, so on to the arm without a pass that would find nothing (its fill,
+                    # drop check, release rule and publish are a fifth of a lone record's turn).
+                    if (len(self.queue) or self._rewire or self._unmapped or self._queue_spec is not None
+                            or not _running or _any_queued(self.inputs)):
+                        continue
+                else:
+                    self.publish_queued()
                 # Out of work: arm (producers ring from now on), then look at the rings once more,
                 # so a push that came before the arm is not left waiting for the next one. The
                 # wake-up bytes are read first (a byte written after the arm must stay).
                 self._quiet_bell()
                 bell.arm()
-                if self._rewire or any(len(ring) for ring in self.inputs):
+                if self._rewire or _any_queued(self.inputs):
                     continue
                 break
             timeout_s = IDLE_WAIT_S
@@ -684,12 +691,14 @@ class Worker:
                     self._idle = timeout_s >= IDLE_WAIT_S
             # A pending timer due no later is kept (a turn that finds nothing to do is harmless):
             # an idle process's turns then make no timer each (one a second, not one a turn).
-            loop = self._running_loop()
+            # Every timer is set at most IDLE_WAIT_S ahead, so a pending one is due within the
+            # idle wait without asking the loop's clock.
             timer = self._timer
-            if timer is None or timer.cancelled() or timer.when() > loop.time() + timeout_s:
+            if (timer is None or timer.cancelled()
+                    or (timeout_s < IDLE_WAIT_S and timer.when() > self._running_loop().time() + timeout_s)):
                 if timer is not None:
                     timer.cancel()
-                self._timer = loop.call_later(timeout_s, self._on_timer)
+                self._timer = self._running_loop().call_later(timeout_s, self._on_timer)
         except BaseException as exc:
             self._fail(exc)
 
