@@ -91,6 +91,9 @@ MECHANISMS = {
     # the plan's admission limit counts only the current generation's requests (a previous
     # generation's backlog does not shed new requests at the door)
     "generation_admission": "server.admission_per_generation=false",
+    # a plan that does not hold the demand either (at the node's capacity) and would wait for slots
+    # that run or drain replaces the running plan only when it plans 10% more
+    "short_plan_gain": "control.short_plan_min_gain=0",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
