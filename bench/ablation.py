@@ -100,6 +100,9 @@ MECHANISMS = {
     # a request over the in-flight limit is shed only when the work queued ahead of it on its lane
     # leaves no time for its deadline (the count alone sheds requests that would have made it)
     "queue_admission": "server.admission_backlog=false",
+    # a plan that does not hold the demand either (at the node's capacity) and would wait for slots
+    # that run or drain replaces the running plan only when it plans 10% more
+    "short_plan_gain": "control.short_plan_min_gain=0",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

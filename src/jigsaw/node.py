@@ -312,6 +312,15 @@ class ControlSettings:
     # app's demand (control/controller.py replan): a plan for most of a spike beats the quiet plan
     # through it; 0: not asked again
     unplanned_retry_share: float = 0.85
+    # a plan the controller's re-plan found that does not hold its app's demand either (the
+    # demands did not fit: a spike at the node's capacity) and whose switch would wait for slots
+    # that run or drain replaces the running plan only when it plans at least this share more than
+    # the running plan (control/controller.py _short_of_gain). Why: at ar_assistant's spike (bin
+    # 115 of day 0, 691 req/s against 691 of capacity) the re-plan for 754 req/s found a 28-slice
+    # plan for 624 req/s against the running 24-slice plan's 613, and its switch, behind two drains
+    # and a drain-first, took 39.6 s; the drain-first served on part of the plan and the next bin
+    # met it (18.9% violations in steady state); 0: any such plan replaces the running one
+    short_plan_min_gain: float = 0.1
     # early re-plans one app may trigger per bin: the violation trigger fires once, and the rate
     # trigger again (against the plan the earlier one deployed) while fewer than this many ran.
     # Why: a spike's first early re-plan can read a rate from the first second of the bin (bin 258
@@ -515,6 +524,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),
         handover_on_needed_switch=c.bool("handover_on_needed_switch", False),
         unplanned_retry_share=c.number("unplanned_retry_share", 0.85, low=0, high=1),
+        short_plan_min_gain=c.number("short_plan_min_gain", 0.1, low=0),
         early_replans_per_bin=c.integer("early_replans_per_bin", 2, low=1),
         skip_ended_spikes=c.bool("skip_ended_spikes", True),
         hold_spikes=c.bool("hold_spikes", True),

@@ -53,6 +53,7 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert base.control.extend_over_draining and not off.control.extend_over_draining
     assert base.control.place_needed_beside and not off.control.place_needed_beside
     assert base.control.extend_in_place_first_below == 0.8 and off.control.extend_in_place_first_below == 0.0
+    assert base.control.short_plan_min_gain == 0.1 and off.control.short_plan_min_gain == 0.0
     for n, want in ((base, (False, 1, False, 0)), (on, (True, 2, True, 1))):
         got = (n.control.single_reconfiguration, n.control.shrink_min_slices,
                n.control.place_around_draining, n.control.lookahead_bins)

@@ -1380,3 +1380,28 @@ def test_a_spike_whose_free_slots_all_drain_gets_the_running_plan_extended_over_
         assert _app(c, app.name).current.reconfiguration_errors == []
     asyncio.run(go())
     assert load_node(NODE).control.extend_over_draining  # on by default
+
+
+def test_a_plan_short_of_the_demand_replaces_the_running_one_only_for_enough_more() -> None:
+    # at the node's capacity the re-plan for 750 req/s finds only plans that serve part of it: one
+    # 2% above the running plan's 600 is not worth a switch that rearranges the node (the running
+    # plan serves on), one 20% above it is; with control.short_plan_min_gain 0 either replaces it
+    running = _plan(600.0, [_inst(4), _inst(2)])
+
+    def short(planned: float) -> Solve:
+        def solver(apps: Any, node: Any, profiles: Any, demands: Mapping[str, float], **kw: Any) -> NodePlan:
+            p = dataclasses.replace(_plan(demands[TA], [_inst(4), _inst(3)]), planned_rps=planned)
+            return dataclasses.replace(_node_plan({TA: p}), demand_scale=planned / demands[TA])
+        return solver
+
+    async def go() -> None:
+        for gain, planned, replaced in ((None, 612.0, False), (None, 720.0, True), (0.0, 612.0, True)):
+            c, _ = _controller(short(planned), plans={TA: running})
+            if gain is not None:
+                c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                    c.node.control, short_plan_min_gain=gain))
+            await c.replan({TA: 750.0}, trigger="rate")
+            assert (_app(c).plan.planned_rps == planned) is replaced, (gain, planned)
+            assert (c.plane.generation_of(TA) > 0) is replaced, (gain, planned)  # type: ignore[attr-defined]
+        assert load_node(NODE).control.short_plan_min_gain == 0.1
+    asyncio.run(go())
