@@ -894,10 +894,22 @@ def test_a_needed_plan_asks_the_rate_window_whether_it_is_still_needed() -> None
         assert list(ac._arrival_samples) == [(now - 12.0, 50)]
         ac._arrival_samples.clear()
         assert pushed[-1].still_needed()  # no sample yet: needed
-        c._spawn({TA: 40.0}, "bin")  # a bin's re-plan may be for a spike predicted ahead of the rate
+        # a bin's re-plan may be for a spike predicted ahead of the rate: needed while the bin it
+        # plans for lasts, whatever the rate; asked the rate once that bin has ended
+        c._spawn({TA: 40.0}, "bin")
         assert c._replan_task is not None
         await c._replan_task
-        assert len(pushed) > 1 and pushed[-1].still_needed is None, pushed
+        assert len(pushed) > 1 and pushed[-1].still_needed is not None, pushed
+        ac._arrival_samples = deque([(now - 12.0, 50)])
+        fe.bins[TA].arrivals = 62  # 2 rps, which the running plan holds
+        assert pushed[-1].still_needed()  # its bin still runs
+        c.bin_index += 1
+        assert not pushed[-1].still_needed()  # its bin has passed and so has the rate
+        fe.bins[TA].arrivals = 300  # ~42 rps: above the 40 the plan now running holds
+        assert pushed[-1].still_needed()
+        n = len(pushed)
+        await c.replan({TA: 40.0}, trigger="admin")  # an operator's plan is pushed as asked
+        assert len(pushed) > n and pushed[-1].still_needed is None, pushed
 
     asyncio.run(go())
 

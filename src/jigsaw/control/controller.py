@@ -598,6 +598,7 @@ class NodeController:
         self._routine_for: int | None = None  # a routine re-plan put off while another ran: its bin
         self._extended_first: list[str] = []  # the running re-plan's apps extended in place at once
         self._trigger = ""  # the running re-plan's trigger
+        self._for_bin: int | None = None  # and the bin it plans for (None: the running one)
         self._lost: dict[str, float] = {}  # capacity-loss re-plans waiting: app -> demand
         self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
 
@@ -800,6 +801,7 @@ class NodeController:
             entry: dict[str, Any] = {"trigger": trigger, "for_bin": for_bin, "quick": None, "exact": None}
             self._extended_first = []
             self._trigger = trigger
+            self._for_bin = for_bin
             deployed: NodePlan | None = None
             refused_any: set[str] = set()  # apps whose plan the runtime refused (``Applied.refused``)
             quick = await self._first_needed(exact_f, quick_box, trigger, for_bin, t0)
@@ -1062,7 +1064,7 @@ class NodeController:
         done = await self._apply(DesiredState(
             name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh,
             beside=beside is not None, over_draining=over_draining,
-            still_needed=c.still_needed if self._recheck(False) else None), "in-place")
+            still_needed=self._recheck(c, False)), "in-place")
         # re-weighted in place counts (the instances that run serve more); a skip (``note``) does not
         if done is None or done.error is not None or (not done.new_generation and done.note is not None):
             return None
@@ -1116,7 +1118,7 @@ class NodeController:
                 beside, extended = await self._needed_beside(name, plan, float(demands[name]), fresh, source)
                 if extended:
                     continue
-            recheck = c.still_needed if self._recheck(holds) else None
+            recheck = self._recheck(c, holds)
             if not beside and self._short_of_gain(name, plan, float(demands[name]), total, fresh):
                 kept.append(name)
                 continue
@@ -1132,12 +1134,26 @@ class NodeController:
                 await self._trim_running(name, plan, demands[name], delay)
         return kept, refused
 
-    def _recheck(self, holds: bool) -> bool:
-        """Whether a plan pushed now is asked again before a drain-first whether the rate still
-        needs it (``AppController.still_needed``): a needed plan of the rate trigger, which was
-        sized to the rate. A bin's re-plan may be for a spike predicted ahead of the rate, and an
-        operator's is pushed as asked."""
-        return not holds and self._trigger == "rate"
+    def _recheck(self, c: AppController, holds: bool) -> Callable[[], bool] | None:
+        """How a plan of ``c``'s app pushed now is asked again, before a drain-first of the app's
+        running instances, whether the rate still needs it (``AppController.still_needed``), or
+        None (never asked): a needed plan of the rate trigger, which was sized to the rate, is
+        asked at once; a needed plan of a bin's re-plan once the bin it was planned for has ended
+        (before then it may be for a spike the predictor saw ahead of the rate); an operator's
+        plan is pushed as asked.
+
+        Why a bin's plan too: at social_media's spike of bin 156 the predictor's plan for bin 157
+        (6101 req/s) was refused, its quick plan waited 10.5 s for drains and drained 11 running
+        instances first, and switched 18.6 s after it was decided, in bin 160, at 1356 req/s on
+        a running plan for 3649: the interim plan shed 99 requests (44.6% of the bin)."""
+        if holds or self._trigger == "admin":
+            return None
+        if self._trigger == "rate":
+            return c.still_needed
+        if self._trigger != "bin" or self._for_bin is None:
+            return None
+        for_bin = self._for_bin
+        return lambda: self.bin_index <= for_bin or c.still_needed()
 
     def _short_of_gain(self, name: str, plan: Plan, demand_rps: float, total_slices: int,
                        fresh: frozenset[str]) -> bool:
