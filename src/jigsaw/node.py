@@ -227,7 +227,8 @@ class ControlSettings:
     # drain-first of the app's running instances, whether the rate now arriving still exceeds what
     # the running plan holds; when not (the spike has passed) it drains nothing and keeps the
     # running plan (runtime/generations.py DesiredState.still_needed, control/controller.py
-    # AppController.still_needed; a bin's re-plan, which may be for a predicted spike, is not asked).
+    # AppController.still_needed; a bin's re-plan, which may be for a predicted spike, is asked only
+    # once the bin it plans for has ended: NodeController._recheck).
     # Why: on day 0 of social_media the exact plan for bin 157's 4228 req/s waited 7.9 s for drains,
     # then drained 6 of the 16-slice plan's instances for 5.4 s, and switched 18.5 s after it was
     # decided, when 1385 req/s arrived, which the running plan held; the interim plan and the
