@@ -376,13 +376,18 @@ class AppController:
         samples.append((now, arrivals))
         while len(samples) > 2 and now - samples[1][0] >= window_s:
             samples.popleft()
-        t0, a0 = samples[0]
+        return self._window_rate(now, arrivals) or (0.0, 0)
+
+    def _window_rate(self, now: float, arrivals: int) -> tuple[float, int] | None:
+        """(full-speed rate, arrivals) from the oldest sample kept to ``now``, the bin so far while
+        the samples do not cover the window; None before the bin is a window old."""
+        window_s = RATE_WINDOW_BINS * self.ctl.bin_seconds
+        t0, a0 = self._arrival_samples[0]
         if now - t0 < window_s:
             t0, a0 = self.ctl.bin_start, 0
         if now - t0 < window_s:
-            return 0.0, 0
-        dt = now - t0
-        return (arrivals - a0) / dt * self.ctl.time_scale, arrivals - a0
+            return None
+        return (arrivals - a0) / (now - t0) * self.ctl.time_scale, arrivals - a0
 
     def rate_now_rps(self) -> float | None:
         """The full-speed arrival rate over the rate trigger's last window (the polls' samples,
@@ -391,21 +396,14 @@ class AppController:
         c = self.counters.peek_bin(self.app.name)
         if c is None or not self._arrival_samples:
             return None
-        now = time.monotonic()
-        window_s = RATE_WINDOW_BINS * self.ctl.bin_seconds
-        t0, a0 = self._arrival_samples[0]
-        if now - t0 < window_s:
-            t0, a0 = self.ctl.bin_start, 0
-        if now - t0 < window_s:
-            return None
-        return (c.arrivals - a0) / (now - t0) * self.ctl.time_scale
+        got = self._window_rate(time.monotonic(), c.arrivals)
+        return None if got is None else got[0]
 
     def still_needed(self) -> bool:
         """Whether the rate now arriving (over the trigger's window, and over the bin so far: the
         window alone is a few dozen arrivals) exceeds ``PASSED_BELOW`` of what the running plan
-        holds (unknown: yes); asked
-        by a needed re-plan before it drains the app's running instances
-        (``control.recheck_need_before_drain_first``)."""
+        holds (unknown: yes); asked by a needed re-plan before it drains the app's running
+        instances (``control.recheck_need_before_drain_first``)."""
         rate = self.rate_now_rps()
         c = self.counters.peek_bin(self.app.name)
         elapsed = time.monotonic() - self.ctl.bin_start

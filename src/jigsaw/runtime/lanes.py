@@ -98,21 +98,22 @@ def choose_lane(drawn: int, shape: LaneShape, queued: Callable[[int], int], stat
     n = len(shape.lanes)
     if n < 2 or drawn >= n:
         return drawn
-
-    def path_s(lane: int) -> float:
-        return shape.min_path_s[lane] if lane < len(shape.min_path_s) else 0.0
-
     wait = backlog_s(shape, drawn, queued)
-    if wait <= SHIFT_SHARE * max(0.0, budget_s - path_s(drawn)):
+    if wait <= SHIFT_SHARE * max(0.0, budget_s - _path_s(shape, drawn)):
         return drawn
-    best, best_end = drawn, wait + path_s(drawn)
+    best, best_end = drawn, wait + _path_s(shape, drawn)
     for lane in range(n):
         if lane == drawn or not shape.runs[lane] or not _live(shape, lane, state):
             continue
-        end = backlog_s(shape, lane, queued) + path_s(lane)
+        end = backlog_s(shape, lane, queued) + _path_s(shape, lane)
         if end < best_end:
             best, best_end = lane, end
     return best
+
+
+def _path_s(shape: LaneShape, lane: int) -> float:
+    """The lane's fastest path end to end, seconds (0 when unknown)."""
+    return shape.min_path_s[lane] if lane < len(shape.min_path_s) else 0.0
 
 
 def _live(shape: LaneShape, lane: int, state: Callable[[int], int]) -> bool:
@@ -133,8 +134,7 @@ def soonest_end_s(shape: LaneShape, queued: Callable[[int], int], state: Callabl
             continue
         if not any_lane and (lane >= len(weights) or weights[lane] <= 0):
             continue
-        path_s = shape.min_path_s[lane] if lane < len(shape.min_path_s) else 0.0
-        ends.append(backlog_s(shape, lane, queued) + path_s)
+        ends.append(backlog_s(shape, lane, queued) + _path_s(shape, lane))
     if not ends:
         return None
     return min(ends) if any_lane else max(ends)
