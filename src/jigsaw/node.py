@@ -286,6 +286,13 @@ class ControlSettings:
     # instances for 5.4 s (309 requests sent again) and served 21.7 s after it was decided.
     # false: the exact plan is pushed
     extend_over_draining: bool = True
+    # a plan's new MIG instances go, among the valid starts beside what runs, where they strand the
+    # fewest other compute slices (gpu/layout.py _greedy_against: a GPU whose memory slots run out
+    # leaves its free slices unusable), and only then first fit. Why: on traffic_analysis's spike
+    # the running layouts kept 2-3 compute slices fewer usable than the best packing of the same
+    # instances, and the peak's in-place extension found "5 slices free, 0 MIG memory slots".
+    # false: first fit (the fullest GPU first), the start leaving the most room
+    keep_compute_usable: bool = True
     # a re-plan the node needs (a running plan does not hold its demand) deploys first whichever
     # of its quick and exact plans starts fewer processes (the quick one keeps the running plans
     # and adds instances: a spike's exact plan restarted every process, 5-17 s to its switch), and
@@ -528,6 +535,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         place_needed_beside=c.bool("place_needed_beside", True),
         extend_in_place_first_below=c.number("extend_in_place_first_below", 0.8, low=0, high=1),
         extend_over_draining=c.bool("extend_over_draining", True),
+        keep_compute_usable=c.bool("keep_compute_usable", True),
         fewest_starts_first=c.bool("fewest_starts_first", False),
         quick_after_refusal=c.bool("quick_after_refusal", True),
         solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),
