@@ -399,11 +399,12 @@ def _slots(plan, node) -> int:
 
 def test_a_spikes_extensions_leave_memory_slots_for_the_peak(example) -> None:
     """traffic_analysis's spike of day 0 (541 -> 720 -> 990 -> 1288 req/s) met by extending the
-    running plan: priced by compute slices alone the extensions added 1g.20gb instances (2 memory
-    slots for 1 slice) until the extension for the peak found no memory slot its instances fit
-    and served 1004 of 1288 req/s; priced per memory slot too (``extension_slices_per_slot``, on
-    by default), each step takes no more slices and fewer slots, and the peak's extension, laid
-    out beside everything that runs, serves almost all of it."""
+    running plan: priced by compute slices alone the extensions covered remainders with 1g.20gb
+    instances (2 memory slots for 1 slice) until the extension for the peak found no memory slot
+    its instances fit and served 1004 of 1288 req/s; with the remainder's cover priced per memory
+    slot too (``extension_slices_per_slot``, on by default), each step takes no more slices and
+    fewer slots, and the peak's extension, laid out beside everything that runs, serves almost all
+    of it."""
     from jigsaw.planner.decompose import app_layout
     from jigsaw.planner.milp import plan as plan_app
     from jigsaw.planner.node_plan import _pack_node

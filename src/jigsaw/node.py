@@ -59,12 +59,12 @@ class PlannerSettings:
     objective: str = "accuracy"
     app_weights: tuple[tuple[str, float], ...] = ()  # (app, weight) for "accuracy"; default 1 each
     formulation: str = "tight"  # or "reference": the original single MILP (kept to check against)
-    # an instance added to a running plan (anytime.extend_plan: a spike's quick plan, the in-place
-    # extension) costs at least this many compute slices per MIG memory slot it holds (7/8: a
-    # GPU's 7 slices over its 8 slots), so a 1g.20gb instance costs 1.75 and a 3g.40gb one 3.5.
-    # Why: priced by compute alone, a spike's extensions filled every memory slot of the node with
-    # 7 slices free, and the next extension for the peak served nothing more
-    # (anytime.slot_aware_cost). 0: compute slices alone
+    # the instance that covers a task's remainder when a running plan is extended (anytime.extend_plan:
+    # a spike's quick plan, the in-place extension) costs at least this many compute slices per MIG
+    # memory slot it holds (7/8: a GPU's 7 slices over its 8 slots), so a 1g.20gb instance costs
+    # 1.75 and a 1g.10gb one 1; never a slice more than by compute (anytime.slot_aware_cost). Why:
+    # priced by compute alone, a spike's extensions filled every memory slot of the node with 7
+    # slices free, and the next extension for the peak served nothing more. 0: compute slices alone
     extension_slices_per_slot: float = 0.875
 
     def app_weight(self, app: str) -> float:

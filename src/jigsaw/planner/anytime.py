@@ -78,12 +78,14 @@ def _greedy_table(cols: list[Column], cap_ms: float, cost: Callable[[Column], fl
                   ) -> tuple[Column, list[Column]] | None:
     """For ``_task_instances``: the columns within ``cap_ms``, their best per slice and all of
     them by (slices, -throughput) (the cheapest cover of a remainder is the first that covers it).
-    ``cost``: what a column costs instead of its compute slices."""
+    ``cost``: what a column costs for the remainder's cover instead of its compute slices (the
+    best column stays the best per compute slice: a 7g.80gb priced per slot outranked the
+    3g.40gb, and its extensions took 2-3 slices more)."""
     ok = [c for c in cols if c.latency_ms <= cap_ms + 1e-9]
     if not ok:
         return None
     price = cost or (lambda c: c.slices)
-    best = max(ok, key=lambda c: (c.throughput_rps / price(c), c.throughput_rps))
+    best = max(ok, key=lambda c: (c.throughput_rps / c.slices, c.throughput_rps))
     return best, sorted(ok, key=lambda c: (price(c), -c.throughput_rps))
 
 
@@ -598,17 +600,20 @@ def _added_instances(app: App, have: list[tuple[Column, int]], shorts: dict[tupl
 
 
 def slot_aware_cost(node: Node) -> Callable[[Column], float] | None:
-    """What an instance added to a running plan costs: its compute slices, or, with
-    ``planner.extension_slices_per_slot`` > 0, at least that many slices per MIG memory slot it
-    holds (None: the compute slices alone, the paper's cost).
+    """What the instance that covers a remainder costs when a running plan is extended: its
+    compute slices, or, with ``planner.extension_slices_per_slot`` > 0, at least that many slices
+    per MIG memory slot it holds (None: the compute slices alone, the paper's cost). It never
+    costs a slice: a cover priced so never has more compute slices than the cheapest by compute,
+    and a mixed cover replaces a plain one only where it is cheaper both ways or as cheap in
+    slices (a 1g.10gb instead of a 1g.20gb).
 
-    Why: a GPU has 7 compute slices but 8 memory slots, and a 3g.40gb instance holds 4 slots for
-    3 slices, a 1g.20gb one 2 slots for 1 slice. Priced by compute alone, a spike's chain of
-    extensions on traffic_analysis (541 -> 720 -> 990 req/s) added 1g.20gb and 3g instances until
-    every memory slot of the node was held with 7 compute slices free ("7 slices free, 0 MIG
-    memory slots"), and the in-place extension for the peak served nothing more (1004 of
-    1288 req/s, offline). At 7/8 of a slice per slot the same chain takes the same slices on 2
-    slots fewer per step, and the extension from it serves 1274 of 1288 req/s.
+    Why: a GPU has 7 compute slices but 8 memory slots, and a 1g.20gb instance holds 2 slots for
+    1 slice, a 3g.40gb one 4 for 3. Priced by compute alone, a spike's chain of extensions on
+    traffic_analysis (541 -> 720 -> 990 req/s) covered remainders with 1g.20gb instances until
+    the memory slots ran out before the compute slices ("7 slices free, 0 MIG memory slots"), and
+    the in-place extension for the peak served 1004 of 1288 req/s (offline). Priced per slot too,
+    the same chain takes the same 20 slices on 24 slots instead of 26, and the extension from it
+    serves 1274.
     """
     per_slot = node.planner.extension_slices_per_slot
     if per_slot <= 0:
@@ -627,9 +632,9 @@ def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, dem
     column whose latency keeps every path within the SLO (``_task_instances``). What already
     runs is not touched, so a burst's quick plan restarts nothing; the exact plan may then
     rearrange the node. None when the running plan has no lanes, names a profile row or lane
-    that no longer exists, or the additions do not fit. Not yet packed or verified. The added
-    instances are chosen at their ``slot_aware_cost`` (``planner.extension_slices_per_slot``), and
-    at their compute slices where those take more slices than the node has.
+    that no longer exists, or the additions do not fit. Not yet packed or verified. The instance
+    that covers a (task, variant)'s remainder is chosen at its ``slot_aware_cost``
+    (``planner.extension_slices_per_slot``).
     """
     parts = _running_parts(app, node, profiles, running, demand_rps, space, factors, problem)
     if parts is None:
@@ -643,20 +648,15 @@ def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, dem
         by_tv.setdefault((c.task, c.variant), []).append(c)
     shorts = {(t, v): need - supply.get((t, v), 0.0) for (t, v), need in demand.items()
               if need - supply.get((t, v), 0.0) > 1e-9 * max(1.0, need)}
-    chosen: list[tuple[Column, int]] = []
-    slices = 0
-    # priced per memory slot first; where that takes more slices than the node has, by compute
-    for cost in dict.fromkeys((slot_aware_cost(node), None)):
-        added = _added_instances(app, have, shorts, by_tv, fair=True, cost=cost)
-        if added is None:
-            added = _added_instances(app, have, shorts, by_tv, fair=False, cost=cost)
-        if added is None:
-            continue
-        chosen = list(have) + added
-        slices = sum(c.slices * n for c, n in chosen)
-        if slices <= node.slices_available:
-            break
-    else:
+    cost = slot_aware_cost(node)
+    added = _added_instances(app, have, shorts, by_tv, fair=True, cost=cost)
+    if added is None:
+        added = _added_instances(app, have, shorts, by_tv, fair=False, cost=cost)
+    if added is None:
+        return None
+    chosen = list(have) + added
+    slices = sum(c.slices * n for c, n in chosen)
+    if slices > node.slices_available:
         return None
     slo_acc = _accuracy_slo(app, node)
     accuracy = sum(pb.lane_acc[li] * x for li, x in lanes.items()) / r
