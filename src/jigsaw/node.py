@@ -289,8 +289,9 @@ class ControlSettings:
     # a plan's new MIG instances go, among the valid starts beside what runs, where they strand the
     # fewest other compute slices (gpu/layout.py _greedy_against: a GPU whose memory slots run out
     # leaves its free slices unusable), and only then first fit. Why: on traffic_analysis's spike
-    # the running layouts kept 2-3 compute slices fewer usable than the best packing of the same
-    # instances, and the peak's in-place extension found "5 slices free, 0 MIG memory slots".
+    # the running layouts kept 1-3 compute slices (1.5 on average) fewer usable than the best
+    # packing of the same instances, and the peak's in-place extension found "5 slices free, 0 MIG
+    # memory slots" (1.1 on average with it, bench/README.md).
     # false: first fit (the fullest GPU first), the start leaving the most room
     keep_compute_usable: bool = True
     # a re-plan the node needs (a running plan does not hold its demand) deploys first whichever

@@ -205,9 +205,9 @@ def _greedy_against(
 
     ``keep_usable``: each instance goes where it leaves the most of the other compute slices
     usable (``layouts.usable_compute``: a GPU whose memory slots run out strands its free slices),
-    and only among those the first fit. Why: on traffic_analysis's spike the running layouts held
-    2-3 compute slices fewer usable than the best packing of the same instances, and the peak's
-    in-place extension found no memory slot beside its free slices.
+    and only among those the first fit. Why: on traffic_analysis's spike windows the running
+    layouts held 1-3 compute slices (1.5 on average) fewer usable than the best packing of the same
+    instances, and the peak's in-place extension found no memory slot beside its free slices.
     """
     state = {g: list(held.get(g, [])) for g in range(num_gpus)}
     order = sorted(
