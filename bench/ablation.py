@@ -103,6 +103,12 @@ MECHANISMS = {
     # a plan that does not hold the demand either (at the node's capacity) and would wait for slots
     # that run or drain replaces the running plan only when it plans 10% more
     "short_plan_gain": "control.short_plan_min_gain=0",
+    # an instance added to a running plan (a spike's quick plan, the in-place extension) is priced
+    # per MIG memory slot it holds too, so the extensions leave memory slots for the next one
+    "slot_priced_extension": "planner.extension_slices_per_slot=0",
+    # a plan's new MIG instances go where they strand the fewest other compute slices (a GPU whose
+    # memory slots run out leaves its free slices unusable), first fit among equals
+    "usable_placement": "control.keep_compute_usable=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

@@ -181,3 +181,16 @@ def test_placement_violations() -> None:
     assert placement_violations(H100, [("1g.10gb", 7)])
     assert placement_violations(H100, [("5g.50gb", 0)])
     assert placement_violations(H100, [("4g.40gb", 0), ("3g.40gb", 4)]) == []
+
+
+def test_usable_compute_counts_what_the_memory_slots_leave():
+    from jigsaw.planner.layouts import usable_compute
+
+    gpu = GPU_MODELS["H100-80GB"]
+    assert usable_compute(gpu, []) == 7
+    assert usable_compute(gpu, [("3g.40gb", 4)]) == 4  # a 4g.40gb at slot 0
+    assert usable_compute(gpu, [("3g.40gb", 0)]) == 3  # 4 slots left, a 4g only starts at 0
+    assert usable_compute(gpu, [("3g.40gb", 0), ("3g.40gb", 4)]) == 0  # 1 slice free, no slot
+    assert usable_compute(gpu, [("1g.20gb", 0), ("1g.20gb", 2), ("3g.40gb", 4)]) == 0
+    assert usable_compute(gpu, [("2g.20gb", 0), ("3g.40gb", 4)]) == 2
+    assert usable_compute(gpu, [("3g.40gb", 0), ("3g.40gb", 0)]) == 0  # breaks the rules

@@ -391,3 +391,43 @@ def test_extending_a_chain_shares_its_latency_slack_among_the_tasks_that_grow(ex
         assert verify_plan(p, app, node, profiles) == ["the plan has no layout"], demand  # not packed yet
         assert {(i.task, i.variant, i.mig_profile, i.mps, i.max_batch) for i in run.instances} <= \
             {(i.task, i.variant, i.mig_profile, i.mps, i.max_batch) for i in p.instances}
+
+
+def _slots(plan, node) -> int:
+    return sum(node.gpu.profile(i.mig_profile).size * i.count for i in plan.instances)
+
+
+def test_a_spikes_extensions_leave_memory_slots_for_the_peak(example) -> None:
+    """traffic_analysis's spike of day 0 (541 -> 720 -> 990 -> 1288 req/s) met by extending the
+    running plan: priced by compute slices alone the extensions covered remainders with 1g.20gb
+    instances (2 memory slots for 1 slice) until the extension for the peak found no memory slot
+    its instances fit and served 1004 of 1288 req/s; with the remainder's cover priced per memory
+    slot too (``extension_slices_per_slot``, on by default), each step takes no more slices and
+    fewer slots, and the peak's extension, laid out beside everything that runs, serves almost all
+    of it."""
+    from jigsaw.planner.decompose import app_layout
+    from jigsaw.planner.milp import plan as plan_app
+    from jigsaw.planner.node_plan import _pack_node
+
+    node, profiles = example
+    node = dataclasses.replace(node, planner=dataclasses.replace(node.planner, max_utilization=0.8))
+    app = node.app("traffic_analysis")
+    start = plan_app(app, node, profiles, 541.0, space="ast", solver="highs", time_limit_s=30)
+
+    def spike(n):
+        run = start
+        for demand in (720.0, 990.0):
+            run = extend_plan(app, n, profiles, run, demand)
+            assert run is not None and run.planned_rps == pytest.approx(demand)
+        run.layout = app_layout(_pack_node({app.name: run}, n, None), app.name)
+        assert verify_plan(run, app, n, profiles) == []
+        return run, extend_in_place(app, n, profiles, {app.name: run}, 1288.0)
+
+    run_on, peak_on = spike(node)
+    assert peak_on is not None and peak_on.planned_rps >= 0.95 * 1288.0
+    assert verify_plan(peak_on, app, node, profiles) == []
+    run_off, peak_off = spike(dataclasses.replace(
+        node, planner=dataclasses.replace(node.planner, extension_slices_per_slot=0.0)))
+    assert run_on.slices_used <= run_off.slices_used
+    assert _slots(run_on, node) < _slots(run_off, node)
+    assert peak_off is None or peak_off.planned_rps < 0.85 * 1288.0  # what the compute price left

@@ -88,3 +88,34 @@ def test_largest_fraction_comes_within_a_step_of_the_edge() -> None:
         assert what == "fits" and 0.62 * (1 - 2 * SCALE_STEP) - 0.01 <= frac <= 0.62
         assert len(calls) <= 9
     assert largest_fraction(lambda f: None, 0.5) is None
+
+
+def test_the_slot_price_of_a_remainder_never_costs_a_slice(example) -> None:
+    """The cover of a (task, variant)'s remainder priced per memory slot too
+    (``slot_aware_cost``) takes no more compute slices than the cover priced by compute, and
+    never more memory slots, at every demand tried for every (task, variant) of the three apps;
+    somewhere it takes fewer slots (a 1g.10gb where a 1g.20gb covered the remainder)."""
+    from jigsaw.planner.anytime import _task_instances, slot_aware_cost
+
+    node, _, pbs = example
+    cost = slot_aware_cost(node)
+    assert cost is not None
+    size = {p.name: p.size for p in node.gpu.profiles}
+    fewer_slots = 0
+    for pb in pbs.values():
+        by_tv: dict = {}
+        for c in pb.colset.columns:
+            by_tv.setdefault((c.task, c.variant), []).append(c)
+        for cols in by_tv.values():
+            top = max(c.throughput_rps for c in cols)
+            for k in range(1, 40):
+                demand = top * k / 7.3
+                plain = _task_instances(cols, demand, float("inf"))
+                priced = _task_instances(cols, demand, float("inf"), cost)
+                assert plain is not None and priced is not None
+                assert sum(c.throughput_rps * n for c, n in priced) >= demand * (1 - 1e-9)
+                assert sum(c.slices * n for c, n in priced) <= sum(c.slices * n for c, n in plain)
+                slots = [sum(size[c.mig_profile] * n for c, n in got) for got in (plain, priced)]
+                assert slots[1] <= slots[0]
+                fewer_slots += slots[1] < slots[0]
+    assert fewer_slots > 0

@@ -59,6 +59,13 @@ class PlannerSettings:
     objective: str = "accuracy"
     app_weights: tuple[tuple[str, float], ...] = ()  # (app, weight) for "accuracy"; default 1 each
     formulation: str = "tight"  # or "reference": the original single MILP (kept to check against)
+    # the instance that covers a task's remainder when a running plan is extended (anytime.extend_plan:
+    # a spike's quick plan, the in-place extension) costs at least this many compute slices per MIG
+    # memory slot it holds (7/8: a GPU's 7 slices over its 8 slots), so a 1g.20gb instance costs
+    # 1.75 and a 1g.10gb one 1; never a slice more than by compute (anytime.slot_aware_cost). Why:
+    # priced by compute alone, a spike's extensions filled every memory slot of the node with 7
+    # slices free, and the next extension for the peak served nothing more. 0: compute slices alone
+    extension_slices_per_slot: float = 0.875
 
     def app_weight(self, app: str) -> float:
         return dict(self.app_weights).get(app, 1.0)
@@ -279,6 +286,14 @@ class ControlSettings:
     # instances for 5.4 s (309 requests sent again) and served 21.7 s after it was decided.
     # false: the exact plan is pushed
     extend_over_draining: bool = True
+    # a plan's new MIG instances go, among the valid starts beside what runs, where they strand the
+    # fewest other compute slices (gpu/layout.py _greedy_against: a GPU whose memory slots run out
+    # leaves its free slices unusable), and only then first fit. Why: on traffic_analysis's spike
+    # the running layouts kept 1-3 compute slices (1.5 on average) fewer usable than the best
+    # packing of the same instances, and the peak's in-place extension found "5 slices free, 0 MIG
+    # memory slots" (1.1 on average with it, bench/README.md).
+    # false: first fit (the fullest GPU first), the start leaving the most room
+    keep_compute_usable: bool = True
     # a re-plan the node needs (a running plan does not hold its demand) deploys first whichever
     # of its quick and exact plans starts fewer processes (the quick one keeps the running plans
     # and adds instances: a spike's exact plan restarted every process, 5-17 s to its switch), and
@@ -459,6 +474,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         objective=objective,
         app_weights=app_weights,
         formulation=formulation,
+        extension_slices_per_slot=p.number("extension_slices_per_slot", 0.875, low=0, high=7),
     )
 
     s = f.sub("server", {})
@@ -520,6 +536,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         place_needed_beside=c.bool("place_needed_beside", True),
         extend_in_place_first_below=c.number("extend_in_place_first_below", 0.8, low=0, high=1),
         extend_over_draining=c.bool("extend_over_draining", True),
+        keep_compute_usable=c.bool("keep_compute_usable", True),
         fewest_starts_first=c.bool("fewest_starts_first", False),
         quick_after_refusal=c.bool("quick_after_refusal", True),
         solver_grace_bins=c.number("solver_grace_bins", 1.0, low=0),

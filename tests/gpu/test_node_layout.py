@@ -122,6 +122,32 @@ def test_placement_around_small_instances_of_another_app():
     assert overlaps(out, gpu) == []
 
 
+def test_new_instances_go_where_they_strand_no_compute():
+    """A 1g.20gb instance (2 memory slots, 1 compute slice) beside a 3g.40gb at slot 4: first fit
+    puts it on that GPU, whose last 2 slots then hold only 2 of its 3 free compute slices; with
+    ``keep_usable`` it goes on the empty GPU, where it strands none, and the node keeps one more
+    compute slice usable (and room for a 4g.40gb beside the 3g)."""
+    from jigsaw.planner.layouts import usable_compute
+
+    gpu = H100
+    node = NodeLayout(gpu.name, 2, (NodeInstance(0, "3g.40gb", 4, "a", "t", "v"),))
+    req = [InstanceRequest("1g.20gb", "t", "w")]
+
+    def usable(layout: NodeLayout) -> int:
+        return sum(usable_compute(gpu, [(i.profile, i.start) for i in layout.on_gpu(g)])
+                   for g in range(layout.num_gpus))
+
+    first = place_app(node, "b", req, gpu)
+    kept = place_app(node, "b", req, gpu, keep_usable=True)
+    for out in (first, kept):
+        assert validate_node_layout(out, gpu) == [] and overlaps(out, gpu) == []
+    assert [i.gpu for i in first.of_app("b")] == [0]
+    assert [i.gpu for i in kept.of_app("b")] == [1]
+    assert (usable(first), usable(kept)) == (2 + 7, 4 + 6)
+    placed = place_app(kept, "c", [InstanceRequest("4g.40gb", "t", "x")], gpu, keep_usable=True)
+    assert [(i.gpu, i.start) for i in placed.of_app("c")] == [(0, 0)]
+
+
 @pytest.mark.parametrize("seed", range(25))
 def test_random_apps_placed_one_after_another_never_overlap(seed):
     rng = random.Random(seed)

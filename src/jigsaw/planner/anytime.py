@@ -74,14 +74,19 @@ def _columns_by_tv(pb: Problem) -> dict[tuple[str, str], list[Column]]:
     return _derived(pb, ("by_tv",), make)
 
 
-def _greedy_table(cols: list[Column], cap_ms: float) -> tuple[Column, list[Column]] | None:
+def _greedy_table(cols: list[Column], cap_ms: float, cost: Callable[[Column], float] | None = None
+                  ) -> tuple[Column, list[Column]] | None:
     """For ``_task_instances``: the columns within ``cap_ms``, their best per slice and all of
-    them by (slices, -throughput) (the cheapest cover of a remainder is the first that covers it)."""
+    them by (slices, -throughput) (the cheapest cover of a remainder is the first that covers it).
+    ``cost``: what a column costs for the remainder's cover instead of its compute slices (the
+    best column stays the best per compute slice: a 7g.80gb priced per slot outranked the
+    3g.40gb, and its extensions took 2-3 slices more)."""
     ok = [c for c in cols if c.latency_ms <= cap_ms + 1e-9]
     if not ok:
         return None
+    price = cost or (lambda c: c.slices)
     best = max(ok, key=lambda c: (c.throughput_rps / c.slices, c.throughput_rps))
-    return best, sorted(ok, key=lambda c: (c.slices, -c.throughput_rps))
+    return best, sorted(ok, key=lambda c: (price(c), -c.throughput_rps))
 
 
 def _task_instances_of(pb: Problem, t: str, v: str, demand: float, cap_ms: float
@@ -93,8 +98,10 @@ def _task_instances_of(pb: Problem, t: str, v: str, demand: float, cap_ms: float
     return _greedy_instances(table, demand) if table else None
 
 
-def _greedy_instances(table: tuple[Column, list[Column]], demand: float) -> list[tuple[Column, int]]:
+def _greedy_instances(table: tuple[Column, list[Column]], demand: float,
+                      cost: Callable[[Column], float] | None = None) -> list[tuple[Column, int]]:
     best, ranked = table
+    price = cost or (lambda c: c.slices)
     n = max(1, math.ceil(demand / best.throughput_rps - 1e-9))
     plain = [(best, n)]
     rest = demand - (n - 1) * best.throughput_rps
@@ -102,13 +109,15 @@ def _greedy_instances(table: tuple[Column, list[Column]], demand: float) -> list
     if last is None:
         return plain
     mixed = ([(best, n - 1)] if n > 1 else []) + [(last, 1)]
-    return mixed if (n - 1) * best.slices + last.slices < n * best.slices else plain
+    return mixed if (n - 1) * price(best) + price(last) < n * price(best) else plain
 
 
-def _task_instances(cols: list[Column], demand: float, cap_ms: float) -> list[tuple[Column, int]] | None:
-    """Fewest slices for one (task, variant) by the greedy rule, within a latency cap."""
-    table = _greedy_table(cols, cap_ms)
-    return _greedy_instances(table, demand) if table else None
+def _task_instances(cols: list[Column], demand: float, cap_ms: float,
+                    cost: Callable[[Column], float] | None = None) -> list[tuple[Column, int]] | None:
+    """Fewest slices (or least ``cost``) for one (task, variant) by the greedy rule, within a
+    latency cap."""
+    table = _greedy_table(cols, cap_ms, cost)
+    return _greedy_instances(table, demand, cost) if table else None
 
 
 def _splits(pb: Problem, lane: tuple[str, ...], by_tv: dict[tuple[str, str], list[Column]]
@@ -554,8 +563,8 @@ def _running_parts(app: App, node: Node, profiles: ProfileTable, running: Plan, 
 
 
 def _added_instances(app: App, have: list[tuple[Column, int]], shorts: dict[tuple[str, str], float],
-                     by_tv: dict[tuple[str, str], list[Column]], *, fair: bool
-                     ) -> list[tuple[Column, int]] | None:
+                     by_tv: dict[tuple[str, str], list[Column]], *, fair: bool,
+                     cost: Callable[[Column], float] | None = None) -> list[tuple[Column, int]] | None:
     """``extend_plan``'s added instances: for each (task, variant) short of capacity, its best
     throughput-per-slice columns whose latency keeps every path within the SLO; None where one
     finds none. ``fair``: each short task of a path may add at most an equal share of that path's
@@ -582,12 +591,35 @@ def _added_instances(app: App, have: list[tuple[Column, int]], shorts: dict[tupl
     caps = {t: cap(t) for t in short_tasks}
     added: list[tuple[Column, int]] = []
     for (t, v), short in shorts.items():
-        got = _task_instances(by_tv.get((t, v), []), short, caps[t] if fair else cap(t))
+        got = _task_instances(by_tv.get((t, v), []), short, caps[t] if fair else cap(t), cost)
         if got is None:
             return None
         added += got
         latency[t] = max(latency[t], *(c.latency_ms for c, _ in got))
     return added
+
+
+def slot_aware_cost(node: Node) -> Callable[[Column], float] | None:
+    """What the instance that covers a remainder costs when a running plan is extended: its
+    compute slices, or, with ``planner.extension_slices_per_slot`` > 0, at least that many slices
+    per MIG memory slot it holds (None: the compute slices alone, the paper's cost). It never
+    costs a slice: a cover priced so never has more compute slices than the cheapest by compute,
+    and a mixed cover replaces a plain one only where it is cheaper both ways or as cheap in
+    slices (a 1g.10gb instead of a 1g.20gb).
+
+    Why: a GPU has 7 compute slices but 8 memory slots, and a 1g.20gb instance holds 2 slots for
+    1 slice, a 3g.40gb one 4 for 3. Priced by compute alone, a spike's chain of extensions on
+    traffic_analysis (541 -> 720 -> 990 req/s) covered remainders with 1g.20gb instances until
+    the memory slots ran out before the compute slices ("7 slices free, 0 MIG memory slots"), and
+    the in-place extension for the peak served 1004 of 1288 req/s (offline). Priced per slot too,
+    the same chain takes the same 20 slices on 24 slots instead of 26, and the extension from it
+    serves 1274.
+    """
+    per_slot = node.planner.extension_slices_per_slot
+    if per_slot <= 0:
+        return None
+    size = {p.name: p.size for p in node.gpu.profiles}
+    return lambda c: max(float(c.slices), per_slot * size[c.mig_profile])
 
 
 def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, demand_rps: float, *,
@@ -600,7 +632,9 @@ def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, dem
     column whose latency keeps every path within the SLO (``_task_instances``). What already
     runs is not touched, so a burst's quick plan restarts nothing; the exact plan may then
     rearrange the node. None when the running plan has no lanes, names a profile row or lane
-    that no longer exists, or the additions do not fit. Not yet packed or verified.
+    that no longer exists, or the additions do not fit. Not yet packed or verified. The instance
+    that covers a (task, variant)'s remainder is chosen at its ``slot_aware_cost``
+    (``planner.extension_slices_per_slot``).
     """
     parts = _running_parts(app, node, profiles, running, demand_rps, space, factors, problem)
     if parts is None:
@@ -614,9 +648,10 @@ def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, dem
         by_tv.setdefault((c.task, c.variant), []).append(c)
     shorts = {(t, v): need - supply.get((t, v), 0.0) for (t, v), need in demand.items()
               if need - supply.get((t, v), 0.0) > 1e-9 * max(1.0, need)}
-    added = _added_instances(app, have, shorts, by_tv, fair=True)
+    cost = slot_aware_cost(node)
+    added = _added_instances(app, have, shorts, by_tv, fair=True, cost=cost)
     if added is None:
-        added = _added_instances(app, have, shorts, by_tv, fair=False)
+        added = _added_instances(app, have, shorts, by_tv, fair=False, cost=cost)
     if added is None:
         return None
     chosen = list(have) + added

@@ -85,6 +85,39 @@ def room(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> int:
     return total
 
 
+@lru_cache(maxsize=16)
+def _most_compute(gpu: GpuModel) -> dict[Placement, int]:
+    """For every valid placement of the GPU, the most compute slices of a valid placement that
+    contains it (itself included): computed once per GPU model from the largest placements down,
+    since every valid superset is reached by adding one instance at a time (downward closure)."""
+    layouts = _valid_layouts(gpu, gpu.profile_names)
+    cands = [(p.name, s) for p in gpu.profiles for s in p.starts if s + p.size <= NUM_PLACEMENT_SLOTS]
+    most: dict[Placement, int] = {}
+    for lay in sorted(layouts, key=len, reverse=True):
+        here = set(lay)
+        best = sum(gpu.profile(n).compute_slices for n, _ in lay)
+        for c in cands:
+            if c not in here:
+                best = max(best, most.get(tuple(sorted((*lay, c))), 0))
+        most[lay] = best
+    return most
+
+
+def usable_compute(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> int:
+    """The compute slices a GPU holding ``placement`` can still give to new MIG instances (0 for a
+    placement that breaks the rules): fewer than the slices it has free where its memory slots
+    run out first, e.g. 0 beside two 3g.40gb instances (6 slices used, all 8 memory slots held).
+
+    Why: the running layout's free compute slices were counted as room ("7 slices free, 0 MIG
+    memory slots"); a placement that keeps them usable leaves room for the next extension.
+    """
+    lay = tuple(sorted(placement))
+    most = _most_compute(gpu).get(lay)
+    if most is None:
+        return 0
+    return most - sum(gpu.profile(n).compute_slices for n, _ in lay)
+
+
 @lru_cache(maxsize=256)
 def _valid_layouts(gpu: GpuModel, names: tuple[str, ...]) -> tuple[Placement, ...]:
     profs = [gpu.profile(n) for n in names]

@@ -86,7 +86,7 @@ DRAINING = "\x00draining"  # the owner ``place`` gives the slots a draining gene
 
 
 def place_around(layout: NodeLayout, held: list[NodeInstance], app: str,
-                 requests: list[InstanceRequest], gpu: GpuModel) -> NodeLayout:
+                 requests: list[InstanceRequest], gpu: GpuModel, keep_usable: bool = False) -> NodeLayout:
     """``place_app`` that keeps off ``held`` (the slots of draining generations) when the rest of
     the node holds the new instances, and places over them only when it does not.
 
@@ -100,12 +100,12 @@ def place_around(layout: NodeLayout, held: list[NodeInstance], app: str,
         stand_ins = (dataclasses.replace(h, app=DRAINING) for h in clear)
         around = layout.with_instances((*layout.instances, *stand_ins))
         try:
-            placed = place_app(around, app, requests, gpu)
+            placed = place_app(around, app, requests, gpu, keep_usable)
         except PackingError:
             pass
         else:
             return placed.with_instances(i for i in placed.instances if i.app != DRAINING)
-    return place_app(layout, app, requests, gpu)
+    return place_app(layout, app, requests, gpu, keep_usable)
 
 
 @dataclass(frozen=True)
@@ -123,12 +123,13 @@ class Beside:
     layout: NodeLayout  # the serving layout with the other held slots as ``DRAINING`` stand-ins
     held: tuple[NodeInstance, ...]  # every slot held, serving or not
     gpu: GpuModel
+    keep_usable: bool = False  # ``place_app``'s (``control.keep_compute_usable``)
 
     def serving_only(self) -> Beside:
         """The same node with every draining slot taken for free: where a plan fits so, it needs
         only drains to end (a wait), no slot of a running instance (a drain-first)."""
         serving = tuple(i for i in self.layout.instances if i.app != DRAINING)
-        return Beside(self.layout.with_instances(serving), serving, self.gpu)
+        return Beside(self.layout.with_instances(serving), serving, self.gpu, self.keep_usable)
 
     def free_memory_slots(self) -> int:
         """MIG memory slots (of ``NUM_PLACEMENT_SLOTS`` per GPU) nothing holds. Why beside the free
@@ -144,7 +145,7 @@ class Beside:
         a slot nothing holds: no drain to wait for, no drain-first, no instance moved. Else None."""
         own = [i for i in self.layout.instances if i.app == app]
         try:
-            placed = place_app(self.layout, app, instances_from_plan(plan), self.gpu)
+            placed = place_app(self.layout, app, instances_from_plan(plan), self.gpu, self.keep_usable)
         except PackingError:
             return None
         mine = [i for i in placed.instances if i.app == app]
@@ -400,7 +401,8 @@ class GenerationManager:
             return None, plan
         gpu = self.node.gpu
         draining = self._keep_off()
-        desired = place_around(self.node_layout, draining, app, instances_from_plan(plan), gpu)
+        desired = place_around(self.node_layout, draining, app, instances_from_plan(plan), gpu,
+                               self.node.control.keep_compute_usable)
         problems = validate_node_layout(desired, gpu)
         if problems:  # place_app never does this; a guard, since an overlap would break a GPU
             raise PackingError(f"node layout would break the placement rules: {'; '.join(problems)}")
@@ -422,7 +424,7 @@ class GenerationManager:
                      if h.slot not in serving_slots and not h.is_idle
                      and not any(overlaps(self.node.gpu, h, i) for i in serving)]
         return Beside(self.node_layout.with_instances((*serving, *stand_ins)), tuple(held.values()),
-                      self.node.gpu)
+                      self.node.gpu, self.node.control.keep_compute_usable)
 
     def _keep_off(self) -> list[NodeInstance]:
         """The slots a new plan keeps off where the rest of the node holds its instances: every
