@@ -336,3 +336,48 @@ def test_a_drain_first_with_the_whole_slo_lets_the_queue_finish(tmp_path: Path) 
     drained = [line for line in logs if "drained for the new instances" in line]
     assert len(drained) == 1 and "0 sent again" in drained[0], drained
     assert out["statuses"] == {200: 40}, out["statuses"]
+
+
+def _needed_over(tmp_path: Path, planned_rps: float, control: str = "") -> dict[str, Any]:
+    """The drain-first scenario with 20 requests queued on ``b`` (0.2 s an item on five processes,
+    SLO 10 s), the node planned at ``max_utilization`` 0.8, the running plan for 1 req/s and the
+    new one pushed as a plan the app needs for ``planned_rps``: what ``apply`` returned, the
+    instances destroyed, the answers and the manager's ``/metrics``."""
+    node_path, first, second = _plans(tmp_path, b_ms=200.0, latency_slo_ms=10000.0, control=control)
+    text = node_path.read_text()
+    node_path.write_text(text.replace("[planner]\n", "[planner]\nmax_utilization = 0.8\n", 1))
+    second = dataclasses.replace(second, planned_rps=planned_rps)
+
+    async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
+        nvml = gm.partition.applier.nvml  # type: ignore[union-attr]
+        calls0 = len(nvml.calls)
+        sent = submit(20)
+        out["done"] = await gm.apply(DesiredState(app.name, second, running_holds=False))
+        out["destroyed"] = sum(c[0] == "nvmlGpuInstanceDestroy" for c in nvml.calls[calls0:])
+        results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
+        out["statuses"] = Counter(status for status, _ in results)
+        out["metrics"] = gm.prometheus()
+
+    return _under_load(node_path, first, scenario)
+
+
+def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path: Path) -> None:
+    """``control.drain_first_past_headroom``: a needed plan for 1.2 req/s over a running plan for
+    1 at ``max_utilization`` 0.8 (which serves 1.25 at full utilization) would drain two running
+    instances first: it keeps the running plan instead, destroys nothing, and every queued request
+    is answered 200 there. A plan for 2 req/s, or the switch off, drains them first."""
+    out = _needed_over(tmp_path / "small", 1.2)
+    done, logs = out["done"], out["logs"]
+    assert not done.new_generation and done.error is None and done.generation == 0, (done, logs)
+    assert "no more than the running plan's 1.0 serves at full utilization" in (done.note or ""), done
+    assert out["destroyed"] == 0 and not any("draining those first" in line for line in logs), logs
+    assert 'jigsaw_reconfig_drain_first_total{outcome="headroom"} 1' in out["metrics"]
+    assert out["statuses"] == {200: 20}, out["statuses"]
+    assert len(out["answers"]) == 20 and set(out["answers"].values()) == {1}
+    for name, rps, control in (("large", 2.0, ""), ("off", 1.2, "drain_first_past_headroom = false\n")):
+        out = _needed_over(tmp_path / name, rps, control)
+        done, logs = out["done"], out["logs"]
+        assert done.new_generation and done.error is None and out["destroyed"] == 2, (name, done, logs)
+        assert any("draining those first" in line for line in logs), logs
+    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                     ).control.drain_first_past_headroom  # on by default
