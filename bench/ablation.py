@@ -103,7 +103,7 @@ MECHANISMS = {
     # a plan that does not hold the demand either (at the node's capacity) and would wait for slots
     # that run or drain replaces the running plan only when it plans 10% more
     "short_plan_gain": "control.short_plan_min_gain=0",
-    # a needed plan that would drain running instances first for no more than the running plan
+    # a needed plan that would drain running instances first for less than the running plan
     # serves at full utilization (while its queue is within what the door admits) keeps it instead
     "drain_first_headroom": "control.drain_first_past_headroom=false",
 }

@@ -235,7 +235,7 @@ class ControlSettings:
     # re-sent backlog violated 42-78% of bins 158-160. false: the drain-first goes on regardless
     recheck_need_before_drain_first: bool = True
     # a needed plan whose MIG instances need the slots of the app's running instances drains them
-    # first only when it plans more than the running plan serves at full utilization (its planned
+    # first only when it plans at least what the running plan serves at full utilization (its planned
     # rate over planner.max_utilization) or when the running plan's queue is past what the door
     # admits (0.75 of a deadline: it does not cope); else it keeps the running plan at once,
     # without waiting for the drains in its way (runtime/generations.py _within_headroom).
@@ -244,7 +244,7 @@ class ControlSettings:
     # drained instances' queue cannot finish: on day 0 of social_media (time scale 30) two such
     # plans, 14% and 24% above the running plan at max_utilization 0.8, failed 53 and 101 requests
     # and served 7.3 and 13.3 s after they were decided. At max_utilization 1 only a plan that
-    # plans no more is kept out. false: the drain-first goes on for any needed plan
+    # plans less is kept out. false: the drain-first goes on for any needed plan
     drain_first_past_headroom: bool = True
     # a running plan that holds its demand, whose re-planned smaller plan was not applied (its MIG
     # instances need slots the running ones hold: no drain-first for a plan that is only better),

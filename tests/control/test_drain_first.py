@@ -375,7 +375,7 @@ def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path
     out = _needed_over(tmp_path / "small", 1.2)
     done, logs = out["done"], out["logs"]
     assert not done.new_generation and done.error is None and done.generation == 0, (done, logs)
-    assert "no more than the running plan's 1.0 serves at full utilization" in (done.note or ""), done
+    assert "less than the running plan's 1.0 serves at full utilization" in (done.note or ""), done
     assert out["destroyed"] == 0 and not any("draining those first" in line for line in logs), logs
     assert 'jigsaw_reconfig_drain_first_total{outcome="headroom"} 1' in out["metrics"]
     assert out["statuses"] == {200: 20}, out["statuses"]

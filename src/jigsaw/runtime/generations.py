@@ -539,7 +539,7 @@ class GenerationManager:
                  "outcome (done; refused: no lane while they drain; failed before the drain; restored: "
                  "failed after it, the running plan brought back; restore_failed: the interim plan serves; "
                  "skipped: the running plan held the demand; not_needed: the rate fell to one the running "
-                 "plan holds before the drain-first; headroom: the new plan planned no more than the "
+                 "plan holds before the drain-first; headroom: the new plan planned less than the "
                  "running plan serves at full utilization)\n"
                  f"# TYPE {name} counter\n")
         return text + "".join(f'{name}{{outcome="{k}"}} {self.drain_first_total[k]}\n'
@@ -660,8 +660,8 @@ class GenerationManager:
                 needed = not desired.running_holds and c.cut_drains_when_needed
                 until_end = not desired.running_holds and c.wait_drains_when_needed and not needed
                 recheck = desired.still_needed if c.recheck_need_before_drain_first else None
-                # a needed plan that would drain running instances first for no more than the
-                # running plan serves at full utilization keeps the running plan, before any wait
+                # a needed plan that would drain running instances first for less than the running
+                # plan serves at full utilization keeps the running plan, before any wait
                 small = bool(deferred) and not skip and not desired.running_holds \
                     and c.drain_first_past_headroom \
                     and self._within_headroom(app, old, new, node_layout, deferred)
@@ -690,7 +690,7 @@ class GenerationManager:
                 await self._release_mig(f"{app}: re-plan {'no longer needed' if passed else 'skipped'}")
                 self.drain_first_total["not_needed" if passed else "headroom" if small else "skipped"] += 1
                 holds = "the rate now arriving is one the running plan holds" if passed \
-                    else (f"it plans {new.planned_rps:.1f} rps, no more than the running plan's "
+                    else (f"it plans {new.planned_rps:.1f} rps, less than the running plan's "
                           f"{old.plan.planned_rps:.1f} serves at full utilization") if small \
                     else "the running plan holds the demand"
                 note = (f"the new plan's MIG instances need the slots of {len(deferred)} running or "
@@ -998,8 +998,8 @@ class GenerationManager:
     def _within_headroom(self, app: str, old: Generation, new: Plan, desired: NodeLayout,
                          deferred: tuple[tuple[int, int, str], ...]) -> bool:
         """Whether ``new`` (a plan the app needs) would drain running instances of the app first
-        (some of its MIG instances need their slots) and plans no more than the running plan
-        serves at full utilization (its planned rate over ``planner.max_utilization``), while the
+        (some of its MIG instances need their slots) and plans less than the running plan serves
+        at full utilization (its planned rate over ``planner.max_utilization``), while the
         running plan's queue still admits a new request (``admission.queue_admits``: the work
         queued on its lanes and their fastest path within 0.75 of a deadline)
         (``control.drain_first_past_headroom``).
@@ -1017,7 +1017,7 @@ class GenerationManager:
         """
         _, own = self._blockers(app, old, desired, deferred)
         full_rps = old.plan.planned_rps / self.node.planner.max_utilization
-        if not own or new.planned_rps > full_rps * (1 + 1e-9):
+        if not own or new.planned_rps >= full_rps * (1 - 1e-9):
             return False
         return queue_admits(self._router().queued_end_s(app), self._drain_budget_s(old))
 
