@@ -388,3 +388,25 @@ def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path
         assert any("draining those first" in line for line in logs), logs
     assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
                      ).control.drain_first_past_headroom  # on by default
+
+
+def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain_first_wait(
+        tmp_path: Path) -> None:
+    """``control.drain_first_within_wait``: a needed plan for 2 req/s (past the running plan's
+    headroom) with 4.2 s of work queued at the root (``a`` at 0.4 s an item), longer than the
+    drain-first's 2.5 s wait (a quarter of the 10 s SLO) and within the door's 7.5 s, keeps the
+    running plan: nothing drained, every request answered 200 there. With 8 s queued (past the
+    door's share: the running plan does not cope) or the switch off, the drain-first goes on."""
+    out = _needed_over(tmp_path / "mid", 2.0, a_ms=400.0)
+    done, logs = out["done"], out["logs"]
+    assert not done.new_generation and done.error is None and done.generation == 0, (done, logs)
+    assert "is longer than a drain-first waits (2.5 s)" in (done.note or ""), done
+    assert out["destroyed"] == 0 and not any("draining those first" in line for line in logs), logs
+    assert 'jigsaw_reconfig_drain_first_total{outcome="queue"} 1' in out["metrics"]
+    assert out["statuses"] == {200: 20}, out["statuses"]
+    for name, control, a_ms in (("deep", "", 800.0), ("off", "drain_first_within_wait = false\n", 400.0)):
+        out = _needed_over(tmp_path / name, 2.0, control, a_ms)
+        done, logs = out["done"], out["logs"]
+        assert done.new_generation and done.error is None and out["destroyed"] == 2, (name, done, logs)
+    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                     ).control.drain_first_within_wait  # on by default
