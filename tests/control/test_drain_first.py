@@ -365,6 +365,27 @@ def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: fl
     return _under_load(node_path, first, scenario)
 
 
+def _kept_running(out: dict[str, Any], note: str, outcome: str) -> None:
+    """The needed plan kept the running plan (``note``, counted as ``outcome``): nothing drained or
+    destroyed, every request answered 200 once there."""
+    done, logs = out["done"], out["logs"]
+    assert not done.new_generation and done.error is None and done.generation == 0, (done, logs)
+    assert note in (done.note or ""), done
+    assert out["destroyed"] == 0 and not any("draining those first" in line for line in logs), logs
+    assert f'jigsaw_reconfig_drain_first_total{{outcome="{outcome}"}} 1' in out["metrics"]
+    assert out["statuses"] == {200: 20}, out["statuses"]
+    assert len(out["answers"]) == 20 and set(out["answers"].values()) == {1}
+
+
+def _drains_first(tmp_path: Path, cases: tuple[tuple[str, float, str, float], ...]) -> None:
+    """Each (name, planned req/s, ``[control]`` lines, a's ms an item) drains b's two instances first."""
+    for name, rps, control, a_ms in cases:
+        out = _needed_over(tmp_path / name, rps, control, a_ms)
+        done, logs = out["done"], out["logs"]
+        assert done.new_generation and done.error is None and out["destroyed"] == 2, (name, done, logs)
+        assert any("draining those first" in line for line in logs), logs
+
+
 def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path: Path) -> None:
     """``control.drain_first_past_headroom``: a needed plan for 1.2 req/s over a running plan for
     1 at ``max_utilization`` 0.8 (which serves 1.25 at full utilization) would drain two running
@@ -372,20 +393,10 @@ def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path
     instead, destroys nothing, and every queued request is answered 200 there. A plan for 2
     req/s, a queue at the root past 0.75 of the SLO (a at 0.8 s an item: 8 s of its work), or the
     switch off: the drain-first goes on."""
-    out = _needed_over(tmp_path / "small", 1.2)
-    done, logs = out["done"], out["logs"]
-    assert not done.new_generation and done.error is None and done.generation == 0, (done, logs)
-    assert "less than the running plan's 1.0 serves at full utilization" in (done.note or ""), done
-    assert out["destroyed"] == 0 and not any("draining those first" in line for line in logs), logs
-    assert 'jigsaw_reconfig_drain_first_total{outcome="headroom"} 1' in out["metrics"]
-    assert out["statuses"] == {200: 20}, out["statuses"]
-    assert len(out["answers"]) == 20 and set(out["answers"].values()) == {1}
-    for name, rps, control, a_ms in (("large", 2.0, "", 1.0), ("deep", 1.2, "", 800.0),
-                                     ("off", 1.2, "drain_first_past_headroom = false\n", 1.0)):
-        out = _needed_over(tmp_path / name, rps, control, a_ms)
-        done, logs = out["done"], out["logs"]
-        assert done.new_generation and done.error is None and out["destroyed"] == 2, (name, done, logs)
-        assert any("draining those first" in line for line in logs), logs
+    _kept_running(_needed_over(tmp_path / "small", 1.2),
+                  "less than the running plan's 1.0 serves at full utilization", "headroom")
+    _drains_first(tmp_path, (("large", 2.0, "", 1.0), ("deep", 1.2, "", 800.0),
+                             ("off", 1.2, "drain_first_past_headroom = false\n", 1.0)))
     assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
                      ).control.drain_first_past_headroom  # on by default
 
@@ -397,16 +408,9 @@ def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain
     drain-first's 2.5 s wait (a quarter of the 10 s SLO) and within the door's 7.5 s, keeps the
     running plan: nothing drained, every request answered 200 there. With 8 s queued (past the
     door's share: the running plan does not cope) or the switch off, the drain-first goes on."""
-    out = _needed_over(tmp_path / "mid", 2.0, a_ms=400.0)
-    done, logs = out["done"], out["logs"]
-    assert not done.new_generation and done.error is None and done.generation == 0, (done, logs)
-    assert "is longer than a drain-first waits (2.5 s)" in (done.note or ""), done
-    assert out["destroyed"] == 0 and not any("draining those first" in line for line in logs), logs
-    assert 'jigsaw_reconfig_drain_first_total{outcome="queue"} 1' in out["metrics"]
-    assert out["statuses"] == {200: 20}, out["statuses"]
-    for name, control, a_ms in (("deep", "", 800.0), ("off", "drain_first_within_wait = false\n", 400.0)):
-        out = _needed_over(tmp_path / name, 2.0, control, a_ms)
-        done, logs = out["done"], out["logs"]
-        assert done.new_generation and done.error is None and out["destroyed"] == 2, (name, done, logs)
+    _kept_running(_needed_over(tmp_path / "mid", 2.0, a_ms=400.0),
+                  "is longer than a drain-first waits (2.5 s)", "queue")
+    _drains_first(tmp_path, (("deep", 2.0, "", 800.0),
+                             ("off", 2.0, "drain_first_within_wait = false\n", 400.0)))
     assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
                      ).control.drain_first_within_wait  # on by default
