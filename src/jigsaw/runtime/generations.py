@@ -663,9 +663,9 @@ class GenerationManager:
                 recheck = desired.still_needed if c.recheck_need_before_drain_first else None
                 # a needed plan whose drain-first would cost more than the running plan, run hot,
                 # loses keeps the running plan, before any wait for the drains in its way
-                small = self._serves_on(app, old, new, node_layout, deferred) \
+                kept_by = self._serves_on(app, old, new, node_layout, deferred) \
                     if deferred and not skip and not desired.running_holds else None
-                skip = skip or small is not None
+                skip = skip or kept_by is not None
                 if deferred and not skip and until_end and c.refuse_before_drain_wait:
                     self._no_lane_before_wait(app, old, node_layout, deferred)
                 if deferred and not skip and (c.cut_drains or needed or until_end) \
@@ -688,9 +688,9 @@ class GenerationManager:
                 # and a drain-first would serve on part of the plan for up to an SLO, holding every
                 # re-plan of the node meanwhile, for a better plan only
                 await self._release_mig(f"{app}: re-plan {'no longer needed' if passed else 'skipped'}")
-                self.drain_first_total["not_needed" if passed else small[0] if small else "skipped"] += 1
+                self.drain_first_total["not_needed" if passed else kept_by[0] if kept_by else "skipped"] += 1
                 holds = "the rate now arriving is one the running plan holds" if passed \
-                    else small[1] if small else "the running plan holds the demand"
+                    else kept_by[1] if kept_by else "the running plan holds the demand"
                 note = (f"the new plan's MIG instances need the slots of {len(deferred)} running or "
                         f"draining ones and {holds}: no drain-first, keeping generation {old_gid}")
                 self.log(f"{app}: {note}")
