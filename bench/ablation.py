@@ -109,6 +109,12 @@ MECHANISMS = {
     # a plan's new MIG instances go where they strand the fewest other compute slices (a GPU whose
     # memory slots run out leaves its free slices unusable), first fit among equals
     "usable_placement": "control.keep_compute_usable=false",
+    # a needed plan that would drain running instances first for less than the running plan
+    # serves at full utilization (while its queue is within what the door admits) keeps it instead
+    "drain_first_headroom": "control.drain_first_past_headroom=false",
+    # a needed plan keeps the running plan while its queue is longer than a drain-first waits for
+    # the instances it drains (and within what the door admits)
+    "drain_first_queue": "control.drain_first_within_wait=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

@@ -241,6 +241,28 @@ class ControlSettings:
     # decided, when 1385 req/s arrived, which the running plan held; the interim plan and the
     # re-sent backlog violated 42-78% of bins 158-160. false: the drain-first goes on regardless
     recheck_need_before_drain_first: bool = True
+    # a needed plan whose MIG instances need the slots of the app's running instances drains them
+    # first only when it plans at least what the running plan serves at full utilization (its planned
+    # rate over planner.max_utilization) or when the running plan's queue is past what the door
+    # admits (0.75 of a deadline: it does not cope); else it keeps the running plan at once,
+    # without waiting for the drains in its way (runtime/generations.py _serves_on).
+    # Why: a spike's request may queue for its deadline, so the running plan run hot serves what
+    # such a plan would, while the drain-first serves on part of the plan and answers 504 what the
+    # drained instances' queue cannot finish: on day 0 of social_media (time scale 30) two such
+    # plans, 14% and 24% above the running plan at max_utilization 0.8, failed 53 and 101 requests
+    # and served 7.3 and 13.3 s after they were decided. At max_utilization 1 only a plan that
+    # plans less is kept out. false: the drain-first goes on for any needed plan
+    drain_first_past_headroom: bool = True
+    # a needed plan whose MIG instances need the slots of the app's running instances keeps the
+    # running plan while that plan's queue is longer than a drain-first waits for the instances it
+    # drains (drain_first_wait_slo of the SLO) and within what its door admits (0.75 of a
+    # deadline), whatever the new plan plans (runtime/generations.py _serves_on). Why: what the
+    # drained instances hold past that wait is sent again behind the interim plan's queue or
+    # answered 504, while the running plan answers it within its deadline: on the social_media peak
+    # window (time scale 30) a plan for 5808 req/s over one for 4460 drained 7 running instances
+    # with 10.5-11 s of queue on a 21.3 s deadline, failed 405 requests and switched 13.7 s after
+    # it was decided. false: the queue's length does not keep a drain-first out
+    drain_first_within_wait: bool = True
     # a running plan that holds its demand, whose re-planned smaller plan was not applied (its MIG
     # instances need slots the running ones hold: no drain-first for a plan that is only better),
     # gives back the instances the demand leaves spare (planner/anytime.py trim_plan: what stays
@@ -530,6 +552,8 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         refuse_before_drain_wait=c.bool("refuse_before_drain_wait", True),
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
         recheck_need_before_drain_first=c.bool("recheck_need_before_drain_first", True),
+        drain_first_past_headroom=c.bool("drain_first_past_headroom", True),
+        drain_first_within_wait=c.bool("drain_first_within_wait", True),
         trim_min_slices=c.integer("trim_min_slices", 4, low=0),
         keep_new_plan_bins=c.integer("keep_new_plan_bins", 0, low=0),
         extend_in_place_after_refusal=c.bool("extend_in_place_after_refusal", True),

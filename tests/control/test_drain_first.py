@@ -31,10 +31,11 @@ from jigsaw.runtime.generations import DesiredState, GenerationManager
 
 def _plans(tmp_path: Path, task: str = "b", counts: tuple[int, int] = (2, 5),
            kept: int = 3, b_ms: float = 1.0, latency_slo_ms: float = 200.0,
-           control: str = "") -> tuple[Path, Plan, Plan]:
+           control: str = "", a_ms: float = 1.0) -> tuple[Path, Plan, Plan]:
     """7 x 1g.10gb (``counts`` of a and b: the GPU is full), then ``task`` on ``kept`` of them
-    and one 2g.20gb instance. ``b_ms``: b's latency per item; ``control``: ``[control]`` lines."""
-    args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 1.0}, 1), ("b", "classifier", {1: b_ms}, 1)],
+    and one 2g.20gb instance. ``a_ms``, ``b_ms``: a's and b's latency per item; ``control``:
+    ``[control]`` lines."""
+    args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: a_ms}, 1), ("b", "classifier", {1: b_ms}, 1)],
                       edges=[("a", "b", 1.0)], counts={"a": counts[0], "b": counts[1]},
                       latency_slo_ms=latency_slo_ms)
     node_path, plan_path = Path(args[1]), Path(args[3])
@@ -336,3 +337,80 @@ def test_a_drain_first_with_the_whole_slo_lets_the_queue_finish(tmp_path: Path) 
     drained = [line for line in logs if "drained for the new instances" in line]
     assert len(drained) == 1 and "0 sent again" in drained[0], drained
     assert out["statuses"] == {200: 40}, out["statuses"]
+
+
+def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: float = 1.0) -> dict[str, Any]:
+    """The drain-first scenario with 20 requests sent (``a``: ``a_ms`` an item on two processes;
+    ``b``: 0.2 s an item on five; SLO 10 s), the node planned at ``max_utilization`` 0.8, the
+    running plan for 1 req/s and the new one pushed as a plan the app needs for ``planned_rps``:
+    what ``apply`` returned, the instances destroyed, the answers' statuses and the manager's
+    ``/metrics``."""
+    node_path, first, second = _plans(tmp_path, b_ms=200.0, latency_slo_ms=10000.0, control=control,
+                                      a_ms=a_ms)
+    text = node_path.read_text()
+    node_path.write_text(text.replace("[planner]\n", "[planner]\nmax_utilization = 0.8\n", 1))
+    second = dataclasses.replace(second, planned_rps=planned_rps)
+
+    async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
+        nvml = gm.partition.applier.nvml  # type: ignore[union-attr]
+        calls0 = len(nvml.calls)
+        sent = submit(20)
+        await asyncio.sleep(0.1)
+        out["done"] = await gm.apply(DesiredState(app.name, second, running_holds=False))
+        out["destroyed"] = sum(c[0] == "nvmlGpuInstanceDestroy" for c in nvml.calls[calls0:])
+        results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
+        out["statuses"] = Counter(status for status, _ in results)
+        out["metrics"] = gm.prometheus()
+
+    return _under_load(node_path, first, scenario)
+
+
+def _kept_running(out: dict[str, Any], note: str, outcome: str) -> None:
+    """The needed plan kept the running plan (``note``, counted as ``outcome``): nothing drained or
+    destroyed, every request answered 200 once there."""
+    done, logs = out["done"], out["logs"]
+    assert not done.new_generation and done.error is None and done.generation == 0, (done, logs)
+    assert note in (done.note or ""), done
+    assert out["destroyed"] == 0 and not any("draining those first" in line for line in logs), logs
+    assert f'jigsaw_reconfig_drain_first_total{{outcome="{outcome}"}} 1' in out["metrics"]
+    assert out["statuses"] == {200: 20}, out["statuses"]
+    assert len(out["answers"]) == 20 and set(out["answers"].values()) == {1}
+
+
+def _drains_first(tmp_path: Path, cases: tuple[tuple[str, float, str, float], ...]) -> None:
+    """Each (name, planned req/s, ``[control]`` lines, a's ms an item) drains b's two instances first."""
+    for name, rps, control, a_ms in cases:
+        out = _needed_over(tmp_path / name, rps, control, a_ms)
+        done, logs = out["done"], out["logs"]
+        assert done.new_generation and done.error is None and out["destroyed"] == 2, (name, done, logs)
+        assert any("draining those first" in line for line in logs), logs
+
+
+def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path: Path) -> None:
+    """``control.drain_first_past_headroom``: a needed plan for 1.2 req/s over a running plan for
+    1 at ``max_utilization`` 0.8 (which serves 1.25 at full utilization) would drain two running
+    instances first; with 0.8 s of work queued against a 10 s SLO it keeps the running plan
+    instead, destroys nothing, and every queued request is answered 200 there. A plan for 2
+    req/s, a queue at the root past 0.75 of the SLO (a at 0.8 s an item: 8 s of its work), or the
+    switch off: the drain-first goes on."""
+    _kept_running(_needed_over(tmp_path / "small", 1.2),
+                  "less than the running plan's 1.0 serves at full utilization", "headroom")
+    _drains_first(tmp_path, (("large", 2.0, "", 1.0), ("deep", 1.2, "", 800.0),
+                             ("off", 1.2, "drain_first_past_headroom = false\n", 1.0)))
+    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                     ).control.drain_first_past_headroom  # on by default
+
+
+def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain_first_wait(
+        tmp_path: Path) -> None:
+    """``control.drain_first_within_wait``: a needed plan for 2 req/s (past the running plan's
+    headroom) with 4.2 s of work queued at the root (``a`` at 0.4 s an item), longer than the
+    drain-first's 2.5 s wait (a quarter of the 10 s SLO) and within the door's 7.5 s, keeps the
+    running plan: nothing drained, every request answered 200 there. With 8 s queued (past the
+    door's share: the running plan does not cope) or the switch off, the drain-first goes on."""
+    _kept_running(_needed_over(tmp_path / "mid", 2.0, a_ms=400.0),
+                  "is longer than a drain-first waits (2.5 s)", "queue")
+    _drains_first(tmp_path, (("deep", 2.0, "", 800.0),
+                             ("off", 2.0, "drain_first_within_wait = false\n", 400.0)))
+    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                     ).control.drain_first_within_wait  # on by default

@@ -67,6 +67,12 @@ class Frontend:
     def unanswered_in(self, generation: int) -> int:
         return self.dispatcher.unanswered_in(generation)
 
+    def queued_end_s(self, app: str) -> float | None:
+        """Wall seconds until a request of ``app`` admitted now would finish on its current
+        routes (``RoutingTable.queued_end_s``); None when unknown."""
+        routes = self.routing.routes.get(app)
+        return None if routes is None else self.routing.queued_end_s(routes)
+
     def cut_generation(self, generation: int) -> tuple[int, int, int]:
         """Settle a draining generation's requests now (a re-plan needs its slots); returns
         (forgotten, resent, failed): ``Dispatcher.cut_generation``."""

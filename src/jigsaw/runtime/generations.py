@@ -63,6 +63,7 @@ from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import Plan, without_placed
 from jigsaw.planner.packer import InstanceRequest, PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime import stats as st
+from jigsaw.runtime.admission import queue_admits
 from jigsaw.runtime.forkserver import Launcher
 from jigsaw.runtime.generation import Generation, tell
 from jigsaw.runtime.gpus import placements
@@ -81,7 +82,8 @@ READY_FAST_POLL_S = 0.002
 DRAIN_POLL_S = 0.05
 DRAIN_END_MARGIN_S = 0.5  # past a drain's own deadline: the frontend's timers answer its last requests
 CUT_WAIT_S = 15.0  # a cut drain's processes stop within ms; past this the re-plan goes on without
-DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed", "skipped", "not_needed")
+DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed", "skipped", "not_needed",
+                        "headroom", "queue")
 DRAINING = "\x00draining"  # the owner ``place`` gives the slots a draining generation still holds
 
 
@@ -168,6 +170,7 @@ class Router(Protocol):
     def reweight(self, app: str, plan: Plan) -> None: ...
     def pending_in(self, generation: int) -> int: ...
     def unanswered_in(self, generation: int) -> int: ...
+    def queued_end_s(self, app: str) -> float | None: ...
     def cut_generation(self, generation: int) -> tuple[int, int, int]: ...
     def remove_generation(self, generation: int) -> None: ...
     def worker_failed(self, generation: int, app: str, task: str, variant: str,
@@ -538,7 +541,9 @@ class GenerationManager:
                  "outcome (done; refused: no lane while they drain; failed before the drain; restored: "
                  "failed after it, the running plan brought back; restore_failed: the interim plan serves; "
                  "skipped: the running plan held the demand; not_needed: the rate fell to one the running "
-                 "plan holds before the drain-first)\n"
+                 "plan holds before the drain-first; headroom: the new plan planned less than the "
+                 "running plan serves at full utilization; queue: the running plan's queue was longer "
+                 "than a drain-first waits)\n"
                  f"# TYPE {name} counter\n")
         return text + "".join(f'{name}{{outcome="{k}"}} {self.drain_first_total[k]}\n'
                               for k in DRAIN_FIRST_OUTCOMES)
@@ -658,6 +663,11 @@ class GenerationManager:
                 needed = not desired.running_holds and c.cut_drains_when_needed
                 until_end = not desired.running_holds and c.wait_drains_when_needed and not needed
                 recheck = desired.still_needed if c.recheck_need_before_drain_first else None
+                # a needed plan whose drain-first would cost more than the running plan, run hot,
+                # loses keeps the running plan, before any wait for the drains in its way
+                kept_by = self._serves_on(app, old, new, node_layout, deferred) \
+                    if deferred and not skip and not desired.running_holds else None
+                skip = skip or kept_by is not None
                 if deferred and not skip and until_end and c.refuse_before_drain_wait:
                     self._no_lane_before_wait(app, old, node_layout, deferred)
                 if deferred and not skip and (c.cut_drains or needed or until_end) \
@@ -680,9 +690,9 @@ class GenerationManager:
                 # and a drain-first would serve on part of the plan for up to an SLO, holding every
                 # re-plan of the node meanwhile, for a better plan only
                 await self._release_mig(f"{app}: re-plan {'no longer needed' if passed else 'skipped'}")
-                self.drain_first_total["not_needed" if passed else "skipped"] += 1
+                self.drain_first_total["not_needed" if passed else kept_by[0] if kept_by else "skipped"] += 1
                 holds = "the rate now arriving is one the running plan holds" if passed \
-                    else "the running plan holds the demand"
+                    else kept_by[1] if kept_by else "the running plan holds the demand"
                 note = (f"the new plan's MIG instances need the slots of {len(deferred)} running or "
                         f"draining ones and {holds}: no drain-first, keeping generation {old_gid}")
                 self.log(f"{app}: {note}")
@@ -984,6 +994,50 @@ class GenerationManager:
         owned = set(placements(old.plan.layout).values()) if old.plan.layout is not None else set()
         own = {b for b in blockers if b in mine and mine[b].app == app and b in owned}
         return blockers, own
+
+    def _serves_on(self, app: str, old: Generation, new: Plan, desired: NodeLayout,
+                   deferred: tuple[tuple[int, int, str], ...]) -> tuple[str, str] | None:
+        """For a plan the app needs whose MIG instances need the slots of its running instances
+        (a drain-first), while the running plan's queue still admits a new request
+        (``admission.queue_admits``: the work queued on its lanes and their fastest path within
+        0.75 of a deadline): (outcome, why) when the running plan serves on instead, else None.
+
+        - ``headroom`` (``control.drain_first_past_headroom``): ``new`` plans less than the
+          running plan serves at full utilization (its planned rate over
+          ``planner.max_utilization``). The planner leaves each instance ``1 - max_utilization``
+          of its throughput as room for queueing, and a spike's request may queue for its whole
+          deadline (the SLO times the time scale, four 5 s bins at 30), so the running plan, run
+          hot, serves what such a plan plans.
+        - ``queue`` (``control.drain_first_within_wait``): the running plan's queue is longer than
+          the drain-first waits for the instances it drains (``control.drain_first_wait_slo``):
+          what they hold past that wait is sent again behind the interim plan's queue or answered
+          504, while the running plan would answer it within its deadline.
+
+        Why: a drain-first serves on part of the plan for up to a quarter of the SLO and answers
+        504 what the drained instances' queue cannot finish: on day 0 of social_media a needed
+        plan for 5098 req/s over a running one for 4461 (bin 114) failed 53 requests in its
+        drain-first and its interim plan shed 560 at the door, and one for 4094 over 3295 (bin
+        234) failed 101; each served 7-13 s after it was decided; on the peak window one for 5808
+        over 4460, 10.5-11 s of queue on a 21.3 s deadline, failed 405. A running plan whose queue
+        the door sheds at does not cope (a demand that stays above its planned rate, or a short
+        deadline), and the plan that serves more goes on.
+        """
+        c = self.node.control
+        if not (c.drain_first_past_headroom or c.drain_first_within_wait):
+            return None
+        _, own = self._blockers(app, old, desired, deferred)
+        queued_s = self._router().queued_end_s(app)
+        if not own or queued_s is None or not queue_admits(queued_s, self._drain_budget_s(old)):
+            return None
+        full_rps = old.plan.planned_rps / self.node.planner.max_utilization
+        if c.drain_first_past_headroom and new.planned_rps < full_rps * (1 - 1e-9):
+            return "headroom", (f"it plans {new.planned_rps:.1f} rps, less than the running plan's "
+                                f"{old.plan.planned_rps:.1f} serves at full utilization")
+        wait_s = self._drain_first_wait_s(old)
+        if c.drain_first_within_wait and queued_s > wait_s:
+            return "queue", (f"the running plan's queue ({queued_s:.1f} s) is longer than a drain-first "
+                             f"waits ({wait_s:.1f} s) and within what its door admits")
+        return None
 
     def _no_lane_before_wait(self, app: str, old: Generation, desired: NodeLayout,
                              deferred: tuple[tuple[int, int, str], ...]) -> None:
