@@ -302,9 +302,12 @@ def test_a_retiring_generation_gives_an_older_draining_one_back_the_processes_it
 
 def _drain_first_under_load(tmp_path: Path, wait_slo: float) -> dict[str, Any]:
     """40 requests queued on ``b`` (0.5 s an item on five processes: 4 s of work), then the re-plan
-    whose 2g.20gb instance needs two of b's slots (SLO 10 s, time scale 1)."""
+    whose 2g.20gb instance needs two of b's slots (SLO 10 s, time scale 1). The queue is longer
+    than a wait of 0.1 x the SLO, so ``control.drain_first_within_wait`` (tested on its own below)
+    would keep the running plan: it is off here, where the drain-first itself is tested."""
     node_path, first, second = _plans(tmp_path, b_ms=500.0, latency_slo_ms=10000.0,
-                                      control=f"drain_first_wait_slo = {wait_slo}\n")
+                                      control=f"drain_first_wait_slo = {wait_slo}\n"
+                                              "drain_first_within_wait = false\n")
 
     async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
         sent = submit(40)
