@@ -74,7 +74,12 @@ def _columns_by_tv(pb: Problem) -> dict[tuple[str, str], list[Column]]:
     return _derived(pb, ("by_tv",), make)
 
 
-def _greedy_table(cols: list[Column], cap_ms: float, cost: Callable[[Column], float] | None = None
+def _compute_slices(c: Column) -> float:
+    """A column's cost by compute slices alone (the paper's)."""
+    return c.slices
+
+
+def _greedy_table(cols: list[Column], cap_ms: float, cost: Callable[[Column], float] = _compute_slices
                   ) -> tuple[Column, list[Column]] | None:
     """For ``_task_instances``: the columns within ``cap_ms``, their best per slice and all of
     them by (slices, -throughput) (the cheapest cover of a remainder is the first that covers it).
@@ -84,9 +89,8 @@ def _greedy_table(cols: list[Column], cap_ms: float, cost: Callable[[Column], fl
     ok = [c for c in cols if c.latency_ms <= cap_ms + 1e-9]
     if not ok:
         return None
-    price = cost or (lambda c: c.slices)
     best = max(ok, key=lambda c: (c.throughput_rps / c.slices, c.throughput_rps))
-    return best, sorted(ok, key=lambda c: (price(c), -c.throughput_rps))
+    return best, sorted(ok, key=lambda c: (cost(c), -c.throughput_rps))
 
 
 def _task_instances_of(pb: Problem, t: str, v: str, demand: float, cap_ms: float
@@ -99,9 +103,8 @@ def _task_instances_of(pb: Problem, t: str, v: str, demand: float, cap_ms: float
 
 
 def _greedy_instances(table: tuple[Column, list[Column]], demand: float,
-                      cost: Callable[[Column], float] | None = None) -> list[tuple[Column, int]]:
+                      cost: Callable[[Column], float] = _compute_slices) -> list[tuple[Column, int]]:
     best, ranked = table
-    price = cost or (lambda c: c.slices)
     n = max(1, math.ceil(demand / best.throughput_rps - 1e-9))
     plain = [(best, n)]
     rest = demand - (n - 1) * best.throughput_rps
@@ -109,11 +112,11 @@ def _greedy_instances(table: tuple[Column, list[Column]], demand: float,
     if last is None:
         return plain
     mixed = ([(best, n - 1)] if n > 1 else []) + [(last, 1)]
-    return mixed if (n - 1) * price(best) + price(last) < n * price(best) else plain
+    return mixed if (n - 1) * cost(best) + cost(last) < n * cost(best) else plain
 
 
 def _task_instances(cols: list[Column], demand: float, cap_ms: float,
-                    cost: Callable[[Column], float] | None = None) -> list[tuple[Column, int]] | None:
+                    cost: Callable[[Column], float] = _compute_slices) -> list[tuple[Column, int]] | None:
     """Fewest slices (or least ``cost``) for one (task, variant) by the greedy rule, within a
     latency cap."""
     table = _greedy_table(cols, cap_ms, cost)
@@ -564,7 +567,7 @@ def _running_parts(app: App, node: Node, profiles: ProfileTable, running: Plan, 
 
 def _added_instances(app: App, have: list[tuple[Column, int]], shorts: dict[tuple[str, str], float],
                      by_tv: dict[tuple[str, str], list[Column]], *, fair: bool,
-                     cost: Callable[[Column], float] | None = None) -> list[tuple[Column, int]] | None:
+                     cost: Callable[[Column], float] = _compute_slices) -> list[tuple[Column, int]] | None:
     """``extend_plan``'s added instances: for each (task, variant) short of capacity, its best
     throughput-per-slice columns whose latency keeps every path within the SLO; None where one
     finds none. ``fair``: each short task of a path may add at most an equal share of that path's
@@ -599,10 +602,10 @@ def _added_instances(app: App, have: list[tuple[Column, int]], shorts: dict[tupl
     return added
 
 
-def slot_aware_cost(node: Node) -> Callable[[Column], float] | None:
+def slot_aware_cost(node: Node) -> Callable[[Column], float]:
     """What the instance that covers a remainder costs when a running plan is extended: its
     compute slices, or, with ``planner.extension_slices_per_slot`` > 0, at least that many slices
-    per MIG memory slot it holds (None: the compute slices alone, the paper's cost). It never
+    per MIG memory slot it holds (0: the compute slices alone, the paper's cost). It never
     costs a slice: a cover priced so never has more compute slices than the cheapest by compute,
     and a mixed cover replaces a plain one only where it is cheaper both ways or as cheap in
     slices (a 1g.10gb instead of a 1g.20gb).
@@ -617,7 +620,7 @@ def slot_aware_cost(node: Node) -> Callable[[Column], float] | None:
     """
     per_slot = node.planner.extension_slices_per_slot
     if per_slot <= 0:
-        return None
+        return _compute_slices
     size = {p.name: p.size for p in node.gpu.profiles}
     return lambda c: max(float(c.slices), per_slot * size[c.mig_profile])
 
