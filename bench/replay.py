@@ -22,7 +22,10 @@ items, so it stays a fraction. The client must keep its schedule: an arrival sen
 a late client measures a gentler load than the trace's.
 
 ``--steady-state`` measures each bin after the node settled (the paper's way): the bin is played
-for ``--settle-seconds`` at its rate first, not counted, and jigsawd's bins are that much longer.
+for ``--settle-seconds`` at its rate first, not counted, then ``--bin-seconds`` measured, then
+``--tail-seconds`` more at its rate, not counted either; jigsawd's bins are the three together.
+The tail keeps the next bin's re-plan, which starts ``lead_s`` before the daemon's bin ends, off
+the measured requests still in flight (see ``default_tail_s``).
 ``--set section.key=value`` starts jigsawd on a copy of the node file with that setting: the
 ablation (``bench/ablation.py``) switches each mechanism off this way.
 """
@@ -73,6 +76,14 @@ CONCURRENCY_MARGIN = 1.5
 DEFAULT_SLO_MS = 1000.0  # with --url and no node file the app's SLO is not known
 BEHIND_THRESHOLD_S = 0.25  # an arrival sent this much later than scheduled marks its bin behind
 TAIL_TIMEOUT_S = 60.0
+# --steady-state's default unmeasured tail (``default_tail_s``): a measured request is answered
+# (or dropped, 504) within its SLO x the time scale; in the peak-window steady-state runs the
+# median bin's p99 answer was 0.20-0.53 of the SLO (traffic_analysis 132 ms of 650, ar_assistant
+# 345-361 of 1550, social_media 372 of 700), so half the SLO covers the common bin's p99. The next
+# bin's re-plan starts the controller's lead before the daemon bin's end (1.25 x its smoothed
+# re-plan time, at most half a bin): its median over those runs was 0.35-2.0 s.
+TAIL_ANSWER_SLO_FRACTION = 0.5
+TAIL_LEAD_ALLOWANCE_S = 2.0
 READY_TIMEOUT_S = 180.0
 
 
@@ -102,6 +113,48 @@ def demand_window(trace: str, day: int, bins: str | None, peak_rps: float | None
 def client_concurrency(peak_rps: float, latency_slo_ms: float) -> int:
     """How many requests the client may keep in flight (see ``CONCURRENCY_MARGIN``)."""
     return max(MIN_CONCURRENCY, math.ceil(CONCURRENCY_MARGIN * peak_rps * latency_slo_ms / 1000.0))
+
+
+def default_tail_s(latency_slo_ms: float, time_scale: float) -> float:
+    """Wall seconds of unmeasured play after a steady-state bin's measured seconds, by default.
+
+    Long enough that the next bin's routine re-plan (its lead before the daemon bin's end) begins
+    after the measured requests are answered in the common case: their p99 answer time in wall
+    seconds (``TAIL_ANSWER_SLO_FRACTION`` of the SLO x the time scale) plus the controller's usual
+    lead (``TAIL_LEAD_ALLOWANCE_S``). A lead near its cap (half a bin, after a slow solve) or an
+    answer near the SLO still reaches the measured requests; covering those would triple the run.
+    """
+    return round(TAIL_ANSWER_SLO_FRACTION * latency_slo_ms / 1000.0 * time_scale + TAIL_LEAD_ALLOWANCE_S, 1)
+
+
+@dataclass(frozen=True)
+class BinSplit:
+    """How each bin's wall seconds are played: ``settle_s`` unmeasured, ``measured_s``, ``tail_s`` unmeasured.
+
+    Every part runs at the bin's rate; jigsawd's bin is the whole period, so its bins stay aligned
+    with the client's and the measured seconds sit between the bin's own transitions (settle) and
+    the next bin's re-plan (tail).
+    """
+    settle_s: float
+    measured_s: float
+    tail_s: float = 0.0
+
+    @property
+    def period_s(self) -> float:
+        """The daemon's bin length (its ``--bin-seconds``)."""
+        return self.settle_s + self.measured_s + self.tail_s
+
+    def measured(self, offset_s: float) -> bool:
+        """Whether an arrival this far into the bin counts in the bin's measured result."""
+        return self.settle_s <= offset_s < self.settle_s + self.measured_s
+
+    def describe(self) -> str:
+        return (f"{self.settle_s:g} s settling + {self.measured_s:g} s measured + {self.tail_s:g} s tail "
+                f"= {self.period_s:g} s daemon bin")
+
+    def to_json(self) -> dict[str, float]:
+        return {"settle_s": self.settle_s, "measured_s": self.measured_s, "tail_s": self.tail_s,
+                "daemon_bin_s": self.period_s}
 
 
 def poisson_times(rate_per_s: float, duration_s: float, rng: random.Random) -> list[float]:
@@ -265,13 +318,14 @@ def request_body(model: dict[str, Any], binary: bool = True) -> tuple[bytes, dic
                                     "Inference-Header-Content-Length": str(len(head))}
 
 
-async def play(url: str, app: str, window: list[float], bin_seconds: float, time_scale: float,
-               seed: int, progress: Any, settle_s: float = 0.0,
+async def play(url: str, app: str, window: list[float], split: BinSplit, time_scale: float,
+               seed: int, progress: Any,
                max_concurrency: int = MIN_CONCURRENCY) -> tuple[list[BinResult], BinResult]:
     """Open-loop Poisson arrivals, bin by bin; every request is awaited (bounded by its timeout).
 
-    ``settle_s`` (steady state): each bin is played for ``settle_s`` more at its rate first, and the
-    arrivals of that part count only in the second result (sent and answered, not measured).
+    ``split`` (steady state): each bin is played for ``split.period_s`` at its rate, and the
+    arrivals of its settling and tail count only in the second result (sent and answered, not
+    measured).
     """
     import aiohttp
     rng = random.Random(seed)
@@ -317,10 +371,10 @@ async def play(url: str, app: str, window: list[float], bin_seconds: float, time
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
         start = time.monotonic()
         for k, rate in enumerate(window):
-            period = settle_s + bin_seconds
+            period = split.period_s
             bin_start = start + k * period
             for off in poisson_times(rate / time_scale, period, rng):
-                r = results[k] if off >= settle_s else settling
+                r = results[k] if split.measured(off) else settling
                 due = bin_start + off
                 now = time.monotonic()
                 if due > now:
@@ -362,21 +416,21 @@ def _progress_factory(n: int, label: str) -> tuple[Any, Any]:
 
 # ---- one space ----------------------------------------------------------------------------
 def run_space(url: str, app: str, space: str, window: list[float], history: list[float], first_bin: int,
-              bin_seconds: float, time_scale: float, seed: int, token: str,
-              history_out: Path | None = None, settle_s: float = 0.0,
+              split: BinSplit, time_scale: float, seed: int, token: str,
+              history_out: Path | None = None,
               max_concurrency: int = MIN_CONCURRENCY) -> list[dict[str, Any]]:
     ctl = http_json("POST", f"{url}/admin/control", {"app": app, "history_rps": history or [window[0]],
                                                       "restart_bins": True}, token=token)
     log(f"[{space}] initial plan: {ctl['plan']['slices_used']} slices for {ctl['predicted_rps']:.1f} rps")
     update, close = _progress_factory(len(window), space)
     try:
-        results, settling = asyncio.run(play(url, app, window, bin_seconds, time_scale, seed, update,
-                                             settle_s, max_concurrency))
+        results, settling = asyncio.run(play(url, app, window, split, time_scale, seed, update,
+                                             max_concurrency))
     finally:
         close()
     if settling.sent != settling.answered:
-        log(f"settling arrivals without an answer: {settling.sent - settling.answered}")
-    deadline = time.monotonic() + 2 * (bin_seconds + settle_s) + 5  # the daemon closes the last bin
+        log(f"unmeasured (settling, tail) arrivals without an answer: {settling.sent - settling.answered}")
+    deadline = time.monotonic() + 2 * split.period_s + 5  # the daemon closes the last bin
     while True:
         hist = http_json("GET", f"{url}/admin/history?app={app}", token=token).get(app, [])
         if len(hist) >= len(window) or time.monotonic() > deadline:
@@ -513,6 +567,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "rate (not counted; jigsawd's bins are that much longer), as the paper measured")
     p.add_argument("--settle-seconds", type=float, default=None,
                    help="with --steady-state: wall seconds each bin settles (default: --bin-seconds)")
+    p.add_argument("--tail-seconds", type=float, default=None,
+                   help="with --steady-state: wall seconds each bin plays on at its rate after the measured "
+                        "seconds (not counted; jigsawd's bins include them), so the next bin's re-plan "
+                        "starts after the measured requests are answered (default: half the SLO x the time "
+                        "scale + "
+                        f"{TAIL_LEAD_ALLOWANCE_S:g} s; 0: none)")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="a node setting for jigsawd (TOML value; repeatable), e.g. server.lane_shift=false: "
                         "the ablation's switches; the node file with them is written to --out")
@@ -522,6 +582,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "x the app's SLO, at least 512)")
     p.add_argument("--out", type=Path, default=Path("replay-out"))
     return p.parse_args(argv)
+
+
+def bin_split(args: argparse.Namespace, latency_slo_ms: float) -> BinSplit:
+    """The bin's parts from the flags; a ValueError names the bad flag."""
+    if not args.steady_state:
+        for flag, v in (("--settle-seconds", args.settle_seconds), ("--tail-seconds", args.tail_seconds)):
+            if v is not None:
+                raise ValueError(f"{flag} needs --steady-state (without it every arrival is measured)")
+        return BinSplit(0.0, args.bin_seconds)
+    settle_s = args.bin_seconds if args.settle_seconds is None else args.settle_seconds
+    tail_s = args.tail_seconds
+    if tail_s is None:
+        tail_s = default_tail_s(latency_slo_ms, args.time_scale)
+    for flag, v in (("--settle-seconds", settle_s), ("--tail-seconds", tail_s)):
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{flag} must be a finite number >= 0, not {v:g}")
+    return BinSplit(settle_s, args.bin_seconds, tail_s)
+
+
+def daemon_args(node_file: Path, space: str, split: BinSplit, args: argparse.Namespace,
+                first_rps: float) -> list[str]:
+    """jigsawd's command line: its bins are the whole split period, aligned with the client's bins."""
+    return ["--node-config", str(node_file), "--space", space,
+            "--bin-seconds", str(split.period_s),
+            "--time-scale", str(args.time_scale),
+            "--apps", args.apps or args.app, "--demand", f"{max(first_rps, 0.1):.3f}",
+            "--seed", str(args.seed)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -536,6 +623,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.bin_seconds <= 0 or args.time_scale <= 0:
         log("--bin-seconds and --time-scale must be > 0")
+        return 2
+    try:
+        split = bin_split(args, app_slo_ms(args))
+    except ValueError as exc:
+        log(str(exc))
         return 2
     peak = args.peak_rps
     if args.capacity_space not in SPACES:
@@ -578,13 +670,11 @@ def main(argv: list[str] | None = None) -> int:
             args.emulate = not (node.gpu.kind == "cpu" and node.backend in ("onnxruntime", "torch"))
     label = "emulated node, modeled profiles" if args.emulate or args.url else "real models on this CPU"
     args.out.mkdir(parents=True, exist_ok=True)
-    settle_s = (args.bin_seconds if args.settle_seconds is None else args.settle_seconds) \
-        if args.steady_state else 0.0
-    if settle_s < 0:
-        log("--settle-seconds must be >= 0")
-        return 2
-    if settle_s:
-        log(f"steady state: each bin settles {settle_s:g} s before its {args.bin_seconds:g} s are measured")
+    if args.steady_state:
+        tail_from = "--tail-seconds" if args.tail_seconds is not None else (
+            f"default: {TAIL_ANSWER_SLO_FRACTION:g} x the SLO x the time scale + {TAIL_LEAD_ALLOWANCE_S:g} s "
+            "for the controller's lead")
+        log(f"steady state: each bin is {split.describe()} (tail {tail_from})")
     concurrency = args.max_concurrency if args.max_concurrency is not None \
         else client_concurrency(max(window), app_slo_ms(args))
     if concurrency < 1:
@@ -596,20 +686,19 @@ def main(argv: list[str] | None = None) -> int:
     per_space: dict[str, list[dict[str, Any]]] = {}
     for space in spaces:
         if args.url:
-            rows = run_space(args.url, args.app, space, window, history, first, args.bin_seconds,
+            if split.period_s != args.bin_seconds:
+                log(f"--url: the running jigsawd's bins must be {split.period_s:g} s long (its "
+                    "--bin-seconds) to stay aligned with the replay's")
+            rows = run_space(args.url, args.app, space, window, history, first, split,
                              args.time_scale, args.seed, args.token,
-                             args.out / f"{args.app}-{space}-history.json", settle_s, concurrency)
+                             args.out / f"{args.app}-{space}-history.json", concurrency)
         else:
-            daemon_args = ["--node-config", str(node_file), "--space", space,
-                           "--bin-seconds", str(args.bin_seconds + settle_s),
-                           "--time-scale", str(args.time_scale),
-                           "--apps", args.apps or args.app, "--demand", f"{max(window[0], 0.1):.3f}",
-                           "--seed", str(args.seed)]
-            with jigsawd(daemon_args, args.out / f"jigsawd-{args.app}-{space}.log", emulate=args.emulate,
+            with jigsawd(daemon_args(node_file, space, split, args, window[0]),
+                         args.out / f"jigsawd-{args.app}-{space}.log", emulate=args.emulate,
                          ready_timeout_s=READY_TIMEOUT_S, cwd=ROOT) as d:
-                rows = run_space(d.url, args.app, space, window, history, first, args.bin_seconds,
+                rows = run_space(d.url, args.app, space, window, history, first, split,
                                  args.time_scale, args.seed, args.token,
-                                 args.out / f"{args.app}-{space}-history.json", settle_s, concurrency)
+                                 args.out / f"{args.app}-{space}-history.json", concurrency)
         per_space[space] = rows
         with open(args.out / f"{args.app}-{space}.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
@@ -617,13 +706,15 @@ def main(argv: list[str] | None = None) -> int:
             w.writerows(rows)
     summaries = {s: summarize(r) for s, r in per_space.items()}
     for x in summaries.values():
-        x.update({"time_scale": args.time_scale, "bin_seconds": args.bin_seconds, "settle_seconds": settle_s,
+        x.update({"time_scale": args.time_scale, "bin_seconds": args.bin_seconds,
+                  "settle_seconds": split.settle_s, "tail_seconds": split.tail_s,
+                  "bin_split": split.to_json(),
                   "settings": list(args.settings), "first_bin": first, "bins": len(window)})
     print_summary(args.app, summaries, label)
     worst_late = max(x["behind_max_s"] for x in summaries.values())
     kept = "kept up" if worst_late <= BEHIND_THRESHOLD_S else "FELL BEHIND"
     print(f"time scale {args.time_scale:g}, {args.bin_seconds:g} s bins"
-          f"{f' (+{settle_s:g} s settling each)' if settle_s else ''}: the client's latest arrival was "
+          f"{f' (each {split.describe()})' if args.steady_state else ''}: the client's latest arrival was "
           f"{worst_late:.3f} s behind its schedule ({kept}"
           f", threshold {BEHIND_THRESHOLD_S} s)")
     (args.out / f"{args.app}-summary.json").write_text(json.dumps(summaries, indent=1))
