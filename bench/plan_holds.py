@@ -29,6 +29,7 @@ sys.path.append(str(ROOT / "src"))
 
 from replay import (  # noqa: E402
     BinResult,
+    BinSplit,
     client_concurrency,
     node_with_settings,
     percentile,
@@ -87,8 +88,8 @@ def one_rate(node_file: Path, app: str, space: str, rate: float, time_scale: flo
     with jigsawd(args, log_path, ready_timeout_s=180.0) as d:
         url = d.url
         conc = client_concurrency(rate, slo_ms * time_scale)
-        results, _ = asyncio.run(play(url, app, [rate], seconds, time_scale, seed, lambda k, r: None,
-                                      0.0, conc))
+        results, _ = asyncio.run(play(url, app, [rate], BinSplit(0.0, seconds), time_scale, seed,
+                                      lambda k, r: None, conc))
         per_task = task_metrics(url, app)
     planned = re.search(rf"{re.escape(app)}: planned ([0-9.]+) rps, (\d+) slices", log_path.read_text())
     r: BinResult = results[0]
