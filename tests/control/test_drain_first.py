@@ -342,10 +342,12 @@ def test_a_drain_first_with_the_whole_slo_lets_the_queue_finish(tmp_path: Path) 
     assert out["statuses"] == {200: 40}, out["statuses"]
 
 
-def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: float = 1.0) -> dict[str, Any]:
+def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: float = 1.0,
+                 earlier_rps: tuple[float, ...] = ()) -> dict[str, Any]:
     """The drain-first scenario with 20 requests sent (``a``: ``a_ms`` an item on two processes;
     ``b``: 0.2 s an item on five; SLO 10 s), the node planned at ``max_utilization`` 0.8, the
-    running plan for 1 req/s and the new one pushed as a plan the app needs for ``planned_rps``:
+    running plan for 1 req/s and the new one pushed as a plan the app needs for ``planned_rps``
+    (after the same plan for each of ``earlier_rps``, what each returned in ``earlier``):
     what ``apply`` returned, the instances destroyed, the answers' statuses and the manager's
     ``/metrics``."""
     node_path, first, second = _plans(tmp_path, b_ms=200.0, latency_slo_ms=10000.0, control=control,
@@ -359,6 +361,8 @@ def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: fl
         calls0 = len(nvml.calls)
         sent = submit(20)
         await asyncio.sleep(0.1)
+        out["earlier"] = [await gm.apply(DesiredState(app.name, dataclasses.replace(second, planned_rps=rps),
+                                                      running_holds=False)) for rps in earlier_rps]
         out["done"] = await gm.apply(DesiredState(app.name, second, running_holds=False))
         out["destroyed"] = sum(c[0] == "nvmlGpuInstanceDestroy" for c in nvml.calls[calls0:])
         results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
@@ -402,6 +406,25 @@ def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path
                              ("off", 1.2, "drain_first_past_headroom = false\n", 1.0)))
     assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
                      ).control.drain_first_past_headroom  # on by default
+
+
+def test_the_headroom_rule_yields_to_a_spike_still_rising(tmp_path: Path) -> None:
+    """``control.headroom_yields_when_rising``: over a running plan for 1 req/s (1.25 at full
+    utilization), a needed plan for 1.1 is kept out by the headroom rule; a second for 1.12 (within
+    5% of it) is kept out too, and one for 1.2 (9% past the least kept out: the spike still
+    rises) drains the two running instances first. With the switch off, 1.2 after 1.1 is kept out."""
+    out = _needed_over(tmp_path / "rising", 1.2, earlier_rps=(1.1, 1.12))
+    assert [a.new_generation for a in out["earlier"]] == [False, False], out["earlier"]
+    assert all("serves at full utilization" in (a.note or "") for a in out["earlier"]), out["earlier"]
+    done, logs = out["done"], out["logs"]
+    assert done.new_generation and done.error is None and out["destroyed"] == 2, (done, logs)
+    assert any("past the 1.1 the headroom rule kept out" in line for line in logs), logs
+    assert 'jigsaw_reconfig_drain_first_total{outcome="headroom"} 2' in out["metrics"]
+    off = _needed_over(tmp_path / "off", 1.2, "headroom_yields_when_rising = false\n", earlier_rps=(1.1,))
+    assert not off["done"].new_generation and off["destroyed"] == 0, (off["done"], off["logs"])
+    assert "serves at full utilization" in (off["done"].note or "")
+    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                     ).control.headroom_yields_when_rising  # on by default
 
 
 def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain_first_wait(
