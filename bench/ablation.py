@@ -115,6 +115,9 @@ MECHANISMS = {
     # a needed plan keeps the running plan while its queue is longer than a drain-first waits for
     # the instances it drains (and within what the door admits)
     "drain_first_queue": "control.drain_first_within_wait=false",
+    # the headroom rule lets a needed plan drain first when it plans 5% past the least plan it
+    # kept out over the running generation (a spike still rising)
+    "headroom_rising": "control.headroom_yields_when_rising=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

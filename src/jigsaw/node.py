@@ -253,6 +253,15 @@ class ControlSettings:
     # and served 7.3 and 13.3 s after they were decided. At max_utilization 1 only a plan that
     # plans less is kept out. false: the drain-first goes on for any needed plan
     drain_first_past_headroom: bool = True
+    # the headroom rule above keeps a running generation from a drain-first for plans up to 5%
+    # past the least plan it kept out over it; a plan further past is a spike still rising, and
+    # drains first now (runtime/generations.py _serves_on). Why: on day 0 of traffic_analysis the
+    # rule kept out plans for 1245, 1219 and 1386 req/s over one for 1080 while the arrivals
+    # climbed to 1610; the quick plan for 1597 that followed drained 9 running instances for 19
+    # new ones, its interim plan shed 227 requests at the door and it served 7 s after it was
+    # decided (bins 115-116: 22% and 91% violations). false: the rule keeps out any plan below
+    # the running plan's full utilization
+    headroom_yields_when_rising: bool = True
     # a needed plan whose MIG instances need the slots of the app's running instances keeps the
     # running plan while that plan's queue is longer than a drain-first waits for the instances it
     # drains (drain_first_wait_slo of the SLO) and within what its door admits (0.75 of a
@@ -554,6 +563,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         recheck_need_before_drain_first=c.bool("recheck_need_before_drain_first", True),
         drain_first_past_headroom=c.bool("drain_first_past_headroom", True),
         drain_first_within_wait=c.bool("drain_first_within_wait", True),
+        headroom_yields_when_rising=c.bool("headroom_yields_when_rising", True),
         trim_min_slices=c.integer("trim_min_slices", 4, low=0),
         keep_new_plan_bins=c.integer("keep_new_plan_bins", 0, low=0),
         extend_in_place_after_refusal=c.bool("extend_in_place_after_refusal", True),

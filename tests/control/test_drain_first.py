@@ -342,12 +342,15 @@ def test_a_drain_first_with_the_whole_slo_lets_the_queue_finish(tmp_path: Path) 
     assert out["statuses"] == {200: 40}, out["statuses"]
 
 
-def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: float = 1.0) -> dict[str, Any]:
+def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: float = 1.0,
+                 earlier_rps: tuple[float, ...] = (), sent_before: int = 20) -> dict[str, Any]:
     """The drain-first scenario with 20 requests sent (``a``: ``a_ms`` an item on two processes;
     ``b``: 0.2 s an item on five; SLO 10 s), the node planned at ``max_utilization`` 0.8, the
-    running plan for 1 req/s and the new one pushed as a plan the app needs for ``planned_rps``:
-    what ``apply`` returned, the instances destroyed, the answers' statuses and the manager's
-    ``/metrics``."""
+    running plan for 1 req/s and the new one pushed as a plan the app needs for ``planned_rps``
+    (after the same plan for each of ``earlier_rps``, what each returned in ``earlier``); with
+    ``sent_before`` < 20 the rest are sent while the plan waits for drains in its way (a wait of
+    0.2 s stands in for ``_cut_drains``'s): what ``apply`` returned, the instances destroyed,
+    the answers' statuses and the manager's ``/metrics``."""
     node_path, first, second = _plans(tmp_path, b_ms=200.0, latency_slo_ms=10000.0, control=control,
                                       a_ms=a_ms)
     text = node_path.read_text()
@@ -357,8 +360,16 @@ def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: fl
     async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
         nvml = gm.partition.applier.nvml  # type: ignore[union-attr]
         calls0 = len(nvml.calls)
-        sent = submit(20)
+        sent = submit(sent_before)
+        if sent_before < 20:
+            async def waits_for_drains(*_args: Any, **_kwargs: Any) -> bool:
+                sent.extend(submit(20 - sent_before))
+                await asyncio.sleep(0.2)
+                return True
+            gm._cut_drains = waits_for_drains  # type: ignore[method-assign]
         await asyncio.sleep(0.1)
+        out["earlier"] = [await gm.apply(DesiredState(app.name, dataclasses.replace(second, planned_rps=rps),
+                                                      running_holds=False)) for rps in earlier_rps]
         out["done"] = await gm.apply(DesiredState(app.name, second, running_holds=False))
         out["destroyed"] = sum(c[0] == "nvmlGpuInstanceDestroy" for c in nvml.calls[calls0:])
         results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
@@ -404,6 +415,25 @@ def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path
                      ).control.drain_first_past_headroom  # on by default
 
 
+def test_the_headroom_rule_yields_to_a_spike_still_rising(tmp_path: Path) -> None:
+    """``control.headroom_yields_when_rising``: over a running plan for 1 req/s (1.25 at full
+    utilization), a needed plan for 1.1 is kept out by the headroom rule; a second for 1.12 (within
+    5% of it) is kept out too, and one for 1.2 (9% past the least kept out: the spike still
+    rises) drains the two running instances first. With the switch off, 1.2 after 1.1 is kept out."""
+    out = _needed_over(tmp_path / "rising", 1.2, earlier_rps=(1.1, 1.12))
+    assert [a.new_generation for a in out["earlier"]] == [False, False], out["earlier"]
+    assert all("serves at full utilization" in (a.note or "") for a in out["earlier"]), out["earlier"]
+    done, logs = out["done"], out["logs"]
+    assert done.new_generation and done.error is None and out["destroyed"] == 2, (done, logs)
+    assert any("past the 1.1 the headroom rule kept out" in line for line in logs), logs
+    assert 'jigsaw_reconfig_drain_first_total{outcome="headroom"} 2' in out["metrics"]
+    off = _needed_over(tmp_path / "off", 1.2, "headroom_yields_when_rising = false\n", earlier_rps=(1.1,))
+    assert not off["done"].new_generation and off["destroyed"] == 0, (off["done"], off["logs"])
+    assert "serves at full utilization" in (off["done"].note or "")
+    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                     ).control.headroom_yields_when_rising  # on by default
+
+
 def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain_first_wait(
         tmp_path: Path) -> None:
     """``control.drain_first_within_wait``: a needed plan for 2 req/s (past the running plan's
@@ -417,3 +447,14 @@ def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain
                              ("off", 2.0, "drain_first_within_wait = false\n", 400.0)))
     assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
                      ).control.drain_first_within_wait  # on by default
+
+
+def test_a_drain_first_is_weighed_again_after_the_wait_for_the_drains_in_its_way(tmp_path: Path) -> None:
+    """A needed plan for 2 req/s decided with 0.8 s of work queued (4 requests, ``a`` at 0.4 s an
+    item) would drain first; while it waits for drains in its way 16 more requests arrive (4.2 s
+    queued, past the drain-first's 2.5 s wait): weighed again after the wait, it keeps the running
+    plan, drains nothing and every request is answered 200. Without the late arrivals it drains
+    first."""
+    _kept_running(_needed_over(tmp_path / "grew", 2.0, a_ms=400.0, sent_before=4),
+                  "within what its door admits after the wait for the drains in its way", "queue")
+    _drains_first(tmp_path, (("short", 2.0, "", 80.0),))
