@@ -1055,15 +1055,16 @@ class GenerationManager:
         after = " after the wait for the drains in its way" if waited else ""
         full_rps = old.plan.planned_rps / self.node.planner.max_utilization
         if c.drain_first_past_headroom and new.planned_rps < full_rps * (1 - 1e-9):
-            gid, least_rps = self._headroom_kept.get(app, (old.gid, new.planned_rps))
-            if gid != old.gid:
-                least_rps = new.planned_rps
+            kept = self._headroom_kept.get(app)
+            least_rps = kept[1] if kept is not None and kept[0] == old.gid else new.planned_rps
             if not (c.headroom_yields_when_rising and new.planned_rps > least_rps * (1 + RISING_MARGIN)):
                 self._headroom_kept[app] = (old.gid, min(least_rps, new.planned_rps))
                 return "headroom", (f"it plans {new.planned_rps:.1f} rps, less than the running plan's "
                                     f"{old.plan.planned_rps:.1f} serves at full utilization{after}")
-            self.log(f"{app}: a plan for {new.planned_rps:.1f} rps, past the {least_rps:.1f} the headroom "
-                     "rule kept out over the running plan: the spike still rises, no headroom kept")
+            if not waited:  # said once per plan, not again when weighed after the wait
+                self.log(f"{app}: a plan for {new.planned_rps:.1f} rps, past the {least_rps:.1f} the "
+                         "headroom rule kept out over the running plan: the spike still rises, "
+                         "no headroom kept")
         wait_s = self._drain_first_wait_s(old)
         if c.drain_first_within_wait and queued_s > wait_s:
             return "queue", (f"the running plan's queue ({queued_s:.1f} s) is longer than a drain-first "
