@@ -118,6 +118,9 @@ MECHANISMS = {
     # the headroom rule lets a needed plan drain first when it plans 5% past the least plan it
     # kept out over the running generation (a spike still rising)
     "headroom_rising": "control.headroom_yields_when_rising=false",
+    # the headroom rule weighs a plan capped below the rate it was asked for (the node's capacity)
+    # by that rate, so a running plan that does not serve the demand run hot is not kept
+    "headroom_demand": "control.headroom_weighs_demand=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
@@ -232,8 +235,24 @@ def settle_s(run: Run, bin_seconds: float) -> float:
     return bin_seconds if settle is None else settle
 
 
-def wall_s(run: Run, bin_seconds: float) -> float:
-    return run.bins() * (bin_seconds + settle_s(run, bin_seconds)) + START_OVERHEAD_S
+def tail_s(run: Run, time_scale: float, latency_slo_ms: float) -> float:
+    """Wall seconds each bin of ``run`` is played unmeasured after its measured seconds: replay's
+    default tail for a steady-state run (0 otherwise)."""
+    if run.variant not in STEADY_SETTLE_S:
+        return 0.0
+    from replay import default_tail_s
+    return default_tail_s(latency_slo_ms, time_scale)
+
+
+def wall_s(run: Run, bin_seconds: float, tail: float = 0.0) -> float:
+    """About how long ``run`` takes: its bins' settling, measured seconds and ``tail`` (``tail_s``)."""
+    return run.bins() * (bin_seconds + settle_s(run, bin_seconds) + tail) + START_OVERHEAD_S
+
+
+def app_slos_ms() -> dict[str, float]:
+    """Each example app's latency SLO, from the node file the runs use."""
+    from jigsaw.node import load_node
+    return {a.name: a.latency_slo_ms for a in load_node(ROOT / "examples" / "h100x4.toml").apps}
 
 
 def scaled_burst_requests(burst_requests: int, capacity_rps: float, ast_capacity_rps: float) -> int:
@@ -496,7 +515,12 @@ def main(argv: list[str] | None = None) -> int:
     results_path = args.out / "results.jsonl"
     results = load_results(results_path)
     todo = [r for r in runs if r.id not in results]
-    total_s = sum(wall_s(r, args.bin_seconds) for r in todo)
+    slos_ms = app_slos_ms()
+
+    def run_wall_s(r: Run) -> float:
+        return wall_s(r, args.bin_seconds, tail_s(r, scales[r.app], slos_ms[r.app]))
+
+    total_s = sum(run_wall_s(r) for r in todo)
     print(f"ablation: {len(runs)} runs selected, {len(todo)} to run, about {total_s / 3600:.1f} h at "
           f"{args.bin_seconds:g} s bins; trace {args.trace}; time scales {scales}", flush=True)
     capacities: dict[tuple[str, str], float] = {}
@@ -509,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = replay_args(r, args.trace, args.bin_seconds, scales[r.app], args.out / "x",
                               not args.ast_capacity, run_burst_requests(r, not args.ast_capacity, capacities),
                               args.max_utilization)
-            print(f"  {r.id:<50} {wall_s(r, args.bin_seconds) / 60:6.1f} min  {' '.join(cmd)}")
+            print(f"  {r.id:<50} {run_wall_s(r) / 60:6.1f} min  {' '.join(cmd)}")
         return 0
     failed = 0
     for r in todo:

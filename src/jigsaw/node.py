@@ -262,6 +262,15 @@ class ControlSettings:
     # decided (bins 115-116: 22% and 91% violations). false: the rule keeps out any plan below
     # the running plan's full utilization
     headroom_yields_when_rising: bool = True
+    # the headroom rule above weighs a needed plan capped below the rate it was asked for (at the
+    # node's capacity, or a quick plan's fraction) by that rate: it keeps the running plan only
+    # when the running plan serves the demand at full utilization, not merely the cap
+    # (runtime/generations.py _serves_on). Why: on the --steady-state peak window of ar_assistant
+    # plans asked for 671 and 798 req/s and capped at 625-627 were kept out over a running plan
+    # serving 634 at full utilization while 691 req/s arrived: its queue grew to 17 s and bin 115
+    # failed 21 of 198 (on social_media a plan asked for 7253 capped at 6802 over one serving 6810:
+    # 73 of 1130). false: the cap is weighed
+    headroom_weighs_demand: bool = True
     # a needed plan whose MIG instances need the slots of the app's running instances keeps the
     # running plan while that plan's queue is longer than a drain-first waits for the instances it
     # drains (drain_first_wait_slo of the SLO) and within what its door admits (0.75 of a
@@ -564,6 +573,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         drain_first_past_headroom=c.bool("drain_first_past_headroom", True),
         drain_first_within_wait=c.bool("drain_first_within_wait", True),
         headroom_yields_when_rising=c.bool("headroom_yields_when_rising", True),
+        headroom_weighs_demand=c.bool("headroom_weighs_demand", True),
         trim_min_slices=c.integer("trim_min_slices", 4, low=0),
         keep_new_plan_bins=c.integer("keep_new_plan_bins", 0, low=0),
         extend_in_place_after_refusal=c.bool("extend_in_place_after_refusal", True),

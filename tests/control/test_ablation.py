@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import ablation  # noqa: E402
+import replay  # noqa: E402
 from replay import node_with_settings  # noqa: E402
 
 from jigsaw.errors import ConfigError  # noqa: E402
@@ -109,6 +110,12 @@ def test_the_settled_steady_state_run_settles_longer_than_a_reconfiguration() ->
         48 * 10 + ablation.START_OVERHEAD_S
     assert ablation.wall_s(ablation.Run("social_media", "ast", "peak", "all"), 5.0) == \
         48 * 5 + ablation.START_OVERHEAD_S
+    # a steady-state run also plays replay's unmeasured tail after each bin; other runs have none
+    slo_ms = ablation.app_slos_ms()["social_media"]
+    tail = ablation.tail_s(run, 30.0, slo_ms)
+    assert tail == replay.default_tail_s(slo_ms, 30.0) > 0
+    assert ablation.wall_s(run, 5.0, tail) == 48 * (20 + tail) + ablation.START_OVERHEAD_S
+    assert ablation.tail_s(ablation.Run("social_media", "ast", "peak", "all"), 30.0, slo_ms) == 0.0
 
 
 def test_the_readme_table_is_rewritten_between_its_markers(tmp_path: Path) -> None:

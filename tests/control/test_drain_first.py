@@ -343,11 +343,13 @@ def test_a_drain_first_with_the_whole_slo_lets_the_queue_finish(tmp_path: Path) 
 
 
 def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: float = 1.0,
-                 earlier_rps: tuple[float, ...] = (), sent_before: int = 20) -> dict[str, Any]:
+                 earlier_rps: tuple[float, ...] = (), sent_before: int = 20,
+                 demand_rps: float | None = None) -> dict[str, Any]:
     """The drain-first scenario with 20 requests sent (``a``: ``a_ms`` an item on two processes;
     ``b``: 0.2 s an item on five; SLO 10 s), the node planned at ``max_utilization`` 0.8, the
     running plan for 1 req/s and the new one pushed as a plan the app needs for ``planned_rps``
-    (after the same plan for each of ``earlier_rps``, what each returned in ``earlier``); with
+    (after the same plan for each of ``earlier_rps``, what each returned in ``earlier``; asked
+    for ``demand_rps`` when given, a plan capped below its demand); with
     ``sent_before`` < 20 the rest are sent while the plan waits for drains in its way (a wait of
     0.2 s stands in for ``_cut_drains``'s): what ``apply`` returned, the instances destroyed,
     the answers' statuses and the manager's ``/metrics``."""
@@ -355,7 +357,8 @@ def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: fl
                                       a_ms=a_ms)
     text = node_path.read_text()
     node_path.write_text(text.replace("[planner]\n", "[planner]\nmax_utilization = 0.8\n", 1))
-    second = dataclasses.replace(second, planned_rps=planned_rps)
+    second = dataclasses.replace(second, planned_rps=planned_rps,
+                                 demand_rps=second.demand_rps if demand_rps is None else demand_rps)
 
     async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
         nvml = gm.partition.applier.nvml  # type: ignore[union-attr]
@@ -432,6 +435,25 @@ def test_the_headroom_rule_yields_to_a_spike_still_rising(tmp_path: Path) -> Non
     assert "serves at full utilization" in (off["done"].note or "")
     assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
                      ).control.headroom_yields_when_rising  # on by default
+
+
+def test_the_headroom_rule_weighs_a_capped_plan_by_the_demand_it_was_asked_for(tmp_path: Path) -> None:
+    """``control.headroom_weighs_demand``: over a running plan for 1 req/s (1.25 at full
+    utilization), a plan asked for 1.5 and capped at 1.2 (the node's capacity) drains the two
+    running instances first: the running plan does not serve the demand even run hot. Asked for
+    1.22 (within 1.25) the same cap is kept out; with the switch off the cap is weighed and 1.5 is
+    kept out too."""
+    capped = _needed_over(tmp_path / "capped", 1.2, demand_rps=1.5)
+    done, logs = capped["done"], capped["logs"]
+    assert done.new_generation and done.error is None and capped["destroyed"] == 2, (done, logs)
+    assert any("asked for 1.5 rps, past the 1.2 the running plan serves at full utilization" in line
+               for line in logs), logs
+    _kept_running(_needed_over(tmp_path / "within", 1.2, demand_rps=1.22),
+                  "asked for 1.2 rps, less than the running plan's 1.0 serves", "headroom")
+    _kept_running(_needed_over(tmp_path / "off", 1.2, "headroom_weighs_demand = false\n", demand_rps=1.5),
+                  "it plans 1.2 rps, less than the running plan's 1.0 serves", "headroom")
+    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                     ).control.headroom_weighs_demand  # on by default
 
 
 def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain_first_wait(
