@@ -286,6 +286,30 @@ def test_solver_process_that_hangs_is_killed_and_replaced(tmp_path: Path) -> Non
         solver.close()
 
 
+def test_a_solver_process_that_crashes_is_reported_as_a_crash_not_a_timeout() -> None:
+    """A solver library that dies (CBC's SIGSEGV) or a process that exits says so in the error, and
+    the next solve starts a fresh process; only the timer's kill is a timeout."""
+    import sys
+
+    from jigsaw.control.solver import SolverError, SubprocessSolver
+    node = load_node(NODE)
+    apps = [node.app(TA)]
+    cases = (("import os, signal, sys; sys.stdin.readline(); os.kill(os.getpid(), signal.SIGSEGV)",
+              r"died of SIGSEGV"),
+             ("import sys; sys.stdin.readline(); sys.exit(3)", r"exited \(status 3;"))
+    for code, message in cases:
+        solver = SubprocessSolver(NODE, command=[sys.executable, "-c", code], grace_s=5.0)
+        try:
+            for _ in range(2):  # the dead process is replaced by a fresh one, which dies the same way
+                with pytest.raises(SolverError, match=message) as got:
+                    solver(apps, node, None, {TA: 10.0}, space=None, previous=None,  # type: ignore[arg-type]
+                           time_limit_s=5.0, factors=None)
+                assert "timed out" not in str(got.value)
+                assert solver._proc is None
+        finally:
+            solver.close()
+
+
 def test_the_next_bins_plan_starts_ahead_of_the_bin_end() -> None:
     calls: list[tuple[float, float]] = []
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -138,7 +139,13 @@ class SubprocessSolver:
         with self._lock:
             proc = self._ensure()
             assert proc.stdin is not None and proc.stdout is not None
-            timer = threading.Timer(limit_s, proc.kill)
+            expired = threading.Event()  # the timer killed it: a timeout, not a crash
+
+            def expire() -> None:
+                expired.set()
+                proc.kill()
+
+            timer = threading.Timer(limit_s, expire)
             timer.start()
             try:
                 proc.stdin.write(json.dumps(req).encode() + b"\n")
@@ -159,14 +166,11 @@ class SubprocessSolver:
                 timer.cancel()
             if not line:
                 try:
-                    killed = proc.wait(timeout=2.0) < 0
+                    status: int | None = proc.wait(timeout=2.0)
                 except subprocess.TimeoutExpired:
-                    killed = False
+                    status = None
                 self.close()
-                if killed:
-                    raise SolverError(f"solver timed out after {limit_s:g} s (killed; restarted on the next "
-                                      "re-plan)")
-                raise SolverError("solver process exited")
+                raise SolverError(_ended(status, expired.is_set(), limit_s))
         if "error" in doc:
             raise SolverError(doc["error"])
         return NodePlan.from_json_dict(doc["plan"], "<solver>")
@@ -184,6 +188,21 @@ class SubprocessSolver:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def _ended(status: int | None, expired: bool, limit_s: float) -> str:
+    """Why the solver process gave no answer. Why: a solver library that crashes (CBC has died of
+    SIGSEGV under load) is not a solve that ran out of time; the log says which it was."""
+    if expired:
+        return f"solver timed out after {limit_s:g} s (killed; restarted on the next re-plan)"
+    if status is not None and status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"solver process died of {name} (restarted on the next re-plan)"
+    return f"solver process exited ({'still running' if status is None else f'status {status}'}; " \
+        "restarted on the next re-plan)"
 
 
 _PROTOCOL: TextIO = sys.stdout  # the daemon's end of the JSON lines (see ``_claim_stdout``)
