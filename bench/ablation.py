@@ -121,6 +121,9 @@ MECHANISMS = {
     # the headroom rule weighs a plan capped below the rate it was asked for (the node's capacity)
     # by that rate, so a running plan that does not serve the demand run hot is not kept
     "headroom_demand": "control.headroom_weighs_demand=false",
+    # the queue rule keeps the running plan only while the arrivals are within what it serves at
+    # full utilization (past that its queue only grows)
+    "queue_past_full": "control.queue_yields_past_full=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

@@ -271,6 +271,14 @@ class ControlSettings:
     # failed 21 of 198 (on social_media a plan asked for 7253 capped at 6802 over one serving 6810:
     # 73 of 1130). false: the cap is weighed
     headroom_weighs_demand: bool = True
+    # the queue rule below keeps the running plan only while the arrivals the needed plan was asked
+    # for (its demand less planner.demand_slack) are within what the running plan serves at full
+    # utilization; past that its queue only grows (runtime/generations.py _serves_on). Why: on the
+    # --steady-state peak window the rule kept a running plan serving 6819 req/s at full utilization
+    # under 6887 arriving (social_media, bin 115): its queue grew from 8.4 to 14.7 s and 23 of 1130
+    # were answered 504; on ar_assistant the same at 691 arriving over 667. false: the queue's
+    # length alone keeps a drain-first out
+    queue_yields_past_full: bool = True
     # a needed plan whose MIG instances need the slots of the app's running instances keeps the
     # running plan while that plan's queue is longer than a drain-first waits for the instances it
     # drains (drain_first_wait_slo of the SLO) and within what its door admits (0.75 of a
@@ -574,6 +582,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         drain_first_within_wait=c.bool("drain_first_within_wait", True),
         headroom_yields_when_rising=c.bool("headroom_yields_when_rising", True),
         headroom_weighs_demand=c.bool("headroom_weighs_demand", True),
+        queue_yields_past_full=c.bool("queue_yields_past_full", True),
         trim_min_slices=c.integer("trim_min_slices", 4, low=0),
         keep_new_plan_bins=c.integer("keep_new_plan_bins", 0, low=0),
         extend_in_place_after_refusal=c.bool("extend_in_place_after_refusal", True),

@@ -458,25 +458,42 @@ def test_the_headroom_rule_weighs_a_capped_plan_by_the_demand_it_was_asked_for(t
 
 def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain_first_wait(
         tmp_path: Path) -> None:
-    """``control.drain_first_within_wait``: a needed plan for 2 req/s (past the running plan's
-    headroom) with 4.2 s of work queued at the root (``a`` at 0.4 s an item), longer than the
-    drain-first's 2.5 s wait (a quarter of the 10 s SLO) and within the door's 7.5 s, keeps the
-    running plan: nothing drained, every request answered 200 there. With 8 s queued (past the
-    door's share: the running plan does not cope) or the switch off, the drain-first goes on."""
-    _kept_running(_needed_over(tmp_path / "mid", 2.0, a_ms=400.0),
+    """``control.drain_first_within_wait``: a needed plan for 1.3 req/s (past the running plan's
+    1.25 at full utilization; 1.24 arriving under the 5% demand slack) with 4.2 s of work queued
+    at the root (``a`` at 0.4 s an item), longer than the drain-first's 2.5 s wait (a quarter of
+    the 10 s SLO) and within the door's 7.5 s, keeps the running plan: nothing drained, every
+    request answered 200 there. With 8 s queued (past the door's share: the running plan does not
+    cope) or the switch off, the drain-first goes on."""
+    _kept_running(_needed_over(tmp_path / "mid", 1.3, a_ms=400.0),
                   "is longer than a drain-first waits (2.5 s)", "queue")
-    _drains_first(tmp_path, (("deep", 2.0, "", 800.0),
-                             ("off", 2.0, "drain_first_within_wait = false\n", 400.0)))
+    _drains_first(tmp_path, (("deep", 1.3, "", 800.0),
+                             ("off", 1.3, "drain_first_within_wait = false\n", 400.0)))
     assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
                      ).control.drain_first_within_wait  # on by default
 
 
+def test_the_queue_rule_yields_when_the_arrivals_are_past_the_running_plans_full_rate(
+        tmp_path: Path) -> None:
+    """``control.queue_yields_past_full``: the same 4.2 s queue under a plan for 2 req/s (1.9
+    arriving, past the running plan's 1.25 at full utilization: its queue only grows) drains
+    first; with the switch off the queue keeps the running plan as for 1.3."""
+    past = _needed_over(tmp_path / "past", 2.0, a_ms=400.0)
+    done, logs = past["done"], past["logs"]
+    assert done.new_generation and done.error is None and past["destroyed"] == 2, (done, logs)
+    assert any("1.9 rps arriving, past the 1.2 the running plan serves at full utilization" in line
+               for line in logs), logs
+    _kept_running(_needed_over(tmp_path / "off", 2.0, "queue_yields_past_full = false\n", a_ms=400.0),
+                  "is longer than a drain-first waits (2.5 s)", "queue")
+    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                     ).control.queue_yields_past_full  # on by default
+
+
 def test_a_drain_first_is_weighed_again_after_the_wait_for_the_drains_in_its_way(tmp_path: Path) -> None:
-    """A needed plan for 2 req/s decided with 0.8 s of work queued (4 requests, ``a`` at 0.4 s an
-    item) would drain first; while it waits for drains in its way 16 more requests arrive (4.2 s
+    """A needed plan for 1.3 req/s (within the arrivals the queue rule weighs) decided with 0.8 s
+    of work queued (4 requests, ``a`` at 0.4 s an item) would drain first; while it waits for drains in its way 16 more requests arrive (4.2 s
     queued, past the drain-first's 2.5 s wait): weighed again after the wait, it keeps the running
     plan, drains nothing and every request is answered 200. Without the late arrivals it drains
     first."""
-    _kept_running(_needed_over(tmp_path / "grew", 2.0, a_ms=400.0, sent_before=4),
+    _kept_running(_needed_over(tmp_path / "grew", 1.3, a_ms=400.0, sent_before=4),
                   "within what its door admits after the wait for the drains in its way", "queue")
-    _drains_first(tmp_path, (("short", 2.0, "", 80.0),))
+    _drains_first(tmp_path, (("short", 1.3, "", 80.0),))

@@ -1030,6 +1030,9 @@ class GenerationManager:
           the drain-first waits for the instances it drains (``control.drain_first_wait_slo``):
           what they hold past that wait is sent again behind the interim plan's queue or answered
           504, while the running plan would answer it within its deadline.
+          With ``control.queue_yields_past_full``, not while the arrivals the plan was asked for
+          (its demand less ``planner.demand_slack``) are past what the running plan serves at full
+          utilization: its queue then only grows, and a drain-first later drains a longer one.
 
         Both are weighed when the plan is decided and again (``waited``) after a wait for the
         drains in its way, which can take seconds in which the running plan's queue grows.
@@ -1079,6 +1082,14 @@ class GenerationManager:
                      f"utilization, and plans {new.planned_rps:.1f}: no headroom kept")
         wait_s = self._drain_first_wait_s(old)
         if c.drain_first_within_wait and queued_s > wait_s:
+            # the arrivals the plan was asked for: its demand less the planner's slack over them
+            arriving_rps = need_rps / (1 + self.node.planner.demand_slack)
+            if c.queue_yields_past_full and arriving_rps > full_rps * (1 + 1e-9):
+                if not waited:
+                    self.log(f"{app}: {arriving_rps:.1f} rps arriving, past the {full_rps:.1f} the running "
+                             f"plan serves at full utilization: its queue ({queued_s:.1f} s) only grows, "
+                             "no queue kept")
+                return None
             return "queue", (f"the running plan's queue ({queued_s:.1f} s) is longer than a drain-first "
                              f"waits ({wait_s:.1f} s) and within what its door admits{after}")
         return None
