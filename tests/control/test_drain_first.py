@@ -490,10 +490,10 @@ def test_the_queue_rule_yields_when_the_arrivals_are_past_the_running_plans_full
 
 def test_a_drain_first_is_weighed_again_after_the_wait_for_the_drains_in_its_way(tmp_path: Path) -> None:
     """A needed plan for 1.3 req/s (within the arrivals the queue rule weighs) decided with 0.8 s
-    of work queued (4 requests, ``a`` at 0.4 s an item) would drain first; while it waits for drains in its way 16 more requests arrive (4.2 s
-    queued, past the drain-first's 2.5 s wait): weighed again after the wait, it keeps the running
-    plan, drains nothing and every request is answered 200. Without the late arrivals it drains
-    first."""
+    of work queued (4 requests, ``a`` at 0.4 s an item) would drain first; while it waits for
+    drains in its way 16 more requests arrive (4.2 s queued, past the drain-first's 2.5 s wait):
+    weighed again after the wait, it keeps the running plan, drains nothing and every request is
+    answered 200. Without the late arrivals it drains first."""
     _kept_running(_needed_over(tmp_path / "grew", 1.3, a_ms=400.0, sent_before=4),
                   "within what its door admits after the wait for the drains in its way", "queue")
     _drains_first(tmp_path, (("short", 1.3, "", 80.0),))
