@@ -121,9 +121,6 @@ MECHANISMS = {
     # the headroom rule weighs a plan capped below the rate it was asked for (the node's capacity)
     # by that rate, so a running plan that does not serve the demand run hot is not kept
     "headroom_demand": "control.headroom_weighs_demand=false",
-    # the queue rule keeps the running plan only while the arrivals are within what it serves at
-    # full utilization (past that its queue only grows)
-    "queue_past_full": "control.queue_yields_past_full=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
@@ -139,6 +136,9 @@ OPTIONAL = {
     "cut_drains": "control.cut_drains=true",
     "place_around_busy_drains": "control.place_around_busy_drains=true",
     "short_drains": "control.drain_late_credits=false",
+    # the queue rule keeps the running plan only while the arrivals are within what it serves at
+    # full utilization (past that its queue only grows; off: its plans were refused next)
+    "queue_past_full": "control.queue_yields_past_full=true",
     # a plan that frees 4 slices of a running plan that holds the demand is worth a drain-first
     "shrink_drain_first": "control.shrink_drain_min_slices=4",
     # a needed re-plan waits drain_first_wait_slo of the SLO for the drains in its way, then cuts

@@ -276,9 +276,11 @@ class ControlSettings:
     # utilization; past that its queue only grows (runtime/generations.py _serves_on). Why: on the
     # --steady-state peak window the rule kept a running plan serving 6819 req/s at full utilization
     # under 6887 arriving (social_media, bin 115): its queue grew from 8.4 to 14.7 s and 23 of 1130
-    # were answered 504; on ar_assistant the same at 691 arriving over 667. false: the queue's
-    # length alone keeps a drain-first out
-    queue_yields_past_full: bool = True
+    # were answered 504; on ar_assistant the same at 691 arriving over 667. Off by default: with it
+    # on, the plans it let past were refused next (the app would have no lane left while the
+    # instances in their way drained: 10 and 3 refusals on the two peak windows) and the windows
+    # measured 1.38% and 0.21% against 0.15% and 0.13% with it off (bench/README.md)
+    queue_yields_past_full: bool = False
     # a needed plan whose MIG instances need the slots of the app's running instances keeps the
     # running plan while that plan's queue is longer than a drain-first waits for the instances it
     # drains (drain_first_wait_slo of the SLO) and within what its door admits (0.75 of a
@@ -582,7 +584,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         drain_first_within_wait=c.bool("drain_first_within_wait", True),
         headroom_yields_when_rising=c.bool("headroom_yields_when_rising", True),
         headroom_weighs_demand=c.bool("headroom_weighs_demand", True),
-        queue_yields_past_full=c.bool("queue_yields_past_full", True),
+        queue_yields_past_full=c.bool("queue_yields_past_full", False),
         trim_min_slices=c.integer("trim_min_slices", 4, low=0),
         keep_new_plan_bins=c.integer("keep_new_plan_bins", 0, low=0),
         extend_in_place_after_refusal=c.bool("extend_in_place_after_refusal", True),

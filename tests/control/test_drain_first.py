@@ -474,18 +474,18 @@ def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain
 
 def test_the_queue_rule_yields_when_the_arrivals_are_past_the_running_plans_full_rate(
         tmp_path: Path) -> None:
-    """``control.queue_yields_past_full``: the same 4.2 s queue under a plan for 2 req/s (1.9
-    arriving, past the running plan's 1.25 at full utilization: its queue only grows) drains
-    first; with the switch off the queue keeps the running plan as for 1.3."""
-    past = _needed_over(tmp_path / "past", 2.0, a_ms=400.0)
+    """``control.queue_yields_past_full`` (off by default): the same 4.2 s queue under a plan for
+    2 req/s (1.9 arriving, past the running plan's 1.25 at full utilization: its queue only grows)
+    drains first; with the switch off the queue keeps the running plan as for 1.3."""
+    past = _needed_over(tmp_path / "past", 2.0, "queue_yields_past_full = true\n", a_ms=400.0)
     done, logs = past["done"], past["logs"]
     assert done.new_generation and done.error is None and past["destroyed"] == 2, (done, logs)
     assert any("1.9 rps arriving, past the 1.2 the running plan serves at full utilization" in line
                for line in logs), logs
-    _kept_running(_needed_over(tmp_path / "off", 2.0, "queue_yields_past_full = false\n", a_ms=400.0),
+    _kept_running(_needed_over(tmp_path / "off", 2.0, a_ms=400.0),
                   "is longer than a drain-first waits (2.5 s)", "queue")
-    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
-                     ).control.queue_yields_past_full  # on by default
+    assert not load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                         ).control.queue_yields_past_full  # off by default
 
 
 def test_a_drain_first_is_weighed_again_after_the_wait_for_the_drains_in_its_way(tmp_path: Path) -> None:

@@ -1030,9 +1030,11 @@ class GenerationManager:
           the drain-first waits for the instances it drains (``control.drain_first_wait_slo``):
           what they hold past that wait is sent again behind the interim plan's queue or answered
           504, while the running plan would answer it within its deadline.
-          With ``control.queue_yields_past_full``, not while the arrivals the plan was asked for
-          (its demand less ``planner.demand_slack``) are past what the running plan serves at full
-          utilization: its queue then only grows, and a drain-first later drains a longer one.
+          With ``control.queue_yields_past_full`` (off by default), not while the arrivals the
+          plan was asked for (its demand less ``planner.demand_slack``) are past what the running
+          plan serves at full utilization: its queue then only grows, and a drain-first later
+          drains a longer one (but at the node's capacity such a plan was mostly refused next:
+          the app would have had no lane left while the instances in its way drained).
 
         Both are weighed when the plan is decided and again (``waited``) after a wait for the
         drains in its way, which can take seconds in which the running plan's queue grows.
