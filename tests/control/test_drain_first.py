@@ -394,6 +394,13 @@ def _kept_running(out: dict[str, Any], note: str, outcome: str) -> None:
     assert len(out["answers"]) == 20 and set(out["answers"].values()) == {1}
 
 
+def _drained_saying(out: dict[str, Any], line_part: str) -> None:
+    """The needed plan drained b's two instances first, and the log said why (``line_part``)."""
+    done, logs = out["done"], out["logs"]
+    assert done.new_generation and done.error is None and out["destroyed"] == 2, (done, logs)
+    assert any(line_part in line for line in logs), logs
+
+
 def _drains_first(tmp_path: Path, cases: tuple[tuple[str, float, str, float], ...]) -> None:
     """Each (name, planned req/s, ``[control]`` lines, a's ms an item) drains b's two instances first."""
     for name, rps, control, a_ms in cases:
@@ -443,11 +450,8 @@ def test_the_headroom_rule_weighs_a_capped_plan_by_the_demand_it_was_asked_for(t
     running instances first: the running plan does not serve the demand even run hot. Asked for
     1.22 (within 1.25) the same cap is kept out; with the switch off the cap is weighed and 1.5 is
     kept out too."""
-    capped = _needed_over(tmp_path / "capped", 1.2, demand_rps=1.5)
-    done, logs = capped["done"], capped["logs"]
-    assert done.new_generation and done.error is None and capped["destroyed"] == 2, (done, logs)
-    assert any("asked for 1.5 rps, past the 1.2 the running plan serves at full utilization" in line
-               for line in logs), logs
+    _drained_saying(_needed_over(tmp_path / "capped", 1.2, demand_rps=1.5),
+                    "asked for 1.5 rps, past the 1.2 the running plan serves at full utilization")
     _kept_running(_needed_over(tmp_path / "within", 1.2, demand_rps=1.22),
                   "asked for 1.2 rps, less than the running plan's 1.0 serves", "headroom")
     _kept_running(_needed_over(tmp_path / "off", 1.2, "headroom_weighs_demand = false\n", demand_rps=1.5),
@@ -477,11 +481,8 @@ def test_the_queue_rule_yields_when_the_arrivals_are_past_the_running_plans_full
     """``control.queue_yields_past_full`` (off by default): the same 4.2 s queue under a plan for
     2 req/s (1.9 arriving, past the running plan's 1.25 at full utilization: its queue only grows)
     drains first; with the switch off the queue keeps the running plan as for 1.3."""
-    past = _needed_over(tmp_path / "past", 2.0, "queue_yields_past_full = true\n", a_ms=400.0)
-    done, logs = past["done"], past["logs"]
-    assert done.new_generation and done.error is None and past["destroyed"] == 2, (done, logs)
-    assert any("1.9 rps arriving, past the 1.2 the running plan serves at full utilization" in line
-               for line in logs), logs
+    _drained_saying(_needed_over(tmp_path / "past", 2.0, "queue_yields_past_full = true\n", a_ms=400.0),
+                    "1.9 rps arriving, past the 1.2 the running plan serves at full utilization")
     _kept_running(_needed_over(tmp_path / "off", 2.0, a_ms=400.0),
                   "is longer than a drain-first waits (2.5 s)", "queue")
     assert not load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
