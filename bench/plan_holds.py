@@ -5,7 +5,9 @@
 
 For each rate R it starts ``jigsawd --emulate --no-controller --demand R`` (the planner's plan for
 R in ``--space``, no re-plans), plays open-loop Poisson arrivals at R / time scale for
-``--seconds`` wall seconds (``bench/replay.py``'s client) and prints what the plan says it holds
+``--seconds`` wall seconds (``bench/replay.py``'s client; ``--play-factor F`` plays F x R against
+the plan for R, e.g. 1 / ``planner.max_utilization``: does a plan serve what the controller's
+serve-on rules assume it serves at full utilization?) and prints what the plan says it holds
 (``planned_rps``, slices) beside what the node did: violations (plain and the paper's counting),
 503 / 504 counts, latency percentiles in node time, and per task the workers' queue and batch
 statistics from ``/metrics``. Exit status 1 when a plan that holds R violated more than
@@ -80,20 +82,23 @@ def task_metrics(url: str, app: str) -> dict[str, dict[str, float]]:
 
 
 def one_rate(node_file: Path, app: str, space: str, rate: float, time_scale: float, seconds: float,
-             seed: int, out_dir: Path) -> dict[str, Any]:
+             seed: int, out_dir: Path, play_factor: float = 1.0) -> dict[str, Any]:
+    """The plan for ``rate`` (no re-plans) played at ``play_factor`` x ``rate``."""
+    played = rate * play_factor
     args = ["--node-config", str(node_file), "--space", space, "--apps", app, "--demand", f"{rate:g}",
             "--no-controller", "--time-scale", f"{time_scale:g}", "--seed", str(seed)]
     log_path = out_dir / f"jigsawd-{app}-{space}-{rate:g}.log"
     slo_ms = load_node(node_file).app(app).latency_slo_ms
     with jigsawd(args, log_path, ready_timeout_s=180.0) as d:
         url = d.url
-        conc = client_concurrency(rate, slo_ms * time_scale)
-        results, _ = asyncio.run(play(url, app, [rate], BinSplit(0.0, seconds), time_scale, seed,
+        conc = client_concurrency(played, slo_ms * time_scale)
+        results, _ = asyncio.run(play(url, app, [played], BinSplit(0.0, seconds), time_scale, seed,
                                       lambda k, r: None, conc))
         per_task = task_metrics(url, app)
     planned = re.search(rf"{re.escape(app)}: planned ([0-9.]+) rps, (\d+) slices", log_path.read_text())
     r: BinResult = results[0]
-    return {"rate_rps": rate, "planned_rps": float(planned.group(1)) if planned else float("nan"),
+    return {"rate_rps": rate, "played_rps": played,
+            "planned_rps": float(planned.group(1)) if planned else float("nan"),
             "slices": int(planned.group(2)) if planned else -1, "sent": r.sent, "answered": r.answered,
             "violation_pct": r.violation_pct, "violation_paper_pct": r.violation_paper_pct,
             "shed_503": r.shed_503, "dropped_504": r.dropped_504, "other_failed": r.other_failed,
@@ -115,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--max-violation-pct", type=float, default=1.0)
+    p.add_argument("--play-factor", type=float, default=1.0,
+                   help="play this many times each rate against the plan for it (default 1)")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "plan_holds")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = p.parse_args(argv)
@@ -125,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                          "commas") from None
     if not rates or any(r <= 0 for r in rates):
         raise SystemExit("plan_holds: --rates: every rate must be > 0")
+    if not 0 < args.play_factor <= 10:
+        raise SystemExit(f"plan_holds: --play-factor {args.play_factor:g}: expected 0 < F <= 10")
     args.out.mkdir(parents=True, exist_ok=True)
     node_file = node_with_settings(args.node, args.set, args.out)
     rows = []
@@ -134,16 +143,16 @@ def main(argv: list[str] | None = None) -> int:
           "mean batch, queue ms, batch ms, busiest worker, dropped")
     for rate in rates:
         row = one_rate(node_file, args.app, args.space, rate, args.time_scale, args.seconds, args.seed,
-                       args.out)
+                       args.out, args.play_factor)
         rows.append(row)
         tasks = "  ".join(f"{t} b{m['mean_batch']:.1f} q{m['queue_ms']:.0f} x{m['compute_ms']:.0f} "
                           f"u{m['busy_max']:.2f} d{m.get('dropped', 0):.0f}"
                           for t, m in sorted(row["tasks"].items()))
-        print(f"{rate:>6g} {row['planned_rps']:>8.1f} {row['slices']:>6d} {row['sent']:>5d} "
+        print(f"{row['played_rps']:>6g} {row['planned_rps']:>8.1f} {row['slices']:>6d} {row['sent']:>5d} "
               f"{row['violation_pct']:>7.2f} {row['violation_paper_pct']:>8.2f} {row['shed_503']:>4d} "
               f"{row['dropped_504']:>4d} {row['p50_ms']:>7.0f} {row['p95_ms']:>7.0f} {row['p99_ms']:>7.0f} "
               f"{row['max_ms']:>7.0f} {row['behind_s']:>6.2f}  {tasks}", flush=True)
-        holds = row["planned_rps"] >= rate * (1 - 1e-3)
+        holds = row["planned_rps"] >= row["played_rps"] * (1 - 1e-3)
         if row["behind"]:
             print(f"plan_holds: {rate:g} rps: the client fell behind its schedule", flush=True)
             failed = True

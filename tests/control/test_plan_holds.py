@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from jigsaw.node import load_node, load_node_profiles
 from jigsaw.planner.milp import plan
 
@@ -20,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from ablation import DEFAULT_MAX_UTILIZATION  # noqa: E402
-from plan_holds import one_rate  # noqa: E402
+from plan_holds import main, one_rate  # noqa: E402
 from replay import node_with_settings  # noqa: E402
 
 NODE = ROOT / "examples" / "h100x4.toml"
@@ -50,10 +52,16 @@ def test_a_plan_for_r_meets_its_slo_at_r_on_the_emulated_node(tmp_path: Path) ->
     slo_ms = load_node(NODE).app("traffic_analysis").latency_slo_ms
     row = one_rate(_node(tmp_path, DEFAULT_MAX_UTILIZATION), "traffic_analysis", "st", 20.0, time_scale=5.0,
                    seconds=15.0, seed=3, out_dir=tmp_path)
-    assert row["planned_rps"] >= 20.0
+    assert row["planned_rps"] >= 20.0 and row["played_rps"] == 20.0
     assert not row["behind"], "the client fell behind its schedule: the load was gentler than asked"
     assert row["sent"] >= 40 and row["answered"] == row["sent"]
     # every request answered 200 within the SLO, but for at most one (2%: the plan's p95 tail)
     assert row["shed_503"] == 0 and row["dropped_504"] == 0 and row["other_failed"] == 0
     assert row["violation_pct"] * row["answered"] / 100.0 <= 1
     assert row["p95_ms"] < slo_ms
+
+
+def test_a_play_factor_out_of_range_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    for bad in ("0", "-1", "11"):
+        with pytest.raises(SystemExit, match="--play-factor"):
+            main(["--play-factor", bad, "--out", str(tmp_path)])
