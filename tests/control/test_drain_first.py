@@ -460,6 +460,17 @@ def test_the_headroom_rule_weighs_a_capped_plan_by_the_demand_it_was_asked_for(t
                      ).control.headroom_weighs_demand  # on by default
 
 
+def test_the_headroom_rule_keeps_only_below_its_fraction_of_full_utilization(tmp_path: Path) -> None:
+    """``control.headroom_full_fraction``: over a running plan for 1 req/s (1.25 at full
+    utilization), at 0.88 (1.1) a needed plan for 1.05 is kept out and one for 1.2 drains the two
+    running instances first; at the default 1 the plan for 1.2 is kept out (the test above)."""
+    _kept_running(_needed_over(tmp_path / "below", 1.05, "headroom_full_fraction = 0.88\n"),
+                  "less than 0.88 of what the running plan's 1.0 serves", "headroom")
+    _drains_first(tmp_path, (("above", 1.2, "headroom_full_fraction = 0.88\n", 1.0),))
+    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
+                     ).control.headroom_full_fraction == 1.0  # the default keeps up to all of it
+
+
 def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain_first_wait(
         tmp_path: Path) -> None:
     """``control.drain_first_within_wait``: a needed plan for 1.3 req/s (past the running plan's

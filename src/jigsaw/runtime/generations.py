@@ -1026,6 +1026,8 @@ class GenerationManager:
           (``demand_rps``: at the node's capacity, or a quick plan's fraction) is weighed by that
           rate: a running plan that does not serve the demand even at full utilization has no
           headroom for it, however close the cap comes to what it serves.
+          ``control.headroom_full_fraction`` (1 by default) keeps only plans below that fraction
+          of what the running plan serves at full utilization.
         - ``queue`` (``control.drain_first_within_wait``): the running plan's queue is longer than
           the drain-first waits for the instances it drains (``control.drain_first_wait_slo``):
           what they hold past that wait is sent again behind the interim plan's queue or answered
@@ -1068,20 +1070,24 @@ class GenerationManager:
         need_rps = max(new.planned_rps, new.demand_rps) if c.headroom_weighs_demand else new.planned_rps
         asked = f"it is asked for {need_rps:.1f} rps" if need_rps > new.planned_rps else \
             f"it plans {new.planned_rps:.1f} rps"
-        if c.drain_first_past_headroom and need_rps < full_rps * (1 - 1e-9):
+        keep_below_rps = full_rps * c.headroom_full_fraction
+        if c.drain_first_past_headroom and need_rps < keep_below_rps * (1 - 1e-9):
             kept = self._headroom_kept.get(app)
             least_rps = kept[1] if kept is not None and kept[0] == old.gid else need_rps
             if not (c.headroom_yields_when_rising and need_rps > least_rps * (1 + RISING_MARGIN)):
                 self._headroom_kept[app] = (old.gid, min(least_rps, need_rps))
-                return "headroom", (f"{asked}, less than the running plan's "
+                share = "" if c.headroom_full_fraction >= 1 else f"{c.headroom_full_fraction:g} of what "
+                return "headroom", (f"{asked}, less than {share}the running plan's "
                                     f"{old.plan.planned_rps:.1f} serves at full utilization{after}")
             if not waited:  # said once per plan, not again when weighed after the wait
                 self.log(f"{app}: a plan for {need_rps:.1f} rps, past the {least_rps:.1f} the "
                          "headroom rule kept out over the running plan: the spike still rises, "
                          "no headroom kept")
         elif c.drain_first_past_headroom and need_rps > new.planned_rps and not waited:
-            self.log(f"{app}: {asked}, past the {full_rps:.1f} the running plan serves at full "
-                     f"utilization, and plans {new.planned_rps:.1f}: no headroom kept")
+            what = "the running plan serves at full utilization" if c.headroom_full_fraction >= 1 else \
+                f"({c.headroom_full_fraction:g} of what the running plan serves at full utilization)"
+            self.log(f"{app}: {asked}, past the {keep_below_rps:.1f} {what}, and plans "
+                     f"{new.planned_rps:.1f}: no headroom kept")
         wait_s = self._drain_first_wait_s(old)
         if c.drain_first_within_wait and queued_s > wait_s:
             # the arrivals the plan was asked for: its demand less the planner's slack over them
