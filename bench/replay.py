@@ -424,9 +424,9 @@ def run_space(url: str, app: str, space: str, window: list[float], history: list
     log(f"[{space}] initial plan: {ctl['plan']['slices_used']} slices for {ctl['predicted_rps']:.1f} rps")
     update, close = _progress_factory(len(window), space)
     try:
-        # uvloop, as jigsawd runs: the client's one loop sends on schedule while thousands of
-        # answers come back (social_media's peak burst, ~2800 in flight, put the asyncio loop
-        # 0.29 s behind its schedule with the machine otherwise idle)
+        # uvloop, as jigsawd runs: the client's one loop sends while thousands of answers come
+        # back. social_media's steady peak burst (~2800 in flight) put the asyncio loop 0.29 s
+        # behind with the machine otherwise idle, and the uvloop one 0.31 s: one loop is the limit
         import uvloop
         results, settling = uvloop.run(play(url, app, window, split, time_scale, seed, update,
                                             max_concurrency))
