@@ -145,8 +145,7 @@ def test_a_needed_plan_that_the_rate_no_longer_needs_drains_nothing(tmp_path: Pa
     done, logs, asked, destroyed = _needed_once(
         tmp_path / "off", "recheck_need_before_drain_first = false\n", needed=False)
     assert asked == 0 and done.new_generation and destroyed == 2, (done, logs)
-    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
-                     ).control.recheck_need_before_drain_first  # on by default
+    assert _example_control().recheck_need_before_drain_first  # on by default
 
 
 def test_keep_all_replan_rewires_the_running_processes(tmp_path: Path) -> None:
@@ -394,6 +393,11 @@ def _kept_running(out: dict[str, Any], note: str, outcome: str) -> None:
     assert len(out["answers"]) == 20 and set(out["answers"].values()) == {1}
 
 
+def _example_control() -> Any:
+    """The example node's ``[control]``: where each rule's default is asserted."""
+    return load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml").control
+
+
 def _drained_saying(out: dict[str, Any], line_part: str) -> None:
     """The needed plan drained b's two instances first, and the log said why (``line_part``)."""
     done, logs = out["done"], out["logs"]
@@ -421,8 +425,7 @@ def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path
                   "less than the running plan's 1.0 serves at full utilization", "headroom")
     _drains_first(tmp_path, (("large", 2.0, "", 1.0), ("deep", 1.2, "", 800.0),
                              ("off", 1.2, "drain_first_past_headroom = false\n", 1.0)))
-    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
-                     ).control.drain_first_past_headroom  # on by default
+    assert _example_control().drain_first_past_headroom  # on by default
 
 
 def test_the_headroom_rule_yields_to_a_spike_still_rising(tmp_path: Path) -> None:
@@ -440,8 +443,7 @@ def test_the_headroom_rule_yields_to_a_spike_still_rising(tmp_path: Path) -> Non
     off = _needed_over(tmp_path / "off", 1.2, "headroom_yields_when_rising = false\n", earlier_rps=(1.1,))
     assert not off["done"].new_generation and off["destroyed"] == 0, (off["done"], off["logs"])
     assert "serves at full utilization" in (off["done"].note or "")
-    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
-                     ).control.headroom_yields_when_rising  # on by default
+    assert _example_control().headroom_yields_when_rising  # on by default
 
 
 def test_the_headroom_rule_weighs_a_capped_plan_by_the_demand_it_was_asked_for(tmp_path: Path) -> None:
@@ -456,8 +458,7 @@ def test_the_headroom_rule_weighs_a_capped_plan_by_the_demand_it_was_asked_for(t
                   "asked for 1.2 rps, less than the running plan's 1.0 serves", "headroom")
     _kept_running(_needed_over(tmp_path / "off", 1.2, "headroom_weighs_demand = false\n", demand_rps=1.5),
                   "it plans 1.2 rps, less than the running plan's 1.0 serves", "headroom")
-    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
-                     ).control.headroom_weighs_demand  # on by default
+    assert _example_control().headroom_weighs_demand  # on by default
 
 
 def test_the_headroom_rule_keeps_only_below_its_fraction_of_full_utilization(tmp_path: Path) -> None:
@@ -467,8 +468,7 @@ def test_the_headroom_rule_keeps_only_below_its_fraction_of_full_utilization(tmp
     _kept_running(_needed_over(tmp_path / "below", 1.05, "headroom_full_fraction = 0.88\n"),
                   "less than 0.88 of what the running plan's 1.0 serves", "headroom")
     _drains_first(tmp_path, (("above", 1.2, "headroom_full_fraction = 0.88\n", 1.0),))
-    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
-                     ).control.headroom_full_fraction == 1.0  # the default keeps up to all of it
+    assert _example_control().headroom_full_fraction == 1.0  # the default keeps up to all of it
 
 
 def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain_first_wait(
@@ -483,8 +483,7 @@ def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain
                   "is longer than a drain-first waits (2.5 s)", "queue")
     _drains_first(tmp_path, (("deep", 1.3, "", 800.0),
                              ("off", 1.3, "drain_first_within_wait = false\n", 400.0)))
-    assert load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
-                     ).control.drain_first_within_wait  # on by default
+    assert _example_control().drain_first_within_wait  # on by default
 
 
 def test_the_queue_rule_yields_when_the_arrivals_are_past_the_running_plans_full_rate(
@@ -496,8 +495,7 @@ def test_the_queue_rule_yields_when_the_arrivals_are_past_the_running_plans_full
                     "1.9 rps arriving, past the 1.2 the running plan serves at full utilization")
     _kept_running(_needed_over(tmp_path / "off", 2.0, a_ms=400.0),
                   "is longer than a drain-first waits (2.5 s)", "queue")
-    assert not load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml"
-                         ).control.queue_yields_past_full  # off by default
+    assert not _example_control().queue_yields_past_full  # off by default
 
 
 def test_a_drain_first_is_weighed_again_after_the_wait_for_the_drains_in_its_way(tmp_path: Path) -> None:

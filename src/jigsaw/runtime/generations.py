@@ -1071,12 +1071,12 @@ class GenerationManager:
         asked = f"it is asked for {need_rps:.1f} rps" if need_rps > new.planned_rps else \
             f"it plans {new.planned_rps:.1f} rps"
         keep_below_rps = full_rps * c.headroom_full_fraction
+        share = "" if c.headroom_full_fraction >= 1 else f"{c.headroom_full_fraction:g} of what "
         if c.drain_first_past_headroom and need_rps < keep_below_rps * (1 - 1e-9):
             kept = self._headroom_kept.get(app)
             least_rps = kept[1] if kept is not None and kept[0] == old.gid else need_rps
             if not (c.headroom_yields_when_rising and need_rps > least_rps * (1 + RISING_MARGIN)):
                 self._headroom_kept[app] = (old.gid, min(least_rps, need_rps))
-                share = "" if c.headroom_full_fraction >= 1 else f"{c.headroom_full_fraction:g} of what "
                 return "headroom", (f"{asked}, less than {share}the running plan's "
                                     f"{old.plan.planned_rps:.1f} serves at full utilization{after}")
             if not waited:  # said once per plan, not again when weighed after the wait
@@ -1084,8 +1084,8 @@ class GenerationManager:
                          "headroom rule kept out over the running plan: the spike still rises, "
                          "no headroom kept")
         elif c.drain_first_past_headroom and need_rps > new.planned_rps and not waited:
-            what = "the running plan serves at full utilization" if c.headroom_full_fraction >= 1 else \
-                f"({c.headroom_full_fraction:g} of what the running plan serves at full utilization)"
+            what = f"{share}the running plan serves at full utilization"
+            what = f"({what})" if share else what
             self.log(f"{app}: {asked}, past the {keep_below_rps:.1f} {what}, and plans "
                      f"{new.planned_rps:.1f}: no headroom kept")
         wait_s = self._drain_first_wait_s(old)
