@@ -121,6 +121,9 @@ MECHANISMS = {
     # the headroom rule weighs a plan capped below the rate it was asked for (the node's capacity)
     # by that rate, so a running plan that does not serve the demand run hot is not kept
     "headroom_demand": "control.headroom_weighs_demand=false",
+    # a needed plan waiting for the drains in its way stops waiting, and changes nothing, once the
+    # arrivals are 1.25x what it plans: the re-plan lock goes to a plan sized to the rate
+    "outgrown_wait": "control.end_wait_outgrown_above=0",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

@@ -241,6 +241,23 @@ class ControlSettings:
     # decided, when 1385 req/s arrived, which the running plan held; the interim plan and the
     # re-sent backlog violated 42-78% of bins 158-160. false: the drain-first goes on regardless
     recheck_need_before_drain_first: bool = True
+    # a needed plan that waits for the drains in its way (wait_drains_when_needed) is asked at each
+    # poll of the wait whether the rate now arriving is more than this many times what it plans
+    # (significantly: rate_trigger_z); then the wait ends, nothing changes, and the rate trigger's
+    # next re-plan is for the rate that arrives (runtime/generations.py DesiredState.outgrown,
+    # control/controller.py AppController.outgrows). Why: on day 0 of social_media a re-plan for
+    # 2417 req/s waited 10.5 s for two ordinary drains and held the node's re-plan lock while the
+    # arrivals rose to 4535 and 6314 req/s: the running plan for 2021 shed 547 requests (bin 73,
+    # 47%), and the in-place extension that served the spike came only after the wait. 0: off
+    end_wait_outgrown_above: float = 1.25
+    # a drain-first that would leave the app no lane (every instance of a task in the new ones'
+    # way) drains in two steps instead of being refused: all but at most 4 of those instances
+    # first, then the rest while the new instances that fit by then serve beside the running
+    # plan's others (runtime/generations.py two_step_split, interim_plan). Why: at the peak no MIG
+    # memory slot is free, a plan for more moves most running instances, and every such plan was
+    # refused: the running plan served a rate it could not hold (every steady-state violation of
+    # ar_assistant and social_media). false: refused as before
+    two_step_drain_first: bool = True
     # a needed plan whose MIG instances need the slots of the app's running instances drains them
     # first only when it plans at least what the running plan serves at full utilization (its planned
     # rate over planner.max_utilization) or when the running plan's queue is past what the door
@@ -565,6 +582,9 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     predictor = c.str("predictor", "recurring")
     if predictor not in PREDICTORS:
         raise c.error("predictor", f"expected one of {', '.join(PREDICTORS)}, got {predictor!r}")
+    outgrown_above = c.number("end_wait_outgrown_above", 1.25, low=0)
+    if 0 < outgrown_above < 1:
+        raise c.error("end_wait_outgrown_above", f"expected 0 (off) or a number >= 1, got {outgrown_above!r}")
     control = ControlSettings(
         bin_seconds=c.number("bin_seconds", 300.0, low=0, low_open=True),
         history_bins=c.integer("history_bins", 5, low=1),
@@ -588,6 +608,8 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         refuse_before_drain_wait=c.bool("refuse_before_drain_wait", True),
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
         recheck_need_before_drain_first=c.bool("recheck_need_before_drain_first", True),
+        end_wait_outgrown_above=outgrown_above,
+        two_step_drain_first=c.bool("two_step_drain_first", True),
         drain_first_past_headroom=c.bool("drain_first_past_headroom", True),
         drain_first_within_wait=c.bool("drain_first_within_wait", True),
         headroom_yields_when_rising=c.bool("headroom_yields_when_rising", True),

@@ -45,6 +45,7 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert base.control.quick_after_refusal and not off.control.quick_after_refusal
     assert base.control.solver_grace_bins == 1.0 and off.control.solver_grace_bins == 0.0
     assert base.control.unplanned_retry_share == 0.85 and off.control.unplanned_retry_share == 0.0
+    assert base.control.end_wait_outgrown_above == 1.25 and off.control.end_wait_outgrown_above == 0
     on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
     assert base.control.rate_trigger_z == 0.0 and on.control.rate_trigger_z == 3.5
     assert base.control.shrink_min_slices == 1 and off.control.shrink_min_slices == 0
@@ -79,6 +80,10 @@ def test_a_bad_setting_names_the_field(tmp_path: Path) -> None:
         node_with_settings(NODE, ["control.rate_trigger_z=-1"], tmp_path)
     with pytest.raises(ConfigError, match="shrink_min_slices"):
         node_with_settings(NODE, ["control.shrink_min_slices=-2"], tmp_path)
+    with pytest.raises(ConfigError, match=r"end_wait_outgrown_above.*0 \(off\) or a number >= 1"):
+        node_with_settings(NODE, ["control.end_wait_outgrown_above=0.5"], tmp_path)
+    off = node_with_settings(NODE, ["control.end_wait_outgrown_above=0"], tmp_path / "off")
+    assert load_node(off).control.end_wait_outgrown_above == 0
     with pytest.raises(ValueError, match=r"section\.key=value"):
         node_with_settings(NODE, ["lane_shift=false"], tmp_path)
 

@@ -938,6 +938,71 @@ def test_a_needed_plan_asks_the_rate_window_whether_it_is_still_needed() -> None
     asyncio.run(go())
 
 
+def test_a_needed_plan_asks_the_rate_window_whether_the_arrivals_outgrew_it() -> None:
+    # ``control.end_wait_outgrown_above`` (1.25): the plan pushed for a burst asks, while it waits
+    # for drains, whether the rate now arriving is more than 1.25x what it plans: not at the rate
+    # it was planned for, nor at 1.2x, nor for a window too short to read; yes at 3x. An
+    # operator's plan, and every plan with the rule off (0), is never asked.
+    solver = _per_app(lambda a, d: _plan(d, [_inst(2)], app=a))
+
+    async def go() -> None:
+        c, fe = _controller(solver)
+        ac = _app(c)
+        now = time.monotonic()
+        c.bin_start = now - 50.0
+        ac._arrival_samples = deque([(now - 12.0, 50), (now - 9.0, 60)])
+        fe.bins[TA].arrivals = 150
+        c._check_early()
+        assert c._replan_task is not None
+        await c._replan_task
+        pushed = c.plane.applied  # type: ignore[attr-defined]
+        assert pushed and pushed[-1].outgrown is not None, pushed
+        planned = pushed[-1].plan.planned_rps
+        assert planned > 10.0  # sized to the burst, above the running plan's 10
+        now = time.monotonic()
+        ac._arrival_samples = deque([(now - 12.0, 50)])
+
+        def at(rps: float) -> int:  # the arrivals count that reads ``rps`` over the 12 s window
+            return 50 + round(rps * 12.0 / c.time_scale)
+        fe.bins[TA].arrivals = at(planned)
+        assert not pushed[-1].outgrown()
+        fe.bins[TA].arrivals = at(1.2 * planned)
+        assert not pushed[-1].outgrown()
+        fe.bins[TA].arrivals = at(3.0 * planned)
+        assert pushed[-1].outgrown()
+        ac._arrival_samples.clear()
+        assert not pushed[-1].outgrown()  # no window to read: the wait goes on
+        n = len(pushed)
+        await c.replan({TA: 40.0}, trigger="admin")
+        assert len(pushed) > n and pushed[-1].outgrown is None, pushed
+        # a plan capped at what fits (at the node's capacity) is asked against the demand it was
+        # asked for: a rate past its cap is one no re-plan would serve more of
+        capped = _per_app(lambda a, d: dataclasses.replace(_plan(d / 2, [_inst(2)], app=a),
+                                                           max_demand_plan=True))
+        c.solver = capped
+        ac._arrival_samples = deque([(time.monotonic() - 12.0, 50)])
+        fe.bins[TA].arrivals = 50
+        n = len(pushed)
+        c._spawn({TA: 400.0}, "bin")
+        assert c._replan_task is not None
+        await c._replan_task
+        assert len(pushed) > n and pushed[-1].outgrown is not None and pushed[-1].plan.planned_rps == 200.0
+        fe.bins[TA].arrivals = at(1.5 * 200.0)  # 1.5x what it plans, 0.75x what it was asked for
+        assert not pushed[-1].outgrown()
+        fe.bins[TA].arrivals = at(1.5 * 400.0)
+        assert pushed[-1].outgrown()
+        c.node = dataclasses.replace(c.node, control=dataclasses.replace(c.node.control,
+                                                                         end_wait_outgrown_above=0.0))
+        c.solver = solver
+        n = len(pushed)
+        c._spawn({TA: 800.0}, "bin")
+        assert c._replan_task is not None
+        await c._replan_task
+        assert len(pushed) > n and pushed[-1].outgrown is None, pushed
+
+    asyncio.run(go())
+
+
 def test_a_routine_replan_put_off_by_a_running_one_runs_once_it_is_done() -> None:
     # an early re-plan is still solving when the next bin's routine re-plan is due: the routine one
     # is not dropped but runs, with a fresh prediction, at the first poll after the early one

@@ -139,7 +139,7 @@ def _serve(node_path: Path, first: Plan, steps: Steps) -> dict[str, Any]:
 
 def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb", slo_ms: float = 30000.0,
          requests: int = REQUESTS, still_needed: Callable[[], bool] | None = None,
-         **desired: bool) -> dict[str, Any]:
+         outgrown: Callable[[], bool] | None = None, **desired: bool) -> dict[str, Any]:
     """Start generation 0, load it, re-plan to generation 1, then at once to the plan that adds
     an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot); return what happened.
     The drain switches are on unless ``node_extra`` sets them."""
@@ -153,8 +153,10 @@ def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb", slo_ms: f
         out["gen0_pending_before"] = fe.pending_in(one.previous)
         out["keep_off"] = sorted((i.gpu, i.start) for i in gm._keep_off())
         sent += [submit() for _ in range(4)]  # and a few on generation 1
+        out["layout_before"] = gm.node_layout
         out["third_at"] = asyncio.get_running_loop().time()
-        two = await gm.apply(DesiredState(APP, third, still_needed=still_needed, **desired))
+        two = await gm.apply(DesiredState(APP, third, still_needed=still_needed, outgrown=outgrown,
+                                          **desired))
         out["third_s"] = asyncio.get_running_loop().time() - out["third_at"]
         out["second"], out["third"] = one, two
         out["gen0_alive_after"] = one.previous in gm.generations
@@ -312,6 +314,38 @@ def test_a_needed_replan_stops_waiting_for_the_drain_once_the_rate_no_longer_nee
                still_needed=passes_after_a_second)
     assert off["third"].new_generation and not off["gen0_alive_after"], (off["third"], off["logs"])
     assert off["third_s"] > 3.0, off["third_s"]
+
+
+def test_a_needed_replan_stops_waiting_for_the_drain_once_the_arrivals_outgrow_it(tmp_path: Path) -> None:
+    """``control.end_wait_outgrown_above``: the re-plan waiting for generation 0's six seconds of
+    work asks at each poll whether the arrivals have outgrown it; told yes after about a second,
+    it stops waiting, changes nothing (no drain cut, nothing sent again, the MIG instances it
+    brought up released) and returns, so the node's re-plan lock is free for a plan sized to the
+    rate. Off (0), the callback is not asked: it waits the whole drain and takes the slot."""
+    t0: list[float] = []
+    asked: list[int] = []
+
+    def grows_after_a_second() -> bool:
+        asked.append(1)
+        t0.append(t0[0] if t0 else asyncio.get_running_loop().time())
+        return asyncio.get_running_loop().time() - t0[0] >= 1.0
+    out = _run(tmp_path / "on", WAIT, outgrown=grows_after_a_second)
+    two, logs = out["third"], out["logs"]
+    assert not two.new_generation and two.error is None and not two.refused, (two, logs)
+    assert "the arrivals outgrew the new plan" in (two.note or ""), two
+    assert any("the arrivals outgrew the plan: the wait ends there" in line for line in logs), logs
+    assert 0.9 < out["third_s"] < 4.5, out["third_s"]  # not the six seconds of generation 0
+    assert out["gen0_alive_after"] and out["cut"][0] == 0  # it drains on, nothing re-sent
+    assert out["layout"] == out["layout_before"]  # the MIG instances it brought up are gone
+    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+    assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
+    assert 'jigsaw_reconfig_drain_first_total{outcome="outgrown"} 1' in out["metrics"]
+    assert out["leaked"] == set()
+    t0.clear()
+    asked.clear()
+    off = _run(tmp_path / "off", WAIT + "end_wait_outgrown_above = 0\n", outgrown=grows_after_a_second)
+    assert off["third"].new_generation and not off["gen0_alive_after"], (off["third"], off["logs"])
+    assert off["third_s"] > 3.0 and not asked, off["third_s"]
 
 
 def test_the_wait_for_a_drain_that_cannot_answer_in_time_sends_nothing_again(tmp_path: Path) -> None:

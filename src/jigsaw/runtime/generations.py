@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import subprocess
@@ -60,7 +61,7 @@ from jigsaw.gpu.nvml import MigApplier
 from jigsaw.gpu.partition import MigPartition, overlaps
 from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel
 from jigsaw.node import Node, load_node_profiles
-from jigsaw.plan import Plan, without_placed
+from jigsaw.plan import Plan, with_placed, without_placed
 from jigsaw.planner.packer import InstanceRequest, PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.admission import queue_admits
@@ -81,9 +82,10 @@ READY_FAST_S = 0.2  # for this long after the start the readiness is polled ever
 READY_FAST_POLL_S = 0.002
 DRAIN_POLL_S = 0.05
 DRAIN_END_MARGIN_S = 0.5  # past a drain's own deadline: the frontend's timers answer its last requests
+TWO_STEP_MAX_KEPT = 4  # a two-step drain-first keeps at most this many of the instances in the way
 CUT_WAIT_S = 15.0  # a cut drain's processes stop within ms; past this the re-plan goes on without
 DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed", "skipped", "not_needed",
-                        "headroom", "queue")
+                        "headroom", "queue", "outgrown", "two_step")
 RISING_MARGIN = 0.05  # a needed plan this much past the one the headroom rule kept out: still rising
 DRAINING = "\x00draining"  # the owner ``place`` gives the slots a draining generation still holds
 
@@ -205,6 +207,11 @@ class DesiredState:
     # any wait for the drains in the way), whether the plan is still needed; False keeps the
     # running plan (``control.recheck_need_before_drain_first``). None: needed whatever happens
     still_needed: Callable[[], bool] | None = None
+    # for a needed plan that waits for the drains in its way: asked at each poll of the wait; True
+    # (the rate now arriving is well above what this plan plans) ends the wait and changes nothing,
+    # so the node's re-plan lock is free for a plan sized to that rate
+    # (``control.end_wait_outgrown_above``). None: never asked
+    outgrown: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -234,6 +241,11 @@ class Applied:
 
 
 Slot = tuple[int, int]  # a MIG instance's (GPU, start)
+
+
+class WaitOutgrown(Exception):
+    """A needed plan's wait for the drains in its way ended because the arrivals outgrew the plan
+    (``DesiredState.outgrown``): nothing was cut or changed."""
 
 
 class DrainRefused(JigsawError):
@@ -278,6 +290,65 @@ def without_instances(plan: Plan, slots: set[tuple[int, int]]) -> Plan | None:
     if not lanes:
         return None
     return dataclasses.replace(less, lanes=lanes)
+
+
+def _served(plan: Plan) -> Plan | None:
+    """``plan`` with only the lanes whose every variant runs; None when none does."""
+    running = {(i.task, i.variant) for i in plan.instances if i.count > 0}
+    lanes = [lp for lp in plan.lanes if all(tv in running for tv in lp.variants.items())]
+    return dataclasses.replace(plan, lanes=lanes) if lanes else None
+
+
+def _placed_at(plan: Plan) -> dict[Slot, NodeInstance]:
+    assert plan.layout is not None
+    return {(g.gpu, p.start): NodeInstance(g.gpu, p.profile, p.start) for g in plan.layout.gpus
+            for p in g.instances}
+
+
+def interim_plan(gpu: GpuModel, old: Plan, new: Plan, blockers: set[Slot], kept: set[Slot]) -> Plan | None:
+    """What serves while the ``kept`` instances of the running plan ``old`` drain, in the second
+    step of a two-step drain-first: ``old`` less every instance in the way (``blockers``), plus
+    the instances of ``new`` that nothing of ``old`` left running nor a ``kept`` one is in the way
+    of (they run by then), with the lanes of both plans that run; None when no lane does.
+
+    A new instance on the very MIG instance of one of ``old``'s that stays (the same slot and
+    profile, another task or variant: no blocker) runs beside it, as it does in any re-plan while
+    the old generation drains."""
+    if old.layout is None or new.layout is None:
+        return None
+    at = _placed_at(old)
+    rest = without_placed(old, blockers)
+    if rest is None:
+        return None
+    in_way = [x for s, x in at.items() if s not in blockers or s in kept]
+    slots = {s for s, x in _placed_at(new).items()
+             if not any(overlaps(gpu, x, y) and y.slot != x.slot for y in in_way)}
+    mixed = with_placed(rest, new, slots)
+    return None if mixed is None else _served(mixed)
+
+
+def two_step_split(gpu: GpuModel, old: Plan, new: Plan, blockers: set[Slot],
+                   max_kept: int = TWO_STEP_MAX_KEPT) -> tuple[set[Slot], set[Slot]] | None:
+    """(first, kept): the running instances in the new ones' way (``blockers``, all the running
+    plan's) split in two drains, when draining them all at once would leave the app no lane.
+    The first drains ``first`` while the rest of ``old`` serves; the second drains ``kept``
+    while ``interim_plan`` serves (``old``'s instances that stay, and the new instances created
+    on the slots the first drain freed). The fewest kept (at most ``max_kept``), then the first
+    found in slot order; None when no split leaves a lane in both steps.
+
+    Why: at the peak no MIG memory slot is free, a plan for more moves most of the running
+    instances, and one drain-first of all of them would leave the app no lane, so every such
+    plan was refused and the running plan served a rate it could not hold (every steady-state
+    violation of ar_assistant and social_media)."""
+    if old.layout is None or new.layout is None or len(blockers) < 2:
+        return None
+    for k in range(1, min(max_kept, len(blockers) - 1) + 1):
+        for kept in itertools.combinations(sorted(blockers), k):
+            first = blockers - set(kept)
+            if without_instances(old, first) is not None \
+                    and interim_plan(gpu, old, new, blockers, set(kept)) is not None:
+                return first, set(kept)
+    return None
 
 
 def same_instances(a: Plan, b: Plan) -> bool:
@@ -547,7 +618,9 @@ class GenerationManager:
                  "skipped: the running plan held the demand; not_needed: the rate fell to one the running "
                  "plan holds before the drain-first; headroom: the new plan planned less than the "
                  "running plan serves at full utilization; queue: the running plan's queue was longer "
-                 "than a drain-first waits)\n"
+                 "than a drain-first waits; outgrown: the arrivals outgrew the new plan while it "
+                 "waited for the drains in its way; two_step: drained in two steps, no lane left "
+                 "by one; counted beside its done, failed or restored)\n"
                  f"# TYPE {name} counter\n")
         return text + "".join(f'{name}{{outcome="{k}"}} {self.drain_first_total[k]}\n'
                               for k in DRAIN_FIRST_OUTCOMES)
@@ -673,11 +746,13 @@ class GenerationManager:
                     if deferred and not skip and not desired.running_holds else None
                 skip = skip or kept_by is not None
                 if deferred and not skip and until_end and c.refuse_before_drain_wait:
-                    self._no_lane_before_wait(app, old, node_layout, deferred)
+                    await self._no_lane_before_wait(app, old, new, node_layout, deferred)
+                outgrown = desired.outgrown if c.end_wait_outgrown_above > 0 else None
                 if deferred and not skip and (c.cut_drains or needed or until_end) \
                         and await self._cut_drains(app, node_layout, deferred,
                                                    wait_s=self._drain_first_wait_s(old) if needed else None,
-                                                   until_end=until_end, still_needed=recheck):
+                                                   until_end=until_end, still_needed=recheck,
+                                                   outgrown=outgrown):
                     deferred = await asyncio.to_thread(self.partition.bring_up, node_layout,
                                                        f"{app}: re-plan, the drains in its way cut")
                     # the wait took seconds in which the running plan's queue grew or emptied:
@@ -687,6 +762,15 @@ class GenerationManager:
                         skip = kept_by is not None
             except DrainRefused as exc:  # before the wait for the drains in its way
                 return await self._refused(app, old_gid, exc)
+            except WaitOutgrown:
+                # the arrivals outgrew the plan while it waited: it changes nothing, and the
+                # re-plan lock goes to the rate trigger's next plan, sized to what arrives
+                await self._release_mig(f"{app}: re-plan outgrown")
+                self.drain_first_total["outgrown"] += 1
+                note = (f"the arrivals outgrew the new plan ({new.planned_rps:.1f} rps) while it waited "
+                        f"for the drains in its way: nothing changed, keeping generation {old_gid}")
+                self.log(f"{app}: {note}")
+                return Applied(old_gid, old_gid, False, time.monotonic() - t0, note=note)
             except JigsawError as exc:
                 self.log(f"{app}: MIG reconfiguration failed ({exc}); rolled back, "
                          f"keeping generation {old_gid}")
@@ -710,7 +794,7 @@ class GenerationManager:
                 assert self.node_layout is not None
                 before = (old.plan, self.node_layout)
                 try:
-                    old = await self._drain_first(app, old, node_layout, deferred)
+                    old = await self._drain_first(app, old, new, node_layout, deferred)
                 except JigsawError as exc:
                     self.failures_total += 1
                     if self.current[app] != old_gid:  # it failed after the drain: bring the plan back
@@ -817,7 +901,8 @@ class GenerationManager:
 
     async def _cut_drains(self, app: str, desired: NodeLayout,
                           deferred: tuple[tuple[int, int, str], ...], wait_s: float | None = None,
-                          until_end: bool = False, still_needed: Callable[[], bool] | None = None) -> bool:
+                          until_end: bool = False, still_needed: Callable[[], bool] | None = None,
+                          outgrown: Callable[[], bool] | None = None) -> bool:
         """Some of the new instances' slots are held by generations that no longer serve (their
         drain runs in the background, up to an SLO and the late-credit grace) or by the MIG
         instances of ones that just retired: cut those drains short and free the slots, so the
@@ -836,7 +921,8 @@ class GenerationManager:
         (``_drain_ends``: by then the frontend has answered each 504 at its deadline, so none is
         sent again), then free their slots (the late credits forgotten). A plan ``still_needed``
         no longer answers for ends that wait at once and cuts nothing (False): the caller keeps
-        the running plan."""
+        the running plan; a plan the arrivals have ``outgrown`` (asked at each poll) raises
+        ``WaitOutgrown``, nothing cut."""
         assert self.partition is not None
         gpu = self.node.gpu
         want = [i for i in desired.instances if i.slot in set(deferred)]
@@ -848,11 +934,14 @@ class GenerationManager:
         if until_end and in_way:
             t0 = time.monotonic()
             t_end = max(self._drain_ends.get(g, t0) for g in in_way) + DRAIN_END_MARGIN_S
-            passed = False
+            passed = grew = False
             while any(router.unanswered_in(g) for g in in_way if g in self._retiring_gids) \
                     and time.monotonic() < t_end:
                 if still_needed is not None and not still_needed():
                     passed = True
+                    break
+                if outgrown is not None and outgrown():
+                    grew = True
                     break
                 await asyncio.sleep(DRAIN_POLL_S)
             in_way = [g for g in in_way if g in self._retiring_gids]
@@ -861,7 +950,10 @@ class GenerationManager:
             self.drain_wait_s_total += time.monotonic() - t0
             self.log(f"{app}: the new instances need slots of draining generation(s); waited "
                      f"{(time.monotonic() - t0) * 1e3:.0f} ms for their drains to end"
-                     + (" (the plan is no longer needed: the wait ends there)" if passed else ""))
+                     + (" (the plan is no longer needed: the wait ends there)" if passed else "")
+                     + (" (the arrivals outgrew the plan: the wait ends there)" if grew else ""))
+            if grew:
+                raise WaitOutgrown
             if passed:
                 return False
         elif wait_s is not None:
@@ -1102,8 +1194,8 @@ class GenerationManager:
                              f"waits ({wait_s:.1f} s) and within what its door admits{after}")
         return None
 
-    def _no_lane_before_wait(self, app: str, old: Generation, desired: NodeLayout,
-                             deferred: tuple[tuple[int, int, str], ...]) -> None:
+    async def _no_lane_before_wait(self, app: str, old: Generation, new: Plan, desired: NodeLayout,
+                                   deferred: tuple[tuple[int, int, str], ...]) -> None:
         """Raise ``DrainRefused`` when the new instances also need the slots of so many of the app's
         running instances that it would have no lane left while they drain: the drain-first after
         a wait for the drains in the way would refuse the plan anyway (the running instances stay
@@ -1115,16 +1207,29 @@ class GenerationManager:
         among them; the same re-plan's quick plan, which keeps the running instances, went out only
         after that wait."""
         _, own = self._blockers(app, old, desired, deferred)
-        if own and without_instances(old.plan, own) is None:
+        if own and without_instances(old.plan, own) is None and await self._split(old, new, own) is None:
             raise DrainRefused(f"the app would have no lane left to serve while the {len(own)} "
                                "instances in the way of the new ones drain (refused before waiting "
                                "for the drains in the way)")
 
-    async def _drain_first(self, app: str, old: Generation, desired: NodeLayout,
+    async def _split(self, old: Generation, new: Plan,
+                     blockers: set[Slot]) -> tuple[set[Slot], set[Slot]] | None:
+        """``two_step_split`` of the running plan's ``blockers`` (off the loop: it tries up to a few
+        hundred splits), or None when ``control.two_step_drain_first`` is off."""
+        if not self.node.control.two_step_drain_first:
+            return None
+        return await asyncio.to_thread(two_step_split, self.node.gpu, old.plan, new, blockers)
+
+    async def _drain_first(self, app: str, old: Generation, new: Plan, desired: NodeLayout,
                            deferred: tuple[tuple[int, int, str], ...]) -> Generation:
         """No free slots for some new instances: drain the app's instances in their way first while
         its other processes (and every other app) serve on, then destroy those and create the new
         ones. Returns the generation now serving (the old one less the drained instances).
+
+        Where draining them all at once would leave the app no lane, in two steps
+        (``control.two_step_drain_first``, ``two_step_split``): first all but a few of them while
+        the rest of the running plan serves, then those few while the running plan's other
+        instances and the new instances the first drain made room for serve (``interim_plan``).
 
         Raises ``DrainRefused`` (nothing changed) when it cannot be done safely; any other failure
         before the switch to the interim generation leaves the running one serving, one after it
@@ -1136,26 +1241,56 @@ class GenerationManager:
         if strangers:
             raise DrainRefused(f"the slots are held by instances the app's running plan does not own "
                                f"({', '.join(sorted(strangers))}; a draining generation?)")
+        wanted = sum(1 for i in desired.instances if i.slot in set(deferred))
         mid_plan = without_instances(old.plan, blockers)
-        if mid_plan is None:
+        if mid_plan is not None:
+            self.log(f"{app}: {wanted} new MIG instances need the slots of {len(blockers)} running ones: "
+                     "draining those first while the rest serves")
+            return await self._drain_step(app, old, mid_plan, blockers, self.node_layout, desired, last=True)
+        split = await self._split(old, new, blockers)
+        if split is None:
             raise DrainRefused(f"the app would have no lane left to serve while the {len(blockers)} "
                                "instances in the way of the new ones drain")
-        wanted = sum(1 for i in desired.instances if i.slot in set(deferred))
-        self.log(f"{app}: {wanted} new MIG instances need the slots of {len(blockers)} running ones: "
-                 "draining those first while the rest serves")
+        first, kept = split
+        self.log(f"{app}: {wanted} new MIG instances need the slots of {len(blockers)} running ones, and "
+                 f"draining them at once would leave no lane: draining {len(first)} first while the rest "
+                 f"serves, then {len(kept)} while the new instances that fit then serve too")
+        self.drain_first_total["two_step"] += 1
+        mid_plan = without_instances(old.plan, first)
+        assert mid_plan is not None
+        mid = await self._drain_step(app, old, mid_plan, first, self.node_layout, desired, last=False)
+        interim = interim_plan(self.node.gpu, old.plan, new, blockers, kept)
+        assert interim is not None and interim.layout is not None and self.node_layout is not None
+        made = {i.slot for i in from_app_layouts(self.node.gpu.name, self.node.num_gpus,
+                                                 {app: interim.layout}).instances}
+        taken = {(i.gpu, i.start) for i in self.node_layout.instances}
+        up = self.node_layout.with_instances([*self.node_layout.instances,
+                                              *(i for i in desired.instances if i.slot in made
+                                                and i.slot in self.partition.existing
+                                                and (i.gpu, i.start) not in taken)])
+        return await self._drain_step(app, mid, interim, kept, self.partition.with_uuids(up), desired,
+                                      last=True)
+
+    async def _drain_step(self, app: str, old: Generation, mid_plan: Plan, drained: set[Slot],
+                          layout: NodeLayout, desired: NodeLayout, *, last: bool) -> Generation:
+        """One drain of a drain-first: switch the app to ``mid_plan`` (on ``layout``: the node's
+        instances with those it runs on), drain ``old`` (briefly: ``_retire``'s ``first``), destroy
+        the ``drained`` instances and create what of ``desired`` now fits; the ``last`` drain
+        leaves no slot of ``desired`` held. Returns ``mid_plan``'s generation."""
+        assert self.partition is not None
         router = self._router()
         mid = self._lay_out(old.app, mid_plan)
         mid.adopt(old, kept_processes(old, mid))
         try:
-            await self._launch(mid, self.node_layout, router)
+            await self._launch(mid, layout, router)
         except Exception as exc:
             await self._abandon(mid)
             raise JigsawError(f"the processes serving while the instances drain did not start: {exc}") \
                 from None
         router.route(app, mid.gid)
         self.current[app] = mid.gid
-        self.node_layout = self.node_layout.with_instances(
-            i for i in self.node_layout.instances if (i.gpu, i.start) not in blockers)
+        self.node_layout = layout.with_instances(i for i in layout.instances
+                                                 if (i.gpu, i.start) not in drained)
         # drained (briefly: see ``_retire``'s ``first``), stopped, its segments unlinked; MPS
         # daemons stopped
         await self._retire(old.gid, first=True)
@@ -1166,7 +1301,7 @@ class GenerationManager:
             left = await asyncio.to_thread(self.partition.bring_up, desired, f"{app}: re-plan")
         except JigsawError as exc:
             raise JigsawError(f"MIG reconfiguration failed after the drain: {exc}") from None
-        if left:
+        if left and last:
             raise JigsawError(f"MIG slots {sorted(left)} still held after the drain")
         return mid
 
