@@ -124,6 +124,9 @@ MECHANISMS = {
     # a needed plan waiting for the drains in its way stops waiting, and changes nothing, once the
     # arrivals are 1.25x what it plans: the re-plan lock goes to a plan sized to the rate
     "outgrown_wait": "control.end_wait_outgrown_above=0",
+    # a drain-first that would leave the app no lane drains in two steps (the running plan's other
+    # instances, then the new ones that fit, serve meanwhile) instead of being refused
+    "two_step_drain": "control.two_step_drain_first=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
