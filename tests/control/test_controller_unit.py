@@ -883,6 +883,21 @@ def test_arrivals_counted_at_once_after_a_stalled_loop_are_not_a_burst() -> None
     asyncio.run(go())
 
 
+async def _after_a_burst(solver: Solve) -> tuple[NodeController, _Fe, AppController, list[DesiredState]]:
+    """A controller whose rate trigger has re-planned for a burst (~17 rps over the window, the
+    running plan holds 10): it, its frontend, the app and the states pushed."""
+    c, fe = _controller(solver)
+    ac = _app(c)
+    now = time.monotonic()
+    c.bin_start = now - 50.0
+    ac._arrival_samples = deque([(now - 12.0, 50), (now - 9.0, 60)])
+    fe.bins[TA].arrivals = 150
+    c._check_early()
+    assert c._replan_task is not None
+    await c._replan_task
+    return c, fe, ac, c.plane.applied  # type: ignore[attr-defined]
+
+
 def test_a_needed_plan_asks_the_rate_window_whether_it_is_still_needed() -> None:
     # a burst (~17 rps over the window, the plan holds 10) re-plans for it; the plan pushed asks,
     # when the runtime calls it back, whether the rate now arriving still exceeds what the running
@@ -891,16 +906,7 @@ def test_a_needed_plan_asks_the_rate_window_whether_it_is_still_needed() -> None
     solver = _per_app(lambda a, d: _plan(d, [_inst(2)], app=a))
 
     async def go() -> None:
-        c, fe = _controller(solver)
-        ac = _app(c)
-        now = time.monotonic()
-        c.bin_start = now - 50.0
-        ac._arrival_samples = deque([(now - 12.0, 50), (now - 9.0, 60)])
-        fe.bins[TA].arrivals = 150
-        c._check_early()
-        assert c._replan_task is not None
-        await c._replan_task
-        pushed = c.plane.applied  # type: ignore[attr-defined]
+        c, fe, ac, pushed = await _after_a_burst(solver)
         assert pushed and pushed[-1].still_needed is not None, pushed
         c.plane.plans[TA] = _plan(10.0, app=TA)  # the runtime still serves the running plan
         now = time.monotonic()
@@ -946,16 +952,7 @@ def test_a_needed_plan_asks_the_rate_window_whether_the_arrivals_outgrew_it() ->
     solver = _per_app(lambda a, d: _plan(d, [_inst(2)], app=a))
 
     async def go() -> None:
-        c, fe = _controller(solver)
-        ac = _app(c)
-        now = time.monotonic()
-        c.bin_start = now - 50.0
-        ac._arrival_samples = deque([(now - 12.0, 50), (now - 9.0, 60)])
-        fe.bins[TA].arrivals = 150
-        c._check_early()
-        assert c._replan_task is not None
-        await c._replan_task
-        pushed = c.plane.applied  # type: ignore[attr-defined]
+        c, fe, ac, pushed = await _after_a_burst(solver)
         assert pushed and pushed[-1].outgrown is not None, pushed
         planned = pushed[-1].plan.planned_rps
         assert planned > 10.0  # sized to the burst, above the running plan's 10

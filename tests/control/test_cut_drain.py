@@ -288,6 +288,23 @@ def test_an_extension_over_draining_slots_is_placed_beside_what_serves_and_waits
     assert any("no longer fits beside" in line for line in plain["logs"]), plain["logs"]
 
 
+def _kept_after_a_second(out: dict[str, Any], note: str, logged: str, outcome: str) -> None:
+    """The re-plan's wait for generation 0's drain ended after about a second (``note`` in its
+    answer, ``logged`` in the log, counted as ``outcome``): nothing changed, the MIG instances it
+    brought up are gone, generation 0 drains on, every request answered 200 once."""
+    two, logs = out["third"], out["logs"]
+    assert not two.new_generation and two.error is None and not two.refused, (two, logs)
+    assert note in (two.note or ""), two
+    assert any(logged in line for line in logs), logs
+    assert 0.9 < out["third_s"] < 4.5, out["third_s"]  # not the six seconds of generation 0
+    assert out["gen0_alive_after"] and out["cut"][0] == 0  # it drains on, nothing re-sent
+    assert out["layout"] == out["layout_before"]
+    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
+    assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
+    assert f'jigsaw_reconfig_drain_first_total{{outcome="{outcome}"}} 1' in out["metrics"]
+    assert out["leaked"] == set()
+
+
 def test_a_needed_replan_stops_waiting_for_the_drain_once_the_rate_no_longer_needs_it(tmp_path: Path) -> None:
     """``control.recheck_need_before_drain_first``: the re-plan waiting for generation 0's six
     seconds of work asks at each poll whether it is still needed; once told no (here after about a
@@ -298,17 +315,9 @@ def test_a_needed_replan_stops_waiting_for_the_drain_once_the_rate_no_longer_nee
     def passes_after_a_second() -> bool:
         t0.append(t0[0] if t0 else asyncio.get_running_loop().time())
         return asyncio.get_running_loop().time() - t0[0] < 1.0
-    out = _run(tmp_path / "on", WAIT, still_needed=passes_after_a_second)
-    two, logs = out["third"], out["logs"]
-    assert not two.new_generation and two.error is None and not two.refused, (two, logs)
-    assert "the rate now arriving is one the running plan holds" in (two.note or ""), two
-    assert any("no longer needed: the wait ends there" in line for line in logs), logs
-    assert 0.9 < out["third_s"] < 4.5, out["third_s"]  # not the six seconds of generation 0
-    assert out["gen0_alive_after"] and out["cut"][0] == 0  # it drains on, nothing re-sent
-    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
-    assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
-    assert 'jigsaw_reconfig_drain_first_total{outcome="not_needed"} 1' in out["metrics"]
-    assert out["leaked"] == set()
+    _kept_after_a_second(_run(tmp_path / "on", WAIT, still_needed=passes_after_a_second),
+                         "the rate now arriving is one the running plan holds",
+                         "no longer needed: the wait ends there", "not_needed")
     t0.clear()
     off = _run(tmp_path / "off", WAIT + "recheck_need_before_drain_first = false\n",
                still_needed=passes_after_a_second)
@@ -329,18 +338,9 @@ def test_a_needed_replan_stops_waiting_for_the_drain_once_the_arrivals_outgrow_i
         asked.append(1)
         t0.append(t0[0] if t0 else asyncio.get_running_loop().time())
         return asyncio.get_running_loop().time() - t0[0] >= 1.0
-    out = _run(tmp_path / "on", WAIT, outgrown=grows_after_a_second)
-    two, logs = out["third"], out["logs"]
-    assert not two.new_generation and two.error is None and not two.refused, (two, logs)
-    assert "the arrivals outgrew the new plan" in (two.note or ""), two
-    assert any("the arrivals outgrew the plan: the wait ends there" in line for line in logs), logs
-    assert 0.9 < out["third_s"] < 4.5, out["third_s"]  # not the six seconds of generation 0
-    assert out["gen0_alive_after"] and out["cut"][0] == 0  # it drains on, nothing re-sent
-    assert out["layout"] == out["layout_before"]  # the MIG instances it brought up are gone
-    assert out["statuses"] == {200: out["sent"]}, out["statuses"]
-    assert len(out["answers"]) == out["sent"] and set(out["answers"].values()) == {1}, out["answers"]
-    assert 'jigsaw_reconfig_drain_first_total{outcome="outgrown"} 1' in out["metrics"]
-    assert out["leaked"] == set()
+    _kept_after_a_second(_run(tmp_path / "on", WAIT, outgrown=grows_after_a_second),
+                         "the arrivals outgrew the new plan",
+                         "the arrivals outgrew the plan: the wait ends there", "outgrown")
     t0.clear()
     asked.clear()
     off = _run(tmp_path / "off", WAIT + "end_wait_outgrown_above = 0\n", outgrown=grows_after_a_second)
