@@ -124,9 +124,6 @@ MECHANISMS = {
     # a needed plan waiting for the drains in its way stops waiting, and changes nothing, once the
     # arrivals are 1.25x what it plans: the re-plan lock goes to a plan sized to the rate
     "outgrown_wait": "control.end_wait_outgrown_above=0",
-    # a drain-first that would leave the app no lane drains in two steps (the running plan's other
-    # instances, then the new ones that fit, serve meanwhile) instead of being refused
-    "two_step_drain": "control.two_step_drain_first=false",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
@@ -142,6 +139,9 @@ OPTIONAL = {
     "cut_drains": "control.cut_drains=true",
     "place_around_busy_drains": "control.place_around_busy_drains=true",
     "short_drains": "control.drain_late_credits=false",
+    # a drain-first that would leave the app no lane drains in two steps (the running plan's other
+    # instances, then the new ones that fit, serve meanwhile) instead of being refused
+    "two_step_drain": "control.two_step_drain_first=true",
     # the queue rule keeps the running plan only while the arrivals are within what it serves at
     # full utilization (past that its queue only grows; off: its plans were refused next)
     "queue_past_full": "control.queue_yields_past_full=true",

@@ -255,9 +255,11 @@ class ControlSettings:
     # first, then the rest while the new instances that fit by then serve beside the running
     # plan's others (runtime/generations.py two_step_split, interim_plan). Why: at the peak no MIG
     # memory slot is free, a plan for more moves most running instances, and every such plan was
-    # refused: the running plan served a rate it could not hold (every steady-state violation of
-    # ar_assistant and social_media). false: refused as before
-    two_step_drain_first: bool = True
+    # refused: the running plan served a rate it could not hold. Off by default: at this stop's
+    # defaults no run needed it (no plan was refused for no lane), and the one run that did
+    # (ar_assistant's steady peak with queue_yields_past_full) had its interim generation not ready
+    # after 120 s and went back to the running plan (bench/README.md)
+    two_step_drain_first: bool = False
     # a needed plan whose MIG instances need the slots of the app's running instances drains them
     # first only when it plans at least what the running plan serves at full utilization (its planned
     # rate over planner.max_utilization) or when the running plan's queue is past what the door
@@ -609,7 +611,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         shrink_drain_min_slices=c.integer("shrink_drain_min_slices", 0, low=0),
         recheck_need_before_drain_first=c.bool("recheck_need_before_drain_first", True),
         end_wait_outgrown_above=outgrown_above,
-        two_step_drain_first=c.bool("two_step_drain_first", True),
+        two_step_drain_first=c.bool("two_step_drain_first", False),
         drain_first_past_headroom=c.bool("drain_first_past_headroom", True),
         drain_first_within_wait=c.bool("drain_first_within_wait", True),
         headroom_yields_when_rising=c.bool("headroom_yields_when_rising", True),

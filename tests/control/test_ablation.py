@@ -46,7 +46,6 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert base.control.solver_grace_bins == 1.0 and off.control.solver_grace_bins == 0.0
     assert base.control.unplanned_retry_share == 0.85 and off.control.unplanned_retry_share == 0.0
     assert base.control.end_wait_outgrown_above == 1.25 and off.control.end_wait_outgrown_above == 0
-    assert base.control.two_step_drain_first and not off.control.two_step_drain_first
     on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
     assert base.control.rate_trigger_z == 0.0 and on.control.rate_trigger_z == 3.5
     assert base.control.shrink_min_slices == 1 and off.control.shrink_min_slices == 0
@@ -62,6 +61,7 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
                n.control.place_around_draining, n.control.lookahead_bins)
         assert got == want
     assert not base.control.cut_drains and on.control.cut_drains
+    assert not base.control.two_step_drain_first and on.control.two_step_drain_first
     assert not base.control.place_around_busy_drains and on.control.place_around_busy_drains
     assert base.control.drain_late_credits and not on.control.drain_late_credits
     assert not base.control.cut_drains_when_needed and on.control.cut_drains_when_needed

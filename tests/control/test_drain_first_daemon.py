@@ -175,10 +175,9 @@ def test_restore_that_fails_too_serves_on_the_interim_plan(tmp_path: Path) -> No
 
 def test_drain_first_refused_when_no_lane_would_serve(tmp_path: Path) -> None:
     # three 2g.20gb instances need every slot: a and b would both drain at once, so (the two-step
-    # drain-first off) the re-plan is refused before anything changes; then a re-plan that leaves
-    # a lane goes through
-    one_step = "[control]\ntwo_step_drain_first = false\n"
-    with Server(_args(tmp_path, one_step), tmp_path / "jigsawd.log") as server:
+    # drain-first off, the default) the re-plan is refused before anything changes; then a re-plan
+    # that leaves a lane goes through
+    with Server(_args(tmp_path), tmp_path / "jigsawd.log") as server:
         gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
         before, doc, load = _replan(server, ALL_RPS)
         after = _settle(server.url)
@@ -201,13 +200,14 @@ def test_drain_first_refused_when_no_lane_would_serve(tmp_path: Path) -> None:
 
 
 def test_a_drain_first_that_would_leave_no_lane_drains_in_two_steps(tmp_path: Path) -> None:
-    # ``control.two_step_drain_first`` (default): the three 2g.20gb instances of b need starts 0-5,
-    # and a moves to start 6 (b's 1g.10gb instance there, which stays a MIG instance), so draining
-    # every instance in the way at once would leave no a: b's instances at starts 1-5 drain first
-    # while a (start 0) and b (start 6) serve; then a's drains while the 2g.20gb instances at starts
-    # 2 and 4, b at 6 and a's new process beside it serve; then the new plan. Every request is
-    # answered once, and the node ends on the new plan.
-    with Server(_args(tmp_path), tmp_path / "jigsawd.log") as server:
+    # ``control.two_step_drain_first`` (on here; off by default): the three 2g.20gb instances of b
+    # need starts 0-5, and a moves to start 6 (b's 1g.10gb instance there, which stays a MIG
+    # instance), so draining every instance in the way at once would leave no a: b's instances at
+    # starts 1-5 drain first while a (start 0) and b (start 6) serve; then a's drains while the
+    # 2g.20gb instances at starts 2 and 4, b at 6 and a's new process beside it serve; then the new
+    # plan. Every request is answered once, and the node ends on the new plan.
+    two_step = "[control]\ntwo_step_drain_first = true\n"
+    with Server(_args(tmp_path, two_step), tmp_path / "jigsawd.log") as server:
         gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
         before, doc, load = _replan(server, ALL_RPS)
         after = _settle(server.url)

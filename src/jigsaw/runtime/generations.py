@@ -870,9 +870,13 @@ class GenerationManager:
         started_at = time.monotonic()
         ready_at = started_at + hold_s
         deadline = started_at + READY_TIMEOUT_S
-        while gen.not_ready() or time.monotonic() < ready_at:
+        while (waiting := gen.not_ready()) or time.monotonic() < ready_at:
             if time.monotonic() > deadline:
-                raise JigsawError(f"generation {gen.gid} not ready after {READY_TIMEOUT_S:g} s")
+                kept = sum(1 for k, spec in enumerate(gen.topology.processes)
+                           if k in gen.adopted and spec.name in waiting)
+                raise JigsawError(f"generation {gen.gid} not ready after {READY_TIMEOUT_S:g} s "
+                                  f"({len(waiting)} processes, {kept} of them kept from an older generation: "
+                                  f"{', '.join(waiting[:6])}{', ...' if len(waiting) > 6 else ''})")
             # kept processes are ready within milliseconds of their SIGHUP: look often at first
             soon = time.monotonic() - started_at < READY_FAST_S
             await asyncio.sleep(READY_FAST_POLL_S if soon else READY_POLL_S)
