@@ -242,9 +242,9 @@ class ControlSettings:
     # re-sent backlog violated 42-78% of bins 158-160. false: the drain-first goes on regardless
     recheck_need_before_drain_first: bool = True
     # a needed plan that waits for the drains in its way (wait_drains_when_needed) is asked at each
-    # poll of the wait whether the rate now arriving is more than this many times what it plans
-    # (significantly: rate_trigger_z); then the wait ends, nothing changes, and the rate trigger's
-    # next re-plan is for the rate that arrives (runtime/generations.py DesiredState.outgrown,
+    # poll of the wait whether the rate now arriving is more than this many times the demand it
+    # was asked for (significantly: rate_trigger_z); then the wait ends, nothing changes, and the
+    # rate trigger's next re-plan is for the rate that arrives (runtime/generations.py DesiredState.outgrown,
     # control/controller.py AppController.outgrows). Why: on day 0 of social_media a re-plan for
     # 2417 req/s waited 10.5 s for two ordinary drains and held the node's re-plan lock while the
     # arrivals rose to 4535 and 6314 req/s: the running plan for 2021 shed 547 requests (bin 73,
@@ -255,10 +255,10 @@ class ControlSettings:
     # first, then the rest while the new instances that fit by then serve beside the running
     # plan's others (runtime/generations.py two_step_split, interim_plan). Why: at the peak no MIG
     # memory slot is free, a plan for more moves most running instances, and every such plan was
-    # refused: the running plan served a rate it could not hold. Off by default: at this stop's
-    # defaults no run needed it (no plan was refused for no lane), and the one run that did
-    # (ar_assistant's steady peak with queue_yields_past_full) had its interim generation not ready
-    # after 120 s and went back to the running plan (bench/README.md)
+    # refused: the running plan served a rate it could not hold. Off by default: no full day
+    # needed it, and both times it ran on a replay (ar_assistant's steady peak window) the second
+    # step's interim generation was not ready after 120 s and the running plan was restored, the
+    # re-plan lock held meanwhile (bench/README.md)
     two_step_drain_first: bool = False
     # a needed plan whose MIG instances need the slots of the app's running instances drains them
     # first only when it plans at least what the running plan serves at full utilization (its planned
