@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from dpserver import Load, Server, http
@@ -83,6 +83,29 @@ def _replan(server: Server, rps: float) -> tuple[dict[str, Any], dict[str, Any],
     return before, doc, load
 
 
+class Replanned(NamedTuple):
+    """What a re-plan under load did: the generation before it, the layouts before and once settled,
+    the control call's answer, the load, the current bin's history, ``/metrics`` and the log."""
+
+    gen0: int
+    before: dict[str, Any]
+    doc: dict[str, Any]
+    load: Load
+    after: dict[str, Any]
+    hist: list[dict[str, Any]]
+    metrics: str
+    log: str
+
+
+def _replanned(server: Server, rps: float) -> Replanned:
+    gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
+    before, doc, load = _replan(server, rps)
+    after = _settle(server.url)
+    hist = http("GET", f"{server.url}/admin/history?current=1")[1][APP]
+    return Replanned(gen0, before, doc, load, after, hist, str(http("GET", f"{server.url}/metrics")[1]),
+                     server.log())
+
+
 def _running(doc: dict[str, Any]) -> dict[tuple[int, int, str], list[int]]:
     """(GPU, start, profile) -> the pids serving on it."""
     return {(i["gpu"], i["start"], i["profile"]): i["pids"] for i in doc["instances"]}
@@ -112,12 +135,7 @@ def test_failure_after_the_drain_restores_the_running_plan(tmp_path: Path, step:
     with Server(_args(tmp_path), tmp_path / "jigsawd.log", env=env) as server:
         if step == "mps":
             (tmp_path / "fail_next").write_text("1")
-        gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
-        before, doc, load = _replan(server, SWAP_RPS)
-        after = _settle(server.url)
-        hist = http("GET", f"{server.url}/admin/history?current=1")[1][APP]
-        metrics = str(http("GET", f"{server.url}/metrics")[1])
-        log = server.log()
+        gen0, before, doc, load, after, hist, metrics, log = _replanned(server, SWAP_RPS)
     assert load.sent == load.answered, load.statuses  # every accepted request answered once
     assert load.statuses.get(200, 0) >= 0.98 * load.sent, load.statuses
     assert "draining those first" in log  # the fault came after the drain
@@ -178,12 +196,7 @@ def test_drain_first_refused_when_no_lane_would_serve(tmp_path: Path) -> None:
     # drain-first off, the default) the re-plan is refused before anything changes; then a re-plan
     # that leaves a lane goes through
     with Server(_args(tmp_path), tmp_path / "jigsawd.log") as server:
-        gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
-        before, doc, load = _replan(server, ALL_RPS)
-        after = _settle(server.url)
-        hist = http("GET", f"{server.url}/admin/history?current=1")[1][APP]
-        metrics = str(http("GET", f"{server.url}/metrics")[1])
-        log = server.log()
+        gen0, before, doc, load, after, hist, metrics, log = _replanned(server, ALL_RPS)
         _, swapped, _ = _replan(server, SWAP_RPS)
         done = str(http("GET", f"{server.url}/metrics")[1])
     assert load.sent == load.answered and load.statuses.get(200, 0) == load.sent, load.statuses
@@ -208,11 +221,7 @@ def test_a_drain_first_that_would_leave_no_lane_drains_in_two_steps(tmp_path: Pa
     # plan. Every request is answered once, and the node ends on the new plan.
     two_step = "[control]\ntwo_step_drain_first = true\n"
     with Server(_args(tmp_path, two_step), tmp_path / "jigsawd.log") as server:
-        gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
-        before, doc, load = _replan(server, ALL_RPS)
-        after = _settle(server.url)
-        metrics = str(http("GET", f"{server.url}/metrics")[1])
-        log = server.log()
+        gen0, before, doc, load, after, _, metrics, log = _replanned(server, ALL_RPS)
         with Load(server.url, APP, threads=2) as again:  # and it serves
             time.sleep(0.5)
     assert load.sent == load.answered, load.statuses  # every accepted request answered once
@@ -240,11 +249,7 @@ def test_no_drain_first_for_a_better_plan_when_the_running_one_holds(tmp_path: P
     # destroyed; with ``control.drain_first_when_holding`` the drain-first is made
     extra = f"[control]\ndrain_first_when_holding = {'true' if when_holding else 'false'}\n"
     with Server(_args(tmp_path, extra), tmp_path / "jigsawd.log") as server:
-        gen0 = http("GET", f"{server.url}/admin/plan")[1][APP]["generation"]
-        before, doc, load = _replan(server, HELD_RPS)
-        after = _settle(server.url)
-        metrics = str(http("GET", f"{server.url}/metrics")[1])
-        log = server.log()
+        gen0, before, doc, load, after, _, metrics, log = _replanned(server, HELD_RPS)
     assert load.sent == load.answered and load.statuses.get(200, 0) == load.sent, load.statuses
     if when_holding:
         assert "draining those first" in log

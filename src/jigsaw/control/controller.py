@@ -393,11 +393,15 @@ class AppController:
         """The full-speed arrival rate over the rate trigger's last window (the polls' samples,
         read, not taken), the bin so far until that is covered; None before the bin is a window
         old or while no poll has sampled it."""
+        got = self._window_now()
+        return None if got is None else got[0]
+
+    def _window_now(self) -> tuple[float, int] | None:
+        """``_window_rate`` now, from the polls' samples (read, not taken): (rate, arrivals)."""
         c = self.counters.peek_bin(self.app.name)
         if c is None or not self._arrival_samples:
             return None
-        got = self._window_rate(time.monotonic(), c.arrivals)
-        return None if got is None else got[0]
+        return self._window_rate(time.monotonic(), c.arrivals)
 
     def still_needed(self) -> bool:
         """Whether the rate now arriving (over the trigger's window, and over the bin so far: the
@@ -419,12 +423,7 @@ class AppController:
         explains (``significant``); asked by a needed plan while it waits for the drains in its way.
         Unknown (no window yet): no, the wait goes on as without the rule."""
         above = self.node.control.end_wait_outgrown_above
-        if above <= 0 or not self._arrival_samples:
-            return False
-        c = self.counters.peek_bin(self.app.name)
-        if c is None:
-            return False
-        got = self._window_rate(time.monotonic(), c.arrivals)
+        got = self._window_now() if above > 0 else None
         if got is None:
             return False
         rate, count = got

@@ -208,8 +208,8 @@ class DesiredState:
     # running plan (``control.recheck_need_before_drain_first``). None: needed whatever happens
     still_needed: Callable[[], bool] | None = None
     # for a needed plan that waits for the drains in its way: asked at each poll of the wait; True
-    # (the rate now arriving is well above what this plan plans) ends the wait and changes nothing,
-    # so the node's re-plan lock is free for a plan sized to that rate
+    # (the rate now arriving is well above the demand this plan was asked for) ends the wait and
+    # changes nothing, so the node's re-plan lock is free for a plan sized to that rate
     # (``control.end_wait_outgrown_above``). None: never asked
     outgrown: Callable[[], bool] | None = None
 
@@ -283,13 +283,7 @@ def without_instances(plan: Plan, slots: set[tuple[int, int]]) -> Plan | None:
     those are drained to free their MIG slots. Only the lanes whose every variant still runs are
     kept (their weights as planned); None when no lane is left."""
     less = without_placed(plan, slots)
-    if less is None:
-        return None
-    running = {(i.task, i.variant) for i in less.instances if i.count > 0}
-    lanes = [lp for lp in plan.lanes if all(tv in running for tv in lp.variants.items())]
-    if not lanes:
-        return None
-    return dataclasses.replace(less, lanes=lanes)
+    return None if less is None else _served(less)
 
 
 def _served(plan: Plan) -> Plan | None:
