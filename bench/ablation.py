@@ -124,6 +124,9 @@ MECHANISMS = {
     # a needed plan waiting for the drains in its way stops waiting, and changes nothing, once the
     # arrivals are 1.25x what it plans: the re-plan lock goes to a plan sized to the rate
     "outgrown_wait": "control.end_wait_outgrown_above=0",
+    # the rate trigger's window grows back within the bin until it holds the 20 arrivals the
+    # trigger needs (a low wall-clock rate), and such a window fires only when significant (z = 3)
+    "grown_rate_window": "control.rate_window_grow_z=0",
 }
 # mechanisms off by default (runs with them on had more violations on the 2-core machine):
 # mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs

@@ -160,6 +160,14 @@ class ControlSettings:
     # day's spikes met 10-11-slice plans whose spike plans needed every lane's slots and were
     # refused (bench/README.md, "The trough's self-inflicted violations")
     rate_trigger_z: float = 0.0
+    # where the trigger's window (a tenth of the bin) holds fewer arrivals than the trigger needs
+    # (control/controller.py MIN_ARRIVALS_FOR_RATE), it grows back within the bin until it holds
+    # them, and a grown window fires only on a count significant at this many standard deviations
+    # (the Poisson test above); 0: the window does not grow. Why: at ar_assistant's wall-clock rates
+    # (time scale 20: 9-35 req/s) the half-second window held 20 arrivals only above 800 req/s,
+    # beyond the app's capacity (691), and the trigger was blind to a 2.5x jump (day 0, bin 72:
+    # 460 req/s on a plan for 182) until the loop's polls bunched a window
+    rate_window_grow_z: float = 3.0
     # an urgent re-plan deploys one plan: a quick plan that serves is not followed by the exact one
     # (the next bin's re-plan brings it); false (default): quick plan, then exact plan
     single_reconfiguration: bool = False
@@ -596,6 +604,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         burst_requests=c.integer("burst_requests", 40, low=0),
         predictor=predictor,
         rate_trigger_z=c.number("rate_trigger_z", 0.0, low=0),
+        rate_window_grow_z=c.number("rate_window_grow_z", 3.0, low=0),
         single_reconfiguration=c.bool("single_reconfiguration", False),
         shrink_min_slices=c.integer("shrink_min_slices", 1, low=0),
         place_around_draining=c.bool("place_around_draining", False),

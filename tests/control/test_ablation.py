@@ -46,6 +46,7 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     assert base.control.solver_grace_bins == 1.0 and off.control.solver_grace_bins == 0.0
     assert base.control.unplanned_retry_share == 0.85 and off.control.unplanned_retry_share == 0.0
     assert base.control.end_wait_outgrown_above == 1.25 and off.control.end_wait_outgrown_above == 0
+    assert base.control.rate_window_grow_z == 3.0 and off.control.rate_window_grow_z == 0
     on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
     assert base.control.rate_trigger_z == 0.0 and on.control.rate_trigger_z == 3.5
     assert base.control.shrink_min_slices == 1 and off.control.shrink_min_slices == 0

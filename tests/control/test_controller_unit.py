@@ -725,6 +725,60 @@ def test_the_rate_trigger_ignores_what_poisson_noise_explains_but_not_a_burst() 
     asyncio.run(go())
 
 
+def _polled(c: NodeController, wall_rps: float, seconds: float) -> int:
+    """The bin began ``seconds`` ago and arrivals came at ``wall_rps`` since, polled every 0.25 s
+    (the poll of a 5 s bin): the samples the trigger keeps; returns the arrivals so far."""
+    now = time.monotonic()
+    c.bin_start = now - seconds
+    polls = [seconds - 0.25 * k for k in range(1, int(seconds / 0.25))]
+    _app(c)._arrival_samples = deque((now - ago, int(wall_rps * (seconds - ago))) for ago in polls)
+    return int(wall_rps * seconds)
+
+
+def test_the_rate_window_grows_to_its_count_at_a_low_wall_clock_rate() -> None:
+    # 5 s bins: the window is 0.5 s. The plan holds 10 rps (10.5 with the slack) at time scale 2;
+    # a jump to 30 rps is 15 req/s of wall-clock traffic, 7 arrivals in the window, under the 20
+    # the trigger needs: without growth (``control.rate_window_grow_z`` 0) it is not seen at all.
+    # Grown back to the bin's start (22 arrivals in 1.5 s, 29 rps; 7.9 expected at the plan's
+    # rate) it is significant at z = 3 and fires, for the rate it reads. A rise to 1.3x (20
+    # arrivals in 3 s, read 13.3 rps) is what Poisson noise explains: no re-plan.
+    solver = _per_app(lambda a, d: _plan(d, [], app=a))
+
+    async def go() -> None:
+        for grow_z, wall_rps, seconds, fires in ((3.0, 15.0, 1.5, True), (0.0, 15.0, 1.5, False),
+                                                 (3.0, 6.8, 3.0, False)):
+            c, fe = _controller(solver, bin_seconds=5.0)
+            c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+                c.node.control, rate_window_grow_z=grow_z))
+            fe.bins[TA].arrivals = _polled(c, wall_rps, seconds)
+            c._check_early()
+            assert (c._replan_task is not None) == fires, (grow_z, wall_rps)
+            if fires:
+                assert c._replan_task is not None
+                await c._replan_task
+                (asked,) = solver.asked  # type: ignore[attr-defined]
+                assert asked[TA] == pytest.approx(22 / 1.5 * 2.0 * 1.05, rel=0.02), asked
+                solver.asked.clear()  # type: ignore[attr-defined]
+        assert load_node(NODE).control.rate_window_grow_z == 3.0  # on by default
+
+    asyncio.run(go())
+
+
+def test_a_grown_window_outgrows_a_plan_only_significantly() -> None:
+    # The same grown window (22 arrivals in 1.5 s, 29 rps) read by a needed plan that waits for
+    # drains (``outgrows``, 1.25x what it was asked for): it outgrows a plan asked for 10 rps,
+    # not one asked for 20 (25 rps: 18.8 arrivals expected, 22 is noise), though the bare
+    # ratio says it does; with the window not grown (0) there is no reading at all.
+    for grow_z, asked_rps, outgrown in ((3.0, 10.0, True), (3.0, 20.0, False), (0.0, 10.0, False)):
+        c, fe = _controller(_per_app(lambda a, d: _plan(d, [], app=a)), bin_seconds=5.0)
+        c.node = dataclasses.replace(c.node, control=dataclasses.replace(
+            c.node.control, rate_window_grow_z=grow_z))
+        fe.bins[TA].arrivals = _polled(c, 15.0, 1.5)
+        got = _app(c)._window_now()
+        assert got is not None and got.grown == (grow_z > 0)
+        assert _app(c).outgrows(asked_rps) == outgrown, (grow_z, asked_rps)
+
+
 def test_poisson_tail_is_the_exact_upper_tail() -> None:
     # P(X >= k) for X ~ Poisson(mu), against the sum of the probabilities below k
     for mu, k in ((11.25, 20), (11.25, 26), (3.0, 1), (50.0, 70), (0.5, 4)):
@@ -876,8 +930,8 @@ def test_arrivals_counted_at_once_after_a_stalled_loop_are_not_a_burst() -> None
         now = time.monotonic()
         c.bin_start = now - 3.0
         ac._arrival_samples = deque([(now - 2.5, 10), (now - 2.0, 20)])
-        rate, n = ac.recent_rate_rps(220)
-        assert n == 220 and rate == pytest.approx(220 / 3.0 * 2.0, rel=0.05)
+        rate, n, grown = ac.recent_rate_rps(220)
+        assert n == 220 and rate == pytest.approx(220 / 3.0 * 2.0, rel=0.05) and not grown
         assert len(ac._arrival_samples) == 1 and ac._arrival_samples[0][1] == 220
 
     asyncio.run(go())

@@ -17,7 +17,8 @@ layout to keep, the mean measured factors of the last bins, and a time limit bel
 
 Early re-plans: a bin whose violation rate crosses ``control.replan_violation_rate`` (once per app
 and bin), and with ``control.replan_on_rate`` an arrival rate over the last ``RATE_WINDOW_BINS``
-of a bin above what the running plan holds (its ``planned_rps``; up to
+of a bin (grown back within the bin to hold ``MIN_ARRIVALS_FOR_RATE`` arrivals where the wall-clock
+rate is low, and then read with a Poisson test) above what the running plan holds (its ``planned_rps``; up to
 ``control.early_replans_per_bin`` early re-plans per app and bin, each against the plan the last
 one deployed): the predictor's
 mean of past bins sees a burst one bin late, the door sees it within a second. Either re-plans the
@@ -83,7 +84,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from jigsaw.app import App
 from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor
@@ -105,6 +106,7 @@ MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the
 MIN_ARRIVALS_FOR_RATE = 20  # the rate trigger needs this many arrivals in its window
 RATE_WINDOW_BINS = 0.1  # the rate trigger's window, a share of the bin (at least two polls)
 RATE_STALL_S = 1.0  # a gap between polls this long (or the window) is a stalled loop, not a burst
+RATE_SAMPLES_MAX = 1024  # a bin's polls kept for a grown window (about 20 a bin; bounded all the same)
 # an extension in place goes out instead of a spike's plan only when it serves at least this share
 # of what the running plan lacks: ar_assistant's bin 115 (peak window) was met by an extension that
 # re-weighted the running instances for 0.2 more req/s of 311 lacking, and held the spike's plan back
@@ -128,6 +130,15 @@ RATE_JUMP_MAX = 4.0
 NOT_YOUNG_BIN = -(10 ** 9)  # ``serving_since_bin`` of a plan that no longer counts as new
 Factors = dict[tuple[str, str, str], float]
 QuickSink = Callable[[NodePlan], None]
+
+
+class RateWindow(NamedTuple):
+    """The rate trigger's reading: the full-speed rate, the arrivals it is read from, and whether
+    the window grew past its tenth of a bin to hold ``MIN_ARRIVALS_FOR_RATE`` of them."""
+
+    rate_rps: float
+    arrivals: int
+    grown: bool = False
 
 
 def poisson_tail(count: int, mean: float) -> float:
@@ -272,7 +283,8 @@ class AppController:
         self.records: deque[BinRecord] = deque(maxlen=HISTORY_MAX_BINS)
         self.predicted_rps = plan.demand_rps
         self.current = self.new_record()
-        self._arrival_samples: deque[tuple[float, int]] = deque()  # (monotonic s, bin arrivals so far)
+        # (monotonic s, bin arrivals so far) at each poll of the bin
+        self._arrival_samples: deque[tuple[float, int]] = deque(maxlen=RATE_SAMPLES_MAX)
         self.serving_since_bin = NOT_YOUNG_BIN  # the bin in which the running generation began to serve
 
     @property
@@ -358,8 +370,9 @@ class AppController:
             return predicted
         return max(predicted, history[-1] * (1.0 + self.node.planner.demand_slack))
 
-    def recent_rate_rps(self, arrivals: int) -> tuple[float, int]:
-        """(full-speed rate over the last ``RATE_WINDOW_BINS`` of the bin, arrivals in that window).
+    def recent_rate_rps(self, arrivals: int) -> RateWindow:
+        """The full-speed rate over the last ``RATE_WINDOW_BINS`` of the bin and the arrivals in
+        that window (grown where it holds too few: ``_window_rate``).
 
         Sampled at every poll; until the window is covered, the bin so far stands in for it, and
         before the bin is a window old there is no rate yet ``(0, 0)``: a few arrivals bunched in
@@ -374,30 +387,46 @@ class AppController:
         if samples and now - samples[-1][0] > max(RATE_STALL_S, window_s):
             samples.clear()
         samples.append((now, arrivals))
-        while len(samples) > 2 and now - samples[1][0] >= window_s:
-            samples.popleft()
-        return self._window_rate(now, arrivals) or (0.0, 0)
+        if self.node.control.rate_window_grow_z <= 0:  # no grown window: the last one is all it reads
+            while len(samples) > 2 and now - samples[1][0] >= window_s:
+                samples.popleft()
+        return self._window_rate(now, arrivals) or RateWindow(0.0, 0)
 
-    def _window_rate(self, now: float, arrivals: int) -> tuple[float, int] | None:
-        """(full-speed rate, arrivals) from the oldest sample kept to ``now``, the bin so far while
-        the samples do not cover the window; None before the bin is a window old."""
+    def _window_rate(self, now: float, arrivals: int) -> RateWindow | None:
+        """The rate from the newest poll at least the window old to ``now`` (the bin so far while
+        no poll is that old); None before the bin is a window old.
+
+        Where that window holds fewer than ``MIN_ARRIVALS_FOR_RATE`` arrivals and
+        ``control.rate_window_grow_z`` is on, it grows back, poll by poll, to the newest one from
+        which it holds them (at most to the bin's start): ``grown``, which the trigger and the
+        outgrown check read only when significant at that z. Why: a tenth of a 5 s bin at a
+        low wall-clock rate holds a dozen arrivals, and a fixed count in a fixed window made the
+        trigger blind below a rate (ar_assistant at time scale 20: below 800 req/s, its capacity
+        691); a window that holds the count reads a rate of the same noise at every rate, and
+        the Poisson test keeps its misreads out."""
         window_s = RATE_WINDOW_BINS * self.ctl.bin_seconds
-        t0, a0 = self._arrival_samples[0]
-        if now - t0 < window_s:
-            t0, a0 = self.ctl.bin_start, 0
-        if now - t0 < window_s:
+        anchors = [(self.ctl.bin_start, 0), *self._arrival_samples]
+        k = max((i for i, (t, _) in enumerate(anchors) if now - t >= window_s), default=None)
+        if k is None:
             return None
-        return (arrivals - a0) / (now - t0) * self.ctl.time_scale, arrivals - a0
+        grown = False
+        if arrivals - anchors[k][1] < MIN_ARRIVALS_FOR_RATE and self.node.control.rate_window_grow_z > 0:
+            j = k
+            while j > 0 and arrivals - anchors[j][1] < MIN_ARRIVALS_FOR_RATE:
+                j -= 1
+            grown, k = j != k, j
+        t0, a0 = anchors[k]
+        return RateWindow((arrivals - a0) / max(1e-9, now - t0) * self.ctl.time_scale, arrivals - a0, grown)
 
     def rate_now_rps(self) -> float | None:
         """The full-speed arrival rate over the rate trigger's last window (the polls' samples,
         read, not taken), the bin so far until that is covered; None before the bin is a window
         old or while no poll has sampled it."""
         got = self._window_now()
-        return None if got is None else got[0]
+        return None if got is None else got.rate_rps
 
-    def _window_now(self) -> tuple[float, int] | None:
-        """``_window_rate`` now, from the polls' samples (read, not taken): (rate, arrivals)."""
+    def _window_now(self) -> RateWindow | None:
+        """``_window_rate`` now, from the polls' samples (read, not taken)."""
         c = self.counters.peek_bin(self.app.name)
         if c is None or not self._arrival_samples:
             return None
@@ -426,16 +455,16 @@ class AppController:
         got = self._window_now() if above > 0 else None
         if got is None:
             return False
-        rate, count = got
         holds = above * asked_rps
-        return count >= MIN_ARRIVALS_FOR_RATE and rate > holds and self.significant(count, rate, holds)
+        return got.arrivals >= MIN_ARRIVALS_FOR_RATE and got.rate_rps > holds \
+            and self.significant(got.arrivals, got.rate_rps, holds, grown=got.grown)
 
     def early_trigger(self) -> tuple[str, str, float] | None:
         """(trigger, why, demand) when this app's bin calls for an early re-plan of the node."""
         c = self.counters.peek_bin(self.app.name)
         if c is None:
             return None
-        recent_rps, recent_n = self.recent_rate_rps(c.arrivals)
+        recent_rps, recent_n, grown = self.recent_rate_rps(c.arrivals)
         node = self.node
         done = self.current.early_replans
         if done >= node.control.early_replans_per_bin or self.ctl.busy():
@@ -457,8 +486,9 @@ class AppController:
             floor_rps = holds_rps
         elif (node.control.replan_on_rate and not self.plan.max_demand_plan
               and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > holds_rps * slack
-              and (self.significant(recent_n, recent_rps, holds_rps * slack)
-                   or self.significant(c.arrivals, so_far, holds_rps * slack))):
+              and (self.significant(recent_n, recent_rps, holds_rps * slack, grown=True) if grown
+                   else (self.significant(recent_n, recent_rps, holds_rps * slack)
+                         or self.significant(c.arrivals, so_far, holds_rps * slack)))):
             trigger = "rate"
             why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds"
         else:
@@ -469,10 +499,11 @@ class AppController:
         demand = min(max(recent_rps, so_far), RATE_JUMP_MAX * base_rps)
         return trigger, why, max(demand, floor_rps) * slack
 
-    def significant(self, count: int, rate_rps: float, holds_rps: float) -> bool:
+    def significant(self, count: int, rate_rps: float, holds_rps: float, *, grown: bool = False) -> bool:
         """``count`` arrivals, read as ``rate_rps``, are more than the plan's ``holds_rps`` would bring
         by chance: the Poisson upper tail of its expected count in the same time at ``count`` is
-        below the one-sided normal tail of ``control.rate_trigger_z`` (``poisson_tail``).
+        below the one-sided normal tail of ``control.rate_trigger_z`` (``grown``: a window grown to
+        hold its count, of the larger of that and ``control.rate_window_grow_z``; ``poisson_tail``).
 
         Why: the rate window is half a second of a compressed bin, a few dozen arrivals; in the
         trough (15 req/s of wall-clock traffic at time scale 20) it holds about 11, and a count of
@@ -482,7 +513,8 @@ class AppController:
         traffic_analysis: about 140 of its 320 violations). The exact tail, not a normal
         approximation, because at a dozen arrivals the normal one fires several times too often.
         """
-        z = self.node.control.rate_trigger_z
+        ctl = self.node.control
+        z = max(ctl.rate_trigger_z, ctl.rate_window_grow_z) if grown else ctl.rate_trigger_z
         if z <= 0:
             return True
         if rate_rps <= 0 or count <= 0:
