@@ -490,7 +490,8 @@ class AppController:
                    else (self.significant(recent_n, recent_rps, holds_rps * slack)
                          or self.significant(c.arrivals, so_far, holds_rps * slack)))):
             trigger = "rate"
-            why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds"
+            why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds" \
+                + (f" (a window grown to {recent_n} arrivals)" if grown else "")
         else:
             return None
         # against the last bin seen (what the plan holds when there is none): a cap against the
