@@ -256,7 +256,9 @@ class ControlSettings:
     # control/controller.py AppController.outgrows). Why: on day 0 of social_media a re-plan for
     # 2417 req/s waited 10.5 s for two ordinary drains and held the node's re-plan lock while the
     # arrivals rose to 4535 and 6314 req/s: the running plan for 2021 shed 547 requests (bin 73,
-    # 47%), and the in-place extension that served the spike came only after the wait. 0: off
+    # 47%), and the in-place extension that served the spike came only after the wait. A plan
+    # capped below the demand it was asked for (the most that fits) is never asked: a re-plan for
+    # more gives the same cap. 0: off
     end_wait_outgrown_above: float = 1.25
     # a drain-first that would leave the app no lane (every instance of a task in the new ones'
     # way) drains in two steps instead of being refused: all but at most 4 of those instances
