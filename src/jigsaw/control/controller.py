@@ -119,6 +119,9 @@ EXTEND_FIRST_MIN_GAIN = 0.1
 # 130:166; below 0.8 of the plan still 6 times in a replay, hence the bin so far too); the spike
 # that passed fell to 0.5-0.6 of the running plan
 PASSED_BELOW = 0.8
+# a plan that plans less than its asked demand by more than this share is capped at what fits
+# (rounding in a plan's rates is not a cap)
+CAPPED_BELOW = 1e-3
 QUICK_PATIENCE_S = 0.3  # an urgent re-plan waits this long for the exact plan before deploying the quick one
 MAX_REPLANS_RECORDED = 50  # per app and bin
 ANYTIME_MODES = ("auto", "always", "off")
@@ -1221,7 +1224,7 @@ class NodeController:
         5212 2.6 s later, 92 requests shed at the door meanwhile)."""
         if holds or self._trigger == "admin" or self.node.control.end_wait_outgrown_above <= 0:
             return None
-        if plan.planned_rps < asked_rps * (1 - 1e-9):
+        if plan.planned_rps < asked_rps * (1 - CAPPED_BELOW):
             return None
         asked = max(asked_rps, plan.planned_rps)  # a plan for more (the burst floor): against that
         return lambda: c.outgrows(asked)
