@@ -78,6 +78,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import itertools
 import math
 import time
 from collections import Counter, deque
@@ -390,9 +391,6 @@ class AppController:
         if samples and now - samples[-1][0] > max(RATE_STALL_S, window_s):
             samples.clear()
         samples.append((now, arrivals))
-        if self.node.control.rate_window_grow_z <= 0:  # no grown window: the last one is all it reads
-            while len(samples) > 2 and now - samples[1][0] >= window_s:
-                samples.popleft()
         return self._window_rate(now, arrivals) or RateWindow(0.0, 0)
 
     def _window_rate(self, now: float, arrivals: int) -> RateWindow | None:
@@ -408,17 +406,21 @@ class AppController:
         691); a window that holds the count reads a rate of the same noise at every rate, and
         the Poisson test keeps its misreads out."""
         window_s = RATE_WINDOW_BINS * self.ctl.bin_seconds
-        anchors = [(self.ctl.bin_start, 0), *self._arrival_samples]
-        k = max((i for i, (t, _) in enumerate(anchors) if now - t >= window_s), default=None)
-        if k is None:
-            return None
+        grow = self.node.control.rate_window_grow_z > 0
+        start: tuple[float, int] | None = None
         grown = False
-        if arrivals - anchors[k][1] < MIN_ARRIVALS_FOR_RATE and self.node.control.rate_window_grow_z > 0:
-            j = k
-            while j > 0 and arrivals - anchors[j][1] < MIN_ARRIVALS_FOR_RATE:
-                j -= 1
-            grown, k = j != k, j
-        t0, a0 = anchors[k]
+        # newest first: the polls of the last window are skipped, the first older one starts the
+        # window, and a window that holds too few grows back from there (the bin's start last)
+        for t, a in itertools.chain(reversed(self._arrival_samples), ((self.ctl.bin_start, 0),)):
+            if now - t < window_s:
+                continue
+            grown = start is not None
+            start = (t, a)
+            if not grow or arrivals - a >= MIN_ARRIVALS_FOR_RATE:
+                break
+        if start is None:
+            return None
+        t0, a0 = start
         return RateWindow((arrivals - a0) / max(1e-9, now - t0) * self.ctl.time_scale, arrivals - a0, grown)
 
     def rate_now_rps(self) -> float | None:
@@ -489,9 +491,8 @@ class AppController:
             floor_rps = holds_rps
         elif (node.control.replan_on_rate and not self.plan.max_demand_plan
               and recent_n >= MIN_ARRIVALS_FOR_RATE and recent_rps > holds_rps * slack
-              and (self.significant(recent_n, recent_rps, holds_rps * slack, grown=True) if grown
-                   else (self.significant(recent_n, recent_rps, holds_rps * slack)
-                         or self.significant(c.arrivals, so_far, holds_rps * slack)))):
+              and (self.significant(recent_n, recent_rps, holds_rps * slack, grown=grown)
+                   or (not grown and self.significant(c.arrivals, so_far, holds_rps * slack)))):
             trigger = "rate"
             why = f"arrivals at {recent_rps:.1f} rps, above the {holds_rps:.1f} rps the plan holds" \
                 + (f" (a window grown to {recent_n} arrivals)" if grown else "")
