@@ -23,8 +23,10 @@ run, plus starting jigsawd). ``--only`` picks runs by glob on their ids (``app/s
 After every run the table between the ablation markers of ``--readme`` is rewritten from
 ``results.jsonl``: per run, slices % of available, accuracy drop %, SLO violations (plain and the
 paper's counting, over all requests; the worst bin), bins with violations, sent == answered,
-and whether the client kept its schedule (a replay whose client fell behind measured a gentler
-load than the trace's and is marked). Runs not in ``results.jsonl`` are listed as not run.
+whether the client kept its schedule (a replay whose client fell behind measured a gentler
+load than the trace's and is marked) and the code it ran (the commit, ``+changes`` where the
+tree differed from it; ``unrecorded`` for rows measured before runs recorded it). Runs measured
+nowhere are named in one line under the table, per window, not given a row each.
 Results on this node are emulated (modeled profiles); the time scale of each app is printed.
 """
 
@@ -333,6 +335,21 @@ def run_burst_requests(run: Run, per_space_capacity: bool, cache: dict[tuple[str
     return scaled_burst_requests(base, cache[(run.app, run.space)], cache[(run.app, "ast")])
 
 
+def code_version(root: Path = ROOT) -> str:
+    """The commit the runs measure (short hash), ``+changes`` where the node's code differs from it:
+    a table row is evidence for the code that made it, and rows of several commits sit side by side
+    (a run already in ``results.jsonl`` is not run again). ``unknown`` outside a git checkout."""
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src", "bench",
+                                "examples", "profiles", "native"], capture_output=True, text=True,
+                               timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{sha}+changes" if dirty else sha
+
+
 def load_results(path: Path) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     if path.exists():
@@ -347,6 +364,11 @@ def _pct(x: Any, digits: int = 2) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+# the table's columns; "code": the commit the run measured (``code_version``)
+COLUMNS = ("app", "space", "bins", "variant", "slices %", "acc drop %", "viol %", "paper %", "worst bin %",
+           "bins > 0", "sent = answered", "client", "time scale", "code")
+
+
 def readme_rows(readme: Path) -> dict[str, str]:
     """The measured rows of the table already in ``readme``, by run id: a run whose result is not in
     this ``results.jsonl`` (measured elsewhere, another ``--out``) keeps its row."""
@@ -359,22 +381,28 @@ def readme_rows(readme: Path) -> dict[str, str]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) < 5 or cells[4] in ("not run", "slices %") or cells[2] not in windows:
             continue
-        rows[Run(cells[0], cells[1].split()[0], windows[cells[2]], cells[3].split()[0]).id] = line
+        if len(cells) == len(COLUMNS) - 1:  # a row from before the code column: its code is not known
+            cells.append("unrecorded")
+        rows[Run(cells[0], cells[1].split()[0], windows[cells[2]], cells[3].split()[0]).id] = \
+            "| " + " | ".join(cells) + " |"
     return rows
 
 
 def table(runs: list[Run], results: dict[str, dict[str, Any]], kept: dict[str, str] | None = None) -> str:
     """The markdown table of ``runs``: a run in ``results`` from it, else its row in ``kept``
-    (``readme_rows``), else listed as not run."""
-    head = ("| app | space | bins | variant | slices % | acc drop % | viol % | paper % | worst bin % | "
-            "bins > 0 | sent = answered | client | time scale |")
-    lines = [head, "|" + "---|" * 13]
+    (``readme_rows``); the runs in neither are named under the table ("Not run: ..."), per app,
+    space and window, so that the table holds only measurements."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    missing: dict[str, list[str]] = {}
     for run in runs:
         r = results.get(run.id)
         bins = WINDOWS[run.window] or "0:288"
         if r is None:
-            lines.append((kept or {}).get(run.id)
-                         or f"| {run.app} | {run.space} | {bins} | {run.variant} | not run | | | | | | | | |")
+            row = (kept or {}).get(run.id)
+            if row is None:
+                missing.setdefault(f"{run.app} {run.space} {bins}", []).append(run.variant)
+            else:
+                lines.append(row)
             continue
         s = r["summary"]
         same = "yes" if s["sent"] == s["answered"] and not s.get("settle_lost") else \
@@ -387,7 +415,12 @@ def table(runs: list[Run], results: dict[str, dict[str, Any]], kept: dict[str, s
         lines.append(f"| {run.app} | {space} | {bins} | {variant} | {_pct(s['slices_pct'], 1)} | "
                      f"{_pct(s['accuracy_drop_pct'])} | {_pct(s['violation_pct'])} | "
                      f"{_pct(s['violation_paper_pct'])} | {_pct(s['violation_paper_max_pct'])} | "
-                     f"{s['bins_with_violations']} | {same} ({s['sent']}) | {client} | {r['time_scale']:g} |")
+                     f"{s['bins_with_violations']} | {same} ({s['sent']}) | {client} | {r['time_scale']:g} | "
+                     f"{r.get('commit', 'unrecorded')} |")
+    if missing:
+        lines.append("")
+        lines.append("Not run: " + "; ".join(f"{where}: {', '.join(variants)}"
+                                               for where, variants in missing.items()) + ".")
     return "\n".join(lines)
 
 
@@ -554,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
                           run_burst_requests(r, not args.ast_capacity, capacities), args.max_utilization)
         print(f"ablation: {r.id} (time scale {scales[r.app]:g}): {' '.join(cmd[1:])}", flush=True)
         t0 = time.monotonic()
+        commit = code_version()  # each replay imports the code afresh: read it per run
         with open(args.out / f"{r.id.replace('/', '-')}.log", "w") as log:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         summary_path = out / f"{r.app}-summary.json"
@@ -565,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         record = {"id": r.id, "rc": rc, "time_scale": scales[r.app], "bin_seconds": args.bin_seconds,
                   "trace": args.trace, "wall_s": round(time.monotonic() - t0, 1), "summary": summary,
                   "capacity_space": "ast" if args.ast_capacity else r.space,
-                  "max_utilization": args.max_utilization}
+                  "max_utilization": args.max_utilization, "commit": commit}
         with open(results_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         results[r.id] = record

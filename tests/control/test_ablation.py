@@ -133,14 +133,15 @@ def test_the_readme_table_is_rewritten_between_its_markers(tmp_path: Path) -> No
     summary = {"slices_pct": 40.0, "accuracy_drop_pct": 9.5, "violation_pct": 1.0, "violation_paper_pct": 1.2,
                "violation_paper_max_pct": 7.0, "bins_with_violations": 3, "sent": 100, "answered": 100,
                "behind_bins": 0, "settle_lost": 0}
-    results = {runs[0].id: {"id": runs[0].id, "time_scale": 20.0, "summary": summary}}
+    results = {runs[0].id: {"id": runs[0].id, "time_scale": 20.0, "summary": summary, "commit": "abc1234"}}
     ablation.write_readme(readme, ablation.table(runs, results))
     ablation.write_readme(readme, ablation.table(runs, results))  # again: replaced, not appended
     text = readme.read_text()
     assert text.count(ablation.BEGIN) == 1 and text.startswith("# Benchmarks\n\ntext\n")
     assert ("| traffic_analysis | ast | 96:144 | all | 40.0 | 9.50 | 1.00 | 1.20 | 7.00 | 3 | yes (100) | "
-            "kept up") in text
-    assert "| none | not run |" in text
+            "kept up | 20 | abc1234 |") in text
+    # a run measured nowhere is named under the table, not given a row of blanks
+    assert "not run |" not in text and "Not run: traffic_analysis ast 96:144: none." in text
 
 
 def _summary(slices: float, drop: float, violations: float) -> dict[str, float]:
@@ -165,7 +166,9 @@ def test_a_row_measured_elsewhere_keeps_its_place_in_the_table(tmp_path: Path) -
     text = readme.read_text()
     assert "| traffic_analysis | st (its capacity) | 180:228 | all (max util 0.8) | 35.3 |" in text
     assert "| social_media | ast | 96:144 | all | 41.2 | 6.65 | 3.71 |" in text
-    assert "| ar_assistant | ast | 0:288 | all | not run |" in text
+    assert "Not run: ar_assistant ast 0:288: all." in text
+    # rows of runs that recorded no commit say so
+    assert "| social_media | ast | 96:144 | all | 41.2 |" in text and "| 60 | unrecorded |" in text
     # a result of this results.jsonl replaces the row the table had
     results[other.id] = {**earlier[other.id], "summary": _summary(30.0, 0.0, 0.0)}
     ablation.write_readme(readme, ablation.table(runs, results, ablation.readme_rows(readme)))
@@ -206,7 +209,38 @@ def test_a_readme_that_does_not_exist_yet_is_created_with_the_table(tmp_path: Pa
     ablation.write_readme(readme, ablation.table(runs, {}))
     text = readme.read_text()
     assert text.count(ablation.BEGIN) == 1 and text.count(ablation.END) == 1
-    assert "| all | not run |" in text
+    assert "Not run: traffic_analysis ast 96:144: all." in text
+
+
+def test_a_row_from_before_the_code_column_is_kept_with_its_code_unrecorded(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    old = ("| traffic_analysis | ast | 0:288 | all (max util 0.8) | 37.5 | 9.46 | 0.00 | 0.00 | 0.00 | 0 | "
+           "yes (30217) | kept up | 20 |")
+    readme.write_text(f"{ablation.BEGIN}\n{old}\n| x | ast | 0:288 | all | not run | | | | | | | | |\n"
+                      f"{ablation.END}\n")
+    kept = ablation.readme_rows(readme)
+    day = ablation.Run("traffic_analysis", "ast", "day", "all")
+    assert list(kept) == [day.id] and kept[day.id] == old + " unrecorded |"
+    ablation.write_readme(readme, ablation.table([day], {}, kept))
+    assert readme.read_text().count(old + " unrecorded |") == 1
+
+
+def test_the_code_version_names_the_commit_and_a_changed_tree(tmp_path: Path) -> None:
+    """A row says which commit it measured; a tree that differs from it is marked, outside git unknown."""
+    import subprocess
+    assert ablation.code_version(tmp_path) == "unknown"
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "m.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "m"], check=True)
+    sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert ablation.code_version(tmp_path) == sha
+    (tmp_path / "notes.txt").write_text("not the node's code\n")
+    assert ablation.code_version(tmp_path) == sha
+    (tmp_path / "src" / "m.py").write_text("x = 2\n")
+    assert ablation.code_version(tmp_path) == f"{sha}+changes"
 
 
 def test_the_client_keeps_the_peak_rate_times_the_slo_in_flight() -> None:
