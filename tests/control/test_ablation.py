@@ -235,7 +235,8 @@ def test_the_code_version_names_the_commit_and_a_changed_tree(tmp_path: Path) ->
     (tmp_path / "src" / "m.py").write_text("x = 1\n")
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "m"], check=True)
-    sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
     assert ablation.code_version(tmp_path) == sha
     (tmp_path / "notes.txt").write_text("not the node's code\n")
     assert ablation.code_version(tmp_path) == sha
