@@ -3,6 +3,7 @@ and the README table (``bench/ablation.py``). The runs themselves are benches, n
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -227,7 +228,6 @@ def test_a_row_from_before_the_code_column_is_kept_with_its_code_unrecorded(tmp_
 
 def test_the_code_version_names_the_commit_and_a_changed_tree(tmp_path: Path) -> None:
     """A row says which commit it measured; a tree that differs from it is marked, outside git unknown."""
-    import subprocess
     assert ablation.code_version(tmp_path) == "unknown"
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
