@@ -24,7 +24,9 @@ After every run the table between the ablation markers of ``--readme`` is rewrit
 ``results.jsonl``: per run, slices % of available, accuracy drop %, SLO violations (plain and the
 paper's counting, over all requests; the worst bin), bins with violations, sent == answered,
 whether the client kept its schedule (a replay whose client fell behind measured a gentler
-load than the trace's and is marked) and the code it ran (the commit, ``+changes`` where the
+load than the trace's and is marked; with the most the machine's 1-minute load average reached
+during the run, since replays side by side on a small machine slow the emulated node's
+workers and solver) and the code it ran (the commit, ``+changes`` where the
 tree differed from it; ``unrecorded`` for rows measured before runs recorded it). Runs measured
 nowhere are named in one line under the table, per window, not given a row each.
 Results on this node are emulated (modeled profiles); the time scale of each app is printed.
@@ -408,6 +410,7 @@ def table(runs: list[Run], results: dict[str, dict[str, Any]], kept: dict[str, s
         same = "yes" if s["sent"] == s["answered"] and not s.get("settle_lost") else \
             f"no ({s['sent']} / {s['answered']})"
         client = "kept up" if not s["behind_bins"] else f"behind in {s['behind_bins']} bins"
+        client += machine_load_note(s.get("machine_load"))
         scaled = r.get("capacity_space", "ast")
         space = run.space if scaled == "ast" else f"{run.space} (its capacity)"
         util = r.get("max_utilization")
@@ -422,6 +425,14 @@ def table(runs: list[Run], results: dict[str, dict[str, Any]], kept: dict[str, s
         lines.append("Not run: " + "; ".join(f"{where}: {', '.join(variants)}"
                                                for where, variants in missing.items()) + ".")
     return "\n".join(lines)
+
+
+def machine_load_note(load: dict[str, Any] | None) -> str:
+    """The table's note on how loaded the machine was during a run (``replay.MachineLoad``): its
+    1-minute load average's max over the run against the CPUs; empty for runs that predate it."""
+    if not load or load.get("load_1m_max") is None:
+        return ""
+    return f", load {load['load_1m_max']:.1f} of {load['cpus']} CPUs"
 
 
 # the paper's Fig. 4 (d)-(f): its low-demand, high-demand and whole-day aggregates, per space

@@ -44,6 +44,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,6 +253,44 @@ def node_with_settings(node_path: Path, settings: list[str], out_dir: Path) -> P
     return path
 
 
+# ---- the machine ---------------------------------------------------------------------------
+@dataclass
+class MachineLoad:
+    """The machine's 1-minute load average, sampled at the start and at each bin's end.
+
+    Why: the emulated node keeps a GPU node's timing only while its worker processes, its loop and
+    its solver get a CPU when they need one. With five replays side by side on the 2-core machine
+    a solve was killed at its 50 s limit and two clients fell behind, and the same window measured
+    differently from run to run; so every summary says how loaded the machine was, the replay's
+    own node and client included, and a reader can tell a loaded run from a quiet one."""
+
+    cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
+    samples: list[float] = field(default_factory=list)
+    read: Callable[[], float] | None = None  # the 1-minute load average; os.getloadavg's by default
+
+    def sample(self) -> None:
+        try:
+            load = self.read() if self.read is not None else os.getloadavg()[0]
+        except OSError:  # no load average on this platform: nothing to report
+            return
+        self.samples.append(float(load))
+
+    def to_json(self) -> dict[str, Any]:
+        """``cpus``, and the mean and max of the samples (None when there were none)."""
+        xs = self.samples
+        return {"cpus": self.cpus, "load_1m_mean": round(sum(xs) / len(xs), 2) if xs else None,
+                "load_1m_max": round(max(xs), 2) if xs else None}
+
+    def describe(self) -> str:
+        got = self.to_json()
+        if got["load_1m_max"] is None:
+            return "machine load unknown"
+        over = " (past its CPUs: the emulated timings ran slower than the node's)" \
+            if got["load_1m_max"] > self.cpus else ""
+        return (f"machine load (1-minute average, this replay's node and client included) "
+                f"{got['load_1m_mean']:.2f} mean, {got['load_1m_max']:.2f} max on {self.cpus} CPUs{over}")
+
+
 # ---- the load -----------------------------------------------------------------------------
 @dataclass
 class BinResult:
@@ -399,16 +438,21 @@ async def play(url: str, app: str, window: list[float], split: BinSplit, time_sc
     return results, settling
 
 
-def _progress_factory(n: int, label: str) -> tuple[Any, Any]:
+def _progress_factory(n: int, label: str, load: MachineLoad | None = None) -> tuple[Any, Any]:
+    """(update, close): the bar (or a line per bin without tqdm); ``load`` is sampled per bin."""
     try:
         from tqdm import tqdm
     except ImportError:
         def plain(k: int, r: BinResult) -> None:
+            if load is not None:
+                load.sample()
             print(f"[{label}] bin {k + 1}/{n}: sent {r.sent}", file=sys.stderr, flush=True)
         return plain, lambda: None
     bar = tqdm(total=n, desc=label, unit="bin", file=sys.stderr)
 
     def update(k: int, r: BinResult) -> None:
+        if load is not None:
+            load.sample()
         bar.set_postfix(sent=r.sent)
         bar.update(1)
     return update, bar.close
@@ -418,11 +462,14 @@ def _progress_factory(n: int, label: str) -> tuple[Any, Any]:
 def run_space(url: str, app: str, space: str, window: list[float], history: list[float], first_bin: int,
               split: BinSplit, time_scale: float, seed: int, token: str,
               history_out: Path | None = None,
-              max_concurrency: int = MIN_CONCURRENCY) -> list[dict[str, Any]]:
+              max_concurrency: int = MIN_CONCURRENCY,
+              load: MachineLoad | None = None) -> list[dict[str, Any]]:
     ctl = http_json("POST", f"{url}/admin/control", {"app": app, "history_rps": history or [window[0]],
                                                       "restart_bins": True}, token=token)
     log(f"[{space}] initial plan: {ctl['plan']['slices_used']} slices for {ctl['predicted_rps']:.1f} rps")
-    update, close = _progress_factory(len(window), space)
+    if load is not None:
+        load.sample()
+    update, close = _progress_factory(len(window), space, load)
     try:
         # uvloop, as jigsawd runs: the client's one loop sends while thousands of answers come
         # back. social_media's steady peak burst (~2800 in flight) put the asyncio loop 0.29 s
@@ -688,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.bin_seconds:g} s each, time scale {args.time_scale:g}, at most {concurrency} requests "
         "in flight")
     per_space: dict[str, list[dict[str, Any]]] = {}
+    loads = {space: MachineLoad() for space in spaces}
     for space in spaces:
         if args.url:
             if split.period_s != args.bin_seconds:
@@ -695,21 +743,23 @@ def main(argv: list[str] | None = None) -> int:
                     "--bin-seconds) to stay aligned with the replay's")
             rows = run_space(args.url, args.app, space, window, history, first, split,
                              args.time_scale, args.seed, args.token,
-                             args.out / f"{args.app}-{space}-history.json", concurrency)
+                             args.out / f"{args.app}-{space}-history.json", concurrency, loads[space])
         else:
             with jigsawd(daemon_args(node_file, space, split, args, window[0]),
                          args.out / f"jigsawd-{args.app}-{space}.log", emulate=args.emulate,
                          ready_timeout_s=READY_TIMEOUT_S, cwd=ROOT) as d:
                 rows = run_space(d.url, args.app, space, window, history, first, split,
                                  args.time_scale, args.seed, args.token,
-                                 args.out / f"{args.app}-{space}-history.json", concurrency)
+                                 args.out / f"{args.app}-{space}-history.json", concurrency,
+                                 loads[space])
         per_space[space] = rows
         with open(args.out / f"{args.app}-{space}.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
             w.writeheader()
             w.writerows(rows)
     summaries = {s: summarize(r) for s, r in per_space.items()}
-    for x in summaries.values():
+    for space, x in summaries.items():
+        x["machine_load"] = loads[space].to_json()
         x.update({"time_scale": args.time_scale, "bin_seconds": args.bin_seconds,
                   "settle_seconds": split.settle_s, "tail_seconds": split.tail_s,
                   "bin_split": split.to_json(),
@@ -721,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{f' (each {split.describe()})' if args.steady_state else ''}: the client's latest arrival was "
           f"{worst_late:.3f} s behind its schedule ({kept}"
           f", threshold {BEHIND_THRESHOLD_S} s)")
+    for space, load in loads.items():
+        print(f"{space}: {load.describe()}")
     (args.out / f"{args.app}-summary.json").write_text(json.dumps(summaries, indent=1))
     plot(args.out / f"{args.app}-fig4.png", args.app, per_space, label)
     failed = False

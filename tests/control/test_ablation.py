@@ -145,6 +145,42 @@ def test_the_readme_table_is_rewritten_between_its_markers(tmp_path: Path) -> No
     assert "not run |" not in text and "Not run: traffic_analysis ast 96:144: none." in text
 
 
+def test_a_row_says_how_loaded_the_machine_was_where_the_run_recorded_it(tmp_path: Path) -> None:
+    run = ablation.Run("ar_assistant", "ast", "peak", "steady_15s")
+    load = {"cpus": 2, "load_1m_mean": 0.8, "load_1m_max": 1.64}
+    summary = {**_summary(46.0, 9.0, 0.0), "machine_load": load}
+    row = ablation.table([run], {run.id: {"id": run.id, "time_scale": 20.0, "summary": summary,
+                                          "commit": "c0"}})
+    assert "| kept up, load 1.6 of 2 CPUs | 20 | c0 |" in row
+    # a run from before the field, or on a platform without a load average: the column as it was
+    for unknown in (None, {"cpus": 2, "load_1m_mean": None, "load_1m_max": None}):
+        old = {**_summary(46.0, 9.0, 0.0), **({"machine_load": unknown} if unknown else {})}
+        row = ablation.table([run], {run.id: {"id": run.id, "time_scale": 20.0, "summary": old,
+                                              "commit": "c0"}})
+        assert "| kept up | 20 | c0 |" in row
+
+
+def test_the_replay_samples_the_load_each_bin_and_says_when_it_passed_the_cpus() -> None:
+    loads = iter([0.5, 1.5, 3.25])
+    load = replay.MachineLoad(cpus=2, read=lambda: next(loads))
+    update, close = replay._progress_factory(2, "ast", load)
+    load.sample()  # at the start, as run_space does
+    update(0, replay.BinResult())
+    update(1, replay.BinResult())
+    close()
+    assert load.to_json() == {"cpus": 2, "load_1m_mean": 1.75, "load_1m_max": 3.25}
+    assert "1.75 mean, 3.25 max on 2 CPUs (past its CPUs" in load.describe()
+    quiet = replay.MachineLoad(cpus=2, read=lambda: 0.4)
+    quiet.sample()
+    assert "past its CPUs" not in quiet.describe()
+
+    def unavailable() -> float:
+        raise OSError("no load average")
+    none = replay.MachineLoad(cpus=2, read=unavailable)
+    none.sample()
+    assert none.to_json()["load_1m_max"] is None and none.describe() == "machine load unknown"
+
+
 def _summary(slices: float, drop: float, violations: float) -> dict[str, float]:
     return {"slices_pct": slices, "accuracy_drop_pct": drop, "violation_pct": violations,
             "violation_paper_pct": violations, "violation_paper_max_pct": violations,
