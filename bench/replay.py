@@ -285,7 +285,7 @@ class MachineLoad:
         got = self.to_json()
         if got["load_1m_max"] is None:
             return "machine load unknown"
-        over = " (past its CPUs: the emulated timings ran slower than the node's)" \
+        over = " (past its CPUs: processes waited for one, so the emulated timings may have run slower)" \
             if got["load_1m_max"] > self.cpus else ""
         return (f"machine load (1-minute average, this replay's node and client included) "
                 f"{got['load_1m_mean']:.2f} mean, {got['load_1m_max']:.2f} max on {self.cpus} CPUs{over}")

@@ -145,7 +145,7 @@ def test_the_readme_table_is_rewritten_between_its_markers(tmp_path: Path) -> No
     assert "not run |" not in text and "Not run: traffic_analysis ast 96:144: none." in text
 
 
-def test_a_row_says_how_loaded_the_machine_was_where_the_run_recorded_it(tmp_path: Path) -> None:
+def test_a_row_says_how_loaded_the_machine_was_where_the_run_recorded_it() -> None:
     run = ablation.Run("ar_assistant", "ast", "peak", "steady_15s")
     load = {"cpus": 2, "load_1m_mean": 0.8, "load_1m_max": 1.64}
     summary = {**_summary(46.0, 9.0, 0.0), "machine_load": load}
