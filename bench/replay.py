@@ -440,19 +440,26 @@ async def play(url: str, app: str, window: list[float], split: BinSplit, time_sc
 
 def _progress_factory(n: int, label: str, load: MachineLoad | None = None) -> tuple[Any, Any]:
     """(update, close): the bar (or a line per bin without tqdm); ``load`` is sampled per bin."""
+    update, close = _progress_bar(n, label)
+    if load is None:
+        return update, close
+
+    def sampled(k: int, r: BinResult) -> None:
+        load.sample()
+        update(k, r)
+    return sampled, close
+
+
+def _progress_bar(n: int, label: str) -> tuple[Any, Any]:
     try:
         from tqdm import tqdm
     except ImportError:
         def plain(k: int, r: BinResult) -> None:
-            if load is not None:
-                load.sample()
             print(f"[{label}] bin {k + 1}/{n}: sent {r.sent}", file=sys.stderr, flush=True)
         return plain, lambda: None
     bar = tqdm(total=n, desc=label, unit="bin", file=sys.stderr)
 
     def update(k: int, r: BinResult) -> None:
-        if load is not None:
-            load.sample()
         bar.set_postfix(sent=r.sent)
         bar.update(1)
     return update, bar.close
