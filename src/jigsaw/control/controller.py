@@ -864,6 +864,7 @@ class NodeController:
                     entry["quick"]["kept"], no = await self._deploy(quick, fresh, "quick", full)
                     refused_any.update(no)
                     deployed, fresh = quick, frozenset()
+                    entry["quick"]["deployed_after_s"] = round(time.monotonic() - t0, 4)
             try:
                 exact = await exact_f
             except Exception as exc:  # a planner failure keeps the running plans (or the quick one)
@@ -883,6 +884,7 @@ class NodeController:
                     entry["quick"]["kept"], no = await self._deploy(q, fresh, "quick", full)
                     refused_any.update(no)
                     deployed, fresh = q, frozenset()
+                    entry["quick"]["deployed_after_s"] = round(time.monotonic() - t0, 4)
             for n, c in self.apps.items():
                 c.predicted_rps = full[n]
                 if for_bin is None or for_bin == self.bin_index:  # else open_bin copies it over
@@ -913,6 +915,8 @@ class NodeController:
                 entry["exact"]["kept"], refused = await self._deploy(exact, fresh, "exact", full)
                 refused_any.update(refused)
                 deployed = exact
+                # from the re-plan's decision (its trigger) to this plan's deployment
+                entry["exact"]["deployed_after_s"] = round(time.monotonic() - t0, 4)
                 if refused:
                     deployed = await self._quick_after_refusal(quick_box, refused, entry, fresh, full) \
                         or deployed
