@@ -341,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
             generations = GenerationManager(node, plans, time_scale=args.time_scale, seed=args.seed,
                                             backend=backend, log=_log,
                                             spare_workers=node.server.spare_workers if controller else 0,
-                                            launcher=fork_server)
+                                            launcher=fork_server,
+                                            drain_wait_slo=node.control.drain_wait_slo,
+                                            keep_usable=node.control.keep_compute_usable)
         except BaseException:
             if fork_server is not None:
                 fork_server.close()

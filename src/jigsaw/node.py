@@ -159,9 +159,6 @@ class ControlSettings:
                                                  "exceed this share", ge=0, le=1, group=TRIGGERS)
     replan_on_rate: bool = setting(True, "re-plan early when the recent arrival rate exceeds "
                                          "what the plan holds", group=TRIGGERS)
-    rate_trigger_z: float = setting(0.0, "the rate trigger fires only on a count this many "
-                                         "standard deviations past the plan's rate (0: the "
-                                         "rate alone)", ge=0, group=TRIGGERS)
     rate_window_grow_z: float = setting(3.0, "a rate window too sparse to read grows within "
                                              "the bin and fires at this significance (0: no "
                                              "growth)", ge=0, group=TRIGGERS)
@@ -176,24 +173,14 @@ class ControlSettings:
                                             "bins of ended spikes", group=PREDICTOR)
     hold_spikes: bool = setting(True, "a spike past its second bin is predicted at least at "
                                       "its last bin", group=PREDICTOR)
-    lookahead_bins: int = setting(0, "each plan holds the most predicted over this many bins "
-                                     "after the next", ge=0, le=12, group=PREDICTOR)
     repartition_delay_s: float = setting(2.0, "emulated: time a GPU is unavailable while "
                                               "repartitioned", ge=0, group=DEPLOYMENT)
-    single_reconfiguration: bool = setting(False, "an urgent re-plan deploys its quick plan "
-                                                  "only, not the exact one after it",
-                                           group=DEPLOYMENT)
     shrink_min_slices: int = setting(1, "a running plan that holds its demand is replaced only "
                                         "by one at least this many slices smaller", ge=0,
                                      group=DEPLOYMENT)
-    keep_new_plan_bins: int = setting(0, "a plan that holds its demand is kept at least this "
-                                         "many bins", ge=0, group=DEPLOYMENT)
     trim_min_slices: int = setting(4, "a running plan that holds its demand gives back spare "
                                       "instances freeing at least this many slices (0: off)",
                                    ge=0, group=DEPLOYMENT)
-    fewest_starts_first: bool = setting(False, "a needed re-plan deploys first whichever of its "
-                                               "quick and exact plans starts fewer processes",
-                                        group=DEPLOYMENT)
     quick_after_refusal: bool = setting(True, "a plan refused before anything changed is "
                                               "followed by the re-plan's quick plan",
                                         group=DEPLOYMENT)
@@ -220,60 +207,41 @@ class ControlSettings:
                                               "and drains when it fits so", group=ROOM)
     keep_compute_usable: bool = setting(True, "new MIG instances go where they strand the "
                                               "fewest compute slices", group=ROOM)
-    place_around_draining: bool = setting(False, "new MIG instances keep off draining slots "
-                                                 "where the node has others", group=ROOM)
-    cut_drains: bool = setting(False, "a re-plan needing draining slots cuts those drains "
-                                      "short", group=ROOM)
-    cut_drain_max_unanswered: int = setting(8, "a drain is cut only when it holds at most this "
-                                               "many unanswered requests", ge=0, group=ROOM)
-    place_around_busy_drains: bool = setting(False, "new MIG instances keep off drains too busy "
-                                                    "to cut", group=ROOM)
-    drain_late_credits: bool = setting(True, "a drain lasts until its late credits are settled "
-                                             "too", group=ROOM)
-    drain_first_when_holding: bool = setting(False, "drain the app's own instances first also "
-                                                    "for a plan the running one does not need",
-                                             group=ROOM)
-    drain_first_wait_slo: float = setting(0.25, "share of the SLO a drain-first (or a wait for "
-                                                "drains) waits before re-sending or cutting",
-                                          ge=0, le=1, group=ROOM)
-    cut_drains_when_needed: bool = setting(False, "a needed plan cuts the drains in its way "
-                                                  "after the wait", group=ROOM)
-    wait_drains_when_needed: bool = setting(True, "a needed plan waits for the drains in its "
-                                                  "way to end", group=ROOM)
-    refuse_before_drain_wait: bool = setting(True, "a plan that would leave its app no lane is "
-                                                   "refused before the wait, not after",
-                                             group=ROOM)
-    shrink_drain_min_slices: int = setting(0, "a plan freeing this many slices of a holding "
-                                              "plan is worth a drain-first (0: never)", ge=0,
-                                           group=ROOM)
-    recheck_need_before_drain_first: bool = setting(True, "a needed plan asks again whether it "
-                                                          "is still needed before a "
-                                                          "drain-first", group=ROOM)
+    drain_wait_slo: float = setting(0.25, "share of the SLO a drain-first waits for the requests "
+                                          "of the instances it drains before sending them again",
+                                    ge=0, le=1, group=ROOM)
     end_wait_outgrown_above: Annotated[float, AfterValidator(_off_or_at_least_one)] = setting(
-        1.25, "a wait for drains ends when the arrivals exceed its demand this many times "
-              "(0: off)", ge=0, group=ROOM)
-    two_step_drain_first: bool = setting(False, "a drain-first that would leave no lane drains "
-                                                "in two steps", group=ROOM)
-    drain_first_past_headroom: bool = setting(True, "drain first only for a plan past what the "
-                                                    "running plan serves run hot", group=ROOM)
-    headroom_yields_when_rising: bool = setting(True, "the headroom rule yields to a plan 5% "
-                                                      "past the least it kept out", group=ROOM)
-    headroom_weighs_demand: bool = setting(True, "the headroom rule weighs a capped plan by "
-                                                 "the demand it was asked for", group=ROOM)
-    queue_yields_past_full: bool = setting(False, "the headroom rule yields once arrivals pass "
-                                                  "the running plan's full utilization",
-                                           group=ROOM)
-    headroom_full_fraction: float = setting(1.0, "the headroom rule keeps the running plan "
-                                                 "below this share of its full utilization",
-                                            ge=0.5, le=1, group=ROOM)
-    drain_first_within_wait: bool = setting(True, "keep the running plan while its queue is "
-                                                  "longer than a drain-first waits", group=ROOM)
-    handover_on_needed_switch: bool = setting(False, "a needed plan takes its predecessor's "
-                                                     "unanswered requests at once", group=ROOM)
+        1.25, "a needed plan's wait for the drains in its way ends, changing nothing, when the "
+              "arrivals exceed its demand this many times (0: off)", ge=0, group=ROOM)
 
 
-# [control] keys of older node files -> what replaced them (the loader's error names it)
-REMOVED_CONTROL: dict[str, str] = {}
+# [control] keys of older node files -> what replaced them (the loader's error names it). The
+# making-room behaviour they switched is now one policy (ARCHITECTURE.md, "The path of a plan"):
+# a plan the running one does not need is not worth a drain-first or a wait; a needed plan waits
+# for the drains in its way to end (refused at once when its drain-first would leave no lane),
+# drains the app's own instances first only past the running plan's headroom and queue, and every
+# replaced generation drains until its late credits are settled. Variants replays measured worse
+# or no better went with their switches.
+_ROOM = "the making-room policy (drain_wait_slo, end_wait_outgrown_above)"
+REMOVED_CONTROL: dict[str, str] = {
+    "drain_first_wait_slo": "renamed control.drain_wait_slo",
+    **{k: f"{_ROOM} does this always" for k in (
+        "wait_drains_when_needed", "refuse_before_drain_wait", "recheck_need_before_drain_first",
+        "drain_first_past_headroom", "headroom_yields_when_rising", "headroom_weighs_demand",
+        "drain_first_within_wait", "drain_late_credits")},
+    **{k: f"{_ROOM} never does this (measured worse)" for k in (
+        "cut_drains", "cut_drain_max_unanswered", "place_around_busy_drains", "place_around_draining",
+        "cut_drains_when_needed", "two_step_drain_first", "queue_yields_past_full",
+        "handover_on_needed_switch", "drain_first_when_holding", "shrink_drain_min_slices")},
+    "headroom_full_fraction": f"{_ROOM} keeps the running plan up to its full utilization",
+    "rate_trigger_z": "control.rate_window_grow_z (a window of enough arrivals fires on the rate alone)",
+    "lookahead_bins": "control.predictor (each plan holds the next bin's prediction)",
+    "single_reconfiguration": "removed (measured worse): an urgent re-plan deploys its quick plan, "
+                              "then its exact one",
+    "fewest_starts_first": "removed (measured no better): the exact plan goes out when it is in",
+    "keep_new_plan_bins": "control.shrink_min_slices (measured worse: a plan that holds its demand "
+                          "is replaced at once)",
+}
 
 SECTIONS = (("planner", PlannerSettings), ("server", ServerSettings), ("control", ControlSettings))
 
