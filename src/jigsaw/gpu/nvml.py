@@ -319,3 +319,31 @@ class MigApplier:
                     info = next(i for i in self.existing(g) if i.start == info.start)
                 out.append(NodeInstance(gpu=g, profile=info.profile, start=info.start, uuid=info.uuid))
         return NodeLayout(self.gpu.name, num_gpus, tuple(out))
+
+
+def gpu_uuids(num_gpus: int, nvml: Any = None) -> list[str]:
+    """``GPU-...`` of the node's first ``num_gpus`` GPUs (those used whole: their MPS daemons and
+    workers see them by UUID); one NVML session, a clear ``MigError`` naming the step that failed."""
+    nvml = load_nvml() if nvml is None else nvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise MigError(f"NVML did not start: {exc}", step="nvmlInit",
+                       code=getattr(exc, "value", None)) from None
+    step = "nvmlDeviceGetCount"
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        if count < num_gpus:
+            raise MigError(f"{count} GPU(s) found, the node config asks for {num_gpus}", step=step)
+        out = []
+        for g in range(num_gpus):
+            step = "nvmlDeviceGetUUID"
+            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(g))
+            out.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
+        return out
+    except nvml.NVMLError as exc:
+        raise MigError(f"reading the GPUs' UUIDs: NVML {step} failed: {exc}", step=step,
+                       code=getattr(exc, "value", None)) from None
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
