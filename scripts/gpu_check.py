@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "bench")]
 
 BUDGET_S = 470.0  # the whole run stays under 8 minutes
+SERVE_RESERVE_S = 170.0  # kept for the two serving steps by the steps before them
 CLASSIFY, DETECT = "gc_classify", "gc_detect"
 
 
@@ -63,9 +64,14 @@ class Ctx:
     def cuda(self) -> bool:
         return self.args.device == "cuda"
 
-    def left_s(self, want: float) -> float:
-        """A step's timeout: what it wants, within what is left of the whole run's budget."""
-        return max(5.0, min(want, self.deadline - time.monotonic()))
+    def server_env(self) -> dict[str, str]:
+        """What a server adds to the environment (its launcher sets PYTHONPATH to this tree)."""
+        return {k: v for k, v in self.env.items() if k != "PYTHONPATH" and os.environ.get(k) != v}
+
+    def left_s(self, want: float, reserve_s: float = 0.0) -> float:
+        """A step's timeout: what it wants, within what is left of the whole run's budget less what
+        the steps after it need (``reserve_s``)."""
+        return max(5.0, min(want, self.deadline - time.monotonic() - reserve_s))
 
     def run(self, argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> tuple[int, str]:
         """A command with a timeout; (exit status, its output); 124 when it ran out of time."""
@@ -222,22 +228,27 @@ def step_doctor(ctx: Ctx, files: dict[str, Path], step: Step) -> None:
 
 
 def step_pipeline(ctx: Ctx, files: dict[str, Path], step: Step) -> None:
+    """``bench/gpu_pipeline.py``: the network alone beside the served pipeline, per variant kind."""
     bench = ROOT / "bench" / "gpu_pipeline.py"
     if not bench.exists():
         step.summary = "bench/gpu_pipeline.py is not in this tree (issue 37, items 1-4): skipped"
         return
-    argv = [sys.executable, str(bench), "--json", "--device", ctx.args.device]
-    code, out = ctx.run([*argv, "--quick"] if ctx.args.quick else argv, ctx.left_s(150))
-    doc = _last_json(out)
+    out_json = ctx.work / "gpu_pipeline.json"
+    argv = [sys.executable, str(bench), "--json", str(out_json), "--device", ctx.args.device,
+            "--backend", ctx.args.backend, "--variants", ",".join(variants(ctx).values())]
+    argv += ["--quick"] if ctx.args.quick else ["--batches", "1,8,32", "--seconds", "1"]
+    code, out = ctx.run(argv, ctx.left_s(120, SERVE_RESERVE_S + 120))
+    print(out.rstrip()[-3000:])
+    doc = json.loads(out_json.read_text()) if out_json.exists() else _last_json(out)
     if code != 0 or doc is None:
         step.status, step.summary = "FAIL", f"exit {code}: {out.strip()[-300:]}"
         return
     rows = _records(doc)
-    print_records(rows)
     step.status, step.detail = "pass", {"rows": rows}
-    eff = [r for r in rows if str(r.get("batch")) == "32" and _efficiency(r) is not None]
+    top = max((int(r["batch"]) for r in rows if str(r.get("batch", "")).isdigit()), default=0)
     step.summary = f"{len(rows)} rows" + "".join(
-        f"; {r.get('variant', r.get('kind', '?'))} b32 served/alone {_efficiency(r):.2f}" for r in eff)
+        f"; {r.get('variant', r.get('kind', '?'))} b{top} served/alone {_efficiency(r):.2f}"
+        for r in rows if str(r.get("batch")) == str(top) and _efficiency(r) is not None)
 
 
 def _last_json(out: str) -> Any:
@@ -272,22 +283,6 @@ def _efficiency(r: dict[str, Any]) -> float | None:
     return served / alone if alone and served is not None else None
 
 
-def print_records(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    cols = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], dict | list)))
-    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[k]) for row in cells)) for k, c in enumerate(cols)]
-    for line in (cols, *cells):
-        print("  ".join(x.rjust(w) for x, w in zip(line, widths, strict=True)))
-
-
-def _cell(x: Any) -> str:
-    if isinstance(x, float):
-        return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
-    return "-" if x is None else str(x)
-
-
 def step_profile(ctx: Ctx, files: dict[str, Path], step: Step) -> None:
     v = variants(ctx)
     names = list(v.values()) if not ctx.args.quick or not ctx.cuda else [v["classifier"]]
@@ -297,7 +292,7 @@ def step_profile(ctx: Ctx, files: dict[str, Path], step: Step) -> None:
                   "--max-iters", "5" if ctx.args.quick else "30")
     if ctx.cuda:
         argv += ["--mps-levels", ",".join(map(str, mps_levels(ctx)))]
-    code, out = ctx.run(argv, ctx.left_s(240 if ctx.cuda else 180))
+    code, out = ctx.run(argv, ctx.left_s(180, SERVE_RESERVE_S))
     from jigsaw.profiles import read_profile_csv
     rows = [r for n in names if (ctx.work / "profiles" / f"{n}.csv").exists()
             for r in read_profile_csv(ctx.work / "profiles" / f"{n}.csv") if r.source == "measured"]
@@ -333,12 +328,15 @@ def compare_modeled(ctx: Ctx, names: list[str]) -> list[dict[str, Any]]:
 
 
 def serve_settings(ctx: Ctx, kind: str) -> dict[str, Any]:
-    """Image size, planned demand and load of a serving step."""
+    """Image size, planned demand (above what one GPU holds: the planner then plans the most it
+    serves) and load of a serving step; a CPU's is small."""
     quick = ctx.args.quick
     size = 224 if kind == "classifier" else (640 if ctx.cuda else 320)
-    return {"image_size": size, "demand": ("200" if kind == "classifier" else "50") if ctx.cuda else "2",
-            "seconds": 3.0 if quick else 10.0, "first": 40 if quick and not ctx.cuda else 200,
-            "samples": 4 if quick else 16, "concurrency": 8}
+    if not ctx.cuda:
+        return {"image_size": size, "demand": "100", "seconds": 3.0, "first": 8 if quick else 32,
+                "first_concurrency": 2, "samples": 4 if quick else 8, "concurrency": 4}
+    return {"image_size": size, "demand": "100000", "seconds": 5.0 if quick else 10.0, "first": 200,
+            "first_concurrency": 8, "samples": 8 if quick else 16, "concurrency": 64}
 
 
 def step_serve(ctx: Ctx, files: dict[str, Path], step: Step, app: str, kind: str) -> None:
@@ -352,13 +350,14 @@ def step_serve(ctx: Ctx, files: dict[str, Path], step: Step, app: str, kind: str
                                                                               s["image_size"])]
     args = ["--node-config", str(files["node"]), "--apps", app, "--demand", s["demand"], "--no-controller"]
     server = jigsawd(args, ctx.work / f"{app}.log", emulate=False, ready_timeout_s=ctx.left_s(150),
-                     env=ctx.env)
+                     env=ctx.server_env())
     report: dict[str, Any] = {"app": app, "image_size": s["image_size"]}
     try:
         server.start()
         infer = f"{server.url}/v2/models/{app}/infer"
         report["startup_s"] = round(server.startup_s, 1)
-        report["first"] = uvloop.run(serve_load.run_phase(infer, images, 8, count=s["first"])).summary()
+        first = uvloop.run(serve_load.run_phase(infer, images, s["first_concurrency"], count=s["first"]))
+        report["first"] = {**first.summary(), "concurrency": s["first_concurrency"]}
         load = uvloop.run(serve_load.run_phase(infer, images, s["concurrency"], seconds=s["seconds"]))
         report["load"] = {**load.summary(), "concurrency": s["concurrency"]}
         got = uvloop.run(serve_load.collect_answers(infer, images[:s["samples"]]))
@@ -376,7 +375,7 @@ def step_serve(ctx: Ctx, files: dict[str, Path], step: Step, app: str, kind: str
     step.status = "FAIL" if failed else "pass"
     ld = report["load"]
     step.summary = "; ".join(failed) if failed else (
-        f"{ld['answers_per_s']:.0f} answers/s x{ld['concurrency']}, p50 {ld['p50_ms']:.1f} ms, "
+        f"{ld['answers_per_s']:.0f} req/s x{ld['concurrency']}, p50 {ld['p50_ms']:.1f} ms, "
         f"p99 {ld['p99_ms']:.1f} ms, first {report['first']['sent']}: 0 failed, answers "
         f"{report['answers']['matched']}/{report['answers']['samples']} as the CPU's")
 
@@ -390,7 +389,7 @@ def reference_answers(ctx: Ctx, files: dict[str, Path], app: str, images: list[A
     from jigsaw.testing import ServerError, jigsawd
     args = ["--node-config", str(files["reference"]), "--apps", app, "--demand", "0.5", "--no-controller"]
     ref_server = jigsawd(args, ctx.work / f"{app}-cpu.log", emulate=False, ready_timeout_s=ctx.left_s(120),
-                         env={**ctx.env, "CUDA_VISIBLE_DEVICES": ""})
+                         env={**ctx.server_env(), "CUDA_VISIBLE_DEVICES": ""})
     try:
         ref_server.start()
         ref = uvloop.run(serve_load.collect_answers(f"{ref_server.url}/v2/models/{app}/infer", images))
@@ -413,7 +412,8 @@ def prepare_profiles(ctx: Ctx, files: dict[str, Path]) -> None:
         if code == 0:
             return
         print(f"no modeled rows for this GPU ({out.strip()[-200:]}): planning rows instead")
-    write_planning_rows(ctx.work / "profiles", "gpu" if ctx.cuda else "2c", names, tuple(batches(ctx)))
+    write_planning_rows(ctx.work / "profiles", "gpu" if ctx.cuda else "2c", names, tuple(batches(ctx)),
+                        only_missing=True)
 
 
 def plan_steps(ctx: Ctx, files: dict[str, Path]) -> list[tuple[str, Callable[[Step], None]]]:

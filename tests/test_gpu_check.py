@@ -45,6 +45,11 @@ def test_model_names_and_the_json_a_bench_prints() -> None:
     rows = gpu_check._records(gpu_check._last_json(out))
     assert rows == [{"variant": "vgg11", "batch": 32, "alone_items_s": 100.0, "served_items_s": 80.0}]
     assert gpu_check._efficiency(rows[0]) == pytest.approx(0.8)
+    # bench/gpu_pipeline.py's file: {"machine": ..., "rows": [...]} with its own efficiency
+    doc = {"machine": {"device": "cuda"}, "rows": [{"variant": "yolov5s", "kind": "detector", "batch": 8,
+                                                    "alone_items_s": 900.0, "served_items_s": 450.0,
+                                                    "efficiency": 0.5}]}
+    assert gpu_check._efficiency(gpu_check._records(doc)[0]) == 0.5
     assert gpu_check._last_json("no json here") is None
 
 

@@ -144,7 +144,7 @@ def test_a_node_using_its_gpus_whole_gets_one_daemon_per_gpu(fake_mps, tmp_path)
     whole = whole_gpu_model("L4", 24, 58)
     nvml = EmulatedNvml(whole, 2, mig_enabled=False)
     # a real backend on whole GPUs: the driver's binary, the GPUs' UUIDs read from NVML on first use
-    mps, gpus = node_mps(whole, 2, tmp_path / "run", emulated=False, needs_gpu=True, partitioned=False,
+    mps, gpus = node_mps(whole, 2, tmp_path / "run", emulated=False, on_gpus=True, partitioned=False,
                          nvml=nvml)
     assert type(mps) is MpsManager and mps.binary == "nvidia-cuda-mps-control" and gpus is not None
     assert not nvml.calls
@@ -158,22 +158,22 @@ def test_a_node_using_its_gpus_whole_gets_one_daemon_per_gpu(fake_mps, tmp_path)
     mps.stop(layout.instances[1])
     assert not d.directory.exists()
     # a node asking for more GPUs than NVML has, or without a driver: a clear error, no daemon
-    _, three = node_mps(whole, 3, tmp_path / "run", emulated=False, needs_gpu=True, partitioned=False,
+    _, three = node_mps(whole, 3, tmp_path / "run", emulated=False, on_gpus=True, partitioned=False,
                         nvml=EmulatedNvml(whole, 2, mig_enabled=False))
     with pytest.raises(MpsError, match=r"2 GPU.*asks for 3"):
         three.layout()
     broken = EmulatedNvml(whole, 2, mig_enabled=False)
     broken.inject("nvmlInit", NVML_ERROR_DRIVER_NOT_LOADED)
-    _, none = node_mps(whole, 2, tmp_path / "run", emulated=False, needs_gpu=True, partitioned=False,
+    _, none = node_mps(whole, 2, tmp_path / "run", emulated=False, on_gpus=True, partitioned=False,
                        nvml=broken)
     with pytest.raises(MpsError, match="Driver Not Loaded"):
         none.layout()
     # the emulated node emulates NVML too; a partitioned node keys daemons by MIG instance; a CPU node
     # and a backend that runs nowhere near a GPU have none
-    assert node_mps(whole, 1, tmp_path, emulated=True, needs_gpu=False, partitioned=False)[1].layout()
-    mig_mps, mig_gpus = node_mps(gpu_model("H100-80GB"), 1, tmp_path, emulated=True, needs_gpu=False,
+    assert node_mps(whole, 1, tmp_path, emulated=True, on_gpus=False, partitioned=False)[1].layout()
+    mig_mps, mig_gpus = node_mps(gpu_model("H100-80GB"), 1, tmp_path, emulated=True, on_gpus=False,
                                  partitioned=True)
     assert isinstance(mig_mps, EmulatedMps) and mig_gpus is None
-    cpu = node_mps(cpu_model(2), 1, tmp_path, emulated=False, needs_gpu=False, partitioned=False)
+    cpu = node_mps(cpu_model(2), 1, tmp_path, emulated=False, on_gpus=False, partitioned=False)
     assert cpu == (None, None)
-    assert node_mps(whole, 1, tmp_path, emulated=False, needs_gpu=False, partitioned=False) == (None, None)
+    assert node_mps(whole, 1, tmp_path, emulated=False, on_gpus=False, partitioned=False) == (None, None)

@@ -217,15 +217,16 @@ class WholeGpus:
         return self._layout
 
 
-def node_mps(gpu: GpuModel, num_gpus: int, run_dir: Path, *, emulated: bool, needs_gpu: bool,
+def node_mps(gpu: GpuModel, num_gpus: int, run_dir: Path, *, emulated: bool, on_gpus: bool,
              partitioned: bool, binary: str = "",
              nvml: Any = None) -> tuple[MpsManager | None, WholeGpus | None]:
     """The MPS control daemons a node runs: one per MIG instance of MPS level k > 1 on a partitioned
     node, one per GPU that runs k > 1 processes on a node using its GPUs whole (``WholeGpus``, the
-    instances to key them by), none on a CPU node or where the backend neither uses nor emulates a
-    GPU. The driver's control binary (``binary``, else ``nvidia-cuda-mps-control``) on a GPU node; on
-    an emulated node a stand-in script when ``binary`` names one, else the in-process emulation."""
-    whole = gpu.kind == "gpu" and not gpu.mig and (emulated or needs_gpu)
+    instances to key them by), none on a CPU node or where the backend's workers neither run on the
+    GPUs (``on_gpus``) nor emulate them. The driver's control binary (``binary``, else
+    ``nvidia-cuda-mps-control``) on a GPU node; on an emulated node a stand-in script when
+    ``binary`` names one, else the in-process emulation."""
+    whole = gpu.kind == "gpu" and not gpu.mig and (emulated or on_gpus)
     if not partitioned and not whole:
         return None, None
     manager = EmulatedMps(run_dir) if emulated and not binary else \
