@@ -55,7 +55,7 @@ from jigsaw.gpu.layout import (
     place_app,
     validate_node_layout,
 )
-from jigsaw.gpu.mps import MPS_CONTROL, EmulatedMps, MpsManager
+from jigsaw.gpu.mps import MpsManager, node_mps
 from jigsaw.gpu.nvml import MigApplier
 from jigsaw.gpu.partition import MigPartition, overlaps
 from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel
@@ -338,15 +338,13 @@ class GenerationManager:
                 self._fault = os.environ.get(FAULT_ENV, "")
             self.partition = MigPartition(node.gpu, node.num_gpus, MigApplier(node.gpu, nvml))
             self.node_layout = self.partition.adopt()  # idle instances: placed apps reuse them
-        # one MPS control daemon per instance of MPS level k > 1, in a private run directory: the
-        # driver's binary on a GPU node; on an emulated one a stand-in script when one is named
-        # (``JIGSAW_MPS_CONTROL``), else the in-process emulation
-        self.mps: MpsManager | None = None
-        if self.partition is not None:
-            binary = os.environ.get(MPS_CONTROL_ENV, "")
-            mps_dir = self.run_dir / "mps"
-            self.mps = EmulatedMps(mps_dir) if backend.emulated and not binary else \
-                MpsManager(mps_dir, binary=binary or MPS_CONTROL)
+        # one MPS control daemon per MIG instance (or whole GPU: ``mps_gpus``) of MPS level k > 1,
+        # in a private run directory (``gpu/mps.py`` ``node_mps``; a stand-in: ``JIGSAW_MPS_CONTROL``)
+        self.mps: MpsManager | None
+        self.mps, self.mps_gpus = node_mps(
+            node.gpu, node.num_gpus, self.run_dir / "mps", emulated=backend.emulated,
+            on_gpus=backend.needs_gpu, partitioned=self.partition is not None,
+            binary=os.environ.get(MPS_CONTROL_ENV, ""))
         self.mps_started_total = 0
         self.mps_stopped_total = 0
         self.mps_failures_total = 0
@@ -1099,6 +1097,8 @@ class GenerationManager:
     def _start_mps(self, g: Generation, layout: NodeLayout | None) -> dict[tuple[int, int], dict[str, str]]:
         """Start the MPS daemons of ``g``'s new instances (before their processes); their clients'
         environment per (GPU, start). A failure stops the ones this call started and raises."""
+        if layout is None and self.mps_gpus is not None:
+            layout = self.mps_gpus.layout()  # a node using its GPUs whole: one daemon per GPU
         if self.mps is None or layout is None:
             return {}
         with self._mps_lock:
