@@ -119,6 +119,7 @@ class ServerSettings:
     # hands every other request to aiohttp; "aiohttp" serves everything on aiohttp
     http: str = "fast"
     header_timeout_s: float = 10.0  # "fast": a request head must arrive within this (slowloris)
+    grpc_port: int = 8001  # Triton's gRPC inference service (KServe v2) on host; 0: off
 
 
 HTTP_FRONTS = ("fast", "aiohttp")
@@ -585,6 +586,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         fork_server=s.bool("fork_server", True),
         http=s.str("http", "fast"),
         header_timeout_s=s.number("header_timeout_s", 10.0, low=0, low_open=True),
+        grpc_port=s.integer("grpc_port", 8001, low=0, high=65535),
     )
     if server.http not in HTTP_FRONTS:
         raise s.error("http", f"expected one of {', '.join(HTTP_FRONTS)}, got {server.http!r}")
