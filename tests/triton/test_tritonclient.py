@@ -194,7 +194,7 @@ def test_repository_index_load_unload(gc, hc) -> None:
     gc.load_model("traffic_analysis")  # served already: nothing to do
     with pytest.raises(InferenceServerException) as exc:
         gc.unload_model("traffic_analysis")
-    assert _code(exc.value) == "StatusCode.UNAVAILABLE" and "static plans" in exc.value.message()
+    assert _code(exc.value) == "StatusCode.INVALID_ARGUMENT" and "static plans" in exc.value.message()
     with pytest.raises(InferenceServerException) as exc:
         hc.load_model("nope")
     assert "unknown model 'nope'" in exc.value.message()

@@ -59,10 +59,9 @@ class StaticRepository:
         self._known(app)
         if app not in self.served:
             raise RepositoryError(f"model {app!r} cannot be loaded: this daemon serves static plans "
-                                  "(--plan or --no-controller); no controller runs to plan it", "unavailable")
+                                  "(--plan or --no-controller); no controller runs to plan it")
 
     async def unload(self, app: str) -> None:
         self._known(app)
         raise RepositoryError(f"model {app!r} cannot be unloaded: this daemon serves static plans "
-                              "(--plan or --no-controller); no controller runs to re-plan the node",
-                              "unavailable")
+                              "(--plan or --no-controller); no controller runs to re-plan the node")

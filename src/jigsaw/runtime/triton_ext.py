@@ -9,7 +9,7 @@ Triton's message. Routes (Triton's paths)::
     POST /v2/repository/index, /v2/repository/models/{app}/load|unload
     GET  /v2/systemsharedmemory[/region/{name}]/status
     POST /v2/systemsharedmemory/region/{name}/register, /v2/systemsharedmemory[/region/{name}]/unregister
-    *    /v2/cudasharedmemory/...                                       501: no CUDA shared memory
+    *    /v2/cudasharedmemory/...                                       400: no CUDA shared memory
 
 Errors are the OIP's ``{"error": ...}``: 400 naming the field, 404 for an unknown app or region.
 """
@@ -108,6 +108,13 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return doc
 
 
+async def _load_body(request: web.Request) -> None:
+    """A load / unload body: nothing, or ``{"parameters": {...}}`` (none of Triton's is used here)."""
+    body = await _json_body(request)
+    if not isinstance(body.get("parameters", {}), dict):
+        raise ExtError(400, "parameters: expected an object")
+
+
 def add_routes(app: web.Application, oip: OipHttp) -> None:
     """Register the extension routes (before ``/v2/models/{model}``, which would take "stats")."""
     r = app.router
@@ -132,14 +139,16 @@ def add_routes(app: web.Application, oip: OipHttp) -> None:
         ready = body.get("ready", False)
         if not isinstance(ready, bool):
             raise ExtError(400, "ready: expected true or false")
+        if not isinstance(body.get("repository_name", ""), str):
+            raise ExtError(400, "repository_name: expected a string")
         return [e for e in repository(oip).index() if not ready or e["state"] == "READY"]
 
     async def load(request: web.Request) -> Any:
-        await _json_body(request)
+        await _load_body(request)
         await repository_call(oip, "load", request.match_info["model"])
 
     async def unload(request: web.Request) -> Any:
-        await _json_body(request)
+        await _load_body(request)
         await repository_call(oip, "unload", request.match_info["model"])
 
     async def shm_status(request: web.Request) -> Any:
@@ -154,7 +163,7 @@ def add_routes(app: web.Application, oip: OipHttp) -> None:
         shm_call(oip.shm.unregister, request.match_info.get("name"))
 
     async def cuda(request: web.Request) -> Any:
-        raise ExtError(501, "CUDA shared memory is not supported by this server; use system shared memory "
+        raise ExtError(400, "CUDA shared memory is not supported by this server; use system shared memory "
                             "(/v2/systemsharedmemory)")
 
     r.add_get("/v2/models/stats", handler(stats))
