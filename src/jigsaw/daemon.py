@@ -38,6 +38,7 @@ from jigsaw.plan import NodePlan, Plan
 from jigsaw.runtime.forkserver import ForkServer, preload_modules
 from jigsaw.runtime.forkserver import prometheus as fork_server_prometheus
 from jigsaw.runtime.generations import GenerationManager
+from jigsaw.runtime.repository import StaticRepository
 from jigsaw.runtime.rings import cleanup_stale
 from jigsaw.runtime.topology import TopologyError
 from jigsaw.spaces import SPACES
@@ -218,6 +219,12 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
                              executor=executor, log=_log, solver=solver or default_solver, anytime=anytime)
         fe.http.extra_metrics.append(ctl.stats.prometheus)
     controllers = ctl.apps if ctl is not None else {}
+    node_apps = [a.name for a in node.apps]
+    if ctl is not None:
+        from jigsaw.control.repository import ControllerRepository
+        fe.http.repository = ControllerRepository(ctl, node_apps)
+    else:
+        fe.http.repository = StaticRepository(node_apps, list(generations.apps))
     if not admin_token and not is_loopback(host):
         _log(f"{host} is not a loopback address: /admin/* answers loopback clients only "
              f"(set --admin-token or JIGSAW_ADMIN_TOKEN to allow others)")
