@@ -97,7 +97,8 @@ class OipGrpc(pbg.GRPCInferenceServiceServicer):
         if isinstance(got, Answer):
             raise _refused(got)
         req, parsed = got
-        status, doc = await asyncio.shield(req.future)  # a cancelled call leaves the request to its answer
+        # (a cancelled call cancels the future: the dispatcher still settles and counts the request)
+        status, doc = await req.future
         if parsed.shm_outputs:
             status, doc = place_outputs(status, doc, parsed.shm_outputs, oip.shm)
         if status != 200:
