@@ -142,6 +142,8 @@ class ServerSettings:
                                                        "routes, or aiohttp for everything")
     header_timeout_s: float = setting(10.0, "\"fast\": a request head must arrive within this",
                                       gt=0)
+    grpc_port: int = setting(8001, "port of Triton's gRPC inference service (KServe v2) on host "
+                                   "(0: off)", ge=0, le=65535)
 
 
 

@@ -78,6 +78,7 @@ from typing import Any, NamedTuple, Protocol
 from jigsaw.app import App
 from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor
 from jigsaw.control.solver import solve_node
+from jigsaw.errors import JigsawError
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
 from jigsaw.planner.anytime import trim_plan
@@ -169,6 +170,8 @@ class DataPlane(Protocol):
     def plan_of(self, app: str) -> Plan: ...
     def generation_of(self, app: str) -> int: ...
     async def apply(self, desired: DesiredState) -> Applied: ...
+    async def unload_app(self, app: str) -> None: ...
+    async def load_app(self, app: App, plan: Plan) -> None: ...
     def beside(self) -> Beside | None: ...
 
 
@@ -605,6 +608,7 @@ class NodeController:
         self._trigger = ""  # the running re-plan's trigger
         self._for_bin: int | None = None  # and the bin it plans for (None: the running one)
         self._lost: dict[str, float] = {}  # capacity-loss re-plans waiting: app -> demand
+        self.unloaded: dict[str, tuple[AppController, Plan]] = {}  # apps unloaded (Triton's repository)
         self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
 
     # ---- the clock ---------------------------------------------------------------------------
@@ -711,6 +715,36 @@ class NodeController:
             self.log(f"{name}: bin {self.bin_index}: {why}: re-planning the node early for {demand:.1f} rps")
         if demands:
             self._spawn(demands, "violations" if "violations" in triggers else "rate")
+
+    async def set_app_enabled(self, app: str, enabled: bool) -> None:
+        """Unload ``app`` (its generation drains and its slices go back to the node) or load it
+        again (its last plan placed beside the others), then re-plan the node for the apps it
+        serves; returns once the node serves the new state. Raises ``JigsawError`` with the
+        reason when it cannot (the last app, a plan that does not fit or start)."""
+        running = self._replan_task
+        if running is not None and not running.done():  # the re-plan in flight ends first
+            await asyncio.wait([running])
+        async with self.lock:
+            if not enabled:
+                if app not in self.apps:
+                    return
+                if len(self.apps) == 1:
+                    raise JigsawError(f"{app} is the node's last served app: unloading it would leave the "
+                                      "node nothing to plan")
+                c = self.apps.pop(app)
+                self.unloaded[app] = (c, self.plane.plan_of(app))
+                await self.plane.unload_app(app)
+            else:
+                if app not in self.unloaded:
+                    return
+                c, plan = self.unloaded[app]
+                await self.plane.load_app(c.app, plan)
+                del self.unloaded[app]
+                self.counters.take_bin(app)
+                c.open_bin()
+                self.apps[app] = c
+        self.log(f"{app}: {'loaded' if enabled else 'unloaded'}; re-planning the node")
+        self._spawn({}, "repository")
 
     def on_capacity_lost(self, app: str, why: str) -> None:
         """A worker is gone for good: re-plan now (that app's plan runs as a fresh generation)."""
