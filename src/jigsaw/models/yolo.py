@@ -106,10 +106,11 @@ class Detect(nn.Module):
         for i, x in enumerate(feats):
             bs, _, ny, nx = x.shape
             y = self.m[i](x).view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).sigmoid()
-            yv, xv = torch.meshgrid(torch.arange(ny, dtype=y.dtype), torch.arange(nx, dtype=y.dtype),
-                                    indexing="ij")
+            # The grid is made on the input's device (a CPU tensor here broke every CUDA forward).
+            yv, xv = torch.meshgrid(torch.arange(ny, dtype=y.dtype, device=y.device),
+                                    torch.arange(nx, dtype=y.dtype, device=y.device), indexing="ij")
             grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2)
-            anchor = self.anchors[i].view(1, self.na, 1, 1, 2)
+            anchor = self.anchors[i].view(1, self.na, 1, 1, 2).to(y.dtype)
             xy = (y[..., :2] * 2 - 0.5 + grid) * STRIDES[i]
             wh = (y[..., 2:4] * 2) ** 2 * anchor
             out.append(torch.cat((xy, wh, y[..., 4:]), -1).view(bs, -1, self.no))
