@@ -52,6 +52,12 @@ class Engine(Protocol):
     def warm_up(self, batch_sizes: Sequence[int]) -> None: ...
 
 
+def process_device() -> torch.device:
+    """The device this process runs on: its first visible CUDA device (``CUDA_VISIBLE_DEVICES``
+    names the GPU or MIG instance the worker is pinned to), else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def batch_buckets(max_batch: int) -> list[int]:
     """The batch sizes an engine prepares (graphs, engine shapes): powers of two and ``max_batch``;
     a batch runs padded to the smallest bucket that holds it."""

@@ -25,12 +25,6 @@ log = logging.getLogger("jigsaw.backends")
 PRECISIONS = ("fp16", "fp32")
 
 
-def process_device() -> Any:
-    """The device this process runs on: its first visible CUDA device, else the CPU."""
-    import torch
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-
-
 def precision_dtype(device: Any) -> Any:
     """The network's dtype: ``JIGSAW_TORCH_PRECISION`` (fp16 by default) on CUDA, fp32 on the CPU."""
     import torch
@@ -110,6 +104,7 @@ class _TorchText:
         from jigsaw.models.zoo import build
         torch.set_num_threads(threads)
         self.kind = kind
+        from jigsaw.backends.gpu_pipeline import process_device
         self.device = process_device()
         self.model = build(variant).to(self.device)
 
@@ -133,6 +128,7 @@ class TorchBackend(ModelBackend):
             return _TorchText(variant, info.kind, self.threads)
         import torch
 
+        from jigsaw.backends.gpu_pipeline import process_device
         from jigsaw.models.zoo import build
         torch.set_num_threads(self.threads)
         device = process_device()
