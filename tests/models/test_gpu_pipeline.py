@@ -169,3 +169,24 @@ def test_backend_warm_up_runs_whole_batches_before_serving(detector: TorchBacken
     from jigsaw.backends.warm import warm_batches
     assert warm_batches(range(1, 9), on_device=True) == [1, 2, 4, 8]
     assert warm_batches([], on_device=True) == []
+
+
+def test_the_bench_prints_alone_beside_served(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import sys
+    from pathlib import Path
+    monkeypatch.setenv("JIGSAW_CLASSIFIER_SIZE", "64")  # restored after the bench sets its own
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    import gpu_pipeline
+    out = tmp_path / "rows.json"
+    assert gpu_pipeline.main(["--device", "cpu", "--variants", "resnet18", "--batches", "1,2",
+                              "--seconds", "0", "--classifier-size", "32", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["variant"], r["batch"]) for r in rows] == [("resnet18", 1), ("resnet18", 2)]
+    for r in rows:
+        assert r["alone_items_s"] > 0 and r["served_items_s"] > 0 and r["overlapped_items_s"] > 0
+        assert r["efficiency"] == pytest.approx(r["served_items_s"] / r["alone_items_s"])
+    assert "resnet18" in capsys.readouterr().out
+    sys.modules.pop("gpu_pipeline", None)

@@ -63,21 +63,26 @@ class TorchEngine:
             return static_out[:n].clone()  # the next replay overwrites the static output
 
     def warm_up(self, batch_sizes: Sequence[int]) -> None:
-        """Run every size once (allocator, kernels, cuDNN), then capture a graph per size on CUDA."""
+        """Run every size once (allocator, kernels, cuDNN), then on CUDA capture a graph per size,
+        largest first, all in one memory pool (the graphs never run at once)."""
         import torch
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        inputs = {}
         for n in batch_sizes:
             x = torch.zeros(n, 3, self.side, self.side, dtype=self.dtype, device=self.device)
-            if self.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
+            inputs[n] = x.contiguous(memory_format=fmt)
             with torch.inference_mode():
-                self.module(x)
-            if self.use_graphs:
-                self._capture(x)
+                self.module(inputs[n])
             self.warmed.append(n)
+        pool = None
+        for n in sorted(inputs, reverse=True):
+            if self.use_graphs:
+                pool = self._capture(inputs[n], pool)
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def _capture(self, x: Any) -> None:
+    def _capture(self, x: Any, pool: Any) -> Any:
+        """Capture the module on ``x``'s batch size into a graph; returns the memory pool."""
         import torch
         try:
             side_stream = torch.cuda.Stream(device=self.device)
@@ -87,12 +92,15 @@ class TorchEngine:
                     self.module(x)
             torch.cuda.current_stream(self.device).wait_stream(side_stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), torch.inference_mode():
+            with torch.cuda.graph(graph, pool=pool), torch.inference_mode():
                 out = self.module(x)
             self.graphs[x.shape[0]] = (graph, x, out)
+            return graph.pool()
         except Exception as exc:  # a module that cannot be captured still serves, eagerly
             log.warning("CUDA graph capture at batch %d failed (%s): eager", x.shape[0], exc)
             self.use_graphs = False
+            self.graphs.clear()
+            return pool
 
 
 class _TorchText:
