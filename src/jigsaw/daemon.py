@@ -55,13 +55,12 @@ def _log(msg: str) -> None:
 
 
 def gpu_available() -> bool:
-    """True when CUDA devices are usable (cupy is optional: absent means no GPU path)."""
+    """True when torch sees a CUDA device. Asked through NVML, so the daemon does not initialise
+    CUDA itself (its workers are started from it); without torch there is no GPU path."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     try:
-        import cupy  # type: ignore[import-not-found]
-    except Exception:
-        return False
-    try:
-        return bool(cupy.cuda.is_available())
+        import torch
+        return bool(torch.cuda.is_available())
     except Exception:
         return False
 
@@ -320,10 +319,10 @@ def choose_backend(node_config: Path, emulate: bool) -> BackendKind:
     kind = backend_kind(node.backend)
     if kind.emulated:
         raise JigsawError(f"the node's backend is {kind.name!r}: run with --emulate")
-    if kind.needs_gpu and not gpu_available():
-        raise JigsawError(f"the node's backend {kind.name!r} needs a GPU and none is usable "
-                          "(cupy.cuda.is_available() is false or cupy is not installed); run with --emulate "
-                          "to serve on the emulated backend")
+    if kind.on_gpus(node.gpu.kind) and not gpu_available():
+        raise JigsawError(f"the node's backend {kind.name!r} needs a GPU on a GPU node and none is usable "
+                          "(torch.cuda.is_available() is false or torch is not installed); run with "
+                          "--emulate to serve on the emulated backend")
     return kind
 
 

@@ -331,7 +331,7 @@ class GenerationManager:
         # the MIG instances that exist: NVML on a GPU node, the emulated NVML on an emulated one
         self.partition: MigPartition | None = None
         self._fault = ""
-        if self.node_layout is not None and (backend.emulated or backend.needs_gpu):
+        if self.node_layout is not None and (backend.emulated or backend.on_gpus(node.gpu.kind)):
             if nvml is None and backend.emulated:
                 from jigsaw.gpu.emulated_nvml import EmulatedNvml
 
