@@ -9,9 +9,14 @@ passed at the frontend.
 Late records are discarded and counted.
 
 Worker faults: ``on_worker_failed`` settles every unanswered request that may have had work on a
-dead process: dispatched again under a new id (its late records are discarded) when its deadline
-still leaves time for the lane's fastest path, else answered 503 ``WORKER_FAILED``. The request
-body is kept for that until the request is answered.
+dead process. The requests of the batch it was executing when it crashed (its *suspects*, from
+the worker's batch record, ``runtime/supervisor.py`` says when a crash is the batch's) are
+answered 500 ``WORKER_CRASHED`` naming the task, never sent again: sent again, a request that
+crashes its worker would crash the next one. The others (innocent: queued behind it, or a crash
+not of the batch's making) are dispatched again under a new id (their late records are
+discarded) when the deadline still leaves time for the lane's fastest path, at most
+``MAX_ATTEMPTS`` times in all, else answered 503 ``WORKER_FAILED``. The request body is kept for
+that until the request is answered.
 """
 
 from __future__ import annotations
@@ -641,12 +646,14 @@ class Dispatcher:
             return True
         return queue_admits(self.routing.queued_end_s(routes), time_left_ns / 1e9)
 
-    def on_worker_failed(self, generation: int, task: str, variant: str) -> tuple[int, int]:
+    def on_worker_failed(self, generation: int, task: str, variant: str,
+                         suspects: frozenset[int] = frozenset(), reason: str = "exited") -> tuple[int, int]:
         """Settle the requests a dead process of (task, variant) in ``generation`` may have held.
 
-        Each unanswered one is dispatched again on the app's current routes when its deadline
-        leaves time for the fastest path, else answered 503 ``WORKER_FAILED``; answered ones
-        waiting for late credits are forgotten. Returns (retried, failed).
+        A suspect (a request id of the batch that crashed it) is answered 500 ``WORKER_CRASHED``.
+        Each other unanswered one is dispatched again on the app's current routes when its
+        deadline leaves time for the fastest path, else answered 503 ``WORKER_FAILED``; answered
+        ones waiting for late credits are forgotten. Returns (retried, failed).
         """
         retried = failed = 0
         now = time.monotonic_ns()
@@ -654,6 +661,16 @@ class Dispatcher:
             if req.generation != generation or req.routes.lanes[req.lane].get(task) != variant:
                 continue
             if self._forget_answered(req):
+                continue
+            if req.request_id in suspects:
+                failed += 1
+                if req.timer is not None:
+                    req.timer.cancel()
+                self._finish(req, 500, {"error": f"task {task!r} ({variant}) crashed its worker process "
+                                                 f"({reason}) while running this request's batch; the "
+                                                 f"request is not sent again (it could crash the next one)",
+                                        "status": "WORKER_CRASHED", "task": task, "reason": "worker_crashed",
+                                        "id": req.client_id}, "worker_crashed")
                 continue
             name = req.routes.app.name
             routes = self.routing.routes.get(name, req.routes)
