@@ -35,6 +35,7 @@ import numpy as np
 from jigsaw.runtime.admission import Admission, queue_admits
 from jigsaw.runtime.metrics import Metrics, count_into
 from jigsaw.runtime.records import (
+    CREDIT_BYTES,
     HOP_SENT,
     TOTAL_CREDIT,
     TRACE_DIR,
@@ -49,6 +50,10 @@ from jigsaw.tensors import DATATYPES, Tensor, decode_tensors, encode_tensors
 DRAIN_POP = 256
 LATE_GRACE_S = 10.0  # a timed-out request's record is kept this long to absorb its late credits
 MAX_ATTEMPTS = 3  # dispatches of one request across worker faults
+
+
+class InputTooLarge(ValueError):
+    """A request's encoded inputs are larger than a ring to its root tasks carries (answered 413)."""
 
 
 @dataclass(slots=True)
@@ -147,6 +152,7 @@ class Dispatcher:
         self._lane_params: dict[tuple[str, int], tuple[dict[str, str], dict[str, Any]]] = {}
         # app -> (its output spec table, the outputs in answer order: ``_outputs_of``)
         self._outputs: dict[str, tuple[Any, list[_TaskOutputs]]] = {}
+        self._root_limits: dict[str, tuple[AppRoutes, int]] = {}  # app -> (its routes, ``_root_limit``)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -464,14 +470,22 @@ class Dispatcher:
         """Admit and dispatch one request; a message saying why when it cannot be dispatched (shed).
 
         Its deadline is the app's SLO (plus one hop per level, times the time scale) from now, or
-        ``timeout_us`` (OIP ``parameters.timeout``, wall microseconds) when that is sooner.
+        ``timeout_us`` (OIP ``parameters.timeout``, wall microseconds) when that is sooner. Inputs
+        that encode larger than a root ring's records carry raise ``InputTooLarge`` (JSON numbers
+        may take fewer bytes than their datatype: a body within ``server.max_payload_bytes`` can
+        still be too large).
         """
         assert self._loop is not None
         app = routes.app
         now = time.monotonic_ns()
         deadline = now + self.budget_ns(routes, timeout_us)
+        body = encode_tensors([_raw(t) for t in tensors])
+        limit = self._root_limit(routes)
+        if len(body) > limit:
+            raise InputTooLarge(f"inputs: {len(body)} bytes as tensors, over the {limit} bytes a request to "
+                                f"model {app.name!r} carries (server.max_payload_bytes)")
         req = Pending(0, routes, 0, client_id, now, deadline, self._loop.create_future(), outputs_wanted,
-                      body=encode_tensors([_raw(t) for t in tensors]))
+                      body=body)
         why = self._dispatch(req)
         if why is not None:
             return why
@@ -481,6 +495,25 @@ class Dispatcher:
         if req.drop is not None:
             self._answer_dropped(req)
         return req
+
+    def _root_limit(self, routes: AppRoutes) -> int:
+        """The largest encoded inputs the rings to ``routes``' root processes all take (kept per
+        app while its routes are the same object)."""
+        cached = self._root_limits.get(routes.app.name)
+        if cached is not None and cached[0] is routes:
+            return cached[1]
+        limit = None
+        for lane in routes.roots:
+            for targets in lane.values():
+                for t in targets:
+                    ring = self.routing.rings.get(t.ring)
+                    if ring is not None:
+                        got = ring.max_payload_bytes - CREDIT_BYTES
+                        limit = got if limit is None else min(limit, got)
+        if limit is None:  # (not mapped yet: the push will say)
+            return 1 << 62
+        self._root_limits[routes.app.name] = (routes, limit)
+        return limit
 
     def budget_ns(self, routes: AppRoutes, timeout_us: int | None = None) -> int:
         """Wall nanoseconds from arrival to a request's deadline: the app's SLO plus one hop per

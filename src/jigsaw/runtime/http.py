@@ -19,7 +19,7 @@ from aiohttp import web
 from jigsaw import __version__
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.admission import Admission, queue_admits
-from jigsaw.runtime.dispatch import Dispatcher, Pending
+from jigsaw.runtime.dispatch import Dispatcher, InputTooLarge, Pending
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.oip import (
     HEADER_LENGTH,
@@ -168,8 +168,13 @@ class OipHttp:
                                          "SLO); retry later"},
                           RETRY_HEADERS)
         routes = self.routing.routes.get(name, routes)  # a reconfiguration may have switched it meanwhile
-        req = self.dispatcher.submit(routes, parsed.id, parsed.inputs, parsed.outputs,
-                                     timeout_us=parsed.timeout_us)
+        try:
+            req = self.dispatcher.submit(routes, parsed.id, parsed.inputs, parsed.outputs,
+                                         timeout_us=parsed.timeout_us)
+        except InputTooLarge as exc:
+            door.answered(name, 413)
+            self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
+            return Answer(413, {"error": str(exc)})
         if isinstance(req, str):
             door.answered(name, 503)
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
