@@ -106,6 +106,38 @@ def _first(item: tuple[int, list[Any]]) -> int:
     return item[0]
 
 
+def _joined(items: list[tuple[int, list[Any]]], k: int, tail: tuple[int, ...]) -> np.ndarray:
+    """Output ``k`` of a sink's items (in child order) as one array of rows of shape ``tail``
+    (an output's shape after its item axis). A free axis in ``tail`` (-1: a waveform's length)
+    takes each item's own; items of different lengths are padded with zeros to the longest (their
+    lengths are the app's to say, as TTS's ``audio_samples`` does). ``ValueError``: an item's array
+    does not have the declared shape."""
+    if len(items) == 1:  # one item (no fan-out before the sink): its array as it came
+        arrays = items[0][1]
+        if k >= len(arrays):
+            return np.zeros((0, *(max(0, d) for d in tail)), dtype=np.int32)
+        return _rows(arrays[k], tail)
+    parts = [_rows(arrays[k], tail) for _, arrays in items if k < len(arrays)]
+    if not parts:
+        return np.zeros((0, *(max(0, d) for d in tail)), dtype=np.int32)
+    if -1 in tail:
+        longest = tuple(max(p.shape[1 + i] for p in parts) for i in range(len(tail)))
+        parts = [p if p.shape[1:] == longest else
+                 np.pad(p, [(0, 0), *((0, m - n) for m, n in zip(longest, p.shape[1:]))]) for p in parts]
+    return np.concatenate(parts)
+
+
+def _rows(arr: np.ndarray, tail: tuple[int, ...]) -> np.ndarray:
+    """``arr`` as rows of ``tail`` (a -1 in it: any length)."""
+    if -1 not in tail:
+        return arr.reshape((-1, *tail))
+    if arr.ndim == len(tail):
+        arr = arr.reshape((1, *arr.shape))
+    if arr.ndim != len(tail) + 1 or any(d != -1 and d != n for d, n in zip(tail, arr.shape[1:])):
+        raise ValueError(f"an item's array has shape {list(arr.shape)}, not rows of {list(tail)}")
+    return arr
+
+
 def _raw(t: tuple[str, str, tuple[int, ...], Any]) -> Any:
     """A parsed input as a ``Tensor`` of raw bytes when its array is already of its wire type: the
     tensor codec then reuses a cached head for it (``tensors._encode_raw``); the same bytes."""
@@ -419,16 +451,12 @@ class Dispatcher:
             for k, name, datatype, tail in specs:
                 if wanted is not None and name not in wanted:
                     continue
-                if len(items) == 1:  # one item (no fan-out before the sink): its array as it came
-                    arrays = items[0][1]
-                    data = (arrays[k].reshape((-1, *tail)) if k < len(arrays)
-                            else np.zeros((0, *tail), dtype=np.int32))
-                else:
-                    parts = [arrays[k] for _, arrays in items if k < len(arrays)]
-                    if parts:
-                        data = np.concatenate([p.reshape((-1, *tail)) for p in parts])
-                    else:
-                        data = np.zeros((0, *tail), dtype=np.int32)
+                try:
+                    data = _joined(items, k, tail)
+                except ValueError as exc:  # an item whose output is not of its declared shape
+                    self._finish(req, 500, {"error": f"output {name!r}: {exc}", "status": "ERROR",
+                                            "task": task, "reason": "error", "id": req.client_id}, "error")
+                    return
                 outputs.append({"name": name, "datatype": datatype, "shape": list(data.shape),
                                 "data": data,  # an array until the handler encodes the response
                                 "parameters": {"emulated": emulated}})

@@ -133,6 +133,8 @@ class ProcessSpec:
     mean_ms_by_batch: dict[int, float] = field(default_factory=dict)  # from the profile's throughput
     model: str = ""  # the variant's ONNX file (a repository model); "": the zoo network ``zoo``
     zoo: str = ""  # the zoo network of a built-in model ("": the variant's name)
+    # a repository model's outputs [name, datatype, per-item shape] (what the emulated backend makes)
+    graph_outputs: list[list[object]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -210,12 +212,16 @@ NameOf = Callable[[str], str]
 """``name_of(purpose)``: the POSIX name of a segment (the daemon's registry prefixes its id)."""
 
 
-def _model_fields(app: App, task: str, variant: str) -> dict[str, str]:
-    """Where a worker finds its variant's model (see ``jigsaw.models.repository``)."""
+def _model_fields(app: App, task: str, variant: str) -> dict[str, object]:
+    """Where a worker finds its variant's model (see ``jigsaw.models.repository``), and a
+    repository model's outputs."""
     model = app.task(task).variant(variant).resolved
     if model is None:
         return {}
-    return {"model": str(model.path)} if model.path is not None else {"zoo": model.zoo}
+    if model.path is None:
+        return {"zoo": model.zoo}
+    return {"model": str(model.path),
+            "graph_outputs": [[o.name, o.datatype, [1, *o.item_shape]] for o in model.outputs]}
 
 
 @dataclass

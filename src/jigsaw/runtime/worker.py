@@ -67,7 +67,7 @@ from typing import Any
 
 import uvloop
 
-from jigsaw.backends.base import Backend, Downstream, ItemResult
+from jigsaw.backends.base import Backend, Downstream, ItemResult, OutputSpec
 from jigsaw.backends.registry import BackendUnavailable, backend_kind
 from jigsaw.runtime.batching import BatchQueue
 from jigsaw.runtime.containment import ErrorLog, check_results, item_error, oversized
@@ -157,9 +157,10 @@ def make_backend(spec: ProcessSpec) -> Backend:
             raise SystemExit(f"variant {spec.variant!r}: {exc}") from None
         backend = cls(spec.task, spec.task_kind, downstream, threads=threads, model=model)  # type: ignore[call-arg]
     else:
+        outputs = [OutputSpec(str(n), str(dt), tuple(shape)) for n, dt, shape in spec.graph_outputs]  # type: ignore[call-overload]
         backend = cls(spec.task, spec.task_kind, downstream,  # type: ignore[call-arg]
                       latency_ms_by_batch=spec.latency_ms_by_batch, mean_ms_by_batch=spec.mean_ms_by_batch,
-                      time_scale=spec.time_scale, seed=spec.seed)
+                      time_scale=spec.time_scale, seed=spec.seed, outputs=outputs or None)
     backend.load(spec.variant, spec.max_batch)
     return backend
 
