@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from jigsaw.app import App
@@ -121,15 +122,42 @@ def _read_plans(paths: list[Path]) -> list[Plan]:
     return plans
 
 
-def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]:
-    """The (app, plan) pairs to serve, from ``--plan`` files or by planning all the apps served
-    (every app of the node, or ``--apps``) in one decision over the node's slices (``plan_node``),
-    with the objective of the node config: what ``jigsaw plan --node N --demand a=R,b=R`` prints."""
+def wanted_apps(node: Node, args: argparse.Namespace) -> list[App]:
+    """The apps to serve: every app of the node, or those ``--apps`` names."""
     wanted = None if args.apps is None else [a.strip() for a in args.apps.split(",") if a.strip()]
     names = {a.name for a in node.apps}
     for w in wanted or []:
         if w not in names:
             raise JigsawError(f"--apps: unknown app {w!r} (node {node.name} has {', '.join(sorted(names))})")
+    return [a for a in node.apps if wanted is None or a.name in wanted]
+
+
+def failed_apps(apps: list[App], backend: BackendKind) -> dict[str, str]:
+    """app -> why it cannot be served (a model or transform that does not load, ``models/check``):
+    logged; the node serves the others and answers the app's readiness 503 with the reason."""
+    if not backend.runs_models:
+        return {}
+    from jigsaw.models.check import app_problems
+    failed = app_problems(apps, backend.name)
+    for name, why in failed.items():
+        _log(f"{name}: not served: {why}")
+    if failed and len(failed) == len(apps):
+        raise JigsawError(f"no app can be served ({'; '.join(failed.values())})")
+    return failed
+
+
+def choose_plans(node: Node, args: argparse.Namespace, skip: Collection[str] = ()) -> list[tuple[App, Plan]]:
+    """The (app, plan) pairs to serve, from ``--plan`` files or by planning all the apps served
+    (every app of the node, or ``--apps``, less ``skip``: those that cannot load) in one decision
+    over the node's slices (``plan_node``), with the objective of the node config: what
+    ``jigsaw plan --node N --demand a=R,b=R`` prints."""
+    wanted = None if args.apps is None else [a.strip() for a in args.apps.split(",") if a.strip()]
+    names = {a.name for a in node.apps}
+    for w in wanted or []:
+        if w not in names:
+            raise JigsawError(f"--apps: unknown app {w!r} (node {node.name} has {', '.join(sorted(names))})")
+    if skip:
+        wanted = [a.name for a in node.apps if (wanted is None or a.name in wanted) and a.name not in skip]
     if args.plan:
         out = []
         for plan in _read_plans(args.plan):
@@ -182,8 +210,10 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
 
 async def serve(generations: GenerationManager, host: str, port: int, *, time_scale: float, seed: int,
                 controller: bool = False, space: str | None = None, bin_seconds: float | None = None,
-                admin_token: str = "", node_config: Path | None = None, anytime: str = "auto") -> None:
-    """Serve OIP until SIGINT/SIGTERM: the frontend, the supervisor, the controllers, ``/admin``."""
+                admin_token: str = "", node_config: Path | None = None, anytime: str = "auto",
+                failed: dict[str, str] | None = None) -> None:
+    """Serve OIP until SIGINT/SIGTERM: the frontend, the supervisor, the controllers, ``/admin``;
+    ``failed``: the apps not served and why (their readiness answers 503 with it)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from aiohttp import web
@@ -197,6 +227,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     fe = Frontend(generations.backend, max_queue=node.server.max_queue,
                   hop_latency_ms=node.planner.hop_latency_ms, time_scale=time_scale, seed=seed)
     generations.attach(fe)
+    fe.state.failed_apps = dict(failed or {})
     if generations.partition is not None:
         fe.http.extra_metrics.append(generations.partition.stats.prometheus)
     fe.http.extra_metrics.append(generations.prometheus)
@@ -354,10 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                         grpc_port=args.grpc_port))
         host = args.host or node.server.host
         port = node.server.port if args.port is None else args.port
-        plans = choose_plans(node, args)
-        if backend.runs_models:
-            from jigsaw.models.check import check_models
-            check_models([app for app, _ in plans], backend.name)
+        failed = failed_apps(wanted_apps(node, args), backend)
+        plans = choose_plans(node, args, skip=failed)
         removed = cleanup_stale()
         if removed:
             _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
@@ -386,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                          controller=controller,
                          space=args.space,
                          bin_seconds=args.bin_seconds, admin_token=token, node_config=args.node_config,
-                         anytime=args.anytime))
+                         anytime=args.anytime, failed=failed))
     except JigsawError as exc:
         _log(str(exc))
         return 1

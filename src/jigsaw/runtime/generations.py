@@ -153,7 +153,7 @@ class Router(Protocol):
     def cut_generation(self, generation: int) -> tuple[int, int, int]: ...
     def remove_generation(self, generation: int) -> None: ...
     def worker_failed(self, generation: int, app: str, task: str, variant: str,
-                      reason: str) -> tuple[int, int]: ...
+                      reason: str, suspects: frozenset[int] = frozenset()) -> tuple[int, int]: ...
     def worker_restarting(self, app: str, task: str) -> None: ...
     def refresh_admission(self, app: str) -> None: ...
 
@@ -1320,11 +1320,13 @@ class GenerationManager:
         return self.router
 
     # ---- what the supervisor reports (``supervisor.FaultSink``) -----------------------------------
-    def worker_failed(self, generation: int, spec: ProcessSpec, reason: str) -> tuple[int, int]:
-        """A worker died or hung: the router settles its requests; returns (retried, failed)."""
+    def worker_failed(self, generation: int, spec: ProcessSpec, reason: str,
+                      suspects: frozenset[int] = frozenset()) -> tuple[int, int]:
+        """A worker died or hung: the router settles its requests (``suspects``: those of the batch
+        that crashed it, answered, not re-sent); returns (retried, failed)."""
         if self.router is None:
             return 0, 0
-        return self.router.worker_failed(generation, spec.app, spec.task, spec.variant, reason)
+        return self.router.worker_failed(generation, spec.app, spec.task, spec.variant, reason, suspects)
 
     def worker_restarting(self, spec: ProcessSpec) -> None:
         if self.router is not None:
