@@ -113,9 +113,9 @@ WHOLE_GPU = "gpu"
 """The one segment profile of a GPU without MIG (or with MIG off): the whole device."""
 
 
-MPS_SHARE_LEVELS = (2, 4)
+MPS_SHARE_LEVELS = (2, 4, 8)
 """The MPS levels a whole GPU can be split into shares at: those whose shares tile the 8
-placement slots and whose slices stay within the layout code's 7."""
+placement slots."""
 
 
 def share_profile_name(k: int) -> str:

@@ -679,8 +679,8 @@ WHOLE_GPU_KEYS = {
     "sm_count": "streaming multiprocessors of one GPU (a GPU jigsaw has no table of)",
     "fp16_tflops": "dense FP16 tensor peak of one GPU, TFLOPS (what jigsaw modeled needs)",
     "memory_tb_s": "memory bandwidth of one GPU, TB/s (what jigsaw modeled needs)",
-    "mps_shares": "k MPS processes of any (task, variant)s may share one GPU (2 or 4; 0: off; "
-                  "default: the largest MPS level that is 2 or 4)",
+    "mps_shares": "k MPS processes of any (task, variant)s may share one GPU (2, 4 or 8; 0: off; "
+                  "default: the largest of mps_levels that is 2, 4 or 8)",
 }
 """The ``[gpus]`` keys of a GPU used whole (``mig = false``), with their meanings."""
 
