@@ -147,8 +147,8 @@ def whole_gpu_model(name: str, memory_gb: float, sm_count: int, *, shares: int =
     the measurement).
     """
     if shares and shares not in MPS_SHARE_LEVELS:
-        raise ValueError(f"a whole GPU is shared by {' or '.join(map(str, MPS_SHARE_LEVELS))} MPS "
-                         f"processes, not {shares}")
+        levels = f"{', '.join(map(str, MPS_SHARE_LEVELS[:-1]))} or {MPS_SHARE_LEVELS[-1]}"
+        raise ValueError(f"a whole GPU is shared by {levels} MPS processes, not {shares}")
     slices = shares or 1
     profiles = [MigProfile(WHOLE_GPU, slices, memory_gb, NUM_PLACEMENT_SLOTS, (0,), sm_count, max_per_gpu=1)]
     if shares:
