@@ -29,6 +29,7 @@ from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner import joint
 from jigsaw.planner.columns import ColumnSet, build_columns
+from jigsaw.planner.diagnose import why_unserved
 from jigsaw.planner.model import LinearModel
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
 from jigsaw.planner.problem import Problem, demand_terms, make_problem
@@ -371,7 +372,7 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
         cap = _capacity(pb, solver, limit, formulation=form)
         if cap.plan is None:
             return _empty_plan(pb, demand_rps, cap.status, time.perf_counter() - t0,
-                               "no configuration serves any demand within the SLOs")
+                               _unserved_note(pb))
         result = _plan_at(pb, cap, solver, limit, form)
         result.demand_rps = demand_rps
         result.feasible = False
@@ -432,7 +433,16 @@ def _as_fallback(plan: Plan) -> None:
     plan.gap = math.inf
 
 
+def _unserved_note(pb: Problem) -> str:
+    """The note of a plan that serves nothing, with the reason found (``diagnose``)."""
+    why = why_unserved(pb)
+    return "no configuration serves any demand within the SLOs" + (f": {why}" if why else "")
+
+
 def _empty_plan(pb: Problem, demand_rps: float, status: str, secs: float, note: str) -> Plan:
+    """A plan that serves nothing; "infeasible" where the solver proved that no demand fits (its
+    capacity model "optimal" at 0 rps), so no caller reads "optimal" beside "serves 0 rps"."""
+    status = "infeasible" if status == "optimal" else status
     return Plan(app=pb.app.name, space=pb.space.name, demand_rps=demand_rps, planned_rps=0.0,
                 feasible=False, max_demand_plan=False, status=status, objective=float("nan"),
                 accuracy=0.0, slices_used=0, slices_available=pb.node.slices_available,
@@ -504,7 +514,7 @@ def capacity(app: App, node: Node, profiles: ProfileTable, *, space: str | Searc
             cap.plan = _with_layout(cap.plan, node, None)
     if cap.plan is None:
         empty = _empty_plan(pb, 0.0, cap.status, time.perf_counter() - t0,
-                            "no configuration serves any demand within the SLOs")
+                            _unserved_note(pb))
         return Capacity(app.name, sp.name, 0.0, empty, time.perf_counter() - t0, cap.status, 0.0)
     result = _plan_at(pb, cap, solver, limit, form)
     result.solve_seconds = time.perf_counter() - t0

@@ -36,6 +36,7 @@ from jigsaw.planner.anytime import (
     rescale,
 )
 from jigsaw.planner.decompose import app_layout
+from jigsaw.planner.diagnose import why_none_together
 from jigsaw.planner.packer import InstanceRequest, PackingError, pack
 from jigsaw.planner.problem import Factors, Problem, make_problem
 from jigsaw.planner.scaled import SCALE_TOLERANCE, ScaleResult, max_scale
@@ -256,8 +257,7 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
         res, scale, scale_bound, why = _joint_scaled(parts, node, solver, limit, decide)
         if res is None:
             return _empty(node, kind, "infeasible" if why is None else "no_solution",
-                          time.perf_counter() - t0,
-                          why or "the apps cannot be served together on this node at any demand")
+                          time.perf_counter() - t0, why or _none_together([p.pb for p in parts]))
         notes.append(f"the demands do not fit together: every app serves {scale:.4%} of its demand"
                      + (f" ({why})" if why else ""))
     if any(p is None for p in res.plans):
@@ -361,6 +361,11 @@ def _empty(node: Node, kind: str, status: str, secs: float, note: str) -> NodePl
                     objective=math.nan, gap=math.inf, slices_used=0,
                     slices_available=node.slices_available, solve_seconds=secs, demand_scale=0.0,
                     notes=[note])
+
+
+def _none_together(problems: list[Problem]) -> str:
+    why = why_none_together(problems)
+    return "the apps cannot be served together on this node at any demand" + (f": {why}" if why else "")
 
 
 def merge_layouts(plans: Mapping[str, Plan], gpu_model: str, num_gpus: int) -> Layout:

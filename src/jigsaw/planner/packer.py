@@ -18,7 +18,6 @@ from jigsaw.errors import JigsawError
 from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel, MigProfile
 from jigsaw.plan import GpuLayout, Layout, PlacedInstance, Plan
 from jigsaw.planner.layouts import (
-    MAX_COMPUTE_SLICES,
     Counts,
     fits_on_gpu,
     layout_counts,
@@ -78,14 +77,15 @@ def instances_from_plan(plan: Plan) -> list[InstanceRequest]:
 class _GpuState:
     """Occupied slots, per-profile counts and compute slices of one GPU during greedy packing."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_compute: int) -> None:
+        self.max_compute = max_compute
         self.mask = 0
         self.compute = 0
         self.counts: Counter[str] = Counter()
         self.placed: list[tuple[InstanceRequest, int]] = []
 
     def starts(self, p: MigProfile) -> list[int]:
-        if self.counts[p.name] >= p.max_per_gpu or self.compute + p.compute_slices > MAX_COMPUTE_SLICES:
+        if self.counts[p.name] >= p.max_per_gpu or self.compute + p.compute_slices > self.max_compute:
             return []
         return [s for s in p.starts
                 if s + p.size <= NUM_PLACEMENT_SLOTS and not self.mask & slot_mask(p, s)]
@@ -109,7 +109,7 @@ def _greedy(requests: Sequence[InstanceRequest], gpu: GpuModel,
     weighted by their size), the lowest start on ties - e.g. a lone 1g instance goes to slot 6,
     keeping slots 0-3 free for a 4g. Returns per-GPU ``(request, start)`` lists or None.
     """
-    states = [_GpuState() for _ in range(num_gpus)]
+    states = [_GpuState(gpu.compute_slices) for _ in range(num_gpus)]
     order = sorted(requests, key=lambda r: (-gpu.profile(r.profile).size,
                                             -gpu.profile(r.profile).compute_slices, _sort_key(r)))
     for r in order:
@@ -151,7 +151,7 @@ def _exact_dfs(gpu: GpuModel, names: tuple[str, ...], demand: Counts,
         nonlocal nodes
         if not any(rem):
             return []
-        if k == 0 or sum(c * x for c, x in zip(compute, rem)) > MAX_COMPUTE_SLICES * k:
+        if k == 0 or sum(c * x for c, x in zip(compute, rem)) > gpu.compute_slices * k:
             return None
         if (rem, k) in failed:
             return None
@@ -233,7 +233,7 @@ def _pack_fresh(requests: Sequence[InstanceRequest], gpu: GpuModel,
     """Greedy first, exact when greedy leaves something out; None only if impossible."""
     if not requests:
         return [[] for _ in range(num_gpus)]
-    if sum(gpu.profile(r.profile).compute_slices for r in requests) > MAX_COMPUTE_SLICES * num_gpus:
+    if sum(gpu.profile(r.profile).compute_slices for r in requests) > gpu.compute_slices * num_gpus:
         return None
     bins = _greedy(requests, gpu, num_gpus)
     if bins is None:
@@ -395,9 +395,9 @@ def pack(instances: Sequence[InstanceRequest], gpu: GpuModel, num_gpus: int,
         raise PackingError(f"unknown MIG profile(s) {', '.join(unknown)} for {gpu.name} "
                            f"(known: {', '.join(gpu.profile_names)})")
     total = sum(gpu.profile(r.profile).compute_slices for r in instances)
-    if total > MAX_COMPUTE_SLICES * num_gpus:
+    if total > gpu.compute_slices * num_gpus:
         raise PackingError(f"{len(instances)} MIG instances need {total} compute slices; "
-                           f"{num_gpus} x {gpu.name} have {MAX_COMPUTE_SLICES * num_gpus}")
+                           f"{num_gpus} x {gpu.name} have {gpu.compute_slices * num_gpus}")
     if previous is not None and previous.gpu_model and previous.gpu_model != gpu.name:
         raise PackingError(f"previous layout is for {previous.gpu_model}, not {gpu.name}")
 
