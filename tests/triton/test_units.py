@@ -127,14 +127,15 @@ def test_grpc_answer_and_error_codes() -> None:
 def test_statistics_sum_the_tasks_into_the_app() -> None:
     stats = ms.ModelStats()
     t, batches = stats.task_series("a", "t")
-    ms.count_item(t, batches, 10.0, 2.0, 30.0, 4.0, 2, True)
-    ms.count_item(t, batches, 20.0, 3.0, 30.0, -1.0, 2, False)
+    ms.count_item(t, batches, 10.0, 2.0, 30.0, 4.0, 2)  # the two items of one batch of 2
+    ms.count_item(t, batches, 20.0, 3.0, 30.0, -1.0, 2)
     stats.request_done("a", True, 50_000)
     stats.request_done("a", False, 7_000)
     head, task = ms.app_entries(stats, "a", ("t",), {"t": 1.0})
     assert task["name"] == "a.t" and task["inference_count"] == 2 and task["execution_count"] == 1
     s = task["inference_stats"]
     assert s["queue"] == {"count": 2, "ns": 30_000} and s["compute_input"]["ns"] == 5_000
+    assert s["compute_infer"] == {"count": 2, "ns": 60_000}
     assert s["compute_output"] == {"count": 1, "ns": 4_000} and s["fail"]["count"] == 1
     assert task["batch_stats"] == [{"batch_size": 2, "compute_input": {"count": 0, "ns": 0},
                                     "compute_infer": {"count": 1, "ns": 30_000},
