@@ -255,3 +255,28 @@ def test_world_readable_region_is_refused(gc) -> None:
         assert "accessible to no one else" in exc.value.message()
     finally:
         path.unlink()
+
+
+def test_asyncio_clients(node: ServerProcess) -> None:
+    """tritonclient's asyncio clients (gRPC and HTTP) against the same daemon."""
+    import asyncio
+
+    import tritonclient.grpc.aio as agrpc
+    import tritonclient.http.aio as ahttp
+
+    async def run() -> list[tuple[int, ...]]:
+        g = agrpc.InferenceServerClient(f"127.0.0.1:{node.grpc_port}")
+        h = ahttp.InferenceServerClient(f"127.0.0.1:{node.port}")
+        try:
+            assert await g.is_model_ready("ar_assistant") and await h.is_model_ready("ar_assistant")
+            results = await asyncio.gather(*(g.infer("ar_assistant", [_image(agrpc)]) for _ in range(4)),
+                                           h.infer("ar_assistant", [_image(ahttp)]))
+            stats = await g.get_inference_statistics("ar_assistant", as_json=True)
+            assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) >= 5
+            return [r.as_numpy("speak.audio_samples").shape for r in results]
+        finally:
+            await g.close()
+            await h.close()
+
+    shapes = asyncio.run(run())
+    assert len(shapes) == 5 and all(len(s) == 1 for s in shapes)
