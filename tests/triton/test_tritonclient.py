@@ -122,6 +122,11 @@ def test_errors_carry_http_messages_and_grpc_codes(gc, hc) -> None:
         with pytest.raises(InferenceServerException) as exc:
             gc.infer(model, inputs, **kw)
         assert _code(exc.value) == code and message in exc.value.message(), exc.value
+    big = grpcclient.InferInput("image", [17 << 20], "UINT8")  # over server.max_payload_bytes (16 MiB)
+    big.set_data_from_numpy(np.zeros(17 << 20, np.uint8))
+    with pytest.raises(InferenceServerException) as exc:
+        gc.infer("traffic_analysis", [big])
+    assert _code(exc.value) == "StatusCode.RESOURCE_EXHAUSTED"
     with pytest.raises(InferenceServerException) as exc:  # HTTP: the same words
         hc.infer("traffic_analysis", [_image(httpclient)], priority=3)
     assert "parameters.priority: 3 is not supported" in exc.value.message()
