@@ -158,3 +158,37 @@ def test_grpc_port_in_use_stops_the_daemon_with_a_message(tmp_path: Path) -> Non
     assert done.returncode == 1
     assert f"gRPC: cannot bind 127.0.0.1:{port}" in done.stderr
 
+
+
+def test_shed_is_resource_exhausted(tmp_path: Path) -> None:
+    """A request shed at the door (max_queue 1, a 300 ms task) is RESOURCE_EXHAUSTED, HTTP's words."""
+    import asyncio
+
+    sys.path.insert(0, str(ROOT / "tests" / "dataplane"))
+    import tritonclient.grpc.aio as agrpc
+    from dpserver import write_tiny
+
+    from jigsaw.testing import jigsawd, shm_entries
+
+    args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 300.0}, 1)], latency_slo_ms=20000.0,
+                      max_queue=1)
+    port = free_port()
+    server = jigsawd(args, tmp_path / "jigsawd.log", cwd=ROOT, grpc_port=port)
+
+    async def burst() -> list[str]:
+        c = agrpc.InferenceServerClient(f"127.0.0.1:{port}")
+        x = agrpc.InferInput("image", [4], "UINT8")
+        x.set_data_from_numpy(np.arange(4, dtype=np.uint8))
+        try:
+            got = await asyncio.gather(*(c.infer("tiny", [x]) for _ in range(4)), return_exceptions=True)
+        finally:
+            await c.close()
+        return ["OK" if not isinstance(r, Exception) else f"{r.status()}: {r.message()}" for r in got]
+
+    with server:
+        answers = asyncio.run(burst())
+    assert answers.count("OK") >= 1, answers
+    shed = [a for a in answers if a != "OK"]
+    assert shed and all(a.startswith("StatusCode.RESOURCE_EXHAUSTED: model 'tiny' has 1 requests in flight")
+                        for a in shed), answers
+    assert shm_entries(server.proc.pid) == []
