@@ -7,7 +7,8 @@ one answer. Errors carry HTTP's messages with the gRPC code of their status: 400
 INVALID_ARGUMENT, 404 NOT_FOUND, 413 RESOURCE_EXHAUSTED, 500 INTERNAL, 501 UNIMPLEMENTED, 503
 UNAVAILABLE (not ready, shutting down, a failed worker) or RESOURCE_EXHAUSTED (shed at the door),
 504 DEADLINE_EXCEEDED. ``ModelStreamInfer`` answers each request of a stream as it completes
-(Triton's order), an error as the response's ``error_message`` with the stream left open.
+(Triton's order), an error as the response's ``error_message`` with the stream left open; at most
+``STREAM_WINDOW`` requests of a stream are read ahead of the answers it has taken.
 
 The stubs are Triton's generated ones shipped by ``tritonclient`` (``tritonclient.grpc``:
 ``service_pb2``, ``service_pb2_grpc``, ``model_config_pb2``), the same the clients use.
@@ -40,6 +41,7 @@ from jigsaw.runtime.http import EXTENSIONS, Answer, OipHttp
 from jigsaw.runtime.oip import BadRequest, place_outputs
 
 C = grpc.StatusCode
+STREAM_WINDOW = 1024  # a stream's requests read and not yet answered (the rest wait in flow control)
 _CODES = {
     400: C.INVALID_ARGUMENT,
     404: C.NOT_FOUND,
@@ -119,6 +121,7 @@ class OipGrpc(pbg.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
+        window = asyncio.Semaphore(STREAM_WINDOW)  # requests read and not yet answered on the wire
 
         async def one(request: pb.ModelInferRequest) -> None:
             try:
@@ -136,6 +139,7 @@ class OipGrpc(pbg.GRPCInferenceServiceServicer):
         async def read() -> None:
             try:
                 async for request in request_iterator:
+                    await window.acquire()  # a client that does not read its answers is not read
                     task = asyncio.ensure_future(one(request))
                     running.add(task)
                     task.add_done_callback(running.discard)
@@ -148,6 +152,7 @@ class OipGrpc(pbg.GRPCInferenceServiceServicer):
         try:
             while (answer := await answers.get()) is not None:
                 yield answer
+                window.release()
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
