@@ -231,6 +231,9 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
         if len(shape) != len(spec.shape) or any(s != -1 and s != d for s, d in zip(spec.shape, shape)):
             raise BadRequest(f"{f}.shape: input {name!r} expects shape {list(spec.shape)} "
                              f"(-1: any), got {shape}")
+        if spec.min_shape and any(d < m for d, m in zip(shape, spec.min_shape)):
+            raise BadRequest(f"{f}.shape: input {name!r} needs at least {list(spec.min_shape)} per axis "
+                             f"(the app's min_shape: the model cannot take an empty one), got {shape}")
         tensor_params = t.get("parameters", {})
         if not isinstance(tensor_params, dict):
             raise BadRequest(f"{f}.parameters: expected an object")
