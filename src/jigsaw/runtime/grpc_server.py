@@ -163,18 +163,20 @@ class OipGrpc(pbg.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.oip.state.accepting())
+        return pb.ServerReadyResponse(ready=self.oip.state.all_ready())  # (strict: every app serves)
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name="jigsaw", version=__version__, extensions=list(EXTENSIONS))
 
     async def _routes(self, request: Any, context: Any) -> Any:
         routes = self.oip.find_routes(request.name, request.version or None)
-        if isinstance(routes, Answer):
-            await context.abort(C.NOT_FOUND, routes.doc["error"])
+        if isinstance(routes, Answer):  # unknown (NOT_FOUND), or failed to load (UNAVAILABLE)
+            await context.abort(code_of(routes.status, routes.doc), routes.doc["error"])
         return routes
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        if request.name in self.oip.state.failed_apps:  # an app that failed to load: not ready
+            return pb.ModelReadyResponse(ready=False)
         await self._routes(request, context)
         return pb.ModelReadyResponse(ready=self.oip.state.accepting())
 
@@ -217,10 +219,9 @@ class OipGrpc(pbg.GRPCInferenceServiceServicer):
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
-        entries = ext.repository(self.oip).index()
         M = pb.RepositoryIndexResponse.ModelIndex
         return pb.RepositoryIndexResponse(
-            models=[M(**e) for e in entries if not request.ready or e["state"] == "READY"]
+            models=[M(**e) for e in ext.repository_index(self.oip, request.ready)]
         )
 
     async def RepositoryModelLoad(
