@@ -224,10 +224,18 @@ def test_system_shared_memory_inputs_and_outputs(gc, hc) -> None:
         assert o.parameters["shared_memory_region"].string_param == "io" and size == 4 * int(np.prod(o.shape))
         scores = shm.get_contents_as_numpy(region, np.float32, list(o.shape), offset=1024)
         assert scores.shape == tuple(o.shape) and np.isfinite(scores).all()
-        # HTTP reads the same input from the region
+        # HTTP reads the same input from the region and writes an output into it
         hx = httpclient.InferInput("image", [16], "UINT8")
         hx.set_shared_memory("io", 16)
         assert hc.infer("traffic_analysis", [hx]).as_numpy("car.score") is not None
+        for binary in (False, True):
+            hout = httpclient.InferRequestedOutput("person.score", binary_data=binary)
+            hout.set_shared_memory("io", 1024, offset=3072)
+            got = hc.infer("traffic_analysis", [hx], outputs=[hout]).get_output("person.score")
+            assert got["parameters"]["shared_memory_region"] == "io" and "data" not in got
+            n = int(np.prod(got["shape"]))
+            assert got["parameters"]["shared_memory_byte_size"] == 4 * n
+            assert np.isfinite(shm.get_contents_as_numpy(region, np.float32, [n], offset=3072)).all()
         # refused clearly: past the region, a second registration, a bad key, CUDA
         x.set_shared_memory("io", 16, offset=4090)
         with pytest.raises(InferenceServerException) as exc:

@@ -366,6 +366,8 @@ def encode_response(doc: dict[str, Any], binary: set[str] | None,
     """
     blobs = []
     for out in doc.get("outputs", []):
+        if "data" not in out:  # written to shared memory (``place_outputs``)
+            continue
         arr = np.asarray(out["data"])
         if all_binary or (binary and out["name"] in binary):
             wire = arr.astype(DATATYPES[out["datatype"]] or arr.dtype, copy=False)
