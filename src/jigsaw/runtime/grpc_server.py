@@ -18,7 +18,9 @@ parsed into Triton's messages: one source.
 Repository messages: Triton's ``RepositoryModelLoadRequest`` / ``...UnloadRequest`` number
 ``repository_name`` 1 and ``model_name`` 2, while KServe's model repository protocol numbers
 ``model_name`` 1; a KServe-numbered client's name therefore arrives as ``repository_name``, and
-a request with an empty ``model_name`` takes its name from there.
+a request with an empty ``model_name`` takes its name from there. KServe's responses carry
+``model_name`` (1) and ``isLoaded`` / ``isUnloaded`` (2), Triton's none: such a client reads our
+(Triton's, empty) answer as not loaded; the call's OK status is what says it was done.
 """
 
 from __future__ import annotations
