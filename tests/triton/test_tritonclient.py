@@ -192,6 +192,17 @@ def test_model_config_is_an_ensemble_with_the_plan(gc, hc) -> None:
     assert [e["to"] for e in section["edges"]] == ["car", "person"]
 
 
+def test_kserve_numbered_load_request(node: ServerProcess) -> None:
+    """KServe numbers the load request's model_name 1, Triton's repository_name: read as the name."""
+    with grpc.insecure_channel(f"127.0.0.1:{node.grpc_port}") as ch:
+        stub = pbg.GRPCInferenceServiceStub(ch)
+        kserve = pb.RepositoryModelLoadRequest(repository_name="traffic_analysis")
+        stub.RepositoryModelLoad(kserve, timeout=30)
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(repository_name="nope"), timeout=30)
+        assert exc.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_repository_index_load_unload(gc, hc) -> None:
     index = gc.get_model_repository_index(as_json=True)["models"]
     assert {(m["name"], m["state"]) for m in index} == {(a, "READY") for a in APPS}
