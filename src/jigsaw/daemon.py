@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 from jigsaw.app import App
 from jigsaw.backends.registry import EMULATED, BackendKind, backend_kind
@@ -265,12 +266,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
                              executor=executor, log=_log, solver=solver or default_solver, anytime=anytime)
         fe.http.extra_metrics.append(ctl.stats.prometheus)
     controllers = ctl.apps if ctl is not None else {}
-    node_apps = [a.name for a in node.apps]
-    if ctl is not None:
-        from jigsaw.control.repository import ControllerRepository
-        fe.http.repository = ControllerRepository(ctl, node_apps)
-    else:
-        fe.http.repository = StaticRepository(node_apps, list(generations.apps))
+    fe.http.repository = _repository(node, generations, ctl)
     if not admin_token and not is_loopback(host):
         _log(f"{host} is not a loopback address: /admin/* answers loopback clients only "
              f"(set --admin-token or JIGSAW_ADMIN_TOKEN to allow others)")
@@ -338,6 +334,15 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
         executor.shutdown(wait=False, cancel_futures=True)
         if solver is not None:
             solver.close()
+
+
+def _repository(node: Node, generations: GenerationManager, ctl: Any) -> Any:
+    """Triton's repository of the node's apps: load / unload through the controller, or static."""
+    node_apps = [a.name for a in node.apps]
+    if ctl is None:
+        return StaticRepository(node_apps, list(generations.apps))
+    from jigsaw.control.repository import ControllerRepository
+    return ControllerRepository(ctl, node_apps)
 
 
 def start_fork_server(backend: BackendKind) -> ForkServer | None:
