@@ -330,9 +330,9 @@ class Dispatcher:
             self._forget(req)
 
     def _observe(self) -> None:
-        """The metrics (queue, compute, batch size) and the bin's fan-out counters of the OK
-        records the drain has read (each (app, task, variant)'s histogram series kept, counted
-        into with ``metrics.count_into``)."""
+        """The metrics (queue, compute, batch size), the per-task statistics (``model_stats``) and
+        the bin's fan-out counters of the OK records the drain has read (each (app, task,
+        variant)'s histogram series kept, counted into with ``metrics.count_into``)."""
         observed, self._observed = self._observed, []
         now = time.monotonic_ns()
         for req, task, rec in observed:
@@ -344,11 +344,10 @@ class Dispatcher:
             queue, compute, batch, lat_buckets, batch_buckets, task_stats, batch_stats = c
             count_into(queue, lat_buckets, rec[7])
             count_into(compute, lat_buckets, rec[8])
-            first = rec[3] == 0 or rec[4] <= 1  # a batch counts once: its first child (or its one item)
-            if first:
+            if rec[3] == 0 or rec[4] <= 1:  # a batch counts once: its first child (or its one item)
                 count_into(batch, batch_buckets, rec[9])
             count_item(task_stats, batch_stats, rec[7], rec[10], rec[8],
-                       -1.0 if rec[4] else max(0.0, (now - rec[11]) / 1e3), rec[9], first)
+                       -1.0 if rec[4] else max(0.0, (now - rec[11]) / 1e3), rec[9])
             if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
                 self.admission.fan_out(app.name, task, variant, rec[4])
 
