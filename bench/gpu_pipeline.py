@@ -152,7 +152,7 @@ def bench_variant(variant: str, batches: list[int], args: argparse.Namespace) ->
             alone_s, _ = timed(lambda x=x: engine(x), sync, args.seconds)
             output = engine(x).clone()
         payloads = [payload] * b
-        pipe_s, numpy_s = pipeline_only(be, payloads, output, sync, args.seconds)
+        pipe_s, numpy_s = pipeline_only(be, payloads, output, sync, args.seconds / 2)
         ids = list(range(b))
         served_s, _ = timed(lambda p=payloads, i=ids: be.execute(i, p), sync, args.seconds)
         over_s = overlapped(pipe, payloads, args.seconds)
