@@ -375,7 +375,8 @@ def step_serve(ctx: Ctx, files: dict[str, Path], step: Step, app: str, kind: str
     step.status = "FAIL" if failed else "pass"
     ld = report["load"]
     step.summary = "; ".join(failed) if failed else (
-        f"{ld['answers_per_s']:.0f} req/s x{ld['concurrency']}, p50 {ld['p50_ms']:.1f} ms, "
+        f"{ld['answers_per_s']:.{0 if ld['answers_per_s'] >= 10 else 2}f} req/s x{ld['concurrency']}, "
+        f"p50 {ld['p50_ms']:.1f} ms, "
         f"p99 {ld['p99_ms']:.1f} ms, first {report['first']['sent']}: 0 failed, answers "
         f"{report['answers']['matched']}/{report['answers']['samples']} as the CPU's")
 
