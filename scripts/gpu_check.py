@@ -370,7 +370,7 @@ def step_serve(ctx: Ctx, files: dict[str, Path], step: Step, app: str, kind: str
         server.close()
     report["answers"] = reference_answers(ctx, files, app, images[:s["samples"]], got)
     serve_load.print_report(report)
-    failed = serve_load.failed_checks(report)
+    failed = serve_load.failed_checks(report, ctx.args.min_match)
     step.detail = report
     step.status = "FAIL" if failed else "pass"
     ld = report["load"]
@@ -465,6 +465,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                               "serve-classifier,serve-detector)")
     p.add_argument("--out", type=Path, default=None, help="work folder (default out/gpu-check/<time>)")
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole run's time budget (470 s)")
+    p.add_argument("--min-match", type=float, default=0.95,
+                   help="share of the sample answers that must match the CPU's (0.95)")
     p.add_argument("--dry-run", action="store_true", help="write the files, print the steps, run nothing")
     return p.parse_args(argv)
 
