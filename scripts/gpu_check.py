@@ -290,8 +290,8 @@ def step_profile(ctx: Ctx, files: dict[str, Path], step: Step) -> None:
                   "--variants", ",".join(names), "--batches", ",".join(map(str, batches(ctx))),
                   "--seconds", "0.5" if ctx.args.quick else "1",
                   "--max-iters", "5" if ctx.args.quick else "30")
-    if ctx.cuda:
-        argv += ["--mps-levels", ",".join(map(str, mps_levels(ctx)))]
+    if ctx.cuda:  # the whole GPU at each MPS level (its MPS shares' rows are derived from them)
+        argv += ["--segments", "gpu", "--mps-levels", ",".join(map(str, mps_levels(ctx)))]
     code, out = ctx.run(argv, ctx.left_s(180, SERVE_RESERVE_S))
     from jigsaw.profiles import read_profile_csv
     rows = [r for n in names if (ctx.work / "profiles" / f"{n}.csv").exists()
