@@ -39,6 +39,7 @@ from jigsaw.plan import NodePlan, Plan
 from jigsaw.runtime.forkserver import ForkServer, preload_modules
 from jigsaw.runtime.forkserver import prometheus as fork_server_prometheus
 from jigsaw.runtime.generations import GenerationManager
+from jigsaw.runtime.repository import StaticRepository
 from jigsaw.runtime.rings import cleanup_stale
 from jigsaw.runtime.topology import TopologyError
 from jigsaw.spaces import SPACES
@@ -47,6 +48,7 @@ DEFAULT_DEMAND_RPS = 10.0
 PLAN_TIME_LIMIT_S = 5.0
 READY_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 10.0
+GRPC_GRACE_S = 5.0  # stopping: gRPC calls in flight get this long
 
 
 def _log(msg: str) -> None:
@@ -102,6 +104,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--http", choices=HTTP_FRONTS, default=None,
                    help="HTTP front end (default: the node's server.http): fast (the hot OIP routes on "
                         "httptools, the rest on aiohttp) or aiohttp")
+    p.add_argument("--grpc-port", type=int, default=None,
+                   help="Triton's gRPC inference service port (default: the node's server.grpc_port; 0: off)")
     return p.parse_args(argv)
 
 
@@ -246,6 +250,12 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
                              executor=executor, log=_log, solver=solver or default_solver, anytime=anytime)
         fe.http.extra_metrics.append(ctl.stats.prometheus)
     controllers = ctl.apps if ctl is not None else {}
+    node_apps = [a.name for a in node.apps]
+    if ctl is not None:
+        from jigsaw.control.repository import ControllerRepository
+        fe.http.repository = ControllerRepository(ctl, node_apps)
+    else:
+        fe.http.repository = StaticRepository(node_apps, list(generations.apps))
     if not admin_token and not is_loopback(host):
         _log(f"{host} is not a loopback address: /admin/* answers loopback clients only "
              f"(set --admin-token or JIGSAW_ADMIN_TOKEN to allow others)")
@@ -267,9 +277,14 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     add_admin_routes(web_app, generations, controllers, supervisor, admin_token)
     runner = web.AppRunner(web_app, access_log=None)
     await runner.setup()
+    grpc_server = None
     try:
         site = fe.site(runner, host, port, node.server)
         await site.start()
+        if node.server.grpc_port:
+            from jigsaw.runtime.grpc_server import start_grpc
+            grpc_server = await start_grpc(fe.http, host, node.server.grpc_port,
+                                           node.server.max_payload_bytes)
         fe.state.ready = True
         if ctl is not None:
             ctl.start()
@@ -277,7 +292,8 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
                 f"objective {node.planner.objective}, "
                 f"bins of {bin_seconds or node.control.bin_seconds:g} s, anytime {anytime})"
                 if ctl is not None else "static plans")
-        _log(f"serving {', '.join(generations.apps)} on http://{host}:{port} with "
+        grpc_at = f" and grpc://{host}:{node.server.grpc_port}" if grpc_server is not None else ""
+        _log(f"serving {', '.join(generations.apps)} on http://{host}:{port}{grpc_at} with "
              f"{generations.num_processes()} worker processes (backend: {generations.backend.name}; {what})")
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -299,6 +315,9 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
         if ctl is not None:
             await ctl.stop()
         await generations.stop_retiring()
+        if grpc_server is not None:
+            await grpc_server.stop(GRPC_GRACE_S)
+        fe.http.shm.close()
         await runner.cleanup()
         fe.close()
         executor.shutdown(wait=False, cancel_futures=True)
@@ -355,8 +374,16 @@ def main(argv: list[str] | None = None) -> int:
     token = args.admin_token if args.admin_token is not None else os.environ.get("JIGSAW_ADMIN_TOKEN", "")
     try:
         node = load_node(args.node_config)
+        if backend.needs_gpu:  # the driver's MIG profile figures, where they differ from jigsaw.mig's
+            from jigsaw.gpu.nvml import driver_node
+            node = driver_node(node, say=_log)
         if args.http is not None:
             node = dataclasses.replace(node, server=dataclasses.replace(node.server, http=args.http))
+        if args.grpc_port is not None:
+            if not 0 <= args.grpc_port <= 65535:
+                raise JigsawError(f"--grpc-port: expected 0 (off) to 65535, got {args.grpc_port}")
+            node = dataclasses.replace(node, server=dataclasses.replace(node.server,
+                                                                        grpc_port=args.grpc_port))
         host = args.host or node.server.host
         port = node.server.port if args.port is None else args.port
         failed = failed_apps(wanted_apps(node, args), backend)
@@ -370,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
             generations = GenerationManager(node, plans, time_scale=args.time_scale, seed=args.seed,
                                             backend=backend, log=_log,
                                             spare_workers=node.server.spare_workers if controller else 0,
-                                            launcher=fork_server)
+                                            launcher=fork_server,
+                                            drain_wait_slo=node.control.drain_wait_slo,
+                                            keep_usable=node.control.keep_compute_usable)
         except BaseException:
             if fork_server is not None:
                 fork_server.close()

@@ -99,7 +99,7 @@ def test_sigkill_under_load_is_retried_on_a_sibling_and_the_worker_restarted(tmp
         check_invariants(server, load)
         assert event["retried_requests"] + event["failed_requests"] >= 1, event  # it was busy when killed
         metrics = http("GET", server.url + "/metrics")[1]
-        assert re.search(r'jigsaw_worker_failures_total\{app="tiny",task="a",reason="exited"\} 1', metrics)
+        assert re.search(r'jigsaw_worker_failures_total\{app="tiny",reason="exited",task="a"\} 1', metrics)
         assert re.search(r'jigsaw_worker_restarts_total\{app="tiny",task="a"\} 1', metrics)
         assert "requests dispatched again" in server.log()
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from jigsaw.runtime.admission import Admission, queue_admits
 from jigsaw.runtime.metrics import Metrics, count_into
+from jigsaw.runtime.model_stats import count_item
 from jigsaw.runtime.records import (
     CREDIT_BYTES,
     HOP_SENT,
@@ -333,28 +334,33 @@ class Dispatcher:
         records the drain has read (each (app, task, variant)'s histogram series kept, counted
         into with ``metrics.count_into``)."""
         observed, self._observed = self._observed, []
+        now = time.monotonic_ns()
         for req, task, rec in observed:
             app = req.routes.app
             variant = req.routes.lanes[req.lane].get(task, "")
             c = self._series.get((app.name, task, variant))
             if c is None:
                 c = self._series[(app.name, task, variant)] = self._series_of(app.name, task, variant)
-            queue, compute, batch, lat_buckets, batch_buckets = c
+            queue, compute, batch, lat_buckets, batch_buckets, task_stats, batch_stats = c
             count_into(queue, lat_buckets, rec[7])
             count_into(compute, lat_buckets, rec[8])
-            if rec[3] == 0 or rec[4] <= 1:  # a batch counts once: its first child (or its one item)
+            first = rec[3] == 0 or rec[4] <= 1  # a batch counts once: its first child (or its one item)
+            if first:
                 count_into(batch, batch_buckets, rec[9])
+            count_item(task_stats, batch_stats, rec[7], rec[10], rec[8],
+                       -1.0 if rec[4] else max(0.0, (now - rec[11]) / 1e3), rec[9], first)
             if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
                 self.admission.fan_out(app.name, task, variant, rec[4])
 
-    def _series_of(self, app: str, task: str, variant: str) -> tuple[list[float], list[float], list[float],
-                                                                     tuple[float, ...], tuple[float, ...]]:
+    def _series_of(self, app: str, task: str, variant: str) -> tuple[Any, ...]:
+        """The histogram series of (app, task, variant), their buckets, and the task's statistics
+        (``model_stats``)."""
         m = self.metrics
         at = (("app", app), ("task", task))
         assert m.queue_duration.buckets == m.compute_duration.buckets
         return (m.queue_duration.series_for(at), m.compute_duration.series_for(at),
                 m.batch_size.series_for((*at, ("variant", variant))), m.queue_duration.buckets,
-                m.batch_size.buckets)
+                m.batch_size.buckets, *m.models.task_series(app, task))
 
     def _forget(self, req: Pending) -> None:
         self.pending.pop(req.request_id, None)
@@ -390,6 +396,7 @@ class Dispatcher:
         else:
             self.metrics.failure.inc((("app", app), ("reason", reason)))
         self.metrics.request_duration.observe((("app", app),), (now - req.created_ns) / 1e3)
+        self.metrics.models.request_done(app, reason is None, now - req.created_ns)
 
     def _answer_dropped(self, req: Pending) -> None:
         assert req.drop is not None

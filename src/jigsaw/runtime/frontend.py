@@ -56,6 +56,11 @@ class Frontend:
         routes = self.routing.route(app, generation)
         self.admission.refresh(routes, self.routing.root_states(app))
 
+    def unroute(self, app: str) -> None:
+        """Take no more requests for ``app`` (unloaded): it is no longer served, its requests in
+        flight are answered by their generation as it drains."""
+        self.routing.unroute(app)
+
     def reweight(self, app: str, plan: Plan) -> None:
         """Run ``plan`` on the app's current processes: new lane weights, same rings."""
         routes = self.routing.reweight(app, plan)

@@ -28,11 +28,17 @@ from jigsaw.runtime.oip import (
     encode_response,
     header_length,
     parse_infer_request,
+    place_outputs,
 )
 from jigsaw.runtime.openapi import add_openapi_route, openapi_document
+from jigsaw.runtime.repository import Repository
 from jigsaw.runtime.routing import RoutingTable
+from jigsaw.runtime.shm_regions import SharedMemoryRegions
 from jigsaw.runtime.topology import AppRoutes
+from jigsaw.runtime.triton_ext import add_routes as add_extension_routes
 
+EXTENSIONS = ("binary_tensor_data", "parameters", "statistics", "model_configuration", "model_repository",
+              "system_shared_memory")  # Triton's names of the protocol extensions served (HTTP and gRPC)
 RETRY_AFTER_S = "1"
 DOOR_LOG_EVERY_S = 1.0  # the door's over-the-limit line in the daemon log, at most this often per app
 MAX_PAYLOAD_KEY = web.AppKey("max_payload_bytes", int)
@@ -72,6 +78,8 @@ class OipHttp:
         self.backend_name = backend_name
         self._door_logged: dict[str, float] = {}  # app -> when its door line was last written
         self.extra_metrics: list[Callable[[], str]] = []  # more Prometheus text (the node's MIG counters)
+        self.shm = SharedMemoryRegions()  # Triton's system shared memory regions (HTTP and gRPC)
+        self.repository: Repository | None = None  # load / unload of apps (the daemon's controller)
 
     def make_app(self, max_payload_bytes: int) -> web.Application:
         app = web.Application(client_max_size=max_payload_bytes, middlewares=[_json_errors])
@@ -81,6 +89,7 @@ class OipHttp:
         r.add_get("/v2/health/live", self.h_live)
         r.add_get("/v2/health/ready", self.h_ready)
         r.add_get("/metrics", self.h_metrics)
+        add_extension_routes(app, self)  # (before /v2/models/{model}: "stats" is no model name)
         for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(base, self.h_model)
             r.add_get(base + "/ready", self.h_model_ready)
@@ -91,8 +100,7 @@ class OipHttp:
         return app
 
     async def h_server(self, request: web.Request) -> web.Response:
-        return web.json_response({"name": "jigsaw", "version": __version__,
-                                  "extensions": ["binary_tensor_data"]})
+        return web.json_response({"name": "jigsaw", "version": __version__, "extensions": list(EXTENSIONS)})
 
     async def h_live(self, request: web.Request) -> web.Response:
         return web.json_response({"live": True})
@@ -159,10 +167,16 @@ class OipHttp:
         name = routes.app.name
         try:
             json_length = header_length(header_length_value, len(body))
-            parsed = parse_infer_request(body, routes.app, json_length)
+            parsed = parse_infer_request(body, routes.app, json_length, self.shm)
         except BadRequest as exc:
             self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
             return Answer(400, {"error": str(exc)})
+        return self.infer_submit(routes, parsed)
+
+    def infer_submit(self, routes: AppRoutes, parsed: InferRequest) -> Answer | tuple[Pending, InferRequest]:
+        """Check a parsed request's outputs, ask admission, dispatch (``infer_begin`` after its
+        parse; the gRPC front end after its own): an answer now (400, 503) or the dispatched request."""
+        name = routes.app.name
         if parsed.outputs is not None:
             known = {f"{t}.{s.name}" for t, specs in self.routing.output_specs[name].items() for s in specs}
             unknown = [o for o in parsed.outputs if o not in known]
@@ -182,7 +196,7 @@ class OipHttp:
                                          f"(limit {door.limit(name)}: the smaller of max_queue "
                                          f"{door.max_queue} and what its instances finish within the "
                                          "SLO); retry later"},
-                          RETRY_HEADERS)
+                          RETRY_HEADERS, "shed")
         routes = self.routing.routes.get(name, routes)  # a reconfiguration may have switched it meanwhile
         try:
             req = self.dispatcher.submit(routes, parsed.id, parsed.inputs, parsed.outputs,
@@ -194,7 +208,7 @@ class OipHttp:
         if isinstance(req, str):
             door.answered(name, 503)
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
-            return Answer(503, {"error": f"{req}; retry later"}, RETRY_HEADERS)
+            return Answer(503, {"error": f"{req}; retry later"}, RETRY_HEADERS, "shed")
         return req, parsed
 
     def _queue_admits(self, routes: AppRoutes, timeout_us: int | None) -> bool:
@@ -231,6 +245,8 @@ class OipHttp:
             return _error(got)
         req, parsed = got
         status, doc = await req.future
+        if parsed.shm_outputs:
+            status, doc = place_outputs(status, doc, parsed.shm_outputs, self.shm)
         headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else {}
         payload, json_part = encode_response(doc, parsed.binary_outputs, parsed.all_binary)
         if json_part is None:
@@ -262,6 +278,7 @@ class Answer:
     status: int
     doc: dict[str, Any]
     headers: dict[str, str] | None = None
+    reason: str = ""  # "shed": a 503 of the door (gRPC RESOURCE_EXHAUSTED), not of readiness
 
 
 RETRY_HEADERS = {"Retry-After": RETRY_AFTER_S}
