@@ -96,6 +96,7 @@ from jigsaw.runtime.rings import (
     push_hops,
 )
 from jigsaw.runtime.stats import (
+    BATCH_STARTED_NS,
     DEAD,
     DROPPED,
     FAILED,
@@ -225,6 +226,9 @@ class Wiring:
         self.rung: set[int] = set()  # output rings pushed to this turn: rung once at its end
         self.done_rung = False  # the completion ring too
         # what ``rings.push_hops`` reads of this wiring (its docstring has the layout)
+        # what ``Worker._start_batch`` writes a batch's record and start stamp with (a batch's path)
+        self.batch_at = (self.stats.words, self.stats.record_at(spec.slot),
+                         spec.slot * SLOT_WORDS + BATCH_STARTED_NS, self.stats.batch_ids)
         self.hop = (self.done, self.outputs, spec.routes, self.index_of, self.stats.words,
                     [slot * SLOT_WORDS + STATE for slot in self.output_slots], self.rung)
 
@@ -531,7 +535,17 @@ class Worker(ContainedBatches):
         """
         queued = len(items) + len(self.queue)  # (the queue as it was before the release)
         start = time.monotonic_ns()
-        self.stats.batch_started(self.spec.slot, start, request_ids)
+        # the batch record, then the start stamp (``StatsBlock.batch_started``, inlined: a batch's path)
+        words, at, stamp, most = self.wiring.batch_at
+        n = len(request_ids)
+        if n == 1:
+            words[at + 1] = request_ids[0]
+        else:
+            n = min(n, most)
+            for k in range(n):
+                words[at + 1 + k] = request_ids[k]
+        words[at] = n
+        words[stamp] = start
         waiting: Any = None
         try:
             coro = self.backend.execute_nowait(request_ids, tensors)
