@@ -195,4 +195,4 @@ def test_node_survives_the_fuzzing(node: Server) -> None:
     for _ in range(5):
         status, out, _ = http("POST", node.url + "/v2/models/tiny/infer", body)
         assert status == 200, out
-        assert out["id"] == "after" and {o["name"] for o in out["outputs"]} == {"b.label", "b.score"}
+        assert out["id"] == "after" and {o["name"] for o in out["outputs"]} == {"b.label", "b.score", "b.box"}
