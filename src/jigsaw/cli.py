@@ -443,7 +443,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from jigsaw.mig import WHOLE_GPU, gpu_model, whole_gpu_model
+    from jigsaw.mig import WHOLE_GPU, gpu_model, share_level, whole_gpu_model
     from jigsaw.planner.packer import (
         instances_from_plan,
         pack,
@@ -457,7 +457,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
         node = load_node(args.node, load_apps=False)
         gpu, num_gpus = node.gpu, node.num_gpus
     else:
-        whole = bool(plan.instances) and all(i.mig_profile == WHOLE_GPU for i in plan.instances)
+        whole = bool(plan.instances) and all(i.mig_profile == WHOLE_GPU or share_level(i.mig_profile)
+                                             for i in plan.instances)
+        # the GPU's MPS shares: a share's name says k, a whole GPU that k shares costs k slices
+        shares = max((share_level(i.mig_profile) or (i.slices if i.slices > 1 else 0)
+                      for i in plan.instances), default=0)
         try:
             gpu = gpu_model(plan.gpu_model)
         except KeyError:
@@ -465,7 +469,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
                 raise ConfigError(args.plan, "gpu_model", f"unknown GPU model {plan.gpu_model!r}") from None
             gpu = whole_gpu_model(plan.gpu_model, 0.0, 0)  # only the layout is asked for
         if whole:
-            gpu = whole_gpu_model(gpu.name, gpu.memory_gb, gpu.sm_count)
+            gpu = whole_gpu_model(gpu.name, gpu.memory_gb, gpu.sm_count, shares=shares)
         num_gpus = max(plan.slices_available // gpu.compute_slices, 1)
     layout = pack(instances_from_plan(plan), gpu, num_gpus, previous)
     if not gpu.mig and args.format != "json":

@@ -56,13 +56,12 @@ def _log(msg: str) -> None:
 
 
 def gpu_available() -> bool:
-    """True when CUDA devices are usable (cupy is optional: absent means no GPU path)."""
+    """True when torch sees a CUDA device. Asked through NVML, so the daemon does not initialise
+    CUDA itself (its workers are started from it); without torch there is no GPU path."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     try:
-        import cupy  # type: ignore[import-not-found]
-    except Exception:
-        return False
-    try:
-        return bool(cupy.cuda.is_available())
+        import torch
+        return bool(torch.cuda.is_available())
     except Exception:
         return False
 
@@ -165,6 +164,7 @@ def choose_plans(node: Node, args: argparse.Namespace, skip: Collection[str] = (
             if plan.app not in names:
                 raise JigsawError(f"plan for {plan.app!r}: not an app of node {node.name}")
             if wanted is None or plan.app in wanted:
+                _refuse_unserving(node.app(plan.app), plan)
                 out.append((node.app(plan.app), plan))
         if not out:
             raise JigsawError("no plan left to serve (check --apps against the plans' apps)")
@@ -191,8 +191,11 @@ def choose_plans(node: Node, args: argparse.Namespace, skip: Collection[str] = (
         result = quick[0]
     missing = [a.name for a in apps if a.name not in result.plans or not result.plans[a.name].instances]
     if missing:
-        raise JigsawError(f"{', '.join(missing)}: the planner found no configuration ({result.status}; "
-                          f"{'; '.join(result.notes)})")
+        notes = [*result.notes, *(n for a in missing if a in result.plans for n in result.plans[a].notes)]
+        raise JigsawError(f"{', '.join(missing)}: the planner found no configuration that serves any "
+                          f"demand ({result.status}; {'; '.join(dict.fromkeys(notes))})")
+    for a in apps:
+        _refuse_unserving(a, result.plans[a.name])
     _log(f"node {node.name}: {len(apps)} apps planned in one decision (objective {result.objective_kind}, "
          f"{result.status}), {result.slices_used}/{result.slices_available} slices, "
          f"{result.solve_seconds:.2f} s")
@@ -207,6 +210,18 @@ def choose_plans(node: Node, args: argparse.Namespace, skip: Collection[str] = (
             _log(f"{app.name}: {note}")
         out.append((app, p))
     return out
+
+
+def _refuse_unserving(app: App, plan: Plan) -> None:
+    """A plan that serves nothing is refused at start with its reason: a task without instances
+    (no lane could reach it) or no rate planned, with the planner's notes on why."""
+    idle = [t for t in app.task_names if not any(i.task == t and i.count > 0 for i in plan.instances)]
+    if not idle and plan.planned_rps > 0 and plan.lanes:
+        return
+    what = (f"task{'s' if len(idle) > 1 else ''} {', '.join(idle)} found no segment" if idle
+            else "it plans no rate on any lane")
+    notes = "; ".join(plan.notes)
+    raise JigsawError(f"{app.name}: the plan serves nothing: {what}{f' ({notes})' if notes else ''}")
 
 
 async def serve(generations: GenerationManager, host: str, port: int, *, time_scale: float, seed: int,
@@ -351,10 +366,10 @@ def choose_backend(node_config: Path, emulate: bool) -> BackendKind:
     kind = backend_kind(node.backend)
     if kind.emulated:
         raise JigsawError(f"the node's backend is {kind.name!r}: run with --emulate")
-    if kind.needs_gpu and not gpu_available():
-        raise JigsawError(f"the node's backend {kind.name!r} needs a GPU and none is usable "
-                          "(cupy.cuda.is_available() is false or cupy is not installed); run with --emulate "
-                          "to serve on the emulated backend")
+    if kind.on_gpus(node.gpu.kind) and not gpu_available():
+        raise JigsawError(f"the node's backend {kind.name!r} needs a GPU on a GPU node and none is usable "
+                          "(torch.cuda.is_available() is false or torch is not installed); run with "
+                          "--emulate to serve on the emulated backend")
     return kind
 
 

@@ -58,7 +58,7 @@ from jigsaw.gpu.layout import (
 from jigsaw.gpu.mps import MpsManager, node_mps
 from jigsaw.gpu.nvml import MigApplier
 from jigsaw.gpu.partition import MigPartition, overlaps
-from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel
+from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel, share_level
 from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import Plan, without_placed
 from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
@@ -331,7 +331,7 @@ class GenerationManager:
         # the MIG instances that exist: NVML on a GPU node, the emulated NVML on an emulated one
         self.partition: MigPartition | None = None
         self._fault = ""
-        if self.node_layout is not None and (backend.emulated or backend.needs_gpu):
+        if self.node_layout is not None and (backend.emulated or backend.on_gpus(node.gpu.kind)):
             if nvml is None and backend.emulated:
                 from jigsaw.gpu.emulated_nvml import EmulatedNvml
 
@@ -1093,7 +1093,16 @@ class GenerationManager:
 
     # ---- MPS: one control daemon per instance of MPS level k > 1 ---------------------------------
     def _mps_slots(self, g: Generation, ks: list[int]) -> set[tuple[int, int]]:
-        return {w for k in ks if g.topology.processes[k].mps > 1 and (w := g.placement(k)) is not None}
+        """(GPU, start) of the processes of ``ks`` that run under an MPS daemon: MPS level k > 1,
+        or one MPS share of a whole GPU (``jigsaw.shares``)."""
+        procs = g.topology.processes
+        return {w for k in ks if (procs[k].mps > 1 or share_level(procs[k].mig_profile))
+                and (w := g.placement(k)) is not None}
+
+    def _daemon_slot(self, slot: tuple[int, int]) -> tuple[int, int]:
+        """The (GPU, start) of the daemon a process at ``slot`` connects to: on whole GPUs the
+        GPU's one daemon (its shares' processes share it), else the MIG instance's own."""
+        return (slot[0], 0) if not self.node.gpu.mig else slot
 
     def _start_mps(self, g: Generation, layout: NodeLayout | None) -> dict[tuple[int, int], dict[str, str]]:
         """Start the MPS daemons of ``g``'s new instances (before their processes); their clients'
@@ -1112,7 +1121,7 @@ class GenerationManager:
         env: dict[tuple[int, int], dict[str, str]] = {}
         try:
             for slot in sorted(self._mps_slots(g, g.own())):
-                inst = at.get(slot)
+                inst = at.get(self._daemon_slot(slot))
                 if inst is None:
                     continue
                 if inst.slot not in self.mps.daemons:
@@ -1142,7 +1151,7 @@ class GenerationManager:
         used = set()
         for g in self.generations.values():
             live = [k for k in range(len(g.topology.processes)) if k not in g.handed_over]
-            used |= self._mps_slots(g, live)
+            used |= {self._daemon_slot(w) for w in self._mps_slots(g, live)}
         for slot, daemon in list(self.mps.daemons.items()):
             if slot[:2] in used:
                 continue

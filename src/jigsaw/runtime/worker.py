@@ -135,7 +135,8 @@ def make_backend(spec: ProcessSpec) -> Backend:
     """The backend named by the spec, loaded with its variant and max batch.
 
     Real backends (``onnxruntime``, ``torch``, ``tensorrt``) run the variant's model; on a CPU
-    segment (``<k>c``) they use k threads.
+    segment (``<k>c``) they use k threads. The backend warms up every batch size the spec allows
+    here, so the worker reports ready only once they ran.
     """
     downstream = [Downstream(str(d["task"]), float(d["factor"]), str(d.get("transform", "")),  # type: ignore[arg-type]
                              str(d.get("transform_dir", ""))) for d in spec.downstream]
@@ -162,6 +163,7 @@ def make_backend(spec: ProcessSpec) -> Backend:
                       latency_ms_by_batch=spec.latency_ms_by_batch, mean_ms_by_batch=spec.mean_ms_by_batch,
                       time_scale=spec.time_scale, seed=spec.seed, outputs=outputs or None)
     backend.load(spec.variant, spec.max_batch)
+    backend.warm_up(range(1, spec.max_batch + 1))  # before ready: no request pays a first batch
     return backend
 
 
