@@ -124,3 +124,21 @@ def test_jigsawd_refuses_a_plan_that_serves_nothing() -> None:
         _refuse_unserving(app, p)
     p.instances.append(PlanInstance("intent", "resnet18", "gpu-1of4", 1, 8, 1, 9.0, 200.0, 1))
     _refuse_unserving(app, p)
+
+
+def test_a_gpus_array_of_one_group_loads_and_several_are_refused_clearly(tmp_path: Path) -> None:
+    from jigsaw.errors import ConfigError
+
+    text = (EXAMPLES / "l4x2.toml").read_text()
+    text = text.replace("[gpus]", "[[gpus]]").replace('"apps/', f'"{EXAMPLES}/apps/')
+    text = text.replace('"../profiles', f'"{EXAMPLES.parent}/profiles')
+    one = tmp_path / "one.toml"
+    one.write_text(text)
+    node = load_node(one)
+    assert node.gpu.name == "L4" and node.num_gpus == 2 and node.slices_available == 8
+    two = tmp_path / "two.toml"
+    two.write_text(text + '\n[[gpus]]\nmodel = "A100-40GB"\ncount = 2\n')
+    with pytest.raises(ConfigError) as err:
+        load_node(two)
+    assert err.value.field == "gpus" and "2 GPU groups (L4, A100-40GB)" in err.value.message
+    assert "--fleet" in err.value.message
