@@ -18,7 +18,7 @@ from jigsaw.planner.layouts import fits_on_gpu, placement_violations
 from jigsaw.planner.milp import capacity, plan
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileRow, ProfileTable
-from jigsaw.shares import with_share_rows
+from jigsaw.shares import SHARE_INTERFERENCE, with_share_rows
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -55,7 +55,9 @@ def test_share_rows_come_from_the_level_k_rows_and_measured_ones_are_kept() -> N
     solo = ProfileRow("v", "gpu", 1, 8, 10.0, 700.0, 900.0, "modeled")
     table = with_share_rows(ProfileTable([quad, solo]), gpu)
     row = table.get("v", "gpu-1of4", 1, 8)
-    assert (row.latency_ms, row.throughput_rps, row.memory_mb) == (30.0, 200.0, 900.0)
+    # a quarter of the level-4 segment, slowed by the stated interference of unlike neighbours
+    assert row.throughput_rps == pytest.approx(200.0 * SHARE_INTERFERENCE, abs=1e-3)
+    assert row.latency_ms == pytest.approx(30.0 / SHARE_INTERFERENCE, abs=1e-4) and row.memory_mb == 900.0
     measured = ProfileRow("v", "gpu-1of4", 1, 8, 25.0, 260.0, 900.0, "measured")
     table = with_share_rows(ProfileTable([quad, measured]), gpu)
     assert table.get("v", "gpu-1of4", 1, 8) == measured
