@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="validate a node, app or plan file")
     c.add_argument("files", nargs="+", metavar="FILE")
-    c.add_argument("--node", help="node config to check a plan against")
+    c.add_argument("--node", help="node config to check a plan against, and whose backend loads an app's "
+                                  "models (default for an app file: onnxruntime)")
     c.set_defaults(func=cmd_check)
 
     pl = sub.add_parser("plan", help="plan one app, all apps of the node together, or a fleet (--fleet)")
@@ -288,17 +289,27 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"{path}: {msg}")
             continue
         data = read_toml(path)
+        from jigsaw.models.check import app_problems
         if "gpus" in data:
             node = load_node(path)
             table = load_node_profiles(node)
-            from jigsaw.models.check import check_models
-            check_models(node.apps, node.backend)  # what jigsawd checks before its workers start
+            problems = app_problems(node.apps, node.backend)  # what jigsawd checks before its workers start
+            for name, why in problems.items():
+                print(f"{path}: app {name} will not be served: {why}", file=sys.stderr)
+            if problems:
+                return 1
             print(f"{path}: ok: node {node.name} ({node.num_gpus}x {node.gpu.name}, "
                   f"{len(node.apps)} apps, {len(table)} profile rows: {', '.join(sorted(table.sources))})")
         elif "tasks" in data:
             app = load_app(path)
+            backend = load_node(args.node).backend if args.node else "onnxruntime"
+            problems = app_problems([app], backend)  # the node's load check: models open, transforms import
+            if problems:
+                print(f"{path}: {problems[app.name]}", file=sys.stderr)
+                return 1
             print(f"{path}: ok: app {app.name} ({len(app.tasks)} tasks, depth {app.depth}, "
-                  f"{len(app.lanes())} lanes, SLO {app.latency_slo_ms:g} ms)")
+                  f"{len(app.lanes())} lanes, SLO {app.latency_slo_ms:g} ms; models and transforms load "
+                  f"under {backend})")
         else:
             raise ConfigError(str(path), "(top)", "neither a node ([gpus] table) nor an app "
                                                   "([[tasks]]) file")

@@ -179,25 +179,22 @@ def _exact_milp(gpu: GpuModel, names: tuple[str, ...], demand: Counts,
     x_v = GPUs given vector v; sum x_v <= num_gpus; sum x_v * v >= demand; minimize GPUs. The
     surplus is then trimmed (downward closure keeps every trimmed vector packable).
     """
-    import mip  # deferred: only needed when the DFS gives up
+    from jigsaw.planner.model import LinearModel  # deferred: only needed when the DFS gives up
 
     vecs = [v for v in maximal_layout_counts(gpu, names) if any(v)]
-    m = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC)
-    m.verbose = 0
-    m.threads = 1
-    x = [m.add_var(var_type=mip.INTEGER, lb=0, ub=num_gpus) for _ in vecs]
-    m += mip.xsum(x) <= num_gpus
+    m = LinearModel(maximize=False)  # solved where a CBC abort cannot end the caller
+    x = [m.var(0, num_gpus, 1.0, integer=True) for _ in vecs]
+    m.row(x, [1.0] * len(x), hi=num_gpus)
     for i, d in enumerate(demand):
-        m += mip.xsum(v[i] * xv for v, xv in zip(vecs, x)) >= d
-    m.objective = mip.xsum(x)
-    status = m.optimize(max_seconds=_MILP_TIME_LIMIT_S)
-    if status == mip.OptimizationStatus.INFEASIBLE:
+        m.row(x, [float(v[i]) for v in vecs], lo=d)
+    sol = m.solve("cbc", _MILP_TIME_LIMIT_S, 0.0)
+    if sol.status == "infeasible":
         return None
-    if status not in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE):
-        raise PackingError(f"exact packing gave no answer within {_MILP_TIME_LIMIT_S:.0f} s ({status.name})")
+    if not sol.has_incumbent:
+        raise PackingError(f"exact packing gave no answer within {_MILP_TIME_LIMIT_S:.0f} s ({sol.status})")
     out: list[list[int]] = []
-    for v, xv in zip(vecs, x):
-        out.extend([list(v) for _ in range(round(xv.x))])
+    for v, xv in zip(vecs, sol.values):
+        out.extend([list(v) for _ in range(round(xv))])
     surplus = [sum(v[i] for v in out) - d for i, d in enumerate(demand)]
     for i in range(len(names)):
         for v in reversed(out):
