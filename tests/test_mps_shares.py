@@ -18,7 +18,7 @@ from jigsaw.planner.layouts import fits_on_gpu, placement_violations
 from jigsaw.planner.milp import capacity, plan
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileRow, ProfileTable
-from jigsaw.shares import with_share_rows
+from jigsaw.shares import SHARE_INTERFERENCE, with_share_rows
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -55,7 +55,9 @@ def test_share_rows_come_from_the_level_k_rows_and_measured_ones_are_kept() -> N
     solo = ProfileRow("v", "gpu", 1, 8, 10.0, 700.0, 900.0, "modeled")
     table = with_share_rows(ProfileTable([quad, solo]), gpu)
     row = table.get("v", "gpu-1of4", 1, 8)
-    assert (row.latency_ms, row.throughput_rps, row.memory_mb) == (30.0, 200.0, 900.0)
+    # a quarter of the level-4 segment, slowed by the stated interference of unlike neighbours
+    assert row.throughput_rps == pytest.approx(200.0 * SHARE_INTERFERENCE, abs=1e-3)
+    assert row.latency_ms == pytest.approx(30.0 / SHARE_INTERFERENCE, abs=1e-4) and row.memory_mb == 900.0
     measured = ProfileRow("v", "gpu-1of4", 1, 8, 25.0, 260.0, 900.0, "measured")
     table = with_share_rows(ProfileTable([quad, measured]), gpu)
     assert table.get("v", "gpu-1of4", 1, 8) == measured
@@ -124,3 +126,21 @@ def test_jigsawd_refuses_a_plan_that_serves_nothing() -> None:
         _refuse_unserving(app, p)
     p.instances.append(PlanInstance("intent", "resnet18", "gpu-1of4", 1, 8, 1, 9.0, 200.0, 1))
     _refuse_unserving(app, p)
+
+
+def test_a_gpus_array_of_one_group_loads_and_several_are_refused_clearly(tmp_path: Path) -> None:
+    from jigsaw.errors import ConfigError
+
+    text = (EXAMPLES / "l4x2.toml").read_text()
+    text = text.replace("[gpus]", "[[gpus]]").replace('"apps/', f'"{EXAMPLES}/apps/')
+    text = text.replace('"../profiles', f'"{EXAMPLES.parent}/profiles')
+    one = tmp_path / "one.toml"
+    one.write_text(text)
+    node = load_node(one)
+    assert node.gpu.name == "L4" and node.num_gpus == 2 and node.slices_available == 8
+    two = tmp_path / "two.toml"
+    two.write_text(text + '\n[[gpus]]\nmodel = "A100-40GB"\ncount = 2\n')
+    with pytest.raises(ConfigError) as err:
+        load_node(two)
+    assert err.value.field == "gpus" and "2 GPU groups (L4, A100-40GB)" in err.value.message
+    assert "--fleet" in err.value.message

@@ -323,7 +323,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     f.reject_unknown({"name", "description", "gpus", "planner", "server", "control", "apps"})
     base = path.parent
 
-    g = f.sub("gpus")
+    g = _gpu_group(f)
     g.reject_unknown({"model", "count", "mig_profiles", "mps_levels", "batch_sizes",
                       "profiles_dir", "backend", "mig", *WHOLE_GPU_KEYS})
     model_name = g.str("model")
@@ -383,6 +383,21 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         batch_sizes=tuple(sorted(set(batch_sizes))), profiles_dir=profiles_dir, backend=backend,
         planner=planner, server=server, control=control, apps=tuple(apps), source=str(path),
     )
+
+
+def _gpu_group(f: Fields) -> Fields:
+    """The node's ``[gpus]`` table, or the one group of a ``[[gpus]]`` array; several groups (GPU
+    models) in one node are refused naming what to do instead."""
+    raw = f.raw("gpus")
+    if not isinstance(raw, list):
+        return f.sub("gpus")
+    groups = f.tables("gpus")
+    if len(groups) != 1:
+        models = ", ".join(str(x.table.get("model", "?")) for x in groups)
+        raise f.error("gpus", f"{len(groups)} GPU groups ({models}): a node plans one GPU model; run "
+                              "each group as its own node and plan them together as a fleet "
+                              "(jigsaw plan --fleet: it mixes GPU models)")
+    return groups[0]
 
 
 WHOLE_GPU_KEYS = {
