@@ -21,9 +21,11 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -46,6 +48,7 @@ DEFAULT_DEMAND_RPS = 10.0
 PLAN_TIME_LIMIT_S = 5.0
 READY_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 10.0
+OWN_FILES = 1024  # the node's own open files beside its clients' connections (rings, doorbells, pipes)
 
 
 def _log(msg: str) -> None:
@@ -177,13 +180,11 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
     return out
 
 
-async def serve(generations: GenerationManager, host: str, port: int, *, time_scale: float, seed: int,
+async def serve(generations: GenerationManager, sock: socket.socket, *, time_scale: float, seed: int,
                 controller: bool = False, space: str | None = None, bin_seconds: float | None = None,
                 admin_token: str = "", node_config: Path | None = None, anytime: str = "auto") -> None:
     """Serve OIP until SIGINT/SIGTERM: the frontend, the supervisor, the controllers, ``/admin``."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from aiohttp import web
 
     from jigsaw.control.admin import add_admin_routes, is_loopback
     from jigsaw.control.controller import NodeController, default_solver
@@ -203,7 +204,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    web_app = fe.make_app(node.server.max_payload_bytes)
+    web_app = fe.make_app(node.server.max_payload_bytes, node.server.body_timeout_s)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planner")
     grace_s = grace_for_bins(bin_seconds or node.control.bin_seconds, node.control.solver_grace_bins)
     solver = SubprocessSolver(node_config, grace_s=grace_s) \
@@ -215,6 +216,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
                              executor=executor, log=_log, solver=solver or default_solver, anytime=anytime)
         fe.http.extra_metrics.append(ctl.stats.prometheus)
     controllers = ctl.apps if ctl is not None else {}
+    host, port = sock.getsockname()[:2]
     if not admin_token and not is_loopback(host):
         _log(f"{host} is not a loopback address: /admin/* answers loopback clients only "
              f"(set --admin-token or JIGSAW_ADMIN_TOKEN to allow others)")
@@ -234,10 +236,10 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
         except Exception as exc:  # a supervisor bug must not take the node down with it
             _log(f"supervisor: {type(exc).__name__}: {exc}")
     add_admin_routes(web_app, generations, controllers, supervisor, admin_token)
-    runner = web.AppRunner(web_app, access_log=None)
+    runner = fe.runner(web_app, node.server)
     await runner.setup()
     try:
-        site = fe.site(runner, host, port, node.server)
+        site = fe.site(runner, sock, node.server)
         await site.start()
         fe.state.ready = True
         if ctl is not None:
@@ -252,6 +254,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), POLL_S)
             supervise()
+        supervisor.begin_stopping()
         _log("stopping: draining in-flight requests")
         if ctl is not None:
             await ctl.stop()
@@ -265,6 +268,8 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
             _log(f"{fe.num_pending()} requests still in flight after {DRAIN_TIMEOUT_S:g} s")
     finally:
         supervisor.stop()
+        if supervisor.ended_while_stopping:
+            _log(f"{supervisor.ended_while_stopping} worker processes had ended on the stop signal")
         if ctl is not None:
             await ctl.stop()
         await generations.stop_retiring()
@@ -291,6 +296,36 @@ def start_fork_server(backend: BackendKind) -> ForkServer | None:
     _log("fork server not ready: workers start Python each")
     fs.close()
     return None
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The node's socket, bound to ``host:port`` now (``httplimits.bind_listener``): a
+    ``JigsawError`` naming the address when it is taken."""
+    from jigsaw.runtime.httplimits import bind_listener
+    try:
+        sock = bind_listener(host, port)
+    except OSError as exc:
+        why = ("the port is in use (another jigsawd or server?)" if exc.errno == errno.EADDRINUSE
+               else exc.strerror)
+        raise JigsawError(f"cannot listen on {host}:{port}: {why}; choose another with --port or "
+                          "[server] port") from None
+    return sock
+
+
+def allow_open_files(max_connections: int) -> None:
+    """Raise the soft open-file limit so ``max_connections`` clients fit beside the node's own
+    files (rings, doorbells, pipes): past it accept() fails and every new client waits."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + OWN_FILES
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    if soft != resource.RLIM_INFINITY and soft < want:
+        _log(f"open files are limited to {soft} (ulimit -n): fewer than server.max_connections "
+             f"{max_connections} clients can connect at once")
 
 
 def choose_backend(node_config: Path, emulate: bool) -> BackendKind:
@@ -328,6 +363,12 @@ def main(argv: list[str] | None = None) -> int:
             node = dataclasses.replace(node, server=dataclasses.replace(node.server, http=args.http))
         host = args.host or node.server.host
         port = node.server.port if args.port is None else args.port
+        sock = listen_socket(host, port)  # a taken port fails here, before planning or a process start
+        allow_open_files(node.server.max_connections)
+    except (JigsawError, TopologyError) as exc:
+        _log(str(exc))
+        return 2
+    try:
         plans = choose_plans(node, args)
         if backend.runs_models:
             from jigsaw.models.check import check_models
@@ -347,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                 fork_server.close()
             raise
     except (JigsawError, TopologyError) as exc:
+        sock.close()
         _log(str(exc))
         return 2
     # Until the loop installs its handlers, turn SIGTERM into an exception so cleanup runs.
@@ -354,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         generations.start_all(READY_TIMEOUT_S)
         import uvloop
-        uvloop.run(serve(generations, host, port, time_scale=args.time_scale, seed=args.seed,
+        uvloop.run(serve(generations, sock, time_scale=args.time_scale, seed=args.seed,
                          controller=controller,
                          space=args.space,
                          bin_seconds=args.bin_seconds, admin_token=token, node_config=args.node_config,
@@ -368,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"cannot serve on {host}:{port}: {exc}")
         return 1
     finally:
+        sock.close()
         generations.close()
         if fork_server is not None:
             fork_server.close()

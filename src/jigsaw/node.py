@@ -118,7 +118,17 @@ class ServerSettings:
     # the HTTP front end: "fast" serves the hot OIP routes on httptools (runtime/fasthttp.py) and
     # hands every other request to aiohttp; "aiohttp" serves everything on aiohttp
     http: str = "fast"
-    header_timeout_s: float = 10.0  # "fast": a request head must arrive within this (slowloris)
+    # a request head must arrive within this of its first byte (408), a connection's first byte
+    # within this of its start (closed)
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0  # a request body must arrive within this of its head (408)
+    keepalive_timeout_s: float = 30.0  # an idle keep-alive connection closes after this
+    max_request_line_bytes: int = 8190  # method, URL and version (414)
+    max_header_bytes: int = 16384  # a request's header lines together; aiohttp: each line (431)
+    max_headers: int = 100  # header lines of one request (431)
+    # open client connections; at the bound the least recently active one that owes no answer
+    # is closed to take the new one, or the new one is refused when every one owes answers
+    max_connections: int = 4096
 
 
 HTTP_FRONTS = ("fast", "aiohttp")
@@ -585,6 +595,12 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
         fork_server=s.bool("fork_server", True),
         http=s.str("http", "fast"),
         header_timeout_s=s.number("header_timeout_s", 10.0, low=0, low_open=True),
+        body_timeout_s=s.number("body_timeout_s", 30.0, low=0, low_open=True),
+        keepalive_timeout_s=s.number("keepalive_timeout_s", 30.0, low=0, low_open=True),
+        max_request_line_bytes=s.integer("max_request_line_bytes", 8190, low=64, high=1 << 20),
+        max_header_bytes=s.integer("max_header_bytes", 16384, low=256, high=1 << 24),
+        max_headers=s.integer("max_headers", 100, low=4, high=10000),
+        max_connections=s.integer("max_connections", 4096, low=1, high=1 << 20),
     )
     if server.http not in HTTP_FRONTS:
         raise s.error("http", f"expected one of {', '.join(HTTP_FRONTS)}, got {server.http!r}")
