@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from jigsaw.node import ServerSettings
 from jigsaw.runtime import stats as st
-from jigsaw.runtime.forkserver import WorkerProcess
+from jigsaw.runtime.forkserver import UNKNOWN_STATUS, WorkerProcess
 from jigsaw.runtime.forkserver import status as fork_server_status
 from jigsaw.runtime.generation import Generation
 from jigsaw.runtime.rings import ShmRing
@@ -186,9 +186,11 @@ class Supervisor:
                     continue  # starting (a new generation's controller waits for it), or failed
                 rc = proc.poll()
                 if rc is not None:
-                    # a clean or SIGTERM exit may be the node's own stop signal, sent to the whole
-                    # process group and not yet seen by the daemon's loop: judged one poll later
-                    if rc in (0, -signal.SIGTERM) and not self.stopping and key not in self._ended_at:
+                    # a clean or SIGTERM exit (or an unknown one: its fork server ended) may be the
+                    # node's own stop signal, sent to the whole process group and not yet seen by
+                    # the daemon's loop: judged one poll later
+                    if (rc in (0, -signal.SIGTERM, UNKNOWN_STATUS) and not self.stopping
+                            and key not in self._ended_at):
                         self._ended_at[key] = time.monotonic()
                         continue
                     self._ended_at.pop(key, None)
