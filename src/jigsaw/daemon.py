@@ -26,6 +26,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -312,6 +313,34 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+EXPORT_SCRIPT = "import sys\nfrom jigsaw.models.export import export\nfor v in sys.argv[1:]:\n    export(v)\n"
+
+
+def export_models(plans: list[tuple[App, Plan]]) -> None:
+    """Export the zoo models the planned workers will load and the cache lacks, once, saying so:
+    each worker would otherwise export its own copy, silently, before the node is ready. In a
+    child process: torch stays out of the daemon."""
+    from jigsaw.models.export import cache_dir, exportable, graph_names, onnx_path
+    planned = {(i.task, i.variant) for _, p in plans for i in p.instances}
+    missing = list(dict.fromkeys(
+        v.resolved.zoo for a, _ in plans for t in a.tasks for v in t.variants
+        if (t.name, v.name) in planned and v.resolved is not None and v.resolved.zoo
+        and exportable(v.resolved.zoo)
+        and not all(onnx_path(v.resolved.zoo, None, g).exists() for g in graph_names(v.resolved.zoo))))
+    if not missing:
+        return
+    _log(f"exporting {', '.join(missing)} to ONNX (first start only; cached in {cache_dir()}): "
+         "this can take a minute")
+    t0 = time.monotonic()
+    for zoo_name in missing:
+        done = subprocess.run([sys.executable, "-c", EXPORT_SCRIPT, zoo_name], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, check=False)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise JigsawError(f"{zoo_name}: the ONNX export failed: {last}")
+        _log(f"exported {zoo_name} ({time.monotonic() - t0:.1f} s so far)")
+
+
 def allow_open_files(max_connections: int) -> None:
     """Raise the soft open-file limit so ``max_connections`` clients fit beside the node's own
     files (rings, doorbells, pipes): past it accept() fails and every new client waits."""
@@ -372,7 +401,11 @@ def main(argv: list[str] | None = None) -> int:
         plans = choose_plans(node, args)
         if backend.runs_models:
             from jigsaw.models.check import check_models
-            check_models([app for app, _ in plans], backend.name)
+            from jigsaw.models.input_sizes import serve_at_measured_sizes
+            served = [app for app, _ in plans]
+            serve_at_measured_sizes(served, load_node_profiles(node, served), _log)
+            check_models(served, backend.name)
+            export_models(plans)
         removed = cleanup_stale()
         if removed:
             _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
