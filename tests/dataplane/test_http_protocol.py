@@ -367,3 +367,19 @@ def test_tritonclient_compression(tiny):
         result = client.infer("tiny", [inp], request_compression_algorithm=algo,
                               response_compression_algorithm=algo)
         assert result.get_response()["model_name"] == "tiny" and result.get_response()["outputs"]
+
+
+def test_a_flood_of_silent_connections_closes_them_before_a_served_client(tiny):
+    served, r = connect(tiny)  # a client's keep-alive connection, served once, then idle
+    with served:
+        served.sendall(infer("kept"))
+        assert r.response()[0] == 200
+        flood = [connect(tiny)[0] for _ in range(20)]  # max_connections = 12: 9 closed by the flood
+        try:
+            time.sleep(0.2)
+            served.sendall(infer("again"))  # the oldest connection, but the only one that was served
+            status, _, body = r.response()
+            assert status == 200 and json.loads(body)["id"] == "again"
+        finally:
+            for s in flood:
+                s.close()

@@ -129,7 +129,8 @@ class FastConnection(asyncio.Protocol):
         self.accept: bytes | None = None  # Accept-Encoding
         self.header_bytes = 0  # the header lines of the message so far
         self.headers = 0
-        self.served = False  # a request began on this connection (else an idle one never sent a byte)
+        self.any_request = False  # a request began on this connection (else an idle one never sent a byte)
+        self.completed = 0  # requests that arrived whole
         self.limits = site.limits
         self.kind = 0
         self.model = ""
@@ -210,7 +211,7 @@ class FastConnection(asyncio.Protocol):
         self.header_length = None
         self.encoding = self.accept = None
         self.header_bytes = self.headers = 0
-        self.served = True
+        self.any_request = True
         self.body_at = -1
 
     def on_url(self, url: bytes) -> None:
@@ -275,6 +276,7 @@ class FastConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.in_message = False
+        self.completed += 1
         start = self.body_at + self.content_length
         body = bytes(self.buf[self.body_at:start])
         self.start = start
@@ -475,13 +477,17 @@ class FastConnection(asyncio.Protocol):
                 self._fail(408, f"request timeout: {part} did not arrive within {limit:g} s "
                                 f"(server.{setting})")
         elif not self.slots and self.handoff is None:
-            idle_s = limits.keepalive_timeout_s if self.served else limits.header_timeout_s
+            idle_s = limits.keepalive_timeout_s if self.any_request else limits.header_timeout_s
             if now - self.last_active > idle_s:
                 self.evict()
 
     def evictable(self) -> bool:
         """Owes no answer (``OpenConnections`` may close it to make room)."""
         return not self.slots and self.handoff is None and not self.closed
+
+    def served(self) -> bool:
+        """A request of this connection arrived whole."""
+        return self.completed > 0
 
     def evict(self) -> None:
         self.closed = True

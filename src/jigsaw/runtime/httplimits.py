@@ -13,7 +13,10 @@ hold them all. Here:
   ``keepalive_timeout_s``;
 - at most ``max_connections`` open: a new one closes the least recently active connection that
   owes no answer (an idle one, a trickling head or a stalled body: nginx's reusable connections),
-  or is refused (503, closed) when every open one owes answers.
+  or is refused (503, closed) when every open one owes answers. A connection that never completed
+  a request (a silent one, a first head or body that never ends: what a flood opens) goes before
+  a client's keep-alive connection that has, so a flood does not close the pools of clients
+  that are being served.
 
 ``OpenConnections`` holds every connection of a site, least recently active first, and sweeps
 their timeouts; ``LimitedHandler`` is aiohttp's request handler with these limits and JSON error
@@ -65,6 +68,7 @@ class HttpLimits:
 
 class Connection(Protocol):
     def evictable(self) -> bool: ...
+    def served(self) -> bool: ...
     def evict(self) -> None: ...
     def check_timeouts(self, now: float) -> None: ...
 
@@ -95,12 +99,13 @@ class OpenConnections:
         """Room for one more: closes the least recently active connection that owes no answer
         when at the limit; False when none can go."""
         while len(self.conns) >= self.limit:
-            for conn in self.conns:
-                if conn.evictable():
-                    break
-            else:
+            victim = next((c for c in self.conns if c.evictable() and not c.served()), None)
+            if victim is None:
+                victim = next((c for c in self.conns if c.evictable()), None)
+            if victim is None:
                 self.refused += 1
                 return False
+            conn = victim
             self.conns.pop(conn)
             conn.evict()
             self.evicted += 1
@@ -173,6 +178,10 @@ class LimitedHandler(RequestHandler):
 
     def evictable(self) -> bool:
         return self._current_request is None and not self._messages
+
+    def served(self) -> bool:
+        """A request of this connection was parsed whole (aiohttp counts it at its head)."""
+        return self._request_count > 0
 
     def evict(self) -> None:
         self.force_close()
