@@ -58,15 +58,11 @@ MECHANISMS = {
     "burst_floor": "control.burst_requests=0",
     "spike_predictor": "control.predictor=mean",
     "rate_replan": "control.replan_on_rate=false",
-    "holding_plan_kept": "control.drain_first_when_holding=true",
     "spike_hold": "control.hold_spikes=false",
     # a drain-first waits for its running generation's unanswered requests the whole SLO, not a share
-    "short_drain_first": "control.drain_first_wait_slo=1",
+    "short_drain_first": "control.drain_wait_slo=1",
     # the predictor's mean leaves out the bins of spikes that have ended
     "ended_spikes_skipped": "control.skip_ended_spikes=false",
-    # a needed re-plan waits for the drains in its way to end (at most their own deadline) instead of
-    # being refused for their slots
-    "wait_drains": "control.wait_drains_when_needed=false",
     # a needed plan the runtime refused (a drain-first with no lane left, slots of drains) is followed
     # by the re-plan's quick plan, which keeps the running instances
     "quick_after_refusal": "control.quick_after_refusal=false",
@@ -78,12 +74,6 @@ MECHANISMS = {
     "equal_slices_kept": "control.shrink_min_slices=0",
     # the rate trigger may re-plan a second time in a bin, against the plan the first one deployed
     "second_rate_replan": "control.early_replans_per_bin=1",
-    # a needed re-plan that the drain-first after its wait for drains would refuse (no lane left) is
-    # refused before that wait
-    "refuse_before_drain_wait": "control.refuse_before_drain_wait=false",
-    # a needed re-plan asks again before draining the app's running instances (after any wait for
-    # drains) and keeps the running plan when the rate now arriving is one that plan holds
-    "need_recheck": "control.recheck_need_before_drain_first=false",
     # a spike whose free MIG slots all drain gets the running plan extended over the slots that
     # only drain (it waits for those drains) instead of the exact plan's drain-first
     "over_draining": "control.extend_over_draining=false",
@@ -113,18 +103,6 @@ MECHANISMS = {
     # a plan's new MIG instances go where they strand the fewest other compute slices (a GPU whose
     # memory slots run out leaves its free slices unusable), first fit among equals
     "usable_placement": "control.keep_compute_usable=false",
-    # a needed plan that would drain running instances first for less than the running plan
-    # serves at full utilization (while its queue is within what the door admits) keeps it instead
-    "drain_first_headroom": "control.drain_first_past_headroom=false",
-    # a needed plan keeps the running plan while its queue is longer than a drain-first waits for
-    # the instances it drains (and within what the door admits)
-    "drain_first_queue": "control.drain_first_within_wait=false",
-    # the headroom rule lets a needed plan drain first when it plans 5% past the least plan it
-    # kept out over the running generation (a spike still rising)
-    "headroom_rising": "control.headroom_yields_when_rising=false",
-    # the headroom rule weighs a plan capped below the rate it was asked for (the node's capacity)
-    # by that rate, so a running plan that does not serve the demand run hot is not kept
-    "headroom_demand": "control.headroom_weighs_demand=false",
     # a needed plan waiting for the drains in its way stops waiting, and changes nothing, once the
     # arrivals are 1.25x what it plans: the re-plan lock goes to a plan sized to the rate
     "outgrown_wait": "control.end_wait_outgrown_above=0",
@@ -132,41 +110,14 @@ MECHANISMS = {
     # trigger needs (a low wall-clock rate), and such a window fires only when significant (z = 3)
     "grown_rate_window": "control.rate_window_grow_z=0",
 }
-# mechanisms off by default (runs with them on had more violations on the 2-core machine):
-# mechanism -> the node setting that turns it on, for the ``with_<mechanism>`` runs
+# variants off by default: mechanism -> the node setting that turns it on, for the
+# ``with_<mechanism>`` runs (the variants replays measured worse left the product with their
+# switches: the making-room policy is one, ARCHITECTURE.md)
 OPTIONAL = {
-    # the rate trigger fires only on a count the plan's rate would bring by chance less often than
-    # z = 3.5 standard deviations' normal tail (an exact Poisson tail)
-    "rate_significance": "control.rate_trigger_z=3.5",
-    "single_reconfiguration": "control.single_reconfiguration=true",
     "shrink_hysteresis": "control.shrink_min_slices=2",
-    "place_around_draining": "control.place_around_draining=true",
-    "lookahead": "control.lookahead_bins=1",
-    # the drain switches (off by default since three alternating pairs measured fewer violations off)
-    "cut_drains": "control.cut_drains=true",
-    "place_around_busy_drains": "control.place_around_busy_drains=true",
-    "short_drains": "control.drain_late_credits=false",
-    # a drain-first that would leave the app no lane drains in two steps (the running plan's other
-    # instances, then the new ones that fit, serve meanwhile) instead of being refused
-    "two_step_drain": "control.two_step_drain_first=true",
-    # the queue rule keeps the running plan only while the arrivals are within what it serves at
-    # full utilization (past that its queue only grows; off: its plans were refused next)
-    "queue_past_full": "control.queue_yields_past_full=true",
-    # a plan that frees 4 slices of a running plan that holds the demand is worth a drain-first
-    "shrink_drain_first": "control.shrink_drain_min_slices=4",
-    # a needed re-plan waits drain_first_wait_slo of the SLO for the drains in its way, then cuts
-    # them (off by default since alternating pairs measured more violations on)
-    "needed_drain_cut": "control.cut_drains_when_needed=true",
-    # a needed re-plan switches first on whichever of its quick and exact plans starts fewer processes
-    "fewest_starts_first": "control.fewest_starts_first=true",
-    # a needed switch sends its predecessor's unanswered requests again on the new generation at once
-    "handover": "control.handover_on_needed_switch=true",
     # admission counts the plan's bottleneck task, not only its roots (a chain's later task that
     # lost instances while they drain admits only what it finishes)
     "bottleneck_admission": "server.admission_bottleneck=true",
-    # a plan that holds its demand is not replaced in the bin it began to serve in (a raised plan
-    # is not taken down by the next bin's re-plan at once)
-    "keep_new_plan": "control.keep_new_plan_bins=1",
 }
 # planner.max_utilization of every run: plan each instance for at most this share of its profiled
 # throughput. The planner's 2 x batch latency per task holds only while a task's queue stays

@@ -220,46 +220,6 @@ def without_placed(plan: Plan, slots: set[tuple[int, int]]) -> Plan | None:
     return replace(plan, instances=instances, layout=replace(plan.layout, gpus=tuple(gpus)))
 
 
-def with_placed(plan: Plan, source: Plan, slots: set[tuple[int, int]]) -> Plan | None:
-    """``plan`` plus ``source``'s placed instances at ``slots`` (GPU, start): instance counts and
-    layout (``plan``'s instances of a kind keep their numbers, ``source``'s come after them, so a
-    process of ``plan`` is the same process in the result); ``plan``'s lanes and then
-    ``source``'s, each at its planned rate; per task the larger of the two plans' latencies. None
-    when either plan has no layout.
-
-    The runtime's two-step drain-first serves on it: the running plan less the instances in the
-    new plan's way, and the new plan's instances that can already run."""
-    if plan.layout is None or source.layout is None:
-        return None
-    mine = {g.gpu: list(g.instances) for g in plan.layout.gpus}
-    counts: dict[tuple[str, str, str, int, int], int] = {}
-    for ps in mine.values():
-        for p in ps:
-            kind = (p.task, p.variant, p.profile, p.mps, p.max_batch)
-            counts[kind] = max(counts.get(kind, 0), p.index + 1)
-    added: dict[tuple[str, str, str, int, int], int] = {}
-    order = sorted(((p.task, p.variant, p.profile, p.mps, p.max_batch), p.index, g.gpu, p.start, p)
-                   for g in source.layout.gpus for p in g.instances if (g.gpu, p.start) in slots)
-    for kind, _, gpu, _, p in order:
-        mine.setdefault(gpu, []).append(replace(p, index=counts.get(kind, 0)))
-        counts[kind] = counts.get(kind, 0) + 1
-        added[kind] = added.get(kind, 0) + 1
-    gpus = tuple(GpuLayout(gpu, tuple(sorted(ps, key=lambda p: p.start))) for gpu, ps in sorted(mine.items()))
-    def kind_of(i: PlanInstance) -> tuple[str, str, str, int, int]:
-        return (i.task, i.variant, i.mig_profile, i.mps, i.max_batch)
-    instances = [replace(i, count=i.count + added.pop(kind_of(i), 0)) for i in plan.instances]
-    instances += [replace(i, count=added.pop(kind_of(i))) for i in source.instances if kind_of(i) in added]
-    latency = dict(plan.task_latency_ms)
-    for task, ms in source.task_latency_ms.items():
-        latency[task] = max(ms, latency.get(task, ms))
-    lanes: dict[tuple[tuple[str, str], ...], LanePlan] = {}
-    for lp in [*plan.lanes, *source.lanes]:  # a lane both plans have: once, at both rates
-        key = tuple(sorted(lp.variants.items()))
-        lanes[key] = replace(lp, rate_rps=lp.rate_rps + (lanes[key].rate_rps if key in lanes else 0.0))
-    return replace(plan, instances=instances, lanes=list(lanes.values()), task_latency_ms=latency,
-                   layout=replace(plan.layout, gpus=gpus))
-
-
 def json_safe(x: Any) -> Any:
     """JSON has no NaN or infinity: non-finite numbers become null ("unknown"), recursively."""
     if isinstance(x, float) and not math.isfinite(x):

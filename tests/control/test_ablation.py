@@ -38,40 +38,25 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     base = load_node(NODE)
     off = load_node(node_with_settings(NODE, list(ablation.MECHANISMS.values()), tmp_path / "off"))
     assert not off.control.replan_on_rate and off.control.burst_requests == 0
-    assert not base.control.drain_first_when_holding and off.control.drain_first_when_holding
     assert base.control.hold_spikes and not off.control.hold_spikes
-    assert base.control.drain_first_wait_slo == 0.25 and off.control.drain_first_wait_slo == 1.0
+    assert base.control.drain_wait_slo == 0.25 and off.control.drain_wait_slo == 1.0
     assert base.control.skip_ended_spikes and not off.control.skip_ended_spikes
-    assert base.control.wait_drains_when_needed and not off.control.wait_drains_when_needed
     assert base.control.quick_after_refusal and not off.control.quick_after_refusal
     assert base.control.solver_grace_bins == 1.0 and off.control.solver_grace_bins == 0.0
     assert base.control.unplanned_retry_share == 0.85 and off.control.unplanned_retry_share == 0.0
     assert base.control.end_wait_outgrown_above == 1.25 and off.control.end_wait_outgrown_above == 0
     assert base.control.rate_window_grow_z == 3.0 and off.control.rate_window_grow_z == 0
-    on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
-    assert base.control.rate_trigger_z == 0.0 and on.control.rate_trigger_z == 3.5
     assert base.control.shrink_min_slices == 1 and off.control.shrink_min_slices == 0
     assert base.control.early_replans_per_bin == 2 and off.control.early_replans_per_bin == 1
-    assert base.control.refuse_before_drain_wait and not off.control.refuse_before_drain_wait
-    assert base.control.recheck_need_before_drain_first and not off.control.recheck_need_before_drain_first
     assert base.control.extend_over_draining and not off.control.extend_over_draining
     assert base.control.place_needed_beside and not off.control.place_needed_beside
     assert base.control.extend_in_place_first_below == 0.8 and off.control.extend_in_place_first_below == 0.0
     assert base.control.short_plan_min_gain == 0.1 and off.control.short_plan_min_gain == 0.0
-    for n, want in ((base, (False, 1, False, 0)), (on, (True, 2, True, 1))):
-        got = (n.control.single_reconfiguration, n.control.shrink_min_slices,
-               n.control.place_around_draining, n.control.lookahead_bins)
-        assert got == want
-    assert not base.control.cut_drains and on.control.cut_drains
-    assert not base.control.two_step_drain_first and on.control.two_step_drain_first
-    assert not base.control.place_around_busy_drains and on.control.place_around_busy_drains
-    assert base.control.drain_late_credits and not on.control.drain_late_credits
-    assert not base.control.cut_drains_when_needed and on.control.cut_drains_when_needed
-    assert not base.control.fewest_starts_first and on.control.fewest_starts_first
-    assert not base.control.handover_on_needed_switch and on.control.handover_on_needed_switch
+    on = load_node(node_with_settings(NODE, list(ablation.OPTIONAL.values()), tmp_path / "on"))
+    assert on.control.shrink_min_slices == 2
     assert not base.server.admission_bottleneck and on.server.admission_bottleneck
-    run = ablation.Run("traffic_analysis", "ast", "peak", "with_lookahead")
-    assert run.settings() == ["control.lookahead_bins=1"]
+    run = ablation.Run("traffic_analysis", "ast", "peak", "with_shrink_hysteresis")
+    assert run.settings() == ["control.shrink_min_slices=2"]
     ids = {r.id for r in ablation.matrix()}
     assert {f"traffic_analysis/ast/peak/with_{m}" for m in ablation.OPTIONAL} <= ids
 
@@ -79,8 +64,10 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
 def test_a_bad_setting_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="predictor"):
         node_with_settings(NODE, ["control.predictor=oracle"], tmp_path)
-    with pytest.raises(ConfigError, match="rate_trigger_z"):
-        node_with_settings(NODE, ["control.rate_trigger_z=-1"], tmp_path)
+    with pytest.raises(ConfigError, match="rate_window_grow_z"):
+        node_with_settings(NODE, ["control.rate_window_grow_z=-1"], tmp_path)
+    with pytest.raises(ConfigError, match=r"cut_drains: removed: the making-room policy"):
+        node_with_settings(NODE, ["control.cut_drains=true"], tmp_path)
     with pytest.raises(ConfigError, match="shrink_min_slices"):
         node_with_settings(NODE, ["control.shrink_min_slices=-2"], tmp_path)
     with pytest.raises(ConfigError, match=r"end_wait_outgrown_above.*0 \(off\) or a number >= 1"):

@@ -131,10 +131,10 @@ def _needed_once(tmp_path: Path, control: str, needed: bool) -> tuple[Any, list[
 
 
 def test_a_needed_plan_that_the_rate_no_longer_needs_drains_nothing(tmp_path: Path) -> None:
-    """``control.recheck_need_before_drain_first``: before draining the two running instances in
-    its way, the re-plan asks whether it is still needed; told no (the spike it was for has
-    passed, the running plan holds what arrives now), it destroys no instance and the running
-    generation serves on. Still needed, or with the switch off, the drain-first goes on."""
+    """Before draining the two running instances in its way, the re-plan asks whether it is still
+    needed (``DesiredState.still_needed``); told no (the spike it was for has passed, the running
+    plan holds what arrives now), it destroys no instance and the running generation serves on.
+    Still needed, the drain-first goes on."""
     done, logs, asked, destroyed = _needed_once(tmp_path / "passed", "", needed=False)
     assert asked == 1 and not done.new_generation and done.error is None, (done, logs)
     assert done.generation == 0 and "the rate now arriving is one the running plan holds" in (done.note or "")
@@ -142,10 +142,6 @@ def test_a_needed_plan_that_the_rate_no_longer_needs_drains_nothing(tmp_path: Pa
     done, logs, asked, destroyed = _needed_once(tmp_path / "needed", "", needed=True)
     assert asked == 1 and done.new_generation and done.error is None, (done, logs)
     assert destroyed == 2 and any("draining those first" in line for line in logs), logs
-    done, logs, asked, destroyed = _needed_once(
-        tmp_path / "off", "recheck_need_before_drain_first = false\n", needed=False)
-    assert asked == 0 and done.new_generation and destroyed == 2, (done, logs)
-    assert _example_control().recheck_need_before_drain_first  # on by default
 
 
 def test_keep_all_replan_rewires_the_running_processes(tmp_path: Path) -> None:
@@ -299,14 +295,13 @@ def test_a_retiring_generation_gives_an_older_draining_one_back_the_processes_it
     assert not out["pids_before"] & out["pids_after"]
 
 
-def _drain_first_under_load(tmp_path: Path, wait_slo: float) -> dict[str, Any]:
+def _drain_first_under_load(tmp_path: Path, wait_slo: float, slo_ms: float = 10000.0) -> dict[str, Any]:
     """40 requests queued on ``b`` (0.5 s an item on five processes: 4 s of work), then the re-plan
-    whose 2g.20gb instance needs two of b's slots (SLO 10 s, time scale 1). The queue is longer
-    than a wait of 0.1 x the SLO, so ``control.drain_first_within_wait`` (tested on its own below)
-    would keep the running plan: it is off here, where the drain-first itself is tested."""
-    node_path, first, second = _plans(tmp_path, b_ms=500.0, latency_slo_ms=10000.0,
-                                      control=f"drain_first_wait_slo = {wait_slo}\n"
-                                              "drain_first_within_wait = false\n")
+    whose 2g.20gb instance needs two of b's slots (time scale 1). A queue longer than the
+    drain-first's wait keeps the running plan (tested below) unless it is past what the door
+    admits (0.75 of the SLO): the running plan does not cope, and the drain-first goes on."""
+    node_path, first, second = _plans(tmp_path, b_ms=500.0, latency_slo_ms=slo_ms,
+                                      control=f"drain_wait_slo = {wait_slo}\n")
 
     async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
         sent = submit(40)
@@ -318,17 +313,17 @@ def _drain_first_under_load(tmp_path: Path, wait_slo: float) -> dict[str, Any]:
 
 
 def test_a_drain_first_waits_a_share_of_the_slo_then_sends_the_rest_again(tmp_path: Path) -> None:
-    # 4 s of queued work against a wait of 0.1 x the 10 s SLO: the drain-first does not wait for
-    # it (nor for late credits) but sends what is left again on the generation serving meanwhile;
-    # every request is answered once, in time
-    out = _drain_first_under_load(tmp_path, 0.1)
+    # 4 s of queued work, past the door's 3.75 s of a 5 s SLO, against a wait of 0.1 x the SLO:
+    # the drain-first does not wait for it (nor for late credits) but sends what is left again on
+    # the generation serving meanwhile; every request is answered once
+    out = _drain_first_under_load(tmp_path, 0.1, slo_ms=5000.0)
     done, logs = out["done"], out["logs"]
     assert done.error is None and done.new_generation, (done, logs)
     drained = [line for line in logs if "drained for the new instances" in line]
     assert len(drained) == 1, logs
     resent = int(re.search(r"(\d+) sent again", drained[0]).group(1))  # type: ignore[union-attr]
     assert resent > 0, drained
-    assert out["statuses"] == {200: 40}, out["statuses"]
+    assert set(out["statuses"]) <= {200, 504} and sum(out["statuses"].values()) == 40, out["statuses"]
     assert len(out["answers"]) == 40 and set(out["answers"].values()) == {1}, out["answers"]
 
 
@@ -350,7 +345,7 @@ def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: fl
     (after the same plan for each of ``earlier_rps``, what each returned in ``earlier``; asked
     for ``demand_rps`` when given, a plan capped below its demand); with
     ``sent_before`` < 20 the rest are sent while the plan waits for drains in its way (a wait of
-    0.2 s stands in for ``_cut_drains``'s): what ``apply`` returned, the instances destroyed,
+    0.2 s stands in for ``_wait_for_drains``'): what ``apply`` returned, the instances destroyed,
     the answers' statuses and the manager's ``/metrics``."""
     node_path, first, second = _plans(tmp_path, b_ms=200.0, latency_slo_ms=10000.0, control=control,
                                       a_ms=a_ms)
@@ -368,7 +363,7 @@ def _needed_over(tmp_path: Path, planned_rps: float, control: str = "", a_ms: fl
                 sent.extend(submit(20 - sent_before))
                 await asyncio.sleep(0.2)
                 return True
-            gm._cut_drains = waits_for_drains  # type: ignore[method-assign]
+            gm._wait_for_drains = waits_for_drains  # type: ignore[method-assign]
         await asyncio.sleep(0.1)
         out["earlier"] = [await gm.apply(DesiredState(app.name, dataclasses.replace(second, planned_rps=rps),
                                                       running_holds=False)) for rps in earlier_rps]
@@ -393,11 +388,6 @@ def _kept_running(out: dict[str, Any], note: str, outcome: str) -> None:
     assert len(out["answers"]) == 20 and set(out["answers"].values()) == {1}
 
 
-def _example_control() -> Any:
-    """The example node's ``[control]``: where each rule's default is asserted."""
-    return load_node(Path(__file__).resolve().parents[2] / "examples" / "h100x4.toml").control
-
-
 def _drained_saying(out: dict[str, Any], line_part: str) -> None:
     """The needed plan drained b's two instances first, and the log said why (``line_part``)."""
     done, logs = out["done"], out["logs"]
@@ -415,24 +405,22 @@ def _drains_first(tmp_path: Path, cases: tuple[tuple[str, float, str, float], ..
 
 
 def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path: Path) -> None:
-    """``control.drain_first_past_headroom``: a needed plan for 1.2 req/s over a running plan for
-    1 at ``max_utilization`` 0.8 (which serves 1.25 at full utilization) would drain two running
+    """The headroom rule: a needed plan for 1.2 req/s over a running plan for 1 at
+    ``max_utilization`` 0.8 (which serves 1.25 at full utilization) would drain two running
     instances first; with 0.8 s of work queued against a 10 s SLO it keeps the running plan
     instead, destroys nothing, and every queued request is answered 200 there. A plan for 2
-    req/s, a queue at the root past 0.75 of the SLO (a at 0.8 s an item: 8 s of its work), or the
-    switch off: the drain-first goes on."""
+    req/s, or a queue at the root past 0.75 of the SLO (a at 0.8 s an item: 8 s of its work): the
+    drain-first goes on."""
     _kept_running(_needed_over(tmp_path / "small", 1.2),
                   "less than the running plan's 1.0 serves at full utilization", "headroom")
-    _drains_first(tmp_path, (("large", 2.0, "", 1.0), ("deep", 1.2, "", 800.0),
-                             ("off", 1.2, "drain_first_past_headroom = false\n", 1.0)))
-    assert _example_control().drain_first_past_headroom  # on by default
+    _drains_first(tmp_path, (("large", 2.0, "", 1.0), ("deep", 1.2, "", 800.0)))
 
 
 def test_the_headroom_rule_yields_to_a_spike_still_rising(tmp_path: Path) -> None:
-    """``control.headroom_yields_when_rising``: over a running plan for 1 req/s (1.25 at full
+    """Over a running plan for 1 req/s (1.25 at full
     utilization), a needed plan for 1.1 is kept out by the headroom rule; a second for 1.12 (within
     5% of it) is kept out too, and one for 1.2 (9% past the least kept out: the spike still
-    rises) drains the two running instances first. With the switch off, 1.2 after 1.1 is kept out."""
+    rises) drains the two running instances first."""
     out = _needed_over(tmp_path / "rising", 1.2, earlier_rps=(1.1, 1.12))
     assert [a.new_generation for a in out["earlier"]] == [False, False], out["earlier"]
     assert all("serves at full utilization" in (a.note or "") for a in out["earlier"]), out["earlier"]
@@ -440,62 +428,38 @@ def test_the_headroom_rule_yields_to_a_spike_still_rising(tmp_path: Path) -> Non
     assert done.new_generation and done.error is None and out["destroyed"] == 2, (done, logs)
     assert any("past the 1.1 the headroom rule kept out" in line for line in logs), logs
     assert 'jigsaw_reconfig_drain_first_total{outcome="headroom"} 2' in out["metrics"]
-    off = _needed_over(tmp_path / "off", 1.2, "headroom_yields_when_rising = false\n", earlier_rps=(1.1,))
-    assert not off["done"].new_generation and off["destroyed"] == 0, (off["done"], off["logs"])
-    assert "serves at full utilization" in (off["done"].note or "")
-    assert _example_control().headroom_yields_when_rising  # on by default
 
 
 def test_the_headroom_rule_weighs_a_capped_plan_by_the_demand_it_was_asked_for(tmp_path: Path) -> None:
-    """``control.headroom_weighs_demand``: over a running plan for 1 req/s (1.25 at full
-    utilization), a plan asked for 1.5 and capped at 1.2 (the node's capacity) drains the two
-    running instances first: the running plan does not serve the demand even run hot. Asked for
-    1.22 (within 1.25) the same cap is kept out; with the switch off the cap is weighed and 1.5 is
-    kept out too."""
+    """Over a running plan for 1 req/s (1.25 at full utilization), a plan asked for 1.5 and capped
+    at 1.2 (the node's capacity) drains the two running instances first: the running plan does
+    not serve the demand even run hot. Asked for 1.22 (within 1.25) the same cap is kept out."""
     _drained_saying(_needed_over(tmp_path / "capped", 1.2, demand_rps=1.5),
                     "asked for 1.5 rps, past the 1.2 the running plan serves at full utilization")
     _kept_running(_needed_over(tmp_path / "within", 1.2, demand_rps=1.22),
                   "asked for 1.2 rps, less than the running plan's 1.0 serves", "headroom")
-    _kept_running(_needed_over(tmp_path / "off", 1.2, "headroom_weighs_demand = false\n", demand_rps=1.5),
-                  "it plans 1.2 rps, less than the running plan's 1.0 serves", "headroom")
-    assert _example_control().headroom_weighs_demand  # on by default
-
-
-def test_the_headroom_rule_keeps_only_below_its_fraction_of_full_utilization(tmp_path: Path) -> None:
-    """``control.headroom_full_fraction``: over a running plan for 1 req/s (1.25 at full
-    utilization), at 0.88 (1.1) a needed plan for 1.05 is kept out and one for 1.2 drains the two
-    running instances first; at the default 1 the plan for 1.2 is kept out (the test above)."""
-    _kept_running(_needed_over(tmp_path / "below", 1.05, "headroom_full_fraction = 0.88\n"),
-                  "less than 0.88 of what the running plan's 1.0 serves", "headroom")
-    _drains_first(tmp_path, (("above", 1.2, "headroom_full_fraction = 0.88\n", 1.0),))
-    assert _example_control().headroom_full_fraction == 1.0  # the default keeps up to all of it
 
 
 def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain_first_wait(
         tmp_path: Path) -> None:
-    """``control.drain_first_within_wait``: a needed plan for 1.3 req/s (past the running plan's
+    """The queue rule: a needed plan for 1.3 req/s (past the running plan's
     1.25 at full utilization; 1.24 arriving under the 5% demand slack) with 4.2 s of work queued
     at the root (``a`` at 0.4 s an item), longer than the drain-first's 2.5 s wait (a quarter of
     the 10 s SLO) and within the door's 7.5 s, keeps the running plan: nothing drained, every
     request answered 200 there. With 8 s queued (past the door's share: the running plan does not
-    cope) or the switch off, the drain-first goes on."""
+    cope), the drain-first goes on."""
     _kept_running(_needed_over(tmp_path / "mid", 1.3, a_ms=400.0),
                   "is longer than a drain-first waits (2.5 s)", "queue")
-    _drains_first(tmp_path, (("deep", 1.3, "", 800.0),
-                             ("off", 1.3, "drain_first_within_wait = false\n", 400.0)))
-    assert _example_control().drain_first_within_wait  # on by default
+    _drains_first(tmp_path, (("deep", 1.3, "", 800.0),))
 
 
 def test_the_queue_rule_yields_when_the_arrivals_are_past_the_running_plans_full_rate(
         tmp_path: Path) -> None:
-    """``control.queue_yields_past_full`` (off by default): the same 4.2 s queue under a plan for
-    2 req/s (1.9 arriving, past the running plan's 1.25 at full utilization: its queue only grows)
-    drains first; with the switch off the queue keeps the running plan as for 1.3."""
-    _drained_saying(_needed_over(tmp_path / "past", 2.0, "queue_yields_past_full = true\n", a_ms=400.0),
-                    "1.9 rps arriving, past the 1.2 the running plan serves at full utilization")
-    _kept_running(_needed_over(tmp_path / "off", 2.0, a_ms=400.0),
+    """The same 4.2 s queue under a plan for 2 req/s (1.9 arriving, past the running plan's 1.25 at
+    full utilization) keeps the running plan as for 1.3: the queue rule does not yield past full
+    utilization (measured worse: the plans it let past were refused next)."""
+    _kept_running(_needed_over(tmp_path / "past", 2.0, a_ms=400.0),
                   "is longer than a drain-first waits (2.5 s)", "queue")
-    assert not _example_control().queue_yields_past_full  # off by default
 
 
 def test_a_drain_first_is_weighed_again_after_the_wait_for_the_drains_in_its_way(tmp_path: Path) -> None:

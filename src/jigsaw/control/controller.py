@@ -34,27 +34,15 @@ exact solve runs on. ``auto`` deploys it when it is needed - an early re-plan wh
 not in within ``QUICK_PATIENCE_S``, or a routine one whose exact plan is late for the bin
 boundary, and the running plans do not hold the new demands - and then the exact plan (which
 replaces it unless the exact solve stopped unproven at a worse objective); ``always`` deploys
-every quick plan first (for tests and ablations); ``off`` waits for the exact plan. A plan the
-node needs whose exact plan is in first still switches on the quick plan when that one starts
-fewer worker processes (it keeps the running plans and adds instances; starting processes, not
-solving, is what a spike's switch waits for), and the exact plan waits for the next bin's re-plan
-(``control.fewest_starts_first``, off by default: its replay pairs measured no gain). Both are
+every quick plan first (for tests and ablations); ``off`` waits for the exact plan. Both are
 recorded in the bin records (``replans``) and counted in ``/metrics``.
 
 Fewer generations: every new generation starts processes on the node's CPUs and drains its
 predecessor for up to an SLO, and slots a draining generation holds make the next re-plan that
-needs them wait or be refused. So the rate trigger can ignore what Poisson noise explains
-(``control.rate_trigger_z``, an exact Poisson tail: in the trough a half-second window holds a
-dozen arrivals; off by default: its misfires were the headroom the day's spikes were met from),
-and a running plan that holds its demand is kept unless the new one frees
-``control.shrink_min_slices`` slices (``settle``; by default one: a plan of as many slices,
-better only in accuracy, is not worth a generation), or, with ``control.keep_new_plan_bins`` (off
-by default), until it has served that many bins. Off by default (on the 2-core peak-window
-replays, runs with them on had fewer generations but more violations, their plans less
-headroom): a quick plan that holds the demand as the re-plan's one reconfiguration
-(``control.single_reconfiguration``; the next bin's re-plan brings the exact plan). A bin's
-routine re-plan that comes due while another runs is not dropped but runs once it is done
-(``_routine_due``).
+needs them wait or be refused. So a running plan that holds its demand is kept unless the new
+one frees ``control.shrink_min_slices`` slices (``settle``; by default one: a plan of as many
+slices, better only in accuracy, is not worth a generation). A bin's routine re-plan that comes
+due while another runs is not dropped but runs once it is done (``_routine_due``).
 
 Needed plans beside what runs: a plan an app needs (its running plan does not hold the demand)
 is placed beside everything that runs and drains where it fits so (``_needed_beside``, the
@@ -90,9 +78,10 @@ from typing import Any, NamedTuple, Protocol
 from jigsaw.app import App
 from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor
 from jigsaw.control.solver import solve_node
+from jigsaw.errors import JigsawError
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
-from jigsaw.planner.anytime import processes_to_start, trim_plan
+from jigsaw.planner.anytime import trim_plan
 from jigsaw.planner.node_plan import QUICK_STATUS, app_value, extend_in_place, prefer_quick
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime.admission import BinCounters
@@ -131,7 +120,6 @@ URGENT_TRIGGERS = ("rate", "violations", "capacity")
 # within a bin, while a loop that stalled a second counts the arrivals it held back in one short
 # window and reads a rate ten times the real one.
 RATE_JUMP_MAX = 4.0
-NOT_YOUNG_BIN = -(10 ** 9)  # ``serving_since_bin`` of a plan that no longer counts as new
 Factors = dict[tuple[str, str, str], float]
 QuickSink = Callable[[NodePlan], None]
 
@@ -182,6 +170,8 @@ class DataPlane(Protocol):
     def plan_of(self, app: str) -> Plan: ...
     def generation_of(self, app: str) -> int: ...
     async def apply(self, desired: DesiredState) -> Applied: ...
+    async def unload_app(self, app: str) -> None: ...
+    async def load_app(self, app: App, plan: Plan) -> None: ...
     def beside(self) -> Beside | None: ...
 
 
@@ -289,7 +279,6 @@ class AppController:
         self.current = self.new_record()
         # (monotonic s, bin arrivals so far) at each poll of the bin
         self._arrival_samples: deque[tuple[float, int]] = deque(maxlen=RATE_SAMPLES_MAX)
-        self.serving_since_bin = NOT_YOUNG_BIN  # the bin in which the running generation began to serve
 
     @property
     def name(self) -> str:
@@ -338,31 +327,13 @@ class AppController:
         history = list(self.history_rps)
         if c is not None and elapsed > 0:
             history.append(c.arrivals / elapsed * self.ctl.time_scale)
-        return self._hold(self.look_ahead(history), self.current, history)
+        return self._hold(self.predictor.predict(history), self.current, history)
 
     def predict_next(self) -> float:
         """The next bin's prediction once the running bin has closed."""
         history = list(self.history_rps)
         last = self.records[-1] if self.records else None
-        return self._hold(self.look_ahead(history), last, history)
-
-    def look_ahead(self, history: list[float]) -> float:
-        """The next bin's prediction, raised to the most any of the ``control.lookahead_bins`` bins
-        after it is predicted at (each predicted from the ones before, less the slack).
-
-        Why: a re-plan takes seconds of solving and starting processes, more than a compressed
-        bin on a busy machine, so a plan for a spike the predictor sees coming one bin ahead is in
-        place only once the spike has begun; planned a bin earlier it serves from the spike's
-        first second. The cost is a bin at the spike's slices before each predicted spike.
-        """
-        predicted = self.predictor.predict(history)
-        ext = list(history)
-        nxt = predicted
-        for _ in range(self.node.control.lookahead_bins):
-            ext.append(nxt / (1.0 + self.node.planner.demand_slack))
-            nxt = self.predictor.predict(ext)
-            predicted = max(predicted, nxt)
-        return predicted
+        return self._hold(self.predictor.predict(history), last, history)
 
     def _hold(self, predicted: float, bin_record: BinRecord | None, history: list[float]) -> float:
         """Burst hold: a bin that outran its plan (it re-planned early) keeps its demand for one more bin.
@@ -441,7 +412,7 @@ class AppController:
         """Whether the rate now arriving (over the trigger's window, and over the bin so far: the
         window alone is a few dozen arrivals) exceeds ``PASSED_BELOW`` of what the running plan
         holds (unknown: yes); asked by a needed re-plan before it drains the app's running
-        instances (``control.recheck_need_before_drain_first``)."""
+        instances."""
         rate = self.rate_now_rps()
         c = self.counters.peek_bin(self.app.name)
         elapsed = time.monotonic() - self.ctl.bin_start
@@ -507,8 +478,8 @@ class AppController:
     def significant(self, count: int, rate_rps: float, holds_rps: float, *, grown: bool = False) -> bool:
         """``count`` arrivals, read as ``rate_rps``, are more than the plan's ``holds_rps`` would bring
         by chance: the Poisson upper tail of its expected count in the same time at ``count`` is
-        below the one-sided normal tail of ``control.rate_trigger_z`` (``grown``: a window grown to
-        hold its count, of the larger of that and ``control.rate_window_grow_z``; ``poisson_tail``).
+        below the one-sided normal tail of ``control.rate_window_grow_z`` (``poisson_tail``). Only a
+        window grown to hold its count (``grown``) is tested; any other count is significant.
 
         Why: the rate window is half a second of a compressed bin, a few dozen arrivals; in the
         trough (15 req/s of wall-clock traffic at time scale 20) it holds about 11, and a count of
@@ -518,8 +489,7 @@ class AppController:
         traffic_analysis: about 140 of its 320 violations). The exact tail, not a normal
         approximation, because at a dozen arrivals the normal one fires several times too often.
         """
-        ctl = self.node.control
-        z = max(ctl.rate_trigger_z, ctl.rate_window_grow_z) if grown else ctl.rate_trigger_z
+        z = self.node.control.rate_window_grow_z if grown else 0.0
         if z <= 0:
             return True
         if rate_rps <= 0 or count <= 0:
@@ -554,19 +524,6 @@ class AppController:
                 out[(task, variant, c)] = total * (d / norm if norm > 0 else 1.0 / len(kids))
         return out
 
-    def young(self) -> bool:
-        """The running plan began to serve less than ``control.keep_new_plan_bins`` bins ago: one
-        that holds its demand is not replaced yet (``NodeController.settle``).
-
-        Why: the rate trigger raises a plan within the bin, and the next bin's re-plan, for the
-        mean of the bins, took it down again at once; at social_media's time scale 60 (its SLO is
-        42 s of wall time, eight 5-s bins) each of those down-switches left the raised plan's
-        generation draining for 10-17 s, and the next raise waited for that drain (5-28 s, peak
-        window of day 0) while the bin's arrivals met the smaller plan.
-        """
-        n = self.node.control.keep_new_plan_bins
-        return n > 0 and self.ctl.bin_index - self.serving_since_bin < n
-
     # ---- what the node's re-plans report back ----------------------------------------------
     def record_applied(self, done: Applied, new: Plan, source: str) -> None:
         if done.error is not None and len(self.current.reconfiguration_errors) < 10:
@@ -580,7 +537,6 @@ class AppController:
                          f"{done.generation} serves")
             return
         r.reconfigurations += 1
-        self.serving_since_bin = self.ctl.bin_index
         r.reconfiguration_seconds += done.seconds
         r.changed_gpus = sorted(set(r.changed_gpus) | set(done.changed_gpus))
         self.ctl.log(f"{self.app.name}: generation {done.generation} serves the {source} plan "
@@ -652,6 +608,7 @@ class NodeController:
         self._trigger = ""  # the running re-plan's trigger
         self._for_bin: int | None = None  # and the bin it plans for (None: the running one)
         self._lost: dict[str, float] = {}  # capacity-loss re-plans waiting: app -> demand
+        self.unloaded: dict[str, tuple[AppController, Plan]] = {}  # apps unloaded (Triton's repository)
         self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
 
     # ---- the clock ---------------------------------------------------------------------------
@@ -678,7 +635,6 @@ class NodeController:
                 c.history_rps.extend(float(x) for x in history)
             self.counters.take_bin(name)
             c._arrival_samples.clear()
-            c.serving_since_bin = NOT_YOUNG_BIN
             c.records.clear()
         self.bin_index = 0
         self.bin_start = time.monotonic()
@@ -759,6 +715,36 @@ class NodeController:
             self.log(f"{name}: bin {self.bin_index}: {why}: re-planning the node early for {demand:.1f} rps")
         if demands:
             self._spawn(demands, "violations" if "violations" in triggers else "rate")
+
+    async def set_app_enabled(self, app: str, enabled: bool) -> None:
+        """Unload ``app`` (its generation drains and its slices go back to the node) or load it
+        again (its last plan placed beside the others), then re-plan the node for the apps it
+        serves; returns once the node serves the new state. Raises ``JigsawError`` with the
+        reason when it cannot (the last app, a plan that does not fit or start)."""
+        running = self._replan_task
+        if running is not None and not running.done():  # the re-plan in flight ends first
+            await asyncio.wait([running])
+        async with self.lock:
+            if not enabled:
+                if app not in self.apps:
+                    return
+                if len(self.apps) == 1:
+                    raise JigsawError(f"{app} is the node's last served app: unloading it would leave the "
+                                      "node nothing to plan")
+                c = self.apps.pop(app)
+                self.unloaded[app] = (c, self.plane.plan_of(app))
+                await self.plane.unload_app(app)
+            else:
+                if app not in self.unloaded:
+                    return
+                c, plan = self.unloaded[app]
+                await self.plane.load_app(c.app, plan)
+                del self.unloaded[app]
+                self.counters.take_bin(app)
+                c.open_bin()
+                self.apps[app] = c
+        self.log(f"{app}: {'loaded' if enabled else 'unloaded'}; re-planning the node")
+        self._spawn({}, "repository")
 
     def on_capacity_lost(self, app: str, why: str) -> None:
         """A worker is gone for good: re-plan now (that app's plan runs as a fresh generation)."""
@@ -871,39 +857,18 @@ class NodeController:
                 entry["error"] = f"{type(exc).__name__}: {exc}"[:500]
                 self._record(entry, full, t0)
                 return deployed, deployed is not None
-            fewest = False
             if entry["quick"] is None and quick_box.done():  # found, but the exact one came first
-                q = quick_box.result()
-                fewest = self._starts_fewer(q, exact, full)
-                entry["quick"] = self._summary(q, fewest)
-                if fewest:  # a needed plan: the one whose switch comes soonest goes first
-                    self.log(f"node: the quick plan starts {self._starts(q)} processes, the exact one "
-                             f"{self._starts(exact)}: the quick plan goes first")
-                    entry["quick"]["fewer_starts"] = True
-                    entry["quick"]["kept"], no = await self._deploy(q, fresh, "quick", full)
-                    refused_any.update(no)
-                    deployed, fresh = q, frozenset()
+                entry["quick"] = self._summary(quick_box.result(), False)
             for n, c in self.apps.items():
                 c.predicted_rps = full[n]
                 if for_bin is None or for_bin == self.bin_index:  # else open_bin copies it over
                     c.current.predicted_rps = full[n]
-            # one reconfiguration per re-plan: a quick plan that serves and holds the demands stays
-            # until the next bin's re-plan (a second generation now would start while the first
-            # one's predecessor still drains, and its drain would hold slots the next burst needs)
-            single = (deployed is not None and (self.node.control.single_reconfiguration or fewest)
-                      and self._holds(full))
             worse = deployed is not None and prefer_quick(deployed, exact, self.node)
-            use_exact = bool(exact.plans) and not single and not worse
+            use_exact = bool(exact.plans) and not worse
             entry["exact"] = self._summary(exact, use_exact)
-            if single and exact.plans:
-                entry["exact"]["skipped"] = "single_reconfiguration" \
-                    if self.node.control.single_reconfiguration else "fewest_starts_first"
             if not exact.plans:
                 self.log(f"node: no configuration for {self._demands_text(full)} ({exact.status}; "
                          f"{'; '.join(exact.notes)}); keeping the running plans")
-            elif single:
-                self.log("node: the quick plan serves and holds the demands; the exact plan waits for the "
-                         "next bin's re-plan (one reconfiguration per re-plan)")
             elif not use_exact:
                 self.log(f"node: the exact solve stopped {exact.status} at a worse objective than the quick "
                          f"plan's; keeping the quick plan")
@@ -954,26 +919,6 @@ class NodeController:
         await asyncio.wait({exact_f, quick_box}, return_when=asyncio.FIRST_COMPLETED)
         return None if exact_f.done() or not quick_box.done() else quick_box.result()
 
-    def _starts_fewer(self, quick: NodePlan, exact: NodePlan, demands: Mapping[str, float]) -> bool:
-        """The quick plan goes first although the exact one is in (``control.fewest_starts_first``):
-        the node needs a plan (a running one does not hold its demand) and the quick plan, which
-        serves every demand in full, starts fewer processes than the exact one.
-
-        Why: the quick plan keeps the running plans and adds instances (``anytime.extend_plan``),
-        while a spike's exact plan rearranged the node and restarted every process ("0 kept, 19
-        started", 7 s from the decision to the switch on the 2-core replay); the node serves the
-        spike on the old plan until the switch. The exact plan waits for the next bin's re-plan,
-        when the quick plan holds the demand.
-        """
-        if not self.node.control.fewest_starts_first or self.anytime == "off" or not exact.plans \
-                or quick.demand_scale < 1.0 or self._holds(demands):
-            return False
-        return self._starts(quick) < self._starts(exact)
-
-    def _starts(self, np: NodePlan) -> int:
-        """Worker processes ``np`` starts beside the running plans (``anytime.processes_to_start``)."""
-        return sum(processes_to_start(self.apps[n].plan, p) for n, p in np.plans.items() if n in self.apps)
-
     def _holds(self, demands: Mapping[str, float]) -> bool:
         """Every running plan serves the demand it is now asked for."""
         return all(not c.plan.max_demand_plan and c.plan.planned_rps >= demands[n] * (1 - 1e-9)
@@ -992,9 +937,7 @@ class NodeController:
         take the new plan. With ``control.shrink_min_slices`` a better plan that frees fewer slices
         than that is not worth its generation either: each new generation drains its predecessor
         for up to an SLO, and MIG slots held by a draining generation refuse the next re-plan that
-        needs them (on a compressed replay that is the re-plan for the next burst). With
-        ``control.keep_new_plan_bins`` a plan that began to serve less than that many bins ago
-        is kept too (``AppController.young``).
+        needs them (on a compressed replay that is the re-plan for the next burst).
         """
         plans = dict(np.plans)
         kept: list[str] = []
@@ -1008,7 +951,7 @@ class NodeController:
             frees = run.slices_used - new.slices_used
             min_frees = self.node.control.shrink_min_slices
             if app_value(name, run, self.node) < app_value(name, new, self.node) - 1e-9 \
-                    and (min_frees <= 0 or frees >= min_frees) and not self.apps[name].young():
+                    and (min_frees <= 0 or frees >= min_frees):
                 continue
             total = sum(p.slices_used for p in plans.values()) - new.slices_used + run.slices_used
             if total > self.node.slices_available:
@@ -1156,14 +1099,10 @@ class NodeController:
                          "keeping its running plan")
                 continue
             # the running plan holds the demand and the node's slices allow it beside the other
-            # apps' new plans: this plan is better, not needed (no drain-first for it), unless it
-            # frees ``control.shrink_drain_min_slices`` slices (a spike's plan, which every shrink
-            # after the spike found in its way, held 82% of the slices for 9 quiet bins)
+            # apps' new plans: this plan is better, not needed (no drain-first for it)
             run = c.plan
-            min_frees = self.node.control.shrink_drain_min_slices
-            big_shrink = min_frees > 0 and run.slices_used - plan.slices_used >= min_frees
             holds = (name not in fresh and bool(run.instances) and not run.max_demand_plan
-                     and run.planned_rps >= demands[name] * (1 - 1e-9) and not big_shrink
+                     and run.planned_rps >= demands[name] * (1 - 1e-9)
                      and total - plan.slices_used + run.slices_used <= self.node.slices_available)
             beside = False
             if name not in fresh and bool(run.instances) and self._trigger != "admin" \
@@ -1309,8 +1248,7 @@ class NodeController:
         Why: ar_assistant's spike plans fill the node (24-25 of 28 slices), every smaller plan
         needs some of their slots, and on day 0 such a plan served 92 of 288 bins after the
         spikes (115 re-plans not applied), 54% of the slices against the 45% target; a
-        drain-first for the give-back (``control.shrink_drain_min_slices``) served on part of the
-        plan while it drained.
+        drain-first for the give-back served on part of the plan while it drained.
         """
         min_frees = self.node.control.trim_min_slices
         c = self.apps[name]

@@ -83,6 +83,9 @@ class NodePlan:
     num_gpus: int
     apps: dict[str, NodeAppPlan]
     layout: Layout | None = None
+    # compute slices of one GPU: the node's GPU model's own (a GPU given by its figures, e.g.
+    # an L4, has no table to look it up in)
+    slices_per_gpu: int = 7
 
     @property
     def slices_used(self) -> int:
@@ -90,8 +93,7 @@ class NodePlan:
 
     @property
     def slices_available(self) -> int:
-        from jigsaw.mig import gpu_model
-        return self.num_gpus * gpu_model(self.gpu_model).compute_slices
+        return self.num_gpus * self.slices_per_gpu
 
     def plans(self) -> list[Plan]:
         return [a.plan for a in self.apps.values() if a.plan is not None]
@@ -385,7 +387,8 @@ def plan_fleet(fleet: Fleet, *, down: set[str] | frozenset[str] = frozenset(),
                     p = _shifted(cache[key], offset)
                 entries.append(NodeAppPlan(app_name, gpus, offset, point.capacity_rps, share, p))
                 offset += gpus
-            np_ = NodePlan(name, g.name, g.node.gpu.name, g.node.num_gpus, {e.app: e for e in entries})
+            np_ = NodePlan(name, g.name, g.node.gpu.name, g.node.num_gpus, {e.app: e for e in entries},
+                           slices_per_gpu=g.node.gpu.compute_slices)
             if plan_nodes:
                 np_.layout = _combined_layout(g.node, entries)
             node_plans.append(np_)

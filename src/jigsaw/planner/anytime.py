@@ -681,8 +681,8 @@ def trim_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, deman
     stays still serves its share of the demand. Every process left is one the running plan
     runs, on its slot, so the runtime keeps them all and needs no MIG slot anyone holds: the
     give-back of a plan that fills the node, whose re-planned smaller plan needs the slots the
-    running one holds (a drain-first, refused while the running plan holds the demand:
-    ``control.drain_first_when_holding``). None when nothing can go, the running plan has no
+    running one holds (a drain-first, which the runtime does not make while the running plan
+    holds the demand). None when nothing can go, the running plan has no
     layout, or it cannot be read for the new demand (``_running_parts``). Verified
     (``verify.verify_plan``) before it is returned.
     """
@@ -739,8 +739,7 @@ def processes_to_start(running: Plan | None, new: Plan) -> int:
     the running plan's count of that kind.
 
     Why: the node keeps the process of an instance both plans run (same kind, placed on its old
-    slot) and starts the rest, seconds each on a loaded host; a plan the node needs now should be
-    the one whose switch comes soonest (``control.fewest_starts_first``).
+    slot) and starts the rest, seconds each on a loaded host: what a plan's switch waits for.
     """
     have: dict[tuple[str, str, str, int, int], int] = {}
     for x in running.instances if running is not None else ():

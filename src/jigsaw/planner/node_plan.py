@@ -36,6 +36,7 @@ from jigsaw.planner.anytime import (
     rescale,
 )
 from jigsaw.planner.decompose import app_layout
+from jigsaw.planner.diagnose import why_none_together
 from jigsaw.planner.packer import InstanceRequest, PackingError, pack
 from jigsaw.planner.problem import Factors, Problem, make_problem
 from jigsaw.planner.scaled import SCALE_TOLERANCE, max_scale
@@ -258,7 +259,7 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
         first = cap.plans[0]
         if first is None or first.planned_rps <= 0:
             return _empty(node, kind, res.status, time.perf_counter() - t0,
-                          "the apps cannot be served together on this node at any demand")
+                          _none_together([p.pb for p in parts]))
         scale = first.planned_rps / max(parts[0].demand_rps or 0.0, joint.MIN_DEMAND_RPS)
         res = _Decision(cap.status, cap.plans, cap.objective, cap.bound, None, cap.notes, cap.stage)
         for shrink in (1.0, 1 - 1e-7, 1 - 1e-5):
@@ -309,6 +310,11 @@ def _empty(node: Node, kind: str, status: str, secs: float, note: str) -> NodePl
                     objective=math.nan, gap=math.inf, slices_used=0,
                     slices_available=node.slices_available, solve_seconds=secs, demand_scale=0.0,
                     notes=[note])
+
+
+def _none_together(problems: list[Problem]) -> str:
+    why = why_none_together(problems)
+    return "the apps cannot be served together on this node at any demand" + (f": {why}" if why else "")
 
 
 def merge_layouts(plans: Mapping[str, Plan], gpu_model: str, num_gpus: int) -> Layout:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import os
 import shutil
 import subprocess
@@ -56,13 +55,13 @@ from jigsaw.gpu.layout import (
     place_app,
     validate_node_layout,
 )
-from jigsaw.gpu.mps import MPS_CONTROL, EmulatedMps, MpsManager
+from jigsaw.gpu.mps import MpsManager, node_mps
 from jigsaw.gpu.nvml import MigApplier
 from jigsaw.gpu.partition import MigPartition, overlaps
-from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel
+from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel, share_level
 from jigsaw.node import Node, load_node_profiles
-from jigsaw.plan import Plan, with_placed, without_placed
-from jigsaw.planner.packer import InstanceRequest, PackingError, changed_gpus, instances_from_plan
+from jigsaw.plan import Plan, without_placed
+from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.admission import queue_admits
 from jigsaw.runtime.forkserver import Launcher
@@ -82,35 +81,11 @@ READY_FAST_S = 0.2  # for this long after the start the readiness is polled ever
 READY_FAST_POLL_S = 0.002
 DRAIN_POLL_S = 0.05
 DRAIN_END_MARGIN_S = 0.5  # past a drain's own deadline: the frontend's timers answer its last requests
-TWO_STEP_MAX_KEPT = 4  # a two-step drain-first keeps at most this many of the instances in the way
 CUT_WAIT_S = 15.0  # a cut drain's processes stop within ms; past this the re-plan goes on without
 DRAIN_FIRST_OUTCOMES = ("done", "refused", "failed", "restored", "restore_failed", "skipped", "not_needed",
-                        "headroom", "queue", "outgrown", "two_step")
+                        "headroom", "queue", "outgrown")
 RISING_MARGIN = 0.05  # a needed plan this much past the one the headroom rule kept out: still rising
 DRAINING = "\x00draining"  # the owner ``place`` gives the slots a draining generation still holds
-
-
-def place_around(layout: NodeLayout, held: list[NodeInstance], app: str,
-                 requests: list[InstanceRequest], gpu: GpuModel, keep_usable: bool = False) -> NodeLayout:
-    """``place_app`` that keeps off ``held`` (the slots of draining generations) when the rest of
-    the node holds the new instances, and places over them only when it does not.
-
-    Why: the node layout holds only the serving generations; a new instance placed on a slot an
-    old generation still drains (up to an SLO, and a request's SLO is seconds on a time-scaled
-    replay) needs a drain-first the manager must refuse, so the re-plan for a burst right after a
-    re-plan was refused and the burst met the old plan.
-    """
-    clear = [h for h in held if not any(overlaps(gpu, h, i) for i in layout.instances)]
-    if clear:
-        stand_ins = (dataclasses.replace(h, app=DRAINING) for h in clear)
-        around = layout.with_instances((*layout.instances, *stand_ins))
-        try:
-            placed = place_app(around, app, requests, gpu, keep_usable)
-        except PackingError:
-            pass
-        else:
-            return placed.with_instances(i for i in placed.instances if i.app != DRAINING)
-    return place_app(layout, app, requests, gpu, keep_usable)
 
 
 @dataclass(frozen=True)
@@ -128,7 +103,7 @@ class Beside:
     layout: NodeLayout  # the serving layout with the other held slots as ``DRAINING`` stand-ins
     held: tuple[NodeInstance, ...]  # every slot held, serving or not
     gpu: GpuModel
-    keep_usable: bool = False  # ``place_app``'s (``control.keep_compute_usable``)
+    keep_usable: bool = False  # ``place_app``'s: strand the fewest compute slices
 
     def serving_only(self) -> Beside:
         """The same node with every draining slot taken for free: where a plan fits so, it needs
@@ -170,6 +145,7 @@ class Router(Protocol):
 
     def add_generation(self, generation: int, topology: Topology) -> None: ...
     def route(self, app: str, generation: int) -> None: ...
+    def unroute(self, app: str) -> None: ...
     def reweight(self, app: str, plan: Plan) -> None: ...
     def pending_in(self, generation: int) -> int: ...
     def unanswered_in(self, generation: int) -> int: ...
@@ -177,7 +153,7 @@ class Router(Protocol):
     def cut_generation(self, generation: int) -> tuple[int, int, int]: ...
     def remove_generation(self, generation: int) -> None: ...
     def worker_failed(self, generation: int, app: str, task: str, variant: str,
-                      reason: str) -> tuple[int, int]: ...
+                      reason: str, suspects: frozenset[int] = frozenset()) -> tuple[int, int]: ...
     def worker_restarting(self, app: str, task: str) -> None: ...
     def refresh_admission(self, app: str) -> None: ...
 
@@ -194,23 +170,23 @@ class DesiredState:
     # still replaces it (the supervisor's retry is a stopgap, not a recovery)
     fresh_generation: bool = False
     # the running plan holds the demand this plan is for: it is a better plan, not a needed one, so
-    # it is not worth a drain-first (``control.drain_first_when_holding``)
+    # it is not worth a drain-first, nor a wait for the drains in its way
     running_holds: bool = False
     # placed beside everything that runs and drains where it fits so (``Beside.place``: the running
     # instances kept, the others on slots nothing holds), else as any plan: a needed plan, which
-    # should not wait for a drain or drain the app's own instances (``control.place_needed_beside``)
+    # should not wait for a drain or drain the app's own instances
     beside: bool = False
     # with ``beside``: placed beside what serves only, on slots that drain where it needs them
     # (``Beside.serving_only``): it waits for those drains, never drains a running instance
     over_draining: bool = False
     # for a needed plan: asked again before a drain-first of the app's running instances (after
     # any wait for the drains in the way), whether the plan is still needed; False keeps the
-    # running plan (``control.recheck_need_before_drain_first``). None: needed whatever happens
+    # running plan. None: needed whatever happens
     still_needed: Callable[[], bool] | None = None
     # for a needed plan that waits for the drains in its way: asked at each poll of the wait; True
     # (the rate now arriving is well above the demand this plan was asked for) ends the wait and
     # changes nothing, so the node's re-plan lock is free for a plan sized to that rate
-    # (``control.end_wait_outgrown_above``). None: never asked
+    # None: never asked
     outgrown: Callable[[], bool] | None = None
 
 
@@ -293,58 +269,6 @@ def _served(plan: Plan) -> Plan | None:
     return dataclasses.replace(plan, lanes=lanes) if lanes else None
 
 
-def _placed_at(plan: Plan) -> dict[Slot, NodeInstance]:
-    assert plan.layout is not None
-    return {(g.gpu, p.start): NodeInstance(g.gpu, p.profile, p.start) for g in plan.layout.gpus
-            for p in g.instances}
-
-
-def interim_plan(gpu: GpuModel, old: Plan, new: Plan, blockers: set[Slot], kept: set[Slot]) -> Plan | None:
-    """What serves while the ``kept`` instances of the running plan ``old`` drain, in the second
-    step of a two-step drain-first: ``old`` less every instance in the way (``blockers``), plus
-    the instances of ``new`` that nothing of ``old`` left running nor a ``kept`` one is in the way
-    of (they run by then), with the lanes of both plans that run; None when no lane does.
-
-    A new instance on the very MIG instance of one of ``old``'s that stays (the same slot and
-    profile, another task or variant: no blocker) runs beside it, as it does in any re-plan while
-    the old generation drains."""
-    if old.layout is None or new.layout is None:
-        return None
-    at = _placed_at(old)
-    rest = without_placed(old, blockers)
-    if rest is None:
-        return None
-    in_way = [x for s, x in at.items() if s not in blockers or s in kept]
-    slots = {s for s, x in _placed_at(new).items()
-             if not any(overlaps(gpu, x, y) and y.slot != x.slot for y in in_way)}
-    mixed = with_placed(rest, new, slots)
-    return None if mixed is None else _served(mixed)
-
-
-def two_step_split(gpu: GpuModel, old: Plan, new: Plan, blockers: set[Slot],
-                   max_kept: int = TWO_STEP_MAX_KEPT) -> tuple[set[Slot], set[Slot]] | None:
-    """(first, kept): the running instances in the new ones' way (``blockers``, all the running
-    plan's) split in two drains, when draining them all at once would leave the app no lane.
-    The first drains ``first`` while the rest of ``old`` serves; the second drains ``kept``
-    while ``interim_plan`` serves (``old``'s instances that stay, and the new instances created
-    on the slots the first drain freed). The fewest kept (at most ``max_kept``), then the first
-    found in slot order; None when no split leaves a lane in both steps.
-
-    Why: at the peak no MIG memory slot is free, a plan for more moves most of the running
-    instances, and one drain-first of all of them would leave the app no lane, so every such
-    plan was refused and the running plan served a rate it could not hold (every steady-state
-    violation of ar_assistant and social_media)."""
-    if old.layout is None or new.layout is None or len(blockers) < 2:
-        return None
-    for k in range(1, min(max_kept, len(blockers) - 1) + 1):
-        for kept in itertools.combinations(sorted(blockers), k):
-            first = blockers - set(kept)
-            if without_instances(old, first) is not None \
-                    and interim_plan(gpu, old, new, blockers, set(kept)) is not None:
-                return first, set(kept)
-    return None
-
-
 def same_instances(a: Plan, b: Plan) -> bool:
     """The two plans run the same processes (only lane weights may differ)."""
     def key(p: Plan) -> list[tuple[str, str, str, int, int, int]]:
@@ -361,8 +285,15 @@ class GenerationManager:
 
     def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int,
                  backend: BackendKind, log: Callable[[str], None] = print, nvml: Any = None,
-                 spare_workers: int = 0, launcher: Launcher | None = None) -> None:
+                 spare_workers: int = 0, launcher: Launcher | None = None,
+                 drain_wait_slo: float = 0.25, keep_usable: bool = True) -> None:
         self.node = node
+        # what a drain-first (and a needed plan's wait for the drains in its way past their end)
+        # waits for the requests of what is in its way, as a share of the app's SLO; and whether
+        # new MIG instances go where they strand the fewest compute slices. Given by the caller
+        # (the daemon, from the node's [control]): the runtime reads no [control] setting itself
+        self.drain_wait_slo = drain_wait_slo
+        self.keep_usable = keep_usable
         self.launcher = launcher  # starts worker processes: the fork server, or None (a Python start)
         self.backend = backend
         self.time_scale = time_scale
@@ -380,11 +311,11 @@ class GenerationManager:
         self._bell_created = False
         self._retiring: set[asyncio.Task[None]] = set()
         # generations in ``_retire`` (until their processes and MPS daemons are stopped), and the
-        # event that cuts each one's drain short (``_cut_drains``)
+        # event that cuts each one's drain short (``_end_drains``)
         self._retiring_gids: set[int] = set()
         self._cut: dict[int, asyncio.Event] = {}
         # when each draining generation's requests are all answered or timed out at the latest
-        # (monotonic s): what a needed re-plan waits for (``control.wait_drains_when_needed``)
+        # (monotonic s): what a needed re-plan waits for
         self._drain_ends: dict[int, float] = {}
         self.drains_total = 0  # drains of replaced generations, and their wall seconds in all
         self.drain_s_total = 0.0
@@ -400,7 +331,7 @@ class GenerationManager:
         # the MIG instances that exist: NVML on a GPU node, the emulated NVML on an emulated one
         self.partition: MigPartition | None = None
         self._fault = ""
-        if self.node_layout is not None and (backend.emulated or backend.needs_gpu):
+        if self.node_layout is not None and (backend.emulated or backend.on_gpus(node.gpu.kind)):
             if nvml is None and backend.emulated:
                 from jigsaw.gpu.emulated_nvml import EmulatedNvml
 
@@ -408,25 +339,22 @@ class GenerationManager:
                 self._fault = os.environ.get(FAULT_ENV, "")
             self.partition = MigPartition(node.gpu, node.num_gpus, MigApplier(node.gpu, nvml))
             self.node_layout = self.partition.adopt()  # idle instances: placed apps reuse them
-        # one MPS control daemon per instance of MPS level k > 1, in a private run directory: the
-        # driver's binary on a GPU node; on an emulated one a stand-in script when one is named
-        # (``JIGSAW_MPS_CONTROL``), else the in-process emulation
-        self.mps: MpsManager | None = None
-        if self.partition is not None:
-            binary = os.environ.get(MPS_CONTROL_ENV, "")
-            mps_dir = self.run_dir / "mps"
-            self.mps = EmulatedMps(mps_dir) if backend.emulated and not binary else \
-                MpsManager(mps_dir, binary=binary or MPS_CONTROL)
+        # one MPS control daemon per MIG instance (or whole GPU: ``mps_gpus``) of MPS level k > 1,
+        # in a private run directory (``gpu/mps.py`` ``node_mps``; a stand-in: ``JIGSAW_MPS_CONTROL``)
+        self.mps: MpsManager | None
+        self.mps, self.mps_gpus = node_mps(
+            node.gpu, node.num_gpus, self.run_dir / "mps", emulated=backend.emulated,
+            on_gpus=backend.needs_gpu, partitioned=self.partition is not None,
+            binary=os.environ.get(MPS_CONTROL_ENV, ""))
         self.mps_started_total = 0
         self.mps_stopped_total = 0
         self.mps_failures_total = 0
         self.failures_total = 0  # new generations that failed to start (the running one served on)
-        # drains cut short for a re-plan that needed their slots, and their requests: forgotten
-        # (answered, only waiting for late credits), re-sent on the current generation, failed
+        # drains ended for a re-plan that needed their slots once it had waited for them, and
+        # their requests: forgotten (answered, only waiting for late credits), re-sent on the
+        # current generation, failed
         self.drains_cut_total = 0
         self.cut_requests_total: Counter[str] = Counter()
-        self.handovers_total = 0  # needed switches whose predecessor's requests moved to them
-        self.handover_requests_total: Counter[str] = Counter()  # forgotten / resent / failed
         # drain-first re-plans by outcome: done, refused, failed (before the drain: nothing changed),
         # restored (failed after it: the running plan brought back), restore_failed
         self.drain_first_total: Counter[str] = Counter()
@@ -472,9 +400,7 @@ class GenerationManager:
         if self.node_layout is None:
             return None, plan
         gpu = self.node.gpu
-        draining = self._keep_off()
-        desired = place_around(self.node_layout, draining, app, instances_from_plan(plan), gpu,
-                               self.node.control.keep_compute_usable)
+        desired = place_app(self.node_layout, app, instances_from_plan(plan), gpu, self.keep_usable)
         problems = validate_node_layout(desired, gpu)
         if problems:  # place_app never does this; a guard, since an overlap would break a GPU
             raise PackingError(f"node layout would break the placement rules: {'; '.join(problems)}")
@@ -496,19 +422,7 @@ class GenerationManager:
                      if h.slot not in serving_slots and not h.is_idle
                      and not any(overlaps(self.node.gpu, h, i) for i in serving)]
         return Beside(self.node_layout.with_instances((*serving, *stand_ins)), tuple(held.values()),
-                      self.node.gpu, self.node.control.keep_compute_usable)
-
-    def _keep_off(self) -> list[NodeInstance]:
-        """The slots a new plan keeps off where the rest of the node holds its instances: every
-        draining generation's (``control.place_around_draining``), else those of the drains too
-        busy to cut short (``control.place_around_busy_drains``; ``_cut_drains``), else none."""
-        c = self.node.control
-        if c.place_around_draining:
-            return self.draining_instances()
-        if not (c.cut_drains and c.place_around_busy_drains) or self.router is None:
-            return []
-        return [i for gid, held in self._draining_by_generation().items()
-                if self.router.unanswered_in(gid) > c.cut_drain_max_unanswered for i in held]
+                      self.node.gpu, self.keep_usable)
 
     def draining_instances(self) -> list[NodeInstance]:
         """The MIG instances of every generation that no longer serves its app (draining or retiring)."""
@@ -566,7 +480,7 @@ class GenerationManager:
              "re-plans whose new processes failed to start (rolled back; the running plan served on)",
              self.failures_total),
             ("jigsaw_reconfig_drains_cut_total", "counter",
-             "drains of old generations cut short because a re-plan needed their MIG slots",
+             "drains a re-plan that needed their MIG slots ended after waiting for them",
              self.drains_cut_total),
             ("jigsaw_reconfig_cut_forgotten_total", "counter",
              "answered requests of cut drains that were still waiting for late credits (forgotten)",
@@ -577,14 +491,8 @@ class GenerationManager:
             ("jigsaw_reconfig_cut_failed_total", "counter",
              "unanswered requests of cut drains answered 503/504 (no time left to run them again)",
              self.cut_requests_total["failed"]),
-            ("jigsaw_reconfig_handovers_total", "counter",
-             "needed switches that sent their predecessor's unanswered requests to the new generation "
-             "(handover_on_needed_switch)", self.handovers_total),
-            ("jigsaw_reconfig_handover_resent_total", "counter",
-             "requests a handover dispatched again on the new generation",
-             self.handover_requests_total["resent"]),
             ("jigsaw_reconfig_drain_waits_total", "counter",
-             "re-plans the app needed that waited for the drains in their way (wait_drains_when_needed)",
+             "re-plans the app needed that waited for the drains in their way",
              self.drain_waits_total),
             ("jigsaw_reconfig_drain_wait_seconds_total", "counter",
              "wall seconds those re-plans waited for the drains in their way",
@@ -613,8 +521,7 @@ class GenerationManager:
                  "plan holds before the drain-first; headroom: the new plan planned less than the "
                  "running plan serves at full utilization; queue: the running plan's queue was longer "
                  "than a drain-first waits; outgrown: the arrivals outgrew the new plan while it "
-                 "waited for the drains in its way; two_step: drained in two steps, no lane left "
-                 "by one; counted beside its done, failed or restored)\n"
+                 "waited for the drains in its way)\n"
                  f"# TYPE {name} counter\n")
         return text + "".join(f'{name}{{outcome="{k}"}} {self.drain_first_total[k]}\n'
                               for k in DRAIN_FIRST_OUTCOMES)
@@ -725,33 +632,24 @@ class GenerationManager:
         if self.partition is not None and node_layout is not None:
             try:
                 deferred = await asyncio.to_thread(self.partition.bring_up, node_layout, f"{app}: re-plan")
-                skip = bool(deferred) and desired.running_holds \
-                    and not self.node.control.drain_first_when_holding
-                # a plan the app needs (the running one does not hold the demand: a spike's) waits
-                # briefly for the drains in its way and then cuts them, whatever they still hold;
-                # or (``wait_drains_when_needed``) waits for their end and takes their slots
-                c = self.node.control
-                needed = not desired.running_holds and c.cut_drains_when_needed
-                until_end = not desired.running_holds and c.wait_drains_when_needed and not needed
-                recheck = desired.still_needed if c.recheck_need_before_drain_first else None
-                # a needed plan whose drain-first would cost more than the running plan, run hot,
-                # loses keeps the running plan, before any wait for the drains in its way
+                # a plan the running one does not need (it holds the demand) is not worth a
+                # drain-first nor a wait: it is skipped. A needed plan whose drain-first would cost
+                # more than the running plan, run hot, loses keeps the running plan, before any wait
+                # for the drains in its way; else it waits for those drains to end and takes their
+                # slots (refused before the wait when its drain-first would leave the app no lane)
+                needed = not desired.running_holds
                 kept_by = self._serves_on(app, old, new, node_layout, deferred) \
-                    if deferred and not skip and not desired.running_holds else None
-                skip = skip or kept_by is not None
-                if deferred and not skip and until_end and c.refuse_before_drain_wait:
+                    if deferred and needed else None
+                skip = bool(deferred) and (not needed or kept_by is not None)
+                if deferred and not skip:
                     await self._no_lane_before_wait(app, old, new, node_layout, deferred)
-                outgrown = desired.outgrown if c.end_wait_outgrown_above > 0 else None
-                if deferred and not skip and (c.cut_drains or needed or until_end) \
-                        and await self._cut_drains(app, node_layout, deferred,
-                                                   wait_s=self._drain_first_wait_s(old) if needed else None,
-                                                   until_end=until_end, still_needed=recheck,
-                                                   outgrown=outgrown):
+                if deferred and not skip and await self._wait_for_drains(
+                        app, node_layout, deferred, desired.still_needed, desired.outgrown):
                     deferred = await asyncio.to_thread(self.partition.bring_up, node_layout,
-                                                       f"{app}: re-plan, the drains in its way cut")
+                                                       f"{app}: re-plan, the drains in its way ended")
                     # the wait took seconds in which the running plan's queue grew or emptied:
                     # the drain-first is weighed again against the queue as it stands now
-                    if deferred and not desired.running_holds:
+                    if deferred:
                         kept_by = self._serves_on(app, old, new, node_layout, deferred, waited=True)
                         skip = kept_by is not None
             except DrainRefused as exc:  # before the wait for the drains in its way
@@ -771,6 +669,7 @@ class GenerationManager:
                 return Applied(old_gid, old_gid, False, error=str(exc))
             # the spike the plan was for has passed while it waited: a drain-first now would serve
             # the passed spike's backlog on part of the running plan, which holds the rate
+            recheck = desired.still_needed
             passed = bool(deferred) and not skip and recheck is not None and not recheck()
             if skip or passed:
                 # the running plan holds the demand: cutting drains would send their requests again,
@@ -820,8 +719,6 @@ class GenerationManager:
                  f"{len(gen.topology.processes) - len(pairs)} started; routing switched "
                  f"{switched_s * 1e3:.1f} ms after the plan was decided")
         self._retire_later(old.gid)
-        if self.node.control.handover_on_needed_switch and not desired.running_holds:
-            self._hand_over(app, old.gid, gen.gid)
         n = len(gen.topology.processes)
         stopped = len(old.topology.processes) - len(old.handed_over)
         self.processes_started_total += n - len(pairs)
@@ -893,34 +790,29 @@ class GenerationManager:
             * self.time_scale / 1000.0
 
     def _drain_first_wait_s(self, g: Generation) -> float:
-        """How long a needed re-plan waits for the requests of what is in its way (wall seconds):
-        ``control.drain_first_wait_slo`` of ``_drain_budget_s``."""
-        return self.node.control.drain_first_wait_slo * self._drain_budget_s(g)
+        """How long a drain-first waits for the requests of the instances it drains (wall
+        seconds): ``drain_wait_slo`` of ``_drain_budget_s``."""
+        return self.drain_wait_slo * self._drain_budget_s(g)
 
-    async def _cut_drains(self, app: str, desired: NodeLayout,
-                          deferred: tuple[tuple[int, int, str], ...], wait_s: float | None = None,
-                          until_end: bool = False, still_needed: Callable[[], bool] | None = None,
-                          outgrown: Callable[[], bool] | None = None) -> bool:
+    async def _wait_for_drains(self, app: str, desired: NodeLayout,
+                               deferred: tuple[tuple[int, int, str], ...],
+                               still_needed: Callable[[], bool] | None = None,
+                               outgrown: Callable[[], bool] | None = None) -> bool:
         """Some of the new instances' slots are held by generations that no longer serve (their
         drain runs in the background, up to an SLO and the late-credit grace) or by the MIG
-        instances of ones that just retired: cut those drains short and free the slots, so the
-        caller can take them at once. Without this a re-plan made within a drain of the one before
-        (a burst's) was refused and the burst met the older plan; waiting for the drain instead
-        held the re-plan lock for up to an SLO.
+        instances of ones that just retired: wait for those drains to end, until every request
+        they hold is answered, at most until their own deadline (``_drain_ends``: by then the
+        frontend has answered each 504 at its deadline, so none is sent again), then settle what
+        is left (late credits forgotten), retire them and free their slots, so the caller can take
+        them. True when slots were freed.
 
-        Each such generation's requests are settled now (the router: answered ones waiting for
-        late credits are forgotten, unanswered ones dispatched again on the app's current
-        generation or answered 503/504), its retirement stops its processes (an executing batch
-        finishes; its records are late) and unlinks its segments, and its MIG instances that
-        nothing else runs on are destroyed here. True when slots were freed.
+        A plan ``still_needed`` no longer answers for ends the wait at once and frees nothing
+        (False: the caller keeps the running plan); a plan the arrivals have ``outgrown`` (asked
+        at each poll) raises ``WaitOutgrown``, nothing freed.
 
-        ``until_end`` (``control.wait_drains_when_needed``): wait for the drains in the way to end
-        instead, until every request they hold is answered, at most until their own deadline
-        (``_drain_ends``: by then the frontend has answered each 504 at its deadline, so none is
-        sent again), then free their slots (the late credits forgotten). A plan ``still_needed``
-        no longer answers for ends that wait at once and cuts nothing (False): the caller keeps
-        the running plan; a plan the arrivals have ``outgrown`` (asked at each poll) raises
-        ``WaitOutgrown``, nothing cut."""
+        Why: refused, a spike's plan was retried only at the next trigger, after the drain had
+        ended anyway; cut short at once or after a part of the SLO, the drains' requests were sent
+        again and came back late (both measured more violations in alternating replays)."""
         assert self.partition is not None
         gpu = self.node.gpu
         want = [i for i in desired.instances if i.slot in set(deferred)]
@@ -928,8 +820,7 @@ class GenerationManager:
         in_way = sorted(gid for gid, held in self._draining_by_generation().items()
                         if gid in self._retiring_gids
                         and any(overlaps(gpu, w, i) for w in want for i in held))
-        limit = self.node.control.cut_drain_max_unanswered
-        if until_end and in_way:
+        if in_way:
             t0 = time.monotonic()
             t_end = max(self._drain_ends.get(g, t0) for g in in_way) + DRAIN_END_MARGIN_S
             passed = grew = False
@@ -943,7 +834,6 @@ class GenerationManager:
                     break
                 await asyncio.sleep(DRAIN_POLL_S)
             in_way = [g for g in in_way if g in self._retiring_gids]
-            limit = max(limit, max((router.unanswered_in(g) for g in in_way), default=0))
             self.drain_waits_total += 1
             self.drain_wait_s_total += time.monotonic() - t0
             self.log(f"{app}: the new instances need slots of draining generation(s); waited "
@@ -954,48 +844,14 @@ class GenerationManager:
                 raise WaitOutgrown
             if passed:
                 return False
-        elif wait_s is not None:
-            # a needed plan (``control.cut_drains_when_needed``): their unanswered requests get
-            # ``wait_s`` to finish, then every drain in the way is cut, what is left sent again.
-            # Why: refused, the spike plan waited for the next trigger while the app shed at the
-            # door (bins 114-116 of day 0); the limit below protects plans that are only better
-            t_end = time.monotonic() + wait_s
-            while any(router.unanswered_in(g) for g in in_way if g in self._retiring_gids) \
-                    and time.monotonic() < t_end:
-                await asyncio.sleep(DRAIN_POLL_S)
-            in_way = [g for g in in_way if g in self._retiring_gids]
-            limit = max(limit, max((router.unanswered_in(g) for g in in_way), default=0))
-        holders = [gid for gid in in_way if router.unanswered_in(gid) <= limit]
-        if len(holders) < len(in_way):
-            busy = {gid: router.unanswered_in(gid) for gid in in_way if gid not in holders}
-            self.log(f"{app}: the new instances need slots of draining generation(s) "
-                     f"{', '.join(f'{g} ({n} unanswered)' for g, n in busy.items())}: more than {limit} "
-                     "requests each still to answer, not cut short")
+        if in_way and not await self._end_drains(app, in_way):
             return False
-        if holders:
-            settled: Counter[str] = Counter()
-            for gid in holders:
-                forgotten, resent, failed = router.cut_generation(gid)
-                settled.update(forgotten=forgotten, resent=resent, failed=failed)
-                self._cut.setdefault(gid, asyncio.Event()).set()
-            self.drains_cut_total += len(holders)
-            self.cut_requests_total.update(settled)
-            t0 = time.monotonic()
-            # until their retirement is done: it stops their MPS daemons itself (not twice at once)
-            while set(holders) & self._retiring_gids and time.monotonic() - t0 < CUT_WAIT_S:
-                await asyncio.sleep(READY_FAST_POLL_S)
-            self.log(f"{app}: the new instances need slots of draining generation(s) "
-                     f"{', '.join(map(str, holders))}: their drains cut short "
-                     f"({settled['forgotten']} answered requests forgotten, {settled['resent']} sent again, "
-                     f"{settled['failed']} failed), retired in {(time.monotonic() - t0) * 1e3:.0f} ms")
-            if set(holders) & self._retiring_gids:
-                return False
         in_use = self.in_use_layout()
         assert in_use is not None
         used = {i.slot: i for i in in_use.instances}
         orphans = [e for e in self.partition.existing.values()
                    if e.slot not in used and any(overlaps(gpu, w, e) for w in want)]
-        if not holders and not orphans:
+        if not in_way and not orphans:
             return False
         # what runs, and the new plan's instances (those made already stay): the rest goes
         keep = in_use.with_instances({**used, **{i.slot: i for i in desired.instances}}.values())
@@ -1007,25 +863,28 @@ class GenerationManager:
             return False
         return True
 
-    def _hand_over(self, app: str, old_gid: int, new_gid: int) -> None:
-        """A plan the app needed now serves: its predecessor's unanswered requests are dispatched
-        again on it at once (``Router.cut_generation``; each answered once, by whichever copy ends
-        first) and the predecessor retires without draining (``control.handover_on_needed_switch``).
-
-        Why: a spike met the quiet plan for a second or two before its plan switched, and what it
-        queued there (at time scale 20 up to 13 s of the small plan's work) drained on that plan's
-        few processes, late, while the spike's plan had idle capacity; the drain also held its MIG
-        slots, and the spike's next re-plan waited 12 s for them (day 0, bins 42-45). The price:
-        a request already past its root runs again from the start, and every needed switch (the
-        quick plan's, then the exact one's) re-sends a burst of it; two alternating spike-window
-        pairs measured more violations with it on, so it is off by default (bench/README.md).
-        """
-        forgotten, resent, failed = self._router().cut_generation(old_gid)
-        self._cut.setdefault(old_gid, asyncio.Event()).set()  # its retirement does not wait
-        self.handovers_total += 1
-        self.handover_requests_total.update(forgotten=forgotten, resent=resent, failed=failed)
-        self.log(f"{app}: generation {old_gid}'s requests handed over to generation {new_gid} ({resent} "
-                 f"sent again, {failed} failed, {forgotten} answered ones' late credits forgotten)")
+    async def _end_drains(self, app: str, gids: list[int]) -> bool:
+        """Settle the requests the draining generations ``gids`` still hold (the router: answered
+        ones waiting for late credits forgotten, unanswered ones dispatched again on the app's
+        current generation or answered 503/504) and wait for their retirement (processes stopped,
+        segments unlinked, MPS daemons stopped). False when one did not retire in time."""
+        router = self._router()
+        settled: Counter[str] = Counter()
+        for gid in gids:
+            forgotten, resent, failed = router.cut_generation(gid)
+            settled.update(forgotten=forgotten, resent=resent, failed=failed)
+            self._cut.setdefault(gid, asyncio.Event()).set()
+        self.drains_cut_total += len(gids)
+        self.cut_requests_total.update(settled)
+        t0 = time.monotonic()
+        # until their retirement is done: it stops their MPS daemons itself (not twice at once)
+        while set(gids) & self._retiring_gids and time.monotonic() - t0 < CUT_WAIT_S:
+            await asyncio.sleep(READY_FAST_POLL_S)
+        self.log(f"{app}: the drains of generation(s) {', '.join(map(str, gids))} in the new "
+                 f"instances' way ended ({settled['forgotten']} answered requests' late credits "
+                 f"forgotten, {settled['resent']} sent again, {settled['failed']} failed), retired in "
+                 f"{(time.monotonic() - t0) * 1e3:.0f} ms")
+        return not set(gids) & self._retiring_gids
 
     def _retire_later(self, gid: int) -> None:
         task = asyncio.get_running_loop().create_task(self._drain_and_retire(gid))
@@ -1102,53 +961,26 @@ class GenerationManager:
         (``admission.queue_admits``: the work queued on its lanes and their fastest path within
         0.75 of a deadline): (outcome, why) when the running plan serves on instead, else None.
 
-        - ``headroom`` (``control.drain_first_past_headroom``): ``new`` plans less than the
-          running plan serves at full utilization (its planned rate over
-          ``planner.max_utilization``). The planner leaves each instance ``1 - max_utilization``
-          of its throughput as room for queueing, and a spike's request may queue for its whole
-          deadline (the SLO times the time scale, four 5 s bins at 30), so the running plan, run
-          hot, serves what such a plan plans.
-          With ``control.headroom_yields_when_rising``, a plan more than ``RISING_MARGIN`` past
-          the least one this rule kept out over the same running generation is a spike still
-          rising toward (or past) what the running plan serves at all: it drains first now, while
-          the interim plan still holds most of the rate, instead of later for more.
-          With ``control.headroom_weighs_demand``, a plan capped below the rate it was asked for
-          (``demand_rps``: at the node's capacity, or a quick plan's fraction) is weighed by that
-          rate: a running plan that does not serve the demand even at full utilization has no
-          headroom for it, however close the cap comes to what it serves.
-          ``control.headroom_full_fraction`` (1 by default) keeps only plans below that fraction
-          of what the running plan serves at full utilization.
-        - ``queue`` (``control.drain_first_within_wait``): the running plan's queue is longer than
-          the drain-first waits for the instances it drains (``control.drain_first_wait_slo``):
-          what they hold past that wait is sent again behind the interim plan's queue or answered
-          504, while the running plan would answer it within its deadline.
-          With ``control.queue_yields_past_full`` (off by default), not while the arrivals the
-          plan was asked for (its demand less ``planner.demand_slack``) are past what the running
-          plan serves at full utilization: its queue then only grows, and a drain-first later
-          drains a longer one (but at the node's capacity such a plan was mostly refused next:
-          the app would have had no lane left while the instances in its way drained).
+        - ``headroom``: ``new`` plans less than the running plan serves at full utilization (its
+          planned rate over ``planner.max_utilization``). The planner leaves each instance
+          ``1 - max_utilization`` of its throughput as room for queueing, and a spike's request
+          may queue for its whole deadline, so the running plan, run hot, serves what such a plan
+          plans. A plan more than ``RISING_MARGIN`` past the least one this rule kept out over the
+          same running generation is a spike still rising: it drains first now, while the interim
+          plan still holds most of the rate. A plan capped below the rate it was asked for
+          (``demand_rps``: the node's capacity, a quick plan's fraction) is weighed by that rate.
+        - ``queue``: the running plan's queue is longer than the drain-first waits for the
+          instances it drains (``drain_wait_slo``): what they hold past that wait is sent again
+          behind the interim plan's queue or answered 504, while the running plan would answer it
+          within its deadline.
 
         Both are weighed when the plan is decided and again (``waited``) after a wait for the
         drains in its way, which can take seconds in which the running plan's queue grows.
 
         Why: a drain-first serves on part of the plan for up to a quarter of the SLO and answers
-        504 what the drained instances' queue cannot finish: on day 0 of social_media a needed
-        plan for 5098 req/s over a running one for 4461 (bin 114) failed 53 requests in its
-        drain-first and its interim plan shed 560 at the door, and one for 4094 over 3295 (bin
-        234) failed 101; each served 7-13 s after it was decided; on the peak window one for 5808
-        over 4460, 10.5-11 s of queue on a 21.3 s deadline, failed 405. A running plan whose queue
-        the door sheds at does not cope (a demand that stays above its planned rate, or a short
-        deadline), and the plan that serves more goes on. On traffic_analysis's bin 114 spike the
-        rule kept out plans for 1245, 1219 and 1386 req/s over a running plan for 1080 (1350 at full
-        utilization) while arrivals climbed to 1610; the quick plan for 1597 that followed drained 9
-        running instances for 19 new ones, its interim plan shed 227 requests and the switch came
-        7.0 s after the decision (bins 115-116: 22% and 91% violations). On the same day without
-        the rule, a plan decided at 1220 req/s over 1008 waited 4.5 s for drains in its way and
-        then drained first into a queue that had grown meanwhile: 172 failed (bin 73: 45%).
+        504 what the drained instances' queue cannot finish; on the Twitter day replays such
+        drain-firsts failed hundreds of requests and switched 7-13 s after they were decided.
         """
-        c = self.node.control
-        if not (c.drain_first_past_headroom or c.drain_first_within_wait):
-            return None
         _, own = self._blockers(app, old, desired, deferred)
         queued_s = self._router().queued_end_s(app)
         if not own or queued_s is None or not queue_admits(queued_s, self._drain_budget_s(old)):
@@ -1157,37 +989,25 @@ class GenerationManager:
         full_rps = old.plan.planned_rps / self.node.planner.max_utilization
         # a plan capped below what it was asked for (the node's capacity, a quick plan's fraction)
         # is weighed by that demand: the running plan must serve the demand, not the cap
-        need_rps = max(new.planned_rps, new.demand_rps) if c.headroom_weighs_demand else new.planned_rps
+        need_rps = max(new.planned_rps, new.demand_rps)
         asked = f"it is asked for {need_rps:.1f} rps" if need_rps > new.planned_rps else \
             f"it plans {new.planned_rps:.1f} rps"
-        keep_below_rps = full_rps * c.headroom_full_fraction
-        share = "" if c.headroom_full_fraction >= 1 else f"{c.headroom_full_fraction:g} of what "
-        if c.drain_first_past_headroom and need_rps < keep_below_rps * (1 - 1e-9):
+        if need_rps < full_rps * (1 - 1e-9):
             kept = self._headroom_kept.get(app)
             least_rps = kept[1] if kept is not None and kept[0] == old.gid else need_rps
-            if not (c.headroom_yields_when_rising and need_rps > least_rps * (1 + RISING_MARGIN)):
+            if not need_rps > least_rps * (1 + RISING_MARGIN):
                 self._headroom_kept[app] = (old.gid, min(least_rps, need_rps))
-                return "headroom", (f"{asked}, less than {share}the running plan's "
+                return "headroom", (f"{asked}, less than the running plan's "
                                     f"{old.plan.planned_rps:.1f} serves at full utilization{after}")
             if not waited:  # said once per plan, not again when weighed after the wait
                 self.log(f"{app}: a plan for {need_rps:.1f} rps, past the {least_rps:.1f} the "
                          "headroom rule kept out over the running plan: the spike still rises, "
                          "no headroom kept")
-        elif c.drain_first_past_headroom and need_rps > new.planned_rps and not waited:
-            what = f"{share}the running plan serves at full utilization"
-            what = f"({what})" if share else what
-            self.log(f"{app}: {asked}, past the {keep_below_rps:.1f} {what}, and plans "
-                     f"{new.planned_rps:.1f}: no headroom kept")
+        elif need_rps > new.planned_rps and not waited:
+            self.log(f"{app}: {asked}, past the {full_rps:.1f} the running plan serves at full "
+                     f"utilization, and plans {new.planned_rps:.1f}: no headroom kept")
         wait_s = self._drain_first_wait_s(old)
-        if c.drain_first_within_wait and queued_s > wait_s:
-            # the arrivals the plan was asked for: its demand less the planner's slack over them
-            arriving_rps = need_rps / (1 + self.node.planner.demand_slack)
-            if c.queue_yields_past_full and arriving_rps > full_rps * (1 + 1e-9):
-                if not waited:
-                    self.log(f"{app}: {arriving_rps:.1f} rps arriving, past the {full_rps:.1f} the running "
-                             f"plan serves at full utilization: its queue ({queued_s:.1f} s) only grows, "
-                             "no queue kept")
-                return None
+        if queued_s > wait_s:
             return "queue", (f"the running plan's queue ({queued_s:.1f} s) is longer than a drain-first "
                              f"waits ({wait_s:.1f} s) and within what its door admits{after}")
         return None
@@ -1198,36 +1018,18 @@ class GenerationManager:
         running instances that it would have no lane left while they drain: the drain-first after
         a wait for the drains in the way would refuse the plan anyway (the running instances stay
         in the way whatever the drains do, and taking more slots leaves fewer lanes), so it is
-        refused before the wait (``control.refuse_before_drain_wait``).
-
-        Why: on day 0 of traffic_analysis a needed re-plan waited 5-12 s for the drains in its way
-        and was then refused this way 8 times (50 s in all), at the spikes of bins 73, 114 and 258
-        among them; the same re-plan's quick plan, which keeps the running instances, went out only
-        after that wait."""
+        refused before the wait, and the re-plan's quick plan goes out at once."""
         _, own = self._blockers(app, old, desired, deferred)
-        if own and without_instances(old.plan, own) is None and await self._split(old, new, own) is None:
+        if own and without_instances(old.plan, own) is None:
             raise DrainRefused(f"the app would have no lane left to serve while the {len(own)} "
                                "instances in the way of the new ones drain (refused before waiting "
                                "for the drains in the way)")
-
-    async def _split(self, old: Generation, new: Plan,
-                     blockers: set[Slot]) -> tuple[set[Slot], set[Slot]] | None:
-        """``two_step_split`` of the running plan's ``blockers`` (off the loop: it tries up to a few
-        hundred splits), or None when ``control.two_step_drain_first`` is off."""
-        if not self.node.control.two_step_drain_first:
-            return None
-        return await asyncio.to_thread(two_step_split, self.node.gpu, old.plan, new, blockers)
 
     async def _drain_first(self, app: str, old: Generation, new: Plan, desired: NodeLayout,
                            deferred: tuple[tuple[int, int, str], ...]) -> Generation:
         """No free slots for some new instances: drain the app's instances in their way first while
         its other processes (and every other app) serve on, then destroy those and create the new
         ones. Returns the generation now serving (the old one less the drained instances).
-
-        Where draining them all at once would leave the app no lane, in two steps
-        (``control.two_step_drain_first``, ``two_step_split``): first all but a few of them while
-        the rest of the running plan serves, then those few while the running plan's other
-        instances and the new instances the first drain made room for serve (``interim_plan``).
 
         Raises ``DrainRefused`` (nothing changed) when it cannot be done safely; any other failure
         before the switch to the interim generation leaves the running one serving, one after it
@@ -1244,37 +1046,16 @@ class GenerationManager:
         if mid_plan is not None:
             self.log(f"{app}: {wanted} new MIG instances need the slots of {len(blockers)} running ones: "
                      "draining those first while the rest serves")
-            return await self._drain_step(app, old, mid_plan, blockers, self.node_layout, desired, last=True)
-        split = await self._split(old, new, blockers)
-        if split is None:
-            raise DrainRefused(f"the app would have no lane left to serve while the {len(blockers)} "
-                               "instances in the way of the new ones drain")
-        first, kept = split
-        self.log(f"{app}: {wanted} new MIG instances need the slots of {len(blockers)} running ones, and "
-                 f"draining them at once would leave no lane: draining {len(first)} first while the rest "
-                 f"serves, then {len(kept)} while the new instances that fit then serve too")
-        self.drain_first_total["two_step"] += 1
-        mid_plan = without_instances(old.plan, first)
-        assert mid_plan is not None
-        mid = await self._drain_step(app, old, mid_plan, first, self.node_layout, desired, last=False)
-        interim = interim_plan(self.node.gpu, old.plan, new, blockers, kept)
-        assert interim is not None and interim.layout is not None and self.node_layout is not None
-        made = {i.slot for i in from_app_layouts(self.node.gpu.name, self.node.num_gpus,
-                                                 {app: interim.layout}).instances}
-        taken = {(i.gpu, i.start) for i in self.node_layout.instances}
-        up = self.node_layout.with_instances([*self.node_layout.instances,
-                                              *(i for i in desired.instances if i.slot in made
-                                                and i.slot in self.partition.existing
-                                                and (i.gpu, i.start) not in taken)])
-        return await self._drain_step(app, mid, interim, kept, self.partition.with_uuids(up), desired,
-                                      last=True)
+            return await self._drain_step(app, old, mid_plan, blockers, self.node_layout, desired)
+        raise DrainRefused(f"the app would have no lane left to serve while the {len(blockers)} "
+                           "instances in the way of the new ones drain")
 
     async def _drain_step(self, app: str, old: Generation, mid_plan: Plan, drained: set[Slot],
-                          layout: NodeLayout, desired: NodeLayout, *, last: bool) -> Generation:
-        """One drain of a drain-first: switch the app to ``mid_plan`` (on ``layout``: the node's
+                          layout: NodeLayout, desired: NodeLayout) -> Generation:
+        """The drain of a drain-first: switch the app to ``mid_plan`` (on ``layout``: the node's
         instances with those it runs on), drain ``old`` (briefly: ``_retire``'s ``first``), destroy
-        the ``drained`` instances and create what of ``desired`` now fits; the ``last`` drain
-        leaves no slot of ``desired`` held. Returns ``mid_plan``'s generation."""
+        the ``drained`` instances and create every instance of ``desired``. Returns ``mid_plan``'s
+        generation."""
         assert self.partition is not None
         router = self._router()
         mid = self._lay_out(old.app, mid_plan)
@@ -1299,7 +1080,7 @@ class GenerationManager:
             left = await asyncio.to_thread(self.partition.bring_up, desired, f"{app}: re-plan")
         except JigsawError as exc:
             raise JigsawError(f"MIG reconfiguration failed after the drain: {exc}") from None
-        if left and last:
+        if left:
             raise JigsawError(f"MIG slots {sorted(left)} still held after the drain")
         return mid
 
@@ -1312,11 +1093,22 @@ class GenerationManager:
 
     # ---- MPS: one control daemon per instance of MPS level k > 1 ---------------------------------
     def _mps_slots(self, g: Generation, ks: list[int]) -> set[tuple[int, int]]:
-        return {w for k in ks if g.topology.processes[k].mps > 1 and (w := g.placement(k)) is not None}
+        """(GPU, start) of the processes of ``ks`` that run under an MPS daemon: MPS level k > 1,
+        or one MPS share of a whole GPU (``jigsaw.shares``)."""
+        procs = g.topology.processes
+        return {w for k in ks if (procs[k].mps > 1 or share_level(procs[k].mig_profile))
+                and (w := g.placement(k)) is not None}
+
+    def _daemon_slot(self, slot: tuple[int, int]) -> tuple[int, int]:
+        """The (GPU, start) of the daemon a process at ``slot`` connects to: on whole GPUs the
+        GPU's one daemon (its shares' processes share it), else the MIG instance's own."""
+        return (slot[0], 0) if not self.node.gpu.mig else slot
 
     def _start_mps(self, g: Generation, layout: NodeLayout | None) -> dict[tuple[int, int], dict[str, str]]:
         """Start the MPS daemons of ``g``'s new instances (before their processes); their clients'
         environment per (GPU, start). A failure stops the ones this call started and raises."""
+        if layout is None and self.mps_gpus is not None:
+            layout = self.mps_gpus.layout()  # a node using its GPUs whole: one daemon per GPU
         if self.mps is None or layout is None:
             return {}
         with self._mps_lock:
@@ -1329,7 +1121,7 @@ class GenerationManager:
         env: dict[tuple[int, int], dict[str, str]] = {}
         try:
             for slot in sorted(self._mps_slots(g, g.own())):
-                inst = at.get(slot)
+                inst = at.get(self._daemon_slot(slot))
                 if inst is None:
                     continue
                 if inst.slot not in self.mps.daemons:
@@ -1359,7 +1151,7 @@ class GenerationManager:
         used = set()
         for g in self.generations.values():
             live = [k for k in range(len(g.topology.processes)) if k not in g.handed_over]
-            used |= self._mps_slots(g, live)
+            used |= {self._daemon_slot(w) for w in self._mps_slots(g, live)}
         for slot, daemon in list(self.mps.daemons.items()):
             if slot[:2] in used:
                 continue
@@ -1392,7 +1184,7 @@ class GenerationManager:
 
         ``first``: a drain-first's, whose new instances wait for these slots while the app serves
         on part of its plan. It waits only for unanswered requests, at most
-        ``control.drain_first_wait_slo`` of the SLO, then sends the rest again on the serving
+        ``drain_wait_slo`` of the SLO, then sends the rest again on the serving
         generation and forgets the late credits. Why: waiting for every late credit (a spike's
         timed-out requests hold theirs for 10 s) made a spike's switch take the SLO plus that
         margin, 25 s at time scale 20 (5 bins of the peak window), the app shedding at the door.
@@ -1405,7 +1197,7 @@ class GenerationManager:
         if first:
             deadline = time.monotonic() + self._drain_first_wait_s(g)
         cut = self._cut.setdefault(gid, asyncio.Event())  # set: a re-plan needs its slots now
-        late = self.node.control.drain_late_credits and not first
+        late = not first  # a replaced generation drains until its late credits are settled too
         settled = router.pending_in if late else router.unanswered_in
         t0 = time.monotonic()
         while settled(gid) and time.monotonic() < deadline and not cut.is_set():
@@ -1468,6 +1260,55 @@ class GenerationManager:
         if self.node_layout is not None:
             self.node_layout = self.partition.with_uuids(self.node_layout)
 
+    async def unload_app(self, app: str) -> None:
+        """Stop serving ``app`` (Triton's repository unload): new requests no longer reach it, its
+        generation drains (every request answered) and retires, and its MIG instances and MPS
+        daemons go; returns once they have. The node layout keeps none of its slots."""
+        async with self._lock:
+            gid = self.current.pop(app)
+            self._router().unroute(app)
+            if self.node_layout is not None:
+                self.node_layout = self.node_layout.with_instances(
+                    i for i in self.node_layout.instances if i.app != app)
+        self.log(f"{app}: unloaded; generation {gid} drains")
+        await self._drain_and_retire(gid)
+
+    async def load_app(self, app: App, plan: Plan) -> None:
+        """Serve ``app`` again on ``plan`` (Triton's repository load), placed beside the other apps'
+        instances; returns once every process is ready and the app is routed. Raises
+        ``JigsawError`` (nothing left running) when it does not fit or does not start."""
+        router = self._router()
+        if self._retiring:  # the drains in its way end first (their slots are freed at the end)
+            await asyncio.wait(list(self._retiring), timeout=READY_TIMEOUT_S)
+        async with self._lock:
+            if app.name in self.current:
+                return
+            beside = self.beside()  # off every slot that runs or drains, where it fits so
+            got = beside.place(app.name, dataclasses.replace(plan, layout=None)) \
+                if beside is not None else None
+            try:
+                node_layout, plan = got if got is not None else self.place(app.name, plan)
+            except PackingError as exc:
+                raise JigsawError(f"its plan does not fit beside the node's other apps ({exc})") from None
+            if self.partition is not None and node_layout is not None:
+                deferred = await asyncio.to_thread(self.partition.bring_up, node_layout, f"{app.name}: load")
+                if deferred:
+                    await self._release_mig(f"{app.name}: load refused")
+                    raise JigsawError(f"its plan needs {len(deferred)} MIG slots that other apps hold or "
+                                      "drain")
+                node_layout = self.partition.with_uuids(node_layout)
+            gen = self._lay_out(app, plan)
+            try:
+                await self._launch(gen, node_layout, router)
+            except Exception as exc:
+                await self._abandon(gen)
+                await self._release_mig(f"{app.name}: generation {gen.gid} failed")
+                raise JigsawError(f"its workers did not start ({exc})") from None
+            router.route(app.name, gen.gid)
+            self.current[app.name] = gen.gid
+            self.node_layout = node_layout
+        self.log(f"{app.name}: loaded on generation {gen.gid} ({len(gen.topology.processes)} processes)")
+
     def retire(self, gid: int) -> None:
         """Stop a drained generation's workers and unlink its segments."""
         g = self.generations.pop(gid, None)
@@ -1488,11 +1329,13 @@ class GenerationManager:
         return self.router
 
     # ---- what the supervisor reports (``supervisor.FaultSink``) -----------------------------------
-    def worker_failed(self, generation: int, spec: ProcessSpec, reason: str) -> tuple[int, int]:
-        """A worker died or hung: the router settles its requests; returns (retried, failed)."""
+    def worker_failed(self, generation: int, spec: ProcessSpec, reason: str,
+                      suspects: frozenset[int] = frozenset()) -> tuple[int, int]:
+        """A worker died or hung: the router settles its requests (``suspects``: those of the batch
+        that crashed it, answered, not re-sent); returns (retried, failed)."""
         if self.router is None:
             return 0, 0
-        return self.router.worker_failed(generation, spec.app, spec.task, spec.variant, reason)
+        return self.router.worker_failed(generation, spec.app, spec.task, spec.variant, reason, suspects)
 
     def worker_restarting(self, spec: ProcessSpec) -> None:
         if self.router is not None:
