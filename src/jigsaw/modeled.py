@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from jigsaw.errors import JigsawError
 from jigsaw.mig import GpuModel, MigProfile, gpu_model, whole_gpu_model
@@ -250,10 +252,12 @@ def generate(gpu_name: str | GpuSpec = "H100-80GB", chosen: Sequence[Variant] | 
     }
 
 
-def variant_from_onnx(name: str, path: str | Path, efficiency: float = 0.10) -> Variant:
-    """A repository model's cost figures, read from its ONNX graph (see the module doc)."""
+def variant_from_onnx(name: str, path: str | Path, efficiency: float = 0.10,
+                      item_shapes: dict[str, tuple[int, ...]] | None = None) -> Variant:
+    """A repository model's cost figures, read from its ONNX graph (see the module doc) with its
+    inputs at ``item_shapes`` (free axes 1 otherwise)."""
     from jigsaw.models.repository import graph_cost
-    cost = graph_cost(path)
+    cost = graph_cost(path, item_shapes)
     if cost.flops <= 0:
         raise JigsawError(f"{path}: no convolution or matrix product found to model its compute; "
                           "measure it with jigsaw profile")
@@ -316,7 +320,8 @@ def _app_variants(apps: Sequence[object], wanted: Sequence[str], efficiency: flo
                     continue
                 model = v.resolved
                 if model is not None and model.is_onnx:
-                    out[v.name] = variant_from_onnx(v.name, model.path, efficiency)
+                    out[v.name] = variant_from_onnx(v.name, model.path, efficiency,
+                                                    _item_shapes(app, task.name, v.name, model))
                 elif model is not None and model.zoo in zoo:
                     out[v.name] = replace(zoo[model.zoo], name=v.name)
                 else:
@@ -326,6 +331,16 @@ def _app_variants(apps: Sequence[object], wanted: Sequence[str], efficiency: flo
     if missing:
         raise JigsawError(f"--variants: not in the app(s): {', '.join(missing)}")
     return list(out.values())
+
+
+def _item_shapes(app: Any, task: str, variant: str, model: Any) -> dict[str, tuple[int, ...]]:
+    """A root task's model inputs at the app's ``typical_shape`` (``app.concrete_item_shape``),
+    printed: an item is costed at that size, not silently at 1."""
+    from jigsaw.app import concrete_item_shape
+    specs = app.inputs if task not in {e.dst for e in app.edges} else ()
+    got = {t.name: concrete_item_shape(t.name, t.item_shape, specs) for t in model.inputs}
+    print(f"{variant}: modeled at items of {'; '.join(note for _, note in got.values())}", file=sys.stderr)
+    return {name: shape for name, (shape, _) in got.items()}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -142,8 +142,19 @@ class ServerSettings:
                                       "imports once (false: a Python start each)")
     http: HttpFront = setting("fast", "front end: httptools for the hot OIP "
                                                        "routes, or aiohttp for everything")
-    header_timeout_s: float = setting(10.0, "\"fast\": a request head must arrive within this",
+    header_timeout_s: float = setting(10.0, "a request head must arrive within this of its first byte "
+                                            "(408), a connection's first byte within this of its start",
                                       gt=0)
+    body_timeout_s: float = setting(30.0, "a request body must arrive within this of its head (408)", gt=0)
+    keepalive_timeout_s: float = setting(30.0, "an idle keep-alive connection closes after this", gt=0)
+    max_request_line_bytes: int = setting(8190, "a request line's method, URL and version (414)",
+                                          ge=64, le=1 << 20)
+    max_header_bytes: int = setting(16384, "a request's header lines together (aiohttp: each line) (431)",
+                                    ge=256, le=1 << 24)
+    max_headers: int = setting(100, "header lines of one request (431)", ge=4, le=10000)
+    max_connections: int = setting(4096, "open client connections; at the bound the least recently "
+                                         "active one that owes no answer is closed for a new one",
+                                   ge=1, le=1 << 20)
     grpc_port: int = setting(8001, "port of Triton's gRPC inference service (KServe v2) on host "
                                    "(0: off)", ge=0, le=65535)
 
