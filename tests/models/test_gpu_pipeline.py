@@ -191,3 +191,15 @@ def test_the_bench_prints_alone_beside_served(tmp_path: Any, monkeypatch: pytest
         assert r["pipeline_ms"] > 0 and r["numpy_prepare_ms"] > 0
     assert "resnet18" in capsys.readouterr().out
     sys.modules.pop("gpu_pipeline", None)
+
+
+def test_a_failing_engine_does_not_hold_its_slot() -> None:
+    class Failing(RecordingEngine):
+        def __call__(self, x: Any) -> Any:
+            raise RuntimeError("engine failed")
+
+    pipe = GpuPipeline(Pipeline("yolov5n", "detector"), Failing(torch.float32, False), 1)
+    for _ in range(3):  # more failures than slots: each batch fails alone
+        with pytest.raises(RuntimeError, match="engine failed"):
+            pipe([_payload(street_scene(32, 32))])
+    assert not any(s.busy for s in pipe.slots)

@@ -219,21 +219,13 @@ class GpuPipeline:
             bases.append((pixel, h, w))
             pixel += h * w
         meta = _indexes(rows, cols, [b[0] for b in bases], [b[2] for b in bases])
-        meta_bytes = -(-meta.nbytes // 16) * 16
-        staging = slot.staging
-        if self.cuda:
-            slot.uploaded.synchronize()  # the slot's last upload has left the host buffer
-        staging.reserve(meta_bytes + 3 * pixel)
-        staging.np[:meta.nbytes] = meta.view(np.uint8).reshape(-1)
-        at = meta_bytes
-        for img in images:
-            staging.np[at:at + img.size] = img.reshape(-1)
-            at += img.size
         slot.busy = True
-        dev = self._upload(slot, at)
-        dev_meta = dev[:meta.nbytes].view(torch.int32).view(meta.shape)
-        pixels = dev[meta_bytes:at].view(-1, 3)
-        out = self._compute(pixels, dev_meta)
+        try:
+            pixels, dev_meta = self._stage(slot, meta, images, pixel)
+            out = self._compute(pixels, dev_meta)
+        except BaseException:
+            slot.busy = False  # a failed batch does not hold its slot
+            raise
         flight = InFlight(slot, results, ok, ctx, pixels, bases, out)
         if self.cuda:
             if self.pipeline.kind == "classifier":  # the results' copy is queued now too
@@ -242,6 +234,23 @@ class GpuPipeline:
             flight.done = torch.cuda.Event()
             flight.done.record()
         return flight
+
+    def _stage(self, slot: _Slot, meta: np.ndarray, images: list[np.ndarray], pixels: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The indexes and the images into the slot's staging buffer (the one host copy of the
+        pixels), uploaded; their device views: (pixels, 3) uint8 and the (n, 2S + 2) indexes."""
+        meta_bytes = -(-meta.nbytes // 16) * 16
+        staging = slot.staging
+        if self.cuda:
+            slot.uploaded.synchronize()  # the slot's last upload has left the host buffer
+        staging.reserve(meta_bytes + 3 * pixels)
+        staging.np[:meta.nbytes] = meta.view(np.uint8).reshape(-1)
+        at = meta_bytes
+        for img in images:
+            staging.np[at:at + img.size] = img.reshape(-1)
+            at += img.size
+        dev = self._upload(slot, at)
+        return dev[meta_bytes:at].view(-1, 3), dev[:meta.nbytes].view(torch.int32).view(meta.shape)
 
     def _upload(self, slot: _Slot, nbytes: int) -> torch.Tensor:
         if not self.cuda:
