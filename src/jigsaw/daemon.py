@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from jigsaw.app import App
@@ -121,21 +122,49 @@ def _read_plans(paths: list[Path]) -> list[Plan]:
     return plans
 
 
-def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]:
-    """The (app, plan) pairs to serve, from ``--plan`` files or by planning all the apps served
-    (every app of the node, or ``--apps``) in one decision over the node's slices (``plan_node``),
-    with the objective of the node config: what ``jigsaw plan --node N --demand a=R,b=R`` prints."""
+def wanted_apps(node: Node, args: argparse.Namespace) -> list[App]:
+    """The apps to serve: every app of the node, or those ``--apps`` names."""
     wanted = None if args.apps is None else [a.strip() for a in args.apps.split(",") if a.strip()]
     names = {a.name for a in node.apps}
     for w in wanted or []:
         if w not in names:
             raise JigsawError(f"--apps: unknown app {w!r} (node {node.name} has {', '.join(sorted(names))})")
+    return [a for a in node.apps if wanted is None or a.name in wanted]
+
+
+def failed_apps(apps: list[App], backend: BackendKind) -> dict[str, str]:
+    """app -> why it cannot be served (a model or transform that does not load, ``models/check``):
+    logged; the node serves the others and answers the app's readiness 503 with the reason."""
+    if not backend.runs_models:
+        return {}
+    from jigsaw.models.check import app_problems
+    failed = app_problems(apps, backend.name)
+    for name, why in failed.items():
+        _log(f"{name}: not served: {why}")
+    if failed and len(failed) == len(apps):
+        raise JigsawError(f"no app can be served ({'; '.join(failed.values())})")
+    return failed
+
+
+def choose_plans(node: Node, args: argparse.Namespace, skip: Collection[str] = ()) -> list[tuple[App, Plan]]:
+    """The (app, plan) pairs to serve, from ``--plan`` files or by planning all the apps served
+    (every app of the node, or ``--apps``, less ``skip``: those that cannot load) in one decision
+    over the node's slices (``plan_node``), with the objective of the node config: what
+    ``jigsaw plan --node N --demand a=R,b=R`` prints."""
+    wanted = None if args.apps is None else [a.strip() for a in args.apps.split(",") if a.strip()]
+    names = {a.name for a in node.apps}
+    for w in wanted or []:
+        if w not in names:
+            raise JigsawError(f"--apps: unknown app {w!r} (node {node.name} has {', '.join(sorted(names))})")
+    if skip:
+        wanted = [a.name for a in node.apps if (wanted is None or a.name in wanted) and a.name not in skip]
     if args.plan:
         out = []
         for plan in _read_plans(args.plan):
             if plan.app not in names:
                 raise JigsawError(f"plan for {plan.app!r}: not an app of node {node.name}")
             if wanted is None or plan.app in wanted:
+                _refuse_unserving(node.app(plan.app), plan)
                 out.append((node.app(plan.app), plan))
         if not out:
             raise JigsawError("no plan left to serve (check --apps against the plans' apps)")
@@ -162,8 +191,11 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
         result = quick[0]
     missing = [a.name for a in apps if a.name not in result.plans or not result.plans[a.name].instances]
     if missing:
-        raise JigsawError(f"{', '.join(missing)}: the planner found no configuration ({result.status}; "
-                          f"{'; '.join(result.notes)})")
+        notes = [*result.notes, *(n for a in missing if a in result.plans for n in result.plans[a].notes)]
+        raise JigsawError(f"{', '.join(missing)}: the planner found no configuration that serves any "
+                          f"demand ({result.status}; {'; '.join(dict.fromkeys(notes))})")
+    for a in apps:
+        _refuse_unserving(a, result.plans[a.name])
     _log(f"node {node.name}: {len(apps)} apps planned in one decision (objective {result.objective_kind}, "
          f"{result.status}), {result.slices_used}/{result.slices_available} slices, "
          f"{result.solve_seconds:.2f} s")
@@ -180,10 +212,24 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
     return out
 
 
+def _refuse_unserving(app: App, plan: Plan) -> None:
+    """A plan that serves nothing is refused at start with its reason: a task without instances
+    (no lane could reach it) or no rate planned, with the planner's notes on why."""
+    idle = [t for t in app.task_names if not any(i.task == t and i.count > 0 for i in plan.instances)]
+    if not idle and plan.planned_rps > 0 and plan.lanes:
+        return
+    what = (f"task{'s' if len(idle) > 1 else ''} {', '.join(idle)} found no segment" if idle
+            else "it plans no rate on any lane")
+    notes = "; ".join(plan.notes)
+    raise JigsawError(f"{app.name}: the plan serves nothing: {what}{f' ({notes})' if notes else ''}")
+
+
 async def serve(generations: GenerationManager, host: str, port: int, *, time_scale: float, seed: int,
                 controller: bool = False, space: str | None = None, bin_seconds: float | None = None,
-                admin_token: str = "", node_config: Path | None = None, anytime: str = "auto") -> None:
-    """Serve OIP until SIGINT/SIGTERM: the frontend, the supervisor, the controllers, ``/admin``."""
+                admin_token: str = "", node_config: Path | None = None, anytime: str = "auto",
+                failed: dict[str, str] | None = None) -> None:
+    """Serve OIP until SIGINT/SIGTERM: the frontend, the supervisor, the controllers, ``/admin``;
+    ``failed``: the apps not served and why (their readiness answers 503 with it)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from aiohttp import web
@@ -197,6 +243,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     fe = Frontend(generations.backend, max_queue=node.server.max_queue,
                   hop_latency_ms=node.planner.hop_latency_ms, time_scale=time_scale, seed=seed)
     generations.attach(fe)
+    fe.state.failed_apps = dict(failed or {})
     if generations.partition is not None:
         fe.http.extra_metrics.append(generations.partition.stats.prometheus)
     fe.http.extra_metrics.append(generations.prometheus)
@@ -342,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     token = args.admin_token if args.admin_token is not None else os.environ.get("JIGSAW_ADMIN_TOKEN", "")
     try:
         node = load_node(args.node_config)
-        if backend.needs_gpu:  # the driver's MIG profile figures, where they differ from jigsaw.mig's
+        if backend.on_gpus(node.gpu.kind):  # the driver's MIG figures, where they differ from jigsaw.mig's
             from jigsaw.gpu.nvml import driver_node
             node = driver_node(node, say=_log)
         if args.http is not None:
@@ -354,10 +401,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                         grpc_port=args.grpc_port))
         host = args.host or node.server.host
         port = node.server.port if args.port is None else args.port
-        plans = choose_plans(node, args)
-        if backend.runs_models:
-            from jigsaw.models.check import check_models
-            check_models([app for app, _ in plans], backend.name)
+        failed = failed_apps(wanted_apps(node, args), backend)
+        plans = choose_plans(node, args, skip=failed)
         removed = cleanup_stale()
         if removed:
             _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
@@ -386,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                          controller=controller,
                          space=args.space,
                          bin_seconds=args.bin_seconds, admin_token=token, node_config=args.node_config,
-                         anytime=args.anytime))
+                         anytime=args.anytime, failed=failed))
     except JigsawError as exc:
         _log(str(exc))
         return 1

@@ -32,6 +32,7 @@ class MigProfile:
     starts: tuple[int, ...]  # allowed start slots
     sm_count: int  # streaming multiprocessors of one instance
     max_per_gpu: int = 7  # e.g. 1 for the "+me" (media extensions) profile
+    share_of: int = 0  # k: one process's share of a whole GPU that k MPS processes share (0: a device)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class GpuModel:
     total_slices: int = 7  # compute slices of the whole device (a CPU: its cores)
     kind: str = "gpu"  # "gpu" (MIG instances) or "cpu" (core shares; see ``cpu_model``)
     mig: bool = True  # False: a whole GPU, no MIG (``whole_gpu_model``)
+    fp16_tflops: float = 0.0  # dense FP16 tensor peak of the whole GPU (0: not given)
+    memory_tb_s: float = 0.0  # memory bandwidth of the whole GPU, TB/s (0: not given)
 
     @property
     def compute_slices(self) -> int:
@@ -120,15 +123,51 @@ WHOLE_GPU = "gpu"
 """The one segment profile of a GPU without MIG (or with MIG off): the whole device."""
 
 
-def whole_gpu_model(name: str, memory_gb: float, sm_count: int) -> GpuModel:
-    """A GPU used whole (no MIG, or MIG off): one profile, ``gpu``, that is the device.
+MPS_SHARE_LEVELS = (2, 4, 8)
+"""The MPS levels a whole GPU can be split into shares at: those whose shares tile the 8
+placement slots."""
 
-    Its segments are the whole GPU x MPS levels. It costs one compute slice and fills the 8
-    placement slots, so the planner counts GPUs, and the layout and packer code need no special
-    case (one instance per GPU, nothing to partition).
+
+def share_profile_name(k: int) -> str:
+    """The segment profile of one of k MPS processes sharing a whole GPU, e.g. ``gpu-1of4``."""
+    return f"{WHOLE_GPU}-1of{k}"
+
+
+def share_level(profile_name: str) -> int:
+    """k of a share profile's name (``gpu-1of4`` -> 4); 0 for any other profile."""
+    prefix = f"{WHOLE_GPU}-1of"
+    if profile_name.startswith(prefix) and profile_name[len(prefix):].isdigit():
+        return int(profile_name[len(prefix):])
+    return 0
+
+
+def whole_gpu_model(name: str, memory_gb: float, sm_count: int, *, shares: int = 0,
+                    fp16_tflops: float = 0.0, memory_tb_s: float = 0.0) -> GpuModel:
+    """A GPU used whole (no MIG, or MIG off): the profile ``gpu`` is the device.
+
+    Its segments are the whole GPU x MPS levels. Without shares it costs one compute slice and
+    fills the 8 placement slots, so the planner counts GPUs, and the layout and packer code need
+    no special case (one instance per GPU, nothing to partition).
+
+    With ``shares`` = k (one of ``MPS_SHARE_LEVELS``) the GPU costs k slices and also offers the
+    profile ``gpu-1of<k>``: one process of k that share the GPU under one MPS control daemon,
+    each of any (task, variant). A share spans 8/k placement slots, so the layout code places up
+    to k of them per GPU beside no ``gpu`` instance; its profile rows are the level-k rows of the
+    whole GPU divided by k (``jigsaw.shares``: k busy processes, the neighbours' interference in
+    the measurement).
     """
-    profile = MigProfile(WHOLE_GPU, 1, memory_gb, NUM_PLACEMENT_SLOTS, (0,), sm_count, max_per_gpu=1)
-    return GpuModel(name, memory_gb, sm_count, (profile,), total_slices=1, mig=False)
+    if shares and shares not in MPS_SHARE_LEVELS:
+        levels = f"{', '.join(map(str, MPS_SHARE_LEVELS[:-1]))} or {MPS_SHARE_LEVELS[-1]}"
+        raise ValueError(f"a whole GPU is shared by {levels} MPS processes, not {shares}")
+    slices = shares or 1
+    profiles = [MigProfile(WHOLE_GPU, slices, memory_gb, NUM_PLACEMENT_SLOTS, (0,), sm_count, max_per_gpu=1)]
+    if shares:
+        size = NUM_PLACEMENT_SLOTS // shares
+        profiles.append(MigProfile(share_profile_name(shares), 1, memory_gb / shares, size,
+                                   tuple(range(0, NUM_PLACEMENT_SLOTS, size)), sm_count,
+                                   max_per_gpu=shares, share_of=shares))
+    return GpuModel(name, memory_gb, sm_count, tuple(profiles), total_slices=slices, mig=False,
+                    fp16_tflops=fp16_tflops, memory_tb_s=memory_tb_s)
 
 
 def gpu_model(name: str) -> GpuModel:

@@ -69,8 +69,9 @@ _REAL_SPECS = "jigsaw.backends.pipeline:output_specs"
 _TASK_SPECS = "jigsaw.backends.pipeline:task_output_specs"
 
 KINDS: dict[str, BackendKind] = {k.name: k for k in (
-    BackendKind("emulated", "jigsaw.backends.emulated:EmulatedBackend",
-                "jigsaw.backends.emulated:EmulatedBackend.output_specs", emulated=True, runs_models=False),
+    # (the real backends' outputs: emulation answers with the same names, ``backends/emulated.py``)
+    BackendKind("emulated", "jigsaw.backends.emulated:EmulatedBackend", _REAL_SPECS, _TASK_SPECS,
+                emulated=True, runs_models=False),
     BackendKind("tensorrt", "jigsaw.backends.tensorrt_backend:TensorRTBackend", _REAL_SPECS, _TASK_SPECS,
                 needs_gpu=True, gpu_capable=True, libraries=("tensorrt", "torch"),
                 onnx_opener="jigsaw.models.check:check_onnx_graph"),

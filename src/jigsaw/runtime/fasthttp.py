@@ -239,7 +239,7 @@ class FastConnection(asyncio.Protocol):
         if self.kind == _INFER:
             self._infer(slot, body)
         else:
-            ok = self.kind == _LIVE or self.oip.state.accepting()
+            ok = self.kind == _LIVE or self.oip.state.all_ready()
             doc = {"live": True} if self.kind == _LIVE else {"ready": ok}
             slot[0] = response(200 if ok else 503, json.dumps(doc).encode(), _JSON_TEXT, close=slot[1])
         self._flush()

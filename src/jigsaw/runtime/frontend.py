@@ -91,10 +91,11 @@ class Frontend:
             mapped.close()
 
     def worker_failed(self, generation: int, app: str, task: str, variant: str,
-                      reason: str) -> tuple[int, int]:
-        """Settle the requests a dead process may have held; returns (retried, failed)."""
+                      reason: str, suspects: frozenset[int] = frozenset()) -> tuple[int, int]:
+        """Settle the requests a dead process may have held (``suspects``: the crashing batch's,
+        answered 500); returns (retried, failed)."""
         self.metrics.worker_failures.inc((("app", app), ("task", task), ("reason", reason)))
-        return self.dispatcher.on_worker_failed(generation, task, variant)
+        return self.dispatcher.on_worker_failed(generation, task, variant, suspects, reason)
 
     def worker_restarting(self, app: str, task: str) -> None:
         self.metrics.worker_restarts.inc((("app", app), ("task", task)))

@@ -58,7 +58,7 @@ from jigsaw.gpu.layout import (
 from jigsaw.gpu.mps import MpsManager, node_mps
 from jigsaw.gpu.nvml import MigApplier
 from jigsaw.gpu.partition import MigPartition, overlaps
-from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel
+from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel, share_level
 from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import Plan, without_placed
 from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
@@ -153,7 +153,7 @@ class Router(Protocol):
     def cut_generation(self, generation: int) -> tuple[int, int, int]: ...
     def remove_generation(self, generation: int) -> None: ...
     def worker_failed(self, generation: int, app: str, task: str, variant: str,
-                      reason: str) -> tuple[int, int]: ...
+                      reason: str, suspects: frozenset[int] = frozenset()) -> tuple[int, int]: ...
     def worker_restarting(self, app: str, task: str) -> None: ...
     def refresh_admission(self, app: str) -> None: ...
 
@@ -344,7 +344,7 @@ class GenerationManager:
         self.mps: MpsManager | None
         self.mps, self.mps_gpus = node_mps(
             node.gpu, node.num_gpus, self.run_dir / "mps", emulated=backend.emulated,
-            on_gpus=backend.needs_gpu, partitioned=self.partition is not None,
+            on_gpus=backend.on_gpus(node.gpu.kind), partitioned=self.partition is not None,
             binary=os.environ.get(MPS_CONTROL_ENV, ""))
         self.mps_started_total = 0
         self.mps_stopped_total = 0
@@ -1093,7 +1093,16 @@ class GenerationManager:
 
     # ---- MPS: one control daemon per instance of MPS level k > 1 ---------------------------------
     def _mps_slots(self, g: Generation, ks: list[int]) -> set[tuple[int, int]]:
-        return {w for k in ks if g.topology.processes[k].mps > 1 and (w := g.placement(k)) is not None}
+        """(GPU, start) of the processes of ``ks`` that run under an MPS daemon: MPS level k > 1,
+        or one MPS share of a whole GPU (``jigsaw.shares``)."""
+        procs = g.topology.processes
+        return {w for k in ks if (procs[k].mps > 1 or share_level(procs[k].mig_profile))
+                and (w := g.placement(k)) is not None}
+
+    def _daemon_slot(self, slot: tuple[int, int]) -> tuple[int, int]:
+        """The (GPU, start) of the daemon a process at ``slot`` connects to: on whole GPUs the
+        GPU's one daemon (its shares' processes share it), else the MIG instance's own."""
+        return (slot[0], 0) if not self.node.gpu.mig else slot
 
     def _start_mps(self, g: Generation, layout: NodeLayout | None) -> dict[tuple[int, int], dict[str, str]]:
         """Start the MPS daemons of ``g``'s new instances (before their processes); their clients'
@@ -1112,7 +1121,7 @@ class GenerationManager:
         env: dict[tuple[int, int], dict[str, str]] = {}
         try:
             for slot in sorted(self._mps_slots(g, g.own())):
-                inst = at.get(slot)
+                inst = at.get(self._daemon_slot(slot))
                 if inst is None:
                     continue
                 if inst.slot not in self.mps.daemons:
@@ -1142,7 +1151,7 @@ class GenerationManager:
         used = set()
         for g in self.generations.values():
             live = [k for k in range(len(g.topology.processes)) if k not in g.handed_over]
-            used |= self._mps_slots(g, live)
+            used |= {self._daemon_slot(w) for w in self._mps_slots(g, live)}
         for slot, daemon in list(self.mps.daemons.items()):
             if slot[:2] in used:
                 continue
@@ -1320,11 +1329,13 @@ class GenerationManager:
         return self.router
 
     # ---- what the supervisor reports (``supervisor.FaultSink``) -----------------------------------
-    def worker_failed(self, generation: int, spec: ProcessSpec, reason: str) -> tuple[int, int]:
-        """A worker died or hung: the router settles its requests; returns (retried, failed)."""
+    def worker_failed(self, generation: int, spec: ProcessSpec, reason: str,
+                      suspects: frozenset[int] = frozenset()) -> tuple[int, int]:
+        """A worker died or hung: the router settles its requests (``suspects``: those of the batch
+        that crashed it, answered, not re-sent); returns (retried, failed)."""
         if self.router is None:
             return 0, 0
-        return self.router.worker_failed(generation, spec.app, spec.task, spec.variant, reason)
+        return self.router.worker_failed(generation, spec.app, spec.task, spec.variant, reason, suspects)
 
     def worker_restarting(self, spec: ProcessSpec) -> None:
         if self.router is not None:

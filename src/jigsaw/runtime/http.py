@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -19,7 +19,7 @@ from aiohttp import web
 from jigsaw import __version__
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.admission import Admission, queue_admits
-from jigsaw.runtime.dispatch import Dispatcher, Pending
+from jigsaw.runtime.dispatch import Dispatcher, InputTooLarge, Pending
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.oip import (
     HEADER_LENGTH,
@@ -46,13 +46,23 @@ MAX_PAYLOAD_KEY = web.AppKey("max_payload_bytes", int)
 
 @dataclass
 class ServingState:
-    """Whether the node takes requests: ready once every worker is, draining once it stops."""
+    """Whether the node takes requests: ready once every worker is, draining once it stops.
+
+    ``failed_apps``: the apps of the node that are not served (a model or transform that cannot
+    load) and why. The others serve; ``/v2/models/{app}/ready`` of a failed one answers 503 with
+    the reason, and ``/v2/health/ready`` is ready only when every app serves (Triton's default
+    strict readiness: the server is ready when all its models are)."""
 
     ready: bool = False
     draining: bool = False
+    failed_apps: dict[str, str] = field(default_factory=dict)
 
     def accepting(self) -> bool:
         return self.ready and not self.draining
+
+    def all_ready(self) -> bool:
+        """``/v2/health/ready``: accepting, and every app of the node serving."""
+        return self.ready and not self.draining and not self.failed_apps
 
 
 class OipHttp:
@@ -96,12 +106,16 @@ class OipHttp:
         return web.json_response({"live": True})
 
     async def h_ready(self, request: web.Request) -> web.Response:
-        ok = self.state.accepting()
+        ok = self.state.all_ready()
         return web.json_response({"ready": ok}, status=200 if ok else 503)
 
     def find_routes(self, model: str, version: str | None) -> AppRoutes | Answer:
-        """The app ``model`` names, or the 404 naming what is served."""
+        """The app ``model`` names, or the 404 naming what is served (503 with the reason for an
+        app of the node that failed to load)."""
         routes = self.routing.routes.get(model)
+        if routes is None and model in self.state.failed_apps:
+            return Answer(503, {"name": model, "ready": False,
+                                "error": f"model {model!r} is not served: {self.state.failed_apps[model]}"})
         if routes is None:
             served = ", ".join(self.routing.routes)
             return Answer(404, {"error": f"unknown model {model!r} (served: {served})"})
@@ -112,6 +126,8 @@ class OipHttp:
     def _routes(self, request: web.Request) -> AppRoutes:
         got = self.find_routes(request.match_info["model"], request.match_info.get("version"))
         if isinstance(got, Answer):
+            if got.status != 404:
+                raise AnswerNow(got)
             raise web.HTTPNotFound(text=got.doc["error"])
         return got
 
@@ -182,8 +198,13 @@ class OipHttp:
                                          "SLO); retry later"},
                           RETRY_HEADERS, "shed")
         routes = self.routing.routes.get(name, routes)  # a reconfiguration may have switched it meanwhile
-        req = self.dispatcher.submit(routes, parsed.id, parsed.inputs, parsed.outputs,
-                                     timeout_us=parsed.timeout_us)
+        try:
+            req = self.dispatcher.submit(routes, parsed.id, parsed.inputs, parsed.outputs,
+                                         timeout_us=parsed.timeout_us)
+        except InputTooLarge as exc:
+            door.answered(name, 413)
+            self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
+            return Answer(413, {"error": str(exc)})
         if isinstance(req, str):
             door.answered(name, 503)
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
@@ -263,6 +284,14 @@ class Answer:
 RETRY_HEADERS = {"Retry-After": RETRY_AFTER_S}
 
 
+class AnswerNow(Exception):
+    """Raised by a handler to answer ``answer`` at once (``_json_errors`` writes it)."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(answer.doc.get("error", ""))
+        self.answer = answer
+
+
 def _error(answer: Answer) -> web.Response:
     return web.json_response(answer.doc, status=answer.status, headers=answer.headers)
 
@@ -272,6 +301,8 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
     """Every error an OIP client sees is JSON ``{"error": ...}``, also aiohttp's own 404/405/413."""
     try:
         return await handler(request)
+    except AnswerNow as exc:
+        return _error(exc.answer)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[MAX_PAYLOAD_KEY]
         return _error(Answer(413, {"error": payload_too_large(limit)}))

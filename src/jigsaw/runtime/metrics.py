@@ -120,7 +120,7 @@ class Metrics:
                                "Requests answered with a result.")
         self.failure = Counter(p + "inference_request_failure_total",
                                "Requests answered with an error, by reason (bad_request, shed, "
-                               "dropped, timeout, worker_failed, not_ready).")
+                               "dropped, timeout, worker_failed, worker_crashed, error, not_ready).")
         self.dropped = Counter(p + "inference_request_dropped_total",
                                "Items dropped by a task before execution, by reason (deadline, stale, "
                                "queue_full); a fan-out child counts once each.")

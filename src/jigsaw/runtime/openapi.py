@@ -363,8 +363,11 @@ def openapi_document(apps: Mapping[str, App], output_specs: Mapping[str, Mapping
         "/v2/health/live": _get("server_live", "liveness",
                                 {"200": _json("the process answers", _ref("Live"))}, server_tag),
         "/v2/health/ready": _get("server_ready", "readiness", {
-            "200": _json("every worker is up", _ref("Ready")),
-            "503": _json("starting or shutting down", _ref("Ready"))}, server_tag),
+            "200": _json("every app of the node serves and every worker is up (Triton's strict readiness)",
+                         _ref("Ready")),
+            "503": _json("starting, shutting down, or an app of the node failed to load (its "
+                         "/v2/models/{app}/ready answers 503 with the reason; the others serve)",
+                         _ref("Ready"))}, server_tag),
         "/metrics": _get("metrics", "Prometheus metrics", {
             "200": {"description": "Prometheus text format 0.0.4",
                     "content": {"text/plain": {"schema": {"type": "string"}}}}}, server_tag),
