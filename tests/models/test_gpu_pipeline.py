@@ -230,3 +230,14 @@ def test_on_cuda_the_pipeline_answers_as_on_the_cpu(monkeypatch: pytest.MonkeyPa
             ga, wb = {t.name: t.data for t in a.outputs}, {t.name: t.data for t in b.outputs}
             assert ga["num_boxes"] == wb["num_boxes"]
             np.testing.assert_allclose(ga["boxes"], wb["boxes"], atol=0.05)
+
+
+def test_channels_last_engine_answers_as_the_contiguous_one(detector: TorchBackend) -> None:
+    """CUDA's layout (channels-last weights and input) through the same pipeline on the CPU."""
+    from jigsaw.models.zoo import build
+    engine = TorchEngine(build("yolov5n"), torch.device("cpu"), torch.float32, 160, channels_last=True)
+    pipe = GpuPipeline(detector.pipeline, engine, 8)
+    payloads = [_payload(street_scene(120, 200, seed=s)) for s in range(3)]
+    got, want = pipe(payloads), detector.execute([0, 1, 2], payloads)
+    for a, b in zip(got, want):
+        _same(a, b)
