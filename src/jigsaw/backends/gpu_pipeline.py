@@ -22,6 +22,7 @@ torch backend's module (eager or CUDA graphs) or a TensorRT execution context.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -121,10 +122,21 @@ def _indexes(rows: list[np.ndarray], cols: list[np.ndarray], starts: Sequence[in
     first pixel and row width in the staged pixels."""
     side = len(rows[0])
     meta = np.empty((len(rows), 2 * side + 2), np.int32)
-    for k, (ys, xs) in enumerate(zip(rows, cols)):
-        meta[k, :side], meta[k, side:2 * side] = ys, xs
+    meta[:, :side], meta[:, side:2 * side] = rows, cols
     meta[:, 2 * side], meta[:, 2 * side + 1] = starts, widths
     return meta
+
+
+@functools.lru_cache(maxsize=256)
+def _sampling(letterboxed: bool, side: int, h: int, w: int) -> tuple[np.ndarray, np.ndarray, Any]:
+    """An (h, w) image's source rows and columns (-1: the letterbox fill) of a ``side`` square
+    input, and its (scale, pad) when letterboxed; cached: a node's requests share a few sizes."""
+    if not letterboxed:
+        return resize_index(side, h), resize_index(side, w), None
+    r, nh, nw, px, py = letterbox_geometry(h, w, side)
+    ys, xs = np.full(side, -1, np.intp), np.full(side, -1, np.intp)
+    ys[py:py + nh], xs[px:px + nw] = resize_index(nh, h), resize_index(nw, w)
+    return ys, xs, (r, (px, py))
 
 
 def sample(pixels: torch.Tensor, meta: torch.Tensor, fill: int | None) -> torch.Tensor:
@@ -187,13 +199,7 @@ class GpuPipeline:
 
     def _geometry(self, h: int, w: int) -> tuple[np.ndarray, np.ndarray, Any]:
         """Source rows and columns of the network input for an (h, w) image, and its context."""
-        side = self.side
-        if self.pipeline.kind == "classifier":
-            return resize_index(side, h), resize_index(side, w), None
-        r, nh, nw, px, py = letterbox_geometry(h, w, side)
-        ys, xs = np.full(side, -1, np.intp), np.full(side, -1, np.intp)
-        ys[py:py + nh], xs[px:px + nw] = resize_index(nh, h), resize_index(nw, w)
-        return ys, xs, (r, (px, py))
+        return _sampling(self.pipeline.kind == "detector", self.side, h, w)
 
     def submit(self, payloads: Sequence[bytes]) -> InFlight:
         """Stage, upload and launch a batch (network and the post-processing that needs no host
