@@ -144,3 +144,32 @@ def test_a_gpus_array_of_one_group_loads_and_several_are_refused_clearly(tmp_pat
         load_node(two)
     assert err.value.field == "gpus" and "2 GPU groups (L4, A100-40GB)" in err.value.message
     assert "--fleet" in err.value.message
+
+
+def test_jigsaw_modeled_models_a_gpu_from_its_figures(tmp_path: Path) -> None:
+    from jigsaw.modeled import main
+    from jigsaw.profiles import read_profile_csv
+
+    with pytest.raises(JigsawError, match=r"no modeled figures for 'L4'.*give its sm_count, fp16_tflops"):
+        main(["--gpu", "L4", "--memory-gb", "24", "--memory-tb-s", "0.3", "--out", str(tmp_path)])
+    args = ["--gpu", "L4", "--memory-gb", "24", "--sm-count", "58", "--fp16-tflops", "121",
+            "--memory-tb-s", "0.3", "--variants", "resnet18", "--out", str(tmp_path / "l4")]
+    assert main(args) == 0
+    rows = read_profile_csv(tmp_path / "l4" / "resnet18.csv")
+    assert {r.mig_profile for r in rows} == {"gpu"} and {r.backend for r in rows} == {"modeled-l4"}
+    # the A10: a little more FP16 peak over more (slower) SMs, twice the memory bandwidth: faster
+    # on a full GPU (one process, the largest batch), slower per SM at batch 1
+    assert main([*args[:-4], "--gpu", "A10", "--sm-count", "72", "--fp16-tflops", "125",
+                 "--memory-tb-s", "0.6", "--variants", "resnet18", "--out", str(tmp_path / "a10")]) == 0
+    a10 = {r.key: r for r in read_profile_csv(tmp_path / "a10" / "resnet18.csv")}
+    l4 = {r.key: r for r in rows}
+    full, one = ("resnet18", "gpu", 1, 128), ("resnet18", "gpu", 1, 1)
+    assert a10[full].throughput_rps > l4[full].throughput_rps
+    assert a10[one].latency_ms > l4[one].latency_ms
+    # a node file without the figures modeling needs names them
+    node = tmp_path / "node.toml"
+    node.write_text(f'apps = ["{EXAMPLES}/apps/voice_intent.toml"]\n[gpus]\nmodel = "L40S"\nmig = false\n'
+                    'count = 1\nmemory_gb = 48\nsm_count = 142\nprofiles_dir = "p"\nbackend = "torch"\n')
+    with pytest.raises(JigsawError, match=r"node.toml: \[gpus\] \(with mig = false\): give its fp16_tflops, "
+                                          r"memory_tb_s"):
+        main(["--node", str(node), "--variants", "resnet18"])
