@@ -173,3 +173,17 @@ def test_jigsaw_modeled_models_a_gpu_from_its_figures(tmp_path: Path) -> None:
     with pytest.raises(JigsawError, match=r"node.toml: \[gpus\] \(with mig = false\): give its fp16_tflops, "
                                           r"memory_tb_s"):
         main(["--node", str(node), "--variants", "resnet18"])
+
+
+@pytest.mark.parametrize("node_file", ["l4x2.toml", "a10x1.toml", "h200x1.toml"])
+def test_the_examples_committed_profiles_equal_a_fresh_model_run(node_file: str, tmp_path: Path) -> None:
+    """profiles/l4-whole, a10-whole, h200-whole are `jigsaw modeled --node examples/<node>` output."""
+    from jigsaw.modeled import main
+
+    node = load_node(EXAMPLES / node_file)
+    assert main(["--node", str(EXAMPLES / node_file), "--out", str(tmp_path)]) == 0
+    fresh = sorted(p.name for p in tmp_path.glob("*.csv"))
+    assert fresh == sorted(p.name for p in node.profiles_dir.glob("*.csv"))
+    for name in fresh:
+        assert (tmp_path / name).read_bytes() == (node.profiles_dir / name).read_bytes(), (
+            f"{name} differs: regenerate with jigsaw modeled --node examples/{node_file}")
