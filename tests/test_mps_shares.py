@@ -170,7 +170,7 @@ def test_jigsaw_modeled_models_a_gpu_from_its_figures(tmp_path: Path) -> None:
     node = tmp_path / "node.toml"
     node.write_text(f'apps = ["{EXAMPLES}/apps/voice_intent.toml"]\n[gpus]\nmodel = "L40S"\nmig = false\n'
                     'count = 1\nmemory_gb = 48\nsm_count = 142\nprofiles_dir = "p"\nbackend = "torch"\n')
-    with pytest.raises(JigsawError, match=r"node.toml: \[gpus\] \(with mig = false\): give its fp16_tflops, "
+    with pytest.raises(JigsawError, match=r"node.toml: \[gpus\]: give its fp16_tflops, "
                                           r"memory_tb_s"):
         main(["--node", str(node), "--variants", "resnet18"])
 
@@ -187,3 +187,38 @@ def test_the_examples_committed_profiles_equal_a_fresh_model_run(node_file: str,
     for name in fresh:
         assert (tmp_path / name).read_bytes() == (node.profiles_dir / name).read_bytes(), (
             f"{name} differs: regenerate with jigsaw modeled --node examples/{node_file}")
+
+
+def test_a_mig_gpu_without_a_table_is_given_by_its_figures(tmp_path: Path) -> None:
+    """An H800 (the H100's MIG geometry and figures under another name): its table from the node
+    file, modeled as the H100 is, planned on MIG instances; a known GPU refuses figures."""
+    from jigsaw.errors import ConfigError
+    from jigsaw.mig import gpu_model
+    from jigsaw.modeled import GPU_SPECS, HOST_COPY_GB_S, generate, main
+
+    h100 = gpu_model("H100-80GB")
+    node_file = tmp_path / "h800.toml"
+    body = (f'apps = ["{EXAMPLES}/apps/voice_intent.toml"]\n[gpus]\nmodel = "H800"\ncount = 1\n'
+            "memory_gb = 80\nsm_count = 132\nmig_memory_gb = [10, 20, 40]\n"
+            "mig_sm_counts = [16, 32, 60, 64, 132]\nfp16_tflops = 989.4\nmemory_tb_s = 3.35\n"
+            'mps_levels = [1, 2]\nbatch_sizes = [1, 8, 32]\nprofiles_dir = "p"\nbackend = "tensorrt"\n')
+    node_file.write_text(body)
+    node = load_node(node_file)
+    assert node.gpu.mig and node.gpu.profiles == h100.profiles and node.slices_available == 7
+    assert main(["--node", str(node_file)]) == 0
+    table = load_node_profiles(node)
+    spec = replace(GPU_SPECS["H100-80GB"], host_copy_gb_s=HOST_COPY_GB_S)  # the figures' default
+    same = generate(spec, mps_levels=(1, 2), batch_sizes=(1, 8, 32))["resnet18"]
+    for r in same:
+        mine = table.get("resnet18", r.mig_profile, r.mps, r.batch)
+        assert (mine.latency_ms, mine.throughput_rps, mine.backend) == (r.latency_ms, r.throughput_rps,
+                                                                         "modeled-h800")
+    result = plan(node.app("voice_intent"), node, table, 50.0)
+    assert result.feasible and all(not share_level(i.mig_profile) for i in result.instances)
+    node_file.write_text(body.replace('"H800"', '"H100-80GB"'))
+    with pytest.raises(ConfigError) as err:
+        load_node(node_file)
+    assert err.value.field == "gpus.memory_gb" and "MIG table" in err.value.message
+    node_file.write_text(body.replace("mig_sm_counts = [16, 32, 60, 64, 132]", "mig_sm_counts = [16]"))
+    with pytest.raises(ConfigError, match="1g, 2g, 3g, 4g and 7g"):
+        load_node(node_file)
