@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     token = args.admin_token if args.admin_token is not None else os.environ.get("JIGSAW_ADMIN_TOKEN", "")
     try:
         node = load_node(args.node_config)
-        if backend.needs_gpu:  # the driver's MIG profile figures, where they differ from jigsaw.mig's
+        if backend.on_gpus(node.gpu.kind):  # the driver's MIG figures, where they differ from jigsaw.mig's
             from jigsaw.gpu.nvml import driver_node
             node = driver_node(node, say=_log)
         if args.http is not None:

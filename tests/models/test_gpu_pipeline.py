@@ -188,5 +188,6 @@ def test_the_bench_prints_alone_beside_served(tmp_path: Any, monkeypatch: pytest
     for r in rows:
         assert r["alone_items_s"] > 0 and r["served_items_s"] > 0 and r["overlapped_items_s"] > 0
         assert r["efficiency"] == pytest.approx(r["served_items_s"] / r["alone_items_s"])
+        assert r["pipeline_ms"] > 0 and r["numpy_prepare_ms"] > 0
     assert "resnet18" in capsys.readouterr().out
     sys.modules.pop("gpu_pipeline", None)

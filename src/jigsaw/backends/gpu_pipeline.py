@@ -137,7 +137,7 @@ def sample(pixels: torch.Tensor, meta: torch.Tensor, fill: int | None) -> torch.
     out = pixels.index_select(0, index.reshape(-1)).view(len(meta), side, side, 3)
     if fill is not None:
         valid = (ys >= 0)[:, :, None] & (xs >= 0)[:, None, :]
-        out = out.masked_fill(~valid[..., None], fill)
+        out.masked_fill_(~valid[..., None], fill)
     return out
 
 
@@ -260,8 +260,9 @@ class GpuPipeline:
         """The engine's input batch: sampled, scaled and normalised in its dtype and layout."""
         fill = LETTERBOX_FILL if self.pipeline.kind == "detector" else None
         nchw = sample(pixels, meta, fill).permute(0, 3, 1, 2)  # channels-last strides, NCHW shape
-        x = nchw.to(self.engine.dtype).mul_(self.scale).add_(self.bias)  # keeps the strides
-        return x if self.engine.channels_last else x.contiguous()
+        if not self.engine.channels_last:
+            nchw = nchw.contiguous()  # reordered as uint8, a quarter of the bytes of the float batch
+        return nchw.to(self.engine.dtype).mul_(self.scale).add_(self.bias)  # keeps the strides
 
     def _compute(self, pixels: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():

@@ -850,6 +850,7 @@ class NodeController:
                     entry["quick"]["kept"], no = await self._deploy(quick, fresh, "quick", full)
                     refused_any.update(no)
                     deployed, fresh = quick, frozenset()
+                    entry["quick"]["deployed_after_s"] = round(time.monotonic() - t0, 4)
             try:
                 exact = await exact_f
             except Exception as exc:  # a planner failure keeps the running plans (or the quick one)
@@ -878,6 +879,8 @@ class NodeController:
                 entry["exact"]["kept"], refused = await self._deploy(exact, fresh, "exact", full)
                 refused_any.update(refused)
                 deployed = exact
+                # from the re-plan's decision (its trigger) to this plan's deployment
+                entry["exact"]["deployed_after_s"] = round(time.monotonic() - t0, 4)
                 if refused:
                     deployed = await self._quick_after_refusal(quick_box, refused, entry, fresh, full) \
                         or deployed

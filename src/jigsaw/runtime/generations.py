@@ -344,7 +344,7 @@ class GenerationManager:
         self.mps: MpsManager | None
         self.mps, self.mps_gpus = node_mps(
             node.gpu, node.num_gpus, self.run_dir / "mps", emulated=backend.emulated,
-            on_gpus=backend.needs_gpu, partitioned=self.partition is not None,
+            on_gpus=backend.on_gpus(node.gpu.kind), partitioned=self.partition is not None,
             binary=os.environ.get(MPS_CONTROL_ENV, ""))
         self.mps_started_total = 0
         self.mps_stopped_total = 0

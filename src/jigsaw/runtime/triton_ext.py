@@ -81,7 +81,22 @@ def repository(oip: OipHttp) -> Any:
     return oip.repository or StaticRepository(list(oip.routing.routes), list(oip.routing.routes))
 
 
+def repository_index(oip: OipHttp, ready_only: bool = False) -> list[dict[str, Any]]:
+    """The repository's index; an app of the node that failed to load is ``UNAVAILABLE`` with why."""
+    out = []
+    for e in repository(oip).index():
+        why = oip.state.failed_apps.get(e["name"])
+        if why is not None:
+            e = {**e, "state": "UNAVAILABLE", "reason": why}
+        if not ready_only or e["state"] == "READY":
+            out.append(e)
+    return out
+
+
 async def repository_call(oip: OipHttp, verb: str, model: str) -> None:
+    if model in oip.state.failed_apps:
+        raise ExtError(400, f"model {model!r} cannot {verb}: it failed to load at start-up "
+                            f"({oip.state.failed_apps[model]}); fix it and restart the daemon")
     try:
         await getattr(repository(oip), verb)(model)
     except RepositoryError as exc:
@@ -141,7 +156,7 @@ def add_routes(app: web.Application, oip: OipHttp) -> None:
             raise ExtError(400, "ready: expected true or false")
         if not isinstance(body.get("repository_name", ""), str):
             raise ExtError(400, "repository_name: expected a string")
-        return [e for e in repository(oip).index() if not ready or e["state"] == "READY"]
+        return repository_index(oip, ready)
 
     async def load(request: web.Request) -> Any:
         await _load_body(request)
