@@ -16,6 +16,13 @@ prints both with the ratio. The profiles are modeled (profiles/generate.py), not
 
     PYTHONPATH=src python bench/capacity.py [--app traffic_analysis] [--gpus 120]
         [--solver cbc|highs] [--time-limit 120] [--compare-full] [--out out/]
+
+``--mps-shares`` prints instead the gain of MPS shares (processes of different tasks on one whole
+GPU, ``jigsaw.shares``) per example app: on the 4 H100s of examples/h100x4.toml used whole with 8
+shares against their MIG partitions (the paper's plan), and on one and on four whole H200s
+(examples/h200x1.toml) against the same GPUs without shares (whole-GPU segments of one task only).
+
+    PYTHONPATH=src python bench/capacity.py --mps-shares [--time-limit 60]
 """
 
 from __future__ import annotations
@@ -254,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="each space also with the full model instead of the split search "
                          "(alternating), side by side")
     ap.add_argument("--out", default="out", help="folder for the PNG and JSON")
+    ap.add_argument("--mps-shares", action="store_true",
+                    help="the gain of MPS shares per app on h100x4 and one whole H200 (see above)")
     args = ap.parse_args(argv)
+    if args.mps_shares:
+        return shares_gain(args.time_limit, args.solver, Path(args.out))
 
     base = load_node(args.node)
     node = base.with_gpus(args.gpus)
@@ -298,5 +309,64 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if problems or any(r["status"] == "error" for r in rows) else 0
 
 
+
+# ---- --mps-shares: processes of different tasks sharing a whole GPU ----------------------------
+
+def _whole_node_file(directory: Path, name: str, gpu: str, count: int, shares: int,
+                     profiles_dir: Path, apps: list[str]) -> Path:
+    """A node file of ``count`` whole ``gpu``s, MPS levels 1, 2, 4, 8, with ``shares`` shares."""
+    path = directory / f"{name}.toml"
+    app_list = ", ".join(f'"{ROOT / "examples" / "apps" / a}.toml"' for a in apps)
+    path.write_text(f'name = "{name}"\napps = [{app_list}]\n[gpus]\nmodel = "{gpu}"\nmig = false\n'
+                    f"count = {count}\nmps_levels = [1, 2, 4, 8]\nmps_shares = {shares}\n"
+                    f'profiles_dir = "{profiles_dir}"\nbackend = "tensorrt"\n')
+    return path
+
+
+def shares_gain(limit: float, solver: str | None, out_dir: Path) -> int:
+    """Per example app: the capacity with MPS shares against the plan without them (see the
+    module doc); the profiles are modeled, the whole H100's written here into ``out_dir``."""
+    from dataclasses import replace as dc_replace
+
+    from jigsaw.modeled import GPU_SPECS, write
+
+    apps = ["social_media", "traffic_analysis", "ar_assistant"]
+    work = out_dir / "mps_shares"
+    work.mkdir(parents=True, exist_ok=True)
+    h100_whole = work / "h100-80gb-whole"
+    h100_whole.mkdir(exist_ok=True)
+    write(dc_replace(GPU_SPECS["H100-80GB"], whole=True), h100_whole, mps_levels=(1, 2, 4, 8))
+    h200 = ROOT / "profiles" / "h200-whole"
+    cases = [  # (label, node without shares, node with shares)
+        ("4x H100, MIG -> whole + 8 shares", load_node(ROOT / "examples/h100x4.toml"),
+         load_node(_whole_node_file(work, "h100x4-whole", "H100-80GB", 4, 8, h100_whole, apps))),
+        ("1x H200 whole, no shares -> 8 shares",
+         load_node(_whole_node_file(work, "h200x1-alone", "H200", 1, 0, h200, apps)),
+         load_node(ROOT / "examples/h200x1.toml")),
+    ]
+    cases.append(("4x H200 whole, no shares -> 8 shares", cases[1][1].with_gpus(4), cases[1][2].with_gpus(4)))
+    print(f"machine: {machine()}; profiles: modeled, not measured; time limit {limit:g} s per solve")
+    header = f"{'node':<38} {'app':<18} {'without rps':>12} {'with rps':>10} {'gain':>7}  status"
+    print(header)
+    print("-" * len(header))
+    bad = 0
+    for label, before, after in cases:
+        for app_name in apps:
+            got = []
+            for node in (before, after):
+                app = node.app(app_name)
+                cap = capacity(app, node, load_node_profiles(node, [app]), time_limit_s=limit,
+                               solver=solver or node.planner.solver)
+                got.append(cap)
+            b, a = got[0].max_demand_rps, got[1].max_demand_rps
+            gain = f"{a / b:.2f}x" if b > 0 else ("inf" if a > 0 else "-")
+            status = "/".join(c.status for c in got)
+            bad += any(c.status not in ("optimal", "feasible") for c in got)
+            print(f"{label:<38} {app_name:<18} {b:>12.1f} {a:>10.1f} {gain:>7}  {status}")
+    print("without rps 0 on one whole GPU: an app of several tasks needs a GPU per task without shares")
+    return 1 if bad else 0
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

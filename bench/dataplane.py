@@ -3,12 +3,15 @@
     PYTHONPATH=src python bench/dataplane.py [--quick] [--json OUT] [--connections 32]
         [--traffic-demand 300] [--traffic-seconds 20] [--time-scale 1]
 
-Four measurements in one run, every number emulated (profile latencies, no GPU) on this machine:
+Five measurements in one run, every number emulated (profile latencies, no GPU) on this machine:
 
 1. frontend throughput: a closed-loop client (wrk when installed) with N connections against
    jigsawd serving a 1-task app whose emulated task takes ~0 ms, once per HTTP front end
    (``--fronts fast,aiohttp``), and against a plain aiohttp+uvloop JSON echo server (same body,
    same client, alternating rounds); req/s of each and the ratios (target >= 0.6);
+1g. gRPC: the same 1-task app on one jigsawd through Triton's gRPC service (raw input contents)
+   and through the HTTP fast path with binary tensors, alternating rounds, in-process clients at
+   the same concurrency: req/s, the ratio (target >= 0.8) and the server's CPU per request;
 2. added latency per hop: a 3-task chain of ~0 ms tasks and the 1-task app under open-loop
    Poisson load at 500 and 2000 req/s; per hop = (p_chain - p_single) / 2 (the chain has two
    more ring hops than the single task), for p50 and p99 (target p99 <= 1 ms per hop), also from
@@ -575,6 +578,161 @@ def bench_throughput(zero_args: list[str], work: Path, args: argparse.Namespace)
     return out
 
 
+# ---- 1g. gRPC against the HTTP fast path's binary tensors ----------------------------------
+GRPC_RATIO_TARGET = 0.8
+BINARY_N = 16  # input bytes of one request
+
+
+def binary_body(n: int = BINARY_N) -> tuple[bytes, dict[str, str]]:
+    """Triton's binary tensor extension: the JSON header, then the raw input, outputs binary too."""
+    head = json.dumps({"inputs": [{"name": "image", "datatype": "UINT8", "shape": [n],
+                                   "parameters": {"binary_data_size": n}}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    return head + bytes(range(n)), {"Content-Type": "application/octet-stream",
+                                    "Inference-Header-Content-Length": str(len(head))}
+
+
+async def closed_loop_binary(url: str, connections: int, seconds: float) -> dict[str, Any]:
+    body, headers = binary_body()
+    conn = aiohttp.TCPConnector(limit=connections)
+    counts = {"ok": 0, "other": 0}
+    end = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async def worker() -> None:
+            while time.perf_counter() < end:
+                try:
+                    async with session.post(url, data=body, headers=headers) as r:
+                        await r.read()
+                        counts["ok" if r.status == 200 else "other"] += 1
+                except aiohttp.ClientError:
+                    counts["other"] += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(connections)))
+        elapsed = time.perf_counter() - t0
+    return {"ok": counts["ok"], "errors": counts["other"], "seconds": elapsed}
+
+
+async def closed_loop_grpc(target: str, connections: int, seconds: float,
+                           channels: int = 4) -> dict[str, Any]:
+    """N calls in flight over a few HTTP/2 channels, raw input contents (what tritonclient sends)."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+    req = pb.ModelInferRequest(model_name="single")
+    req.inputs.add(name="image", datatype="UINT8", shape=[BINARY_N])
+    req.raw_input_contents.append(bytes(range(BINARY_N)))
+    chans = [grpc.aio.insecure_channel(target) for _ in range(channels)]
+    stubs = [pbg.GRPCInferenceServiceStub(c) for c in chans]
+    counts = {"ok": 0, "other": 0}
+    end = time.perf_counter() + seconds
+
+    async def worker(k: int) -> None:
+        infer = stubs[k % len(stubs)].ModelInfer
+        while time.perf_counter() < end:
+            try:
+                await infer(req, timeout=30)
+                counts["ok"] += 1
+            except grpc.aio.AioRpcError:
+                counts["other"] += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(k) for k in range(connections)))
+    elapsed = time.perf_counter() - t0
+    for c in chans:
+        await c.close()
+    return {"ok": counts["ok"], "errors": counts["other"], "seconds": elapsed}
+
+
+async def closed_loop_grpc_stream(target: str, connections: int, seconds: float,
+                                  streams: int = 4) -> dict[str, Any]:
+    """``ModelStreamInfer``: ``connections`` requests in flight over a few streams (one channel
+    each), a new request written as each answer is read."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+    req = pb.ModelInferRequest(model_name="single")
+    req.inputs.add(name="image", datatype="UINT8", shape=[BINARY_N])
+    req.raw_input_contents.append(bytes(range(BINARY_N)))
+    counts = {"ok": 0, "other": 0}
+    end = time.perf_counter() + seconds
+
+    async def one(depth: int) -> None:
+        async with grpc.aio.insecure_channel(target) as channel:
+            call = pbg.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            for _ in range(depth):
+                await call.write(req)
+            inflight = depth
+            while inflight:
+                answer = await call.read()
+                if answer is grpc.aio.EOF:
+                    break
+                inflight -= 1
+                counts["other" if answer.error_message else "ok"] += 1
+                if time.perf_counter() < end:
+                    await call.write(req)
+                    inflight += 1
+            await call.done_writing()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(connections // streams + (k < connections % streams)) for k in range(streams)))
+    return {"ok": counts["ok"], "errors": counts["other"], "seconds": time.perf_counter() - t0}
+
+
+def bench_grpc(zero_args: list[str], work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """gRPC against the HTTP fast path on one jigsawd (the 1-task ~0 ms app), the same clients'
+    machinery (in-process, uvloop) and concurrency, alternating rounds; req/s and the server's CPU
+    per answered request (all its processes, from /proc: what other load does not inflate)."""
+    grpc_port = free_port()
+    server, url = jigsawd([*zero_args, "--http", "fast", "--grpc-port", str(grpc_port)],
+                          work / "jigsawd-grpc.log")
+    runs = {"http_binary": lambda s: closed_loop_binary(url + "/v2/models/single/infer", args.connections, s),
+            "grpc": lambda s: closed_loop_grpc(f"127.0.0.1:{grpc_port}", args.connections, s),
+            "grpc_stream": lambda s: closed_loop_grpc_stream(f"127.0.0.1:{grpc_port}", args.connections, s)}
+    totals = {name: {"ok": 0, "errors": 0, "seconds": 0.0, "server_cpu_s": 0.0, "generator_cpu_s": 0.0}
+              for name in runs}
+    with server:
+        pgid = server.proc.pid  # type: ignore[union-attr]
+        for run in runs.values():
+            uvloop.run(run(args.warmup))
+        for _ in range(max(1, args.rounds)):
+            for name, run in runs.items():
+                before, cpu0 = group_cpu_ticks(pgid), time.process_time()
+                r = uvloop.run(run(args.tp_seconds / max(1, args.rounds)))
+                t = totals[name]
+                t["generator_cpu_s"] += time.process_time() - cpu0
+                t["server_cpu_s"] += (sum(group_cpu_ticks(pgid).values()) - sum(before.values())) / \
+                    os.sysconf("SC_CLK_TCK")
+                for k in ("ok", "errors", "seconds"):
+                    t[k] += r[k]
+    for t in totals.values():
+        t["rps"] = t["ok"] / t["seconds"] if t["seconds"] else 0.0
+        t["server_cpu_us_per_request"] = 1e6 * t["server_cpu_s"] / t["ok"] if t["ok"] else float("nan")
+        t["generator_cpu_us_per_request"] = 1e6 * t["generator_cpu_s"] / t["ok"] if t["ok"] else float("nan")
+    h, g, gs = totals["http_binary"], totals["grpc"], totals["grpc_stream"]
+    return {**totals, "connections": args.connections, "target_ratio": GRPC_RATIO_TARGET,
+            "ratio": g["rps"] / h["rps"] if h["rps"] else 0.0,
+            "ratio_stream": gs["rps"] / h["rps"] if h["rps"] else 0.0,
+            "overhead_us_per_request": g["server_cpu_us_per_request"] - h["server_cpu_us_per_request"],
+            "overhead_stream_us_per_request":
+                gs["server_cpu_us_per_request"] - h["server_cpu_us_per_request"]}
+
+
+def print_grpc(gr: dict[str, Any]) -> None:
+    for label, key in (("HTTP fast path, binary tensors", "http_binary"),
+                       ("gRPC (grpc.aio), raw contents", "grpc"),
+                       ("gRPC stream (ModelStreamInfer)", "grpc_stream")):
+        x = gr[key]
+        print(f"  {label:<32}: {x['rps']:8.0f} req/s ({x['errors']} errors); server CPU "
+              f"{x['server_cpu_us_per_request']:.0f} us per request (all its processes); client CPU "
+              f"{x['generator_cpu_us_per_request']:.0f} us per request")
+    verdict = "meets" if gr["ratio"] >= GRPC_RATIO_TARGET else "MISSES"
+    print(f"  ratio gRPC / HTTP binary: {gr['ratio']:.2f} (target >= {GRPC_RATIO_TARGET}: {verdict}); gRPC's "
+          f"server overhead per request {gr['overhead_us_per_request']:+.0f} us CPU", flush=True)
+    print(f"  ratio gRPC stream / HTTP binary: {gr['ratio_stream']:.2f}; the stream's server overhead per "
+          f"request {gr['overhead_stream_us_per_request']:+.0f} us CPU", flush=True)
+
+
 # ---- 2. per-hop latency ---------------------------------------------------------------------
 def _lat_summary(run: dict[str, Any], tasks: list[str]) -> dict[str, Any]:
     recs = run["records"]
@@ -813,7 +971,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fronts", default="fast,aiohttp",
                    help="jigsawd HTTP front ends to load in the throughput part (the first: also the hops)")
     p.add_argument("--skip", default="",
-                   help="comma-separated parts to skip: throughput,hops,breakdown,traffic")
+                   help="comma-separated parts to skip: throughput,grpc,hops,breakdown,traffic")
     a = p.parse_args(argv)
     a.rates = [int(x) for x in a.rates.split(",") if x]
     a.fronts = [x.strip() for x in a.fronts.split(",") if x.strip()]
@@ -945,6 +1103,13 @@ def main(argv: list[str] | None = None) -> int:
                 verdict = "meets" if tp[f"ratio_{f}"] >= RATIO_TARGET else "MISSES"
                 print(f"  ratio jigsawd --http {f} / echo{' ' * (8 - len(f))}: {tp[f'ratio_{f}']:9.2f}   "
                       f"(target >= {RATIO_TARGET}: {verdict})", flush=True)
+        if "grpc" not in args.skip:
+            print(f"\n[1g] gRPC against the HTTP fast path ({LABEL}): one jigsawd, 1-task ~0 ms app, closed "
+                  f"loop, {args.connections} in flight, in-process clients (uvloop), "
+                  f"{args.tp_seconds:g} s in {args.rounds} alternating rounds", flush=True)
+            gr = bench_grpc(zero_args, work, args)
+            results["grpc"] = gr
+            print_grpc(gr)
         if "hops" not in args.skip:
             print(f"\n[2] added latency per hop ({LABEL}, jigsawd --http {args.fronts[0]}): open-loop "
                   f"Poisson, {args.hop_seconds:g} s per app "

@@ -69,3 +69,33 @@ def test_the_onnx_openers_reject_a_file_that_is_not_a_graph(name: str, tmp_path:
         pytest.skip(str(exc))
     with pytest.raises(Exception):  # noqa: B017  (each runtime raises its own type)
         open_onnx(backend_kind(name), str(bad))
+
+
+@pytest.mark.parametrize(("backend", "gpu_kind", "pinned"), [
+    ("torch", "gpu", True), ("tensorrt", "gpu", True), ("torch", "cpu", False), ("onnxruntime", "gpu", False),
+])
+def test_gpu_workers_are_pinned_to_their_gpu_whatever_the_gpu_backend(
+        monkeypatch: pytest.MonkeyPatch, backend: str, gpu_kind: str, pinned: bool) -> None:
+    """torch on a GPU node is a GPU backend: each worker sees only its GPU (or MIG instance), as
+    TensorRT's do; on a CPU node it is a CPU backend."""
+    from types import SimpleNamespace
+
+    from jigsaw.plan import GpuLayout, Layout, PlacedInstance
+    from jigsaw.runtime import generation
+
+    kind = backend_kind(backend)
+    assert kind.on_gpus(gpu_kind) == pinned
+    monkeypatch.setattr(generation, "gpu_devices", lambda: {(0, 0): "GPU-aaa", (1, 0): "GPU-bbb"})
+    layout = Layout("H200", (GpuLayout(0, (PlacedInstance("whole", 0, "car", "efficientnet-b0", 0, 1, 32),)),
+                             GpuLayout(1, (PlacedInstance("whole", 0, "car", "efficientnet-b0", 1, 1, 32),))))
+    procs = [SimpleNamespace(task="car", variant="efficientnet-b0", mig_profile="whole", mps=1, max_batch=32)
+             for _ in range(2)]
+    gen = SimpleNamespace(topology=SimpleNamespace(processes=procs), backend=kind,
+                          node=SimpleNamespace(gpu=SimpleNamespace(kind=gpu_kind, mig=False)),
+                          plan=SimpleNamespace(layout=layout if gpu_kind == "gpu" else None),
+                          _cpu_envs=lambda: [None, None])
+    envs = generation.Generation._worker_envs(gen)  # type: ignore[arg-type]
+    if pinned:
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["GPU-aaa", "GPU-bbb"]
+    else:
+        assert envs == [None, None]

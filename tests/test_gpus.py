@@ -77,3 +77,20 @@ def test_unpartitioned_gpu_is_a_clear_error() -> None:
         visible_device(layout, devices, "t", "v", "7g.80gb", 1, 4, 0)
     with pytest.raises(GpuMappingError, match="not in the layout"):
         visible_device(layout, devices, "t", "v", "7g.80gb", 1, 4, 3)
+
+
+def test_the_mps_shares_of_a_whole_gpu_run_on_that_gpu() -> None:
+    """Processes of different tasks in the MPS shares of one GPU all see that GPU's UUID."""
+    devices = {(0, 0): "GPU-a", (1, 0): "GPU-b"}
+    layout = Layout("L4", (
+        GpuLayout(0, (PlacedInstance("gpu-1of4", 0, "vad", "effnet", 0, 1, 8),
+                      PlacedInstance("gpu-1of4", 2, "asr", "git", 0, 1, 16),
+                      PlacedInstance("gpu-1of4", 6, "asr", "git", 1, 1, 16))),
+        GpuLayout(1, (PlacedInstance("gpu", 0, "intent", "resnet", 0, 2, 4),)),
+    ))
+    assert missing_devices(layout, devices) == []
+    assert visible_device(layout, devices, "vad", "effnet", "gpu-1of4", 1, 8, 0) == "GPU-a"
+    assert [visible_device(layout, devices, "asr", "git", "gpu-1of4", 1, 16, p) for p in (0, 1)] \
+        == ["GPU-a", "GPU-a"]
+    assert visible_device(layout, devices, "intent", "resnet", "gpu", 2, 4, 1) == "GPU-b"
+    assert missing_devices(layout, {(0, 0): "GPU-a"}) == [(1, 0)]

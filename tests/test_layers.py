@@ -15,7 +15,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # listed prefix. Modules in none of them are checked for cycles only (classify new ones here).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("vocabulary", ("jigsaw", "jigsaw.errors", "jigsaw.fields", "jigsaw.mig", "jigsaw.spaces",
-                    "jigsaw.tensors", "jigsaw.profiles", "jigsaw.app", "jigsaw.plan", "jigsaw.node",
+                    "jigsaw.tensors", "jigsaw.profiles", "jigsaw.shares", "jigsaw.app", "jigsaw.plan",
+                    "jigsaw.node",
                     "jigsaw.traces", "jigsaw.backends.registry", "jigsaw.models.catalog",
                     "jigsaw.models.repository")),
     ("planner and models", ("jigsaw.planner", "jigsaw.models")),

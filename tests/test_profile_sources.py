@@ -44,9 +44,16 @@ def whole_node(tmp_path: Path, gpu: str = 'model = "A100-80GB"\nmig = false',
 
 def test_a_whole_gpu_node_has_one_segment_per_gpu_and_mps_level(tmp_path: Path) -> None:
     node = load_node(whole_node(tmp_path), load_apps=False)
-    assert not node.gpu.mig and node.gpu.profile_names == ("gpu",)
-    assert node.slices_available == 8
-    assert [s.name for s in node.segment_types] == ["gpux1", "gpux2"]
+    # MPS level 2 is listed: each GPU may also be shared by 2 processes of any (task, variant)s
+    assert not node.gpu.mig and node.gpu.profile_names == ("gpu", "gpu-1of2")
+    assert node.slices_available == 16
+    assert [s.name for s in node.segment_types] == ["gpux1", "gpux2", "gpu-1of2x1"]
+    alone = load_node(whole_node(tmp_path, 'model = "A100-80GB"\nmig = false\nmps_shares = 0'),
+                      load_apps=False)
+    assert alone.gpu.profile_names == ("gpu",) and alone.slices_available == 8
+    with pytest.raises(ConfigError) as err:
+        load_node(whole_node(tmp_path, 'model = "A100-80GB"\nmig = false\nmps_shares = 4'), load_apps=False)
+    assert err.value.field == "gpus.mps_shares" and "mps_levels" in err.value.message
     assert node.gpu.profile("gpu").memory_gb == 80 and node.gpu.profile("gpu").sm_count == 108
     custom = load_node(whole_node(tmp_path, 'model = "L4"\nmig = false\nmemory_gb = 24\nsm_count = 58'),
                        load_apps=False)
@@ -69,11 +76,16 @@ def test_modeled_profiles_of_whole_gpus_plan_a_node(tmp_path: Path) -> None:
     assert {r.source for r in rows} == {"modeled"}
     table = load_node_profiles(load_node(node_file))
     assert table.get("vgg11", "gpu", 1, 16) is not None
+    # one process of a GPU that two share: the GPU's level-2 row, half its throughput (less the
+    # stated interference of unlike neighbours)
+    pair, share = table.get("vgg11", "gpu", 2, 16), table.get("vgg11", "gpu-1of2", 1, 16)
+    assert share.memory_mb == pair.memory_mb and share.latency_ms > pair.latency_ms
+    assert share.throughput_rps == pytest.approx(pair.throughput_rps / 2 * 0.85, abs=1e-3)
     done = jigsaw("plan", "--app", "traffic_analysis", "--node", str(node_file), "--demand", "200", "--json")
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
-    assert plan["feasible"] and plan["slices_used"] <= 8
-    assert {i["mig_profile"] for i in plan["instances"]} == {"gpu"}
+    assert plan["feasible"] and plan["slices_used"] <= 16
+    assert {i["mig_profile"] for i in plan["instances"]} <= {"gpu", "gpu-1of2"}
     (tmp_path / "plan.json").write_text(done.stdout)
     done = jigsaw("pack", "--plan", str(tmp_path / "plan.json"), "--format", "commands")
     assert done.returncode == 0 and "nothing to partition" in done.stdout and "-cgi" not in done.stdout

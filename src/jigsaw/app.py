@@ -67,11 +67,18 @@ class Edge:
         return self.factors[variant]
 
 
+IMAGE_KINDS = ("detector", "classifier", "captioner")
+"""Task kinds that take an image: an app rooted at one refuses an empty one by default."""
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
     datatype: str  # Open Inference Protocol datatype
     shape: tuple[int, ...]  # -1 = any size
+    # the least size of each axis a request may give (``min_shape``; an app rooted at an image
+    # task: 1 on every axis by default, so an empty image is refused at the door); (): none
+    min_shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,9 @@ class App:
     staleness_ms: float = 20.0  # a request queued this long unpicked by every instance is dropped
     inputs: tuple[TensorSpec, ...] = (TensorSpec("image", "UINT8", (-1,)),)
     source: str = ""  # file it was loaded from
+    # the largest item (a task's child, a sink's answer) the app's rings between tasks must carry,
+    # encoded (``max_item_bytes``); 0: the node's default ring sizes (``runtime/topology.py``)
+    max_item_bytes: int = 0
 
     # ---- structure -------------------------------------------------------------------------
     @cached_property
@@ -228,12 +238,13 @@ def load_app(path: str | Path) -> App:
     path = Path(path)
     f = Fields(path, read_toml(path))
     f.reject_unknown({"name", "description", "latency_slo_ms", "accuracy_slo", "staleness_ms",
-                      "tasks", "edges", "inputs"})
+                      "tasks", "edges", "inputs", "max_item_bytes"})
     name = f.str("name")
     latency_slo_ms = f.number("latency_slo_ms", low=0, low_open=True)
     accuracy_slo = f.number("accuracy_slo", None, low=0, high=1, low_open=True) \
         if f.has("accuracy_slo") else None
     staleness_ms = f.number("staleness_ms", 20.0, low=0)
+    max_item_bytes = f.integer("max_item_bytes", 0, low=0, high=1 << 30)
 
     tasks: list[Task] = []
     models: dict[str, tuple[str, Model | None, str]] = {}  # variant -> (task, model, field) first seen
@@ -302,7 +313,7 @@ def load_app(path: str | Path) -> App:
 
     inputs: list[TensorSpec] = []
     for inf in f.tables("inputs", []):
-        inf.reject_unknown({"name", "datatype", "shape"})
+        inf.reject_unknown({"name", "datatype", "shape", "min_shape"})
         dt = inf.str("datatype")
         if dt not in DATATYPES:
             raise inf.error("datatype", f"expected one of {', '.join(DATATYPES)}, got {dt!r}")
@@ -310,12 +321,21 @@ def load_app(path: str | Path) -> App:
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and (d == -1 or d > 0)
                                 for d in shape):
             raise inf.error("shape", "expected a non-empty array of positive integers or -1")
-        inputs.append(TensorSpec(inf.str("name"), dt, tuple(shape)))
+        least: tuple[int, ...] = (1,) * len(shape) if any(t.kind in IMAGE_KINDS for t in tasks
+                                                         if t.name not in {e.dst for e in edges}) else ()
+        if inf.has("min_shape"):
+            given = inf.list("min_shape")
+            if (len(given) != len(shape) or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 0
+                                                    and (d == -1 or m <= d) for m, d in zip(given, shape))):
+                raise inf.error("min_shape", f"expected one non-negative integer per axis of shape {shape}, "
+                                             "none above a fixed size")
+            least = tuple(given)
+        inputs.append(TensorSpec(inf.str("name"), dt, tuple(shape), least))
 
     if not inputs:
         inputs = _graph_inputs(tasks, edges)
     app = App(name, tuple(tasks), tuple(edges), latency_slo_ms, accuracy_slo, staleness_ms,
-              tuple(inputs) or App.inputs, str(path))
+              tuple(inputs) or App.inputs, str(path), max_item_bytes)
     if len(app.topological_order) != len(app.tasks):
         cyclic = sorted(set(app.task_names) - set(app.topological_order))
         raise f.error("edges", f"the task graph is cyclic (through {', '.join(cyclic)})")

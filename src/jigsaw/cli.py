@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="validate a node, app or plan file")
     c.add_argument("files", nargs="+", metavar="FILE")
-    c.add_argument("--node", help="node config to check a plan against")
+    c.add_argument("--node", help="node config to check a plan against, and whose backend loads an app's "
+                                  "models (default for an app file: onnxruntime)")
     c.set_defaults(func=cmd_check)
 
     pl = sub.add_parser("plan", help="plan one app, all apps of the node together, or a fleet (--fleet)")
@@ -288,17 +289,27 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"{path}: {msg}")
             continue
         data = read_toml(path)
+        from jigsaw.models.check import app_problems
         if "gpus" in data:
             node = load_node(path)
             table = load_node_profiles(node)
-            from jigsaw.models.check import check_models
-            check_models(node.apps, node.backend)  # what jigsawd checks before its workers start
+            problems = app_problems(node.apps, node.backend)  # what jigsawd checks before its workers start
+            for name, why in problems.items():
+                print(f"{path}: app {name} will not be served: {why}", file=sys.stderr)
+            if problems:
+                return 1
             print(f"{path}: ok: node {node.name} ({node.num_gpus}x {node.gpu.name}, "
                   f"{len(node.apps)} apps, {len(table)} profile rows: {', '.join(sorted(table.sources))})")
         elif "tasks" in data:
             app = load_app(path)
+            backend = load_node(args.node).backend if args.node else "onnxruntime"
+            problems = app_problems([app], backend)  # the node's load check: models open, transforms import
+            if problems:
+                print(f"{path}: {problems[app.name]}", file=sys.stderr)
+                return 1
             print(f"{path}: ok: app {app.name} ({len(app.tasks)} tasks, depth {app.depth}, "
-                  f"{len(app.lanes())} lanes, SLO {app.latency_slo_ms:g} ms)")
+                  f"{len(app.lanes())} lanes, SLO {app.latency_slo_ms:g} ms; models and transforms load "
+                  f"under {backend})")
         else:
             raise ConfigError(str(path), "(top)", "neither a node ([gpus] table) nor an app "
                                                   "([[tasks]]) file")
@@ -432,7 +443,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from jigsaw.mig import WHOLE_GPU, gpu_model, whole_gpu_model
+    from jigsaw.mig import WHOLE_GPU, gpu_model, share_level, whole_gpu_model
     from jigsaw.planner.packer import (
         instances_from_plan,
         pack,
@@ -446,7 +457,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
         node = load_node(args.node, load_apps=False)
         gpu, num_gpus = node.gpu, node.num_gpus
     else:
-        whole = bool(plan.instances) and all(i.mig_profile == WHOLE_GPU for i in plan.instances)
+        whole = bool(plan.instances) and all(i.mig_profile == WHOLE_GPU or share_level(i.mig_profile)
+                                             for i in plan.instances)
+        # the GPU's MPS shares: a share's name says k, a whole GPU that k shares costs k slices
+        shares = max((share_level(i.mig_profile) or (i.slices if i.slices > 1 else 0)
+                      for i in plan.instances), default=0)
         try:
             gpu = gpu_model(plan.gpu_model)
         except KeyError:
@@ -454,7 +469,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
                 raise ConfigError(args.plan, "gpu_model", f"unknown GPU model {plan.gpu_model!r}") from None
             gpu = whole_gpu_model(plan.gpu_model, 0.0, 0)  # only the layout is asked for
         if whole:
-            gpu = whole_gpu_model(gpu.name, gpu.memory_gb, gpu.sm_count)
+            gpu = whole_gpu_model(gpu.name, gpu.memory_gb, gpu.sm_count, shares=shares)
         num_gpus = max(plan.slices_available // gpu.compute_slices, 1)
     layout = pack(instances_from_plan(plan), gpu, num_gpus, previous)
     if not gpu.mig and args.format != "json":

@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from jigsaw.app import App
@@ -39,6 +40,7 @@ from jigsaw.plan import NodePlan, Plan
 from jigsaw.runtime.forkserver import ForkServer, preload_modules
 from jigsaw.runtime.forkserver import prometheus as fork_server_prometheus
 from jigsaw.runtime.generations import GenerationManager
+from jigsaw.runtime.repository import StaticRepository
 from jigsaw.runtime.rings import cleanup_stale
 from jigsaw.runtime.topology import TopologyError
 from jigsaw.spaces import SPACES
@@ -47,6 +49,7 @@ DEFAULT_DEMAND_RPS = 10.0
 PLAN_TIME_LIMIT_S = 5.0
 READY_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 10.0
+GRPC_GRACE_S = 5.0  # stopping: gRPC calls in flight get this long
 
 
 def _log(msg: str) -> None:
@@ -54,13 +57,12 @@ def _log(msg: str) -> None:
 
 
 def gpu_available() -> bool:
-    """True when CUDA devices are usable (cupy is optional: absent means no GPU path)."""
+    """True when torch sees a CUDA device. Asked through NVML, so the daemon does not initialise
+    CUDA itself (its workers are started from it); without torch there is no GPU path."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     try:
-        import cupy  # type: ignore[import-not-found]
-    except Exception:
-        return False
-    try:
-        return bool(cupy.cuda.is_available())
+        import torch
+        return bool(torch.cuda.is_available())
     except Exception:
         return False
 
@@ -102,6 +104,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--http", choices=HTTP_FRONTS, default=None,
                    help="HTTP front end (default: the node's server.http): fast (the hot OIP routes on "
                         "httptools, the rest on aiohttp) or aiohttp")
+    p.add_argument("--grpc-port", type=int, default=None,
+                   help="Triton's gRPC inference service port (default: the node's server.grpc_port; 0: off)")
     return p.parse_args(argv)
 
 
@@ -119,21 +123,49 @@ def _read_plans(paths: list[Path]) -> list[Plan]:
     return plans
 
 
-def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]:
-    """The (app, plan) pairs to serve, from ``--plan`` files or by planning all the apps served
-    (every app of the node, or ``--apps``) in one decision over the node's slices (``plan_node``),
-    with the objective of the node config: what ``jigsaw plan --node N --demand a=R,b=R`` prints."""
+def wanted_apps(node: Node, args: argparse.Namespace) -> list[App]:
+    """The apps to serve: every app of the node, or those ``--apps`` names."""
     wanted = None if args.apps is None else [a.strip() for a in args.apps.split(",") if a.strip()]
     names = {a.name for a in node.apps}
     for w in wanted or []:
         if w not in names:
             raise JigsawError(f"--apps: unknown app {w!r} (node {node.name} has {', '.join(sorted(names))})")
+    return [a for a in node.apps if wanted is None or a.name in wanted]
+
+
+def failed_apps(apps: list[App], backend: BackendKind) -> dict[str, str]:
+    """app -> why it cannot be served (a model or transform that does not load, ``models/check``):
+    logged; the node serves the others and answers the app's readiness 503 with the reason."""
+    if not backend.runs_models:
+        return {}
+    from jigsaw.models.check import app_problems
+    failed = app_problems(apps, backend.name)
+    for name, why in failed.items():
+        _log(f"{name}: not served: {why}")
+    if failed and len(failed) == len(apps):
+        raise JigsawError(f"no app can be served ({'; '.join(failed.values())})")
+    return failed
+
+
+def choose_plans(node: Node, args: argparse.Namespace, skip: Collection[str] = ()) -> list[tuple[App, Plan]]:
+    """The (app, plan) pairs to serve, from ``--plan`` files or by planning all the apps served
+    (every app of the node, or ``--apps``, less ``skip``: those that cannot load) in one decision
+    over the node's slices (``plan_node``), with the objective of the node config: what
+    ``jigsaw plan --node N --demand a=R,b=R`` prints."""
+    wanted = None if args.apps is None else [a.strip() for a in args.apps.split(",") if a.strip()]
+    names = {a.name for a in node.apps}
+    for w in wanted or []:
+        if w not in names:
+            raise JigsawError(f"--apps: unknown app {w!r} (node {node.name} has {', '.join(sorted(names))})")
+    if skip:
+        wanted = [a.name for a in node.apps if (wanted is None or a.name in wanted) and a.name not in skip]
     if args.plan:
         out = []
         for plan in _read_plans(args.plan):
             if plan.app not in names:
                 raise JigsawError(f"plan for {plan.app!r}: not an app of node {node.name}")
             if wanted is None or plan.app in wanted:
+                _refuse_unserving(node.app(plan.app), plan)
                 out.append((node.app(plan.app), plan))
         if not out:
             raise JigsawError("no plan left to serve (check --apps against the plans' apps)")
@@ -160,8 +192,11 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
         result = quick[0]
     missing = [a.name for a in apps if a.name not in result.plans or not result.plans[a.name].instances]
     if missing:
-        raise JigsawError(f"{', '.join(missing)}: the planner found no configuration ({result.status}; "
-                          f"{'; '.join(result.notes)})")
+        notes = [*result.notes, *(n for a in missing if a in result.plans for n in result.plans[a].notes)]
+        raise JigsawError(f"{', '.join(missing)}: the planner found no configuration that serves any "
+                          f"demand ({result.status}; {'; '.join(dict.fromkeys(notes))})")
+    for a in apps:
+        _refuse_unserving(a, result.plans[a.name])
     _log(f"node {node.name}: {len(apps)} apps planned in one decision (objective {result.objective_kind}, "
          f"{result.status}), {result.slices_used}/{result.slices_available} slices, "
          f"{result.solve_seconds:.2f} s")
@@ -178,10 +213,24 @@ def choose_plans(node: Node, args: argparse.Namespace) -> list[tuple[App, Plan]]
     return out
 
 
+def _refuse_unserving(app: App, plan: Plan) -> None:
+    """A plan that serves nothing is refused at start with its reason: a task without instances
+    (no lane could reach it) or no rate planned, with the planner's notes on why."""
+    idle = [t for t in app.task_names if not any(i.task == t and i.count > 0 for i in plan.instances)]
+    if not idle and plan.planned_rps > 0 and plan.lanes:
+        return
+    what = (f"task{'s' if len(idle) > 1 else ''} {', '.join(idle)} found no segment" if idle
+            else "it plans no rate on any lane")
+    notes = "; ".join(plan.notes)
+    raise JigsawError(f"{app.name}: the plan serves nothing: {what}{f' ({notes})' if notes else ''}")
+
+
 async def serve(generations: GenerationManager, host: str, port: int, *, time_scale: float, seed: int,
                 controller: bool = False, space: str | None = None, bin_seconds: float | None = None,
-                admin_token: str = "", node_config: Path | None = None, anytime: str = "auto") -> None:
-    """Serve OIP until SIGINT/SIGTERM: the frontend, the supervisor, the controllers, ``/admin``."""
+                admin_token: str = "", node_config: Path | None = None, anytime: str = "auto",
+                failed: dict[str, str] | None = None) -> None:
+    """Serve OIP until SIGINT/SIGTERM: the frontend, the supervisor, the controllers, ``/admin``;
+    ``failed``: the apps not served and why (their readiness answers 503 with it)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from aiohttp import web
@@ -195,6 +244,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     fe = Frontend(generations.backend, max_queue=node.server.max_queue,
                   hop_latency_ms=node.planner.hop_latency_ms, time_scale=time_scale, seed=seed)
     generations.attach(fe)
+    fe.state.failed_apps = dict(failed or {})
     if generations.partition is not None:
         fe.http.extra_metrics.append(generations.partition.stats.prometheus)
     fe.http.extra_metrics.append(generations.prometheus)
@@ -216,6 +266,12 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
                              executor=executor, log=_log, solver=solver or default_solver, anytime=anytime)
         fe.http.extra_metrics.append(ctl.stats.prometheus)
     controllers = ctl.apps if ctl is not None else {}
+    node_apps = [a.name for a in node.apps]
+    if ctl is not None:
+        from jigsaw.control.repository import ControllerRepository
+        fe.http.repository = ControllerRepository(ctl, node_apps)
+    else:
+        fe.http.repository = StaticRepository(node_apps, list(generations.apps))
     if not admin_token and not is_loopback(host):
         _log(f"{host} is not a loopback address: /admin/* answers loopback clients only "
              f"(set --admin-token or JIGSAW_ADMIN_TOKEN to allow others)")
@@ -237,9 +293,14 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     add_admin_routes(web_app, generations, controllers, supervisor, admin_token)
     runner = web.AppRunner(web_app, access_log=None)
     await runner.setup()
+    grpc_server = None
     try:
         site = fe.site(runner, host, port, node.server)
         await site.start()
+        if node.server.grpc_port:
+            from jigsaw.runtime.grpc_server import start_grpc
+            grpc_server = await start_grpc(fe.http, host, node.server.grpc_port,
+                                           node.server.max_payload_bytes)
         fe.state.ready = True
         if ctl is not None:
             ctl.start()
@@ -247,7 +308,8 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
                 f"objective {node.planner.objective}, "
                 f"bins of {bin_seconds or node.control.bin_seconds:g} s, anytime {anytime})"
                 if ctl is not None else "static plans")
-        _log(f"serving {', '.join(generations.apps)} on http://{host}:{port} with "
+        grpc_at = f" and grpc://{host}:{node.server.grpc_port}" if grpc_server is not None else ""
+        _log(f"serving {', '.join(generations.apps)} on http://{host}:{port}{grpc_at} with "
              f"{generations.num_processes()} worker processes (backend: {generations.backend.name}; {what})")
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -269,6 +331,9 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
         if ctl is not None:
             await ctl.stop()
         await generations.stop_retiring()
+        if grpc_server is not None:
+            await grpc_server.stop(GRPC_GRACE_S)
+        fe.http.shm.close()
         await runner.cleanup()
         fe.close()
         executor.shutdown(wait=False, cancel_futures=True)
@@ -302,10 +367,10 @@ def choose_backend(node_config: Path, emulate: bool) -> BackendKind:
     kind = backend_kind(node.backend)
     if kind.emulated:
         raise JigsawError(f"the node's backend is {kind.name!r}: run with --emulate")
-    if kind.needs_gpu and not gpu_available():
-        raise JigsawError(f"the node's backend {kind.name!r} needs a GPU and none is usable "
-                          "(cupy.cuda.is_available() is false or cupy is not installed); run with --emulate "
-                          "to serve on the emulated backend")
+    if kind.on_gpus(node.gpu.kind) and not gpu_available():
+        raise JigsawError(f"the node's backend {kind.name!r} needs a GPU on a GPU node and none is usable "
+                          "(torch.cuda.is_available() is false or torch is not installed); run with "
+                          "--emulate to serve on the emulated backend")
     return kind
 
 
@@ -325,14 +390,20 @@ def main(argv: list[str] | None = None) -> int:
     token = args.admin_token if args.admin_token is not None else os.environ.get("JIGSAW_ADMIN_TOKEN", "")
     try:
         node = load_node(args.node_config)
+        if backend.on_gpus(node.gpu.kind):  # the driver's MIG figures, where they differ from jigsaw.mig's
+            from jigsaw.gpu.nvml import driver_node
+            node = driver_node(node, say=_log)
         if args.http is not None:
             node = dataclasses.replace(node, server=dataclasses.replace(node.server, http=args.http))
+        if args.grpc_port is not None:
+            if not 0 <= args.grpc_port <= 65535:
+                raise JigsawError(f"--grpc-port: expected 0 (off) to 65535, got {args.grpc_port}")
+            node = dataclasses.replace(node, server=dataclasses.replace(node.server,
+                                                                        grpc_port=args.grpc_port))
         host = args.host or node.server.host
         port = node.server.port if args.port is None else args.port
-        plans = choose_plans(node, args)
-        if backend.runs_models:
-            from jigsaw.models.check import check_models
-            check_models([app for app, _ in plans], backend.name)
+        failed = failed_apps(wanted_apps(node, args), backend)
+        plans = choose_plans(node, args, skip=failed)
         removed = cleanup_stale()
         if removed:
             _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
@@ -361,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
                          controller=controller,
                          space=args.space,
                          bin_seconds=args.bin_seconds, admin_token=token, node_config=args.node_config,
-                         anytime=args.anytime))
+                         anytime=args.anytime, failed=failed))
     except JigsawError as exc:
         _log(str(exc))
         return 1

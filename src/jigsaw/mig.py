@@ -3,12 +3,22 @@
 A GPU has 8 memory-slice placement slots; an instance of a profile occupies
 ``[start, start + size)`` for one of its allowed ``starts`` and no two instances
 of one GPU may overlap. ``compute_slices`` (out of 7) is what the planner pays for.
-Figures are NVIDIA's MIG user guide tables for each GPU.
+Figures are NVIDIA's MIG user guide tables for each GPU. On a GPU node the driver is the truth:
+``with_driver_profiles`` gives the table with what NVML reports for each profile (memory in MiB,
+SMs, instances per GPU) where the two differ (the H200's 1g.35gb has 26 SMs, not 16; its 1g.18gb
+has 16384 MiB, not 18 GB). The daemon that read them exports them (``DRIVER_TABLE_ENV``), so the
+processes it starts (its planner child) look the model up with the same figures.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from jigsaw.errors import JigsawError
 
 NUM_PLACEMENT_SLOTS = 8
 
@@ -22,6 +32,7 @@ class MigProfile:
     starts: tuple[int, ...]  # allowed start slots
     sm_count: int  # streaming multiprocessors of one instance
     max_per_gpu: int = 7  # e.g. 1 for the "+me" (media extensions) profile
+    share_of: int = 0  # k: one process's share of a whole GPU that k MPS processes share (0: a device)
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,8 @@ class GpuModel:
     total_slices: int = 7  # compute slices of the whole device (a CPU: its cores)
     kind: str = "gpu"  # "gpu" (MIG instances) or "cpu" (core shares; see ``cpu_model``)
     mig: bool = True  # False: a whole GPU, no MIG (``whole_gpu_model``)
+    fp16_tflops: float = 0.0  # dense FP16 tensor peak of the whole GPU (0: not given)
+    memory_tb_s: float = 0.0  # memory bandwidth of the whole GPU, TB/s (0: not given)
 
     @property
     def compute_slices(self) -> int:
@@ -110,20 +123,140 @@ WHOLE_GPU = "gpu"
 """The one segment profile of a GPU without MIG (or with MIG off): the whole device."""
 
 
-def whole_gpu_model(name: str, memory_gb: float, sm_count: int) -> GpuModel:
-    """A GPU used whole (no MIG, or MIG off): one profile, ``gpu``, that is the device.
+MPS_SHARE_LEVELS = (2, 4, 8)
+"""The MPS levels a whole GPU can be split into shares at: those whose shares tile the 8
+placement slots."""
 
-    Its segments are the whole GPU x MPS levels. It costs one compute slice and fills the 8
-    placement slots, so the planner counts GPUs, and the layout and packer code need no special
-    case (one instance per GPU, nothing to partition).
+
+def share_profile_name(k: int) -> str:
+    """The segment profile of one of k MPS processes sharing a whole GPU, e.g. ``gpu-1of4``."""
+    return f"{WHOLE_GPU}-1of{k}"
+
+
+def share_level(profile_name: str) -> int:
+    """k of a share profile's name (``gpu-1of4`` -> 4); 0 for any other profile."""
+    prefix = f"{WHOLE_GPU}-1of"
+    if profile_name.startswith(prefix) and profile_name[len(prefix):].isdigit():
+        return int(profile_name[len(prefix):])
+    return 0
+
+
+def whole_gpu_model(name: str, memory_gb: float, sm_count: int, *, shares: int = 0,
+                    fp16_tflops: float = 0.0, memory_tb_s: float = 0.0) -> GpuModel:
+    """A GPU used whole (no MIG, or MIG off): the profile ``gpu`` is the device.
+
+    Its segments are the whole GPU x MPS levels. Without shares it costs one compute slice and
+    fills the 8 placement slots, so the planner counts GPUs, and the layout and packer code need
+    no special case (one instance per GPU, nothing to partition).
+
+    With ``shares`` = k (one of ``MPS_SHARE_LEVELS``) the GPU costs k slices and also offers the
+    profile ``gpu-1of<k>``: one process of k that share the GPU under one MPS control daemon,
+    each of any (task, variant). A share spans 8/k placement slots, so the layout code places up
+    to k of them per GPU beside no ``gpu`` instance; its profile rows are the level-k rows of the
+    whole GPU divided by k (``jigsaw.shares``: k busy processes, the neighbours' interference in
+    the measurement).
     """
-    profile = MigProfile(WHOLE_GPU, 1, memory_gb, NUM_PLACEMENT_SLOTS, (0,), sm_count, max_per_gpu=1)
-    return GpuModel(name, memory_gb, sm_count, (profile,), total_slices=1, mig=False)
+    if shares and shares not in MPS_SHARE_LEVELS:
+        levels = f"{', '.join(map(str, MPS_SHARE_LEVELS[:-1]))} or {MPS_SHARE_LEVELS[-1]}"
+        raise ValueError(f"a whole GPU is shared by {levels} MPS processes, not {shares}")
+    slices = shares or 1
+    profiles = [MigProfile(WHOLE_GPU, slices, memory_gb, NUM_PLACEMENT_SLOTS, (0,), sm_count, max_per_gpu=1)]
+    if shares:
+        size = NUM_PLACEMENT_SLOTS // shares
+        profiles.append(MigProfile(share_profile_name(shares), 1, memory_gb / shares, size,
+                                   tuple(range(0, NUM_PLACEMENT_SLOTS, size)), sm_count,
+                                   max_per_gpu=shares, share_of=shares))
+    return GpuModel(name, memory_gb, sm_count, tuple(profiles), total_slices=slices, mig=False,
+                    fp16_tflops=fp16_tflops, memory_tb_s=memory_tb_s)
 
 
 def gpu_model(name: str) -> GpuModel:
-    """Looks a GPU model up by name, case-insensitively."""
+    """Looks a GPU model up by name, case-insensitively (with the driver's figures where this
+    process's daemon exported them: ``export_driver_profiles``)."""
     for key, model in (GPU_MODELS | CPU_MODELS).items():
         if key.lower() == name.lower():
-            return model
+            return _as_exported(model)
     raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class DriverProfile:
+    """What the driver reports for one GPU-instance profile (``nvmlDeviceGetGpuInstanceProfileInfo``)."""
+
+    name: str  # the table's name of the profile (e.g. "1g.18gb")
+    slices: int  # compute slices (``sliceCount``)
+    memory_mib: int  # framebuffer of one instance (``memorySizeMB``, MiB)
+    sm_count: int  # streaming multiprocessors of one instance (``multiprocessorCount``)
+    max_per_gpu: int  # instances a GPU holds at most (``instanceCount``); 0: not offered
+
+
+class DriverTableError(JigsawError, ValueError):
+    """The driver's profiles cannot be laid on the table's placement geometry."""
+
+
+def driver_differences(model: GpuModel, driver: Iterable[DriverProfile]) -> list[str]:
+    """One line per figure where the driver and ``model``'s table differ (memory compared in MiB:
+    the planner reads ``memory_gb`` as GiB, ``memory_mb <= memory_gb * 1024``)."""
+    out = []
+    for d in driver:
+        p = model.profile(d.name)
+        if d.max_per_gpu == 0:
+            out.append(f"{p.name}: not offered by the driver (the table allows {p.max_per_gpu} per GPU)")
+            continue
+        if d.slices != p.compute_slices:
+            out.append(f"{p.name}: {d.slices} compute slices (the table says {p.compute_slices})")
+        if d.memory_mib != round(p.memory_gb * 1024):
+            out.append(f"{p.name}: memory {d.memory_mib} MiB (the table says {p.memory_gb:g} GB, "
+                       f"{round(p.memory_gb * 1024)} MiB)")
+        if d.sm_count != p.sm_count:
+            out.append(f"{p.name}: {d.sm_count} SMs (the table says {p.sm_count})")
+        if d.max_per_gpu != p.max_per_gpu:
+            out.append(f"{p.name}: {d.max_per_gpu} per GPU (the table says {p.max_per_gpu})")
+    return out
+
+
+def with_driver_profiles(model: GpuModel, driver: Iterable[DriverProfile]) -> GpuModel:
+    """``model`` with the driver's memory, SMs and instances per GPU for each profile it reports (a
+    profile the driver does not offer: 0 per GPU, so no plan places it); names, placement slots and
+    starts stay the table's. A profile whose compute slices differ has no place on the table's
+    geometry: ``DriverTableError``."""
+    by_name = {d.name: d for d in driver}
+    profiles = []
+    for p in model.profiles:
+        d = by_name.get(p.name)
+        if d is None:
+            profiles.append(p)
+            continue
+        if d.max_per_gpu and d.slices != p.compute_slices:
+            raise DriverTableError(f"{model.name} {p.name}: the driver reports {d.slices} compute slices, "
+                                   f"the table {p.compute_slices}: the placement table does not fit this GPU")
+        if d.max_per_gpu == 0:
+            profiles.append(dataclasses.replace(p, max_per_gpu=0))
+        else:
+            profiles.append(dataclasses.replace(p, memory_gb=d.memory_mib / 1024, sm_count=d.sm_count,
+                                                max_per_gpu=d.max_per_gpu))
+    return dataclasses.replace(model, profiles=tuple(profiles))
+
+
+DRIVER_TABLE_ENV = "JIGSAW_DRIVER_MIG_TABLE"
+"""The GPU-instance profiles a GPU node's daemon read from the driver (JSON: ``model``, ``profiles``),
+inherited by the processes it starts so that they plan with the table it serves with."""
+
+
+def export_driver_profiles(model: str, profiles: Iterable[DriverProfile]) -> None:
+    """Make ``gpu_model(model)`` answer with the driver's figures in this process and its children."""
+    os.environ[DRIVER_TABLE_ENV] = json.dumps(
+        {"model": model, "profiles": [dataclasses.asdict(p) for p in profiles]})
+
+
+def _as_exported(model: GpuModel) -> GpuModel:
+    raw = os.environ.get(DRIVER_TABLE_ENV)
+    if not raw:
+        return model
+    try:
+        doc = json.loads(raw)
+        if doc["model"] != model.name:
+            return model
+        return with_driver_profiles(model, [DriverProfile(**p) for p in doc["profiles"]])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DriverTableError(f"{DRIVER_TABLE_ENV}: not a driver table jigsaw wrote ({exc})") from None

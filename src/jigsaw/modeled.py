@@ -12,8 +12,20 @@ convolutions and matrix products, its weights, its node count as launches, its i
 tensors as activations), at an efficiency ``--efficiency`` of the FP16 peak (default 0.10, the
 ResNets'). Rows are ``source=modeled``: measure them with ``jigsaw profile`` when you can.
 
+What a modeled row assumes about the serving pipeline around the network (``PIPELINE_ASSUMPTIONS``,
+printed with every run): the input already a prepared FP32 tensor on the host, uploaded per item
+from pageable memory; no decode, resize or normalisation; the network in FP16 eager kernels, one
+launch each, no CUDA graphs; YOLOv5's box decode and NMS as ~1.5 ms of launches; outputs handed
+off within the per-batch framework cost; nothing overlapped. ``bench/modeled_vs_measured.py``
+prints the rows against an H200's measured ones.
+
     jigsaw modeled [--gpu H100-80GB] [--whole] [--out profiles/h100-80gb]     # the zoo's variants
     jigsaw modeled --node node.toml [--app app.toml] [--variants a,b]         # a node's apps
+    jigsaw modeled --gpu L4 --memory-gb 24 --sm-count 58 --fp16-tflops 121 --memory-tb-s 0.3
+
+A GPU without a built-in row (``GPU_SPECS``) is modeled from its figures: the node file's
+``[gpus]`` ``memory_gb``, ``sm_count``, ``fp16_tflops`` and ``memory_tb_s`` (with ``mig = false``),
+or the same four flags; it is used whole (``examples/l4x2.toml``, ``examples/a10x1.toml``).
 """
 
 from __future__ import annotations
@@ -48,6 +60,18 @@ P95_BASE = 1.06  # p95 / mean with one process ...
 P95_PER_PROCESS = 0.015  # ... plus this per extra MPS process (scheduling jitter)
 
 
+PIPELINE_ASSUMPTIONS = (
+    "input: a prepared FP32 tensor on the host (224x224x3: 0.6 MB), copied to the GPU per item at "
+    "12 GB/s (pageable; A100: 10), not overlapped with compute",
+    "pre-processing (decode, resize, normalise): not included; 0.02 ms of host work per item",
+    "network: FP16 weights, eager unfused kernels (8 us per launch, 0.4 ms per batch), no CUDA graphs, "
+    "at the family's fraction of the dense FP16 peak",
+    "post-processing: YOLOv5's box decode + NMS ~1.5 ms per batch; the outputs' copy back within "
+    "the per-batch 0.4 ms",
+)
+"""What every modeled row assumes about the pipeline around the network (``jigsaw modeled`` prints it)."""
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """Public figures of one GPU model that the latency model needs."""
@@ -80,6 +104,7 @@ GPU_SPECS: dict[str, GpuSpec] = {
         GpuSpec("A100-40GB", "modeled-a100-40gb", 312.0, 1.555, 10.0),
     )
 }
+HOST_COPY_GB_S = 10.0  # host-to-device copy rate of one process of a GPU given by its figures
 
 
 @dataclass(frozen=True)
@@ -264,6 +289,22 @@ def write(gpu_name: str | GpuSpec, out_dir: Path, chosen: Sequence[Variant] | No
     return paths
 
 
+FIGURES = ("memory_gb", "sm_count", "fp16_tflops", "memory_tb_s")
+"""What models a GPU without a built-in row: its memory, SMs, dense FP16 peak, memory bandwidth."""
+
+
+def spec_from_figures(name: str, figures: dict[str, float], where: str) -> GpuSpec:
+    """The spec of a GPU jigsaw has no row for, used whole, from its four ``FIGURES``; an error
+    naming the missing ones (and where to give them) otherwise."""
+    missing = [k for k in FIGURES if not figures.get(k)]
+    if missing:
+        raise JigsawError(f"no modeled figures for {name!r} (known: {', '.join(sorted(GPU_SPECS))}); "
+                          f"{where}: give its {', '.join(missing)}")
+    return GpuSpec(name, f"modeled-{name.lower()}", float(figures["fp16_tflops"]),
+                   float(figures["memory_tb_s"]), HOST_COPY_GB_S, whole=True,
+                   memory_gb=float(figures["memory_gb"]), sm_count=int(figures["sm_count"]))
+
+
 def _app_variants(apps: Sequence[object], wanted: Sequence[str], efficiency: float) -> list[Variant]:
     """The cost figures of the apps' variants: the zoo's table, or read from a repository model."""
     zoo = {v.name: v for v in variants()}
@@ -292,6 +333,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"GPU model ({', '.join(sorted(GPU_SPECS))}; default: the node's, "
                              "else H100-80GB)")
     parser.add_argument("--whole", action="store_true", help="the GPU used whole (no MIG / MIG off)")
+    for key, what in (("memory_gb", "framebuffer, GB"), ("sm_count", "streaming multiprocessors"),
+                      ("fp16_tflops", "dense FP16 tensor peak, TFLOPS"),
+                      ("memory_tb_s", "memory bandwidth, TB/s")):
+        parser.add_argument("--" + key.replace("_", "-"), dest=key, type=float, default=0.0,
+                            help=f"a GPU without a built-in row (used whole): its {what}")
     parser.add_argument("--node", type=Path, default=None,
                         help="model the variants of this node's apps on its GPU, segments, MPS levels and "
                              "batch sizes, into its profiles_dir")
@@ -311,6 +357,8 @@ def run(args: argparse.Namespace) -> int:
     options: dict[str, object] = {}
     chosen: list[Variant] | None = None
     gpu_name, whole = args.gpu, args.whole
+    figures = {k: getattr(args, k, 0.0) for k in FIGURES}
+    where = "the flags --memory-gb, --sm-count, --fp16-tflops, --memory-tb-s"
     out = args.out
     if args.node is not None:
         from jigsaw.app import load_app
@@ -321,6 +369,11 @@ def run(args: argparse.Namespace) -> int:
         apps = [load_app(args.app)] if args.app is not None else list(node.apps)
         chosen = _app_variants(apps, wanted, args.efficiency)
         gpu_name, whole = gpu_name or node.gpu.name, whole or not node.gpu.mig
+        if gpu_name == node.gpu.name:  # the node file's figures, where it gives them
+            given = {"memory_gb": node.gpu.memory_gb, "sm_count": node.gpu.sm_count,
+                     "fp16_tflops": node.gpu.fp16_tflops, "memory_tb_s": node.gpu.memory_tb_s}
+            figures = {k: figures[k] or given[k] for k in FIGURES}
+            where = f"{args.node}: [gpus] (with mig = false)"
         options = {"mps_levels": node.mps_levels, "batch_sizes": node.batch_sizes,
                    "profiles": node.mig_profiles}
         out = out or node.profiles_dir
@@ -336,8 +389,7 @@ def run(args: argparse.Namespace) -> int:
     gpu_name = gpu_name or "H100-80GB"
     spec = next((s for k, s in GPU_SPECS.items() if k.lower() == gpu_name.lower()), None)
     if spec is None:
-        raise JigsawError(f"--gpu: no modeled figures for {gpu_name!r} "
-                          f"(known: {', '.join(sorted(GPU_SPECS))})")
+        spec = spec_from_figures(gpu_name, figures, where)
     if whole:
         spec = replace(spec, whole=True)
     out = out or Path("profiles") / (spec.name.lower() + ("-whole" if whole else ""))
@@ -345,6 +397,9 @@ def run(args: argparse.Namespace) -> int:
     rows = sum(1 for p in paths for line in p.read_text().splitlines()
                if line and not line.startswith(("#", "variant,")))
     print(f"wrote {len(paths)} files, {rows} rows (source=modeled) to {out}")
+    print("the rows assume (profiles/README.md; compare with bench/modeled_vs_measured.py):")
+    for line in PIPELINE_ASSUMPTIONS:
+        print(f"  - {line}")
     return 0
 
 

@@ -16,8 +16,9 @@ from jigsaw.app import App, load_app
 from jigsaw.backends.registry import NAMES
 from jigsaw.errors import ConfigError
 from jigsaw.fields import Fields, load_section, read_toml, reference, section, setting
-from jigsaw.mig import GPU_MODELS, GpuModel, MigProfile, gpu_model, whole_gpu_model
+from jigsaw.mig import GPU_MODELS, MPS_SHARE_LEVELS, GpuModel, MigProfile, gpu_model, whole_gpu_model
 from jigsaw.profiles import ProfileTable, check_coverage, load_profiles
+from jigsaw.shares import with_share_rows
 
 BACKENDS = NAMES  # the backend registry's names
 PAPER_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -33,7 +34,8 @@ PREDICTORS: tuple[str, ...] = get_args(Predictor)
 
 @dataclass(frozen=True)
 class SegmentType:
-    """A GPU segment: a MIG instance running ``mps`` identical MPS processes."""
+    """A GPU segment: a MIG instance (or whole GPU) running ``mps`` identical MPS processes, or
+    one process of an MPS share of a whole GPU (``mps`` 1, ``jigsaw.shares``)."""
 
     mig: MigProfile
     mps: int
@@ -142,6 +144,8 @@ class ServerSettings:
                                                        "routes, or aiohttp for everything")
     header_timeout_s: float = setting(10.0, "\"fast\": a request head must arrive within this",
                                       gt=0)
+    grpc_port: int = setting(8001, "port of Triton's gRPC inference service (KServe v2) on host "
+                                   "(0: off)", ge=0, le=65535)
 
 
 
@@ -277,8 +281,10 @@ class Node:
 
     @property
     def segment_types(self) -> tuple[SegmentType, ...]:
+        # an MPS share of a whole GPU is one process of its GPU's k (``jigsaw.shares``)
         return tuple(SegmentType(self.gpu.profile(p), k)
-                     for p in self.mig_profiles for k in self.mps_levels)
+                     for p in self.mig_profiles for k in self.mps_levels
+                     if k == 1 or not self.gpu.profile(p).share_of)
 
     @property
     def beta(self) -> float:
@@ -317,14 +323,17 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     f.reject_unknown({"name", "description", "gpus", "planner", "server", "control", "apps"})
     base = path.parent
 
-    g = f.sub("gpus")
+    g = _gpu_group(f)
     g.reject_unknown({"model", "count", "mig_profiles", "mps_levels", "batch_sizes",
-                      "profiles_dir", "backend", "mig", "memory_gb", "sm_count"})
+                      "profiles_dir", "backend", "mig", *WHOLE_GPU_KEYS})
     model_name = g.str("model")
+    mps_levels = g.list("mps_levels", [1, 2, 3, 4])
+    if not mps_levels or not all(isinstance(k, int) and 1 <= k <= 48 for k in mps_levels):
+        raise g.error("mps_levels", f"expected MPS levels between 1 and 48, got {mps_levels!r}")
     if not g.bool("mig", True):
-        gpu = _whole_gpu(g, model_name)
+        gpu = _whole_gpu(g, model_name, mps_levels)
     else:
-        for key in ("memory_gb", "sm_count"):
+        for key in WHOLE_GPU_KEYS:
             if g.has(key):
                 raise g.error(key, "only a GPU used whole (mig = false) takes it; a MIG GPU's "
                                    "figures come from its MIG table")
@@ -341,9 +350,6 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
             raise ConfigError(str(path), f"gpus.mig_profiles[{i}]",
                               f"MIG profile {p!r} is not in the {gpu.name} table "
                               f"({', '.join(gpu.profile_names)})")
-    mps_levels = g.list("mps_levels", [1, 2, 3, 4])
-    if not mps_levels or not all(isinstance(k, int) and 1 <= k <= 48 for k in mps_levels):
-        raise g.error("mps_levels", f"expected MPS levels between 1 and 48, got {mps_levels!r}")
     batch_sizes = g.list("batch_sizes", list(PAPER_BATCH_SIZES))
     if not batch_sizes or not all(isinstance(b, int) and 1 <= b <= 4096 for b in batch_sizes):
         raise g.error("batch_sizes", f"expected batch sizes between 1 and 4096, got {batch_sizes!r}")
@@ -379,9 +385,36 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     )
 
 
-def _whole_gpu(g: Fields, model_name: str) -> GpuModel:
+def _gpu_group(f: Fields) -> Fields:
+    """The node's ``[gpus]`` table, or the one group of a ``[[gpus]]`` array; several groups (GPU
+    models) in one node are refused naming what to do instead."""
+    raw = f.raw("gpus")
+    if not isinstance(raw, list):
+        return f.sub("gpus")
+    groups = f.tables("gpus")
+    if len(groups) != 1:
+        models = ", ".join(str(x.table.get("model", "?")) for x in groups)
+        raise f.error("gpus", f"{len(groups)} GPU groups ({models}): a node plans one GPU model; run "
+                              "each group as its own node and plan them together as a fleet "
+                              "(jigsaw plan --fleet: it mixes GPU models)")
+    return groups[0]
+
+
+WHOLE_GPU_KEYS = {
+    "memory_gb": "framebuffer of one GPU, GB (a GPU jigsaw has no table of)",
+    "sm_count": "streaming multiprocessors of one GPU (a GPU jigsaw has no table of)",
+    "fp16_tflops": "dense FP16 tensor peak of one GPU, TFLOPS (what jigsaw modeled needs)",
+    "memory_tb_s": "memory bandwidth of one GPU, TB/s (what jigsaw modeled needs)",
+    "mps_shares": "k MPS processes of any (task, variant)s may share one GPU (2, 4 or 8; 0: off; "
+                  "default: the largest of mps_levels that is 2, 4 or 8)",
+}
+"""The ``[gpus]`` keys of a GPU used whole (``mig = false``), with their meanings."""
+
+
+def _whole_gpu(g: Fields, model_name: str, mps_levels: list[int]) -> GpuModel:
     """A GPU without MIG (``mig = false``): a known MIG GPU with MIG off, or any GPU whose
-    ``memory_gb`` and ``sm_count`` the file gives."""
+    ``memory_gb`` and ``sm_count`` the file gives (and, to be modeled, its FP16 peak and memory
+    bandwidth)."""
     try:
         known: GpuModel | None = gpu_model(model_name)
     except KeyError:
@@ -395,12 +428,21 @@ def _whole_gpu(g: Fields, model_name: str) -> GpuModel:
     memory_gb = g.number("memory_gb", low=0, low_open=True) if g.has("memory_gb") \
         else known.memory_gb  # type: ignore[union-attr]
     sm_count = g.integer("sm_count", low=1) if g.has("sm_count") else known.sm_count  # type: ignore[union-attr]
-    return whole_gpu_model(known.name if known else model_name, memory_gb, sm_count)
+    default_shares = max((k for k in mps_levels if k in MPS_SHARE_LEVELS), default=0)
+    shares = g.integer("mps_shares", default_shares, low=0, high=max(MPS_SHARE_LEVELS))
+    if shares and shares not in MPS_SHARE_LEVELS:
+        raise g.error("mps_shares", f"expected 0 (off) or one of {list(MPS_SHARE_LEVELS)}, got {shares}")
+    if shares and shares not in mps_levels:
+        raise g.error("mps_shares", f"{shares} is not one of the node's mps_levels {mps_levels}: a "
+                                    "share's profile rows are the whole GPU's at that level")
+    return whole_gpu_model(known.name if known else model_name, memory_gb, sm_count, shares=shares,
+                           fp16_tflops=g.number("fp16_tflops", 0.0, low=0),
+                           memory_tb_s=g.number("memory_tb_s", 0.0, low=0))
 
 
 def load_node_profiles(node: Node, apps: tuple[App, ...] | list[App] | None = None) -> ProfileTable:
     """The node's profile table, checked to cover every variant of ``apps`` (default: the node's)."""
-    table = load_profiles(node.profiles_dir)
+    table = with_share_rows(load_profiles(node.profiles_dir), node.gpu)
     variants = [v.name for a in (apps if apps is not None else node.apps) for t in a.tasks
                 for v in t.variants]
     check_coverage(table, variants, node.gpu.profile_names, node.source)

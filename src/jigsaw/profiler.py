@@ -318,6 +318,7 @@ def _backend(kind_of_backend: str, task_kind: str, variant: str, threads: int, m
     be = Real("profile", task_kind, downstream, threads=threads, model=model)  # type: ignore[call-arg]
     try:
         be.load(variant, max_batch)
+        be.warm_up(range(1, max_batch + 1))  # as a worker does: the rows time the engine it serves
     except (RuntimeError, ImportError, OSError, ValueError, KeyError) as exc:
         where = f" ({model.describe()})" if model is not None else ""
         raise JigsawError(f"{variant}{where}: the {kind_of_backend} backend cannot load it: {exc}") from None

@@ -143,23 +143,28 @@ class ServerProcess:
 
 
 def jigsawd_command(args: list[str], port: int, *, emulate: bool = True,
-                   host: str | None = "127.0.0.1") -> list[str]:
+                   host: str | None = "127.0.0.1", grpc_port: int | None = 0) -> list[str]:
     """``python -m jigsaw.daemon args`` (``--emulate`` unless told otherwise) on ``port``.
 
     ``host=None`` leaves the bind address to the node's configuration (what a user gets).
+    ``grpc_port``: the gRPC port (0: off, so servers started side by side do not all ask for
+    8001; None: the node's ``server.grpc_port``).
     """
     cmd = [sys.executable, "-m", "jigsaw.daemon", *args]
     if emulate:
         cmd.append("--emulate")
     if host is not None:
         cmd += ["--host", host]
+    if grpc_port is not None and "--grpc-port" not in args:
+        cmd += ["--grpc-port", str(grpc_port)]
     return [*cmd, "--port", str(port)]
 
 
 def jigsawd(args: list[str], log_path: Path, *, emulate: bool = True, host: str | None = "127.0.0.1",
             ready_timeout_s: float = 90.0, cwd: Path | None = None,
-            env: dict[str, str] | None = None) -> ServerProcess:
+            env: dict[str, str] | None = None, grpc_port: int | None = 0) -> ServerProcess:
     """A ``ServerProcess`` running jigsawd on a free port (see ``jigsawd_command``)."""
     port = free_port()
-    return ServerProcess(jigsawd_command(args, port, emulate=emulate, host=host), port, log_path,
+    return ServerProcess(jigsawd_command(args, port, emulate=emulate, host=host, grpc_port=grpc_port), port,
+                         log_path,
                          name="jigsawd", ready_timeout_s=ready_timeout_s, cwd=cwd, env=env)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
+import pytest
 from dpserver import EXAMPLE_NODE, Load, Server, http, image, write_tiny
 
 from jigsaw.testing import shm_entries
@@ -98,7 +99,7 @@ def test_sigkill_under_load_is_retried_on_a_sibling_and_the_worker_restarted(tmp
         check_invariants(server, load)
         assert event["retried_requests"] + event["failed_requests"] >= 1, event  # it was busy when killed
         metrics = http("GET", server.url + "/metrics")[1]
-        assert re.search(r'jigsaw_worker_failures_total\{app="tiny",task="a",reason="exited"\} 1', metrics)
+        assert re.search(r'jigsaw_worker_failures_total\{app="tiny",reason="exited",task="a"\} 1', metrics)
         assert re.search(r'jigsaw_worker_restarts_total\{app="tiny",task="a"\} 1', metrics)
         assert "requests dispatched again" in server.log()
 
@@ -187,3 +188,42 @@ def test_daemon_killed_alone_leaves_nothing_that_blocks_a_restart(tmp_path: Path
         with second:
             assert http("POST", second.url + "/v2/models/tiny/infer", image(8))[0] == 200
             assert shm_entries(pid) == []
+
+
+def test_a_crash_of_the_batchs_making_answers_its_requests_and_costs_no_capacity(tmp_path: Path,
+                                                                                 http_front: str) -> None:
+    """A worker that dies by a signal of its own (SIGSEGV: a model's native crash) while a batch
+    runs: that batch's requests are answered 500 WORKER_CRASHED (never sent into the next crash),
+    the others as ever; the crash does not count toward the give-up (``worker_max_restarts = 0``:
+    twice would give it up otherwise), so no capacity is lost and no re-plan happens."""
+    if http_front != "fast":
+        pytest.skip("the worker side only: the same under both front ends (run under the fast one)")
+    args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 5.0, 2: 5.0, 4: 5.0}, 4),
+                                       ("b", "classifier", {1: 200.0, 2: 200.0, 4: 200.0}, 4)],
+                      edges=[("a", "b", 1.0)], latency_slo_ms=5000.0,
+                      server={"worker_hang_timeout_s": 5.0, "worker_max_restarts": 0})
+    with Server(args, tmp_path / "jigsawd.log") as server:
+        generation = http("GET", server.url + "/admin/plan")[1]["tiny"]["generation"]
+        events = []
+        with Load(server.url, "tiny", threads=6, pause_s=0.0, bound_s=60.0) as load:
+            for _ in range(2):
+                time.sleep(1.0)  # b's batches run back to back: a signal lands mid-batch
+                victim = next(w for w in admin_workers(server)["workers"] if w["task"] == "b")
+                os.kill(victim["pid"], signal.SIGSEGV)
+                event = wait_for("the failure event", lambda v=victim: event_of(server, v["pid"]), 5.0)
+                events.append(event)
+                assert event["action"] == "restarted" and event["suspect_requests"], event
+                wait_for("the restarted worker",
+                         lambda v=victim: serving_again(server, v["worker"], v["pid"]))
+            time.sleep(0.5)
+        assert load.sent == load.answered, load.statuses
+        crashed = [doc for _, status, doc in load.answers if status == 500]
+        assert len(crashed) == sum(len(e["suspect_requests"]) for e in events), (events, load.statuses)
+        assert all(d["status"] == "WORKER_CRASHED" and "task 'b'" in d["error"] for d in crashed), crashed
+        assert set(load.statuses) <= {200, 500, 503, 504}, load.statuses
+        assert load.statuses.get(200, 0) >= 0.8 * load.sent, load.statuses
+        assert http("GET", server.url + "/admin/plan")[1]["tiny"]["generation"] == generation  # no re-plan
+        metrics = http("GET", server.url + "/metrics")[1]
+        assert re.search(r'jigsaw_inference_request_failure_total\{app="tiny",reason="worker_crashed"\} '
+                         f"{len(crashed)}\\b", metrics), metrics
+        assert re.search(r'jigsaw_worker_restarts_total\{app="tiny",task="b"\} 2', metrics)

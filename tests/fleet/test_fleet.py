@@ -231,3 +231,35 @@ def test_cli_renders_a_fleet(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["down"] == ["a100-0"] and doc["apps"]["social_media"]["shares"] == {"h100-0": 1.0}
+
+
+def test_a_fleet_of_gpus_given_by_their_figures(tmp_path: Path) -> None:
+    """L4 and A10 nodes (no GPU table, MPS shares): the fleet splits the demand and counts their slices."""
+    path = write_fleet(tmp_path, """
+name = "speech"
+time_limit_s = 5.0
+solver = "highs"
+[[nodes]]
+name = "l4"
+node = "@EX@/l4x2.toml"
+gpus = 2
+count = 1
+[[nodes]]
+name = "a10"
+node = "@EX@/a10x1.toml"
+gpus = 1
+count = 1
+[[apps]]
+name = "voice_intent"
+demand_rps = 300
+""")
+    fp, _ = plan_fleet(load_fleet(path))
+    assert fp.feasible and {n.gpu_model for n in fp.nodes} == {"L4", "A10"}
+    assert {n.name: n.slices_available for n in fp.nodes} == {"l4-0": 8, "a10-0": 4}
+    assert sum(fp.apps["voice_intent"].shares.values()) == pytest.approx(1.0)
+    fleet = load_fleet(path)
+    for n in fp.nodes:
+        node = fleet.group_of(n.name).node
+        for entry in n.apps.values():
+            assert entry.plan is not None and entry.plan.instances
+            assert verify_plan(entry.plan, node.app("voice_intent"), node, load_node_profiles(node)) == []

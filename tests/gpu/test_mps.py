@@ -134,3 +134,46 @@ def test_emulated_mps_keeps_the_same_directories_and_order(tmp_path):
     assert (d.directory / "pipe" / "control").exists()
     mps.stop(inst(0))
     assert not d.directory.exists()
+
+
+def test_a_node_using_its_gpus_whole_gets_one_daemon_per_gpu(fake_mps, tmp_path):
+    from jigsaw.gpu.emulated_nvml import NVML_ERROR_DRIVER_NOT_LOADED, EmulatedNvml
+    from jigsaw.gpu.mps import node_mps
+    from jigsaw.mig import cpu_model, gpu_model, whole_gpu_model
+
+    whole = whole_gpu_model("L4", 24, 58)
+    nvml = EmulatedNvml(whole, 2, mig_enabled=False)
+    # a real backend on whole GPUs: the driver's binary, the GPUs' UUIDs read from NVML on first use
+    mps, gpus = node_mps(whole, 2, tmp_path / "run", emulated=False, on_gpus=True, partitioned=False,
+                         nvml=nvml)
+    assert type(mps) is MpsManager and mps.binary == "nvidia-cuda-mps-control" and gpus is not None
+    assert not nvml.calls
+    layout = gpus.layout()
+    assert [(i.gpu, i.start, i.profile, i.uuid) for i in layout.instances] == [
+        (0, 0, "gpu", "GPU-emulated-0000"), (1, 0, "gpu", "GPU-emulated-0001")]
+    assert gpus.layout() is layout  # read once
+    d = mps.start(layout.instances[1])
+    assert calls(fake_mps)[0].split()[:3] == ["mps", "-d", "GPU-emulated-0001"]
+    assert d.directory.name == "gpu1-start0-gpu"
+    mps.stop(layout.instances[1])
+    assert not d.directory.exists()
+    # a node asking for more GPUs than NVML has, or without a driver: a clear error, no daemon
+    _, three = node_mps(whole, 3, tmp_path / "run", emulated=False, on_gpus=True, partitioned=False,
+                        nvml=EmulatedNvml(whole, 2, mig_enabled=False))
+    with pytest.raises(MpsError, match=r"2 GPU.*asks for 3"):
+        three.layout()
+    broken = EmulatedNvml(whole, 2, mig_enabled=False)
+    broken.inject("nvmlInit", NVML_ERROR_DRIVER_NOT_LOADED)
+    _, none = node_mps(whole, 2, tmp_path / "run", emulated=False, on_gpus=True, partitioned=False,
+                       nvml=broken)
+    with pytest.raises(MpsError, match="Driver Not Loaded"):
+        none.layout()
+    # the emulated node emulates NVML too; a partitioned node keys daemons by MIG instance; a CPU node
+    # and a backend that runs nowhere near a GPU have none
+    assert node_mps(whole, 1, tmp_path, emulated=True, on_gpus=False, partitioned=False)[1].layout()
+    mig_mps, mig_gpus = node_mps(gpu_model("H100-80GB"), 1, tmp_path, emulated=True, on_gpus=False,
+                                 partitioned=True)
+    assert isinstance(mig_mps, EmulatedMps) and mig_gpus is None
+    cpu = node_mps(cpu_model(2), 1, tmp_path, emulated=False, on_gpus=False, partitioned=False)
+    assert cpu == (None, None)
+    assert node_mps(whole, 1, tmp_path, emulated=False, on_gpus=False, partitioned=False) == (None, None)

@@ -101,7 +101,7 @@ def test_bring_your_own_model_end_to_end(workdir: Path) -> None:
 
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "jigsaw.daemon", "--node-config", node, "--host",
-                             "127.0.0.1", "--port", str(port), "--demand", "5"],
+                             "127.0.0.1", "--port", str(port), "--demand", "5", "--grpc-port", "0"],
                             env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -164,3 +164,74 @@ def test_jigsawd_exits_naming_the_variant_and_file_it_cannot_load(workdir: Path)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "digitnet" in done.stderr and "model.onnx" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _get(port: int, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_an_app_that_cannot_load_fails_alone(workdir: Path) -> None:
+    """A node with ``digits`` and a twin whose transform cannot be imported: ``jigsaw check`` says
+    which app and why, ``jigsawd`` serves ``digits``, answers the twin's readiness and requests 503
+    with the reason, and reports the node not ready (every app must serve, as Triton does)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    done = _run(env, str(workdir / "export_digitnet.py"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    app = (workdir / "digits.toml").read_text()
+    (workdir / "broken.toml").write_text(app.replace('name = "digits"', 'name = "broken"')
+                                         .replace("second_look:second_look", "nowhere:nothing"))
+    (workdir / "node.toml").write_text((workdir / "node.toml").read_text().replace(
+        '"fussy.toml"]', '"broken.toml"]'))
+    (workdir / "profiles").mkdir()
+    (workdir / "profiles" / "digitnet.csv").write_text(
+        "variant,mig_profile,mps,batch,latency_ms,throughput_rps,memory_mb,source\n"
+        "digitnet,1c,1,1,1.0,1000,10,measured\ndigitnet,1c,1,4,2.0,2000,10,measured\n")
+    check = _run(env, "-m", "jigsaw.cli", "check", str(workdir / "broken.toml"))
+    assert check.returncode == 1 and "nowhere" in check.stderr and "broken.toml" in check.stderr, check
+    check = _run(env, "-m", "jigsaw.cli", "check", str(workdir / "digits.toml"))
+    assert check.returncode == 0 and "load under onnxruntime" in check.stdout, check
+    check = _run(env, "-m", "jigsaw.cli", "check", str(workdir / "node.toml"))
+    assert check.returncode == 1 and "app broken will not be served" in check.stderr, check
+
+    port = _free_port()
+    log = workdir / "jigsawd.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "jigsaw.daemon", "--node-config",
+                                 str(workdir / "node.toml"), "--host", "127.0.0.1", "--port", str(port),
+                                 "--demand", "5", "--grpc-port", "0"],
+                                env=env, stderr=out, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _ready(port, "/v2/models/digits/ready"):
+            if proc.poll() is not None:
+                pytest.fail(f"jigsawd exited {proc.returncode}: {log.read_text()[-2000:]}")
+            assert time.monotonic() < deadline, "digits did not become ready"
+            time.sleep(0.3)
+        status, body = _get(port, "/v2/models/broken/ready")
+        assert status == 503 and body["ready"] is False and "nowhere" in body["error"], body
+        assert _get(port, "/v2/health/ready") == (503, {"ready": False})
+        assert _get(port, "/v2/health/live")[0] == 200
+        image = np.random.default_rng(7).random((1, 28, 28)).astype(np.float32)
+        assert _infer(port, "digits", image)[0] == 200
+        status, body = _infer(port, "broken", image)
+        assert status == 503 and "nowhere" in body["error"], body
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    err = log.read_text()
+    assert "broken: not served" in err and "Traceback" not in err, err[-2000:]
+
+
+def _ready(port: int, path: str) -> bool:
+    try:
+        return _get(port, path)[0] == 200
+    except OSError:
+        return False

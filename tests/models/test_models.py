@@ -80,11 +80,7 @@ def test_onnx_export_matches_torch_and_is_cached(name: str) -> None:
 
 
 def test_nms_on_hand_made_boxes() -> None:
-    from jigsaw.models.yolo import nms, nms_numpy, postprocess
-    boxes = np.array([[0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60], [0, 0, 10, 9]], np.float32)
-    scores = np.array([0.9, 0.8, 0.7, 0.95], np.float32)
-    assert list(nms_numpy(boxes, scores, 0.5)) == [3, 2]
-    assert list(nms(boxes, scores, 0.5)) == [3, 2]
+    from jigsaw.models.yolo import postprocess
     # postprocess: (cx, cy, w, h, obj, classes...) with 3 classes; two overlapping cars, one person
     pred = np.zeros((1, 4, 8), np.float32)
     pred[0, 0] = [5, 5, 10, 10, 0.9, 0, 0, 1.0]   # class 2, score 0.9
@@ -96,6 +92,13 @@ def test_nms_on_hand_made_boxes() -> None:
     np.testing.assert_allclose(d[0, :4], [0, 0, 10, 10])
     (only_cars,) = postprocess(pred, classes={2})
     assert only_cars[:, 5].tolist() == [2.0]
+    # the batch in one NMS call: an image's boxes never suppress another's; max_det per image
+    two = np.concatenate([pred, pred, np.zeros_like(pred)])
+    a, b, none = postprocess(two)
+    np.testing.assert_array_equal(a, d)
+    np.testing.assert_array_equal(b, d)
+    assert none.shape == (0, 6)
+    assert [len(x) for x in postprocess(two, max_det=1)] == [1, 1, 0]
 
 
 def test_letterbox_and_crop() -> None:

@@ -67,6 +67,12 @@ class Backend(abc.ABC):
     def load(self, variant: str, max_batch: int) -> None:
         """Prepare ``variant`` for batches of up to ``max_batch`` items (weights, engines, buffers)."""
 
+    def warm_up(self, batch_sizes: Sequence[int]) -> None:
+        """Run what the first batch of each size would pay for (graphs, engines, kernels) before
+        the worker reports ready; ``batch_sizes``: those its plan may send (1..max_batch).
+        A backend without such costs (the emulated one) has nothing to do."""
+        return None
+
     @abc.abstractmethod
     def execute(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
         """Run one batch; ``inputs[i]`` is item i's encoded tensors; returns one result per item."""

@@ -1,11 +1,16 @@
 """The emulated backend: executes a batch for the profile's p95 latency at that batch size.
 
-It runs a 4x H100 node faithfully in time on a machine without GPUs. Outputs have the shape of
-the real task's outputs but made-up values, and every response built from them is labelled
-emulated. A detector draws its number of children per downstream task from a Poisson law with
-the edge's multiplicative factor as mean (or rounds it, ``draw="round"``), seeded by request id,
-so a given request always fans out the same way. A whole-number factor is taken as exact (the AR
-assistant captions the one object in view: factor 1 means one child, not Poisson(1)).
+It runs a 4x H100 node faithfully in time on a machine without GPUs. Outputs have the names,
+datatypes and ranks of the real backends' outputs (``pipeline.output_specs`` for a zoo task, the
+ONNX graph's outputs for a repository model's: ``outputs``) but made-up values (a free axis is
+short: a detector's boxes are its children's, the emulated speech is ``EMULATED_AUDIO_SAMPLES``
+long), and every response built from them is labelled emulated. The fan-out is the real
+backends': a detector, and any task's edge with a transform, draws its number of children per
+downstream task from a Poisson law with the edge's multiplicative factor as mean (or rounds it,
+``draw="round"``), seeded by request id, so a given request always fans out the same way; an
+edge without a transform from another task passes each item on as one child, as the real
+pipelines do. A whole-number factor is taken as exact (the AR assistant captions the one object
+in view: factor 1 means one child, not Poisson(1)).
 """
 
 from __future__ import annotations
@@ -19,19 +24,11 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from jigsaw.backends.base import Backend, Downstream, ItemResult, OutputSpec
-from jigsaw.tensors import Tensor, decode_tensors, encode_tensors
+from jigsaw.tensors import DATATYPES, Tensor, decode_tensors, encode_tensors
 
 CAPTION_TOKENS = 16
 LOOP_TIMER_S = 0.001  # the resolution of the workers' uvloop timers
-SAMPLES_PER_TOKEN = 1200  # emulated speech length: 22.05 kHz, ~18 tokens/s
-
-_OUTPUTS: dict[str, list[OutputSpec]] = {
-    "classifier": [OutputSpec("label", "INT32", (1,)), OutputSpec("score", "FP32", (1,))],
-    "captioner": [OutputSpec("tokens", "INT32", (1, CAPTION_TOKENS))],
-    "tts": [OutputSpec("audio_samples", "INT64", (1,))],
-    "generic": [OutputSpec("value", "FP32", (1,))],
-    "detector": [OutputSpec("num_boxes", "INT32", (1,))],
-}
+EMULATED_AUDIO_SAMPLES = 256  # the made-up waveform's length (a real one is ~20k samples a caption)
 
 
 class EmulatedBackend(Backend):
@@ -48,7 +45,8 @@ class EmulatedBackend(Backend):
     def __init__(self, task: str, task_kind: str, downstream: Sequence[Downstream] = (), *,
                  latency_ms_by_batch: dict[int, float] | None = None, time_scale: float = 1.0,
                  seed: int = 0, draw: str = "poisson",
-                 mean_ms_by_batch: dict[int, float] | None = None) -> None:
+                 mean_ms_by_batch: dict[int, float] | None = None,
+                 outputs: Sequence[OutputSpec] | None = None) -> None:
         super().__init__(task, task_kind, downstream)
         if draw not in ("poisson", "round"):
             raise ValueError(f"draw must be 'poisson' or 'round', not {draw!r}")
@@ -64,6 +62,10 @@ class EmulatedBackend(Backend):
         self.draw = draw
         self._generic_head = _generic_head()
         self._child_tasks = tuple(d.task for d in self.downstream)
+        # a repository model's graph outputs (made-up values of their datatype, a free axis 1)
+        self._graph = [_zeros(o) for o in outputs] if outputs else None
+        # the edges whose fan-out is drawn (a transform's), else one child per item
+        self._drawn = any(d.transform for d in self.downstream)
 
     def load(self, variant: str, max_batch: int) -> None:
         self.variant = variant
@@ -127,7 +129,7 @@ class EmulatedBackend(Backend):
             return self._after(delay_s, request_ids, inputs)
         # (uvloop rounds a timer to whole milliseconds: a shorter sleep would not wait, only
         # cost the worker one more turn of its loop before the batch's children leave)
-        if self.task_kind not in _KINDS_DRAWN:
+        if self.task_kind not in _KINDS_DRAWN and self._graph is None and not self._drawn:
             return self._generic_items(request_ids)
         return [self._item(rid, payload) for rid, payload in zip(request_ids, inputs)]
 
@@ -137,7 +139,7 @@ class EmulatedBackend(Backend):
         return self._items(request_ids, inputs)
 
     def _items(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
-        if self.task_kind not in _KINDS_DRAWN:
+        if self.task_kind not in _KINDS_DRAWN and self._graph is None and not self._drawn:
             return self._generic_items(request_ids)
         return [self._item(rid, payload) for rid, payload in zip(request_ids, inputs)]
 
@@ -159,45 +161,58 @@ class EmulatedBackend(Backend):
 
     def _item(self, request_id: int, payload: bytes) -> ItemResult:
         kind = self.task_kind
-        if kind not in _KINDS_DRAWN:
-            return self._generic_items((request_id,))[0]
         rng = _ItemRandom(request_id ^ self.seed)
-        children: dict[str, list[bytes]] = {}
-        if kind == "detector":
-            total = 0
-            for i, d in enumerate(self.downstream):
-                n = self.num_children(request_id, d.factor, i)
-                total += n
-                children[d.task] = [bytes(encode_tensors([
-                    ("box", "FP32", (1, 4), struct.pack("<4f", *(rng.random() for _ in range(4)))),
-                ])) for _ in range(n)]
-            outputs = [Tensor("num_boxes", "INT32", (1,), _arr("<i", [total]))]
-            for d in self.downstream:
-                outputs.append(Tensor(f"num_{d.task}", "INT32", (1,), _arr("<i", [len(children[d.task])])))
-            return ItemResult(outputs, children)
-        if kind == "classifier":
+        if kind == "detector" and self._graph is None:
+            return self._detections(request_id, rng)
+        if self._graph is not None:
+            outputs = list(self._graph)
+        elif kind == "classifier":
             outputs = [Tensor("label", "INT32", (1,), _arr("<i", [rng.randrange(1000)])),
                        Tensor("score", "FP32", (1,), _arr("<f", [rng.random()]))]
+            if payload[:_BOX_AT] == _BOX_HEAD:  # a detector's crop: its box is echoed, as the real one does
+                outputs.append(Tensor("box", "FP32", (1, 4), bytes(payload[_BOX_AT:_BOX_AT + 16])))
         elif kind == "captioner":
             outputs = [Tensor("tokens", "INT32", (1, CAPTION_TOKENS),
                               _arr("<i", [rng.randrange(30522) for _ in range(CAPTION_TOKENS)]))]
         elif kind == "tts":
-            outputs = [Tensor("audio_samples", "INT64", (1,),
-                              _arr("<q", [CAPTION_TOKENS * SAMPLES_PER_TOKEN + rng.randrange(1000)]))]
+            outputs = [Tensor("audio", "FP32", (1, EMULATED_AUDIO_SAMPLES), _SILENCE),
+                       Tensor("audio_samples", "INT64", (1,), _arr("<q", [EMULATED_AUDIO_SAMPLES]))]
         else:
             outputs = [Tensor("value", "FP32", (1,), _arr("<f", [rng.random()]))]
+        children: dict[str, list[bytes]] = {}
         if self.downstream:
-            # A non-detector feeds each downstream task one child carrying its outputs.
+            # Each downstream task gets the item's outputs: one child, or as many as the edge's
+            # transform is declared to make (its factor) when it has one.
             body = encode_tensors(outputs)  # (read, never written: the rings copy it in)
-            children = {d.task: [body] for d in self.downstream}
+            for i, d in enumerate(self.downstream):
+                children[d.task] = [body] * (self.num_children(request_id, d.factor, i) if d.transform else 1)
+        return ItemResult(outputs, children)
+
+    def _detections(self, request_id: int, rng: _ItemRandom) -> ItemResult:
+        """A zoo detector's item: its children (a box each), and the outputs the real one gives
+        (``pipeline.output_specs``), the boxes being the children's."""
+        children: dict[str, list[bytes]] = {}
+        boxes: list[bytes] = []
+        for i, d in enumerate(self.downstream):
+            n = self.num_children(request_id, d.factor, i)
+            mine = [struct.pack("<4f", *(rng.random() for _ in range(4))) for _ in range(n)]
+            boxes += mine
+            children[d.task] = [bytes(encode_tensors([("box", "FP32", (1, 4), box)])) for box in mine]
+        total = len(boxes)
+        outputs = [Tensor("num_boxes", "INT32", (1,), _arr("<i", [total]))]
+        for d in self.downstream:
+            outputs.append(Tensor(f"num_{d.task}", "INT32", (1,), _arr("<i", [len(children[d.task])])))
+        outputs += [Tensor("boxes", "FP32", (total, 4), b"".join(boxes)),
+                    Tensor("scores", "FP32", (total,), _arr("<f", [rng.random() for _ in range(total)])),
+                    Tensor("labels", "INT32", (total,),
+                           _arr("<i", [rng.randrange(80) for _ in range(total)]))]
         return ItemResult(outputs, children)
 
     @classmethod
     def output_specs(cls, task_kind: str, downstream: Sequence[str] = ()) -> list[OutputSpec]:
-        specs = list(_OUTPUTS.get(task_kind, _OUTPUTS["generic"]))
-        if task_kind == "detector":
-            specs += [OutputSpec(f"num_{t}", "INT32", (1,)) for t in downstream]
-        return specs
+        """The real backends' outputs of a task of ``task_kind`` (``pipeline.output_specs``)."""
+        from jigsaw.backends.pipeline import output_specs
+        return output_specs(task_kind, downstream)
 
 
 _MASK64 = (1 << 64) - 1
@@ -247,6 +262,28 @@ def _value_tensor(value: bytes) -> Tensor:
 
 
 _SHAPE_1 = (1,)
+
+
+def _zeros(spec: OutputSpec) -> Tensor:
+    """A tensor of ``spec`` (a free axis 1) of zeros: a graph output's made-up value."""
+    shape = tuple(d if d >= 0 else 1 for d in spec.shape)
+    dtype = DATATYPES.get(spec.datatype)
+    n = math.prod(shape)
+    data: Any = bytes(n * dtype.itemsize) if dtype is not None else [b""] * n
+    return Tensor(spec.name, spec.datatype, shape, data)
+
+
+def _box_head() -> tuple[bytes, int]:
+    """An emulated detector's child up to its box's 16 bytes, and where they start (a classifier
+    fed by it echoes the box, as the real one echoes its crop's)."""
+    probe = bytes(range(16))
+    whole = bytes(encode_tensors([("box", "FP32", (1, 4), probe)]))
+    at = whole.index(probe)
+    return whole[:at], at
+
+
+_BOX_HEAD, _BOX_AT = _box_head()
+_SILENCE = bytes(4 * EMULATED_AUDIO_SAMPLES)
 
 
 def _generic_head() -> bytes | None:

@@ -46,8 +46,10 @@ class ModelBackend(Backend):
         self.threads = threads or default_threads()
         self.model = model  # the variant's model (None: the zoo network of the variant's name)
         self.zoo = ""  # the zoo network loaded (a built-in model; its builders are keyed by it)
+        self.warmed: list[int] = []  # the batch sizes ``warm_up`` ran
         self._net: Any = None
         self.pipeline: Any = None
+        self.device_pipeline: Any = None  # a GpuPipeline around the engine (image tasks on a device engine)
 
     def load(self, variant: str, max_batch: int) -> None:
         self.variant, self.max_batch = variant, max_batch
@@ -60,6 +62,9 @@ class ModelBackend(Backend):
         zoo = self.zoo = self.model.zoo if self.model is not None else variant
         self.pipeline = Pipeline(zoo, self.task_kind, self.downstream)
         self._net = self._load_net(zoo, max_batch)
+        if hasattr(self._net, "channels_last"):  # a device engine: the pipeline runs beside it
+            from jigsaw.backends.gpu_pipeline import GpuPipeline
+            self.device_pipeline = GpuPipeline(self.pipeline, self._net, max_batch)
 
     def _load_onnx(self, model: Model, max_batch: int) -> Any:
         """The runner of a repository model's ONNX graph (backends that run ONNX override it)."""
@@ -75,10 +80,30 @@ class ModelBackend(Backend):
         return self._net(batch)
 
     def execute(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
+        if self.device_pipeline is not None:
+            return self.device_pipeline(inputs)  # type: ignore[no-any-return]
         if hasattr(self.pipeline, "execute"):  # a repository model: per-item errors, no pre-processing
             return self.pipeline.execute(inputs, self.run)  # type: ignore[no-any-return]
         batch, ctx = self.pipeline.prepare(inputs)
         return self.pipeline.finish(self.run(batch), ctx)
+
+    def warm_up(self, batch_sizes: Sequence[int]) -> None:
+        """Prepares the engine for the sizes (CUDA graphs, engine shapes), then runs whole batches
+        of a synthetic item through the pipeline: on a device engine every bucket the sizes use
+        (``gpu_pipeline.batch_buckets``), else one item (a CPU runtime has no per-shape state)."""
+        from jigsaw.backends.warm import warm_batches, warm_payload
+        payload = warm_payload(self.zoo) if self.zoo else None
+        sizes = warm_batches(batch_sizes, on_device=self.device_pipeline is not None
+                             and self.device_pipeline.cuda)
+        if hasattr(self._net, "warm_up"):
+            self._net.warm_up(sizes)
+        if payload is None:
+            return
+        for n in sizes:
+            for r in self.execute(list(range(n)), [payload] * n):
+                if r.error:
+                    raise RuntimeError(f"warm-up batch of {n} failed: {r.error}")
+        self.warmed = list(sizes)
 
     @classmethod
     def output_specs(cls, task_kind: str, downstream: Sequence[str] = ()) -> list[OutputSpec]:
@@ -88,6 +113,7 @@ class ModelBackend(Backend):
     def close(self) -> None:
         super().close()
         self._net = None
+        self.device_pipeline = None
 
 
 class GraphBackend(ModelBackend):

@@ -22,7 +22,7 @@ import numpy as np
 
 from jigsaw.backends.base import Downstream, ItemResult, OutputSpec
 from jigsaw.models import transforms
-from jigsaw.models.images import resize
+from jigsaw.models.images import LETTERBOX_FILL, letterbox_geometry, resize, unletterbox
 from jigsaw.models.transforms import TransformError, tensor_list
 from jigsaw.models.zoo import CAPTION_TOKENS, variant_info
 from jigsaw.tensors import Tensor, decode_tensors, encode_tensors
@@ -32,7 +32,6 @@ IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
 CLIP_MEAN = np.array([0.4815, 0.4578, 0.4082], np.float32)
 CLIP_STD = np.array([0.2686, 0.2613, 0.2758], np.float32)
 MAX_DETECTIONS = 100
-LETTERBOX_FILL = 114
 
 
 def decode_image(tensors: Sequence[Tensor]) -> np.ndarray:
@@ -57,11 +56,8 @@ def decode_image(tensors: Sequence[Tensor]) -> np.ndarray:
 
 def letterbox(img: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[int, int]]:
     """Fit into a ``size`` square keeping the aspect ratio; returns (canvas, scale, (pad_x, pad_y))."""
-    h, w = img.shape[:2]
-    r = min(size / h, size / w)
-    nh, nw = max(1, round(h * r)), max(1, round(w * r))
+    r, nh, nw, px, py = letterbox_geometry(*img.shape[:2], size)
     canvas = np.full((size, size, 3), LETTERBOX_FILL, np.uint8)
-    py, px = (size - nh) // 2, (size - nw) // 2
     canvas[py:py + nh, px:px + nw] = resize(img, nh, nw)
     return canvas, r, (px, py)
 
@@ -117,20 +113,13 @@ class Pipeline:
 
     # ---- after the network --------------------------------------------------------------
     def finish(self, output: Any, ctx: list[Any]) -> list[ItemResult]:
-        if self.kind == "detector":
-            return self._detections(np.asarray(output), ctx)
-        if self.kind == "classifier":
-            logits = np.asarray(output, np.float32)
-            z = np.exp(logits - logits.max(1, keepdims=True))
-            probs = z / z.sum(1, keepdims=True)
-            out = []
-            for p, box in zip(probs, ctx):
-                ts = [_arr("label", "INT32", np.array([int(p.argmax())], np.int32)),
-                      _arr("score", "FP32", np.array([float(p.max())], np.float32))]
-                if box is not None:
-                    ts.append(_arr("box", "FP32", box.reshape(1, 4)))
-                out.append(self._pass_on(ts))
-            return out
+        """Per-item results of the network's host ``output`` (what ``prepare`` returned as ``ctx``)."""
+        if self.kind in ("detector", "classifier"):
+            import torch
+            out = torch.from_numpy(np.ascontiguousarray(output, np.float32))
+            if self.kind == "detector":
+                return self.detected(self.detect(out).numpy(), ctx)
+            return self.classified(top1(out).numpy(), ctx)
         if self.kind == "captioner":
             tokens = np.asarray(output, np.int64)
             return [self._pass_on([_arr("tokens", "INT32", row.astype(np.int32).reshape(1, -1))])
@@ -140,27 +129,42 @@ class Pipeline:
                                _arr("audio_samples", "INT64", np.array([np.asarray(w).size], np.int64))])
                 for w in waves]
 
+    def detect(self, pred: Any) -> Any:
+        """The detections of a batch's network output, on its device (``yolo.detect_rows``)."""
+        from jigsaw.models.yolo import detect_rows
+        return detect_rows(pred, conf_threshold=self.conf_threshold, iou_threshold=self.iou_threshold,
+                           max_det=MAX_DETECTIONS)
+
+    def classified(self, top: np.ndarray, boxes: list[Any]) -> list[ItemResult]:
+        """Per item: label and score (``top1``'s (batch, 2) rows), the crop's box echoed."""
+        out = []
+        for (label, score), box in zip(top, boxes):
+            ts = [_arr("label", "INT32", np.array([int(label)], np.int32)),
+                  _arr("score", "FP32", np.array([score], np.float32))]
+            if box is not None:
+                ts.append(_arr("box", "FP32", np.asarray(box, np.float32).reshape(1, 4)))
+            out.append(self._pass_on(ts))
+        return out
+
     def _pass_on(self, outputs: list[Tensor]) -> ItemResult:
         """A non-detector feeds each downstream task one child carrying its outputs."""
         body = bytes(encode_tensors(outputs)) if self.downstream else b""
         return ItemResult(outputs, {d.task: [body] for d in self.downstream})
 
-    def _detections(self, pred: np.ndarray, ctx: list[Any]) -> list[ItemResult]:
-        from jigsaw.models.yolo import postprocess
-        dets = postprocess(pred, conf_threshold=self.conf_threshold, iou_threshold=self.iou_threshold,
-                           max_det=MAX_DETECTIONS)
+    def detected(self, rows: np.ndarray, ctx: list[Any],
+                 crops: list[dict[str, list[np.ndarray]]] | None = None) -> list[ItemResult]:
+        """Per item: its detections (``detect``'s rows, host copy) in the image's pixels and its
+        children. ``crops``: the built-in fan-out's crops per item and task, already made (on the
+        device); without them each edge's transform makes its children here."""
+        from jigsaw.models.yolo import split_rows
         results = []
-        for d, (img, r, (px, py)) in zip(dets, ctx):
-            h, w = img.shape[:2]
-            boxes = d[:, :4].copy()
-            boxes[:, [0, 2]] = np.clip((boxes[:, [0, 2]] - px) / r, 0, w)
-            boxes[:, [1, 3]] = np.clip((boxes[:, [1, 3]] - py) / r, 0, h)
-            found = {"boxes": boxes.astype(np.float32).reshape(-1, 4),
+        for k, (d, (img, r, pad)) in enumerate(zip(split_rows(rows, len(ctx)), ctx)):
+            found = {"boxes": unletterbox(d[:, :4], r, pad, *img.shape[:2]),
                      "scores": d[:, 4].astype(np.float32), "labels": d[:, 5].astype(np.int32)}
             outputs = [_arr("num_boxes", "INT32", np.array([len(d)], np.int32))]
             try:
                 children = {ds.task: [bytes(encode_tensors(tensor_list(child)))
-                                      for child in self._edge_children(ds, {"image": img}, found)]
+                                      for child in self._children(ds, img, found, crops, k)]
                             for ds in self.downstream}
             except TransformError as exc:
                 results.append(ItemResult([], {}, str(exc)))
@@ -171,6 +175,13 @@ class Pipeline:
                         _arr("labels", "INT32", found["labels"])]
             results.append(ItemResult(outputs, children))
         return results
+
+    def _children(self, ds: Downstream, img: np.ndarray, found: dict[str, np.ndarray],
+                  crops: list[dict[str, list[np.ndarray]]] | None, k: int) -> list[dict[str, np.ndarray]]:
+        if crops is None or ds.transform:
+            return self._edge_children(ds, {"image": img}, found)
+        idx = transforms.wanted_detections(found["labels"], ds.task, ds.factor)
+        return [{"image": c, "box": found["boxes"][i].reshape(1, 4)} for c, i in zip(crops[k][ds.task], idx)]
 
     def _edge_children(self, ds: Downstream, inputs: dict[str, np.ndarray],
                        outputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
@@ -209,6 +220,14 @@ def task_output_specs(app: Any, task: str) -> list[OutputSpec]:
         from jigsaw.backends.graph_pipeline import graph_output_specs
         return graph_output_specs(model)
     return output_specs(app.task(task).kind, app.children(task))
+
+
+def top1(logits: Any) -> Any:
+    """(batch, 2) float32 rows ``label, score`` (softmax's best class) of a torch logits batch,
+    on its device."""
+    import torch
+    score, label = torch.softmax(logits.float(), 1).max(1)
+    return torch.stack((label.float(), score), 1)
 
 
 Runner = Callable[[np.ndarray], Any]

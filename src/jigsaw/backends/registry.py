@@ -33,8 +33,15 @@ class BackendKind:
     emulated: bool = False  # its results are labelled emulated (responses, metrics, logs)
     runs_models: bool = True  # loads real networks (needs the models extra, profiles real rows)
     needs_gpu: bool = False  # only serves with a usable CUDA device (else: a CPU node's backend)
+    gpu_capable: bool = False  # on a GPU node its workers run on the GPUs, pinned like a GPU backend's
     libraries: tuple[str, ...] = ()  # whose versions a profile row records
     onnx_opener: str = ""  # "module:function" opening an ONNX file as this backend will ("": zoo only)
+
+    def on_gpus(self, gpu_kind: str) -> bool:
+        """Whether its workers run on the node's GPUs (each pinned by ``CUDA_VISIBLE_DEVICES`` to
+        its MIG instance or GPU, MIG partitions and MPS daemons made for them) on a node whose
+        ``[gpu]`` kind is ``gpu_kind`` ("cpu" for a CPU node)."""
+        return self.needs_gpu or (self.gpu_capable and gpu_kind != "cpu")
 
     def load_class(self) -> type[Backend]:
         """The backend class; ``BackendUnavailable`` when its libraries are missing."""
@@ -62,15 +69,17 @@ _REAL_SPECS = "jigsaw.backends.pipeline:output_specs"
 _TASK_SPECS = "jigsaw.backends.pipeline:task_output_specs"
 
 KINDS: dict[str, BackendKind] = {k.name: k for k in (
-    BackendKind("emulated", "jigsaw.backends.emulated:EmulatedBackend",
-                "jigsaw.backends.emulated:EmulatedBackend.output_specs", emulated=True, runs_models=False),
+    # (the real backends' outputs: emulation answers with the same names, ``backends/emulated.py``)
+    BackendKind("emulated", "jigsaw.backends.emulated:EmulatedBackend", _REAL_SPECS, _TASK_SPECS,
+                emulated=True, runs_models=False),
     BackendKind("tensorrt", "jigsaw.backends.tensorrt_backend:TensorRTBackend", _REAL_SPECS, _TASK_SPECS,
-                needs_gpu=True, libraries=("tensorrt",), onnx_opener="jigsaw.models.check:check_onnx_graph"),
+                needs_gpu=True, gpu_capable=True, libraries=("tensorrt", "torch"),
+                onnx_opener="jigsaw.models.check:check_onnx_graph"),
     BackendKind("onnxruntime", "jigsaw.backends.onnxruntime_backend:OnnxRuntimeBackend",
                 _REAL_SPECS, _TASK_SPECS,
                 libraries=("onnxruntime", "torch"), onnx_opener="jigsaw.models.check:open_onnxruntime"),
     BackendKind("torch", "jigsaw.backends.torch_backend:TorchBackend", _REAL_SPECS, _TASK_SPECS,
-                libraries=("torch",)),
+                gpu_capable=True, libraries=("torch",)),
 )}
 NAMES: tuple[str, ...] = tuple(KINDS)
 MODEL_BACKENDS: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.runs_models)

@@ -2,21 +2,21 @@
 
 The engine has one optimization profile for batches 1..max_batch (opt = max_batch) and is cached
 next to the ONNX file, keyed by GPU name, TensorRT version, precision and max batch, so a node's
-processes build it once. A batch is staged in pinned host memory, copied to a cupy device
-buffer, run with ``execute_async_v3`` on the process's stream and copied back; the event loop
-is not blocked meanwhile (``execute_async`` polls the stream's completion event). The captioner
-and TTS are several graphs (``jigsaw.models.graphs``): each gets an engine whose profile spans
-the ranges ``jigsaw.models.export.axis_ranges`` gives its named axes (batch, cache length,
-frames), run synchronously under the variant's numpy driver.
+processes build it once. Its bindings are torch tensors: ``set_tensor_address`` takes their
+``data_ptr()`` and ``execute_async_v3`` runs on the process's current torch CUDA stream, so a
+worker loads one CUDA runtime (torch's) and no other array library. A detector or classifier runs
+inside ``jigsaw.backends.gpu_pipeline`` (uint8 upload, device-side pre- and post-processing, the
+engine in the middle); the captioner and TTS are several graphs (``jigsaw.models.graphs``), each
+an engine whose profile spans the ranges ``jigsaw.models.export.axis_ranges`` gives its named axes
+(batch, cache length, frames), run synchronously under the variant's numpy driver.
 
 Inside a MIG instance the process sees only that instance (``CUDA_VISIBLE_DEVICES=MIG-<uuid>``),
-so cupy's device 0 is the instance. ``tensorrt`` and ``cupy`` are imported lazily; on a machine
-without them the backend raises at load time with the reason.
+so torch's device 0 is the instance. ``tensorrt`` is imported lazily; on a machine without it or
+without a CUDA device the backend raises at load time with the reason.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from collections.abc import Sequence
@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from jigsaw.backends.base import ItemResult
 from jigsaw.backends.model import GraphBackend
 from jigsaw.models.graphs import Runner
 from jigsaw.models.repository import Model
@@ -35,16 +34,13 @@ WORKSPACE_BYTES = 2 << 30
 
 
 def available() -> tuple[bool, str]:
-    """(usable, reason) for this process: tensorrt importable and a CUDA device visible."""
+    """(usable, reason) for this process: a CUDA device visible to torch and tensorrt importable."""
     try:
-        import cupy  # type: ignore[import-not-found]
+        import torch
     except Exception as exc:
-        return False, f"cupy is not importable ({exc.__class__.__name__})"
-    try:
-        if not cupy.cuda.is_available():
-            return False, "cupy.cuda.is_available() is false (no GPU)"
-    except Exception as exc:
-        return False, f"no CUDA device ({exc})"
+        return False, f"torch is not importable ({exc.__class__.__name__})"
+    if not torch.cuda.is_available():
+        return False, "torch.cuda.is_available() is false (no GPU)"
     try:
         import tensorrt  # type: ignore[import-not-found]  # noqa: F401
     except Exception as exc:
@@ -82,12 +78,11 @@ def graph_profile(onnx: Path, ranges: dict[str, tuple[int, int, int]]) -> Profil
     return profile
 
 
-def _engine(onnx: Path, profile: Profile, max_batch: int, precision: str) -> Any:
+def _engine(onnx: Path, profile: Profile, max_batch: int, precision: str, device: Any) -> Any:
     """The deserialized engine of ``onnx``, built once and cached next to it."""
-    import cupy as cp  # type: ignore[import-not-found]
     import tensorrt as trt  # type: ignore[import-not-found]
     logger = trt.Logger(trt.Logger.WARNING)
-    gpu_name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    gpu_name = device_name(device)
     path = engine_path(onnx, gpu_name, trt.__version__, precision, max_batch)
     if path.exists():
         blob = path.read_bytes()
@@ -121,134 +116,126 @@ def _build(trt: Any, logger: Any, onnx: Path, profile: Profile, precision: str) 
     return bytes(blob)
 
 
-class _TrtGraph:
-    """One graph of a multi-graph variant (captioner, TTS): any input shapes within its profile.
+def device_name(device: Any) -> str:
+    """The GPU's name (an engine is specific to it); the CPU's for a fake engine in tests."""
+    import torch
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
-    Buffers come from cupy's pool per call, as the shapes change from call to call (the decode
-    cache grows, TTS lengths vary); the call is synchronous, under the variant's driver.
-    """
+
+def _stream(device: Any) -> int:
+    """The current torch stream's handle on ``device`` (0, the default stream, off CUDA)."""
+    import torch
+    return int(torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else 0
+
+
+class _Bindings:
+    """One execution context and its tensors' names, modes and torch dtypes."""
+
+    def __init__(self, engine: Any, device: Any) -> None:
+        import tensorrt as trt  # type: ignore[import-not-found]
+        import torch
+        self.engine, self.device = engine, device
+        self.context = engine.create_execution_context()
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.outputs = [n for n in names if n not in self.inputs]
+        self.dtypes = {n: getattr(torch, np.dtype(trt.nptype(engine.get_tensor_dtype(n))).name)
+                       for n in names}
+
+    def run(self, inputs: dict[str, Any]) -> list[Any]:
+        """Bind ``inputs`` (device tensors of the engine's dtypes), allocate the outputs from
+        torch's caching allocator, enqueue on the current stream; returns the output tensors."""
+        import torch
+        ctx = self.context
+        for n in self.inputs:
+            x = inputs[n]
+            if not ctx.set_input_shape(n, tuple(x.shape)):
+                raise RuntimeError(f"TensorRT: input {n} of shape {tuple(x.shape)} is outside the profile")
+            ctx.set_tensor_address(n, x.data_ptr())
+        outs = []
+        for n in self.outputs:
+            out = torch.empty(tuple(ctx.get_tensor_shape(n)), dtype=self.dtypes[n], device=self.device)
+            ctx.set_tensor_address(n, out.data_ptr())
+            outs.append(out)
+        if not ctx.execute_async_v3(_stream(self.device)):
+            raise RuntimeError("TensorRT execution failed")
+        return outs
+
+
+class _TrtGraph:
+    """One graph of a multi-graph variant (captioner, TTS) or a repository model: host arrays in
+    and out, any input shapes within its profile, synchronous (under the variant's driver)."""
 
     def __init__(self, onnx: Path, ranges: dict[str, tuple[int, int, int]], max_batch: int,
-                 precision: str) -> None:
-        import cupy as cp  # type: ignore[import-not-found]
-        import tensorrt as trt  # type: ignore[import-not-found]
-        self.cp = cp
-        self.engine = _engine(onnx, graph_profile(onnx, ranges), max_batch, precision)
-        self.context = self.engine.create_execution_context()
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        self.outputs = [n for n in names if n not in self.inputs]
-        self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+                 precision: str, device: Any) -> None:
+        engine = _engine(onnx, graph_profile(onnx, ranges), max_batch, precision, device)
+        self.bind = _Bindings(engine, device)
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-        cp = self.cp
-        with self.stream:
-            keep = []
-            for n in self.inputs:
-                arr = cp.asarray(np.ascontiguousarray(inputs[n], self.dtypes[n]))
-                keep.append(arr)
-                self.context.set_input_shape(n, arr.shape)
-                self.context.set_tensor_address(n, arr.data.ptr)
-            outs = []
-            for n in self.outputs:
-                out = cp.empty(tuple(self.context.get_tensor_shape(n)), self.dtypes[n])
-                outs.append(out)
-                self.context.set_tensor_address(n, out.data.ptr)
-            if not self.context.execute_async_v3(self.stream.ptr):
-                raise RuntimeError("TensorRT execution failed")
-            result = [o.get(stream=self.stream) for o in outs]
-        self.stream.synchronize()
-        return result
+        import torch
+        b = self.bind
+        dev = {n: torch.from_numpy(np.ascontiguousarray(inputs[n])).to(b.device, b.dtypes[n])
+               for n in b.inputs}
+        return [o.cpu().numpy() for o in b.run(dev)]
 
 
-class _TrtNet:
-    """A one-graph variant: fixed buffers for max_batch, pinned staging, polled asynchronously."""
+class TrtEngine:
+    """A one-graph variant as a device ``Engine`` (``gpu_pipeline``): a dense NCHW batch of the
+    engine's input dtype in, its first output out, on the device; enqueued, not waited for."""
+
+    channels_last = False  # an engine built from the NCHW ONNX graph reads dense NCHW
 
     def __init__(self, onnx: Path, input_name: str, item_shape: tuple[int, ...], max_batch: int,
-                 precision: str) -> None:
-        import cupy as cp  # type: ignore[import-not-found]
-        import tensorrt as trt  # type: ignore[import-not-found]
-        self.cp, self.trt = cp, trt
+                 precision: str, device: Any) -> None:
         profile = {input_name: ((1, *item_shape), (max_batch, *item_shape), (max_batch, *item_shape))}
-        self.engine = _engine(onnx, profile, max_batch, precision)
-        self.context = self.engine.create_execution_context()
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        self.input_name = input_name
-        self.names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.outputs = [n for n in self.names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        # Device buffers and pinned host staging sized for max_batch, reused for every batch.
-        self.context.set_input_shape(input_name, (max_batch, *item_shape))
-        self.dev: dict[str, Any] = {}
-        self.host: dict[str, np.ndarray] = {}
-        for n in self.names:
-            shape = tuple(self.context.get_tensor_shape(n))
-            dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(n)))
-            self.dev[n] = cp.empty(shape, dtype)
-            mem = cp.cuda.alloc_pinned_memory(int(np.prod(shape)) * dtype.itemsize)
-            self.host[n] = np.frombuffer(mem, dtype, int(np.prod(shape))).reshape(shape)
-            self.context.set_tensor_address(n, self.dev[n].data.ptr)
-        self.done = cp.cuda.Event(block=False, disable_timing=True)
+        self.bind = _Bindings(_engine(onnx, profile, max_batch, precision, device), device)
+        self.device, self.input_name, self.item_shape = device, input_name, item_shape
+        self.dtype = self.bind.dtypes[input_name]
 
-    def launch(self, batch: np.ndarray) -> int:
-        """Stage, copy in, enqueue, copy out (all async on the stream); returns the batch size."""
-        n = batch.shape[0]
-        name = self.input_name
-        self.context.set_input_shape(name, batch.shape)
-        staged = self.host[name][:n]
-        np.copyto(staged, batch.astype(staged.dtype, copy=False))
-        self.dev[name][:n].set(staged, stream=self.stream)
-        self.context.execute_async_v3(self.stream.ptr)
-        for o in self.outputs:
-            self.dev[o][:n].get(stream=self.stream, out=self.host[o][:n])
-        self.done.record(self.stream)
-        return n
+    def __call__(self, x: Any) -> Any:
+        return self.bind.run({self.input_name: x.contiguous()})[0]
 
-    def result(self, n: int) -> np.ndarray:
-        return self.host[self.outputs[0]][:n].copy()
-
-    def __call__(self, batch: np.ndarray) -> np.ndarray:
-        n = self.launch(batch)
-        self.done.synchronize()
-        return self.result(n)
+    def warm_up(self, batch_sizes: Sequence[int]) -> None:
+        """Each size once (the engine was built or loaded at construction)."""
+        import torch
+        for n in batch_sizes:
+            self(torch.zeros((n, *self.item_shape), dtype=self.dtype, device=self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
 class TensorRTBackend(GraphBackend):
     kind = "tensorrt"
     precision = os.environ.get("JIGSAW_TRT_PRECISION", "fp16")
 
-    def _load_net(self, variant: str, max_batch: int) -> Any:
+    def _device(self) -> Any:
         ok, why = available()
         if not ok:
             raise RuntimeError(f"the tensorrt backend needs a GPU: {why}")
+        from jigsaw.backends.gpu_pipeline import process_device
+        return process_device()
+
+    def _load_net(self, variant: str, max_batch: int) -> Any:
+        device = self._device()
         from jigsaw.models.export import exportable
         if not exportable(variant):
             return super()._load_net(variant, max_batch)
         from jigsaw.models.export import export
         ex = export(variant)
-        return _TrtNet(ex.path, ex.input_name, ex.input_shape, max_batch, self.precision)
+        return TrtEngine(ex.path, ex.input_name, ex.input_shape, max_batch, self.precision, device)
 
     def _load_onnx(self, model: Model, max_batch: int) -> Any:
         """A repository model's graph: its batch axis (the first of every input) spans 1..max_batch."""
-        ok, why = available()
-        if not ok:
-            raise RuntimeError(f"the tensorrt backend needs a GPU: {why}")
+        device = self._device()
         import onnx as onnx_lib
         assert model.path is not None
         graph = onnx_lib.load(str(model.path), load_external_data=False).graph
         ranges = {d.dim_param: (1, max_batch, max_batch) for inp in graph.input
                   for d in inp.type.tensor_type.shape.dim[:1] if d.dim_param}
-        return _TrtGraph(model.path, ranges, max_batch, self.precision)
+        return _TrtGraph(model.path, ranges, max_batch, self.precision, device)
 
     def _graph_runner(self, path: Path, max_batch: int) -> Runner:
+        from jigsaw.backends.gpu_pipeline import process_device
         from jigsaw.models.export import axis_ranges
-        return _TrtGraph(path, axis_ranges(self.zoo or self.variant, max_batch), max_batch, self.precision)
-
-    async def execute_async(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
-        if not isinstance(self._net, _TrtNet):
-            return self.execute(request_ids, inputs)
-        batch, ctx = self.pipeline.prepare(inputs)
-        n = self._net.launch(batch)
-        while not self._net.done.query():  # the loop stays free while the GPU works
-            await asyncio.sleep(0.0002)
-        return self.pipeline.finish(self._net.result(n), ctx)
+        return _TrtGraph(path, axis_ranges(self.zoo or self.variant, max_batch), max_batch, self.precision,
+                         process_device())

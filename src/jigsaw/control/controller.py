@@ -79,6 +79,7 @@ from jigsaw.app import App
 from jigsaw.control.needed import NeededPlans
 from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor
 from jigsaw.control.solver import solve_node
+from jigsaw.errors import JigsawError
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
 from jigsaw.planner.node_plan import QUICK_STATUS, app_value, prefer_quick
@@ -162,6 +163,8 @@ class DataPlane(Protocol):
     def plan_of(self, app: str) -> Plan: ...
     def generation_of(self, app: str) -> int: ...
     async def apply(self, desired: DesiredState) -> Applied: ...
+    async def unload_app(self, app: str) -> None: ...
+    async def load_app(self, app: App, plan: Plan) -> None: ...
     def beside(self) -> Beside | None: ...
 
 
@@ -598,6 +601,7 @@ class NodeController(NeededPlans):
         self._trigger = ""  # the running re-plan's trigger
         self._for_bin: int | None = None  # and the bin it plans for (None: the running one)
         self._lost: dict[str, float] = {}  # capacity-loss re-plans waiting: app -> demand
+        self.unloaded: dict[str, tuple[AppController, Plan]] = {}  # apps unloaded (Triton's repository)
         self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
 
     # ---- the clock ---------------------------------------------------------------------------
@@ -705,6 +709,36 @@ class NodeController(NeededPlans):
         if demands:
             self._spawn(demands, "violations" if "violations" in triggers else "rate")
 
+    async def set_app_enabled(self, app: str, enabled: bool) -> None:
+        """Unload ``app`` (its generation drains and its slices go back to the node) or load it
+        again (its last plan placed beside the others), then re-plan the node for the apps it
+        serves; returns once the node serves the new state. Raises ``JigsawError`` with the
+        reason when it cannot (the last app, a plan that does not fit or start)."""
+        running = self._replan_task
+        if running is not None and not running.done():  # the re-plan in flight ends first
+            await asyncio.wait([running])
+        async with self.lock:
+            if not enabled:
+                if app not in self.apps:
+                    return
+                if len(self.apps) == 1:
+                    raise JigsawError(f"{app} is the node's last served app: unloading it would leave the "
+                                      "node nothing to plan")
+                c = self.apps.pop(app)
+                self.unloaded[app] = (c, self.plane.plan_of(app))
+                await self.plane.unload_app(app)
+            else:
+                if app not in self.unloaded:
+                    return
+                c, plan = self.unloaded[app]
+                await self.plane.load_app(c.app, plan)
+                del self.unloaded[app]
+                self.counters.take_bin(app)
+                c.open_bin()
+                self.apps[app] = c
+        self.log(f"{app}: {'loaded' if enabled else 'unloaded'}; re-planning the node")
+        self._spawn({}, "repository")
+
     def on_capacity_lost(self, app: str, why: str) -> None:
         """A worker is gone for good: re-plan now (that app's plan runs as a fresh generation)."""
         c = self.apps.get(app)
@@ -784,17 +818,7 @@ class NodeController(NeededPlans):
             full = {n: max(0.0 if n in as_asked else c.floor_rps,
                            float(demands[n]) if n in demands else c.predicted_rps)
                     for n, c in self.apps.items()}
-            factors = {n: f for n, c in self.apps.items() if (f := c.measured_factors())}
-            quick_box: asyncio.Future[NodePlan] = loop.create_future()
-
-            def on_quick(p: NodePlan) -> None:  # called in the planner's thread
-                loop.call_soon_threadsafe(lambda: quick_box.done() or quick_box.set_result(p))
-            call = functools.partial(
-                self.solver, [c.app for c in self.apps.values()], self.node, self.plane.profiles, full,
-                space=self.space, previous={n: c.plan for n, c in self.apps.items()},
-                time_limit_s=self.time_limit_s, factors=factors or None,
-                on_quick=None if self.anytime == "off" else on_quick)
-            exact_f = loop.run_in_executor(self.executor, call)
+            exact_f, quick_box = self._start_solve(full, loop)
             entry: dict[str, Any] = {"trigger": trigger, "for_bin": for_bin, "quick": None, "exact": None}
             self._extended_first = []
             self._trigger = trigger
@@ -809,6 +833,7 @@ class NodeController(NeededPlans):
                     entry["quick"]["kept"], no = await self._deploy(quick, fresh, "quick", full)
                     refused_any.update(no)
                     deployed, fresh = quick, frozenset()
+                    entry["quick"]["deployed_after_s"] = round(time.monotonic() - t0, 4)
             try:
                 exact = await exact_f
             except Exception as exc:  # a planner failure keeps the running plans (or the quick one)
@@ -837,6 +862,8 @@ class NodeController(NeededPlans):
                 entry["exact"]["kept"], refused = await self._deploy(exact, fresh, "exact", full)
                 refused_any.update(refused)
                 deployed = exact
+                # from the re-plan's decision (its trigger) to this plan's deployment
+                entry["exact"]["deployed_after_s"] = round(time.monotonic() - t0, 4)
                 if refused:
                     deployed = await self._quick_after_refusal(quick_box, refused, entry, fresh, full) \
                         or deployed
@@ -849,6 +876,22 @@ class NodeController(NeededPlans):
                     c.current.plan = plan_summary(c.plan)
             self._record(entry, full, t0)
             return deployed, deployed is not None or bool(exact.plans) or quick_box.done()
+
+    def _start_solve(self, full: Mapping[str, float], loop: asyncio.AbstractEventLoop
+                     ) -> tuple[asyncio.Future[NodePlan], asyncio.Future[NodePlan]]:
+        """Start the node's solve for ``full`` in the executor: (the exact plan's future, the box
+        the quick plan lands in when the planner hands one over first)."""
+        factors = {n: f for n, c in self.apps.items() if (f := c.measured_factors())}
+        quick_box: asyncio.Future[NodePlan] = loop.create_future()
+
+        def on_quick(p: NodePlan) -> None:  # called in the planner's thread
+            loop.call_soon_threadsafe(lambda: quick_box.done() or quick_box.set_result(p))
+        call = functools.partial(
+            self.solver, [c.app for c in self.apps.values()], self.node, self.plane.profiles, full,
+            space=self.space, previous={n: c.plan for n, c in self.apps.items()},
+            time_limit_s=self.time_limit_s, factors=factors or None,
+            on_quick=None if self.anytime == "off" else on_quick)
+        return loop.run_in_executor(self.executor, call), quick_box
 
     async def _first_needed(self, exact_f: asyncio.Future[NodePlan], quick_box: asyncio.Future[NodePlan],
                             trigger: str, for_bin: int | None, t0: float) -> NodePlan | None:

@@ -39,7 +39,7 @@ from jigsaw.errors import PlanError
 from jigsaw.fleet.config import Fleet, NodeGroup
 from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import GpuLayout, Layout, PlacedInstance, Plan, json_safe
-from jigsaw.planner.milp import capacity, plan
+from jigsaw.planner.milp import as_linear, capacity, plan
 from jigsaw.profiles import ProfileTable
 
 WEIGHT_SCALE = 10_000  # integer load-balancer weights: a share of 1.0 is this weight
@@ -83,6 +83,9 @@ class NodePlan:
     num_gpus: int
     apps: dict[str, NodeAppPlan]
     layout: Layout | None = None
+    # compute slices of one GPU: the node's GPU model's own (a GPU given by its figures, e.g.
+    # an L4, has no table to look it up in)
+    slices_per_gpu: int = 7
 
     @property
     def slices_used(self) -> int:
@@ -90,8 +93,7 @@ class NodePlan:
 
     @property
     def slices_available(self) -> int:
-        from jigsaw.mig import gpu_model
-        return self.num_gpus * gpu_model(self.gpu_model).compute_slices
+        return self.num_gpus * self.slices_per_gpu
 
     def plans(self) -> list[Plan]:
         return [a.plan for a in self.apps.values() if a.plan is not None]
@@ -265,11 +267,12 @@ def _allocate(fleet: Fleet, curves: FleetCurves, live: dict[str, int], demand: d
         else:
             m += s >= floor
             m.objective = mip.minimize(mip.xsum(slices(c) * n[c] for c in configs))
-        status = m.optimize(max_seconds=30)
-        if status not in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE):
-            raise PlanError(f"fleet {fleet.name}: the allocation MILP ended {status.name}")
-        counts = {c: round(n[c].x) for c in configs if n[c].x is not None and round(n[c].x) > 0}
-        return counts, float(s.x)
+        # solved where a CBC abort cannot end the caller (``planner.solve_runner``)
+        sol = as_linear(m).solve("cbc", 30.0, m.max_mip_gap_abs, relative_gap=m.max_mip_gap)
+        if not sol.has_incumbent:
+            raise PlanError(f"fleet {fleet.name}: the allocation MILP ended {sol.status}")
+        counts = {c: round(sol.values[n[c].idx]) for c in configs if round(sol.values[n[c].idx]) > 0}
+        return counts, float(sol.values[s.idx])
 
     counts, headroom = model("headroom")
     floor = headroom * (1 - 1e-9) if fleet.allocation == "balanced" else min(1.0, headroom) * (1 - 1e-9)
@@ -385,7 +388,8 @@ def plan_fleet(fleet: Fleet, *, down: set[str] | frozenset[str] = frozenset(),
                     p = _shifted(cache[key], offset)
                 entries.append(NodeAppPlan(app_name, gpus, offset, point.capacity_rps, share, p))
                 offset += gpus
-            np_ = NodePlan(name, g.name, g.node.gpu.name, g.node.num_gpus, {e.app: e for e in entries})
+            np_ = NodePlan(name, g.name, g.node.gpu.name, g.node.num_gpus, {e.app: e for e in entries},
+                           slices_per_gpu=g.node.gpu.compute_slices)
             if plan_nodes:
                 np_.layout = _combined_layout(g.node, entries)
             node_plans.append(np_)

@@ -1,9 +1,11 @@
 """``jigsaw doctor``: what a GPU node lacks before ``jigsawd`` can partition and serve on it.
 
-Read-only: it initialises NVML, reads the driver version, the GPUs and their MIG mode, looks for
-the MPS control binary and checks the permissions MIG needs; it never changes a GPU. Each check
-is one line (``ok``, ``FAIL`` or ``warn``) saying what was found and, when something is missing,
-what to do.
+Read-only: it initialises NVML, reads the driver version, the GPUs and their MIG mode, every
+GPU-instance profile the driver reports (beside ``jigsaw.mig``'s table: where they differ
+``jigsawd`` plans with the driver's figures), looks for the MPS control binary and checks the
+permissions MIG needs; it never changes a GPU. Each check is one line (``ok``, ``FAIL`` or
+``warn``) saying what was found and, when something is missing, what to do. A node that uses its
+GPUs whole (``mig = false``) wants MIG mode off and no MIG permissions.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from jigsaw.gpu.mps import MPS_CONTROL, default_run_dir
+from jigsaw.gpu.nvml import MigError, read_driver_table
+from jigsaw.mig import GPU_MODELS, GpuModel
 from jigsaw.node import Node
 
 MIG_CONFIG_CAPABILITY = Path("/proc/driver/nvidia/capabilities/mig/config")
@@ -83,7 +87,9 @@ def diagnose(
     else:
         checks.append(Check("ok", "mps", "not needed (MPS level 1 only)"))
     uid = os.geteuid() if euid is None else euid
-    if uid == 0:
+    if not node.gpu.mig:
+        checks.append(Check("ok", "permissions", "no MIG management needed: the node uses its GPUs whole"))
+    elif uid == 0:
         checks.append(
             Check("ok", "permissions", "running as root: MIG instances can be created and destroyed")
         )
@@ -157,39 +163,73 @@ def _nvml_checks(node: Node, nvml: Any) -> list[Check]:
         else:
             checks.append(Check("ok", "gpus", f"{count} GPU(s) found, the node uses {node.num_gpus}"))
         for g in range(min(count, node.num_gpus)):
-            dev = nvml.nvmlDeviceGetHandleByIndex(g)
-            name = _text(nvml.nvmlDeviceGetName(dev))
-            try:
-                current, pending = nvml.nvmlDeviceGetMigMode(dev)
-            except nvml.NVMLError as exc:
-                checks.append(Check("FAIL", f"gpu {g}", f"{name}: no MIG support ({exc})"))
-                continue
-            on = nvml.NVML_DEVICE_MIG_ENABLE
-            model_note = "" if _same_model(name, node.gpu.name) else f" (node config says {node.gpu.name})"
-            if current == on:
-                checks.append(Check("ok", f"gpu {g}", f"{name}{model_note}: MIG mode on"))
-            elif pending == on:
-                checks.append(
-                    Check(
-                        "FAIL",
-                        f"gpu {g}",
-                        f"{name}{model_note}: MIG mode enabled but pending: reset the GPU or reboot",
-                    )
-                )
-            else:
-                checks.append(
-                    Check(
-                        "FAIL",
-                        f"gpu {g}",
-                        f"{name}{model_note}: MIG mode off: run `sudo nvidia-smi -i {g} -mig 1`, "
-                        "then reset the GPU",
-                    )
-                )
+            checks.append(_mig_mode_check(node, nvml, g))
+        if count:
+            checks += _mig_table_checks(node, nvml)
     except nvml.NVMLError as exc:
         checks.append(Check("FAIL", "gpus", f"reading the GPUs failed: {exc}"))
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
+    return checks
+
+
+def _mig_mode_check(node: Node, nvml: Any, g: int) -> Check:
+    """GPU ``g``'s MIG mode: on for a partitioned node, off for one that uses its GPUs whole."""
+    dev = nvml.nvmlDeviceGetHandleByIndex(g)
+    name = _text(nvml.nvmlDeviceGetName(dev))
+    model_note = "" if _same_model(name, node.gpu.name) else f" (node config says {node.gpu.name})"
+    try:
+        current, pending = nvml.nvmlDeviceGetMigMode(dev)
+    except nvml.NVMLError as exc:
+        if not node.gpu.mig:
+            return Check("ok", f"gpu {g}", f"{name}{model_note}: no MIG support, used whole")
+        return Check("FAIL", f"gpu {g}", f"{name}: no MIG support ({exc})")
+    on = nvml.NVML_DEVICE_MIG_ENABLE
+    what, gpu = f"gpu {g}", f"{name}{model_note}"
+    if not node.gpu.mig:
+        if current == on:
+            return Check("FAIL", what, f"{gpu}: MIG mode on, but the node uses its GPUs whole (mig = false): "
+                         f"turn it off (`sudo nvidia-smi -i {g} -mig 0`) or set mig = true")
+        return Check("ok", what, f"{gpu}: MIG mode off, used whole")
+    if current == on:
+        return Check("ok", what, f"{gpu}: MIG mode on")
+    if pending == on:
+        return Check("FAIL", what, f"{gpu}: MIG mode enabled but pending: reset the GPU or reboot")
+    return Check("FAIL", what, f"{gpu}: MIG mode off: run `sudo nvidia-smi -i {g} -mig 1`, "
+                 "then reset the GPU")
+
+
+def _mig_table_checks(node: Node, nvml: Any) -> list[Check]:
+    """Every GPU-instance profile the driver reports for GPU 0, one line each beside the table's
+    figures: a partitioned node plans with the driver's where they differ (``warn``); for a node
+    using its GPUs whole the table of its model, where jigsaw has one, is shown for reference."""
+    model: GpuModel | None = node.gpu if node.gpu.mig else GPU_MODELS.get(node.gpu.name)
+    if model is None:
+        return [Check("ok", "mig table", f"{node.gpu.name}: used whole, no MIG table to check")]
+    try:
+        table = read_driver_table(model, nvml)
+    except MigError as exc:
+        status = "FAIL" if node.gpu.mig else "warn"
+        return [Check(status, "mig table", f"reading the driver's profiles: {exc}")]
+    used = node.gpu.mig
+    differs = {line.split(":", 1)[0] for line in table.differences}
+    checks = []
+    for d in table.profiles:
+        what = f"mig {d.name}"
+        if d.max_per_gpu == 0:
+            said = "not offered by the driver" + (": jigsawd never places it" if used else "")
+            checks.append(Check("warn" if used else "ok", what, said))
+            continue
+        p = model.profile(d.name)
+        said = (f"driver: {d.slices} slice(s), {d.memory_mib} MiB, {d.sm_count} SMs, {d.max_per_gpu} per GPU")
+        if d.name not in differs:
+            checks.append(Check("ok", what, said + " (as the table)"))
+            continue
+        table_said = f"table: {p.memory_gb:g} GB, {p.sm_count} SMs, {p.max_per_gpu} per GPU"
+        tail = ": jigsawd plans with the driver's" if used else " (MIG off: for reference)"
+        checks.append(Check("warn" if used else "ok", what, f"{said}; {table_said}{tail}"))
+    checks += [Check("ok", "mig table", f"{line}") for line in table.unknown]
     return checks
 
 

@@ -7,15 +7,23 @@ as ``nvidia-ml-py``. It enforces what the driver enforces for MIG on the A100/H1
 compute instances, or a compute instance a process uses, cannot be destroyed: ``IN_USE``). The
 emulated node applies its layouts through it, so a replay runs the exact sequence of calls a
 real node makes; tests use its call log and its fault injection (``inject``).
+
+``nvmlDeviceGetGpuInstanceProfileInfo`` answers as the driver does, MIG mode on or off (a real H200
+with MIG off reported every profile): from the GPU model's table, or from a real driver's answers
+(``profile_answers``, ``EmulatedNvml.from_driver_dump``: the figures and error codes read on a GPU
+machine, ``h200-nvml-gi-profiles.json``), so a test can run the project against the real driver's
+figures.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import threading
 import uuid as uuidlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from jigsaw.mig import GpuModel, MigProfile
@@ -31,6 +39,7 @@ NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_IN_USE = 19
 NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 NVML_ERROR_INVALID_STATE = 29
@@ -44,8 +53,22 @@ NVML_GPU_INSTANCE_PROFILE_2_SLICE = 0x1
 NVML_GPU_INSTANCE_PROFILE_3_SLICE = 0x2
 NVML_GPU_INSTANCE_PROFILE_4_SLICE = 0x3
 NVML_GPU_INSTANCE_PROFILE_7_SLICE = 0x4
+NVML_GPU_INSTANCE_PROFILE_8_SLICE = 0x5
+NVML_GPU_INSTANCE_PROFILE_6_SLICE = 0x6
 NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1 = 0x7  # 1g with media extensions (1g.10gb+me)
+NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1 = 0x8
 NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2 = 0x9  # 1g with two memory slices (1g.20gb)
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX = 0xA
+NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX = 0xB
+NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX = 0xC
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME = 0xD
+NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME = 0xE
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME = 0xF
+NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME = 0x10
+NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX = 0x11
+NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
+
+nvmlGpuInstanceProfileInfo_v2 = 0x02000098
 
 NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE = 0x0
 NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE = 0x1
@@ -62,6 +85,7 @@ _ERROR_STRINGS = {
     NVML_ERROR_NOT_FOUND: "Not Found",
     NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     NVML_ERROR_IN_USE: "In use by another client",
     NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient resources",
     NVML_ERROR_INVALID_STATE: "Invalid state",
@@ -110,6 +134,22 @@ class c_nvmlComputeInstanceInfo_t(ctypes.Structure):
         ("id", ctypes.c_uint),
         ("profileId", ctypes.c_uint),
         ("placement", c_nvmlComputeInstancePlacement_t),
+    ]
+
+
+class c_nvmlGpuInstanceProfileInfo_t(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_uint),
+        ("isP2pSupported", ctypes.c_uint),
+        ("sliceCount", ctypes.c_uint),
+        ("instanceCount", ctypes.c_uint),
+        ("multiprocessorCount", ctypes.c_uint),
+        ("copyEngineCount", ctypes.c_uint),
+        ("decoderCount", ctypes.c_uint),
+        ("encoderCount", ctypes.c_uint),
+        ("jpegCount", ctypes.c_uint),
+        ("ofaCount", ctypes.c_uint),
+        ("memorySizeMB", ctypes.c_ulonglong),
     ]
 
 
@@ -176,6 +216,35 @@ def ci_profile_id(p: MigProfile) -> int:
     return by_slices[p.compute_slices]
 
 
+GI_PROFILE_IDS: dict[str, int] = {
+    name: value for name, value in list(globals().items())
+    if name.startswith("NVML_GPU_INSTANCE_PROFILE_") and name != "NVML_GPU_INSTANCE_PROFILE_COUNT"
+}
+"""Every GPU-instance profile constant by its pynvml name."""
+
+ProfileAnswer = Mapping[str, int] | int
+"""What the driver answered for a profile id: ``slices``, ``mem_mb``, ``sms``, ``instances``, or an
+NVML error code."""
+
+
+def answers_from_dump(gi_profiles: Mapping[str, Any]) -> dict[int, ProfileAnswer]:
+    """A driver's answers as read on a GPU machine (``{"NVML_GPU_INSTANCE_PROFILE_...": {"slices",
+    "mem_mb", "sms", "instances"} or "error <NVML error string>"}``) by profile id."""
+    codes = {text: code for code, text in _ERROR_STRINGS.items()}
+    out: dict[int, ProfileAnswer] = {}
+    for name, answer in gi_profiles.items():
+        if name not in GI_PROFILE_IDS:
+            raise ValueError(f"{name}: not an NVML GPU-instance profile")
+        if isinstance(answer, str):
+            text = answer.removeprefix("error").strip()
+            if text not in codes:
+                raise ValueError(f"{name}: unknown NVML error {answer!r}")
+            out[GI_PROFILE_IDS[name]] = codes[text]
+        else:
+            out[GI_PROFILE_IDS[name]] = {k: int(answer[k]) for k in ("slices", "mem_mb", "sms", "instances")}
+    return out
+
+
 # ---- state ----------------------------------------------------------------------------------
 
 
@@ -235,19 +304,24 @@ class EmulatedNvml:
         num_gpus: int,
         mig_enabled: bool | Sequence[bool] = True,
         driver_version: str = "emulated",
+        profile_answers: Mapping[int, ProfileAnswer] | None = None,
+        device_name: str = "",
     ) -> None:
         modes = [mig_enabled] * num_gpus if isinstance(mig_enabled, bool) else list(mig_enabled)
         if len(modes) != num_gpus:
             raise ValueError("mig_enabled: one flag per GPU")
         self.model = gpu
         self.driver_version = driver_version
+        self.device_name = device_name or f"NVIDIA {gpu.name} (emulated)"
+        self._answers = None if profile_answers is None else dict(profile_answers)
         self._lock = threading.RLock()
         self._next_handle = 1
         self._objects: dict[int, Any] = {}
         self._gpus = [
             self._register(lambda h, i=i, m=m: _Gpu(h, i, int(m), int(m))) for i, m in enumerate(modes)
         ]
-        self._by_profile_id = {gi_profile_id(p): p for p in gpu.profiles}
+        # a GPU model without MIG (used whole) has no GPU-instance profiles
+        self._by_profile_id = {gi_profile_id(p): p for p in gpu.profiles} if gpu.mig else {}
         self._initialized = 0
         self._faults: list[_Fault] = []
         self._in_use: set[str] = set()
@@ -256,6 +330,17 @@ class EmulatedNvml:
         for name, value in globals().items():
             if name.startswith(("NVML_", "c_nvml")):
                 setattr(self, name, value)
+
+    @classmethod
+    def from_driver_dump(cls, path: Path | str, gpu: GpuModel) -> EmulatedNvml:
+        """The GPU a real driver described (``h200-nvml-gi-profiles.json``: its device name, driver
+        version, MIG mode and every GPU-instance profile's answer), on ``gpu``'s placement table."""
+        doc = json.loads(Path(path).read_text())
+        current, pending = (int(m) for m in doc["mig_mode"])  # nvmlDeviceGetMigMode's pair
+        nvml = cls(gpu, 1, current == NVML_DEVICE_MIG_ENABLE, driver_version=str(doc["driver"]),
+                   profile_answers=answers_from_dump(doc["gi_profiles"]), device_name=str(doc["name"]))
+        nvml._gpus[0].pending_mode = pending
+        return nvml
 
     # ---- test and emulation hooks --------------------------------------------------------
 
@@ -349,7 +434,7 @@ class EmulatedNvml:
     def nvmlDeviceGetName(self, handle: Any) -> str:
         g = self._get(handle, _Gpu)
         self._enter("nvmlDeviceGetName", g.index)
-        return f"NVIDIA {self.model.name} (emulated)"
+        return self.device_name
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         obj = self._objects.get(handle.value if isinstance(handle, ctypes.c_void_p) else handle)
@@ -374,21 +459,38 @@ class EmulatedNvml:
 
     def nvmlDeviceGetGpuInstanceProfileInfo(
         self, handle: Any, profile: int, version: int = 2
-    ) -> c_nvmlGpuInstanceProfileInfo_v2_t:
+    ) -> c_nvmlGpuInstanceProfileInfo_v2_t | c_nvmlGpuInstanceProfileInfo_t:
+        """A profile's figures, MIG mode on or off (as the driver answers); NOT_SUPPORTED for a
+        profile the GPU does not offer, INVALID_ARGUMENT for an id past the known ones."""
         g = self._get(handle, _Gpu)
         self._enter("nvmlDeviceGetGpuInstanceProfileInfo", g.index, f"profile={profile}")
-        g = self._mig_gpu(handle)
-        p = self._by_profile_id.get(profile)
-        if p is None:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        info = c_nvmlGpuInstanceProfileInfo_v2_t()
+        if version not in (1, 2):
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        if self._answers is not None:
+            answer = self._answers.get(profile, NVML_ERROR_INVALID_ARGUMENT)
+            if isinstance(answer, int):
+                raise NVMLError(answer)
+            p = self._by_profile_id.get(profile)
+            slices, mem_mb, sms, count = (answer[k] for k in ("slices", "mem_mb", "sms", "instances"))
+        else:
+            if not 0 <= profile < NVML_GPU_INSTANCE_PROFILE_COUNT:
+                raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+            p = self._by_profile_id.get(profile)
+            if p is None:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            slices, mem_mb, sms, count = p.compute_slices, int(p.memory_gb * 1024), p.sm_count, p.max_per_gpu
+        info = c_nvmlGpuInstanceProfileInfo_v2_t() if version == 2 else c_nvmlGpuInstanceProfileInfo_t()
+        if version == 2:
+            info.version = nvmlGpuInstanceProfileInfo_v2
+            info.name = f"MIG {p.name if p is not None else f'{slices}g'}".encode()
         info.id = profile  # on real GPUs too, the id of a profile equals its constant
-        info.sliceCount = p.compute_slices
-        info.instanceCount = p.max_per_gpu
-        info.multiprocessorCount = p.sm_count
-        info.memorySizeMB = int(p.memory_gb * 1024)
-        info.name = f"MIG {p.name}".encode()
+        info.sliceCount = slices
+        info.instanceCount = count
+        info.multiprocessorCount = sms
+        info.memorySizeMB = mem_mb
         return info
+
+    nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo  # pynvml's alias
 
     def _profile(self, profile_id: int) -> MigProfile:
         p = self._by_profile_id.get(profile_id)
@@ -528,7 +630,7 @@ class EmulatedNvml:
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
         g = self._get(handle, _Gpu)
         self._enter("nvmlDeviceGetMaxMigDeviceCount", g.index)
-        return 7
+        return 7 if g.mig_mode == NVML_DEVICE_MIG_ENABLE else 0  # 0 with MIG off, as the driver says
 
     def _mig_devices(self, g: _Gpu) -> list[tuple[int, _MigDevice]]:
         devs = [(h, o) for h, o in self._objects.items() if isinstance(o, _MigDevice) and o.ci.gi.gpu is g]

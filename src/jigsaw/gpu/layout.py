@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel
 from jigsaw.plan import GpuLayout, Layout, PlacedInstance
 from jigsaw.planner.layouts import (
-    MAX_COMPUTE_SLICES,
     placement_violations,
     room,
     slot_mask,
@@ -192,7 +191,7 @@ def _free_starts(gpu: GpuModel, held: list[tuple[str, int]], profile: str) -> li
         mask |= slot_mask(q, start)
         compute += q.compute_slices
         count += name == profile
-    if count >= p.max_per_gpu or compute + p.compute_slices > MAX_COMPUTE_SLICES:
+    if count >= p.max_per_gpu or compute + p.compute_slices > gpu.compute_slices:
         return []
     return [s for s in p.starts if s + p.size <= NUM_PLACEMENT_SLOTS and not mask & slot_mask(p, s)]
 

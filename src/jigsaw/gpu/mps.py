@@ -1,11 +1,12 @@
-"""MPS inside MIG: one ``nvidia-cuda-mps-control -d`` per MIG instance that runs k > 1 processes.
+"""MPS: one ``nvidia-cuda-mps-control -d`` per MIG instance, or per whole GPU, that runs k > 1 processes.
 
-An MPS control daemon serves the clients that share its pipe directory, so each MIG instance gets
-its own ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` under a private run directory
-(owner-only, 0700: whoever can reach the pipe can submit work to the instance), and the daemon
-sees only its instance (``CUDA_VISIBLE_DEVICES=MIG-<uuid>``). It is started before the k worker
+An MPS control daemon serves the clients that share its pipe directory, so each MIG instance (on a
+node with ``mig = false``: each GPU) gets its own ``CUDA_MPS_PIPE_DIRECTORY`` and
+``CUDA_MPS_LOG_DIRECTORY`` under a private run directory (owner-only, 0700: whoever can reach the
+pipe can submit work to the device), and the daemon sees only its device
+(``CUDA_VISIBLE_DEVICES=MIG-<uuid>`` or ``GPU-<uuid>``). It is started before the k worker
 processes and stopped (``quit`` on its control pipe) after them; the reconfiguration executor
-keeps that order.
+keeps that order. Without a daemon, the k processes of a whole GPU would time-share it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from jigsaw.errors import JigsawError
-from jigsaw.gpu.layout import NodeInstance, Slot
+from jigsaw.gpu.layout import NodeInstance, NodeLayout, Slot
+from jigsaw.mig import WHOLE_GPU, GpuModel
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 
@@ -113,11 +116,13 @@ class MpsManager:
             )
 
     def start(self, inst: NodeInstance) -> MpsDaemon:
-        """Starts the daemon of ``inst`` (which must have its UUID) and waits for its control pipe."""
+        """Starts the daemon of ``inst`` (a MIG instance or a whole GPU, with its UUID) and waits for
+        its control pipe."""
         if inst.slot in self.daemons:
             return self.daemons[inst.slot]
         if not inst.uuid:
-            raise MpsError(f"{inst.name}: no MIG UUID to start an MPS daemon on", step="start_mps")
+            what = "GPU" if inst.profile == WHOLE_GPU else "MIG"
+            raise MpsError(f"{inst.name}: no {what} UUID to start an MPS daemon on", step="start_mps")
         private_dir(self.run_dir)
         directory = self._dir(inst)
         if directory.exists():  # a leftover of a daemon that died with its node
@@ -186,3 +191,50 @@ class EmulatedMps(MpsManager):
             control.touch(mode=0o600)
         elif stdin and stdin.strip() == "quit":
             control.unlink(missing_ok=True)
+
+
+class WholeGpus:
+    """The GPUs of a node that uses them whole (``mig = false``) as the instances its MPS daemons are
+    keyed by: one per GPU (profile ``gpu``, start 0, as the planner lays a whole GPU out) with the
+    GPU's ``GPU-<uuid>`` from NVML, read once, when the first daemon is needed."""
+
+    def __init__(self, gpu_model: str, num_gpus: int, nvml: Any = None) -> None:
+        self.gpu_model = gpu_model
+        self.num_gpus = num_gpus
+        self._nvml = nvml
+        self._layout: NodeLayout | None = None
+
+    def layout(self) -> NodeLayout:
+        if self._layout is None:
+            from jigsaw.gpu.nvml import MigError, gpu_uuids
+
+            try:
+                uuids = gpu_uuids(self.num_gpus, self._nvml)
+            except MigError as exc:
+                raise MpsError(f"MPS on whole GPUs: {exc}", step="start_mps") from None
+            self._layout = NodeLayout(self.gpu_model, self.num_gpus, tuple(
+                NodeInstance(gpu=g, profile=WHOLE_GPU, start=0, uuid=u) for g, u in enumerate(uuids)))
+        return self._layout
+
+
+def node_mps(gpu: GpuModel, num_gpus: int, run_dir: Path, *, emulated: bool, on_gpus: bool,
+             partitioned: bool, binary: str = "",
+             nvml: Any = None) -> tuple[MpsManager | None, WholeGpus | None]:
+    """The MPS control daemons a node runs: one per MIG instance of MPS level k > 1 on a partitioned
+    node, one per GPU that runs k > 1 processes on a node using its GPUs whole (``WholeGpus``, the
+    instances to key them by), none on a CPU node or where the backend's workers neither run on the
+    GPUs (``on_gpus``) nor emulate them. The driver's control binary (``binary``, else
+    ``nvidia-cuda-mps-control``) on a GPU node; on an emulated node a stand-in script when
+    ``binary`` names one, else the in-process emulation."""
+    whole = gpu.kind == "gpu" and not gpu.mig and (emulated or on_gpus)
+    if not partitioned and not whole:
+        return None, None
+    manager = EmulatedMps(run_dir) if emulated and not binary else \
+        MpsManager(run_dir, binary=binary or MPS_CONTROL)
+    if not whole:
+        return manager, None
+    if nvml is None and emulated:
+        from jigsaw.gpu.emulated_nvml import EmulatedNvml
+
+        nvml = EmulatedNvml(gpu, num_gpus, mig_enabled=False)
+    return manager, WholeGpus(gpu.name, num_gpus, nvml)

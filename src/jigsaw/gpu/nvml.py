@@ -1,4 +1,5 @@
-"""MIG instances through NVML: check MIG mode, create with placement, destroy, read UUIDs, adopt.
+"""MIG instances through NVML: check MIG mode, create with placement, destroy, read UUIDs, adopt;
+the driver's GPU-instance profiles (``DriverTable``, ``driver_node``: the table a GPU node plans with).
 
 The NVML module is ``pynvml`` from ``nvidia-ml-py`` (the ``gpu`` extra), imported only when a
 GPU node asks for it; the emulated node passes ``EmulatedNvml``, which has the same functions,
@@ -17,9 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from jigsaw.errors import JigsawError
-from jigsaw.gpu.emulated_nvml import ci_profile_id, gi_profile_id
+from jigsaw.gpu.emulated_nvml import GI_PROFILE_IDS, ci_profile_id, gi_profile_id
 from jigsaw.gpu.layout import NodeInstance, NodeLayout
-from jigsaw.mig import GpuModel, MigProfile
+from jigsaw.mig import (
+    DriverProfile,
+    DriverTableError,
+    GpuModel,
+    MigProfile,
+    driver_differences,
+    export_driver_profiles,
+    with_driver_profiles,
+)
+from jigsaw.node import Node
 
 _MAX_GPU_INSTANCES = 16  # per GPU and profile: more than any MIG table allows
 
@@ -319,3 +329,115 @@ class MigApplier:
                     info = next(i for i in self.existing(g) if i.start == info.start)
                 out.append(NodeInstance(gpu=g, profile=info.profile, start=info.start, uuid=info.uuid))
         return NodeLayout(self.gpu.name, num_gpus, tuple(out))
+
+
+def gpu_uuids(num_gpus: int, nvml: Any = None) -> list[str]:
+    """``GPU-...`` of the node's first ``num_gpus`` GPUs (those used whole: their MPS daemons and
+    workers see them by UUID); one NVML session, a clear ``MigError`` naming the step that failed."""
+    nvml = load_nvml() if nvml is None else nvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise MigError(f"NVML did not start: {exc}", step="nvmlInit",
+                       code=getattr(exc, "value", None)) from None
+    step = "nvmlDeviceGetCount"
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        if count < num_gpus:
+            raise MigError(f"{count} GPU(s) found, the node config asks for {num_gpus}", step=step)
+        out = []
+        for g in range(num_gpus):
+            step = "nvmlDeviceGetUUID"
+            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(g))
+            out.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
+        return out
+    except nvml.NVMLError as exc:
+        raise MigError(f"reading the GPUs' UUIDs: NVML {step} failed: {exc}", step=step,
+                       code=getattr(exc, "value", None)) from None
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
+_PROFILE_NAMES = {v: k.removeprefix("NVML_GPU_INSTANCE_PROFILE_") for k, v in GI_PROFILE_IDS.items()}
+_NOT_OFFERED = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT")
+
+
+@dataclass(frozen=True)
+class DriverTable:
+    """What the driver reports for every GPU-instance profile id of one GPU, beside ``jigsaw.mig``'s
+    table: ``profiles`` the table's profiles as the driver has them (0 per GPU: not offered),
+    ``differences`` one line per figure that differs, ``unknown`` the profiles the driver offers
+    that the table has no name for (not used), ``model`` the table with the driver's figures."""
+
+    gpu_name: str
+    profiles: tuple[DriverProfile, ...]
+    differences: tuple[str, ...]
+    unknown: tuple[str, ...]
+    model: GpuModel
+
+
+def read_driver_table(model: GpuModel, nvml: Any = None, gpu: int = 0) -> DriverTable:
+    """Every GPU-instance profile id of GPU ``gpu`` (``nvmlDeviceGetGpuInstanceProfileInfo``; the
+    driver answers with MIG mode on or off) against ``model``'s table. An NVML failure other than
+    "this profile is not offered" is a ``MigError`` naming the call."""
+    nvml = load_nvml() if nvml is None else nvml
+    count = int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", max(GI_PROFILE_IDS.values()) + 1))
+    not_offered = {int(getattr(nvml, n)) for n in _NOT_OFFERED}
+    step = "nvmlInit"
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise MigError(f"NVML did not start: {exc}", step=step, code=getattr(exc, "value", None)) from None
+    answers: dict[int, Any] = {}
+    try:
+        step = "nvmlDeviceGetHandleByIndex"
+        dev = nvml.nvmlDeviceGetHandleByIndex(gpu)
+        name = nvml.nvmlDeviceGetName(dev)
+        step = "nvmlDeviceGetGpuInstanceProfileInfo"
+        for pid in range(count):
+            try:
+                answers[pid] = nvml.nvmlDeviceGetGpuInstanceProfileInfo(dev, pid)
+            except nvml.NVMLError as exc:
+                if getattr(exc, "value", None) not in not_offered:
+                    raise
+    except nvml.NVMLError as exc:
+        raise MigError(f"GPU {gpu}: NVML {step} failed: {exc}", step=step,
+                       code=getattr(exc, "value", None)) from None
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+    return _driver_table(model, name.decode() if isinstance(name, bytes) else str(name), answers)
+
+
+def _driver_table(model: GpuModel, gpu_name: str, answers: dict[int, Any]) -> DriverTable:
+    ours = {gi_profile_id(p): p for p in model.profiles} if model.mig else {}
+    profiles = []
+    for pid, p in ours.items():
+        a = answers.get(pid)
+        profiles.append(DriverProfile(p.name, p.compute_slices, 0, 0, 0) if a is None else DriverProfile(
+            p.name, int(a.sliceCount), int(a.memorySizeMB), int(a.multiprocessorCount), int(a.instanceCount)))
+    unknown = tuple(
+        f"{_PROFILE_NAMES.get(pid, pid)}: {a.sliceCount} slices, {a.memorySizeMB} MiB, "
+        f"{a.multiprocessorCount} SMs, {a.instanceCount} per GPU (no profile of the table: not used)"
+        for pid, a in sorted(answers.items()) if pid not in ours)
+    try:
+        table = with_driver_profiles(model, profiles)
+    except DriverTableError as exc:
+        raise MigError(str(exc), step="nvmlDeviceGetGpuInstanceProfileInfo") from None
+    return DriverTable(gpu_name, tuple(profiles), tuple(driver_differences(model, profiles)), unknown, table)
+
+
+def driver_node(node: Node, nvml: Any = None, say: Any = None) -> Node:
+    """``node`` with its MIG table as the driver reports it (GPU 0's answers; a node's GPUs are one
+    model): what a GPU node plans, packs and serves with, exported to the processes this one starts
+    (``jigsaw.mig.export_driver_profiles``: the planner child). Each difference is said (``say``); a
+    node without MIG (or a CPU node) is returned as it is."""
+    if node.gpu.kind != "gpu" or not node.gpu.mig:
+        return node
+    table = read_driver_table(node.gpu, nvml)
+    for line in table.differences:
+        if say is not None:
+            say(f"MIG table of {node.gpu.name}: {line}: using the driver's")
+    export_driver_profiles(node.gpu.name, table.profiles)
+    return dataclasses.replace(node, gpu=table.model)

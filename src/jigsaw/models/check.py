@@ -2,8 +2,10 @@
 
 A worker that cannot load its model would fail after the daemon started serving, once per
 restart; this check finds it first, in the daemon's process, and names the app, the variant and
-the file. A repository model is opened the way its backend will open it (an onnxruntime session;
-the ONNX checker for TensorRT, which builds on the GPU); a zoo network must exist in the zoo.
+the file. One app's problem is that app's only: ``jigsawd`` serves the others and answers the
+app's readiness 503 with the reason. A repository model is opened the way its backend will open
+it (an onnxruntime session; the ONNX checker for TensorRT, which builds on the GPU); a zoo network
+must exist in the zoo.
 """
 
 from __future__ import annotations
@@ -23,31 +25,51 @@ class ModelLoadError(JigsawError):
 
 def check_models(apps: Iterable[App], backend: str) -> None:
     """Raises ModelLoadError for the first model or transform of ``apps`` that ``backend`` cannot load."""
+    for why in app_problems(apps, backend).values():
+        raise ModelLoadError(why)
+
+
+def app_problems(apps: Iterable[App], backend: str) -> dict[str, str]:
+    """app name -> why ``backend`` cannot load one of its models or transforms (the first found),
+    for each app that has such a problem: the node serves the others (``jigsawd``), and
+    ``jigsaw check`` runs the same check."""
     kind = backend_kind(backend)
-    if not kind.runs_models:
-        return
-    seen: set[str] = set()
+    opened: dict[str, str] = {}  # an ONNX file -> why it cannot be opened ("": it can), once each
+    problems = {}
     for app in apps:
-        for task in app.tasks:
-            for v in task.variants:
-                where = f"{app.source}: task {task.name!r}, variant {v.name!r}"
-                model = v.resolved
-                if model is None:
-                    raise ModelLoadError(f"{where}: no model: the zoo has no network named {v.name!r}; "
-                                         "set model to a zoo name, an ONNX file or a model directory")
-                if not model.is_onnx or str(model.path) in seen:
-                    continue
-                seen.add(str(model.path))
-                why = _open(model.path, kind)  # type: ignore[arg-type]
-                if why:
-                    raise ModelLoadError(f"{where}: cannot load {model.path}: {why}")
-        base = Path(app.source).parent if app.source else None
-        for e in app.edges:
-            if e.transform:
-                try:
-                    transforms.load(e.transform, base)
-                except transforms.TransformError as exc:
-                    raise ModelLoadError(f"{app.source}: edge {e.src} -> {e.dst}: {exc}") from None
+        why = _app_problem(app, kind, opened)
+        if why:
+            problems[app.name] = why
+    return problems
+
+
+def _app_problem(app: App, kind: BackendKind, opened: dict[str, str]) -> str:
+    """Why ``kind`` cannot load one of ``app``'s models or transforms ("" when it can; the emulated
+    backend loads neither)."""
+    if not kind.runs_models:
+        return ""
+    for task in app.tasks:
+        for v in task.variants:
+            where = f"{app.source}: task {task.name!r}, variant {v.name!r}"
+            model = v.resolved
+            if model is None:
+                return (f"{where}: no model: the zoo has no network named {v.name!r}; "
+                        "set model to a zoo name, an ONNX file or a model directory")
+            if not model.is_onnx:
+                continue
+            key = str(model.path)
+            if key not in opened:
+                opened[key] = _open(model.path, kind)  # type: ignore[arg-type]
+            if opened[key]:
+                return f"{where}: cannot load {model.path}: {opened[key]}"
+    base = Path(app.source).parent if app.source else None
+    for e in app.edges:
+        if e.transform:
+            try:
+                transforms.load(e.transform, base)
+            except transforms.TransformError as exc:
+                return f"{app.source}: edge {e.src} -> {e.dst}: {exc}"
+    return ""
 
 
 def _open(path: Path, kind: BackendKind) -> str:

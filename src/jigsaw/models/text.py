@@ -71,7 +71,7 @@ def build_vits(size: str) -> Any:
 def caption(git: Any, pixel_values: torch.Tensor, tokens: int = CAPTION_TOKENS) -> torch.Tensor:
     """Greedy decode of exactly ``tokens`` tokens per image (batch, tokens), int64."""
     bos = git.config.bos_token_id
-    ids = torch.full((pixel_values.shape[0], 1), bos, dtype=torch.long)
+    ids = torch.full((pixel_values.shape[0], 1), bos, dtype=torch.long, device=pixel_values.device)
     out = git.generate(pixel_values=pixel_values, input_ids=ids, max_new_tokens=tokens,
                        min_new_tokens=tokens, do_sample=False, num_beams=1)
     return out[:, 1:1 + tokens]

@@ -145,14 +145,18 @@ def crop_detections(inputs: Tensors, outputs: Tensors, edge: EdgeInfo) -> list[T
     from jigsaw.models.zoo import classifier_size
     img = inputs["image"]
     boxes = np.asarray(outputs["boxes"], np.float32).reshape(-1, 4)
-    labels = np.asarray(outputs["labels"]).reshape(-1)
-    wanted = CLASS_OF_TASK.get(edge.dst)
-    if wanted is not None:
-        idx = [i for i in range(len(boxes)) if int(labels[i]) in wanted]
-    else:
-        idx = list(range(min(len(boxes), max(1, round(edge.factor)))))
     size = classifier_size()
-    return [{"image": crop(img, boxes[i], size), "box": boxes[i].reshape(1, 4)} for i in idx]
+    return [{"image": crop(img, boxes[i], size), "box": boxes[i].reshape(1, 4)}
+            for i in wanted_detections(outputs["labels"], edge.dst, edge.factor)]
+
+
+def wanted_detections(labels: np.ndarray, task: str, factor: float) -> list[int]:
+    """Which detections (best first) the built-in fan-out crops for downstream ``task``."""
+    labels = np.asarray(labels).reshape(-1)
+    wanted = CLASS_OF_TASK.get(task)
+    if wanted is not None:
+        return [i for i in range(len(labels)) if int(labels[i]) in wanted]
+    return list(range(min(len(labels), max(1, round(factor)))))
 
 
 def tensor_list(tensors: Mapping[str, np.ndarray]) -> list[Any]:

@@ -4,13 +4,15 @@ No maintained YOLOv5 package installs here without fetching weights at run time,
 is written out: CSP (C3) backbone, SPPF, PAN neck, three detection heads on strides 8/16/32 with
 the COCO anchors, width/depth multiples n 0.25/0.33, s 0.50/0.33, m 0.75/0.67, l 1.00/1.00,
 x 1.25/1.33. The module ends with the box decode (sigmoid, grid offsets, anchor scaling) so the
-ONNX export carries it; NMS and the class filter run on the host (``postprocess``), as in the
-reference implementation. Layer names follow the reference layout closely enough that a state
-dict converted from it loads with ``strict=False`` diagnostics naming any mismatch.
+ONNX export carries it; the class filter and NMS (``detect_rows``) run as torch ops on the
+network output's device, the whole batch in one NMS call. Layer names follow the reference layout
+closely enough that a state dict converted from it loads with ``strict=False`` diagnostics naming
+any mismatch.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -106,10 +108,11 @@ class Detect(nn.Module):
         for i, x in enumerate(feats):
             bs, _, ny, nx = x.shape
             y = self.m[i](x).view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).sigmoid()
-            yv, xv = torch.meshgrid(torch.arange(ny, dtype=y.dtype), torch.arange(nx, dtype=y.dtype),
-                                    indexing="ij")
+            # The grid is made on the input's device (a CPU tensor here broke every CUDA forward).
+            yv, xv = torch.meshgrid(torch.arange(ny, dtype=y.dtype, device=y.device),
+                                    torch.arange(nx, dtype=y.dtype, device=y.device), indexing="ij")
             grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2)
-            anchor = self.anchors[i].view(1, self.na, 1, 1, 2)
+            anchor = self.anchors[i].view(1, self.na, 1, 1, 2).to(y.dtype)
             xy = (y[..., :2] * 2 - 0.5 + grid) * STRIDES[i]
             wh = (y[..., 2:4] * 2) ** 2 * anchor
             out.append(torch.cat((xy, wh, y[..., 4:]), -1).view(bs, -1, self.no))
@@ -165,56 +168,49 @@ class YoloV5(nn.Module):
 
 # ---- post-processing ------------------------------------------------------------------------
 
-def nms_numpy(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
-    """Greedy NMS on (x1, y1, x2, y2) boxes; indexes kept, by decreasing score."""
-    order = np.argsort(-scores, kind="stable")
-    x1, y1, x2, y2 = boxes.T
-    areas = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
-    keep = []
-    while order.size:
-        i = order[0]
-        keep.append(i)
-        rest = order[1:]
-        w = np.clip(np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]), 0, None)
-        h = np.clip(np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]), 0, None)
-        inter = w * h
-        iou = inter / np.maximum(areas[i] + areas[rest] - inter, 1e-9)
-        order = rest[iou <= iou_threshold]
-    return np.asarray(keep, dtype=np.int64)
+NMS_GROUP_OFFSET = 4096.0  # per (image, class) group: boxes of two groups never overlap
 
 
-def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
-    """``torchvision.ops.nms`` when torchvision is importable, else the numpy equivalent."""
-    try:
-        from torchvision.ops import nms as tv_nms
-    except Exception:  # pragma: no cover - torchvision is part of the models extra
-        return nms_numpy(boxes, scores, iou_threshold)
-    keep = tv_nms(torch.from_numpy(np.ascontiguousarray(boxes, dtype=np.float32)),
-                  torch.from_numpy(np.ascontiguousarray(scores, dtype=np.float32)), iou_threshold)
-    return keep.numpy().astype(np.int64)
+def detect_rows(pred: torch.Tensor, *, conf_threshold: float = 0.25, iou_threshold: float = 0.45,
+                classes: set[int] | None = None, max_det: int = 100) -> torch.Tensor:
+    """The batch's detections as (k, 7) rows ``image, x1, y1, x2, y2, score, class`` on
+    ``pred``'s device: the confidence and class filter, class-aware NMS over the whole batch in
+    one call, each image's rows together, best first, at most ``max_det`` per image.
+
+    ``pred``: (batch, boxes, 5 + classes), the network's decoded output. Nothing leaves the device
+    (NMS runs in float64 there: the group offsets stay exact), so a GPU pipeline copies back only
+    these rows.
+    """
+    from torchvision.ops import nms
+    pred = pred.float()
+    img, idx = torch.nonzero(pred[..., 4] > conf_threshold, as_tuple=True)
+    p = pred[img, idx]
+    score, cls = (p[:, 5:] * p[:, 4:5]).max(1)
+    ok = score > conf_threshold
+    if classes is not None:
+        ok &= torch.isin(cls, torch.tensor(sorted(classes), device=cls.device))
+    img, p, cls, score = img[ok], p[ok], cls[ok], score[ok]
+    xy, wh = p[:, :2], p[:, 2:4]
+    boxes = torch.cat((xy - wh / 2, xy + wh / 2), 1)
+    group = (img * (pred.shape[-1] - 5) + cls).double()[:, None] * NMS_GROUP_OFFSET
+    keep = nms(boxes.double() + group, score.double(), iou_threshold)
+    by_image = torch.sort(img[keep], stable=True).indices  # score order kept within an image
+    keep = keep[by_image]
+    counts = torch.bincount(img[keep], minlength=pred.shape[0])
+    rank = torch.arange(len(keep), device=keep.device) - (torch.cumsum(counts, 0) - counts)[img[keep]]
+    keep = keep[rank < max_det]
+    return torch.cat((img[keep, None].float(), boxes[keep], score[keep, None], cls[keep, None].float()), 1)
+
+
+def split_rows(rows: np.ndarray, batch: int) -> list[np.ndarray]:
+    """``detect_rows``' host copy as one (n, 6) array per image (``x1, y1, x2, y2, score, class``)."""
+    bounds = np.searchsorted(rows[:, 0], np.arange(batch + 1), side="left")
+    return [rows[lo:hi, 1:].astype(np.float32) for lo, hi in itertools.pairwise(bounds)]
 
 
 def postprocess(pred: np.ndarray, *, conf_threshold: float = 0.25, iou_threshold: float = 0.45,
                 classes: set[int] | None = None, max_det: int = 100) -> list[np.ndarray]:
-    """Per image: (n, 6) rows ``x1, y1, x2, y2, score, class`` after the class filter and
-    class-aware NMS, best first, at most ``max_det``. ``pred``: (batch, boxes, 5 + classes)."""
-    out = []
-    for p in pred:
-        p = p[p[:, 4] > conf_threshold]
-        if not len(p):
-            out.append(np.zeros((0, 6), np.float32))
-            continue
-        cls_scores = p[:, 5:] * p[:, 4:5]
-        cls = cls_scores.argmax(1)
-        score = cls_scores[np.arange(len(p)), cls]
-        ok = score > conf_threshold
-        if classes is not None:
-            ok &= np.isin(cls, list(classes))
-        p, cls, score = p[ok], cls[ok], score[ok]
-        xy, wh = p[:, :2], p[:, 2:4]
-        boxes = np.concatenate((xy - wh / 2, xy + wh / 2), 1)
-        offset = boxes + cls[:, None].astype(np.float32) * 4096.0  # class-aware NMS in one call
-        keep = nms(offset, score, iou_threshold)[:max_det]
-        out.append(np.concatenate((boxes[keep], score[keep, None], cls[keep, None].astype(np.float32)),
-                                  1).astype(np.float32))
-    return out
+    """Per image: (n, 6) rows ``x1, y1, x2, y2, score, class`` (``detect_rows`` on a host array)."""
+    rows = detect_rows(torch.as_tensor(np.asarray(pred)), conf_threshold=conf_threshold,
+                       iou_threshold=iou_threshold, classes=classes, max_det=max_det)
+    return split_rows(rows.numpy(), len(pred))

@@ -5,7 +5,8 @@ A layout is a set of MIG instances ``(profile, start)`` on one GPU such that
 * every start is one of the profile's allowed starts and ``start + size <= 8``,
 * no two instances overlap in ``[start, start + size)`` (8 placement slots),
 * at most ``max_per_gpu`` instances of each profile,
-* the compute slices sum to at most 7.
+* the compute slices sum to at most the GPU's (7 for MIG; k for a whole GPU that k MPS processes
+  share, ``mig.whole_gpu_model``).
 
 The planner constrains itself with the profile-count vectors of these layouts (exact packing
 per GPU), the packer uses them for its exact fallback, and ``fits_on_gpu`` answers "can this
@@ -37,7 +38,7 @@ from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel, MigProfile
 Placement = tuple[tuple[str, int], ...]  # sorted (profile name, start slot) pairs of one GPU
 Counts = tuple[int, ...]  # instances per profile, aligned to a profile-name tuple
 
-MAX_COMPUTE_SLICES = 7
+MAX_COMPUTE_SLICES = 7  # of a MIG GPU; any GPU's own: ``GpuModel.compute_slices``
 
 
 def slot_mask(profile: MigProfile, start: int) -> int:
@@ -77,7 +78,7 @@ def room(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> int:
         counts[name] = counts.get(name, 0) + 1
     total = 0
     for p in gpu.profiles:
-        if counts.get(p.name, 0) >= p.max_per_gpu or compute + p.compute_slices > MAX_COMPUTE_SLICES:
+        if counts.get(p.name, 0) >= p.max_per_gpu or compute + p.compute_slices > gpu.compute_slices:
             continue
         for s in p.starts:
             if s + p.size <= NUM_PLACEMENT_SLOTS and not mask & slot_mask(p, s):
@@ -133,7 +134,7 @@ def _valid_layouts(gpu: GpuModel, names: tuple[str, ...]) -> tuple[Placement, ..
         p, s = cands[i]
         m = slot_mask(p, s)
         if (mask & m or counts.get(p.name, 0) >= p.max_per_gpu
-                or compute + p.compute_slices > MAX_COMPUTE_SLICES):
+                or compute + p.compute_slices > gpu.compute_slices):
             return
         counts[p.name] = counts.get(p.name, 0) + 1
         chosen.append((p.name, s))
@@ -245,6 +246,6 @@ def placement_violations(gpu: GpuModel, placement: Iterable[tuple[str, int]]) ->
         limit = gpu.profile(name).max_per_gpu
         if c > limit:
             problems.append(f"{c} instances of {name} (at most {limit} per GPU)")
-    if compute > MAX_COMPUTE_SLICES:
-        problems.append(f"{compute} compute slices (at most {MAX_COMPUTE_SLICES} per GPU)")
+    if compute > gpu.compute_slices:
+        problems.append(f"{compute} compute slices (at most {gpu.compute_slices} per GPU)")
     return problems

@@ -29,9 +29,12 @@ from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner import joint
 from jigsaw.planner.columns import ColumnSet, build_columns
+from jigsaw.planner.diagnose import why_unserved
+from jigsaw.planner.model import LinearModel
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
 from jigsaw.planner.problem import Problem, demand_terms, make_problem
 from jigsaw.planner.routes import settle_lanes
+from jigsaw.planner.solution import NO_BOUND, Solution
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
 
@@ -75,6 +78,9 @@ class _Model:
         m.verbose = 0
         m.threads = threads
         self.m = m
+        self.solver = solver
+        self.start: dict[int, float] | None = None
+        self.sol: Solution | None = None
         slo_acc = app.accuracy_slo if app.accuracy_slo is not None else node.planner.accuracy_slo
         self.slo_acc = slo_acc
 
@@ -181,19 +187,26 @@ class _Model:
     def warm_start(self, previous: Plan) -> None:
         cols = self.pb.colset.columns
         index = {c.key: j for j, c in enumerate(cols)}
-        start: list[tuple[mip.Var, float]] = []
+        start: dict[int, float] = {}
         for inst in previous.instances:
             j = index.get((inst.task, inst.variant, inst.mig_profile, inst.mps, inst.max_batch))
             if j is None:
                 return  # the previous plan uses a column that no longer exists
-            start += [(self.M[j], float(inst.count)), (self.N[j], 1.0)]
-        if start:
-            self.m.start = start
+            start[self.M[j].idx] = float(inst.count)
+            start[self.N[j].idx] = 1.0
+        self.start = start or None
 
-    def solve(self, time_limit_s: float) -> tuple[mip.OptimizationStatus, float]:
+    def solve(self, time_limit_s: float) -> tuple[str, float]:
+        """The model solved as a ``LinearModel`` (CBC in its child process: a native abort
+        there is retried on HiGHS, never the caller's end); its status word and seconds."""
         t0 = time.perf_counter()
-        status = self.m.optimize(max_seconds=time_limit_s)
-        return status, time.perf_counter() - t0
+        self.sol = as_linear(self.m).solve(self.solver, time_limit_s, self.m.max_mip_gap_abs,
+                                           self.start, relative_gap=self.m.max_mip_gap)
+        return self.sol.status, time.perf_counter() - t0
+
+    def x(self, var: mip.Var) -> float | None:
+        """``var``'s value in the solution (None without one)."""
+        return self.sol.values[var.idx] if self.sol is not None and self.sol.values else None
 
     def extract(self, pb: _Problem, demand_rps: float, planned_rps: float, status: str,
                 solve_s: float) -> Plan:
@@ -201,7 +214,7 @@ class _Model:
         app, node = pb.app, pb.node
         counts: dict[int, int] = {}
         for j, var in enumerate(self.M):
-            x = var.x
+            x = self.x(var)
             if x is not None and round(x) > 0:
                 counts[j] = round(x)
         instances = [
@@ -210,24 +223,25 @@ class _Model:
             for j, c in enumerate(cols) if j in counts
         ]
         lanes = []
-        total = sum(max(0.0, v.x or 0.0) for v in self.lam) or 1.0
+        total = sum(max(0.0, self.x(v) or 0.0) for v in self.lam) or 1.0
         for li, var in enumerate(self.lam):
-            rate = var.x or 0.0
+            rate = self.x(var) or 0.0
             if rate > _RATE_EPS * max(1.0, total):
                 lanes.append(LanePlan(app.lane_dict(pb.lanes[li]), rate))
         lanes = settle_lanes(app, lanes, instances, pb.factors)
-        accuracy = sum(pb.lane_acc[li] * (self.lam[li].x or 0.0) for li in range(len(pb.lanes))) / total
+        accuracy = sum(pb.lane_acc[li] * (self.x(self.lam[li]) or 0.0) for li in range(len(pb.lanes))) / total
         task_latency = {t: max((i.latency_ms for i in instances if i.task == t), default=0.0)
                         for t in app.task_names}
         slices_used = sum(i.count * i.slices for i in instances)
         obj = node.planner.alpha * accuracy - node.beta * slices_used
-        bound = self.m.objective_bound
+        assert self.sol is not None
+        bound = self.sol.bound
         if not isinstance(self.R, float):
             gap = float("inf")  # a capacity model's solution: its slices were not minimised
         elif status == "optimal":
             gap = 0.0
         else:
-            gap = abs(bound - self.m.objective_value) if bound is not None else float("inf")
+            gap = abs(bound - self.sol.objective) if math.isfinite(bound) else float("inf")
         return Plan(
             app=app.name, space=pb.space.name, demand_rps=demand_rps, planned_rps=planned_rps,
             feasible=True, max_demand_plan=False, status=status, objective=obj,
@@ -240,16 +254,21 @@ class _Model:
         )
 
 
-def _status_word(status: mip.OptimizationStatus) -> str:
-    if status == mip.OptimizationStatus.OPTIMAL:
-        return "optimal"
-    if status == mip.OptimizationStatus.FEASIBLE:
-        return "feasible"
-    if status in (mip.OptimizationStatus.INFEASIBLE, mip.OptimizationStatus.INT_INFEASIBLE):
-        return "infeasible"
-    if status == mip.OptimizationStatus.NO_SOLUTION_FOUND:
-        return "no_solution"
-    return status.name.lower()
+def as_linear(m: mip.Model) -> LinearModel:
+    """A python-mip model's variables, rows and objective as a ``LinearModel`` (variable k is
+    ``m.vars[k]``), so that it is solved where a native abort cannot end the caller."""
+    out = LinearModel(maximize=m.sense == mip.MAXIMIZE)
+    for v in m.vars:
+        ub = v.ub
+        out.var(v.lb, ub if abs(ub) < NO_BOUND else math.inf, v.obj, v.var_type in (mip.INTEGER, mip.BINARY))
+    for c in m.constrs:
+        e = c.expr
+        idx = [v.idx for v in e.expr]
+        val = list(e.expr.values())
+        rhs = -e.const
+        lo, hi = {"<": (-math.inf, rhs), ">": (rhs, math.inf), "=": (rhs, rhs)}[e.sense]
+        out.row(idx, val, lo=lo, hi=hi)
+    return out
 
 
 def _with_layout(plan: Plan, node: Node, previous: Plan | None) -> Plan:
@@ -275,8 +294,7 @@ def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: P
         model = _Model(pb, demand, solver)
         if previous is not None:
             model.warm_start(previous)
-        status, secs = model.solve(limit)
-        word = _status_word(status)
+        word, secs = model.solve(limit)
         if word in ("optimal", "feasible"):
             return word, model.extract(pb, demand, demand, word, secs)
         return word, None
@@ -354,7 +372,7 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
         cap = _capacity(pb, solver, limit, formulation=form)
         if cap.plan is None:
             return _empty_plan(pb, demand_rps, cap.status, time.perf_counter() - t0,
-                               "no configuration serves any demand within the SLOs")
+                               _unserved_note(pb))
         result = _plan_at(pb, cap, solver, limit, form)
         result.demand_rps = demand_rps
         result.feasible = False
@@ -415,7 +433,16 @@ def _as_fallback(plan: Plan) -> None:
     plan.gap = math.inf
 
 
+def _unserved_note(pb: Problem) -> str:
+    """The note of a plan that serves nothing, with the reason found (``diagnose``)."""
+    why = why_unserved(pb)
+    return "no configuration serves any demand within the SLOs" + (f": {why}" if why else "")
+
+
 def _empty_plan(pb: Problem, demand_rps: float, status: str, secs: float, note: str) -> Plan:
+    """A plan that serves nothing; "infeasible" where the solver proved that no demand fits (its
+    capacity model "optimal" at 0 rps), so no caller reads "optimal" beside "serves 0 rps"."""
+    status = "infeasible" if status == "optimal" else status
     return Plan(app=pb.app.name, space=pb.space.name, demand_rps=demand_rps, planned_rps=0.0,
                 feasible=False, max_demand_plan=False, status=status, objective=float("nan"),
                 accuracy=0.0, slices_used=0, slices_available=pb.node.slices_available,
@@ -447,14 +474,14 @@ def _capacity(pb: Problem, solver: str, limit: float, max_rps: float | None = No
         bound = res.bound if res.status != "optimal" else p.planned_rps
         return _Cap(p.planned_rps, res.status, res.seconds, p, bound)
     model = _Model(pb, None, solver, max_rps=max_rps)
-    status, secs = model.solve(limit)
-    word = _status_word(status)
+    word, secs = model.solve(limit)
     if word not in ("optimal", "feasible"):
         return _Cap(0.0, word, secs)
-    r = max(0.0, (model.R.x if isinstance(model.R, mip.Var) else model.R) or 0.0)
+    r = max(0.0, (model.x(model.R) if isinstance(model.R, mip.Var) else model.R) or 0.0)
     if r <= 0:
         return _Cap(0.0, word, secs)
-    bound = model.m.objective_bound if word == "feasible" else r
+    assert model.sol is not None
+    bound = model.sol.bound if word == "feasible" else r
     return _Cap(r, word, secs, model.extract(pb, r, r, word, secs), float(bound))
 
 
@@ -487,7 +514,7 @@ def capacity(app: App, node: Node, profiles: ProfileTable, *, space: str | Searc
             cap.plan = _with_layout(cap.plan, node, None)
     if cap.plan is None:
         empty = _empty_plan(pb, 0.0, cap.status, time.perf_counter() - t0,
-                            "no configuration serves any demand within the SLOs")
+                            _unserved_note(pb))
         return Capacity(app.name, sp.name, 0.0, empty, time.perf_counter() - t0, cap.status, 0.0)
     result = _plan_at(pb, cap, solver, limit, form)
     result.solve_seconds = time.perf_counter() - t0

@@ -13,13 +13,17 @@ through the time limit.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from jigsaw.planner.solution import Solution, dual_bound, status_word
+from jigsaw.planner.solve_runner import SolverCrash, solve_cbc
+
+_LOG = logging.getLogger("jigsaw.planner")
 INF = math.inf
-NO_BOUND = 1e300  # a solver bound this large is none (CBC reports +-DBL_MAX before it has one)
 
 
 @dataclass
@@ -54,24 +58,6 @@ def _count(model: LinearModel, sol: Solution) -> None:
         t.lps += not mip
         t.nodes += sol.nodes
         t.seconds += sol.seconds
-
-
-@dataclass
-class Solution:
-    status: str  # optimal | feasible (limit hit with an incumbent) | infeasible | no_solution
-    values: list[float]  # per variable; empty without an incumbent
-    objective: float  # of the incumbent (nan without one)
-    bound: float  # the solver's best bound on the optimum (objective when proven)
-    seconds: float
-    nodes: int = 0
-    # the solver's own bound when it stopped: an ``optimal`` solve stops once its incumbent is
-    # within the absolute gap of it, so it may exceed ``objective`` (``bound`` is then the
-    # objective); nan when unknown
-    dual_bound: float = math.nan
-
-    @property
-    def has_incumbent(self) -> bool:
-        return bool(self.values)
 
 
 @dataclass
@@ -124,13 +110,13 @@ class LinearModel:
             return sol
         if solver == "cbc":
             t0 = time.perf_counter()
-            sol = _solve_cbc(self, time_limit_s, absolute_gap, start, relative_gap, max_nodes)
-            if start and sol.has_incumbent and self.violations(sol.values):
+            sol = _contained_cbc(self, time_limit_s, absolute_gap, start, relative_gap, max_nodes)
+            if start and not sol.crash and sol.has_incumbent and self.violations(sol.values):
                 # CBC can return a broken "optimal" answer after a start it could not use:
                 # never trust it, solve again from scratch in the time left.
                 _count(self, sol)
                 left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
-                sol = _solve_cbc(self, left, absolute_gap, None, relative_gap, max_nodes)
+                sol = _contained_cbc(self, left, absolute_gap, None, relative_gap, max_nodes)
                 _count(self, sol)
                 sol.seconds = time.perf_counter() - t0
                 return sol
@@ -160,13 +146,19 @@ class LinearModel:
         return lp.solve(solver, 60.0, 0.0, presolve=presolve)
 
 
-def _status_word(optimal: bool, infeasible: bool, has_solution: bool) -> str:
-    """The solver-neutral status of a solve (``Solution.status``)."""
-    if optimal:
-        return "optimal"
-    if infeasible:
-        return "infeasible"
-    return "feasible" if has_solution else "no_solution"
+def _contained_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
+                   start: dict[int, float] | None, relative_gap: float,
+                   max_nodes: int | None) -> Solution:
+    """CBC in its child process (``solve_runner``); where that dies (a native abort) or hangs,
+    the same model on HiGHS here, the crash logged and named in the solution's ``crash``."""
+    try:
+        return solve_cbc(model, time_limit_s, absolute_gap, start, relative_gap, max_nodes)
+    except SolverCrash as exc:
+        _LOG.warning("%s: solving the model (%d variables, %d rows) on HiGHS instead",
+                     exc, model.num_vars, model.num_rows)
+        sol = _solve_highs(model, time_limit_s, absolute_gap, start, relative_gap, True, max_nodes)
+        sol.crash = str(exc)
+        return sol
 
 
 def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
@@ -225,76 +217,9 @@ def _solve_highs(model: LinearModel, time_limit_s: float, absolute_gap: float,
     obj = info.objective_function_value if has else math.nan
     mip = any(model.integer)
     bound = info.mip_dual_bound if mip else obj
-    word = _status_word(status == ms.kOptimal, status in (ms.kInfeasible, ms.kUnboundedOrInfeasible), has)
-    dual = _dual(model, obj, bound) if has else math.nan
+    word = status_word(status == ms.kOptimal, status in (ms.kInfeasible, ms.kUnboundedOrInfeasible), has)
+    dual = dual_bound(model.maximize, obj, bound) if has else math.nan
     if word == "optimal":
         bound = obj
     nodes = int(info.mip_node_count) if mip else 0
     return Solution(word, values, obj, bound, secs, nodes, dual)
-
-
-def _dual(model: LinearModel, objective: float, bound: float) -> float:
-    """The solver's bound, never on the wrong side of its own incumbent."""
-    if bound is None or math.isnan(bound):
-        return math.nan
-    return max(objective, bound) if model.maximize else min(objective, bound)
-
-
-def _solve_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
-               start: dict[int, float] | None, relative_gap: float = 0.0,
-               max_nodes: int | None = None) -> Solution:
-    import mip
-
-    m = mip.Model(sense=mip.MAXIMIZE if model.maximize else mip.MINIMIZE, solver_name=mip.CBC)
-    m.verbose = 0
-    m.threads = 1
-    xs = [m.add_var(lb=lo, ub=hi if math.isfinite(hi) else mip.INF, obj=c,
-                    var_type=mip.INTEGER if integ else mip.CONTINUOUS)
-          for lo, hi, c, integ in zip(model.col_lo, model.col_hi, model.cost, model.integer, strict=True)]
-    for idx, val, lo, hi in zip(model.row_index, model.row_value, model.row_lo, model.row_hi, strict=True):
-        expr = mip.xsum(v * xs[i] for i, v in zip(idx, val, strict=True))
-        if lo == hi:
-            m.add_constr(expr == lo)
-            continue
-        if math.isfinite(lo):
-            m.add_constr(expr >= lo)
-        if math.isfinite(hi):
-            m.add_constr(expr <= hi)
-    m.max_mip_gap_abs = absolute_gap
-    m.max_mip_gap = max(relative_gap, 1e-9)
-    if start:
-        m.start = [(xs[i], v) for i, v in start.items()]
-    t0 = time.perf_counter()
-    st = m.optimize(max_seconds=max(time_limit_s, 1e-3),
-                    **({"max_nodes": int(max_nodes)} if max_nodes is not None else {}))
-    secs = time.perf_counter() - t0
-    S = mip.OptimizationStatus
-    has = st in (S.OPTIMAL, S.FEASIBLE) and m.num_solutions > 0
-    values = [x.x if x.x is not None else 0.0 for x in xs] if has else []
-    obj = float(m.objective_value) if has else math.nan
-    bound = float(m.objective_bound) if m.objective_bound is not None else math.nan
-    if abs(bound) >= NO_BOUND:  # CBC's "no bound yet" is +-DBL_MAX: the infinity HiGHS gives
-        bound = math.copysign(INF, bound)
-    word = _status_word(st == S.OPTIMAL, st in (S.INFEASIBLE, S.INT_INFEASIBLE), has)
-    dual = _dual(model, obj, bound) if has else math.nan
-    if word == "optimal":
-        bound = obj
-    return Solution(word, values, obj, bound, secs, _cbc_nodes(m), dual)
-
-
-_CBC_NODES: list[bool] = []  # whether CBC's node counter is declared (once per process)
-
-
-def _cbc_nodes(m: object) -> int:
-    """The branch-and-bound nodes of CBC's last solve of ``m`` (0 where unknown): a count of
-    work, the same on a busy machine as on a quiet one, for the benches' reports. python-mip does
-    not declare CBC's ``Cbc_getNodeCount``; the library it loads has it."""
-    try:
-        import mip.cbc as cbc
-
-        if not _CBC_NODES:
-            cbc.ffi.cdef("int Cbc_getNodeCount(Cbc_Model *model);")
-            _CBC_NODES.append(True)
-        return int(cbc.cbclib.Cbc_getNodeCount(m.solver._model))  # type: ignore[attr-defined]
-    except Exception:  # another python-mip or CBC build: the count is only reported
-        return 0

@@ -18,7 +18,6 @@ from jigsaw.errors import JigsawError
 from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel, MigProfile
 from jigsaw.plan import GpuLayout, Layout, PlacedInstance, Plan
 from jigsaw.planner.layouts import (
-    MAX_COMPUTE_SLICES,
     Counts,
     fits_on_gpu,
     layout_counts,
@@ -78,14 +77,15 @@ def instances_from_plan(plan: Plan) -> list[InstanceRequest]:
 class _GpuState:
     """Occupied slots, per-profile counts and compute slices of one GPU during greedy packing."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_compute: int) -> None:
+        self.max_compute = max_compute
         self.mask = 0
         self.compute = 0
         self.counts: Counter[str] = Counter()
         self.placed: list[tuple[InstanceRequest, int]] = []
 
     def starts(self, p: MigProfile) -> list[int]:
-        if self.counts[p.name] >= p.max_per_gpu or self.compute + p.compute_slices > MAX_COMPUTE_SLICES:
+        if self.counts[p.name] >= p.max_per_gpu or self.compute + p.compute_slices > self.max_compute:
             return []
         return [s for s in p.starts
                 if s + p.size <= NUM_PLACEMENT_SLOTS and not self.mask & slot_mask(p, s)]
@@ -109,7 +109,7 @@ def _greedy(requests: Sequence[InstanceRequest], gpu: GpuModel,
     weighted by their size), the lowest start on ties - e.g. a lone 1g instance goes to slot 6,
     keeping slots 0-3 free for a 4g. Returns per-GPU ``(request, start)`` lists or None.
     """
-    states = [_GpuState() for _ in range(num_gpus)]
+    states = [_GpuState(gpu.compute_slices) for _ in range(num_gpus)]
     order = sorted(requests, key=lambda r: (-gpu.profile(r.profile).size,
                                             -gpu.profile(r.profile).compute_slices, _sort_key(r)))
     for r in order:
@@ -151,7 +151,7 @@ def _exact_dfs(gpu: GpuModel, names: tuple[str, ...], demand: Counts,
         nonlocal nodes
         if not any(rem):
             return []
-        if k == 0 or sum(c * x for c, x in zip(compute, rem)) > MAX_COMPUTE_SLICES * k:
+        if k == 0 or sum(c * x for c, x in zip(compute, rem)) > gpu.compute_slices * k:
             return None
         if (rem, k) in failed:
             return None
@@ -179,25 +179,22 @@ def _exact_milp(gpu: GpuModel, names: tuple[str, ...], demand: Counts,
     x_v = GPUs given vector v; sum x_v <= num_gpus; sum x_v * v >= demand; minimize GPUs. The
     surplus is then trimmed (downward closure keeps every trimmed vector packable).
     """
-    import mip  # deferred: only needed when the DFS gives up
+    from jigsaw.planner.model import LinearModel  # deferred: only needed when the DFS gives up
 
     vecs = [v for v in maximal_layout_counts(gpu, names) if any(v)]
-    m = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC)
-    m.verbose = 0
-    m.threads = 1
-    x = [m.add_var(var_type=mip.INTEGER, lb=0, ub=num_gpus) for _ in vecs]
-    m += mip.xsum(x) <= num_gpus
+    m = LinearModel(maximize=False)  # solved where a CBC abort cannot end the caller
+    x = [m.var(0, num_gpus, 1.0, integer=True) for _ in vecs]
+    m.row(x, [1.0] * len(x), hi=num_gpus)
     for i, d in enumerate(demand):
-        m += mip.xsum(v[i] * xv for v, xv in zip(vecs, x)) >= d
-    m.objective = mip.xsum(x)
-    status = m.optimize(max_seconds=_MILP_TIME_LIMIT_S)
-    if status == mip.OptimizationStatus.INFEASIBLE:
+        m.row(x, [float(v[i]) for v in vecs], lo=d)
+    sol = m.solve("cbc", _MILP_TIME_LIMIT_S, 0.0)
+    if sol.status == "infeasible":
         return None
-    if status not in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE):
-        raise PackingError(f"exact packing gave no answer within {_MILP_TIME_LIMIT_S:.0f} s ({status.name})")
+    if not sol.has_incumbent:
+        raise PackingError(f"exact packing gave no answer within {_MILP_TIME_LIMIT_S:.0f} s ({sol.status})")
     out: list[list[int]] = []
-    for v, xv in zip(vecs, x):
-        out.extend([list(v) for _ in range(round(xv.x))])
+    for v, xv in zip(vecs, sol.values):
+        out.extend([list(v) for _ in range(round(xv))])
     surplus = [sum(v[i] for v in out) - d for i, d in enumerate(demand)]
     for i in range(len(names)):
         for v in reversed(out):
@@ -236,7 +233,7 @@ def _pack_fresh(requests: Sequence[InstanceRequest], gpu: GpuModel,
     """Greedy first, exact when greedy leaves something out; None only if impossible."""
     if not requests:
         return [[] for _ in range(num_gpus)]
-    if sum(gpu.profile(r.profile).compute_slices for r in requests) > MAX_COMPUTE_SLICES * num_gpus:
+    if sum(gpu.profile(r.profile).compute_slices for r in requests) > gpu.compute_slices * num_gpus:
         return None
     bins = _greedy(requests, gpu, num_gpus)
     if bins is None:
@@ -398,9 +395,9 @@ def pack(instances: Sequence[InstanceRequest], gpu: GpuModel, num_gpus: int,
         raise PackingError(f"unknown MIG profile(s) {', '.join(unknown)} for {gpu.name} "
                            f"(known: {', '.join(gpu.profile_names)})")
     total = sum(gpu.profile(r.profile).compute_slices for r in instances)
-    if total > MAX_COMPUTE_SLICES * num_gpus:
+    if total > gpu.compute_slices * num_gpus:
         raise PackingError(f"{len(instances)} MIG instances need {total} compute slices; "
-                           f"{num_gpus} x {gpu.name} have {MAX_COMPUTE_SLICES * num_gpus}")
+                           f"{num_gpus} x {gpu.name} have {gpu.compute_slices * num_gpus}")
     if previous is not None and previous.gpu_model and previous.gpu_model != gpu.name:
         raise PackingError(f"previous layout is for {previous.gpu_model}, not {gpu.name}")
 

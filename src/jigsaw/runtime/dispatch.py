@@ -9,9 +9,14 @@ passed at the frontend.
 Late records are discarded and counted.
 
 Worker faults: ``on_worker_failed`` settles every unanswered request that may have had work on a
-dead process: dispatched again under a new id (its late records are discarded) when its deadline
-still leaves time for the lane's fastest path, else answered 503 ``WORKER_FAILED``. The request
-body is kept for that until the request is answered.
+dead process. The requests of the batch it was executing when it crashed (its *suspects*, from
+the worker's batch record, ``runtime/supervisor.py`` says when a crash is the batch's) are
+answered 500 ``WORKER_CRASHED`` naming the task, never sent again: sent again, a request that
+crashes its worker would crash the next one. The others (innocent: queued behind it, or a crash
+not of the batch's making) are dispatched again under a new id (their late records are
+discarded) when the deadline still leaves time for the lane's fastest path, at most
+``MAX_ATTEMPTS`` times in all, else answered 503 ``WORKER_FAILED``. The request body is kept for
+that until the request is answered.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ import numpy as np
 
 from jigsaw.runtime.admission import Admission, queue_admits
 from jigsaw.runtime.metrics import Metrics, count_into
+from jigsaw.runtime.model_stats import count_item
 from jigsaw.runtime.records import (
+    CREDIT_BYTES,
     HOP_SENT,
     TOTAL_CREDIT,
     TRACE_DIR,
@@ -44,6 +51,10 @@ from jigsaw.tensors import DATATYPES, Tensor, decode_tensors, encode_tensors
 DRAIN_POP = 256
 LATE_GRACE_S = 10.0  # a timed-out request's record is kept this long to absorb its late credits
 MAX_ATTEMPTS = 3  # dispatches of one request across worker faults
+
+
+class InputTooLarge(ValueError):
+    """A request's encoded inputs are larger than a ring to its root tasks carries (answered 413)."""
 
 
 @dataclass(slots=True)
@@ -96,6 +107,59 @@ def _first(item: tuple[int, list[Any]]) -> int:
     return item[0]
 
 
+def root_limit(rings: dict[str, Any], routes: AppRoutes) -> int | None:
+    """The largest encoded inputs the rings to ``routes``' root processes all take (None: none of
+    them is mapped)."""
+    limit = None
+    for lane in routes.roots:
+        for targets in lane.values():
+            for t in targets:
+                ring = rings.get(t.ring)
+                if ring is not None:
+                    got = ring.max_payload_bytes - CREDIT_BYTES
+                    limit = got if limit is None else min(limit, got)
+    return limit
+
+
+def crashed_answer(task: str, variant: str, reason: str, client_id: str | None) -> dict[str, Any]:
+    """The 500 of a request whose batch crashed its worker (``Dispatcher.on_worker_failed``)."""
+    return {"error": f"task {task!r} ({variant}) crashed its worker process ({reason}) while running this "
+                     f"request's batch; the request is not sent again (it could crash the next one)",
+            "status": "WORKER_CRASHED", "task": task, "reason": "worker_crashed", "id": client_id}
+
+
+def _joined(items: list[tuple[int, list[Any]]], k: int, tail: tuple[int, ...]) -> np.ndarray:
+    """Output ``k`` of a sink's items (in child order) as one array of rows of shape ``tail``
+    (an output's shape after its item axis). A free axis in ``tail`` (-1: a waveform's length)
+    takes each item's own; items of different lengths are padded with zeros to the longest (their
+    lengths are the app's to say, as TTS's ``audio_samples`` does). ``ValueError``: an item's array
+    does not have the declared shape."""
+    if len(items) == 1:  # one item (no fan-out before the sink): its array as it came
+        arrays = items[0][1]
+        if k >= len(arrays):
+            return np.zeros((0, *(max(0, d) for d in tail)), dtype=np.int32)
+        return _rows(arrays[k], tail)
+    parts = [_rows(arrays[k], tail) for _, arrays in items if k < len(arrays)]
+    if not parts:
+        return np.zeros((0, *(max(0, d) for d in tail)), dtype=np.int32)
+    if -1 in tail:
+        longest = tuple(max(p.shape[1 + i] for p in parts) for i in range(len(tail)))
+        parts = [p if p.shape[1:] == longest else
+                 np.pad(p, [(0, 0), *((0, m - n) for m, n in zip(longest, p.shape[1:]))]) for p in parts]
+    return np.concatenate(parts)
+
+
+def _rows(arr: np.ndarray, tail: tuple[int, ...]) -> np.ndarray:
+    """``arr`` as rows of ``tail`` (a -1 in it: any length)."""
+    if -1 not in tail:
+        return arr.reshape((-1, *tail))
+    if arr.ndim == len(tail):
+        arr = arr.reshape((1, *arr.shape))
+    if arr.ndim != len(tail) + 1 or any(d != -1 and d != n for d, n in zip(tail, arr.shape[1:])):
+        raise ValueError(f"an item's array has shape {list(arr.shape)}, not rows of {list(tail)}")
+    return arr
+
+
 def _raw(t: tuple[str, str, tuple[int, ...], Any]) -> Any:
     """A parsed input as a ``Tensor`` of raw bytes when its array is already of its wire type: the
     tensor codec then reuses a cached head for it (``tensors._encode_raw``); the same bytes."""
@@ -142,6 +206,7 @@ class Dispatcher:
         self._lane_params: dict[tuple[str, int], tuple[dict[str, str], dict[str, Any]]] = {}
         # app -> (its output spec table, the outputs in answer order: ``_outputs_of``)
         self._outputs: dict[str, tuple[Any, list[_TaskOutputs]]] = {}
+        self._root_limits: dict[str, tuple[AppRoutes, int | None]] = {}  # app -> (routes, ``_root_limit``)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -286,32 +351,36 @@ class Dispatcher:
             self._forget(req)
 
     def _observe(self) -> None:
-        """The metrics (queue, compute, batch size) and the bin's fan-out counters of the OK
-        records the drain has read (each (app, task, variant)'s histogram series kept, counted
-        into with ``metrics.count_into``)."""
+        """The metrics (queue, compute, batch size), the per-task statistics (``model_stats``) and
+        the bin's fan-out counters of the OK records the drain has read (each (app, task,
+        variant)'s histogram series kept, counted into with ``metrics.count_into``)."""
         observed, self._observed = self._observed, []
+        now = time.monotonic_ns()
         for req, task, rec in observed:
             app = req.routes.app
             variant = req.routes.lanes[req.lane].get(task, "")
             c = self._series.get((app.name, task, variant))
             if c is None:
                 c = self._series[(app.name, task, variant)] = self._series_of(app.name, task, variant)
-            queue, compute, batch, lat_buckets, batch_buckets = c
+            queue, compute, batch, lat_buckets, batch_buckets, task_stats, batch_stats = c
             count_into(queue, lat_buckets, rec[7])
             count_into(compute, lat_buckets, rec[8])
             if rec[3] == 0 or rec[4] <= 1:  # a batch counts once: its first child (or its one item)
                 count_into(batch, batch_buckets, rec[9])
+            count_item(task_stats, batch_stats, rec[7], rec[10], rec[8],
+                       -1.0 if rec[4] else max(0.0, (now - rec[11]) / 1e3), rec[9])
             if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
                 self.admission.fan_out(app.name, task, variant, rec[4])
 
-    def _series_of(self, app: str, task: str, variant: str) -> tuple[list[float], list[float], list[float],
-                                                                     tuple[float, ...], tuple[float, ...]]:
+    def _series_of(self, app: str, task: str, variant: str) -> tuple[Any, ...]:
+        """The histogram series of (app, task, variant), their buckets, and the task's statistics
+        (``model_stats``)."""
         m = self.metrics
         at = (("app", app), ("task", task))
         assert m.queue_duration.buckets == m.compute_duration.buckets
         return (m.queue_duration.series_for(at), m.compute_duration.series_for(at),
                 m.batch_size.series_for((*at, ("variant", variant))), m.queue_duration.buckets,
-                m.batch_size.buckets)
+                m.batch_size.buckets, *m.models.task_series(app, task))
 
     def _forget(self, req: Pending) -> None:
         self.pending.pop(req.request_id, None)
@@ -347,6 +416,7 @@ class Dispatcher:
         else:
             self.metrics.failure.inc((("app", app), ("reason", reason)))
         self.metrics.request_duration.observe((("app", app),), (now - req.created_ns) / 1e3)
+        self.metrics.models.request_done(app, reason is None, now - req.created_ns)
 
     def _answer_dropped(self, req: Pending) -> None:
         assert req.drop is not None
@@ -408,16 +478,12 @@ class Dispatcher:
             for k, name, datatype, tail in specs:
                 if wanted is not None and name not in wanted:
                     continue
-                if len(items) == 1:  # one item (no fan-out before the sink): its array as it came
-                    arrays = items[0][1]
-                    data = (arrays[k].reshape((-1, *tail)) if k < len(arrays)
-                            else np.zeros((0, *tail), dtype=np.int32))
-                else:
-                    parts = [arrays[k] for _, arrays in items if k < len(arrays)]
-                    if parts:
-                        data = np.concatenate([p.reshape((-1, *tail)) for p in parts])
-                    else:
-                        data = np.zeros((0, *tail), dtype=np.int32)
+                try:
+                    data = _joined(items, k, tail)
+                except ValueError as exc:  # an item whose output is not of its declared shape
+                    self._finish(req, 500, {"error": f"output {name!r}: {exc}", "status": "ERROR",
+                                            "task": task, "reason": "error", "id": req.client_id}, "error")
+                    return
                 outputs.append({"name": name, "datatype": datatype, "shape": list(data.shape),
                                 "data": data,  # an array until the handler encodes the response
                                 "parameters": {"emulated": emulated}})
@@ -459,14 +525,22 @@ class Dispatcher:
         """Admit and dispatch one request; a message saying why when it cannot be dispatched (shed).
 
         Its deadline is the app's SLO (plus one hop per level, times the time scale) from now, or
-        ``timeout_us`` (OIP ``parameters.timeout``, wall microseconds) when that is sooner.
+        ``timeout_us`` (OIP ``parameters.timeout``, wall microseconds) when that is sooner. Inputs
+        that encode larger than a root ring's records carry raise ``InputTooLarge`` (JSON numbers
+        may take fewer bytes than their datatype: a body within ``server.max_payload_bytes`` can
+        still be too large).
         """
         assert self._loop is not None
         app = routes.app
         now = time.monotonic_ns()
         deadline = now + self.budget_ns(routes, timeout_us)
+        body = encode_tensors([_raw(t) for t in tensors])
+        limit = self._root_limit(routes)
+        if len(body) > limit:
+            raise InputTooLarge(f"inputs: {len(body)} bytes as tensors, over the {limit} bytes a request to "
+                                f"model {app.name!r} carries (server.max_payload_bytes)")
         req = Pending(0, routes, 0, client_id, now, deadline, self._loop.create_future(), outputs_wanted,
-                      body=encode_tensors([_raw(t) for t in tensors]))
+                      body=body)
         why = self._dispatch(req)
         if why is not None:
             return why
@@ -476,6 +550,15 @@ class Dispatcher:
         if req.drop is not None:
             self._answer_dropped(req)
         return req
+
+    def _root_limit(self, routes: AppRoutes) -> int:
+        """``root_limit`` of ``routes``, kept per app while its routes are the same object."""
+        cached = self._root_limits.get(routes.app.name)
+        if cached is None or cached[0] is not routes:
+            cached = (routes, root_limit(self.routing.rings, routes))
+            if cached[1] is not None:  # (none mapped yet: not kept, the push will say)
+                self._root_limits[routes.app.name] = cached
+        return cached[1] if cached[1] is not None else 1 << 62
 
     def budget_ns(self, routes: AppRoutes, timeout_us: int | None = None) -> int:
         """Wall nanoseconds from arrival to a request's deadline: the app's SLO plus one hop per
@@ -641,12 +724,14 @@ class Dispatcher:
             return True
         return queue_admits(self.routing.queued_end_s(routes), time_left_ns / 1e9)
 
-    def on_worker_failed(self, generation: int, task: str, variant: str) -> tuple[int, int]:
+    def on_worker_failed(self, generation: int, task: str, variant: str,
+                         suspects: frozenset[int] = frozenset(), reason: str = "exited") -> tuple[int, int]:
         """Settle the requests a dead process of (task, variant) in ``generation`` may have held.
 
-        Each unanswered one is dispatched again on the app's current routes when its deadline
-        leaves time for the fastest path, else answered 503 ``WORKER_FAILED``; answered ones
-        waiting for late credits are forgotten. Returns (retried, failed).
+        A suspect (a request id of the batch that crashed it) is answered 500 ``WORKER_CRASHED``.
+        Each other unanswered one is dispatched again on the app's current routes when its
+        deadline leaves time for the fastest path, else answered 503 ``WORKER_FAILED``; answered
+        ones waiting for late credits are forgotten. Returns (retried, failed).
         """
         retried = failed = 0
         now = time.monotonic_ns()
@@ -654,6 +739,12 @@ class Dispatcher:
             if req.generation != generation or req.routes.lanes[req.lane].get(task) != variant:
                 continue
             if self._forget_answered(req):
+                continue
+            if req.request_id in suspects:
+                failed += 1
+                if req.timer is not None:
+                    req.timer.cancel()
+                self._finish(req, 500, crashed_answer(task, variant, reason, req.client_id), "worker_crashed")
                 continue
             name = req.routes.app.name
             routes = self.routing.routes.get(name, req.routes)

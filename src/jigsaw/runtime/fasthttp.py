@@ -44,7 +44,7 @@ import httptools
 from aiohttp import web
 
 from jigsaw.runtime.http import Answer, payload_too_large
-from jigsaw.runtime.oip import HEADER_LENGTH, encode_response
+from jigsaw.runtime.oip import HEADER_LENGTH, encode_response, place_outputs
 
 if TYPE_CHECKING:
     from jigsaw.runtime.dispatch import Pending
@@ -239,7 +239,7 @@ class FastConnection(asyncio.Protocol):
         if self.kind == _INFER:
             self._infer(slot, body)
         else:
-            ok = self.kind == _LIVE or self.oip.state.accepting()
+            ok = self.kind == _LIVE or self.oip.state.all_ready()
             doc = {"live": True} if self.kind == _LIVE else {"ready": ok}
             slot[0] = response(200 if ok else 503, json.dumps(doc).encode(), _JSON_TEXT, close=slot[1])
         self._flush()
@@ -290,6 +290,8 @@ class FastConnection(asyncio.Protocol):
             return  # the client went away; the request was answered (and counted) all the same
         try:
             status, doc = req.future.result()
+            if parsed.shm_outputs:  # Triton's system shared memory extension
+                status, doc = place_outputs(status, doc, parsed.shm_outputs, self.oip.shm)
             payload, json_part = encode_response(doc, parsed.binary_outputs, parsed.all_binary)
             extra = _RETRY if status == 503 else b""
             if json_part is None:

@@ -20,11 +20,13 @@ class WorkerFaults:
     on_capacity_lost: Callable[[str, str], None] | None
     log: Callable[[str], None]
 
-    def worker_failed(self, generation: int, spec: ProcessSpec, reason: str) -> tuple[int, int]:
-        """A worker died or hung: the router settles its requests; returns (retried, failed)."""
+    def worker_failed(self, generation: int, spec: ProcessSpec, reason: str,
+                      suspects: frozenset[int] = frozenset()) -> tuple[int, int]:
+        """A worker died or hung: the router settles its requests (``suspects``: those of the batch
+        that crashed it, answered, not re-sent); returns (retried, failed)."""
         if self.router is None:
             return 0, 0
-        return self.router.worker_failed(generation, spec.app, spec.task, spec.variant, reason)
+        return self.router.worker_failed(generation, spec.app, spec.task, spec.variant, reason, suspects)
 
     def worker_restarting(self, spec: ProcessSpec) -> None:
         if self.router is not None:

@@ -56,6 +56,11 @@ class Frontend:
         routes = self.routing.route(app, generation)
         self.admission.refresh(routes, self.routing.root_states(app))
 
+    def unroute(self, app: str) -> None:
+        """Take no more requests for ``app`` (unloaded): it is no longer served, its requests in
+        flight are answered by their generation as it drains."""
+        self.routing.unroute(app)
+
     def reweight(self, app: str, plan: Plan) -> None:
         """Run ``plan`` on the app's current processes: new lane weights, same rings."""
         routes = self.routing.reweight(app, plan)
@@ -86,10 +91,11 @@ class Frontend:
             mapped.close()
 
     def worker_failed(self, generation: int, app: str, task: str, variant: str,
-                      reason: str) -> tuple[int, int]:
-        """Settle the requests a dead process may have held; returns (retried, failed)."""
+                      reason: str, suspects: frozenset[int] = frozenset()) -> tuple[int, int]:
+        """Settle the requests a dead process may have held (``suspects``: the crashing batch's,
+        answered 500); returns (retried, failed)."""
         self.metrics.worker_failures.inc((("app", app), ("task", task), ("reason", reason)))
-        return self.dispatcher.on_worker_failed(generation, task, variant)
+        return self.dispatcher.on_worker_failed(generation, task, variant, suspects, reason)
 
     def worker_restarting(self, app: str, task: str) -> None:
         self.metrics.worker_restarts.inc((("app", app), ("task", task)))

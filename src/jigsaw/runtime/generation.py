@@ -165,7 +165,8 @@ class Generation:
     def create_segments(self) -> None:
         t = self.topology
         self.registry.add_shm(t.stats)
-        self.stats = st.StatsBlock.create(t.stats, len(t.processes))
+        self.stats = st.StatsBlock.create(t.stats, len(t.processes),
+                                          max((p.max_batch for p in t.processes), default=1))
         adopted_bells = {t.processes[k].doorbell for k in self.adopted}
         own_bells = {p.doorbell: self.bell_registries[k] for k, p in enumerate(t.processes)}
         for name in t.doorbells:
@@ -252,12 +253,13 @@ class Generation:
         return [s.name for s in self.topology.processes if self.stats.get(s.slot, st.STATE) == st.FAILED]
 
     def _worker_envs(self) -> list[dict[str, str] | None]:
-        """Each GPU worker sees only its MIG instance (CUDA_VISIBLE_DEVICES=MIG-<uuid>); each
+        """Each GPU worker (TensorRT's, torch's on a GPU node) sees only its MIG instance or GPU
+        (CUDA_VISIBLE_DEVICES=MIG-<uuid> or GPU-<uuid>); each
         worker of a real backend on a CPU node is pinned to its core share's CPUs."""
         procs = self.topology.processes
         if self.node.gpu.kind == "cpu" and self.backend.runs_models and not self.backend.needs_gpu:
             return self._cpu_envs()
-        if not self.backend.needs_gpu:
+        if not self.backend.on_gpus(self.node.gpu.kind):
             return [None] * len(procs)
         if self.plan.layout is None:
             raise JigsawError(f"the plan of {self.app.name} has no layout to place GPU workers by")

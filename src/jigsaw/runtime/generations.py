@@ -29,7 +29,8 @@ supervisor reports worker faults to the manager (``worker_failed``, ``worker_res
 One concept per module: what crosses to the controller (``applied``: ``DesiredState``,
 ``Applied``, ``Router``), placement beside what runs and the plan arithmetic of a re-plan
 (``placement``), MPS daemons (``mps_daemons``), drains, waits, drain-firsts and restores
-(``drains``, a base of this class), the fault sink (``fault_sink``, another), the ``/metrics``
+(``drains``, a base of this class), unload and load of an app (``app_loading``, another), the
+fault sink (``fault_sink``, another), the ``/metrics``
 counters (``reconfig_metrics``); here: the generations themselves, their launch and readiness,
 the switch, and MIG bring-up and release.
 """
@@ -60,14 +61,16 @@ from jigsaw.gpu.layout import (
     place_app,
     validate_node_layout,
 )
-from jigsaw.gpu.mps import MPS_CONTROL, EmulatedMps, MpsManager
+from jigsaw.gpu.mps import MpsManager, node_mps
 from jigsaw.gpu.nvml import MigApplier
 from jigsaw.gpu.partition import MigPartition, overlaps
 from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import Plan
 from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime import reconfig_metrics
+from jigsaw.runtime.app_loading import AppLoading
 from jigsaw.runtime.applied import (
+    READY_TIMEOUT_S,
     Applied,
     Deferred,
     DesiredState,
@@ -97,7 +100,6 @@ __all__ = ["DRAINING", "Applied", "Beside", "DesiredState", "DrainRefused", "Gen
 
 FAULT_ENV = "JIGSAW_EMULATED_NVML_FAULT"
 MPS_CONTROL_ENV = "JIGSAW_MPS_CONTROL"  # the MPS control binary (on an emulated node: a stand-in script)
-READY_TIMEOUT_S = 120.0
 MAX_APPLIED = 100
 READY_POLL_S = 0.02
 READY_FAST_S = 0.2  # for this long after the start the readiness is polled every READY_FAST_POLL_S
@@ -152,7 +154,7 @@ class NoRoom:
         return Refuse("no making-room policy: the slots of the new instances are held")
 
 
-class GenerationManager(Drains, WorkerFaults):
+class GenerationManager(Drains, AppLoading, WorkerFaults):
     """Owns every generation's worker processes and segments; ``close`` releases them all."""
 
     def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int,
@@ -237,7 +239,7 @@ class GenerationManager(Drains, WorkerFaults):
         # the MIG instances that exist: NVML on a GPU node, the emulated NVML on an emulated one
         self.partition: MigPartition | None = None
         self._fault = ""
-        if self.node_layout is not None and (backend.emulated or backend.needs_gpu):
+        if self.node_layout is not None and (backend.emulated or backend.on_gpus(node.gpu.kind)):
             if nvml is None and backend.emulated:
                 from jigsaw.gpu.emulated_nvml import EmulatedNvml
 
@@ -245,16 +247,13 @@ class GenerationManager(Drains, WorkerFaults):
                 self._fault = os.environ.get(FAULT_ENV, "")
             self.partition = MigPartition(node.gpu, node.num_gpus, MigApplier(node.gpu, nvml))
             self.node_layout = self.partition.adopt()  # idle instances: placed apps reuse them
-        # one MPS control daemon per instance of MPS level k > 1, in a private run directory: the
-        # driver's binary on a GPU node; on an emulated one a stand-in script when one is named
-        # (``JIGSAW_MPS_CONTROL``), else the in-process emulation
-        mps: MpsManager | None = None
-        if self.partition is not None:
-            binary = os.environ.get(MPS_CONTROL_ENV, "")
-            mps_dir = self.run_dir / "mps"
-            mps = EmulatedMps(mps_dir) if backend.emulated and not binary else \
-                MpsManager(mps_dir, binary=binary or MPS_CONTROL)
-        self.mps_daemons = MpsDaemons(mps, self.log)
+        # one MPS control daemon per MIG instance (or whole GPU: ``WholeGpus``) of MPS level k > 1,
+        # in a private run directory (``gpu/mps.py`` ``node_mps``; a stand-in: ``JIGSAW_MPS_CONTROL``)
+        mps, gpus = node_mps(
+            node.gpu, node.num_gpus, self.run_dir / "mps", emulated=backend.emulated,
+            on_gpus=backend.needs_gpu, partitioned=self.partition is not None,
+            binary=os.environ.get(MPS_CONTROL_ENV, ""))
+        self.mps_daemons = MpsDaemons(mps, self.log, gpus)
 
     def _seed_layout(self, plans: list[tuple[App, Plan]]) -> None:
         """On a node with no MIG instances yet, start from the plans' own layouts when they fit

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from jigsaw.errors import JigsawError
+from jigsaw.mig import share_level
 from jigsaw.plan import Layout
 
 
@@ -92,7 +93,7 @@ def visible_device(layout: Layout, devices: dict[tuple[int, int], str], task: st
     where = placements(layout).get(key)
     if where is None:
         raise GpuMappingError(f"{task}/{variant} instance {process // mps} on {profile} is not in the layout")
-    uuid = devices.get(where)
+    uuid = devices.get(device_slot(profile, where))
     if uuid is None:
         raise GpuMappingError(f"no MIG device at GPU {where[0]} start {where[1]} (is the GPU partitioned "
                               "as the layout says? apply 'jigsaw pack --format commands' first)")
@@ -102,4 +103,11 @@ def visible_device(layout: Layout, devices: dict[tuple[int, int], str], task: st
 def missing_devices(layout: Layout, devices: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """Placements of the layout that have no MIG device on this host."""
     have = set(devices)
-    return sorted({w for w in placements(layout).values() if w not in have})
+    return sorted({w for g in layout.gpus for p in g.instances
+                   if (w := device_slot(p.profile, (g.gpu, p.start))) not in have})
+
+
+def device_slot(profile: str, where: tuple[int, int]) -> tuple[int, int]:
+    """The (GPU, start) of the device an instance at ``where`` runs on: an MPS share of a whole GPU
+    (``jigsaw.shares``) runs on the GPU, keyed (GPU, 0); any other instance is its own device."""
+    return (where[0], 0) if share_level(profile) else where

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -19,7 +19,7 @@ from aiohttp import web
 from jigsaw import __version__
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.admission import Admission, queue_admits
-from jigsaw.runtime.dispatch import Dispatcher, Pending
+from jigsaw.runtime.dispatch import Dispatcher, InputTooLarge, Pending
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.oip import (
     HEADER_LENGTH,
@@ -28,11 +28,17 @@ from jigsaw.runtime.oip import (
     encode_response,
     header_length,
     parse_infer_request,
+    place_outputs,
 )
 from jigsaw.runtime.openapi import add_openapi_route, openapi_document
+from jigsaw.runtime.repository import Repository
 from jigsaw.runtime.routing import RoutingTable
+from jigsaw.runtime.shm_regions import SharedMemoryRegions
 from jigsaw.runtime.topology import AppRoutes
+from jigsaw.runtime.triton_ext import add_routes as add_extension_routes
 
+EXTENSIONS = ("binary_tensor_data", "parameters", "statistics", "model_configuration", "model_repository",
+              "system_shared_memory")  # Triton's names of the protocol extensions served (HTTP and gRPC)
 RETRY_AFTER_S = "1"
 DOOR_LOG_EVERY_S = 1.0  # the door's over-the-limit line in the daemon log, at most this often per app
 MAX_PAYLOAD_KEY = web.AppKey("max_payload_bytes", int)
@@ -40,13 +46,23 @@ MAX_PAYLOAD_KEY = web.AppKey("max_payload_bytes", int)
 
 @dataclass
 class ServingState:
-    """Whether the node takes requests: ready once every worker is, draining once it stops."""
+    """Whether the node takes requests: ready once every worker is, draining once it stops.
+
+    ``failed_apps``: the apps of the node that are not served (a model or transform that cannot
+    load) and why. The others serve; ``/v2/models/{app}/ready`` of a failed one answers 503 with
+    the reason, and ``/v2/health/ready`` is ready only when every app serves (Triton's default
+    strict readiness: the server is ready when all its models are)."""
 
     ready: bool = False
     draining: bool = False
+    failed_apps: dict[str, str] = field(default_factory=dict)
 
     def accepting(self) -> bool:
         return self.ready and not self.draining
+
+    def all_ready(self) -> bool:
+        """``/v2/health/ready``: accepting, and every app of the node serving."""
+        return self.ready and not self.draining and not self.failed_apps
 
 
 class OipHttp:
@@ -62,6 +78,8 @@ class OipHttp:
         self.backend_name = backend_name
         self._door_logged: dict[str, float] = {}  # app -> when its door line was last written
         self.extra_metrics: list[Callable[[], str]] = []  # more Prometheus text (the node's MIG counters)
+        self.shm = SharedMemoryRegions()  # Triton's system shared memory regions (HTTP and gRPC)
+        self.repository: Repository | None = None  # load / unload of apps (the daemon's controller)
 
     def make_app(self, max_payload_bytes: int) -> web.Application:
         app = web.Application(client_max_size=max_payload_bytes, middlewares=[_json_errors])
@@ -71,6 +89,7 @@ class OipHttp:
         r.add_get("/v2/health/live", self.h_live)
         r.add_get("/v2/health/ready", self.h_ready)
         r.add_get("/metrics", self.h_metrics)
+        add_extension_routes(app, self)  # (before /v2/models/{model}: "stats" is no model name)
         for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(base, self.h_model)
             r.add_get(base + "/ready", self.h_model_ready)
@@ -81,19 +100,22 @@ class OipHttp:
         return app
 
     async def h_server(self, request: web.Request) -> web.Response:
-        return web.json_response({"name": "jigsaw", "version": __version__,
-                                  "extensions": ["binary_tensor_data"]})
+        return web.json_response({"name": "jigsaw", "version": __version__, "extensions": list(EXTENSIONS)})
 
     async def h_live(self, request: web.Request) -> web.Response:
         return web.json_response({"live": True})
 
     async def h_ready(self, request: web.Request) -> web.Response:
-        ok = self.state.accepting()
+        ok = self.state.all_ready()
         return web.json_response({"ready": ok}, status=200 if ok else 503)
 
     def find_routes(self, model: str, version: str | None) -> AppRoutes | Answer:
-        """The app ``model`` names, or the 404 naming what is served."""
+        """The app ``model`` names, or the 404 naming what is served (503 with the reason for an
+        app of the node that failed to load)."""
         routes = self.routing.routes.get(model)
+        if routes is None and model in self.state.failed_apps:
+            return Answer(503, {"name": model, "ready": False,
+                                "error": f"model {model!r} is not served: {self.state.failed_apps[model]}"})
         if routes is None:
             served = ", ".join(self.routing.routes)
             return Answer(404, {"error": f"unknown model {model!r} (served: {served})"})
@@ -104,6 +126,8 @@ class OipHttp:
     def _routes(self, request: web.Request) -> AppRoutes:
         got = self.find_routes(request.match_info["model"], request.match_info.get("version"))
         if isinstance(got, Answer):
+            if got.status != 404:
+                raise AnswerNow(got)
             raise web.HTTPNotFound(text=got.doc["error"])
         return got
 
@@ -143,10 +167,16 @@ class OipHttp:
         name = routes.app.name
         try:
             json_length = header_length(header_length_value, len(body))
-            parsed = parse_infer_request(body, routes.app, json_length)
+            parsed = parse_infer_request(body, routes.app, json_length, self.shm)
         except BadRequest as exc:
             self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
             return Answer(400, {"error": str(exc)})
+        return self.infer_submit(routes, parsed)
+
+    def infer_submit(self, routes: AppRoutes, parsed: InferRequest) -> Answer | tuple[Pending, InferRequest]:
+        """Check a parsed request's outputs, ask admission, dispatch (``infer_begin`` after its
+        parse; the gRPC front end after its own): an answer now (400, 503) or the dispatched request."""
+        name = routes.app.name
         if parsed.outputs is not None:
             known = {f"{t}.{s.name}" for t, specs in self.routing.output_specs[name].items() for s in specs}
             unknown = [o for o in parsed.outputs if o not in known]
@@ -166,14 +196,19 @@ class OipHttp:
                                          f"(limit {door.limit(name)}: the smaller of max_queue "
                                          f"{door.max_queue} and what its instances finish within the "
                                          "SLO); retry later"},
-                          RETRY_HEADERS)
+                          RETRY_HEADERS, "shed")
         routes = self.routing.routes.get(name, routes)  # a reconfiguration may have switched it meanwhile
-        req = self.dispatcher.submit(routes, parsed.id, parsed.inputs, parsed.outputs,
-                                     timeout_us=parsed.timeout_us)
+        try:
+            req = self.dispatcher.submit(routes, parsed.id, parsed.inputs, parsed.outputs,
+                                         timeout_us=parsed.timeout_us)
+        except InputTooLarge as exc:
+            door.answered(name, 413)
+            self.metrics.failure.inc((("app", name), ("reason", "bad_request")))
+            return Answer(413, {"error": str(exc)})
         if isinstance(req, str):
             door.answered(name, 503)
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
-            return Answer(503, {"error": f"{req}; retry later"}, RETRY_HEADERS)
+            return Answer(503, {"error": f"{req}; retry later"}, RETRY_HEADERS, "shed")
         return req, parsed
 
     def _queue_admits(self, routes: AppRoutes, timeout_us: int | None) -> bool:
@@ -210,6 +245,8 @@ class OipHttp:
             return _error(got)
         req, parsed = got
         status, doc = await req.future
+        if parsed.shm_outputs:
+            status, doc = place_outputs(status, doc, parsed.shm_outputs, self.shm)
         headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else {}
         payload, json_part = encode_response(doc, parsed.binary_outputs, parsed.all_binary)
         if json_part is None:
@@ -241,9 +278,18 @@ class Answer:
     status: int
     doc: dict[str, Any]
     headers: dict[str, str] | None = None
+    reason: str = ""  # "shed": a 503 of the door (gRPC RESOURCE_EXHAUSTED), not of readiness
 
 
 RETRY_HEADERS = {"Retry-After": RETRY_AFTER_S}
+
+
+class AnswerNow(Exception):
+    """Raised by a handler to answer ``answer`` at once (``_json_errors`` writes it)."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(answer.doc.get("error", ""))
+        self.answer = answer
 
 
 def _error(answer: Answer) -> web.Response:
@@ -255,6 +301,8 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
     """Every error an OIP client sees is JSON ``{"error": ...}``, also aiohttp's own 404/405/413."""
     try:
         return await handler(request)
+    except AnswerNow as exc:
+        return _error(exc.answer)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[MAX_PAYLOAD_KEY]
         return _error(Answer(413, {"error": payload_too_large(limit)}))

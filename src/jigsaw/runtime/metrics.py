@@ -1,14 +1,24 @@
-"""Prometheus text-format metrics, written by hand (no dependency), named as Triton users expect.
+"""The frontend's metrics, exposed through ``prometheus_client`` (a custom collector).
 
-Counters and histograms live in the frontend process; per-process gauges are read from the
-workers' stats block at scrape time. Every series of a node on the emulated backend sits next
-to ``jigsaw_backend_info{kind="emulated"} 1`` so emulated numbers are never read as hardware.
+Counters and histograms live in the frontend process as plain lists the dispatcher counts into
+(no lock, no label lookup on the hot path); per-process gauges are read from the workers' stats
+block at scrape time. ``MetricsCollector`` turns them, and the per-app / per-task statistics of
+``model_stats`` (the numbers ``/v2/models/{app}/stats`` reports, under Triton's ``nv_inference_*``
+names), into ``prometheus_client`` families at scrape time; ``render`` is the exposition text.
+Every series of a node on the emulated backend sits next to
+``jigsaw_backend_info{kind="emulated"} 1`` so emulated numbers are never read as hardware.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterator
+
+from prometheus_client.core import CollectorRegistry, Metric
+from prometheus_client.exposition import generate_latest
+
+from jigsaw.runtime import model_stats as ms
+from jigsaw.runtime.model_stats import ModelStats
 
 LATENCY_BUCKETS_US = (100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
                       500_000, 1_000_000, 2_500_000, 5_000_000)
@@ -17,23 +27,20 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 Labels = tuple[tuple[str, str], ...]
 
 
-def _fmt_labels(labels: Labels, extra: tuple[tuple[str, str], ...] = ()) -> str:
-    items = (*labels, *extra)
-    if not items:
-        return ""
-    body = ",".join(f'{k}="{_escape(v)}"' for k, v in items)
-    return "{" + body + "}"
-
-
-def _escape(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _family(name: str, help_text: str, kind: str) -> Metric:
+    """A family named as written (prometheus_client drops a counter's ``_total`` from the family
+    name and writes it back on each sample)."""
+    return Metric(name.removesuffix("_total") if kind == "counter" else name, help_text, kind)
 
 
 def _num(x: float) -> str:
+    """A bucket bound as the text format has always written it (``le="1"``, ``le="0.5"``)."""
     return repr(float(x)) if isinstance(x, float) else str(x)
 
 
 class Counter:
+    kind = "counter"
+
     def __init__(self, name: str, help_text: str) -> None:
         self.name, self.help = name, help_text
         self.values: dict[Labels, float] = {}
@@ -44,22 +51,18 @@ class Counter:
     def get(self, labels: Labels = ()) -> float:
         return self.values.get(labels, 0)
 
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} counter"
+    def metric(self) -> Metric:
+        m = _family(self.name, self.help, self.kind)
         for labels, v in sorted(self.values.items()):
-            yield f"{self.name}{_fmt_labels(labels)} {_num(v)}"
+            m.add_sample(self.name, dict(labels), v)
+        return m
 
 
 class Gauge(Counter):
+    kind = "gauge"
+
     def set(self, labels: Labels, value: float) -> None:
         self.values[labels] = value
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} gauge"
-        for labels, v in sorted(self.values.items()):
-            yield f"{self.name}{_fmt_labels(labels)} {_num(v)}"
 
 
 def count_into(series: list[float], buckets: tuple[float, ...], value: float) -> None:
@@ -92,18 +95,19 @@ class Histogram:
         s = self.series.get(labels)
         return int(sum(s[:-1])) if s else 0
 
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} histogram"
+    def metric(self) -> Metric:
+        m = _family(self.name, self.help, "histogram")
         for labels, s in sorted(self.series.items()):
             acc = 0.0
+            at = dict(labels)
             for bound, c in zip(self.buckets, s):
                 acc += c
-                yield f"{self.name}_bucket{_fmt_labels(labels, (('le', _num(bound)),))} {int(acc)}"
+                m.add_sample(self.name + "_bucket", {**at, "le": _num(bound)}, acc)
             acc += s[len(self.buckets)]
-            yield f'{self.name}_bucket{_fmt_labels(labels, (("le", "+Inf"),))} {int(acc)}'
-            yield f"{self.name}_sum{_fmt_labels(labels)} {_num(s[-1])}"
-            yield f"{self.name}_count{_fmt_labels(labels)} {int(acc)}"
+            m.add_sample(self.name + "_bucket", {**at, "le": "+Inf"}, acc)
+            m.add_sample(self.name + "_count", at, acc)
+            m.add_sample(self.name + "_sum", at, s[-1])
+        return m
 
 
 class Metrics:
@@ -116,7 +120,7 @@ class Metrics:
                                "Requests answered with a result.")
         self.failure = Counter(p + "inference_request_failure_total",
                                "Requests answered with an error, by reason (bad_request, shed, "
-                               "dropped, timeout, worker_failed, not_ready).")
+                               "dropped, timeout, worker_failed, worker_crashed, error, not_ready).")
         self.dropped = Counter(p + "inference_request_dropped_total",
                                "Items dropped by a task before execution, by reason (deadline, stale, "
                                "queue_full); a fan-out child counts once each.")
@@ -151,14 +155,68 @@ class Metrics:
         self.planner_failures = Counter(p + "planner_failures_total",
                                         "Re-plans that failed or timed out (the running plan kept serving).")
 
+        self.models = ModelStats()  # the per-app / per-task statistics (``model_stats``)
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(MetricsCollector(self))
+
+    def families(self) -> tuple[Counter | Histogram, ...]:
+        return (self.success, self.failure, self.dropped, self.late, self.request_duration,
+                self.queue_duration, self.compute_duration, self.batch_size, self.inflight, self.busy,
+                self.instance_queue, self.slices, self.processes, self.retries, self.worker_failures,
+                self.worker_restarts, self.planner_failures, self.lane_shifts)
+
     def render(self) -> str:
-        lines = ["# HELP jigsaw_backend_info The backend executing the models (emulated: timings come "
-                 "from profiles, not hardware).",
-                 "# TYPE jigsaw_backend_info gauge",
-                 f'jigsaw_backend_info{{kind="{_escape(self.backend_kind)}"}} 1']
-        for fam in (self.success, self.failure, self.dropped, self.late, self.request_duration,
-                    self.queue_duration, self.compute_duration, self.batch_size, self.inflight, self.busy,
-                    self.instance_queue, self.slices, self.processes, self.retries, self.worker_failures,
-                    self.worker_restarts, self.planner_failures, self.lane_shifts):
-            lines.extend(fam.render())
-        return "\n".join(lines) + "\n"
+        """The exposition text (Prometheus 0.0.4) of every family."""
+        return generate_latest(self._registry).decode()
+
+
+class MetricsCollector:
+    """A ``prometheus_client`` collector over the frontend's families and the shared statistics."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.metrics
+        info = _family("jigsaw_backend_info", "The backend executing the models (emulated: timings come "
+                       "from profiles, not hardware).", "gauge")
+        info.add_sample("jigsaw_backend_info", {"kind": m.backend_kind}, 1)
+        yield info
+        for fam in m.families():
+            yield fam.metric()
+        yield from triton_families(m)
+
+
+_NV = (("nv_inference_request_success", "Requests answered with a result, per model (app or app.task)."),
+       ("nv_inference_request_failure", "Requests answered with an error (app), items dropped (app.task)."),
+       ("nv_inference_count", "Inferences performed (requests of an app, items of a task)."),
+       ("nv_inference_exec_count", "Executions (an app's requests, a task's batches)."),
+       ("nv_inference_request_duration_us", "Cumulative end-to-end (app) or queue+hop+compute (task) time."),
+       ("nv_inference_queue_duration_us", "Cumulative queue time."),
+       ("nv_inference_compute_input_duration_us", "Cumulative ring hop into the task (per-hop time)."),
+       ("nv_inference_compute_infer_duration_us", "Cumulative batch execution time seen by each item."),
+       ("nv_inference_compute_output_duration_us", "Cumulative completion ring time back to the frontend."))
+
+
+def triton_families(m: Metrics) -> Iterator[Metric]:
+    """The statistics of ``/v2/models/stats`` under Triton's metric names (counters labelled
+    ``model`` and ``version``): one source for both."""
+    fams = [_family(name, doc, "counter") for name, doc in _NV]
+    failed: dict[tuple[str, str], float] = {}
+    for labels, v in m.dropped.values.items():
+        d = dict(labels)
+        key = (d.get("app", ""), d.get("task", ""))
+        failed[key] = failed.get(key, 0.0) + v
+    apps = sorted({a for a, _ in m.models.tasks} | set(m.models.apps))
+    for app in apps:
+        tasks = tuple(t for a, t in m.models.tasks if a == app)
+        drops = {t: n for (a, t), n in failed.items() if a == app}
+        for e in ms.app_entries(m.models, app, tasks, drops):
+            at = {"model": e["name"], "version": e["version"]}
+            st = e["inference_stats"]
+            values = (st["success"]["count"], st["fail"]["count"], e["inference_count"], e["execution_count"],
+                      st["success"]["ns"] / 1e3, st["queue"]["ns"] / 1e3, st["compute_input"]["ns"] / 1e3,
+                      st["compute_infer"]["ns"] / 1e3, st["compute_output"]["ns"] / 1e3)
+            for fam, (name, _), v in zip(fams, _NV, values):
+                fam.add_sample(name + "_total", at, v)
+    yield from fams

@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from jigsaw.app import App
+from jigsaw.runtime.shm_regions import SharedMemoryRegions, ShmError
 from jigsaw.tensors import DATATYPES
 
 _INT_RANGES = {dt: np.iinfo(DATATYPES[dt]) for dt in  # type: ignore[arg-type]
@@ -43,6 +44,7 @@ class InferRequest:
     binary_outputs: set[str] | None = None  # outputs to send as binary data; None: every one
     all_binary: bool = False
     timeout_us: int | None = None  # ``parameters.timeout``: a deadline tighter than the SLO (wall us)
+    shm_outputs: dict[str, tuple[str, int, int]] | None = None  # output -> (region, offset, byte size)
 
 
 def header_length(value: str | None, body_bytes: int) -> int | None:
@@ -74,12 +76,37 @@ def _binary_input(f: str, t: dict[str, Any], datatype: str, shape: list[int], bi
                          f"(expected {want})")
     if offset + size > len(binary):
         raise BadRequest(f"{f}: the body holds {len(binary) - offset} binary bytes for it, not {size}")
-    arr = np.frombuffer(binary[offset:offset + size], dtype).reshape(shape)
+    return array_from_bytes(f, datatype, shape, binary[offset:offset + size]), offset + size
+
+
+def array_from_bytes(f: str, datatype: str, shape: list[int], raw: bytes | memoryview) -> np.ndarray:
+    """A tensor from its raw little-endian bytes (their count already checked), values checked."""
+    dtype = DATATYPES[datatype]
+    assert dtype is not None
+    arr = np.frombuffer(raw, dtype).reshape(shape)
     if datatype == "BOOL" and arr.size and int(arr.view(np.uint8).max()) > 1:
         raise BadRequest(f"{f}: BOOL bytes must be 0 or 1")
     if datatype in ("FP16", "FP32", "FP64") and arr.size and not np.isfinite(arr).all():
         raise BadRequest(f"{f}: data must be finite numbers")
-    return arr.astype(dtype.newbyteorder("="), copy=True), offset + size
+    return arr.astype(dtype.newbyteorder("="), copy=True)
+
+
+def shm_input(f: str, t: dict[str, Any], datatype: str, shape: list[int], shm: SharedMemoryRegions | None
+               ) -> np.ndarray:
+    """An input read from a registered system shared memory region (Triton's extension)."""
+    if shm is None:
+        raise BadRequest(f"{f}.parameters.shared_memory_region: shared memory is not served here")
+    if "data" in t:
+        raise BadRequest(f"{f}: give either data or parameters.shared_memory_region, not both")
+    dtype = DATATYPES[datatype]
+    if dtype is None:
+        raise BadRequest(f"{f}: BYTES tensors from shared memory are not supported; send them as JSON "
+                         "strings")
+    try:
+        raw = shm.read(f, t["parameters"], math.prod(shape) * dtype.itemsize)
+    except ShmError as exc:
+        raise BadRequest(str(exc)) from None
+    return array_from_bytes(f, datatype, shape, raw)
 
 
 def _flatten(data: Any, out: list[Any]) -> None:
@@ -150,10 +177,12 @@ def _loads(text: bytes | memoryview) -> Any:
         return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
 
 
-def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -> InferRequest:
+def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
+                        shm: SharedMemoryRegions | None = None) -> InferRequest:
     """Validate a ``POST /v2/models/{app}/infer`` body against the app's declared inputs.
 
     ``json_length`` (from ``header_length``): the body is that much JSON, then binary tensor data.
+    ``shm``: the registered system shared memory regions inputs and outputs may name.
     """
     binary = memoryview(body)[json_length:] if json_length is not None else memoryview(b"")
     offset = 0
@@ -202,6 +231,9 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -
         if len(shape) != len(spec.shape) or any(s != -1 and s != d for s, d in zip(spec.shape, shape)):
             raise BadRequest(f"{f}.shape: input {name!r} expects shape {list(spec.shape)} "
                              f"(-1: any), got {shape}")
+        if spec.min_shape and any(d < m for d, m in zip(shape, spec.min_shape)):
+            raise BadRequest(f"{f}.shape: input {name!r} needs at least {list(spec.min_shape)} per axis "
+                             f"(the app's min_shape: the model cannot take an empty one), got {shape}")
         tensor_params = t.get("parameters", {})
         if not isinstance(tensor_params, dict):
             raise BadRequest(f"{f}.parameters: expected an object")
@@ -211,6 +243,9 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -
                                  f"{HEADER_LENGTH} header")
             arr, offset = _binary_input(f, t, dt, shape, binary, offset)
             inputs.append((name, dt, tuple(shape), arr))
+            continue
+        if "shared_memory_region" in tensor_params:
+            inputs.append((name, dt, tuple(shape), shm_input(f, t, dt, shape, shm)))
             continue
         if "data" not in t:
             raise BadRequest(f"{f}.data: missing")
@@ -234,23 +269,49 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -
         raise BadRequest(f"inputs: missing input {missing[0]!r}")
     if offset != len(binary):
         raise BadRequest(f"body: {len(binary) - offset} bytes of binary data belong to no input")
-    outputs = None
-    binary_outputs: set[str] = set()
-    if "outputs" in doc:
-        raw = doc["outputs"]
-        if not isinstance(raw, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
-                                                for o in raw):
-            raise BadRequest("outputs: expected an array of objects with a name")
-        outputs = [o["name"] for o in raw]
-        for i, o in enumerate(raw):
-            oparams = o.get("parameters", {})
-            if not isinstance(oparams, dict) or not isinstance(oparams.get("binary_data", False), bool):
-                raise BadRequest(f"outputs[{i}].parameters.binary_data: expected true or false")
-            if oparams.get("binary_data"):
-                binary_outputs.add(o["name"])
+    outputs, binary_outputs, shm_outputs = _requested_outputs(doc, shm)
     all_binary = params.get("binary_data_output", False)
     if not isinstance(all_binary, bool):
         raise BadRequest("parameters.binary_data_output: expected true or false")
+    timeout_us = request_timeout_us(params)
+    return InferRequest(rid, inputs, outputs, params, binary_outputs, all_binary, timeout_us,
+                        shm_outputs or None)
+
+
+def _requested_outputs(doc: dict[str, Any], shm: SharedMemoryRegions | None
+                       ) -> tuple[list[str] | None, set[str], dict[str, tuple[str, int, int]]]:
+    """The outputs asked for (None: all), those to send binary, those to write to shared memory."""
+    binary_outputs: set[str] = set()
+    shm_outputs: dict[str, tuple[str, int, int]] = {}
+    if "outputs" not in doc:
+        return None, binary_outputs, shm_outputs
+    raw = doc["outputs"]
+    if not isinstance(raw, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
+                                            for o in raw):
+        raise BadRequest("outputs: expected an array of objects with a name")
+    for i, o in enumerate(raw):
+        oparams = o.get("parameters", {})
+        if not isinstance(oparams, dict) or not isinstance(oparams.get("binary_data", False), bool):
+            raise BadRequest(f"outputs[{i}].parameters.binary_data: expected true or false")
+        if oparams.get("binary_data"):
+            binary_outputs.add(o["name"])
+        if "shared_memory_region" in oparams:
+            shm_outputs[o["name"]] = shm_output(i, oparams, shm)
+    return [o["name"] for o in raw], binary_outputs, shm_outputs
+
+
+def shm_output(i: int, oparams: dict[str, Any], shm: SharedMemoryRegions | None) -> tuple[str, int, int]:
+    """Where ``outputs[i]`` goes in shared memory (region, offset, byte size), checked now."""
+    if shm is None:
+        raise BadRequest(f"outputs[{i}].parameters.shared_memory_region: shared memory is not served here")
+    try:
+        return shm.target(f"outputs[{i}]", oparams)
+    except ShmError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def request_timeout_us(params: dict[str, Any]) -> int | None:
+    """``parameters.timeout`` (None without it), checked with ``parameters.priority`` (only 0)."""
     timeout_us = params.get("timeout")
     if "timeout" in params and (isinstance(timeout_us, bool) or not isinstance(timeout_us, int)
                                 or timeout_us <= 0):
@@ -260,7 +321,35 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None) -
     if priority != 0 or isinstance(priority, bool):
         raise BadRequest(f"parameters.priority: {priority!r} is not supported: every request of a model "
                          "is served by its deadline in arrival order; omit priority or send 0")
-    return InferRequest(rid, inputs, outputs, params, binary_outputs, all_binary, timeout_us)
+    return timeout_us
+
+
+def place_outputs(status: int, doc: dict[str, Any], targets: dict[str, tuple[str, int, int]],
+                  shm: SharedMemoryRegions) -> tuple[int, dict[str, Any]]:
+    """Write the outputs a request asked for in shared memory into their regions; each then carries
+    ``shared_memory_region`` / ``shared_memory_byte_size`` and no data (as Triton answers). An
+    output larger than its region's span is answered 400 naming it."""
+    if status != 200:
+        return status, doc
+    for out in doc.get("outputs", []):
+        where = targets.get(out["name"])
+        if where is None:
+            continue
+        arr = np.asarray(out["data"])
+        wire = DATATYPES[out["datatype"]]
+        if wire is None:
+            return 400, {"error": f"output {out['name']!r}: BYTES outputs cannot be written to shared memory"}
+        raw = np.ascontiguousarray(arr.astype(wire, copy=False)).tobytes()
+        try:
+            shm.write(*where, raw)
+        except ShmError as exc:
+            return 400, {"error": f"output {out['name']!r}: {exc}"}
+        del out["data"]
+        params = out.setdefault("parameters", {})
+        params["shared_memory_region"], params["shared_memory_byte_size"] = where[0], len(raw)
+        if where[1]:
+            params["shared_memory_offset"] = where[1]
+    return status, doc
 
 
 _NATIVE_KINDS = frozenset("biu")  # numpy kinds orjson serializes exactly as their ``tolist()``
@@ -277,6 +366,8 @@ def encode_response(doc: dict[str, Any], binary: set[str] | None,
     """
     blobs = []
     for out in doc.get("outputs", []):
+        if "data" not in out:  # written to shared memory (``place_outputs``)
+            continue
         arr = np.asarray(out["data"])
         if all_binary or (binary and out["name"] in binary):
             wire = arr.astype(DATATYPES[out["datatype"]] or arr.dtype, copy=False)

@@ -255,6 +255,88 @@ def _get(operation_id: str, summary: str, responses: dict[str, Any], tags: list[
     return {"get": {"operationId": operation_id, "summary": summary, "tags": tags, "responses": responses}}
 
 
+def _extension_schemas() -> dict[str, Any]:
+    count_ns = {"type": "object", "required": ["count", "ns"],
+                "properties": {"count": {"type": "integer"}, "ns": {"type": "integer"}}}
+    stats = {"type": "object", "required": ["name", "version", "inference_stats"], "properties": {
+        "name": {"type": "string"}, "version": {"type": "string"}, "inference_count": {"type": "integer"},
+        "execution_count": {"type": "integer"}, "last_inference": {"type": "integer"},
+        "inference_stats": {"type": "object", "additionalProperties": count_ns},
+        "batch_stats": {"type": "array", "items": {"type": "object"}}}}
+    return {
+        "ModelStatistics": {"type": "object", "required": ["model_stats"],
+                            "properties": {"model_stats": {"type": "array", "items": stats}}},
+        "ModelConfig": {"type": "object", "required": ["name", "platform", "input", "output"],
+                        "properties": {"name": {"type": "string"}, "platform": {"type": "string"},
+                                       "input": {"type": "array", "items": {"type": "object"}},
+                                       "output": {"type": "array", "items": {"type": "object"}},
+                                       "ensemble_scheduling": {"type": "object"},
+                                       "jigsaw": {"type": "object"}}},
+        "RepositoryIndex": {"type": "array", "items": {
+            "type": "object", "required": ["name", "state"],
+            "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+                           "state": {"type": "string", "enum": ["READY", "UNAVAILABLE"]},
+                           "reason": {"type": "string"}}}},
+        "ShmStatus": {"type": "array", "items": {
+            "type": "object", "required": ["name", "key", "offset", "byte_size"],
+            "properties": {"name": {"type": "string"}, "key": {"type": "string"},
+                           "offset": {"type": "integer"}, "byte_size": {"type": "integer"}}}},
+        "Empty": {"type": "object"},
+    }
+
+
+def _post(operation_id: str, summary: str, responses: dict[str, Any], body: dict[str, Any] | None
+          ) -> dict[str, Any]:
+    op: dict[str, Any] = {"operationId": operation_id, "summary": summary, "tags": ["extensions"],
+                          "responses": responses}
+    if body is not None:
+        op["requestBody"] = {"required": False, "content": {JSON: {"schema": body}}}
+    return {"post": op}
+
+
+def _extension_paths() -> dict[str, Any]:
+    """Triton's statistics, repository and system shared memory routes (``triton_ext``)."""
+    ok, bad = _json("done", _ref("Empty")), _error("invalid request; the message names the field")
+    unknown = _error("no such model or region")
+    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+    model = {"name": "model", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+    register = {"type": "object", "required": ["key", "byte_size"], "properties": {
+        "key": {"type": "string", "minLength": 1}, "offset": {"type": "integer", "minimum": 0},
+        "byte_size": {"type": "integer", "minimum": 1}}}
+    cuda = {"400": _error("CUDA shared memory is not supported (use system shared memory)")}
+    paths: dict[str, Any] = {
+        "/v2/models/stats": _get("statistics", "every served app's statistics", {
+            "200": _json("Triton's statistics", _ref("ModelStatistics"))}, ["extensions"]),
+        "/v2/repository/index": _post("repository_index", "the node's apps and their state", {
+            "200": _json("index", _ref("RepositoryIndex")), "400": bad},
+            {"type": "object", "properties": {"repository_name": {"type": "string"},
+                                              "ready": {"type": "boolean"}}}),
+        "/v2/systemsharedmemory/status": _get("shm_status", "registered regions", {
+            "200": _json("regions", _ref("ShmStatus"))}, ["extensions"]),
+        "/v2/systemsharedmemory/unregister": _post("shm_unregister_all", "unregister every region",
+                                                   {"200": ok}, None),
+        "/v2/cudasharedmemory/status": _get("cuda_shm_status", "CUDA shared memory (not supported)", cuda,
+                                            ["extensions"]),
+    }
+    for verb in ("load", "unload"):
+        paths[f"/v2/repository/models/{{model}}/{verb}"] = _post(
+            f"repository_{verb}", f"{verb} an app (a node re-plan); answers once the node serves it",
+            {"200": ok, "400": _error(f"the app cannot {verb} now; the message says why"), "404": unknown},
+            {"type": "object", "properties": {"parameters": {"type": "object"}}})
+        paths[f"/v2/repository/models/{{model}}/{verb}"]["post"]["parameters"] = [model]
+    region = "/v2/systemsharedmemory/region/{name}"
+    paths[region + "/status"] = {"get": {**_get("shm_region_status", "one region", {
+        "200": _json("region", _ref("ShmStatus")), "404": unknown}, ["extensions"])["get"],
+        "parameters": [name]}}
+    paths[region + "/register"] = _post("shm_register", "register [offset, offset + byte_size) of a "
+                                        "POSIX shared memory object (owner-only, mode 0600)",
+                                        {"200": ok, "400": bad}, register)
+    paths[region + "/register"]["post"]["parameters"] = [name]
+    paths[region + "/unregister"] = _post("shm_unregister", "unregister one region", {"200": ok}, None)
+    paths[region + "/unregister"]["post"]["parameters"] = [name]
+    return paths
+
+
 def _component_key(name: str, taken: set[str]) -> str:
     key = re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
     base, k = key, 1
@@ -274,15 +356,18 @@ def openapi_document(apps: Mapping[str, App], output_specs: Mapping[str, Mapping
     reconfiguration that switches an app is described as soon as it serves.
     """
     schemas = _common_schemas()
-    server_tag, model_tag = ["server"], ["models"]
+    server_tag, model_tag, ext_tag = ["server"], ["models"], ["extensions"]
     paths: dict[str, Any] = {
         "/v2": _get("server_metadata", "server metadata",
                     {"200": _json("name, version", _ref("ServerMetadata"))}, server_tag),
         "/v2/health/live": _get("server_live", "liveness",
                                 {"200": _json("the process answers", _ref("Live"))}, server_tag),
         "/v2/health/ready": _get("server_ready", "readiness", {
-            "200": _json("every worker is up", _ref("Ready")),
-            "503": _json("starting or shutting down", _ref("Ready"))}, server_tag),
+            "200": _json("every app of the node serves and every worker is up (Triton's strict readiness)",
+                         _ref("Ready")),
+            "503": _json("starting, shutting down, or an app of the node failed to load (its "
+                         "/v2/models/{app}/ready answers 503 with the reason; the others serve)",
+                         _ref("Ready"))}, server_tag),
         "/metrics": _get("metrics", "Prometheus metrics", {
             "200": {"description": "Prometheus text format 0.0.4",
                     "content": {"text/plain": {"schema": {"type": "string"}}}}}, server_tag),
@@ -290,6 +375,8 @@ def openapi_document(apps: Mapping[str, App], output_specs: Mapping[str, Mapping
             "200": _json("OpenAPI 3.0 document", {"type": "object", "required": ["openapi", "paths"]})},
             server_tag),
     }
+    schemas.update(_extension_schemas())
+    paths.update(_extension_paths())
     taken: set[str] = set(schemas)
     for name, app in apps.items():
         outputs = output_specs.get(name, {})
@@ -307,6 +394,14 @@ def openapi_document(apps: Mapping[str, App], output_specs: Mapping[str, Mapping
             paths[base + "/ready"] = _get(f"model_ready.{op}", f"{name}: readiness", {
                 "200": _json("ready", _ref("ModelReady")), "503": _json("not ready", _ref("ModelReady")),
                 "404": not_found}, model_tag)
+            paths[base + "/stats"] = _get(f"model_statistics.{op}", f"{name}: statistics, its tasks as "
+                                          "composing models", {"200": _json("Triton's statistics",
+                                                                            _ref("ModelStatistics")),
+                                                               "404": not_found}, ext_tag)
+            paths[base + "/config"] = _get(f"model_config.{op}", f"{name}: Triton's ensemble config and the "
+                                           "running plan", {"200": _json("Triton's model config",
+                                                                         _ref("ModelConfig")),
+                                                            "404": not_found}, ext_tag)
             paths[base + "/infer"] = {"post": {
                 "operationId": f"model_infer.{op}",
                 "summary": f"{name}: run one request through the app's task graph",
@@ -328,7 +423,7 @@ def openapi_document(apps: Mapping[str, App], output_specs: Mapping[str, Mapping
         "openapi": "3.0.3",
         "info": {"title": "jigsawd: Open Inference Protocol (KServe v2) REST", "version": version,
                  "description": f"backend: {backend_kind}; served models: {', '.join(apps) or 'none'}"},
-        "tags": [{"name": "server"}, {"name": "models"}],
+        "tags": [{"name": "server"}, {"name": "models"}, {"name": "extensions"}],
         "paths": paths,
         "components": {"schemas": schemas},
     }

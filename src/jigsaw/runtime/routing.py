@@ -127,6 +127,13 @@ class RoutingTable:
         self.metrics.processes.set((("app", app),), sum(1 for p in mapped.topology.processes if p.app == app))
         return routes
 
+    def unroute(self, app: str) -> None:
+        """``app`` is no longer served (unloaded): its name answers 404 from now on."""
+        self.routes.pop(app, None)
+        self.output_specs.pop(app, None)
+        self.metrics.slices.set((("app", app),), 0)
+        self.metrics.processes.set((("app", app),), 0)
+
     def reweight(self, app: str, plan: Plan) -> AppRoutes:
         """Run ``plan`` on the processes serving ``app`` now: only the lane weights change."""
         routes = self.routes[app]

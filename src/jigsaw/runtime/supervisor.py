@@ -20,6 +20,15 @@ that runs far beyond its profile, ``batch_timeout_ns``, counts as a hang too.)
 4. it is restarted on the same spec, rings, doorbell and stats slot; routing returns to it
    once it reports ready.
 
+A crash is *the batch's* when the process ended itself while a batch ran (an exit status, or a
+signal it raised: SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL...) or that batch ran past its batch
+timeout; the batch's request ids are read from the process's batch record
+(``stats.StatsBlock.batch_started``) and reported as its suspects: the router answers them 500
+and never sends them again, and such a crash does not count toward giving the worker up (it is
+restarted, capacity and plan untouched). A crash from outside the batch (SIGKILL: an operator or
+the kernel's OOM killer; SIGTERM; a stopped event loop) has no suspects: its requests are sent
+again, at most ``dispatch.MAX_ATTEMPTS`` times each, and it counts toward the give-up.
+
 A worker failing more than ``server.worker_max_restarts`` times within
 ``server.worker_restart_window_s`` is given up (FAILED): routing skips it even while no other
 process of its task is up (the frontend then answers 503 at once instead of queueing), its
@@ -31,6 +40,7 @@ generation. Until that generation replaces it, it is still restarted now and the
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import time
 from collections import deque
@@ -74,6 +84,9 @@ class WorkerEvent:
     restored_unix_s: float | None = None
     # older generations the process also served (a re-plan kept it) whose requests were settled too
     older_generations: list[int] = field(default_factory=list)
+    # the crash was the batch's (see the module docstring): its requests were answered 500, the
+    # failure does not count toward the give-up
+    suspect_requests: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,8 +104,10 @@ class WorkerPool(Protocol):
 class FaultSink(Protocol):
     """Whom the supervisor tells (the generation manager, which tells the router and the controller)."""
 
-    def worker_failed(self, generation: int, spec: ProcessSpec, reason: str) -> tuple[int, int]:
-        """Settle the requests the process may have held; returns (retried, failed)."""
+    def worker_failed(self, generation: int, spec: ProcessSpec, reason: str,
+                      suspects: frozenset[int] = frozenset()) -> tuple[int, int]:
+        """Settle the requests the process may have held (``suspects``: the crashing batch's,
+        answered, never sent again); returns (retried, failed)."""
         ...
 
     def worker_restarting(self, spec: ProcessSpec) -> None: ...
@@ -105,6 +120,18 @@ def batch_timeout_ns(spec: ProcessSpec, base_s: float) -> int:
     """How long one batch may run before the process counts as hung (a stuck kernel or runtime)."""
     slowest_s = max(spec.latency_ms_by_batch.values(), default=0.0) * spec.time_scale / 1000.0
     return int((base_s + BATCH_SLACK * slowest_s) * 1e9)
+
+
+NOT_THE_BATCH = frozenset({-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP, 0})
+"""Exit statuses of a process stopped from outside (or that returned): no batch to blame."""
+
+
+def the_batchs(rc: int | None, reason: str) -> bool:
+    """Whether a failure is the running batch's doing (the module docstring): the process ended
+    itself (``rc``) or its batch ran past the batch timeout."""
+    if reason == "batch_hung":
+        return True
+    return reason == "exited" and rc is not None and rc not in NOT_THE_BATCH
 
 
 def discard_inputs(spec: ProcessSpec) -> int:
@@ -176,7 +203,7 @@ class Supervisor:
                     continue  # starting (a new generation's controller waits for it), or failed
                 rc = proc.poll()
                 if rc is not None:
-                    self._fail(g, k, "exited", f"exited with status {rc}")
+                    self._fail(g, k, "exited", f"exited with status {rc}", the_batchs(rc, "exited"))
                     continue
                 beat = g.stats.get(spec.slot, st.HEARTBEAT_NS)
                 if beat and now_ns - beat > self.hang_timeout_s * 1e9:
@@ -184,7 +211,8 @@ class Supervisor:
                     continue
                 batch = g.stats.get(spec.slot, st.BATCH_STARTED_NS)
                 if batch and now_ns - batch > batch_timeout_ns(spec, self.hang_timeout_s):
-                    self._fail(g, k, "hung", f"one batch running for {(now_ns - batch) / 1e9:.1f} s")
+                    self._fail(g, k, "hung", f"one batch running for {(now_ns - batch) / 1e9:.1f} s",
+                               the_batchs(None, "batch_hung"))
 
     def _watch_restart(self, g: Generation, k: int, spec: ProcessSpec, state: int) -> None:
         key = (g.gid, k)
@@ -205,10 +233,13 @@ class Supervisor:
             del self._restoring[key]
             self._fail(g, k, "start_failed", f"not ready {RESTART_READY_TIMEOUT_S:g} s after its restart")
 
-    def _fail(self, g: Generation, k: int, reason: str, detail: str) -> None:
+    def _fail(self, g: Generation, k: int, reason: str, detail: str, batchs: bool = False) -> None:
+        """Handle one failed process (the module docstring's steps); ``batchs``: the batch it ran
+        caused it (its requests are the suspects, and the failure is not counted)."""
         spec: ProcessSpec = g.topology.processes[k]
         proc: WorkerProcess = g.workers[k]
         assert g.stats is not None
+        suspects = frozenset(g.stats.batch_record(spec.slot)) if batchs else frozenset()
         g.stats.set(spec.slot, st.STATE, st.DEAD)
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -216,7 +247,7 @@ class Supervisor:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=2.0)
         discarded = discard_inputs(spec)
-        retried, failed = self.sink.worker_failed(g.gid, spec, reason)
+        retried, failed = self.sink.worker_failed(g.gid, spec, reason, suspects)
         # a process a re-plan kept also served the older generations that are still draining:
         # their wirings of it are gone for good (the restart serves the newest spec only), so their
         # requests that may have had work on it are settled now, not left to their deadlines
@@ -226,18 +257,19 @@ class Supervisor:
             if old.stats is not None:
                 old.stats.set(old_spec.slot, st.STATE, st.FAILED)  # upstream items fail fast there
             discarded += discard_inputs(old_spec)
-            r, f = self.sink.worker_failed(old.gid, old_spec, reason)
+            r, f = self.sink.worker_failed(old.gid, old_spec, reason, suspects)
             retried, failed = retried + r, failed + f
             older.append(old.gid)
         now = time.monotonic()
         recent = self._failures.setdefault((g.gid, k), deque())
-        recent.append(now)
+        if not suspects:  # a crash of one batch's making costs no capacity (the module docstring)
+            recent.append(now)
         while recent and now - recent[0] > self.window_s:
             recent.popleft()
         give_up = len(recent) > self.max_restarts or self.stopped or g.stopping
         event = WorkerEvent(spec.name, spec.app, spec.task, spec.variant, g.gid, proc.pid, reason, detail,
                             time.time(), discarded, retried, failed, "given_up" if give_up else "restarted",
-                            older_generations=older)
+                            older_generations=older, suspect_requests=sorted(suspects))
         self.events.append(event)
         if give_up:
             g.stats.set(spec.slot, st.STATE, st.FAILED if not (self.stopped or g.stopping) else st.STOPPED)
@@ -248,8 +280,9 @@ class Supervisor:
             g.restart_worker(k)
             self._restoring[(g.gid, k)] = (now, event)
             self.sink.worker_restarting(spec)
-        self.log(f"worker {spec.name} (pid {proc.pid}) {detail}: {discarded} queued items discarded, "
-                 f"{retried} requests dispatched again, {failed} answered 503; "
+        blamed = f" (its batch's {len(suspects)} requests answered 500, not sent again)" if suspects else ""
+        self.log(f"worker {spec.name} (pid {proc.pid}) {detail}{blamed}: {discarded} queued items discarded, "
+                 f"{retried} requests dispatched again, {failed} answered with an error; "
                  + ("restarting it" if not give_up else
                     f"given up after {len(recent)} failures in {self.window_s:g} s"))
         if give_up and not (self.stopped or g.stopping):

@@ -8,11 +8,16 @@ doorbells it lists, writes one ``ProcessSpec`` per worker as JSON and serves the
   process of task t -> each process of every child task of t; each process -> the frontend
   (its completion ring). Each consumer owns one doorbell shared by its input rings.
 - Routes: for lane l and downstream task d, the processes running lane l's variant of d.
+- Ring sizes: a ring between tasks and a completion ring carry at least the app's largest item
+  (``item_ring_bytes``: the app's ``max_item_bytes``, or what its models' fixed output shapes
+  need), else their default sizes; a ring from the frontend carries ``server.max_payload_bytes``.
+  An item that still does not fit is answered 500 for its request (``runtime/containment.py``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,11 +26,15 @@ from jigsaw.app import App
 from jigsaw.node import Node
 from jigsaw.plan import Plan
 from jigsaw.profiles import ProfileTable
-from jigsaw.runtime.rings import RECORD_OVERHEAD_BYTES
+from jigsaw.runtime.records import CREDIT_BYTES
+from jigsaw.runtime.rings import RECORD_OVERHEAD_BYTES, default_max_payload_bytes
+from jigsaw.tensors import DATATYPES
 
 WORK_RING_BYTES = 1 << 20  # task -> task: emulated and real children are small (boxes, crops, tokens)
 COMPLETION_RING_BYTES = 4 << 20
 BATCH_QUEUE_CAPACITY = 4096
+TENSOR_HEAD_BYTES = 256  # an encoded tensor's name, datatype and shape, at most (a generous bound)
+RING_PAGE_BYTES = 4096  # a grown ring's capacity is a whole number of pages
 
 
 class TopologyError(ValueError):
@@ -43,6 +52,37 @@ class OutputRing:
     # the consumer's planned rate at its max batch (items/s, node time; 0: unknown): its load is
     # counted as the time to serve its queue, not as items (``process_items_per_s``)
     items_per_s: float = 0.0
+
+
+def declared_item_bytes(app: App) -> int:
+    """The largest encoded item a task of ``app`` makes as its models declare it: the sum of each
+    ONNX model's outputs when every axis is fixed (0 where one is free or a model is a zoo network,
+    whose items are small: boxes, labels, tokens, crops)."""
+    most = 0
+    for task in app.tasks:
+        for v in task.variants:
+            model = v.resolved
+            if model is None or not model.is_onnx:
+                continue
+            total = 0
+            for o in model.outputs:
+                dtype = DATATYPES.get(o.datatype)
+                if dtype is None or any(d < 0 for d in o.item_shape):
+                    total = 0
+                    break
+                total += TENSOR_HEAD_BYTES + math.prod(o.item_shape) * dtype.itemsize
+            most = max(most, total)
+    return most
+
+
+def item_ring_bytes(app: App, default_bytes: int) -> int:
+    """The capacity of a ring of ``app`` that carries items (a default of ``default_bytes``): grown
+    so that one item of the app's largest (``App.max_item_bytes``, ``declared_item_bytes``) fits."""
+    need = max(app.max_item_bytes, declared_item_bytes(app)) + CREDIT_BYTES
+    if need <= default_max_payload_bytes(default_bytes):
+        return default_bytes
+    raw = 2 * (need + 8 + RECORD_OVERHEAD_BYTES)  # (``default_max_payload_bytes`` inverted, aligned)
+    return -(-raw // RING_PAGE_BYTES) * RING_PAGE_BYTES
 
 
 def process_items_per_s(mean_ms: dict[int, float], latency_ms: dict[int, float], max_batch: int) -> float:
@@ -93,6 +133,8 @@ class ProcessSpec:
     mean_ms_by_batch: dict[int, float] = field(default_factory=dict)  # from the profile's throughput
     model: str = ""  # the variant's ONNX file (a repository model); "": the zoo network ``zoo``
     zoo: str = ""  # the zoo network of a built-in model ("": the variant's name)
+    # a repository model's outputs [name, datatype, per-item shape] (what the emulated backend makes)
+    graph_outputs: list[list[object]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -170,12 +212,16 @@ NameOf = Callable[[str], str]
 """``name_of(purpose)``: the POSIX name of a segment (the daemon's registry prefixes its id)."""
 
 
-def _model_fields(app: App, task: str, variant: str) -> dict[str, str]:
-    """Where a worker finds its variant's model (see ``jigsaw.models.repository``)."""
+def _model_fields(app: App, task: str, variant: str) -> dict[str, object]:
+    """Where a worker finds its variant's model (see ``jigsaw.models.repository``), and a
+    repository model's outputs."""
     model = app.task(task).variant(variant).resolved
     if model is None:
         return {}
-    return {"model": str(model.path)} if model.path is not None else {"zoo": model.zoo}
+    if model.path is None:
+        return {"zoo": model.zoo}
+    return {"model": str(model.path),
+            "graph_outputs": [[o.name, o.datatype, [1, *o.item_shape]] for o in model.outputs]}
 
 
 @dataclass
@@ -245,7 +291,8 @@ def build_topology(node: Node, plans: list[tuple[App, Plan]], profiles: ProfileT
         for p in procs:
             by_variant.setdefault((p.task, p.variant), []).append(p)
         _check_lanes(app, lanes, weights, by_variant)
-        roots = _root_rings(app, procs, name_of, wiring, root_ring_bytes)
+        roots = _root_rings(app, procs, name_of, wiring, max(root_ring_bytes,
+                                                            item_ring_bytes(app, root_ring_bytes)))
         specs += _process_specs(app, app_index, plan, procs, lanes, by_variant, roots, wiring,
                                 Shared(name_of, stats, wiring.doorbells[0], time_scale, seed, backend,
                                        node.server.stale_drops))
@@ -324,6 +371,8 @@ def _process_specs(app: App, app_index: int, plan: Plan, procs: list[_Process], 
     task_index = {t: i for i, t in enumerate(app.task_names)}
     transform_dir = str(Path(app.source).parent) if app.source else ""  # edges' transforms resolve here
     inputs: dict[int, list[str]] = {p.slot: [roots[p.slot].ring] if p.slot in roots else [] for p in procs}
+    work_bytes = item_ring_bytes(app, WORK_RING_BYTES)
+    done_bytes = item_ring_bytes(app, COMPLETION_RING_BYTES)
     wired: list[tuple[_Process, list[OutputRing], list[dict[str, list[int]]], str]] = []
     for p in procs:
         outputs: list[OutputRing] = []
@@ -333,7 +382,7 @@ def _process_specs(app: App, app_index: int, plan: Plan, procs: list[_Process], 
                 if q.task != child:
                     continue
                 ring = shared.name_of(f"in-{q.slot}-{p.slot}")
-                wiring.rings[ring] = WORK_RING_BYTES
+                wiring.rings[ring] = work_bytes
                 inputs[q.slot].append(ring)
                 out_index[q.slot] = len(outputs)
                 outputs.append(OutputRing(ring, q.doorbell, q.slot, child,
@@ -341,7 +390,7 @@ def _process_specs(app: App, app_index: int, plan: Plan, procs: list[_Process], 
         lane_routes = [{child: [out_index[q.slot] for q in by_variant.get((child, lane.get(child, "")), [])]
                         for child in app.children(p.task)} for lane in lanes]
         done = shared.name_of(f"done-{p.slot}")
-        wiring.rings[done] = COMPLETION_RING_BYTES
+        wiring.rings[done] = done_bytes
         wiring.completion_rings.append(done)
         wired.append((p, outputs, lane_routes, done))
     return [ProcessSpec(

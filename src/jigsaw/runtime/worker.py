@@ -33,6 +33,15 @@ routed and completed through that generation's rings, so its lane means what it 
 admitted. A wiring the control file no longer lists takes no more items; its rings are unmapped once
 neither the batching queue nor the batch in flight holds one of its items.
 
+Containment: an exception while the backend prepares, runs or finishes a batch never ends the
+process. A one-item batch's item is answered 500 naming the task; a larger batch's items are run
+again one at a time (``_run_alone``), so only the items that fail alone are answered 500. An
+item's output or child larger than its ring's ``max_payload_bytes`` is answered 500 naming the
+task and the output (``_fit``). Before a batch runs, its request ids go to the process's batch
+record (``stats.StatsBlock.batch_started``): a crash the process cannot catch (a signal, a hard
+abort) leaves them behind, and the supervisor answers those requests instead of sending them into
+the next crash.
+
 The signal is taken at once, also while a batch awaits its backend: the daemon switches a re-plan's
 routing only when every process of the new generation is ready, so a kept process that waited for
 its batch to end held the whole switch for up to a batch (seconds of wall time at the replays' time
@@ -58,10 +67,12 @@ from typing import Any
 
 import uvloop
 
-from jigsaw.backends.base import Backend, Downstream, ItemResult
+from jigsaw.backends.base import Backend, Downstream, ItemResult, OutputSpec
 from jigsaw.backends.registry import BackendUnavailable, backend_kind
 from jigsaw.runtime.batching import BatchQueue
+from jigsaw.runtime.containment import ContainedBatches, ErrorLog, check_results
 from jigsaw.runtime.records import (
+    CREDIT_BYTES,
     HOP_BATCH,
     HOP_DONE,
     HOP_END,
@@ -100,7 +111,6 @@ from jigsaw.runtime.stats import (
     routable,
 )
 from jigsaw.runtime.topology import ProcessSpec
-from jigsaw.tensors import encode_tensors
 
 IDLE_WAIT_S = 1.0  # an idle process wakes this often only to notice that its parent died
 HEARTBEAT_S = 0.2  # the loop stamps its heartbeat this often while it is free to run
@@ -125,7 +135,8 @@ def make_backend(spec: ProcessSpec) -> Backend:
     """The backend named by the spec, loaded with its variant and max batch.
 
     Real backends (``onnxruntime``, ``torch``, ``tensorrt``) run the variant's model; on a CPU
-    segment (``<k>c``) they use k threads.
+    segment (``<k>c``) they use k threads. The backend warms up every batch size the spec allows
+    here, so the worker reports ready only once they ran.
     """
     downstream = [Downstream(str(d["task"]), float(d["factor"]), str(d.get("transform", "")),  # type: ignore[arg-type]
                              str(d.get("transform_dir", ""))) for d in spec.downstream]
@@ -147,10 +158,12 @@ def make_backend(spec: ProcessSpec) -> Backend:
             raise SystemExit(f"variant {spec.variant!r}: {exc}") from None
         backend = cls(spec.task, spec.task_kind, downstream, threads=threads, model=model)  # type: ignore[call-arg]
     else:
+        outputs = [OutputSpec(str(n), str(dt), tuple(shape)) for n, dt, shape in spec.graph_outputs]  # type: ignore[call-overload]
         backend = cls(spec.task, spec.task_kind, downstream,  # type: ignore[call-arg]
                       latency_ms_by_batch=spec.latency_ms_by_batch, mean_ms_by_batch=spec.mean_ms_by_batch,
-                      time_scale=spec.time_scale, seed=spec.seed)
+                      time_scale=spec.time_scale, seed=spec.seed, outputs=outputs or None)
     backend.load(spec.variant, spec.max_batch)
+    backend.warm_up(range(1, spec.max_batch + 1))  # before ready: no request pays a first batch
     return backend
 
 
@@ -207,9 +220,17 @@ class Wiring:
         known = all(r > 0 for r in rates)
         self.output_cost = [1.0 / r if known else 1.0 for r in rates]
         self.index_of = {str(d["task"]): int(d["task_index"]) for d in spec.downstream}  # type: ignore[call-overload]
+        # downstream task -> the largest child its rings from here all take (``Worker._fit``)
+        self.child_limits: dict[str, int] = {}
+        for o, ring in zip(spec.outputs, self.outputs):
+            limit = ring.max_payload_bytes - CREDIT_BYTES  # (the record's payload: credit, then the child)
+            self.child_limits[o.task] = min(limit, self.child_limits.get(o.task, limit))
         self.rung: set[int] = set()  # output rings pushed to this turn: rung once at its end
         self.done_rung = False  # the completion ring too
         # what ``rings.push_hops`` reads of this wiring (its docstring has the layout)
+        # what ``Worker._start_batch`` writes a batch's record and start stamp with (a batch's path)
+        self.batch_at = (self.stats.words, self.stats.record_at(spec.slot),
+                         spec.slot * SLOT_WORDS + BATCH_STARTED_NS, self.stats.batch_ids)
         self.hop = (self.done, self.outputs, spec.routes, self.index_of, self.stats.words,
                     [slot * SLOT_WORDS + STATE for slot in self.output_slots], self.rung)
 
@@ -226,8 +247,9 @@ class Wiring:
         self.stats.close()
 
 
-class Worker:
-    """The state of one worker process; ``run`` is its loop."""
+class Worker(ContainedBatches):
+    """The state of one worker process; ``run`` is its loop (what it does with a batch its backend
+    failed: ``containment.ContainedBatches``)."""
 
     def __init__(self, spec: ProcessSpec, spec_path: Path | None = None, control: Path | None = None) -> None:
         self.backend = make_backend(spec)
@@ -258,6 +280,10 @@ class Worker:
         self._timer: asyncio.TimerHandle | None = None  # the next turn when no doorbell rings first
         self._idle = False  # that timer is the idle one (not a batching deadline)
         self.trace: list[list[int]] | None = [] if TRACE_DIR else None
+        # a backend that runs models makes outputs of any size: each is checked against its ring
+        # (the emulated backend's are a few bytes by construction)
+        self._check_sizes = self.backend.kind != "emulated"
+        self.errors = ErrorLog(spec.name)
 
     @staticmethod
     def _new_queue(spec: ProcessSpec) -> BatchQueue:
@@ -307,12 +333,14 @@ class Worker:
         # (before ``_maybe_swap_queue``, which may unmap the previous wiring)
         started = self._batch_start_ns if self._busy else 0
         if started and previous is not self.wiring:
-            previous.stats.set(previous.spec.slot, BATCH_STARTED_NS, 0)
+            self.stats.batch_started(slot, started, previous.stats.batch_record(previous.spec.slot))
+            previous.stats.clear_batch(previous.spec.slot)
             self.stats.set(slot, QUEUED, self._in_flight_queued)
         self._queue_spec = self.spec
         self._maybe_swap_queue()
         now = time.monotonic_ns()
-        self.stats.set(slot, BATCH_STARTED_NS, started)
+        if not started:
+            self.stats.clear_batch(slot)
         self.stats.set(slot, HEARTBEAT_NS, now)
         self.stats.set(slot, PID, os.getpid())
         self.stats.set(slot, STARTED_NS, now)
@@ -509,15 +537,32 @@ class Worker:
         """
         queued = len(items) + len(self.queue)  # (the queue as it was before the release)
         start = time.monotonic_ns()
-        self.stats.set(self.spec.slot, BATCH_STARTED_NS, start)
-        coro = self.backend.execute_nowait(request_ids, tensors)
+        # the batch record, then the start stamp (``StatsBlock.batch_started``, inlined: a batch's path)
+        words, at, stamp, most = self.wiring.batch_at
+        n = len(request_ids)
+        if n == 1:
+            words[at + 1] = request_ids[0]
+        else:
+            n = min(n, most)
+            for k in range(n):
+                words[at + 1 + k] = request_ids[k]
+        words[at] = n
+        words[stamp] = start
+        waiting: Any = None
+        try:
+            coro = self.backend.execute_nowait(request_ids, tensors)
+            if type(coro) is not list:
+                try:
+                    waiting = coro.send(None)
+                except StopIteration as done:
+                    coro = done.value
+            if type(coro) is list and len(coro) != len(items):
+                check_results(coro, len(items))
+        except Exception as exc:  # the backend failed the batch: contained (the module docstring)
+            self._contain(items, start, queued, exc)
+            return
         if type(coro) is list:  # done without waiting: no coroutine to step
             self._finish_batch(items, start, coro)
-            return
-        try:
-            waiting = coro.send(None)
-        except StopIteration as done:
-            self._finish_batch(items, start, done.value)
             return
         self._busy = True
         self._in_flight = items
@@ -529,7 +574,10 @@ class Worker:
 
     async def _await_batch(self, items: list[Any], start: int, pending: _Resume) -> None:
         try:
-            results = await pending
+            try:
+                results = check_results(await pending, len(items))
+            except Exception as exc:  # the backend failed the batch: its items run alone
+                results = await self._run_alone(items, exc)
             self._finish_batch(items, start, results)
         except BaseException as exc:
             self._fail(exc)
@@ -546,6 +594,8 @@ class Worker:
         sink = not self.spec.downstream
         trace = self.trace
         n = len(items)
+        if self._check_sizes:
+            results = self._fit(items, results, sink)
         task_index = self.spec.task_index
         # The items with one child its lane routes to one consumer that is not failed (the chain's
         # every middle hop): their records and children in one call of the core (``push_hops``),
@@ -595,11 +645,13 @@ class Worker:
                 if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
                     self.complete(header, Status.ERROR, credit, result.error.encode()[:4096], wiring=w)
                     continue
+                answer = self._answer(header, credit, result, w) if sink else b""
+                if answer is None:
+                    continue
                 children, shares, kept = self.children_of(header, credit, result, w)
                 # Only a sink's outputs are answered; the frontend reads no other task's (the children
                 # carry what the next tasks need). The record goes before the children: see complete.
-                self.complete(header, _OK, kept, encode_tensors(result.outputs) if sink else b"",
-                              len(children), w)
+                self.complete(header, _OK, kept, answer, len(children), w)
                 done_ns = time.monotonic_ns() if trace is not None else 0
                 if children:
                     self.forward(header, children, shares, w)
@@ -769,7 +821,7 @@ class Worker:
             loop.call_later(HEARTBEAT_S, heartbeat)
 
         heartbeat()
-        self.stats.set(slot, BATCH_STARTED_NS, 0)  # a predecessor killed mid-batch left its stamp
+        self.stats.clear_batch(slot)  # a predecessor killed mid-batch left its stamp and record
         self.stats.set(slot, PID, os.getpid())
         self.stats.set(slot, STARTED_NS, time.monotonic_ns())
         self.stats.set(slot, STATE, READY)

@@ -1,0 +1,87 @@
+"""CBC (through python-mip) solving a ``model.LinearModel`` in this process: the code the CBC
+child process of ``solve_runner`` runs (a native abort here ends that child, not the caller).
+
+CBC receives the model row by row (python-mip is the only CBC binding installed).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Protocol
+
+from jigsaw.planner.solution import NO_BOUND, Solution, dual_bound, status_word
+
+
+class Arrays(Protocol):
+    """The arrays of a ``model.LinearModel`` (max or min cost.x, row_lo <= A x <= row_hi)."""
+
+    maximize: bool
+    col_lo: list[float]
+    col_hi: list[float]
+    cost: list[float]
+    integer: list[bool]
+    row_lo: list[float]
+    row_hi: list[float]
+    row_index: list[list[int]]
+    row_value: list[list[float]]
+
+
+def solve(model: Arrays, time_limit_s: float, absolute_gap: float,
+               start: dict[int, float] | None, relative_gap: float = 0.0,
+               max_nodes: int | None = None) -> Solution:
+    import mip
+
+    m = mip.Model(sense=mip.MAXIMIZE if model.maximize else mip.MINIMIZE, solver_name=mip.CBC)
+    m.verbose = 0
+    m.threads = 1
+    xs = [m.add_var(lb=lo, ub=hi if math.isfinite(hi) else mip.INF, obj=c,
+                    var_type=mip.INTEGER if integ else mip.CONTINUOUS)
+          for lo, hi, c, integ in zip(model.col_lo, model.col_hi, model.cost, model.integer, strict=True)]
+    for idx, val, lo, hi in zip(model.row_index, model.row_value, model.row_lo, model.row_hi, strict=True):
+        expr = mip.xsum(v * xs[i] for i, v in zip(idx, val, strict=True))
+        if lo == hi:
+            m.add_constr(expr == lo)
+            continue
+        if math.isfinite(lo):
+            m.add_constr(expr >= lo)
+        if math.isfinite(hi):
+            m.add_constr(expr <= hi)
+    m.max_mip_gap_abs = absolute_gap
+    m.max_mip_gap = max(relative_gap, 1e-9)
+    if start:
+        m.start = [(xs[i], v) for i, v in start.items()]
+    t0 = time.perf_counter()
+    st = m.optimize(max_seconds=max(time_limit_s, 1e-3),
+                    **({"max_nodes": int(max_nodes)} if max_nodes is not None else {}))
+    secs = time.perf_counter() - t0
+    S = mip.OptimizationStatus
+    has = st in (S.OPTIMAL, S.FEASIBLE) and m.num_solutions > 0
+    values = [x.x if x.x is not None else 0.0 for x in xs] if has else []
+    obj = float(m.objective_value) if has else math.nan
+    bound = float(m.objective_bound) if m.objective_bound is not None else math.nan
+    if abs(bound) >= NO_BOUND:  # CBC's "no bound yet" is +-DBL_MAX: the infinity HiGHS gives
+        bound = math.copysign(math.inf, bound)
+    word = status_word(st == S.OPTIMAL, st in (S.INFEASIBLE, S.INT_INFEASIBLE), has)
+    dual = dual_bound(model.maximize, obj, bound) if has else math.nan
+    if word == "optimal":
+        bound = obj
+    return Solution(word, values, obj, bound, secs, _cbc_nodes(m), dual)
+
+
+_CBC_NODES: list[bool] = []  # whether CBC's node counter is declared (once per process)
+
+
+def _cbc_nodes(m: object) -> int:
+    """The branch-and-bound nodes of CBC's last solve of ``m`` (0 where unknown): a count of
+    work, the same on a busy machine as on a quiet one, for the benches' reports. python-mip does
+    not declare CBC's ``Cbc_getNodeCount``; the library it loads has it."""
+    try:
+        import mip.cbc as cbc
+
+        if not _CBC_NODES:
+            cbc.ffi.cdef("int Cbc_getNodeCount(Cbc_Model *model);")
+            _CBC_NODES.append(True)
+        return int(cbc.cbclib.Cbc_getNodeCount(m.solver._model))  # type: ignore[attr-defined]
+    except Exception:  # another python-mip or CBC build: the count is only reported
+        return 0

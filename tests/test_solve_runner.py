@@ -1,0 +1,88 @@
+"""CBC solves run in a warm child process: an abort there is retried on HiGHS, never the caller's end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jigsaw.node import load_node, load_node_profiles
+from jigsaw.planner import solve_runner
+from jigsaw.planner.milp import plan
+from jigsaw.planner.model import LinearModel
+from jigsaw.planner.verify import verify_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+NODE = ROOT / "examples" / "h100x4.toml"
+
+
+def _knapsack() -> LinearModel:
+    """max 5a + 4b + 3c, 2a + 3b + c <= 5, 4a + b + 2c <= 11, 3a + 4b + 2c <= 8, integers in [0, 3]."""
+    m = LinearModel()
+    xs = [m.var(0, 3, c, integer=True) for c in (5.0, 4.0, 3.0)]
+    m.row(xs, [2.0, 3.0, 1.0], hi=5)
+    m.row(xs, [4.0, 1.0, 2.0], hi=11)
+    m.row(xs, [3.0, 4.0, 2.0], hi=8)
+    return m
+
+
+@pytest.fixture
+def crashing_cbc(monkeypatch):
+    """CBC's child processes abort in their next solve (new children see the fault)."""
+    solve_runner.shutdown()
+    monkeypatch.setenv(solve_runner.FAULT_ENV, "abort")
+    yield
+    monkeypatch.delenv(solve_runner.FAULT_ENV)
+    solve_runner.shutdown()
+
+
+def test_cbc_in_its_process_answers_as_highs_does() -> None:
+    m = _knapsack()
+    cbc, highs = m.solve("cbc", 5.0, 0.0), m.solve("highs", 5.0, 0.0)
+    assert cbc.status == highs.status == "optimal" and not cbc.crash
+    assert cbc.objective == pytest.approx(highs.objective) == pytest.approx(13.0)
+    assert m.violations(cbc.values) == 0
+    # a start travels with the model and a warm child answers again
+    again = m.solve("cbc", 5.0, 0.0, start={0: 2.0, 1: 0.0, 2: 1.0})
+    assert again.status == "optimal" and again.objective == pytest.approx(13.0)
+
+
+def test_an_aborting_cbc_is_retried_on_highs(crashing_cbc) -> None:
+    sol = _knapsack().solve("cbc", 5.0, 0.0)
+    assert "SIGABRT" in sol.crash
+    assert sol.status == "optimal" and sol.objective == pytest.approx(13.0)
+
+
+def test_a_hung_cbc_is_killed_and_retried(monkeypatch) -> None:
+    solve_runner.shutdown()
+    monkeypatch.setenv(solve_runner.FAULT_ENV, "hang")
+    monkeypatch.setattr(solve_runner, "GRACE_S", 0.5)
+    try:
+        sol = _knapsack().solve("cbc", 0.2, 0.0)
+    finally:
+        monkeypatch.delenv(solve_runner.FAULT_ENV)
+        solve_runner.shutdown()
+    assert "hung" in sol.crash and sol.objective == pytest.approx(13.0)
+
+
+def test_a_plan_survives_an_aborting_cbc(crashing_cbc) -> None:
+    node = load_node(NODE)
+    app = node.app("traffic_analysis")
+    profiles = load_node_profiles(node, [app])
+    result = plan(app, node, profiles, 150.0, solver="cbc", formulation="reference", time_limit_s=5.0)
+    assert result.feasible and result.status in ("optimal", "feasible")
+    assert verify_plan(result, app, node, profiles) == []
+
+
+def test_the_cli_survives_an_aborting_cbc() -> None:
+    env = dict(os.environ, **{solve_runner.FAULT_ENV: "abort"})
+    out = subprocess.run([sys.executable, "-m", "jigsaw.cli", "plan", "--node", str(NODE), "--app",
+                          "traffic_analysis", "--demand", "150", "--solver", "cbc", "--formulation",
+                          "reference", "--time-limit", "5"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "SIGABRT" in out.stderr and "HiGHS" in out.stderr
+    assert "traffic_analysis" in out.stdout
