@@ -58,7 +58,9 @@ def solve(model: Arrays, time_limit_s: float, absolute_gap: float,
     dual = dual_bound(model.maximize, obj, bound) if has else math.nan
     if word == "optimal":
         bound = obj
-    return Solution(word, values, obj, bound, secs, _cbc_nodes(m), dual)
+    # CBC aborts (SIGABRT) when asked for the node count of a model without integer variables
+    nodes = _cbc_nodes(m) if any(model.integer) else 0
+    return Solution(word, values, obj, bound, secs, nodes, dual)
 
 
 _CBC_NODES: list[bool] = []  # whether CBC's node counter is declared (once per process)
