@@ -78,6 +78,20 @@ def test_an_image_apps_input_refuses_an_empty_image_at_the_door():
     assert parse_infer_request(body([1, 1, 3]), app).inputs[0][2] == (1, 1, 3)
 
 
+def test_grpc_refuses_an_empty_image_as_http_does():
+    pytest.importorskip("tritonclient.grpc")
+    from tritonclient.grpc import service_pb2 as pb
+
+    from jigsaw.runtime.grpc_codec import parse_grpc_request
+    app = load_app(EXAMPLES / "traffic_cpu.toml")
+    req = pb.ModelInferRequest(model_name="traffic_cpu")
+    t = req.inputs.add(name="image", datatype="UINT8", shape=[0, 0, 3])
+    req.raw_input_contents.append(b"")
+    assert t.name == "image"
+    with pytest.raises(BadRequest, match=r"needs at least \[1, 1, 1\]"):
+        parse_grpc_request(req, app, None)
+
+
 def test_min_shape_is_declared_per_axis_and_checked(tmp_path: Path):
     base = ['name = "x"', "latency_slo_ms = 100", "[[tasks]]", 'name = "t"', 'kind = "generic"',
             'variants = [{ name = "v", accuracy = 1.0 }]', "[[inputs]]", 'name = "audio"',

@@ -38,7 +38,7 @@ class WorkerFaults:
 
     def worker_given_up(self, spec: ProcessSpec) -> None:
         if self.router is not None:
-            self.router.refresh_admission(spec.app)
+            self.router.worker_given_up(spec.app, spec.task)
 
     def capacity_lost(self, app: str, why: str) -> None:
         if self.on_capacity_lost is not None:
