@@ -68,6 +68,22 @@ CSV_FIELDS = ("bin", "demand_rps", "predicted_rps", "slices_used_pct", "accuracy
               "slo_violation_pct", "slo_violation_paper_pct", "p50_ms", "p99_ms", "sent", "answered",
               "violations", "violations_paper", "extra_items", "shed_503", "dropped_504", "other_failed",
               "behind", "behind_s", "settle_lost")
+# what jigsawd imports beyond the standard library (pyproject.toml's dependencies)
+RUNTIME_MODULES = ("posix_ipc", "aiohttp", "uvloop", "httptools", "orjson", "highspy", "mip", "numpy", "yaml")
+
+
+def missing_runtime() -> str | None:
+    """One line saying how to run a bench where this Python lacks jigsaw's dependencies (they
+    would fail in the daemon it starts, as nested tracebacks), else None."""
+    import importlib.util
+    missing = [m for m in RUNTIME_MODULES if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (f"{sys.executable} lacks jigsaw's dependencies ({', '.join(missing)}): run the bench with the "
+            f"project's environment, e.g. .venv/bin/python {' '.join(sys.argv) or 'bench/replay.py'} "
+            "(`make setup` or `make demo` creates .venv), or `pip install -e '.[bench]'` into this one")
+
+
 MIN_CONCURRENCY = 512  # requests the client keeps in flight at least
 # Little's law: a client keeps rate x latency requests in flight, the same at every time scale (the
 # rate / K, the latency x K); a request lives about its SLO at most (then it is answered 504), so
@@ -705,6 +721,10 @@ def daemon_args(node_file: Path, space: str, split: BinSplit, args: argparse.Nam
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    why = missing_runtime() if args.url is None else None  # a running --url daemon needs none here
+    if why is not None:
+        log(why)
+        return 2
     spaces = [s.strip() for s in args.spaces.split(",") if s.strip()]
     bad = [s for s in spaces if s not in SPACES]
     if bad or not spaces:

@@ -8,6 +8,7 @@ paths, per-lane demand multipliers and per-lane accuracy (PAS).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -79,6 +80,34 @@ class TensorSpec:
     # the least size of each axis a request may give (``min_shape``; an app rooted at an image
     # task: 1 on every axis by default, so an empty image is refused at the door); (): none
     min_shape: tuple[int, ...] = ()
+    # the shape of a typical item, each -1 axis given a size: what ``jigsaw profile`` measures and
+    # ``jigsaw modeled`` costs a variable-length input at (an ASR model at a typical utterance,
+    # not at one sample); None: such an axis is taken as 1, and they say so
+    typical_shape: tuple[int, ...] | None = None
+
+
+def concrete_item_shape(name: str, graph_item_shape: Sequence[int], specs: Sequence[TensorSpec]
+                        ) -> tuple[tuple[int, ...], str]:
+    """A model input's item shape with every free axis (-1 or 0) given a size, and how: the app's
+    ``typical_shape`` of the input of that name (or of its only input, for a model with one),
+    else 1. Returns (shape, a note naming the source)."""
+    shape = tuple(int(d) for d in graph_item_shape)
+    if all(d > 0 for d in shape):
+        return shape, f"{name} {_dims(shape)}"
+    spec = next((s for s in specs if s.name == name), None)
+    if spec is None and len(specs) == 1:
+        spec = specs[0]
+    typical = spec.typical_shape if spec is not None else None
+    if typical is not None and len(typical) == len(shape):
+        out = tuple(d if d > 0 else t for d, t in zip(shape, typical, strict=True))
+        return out, f"{name} {_dims(out)} (the app's typical_shape)"
+    out = tuple(d if d > 0 else 1 for d in shape)
+    return out, (f"{name} {_dims(out)} (free axes taken as 1: give the app's [[inputs]] a "
+                 "typical_shape to measure a typical item)")
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
 
 
 @dataclass(frozen=True)
@@ -313,7 +342,7 @@ def load_app(path: str | Path) -> App:
 
     inputs: list[TensorSpec] = []
     for inf in f.tables("inputs", []):
-        inf.reject_unknown({"name", "datatype", "shape", "min_shape"})
+        inf.reject_unknown({"name", "datatype", "shape", "min_shape", "typical_shape"})
         dt = inf.str("datatype")
         if dt not in DATATYPES:
             raise inf.error("datatype", f"expected one of {', '.join(DATATYPES)}, got {dt!r}")
@@ -321,6 +350,13 @@ def load_app(path: str | Path) -> App:
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and (d == -1 or d > 0)
                                 for d in shape):
             raise inf.error("shape", "expected a non-empty array of positive integers or -1")
+        typical = inf.raw("typical_shape", None)
+        if typical is not None and (
+                not isinstance(typical, list) or len(typical) != len(shape)
+                or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 and (d == -1 or t == d)
+                           for d, t in zip(shape, typical, strict=True))):
+            raise inf.error("typical_shape", f"expected {len(shape)} positive integers, equal to shape "
+                                             f"{shape} where it is not -1, got {typical!r}")
         least: tuple[int, ...] = (1,) * len(shape) if any(t.kind in IMAGE_KINDS for t in tasks
                                                          if t.name not in {e.dst for e in edges}) else ()
         if inf.has("min_shape"):
@@ -330,7 +366,8 @@ def load_app(path: str | Path) -> App:
                 raise inf.error("min_shape", f"expected one non-negative integer per axis of shape {shape}, "
                                              "none above a fixed size")
             least = tuple(given)
-        inputs.append(TensorSpec(inf.str("name"), dt, tuple(shape), least))
+        inputs.append(TensorSpec(inf.str("name"), dt, tuple(shape), least,
+                                 tuple(typical) if typical is not None else None))
 
     if not inputs:
         inputs = _graph_inputs(tasks, edges)

@@ -21,18 +21,23 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 from jigsaw.app import App
 from jigsaw.backends.registry import EMULATED, BackendKind, backend_kind
 from jigsaw.control.controller import ANYTIME_MODES
 from jigsaw.control.predictor import burst_floor_rps
+from jigsaw.control.transition import MakeRoom
 from jigsaw.errors import JigsawError
 from jigsaw.node import HTTP_FRONTS, Node, load_node, load_node_profiles
 from jigsaw.plan import NodePlan, Plan
@@ -48,6 +53,7 @@ DEFAULT_DEMAND_RPS = 10.0
 PLAN_TIME_LIMIT_S = 5.0
 READY_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 10.0
+OWN_FILES = 1024  # the node's own open files beside its clients' connections (rings, doorbells, pipes)
 GRPC_GRACE_S = 5.0  # stopping: gRPC calls in flight get this long
 
 
@@ -224,15 +230,13 @@ def _refuse_unserving(app: App, plan: Plan) -> None:
     raise JigsawError(f"{app.name}: the plan serves nothing: {what}{f' ({notes})' if notes else ''}")
 
 
-async def serve(generations: GenerationManager, host: str, port: int, *, time_scale: float, seed: int,
+async def serve(generations: GenerationManager, sock: socket.socket, *, time_scale: float, seed: int,
                 controller: bool = False, space: str | None = None, bin_seconds: float | None = None,
                 admin_token: str = "", node_config: Path | None = None, anytime: str = "auto",
                 failed: dict[str, str] | None = None) -> None:
     """Serve OIP until SIGINT/SIGTERM: the frontend, the supervisor, the controllers, ``/admin``;
     ``failed``: the apps not served and why (their readiness answers 503 with it)."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from aiohttp import web
 
     from jigsaw.control.admin import add_admin_routes, is_loopback
     from jigsaw.control.controller import NodeController, default_solver
@@ -253,7 +257,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    web_app = fe.make_app(node.server.max_payload_bytes)
+    web_app = fe.make_app(node.server.max_payload_bytes, node.server.body_timeout_s)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planner")
     grace_s = grace_for_bins(bin_seconds or node.control.bin_seconds, node.control.solver_grace_bins)
     solver = SubprocessSolver(node_config, grace_s=grace_s) \
@@ -265,12 +269,8 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
                              executor=executor, log=_log, solver=solver or default_solver, anytime=anytime)
         fe.http.extra_metrics.append(ctl.stats.prometheus)
     controllers = ctl.apps if ctl is not None else {}
-    node_apps = [a.name for a in node.apps]
-    if ctl is not None:
-        from jigsaw.control.repository import ControllerRepository
-        fe.http.repository = ControllerRepository(ctl, node_apps)
-    else:
-        fe.http.repository = StaticRepository(node_apps, list(generations.apps))
+    host, port = sock.getsockname()[:2]
+    fe.http.repository = _repository(node, generations, ctl)
     if not admin_token and not is_loopback(host):
         _log(f"{host} is not a loopback address: /admin/* answers loopback clients only "
              f"(set --admin-token or JIGSAW_ADMIN_TOKEN to allow others)")
@@ -290,11 +290,11 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
         except Exception as exc:  # a supervisor bug must not take the node down with it
             _log(f"supervisor: {type(exc).__name__}: {exc}")
     add_admin_routes(web_app, generations, controllers, supervisor, admin_token)
-    runner = web.AppRunner(web_app, access_log=None)
+    runner = fe.runner(web_app, node.server)
     await runner.setup()
     grpc_server = None
     try:
-        site = fe.site(runner, host, port, node.server)
+        site = fe.site(runner, sock, node.server)
         await site.start()
         if node.server.grpc_port:
             from jigsaw.runtime.grpc_server import start_grpc
@@ -314,6 +314,7 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), POLL_S)
             supervise()
+        supervisor.begin_stopping()
         _log("stopping: draining in-flight requests")
         if ctl is not None:
             await ctl.stop()
@@ -327,6 +328,8 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
             _log(f"{fe.num_pending()} requests still in flight after {DRAIN_TIMEOUT_S:g} s")
     finally:
         supervisor.stop()
+        if supervisor.ended_while_stopping:
+            _log(f"{supervisor.ended_while_stopping} worker processes had ended on the stop signal")
         if ctl is not None:
             await ctl.stop()
         await generations.stop_retiring()
@@ -338,6 +341,15 @@ async def serve(generations: GenerationManager, host: str, port: int, *, time_sc
         executor.shutdown(wait=False, cancel_futures=True)
         if solver is not None:
             solver.close()
+
+
+def _repository(node: Node, generations: GenerationManager, ctl: Any) -> Any:
+    """Triton's repository of the node's apps: load / unload through the controller, or static."""
+    node_apps = [a.name for a in node.apps]
+    if ctl is None:
+        return StaticRepository(node_apps, list(generations.apps))
+    from jigsaw.control.repository import ControllerRepository
+    return ControllerRepository(ctl, node_apps)
 
 
 def start_fork_server(backend: BackendKind) -> ForkServer | None:
@@ -356,6 +368,64 @@ def start_fork_server(backend: BackendKind) -> ForkServer | None:
     _log("fork server not ready: workers start Python each")
     fs.close()
     return None
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The node's socket, bound to ``host:port`` now (``httplimits.bind_listener``): a
+    ``JigsawError`` naming the address when it is taken."""
+    from jigsaw.runtime.httplimits import bind_listener
+    try:
+        sock = bind_listener(host, port)
+    except OSError as exc:
+        why = ("the port is in use (another jigsawd or server?)" if exc.errno == errno.EADDRINUSE
+               else exc.strerror)
+        raise JigsawError(f"cannot listen on {host}:{port}: {why}; choose another with --port or "
+                          "[server] port") from None
+    return sock
+
+
+EXPORT_SCRIPT = "import sys\nfrom jigsaw.models.export import export\nfor v in sys.argv[1:]:\n    export(v)\n"
+
+
+def export_models(plans: list[tuple[App, Plan]]) -> None:
+    """Export the zoo models the planned workers will load and the cache lacks, once, saying so:
+    each worker would otherwise export its own copy, silently, before the node is ready. In a
+    child process: torch stays out of the daemon."""
+    from jigsaw.models.export import cache_dir, exportable, graph_names, onnx_path
+    planned = {(i.task, i.variant) for _, p in plans for i in p.instances}
+    missing = list(dict.fromkeys(
+        v.resolved.zoo for a, _ in plans for t in a.tasks for v in t.variants
+        if (t.name, v.name) in planned and v.resolved is not None and v.resolved.zoo
+        and exportable(v.resolved.zoo)
+        and not all(onnx_path(v.resolved.zoo, None, g).exists() for g in graph_names(v.resolved.zoo))))
+    if not missing:
+        return
+    _log(f"exporting {', '.join(missing)} to ONNX (first start only; cached in {cache_dir()}): "
+         "this can take a minute")
+    t0 = time.monotonic()
+    for zoo_name in missing:
+        done = subprocess.run([sys.executable, "-c", EXPORT_SCRIPT, zoo_name], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, check=False)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise JigsawError(f"{zoo_name}: the ONNX export failed: {last}")
+        _log(f"exported {zoo_name} ({time.monotonic() - t0:.1f} s so far)")
+
+
+def allow_open_files(max_connections: int) -> None:
+    """Raise the soft open-file limit so ``max_connections`` clients fit beside the node's own
+    files (rings, doorbells, pipes): past it accept() fails and every new client waits."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + OWN_FILES
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    if soft != resource.RLIM_INFINITY and soft < want:
+        _log(f"open files are limited to {soft} (ulimit -n): fewer than server.max_connections "
+             f"{max_connections} clients can connect at once")
 
 
 def choose_backend(node_config: Path, emulate: bool) -> BackendKind:
@@ -401,8 +471,19 @@ def main(argv: list[str] | None = None) -> int:
                                                                         grpc_port=args.grpc_port))
         host = args.host or node.server.host
         port = node.server.port if args.port is None else args.port
+        sock = listen_socket(host, port)  # a taken port fails here, before planning or a process start
+        allow_open_files(node.server.max_connections)
+    except (JigsawError, TopologyError) as exc:
+        _log(str(exc))
+        return 2
+    try:
         failed = failed_apps(wanted_apps(node, args), backend)
         plans = choose_plans(node, args, skip=failed)
+        if backend.runs_models:
+            from jigsaw.models.input_sizes import serve_at_measured_sizes
+            served = [app for app, _ in plans]
+            serve_at_measured_sizes(served, load_node_profiles(node, served), _log)
+            export_models(plans)
         removed = cleanup_stale()
         if removed:
             _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
@@ -413,13 +494,14 @@ def main(argv: list[str] | None = None) -> int:
                                             backend=backend, log=_log,
                                             spare_workers=node.server.spare_workers if controller else 0,
                                             launcher=fork_server,
-                                            drain_wait_slo=node.control.drain_wait_slo,
+                                            room=MakeRoom(node.control.drain_wait_slo),
                                             keep_usable=node.control.keep_compute_usable)
         except BaseException:
             if fork_server is not None:
                 fork_server.close()
             raise
     except (JigsawError, TopologyError) as exc:
+        sock.close()
         _log(str(exc))
         return 2
     # Until the loop installs its handlers, turn SIGTERM into an exception so cleanup runs.
@@ -427,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         generations.start_all(READY_TIMEOUT_S)
         import uvloop
-        uvloop.run(serve(generations, host, port, time_scale=args.time_scale, seed=args.seed,
+        uvloop.run(serve(generations, sock, time_scale=args.time_scale, seed=args.seed,
                          controller=controller,
                          space=args.space,
                          bin_seconds=args.bin_seconds, admin_token=token, node_config=args.node_config,
@@ -441,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"cannot serve on {host}:{port}: {exc}")
         return 1
     finally:
+        sock.close()
         generations.close()
         if fork_server is not None:
             fork_server.close()

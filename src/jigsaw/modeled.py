@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from jigsaw.errors import JigsawError
 from jigsaw.mig import GpuModel, MigProfile, gpu_model, whole_gpu_model
@@ -85,10 +87,14 @@ class GpuSpec:
     whole: bool = False  # used whole: no MIG (or MIG off)
     memory_gb: float = 0.0  # a GPU jigsaw has no MIG table of (used whole): its memory ...
     sm_count: int = 0  # ... and SMs
+    model: GpuModel | None = None  # a MIG GPU jigsaw has no table of: the node file's
 
     @property
     def mig(self) -> GpuModel:
         """The device's segment profiles: its MIG table, or the whole GPU as one profile."""
+        if self.model is not None:
+            m = self.model
+            return whole_gpu_model(m.name, m.memory_gb, m.sm_count) if self.whole else m
         if self.memory_gb:
             return whole_gpu_model(self.name, self.memory_gb, self.sm_count)
         model = gpu_model(self.name)
@@ -250,10 +256,12 @@ def generate(gpu_name: str | GpuSpec = "H100-80GB", chosen: Sequence[Variant] | 
     }
 
 
-def variant_from_onnx(name: str, path: str | Path, efficiency: float = 0.10) -> Variant:
-    """A repository model's cost figures, read from its ONNX graph (see the module doc)."""
+def variant_from_onnx(name: str, path: str | Path, efficiency: float = 0.10,
+                      item_shapes: dict[str, tuple[int, ...]] | None = None) -> Variant:
+    """A repository model's cost figures, read from its ONNX graph (see the module doc) with its
+    inputs at ``item_shapes`` (free axes 1 otherwise)."""
     from jigsaw.models.repository import graph_cost
-    cost = graph_cost(path)
+    cost = graph_cost(path, item_shapes)
     if cost.flops <= 0:
         raise JigsawError(f"{path}: no convolution or matrix product found to model its compute; "
                           "measure it with jigsaw profile")
@@ -293,16 +301,19 @@ FIGURES = ("memory_gb", "sm_count", "fp16_tflops", "memory_tb_s")
 """What models a GPU without a built-in row: its memory, SMs, dense FP16 peak, memory bandwidth."""
 
 
-def spec_from_figures(name: str, figures: dict[str, float], where: str) -> GpuSpec:
-    """The spec of a GPU jigsaw has no row for, used whole, from its four ``FIGURES``; an error
-    naming the missing ones (and where to give them) otherwise."""
+def spec_from_figures(name: str, figures: dict[str, float], where: str,
+                      model: GpuModel | None = None) -> GpuSpec:
+    """The spec of a GPU jigsaw has no row for, from its four ``FIGURES``: used whole, or with
+    ``model``'s MIG table (a node file's); an error naming the missing ones (and where to give
+    them) otherwise."""
     missing = [k for k in FIGURES if not figures.get(k)]
     if missing:
         raise JigsawError(f"no modeled figures for {name!r} (known: {', '.join(sorted(GPU_SPECS))}); "
                           f"{where}: give its {', '.join(missing)}")
     return GpuSpec(name, f"modeled-{name.lower()}", float(figures["fp16_tflops"]),
-                   float(figures["memory_tb_s"]), HOST_COPY_GB_S, whole=True,
-                   memory_gb=float(figures["memory_gb"]), sm_count=int(figures["sm_count"]))
+                   float(figures["memory_tb_s"]), HOST_COPY_GB_S, whole=model is None,
+                   memory_gb=float(figures["memory_gb"]), sm_count=int(figures["sm_count"]),
+                   model=model)
 
 
 def _app_variants(apps: Sequence[object], wanted: Sequence[str], efficiency: float) -> list[Variant]:
@@ -316,7 +327,8 @@ def _app_variants(apps: Sequence[object], wanted: Sequence[str], efficiency: flo
                     continue
                 model = v.resolved
                 if model is not None and model.is_onnx:
-                    out[v.name] = variant_from_onnx(v.name, model.path, efficiency)
+                    out[v.name] = variant_from_onnx(v.name, model.path, efficiency,
+                                                    _item_shapes(app, task.name, v.name, model))
                 elif model is not None and model.zoo in zoo:
                     out[v.name] = replace(zoo[model.zoo], name=v.name)
                 else:
@@ -326,6 +338,16 @@ def _app_variants(apps: Sequence[object], wanted: Sequence[str], efficiency: flo
     if missing:
         raise JigsawError(f"--variants: not in the app(s): {', '.join(missing)}")
     return list(out.values())
+
+
+def _item_shapes(app: Any, task: str, variant: str, model: Any) -> dict[str, tuple[int, ...]]:
+    """A root task's model inputs at the app's ``typical_shape`` (``app.concrete_item_shape``),
+    printed: an item is costed at that size, not silently at 1."""
+    from jigsaw.app import concrete_item_shape
+    specs = app.inputs if task not in {e.dst for e in app.edges} else ()
+    got = {t.name: concrete_item_shape(t.name, t.item_shape, specs) for t in model.inputs}
+    print(f"{variant}: modeled at items of {'; '.join(note for _, note in got.values())}", file=sys.stderr)
+    return {name: shape for name, (shape, _) in got.items()}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -357,6 +379,7 @@ def run(args: argparse.Namespace) -> int:
     options: dict[str, object] = {}
     chosen: list[Variant] | None = None
     gpu_name, whole = args.gpu, args.whole
+    mig_model: GpuModel | None = None  # a node's MIG GPU that jigsaw has no table of
     figures = {k: getattr(args, k, 0.0) for k in FIGURES}
     where = "the flags --memory-gb, --sm-count, --fp16-tflops, --memory-tb-s"
     out = args.out
@@ -373,7 +396,9 @@ def run(args: argparse.Namespace) -> int:
             given = {"memory_gb": node.gpu.memory_gb, "sm_count": node.gpu.sm_count,
                      "fp16_tflops": node.gpu.fp16_tflops, "memory_tb_s": node.gpu.memory_tb_s}
             figures = {k: figures[k] or given[k] for k in FIGURES}
-            where = f"{args.node}: [gpus] (with mig = false)"
+            where = f"{args.node}: [gpus]"
+            if node.gpu.mig:
+                mig_model = node.gpu
         options = {"mps_levels": node.mps_levels, "batch_sizes": node.batch_sizes,
                    "profiles": node.mig_profiles}
         out = out or node.profiles_dir
@@ -389,7 +414,7 @@ def run(args: argparse.Namespace) -> int:
     gpu_name = gpu_name or "H100-80GB"
     spec = next((s for k, s in GPU_SPECS.items() if k.lower() == gpu_name.lower()), None)
     if spec is None:
-        spec = spec_from_figures(gpu_name, figures, where)
+        spec = spec_from_figures(gpu_name, figures, where, mig_model)
     if whole:
         spec = replace(spec, whole=True)
     out = out or Path("profiles") / (spec.name.lower() + ("-whole" if whole else ""))

@@ -2,9 +2,11 @@
 
 Each row times the whole batch as a worker runs it (decode, pre-processing, network,
 post-processing and children payloads) on synthetic inputs of the task's kind, with the node's
-backend, and is written with ``source=measured``, the host, backend and library versions and
-the date. Rows are appended to ``<out>/<variant>.csv`` as soon as measured; a rerun skips the
-rows already there, so an interrupted run resumes where it stopped.
+backend, and is written with ``source=measured``, the host, backend and library versions, the
+date and the input it was timed at (a free axis at the app's ``typical_shape``). A batch size
+whose warm-up or any timed batch raised, or answered an item with an error, gets no row: the run
+says which were skipped and why. Rows are appended to ``<out>/<variant>.csv`` as soon as
+measured; a rerun skips the rows already there, so an interrupted run resumes where it stopped.
 
 CPU nodes: a segment ``<k>c`` is a share of k declared cores, run on the real CPUs
 ``jigsaw.runtime.cpus`` maps it to (the measuring process pins itself there, with one intra-op
@@ -44,6 +46,7 @@ from jigsaw.profiling import (
     host_description,
     merge_copies,
     read_done,
+    report_skipped,
     run_copies,
 )
 
@@ -69,23 +72,48 @@ def backend_description(backend: str) -> str:
     return " ".join(dict.fromkeys(parts))
 
 
-def synthetic_inputs(kind: str, batch: int, seed: int = 0, model: Any = None) -> list[bytes]:
+def describe_input(kind: str, model: Any = None, specs: Sequence[Any] = ()) -> str:
+    """The input a row of a task of ``kind`` is timed at (the ``input`` column): a repository
+    model's item shapes (free axes at the app's ``typical_shape``, else 1), a zoo image model's
+    network input side (``JIGSAW_DETECTOR_SIZE`` / ``JIGSAW_CLASSIFIER_SIZE``)."""
+    from jigsaw.app import concrete_item_shape
+    from jigsaw.models.catalog import classifier_size, detector_size
+    if model is not None and model.is_onnx:
+        return "; ".join(concrete_item_shape(t.name, t.item_shape, specs)[1] for t in model.inputs)
+    if kind == "detector":
+        return f"{detector_size()}px"
+    if kind == "classifier":
+        return f"{classifier_size()}px"
+    return "tokens 1x16" if kind == "tts" else ""
+
+
+def synthetic_batch(kind: str, batch: int, variant: str) -> tuple[list[bytes], str]:
+    """``synthetic_inputs`` of a variant ``_select`` accepted, and ``describe_input``'s text."""
+    model, specs = _MODELS.get(variant), _SPECS.get(variant, ())
+    return (synthetic_inputs(kind, batch, model=model, specs=specs),
+            describe_input(kind, model, specs).replace(",", " "))
+
+
+def synthetic_inputs(kind: str, batch: int, seed: int = 0, model: Any = None,
+                     specs: Sequence[Any] = ()) -> list[bytes]:
     """Payloads of ``batch`` items of a task of ``kind``, as a worker would receive them.
 
     A repository (ONNX) model gets random tensors of its graph's inputs (floats in [0, 1), small
-    integers); a free size other than the batch axis is taken as 1.
+    integers); a free size other than the batch axis takes the app's ``typical_shape`` of that
+    input (``specs``: a root task's app inputs), else 1.
     """
     from jigsaw.models.images import street_scene
     from jigsaw.models.zoo import classifier_size
     from jigsaw.tensors import encode_tensors
     out = []
     if model is not None and model.is_onnx:
+        from jigsaw.app import concrete_item_shape
         from jigsaw.models.repository import NUMPY_DTYPES
         rng = np.random.default_rng(seed)
         for _ in range(batch):
             tensors = []
             for t in model.inputs:
-                shape = tuple(max(1, d) for d in t.item_shape)
+                shape = concrete_item_shape(t.name, t.item_shape, specs)[0]
                 dtype = np.dtype(NUMPY_DTYPES[t.datatype])
                 arr = (rng.random(shape).astype(dtype) if dtype.kind == "f"
                        else rng.integers(0, 2, shape).astype(dtype))
@@ -145,10 +173,12 @@ def _select(node_path: str | Path, app_path: str | Path | None, variants: Sequen
     if unknown:
         raise JigsawError(f"--variants: not in the app(s): {', '.join(unknown)}")
     for a in apps:
+        fed = {e.dst for e in a.edges}
         for t in a.tasks:
             for v in t.variants:
                 if v.name not in wanted:
                     continue
+                _SPECS[v.name] = a.inputs if t.name not in fed else ()
                 if v.resolved is None:
                     raise JigsawError(f"{a.source}: task {t.name!r}, variant {v.name!r}: no model to "
                                       f"measure: the zoo has no network named {v.name!r}; set model to a "
@@ -159,6 +189,8 @@ def _select(node_path: str | Path, app_path: str | Path | None, variants: Sequen
 
 _MODELS: dict[str, Any] = {}
 """The model of every variant ``_select`` accepted (``jigsaw.models.repository.Model``)."""
+_SPECS: dict[str, tuple[Any, ...]] = {}
+"""The app inputs (``app.TensorSpec``) a root task's variant takes; () for a task fed by an edge."""
 
 
 def profile(node_path: str | Path, app_path: str | Path | None = None, *, variants: Sequence[str] = (),
@@ -193,13 +225,17 @@ def profile(node_path: str | Path, app_path: str | Path | None = None, *, varian
     if not plan:
         print("jigsaw profile: every row is already measured", file=sys.stderr)
         return [out_dir / f"{v}.csv" for v in wanted]
+    for v in wanted:
+        print(f"jigsaw profile: {v}: items of {describe_input(kinds[v], _MODELS.get(v), _SPECS.get(v, ()))}",
+              file=sys.stderr)
     from jigsaw.runtime.cpus import host_cpus, share_cpus, sharing
     real = host_cpus()
     alone = [row for row in plan if sharing(node.gpu, row[1], real) == 1]
     wanted_rows = set(plan)
     original = os.sched_getaffinity(0)
+    skipped: list[str] = []
     try:
-        _measure_rows(alone, kinds, node.backend, out_dir, mps=1, max_batch=max(batch_list),
+        skipped += _measure_rows(alone, kinds, node.backend, out_dir, mps=1, max_batch=max(batch_list),
                       threads_of=lambda seg: len(share_cpus(node.gpu, seg, 0, real)),
                       cpus_of=lambda seg: share_cpus(node.gpu, seg, 0, real),
                       seconds=seconds, max_iters=max_iters)
@@ -219,13 +255,14 @@ def profile(node_path: str | Path, app_path: str | Path | None = None, *, varian
             rows: dict[Any, list[str]] = {}
             for v in todo:
                 rows.update(merge_copies([Path(tmp) / f"rank-{r}" / f"{v}.csv" for r in range(copies)],
-                                         throughput="mean"))
+                                         throughput="mean", skipped=skipped))
         date = dt.date.today().isoformat()
         host = f"{host_description()} {seg} with {copies} shares on CPUs {'+'.join(map(str, cpus))}"
-        for (v, sg, mps, b), (lat, thr, mem, backend_name) in sorted(rows.items()):
+        for (v, sg, mps, b), (lat, thr, mem, backend_name, described) in sorted(rows.items()):
             if (v, sg, b) in wanted_rows:
                 append_row(out_dir / f"{v}.csv",
-                        [v, sg, mps, b, lat, thr, mem, "measured", host, backend_name, date])
+                           [v, sg, mps, b, lat, thr, mem, "measured", host, backend_name, date, described])
+    report_skipped(skipped)
     return [out_dir / f"{v}.csv" for v in wanted]
 
 
@@ -248,6 +285,7 @@ def profile_inside(node_path: str | Path, app_path: str | Path | None = None, *,
     wait = _Barrier(Path(barrier), copies or mps, rank) if barrier is not None else None
     if cpus:
         os.sched_setaffinity(0, set(cpus))
+    # a row this copy skips is missing from its file: the orchestrator's merge reports it
     _measure_rows(plan, kinds, backend or node.backend, out_dir, mps=mps, max_batch=max(batch_list),
                   threads_of=lambda seg: max(1, len(cpus)), barrier=wait, seconds=seconds,
                   max_iters=max_iters)
@@ -273,14 +311,35 @@ class _Barrier:
             time.sleep(0.01)
 
 
+class BatchFailed(RuntimeError):
+    """A timed batch raised or answered an item with an error: its batch size gets no row."""
+
+
+def checked_batch(execute: Callable[[], Sequence[Any]]) -> Callable[[], None]:
+    """``execute`` (one batch) raising ``BatchFailed`` when it raises or any item has an error."""
+    def run() -> None:
+        try:
+            results = execute()
+        except Exception as exc:
+            raise BatchFailed(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+                              ) from exc
+        errors = [r.error for r in results if getattr(r, "error", "")]
+        if errors:
+            raise BatchFailed(f"{len(errors)} of {len(results)} items failed: {errors[0]}")
+    return run
+
+
 def _measure_rows(plan: list[tuple[str, str, int]], kinds: dict[str, str], backend: str, out_dir: Path, *,
                   mps: int, max_batch: int, threads_of: Callable[[str], int],
                   cpus_of: Callable[[str], Sequence[int]] | None = None,
-                  barrier: _Barrier | None = None, seconds: float, max_iters: int) -> None:
+                  barrier: _Barrier | None = None, seconds: float, max_iters: int) -> list[str]:
+    """Measures ``plan``'s rows; a row is written only when every timed batch (and the warm-up)
+    ran without error. Returns one line per row skipped, saying why."""
     host, backend_name = host_description(), backend_description(backend)
     date = dt.date.today().isoformat()
     progress = Progress(len(plan))
     loaded: dict[tuple[str, str], object] = {}
+    skipped: list[str] = []
     try:
         for v, seg, b in plan:
             threads = threads_of(seg)
@@ -291,18 +350,26 @@ def _measure_rows(plan: list[tuple[str, str, int]], kinds: dict[str, str], backe
                 loaded.clear()
                 loaded[key] = _backend(backend, kinds[v], v, threads, max_batch)
             be = loaded[key]
-            run = functools.partial(be.execute, list(range(b)),  # type: ignore[attr-defined]
-                                    synthetic_inputs(kinds[v], b, model=_MODELS.get(v)))
-            if barrier is not None:
-                run()  # load and warm up before the copies start timing together
-                barrier.wait()
-            m = measure(run, b, seconds=seconds, max_iters=max_iters)
+            inputs, described = synthetic_batch(kinds[v], b, v)
+            run = checked_batch(functools.partial(be.execute, list(range(b)), inputs))  # type: ignore[attr-defined]
+            try:
+                if barrier is not None:
+                    try:
+                        run()  # load and warm up before the copies start timing together
+                    finally:
+                        barrier.wait()  # the other copies wait for this one, failed or not
+                m = measure(run, b, seconds=seconds, max_iters=max_iters)
+            except BatchFailed as exc:
+                skipped.append(f"{v} {seg} mps{mps} batch {b}: {exc}")
+                progress.step(f"{v} {seg} mps{mps} b{b}: skipped ({exc})")
+                continue
             append_row(out_dir / f"{v}.csv", [v, seg, mps, b, f"{m.latency_ms:.4f}",
                                               f"{m.throughput_rps:.3f}", f"{m.memory_mb:.1f}", "measured",
-                                              host, backend_name, date])
+                                              host, backend_name, date, described])
             progress.step(f"{v} {seg} mps{mps} b{b}: p95 {m.latency_ms:.1f} ms, {m.throughput_rps:.1f}/s")
     finally:
         progress.close()
+    return skipped
 
 
 def _backend(kind_of_backend: str, task_kind: str, variant: str, threads: int, max_batch: int) -> object:

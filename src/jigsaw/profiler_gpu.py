@@ -34,6 +34,7 @@ from jigsaw.profiling import (
     host_description,
     merge_copies,
     read_done,
+    report_skipped,
     run_copies,
 )
 
@@ -168,6 +169,7 @@ def profile_gpu(node: Any, app_path: str | Path | None, kinds: dict[str, str], w
     host = f"{host_description()} {node.gpu.name} {'MIG' if node.gpu.mig else 'whole GPU'}"
     date = dt.date.today().isoformat()
     progress = Progress(len(groups))
+    skipped: list[str] = []
     try:
         for seg in dict.fromkeys(s for s, _, _ in groups):
             instance = create_instance(run, gpu, seg) if node.gpu.mig else whole_gpu(run, gpu)
@@ -177,22 +179,24 @@ def profile_gpu(node: Any, app_path: str | Path | None, kinds: dict[str, str], w
                         continue
                     with tempfile.TemporaryDirectory(prefix="jigsaw-profile-") as tmp:
                         rows = _measure_level(run, node, app_path, instance, seg, k, todo, batch_list,
-                                              Path(tmp), backend, seconds, max_iters, python)
-                    for (v, sg, mps, b), (lat, thr, mem, backend_name) in sorted(rows.items()):
+                                              Path(tmp), backend, seconds, max_iters, python, skipped)
+                    for (v, sg, mps, b), (lat, thr, mem, backend_name, described) in sorted(rows.items()):
                         if (v, sg, mps, b) not in done:
                             append_row(out_dir / f"{v}.csv", [v, sg, mps, b, lat, thr, mem, "measured", host,
-                                                              backend_name, date])
+                                                              backend_name, date, described])
                     progress.step(f"{seg} mps{k}: {len(rows)} rows")
             finally:
                 destroy_instance(run, instance)
     finally:
         progress.close()
+    report_skipped(skipped)
     return [out_dir / f"{v}.csv" for v in wanted]
 
 
 def _measure_level(run: Run, node: Any, app_path: str | Path | None, instance: MigInstance, seg: str, k: int,
                    variants: list[str], batch_list: list[int], tmp: Path, backend: str | None,
-                   seconds: float, max_iters: int, python: Sequence[str]) -> dict[Any, list[str]]:
+                   seconds: float, max_iters: int, python: Sequence[str],
+                   skipped: list[str] | None = None) -> dict[Any, list[str]]:
     env = mps_env(instance, tmp)
     run(["nvidia-cuda-mps-control", "-d"], env=env)
     try:
@@ -203,5 +207,6 @@ def _measure_level(run: Run, node: Any, app_path: str | Path | None, instance: M
         run(["nvidia-cuda-mps-control"], env=env, stdin="quit\n")
     rows: dict[Any, list[str]] = {}
     for v in variants:
-        rows.update(merge_copies([tmp / f"rank-{r}" / f"{v}.csv" for r in range(k)], throughput="sum"))
+        rows.update(merge_copies([tmp / f"rank-{r}" / f"{v}.csv" for r in range(k)], throughput="sum",
+                                 skipped=skipped))
     return rows

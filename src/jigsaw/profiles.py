@@ -5,7 +5,9 @@ with the columns of ``COLUMNS``. ``latency_ms`` is the p95 latency of one batch 
 segment's ``mps`` processes; ``throughput_rps`` is the whole segment's (all processes);
 ``memory_mb`` is one process's footprint (weights + activations at that batch).
 ``source`` is ``modeled`` (written by a documented script) or ``measured`` (by
-``jigsaw profile``); a reader can always tell which.
+``jigsaw profile``); a reader can always tell which. ``input`` (optional) is the input a
+measured row was timed at (``jigsaw.profiler.describe_input``): the node checks it against what
+it would serve (``jigsaw.models.input_sizes``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from jigsaw.errors import ConfigError
 
 COLUMNS = ("variant", "mig_profile", "mps", "batch", "latency_ms", "throughput_rps",
-           "memory_mb", "source", "host", "backend", "date")
+           "memory_mb", "source", "host", "backend", "date", "input")
 SOURCES = ("modeled", "measured")
 
 
@@ -35,6 +37,7 @@ class ProfileRow:
     host: str = ""
     backend: str = ""
     date: str = ""
+    input: str = ""  # what a measured row's items were: "image 320x320", "audio 16000 (typical_shape)"
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -105,6 +108,8 @@ def read_profile_csv(path: str | Path) -> list[ProfileRow]:
             if col not in idx:
                 return ""
             if idx[col] >= len(values):
+                if col in COLUMNS[8:]:
+                    return ""  # an optional column a row written before it lacks
                 raise ConfigError(str(path), f"line {lineno}, {col}", "missing value")
             return values[idx[col]].strip()
 
@@ -134,7 +139,7 @@ def read_profile_csv(path: str | Path) -> list[ProfileRow]:
             variant=get("variant"), mig_profile=get("mig_profile"), mps=int(num("mps", int, 1)),
             batch=int(num("batch", int, 1)), latency_ms=latency, throughput_rps=throughput,
             memory_mb=num("memory_mb", float, 0.0), source=source, host=get("host"),
-            backend=get("backend"), date=get("date"),
+            backend=get("backend"), date=get("date"), input=get("input"),
         ))
     return rows
 
@@ -157,11 +162,13 @@ def write_profile_csv(path: str | Path, rows: Iterable[ProfileRow], header_comme
         for line in header_comment.splitlines():
             fh.write(f"# {line}\n" if line else "#\n")
         w = csv.writer(fh, lineterminator="\n")
-        w.writerow(COLUMNS)
+        rows = list(rows)
+        inputs = any(r.input for r in rows)  # modeled rows have none: the column is left out
+        w.writerow(COLUMNS if inputs else COLUMNS[:-1])
         for r in rows:
             w.writerow([r.variant, r.mig_profile, r.mps, r.batch, f"{r.latency_ms:.4f}",
                         f"{r.throughput_rps:.3f}", f"{r.memory_mb:.1f}", r.source, r.host,
-                        r.backend, r.date])
+                        r.backend, r.date, *([r.input] if inputs else [])])
 
 
 def check_coverage(profiles: ProfileTable, variants: Iterable[str], gpu_profiles: Iterable[str],

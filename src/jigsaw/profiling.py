@@ -84,8 +84,17 @@ class Progress:
 
 
 def append_row(path: Path, row: list[object]) -> None:
-    """Append one row to a profile CSV, writing its header first when the file is new."""
+    """Append one row to a profile CSV, writing its header first when the file is new (and
+    adding the columns an older file's header lacks)."""
     new = not path.exists()
+    if not new:
+        lines = path.read_text().splitlines(keepends=True)
+        at = next((i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#")), None)
+        if at is not None and lines[at].rstrip("\r\n").split(",") != list(COLUMNS):
+            have = lines[at].rstrip("\r\n").split(",")
+            if have == list(COLUMNS[:len(have)]):
+                lines[at] = ",".join(COLUMNS) + "\n"
+                path.write_text("".join(lines))
     with path.open("a", newline="") as f:
         if new:
             f.write(f"# Measured by `jigsaw profile` on {host_description()}; latency_ms is the p95 of "
@@ -141,14 +150,18 @@ def run_copies(argvs: Sequence[Sequence[str]], env: dict[str, str] | None, what:
                 p.wait()
 
 
-def merge_copies(rank_files: Sequence[Path],
-                 throughput: str = "sum") -> dict[tuple[str, str, int, int], list[str]]:
+def merge_copies(rank_files: Sequence[Path], throughput: str = "sum",
+                 skipped: list[str] | None = None) -> dict[tuple[str, str, int, int], list[str]]:
     """One row per (variant, segment, mps, batch) of copies measured together: the worst p95 and
     the copies' summed throughput and memory (``"sum"``: the copies are one segment's processes)
-    or their mean (``"mean"``: each copy is a segment of its own, sharing the CPUs)."""
+    or their mean (``"mean"``: each copy is a segment of its own, sharing the CPUs), the backend
+    and the input. A row some copy did not write (its batch failed there) is an error, or, given
+    ``skipped``, left out and named there."""
     merged: dict[tuple[str, str, int, int], list[Any]] = {}
     counts: dict[tuple[str, str, int, int], int] = {}
     for path in rank_files:
+        if not path.exists():
+            continue  # this copy wrote no row
         lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
         for r in csv.DictReader(lines):
             key = (r["variant"], r["mig_profile"], int(r["mps"]), int(r["batch"]))
@@ -158,9 +171,24 @@ def merge_copies(rank_files: Sequence[Path],
                 row = merged[key]
                 row[0], row[1], row[2] = max(row[0], lat), row[1] + thr, row[2] + mem
             else:
-                merged[key] = [lat, thr, mem, r["backend"]]
+                merged[key] = [lat, thr, mem, r["backend"], r.get("input") or ""]
     incomplete = [k for k, n in counts.items() if n != len(rank_files)]
-    if incomplete:
+    if incomplete and skipped is None:
         raise JigsawError(f"profile copies measured different rows (e.g. {incomplete[0]})")
+    for k in incomplete:
+        assert skipped is not None
+        skipped.append(f"{k[0]} {k[1]} mps{k[2]} batch {k[3]}: failed in {len(rank_files) - counts[k]} of "
+                       f"{len(rank_files)} copies")
+        del merged[k]
     div = len(rank_files) if throughput == "mean" else 1
-    return {k: [f"{v[0]:.4f}", f"{v[1] / div:.3f}", f"{v[2] / div:.1f}", v[3]] for k, v in merged.items()}
+    return {k: [f"{v[0]:.4f}", f"{v[1] / div:.3f}", f"{v[2] / div:.1f}", v[3], v[4]]
+            for k, v in merged.items()}
+
+
+def report_skipped(skipped: Sequence[str]) -> None:
+    """Say which rows were not written and why (a batch that raised or failed an item)."""
+    if skipped:
+        print(f"jigsaw profile: {len(skipped)} rows not written (a timed batch failed; a batch size "
+              "without a row is not planned):", file=sys.stderr)
+        for line in skipped:
+            print(f"  {line}", file=sys.stderr)

@@ -6,14 +6,20 @@ tests what only the fast one does.
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
 import socket
 import time
+import zlib
 
+import numpy as np
 import pytest
 from dpserver import http, image, write_tiny
 
 INFER = "/v2/models/tiny/infer"
+LIMITS = {"header_timeout_s": 1.0, "body_timeout_s": 1.0, "keepalive_timeout_s": 1.5,
+          "max_request_line_bytes": 1024, "max_header_bytes": 2048, "max_headers": 20, "max_connections": 12}
 
 
 def request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
@@ -67,7 +73,7 @@ class Reader:
 @pytest.fixture
 def tiny(server_factory, tmp_path):
     args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 60.0}, 1)], max_payload_bytes=4096,
-                      latency_slo_ms=2000.0, server={"header_timeout_s": 1.0})
+                      latency_slo_ms=2000.0, server=LIMITS)
     return server_factory(args)
 
 
@@ -205,8 +211,6 @@ def test_client_gone_mid_request_is_answered_once_internally(tiny):
 
 
 def test_slowloris_is_bounded_by_the_header_timeout(tiny, http_front):
-    if http_front != "fast":
-        pytest.skip("server.header_timeout_s is the fast front end's")
     sock, r = connect(tiny)
     with sock:
         t0 = time.monotonic()
@@ -234,3 +238,148 @@ def test_slowloris_is_bounded_by_the_header_timeout(tiny, http_front):
         assert status == 408
         assert time.monotonic() - t0 < 3.5  # header_timeout_s = 1, swept every 0.25 s
     assert http("POST", tiny.url + INFER, image(4))[0] == 200
+
+
+def _refused(server, data: bytes) -> tuple[int, str]:
+    """Send ``data`` on a new connection: the status and error of the answer, the connection closed."""
+    sock, r = connect(server)
+    with sock:
+        with contextlib.suppress(OSError):  # the server may answer and close before taking every byte
+            sock.sendall(data)
+        status, _, got = r.response()
+        assert r.closed()
+    return status, json.loads(got)["error"]
+
+
+def test_heads_over_the_limits_are_refused_without_a_traceback(tiny):
+    long_url = INFER + "?" + "x" * 2000  # max_request_line_bytes = 1024
+    status, error = _refused(tiny, request("POST", long_url, b"{}"))
+    assert status == 414 and "max_request_line_bytes" in error
+    status, error = _refused(tiny, request("GET", "/v2/health/live", headers={"X-Big": "y" * 3000}))
+    assert status == 431 and "max_header_bytes" in error  # max_header_bytes = 2048
+    many = {f"X-{i}": "y" for i in range(30)}
+    status, error = _refused(tiny, request("GET", "/v2/models/tiny", headers=many))
+    assert status == 431 and "max_headers" in error  # max_headers = 20
+    # a 1 MB URL and an endless header line: refused as they arrive, not buffered
+    status, _ = _refused(tiny, b"GET /" + b"u" * (1 << 20) + b" HTTP/1.1\r\n\r\n")
+    assert status == 414
+    status, _ = _refused(tiny, b"GET /v2/health/live HTTP/1.1\r\nX-Endless: " + b"z" * (1 << 20))
+    assert status == 431
+    assert http("POST", tiny.url + INFER, image(4))[0] == 200
+    log = tiny.log_path.read_text()
+    assert "Traceback" not in log and "Error handling request" not in log
+
+
+def _wait_closed(sock: socket.socket, r: Reader, within_s: float) -> tuple[float, bytes]:
+    """Seconds until the server closes ``sock`` (inf: not within ``within_s``) and what it sent."""
+    t0 = time.monotonic()
+    sock.settimeout(within_s)
+    try:
+        while r._fill():
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return float("inf"), r.buf
+    return time.monotonic() - t0, r.buf
+
+
+def test_idle_silent_and_stalled_connections_are_closed(tiny):
+    # never a byte: closed after header_timeout_s (1 s), nothing sent
+    sock, r = connect(tiny)
+    with sock:
+        took, got = _wait_closed(sock, r, 10)
+        assert got == b"" and 0.8 < took < 3.0
+    # idle keep-alive after an answer: closed after keepalive_timeout_s (1.5 s)
+    sock, r = connect(tiny)
+    with sock:
+        sock.sendall(infer("idle"))
+        assert r.response()[0] == 200
+        took, got = _wait_closed(sock, r, 10)
+        assert got == b"" and 1.2 < took < 4.0
+    # a body that stalls: 408 after body_timeout_s (1 s)
+    sock, r = connect(tiny)
+    with sock:
+        body = json.dumps(image(4)).encode()
+        sock.sendall(request("POST", INFER, body)[:-len(body) // 2])
+        t0 = time.monotonic()
+        status, _, got = r.response()
+        assert status == 408 and "body_timeout_s" in json.loads(got)["error"]
+        assert time.monotonic() - t0 < 3.5
+        assert r.closed()
+    assert http("POST", tiny.url + INFER, image(4))[0] == 200
+
+
+def test_open_connections_are_bounded_by_closing_the_least_recently_active(tiny):
+    idle = []
+    try:
+        for _ in range(12):  # max_connections = 12, each silent for less than header_timeout_s
+            idle.append(connect(tiny))
+            time.sleep(0.01)
+        for _ in range(2):  # a new connection closes the least recently active that owes nothing
+            assert http("POST", tiny.url + INFER, image(4))[0] == 200
+            idle.append(connect(tiny))
+        closed = [i for i, (s, r) in enumerate(idle) if _wait_closed(s, r, 0.05)[0] < 1]
+        # 16 connections made, 12 open at most: the oldest closed first, the newest kept
+        assert 2 <= len(closed) <= 4 and closed == list(range(len(closed)))
+    finally:
+        for s, _ in idle:
+            s.close()
+
+
+def test_compressed_bodies_in_and_out(tiny):
+    body = json.dumps(image(4, rid="zip")).encode()
+    for enc, data in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body)),
+                      ("deflate", zlib.compress(body)[2:-4])):  # zlib's format, and raw deflate too
+        status, _, got = _one(tiny, request("POST", INFER, data, headers={"Content-Encoding": enc}))
+        assert status == 200 and json.loads(got)["id"] == "zip", (enc, got)
+    for accept, enc, unzip in (("gzip", "gzip", gzip.decompress),
+                               ("deflate;q=0.5, br", "deflate", zlib.decompress)):
+        status, headers, got = _one(tiny, request("POST", INFER, body, headers={"Accept-Encoding": accept}))
+        assert status == 200 and headers["content-encoding"] == enc
+        assert json.loads(unzip(got))["id"] == "zip"
+    status, headers, got = _one(tiny, infer("plain"))
+    assert status == 200 and "content-encoding" not in headers and json.loads(got)["id"] == "plain"
+    # a bomb: 64 MB of zeros in 64 KB, against max_payload_bytes = 4096
+    bomb = gzip.compress(b"0" * (64 << 20), compresslevel=9)
+    status, _, got = _one(tiny, request("POST", INFER, bomb[:4000], headers={"Content-Encoding": "gzip"}))
+    assert status == 413 and "4096" in json.loads(got)["error"]
+    status, _, got = _one(tiny, request("POST", INFER, b"not gzip", headers={"Content-Encoding": "gzip"}))
+    assert status == 400 and "gzip" in json.loads(got)["error"]
+    time.sleep(0.2)  # aiohttp drains a refused body after its answer (and would log it then)
+    assert "Traceback" not in tiny.log_path.read_text()
+
+
+def _one(server, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    sock, r = connect(server)
+    with sock:
+        sock.sendall(data)
+        return r.response()
+
+
+def test_tritonclient_compression(tiny):
+    httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is a test extra")
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{tiny.port}")
+    pixels = np.arange(6, dtype=np.uint8)
+    inp = httpclient.InferInput("image", list(pixels.shape), "UINT8")
+    inp.set_data_from_numpy(pixels, binary_data=True)
+    for algo in ("gzip", "deflate"):
+        result = client.infer("tiny", [inp], request_compression_algorithm=algo,
+                              response_compression_algorithm=algo)
+        assert result.get_response()["model_name"] == "tiny" and result.get_response()["outputs"]
+
+
+def test_a_flood_of_silent_connections_closes_them_before_a_served_client(tiny):
+    served, r = connect(tiny)  # a client's keep-alive connection, served once, then idle
+    with served:
+        served.sendall(infer("kept"))
+        assert r.response()[0] == 200
+        flood = [connect(tiny)[0] for _ in range(20)]  # max_connections = 12: 9 closed by the flood
+        try:
+            time.sleep(0.2)
+            served.sendall(infer("again"))  # the oldest connection, but the only one that was served
+            status, _, body = r.response()
+            assert status == 200 and json.loads(body)["id"] == "again"
+        finally:
+            for s in flood:
+                s.close()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 
-from dpserver import ROOT, Server, http, image, write_tiny
+from dpserver import ROOT, Load, Server, http, image, write_tiny
 
 from jigsaw.testing import shm_entries
 
@@ -86,3 +87,32 @@ def test_restart_after_kill_9_removes_leftovers(server_factory, tmp_path):
         assert http("GET", s2.url + "/v2/health/ready")[0] == 200
         assert shm_entries(pid) == []
         assert "leftovers" in s2.log()
+
+
+def test_a_taken_port_fails_before_planning_or_starting_processes(tmp_path):
+    args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 1.0}, 1)])
+    taken = socket.socket()
+    with taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        r = subprocess.run([sys.executable, "-m", "jigsaw.daemon", *args, "--emulate", "--port", str(port)],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert f"127.0.0.1:{port}" in r.stderr and "in use" in r.stderr
+    assert "fork server" not in r.stderr and "worker" not in r.stderr and "serving" not in r.stderr
+
+
+def test_sigterm_to_the_process_group_stops_quietly(tmp_path):
+    args = write_tiny(tmp_path, tasks=[("a", "detector", {1: 1.0}, 2), ("b", "classifier", {1: 1.0}, 2)],
+                      edges=[("a", "b", 1.0)])
+    s = Server([*args, "--controller"], tmp_path / "group.log")
+    with s, Load(s.url, "tiny", threads=2):
+        time.sleep(0.5)
+        os.killpg(s.proc.pid, signal.SIGTERM)  # the daemon, its fork server and every worker
+        assert s.proc.wait(timeout=30) == 0
+        log = s.log()
+        assert "stopped" in log
+        assert "restarting it" not in log and "given up" not in log and "Traceback" not in log, log
+    assert shm_entries(s.proc.pid) == []

@@ -138,14 +138,17 @@ def test_merge_sums_throughput_and_keeps_the_worst_latency(tmp_path: Path) -> No
         f.write_text(",".join(COLUMNS) + "\n" + row)
         files.append(f)
     merged = merge_copies(files)
-    assert merged == {("v", "1g.10gb", 2, 4): ["14.0000", "180.000", "1000.0", "tensorrt"]}
+    assert merged == {("v", "1g.10gb", 2, 4): ["14.0000", "180.000", "1000.0", "tensorrt", ""]}
     # CPU shares measured together: each copy is a share of its own
     assert merge_copies(files, throughput="mean")[("v", "1g.10gb", 2, 4)] == ["14.0000", "90.000", "500.0",
-                                                                                "tensorrt"]
+                                                                                "tensorrt", ""]
     files[1].write_text(",".join(COLUMNS) + "\n")
     from jigsaw.errors import JigsawError
     with pytest.raises(JigsawError, match="different rows"):
         merge_copies(files)
+    skipped: list[str] = []  # a row one copy could not run (its batch failed there): left out, named
+    assert merge_copies(files, skipped=skipped) == {}
+    assert skipped == ["v 1g.10gb mps2 batch 4: failed in 1 of 2 copies"]
 
 
 def test_a_whole_gpu_node_is_measured_without_mig(fake_gpu: Path, tmp_path: Path) -> None:

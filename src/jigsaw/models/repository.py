@@ -223,21 +223,23 @@ def onnx_flops(path: str | Path) -> float:
     return graph_cost(path).flops
 
 
-def graph_cost(path: str | Path) -> GraphCost:
+def graph_cost(path: str | Path, item_shapes: dict[str, tuple[int, ...]] | None = None) -> GraphCost:
     """One item's cost through an ONNX graph.
 
     FLOPs count Conv, ConvTranspose, Gemm and MatMul (the operations that dominate a network's
-    compute) from the shapes ONNX shape inference gives with every free axis set to 1; other
-    operations are ignored. Used to model a new network's latency (``jigsaw modeled``).
+    compute) from the shapes ONNX shape inference gives with the batch axis 1, an input named in
+    ``item_shapes`` at that item shape (``app.concrete_item_shape``: a typical size), every other
+    free axis 1; other operations are ignored. Used to model a new network's latency (``jigsaw modeled``).
     """
     onnx = _onnx()
     import numpy as np
     from onnx import numpy_helper, shape_inference
     proto = onnx.load(str(path))  # type: ignore[attr-defined]
     for value in proto.graph.input:
-        for d in value.type.tensor_type.shape.dim:
+        item = (item_shapes or {}).get(value.name)
+        for i, d in enumerate(value.type.tensor_type.shape.dim):
             if not (d.HasField("dim_value") and d.dim_value > 0):
-                d.dim_value = 1
+                d.dim_value = item[i - 1] if item is not None and 0 < i <= len(item) else 1
     inferred = shape_inference.infer_shapes(proto)
     shapes: dict[str, tuple[int, ...]] = {}
     for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):

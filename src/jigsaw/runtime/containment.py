@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 from jigsaw.backends.base import Backend, ItemResult
 from jigsaw.runtime.records import CREDIT_BYTES
 from jigsaw.runtime.rings import RecordHeader, Status
-from jigsaw.runtime.stats import StatsBlock
+from jigsaw.runtime.stats import BATCHES, StatsBlock
 from jigsaw.tensors import encode_tensors
 
 LOG_EVERY_S = 5.0  # at most one line per this many seconds; the others are counted in the next
+PROBE_AFTER_BATCHES = 3  # batches in a row whose every item raised before the backend is probed
 ERROR_BYTES = 1000  # an error message is cut to this many characters (it travels in the answer)
 
 
@@ -88,7 +89,18 @@ class ErrorLog:
 
 class ContainedBatches:
     """The worker's handling of what its backend does wrong (a mixin of ``worker.Worker``, whose
-    state it reads: the module docstring of ``runtime/worker.py`` says when each runs)."""
+    state it reads: the module docstring of ``runtime/worker.py`` says when each runs).
+
+    A backend that is broken, not fed bad items (a lost device, a runtime in a bad state), fails
+    every item: after ``PROBE_AFTER_BATCHES`` batches in a row whose every item raised, the worker
+    runs the backend's warm-up batch (a synthetic item that served at start); when that fails too
+    the process exits, once its batch is answered, and the supervisor restarts it (counted toward
+    giving it up: a crash not of one batch's making). A stream of bad requests passes the probe.
+    """
+
+    _failing = 0  # batches in a row whose every item raised
+    _failed_at = -2  # the batch count (``stats.BATCHES``) of the last such batch
+    _probe_due = False
 
     spec: Any  # topology.ProcessSpec
     stats: StatsBlock
@@ -114,7 +126,9 @@ class ContainedBatches:
         larger batch's items run alone in a task (``_run_alone``), which finishes the batch."""
         if len(items) == 1:
             self.errors.note(exc)
+            self._failed_whole()
             self._finish_batch(items, start, [item_error(self.spec.task, self.spec.variant, exc)])
+            self.probe_if_due()
             return
         self._busy = True
         self._in_flight = items
@@ -125,6 +139,7 @@ class ContainedBatches:
         async def alone() -> None:
             try:
                 self._finish_batch(items, start, await self._run_alone(items, exc))
+                self.probe_if_due()
             except BaseException as failed:
                 self._fail(failed)
                 return
@@ -141,8 +156,10 @@ class ContainedBatches:
         fails alone is answered 500 naming the task, the others are served."""
         self.errors.note(exc)
         if len(items) == 1:
+            self._failed_whole()
             return [item_error(self.spec.task, self.spec.variant, exc)]
         results = []
+        failed = 0
         for header, _, tensors, _ in items:
             self.stats.batch_started(self.spec.slot, time.monotonic_ns(), [header.request_id])
             try:
@@ -150,8 +167,33 @@ class ContainedBatches:
             except Exception as alone:
                 self.errors.note(alone)
                 got = item_error(self.spec.task, self.spec.variant, alone)
+                failed += 1
             results.append(got)
+        if failed == len(items):
+            self._failed_whole()
         return results
+
+    def _failed_whole(self) -> None:
+        """A batch whose every item raised: one more in a row (``stats.BATCHES`` counts the batches
+        finished, so the next one's count is this one's plus one)."""
+        finished = self.stats.get(self.spec.slot, BATCHES)
+        self._failing = self._failing + 1 if finished == self._failed_at + 1 else 1
+        self._failed_at = finished
+        if self._failing >= PROBE_AFTER_BATCHES:
+            self._failing = 0
+            self._probe_due = True
+
+    def probe_if_due(self) -> None:
+        """After a batch is answered: the backend's warm-up batch when it is due (the class
+        docstring); ``SystemExit`` naming the error when that fails too (the process ends)."""
+        if not self._probe_due:
+            return
+        self._probe_due = False
+        try:
+            self.backend.warm_up([1])
+        except Exception as exc:
+            raise SystemExit(f"worker {self.spec.name}: its backend fails every item and its warm-up batch "
+                             f"too ({type(exc).__name__}: {exc}): exiting to be restarted") from None
 
     def _fit(self, items: list[Any], results: list[ItemResult], sink: bool) -> list[ItemResult]:
         """``results`` with each item whose output (a sink's, answered) or child does not fit its

@@ -22,10 +22,17 @@ aiohttp's server; ``FastSite`` replaces aiohttp's ``TCPSite``):
 - The first request that is not hot (another route or method, a chunked body, an upgrade) hands
   the connection to aiohttp: once every earlier answer is written, the transport gets aiohttp's
   ``RequestHandler`` as its protocol, fed the bytes from that request's first byte on.
-- Limits: a Content-Length over ``max_payload_bytes`` -> 413 and close, without reading the body;
-  a malformed request -> 400 and close; a head not complete ``header_timeout_s`` after its first
-  byte, or a body not complete ``BODY_TIMEOUT_S`` after it, -> 408 and close (slowloris); an idle
-  keep-alive connection closes after ``KEEPALIVE_S``, as aiohttp's do.
+- Limits (``httplimits.HttpLimits``, the same on aiohttp): a Content-Length over
+  ``max_payload_bytes`` -> 413 and close, without reading the body; a request line over
+  ``max_request_line_bytes`` -> 414, header lines over ``max_header_bytes`` together or more than
+  ``max_headers`` -> 431, checked as the bytes arrive (a head is never buffered past them); a
+  malformed request -> 400 and close; a head not complete ``header_timeout_s`` after its first
+  byte, or a body ``body_timeout_s`` after its head, -> 408 and close (slowloris); a connection
+  that sends no byte of its first request within ``header_timeout_s``, or stays idle between
+  requests ``keepalive_timeout_s``, is closed; the site holds at most ``max_connections``
+  (``httplimits.OpenConnections``).
+- ``Content-Encoding: gzip|deflate`` bodies are inflated, bounded by ``max_payload_bytes``; an
+  answer is compressed when ``Accept-Encoding`` asks (``compression``), as Triton does.
 - A client that goes away mid-request does not stop the request: the dispatcher answers it once,
   as always (admission and the counters see it); the answer is just not encoded or written.
 """
@@ -35,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import sys
 from collections import deque
 from http import HTTPStatus
@@ -43,7 +51,9 @@ from typing import TYPE_CHECKING, Any
 import httptools
 from aiohttp import web
 
+from jigsaw.runtime.compression import BadEncoding, BodyTooLarge, compress, inflate, response_encoding
 from jigsaw.runtime.http import Answer, payload_too_large
+from jigsaw.runtime.httplimits import HttpLimits, LimitedHandler, OpenConnections, Refused
 from jigsaw.runtime.oip import HEADER_LENGTH, encode_response, place_outputs
 
 if TYPE_CHECKING:
@@ -51,9 +61,6 @@ if TYPE_CHECKING:
     from jigsaw.runtime.http import OipHttp
     from jigsaw.runtime.oip import InferRequest
 
-HEADER_TIMEOUT_S = 10.0  # default [server] header_timeout_s
-BODY_TIMEOUT_S = 60.0  # a body must be complete this long after its head
-KEEPALIVE_S = 75.0  # aiohttp's keep-alive timeout
 MAX_PIPELINE = 64  # answers outstanding on one connection before reading pauses
 LINGER_S = 2.0  # after its last answer a closing connection reads (and drops) this long, then closes
 
@@ -118,6 +125,13 @@ class FastConnection(asyncio.Protocol):
         self.chunked = False
         self.expect: bytes | None = None
         self.header_length: str | None = None  # Inference-Header-Content-Length
+        self.encoding: bytes | None = None  # Content-Encoding
+        self.accept: bytes | None = None  # Accept-Encoding
+        self.header_bytes = 0  # the header lines of the message so far
+        self.headers = 0
+        self.any_request = False  # a request began on this connection (else an idle one never sent a byte)
+        self.completed = 0  # requests that arrived whole
+        self.limits = site.limits
         self.kind = 0
         self.model = ""
         self.version: str | None = None
@@ -159,6 +173,7 @@ class FastConnection(asyncio.Protocol):
         if self.stopped or self.closed:
             return
         self.last_active = self.loop.time()
+        self.site.conns.touch(self)
         buf = self.buf
         buf += data
         try:
@@ -171,6 +186,13 @@ class FastConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(400, f"malformed HTTP request: {exc}")
         if self.stopped:
+            return
+        if self.in_message and self.body_at < 0 and len(buf) - self.start > self.site.head_limit:
+            # a line that never ends: refused before llhttp or this buffer holds more of it
+            if buf.find(b"\r\n", self.start) < 0:
+                self._fail(414, self._line_too_long())
+            else:
+                self._fail(431, self._headers_too_large())
             return
         if self.start:  # drop the bytes of the messages served
             del buf[:self.start]
@@ -187,12 +209,27 @@ class FastConnection(asyncio.Protocol):
         self.chunked = False
         self.expect = None
         self.header_length = None
+        self.encoding = self.accept = None
+        self.header_bytes = self.headers = 0
+        self.any_request = True
         self.body_at = -1
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        if len(self.url) > self.limits.max_request_line_bytes:
+            self._fail(414, self._line_too_long())
+            raise _Stop
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers += 1
+        self.header_bytes += len(name) + len(value) + 4
+        limits = self.limits
+        if self.headers > limits.max_headers:
+            self._fail(431, f"headers: more than the limit of {limits.max_headers} (server.max_headers)")
+            raise _Stop
+        if self.header_bytes > limits.max_header_bytes:
+            self._fail(431, self._headers_too_large())
+            raise _Stop
         n = name.lower()
         if n == b"content-length":
             self.content_length = int(value)  # llhttp checked the digits
@@ -202,6 +239,18 @@ class FastConnection(asyncio.Protocol):
             self.expect = value
         elif n == b"inference-header-content-length":
             self.header_length = value.decode("latin-1")
+        elif n == b"content-encoding":
+            self.encoding = value
+        elif n == b"accept-encoding":
+            self.accept = value
+
+    def _line_too_long(self) -> str:
+        return (f"request line: longer than the limit of {self.limits.max_request_line_bytes} bytes "
+                "(server.max_request_line_bytes)")
+
+    def _headers_too_large(self) -> str:
+        return (f"headers: more than the limit of {self.limits.max_header_bytes} bytes together "
+                "(server.max_header_bytes)")
 
     def on_headers_complete(self) -> None:
         buf = self.buf
@@ -214,8 +263,8 @@ class FastConnection(asyncio.Protocol):
         if self.kind == 0 or self.chunked or self.parser.should_upgrade():
             self._hand_off(bytes(buf[start:]))
             raise _Stop
-        if self.content_length > self.site.max_payload_bytes:
-            self._fail(413, payload_too_large(self.site.max_payload_bytes))
+        if self.content_length > self.limits.max_payload_bytes:
+            self._fail(413, payload_too_large(self.limits.max_payload_bytes))
             raise _Stop
         if self.expect is not None:
             if self.expect.lower() != b"100-continue":
@@ -227,6 +276,7 @@ class FastConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.in_message = False
+        self.completed += 1
         start = self.body_at + self.content_length
         body = bytes(self.buf[self.body_at:start])
         self.start = start
@@ -274,6 +324,16 @@ class FastConnection(asyncio.Protocol):
         if isinstance(routes, Answer):
             slot[0] = _answer_bytes(routes, slot[1])
             return
+        if self.encoding is not None:
+            try:
+                body = inflate(body, self.encoding.decode("latin-1"), self.limits.max_payload_bytes)
+            except BodyTooLarge as exc:
+                slot[0] = _answer_bytes(Answer(413, {"error": str(exc)}), slot[1])
+                return
+            except BadEncoding as exc:
+                slot[0] = _answer_bytes(Answer(400, {"error": str(exc)}), slot[1])
+                return
+        encoding = response_encoding(self.accept.decode("latin-1")) if self.accept else None
         got = oip.infer_door(routes) or oip.infer_begin(routes, body, self.header_length)
         if isinstance(got, Answer):
             slot[0] = _answer_bytes(got, slot[1])
@@ -281,11 +341,11 @@ class FastConnection(asyncio.Protocol):
         req, parsed = got
         # Called by the dispatcher as it answers (in the drain that read the last record), not a
         # loop turn later as a future's done-callback would be.
-        req.on_answer = lambda: self._answered(slot, req, parsed)
+        req.on_answer = lambda: self._answered(slot, req, parsed, encoding)
         if req.future.done():  # answered at dispatch (an early drop)
-            self._answered(slot, req, parsed)
+            self._answered(slot, req, parsed, encoding)
 
-    def _answered(self, slot: list[Any], req: Pending, parsed: InferRequest) -> None:
+    def _answered(self, slot: list[Any], req: Pending, parsed: InferRequest, encoding: str | None) -> None:
         if self.closed:
             return  # the client went away; the request was answered (and counted) all the same
         try:
@@ -294,6 +354,9 @@ class FastConnection(asyncio.Protocol):
                 status, doc = place_outputs(status, doc, parsed.shm_outputs, self.oip.shm)
             payload, json_part = encode_response(doc, parsed.binary_outputs, parsed.all_binary)
             extra = _RETRY if status == 503 else b""
+            if encoding is not None:
+                payload = compress(payload, encoding)
+                extra += b"Content-Encoding: %s\r\n" % encoding.encode()
             if json_part is None:
                 slot[0] = response(status, payload, _JSON, extra, slot[1])
             else:
@@ -385,7 +448,7 @@ class FastConnection(asyncio.Protocol):
         self.site.conns.discard(self)
         if t is None or t.is_closing():
             return
-        handler = self.site.aiohttp_protocol()
+        handler = self.site.aiohttp_protocol()  # takes this connection's place in ``site.conns``
         t.set_protocol(handler)
         handler.connection_made(t)
         if self.reading_paused:
@@ -406,59 +469,76 @@ class FastConnection(asyncio.Protocol):
             return
         if self.stopped:
             return
+        limits = self.limits
         if self.in_message:
             head = self.body_at < 0
-            limit = self.site.header_timeout_s if head else BODY_TIMEOUT_S
+            limit = limits.header_timeout_s if head else limits.body_timeout_s
             if now - self.began > limit:
                 part = "its head" if head else "its body"
-                self._fail(408, f"request timeout: {part} did not arrive within {limit:g} s")
-        elif not self.slots and now - self.last_active > KEEPALIVE_S and self.transport is not None:
-            self.closed = True
+                setting = "header_timeout_s" if head else "body_timeout_s"
+                self._fail(408, f"request timeout: {part} did not arrive within {limit:g} s "
+                                f"(server.{setting})")
+        elif not self.slots and self.handoff is None:
+            idle_s = limits.keepalive_timeout_s if self.any_request else limits.header_timeout_s
+            if now - self.last_active > idle_s:
+                self.evict()
+
+    def evictable(self) -> bool:
+        """Owes no answer (``OpenConnections`` may close it to make room)."""
+        return not self.slots and self.handoff is None and not self.closed
+
+    def served(self) -> bool:
+        """A request of this connection arrived whole."""
+        return self.completed > 0
+
+    def evict(self) -> None:
+        self.closed = True
+        self.site.conns.discard(self)
+        if self.transport is not None:
             self.transport.close()
 
 
-class FastSite(web.TCPSite):
-    """aiohttp's TCP site whose connections start on ``FastConnection``: the hot OIP routes are
-    served there, everything else by the runner's aiohttp server on the same connection."""
+class FastSite(web.SockSite):
+    """aiohttp's site whose connections start on ``FastConnection``: the hot OIP routes are
+    served there, everything else by the runner's aiohttp server (``LimitedHandler``) on the same
+    connection; ``limits`` bound both."""
 
-    def __init__(self, runner: web.BaseRunner, host: str | None, port: int, *, oip: OipHttp,
-                 max_payload_bytes: int, header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
-        super().__init__(runner, host, port)
+    def __init__(self, runner: web.BaseRunner, sock: socket.socket, *, oip: OipHttp,
+                 limits: HttpLimits) -> None:
+        super().__init__(runner, sock, backlog=limits.backlog())
         self.oip = oip
-        self.max_payload_bytes = max_payload_bytes
-        self.header_timeout_s = header_timeout_s
-        self.conns: set[FastConnection] = set()
+        self.limits = limits
+        # a head's bytes before it is refused: its request line and header lines, their line ends
+        self.head_limit = limits.max_request_line_bytes + limits.max_header_bytes + 4
+        self.conns = OpenConnections(limits.max_connections)
         self.loop = asyncio.get_running_loop()
         self._sweeper: asyncio.TimerHandle | None = None
-        self._sweep_s = max(0.05, min(1.0, header_timeout_s / 4))
+        self._sweep_s = limits.sweep_s()
 
     def aiohttp_protocol(self) -> asyncio.Protocol:
         server = self._runner.server
         assert server is not None
-        return server()
+        return LimitedHandler(server, self.limits, self.conns)
+
+    def _protocol(self) -> asyncio.Protocol:
+        if not self.conns.make_room():
+            return Refused(self.limits.max_connections)
+        return FastConnection(self)
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
-        self._server = await self.loop.create_server(lambda: FastConnection(self), self._host, self._port,
-                                                     backlog=self._backlog, reuse_address=self._reuse_address,
-                                                     reuse_port=self._reuse_port)
-        sockets = self._server.sockets
-        self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+        self._server = await self.loop.create_server(self._protocol, sock=self._sock, backlog=self._backlog)
         self._sweeper = self.loop.call_later(self._sweep_s, self._sweep)
 
     def _sweep(self) -> None:
-        now = self.loop.time()
-        for conn in list(self.conns):
-            conn.check_timeouts(now)
+        self.conns.sweep(self.loop.time())
         self._sweeper = self.loop.call_later(self._sweep_s, self._sweep)
 
     async def stop(self) -> None:
-        await super().stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        for conn in list(self.conns):
-            conn.closed = True
-            if conn.transport is not None:
-                conn.transport.close()
-        self.conns.clear()
+        await super().stop()
+        for conn in list(self.conns.conns):
+            if isinstance(conn, FastConnection):
+                conn.evict()

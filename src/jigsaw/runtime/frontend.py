@@ -14,6 +14,7 @@ the bin counters (``peek_bin``, ``take_bin``). Nothing outside reaches into the 
 from __future__ import annotations
 
 import asyncio
+import socket
 
 from aiohttp import web
 
@@ -24,6 +25,7 @@ from jigsaw.runtime.admission import Admission, BinCounters
 from jigsaw.runtime.dispatch import Dispatcher
 from jigsaw.runtime.fasthttp import FastSite
 from jigsaw.runtime.http import OipHttp, ServingState
+from jigsaw.runtime.httplimits import AiohttpSite, HttpLimits
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.routing import RoutingTable
 from jigsaw.runtime.topology import Topology
@@ -101,6 +103,10 @@ class Frontend:
         self.metrics.worker_restarts.inc((("app", app), ("task", task)))
         self.refresh_admission(app)
 
+    def worker_given_up(self, app: str, task: str) -> None:
+        self.metrics.worker_given_up.inc((("app", app), ("task", task)))
+        self.refresh_admission(app)
+
     def refresh_admission(self, app: str) -> None:
         """Admission of ``app`` scaled by the share of its root processes that are up now."""
         routes = self.routing.routes.get(app)
@@ -118,16 +124,21 @@ class Frontend:
         self.metrics.planner_failures.inc((("app", app),))
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    def make_app(self, max_payload_bytes: int) -> web.Application:
-        return self.http.make_app(max_payload_bytes)
+    def make_app(self, max_payload_bytes: int, body_timeout_s: float = 30.0) -> web.Application:
+        return self.http.make_app(max_payload_bytes, body_timeout_s)
 
-    def site(self, runner: web.AppRunner, host: str, port: int, server: ServerSettings) -> web.TCPSite:
-        """The listening site: ``[server] http = "fast"`` (the hot OIP routes on ``fasthttp``, the
-        rest on ``runner``'s aiohttp server) or ``"aiohttp"`` (everything on aiohttp)."""
+    def runner(self, app: web.Application, server: ServerSettings) -> web.AppRunner:
+        """aiohttp's runner of ``app`` with the node's connection limits (``httplimits``)."""
+        return web.AppRunner(app, access_log=None, **HttpLimits.of(server).aiohttp_kwargs())
+
+    def site(self, runner: web.AppRunner, sock: socket.socket, server: ServerSettings) -> web.BaseSite:
+        """The listening site on the bound ``sock``: ``[server] http = "fast"`` (the hot OIP
+        routes on ``fasthttp``, the rest on ``runner``'s aiohttp server) or ``"aiohttp"``
+        (everything on aiohttp); both hold the node's ``HttpLimits``."""
+        limits = HttpLimits.of(server)
         if server.http == "aiohttp":
-            return web.TCPSite(runner, host, port)
-        return FastSite(runner, host, port, oip=self.http, max_payload_bytes=server.max_payload_bytes,
-                        header_timeout_s=server.header_timeout_s)
+            return AiohttpSite(runner, sock, limits)
+        return FastSite(runner, sock, oip=self.http, limits=limits)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.dispatcher.start(loop)

@@ -25,6 +25,7 @@ from jigsaw.runtime.oip import (
     InferRequest,
     _to_array,
     array_from_bytes,
+    check_min_shape,
     request_timeout_us,
     shm_input,
     shm_output,
@@ -159,6 +160,7 @@ def parse_grpc_request(
             raise BadRequest(
                 f"{f}.shape: input {t.name!r} expects shape {list(spec.shape)} (-1: any), got {shape}"
             )
+        check_min_shape(f, spec, shape)
         inputs.append((t.name, t.datatype, tuple(shape), _tensor(f, t, raw[i] if raw else None, shm, app)))
     missing = [n for n in specs if n not in seen]
     if missing:

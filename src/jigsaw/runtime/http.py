@@ -8,6 +8,7 @@ Every error an OIP client sees is JSON ``{"error": ...}``, aiohttp's own 404/405
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Callable
@@ -15,10 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from jigsaw import __version__
 from jigsaw.runtime import stats as st
 from jigsaw.runtime.admission import Admission, queue_admits
+from jigsaw.runtime.compression import compress, response_encoding
 from jigsaw.runtime.dispatch import Dispatcher, InputTooLarge, Pending
 from jigsaw.runtime.metrics import Metrics
 from jigsaw.runtime.oip import (
@@ -42,6 +46,7 @@ EXTENSIONS = ("binary_tensor_data", "parameters", "statistics", "model_configura
 RETRY_AFTER_S = "1"
 DOOR_LOG_EVERY_S = 1.0  # the door's over-the-limit line in the daemon log, at most this often per app
 MAX_PAYLOAD_KEY = web.AppKey("max_payload_bytes", int)
+BODY_TIMEOUT_KEY = web.AppKey("body_timeout_s", float)
 
 
 @dataclass
@@ -81,9 +86,10 @@ class OipHttp:
         self.shm = SharedMemoryRegions()  # Triton's system shared memory regions (HTTP and gRPC)
         self.repository: Repository | None = None  # load / unload of apps (the daemon's controller)
 
-    def make_app(self, max_payload_bytes: int) -> web.Application:
+    def make_app(self, max_payload_bytes: int, body_timeout_s: float = 30.0) -> web.Application:
         app = web.Application(client_max_size=max_payload_bytes, middlewares=[_json_errors])
         app[MAX_PAYLOAD_KEY] = max_payload_bytes
+        app[BODY_TIMEOUT_KEY] = body_timeout_s
         r = app.router
         r.add_get("/v2", self.h_server)
         r.add_get("/v2/health/live", self.h_live)
@@ -240,7 +246,12 @@ class OipHttp:
         shut = self.infer_door(routes)
         if shut is not None:
             return _error(shut)
-        got = self.infer_begin(routes, await request.read(), request.headers.get(HEADER_LENGTH))
+        body = await _read_body(request)  # inflated by aiohttp (Content-Encoding), bounded by client_max_size
+        if isinstance(body, Answer):
+            resp = _error(body)
+            resp.force_close()  # the rest of the body, if it ever comes, is not read
+            return resp
+        got = self.infer_begin(routes, body, request.headers.get(HEADER_LENGTH))
         if isinstance(got, Answer):
             return _error(got)
         req, parsed = got
@@ -249,6 +260,10 @@ class OipHttp:
             status, doc = place_outputs(status, doc, parsed.shm_outputs, self.shm)
         headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else {}
         payload, json_part = encode_response(doc, parsed.binary_outputs, parsed.all_binary)
+        encoding = response_encoding(request.headers.get("Accept-Encoding"))
+        if encoding is not None:
+            payload = compress(payload, encoding)
+            headers["Content-Encoding"] = encoding
         if json_part is None:
             return web.Response(body=payload, status=status, headers=headers, content_type="application/json")
         headers[HEADER_LENGTH] = str(json_part)
@@ -282,6 +297,21 @@ class Answer:
 
 
 RETRY_HEADERS = {"Retry-After": RETRY_AFTER_S}
+
+
+async def _read_body(request: web.Request) -> bytes | Answer:
+    """The request's body, or the answer when it does not arrive within ``body_timeout_s`` (408)
+    or is not valid for its ``Content-Encoding`` (400)."""
+    limit_s = request.app[BODY_TIMEOUT_KEY]
+    try:
+        async with asyncio.timeout(limit_s):
+            return await request.read()
+    except TimeoutError:
+        return Answer(408, {"error": f"request timeout: its body did not arrive within {limit_s:g} s "
+                                     "(server.body_timeout_s)"})
+    except (HttpProcessingError, RequestPayloadError) as exc:
+        cause = exc.__cause__ or exc.__context__ or exc
+        return Answer(400, {"error": f"body: not valid for its Content-Encoding ({cause})"})
 
 
 class AnswerNow(Exception):

@@ -25,8 +25,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-# a task's counters, one flat list (the hot path indexes it): items ok, queue ns, hop ns, compute ns,
-# output-hop count, output-hop ns, executions, last answer (ms since the epoch)
+# a task's counters, one flat list (the hot path indexes it): items ok, queue us, hop us, compute us,
+# output-hop count, output-hop us, executions (batches: each item adds 1/its batch size)
 T_OK, T_QUEUE, T_HOP, T_INFER, T_OUT_N, T_OUT_NS, T_EXEC = range(7)
 TASK_WORDS = 7
 

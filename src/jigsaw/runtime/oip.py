@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from jigsaw.app import App
+from jigsaw.app import App, TensorSpec
 from jigsaw.runtime.shm_regions import SharedMemoryRegions, ShmError
 from jigsaw.tensors import DATATYPES
 
@@ -177,6 +177,14 @@ def _loads(text: bytes | memoryview) -> Any:
         return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
 
 
+def check_min_shape(f: str, spec: TensorSpec, shape: list[int]) -> None:
+    """A ``BadRequest`` when ``shape`` has an axis below the input's ``min_shape`` (an empty image
+    to an image app): refused at the door, as both front ends do, before a model sees it."""
+    if spec.min_shape and any(d < m for d, m in zip(shape, spec.min_shape)):
+        raise BadRequest(f"{f}.shape: input {spec.name!r} needs at least {list(spec.min_shape)} per axis "
+                         f"(the app's min_shape: the model cannot take an empty one), got {shape}")
+
+
 def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
                         shm: SharedMemoryRegions | None = None) -> InferRequest:
     """Validate a ``POST /v2/models/{app}/infer`` body against the app's declared inputs.
@@ -231,9 +239,7 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
         if len(shape) != len(spec.shape) or any(s != -1 and s != d for s, d in zip(spec.shape, shape)):
             raise BadRequest(f"{f}.shape: input {name!r} expects shape {list(spec.shape)} "
                              f"(-1: any), got {shape}")
-        if spec.min_shape and any(d < m for d, m in zip(shape, spec.min_shape)):
-            raise BadRequest(f"{f}.shape: input {name!r} needs at least {list(spec.min_shape)} per axis "
-                             f"(the app's min_shape: the model cannot take an empty one), got {shape}")
+        check_min_shape(f, spec, shape)
         tensor_params = t.get("parameters", {})
         if not isinstance(tensor_params, dict):
             raise BadRequest(f"{f}.parameters: expected an object")

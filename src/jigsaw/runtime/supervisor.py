@@ -50,7 +50,7 @@ from typing import Any, Protocol
 
 from jigsaw.node import ServerSettings
 from jigsaw.runtime import stats as st
-from jigsaw.runtime.forkserver import WorkerProcess
+from jigsaw.runtime.forkserver import UNKNOWN_STATUS, WorkerProcess
 from jigsaw.runtime.forkserver import status as fork_server_status
 from jigsaw.runtime.generation import Generation
 from jigsaw.runtime.rings import ShmRing
@@ -166,6 +166,9 @@ class Supervisor:
         self.window_s = server.worker_restart_window_s
         self.events: deque[WorkerEvent] = deque(maxlen=EVENTS_MAX)
         self.stopped = False
+        self.stopping = False  # the node stops: a worker that ends is settled, not restarted or reported
+        self.ended_while_stopping = 0
+        self._ended_at: dict[tuple[int, int], float] = {}  # clean exits seen once, judged a poll later
         self._failures: dict[tuple[int, int], deque[float]] = {}
         self._restoring: dict[tuple[int, int], tuple[float, WorkerEvent | None]] = {}
         self._retry_at: dict[tuple[int, int], float] = {}  # given-up workers: when to try again
@@ -173,6 +176,12 @@ class Supervisor:
     def stop(self) -> None:
         """No more failures are handled (the daemon is stopping its workers)."""
         self.stopped = True
+
+    def begin_stopping(self) -> None:
+        """The node is stopping (a SIGTERM, which may have reached its whole process group): a
+        worker that ends from now on has its requests settled, but is neither restarted nor
+        reported as a failure."""
+        self.stopping = True
 
     def check(self) -> None:
         if self.stopped:
@@ -203,6 +212,14 @@ class Supervisor:
                     continue  # starting (a new generation's controller waits for it), or failed
                 rc = proc.poll()
                 if rc is not None:
+                    # a clean or SIGTERM exit (or an unknown one: its fork server ended) may be the
+                    # node's own stop signal, sent to the whole process group and not yet seen by
+                    # the daemon's loop: judged one poll later
+                    if (rc in (0, -signal.SIGTERM, UNKNOWN_STATUS) and not self.stopping
+                            and key not in self._ended_at):
+                        self._ended_at[key] = time.monotonic()
+                        continue
+                    self._ended_at.pop(key, None)
                     self._fail(g, k, "exited", f"exited with status {rc}", the_batchs(rc, "exited"))
                     continue
                 beat = g.stats.get(spec.slot, st.HEARTBEAT_NS)
@@ -266,6 +283,10 @@ class Supervisor:
             recent.append(now)
         while recent and now - recent[0] > self.window_s:
             recent.popleft()
+        if self.stopping:
+            g.stats.set(spec.slot, st.STATE, st.STOPPED)
+            self.ended_while_stopping += 1
+            return
         give_up = len(recent) > self.max_restarts or self.stopped or g.stopping
         event = WorkerEvent(spec.name, spec.app, spec.task, spec.variant, g.gid, proc.pid, reason, detail,
                             time.time(), discarded, retried, failed, "given_up" if give_up else "restarted",

@@ -69,7 +69,9 @@ def statistics(oip: OipHttp, model: str = "", version: str | None = None) -> dic
 
 def config(oip: OipHttp, model: str, version: str | None = None) -> dict[str, Any]:
     """Triton's ``ModelConfig`` JSON of one served app (``model_config``)."""
-    (name,) = _app_names(oip, model or "\0", version)  # ("": no such model, not every one)
+    if not model:
+        raise ExtError(400, "name: the model whose config to return is missing")
+    (name,) = _app_names(oip, model, version)
     routes = oip.routing.routes[name]
     outputs = {task: [(f"{task}.{s.name}", s.datatype, [-1, *s.shape[1:]]) for s in specs]
                for task, specs in oip.routing.output_specs[name].items()}

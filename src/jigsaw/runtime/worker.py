@@ -37,7 +37,8 @@ Containment: an exception while the backend prepares, runs or finishes a batch n
 process. A one-item batch's item is answered 500 naming the task; a larger batch's items are run
 again one at a time (``_run_alone``), so only the items that fail alone are answered 500. An
 item's output or child larger than its ring's ``max_payload_bytes`` is answered 500 naming the
-task and the output (``_fit``). Before a batch runs, its request ids go to the process's batch
+task and the output (``_fit``); a backend that fails every item and then its own warm-up batch
+ends the process (``ContainedBatches``). Before a batch runs, its request ids go to the process's batch
 record (``stats.StatsBlock.batch_started``): a crash the process cannot catch (a signal, a hard
 abort) leaves them behind, and the supervisor answers those requests instead of sending them into
 the next crash.
@@ -579,6 +580,7 @@ class Worker(ContainedBatches):
             except Exception as exc:  # the backend failed the batch: its items run alone
                 results = await self._run_alone(items, exc)
             self._finish_batch(items, start, results)
+            self.probe_if_due()
         except BaseException as exc:
             self._fail(exc)
             return
