@@ -187,3 +187,18 @@ ATTACKS: dict[str, Attack] = {
 
 def describe(stats: Counter[str]) -> dict[str, Any]:
     return dict(sorted(stats.items()))
+
+
+def main(argv: list[str]) -> int:
+    """``python bench/attacks.py NAME HOST PORT APP_URL SECONDS``: one attack in a process of its
+    own (so its sockets and loop do not slow the valid load's client); prints its stats as JSON."""
+    name, host, port, url, seconds = argv
+    stats: Counter[str] = Counter()
+    asyncio.run(ATTACKS[name](host, int(port), url, float(seconds), stats))
+    print(json.dumps(describe(stats)))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1:]))

@@ -222,3 +222,36 @@ def test_a_mig_gpu_without_a_table_is_given_by_its_figures(tmp_path: Path) -> No
     node_file.write_text(body.replace("mig_sm_counts = [16, 32, 60, 64, 132]", "mig_sm_counts = [16]"))
     with pytest.raises(ConfigError, match="1g, 2g, 3g, 4g and 7g"):
         load_node(node_file)
+
+
+def test_a_replan_that_moves_shares_on_their_gpu_keeps_their_processes(tmp_path: Path) -> None:
+    """The start slot of an MPS share is no place on the GPU: a new plan whose shares of a kind lie
+    at other starts of the same GPU keeps their processes (``Generation.process_keys``)."""
+    from jigsaw.backends.registry import backend_kind
+    from jigsaw.plan import GpuLayout, Layout, PlacedInstance
+    from jigsaw.runtime.generation import Generation
+
+    node = load_node(EXAMPLES / "l4x2.toml")
+    app, profiles = node.app("voice_intent"), load_node_profiles(node)
+    base = plan(app, node, profiles, 150.0)
+
+    def laid(starts: dict[tuple[str, int], tuple[int, int]], gid: int) -> Generation:
+        gpus: dict[int, list[PlacedInstance]] = defaultdict(list)
+        for i in base.instances:
+            for n in range(i.count):
+                g, s = starts[(i.task, n)]
+                gpus[g].append(PlacedInstance(i.mig_profile, s, i.task, i.variant, n, i.mps, i.max_batch))
+        p = replace(base, layout=Layout("L4", tuple(GpuLayout(g, tuple(x)) for g, x in sorted(gpus.items()))))
+        (tmp_path / str(gid)).mkdir()
+        return Generation(gid, node, app, p, profiles, run_dir=tmp_path / str(gid), daemon_id="t",
+                          frontend_bell="bell", time_scale=1.0, seed=0, backend=backend_kind("emulated"))
+
+    assert all(share_level(i.mig_profile) for i in base.instances)
+    kinds = [(i.task, n) for i in base.instances for n in range(i.count)]
+    assert len(kinds) <= 4
+    before = {kn: (0, 2 * j) for j, kn in enumerate(kinds)}
+    moved = {kn: (0, 6 - 2 * j) for j, kn in enumerate(kinds)}
+    other_gpu = {kn: (1, 2 * j) for j, kn in enumerate(kinds)}
+    old = laid(before, 1).process_keys()
+    assert laid(moved, 2).process_keys() == old
+    assert not set(laid(other_gpu, 3).process_keys()) & set(old)

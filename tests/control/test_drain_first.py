@@ -192,10 +192,10 @@ Submit = Callable[[int], list[Any]]  # n requests accepted
 Scenario = Callable[[GenerationManager, Any, Submit, dict[str, Any]], Awaitable[None]]
 
 
-def _keep_all(tmp_path: Path, b_ms: float) -> tuple[Path, Plan, Plan]:
-    """The node, the first plan (b: ``b_ms`` an item, SLO 20 s) and a plan of the same instances
-    with another planned latency: a re-plan that keeps every process."""
-    node_path, first, _ = _plans(tmp_path, b_ms=b_ms, latency_slo_ms=20000.0)
+def _keep_all(tmp_path: Path, b_ms: float, slo_ms: float = 20000.0) -> tuple[Path, Plan, Plan]:
+    """The node, the first plan (b: ``b_ms`` an item, SLO ``slo_ms``) and a plan of the same
+    instances with another planned latency: a re-plan that keeps every process."""
+    node_path, first, _ = _plans(tmp_path, b_ms=b_ms, latency_slo_ms=slo_ms)
     slower = {t: 2 * ms for t, ms in first.task_latency_ms.items()}
     return node_path, first, dataclasses.replace(first, task_latency_ms=slower)
 
@@ -271,20 +271,21 @@ def test_a_kept_process_mid_batch_does_not_hold_the_switch(tmp_path: Path) -> No
 
 
 def test_a_retiring_generation_gives_an_older_draining_one_back_the_processes_it_kept(tmp_path: Path) -> None:
-    # 40 requests queued on b (1 s an item on five processes: 8 s of work) in generation A; a
+    # 80 requests queued on b (1 s an item on five processes: 16 s of work, longer than C's seven
+    # process starts take on a loaded 2-core machine) in generation A; a
     # keep-all re-plan (B) and then a fresh one (C, no process kept) come at once. B, which holds
     # no request, retires first: the processes it kept from A still hold A's queued items, so they
     # go back to A instead of stopping, and every request is answered once, 200, before its
-    # deadline (20 s); A stops them when it retires, nothing is left running but C's
-    node_path, first, second = _keep_all(tmp_path, 1000.0)
+    # deadline (40 s); A stops them when it retires, nothing is left running but C's
+    node_path, first, second = _keep_all(tmp_path, 1000.0, slo_ms=40000.0)
 
     async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
-        sent = submit(40)
+        sent = submit(80)
         out["b"] = await gm.apply(DesiredState(app.name, second))
         out["c"] = await gm.apply(DesiredState(app.name, first, fresh_generation=True))
-        results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 30)
+        results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
         out["statuses"] = Counter(status for status, _ in results)
-        for _ in range(200):  # A retires once its requests are answered
+        for _ in range(400):  # A retires once its requests are answered
             if len(gm.generations) == 1:
                 break
             await asyncio.sleep(0.05)
@@ -294,8 +295,8 @@ def test_a_retiring_generation_gives_an_older_draining_one_back_the_processes_it
     assert (out["b"].kept, out["c"].kept, out["c"].started) == (7, 0, 7), out
     drained = [line for line in logs if " drained in " in line]
     assert [line.split()[2] for line in drained] == ["1", "0"], logs  # B retired while A drained
-    assert out["statuses"] == {200: 40}, out
-    assert len(out["answers"]) == 40 and set(out["answers"].values()) == {1}, out["answers"]
+    assert out["statuses"] == {200: 80}, out
+    assert len(out["answers"]) == 80 and set(out["answers"].values()) == {1}, out["answers"]
     assert out["generations"] == [out["c"].generation], logs
     assert not out["pids_before"] & out["pids_after"]
 

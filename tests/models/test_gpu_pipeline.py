@@ -241,3 +241,14 @@ def test_channels_last_engine_answers_as_the_contiguous_one(detector: TorchBacke
     got, want = pipe(payloads), detector.execute([0, 1, 2], payloads)
     for a, b in zip(got, want):
         _same(a, b)
+
+
+def test_warm_up_survives_an_edge_transform_that_fails(tmp_path: Any,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A transform that raises fails its items (at warm-up too), never the worker's start."""
+    (tmp_path / "edges.py").write_text("def boom(inputs, outputs, edge):\n    raise ValueError('no')\n")
+    be = TorchBackend("detect", "detector", [Downstream("next", 1.0, "edges:boom", str(tmp_path))], threads=1)
+    be.load("yolov5n", 2)
+    be.pipeline.conf_threshold = 1e-4
+    be.warm_up([1, 2])
+    assert be.warmed == [1] and "items failed" in caplog.text

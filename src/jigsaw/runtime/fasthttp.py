@@ -505,7 +505,7 @@ class FastSite(web.SockSite):
 
     def __init__(self, runner: web.BaseRunner, sock: socket.socket, *, oip: OipHttp,
                  limits: HttpLimits) -> None:
-        super().__init__(runner, sock)
+        super().__init__(runner, sock, backlog=limits.backlog())
         self.oip = oip
         self.limits = limits
         # a head's bytes before it is refused: its request line and header lines, their line ends

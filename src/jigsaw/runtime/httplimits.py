@@ -62,6 +62,12 @@ class HttpLimits:
         return {"keepalive_timeout": self.keepalive_timeout_s, "max_line_size": self.max_request_line_bytes,
                 "max_field_size": self.max_header_bytes, "max_headers": self.max_headers}
 
+    def backlog(self) -> int:
+        """The listen backlog: connections the kernel completes before the node accepts them. A
+        flood of connects overflows aiohttp's 128, and a client's connect is then dropped and
+        retried a second later (the kernel caps it at net.core.somaxconn)."""
+        return max(128, min(self.max_connections, 4096))
+
     def sweep_s(self) -> float:
         return max(0.05, min(SWEEP_MAX_S, self.header_timeout_s / 4, self.body_timeout_s / 4))
 
@@ -243,7 +249,7 @@ class AiohttpSite(web.SockSite):
     "aiohttp"``."""
 
     def __init__(self, runner: web.BaseRunner, sock: socket.socket, limits: HttpLimits) -> None:
-        super().__init__(runner, sock)
+        super().__init__(runner, sock, backlog=limits.backlog())
         self.limits = limits
         self.conns = OpenConnections(limits.max_connections)
         self._sweeper: asyncio.TimerHandle | None = None
