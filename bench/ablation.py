@@ -567,7 +567,11 @@ def main(argv: list[str] | None = None) -> int:
         results[r.id] = record
         print(f"ablation: {r.id}: rc {rc}, slices {summary['slices_pct']:.1f}%, violations "
               f"{summary['violation_paper_pct']:.2f}% (paper's), worst bin "
-              f"{summary['violation_paper_max_pct']:.2f}%", flush=True)
+              f"{summary['violation_paper_max_pct']:.2f}%" + (
+                  f", re-plan decision to deployment: first {summary['deploy_first_median_s']:.2f} / "
+                  f"{summary['deploy_first_max_s']:.2f} s, last {summary['deploy_last_median_s']:.2f} / "
+                  f"{summary['deploy_last_max_s']:.2f} s (median / max)"
+                  if summary.get("replans_deployed") else ""), flush=True)
         write_readme(args.readme, table(matrix(), results, readme_rows(args.readme)))
     write_readme(args.readme, table(matrix(), results, readme_rows(args.readme)))
     return 1 if failed else 0

@@ -14,7 +14,10 @@ each space again with the full model deciding where the core's plan does not lif
 over the SLO's maximal splits off, as before it existed), alternating which goes first, and
 prints both with the ratio. The profiles are modeled (profiles/generate.py), not measured.
 
-    PYTHONPATH=src python bench/capacity.py [--app traffic_analysis] [--gpus 120]
+With ``--app all`` every app of the node in turn, then the total seconds against the target
+(every example app in all eight spaces on 120 GPUs, each proven, within 60 s).
+
+    PYTHONPATH=src python bench/capacity.py [--app traffic_analysis|all] [--gpus 120]
         [--solver cbc|highs] [--time-limit 120] [--compare-full] [--out out/]
 
 ``--mps-shares`` prints instead the gain of MPS shares (processes of different tasks on one whole
@@ -251,7 +254,8 @@ def plot(rows: list[dict[str, Any]], out_dir: Path, app: str, gpus: int) -> Path
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--node", default=str(ROOT / "examples/h100x4.toml"))
-    ap.add_argument("--app", default="traffic_analysis")
+    ap.add_argument("--app", default="traffic_analysis",
+                    help="an app, comma-separated apps, or all (the node's, with the total time)")
     ap.add_argument("--gpus", type=int, default=120, help="GPUs of the (hypothetical) node")
     ap.add_argument("--spaces", default=",".join(ORDER), help="comma-separated search spaces")
     ap.add_argument("--solver", default=None, choices=("cbc", "highs"),
@@ -277,11 +281,32 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown spaces {unknown} (expected {', '.join(ORDER)})")
 
     print(f"machine: {machine()}")
-    print(f"app {args.app} on {node.num_gpus}x {node.gpu.name} ({node.slices_available} slices), "
+    apps = [a.name for a in node.apps] if args.app == "all" else [a for a in args.app.split(",") if a]
+    failed, total_s, unproven = False, 0.0, []
+    for app in apps:
+        rows, bad = one_app(args, app, node, profiles, spaces, solver)
+        failed |= bad
+        total_s += sum(r["seconds"] for r in rows)
+        unproven += [f"{app}/{r['space']}" for r in rows if r["status"] != "optimal"]
+    if len(apps) > 1:
+        print(f"\n== {len(apps)} apps x {len(spaces)} spaces: {total_s:.1f} s in the capacity solves "
+              f"(target <= {ALL_APPS_TARGET_S:g} s, each proven: "
+              f"{'met' if total_s <= ALL_APPS_TARGET_S and not unproven else 'NOT met'}); "
+              f"not proven: {', '.join(unproven) or 'none'}")
+    return 1 if failed else 0
+
+
+ALL_APPS_TARGET_S = 60.0  # every example app in all eight spaces on 120 GPUs (issue 42)
+
+
+def one_app(args: argparse.Namespace, app: str, node, profiles, spaces: list[str], solver: str
+            ) -> tuple[list[dict[str, Any]], bool]:
+    """One app's spaces: solved, reported, plotted and written; its rows and whether any failed."""
+    print(f"app {app} on {node.num_gpus}x {node.gpu.name} ({node.slices_available} slices), "
           f"solver {solver}, time limit {args.time_limit:g} s per solve, beta {node.beta:.4g}")
     print("profiles: modeled (profiles/generate.py), not measured on GPUs")
     t0 = time.perf_counter()
-    rows, full_rows = run(args.app, node, profiles, spaces, solver, args.time_limit, args.compare_full)
+    rows, full_rows = run(app, node, profiles, spaces, solver, args.time_limit, args.compare_full)
     wall = time.perf_counter() - t0
     total = sum(r["seconds"] for r in rows)
     print(f"\n== maximum serviceable demand, normalized to Unopt (total {total:.1f} s in the "
@@ -296,17 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     print("capacity 'limit: >=': the capacity solve stopped on the time limit, the value is a lower "
           "bound; paper slices: in words only (T spaces use all GPUs)")
     out_dir = Path(args.out)
-    png = plot(rows, out_dir, args.app, args.gpus)
+    png = plot(rows, out_dir, app, args.gpus)
     if png is not None:
         print(f"wrote {png}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    js = out_dir / f"capacity_{args.app}_{args.gpus}gpus.json"
-    js.write_text(json.dumps(json_safe({"machine": machine(), "app": args.app, "gpus": args.gpus,
+    js = out_dir / f"capacity_{app}_{args.gpus}gpus.json"
+    js.write_text(json.dumps(json_safe({"machine": machine(), "app": app, "gpus": args.gpus,
                                       "solver": solver, "time_limit_s": args.time_limit,
                                       "profiles": "modeled", "rows": rows, "problems": problems}),
                              indent=2))
     print(f"wrote {js}")
-    return 1 if problems or any(r["status"] == "error" for r in rows) else 0
+    return rows, bool(problems) or any(r["status"] == "error" for r in rows)
 
 
 

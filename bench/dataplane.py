@@ -644,6 +644,41 @@ async def closed_loop_grpc(target: str, connections: int, seconds: float,
     return {"ok": counts["ok"], "errors": counts["other"], "seconds": elapsed}
 
 
+async def closed_loop_grpc_stream(target: str, connections: int, seconds: float,
+                                  streams: int = 4) -> dict[str, Any]:
+    """``ModelStreamInfer``: ``connections`` requests in flight over a few streams (one channel
+    each), a new request written as each answer is read."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+    req = pb.ModelInferRequest(model_name="single")
+    req.inputs.add(name="image", datatype="UINT8", shape=[BINARY_N])
+    req.raw_input_contents.append(bytes(range(BINARY_N)))
+    counts = {"ok": 0, "other": 0}
+    end = time.perf_counter() + seconds
+
+    async def one(depth: int) -> None:
+        async with grpc.aio.insecure_channel(target) as channel:
+            call = pbg.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            for _ in range(depth):
+                await call.write(req)
+            inflight = depth
+            while inflight:
+                answer = await call.read()
+                if answer is grpc.aio.EOF:
+                    break
+                inflight -= 1
+                counts["other" if answer.error_message else "ok"] += 1
+                if time.perf_counter() < end:
+                    await call.write(req)
+                    inflight += 1
+            await call.done_writing()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(connections // streams + (k < connections % streams)) for k in range(streams)))
+    return {"ok": counts["ok"], "errors": counts["other"], "seconds": time.perf_counter() - t0}
+
+
 def bench_grpc(zero_args: list[str], work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """gRPC against the HTTP fast path on one jigsawd (the 1-task ~0 ms app), the same clients'
     machinery (in-process, uvloop) and concurrency, alternating rounds; req/s and the server's CPU
@@ -652,7 +687,8 @@ def bench_grpc(zero_args: list[str], work: Path, args: argparse.Namespace) -> di
     server, url = jigsawd([*zero_args, "--http", "fast", "--grpc-port", str(grpc_port)],
                           work / "jigsawd-grpc.log")
     runs = {"http_binary": lambda s: closed_loop_binary(url + "/v2/models/single/infer", args.connections, s),
-            "grpc": lambda s: closed_loop_grpc(f"127.0.0.1:{grpc_port}", args.connections, s)}
+            "grpc": lambda s: closed_loop_grpc(f"127.0.0.1:{grpc_port}", args.connections, s),
+            "grpc_stream": lambda s: closed_loop_grpc_stream(f"127.0.0.1:{grpc_port}", args.connections, s)}
     totals = {name: {"ok": 0, "errors": 0, "seconds": 0.0, "server_cpu_s": 0.0, "generator_cpu_s": 0.0}
               for name in runs}
     with server:
@@ -673,15 +709,19 @@ def bench_grpc(zero_args: list[str], work: Path, args: argparse.Namespace) -> di
         t["rps"] = t["ok"] / t["seconds"] if t["seconds"] else 0.0
         t["server_cpu_us_per_request"] = 1e6 * t["server_cpu_s"] / t["ok"] if t["ok"] else float("nan")
         t["generator_cpu_us_per_request"] = 1e6 * t["generator_cpu_s"] / t["ok"] if t["ok"] else float("nan")
-    h, g = totals["http_binary"], totals["grpc"]
+    h, g, gs = totals["http_binary"], totals["grpc"], totals["grpc_stream"]
     return {**totals, "connections": args.connections, "target_ratio": GRPC_RATIO_TARGET,
             "ratio": g["rps"] / h["rps"] if h["rps"] else 0.0,
-            "overhead_us_per_request": g["server_cpu_us_per_request"] - h["server_cpu_us_per_request"]}
+            "ratio_stream": gs["rps"] / h["rps"] if h["rps"] else 0.0,
+            "overhead_us_per_request": g["server_cpu_us_per_request"] - h["server_cpu_us_per_request"],
+            "overhead_stream_us_per_request":
+                gs["server_cpu_us_per_request"] - h["server_cpu_us_per_request"]}
 
 
 def print_grpc(gr: dict[str, Any]) -> None:
     for label, key in (("HTTP fast path, binary tensors", "http_binary"),
-                       ("gRPC (grpc.aio), raw contents", "grpc")):
+                       ("gRPC (grpc.aio), raw contents", "grpc"),
+                       ("gRPC stream (ModelStreamInfer)", "grpc_stream")):
         x = gr[key]
         print(f"  {label:<32}: {x['rps']:8.0f} req/s ({x['errors']} errors); server CPU "
               f"{x['server_cpu_us_per_request']:.0f} us per request (all its processes); client CPU "
@@ -689,6 +729,8 @@ def print_grpc(gr: dict[str, Any]) -> None:
     verdict = "meets" if gr["ratio"] >= GRPC_RATIO_TARGET else "MISSES"
     print(f"  ratio gRPC / HTTP binary: {gr['ratio']:.2f} (target >= {GRPC_RATIO_TARGET}: {verdict}); gRPC's "
           f"server overhead per request {gr['overhead_us_per_request']:+.0f} us CPU", flush=True)
+    print(f"  ratio gRPC stream / HTTP binary: {gr['ratio_stream']:.2f}; the stream's server overhead per "
+          f"request {gr['overhead_stream_us_per_request']:+.0f} us CPU", flush=True)
 
 
 # ---- 2. per-hop latency ---------------------------------------------------------------------

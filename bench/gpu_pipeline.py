@@ -11,9 +11,12 @@ Per variant and batch size, in one run on one device:
   ``collect`` of batch n: its upload overlaps the compute of the one before).
 
 It prints items/s of each, the pipeline efficiency (served / alone) and the overhead per batch
-(served minus alone, ms). ``--json PATH`` writes the rows; ``--quick`` is a short check (small
-inputs, batches 1 and 8, a fraction of a second per row). The machine's load is printed with the
-numbers: compare rows of one run.
+(served minus alone, ms); and, timed apart, the device pipeline around a stored network output
+(everything but the network: staging, upload, sampling, normalisation, post-processing, crops)
+beside the numpy path's pre-processing alone (``Pipeline.prepare``, what a batch cost before).
+``--json PATH`` writes the rows; ``--quick`` is a short check (small inputs, batches 1 and 8, a
+fraction of a second per row). The machine's load is printed with the numbers: compare rows of
+one run.
 
     PYTHONPATH=src python bench/gpu_pipeline.py [--device cuda] [--backend torch]
         [--variants yolov5s,efficientnet-b0,vgg11,resnet50] [--batches 1,8,32] [--seconds 2]
@@ -89,6 +92,31 @@ def overlapped(pipe: Any, payloads: list[bytes], seconds: float) -> float:
     return (time.perf_counter() - t0) / (n + 1)
 
 
+class CachedEngine:
+    """The engine's device, dtype and layout, answering a stored output: the pipeline alone."""
+
+    def __init__(self, engine: Any, output: Any) -> None:
+        self.device, self.dtype, self.channels_last = engine.device, engine.dtype, engine.channels_last
+        self.output = output
+
+    def __call__(self, x: Any) -> Any:
+        return self.output[:x.shape[0]]
+
+    def warm_up(self, batch_sizes: Any) -> None:
+        pass
+
+
+def pipeline_only(be: Any, payloads: list[bytes], output: Any, sync: Callable[[], None],
+                  seconds: float) -> tuple[float, float]:
+    """Seconds per batch of the device pipeline around a stored network output (staging, upload,
+    sampling, normalisation, post-processing, crops), and of the numpy path's ``prepare`` alone."""
+    from jigsaw.backends.gpu_pipeline import GpuPipeline
+    pipe = GpuPipeline(be.pipeline, CachedEngine(be._net, output), len(payloads))
+    device_s, _ = timed(lambda: pipe(payloads), sync, seconds)
+    numpy_s, _ = timed(lambda: be.pipeline.prepare(payloads), lambda: None, seconds)
+    return device_s, numpy_s
+
+
 def bench_variant(variant: str, batches: list[int], args: argparse.Namespace) -> list[dict[str, Any]]:
     """The rows of one variant: alone, served and overlapped per batch size."""
     import torch
@@ -122,7 +150,9 @@ def bench_variant(variant: str, batches: list[int], args: argparse.Namespace) ->
         x = x.contiguous(memory_format=fmt)
         with torch.inference_mode():
             alone_s, _ = timed(lambda x=x: engine(x), sync, args.seconds)
+            output = engine(x).clone()
         payloads = [payload] * b
+        pipe_s, numpy_s = pipeline_only(be, payloads, output, sync, args.seconds / 2)
         ids = list(range(b))
         served_s, _ = timed(lambda p=payloads, i=ids: be.execute(i, p), sync, args.seconds)
         over_s = overlapped(pipe, payloads, args.seconds)
@@ -130,7 +160,8 @@ def bench_variant(variant: str, batches: list[int], args: argparse.Namespace) ->
                      "image": f"{h}x{w}", "alone_items_s": b / alone_s, "served_items_s": b / served_s,
                      "overlapped_items_s": b / over_s, "efficiency": alone_s / served_s,
                      "overlapped_efficiency": alone_s / over_s, "alone_ms": 1e3 * alone_s,
-                     "served_ms": 1e3 * served_s, "overhead_ms": 1e3 * (served_s - alone_s)})
+                     "served_ms": 1e3 * served_s, "overhead_ms": 1e3 * (served_s - alone_s),
+                     "pipeline_ms": 1e3 * pipe_s, "numpy_prepare_ms": 1e3 * numpy_s})
     be.close()
     return rows
 
@@ -163,18 +194,20 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[dict[str, Any]] = []
     print(f"{'variant':<16}{'batch':>6}{'alone/s':>11}{'served/s':>11}{'overlap/s':>11}{'eff':>7}"
-          f"{'eff2':>7}{'alone ms':>10}{'over ms':>9}")
+          f"{'eff2':>7}{'alone ms':>10}{'over ms':>9}{'pipe ms':>9}{'numpy ms':>10}")
     for v in args.variants.split(","):
         for r in bench_variant(v, batches, args):
             rows.append(r)
             print(f"{r['variant']:<16}{r['batch']:>6}{r['alone_items_s']:>11.1f}{r['served_items_s']:>11.1f}"
                   f"{r['overlapped_items_s']:>11.1f}{r['efficiency']:>7.2f}{r['overlapped_efficiency']:>7.2f}"
-                  f"{r['alone_ms']:>10.2f}{r['overhead_ms']:>9.2f}", flush=True)
+                  f"{r['alone_ms']:>10.2f}{r['overhead_ms']:>9.2f}{r['pipeline_ms']:>9.2f}"
+                  f"{r['numpy_prepare_ms']:>10.2f}", flush=True)
     m = machine(args)
     print(f"device {m['device']} ({m['device_name']}), torch {m['torch']}, backend {m['backend']}, "
           f"{m['precision']}, {m['threads']} of {m['cpus']} CPUs, load {m['loadavg']}; "
           "eff = served / alone, eff2 = "
-          "overlapped / alone, over ms = served - alone per batch")
+          "overlapped / alone, over ms = served - alone per batch, pipe ms = the device pipeline around a "
+          "stored network output, numpy ms = the host path's prepare alone")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": m, "rows": rows}, indent=1))
     return 0

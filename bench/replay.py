@@ -40,6 +40,7 @@ import math
 import os
 import random
 import signal
+import statistics
 import sys
 import time
 import urllib.error
@@ -532,8 +533,21 @@ def run_space(url: str, app: str, space: str, window: list[float], history: list
             "shed_503": r.shed_503, "dropped_504": r.dropped_504, "other_failed": r.other_failed,
             "behind": int(r.behind), "behind_s": round(r.behind_s, 3),
             "settle_lost": settling.sent - settling.answered if k == len(window) - 1 else 0,
+            "deploy_s": deploy_seconds(h.get("replans", [])),
         })
     return rows
+
+
+def deploy_seconds(replans: list[dict[str, Any]]) -> list[list[float]]:
+    """Per re-plan of a bin that deployed a plan: the seconds from its decision (the trigger) to
+    its first plan's deployment and to its last one's (the quick plan, then the exact one)."""
+    out = []
+    for rp in replans:
+        times = [x["deployed_after_s"] for x in (rp.get("quick"), rp.get("exact"))
+                 if isinstance(x, dict) and "deployed_after_s" in x]
+        if times:
+            out.append([min(times), max(times)])
+    return out
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -556,7 +570,20 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
             "sent": sum(r["sent"] for r in rows), "answered": answered,
             "settle_lost": sum(r.get("settle_lost", 0) for r in rows),
             "behind_bins": sum(r["behind"] for r in rows),
-            "behind_max_s": max((r["behind_s"] for r in rows), default=0.0)}
+            "behind_max_s": max((r["behind_s"] for r in rows), default=0.0),
+            **_deploy_summary([d for r in rows for d in r.get("deploy_s", [])])}
+
+
+def _deploy_summary(deploys: list[list[float]]) -> dict[str, float]:
+    """Decision-to-deployment seconds over the re-plans: median and max of the first plan's and
+    of the last plan's (nan without re-plans)."""
+    if not deploys:
+        return {"replans_deployed": 0, "deploy_first_median_s": math.nan, "deploy_first_max_s": math.nan,
+                "deploy_last_median_s": math.nan, "deploy_last_max_s": math.nan}
+    first, last = sorted(d[0] for d in deploys), sorted(d[1] for d in deploys)
+    return {"replans_deployed": len(deploys), "deploy_first_median_s": statistics.median(first),
+            "deploy_first_max_s": first[-1], "deploy_last_median_s": statistics.median(last),
+            "deploy_last_max_s": last[-1]}
 
 
 def print_summary(app: str, summaries: dict[str, dict[str, float]],
@@ -570,6 +597,13 @@ def print_summary(app: str, summaries: dict[str, dict[str, float]],
               f"{s['violation_pct']:>7.2f} {s['violation_paper_pct']:>8.2f} {s['violation_mean_pct']:>10.2f} "
               f"{s['violation_paper_max_pct']:>11.2f} {s['bins_with_violations']:>6d} {s['sent']:>8d} "
               f"{s['answered']:>8d} {s['behind_bins']:>6d}")
+    print("re-plans: seconds from the decision to the deployment of the first plan (the quick one where "
+          "it went out) and of the last, median / max")
+    for space, s in summaries.items():
+        if s.get("replans_deployed"):
+            print(f"{space:<6} {s['replans_deployed']:>4d} re-plans: first "
+                  f"{s['deploy_first_median_s']:.2f} / {s['deploy_first_max_s']:.2f} s, "
+                  f"last {s['deploy_last_median_s']:.2f} / {s['deploy_last_max_s']:.2f} s")
 
 
 def plot(path: Path, app: str, per_space: dict[str, list[dict[str, Any]]],

@@ -181,8 +181,9 @@ def compare(got: list[dict[str, np.ndarray] | None], ref: list[dict[str, np.ndar
                                   if n.rsplit(".", 1)[-1].startswith("num_")}
     why = [same_answer(g, r, integers, atol, rtol) for g, r in zip(got, ref, strict=True)]
     matched = sum(1 for w in why if not w)
+    values = sum(int(a.size) for r in ref if r for a in r.values())  # what was compared
     return {"samples": len(why), "matched": matched, "fraction": matched / len(why) if why else 0.0,
-            "atol": atol, "rtol": rtol, "mismatches": [w for w in why if w][:5]}
+            "values": values, "atol": atol, "rtol": rtol, "mismatches": [w for w in why if w][:5]}
 
 
 async def check(url: str, app: str, *, image_size: int = 224, first: int = 200, first_concurrency: int = 8,
@@ -227,9 +228,9 @@ def print_report(report: dict[str, Any]) -> None:
           f"p50 {ld['p50_ms']:.1f} ms, p99 {ld['p99_ms']:.1f} ms, statuses {ld['statuses']}")
     if "answers" in report:
         a = report["answers"]
+        example = f"; e.g. {a['mismatches'][0]}" if a["mismatches"] else ""
         print(f"{report['app']}: answers vs reference: {a['matched']}/{a['samples']} within "
-              f"{a['atol']} + {a['rtol']:.0%} (integers equal)" + (f"; e.g. {a['mismatches'][0]}"
-                                                                  if a["mismatches"] else ""))
+              f"{a['atol']} + {a['rtol']:.0%} (integers equal; {a['values']} values){example}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ def test_dry_run_writes_loadable_nodes_and_lists_every_step(tmp_path: Path) -> N
     node = (tmp_path / "node.toml").read_text()
     assert "mig = false" in node and 'solver = "highs"' in node and "mps_levels = [1, 2, 4]" in node
     assert "batch_sizes = [1, 8, 32]" in node
-    assert "node.toml: 1 x GPU (gpu), backend torch, apps gc_classify, gc_detect" in done.stdout
+    assert "node.toml: 1 x GPU (gpu, gpu-1of4), backend torch, apps gc_classify, gc_detect" in done.stdout
     assert (tmp_path / "reference-profiles" / "efficientnet-b0.csv").exists()  # the CPU path plans
 
 

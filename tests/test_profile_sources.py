@@ -76,10 +76,11 @@ def test_modeled_profiles_of_whole_gpus_plan_a_node(tmp_path: Path) -> None:
     assert {r.source for r in rows} == {"modeled"}
     table = load_node_profiles(load_node(node_file))
     assert table.get("vgg11", "gpu", 1, 16) is not None
-    # one process of a GPU that two share: the GPU's level-2 row, half its throughput
+    # one process of a GPU that two share: the GPU's level-2 row, half its throughput (less the
+    # stated interference of unlike neighbours)
     pair, share = table.get("vgg11", "gpu", 2, 16), table.get("vgg11", "gpu-1of2", 1, 16)
-    assert share.latency_ms == pair.latency_ms and share.memory_mb == pair.memory_mb
-    assert share.throughput_rps == pytest.approx(pair.throughput_rps / 2, abs=1e-3)
+    assert share.memory_mb == pair.memory_mb and share.latency_ms > pair.latency_ms
+    assert share.throughput_rps == pytest.approx(pair.throughput_rps / 2 * 0.85, abs=1e-3)
     done = jigsaw("plan", "--app", "traffic_analysis", "--node", str(node_file), "--demand", "200", "--json")
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)

@@ -50,6 +50,16 @@ def test_cbc_in_its_process_answers_as_highs_does() -> None:
     assert again.status == "optimal" and again.objective == pytest.approx(13.0)
 
 
+def test_a_linear_program_on_cbc_solves_without_a_crash() -> None:
+    """CBC aborts when asked for the branch-and-bound nodes of a model without integer variables
+    (found by the runner: its process died of SIGABRT, HiGHS answered); none is asked."""
+    m = _knapsack()
+    m.integer = [False] * m.num_vars
+    sol = m.solve("cbc", 5.0, 0.0)
+    assert not sol.crash and sol.status == "optimal" and sol.nodes == 0
+    assert sol.objective == pytest.approx(m.solve("highs", 5.0, 0.0).objective)
+
+
 def test_an_aborting_cbc_is_retried_on_highs(crashing_cbc) -> None:
     sol = _knapsack().solve("cbc", 5.0, 0.0)
     assert "SIGABRT" in sol.crash

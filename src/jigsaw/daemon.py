@@ -31,11 +31,13 @@ import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 from jigsaw.app import App
 from jigsaw.backends.registry import EMULATED, BackendKind, backend_kind
 from jigsaw.control.controller import ANYTIME_MODES
 from jigsaw.control.predictor import burst_floor_rps
+from jigsaw.control.transition import MakeRoom
 from jigsaw.errors import JigsawError
 from jigsaw.node import HTTP_FRONTS, Node, load_node, load_node_profiles
 from jigsaw.plan import NodePlan, Plan
@@ -268,12 +270,7 @@ async def serve(generations: GenerationManager, sock: socket.socket, *, time_sca
         fe.http.extra_metrics.append(ctl.stats.prometheus)
     controllers = ctl.apps if ctl is not None else {}
     host, port = sock.getsockname()[:2]
-    node_apps = [a.name for a in node.apps]
-    if ctl is not None:
-        from jigsaw.control.repository import ControllerRepository
-        fe.http.repository = ControllerRepository(ctl, node_apps)
-    else:
-        fe.http.repository = StaticRepository(node_apps, list(generations.apps))
+    fe.http.repository = _repository(node, generations, ctl)
     if not admin_token and not is_loopback(host):
         _log(f"{host} is not a loopback address: /admin/* answers loopback clients only "
              f"(set --admin-token or JIGSAW_ADMIN_TOKEN to allow others)")
@@ -344,6 +341,15 @@ async def serve(generations: GenerationManager, sock: socket.socket, *, time_sca
         executor.shutdown(wait=False, cancel_futures=True)
         if solver is not None:
             solver.close()
+
+
+def _repository(node: Node, generations: GenerationManager, ctl: Any) -> Any:
+    """Triton's repository of the node's apps: load / unload through the controller, or static."""
+    node_apps = [a.name for a in node.apps]
+    if ctl is None:
+        return StaticRepository(node_apps, list(generations.apps))
+    from jigsaw.control.repository import ControllerRepository
+    return ControllerRepository(ctl, node_apps)
 
 
 def start_fork_server(backend: BackendKind) -> ForkServer | None:
@@ -453,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     token = args.admin_token if args.admin_token is not None else os.environ.get("JIGSAW_ADMIN_TOKEN", "")
     try:
         node = load_node(args.node_config)
-        if backend.needs_gpu:  # the driver's MIG profile figures, where they differ from jigsaw.mig's
+        if backend.on_gpus(node.gpu.kind):  # the driver's MIG figures, where they differ from jigsaw.mig's
             from jigsaw.gpu.nvml import driver_node
             node = driver_node(node, say=_log)
         if args.http is not None:
@@ -488,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
                                             backend=backend, log=_log,
                                             spare_workers=node.server.spare_workers if controller else 0,
                                             launcher=fork_server,
-                                            drain_wait_slo=node.control.drain_wait_slo,
+                                            room=MakeRoom(node.control.drain_wait_slo),
                                             keep_usable=node.control.keep_compute_usable)
         except BaseException:
             if fork_server is not None:

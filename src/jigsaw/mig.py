@@ -67,7 +67,8 @@ class GpuModel:
 
 
 def _table(name: str, memory_gb: float, sm_count: int, mem_gb: tuple[int, int, int],
-           sms: tuple[int, int, int, int, int]) -> GpuModel:
+           sms: tuple[int, int, int, int, int], *, fp16_tflops: float = 0.0,
+           memory_tb_s: float = 0.0) -> GpuModel:
     """The A100/H100/H200 family share one placement geometry; only sizes differ.
 
     ``mem_gb`` is the framebuffer of a 1-, 2- and 4-memory-slice instance.
@@ -84,7 +85,20 @@ def _table(name: str, memory_gb: float, sm_count: int, mem_gb: tuple[int, int, i
         MigProfile(f"4g.{m4}gb", 4, m4, 4, (0,), sm4, max_per_gpu=1),
         MigProfile(f"7g.{m7}gb", 7, memory_gb, 8, (0,), sm7, max_per_gpu=1),
     )
-    return GpuModel(name, memory_gb, sm_count, profiles)
+    return GpuModel(name, memory_gb, sm_count, profiles, fp16_tflops=fp16_tflops,
+                    memory_tb_s=memory_tb_s)
+
+
+def mig_family_model(name: str, memory_gb: float, sm_count: int, mem_gb: tuple[int, int, int],
+                     sms: tuple[int, int, int, int, int], *, fp16_tflops: float = 0.0,
+                     memory_tb_s: float = 0.0) -> GpuModel:
+    """A MIG GPU jigsaw has no table of, of the A100/H100 family's geometry (7 compute slices
+    over 8 memory slices: H800, H20, GH200, B200, ...), from its figures: the framebuffer of a 1-,
+    2- and 4-memory-slice instance (``mem_gb``, whole GB as in the profile names) and the SMs of a
+    1g, 2g, 3g, 4g and 7g instance (``sms``). On a GPU node the driver's answers replace them
+    (``with_driver_profiles``)."""
+    return _table(name, memory_gb, sm_count, mem_gb, sms, fp16_tflops=fp16_tflops,
+                  memory_tb_s=memory_tb_s)
 
 
 GPU_MODELS: dict[str, GpuModel] = {

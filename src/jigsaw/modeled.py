@@ -87,10 +87,14 @@ class GpuSpec:
     whole: bool = False  # used whole: no MIG (or MIG off)
     memory_gb: float = 0.0  # a GPU jigsaw has no MIG table of (used whole): its memory ...
     sm_count: int = 0  # ... and SMs
+    model: GpuModel | None = None  # a MIG GPU jigsaw has no table of: the node file's
 
     @property
     def mig(self) -> GpuModel:
         """The device's segment profiles: its MIG table, or the whole GPU as one profile."""
+        if self.model is not None:
+            m = self.model
+            return whole_gpu_model(m.name, m.memory_gb, m.sm_count) if self.whole else m
         if self.memory_gb:
             return whole_gpu_model(self.name, self.memory_gb, self.sm_count)
         model = gpu_model(self.name)
@@ -297,16 +301,19 @@ FIGURES = ("memory_gb", "sm_count", "fp16_tflops", "memory_tb_s")
 """What models a GPU without a built-in row: its memory, SMs, dense FP16 peak, memory bandwidth."""
 
 
-def spec_from_figures(name: str, figures: dict[str, float], where: str) -> GpuSpec:
-    """The spec of a GPU jigsaw has no row for, used whole, from its four ``FIGURES``; an error
-    naming the missing ones (and where to give them) otherwise."""
+def spec_from_figures(name: str, figures: dict[str, float], where: str,
+                      model: GpuModel | None = None) -> GpuSpec:
+    """The spec of a GPU jigsaw has no row for, from its four ``FIGURES``: used whole, or with
+    ``model``'s MIG table (a node file's); an error naming the missing ones (and where to give
+    them) otherwise."""
     missing = [k for k in FIGURES if not figures.get(k)]
     if missing:
         raise JigsawError(f"no modeled figures for {name!r} (known: {', '.join(sorted(GPU_SPECS))}); "
                           f"{where}: give its {', '.join(missing)}")
     return GpuSpec(name, f"modeled-{name.lower()}", float(figures["fp16_tflops"]),
-                   float(figures["memory_tb_s"]), HOST_COPY_GB_S, whole=True,
-                   memory_gb=float(figures["memory_gb"]), sm_count=int(figures["sm_count"]))
+                   float(figures["memory_tb_s"]), HOST_COPY_GB_S, whole=model is None,
+                   memory_gb=float(figures["memory_gb"]), sm_count=int(figures["sm_count"]),
+                   model=model)
 
 
 def _app_variants(apps: Sequence[object], wanted: Sequence[str], efficiency: float) -> list[Variant]:
@@ -372,6 +379,7 @@ def run(args: argparse.Namespace) -> int:
     options: dict[str, object] = {}
     chosen: list[Variant] | None = None
     gpu_name, whole = args.gpu, args.whole
+    mig_model: GpuModel | None = None  # a node's MIG GPU that jigsaw has no table of
     figures = {k: getattr(args, k, 0.0) for k in FIGURES}
     where = "the flags --memory-gb, --sm-count, --fp16-tflops, --memory-tb-s"
     out = args.out
@@ -388,7 +396,9 @@ def run(args: argparse.Namespace) -> int:
             given = {"memory_gb": node.gpu.memory_gb, "sm_count": node.gpu.sm_count,
                      "fp16_tflops": node.gpu.fp16_tflops, "memory_tb_s": node.gpu.memory_tb_s}
             figures = {k: figures[k] or given[k] for k in FIGURES}
-            where = f"{args.node}: [gpus] (with mig = false)"
+            where = f"{args.node}: [gpus]"
+            if node.gpu.mig:
+                mig_model = node.gpu
         options = {"mps_levels": node.mps_levels, "batch_sizes": node.batch_sizes,
                    "profiles": node.mig_profiles}
         out = out or node.profiles_dir
@@ -404,7 +414,7 @@ def run(args: argparse.Namespace) -> int:
     gpu_name = gpu_name or "H100-80GB"
     spec = next((s for k, s in GPU_SPECS.items() if k.lower() == gpu_name.lower()), None)
     if spec is None:
-        spec = spec_from_figures(gpu_name, figures, where)
+        spec = spec_from_figures(gpu_name, figures, where, mig_model)
     if whole:
         spec = replace(spec, whole=True)
     out = out or Path("profiles") / (spec.name.lower() + ("-whole" if whole else ""))

@@ -16,7 +16,15 @@ from jigsaw.app import App, load_app
 from jigsaw.backends.registry import NAMES
 from jigsaw.errors import ConfigError
 from jigsaw.fields import Fields, load_section, read_toml, reference, section, setting
-from jigsaw.mig import GPU_MODELS, MPS_SHARE_LEVELS, GpuModel, MigProfile, gpu_model, whole_gpu_model
+from jigsaw.mig import (
+    GPU_MODELS,
+    MPS_SHARE_LEVELS,
+    GpuModel,
+    MigProfile,
+    gpu_model,
+    mig_family_model,
+    whole_gpu_model,
+)
 from jigsaw.profiles import ProfileTable, check_coverage, load_profiles
 from jigsaw.shares import with_share_rows
 
@@ -334,9 +342,9 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     f.reject_unknown({"name", "description", "gpus", "planner", "server", "control", "apps"})
     base = path.parent
 
-    g = f.sub("gpus")
+    g = _gpu_group(f)
     g.reject_unknown({"model", "count", "mig_profiles", "mps_levels", "batch_sizes",
-                      "profiles_dir", "backend", "mig", *WHOLE_GPU_KEYS})
+                      "profiles_dir", "backend", "mig", *WHOLE_GPU_KEYS, *MIG_FIGURE_KEYS})
     model_name = g.str("model")
     mps_levels = g.list("mps_levels", [1, 2, 3, 4])
     if not mps_levels or not all(isinstance(k, int) and 1 <= k <= 48 for k in mps_levels):
@@ -344,16 +352,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     if not g.bool("mig", True):
         gpu = _whole_gpu(g, model_name, mps_levels)
     else:
-        for key in WHOLE_GPU_KEYS:
-            if g.has(key):
-                raise g.error(key, "only a GPU used whole (mig = false) takes it; a MIG GPU's "
-                                   "figures come from its MIG table")
-        try:
-            gpu = gpu_model(model_name)
-        except KeyError:
-            raise g.error("model", f"unknown GPU model {model_name!r} (known: {', '.join(GPU_MODELS)}; "
-                                   "any other GPU is used whole: mig = false, memory_gb, "
-                                   "sm_count)") from None
+        gpu = _mig_gpu(g, model_name)
     count = g.integer("count", low=1, high=100_000)
     mig_profiles = g.list("mig_profiles", list(gpu.profile_names))
     for i, p in enumerate(mig_profiles):
@@ -396,6 +395,66 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     )
 
 
+def _gpu_group(f: Fields) -> Fields:
+    """The node's ``[gpus]`` table, or the one group of a ``[[gpus]]`` array; several groups (GPU
+    models) in one node are refused naming what to do instead."""
+    raw = f.raw("gpus")
+    if not isinstance(raw, list):
+        return f.sub("gpus")
+    groups = f.tables("gpus")
+    if len(groups) != 1:
+        models = ", ".join(str(x.table.get("model", "?")) for x in groups)
+        raise f.error("gpus", f"{len(groups)} GPU groups ({models}): a node plans one GPU model; run "
+                              "each group as its own node and plan them together as a fleet "
+                              "(jigsaw plan --fleet: it mixes GPU models)")
+    return groups[0]
+
+
+MIG_FIGURE_KEYS = {
+    "mig_memory_gb": "a MIG GPU jigsaw has no table of (A100/H100 geometry): the GB of a 1-, 2- "
+                     "and 4-memory-slice instance, e.g. [10, 20, 40]",
+    "mig_sm_counts": "... and the SMs of a 1g, 2g, 3g, 4g and 7g instance, e.g. [16, 32, 60, 64, 132]",
+}
+"""The ``[gpus]`` keys that describe a MIG GPU jigsaw has no table of, with their meanings."""
+
+
+def _mig_gpu(g: Fields, model_name: str) -> GpuModel:
+    """A MIG GPU: jigsaw's table of it, or one built from the file's figures (``MIG_FIGURE_KEYS``
+    with ``memory_gb``, ``sm_count`` and optionally ``fp16_tflops``, ``memory_tb_s``)."""
+    try:
+        known: GpuModel | None = gpu_model(model_name)
+    except KeyError:
+        known = None
+    if known is not None:
+        for key in (*WHOLE_GPU_KEYS, *MIG_FIGURE_KEYS):
+            if g.has(key):
+                raise g.error(key, f"{known.name}'s figures come from its MIG table (the driver's on a "
+                                   "GPU node); only a GPU jigsaw has no table of takes them")
+        return known
+    if not g.has("mig_memory_gb"):
+        raise g.error("model", f"unknown GPU model {model_name!r} (known: {', '.join(GPU_MODELS)}; "
+                               "a MIG GPU of the A100/H100 geometry is given by memory_gb, sm_count, "
+                               "mig_memory_gb, mig_sm_counts; any other GPU is used whole: mig = false, "
+                               "memory_gb, sm_count)")
+    if g.has("mps_shares"):
+        raise g.error("mps_shares", "only a GPU used whole (mig = false) is split into MPS shares")
+    mem = g.list("mig_memory_gb")
+    if len(mem) != 3 or not all(isinstance(x, int) and x > 0 for x in mem) or mem != sorted(mem):
+        raise g.error("mig_memory_gb", f"expected the whole GB of a 1-, 2- and 4-memory-slice instance, "
+                                       f"ascending, e.g. [10, 20, 40], got {mem!r}")
+    sms = g.list("mig_sm_counts")
+    if len(sms) != 5 or not all(isinstance(x, int) and x > 0 for x in sms) or sms != sorted(sms):
+        raise g.error("mig_sm_counts", f"expected the SMs of a 1g, 2g, 3g, 4g and 7g instance, ascending, "
+                                       f"e.g. [16, 32, 60, 64, 132], got {sms!r}")
+    for key in ("memory_gb", "sm_count"):
+        if not g.has(key):
+            raise g.error(key, f"missing: {model_name!r} is described by its figures")
+    return mig_family_model(model_name, g.number("memory_gb", low=0, low_open=True),
+                            g.integer("sm_count", low=1), tuple(mem), tuple(sms),  # type: ignore[arg-type]
+                            fp16_tflops=g.number("fp16_tflops", 0.0, low=0),
+                            memory_tb_s=g.number("memory_tb_s", 0.0, low=0))
+
+
 WHOLE_GPU_KEYS = {
     "memory_gb": "framebuffer of one GPU, GB (a GPU jigsaw has no table of)",
     "sm_count": "streaming multiprocessors of one GPU (a GPU jigsaw has no table of)",
@@ -411,6 +470,9 @@ def _whole_gpu(g: Fields, model_name: str, mps_levels: list[int]) -> GpuModel:
     """A GPU without MIG (``mig = false``): a known MIG GPU with MIG off, or any GPU whose
     ``memory_gb`` and ``sm_count`` the file gives (and, to be modeled, its FP16 peak and memory
     bandwidth)."""
+    for key in MIG_FIGURE_KEYS:
+        if g.has(key):
+            raise g.error(key, "a GPU used whole (mig = false) has no MIG instances")
     try:
         known: GpuModel | None = gpu_model(model_name)
     except KeyError:

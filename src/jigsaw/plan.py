@@ -155,6 +155,9 @@ class NodePlan:
     layout: Layout | None = None
     demand_scale: float = 1.0  # < 1: the demands did not fit together; each app serves this share
     notes: list[str] = field(default_factory=list)
+    # the least common fraction shown not to fit (1 where the demands fit): the largest fraction
+    # lies in [demand_scale, scale_bound]
+    scale_bound: float = 1.0
 
     def to_json_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("plans", "layout")}

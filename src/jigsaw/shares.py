@@ -7,15 +7,16 @@ the packer lays up to k of them on a GPU, and the runtime starts one MPS daemon 
 holds shares (its processes' ``CUDA_VISIBLE_DEVICES`` is the GPU: ``runtime/gpus.py``
 ``device_slot``).
 
-The interference model (stated, not measured per pair): a process in a share runs at the
-per-process rate of its own variant's level-k row of the whole GPU, i.e. as if its k - 1
-neighbours were busy copies of itself (the level-k rows are measured or modeled with all k
-processes busy), at that row's p95 latency and memory. On the H200
-(``shared/data/gpu/README.md``), efficientnet-b0 beside vgg11 under one MPS daemon kept 0.85
-and 1.12 of their alone throughput, while each variant's own level-2 rows give each process
-about 0.5 to 1.0 of its alone rate: the model errs on the safe side there. A light variant
-beside a much heavier one may run slower than its row says; ``planner.max_utilization`` is the
-margin for that.
+The interference model (stated): a process in a share runs at the per-process rate of its own
+variant's level-k row of the whole GPU (the k - 1 neighbours busy copies of itself: the level-k
+rows are measured or modeled with all k processes busy) times ``SHARE_INTERFERENCE``, its batch
+latency over that factor, memory as the row's. The factor is from the H200
+(``shared/data/gpu/README.md``): efficientnet-b0 beside vgg11 under one MPS daemon kept 0.85 of
+its alone throughput (vgg11 1.12), where efficientnet-b0's own modeled level-2 row keeps 0.97: a
+neighbour unlike itself cost the lighter model 12% more than a copy of itself would. Applied to
+every share (also one whose neighbours happen to be its copies), it errs on the safe side; the
+whole GPU at level k (the homogeneous segment) keeps its rows, so shares never lower what a
+node's plan can serve.
 
 No active-thread cap (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``): on the H200 an even 50% cap cost
 vgg11 37% of its throughput against none and gained efficientnet-b0 5%, so an even share never
@@ -29,6 +30,9 @@ from dataclasses import replace
 from jigsaw.mig import WHOLE_GPU, GpuModel, share_level
 from jigsaw.profiles import ProfileRow, ProfileTable
 
+SHARE_INTERFERENCE = 0.85
+"""A share's throughput against its level-k per-process row (the H200 pair: see above)."""
+
 
 def share_profile(gpu: GpuModel) -> str:
     """The GPU's share profile name, or "" when its processes do not share it."""
@@ -36,9 +40,11 @@ def share_profile(gpu: GpuModel) -> str:
 
 
 def share_rows(rows: list[ProfileRow], k: int, share: str) -> list[ProfileRow]:
-    """One share row per level-k row of the whole GPU: the same batch, latency and per-process
-    memory, a k-th of the segment's throughput."""
-    return [replace(r, mig_profile=share, mps=1, throughput_rps=round(r.throughput_rps / k, 3))
+    """One share row per level-k row of the whole GPU: the same batch and per-process memory, a
+    k-th of the segment's throughput and the row's latency, each by ``SHARE_INTERFERENCE``."""
+    return [replace(r, mig_profile=share, mps=1,
+                    latency_ms=round(r.latency_ms / SHARE_INTERFERENCE, 4),
+                    throughput_rps=round(r.throughput_rps / k * SHARE_INTERFERENCE, 3))
             for r in rows if r.mig_profile == WHOLE_GPU and r.mps == k]
 
 

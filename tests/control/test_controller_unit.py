@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import math
 import threading
 import time
@@ -1102,15 +1103,28 @@ def test_a_replan_that_finds_no_plan_is_asked_again_at_a_share_of_the_demand() -
 
 
 def _ar_plans(*demands: float) -> tuple[Any, Any, list[Plan]]:
-    """ar_assistant of the example node, its profiles, and its optimal plans at ``demands``."""
+    """ar_assistant of the example node, its profiles, and its optimal plans at ``demands``
+    (each demand solved once per test run: the plans are immutable, the solve takes seconds)."""
+    app, profiles = _ar_app()
+    return app, profiles, [_ar_plan(d) for d in demands]
+
+
+@functools.cache
+def _ar_app() -> tuple[Any, Any]:
     from jigsaw.node import load_node_profiles
-    from jigsaw.planner.node_plan import plan_node
 
     node = load_node(NODE)
     app = node.app("ar_assistant")
-    profiles = load_node_profiles(node, [app])
-    return app, profiles, [plan_node([app], node, profiles, {app.name: d}, solver="highs",
-                                     time_limit_s=30).plans[app.name] for d in demands]
+    return app, load_node_profiles(node, [app])
+
+
+@functools.cache
+def _ar_plan(demand_rps: float) -> Plan:
+    from jigsaw.planner.node_plan import plan_node
+
+    app, profiles = _ar_app()
+    return plan_node([app], load_node(NODE), profiles, {app.name: demand_rps}, solver="highs",
+                     time_limit_s=30).plans[app.name]
 
 
 def _placed(p: Plan) -> set[tuple[Any, ...]]:

@@ -28,6 +28,7 @@ from factories import count_answers
 from pinned import APP, instance, write_pinned
 
 from jigsaw.backends.registry import backend_kind
+from jigsaw.control.transition import MakeRoom
 from jigsaw.node import load_node
 from jigsaw.plan import Plan
 from jigsaw.runtime.frontend import Frontend
@@ -80,7 +81,8 @@ def _serve(node_path: Path, first: Plan, steps: Steps) -> dict[str, Any]:
     node = load_node(node_path)
     logs: list[str] = []
     gm = GenerationManager(node, [(node.apps[0], first)], time_scale=1.0, seed=0,
-                           backend=backend_kind("emulated"), log=logs.append)
+                           backend=backend_kind("emulated"), log=logs.append,
+                           room=MakeRoom(node.control.drain_wait_slo))
     fe = Frontend(gm.backend, hop_latency_ms=0.0)
     daemon_id = gm.registry.daemon_id
     answers = count_answers(fe.dispatcher)  # request (object id) -> answers given
@@ -116,7 +118,7 @@ def _serve(node_path: Path, first: Plan, steps: Steps) -> dict[str, Any]:
         out["answers"] = answers
         out["cut"] = (gm.drains_cut_total, dict(gm.cut_requests_total))
         out["waits"] = (gm.drain_waits_total, gm.drain_wait_s_total)
-        out["mps_failures"] = gm.mps_failures_total
+        out["mps_failures"] = gm.mps_daemons.failures_total
         out["metrics"] = gm.prometheus()
     finally:
         gm.close()

@@ -102,3 +102,14 @@ def test_the_reference_page_is_generated_from_the_declarations() -> None:
 def test_the_example_nodes_load() -> None:
     for name in ("h100x4.toml", "a100x4.toml", "cpu.toml"):
         load_node(ROOT / "examples" / name)
+
+
+def test_the_removed_drain_switches_name_what_replaced_them(tmp_path: Path) -> None:
+    for key, says in (("wait_drains_when_needed", "making-room policy"), ("cut_drains", "measured worse"),
+                      ("drain_first_wait_slo", "control.drain_wait_slo"),
+                      ("rate_trigger_z", "control.rate_window_grow_z")):
+        path = _node(tmp_path, f"[control]\n{key} = 1\n")
+        with pytest.raises(ConfigError) as err:
+            load_node(path)
+        assert err.value.path == str(path) and err.value.field == f"control.{key}"
+        assert err.value.message.startswith("removed: ") and says in err.value.message, err.value.message

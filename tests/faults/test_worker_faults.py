@@ -167,6 +167,8 @@ def test_worker_failing_repeatedly_is_given_up_and_the_app_replanned(tmp_path: P
             time.sleep(1.0)
         check_invariants(server, load, model=app)
         assert "capacity lost" in server.log()
+        metrics = http("GET", server.url + "/metrics")[1]
+        assert re.search(r'jigsaw_worker_given_up_total\{app="traffic_analysis",task="detect"\} 1', metrics)
         current = http("GET", server.url + "/admin/plan")[1][app]["generation"]
         live = {w["generation"] for w in admin_workers(server)["workers"] if w["state"] == "ready"}
         assert current in live
@@ -227,3 +229,4 @@ def test_a_crash_of_the_batchs_making_answers_its_requests_and_costs_no_capacity
         assert re.search(r'jigsaw_inference_request_failure_total\{app="tiny",reason="worker_crashed"\} '
                          f"{len(crashed)}\\b", metrics), metrics
         assert re.search(r'jigsaw_worker_restarts_total\{app="tiny",task="b"\} 2', metrics)
+        assert not re.search(r"jigsaw_worker_given_up_total\{[^}]*\} [1-9]", metrics)

@@ -101,7 +101,7 @@ def test_bring_your_own_model_end_to_end(workdir: Path) -> None:
 
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "jigsaw.daemon", "--node-config", node, "--host",
-                             "127.0.0.1", "--port", str(port), "--demand", "5"],
+                             "127.0.0.1", "--port", str(port), "--demand", "5", "--grpc-port", "0"],
                             env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -202,7 +202,7 @@ def test_an_app_that_cannot_load_fails_alone(workdir: Path) -> None:
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "jigsaw.daemon", "--node-config",
                                  str(workdir / "node.toml"), "--host", "127.0.0.1", "--port", str(port),
-                                 "--demand", "5"],
+                                 "--demand", "5", "--grpc-port", "0"],
                                 env=env, stderr=out, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -188,5 +188,67 @@ def test_the_bench_prints_alone_beside_served(tmp_path: Any, monkeypatch: pytest
     for r in rows:
         assert r["alone_items_s"] > 0 and r["served_items_s"] > 0 and r["overlapped_items_s"] > 0
         assert r["efficiency"] == pytest.approx(r["served_items_s"] / r["alone_items_s"])
+        assert r["pipeline_ms"] > 0 and r["numpy_prepare_ms"] > 0
     assert "resnet18" in capsys.readouterr().out
     sys.modules.pop("gpu_pipeline", None)
+
+
+def test_a_failing_engine_does_not_hold_its_slot() -> None:
+    class Failing(RecordingEngine):
+        def __call__(self, x: Any) -> Any:
+            raise RuntimeError("engine failed")
+
+    pipe = GpuPipeline(Pipeline("yolov5n", "detector"), Failing(torch.float32, False), 1)
+    for _ in range(3):  # more failures than slots: each batch fails alone
+        with pytest.raises(RuntimeError, match="engine failed"):
+            pipe([_payload(street_scene(32, 32))])
+    assert not any(s.busy for s in pipe.slots)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the CPU tests cover the code")
+def test_on_cuda_the_pipeline_answers_as_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 on CUDA (eager, then replayed graphs) against the CPU device: the same answers;
+    fp16 channels-last keeps labels and counts of a classifier."""
+    payloads = [_payload(street_scene(120, 200, seed=s)) for s in range(5)]
+    monkeypatch.setenv("JIGSAW_TORCH_PRECISION", "fp32")
+    cuda = TorchBackend("detect", "detector", [Downstream("caption", 2.0)], threads=1)
+    cuda.load("yolov5n", 8)
+    assert cuda.device_pipeline is not None and cuda.device_pipeline.cuda
+    assert cuda.device_pipeline.slots[0].staging.host.is_pinned()
+    cuda.pipeline.conf_threshold = 1e-4
+    eager = cuda.execute(list(range(5)), payloads)
+    cuda.warm_up(range(1, 9))
+    assert sorted(cuda._net.graphs) == [1, 2, 4, 8]
+    replayed = cuda.execute(list(range(5)), payloads)  # padded to the 8-graph
+    cpu = TorchBackend("detect", "detector", [Downstream("caption", 2.0)], threads=1)
+    monkeypatch.setattr("jigsaw.backends.gpu_pipeline.process_device", lambda: torch.device("cpu"))
+    cpu.load("yolov5n", 8)
+    cpu.pipeline.conf_threshold = 1e-4
+    want = cpu.execute(list(range(5)), payloads)
+    for got in (eager, replayed):
+        for a, b in zip(got, want):
+            ga, wb = {t.name: t.data for t in a.outputs}, {t.name: t.data for t in b.outputs}
+            assert ga["num_boxes"] == wb["num_boxes"]
+            np.testing.assert_allclose(ga["boxes"], wb["boxes"], atol=0.05)
+
+
+def test_channels_last_engine_answers_as_the_contiguous_one(detector: TorchBackend) -> None:
+    """CUDA's layout (channels-last weights and input) through the same pipeline on the CPU."""
+    from jigsaw.models.zoo import build
+    engine = TorchEngine(build("yolov5n"), torch.device("cpu"), torch.float32, 160, channels_last=True)
+    pipe = GpuPipeline(detector.pipeline, engine, 8)
+    payloads = [_payload(street_scene(120, 200, seed=s)) for s in range(3)]
+    got, want = pipe(payloads), detector.execute([0, 1, 2], payloads)
+    for a, b in zip(got, want):
+        _same(a, b)
+
+
+def test_warm_up_survives_an_edge_transform_that_fails(tmp_path: Any,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A transform that raises fails its items (at warm-up too), never the worker's start."""
+    (tmp_path / "edges.py").write_text("def boom(inputs, outputs, edge):\n    raise ValueError('no')\n")
+    be = TorchBackend("detect", "detector", [Downstream("next", 1.0, "edges:boom", str(tmp_path))], threads=1)
+    be.load("yolov5n", 2)
+    be.pipeline.conf_threshold = 1e-4
+    be.warm_up([1, 2])
+    assert be.warmed == [1] and "items failed" in caplog.text

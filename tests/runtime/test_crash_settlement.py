@@ -78,6 +78,20 @@ def test_an_image_apps_input_refuses_an_empty_image_at_the_door():
     assert parse_infer_request(body([1, 1, 3]), app).inputs[0][2] == (1, 1, 3)
 
 
+def test_grpc_refuses_an_empty_image_as_http_does():
+    pytest.importorskip("tritonclient.grpc")
+    from tritonclient.grpc import service_pb2 as pb
+
+    from jigsaw.runtime.grpc_codec import parse_grpc_request
+    app = load_app(EXAMPLES / "traffic_cpu.toml")
+    req = pb.ModelInferRequest(model_name="traffic_cpu")
+    t = req.inputs.add(name="image", datatype="UINT8", shape=[0, 0, 3])
+    req.raw_input_contents.append(b"")
+    assert t.name == "image"
+    with pytest.raises(BadRequest, match=r"needs at least \[1, 1, 1\]"):
+        parse_grpc_request(req, app, None)
+
+
 def test_min_shape_is_declared_per_axis_and_checked(tmp_path: Path):
     base = ['name = "x"', "latency_slo_ms = 100", "[[tasks]]", 'name = "t"', 'kind = "generic"',
             'variants = [{ name = "v", accuracy = 1.0 }]', "[[inputs]]", 'name = "audio"',
@@ -110,3 +124,40 @@ def test_inputs_larger_than_the_root_ring_carries_are_refused_before_any_push():
         assert d.pending == {}
 
     asyncio.run(submit())
+
+
+def test_which_crash_is_the_batchs():
+    """A process that ended itself while a batch ran (a signal of its own, an exit status) or
+    whose batch ran past its timeout: the batch's; one stopped from outside: not."""
+    import signal
+
+    from jigsaw.runtime.supervisor import the_batchs
+    for rc in (-signal.SIGSEGV, -signal.SIGABRT, -signal.SIGBUS, -signal.SIGFPE, 1, 2):
+        assert the_batchs(rc, "exited"), rc
+    for rc in (-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT, 0, None):
+        assert not the_batchs(rc, "exited"), rc
+    assert the_batchs(None, "batch_hung") and not the_batchs(None, "hung")
+
+
+def test_the_batch_record_holds_the_running_batchs_ids():
+    from jigsaw.runtime.rings import SegmentRegistry
+    from jigsaw.runtime.stats import BATCH_STARTED_NS, StatsBlock
+    with SegmentRegistry(None) as reg:
+        name = reg.name("stats")
+        reg.add_shm(name)
+        block = StatsBlock.create(name, 3, batch_ids=4)
+        seen = StatsBlock.attach(name)  # another process's view (the supervisor's)
+        try:
+            assert (seen.num_slots, seen.batch_ids) == (3, 4)
+            block.batch_started(1, 123, [7, 8, 9])
+            assert seen.batch_record(1) == [7, 8, 9] and seen.get(1, BATCH_STARTED_NS) == 123
+            assert seen.batch_record(0) == seen.batch_record(2) == []
+            block.batch_started(2, 5, list(range(10, 20)))  # longer than the record: its first 4
+            assert seen.batch_record(2) == [10, 11, 12, 13]
+            block.move_batch_record(1, 0)
+            assert (seen.batch_record(0), seen.batch_record(1)) == ([7, 8, 9], [])
+            block.batch_done(2, 10, 10)
+            assert seen.batch_record(2) == [] and seen.get(2, BATCH_STARTED_NS) == 0
+        finally:
+            seen.close()
+            block.close()

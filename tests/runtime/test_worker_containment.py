@@ -151,3 +151,49 @@ def test_a_child_too_large_for_its_ring_fails_its_item_only(make_worker, extra):
         return
     assert list(errors) == [1]
     assert "output for task 'c'" in errors[1] and f"{limit + 1} bytes" in errors[1]
+
+
+@pytest.mark.parametrize("warm_up_works", [True, False])
+def test_a_backend_that_fails_every_item_is_probed_and_a_broken_one_exits(make_worker, warm_up_works):  # noqa: F811
+    """Three batches in a row whose every item raised: the warm-up batch probes the backend. Bad
+    requests (the probe passes) keep the worker serving; a broken backend (the probe fails too)
+    ends the process once the third batch is answered (the supervisor restarts it)."""
+    t = make_worker()
+
+    class Broken(Fussy):
+        probes = 0
+
+        def _results(self, request_ids: Sequence[int]) -> list[ItemResult]:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        def warm_up(self, batch_sizes: Sequence[int]) -> None:
+            Broken.probes += 1
+            if not warm_up_works:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    backend = Broken()
+    t.stats.set(CONSUMER_SLOT, STATE, READY)
+    w = t.worker
+    w.backend.close()
+    w.backend = backend
+
+    async def run() -> list[int]:
+        w._loop = asyncio.get_running_loop()
+        w._done = w._loop.create_future()
+        answered = []
+        for rid in (1, 2, 3, 4, 5, 6):
+            _push(t, rid)
+            w._turn()
+            answered += [r[0] for r in t.done.pop_completions(8) if r[2] == int(Status.ERROR)]
+            if w._done.done():
+                break
+        return answered
+
+    answered = asyncio.run(run())
+    if warm_up_works:
+        assert answered == [1, 2, 3, 4, 5, 6] and not w._done.done() and Broken.probes == 2
+        return
+    assert answered == [1, 2, 3] and Broken.probes == 1  # the third batch answered, then the exit
+    with pytest.raises(SystemExit, match="fails every item and its warm-up batch too"):
+        w._done.result()
+    assert t.stats.batch_record(0) == []  # nothing to blame on a batch: the restart is counted

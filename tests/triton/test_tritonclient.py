@@ -122,6 +122,11 @@ def test_errors_carry_http_messages_and_grpc_codes(gc, hc) -> None:
         with pytest.raises(InferenceServerException) as exc:
             gc.infer(model, inputs, **kw)
         assert _code(exc.value) == code and message in exc.value.message(), exc.value
+    big = grpcclient.InferInput("image", [17 << 20], "UINT8")  # over server.max_payload_bytes (16 MiB)
+    big.set_data_from_numpy(np.zeros(17 << 20, np.uint8))
+    with pytest.raises(InferenceServerException) as exc:
+        gc.infer("traffic_analysis", [big])
+    assert _code(exc.value) == "StatusCode.RESOURCE_EXHAUSTED"
     with pytest.raises(InferenceServerException) as exc:  # HTTP: the same words
         hc.infer("traffic_analysis", [_image(httpclient)], priority=3)
     assert "parameters.priority: 3 is not supported" in exc.value.message()
@@ -187,6 +192,17 @@ def test_model_config_is_an_ensemble_with_the_plan(gc, hc) -> None:
     assert [e["to"] for e in section["edges"]] == ["car", "person"]
 
 
+def test_kserve_numbered_load_request(node: ServerProcess) -> None:
+    """KServe numbers the load request's model_name 1, Triton's repository_name: read as the name."""
+    with grpc.insecure_channel(f"127.0.0.1:{node.grpc_port}") as ch:
+        stub = pbg.GRPCInferenceServiceStub(ch)
+        kserve = pb.RepositoryModelLoadRequest(repository_name="traffic_analysis")
+        stub.RepositoryModelLoad(kserve, timeout=30)
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(repository_name="nope"), timeout=30)
+        assert exc.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_repository_index_load_unload(gc, hc) -> None:
     index = gc.get_model_repository_index(as_json=True)["models"]
     assert {(m["name"], m["state"]) for m in index} == {(a, "READY") for a in APPS}
@@ -219,10 +235,18 @@ def test_system_shared_memory_inputs_and_outputs(gc, hc) -> None:
         assert o.parameters["shared_memory_region"].string_param == "io" and size == 4 * int(np.prod(o.shape))
         scores = shm.get_contents_as_numpy(region, np.float32, list(o.shape), offset=1024)
         assert scores.shape == tuple(o.shape) and np.isfinite(scores).all()
-        # HTTP reads the same input from the region
+        # HTTP reads the same input from the region and writes an output into it
         hx = httpclient.InferInput("image", [16], "UINT8")
         hx.set_shared_memory("io", 16)
         assert hc.infer("traffic_analysis", [hx]).as_numpy("car.score") is not None
+        for binary in (False, True):
+            hout = httpclient.InferRequestedOutput("person.score", binary_data=binary)
+            hout.set_shared_memory("io", 1024, offset=3072)
+            got = hc.infer("traffic_analysis", [hx], outputs=[hout]).get_output("person.score")
+            assert got["parameters"]["shared_memory_region"] == "io" and "data" not in got
+            n = int(np.prod(got["shape"]))
+            assert got["parameters"]["shared_memory_byte_size"] == 4 * n
+            assert np.isfinite(shm.get_contents_as_numpy(region, np.float32, [n], offset=3072)).all()
         # refused clearly: past the region, a second registration, a bad key, CUDA
         x.set_shared_memory("io", 16, offset=4090)
         with pytest.raises(InferenceServerException) as exc:
@@ -255,3 +279,28 @@ def test_world_readable_region_is_refused(gc) -> None:
         assert "accessible to no one else" in exc.value.message()
     finally:
         path.unlink()
+
+
+def test_asyncio_clients(node: ServerProcess) -> None:
+    """tritonclient's asyncio clients (gRPC and HTTP) against the same daemon."""
+    import asyncio
+
+    import tritonclient.grpc.aio as agrpc
+    import tritonclient.http.aio as ahttp
+
+    async def run() -> list[tuple[int, ...]]:
+        g = agrpc.InferenceServerClient(f"127.0.0.1:{node.grpc_port}")
+        h = ahttp.InferenceServerClient(f"127.0.0.1:{node.port}")
+        try:
+            assert await g.is_model_ready("ar_assistant") and await h.is_model_ready("ar_assistant")
+            results = await asyncio.gather(*(g.infer("ar_assistant", [_image(agrpc)]) for _ in range(4)),
+                                           h.infer("ar_assistant", [_image(ahttp)]))
+            stats = await g.get_inference_statistics("ar_assistant", as_json=True)
+            assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) >= 5
+            return [r.as_numpy("speak.audio_samples").shape for r in results]
+        finally:
+            await g.close()
+            await h.close()
+
+    shapes = asyncio.run(run())
+    assert len(shapes) == 5 and all(len(s) == 1 for s in shapes)

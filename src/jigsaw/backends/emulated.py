@@ -193,19 +193,20 @@ class EmulatedBackend(Backend):
         (``pipeline.output_specs``), the boxes being the children's."""
         children: dict[str, list[bytes]] = {}
         boxes: list[bytes] = []
+        labels: list[bytes] = []
         for i, d in enumerate(self.downstream):
             n = self.num_children(request_id, d.factor, i)
             mine = [struct.pack("<4f", *(rng.random() for _ in range(4))) for _ in range(n)]
             boxes += mine
+            labels.append(_I32.pack(i) * n)  # (made up: the downstream edge's index)
             children[d.task] = [bytes(encode_tensors([("box", "FP32", (1, 4), box)])) for box in mine]
         total = len(boxes)
         outputs = [Tensor("num_boxes", "INT32", (1,), _arr("<i", [total]))]
         for d in self.downstream:
             outputs.append(Tensor(f"num_{d.task}", "INT32", (1,), _arr("<i", [len(children[d.task])])))
         outputs += [Tensor("boxes", "FP32", (total, 4), b"".join(boxes)),
-                    Tensor("scores", "FP32", (total,), _arr("<f", [rng.random() for _ in range(total)])),
-                    Tensor("labels", "INT32", (total,),
-                           _arr("<i", [rng.randrange(80) for _ in range(total)]))]
+                    Tensor("scores", "FP32", (total,), _HALF * total),
+                    Tensor("labels", "INT32", (total,), b"".join(labels))]
         return ItemResult(outputs, children)
 
     @classmethod
@@ -284,6 +285,8 @@ def _box_head() -> tuple[bytes, int]:
 
 _BOX_HEAD, _BOX_AT = _box_head()
 _SILENCE = bytes(4 * EMULATED_AUDIO_SAMPLES)
+_HALF = struct.pack("<f", 0.5)  # an emulated detection's score
+_I32 = struct.Struct("<i")
 
 
 def _generic_head() -> bytes | None:

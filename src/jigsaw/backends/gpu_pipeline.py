@@ -22,6 +22,7 @@ torch backend's module (eager or CUDA graphs) or a TensorRT execution context.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -121,10 +122,21 @@ def _indexes(rows: list[np.ndarray], cols: list[np.ndarray], starts: Sequence[in
     first pixel and row width in the staged pixels."""
     side = len(rows[0])
     meta = np.empty((len(rows), 2 * side + 2), np.int32)
-    for k, (ys, xs) in enumerate(zip(rows, cols)):
-        meta[k, :side], meta[k, side:2 * side] = ys, xs
+    meta[:, :side], meta[:, side:2 * side] = rows, cols
     meta[:, 2 * side], meta[:, 2 * side + 1] = starts, widths
     return meta
+
+
+@functools.lru_cache(maxsize=256)
+def _sampling(letterboxed: bool, side: int, h: int, w: int) -> tuple[np.ndarray, np.ndarray, Any]:
+    """An (h, w) image's source rows and columns (-1: the letterbox fill) of a ``side`` square
+    input, and its (scale, pad) when letterboxed; cached: a node's requests share a few sizes."""
+    if not letterboxed:
+        return resize_index(side, h), resize_index(side, w), None
+    r, nh, nw, px, py = letterbox_geometry(h, w, side)
+    ys, xs = np.full(side, -1, np.intp), np.full(side, -1, np.intp)
+    ys[py:py + nh], xs[px:px + nw] = resize_index(nh, h), resize_index(nw, w)
+    return ys, xs, (r, (px, py))
 
 
 def sample(pixels: torch.Tensor, meta: torch.Tensor, fill: int | None) -> torch.Tensor:
@@ -137,7 +149,7 @@ def sample(pixels: torch.Tensor, meta: torch.Tensor, fill: int | None) -> torch.
     out = pixels.index_select(0, index.reshape(-1)).view(len(meta), side, side, 3)
     if fill is not None:
         valid = (ys >= 0)[:, :, None] & (xs >= 0)[:, None, :]
-        out = out.masked_fill(~valid[..., None], fill)
+        out.masked_fill_(~valid[..., None], fill)
     return out
 
 
@@ -187,13 +199,7 @@ class GpuPipeline:
 
     def _geometry(self, h: int, w: int) -> tuple[np.ndarray, np.ndarray, Any]:
         """Source rows and columns of the network input for an (h, w) image, and its context."""
-        side = self.side
-        if self.pipeline.kind == "classifier":
-            return resize_index(side, h), resize_index(side, w), None
-        r, nh, nw, px, py = letterbox_geometry(h, w, side)
-        ys, xs = np.full(side, -1, np.intp), np.full(side, -1, np.intp)
-        ys[py:py + nh], xs[px:px + nw] = resize_index(nh, h), resize_index(nw, w)
-        return ys, xs, (r, (px, py))
+        return _sampling(self.pipeline.kind == "detector", self.side, h, w)
 
     def submit(self, payloads: Sequence[bytes]) -> InFlight:
         """Stage, upload and launch a batch (network and the post-processing that needs no host
@@ -219,21 +225,13 @@ class GpuPipeline:
             bases.append((pixel, h, w))
             pixel += h * w
         meta = _indexes(rows, cols, [b[0] for b in bases], [b[2] for b in bases])
-        meta_bytes = -(-meta.nbytes // 16) * 16
-        staging = slot.staging
-        if self.cuda:
-            slot.uploaded.synchronize()  # the slot's last upload has left the host buffer
-        staging.reserve(meta_bytes + 3 * pixel)
-        staging.np[:meta.nbytes] = meta.view(np.uint8).reshape(-1)
-        at = meta_bytes
-        for img in images:
-            staging.np[at:at + img.size] = img.reshape(-1)
-            at += img.size
         slot.busy = True
-        dev = self._upload(slot, at)
-        dev_meta = dev[:meta.nbytes].view(torch.int32).view(meta.shape)
-        pixels = dev[meta_bytes:at].view(-1, 3)
-        out = self._compute(pixels, dev_meta)
+        try:
+            pixels, dev_meta = self._stage(slot, meta, images, pixel)
+            out = self._compute(pixels, dev_meta)
+        except BaseException:
+            slot.busy = False  # a failed batch does not hold its slot
+            raise
         flight = InFlight(slot, results, ok, ctx, pixels, bases, out)
         if self.cuda:
             if self.pipeline.kind == "classifier":  # the results' copy is queued now too
@@ -242,6 +240,23 @@ class GpuPipeline:
             flight.done = torch.cuda.Event()
             flight.done.record()
         return flight
+
+    def _stage(self, slot: _Slot, meta: np.ndarray, images: list[np.ndarray], pixels: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The indexes and the images into the slot's staging buffer (the one host copy of the
+        pixels), uploaded; their device views: (pixels, 3) uint8 and the (n, 2S + 2) indexes."""
+        meta_bytes = -(-meta.nbytes // 16) * 16
+        staging = slot.staging
+        if self.cuda:
+            slot.uploaded.synchronize()  # the slot's last upload has left the host buffer
+        staging.reserve(meta_bytes + 3 * pixels)
+        staging.np[:meta.nbytes] = meta.view(np.uint8).reshape(-1)
+        at = meta_bytes
+        for img in images:
+            staging.np[at:at + img.size] = img.reshape(-1)
+            at += img.size
+        dev = self._upload(slot, at)
+        return dev[meta_bytes:at].view(-1, 3), dev[:meta.nbytes].view(torch.int32).view(meta.shape)
 
     def _upload(self, slot: _Slot, nbytes: int) -> torch.Tensor:
         if not self.cuda:
@@ -260,8 +275,9 @@ class GpuPipeline:
         """The engine's input batch: sampled, scaled and normalised in its dtype and layout."""
         fill = LETTERBOX_FILL if self.pipeline.kind == "detector" else None
         nchw = sample(pixels, meta, fill).permute(0, 3, 1, 2)  # channels-last strides, NCHW shape
-        x = nchw.to(self.engine.dtype).mul_(self.scale).add_(self.bias)  # keeps the strides
-        return x if self.engine.channels_last else x.contiguous()
+        if not self.engine.channels_last:
+            nchw = nchw.contiguous()  # reordered as uint8, a quarter of the bytes of the float batch
+        return nchw.to(self.engine.dtype).mul_(self.scale).add_(self.bias)  # keeps the strides
 
     def _compute(self, pixels: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():

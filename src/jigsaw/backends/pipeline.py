@@ -9,6 +9,12 @@ any class. Classifiers return label and score (and echo the crop's box); the cap
 downloaded, so ids map by ``id mod vocab``) and returns the waveform.
 
 Everything crosses processes as ``jigsaw.tensors`` payloads.
+
+``prepare`` is the host (numpy) pre-processing of the onnxruntime backend, which takes host
+arrays. The torch and TensorRT backends run the detector and classifiers through
+``jigsaw.backends.gpu_pipeline`` on their device instead; both paths sample pixels with
+``models.images``' indexes and share this module's post-processing (``top1``, ``detect``: torch ops
+on whichever device holds the output) and the per-item results (``classified``, ``detected``).
 """
 
 from __future__ import annotations

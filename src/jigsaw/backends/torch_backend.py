@@ -39,11 +39,11 @@ class TorchEngine:
     per batch bucket once ``warm_up`` captured them (eager for a size no graph holds)."""
 
     def __init__(self, module: Any, device: Any, dtype: Any, side: int, *,
-                 graphs: bool | None = None) -> None:
+                 graphs: bool | None = None, channels_last: bool | None = None) -> None:
         import torch
         self.device, self.dtype, self.side = device, dtype, side
         self.cuda = device.type == "cuda"
-        self.channels_last = self.cuda
+        self.channels_last = self.cuda if channels_last is None else channels_last
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         self.module = module.to(device=device, dtype=dtype, memory_format=fmt).eval()
         self.use_graphs = self.cuda if graphs is None else graphs

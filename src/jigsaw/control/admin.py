@@ -101,7 +101,7 @@ async def h_layout(request: web.Request) -> web.Response:
     mps = None if generations.mps is None else {
         "daemons": [{"gpu": s[0], "start": s[1], "profile": s[2], "directory": str(d.directory)}
                     for s, d in sorted(generations.mps.daemons.items())],
-        "events": generations.mps_events[-200:]}
+        "events": generations.mps_daemons.events[-200:]}
     if layout is None:
         return web.json_response({"gpu_model": generations.node.gpu.name, "instances": [], "mig": None,
                                   "processes": processes, "mps": mps, "applied": generations.applied})

@@ -39,7 +39,7 @@ from jigsaw.errors import PlanError
 from jigsaw.fleet.config import Fleet, NodeGroup
 from jigsaw.node import Node, load_node_profiles
 from jigsaw.plan import GpuLayout, Layout, PlacedInstance, Plan, json_safe
-from jigsaw.planner.milp import capacity, plan
+from jigsaw.planner.milp import as_linear, capacity, plan
 from jigsaw.profiles import ProfileTable
 
 WEIGHT_SCALE = 10_000  # integer load-balancer weights: a share of 1.0 is this weight
@@ -267,11 +267,12 @@ def _allocate(fleet: Fleet, curves: FleetCurves, live: dict[str, int], demand: d
         else:
             m += s >= floor
             m.objective = mip.minimize(mip.xsum(slices(c) * n[c] for c in configs))
-        status = m.optimize(max_seconds=30)
-        if status not in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE):
-            raise PlanError(f"fleet {fleet.name}: the allocation MILP ended {status.name}")
-        counts = {c: round(n[c].x) for c in configs if n[c].x is not None and round(n[c].x) > 0}
-        return counts, float(s.x)
+        # solved where a CBC abort cannot end the caller (``planner.solve_runner``)
+        sol = as_linear(m).solve("cbc", 30.0, m.max_mip_gap_abs, relative_gap=m.max_mip_gap)
+        if not sol.has_incumbent:
+            raise PlanError(f"fleet {fleet.name}: the allocation MILP ended {sol.status}")
+        counts = {c: round(sol.values[n[c].idx]) for c in configs if round(sol.values[n[c].idx]) > 0}
+        return counts, float(sol.values[s.idx])
 
     counts, headroom = model("headroom")
     floor = headroom * (1 - 1e-9) if fleet.allocation == "balanced" else min(1.0, headroom) * (1 - 1e-9)

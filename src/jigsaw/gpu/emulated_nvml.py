@@ -490,6 +490,8 @@ class EmulatedNvml:
         info.memorySizeMB = mem_mb
         return info
 
+    nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo  # pynvml's alias
+
     def _profile(self, profile_id: int) -> MigProfile:
         p = self._by_profile_id.get(profile_id)
         if p is None:

@@ -39,7 +39,7 @@ from jigsaw.planner.decompose import app_layout
 from jigsaw.planner.diagnose import why_none_together
 from jigsaw.planner.packer import InstanceRequest, PackingError, pack
 from jigsaw.planner.problem import Factors, Problem, make_problem
-from jigsaw.planner.scaled import SCALE_TOLERANCE, max_scale
+from jigsaw.planner.scaled import SCALE_TOLERANCE, ScaleResult, max_scale
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
@@ -230,7 +230,7 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
         return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage, d.floors)
 
     res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
-    scale = 1.0
+    scale = scale_bound = 1.0  # the common fraction served, and the least shown not to fit
     notes: list[str] = []
     if form != "joint" and (res.status == "infeasible" or any(p is None for p in res.plans)):
         # the demands do not fit together (or no plan was found for them in time): every app
@@ -241,9 +241,8 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
                        hi_proven=res.status == "infeasible", floors=res.floors)
         if sc.plans is not None:
             scale = min(1.0, sc.theta_lo)
-            got = dict(zip(names, sc.plans, strict=True))
-            res = _Decision("optimal" if sc.status == "proven" else "feasible", list(sc.plans),
-                            node_value(got, node, kind), math.nan, sc.layout, sc.notes, "scaled")
+            scale_bound = min(1.0, sc.theta_hi)
+            res = _scaled_decision(parts, sc, node, kind)
             if sc.status == "proven":
                 why = (f"the largest common fraction to within {SCALE_TOLERANCE:.0%}: "
                        f"{sc.theta_hi:.4%} does not fit")
@@ -255,22 +254,12 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
                 notes.append(f"the demands do not fit together: every app serves {scale:.4%} of its "
                              f"demand ({why})")
     if res.status == "infeasible":
-        cap = joint.solve(parts, node, solver=solver, time_limit_s=limit, scale_demands=True)
-        first = cap.plans[0]
-        if first is None or first.planned_rps <= 0:
-            return _empty(node, kind, res.status, time.perf_counter() - t0,
-                          _none_together([p.pb for p in parts]))
-        scale = first.planned_rps / max(parts[0].demand_rps or 0.0, joint.MIN_DEMAND_RPS)
-        res = _Decision(cap.status, cap.plans, cap.objective, cap.bound, None, cap.notes, cap.stage)
-        for shrink in (1.0, 1 - 1e-7, 1 - 1e-5):
-            scaled = [joint.Part(p.pb, (p.demand_rps or 0.0) * scale * shrink, p.weight, keep=p.keep)
-                      for p in parts]
-            again = decide(scaled, None)
-            if all(p is not None for p in again.plans):
-                res = again
-                scale *= shrink
-                break
-        notes.append(f"the demands do not fit together: every app serves {scale:.4%} of its demand")
+        res, scale, scale_bound, why = _joint_scaled(parts, node, solver, limit, decide)
+        if res is None:
+            return _empty(node, kind, "infeasible" if why is None else "no_solution",
+                          time.perf_counter() - t0, why or _none_together([p.pb for p in parts]))
+        notes.append(f"the demands do not fit together: every app serves {scale:.4%} of its demand"
+                     + (f" ({why})" if why else ""))
     if any(p is None for p in res.plans):
         return _empty(node, kind, res.status, time.perf_counter() - t0,
                       f"the solver found no plan within {limit:g} s")
@@ -295,7 +284,69 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     return NodePlan(node=node.name, objective_kind=kind, status=res.status, feasible=scale >= 1.0,
                     objective=res.objective, gap=gap, slices_used=sum(p.slices_used for p in plans.values()),
                     slices_available=node.slices_available, solve_seconds=secs, plans=plans,
-                    layout=layout, demand_scale=scale, notes=notes + res.notes)
+                    layout=layout, demand_scale=scale, scale_bound=max(scale, scale_bound),
+                    notes=notes + res.notes)
+
+
+def _scaled_decision(parts: list[joint.Part], sc: ScaleResult, node: Node, kind: str) -> _Decision:
+    """The scaled search's plans as a decision: ``feasible`` (a plan, never a proven optimum).
+
+    Why: the search's tests stop at the first plans that pack (a test of whether a fraction
+    fits), so its plans are not the node objective's best at the fraction served, and that
+    fraction is proven only to within ``SCALE_TOLERANCE`` (``NodePlan.scale_bound``). Solving
+    the objective again at that fraction (a full node: the frontier's hardest case) took 13-28 s
+    on three example apps at 100-150% on a loaded machine, where a spike's plan is wanted in one;
+    the plans were labelled ``optimal`` before, a status without a proof."""
+    assert sc.plans is not None
+    got = dict(zip([p.pb.app.name for p in parts], sc.plans, strict=True))
+    return _unproven(_Decision("feasible", list(sc.plans), node_value(got, node, kind), math.nan,
+                               sc.layout, list(sc.notes), "scaled"))
+
+
+def _unproven(res: _Decision) -> _Decision:
+    """``res`` and its plans labelled ``feasible`` (a plan, not a proven optimum)."""
+    res.status = "feasible"
+    for p in res.plans:
+        if p is not None and p.status == "optimal":
+            p.status = "feasible"
+    return res
+
+
+def _joint_scaled(parts: list[joint.Part], node: Node, solver: str, limit: float,
+                  decide: Callable[[list[joint.Part], list[Plan | None] | None], _Decision]
+                  ) -> tuple[_Decision | None, float, float, str | None]:
+    """The joint formulation above the node: the joint capacity model's common fraction, then
+    the best plans there (``decide``). Returns the decision (None: no plan), the fraction, its
+    proven upper bound and why it is not proven (None: proven).
+
+    Why: the capacity model often stops at its limit (three example apps at 115%: "feasible",
+    bound 0.85, in 10 s); the plans at the fraction it found were labelled by their own solve,
+    ``optimal``, at fractions that changed from run to run, and a stop with nothing served read
+    as "cannot be served at any demand". A node plan is ``optimal`` only where the fraction and
+    the plans at it are both proven."""
+    cap = joint.solve(parts, node, solver=solver, time_limit_s=limit, scale_demands=True)
+    first = cap.plans[0]
+    demand0 = max(parts[0].demand_rps or 0.0, joint.MIN_DEMAND_RPS)
+    bound = cap.bound + 1e-6 * node.slices_available if math.isfinite(cap.bound) else math.inf
+    unproven = None if cap.status == "optimal" else (
+        f"not proven the largest within {limit:g} s: the capacity model's bound is {bound:.4%}"
+        if math.isfinite(bound) else f"not proven the largest within {limit:g} s")
+    if first is None or first.planned_rps <= 0:
+        return None, 0.0, min(1.0, bound), None if cap.status in ("optimal", "infeasible") else \
+            f"no common fraction found within {limit:g} s"
+    scale = first.planned_rps / demand0
+    bound = scale if unproven is None else min(1.0, max(bound, scale))
+    for shrink in (1.0, 1 - 1e-7, 1 - 1e-5):
+        scaled = [joint.Part(p.pb, (p.demand_rps or 0.0) * scale * shrink, p.weight, keep=p.keep)
+                  for p in parts]
+        again = decide(scaled, None)
+        if all(p is not None for p in again.plans):
+            return (again if unproven is None else _unproven(again)), scale * shrink, bound, unproven
+    # the capacity model's own plans: their slices are not minimised
+    res = _Decision(cap.status, cap.plans, cap.objective, cap.bound, None,
+                    [*cap.notes, "the capacity model's plans: the objective at that fraction unproven"],
+                    cap.stage)
+    return _unproven(res), scale, bound, unproven
 
 
 def _keys(plan: Plan | None) -> frozenset[tuple[str, str, str, int, int]]:

@@ -107,6 +107,27 @@ def _first(item: tuple[int, list[Any]]) -> int:
     return item[0]
 
 
+def root_limit(rings: dict[str, Any], routes: AppRoutes) -> int | None:
+    """The largest encoded inputs the rings to ``routes``' root processes all take (None: none of
+    them is mapped)."""
+    limit = None
+    for lane in routes.roots:
+        for targets in lane.values():
+            for t in targets:
+                ring = rings.get(t.ring)
+                if ring is not None:
+                    got = ring.max_payload_bytes - CREDIT_BYTES
+                    limit = got if limit is None else min(limit, got)
+    return limit
+
+
+def crashed_answer(task: str, variant: str, reason: str, client_id: str | None) -> dict[str, Any]:
+    """The 500 of a request whose batch crashed its worker (``Dispatcher.on_worker_failed``)."""
+    return {"error": f"task {task!r} ({variant}) crashed its worker process ({reason}) while running this "
+                     f"request's batch; the request is not sent again (it could crash the next one)",
+            "status": "WORKER_CRASHED", "task": task, "reason": "worker_crashed", "id": client_id}
+
+
 def _joined(items: list[tuple[int, list[Any]]], k: int, tail: tuple[int, ...]) -> np.ndarray:
     """Output ``k`` of a sink's items (in child order) as one array of rows of shape ``tail``
     (an output's shape after its item axis). A free axis in ``tail`` (-1: a waveform's length)
@@ -185,7 +206,7 @@ class Dispatcher:
         self._lane_params: dict[tuple[str, int], tuple[dict[str, str], dict[str, Any]]] = {}
         # app -> (its output spec table, the outputs in answer order: ``_outputs_of``)
         self._outputs: dict[str, tuple[Any, list[_TaskOutputs]]] = {}
-        self._root_limits: dict[str, tuple[AppRoutes, int]] = {}  # app -> (its routes, ``_root_limit``)
+        self._root_limits: dict[str, tuple[AppRoutes, int | None]] = {}  # app -> (routes, ``_root_limit``)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -330,9 +351,9 @@ class Dispatcher:
             self._forget(req)
 
     def _observe(self) -> None:
-        """The metrics (queue, compute, batch size) and the bin's fan-out counters of the OK
-        records the drain has read (each (app, task, variant)'s histogram series kept, counted
-        into with ``metrics.count_into``)."""
+        """The metrics (queue, compute, batch size), the per-task statistics (``model_stats``) and
+        the bin's fan-out counters of the OK records the drain has read (each (app, task,
+        variant)'s histogram series kept, counted into with ``metrics.count_into``)."""
         observed, self._observed = self._observed, []
         now = time.monotonic_ns()
         for req, task, rec in observed:
@@ -344,11 +365,10 @@ class Dispatcher:
             queue, compute, batch, lat_buckets, batch_buckets, task_stats, batch_stats = c
             count_into(queue, lat_buckets, rec[7])
             count_into(compute, lat_buckets, rec[8])
-            first = rec[3] == 0 or rec[4] <= 1  # a batch counts once: its first child (or its one item)
-            if first:
+            if rec[3] == 0 or rec[4] <= 1:  # a batch counts once: its first child (or its one item)
                 count_into(batch, batch_buckets, rec[9])
             count_item(task_stats, batch_stats, rec[7], rec[10], rec[8],
-                       -1.0 if rec[4] else max(0.0, (now - rec[11]) / 1e3), rec[9], first)
+                       -1.0 if rec[4] else max(0.0, (now - rec[11]) / 1e3), rec[9])
             if task not in app.sinks:  # (a cached tuple; ``children`` walks the edges)
                 self.admission.fan_out(app.name, task, variant, rec[4])
 
@@ -532,23 +552,13 @@ class Dispatcher:
         return req
 
     def _root_limit(self, routes: AppRoutes) -> int:
-        """The largest encoded inputs the rings to ``routes``' root processes all take (kept per
-        app while its routes are the same object)."""
+        """``root_limit`` of ``routes``, kept per app while its routes are the same object."""
         cached = self._root_limits.get(routes.app.name)
-        if cached is not None and cached[0] is routes:
-            return cached[1]
-        limit = None
-        for lane in routes.roots:
-            for targets in lane.values():
-                for t in targets:
-                    ring = self.routing.rings.get(t.ring)
-                    if ring is not None:
-                        got = ring.max_payload_bytes - CREDIT_BYTES
-                        limit = got if limit is None else min(limit, got)
-        if limit is None:  # (not mapped yet: the push will say)
-            return 1 << 62
-        self._root_limits[routes.app.name] = (routes, limit)
-        return limit
+        if cached is None or cached[0] is not routes:
+            cached = (routes, root_limit(self.routing.rings, routes))
+            if cached[1] is not None:  # (none mapped yet: not kept, the push will say)
+                self._root_limits[routes.app.name] = cached
+        return cached[1] if cached[1] is not None else 1 << 62
 
     def budget_ns(self, routes: AppRoutes, timeout_us: int | None = None) -> int:
         """Wall nanoseconds from arrival to a request's deadline: the app's SLO plus one hop per
@@ -734,11 +744,7 @@ class Dispatcher:
                 failed += 1
                 if req.timer is not None:
                     req.timer.cancel()
-                self._finish(req, 500, {"error": f"task {task!r} ({variant}) crashed its worker process "
-                                                 f"({reason}) while running this request's batch; the "
-                                                 f"request is not sent again (it could crash the next one)",
-                                        "status": "WORKER_CRASHED", "task": task, "reason": "worker_crashed",
-                                        "id": req.client_id}, "worker_crashed")
+                self._finish(req, 500, crashed_answer(task, variant, reason, req.client_id), "worker_crashed")
                 continue
             name = req.routes.app.name
             routes = self.routing.routes.get(name, req.routes)

@@ -103,6 +103,10 @@ class Frontend:
         self.metrics.worker_restarts.inc((("app", app), ("task", task)))
         self.refresh_admission(app)
 
+    def worker_given_up(self, app: str, task: str) -> None:
+        self.metrics.worker_given_up.inc((("app", app), ("task", task)))
+        self.refresh_admission(app)
+
     def refresh_admission(self, app: str) -> None:
         """Admission of ``app`` scaled by the share of its root processes that are up now."""
         routes = self.routing.routes.get(app)

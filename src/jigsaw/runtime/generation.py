@@ -29,6 +29,7 @@ from pathlib import Path
 from jigsaw.app import App
 from jigsaw.backends.registry import BackendKind
 from jigsaw.errors import JigsawError
+from jigsaw.mig import share_level
 from jigsaw.node import Node
 from jigsaw.plan import Plan
 from jigsaw.profiles import ProfileTable
@@ -37,6 +38,7 @@ from jigsaw.runtime.cpus import ENV as CPUS_ENV
 from jigsaw.runtime.cpus import host_cpus, share_cpus
 from jigsaw.runtime.forkserver import Launcher, WorkerProcess, launch
 from jigsaw.runtime.gpus import (
+    Kind,
     gpu_devices,
     mig_devices,
     missing_devices,
@@ -140,10 +142,19 @@ class Generation:
 
     def process_keys(self) -> list[ProcessKey]:
         """What makes a process the same across plans: its instance (kind and where it lies; the
-        instance's index among its kind when there is no layout) and its number within it."""
+        instance's index among its kind when there is no layout) and its number within it. An MPS
+        share of a whole GPU lies on its GPU whatever its start slot (``jigsaw.shares``): a kind's
+        shares of one GPU are numbered in order instead, so a re-plan that moves them keeps them."""
         where = self._placements()
-        return [(*kind, where[k] if where[k] is not None else n // kind[3], n % kind[3])
-                for k, (kind, n) in enumerate(numbered(self.topology.processes))]
+        on_gpu: dict[tuple[Kind, int], int] = {}
+        keys: list[ProcessKey] = []
+        for k, (kind, n) in enumerate(numbered(self.topology.processes)):
+            w = where[k]
+            if w is not None and share_level(kind[2]):
+                i = on_gpu[(kind, w[0])] = on_gpu.get((kind, w[0]), -1) + 1
+                w = (w[0], -1 - i)  # below every start slot
+            keys.append((*kind, w if w is not None else n // kind[3], n % kind[3]))
+        return keys
 
     def adopt(self, old: Generation, pairs: list[tuple[int, int]]) -> None:
         """Serve with ``old``'s processes instead of starting new ones: ``(mine, old's)`` pairs.

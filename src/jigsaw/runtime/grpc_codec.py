@@ -20,8 +20,17 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from jigsaw.app import App
-from jigsaw.runtime.oip import BadRequest, InferRequest, _to_array, array_from_bytes, shm_input
-from jigsaw.runtime.shm_regions import SharedMemoryRegions, ShmError
+from jigsaw.runtime.oip import (
+    BadRequest,
+    InferRequest,
+    _to_array,
+    array_from_bytes,
+    check_min_shape,
+    request_timeout_us,
+    shm_input,
+    shm_output,
+)
+from jigsaw.runtime.shm_regions import SharedMemoryRegions
 from jigsaw.tensors import DATATYPES
 
 _CONTENTS = {
@@ -151,6 +160,7 @@ def parse_grpc_request(
             raise BadRequest(
                 f"{f}.shape: input {t.name!r} expects shape {list(spec.shape)} (-1: any), got {shape}"
             )
+        check_min_shape(f, spec, shape)
         inputs.append((t.name, t.datatype, tuple(shape), _tensor(f, t, raw[i] if raw else None, shm, app)))
     missing = [n for n in specs if n not in seen]
     if missing:
@@ -161,30 +171,11 @@ def parse_grpc_request(
         for i, o in enumerate(req.outputs):
             oparams = params_dict(o.parameters)
             if "shared_memory_region" in oparams:
-                if shm is None:
-                    raise BadRequest(
-                        f"outputs[{i}].parameters.shared_memory_region: shared memory is not served here"
-                    )
-                try:
-                    shm_outputs[o.name] = shm.target(f"outputs[{i}]", oparams)
-                except ShmError as exc:
-                    raise BadRequest(str(exc)) from None
-    timeout_us = params.get("timeout")
-    if "timeout" in params and (
-        isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0
-    ):
-        raise BadRequest(
-            f"parameters.timeout: expected a positive whole number of microseconds, got {timeout_us!r}"
-        )
+                shm_outputs[o.name] = shm_output(i, oparams, shm)
+    timeout_us = request_timeout_us(params)
     if time_remaining_s is not None:  # the call's gRPC deadline
         left_us = max(1, int(time_remaining_s * 1e6))
         timeout_us = left_us if timeout_us is None else min(timeout_us, left_us)
-    priority = params.get("priority", 0)
-    if priority != 0 or isinstance(priority, bool):
-        raise BadRequest(
-            f"parameters.priority: {priority!r} is not supported: every request of a model "
-            "is served by its deadline in arrival order; omit priority or send 0"
-        )
     return InferRequest(req.id or None, inputs, outputs, params, None, True, timeout_us, shm_outputs or None)
 
 

@@ -7,7 +7,8 @@ one answer. Errors carry HTTP's messages with the gRPC code of their status: 400
 INVALID_ARGUMENT, 404 NOT_FOUND, 413 RESOURCE_EXHAUSTED, 500 INTERNAL, 501 UNIMPLEMENTED, 503
 UNAVAILABLE (not ready, shutting down, a failed worker) or RESOURCE_EXHAUSTED (shed at the door),
 504 DEADLINE_EXCEEDED. ``ModelStreamInfer`` answers each request of a stream as it completes
-(Triton's order), an error as the response's ``error_message`` with the stream left open.
+(Triton's order), an error as the response's ``error_message`` with the stream left open; at most
+``STREAM_WINDOW`` requests of a stream are read ahead of the answers it has taken.
 
 The stubs are Triton's generated ones shipped by ``tritonclient`` (``tritonclient.grpc``:
 ``service_pb2``, ``service_pb2_grpc``, ``model_config_pb2``), the same the clients use.
@@ -17,7 +18,9 @@ parsed into Triton's messages: one source.
 Repository messages: Triton's ``RepositoryModelLoadRequest`` / ``...UnloadRequest`` number
 ``repository_name`` 1 and ``model_name`` 2, while KServe's model repository protocol numbers
 ``model_name`` 1; a KServe-numbered client's name therefore arrives as ``repository_name``, and
-a request with an empty ``model_name`` takes its name from there.
+a request with an empty ``model_name`` takes its name from there. KServe's responses carry
+``model_name`` (1) and ``isLoaded`` / ``isUnloaded`` (2), Triton's none: such a client reads our
+(Triton's, empty) answer as not loaded; the call's OK status is what says it was done.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from jigsaw.runtime.http import EXTENSIONS, Answer, OipHttp
 from jigsaw.runtime.oip import BadRequest, place_outputs
 
 C = grpc.StatusCode
+STREAM_WINDOW = 1024  # a stream's requests read and not yet answered (the rest wait in flow control)
 _CODES = {
     400: C.INVALID_ARGUMENT,
     404: C.NOT_FOUND,
@@ -119,6 +123,7 @@ class OipGrpc(pbg.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
+        window = asyncio.Semaphore(STREAM_WINDOW)  # requests read and not yet answered on the wire
 
         async def one(request: pb.ModelInferRequest) -> None:
             try:
@@ -136,6 +141,7 @@ class OipGrpc(pbg.GRPCInferenceServiceServicer):
         async def read() -> None:
             try:
                 async for request in request_iterator:
+                    await window.acquire()  # a client that does not read its answers is not read
                     task = asyncio.ensure_future(one(request))
                     running.add(task)
                     task.add_done_callback(running.discard)
@@ -148,6 +154,7 @@ class OipGrpc(pbg.GRPCInferenceServiceServicer):
         try:
             while (answer := await answers.get()) is not None:
                 yield answer
+                window.release()
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -158,18 +165,20 @@ class OipGrpc(pbg.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.oip.state.accepting())
+        return pb.ServerReadyResponse(ready=self.oip.state.all_ready())  # (strict: every app serves)
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name="jigsaw", version=__version__, extensions=list(EXTENSIONS))
 
     async def _routes(self, request: Any, context: Any) -> Any:
         routes = self.oip.find_routes(request.name, request.version or None)
-        if isinstance(routes, Answer):
-            await context.abort(C.NOT_FOUND, routes.doc["error"])
+        if isinstance(routes, Answer):  # unknown (NOT_FOUND), or failed to load (UNAVAILABLE)
+            await context.abort(code_of(routes.status, routes.doc), routes.doc["error"])
         return routes
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        if request.name in self.oip.state.failed_apps:  # an app that failed to load: not ready
+            return pb.ModelReadyResponse(ready=False)
         await self._routes(request, context)
         return pb.ModelReadyResponse(ready=self.oip.state.accepting())
 
@@ -212,10 +221,9 @@ class OipGrpc(pbg.GRPCInferenceServiceServicer):
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
-        entries = ext.repository(self.oip).index()
         M = pb.RepositoryIndexResponse.ModelIndex
         return pb.RepositoryIndexResponse(
-            models=[M(**e) for e in entries if not request.ready or e["state"] == "READY"]
+            models=[M(**e) for e in ext.repository_index(self.oip, request.ready)]
         )
 
     async def RepositoryModelLoad(

@@ -149,6 +149,9 @@ class Metrics:
                                        "(exited, hung, start_failed).")
         self.worker_restarts = Counter(p + "worker_restarts_total",
                                        "Worker processes restarted, by app and task.")
+        self.worker_given_up = Counter(p + "worker_given_up_total",
+                                       "Worker processes given up (failed too often: capacity lost, the "
+                                       "app re-planned), by app and task.")
         self.lane_shifts = Counter(p + "inference_lane_shifts_total",
                                    "Requests sent to another lane of the running plan than the plan's "
                                    "draw because the drawn lane was backed up (server.lane_shift).")
@@ -163,7 +166,7 @@ class Metrics:
         return (self.success, self.failure, self.dropped, self.late, self.request_duration,
                 self.queue_duration, self.compute_duration, self.batch_size, self.inflight, self.busy,
                 self.instance_queue, self.slices, self.processes, self.retries, self.worker_failures,
-                self.worker_restarts, self.planner_failures, self.lane_shifts)
+                self.worker_restarts, self.worker_given_up, self.planner_failures, self.lane_shifts)
 
     def render(self) -> str:
         """The exposition text (Prometheus 0.0.4) of every family."""

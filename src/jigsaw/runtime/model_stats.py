@@ -12,7 +12,8 @@ each step's time goes. Per task, cumulative counts and nanoseconds (Triton's ``{
 - ``compute_output``: the completion record's ring back to the frontend, for the items whose
   record woke it (a record that handed work on to children is counted by its children);
 - ``success`` / ``fail``: items done / items dropped or failed by the task;
-- ``batch_stats``: per executed batch size, executions and their compute nanoseconds.
+- ``batch_stats``: per executed batch size, executions and their compute nanoseconds
+  (``execution_count``: the batches).
 
 The app's ``queue`` / ``compute_*`` are its tasks' sums (as Triton's ensemble entry). The
 dispatcher feeds it (``request_done`` as it answers, ``task_series`` for its completion records);
@@ -24,8 +25,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-# a task's counters, one flat list (the hot path indexes it): items ok, queue ns, hop ns, compute ns,
-# output-hop count, output-hop ns, executions, last answer (ms since the epoch)
+# a task's counters, one flat list (the hot path indexes it): items ok, queue us, hop us, compute us,
+# output-hop count, output-hop us, executions (batches: each item adds 1/its batch size)
 T_OK, T_QUEUE, T_HOP, T_INFER, T_OUT_N, T_OUT_NS, T_EXEC = range(7)
 TASK_WORDS = 7
 
@@ -73,8 +74,10 @@ class ModelStats:
 
 
 def count_item(t: list[float], batches: dict[int, list[float]], queue_us: float, hop_us: float,
-               compute_us: float, done_us: float, batch: int, first_of_batch: bool) -> None:
-    """Count one OK completion record of a task into its ``task_series``."""
+               compute_us: float, done_us: float, batch: int) -> None:
+    """Count one OK completion record of a task into its ``task_series``: an item that ran in a
+    batch of ``batch`` items for ``compute_us``. Each item counts 1/batch of its batch's execution,
+    so the executions and their time add up per batch whatever order the records come in."""
     t[T_OK] += 1
     t[T_QUEUE] += queue_us
     t[T_HOP] += hop_us
@@ -82,17 +85,17 @@ def count_item(t: list[float], batches: dict[int, list[float]], queue_us: float,
     if done_us >= 0:
         t[T_OUT_N] += 1
         t[T_OUT_NS] += done_us
-    if first_of_batch:
-        t[T_EXEC] += 1
-        b = batches.get(batch)
-        if b is None:
-            b = batches[batch] = [0, 0.0]
-        b[0] += 1
-        b[1] += compute_us
+    share = 1.0 / batch if batch > 0 else 1.0
+    t[T_EXEC] += share
+    b = batches.get(batch)
+    if b is None:
+        b = batches[batch] = [0.0, 0.0]
+    b[0] += share
+    b[1] += compute_us * share
 
 
 def _d(count: float, us: float) -> dict[str, int]:
-    return {"count": int(count), "ns": int(us * 1000)}
+    return {"count": round(count), "ns": round(us * 1000)}
 
 
 def _zero() -> dict[str, int]:
@@ -105,7 +108,7 @@ def task_entry(app: str, task: str, t: list[float], batches: dict[int, list[floa
     ok = t[T_OK]
     return {
         "name": f"{app}.{task}", "version": "1", "last_inference": 0,
-        "inference_count": int(ok), "execution_count": int(t[T_EXEC]),
+        "inference_count": round(ok), "execution_count": round(t[T_EXEC]),
         "inference_stats": {
             "success": _d(ok, t[T_QUEUE] + t[T_HOP] + t[T_INFER]), "fail": _d(failed, 0.0),
             "queue": _d(ok, t[T_QUEUE]), "compute_input": _d(ok, t[T_HOP]),

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from jigsaw.app import App
+from jigsaw.app import App, TensorSpec
 from jigsaw.runtime.shm_regions import SharedMemoryRegions, ShmError
 from jigsaw.tensors import DATATYPES
 
@@ -177,6 +177,14 @@ def _loads(text: bytes | memoryview) -> Any:
         return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
 
 
+def check_min_shape(f: str, spec: TensorSpec, shape: list[int]) -> None:
+    """A ``BadRequest`` when ``shape`` has an axis below the input's ``min_shape`` (an empty image
+    to an image app): refused at the door, as both front ends do, before a model sees it."""
+    if spec.min_shape and any(d < m for d, m in zip(shape, spec.min_shape)):
+        raise BadRequest(f"{f}.shape: input {spec.name!r} needs at least {list(spec.min_shape)} per axis "
+                         f"(the app's min_shape: the model cannot take an empty one), got {shape}")
+
+
 def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
                         shm: SharedMemoryRegions | None = None) -> InferRequest:
     """Validate a ``POST /v2/models/{app}/infer`` body against the app's declared inputs.
@@ -231,9 +239,7 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
         if len(shape) != len(spec.shape) or any(s != -1 and s != d for s, d in zip(spec.shape, shape)):
             raise BadRequest(f"{f}.shape: input {name!r} expects shape {list(spec.shape)} "
                              f"(-1: any), got {shape}")
-        if spec.min_shape and any(d < m for d, m in zip(shape, spec.min_shape)):
-            raise BadRequest(f"{f}.shape: input {name!r} needs at least {list(spec.min_shape)} per axis "
-                             f"(the app's min_shape: the model cannot take an empty one), got {shape}")
+        check_min_shape(f, spec, shape)
         tensor_params = t.get("parameters", {})
         if not isinstance(tensor_params, dict):
             raise BadRequest(f"{f}.parameters: expected an object")
@@ -269,32 +275,49 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
         raise BadRequest(f"inputs: missing input {missing[0]!r}")
     if offset != len(binary):
         raise BadRequest(f"body: {len(binary) - offset} bytes of binary data belong to no input")
-    outputs = None
-    binary_outputs: set[str] = set()
-    shm_outputs: dict[str, tuple[str, int, int]] = {}
-    if "outputs" in doc:
-        raw = doc["outputs"]
-        if not isinstance(raw, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
-                                                for o in raw):
-            raise BadRequest("outputs: expected an array of objects with a name")
-        outputs = [o["name"] for o in raw]
-        for i, o in enumerate(raw):
-            oparams = o.get("parameters", {})
-            if not isinstance(oparams, dict) or not isinstance(oparams.get("binary_data", False), bool):
-                raise BadRequest(f"outputs[{i}].parameters.binary_data: expected true or false")
-            if oparams.get("binary_data"):
-                binary_outputs.add(o["name"])
-            if "shared_memory_region" in oparams:
-                if shm is None:
-                    raise BadRequest(f"outputs[{i}].parameters.shared_memory_region: shared memory is not "
-                                     "served here")
-                try:
-                    shm_outputs[o["name"]] = shm.target(f"outputs[{i}]", oparams)
-                except ShmError as exc:
-                    raise BadRequest(str(exc)) from None
+    outputs, binary_outputs, shm_outputs = _requested_outputs(doc, shm)
     all_binary = params.get("binary_data_output", False)
     if not isinstance(all_binary, bool):
         raise BadRequest("parameters.binary_data_output: expected true or false")
+    timeout_us = request_timeout_us(params)
+    return InferRequest(rid, inputs, outputs, params, binary_outputs, all_binary, timeout_us,
+                        shm_outputs or None)
+
+
+def _requested_outputs(doc: dict[str, Any], shm: SharedMemoryRegions | None
+                       ) -> tuple[list[str] | None, set[str], dict[str, tuple[str, int, int]]]:
+    """The outputs asked for (None: all), those to send binary, those to write to shared memory."""
+    binary_outputs: set[str] = set()
+    shm_outputs: dict[str, tuple[str, int, int]] = {}
+    if "outputs" not in doc:
+        return None, binary_outputs, shm_outputs
+    raw = doc["outputs"]
+    if not isinstance(raw, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
+                                            for o in raw):
+        raise BadRequest("outputs: expected an array of objects with a name")
+    for i, o in enumerate(raw):
+        oparams = o.get("parameters", {})
+        if not isinstance(oparams, dict) or not isinstance(oparams.get("binary_data", False), bool):
+            raise BadRequest(f"outputs[{i}].parameters.binary_data: expected true or false")
+        if oparams.get("binary_data"):
+            binary_outputs.add(o["name"])
+        if "shared_memory_region" in oparams:
+            shm_outputs[o["name"]] = shm_output(i, oparams, shm)
+    return [o["name"] for o in raw], binary_outputs, shm_outputs
+
+
+def shm_output(i: int, oparams: dict[str, Any], shm: SharedMemoryRegions | None) -> tuple[str, int, int]:
+    """Where ``outputs[i]`` goes in shared memory (region, offset, byte size), checked now."""
+    if shm is None:
+        raise BadRequest(f"outputs[{i}].parameters.shared_memory_region: shared memory is not served here")
+    try:
+        return shm.target(f"outputs[{i}]", oparams)
+    except ShmError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def request_timeout_us(params: dict[str, Any]) -> int | None:
+    """``parameters.timeout`` (None without it), checked with ``parameters.priority`` (only 0)."""
     timeout_us = params.get("timeout")
     if "timeout" in params and (isinstance(timeout_us, bool) or not isinstance(timeout_us, int)
                                 or timeout_us <= 0):
@@ -304,8 +327,7 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
     if priority != 0 or isinstance(priority, bool):
         raise BadRequest(f"parameters.priority: {priority!r} is not supported: every request of a model "
                          "is served by its deadline in arrival order; omit priority or send 0")
-    return InferRequest(rid, inputs, outputs, params, binary_outputs, all_binary, timeout_us,
-                        shm_outputs or None)
+    return timeout_us
 
 
 def place_outputs(status: int, doc: dict[str, Any], targets: dict[str, tuple[str, int, int]],
@@ -350,6 +372,8 @@ def encode_response(doc: dict[str, Any], binary: set[str] | None,
     """
     blobs = []
     for out in doc.get("outputs", []):
+        if "data" not in out:  # written to shared memory (``place_outputs``)
+            continue
         arr = np.asarray(out["data"])
         if all_binary or (binary and out["name"] in binary):
             wire = arr.astype(DATATYPES[out["datatype"]] or arr.dtype, copy=False)

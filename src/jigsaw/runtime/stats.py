@@ -130,6 +130,10 @@ class StatsBlock:
         words[r] = n
         words[slot * SLOT_WORDS + BATCH_STARTED_NS] = started_ns
 
+    def record_at(self, slot: int) -> int:
+        """The word of slot ``slot``'s batch record (its item count; the ids follow)."""
+        return self._records + slot * (self.batch_ids + 1)
+
     def batch_record(self, slot: int) -> list[int]:
         """The request ids of the batch the process of ``slot`` is executing ([] between batches)."""
         r = self._records + slot * (self.batch_ids + 1)

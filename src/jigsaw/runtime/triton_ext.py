@@ -69,7 +69,9 @@ def statistics(oip: OipHttp, model: str = "", version: str | None = None) -> dic
 
 def config(oip: OipHttp, model: str, version: str | None = None) -> dict[str, Any]:
     """Triton's ``ModelConfig`` JSON of one served app (``model_config``)."""
-    (name,) = _app_names(oip, model or "\0", version)  # ("": no such model, not every one)
+    if not model:
+        raise ExtError(400, "name: the model whose config to return is missing")
+    (name,) = _app_names(oip, model, version)
     routes = oip.routing.routes[name]
     outputs = {task: [(f"{task}.{s.name}", s.datatype, [-1, *s.shape[1:]]) for s in specs]
                for task, specs in oip.routing.output_specs[name].items()}
@@ -81,7 +83,22 @@ def repository(oip: OipHttp) -> Any:
     return oip.repository or StaticRepository(list(oip.routing.routes), list(oip.routing.routes))
 
 
+def repository_index(oip: OipHttp, ready_only: bool = False) -> list[dict[str, Any]]:
+    """The repository's index; an app of the node that failed to load is ``UNAVAILABLE`` with why."""
+    out = []
+    for e in repository(oip).index():
+        why = oip.state.failed_apps.get(e["name"])
+        if why is not None:
+            e = {**e, "state": "UNAVAILABLE", "reason": why}
+        if not ready_only or e["state"] == "READY":
+            out.append(e)
+    return out
+
+
 async def repository_call(oip: OipHttp, verb: str, model: str) -> None:
+    if model in oip.state.failed_apps:
+        raise ExtError(400, f"model {model!r} cannot {verb}: it failed to load at start-up "
+                            f"({oip.state.failed_apps[model]}); fix it and restart the daemon")
     try:
         await getattr(repository(oip), verb)(model)
     except RepositoryError as exc:
@@ -141,7 +158,7 @@ def add_routes(app: web.Application, oip: OipHttp) -> None:
             raise ExtError(400, "ready: expected true or false")
         if not isinstance(body.get("repository_name", ""), str):
             raise ExtError(400, "repository_name: expected a string")
-        return [e for e in repository(oip).index() if not ready or e["state"] == "READY"]
+        return repository_index(oip, ready)
 
     async def load(request: web.Request) -> Any:
         await _load_body(request)

@@ -37,7 +37,8 @@ Containment: an exception while the backend prepares, runs or finishes a batch n
 process. A one-item batch's item is answered 500 naming the task; a larger batch's items are run
 again one at a time (``_run_alone``), so only the items that fail alone are answered 500. An
 item's output or child larger than its ring's ``max_payload_bytes`` is answered 500 naming the
-task and the output (``_fit``). Before a batch runs, its request ids go to the process's batch
+task and the output (``_fit``); a backend that fails every item and then its own warm-up batch
+ends the process (``ContainedBatches``). Before a batch runs, its request ids go to the process's batch
 record (``stats.StatsBlock.batch_started``): a crash the process cannot catch (a signal, a hard
 abort) leaves them behind, and the supervisor answers those requests instead of sending them into
 the next crash.
@@ -70,7 +71,7 @@ import uvloop
 from jigsaw.backends.base import Backend, Downstream, ItemResult, OutputSpec
 from jigsaw.backends.registry import BackendUnavailable, backend_kind
 from jigsaw.runtime.batching import BatchQueue
-from jigsaw.runtime.containment import ErrorLog, check_results, item_error, oversized
+from jigsaw.runtime.containment import ContainedBatches, ErrorLog, check_results
 from jigsaw.runtime.records import (
     CREDIT_BYTES,
     HOP_BATCH,
@@ -96,6 +97,7 @@ from jigsaw.runtime.rings import (
     push_hops,
 )
 from jigsaw.runtime.stats import (
+    BATCH_STARTED_NS,
     DEAD,
     DROPPED,
     FAILED,
@@ -110,7 +112,6 @@ from jigsaw.runtime.stats import (
     routable,
 )
 from jigsaw.runtime.topology import ProcessSpec
-from jigsaw.tensors import encode_tensors
 
 IDLE_WAIT_S = 1.0  # an idle process wakes this often only to notice that its parent died
 HEARTBEAT_S = 0.2  # the loop stamps its heartbeat this often while it is free to run
@@ -228,6 +229,9 @@ class Wiring:
         self.rung: set[int] = set()  # output rings pushed to this turn: rung once at its end
         self.done_rung = False  # the completion ring too
         # what ``rings.push_hops`` reads of this wiring (its docstring has the layout)
+        # what ``Worker._start_batch`` writes a batch's record and start stamp with (a batch's path)
+        self.batch_at = (self.stats.words, self.stats.record_at(spec.slot),
+                         spec.slot * SLOT_WORDS + BATCH_STARTED_NS, self.stats.batch_ids)
         self.hop = (self.done, self.outputs, spec.routes, self.index_of, self.stats.words,
                     [slot * SLOT_WORDS + STATE for slot in self.output_slots], self.rung)
 
@@ -244,8 +248,9 @@ class Wiring:
         self.stats.close()
 
 
-class Worker:
-    """The state of one worker process; ``run`` is its loop."""
+class Worker(ContainedBatches):
+    """The state of one worker process; ``run`` is its loop (what it does with a batch its backend
+    failed: ``containment.ContainedBatches``)."""
 
     def __init__(self, spec: ProcessSpec, spec_path: Path | None = None, control: Path | None = None) -> None:
         self.backend = make_backend(spec)
@@ -533,7 +538,17 @@ class Worker:
         """
         queued = len(items) + len(self.queue)  # (the queue as it was before the release)
         start = time.monotonic_ns()
-        self.stats.batch_started(self.spec.slot, start, request_ids)
+        # the batch record, then the start stamp (``StatsBlock.batch_started``, inlined: a batch's path)
+        words, at, stamp, most = self.wiring.batch_at
+        n = len(request_ids)
+        if n == 1:
+            words[at + 1] = request_ids[0]
+        else:
+            n = min(n, most)
+            for k in range(n):
+                words[at + 1 + k] = request_ids[k]
+        words[at] = n
+        words[stamp] = start
         waiting: Any = None
         try:
             coro = self.backend.execute_nowait(request_ids, tensors)
@@ -565,6 +580,7 @@ class Worker:
             except Exception as exc:  # the backend failed the batch: its items run alone
                 results = await self._run_alone(items, exc)
             self._finish_batch(items, start, results)
+            self.probe_if_due()
         except BaseException as exc:
             self._fail(exc)
             return
@@ -572,50 +588,6 @@ class Worker:
             self._busy = False
             self._in_flight = []
         self._turn()
-
-    def _contain(self, items: list[Any], start: int, queued: int, exc: Exception) -> None:
-        """A batch whose backend raised before it could wait: a lone item is answered 500 now; a
-        larger batch's items run alone in a task (``_run_alone``), which finishes the batch."""
-        if len(items) == 1:
-            self.errors.note(exc)
-            self._finish_batch(items, start, [item_error(self.spec.task, self.spec.variant, exc)])
-            return
-        self._busy = True
-        self._in_flight = items
-        self._in_flight_queued = queued
-        self._batch_start_ns = start
-        self.publish_queued(queued)
-
-        async def alone() -> None:
-            try:
-                self._finish_batch(items, start, await self._run_alone(items, exc))
-            except BaseException as failed:
-                self._fail(failed)
-                return
-            finally:
-                self._busy = False
-                self._in_flight = []
-            self._turn()
-
-        self._batch_task = self._running_loop().create_task(alone())
-
-    async def _run_alone(self, items: list[Any], exc: Exception) -> list[ItemResult]:
-        """The results of a batch the backend failed as a whole (``exc``): each item run again
-        alone, its batch record narrowed to it (a crash then names the one item); an item that
-        fails alone is answered 500 naming the task, the others are served."""
-        self.errors.note(exc)
-        if len(items) == 1:
-            return [item_error(self.spec.task, self.spec.variant, exc)]
-        results = []
-        for header, _, tensors, _ in items:
-            self.stats.batch_started(self.spec.slot, time.monotonic_ns(), [header.request_id])
-            try:
-                got = check_results(await self.backend.execute_async([header.request_id], [tensors]), 1)[0]
-            except Exception as alone:
-                self.errors.note(alone)
-                got = item_error(self.spec.task, self.spec.variant, alone)
-            results.append(got)
-        return results
 
     def _finish_batch(self, items: list[Any], start: int, results: list[ItemResult]) -> None:
         """Report each item of a finished batch and send its children on, ring, then account the
@@ -675,11 +647,13 @@ class Worker:
                 if result.error:  # this item alone failed (a bad transform or input): its request gets a 500
                     self.complete(header, Status.ERROR, credit, result.error.encode()[:4096], wiring=w)
                     continue
+                answer = self._answer(header, credit, result, w) if sink else b""
+                if answer is None:
+                    continue
                 children, shares, kept = self.children_of(header, credit, result, w)
                 # Only a sink's outputs are answered; the frontend reads no other task's (the children
                 # carry what the next tasks need). The record goes before the children: see complete.
-                self.complete(header, _OK, kept, encode_tensors(result.outputs) if sink else b"",
-                              len(children), w)
+                self.complete(header, _OK, kept, answer, len(children), w)
                 done_ns = time.monotonic_ns() if trace is not None else 0
                 if children:
                     self.forward(header, children, shares, w)
@@ -694,22 +668,6 @@ class Worker:
                 row.append(rung)
         self._ring_outputs()
         self.stats.batch_done(self.spec.slot, end - start, n)
-
-    def _fit(self, items: list[Any], results: list[ItemResult], sink: bool) -> list[ItemResult]:
-        """``results`` with each item whose output (a sink's, answered) or child does not fit its
-        ring replaced by an error naming the task and the output: that item's request is answered
-        500, the worker and the batch's other items go on."""
-        results = list(results)
-        for i, result in enumerate(results):
-            if result.error:
-                continue
-            w = items[i][3]
-            why = oversized(self.spec.task, result, w.done.max_payload_bytes - CREDIT_BYTES if sink else 0,
-                            w.child_limits)
-            if why:
-                self.errors.note(why)
-                results[i] = ItemResult([], {}, why)
-        return results
 
     def publish_queued(self, queued: int | None = None) -> None:
         """Publish the items queued here (``queued``, else the queue's length) in every stats slot

@@ -127,14 +127,15 @@ def test_grpc_answer_and_error_codes() -> None:
 def test_statistics_sum_the_tasks_into_the_app() -> None:
     stats = ms.ModelStats()
     t, batches = stats.task_series("a", "t")
-    ms.count_item(t, batches, 10.0, 2.0, 30.0, 4.0, 2, True)
-    ms.count_item(t, batches, 20.0, 3.0, 30.0, -1.0, 2, False)
+    ms.count_item(t, batches, 10.0, 2.0, 30.0, 4.0, 2)  # the two items of one batch of 2
+    ms.count_item(t, batches, 20.0, 3.0, 30.0, -1.0, 2)
     stats.request_done("a", True, 50_000)
     stats.request_done("a", False, 7_000)
     head, task = ms.app_entries(stats, "a", ("t",), {"t": 1.0})
     assert task["name"] == "a.t" and task["inference_count"] == 2 and task["execution_count"] == 1
     s = task["inference_stats"]
     assert s["queue"] == {"count": 2, "ns": 30_000} and s["compute_input"]["ns"] == 5_000
+    assert s["compute_infer"] == {"count": 2, "ns": 60_000}
     assert s["compute_output"] == {"count": 1, "ns": 4_000} and s["fail"]["count"] == 1
     assert task["batch_stats"] == [{"batch_size": 2, "compute_input": {"count": 0, "ns": 0},
                                     "compute_infer": {"count": 1, "ns": 30_000},
@@ -157,3 +158,37 @@ def test_grpc_port_in_use_stops_the_daemon_with_a_message(tmp_path: Path) -> Non
     assert done.returncode == 1
     assert f"gRPC: cannot bind 127.0.0.1:{port}" in done.stderr
 
+
+
+def test_shed_is_resource_exhausted(tmp_path: Path) -> None:
+    """A request shed at the door (max_queue 1, a 300 ms task) is RESOURCE_EXHAUSTED, HTTP's words."""
+    import asyncio
+
+    sys.path.insert(0, str(ROOT / "tests" / "dataplane"))
+    import tritonclient.grpc.aio as agrpc
+    from dpserver import write_tiny
+
+    from jigsaw.testing import jigsawd, shm_entries
+
+    args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 300.0}, 1)], latency_slo_ms=20000.0,
+                      max_queue=1)
+    port = free_port()
+    server = jigsawd(args, tmp_path / "jigsawd.log", cwd=ROOT, grpc_port=port)
+
+    async def burst() -> list[str]:
+        c = agrpc.InferenceServerClient(f"127.0.0.1:{port}")
+        x = agrpc.InferInput("image", [4], "UINT8")
+        x.set_data_from_numpy(np.arange(4, dtype=np.uint8))
+        try:
+            got = await asyncio.gather(*(c.infer("tiny", [x]) for _ in range(4)), return_exceptions=True)
+        finally:
+            await c.close()
+        return ["OK" if not isinstance(r, Exception) else f"{r.status()}: {r.message()}" for r in got]
+
+    with server:
+        answers = asyncio.run(burst())
+    assert answers.count("OK") >= 1, answers
+    shed = [a for a in answers if a != "OK"]
+    assert shed and all(a.startswith("StatusCode.RESOURCE_EXHAUSTED: model 'tiny' has 1 requests in flight")
+                        for a in shed), answers
+    assert shm_entries(server.proc.pid) == []

@@ -1,0 +1,434 @@
+"""How a generation leaves: the drain of a replaced generation and its retirement, the wait of a
+needed plan for the drains in its way, the drain-first of an app's own instances (and the
+restore of the running plan when the re-plan fails after it): the steps the making-room policy
+(``control/transition.py``) picks, executed. A part of ``GenerationManager`` (``Drains`` is its
+base): the manager's state, these steps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from jigsaw.errors import JigsawError
+from jigsaw.gpu.layout import NodeLayout
+from jigsaw.gpu.partition import overlaps
+from jigsaw.plan import Plan
+from jigsaw.runtime.applied import (
+    Applied,
+    Deferred,
+    DesiredState,
+    DrainRefused,
+    KeepRunning,
+    Slot,
+    WaitOutgrown,
+)
+from jigsaw.runtime.generation import Generation
+from jigsaw.runtime.gpus import placements
+from jigsaw.runtime.placement import kept_processes, without_instances
+
+if TYPE_CHECKING:
+    from jigsaw.gpu.partition import MigPartition
+    from jigsaw.node import Node
+    from jigsaw.runtime.applied import Router
+    from jigsaw.runtime.mps_daemons import MpsDaemons
+
+DRAIN_MARGIN_S = 12.0  # beyond the deadline: the frontend keeps a timed-out request 10 s for late credits
+DRAIN_POLL_S = 0.05
+DRAIN_END_MARGIN_S = 0.5  # past a drain's own deadline: the frontend's timers answer its last requests
+CUT_WAIT_S = 15.0  # a cut drain's processes stop within ms; past this the re-plan goes on without
+READY_FAST_POLL_S = 0.002  # how often a cut drain's retirement is looked at
+
+
+class Drains:
+    """The drain, wait, drain-first and restore steps of ``GenerationManager`` (its base class:
+    they read and change the manager's generations, routing and MIG partition)."""
+
+    node: Node
+    time_scale: float
+    generations: dict[int, Generation]
+    current: dict[str, int]
+    partition: MigPartition | None
+    node_layout: NodeLayout | None
+    mps_daemons: MpsDaemons
+    log: Callable[[str], None]
+    _retiring: set[asyncio.Task[None]]
+    _retiring_gids: set[int]
+    _cut: dict[int, asyncio.Event]
+    _drain_ends: dict[int, float]
+    _lock: asyncio.Lock
+    drains_total: int
+    drain_s_total: float
+    drain_waits_total: int
+    drain_wait_s_total: float
+    drains_cut_total: int
+    cut_requests_total: Counter[str]
+    drain_first_total: Counter[str]
+    _headroom_kept: dict[str, tuple[int, float]]
+    failures_total: int
+    processes_started_total: int
+
+    # the manager's own steps the drains use
+    def _router(self) -> Router: ...
+    def _draining_by_generation(self) -> dict[int, Any]: ...
+    def in_use_layout(self) -> NodeLayout | None: ...
+    def _lay_out(self, app: Any, plan: Plan) -> Generation: ...
+    async def _launch(self, gen: Generation, layout: NodeLayout | None, router: Router,
+                      hold_s: float = 0.0) -> None: ...
+    async def _abandon(self, gen: Generation) -> None: ...
+    async def _release_mig(self, reason: str) -> None: ...
+    def _tell(self, proc: Any) -> None: ...
+    async def _bring_up(self, app: str, node_layout: NodeLayout, why: str) -> Any: ...
+    async def _refused(self, app: str, old_gid: int, exc: JigsawError) -> Applied: ...
+
+    def _drain_budget_s(self, g: Generation) -> float:
+        """The longest a request of ``g`` may still take (wall seconds): the app's SLO and hops,
+        times the time scale; a drain's own deadline counts from its switch with it."""
+        return (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
+            * self.time_scale / 1000.0
+
+    async def _wait_for_drains(self, app: str, desired: NodeLayout,
+                               deferred: tuple[tuple[int, int, str], ...],
+                               still_needed: Callable[[], bool] | None = None,
+                               outgrown: Callable[[], bool] | None = None) -> str:
+        """Some of the new instances' slots are held by generations that no longer serve (their
+        drain runs in the background, up to an SLO and the late-credit grace) or by the MIG
+        instances of ones that just retired: wait for those drains to end, until every request
+        they hold is answered, at most until their own deadline (``_drain_ends``: by then the
+        frontend has answered each 504 at its deadline, so none is sent again), then settle what
+        is left (late credits forgotten), retire them and free their slots, so the caller can take
+        them: "freed" when slots were freed, "passed" when ``still_needed`` said no, else
+        "nothing".
+
+        A plan ``still_needed`` no longer answers for ends the wait at once and frees nothing
+        ("passed": the caller keeps the running plan); a plan the arrivals have ``outgrown`` (asked
+        at each poll) raises ``WaitOutgrown``, nothing freed.
+
+        Why: refused, a spike's plan was retried only at the next trigger, after the drain had
+        ended anyway; cut short at once or after a part of the SLO, the drains' requests were sent
+        again and came back late (both measured more violations in alternating replays)."""
+        assert self.partition is not None
+        gpu = self.node.gpu
+        want = [i for i in desired.instances if i.slot in set(deferred)]
+        router = self._router()
+        in_way = sorted(gid for gid, held in self._draining_by_generation().items()
+                        if gid in self._retiring_gids
+                        and any(overlaps(gpu, w, i) for w in want for i in held))
+        if in_way:
+            t0 = time.monotonic()
+            t_end = max(self._drain_ends.get(g, t0) for g in in_way) + DRAIN_END_MARGIN_S
+            passed = grew = False
+            while any(router.unanswered_in(g) for g in in_way if g in self._retiring_gids) \
+                    and time.monotonic() < t_end:
+                if still_needed is not None and not still_needed():
+                    passed = True
+                    break
+                if outgrown is not None and outgrown():
+                    grew = True
+                    break
+                await asyncio.sleep(DRAIN_POLL_S)
+            in_way = [g for g in in_way if g in self._retiring_gids]
+            self.drain_waits_total += 1
+            self.drain_wait_s_total += time.monotonic() - t0
+            self.log(f"{app}: the new instances need slots of draining generation(s); waited "
+                     f"{(time.monotonic() - t0) * 1e3:.0f} ms for their drains to end"
+                     + (" (the plan is no longer needed: the wait ends there)" if passed else "")
+                     + (" (the arrivals outgrew the plan: the wait ends there)" if grew else ""))
+            if grew:
+                raise WaitOutgrown
+            if passed:
+                return "passed"
+        if in_way and not await self._end_drains(app, in_way):
+            return "nothing"
+        in_use = self.in_use_layout()
+        assert in_use is not None
+        used = {i.slot: i for i in in_use.instances}
+        orphans = [e for e in self.partition.existing.values()
+                   if e.slot not in used and any(overlaps(gpu, w, e) for w in want)]
+        if not in_way and not orphans:
+            return "nothing"
+        # what runs, and the new plan's instances (those made already stay): the rest goes
+        keep = in_use.with_instances({**used, **{i.slot: i for i in desired.instances}}.values())
+        try:
+            await asyncio.to_thread(self.partition.tear_down, keep,
+                                    f"{app}: the retired generations in the way of a re-plan")
+        except JigsawError as exc:
+            self.log(f"{app}: freeing the slots of the retired generations failed ({exc})")
+            return "nothing"
+        return "freed"
+
+    async def _end_drains(self, app: str, gids: list[int]) -> bool:
+        """Settle the requests the draining generations ``gids`` still hold (the router: answered
+        ones waiting for late credits forgotten, unanswered ones dispatched again on the app's
+        current generation or answered 503/504) and wait for their retirement (processes stopped,
+        segments unlinked, MPS daemons stopped). False when one did not retire in time."""
+        router = self._router()
+        settled: Counter[str] = Counter()
+        for gid in gids:
+            forgotten, resent, failed = router.cut_generation(gid)
+            settled.update(forgotten=forgotten, resent=resent, failed=failed)
+            self._cut.setdefault(gid, asyncio.Event()).set()
+        self.drains_cut_total += len(gids)
+        self.cut_requests_total.update(settled)
+        t0 = time.monotonic()
+        # until their retirement is done: it stops their MPS daemons itself (not twice at once)
+        while set(gids) & self._retiring_gids and time.monotonic() - t0 < CUT_WAIT_S:
+            await asyncio.sleep(READY_FAST_POLL_S)
+        self.log(f"{app}: the drains of generation(s) {', '.join(map(str, gids))} in the new "
+                 f"instances' way ended ({settled['forgotten']} answered requests' late credits "
+                 f"forgotten, {settled['resent']} sent again, {settled['failed']} failed), retired in "
+                 f"{(time.monotonic() - t0) * 1e3:.0f} ms")
+        return not set(gids) & self._retiring_gids
+
+    def _retire_later(self, gid: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._drain_and_retire(gid))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _drain_and_retire(self, gid: int) -> None:
+        """In the background: ``_retire``, then the MIG instances and MPS daemons nothing uses go."""
+        g = self.generations[gid]
+        self._retiring_gids.add(gid)
+        try:
+            await self._retire(gid)
+        finally:
+            self._retiring_gids.discard(gid)
+            self._cut.pop(gid, None)
+        async with self._lock:
+            await asyncio.to_thread(self.mps_daemons.stop_unused, list(self.generations.values()))
+            await self._release_mig(f"{g.app.name}: generation {gid} retired")
+
+    async def _retire(self, gid: int, *, first_wait_s: float | None = None) -> None:
+        """Wait until the old generation's requests are all settled, then stop the processes the new
+        one did not keep, tell the kept ones to drop its wiring, and unlink its segments.
+
+        ``first_wait_s``: a drain-first's, whose new instances wait for these slots while the app
+        serves on part of its plan. It waits only for unanswered requests, at most that long (the
+        policy's ``drain_wait_slo`` of the SLO), then sends the rest again on the serving
+        generation and forgets the late credits. Why: waiting for every late credit (a spike's
+        timed-out requests hold theirs for 10 s) made a spike's switch take the SLO plus that
+        margin, 25 s at time scale 20 (5 bins of the peak window), the app shedding at the door.
+        """
+        router = self._router()
+        g = self.generations[gid]
+        budget_s = self._drain_budget_s(g)
+        deadline = time.monotonic() + budget_s + DRAIN_MARGIN_S
+        self._drain_ends[gid] = time.monotonic() + budget_s
+        first = first_wait_s is not None
+        if first_wait_s is not None:
+            deadline = time.monotonic() + first_wait_s
+        cut = self._cut.setdefault(gid, asyncio.Event())  # set: a re-plan needs its slots now
+        late = not first  # a replaced generation drains until its late credits are settled too
+        settled = router.pending_in if late else router.unanswered_in
+        t0 = time.monotonic()
+        while settled(gid) and time.monotonic() < deadline and not cut.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(cut.wait(), DRAIN_POLL_S)
+        self._cut.pop(gid, None)
+        self._drain_ends.pop(gid, None)
+        self.drains_total += 1
+        self.drain_s_total += time.monotonic() - t0
+        if first:
+            forgotten, resent, failed = router.cut_generation(gid)
+            self.log(f"{g.app.name}: generation {gid} drained for the new instances in "
+                     f"{(time.monotonic() - t0) * 1e3:.0f} ms ({forgotten} answered requests' late credits "
+                     f"forgotten, {resent} sent again, {failed} failed)")
+        else:
+            self.log(f"{g.app.name}: generation {gid} drained in {(time.monotonic() - t0) * 1e3:.0f} ms"
+                     + (" (cut short)" if cut.is_set() else ""))
+            if not cut.is_set() and not late and not router.unanswered_in(gid):
+                router.cut_generation(gid)  # every request answered: forget the late credits awaited
+        left = router.pending_in(gid)
+        if left:
+            self.log(f"{g.app.name}: generation {gid}: {left} requests unsettled after drain")
+        # A process this generation kept from an older one that still drains (a re-plan that came
+        # within that one's drain) serves that one's queued items: it goes back to it instead of
+        # stopping. Stopped, it took them along, and the older drain held its MIG slots until its
+        # deadline (24 s of a spike at time scale 20) while a needed re-plan waited for them.
+        g.hand_back({x.gid for x in self.generations.values() if x.gid < gid and not x.stopping})
+        g.stopping = True  # (here, on the loop: a younger generation's retirement reads it)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, g.stop_workers)
+        router.remove_generation(gid)
+        self.generations.pop(gid, None)
+        for k in sorted(g.handed_over):
+            self._tell(g.workers[k])
+        await loop.run_in_executor(None, g.close)
+        await asyncio.to_thread(self.mps_daemons.stop_unused, list(self.generations.values()))
+
+    def _blockers(self, app: str, old: Generation, desired: NodeLayout,
+                  deferred: tuple[tuple[int, int, str], ...]) -> tuple[set[Slot], set[Slot]]:
+        """The slots (GPU, start) of the MIG instances in the way of the new ones at ``deferred``,
+        and those of them the app's running plan owns."""
+        assert self.partition is not None and self.node_layout is not None
+        gpu = self.node.gpu
+        want = [i for i in desired.instances if i.slot in set(deferred)]
+        mine = {(i.gpu, i.start): i for i in self.node_layout.instances}
+        blockers = {(e.gpu, e.start) for e in self.partition.existing.values()
+                    if any(overlaps(gpu, w, e) for w in want)}
+        owned = set(placements(old.plan.layout).values()) if old.plan.layout is not None else set()
+        own = {b for b in blockers if b in mine and mine[b].app == app and b in owned}
+        return blockers, own
+
+    async def _drain_first(self, app: str, old: Generation, desired: NodeLayout,
+                           deferred: tuple[tuple[int, int, str], ...], wait_s: float) -> Generation:
+        """No free slots for some new instances: drain the app's instances in their way first while
+        its other processes (and every other app) serve on, then destroy those and create the new
+        ones. Returns the generation now serving (the old one less the drained instances).
+
+        Raises ``DrainRefused`` (nothing changed) when it cannot be done safely; any other failure
+        before the switch to the interim generation leaves the running one serving, one after it
+        leaves the interim one serving (the caller restores the running plan)."""
+        assert self.partition is not None and self.node_layout is not None
+        mine = {(i.gpu, i.start): i for i in self.node_layout.instances}
+        blockers, own = self._blockers(app, old, desired, deferred)
+        strangers = [mine[b].name if b in mine else f"gpu{b[0]}/start{b[1]}" for b in blockers - own]
+        if strangers:
+            raise DrainRefused(f"the slots are held by instances the app's running plan does not own "
+                               f"({', '.join(sorted(strangers))}; a draining generation?)")
+        wanted = sum(1 for i in desired.instances if i.slot in set(deferred))
+        mid_plan = without_instances(old.plan, blockers)
+        if mid_plan is not None:
+            self.log(f"{app}: {wanted} new MIG instances need the slots of {len(blockers)} running ones: "
+                     "draining those first while the rest serves")
+            return await self._drain_step(app, old, mid_plan, blockers, self.node_layout, desired, wait_s)
+        raise DrainRefused(f"the app would have no lane left to serve while the {len(blockers)} "
+                           "instances in the way of the new ones drain")
+
+    async def _drain_step(self, app: str, old: Generation, mid_plan: Plan, drained: set[Slot],
+                          layout: NodeLayout, desired: NodeLayout, wait_s: float) -> Generation:
+        """The drain of a drain-first: switch the app to ``mid_plan`` (on ``layout``: the node's
+        instances with those it runs on), drain ``old`` (briefly: ``_retire``'s ``first``), destroy
+        the ``drained`` instances and create every instance of ``desired``. Returns ``mid_plan``'s
+        generation."""
+        assert self.partition is not None
+        router = self._router()
+        mid = self._lay_out(old.app, mid_plan)
+        mid.adopt(old, kept_processes(old, mid))
+        try:
+            await self._launch(mid, layout, router)
+        except Exception as exc:
+            await self._abandon(mid)
+            raise JigsawError(f"the processes serving while the instances drain did not start: {exc}") \
+                from None
+        router.route(app, mid.gid)
+        self.current[app] = mid.gid
+        self.node_layout = layout.with_instances(i for i in layout.instances
+                                                 if (i.gpu, i.start) not in drained)
+        # drained (briefly: see ``_retire``'s ``first``), stopped, its segments unlinked; MPS
+        # daemons stopped
+        await self._retire(old.gid, first_wait_s=wait_s)
+        keep = self.in_use_layout()
+        assert keep is not None
+        try:
+            await asyncio.to_thread(self.partition.tear_down, keep, f"{app}: drained for the new instances")
+            left = await asyncio.to_thread(self.partition.bring_up, desired, f"{app}: re-plan")
+        except JigsawError as exc:
+            raise JigsawError(f"MIG reconfiguration failed after the drain: {exc}") from None
+        if left:
+            raise JigsawError(f"MIG slots {sorted(left)} still held after the drain")
+        return mid
+
+    async def _restore(self, app: str, before: tuple[Plan, NodeLayout], old_gid: int, error: str) -> Applied:
+        """A re-plan failed after its drain-first drained and destroyed instances of the running
+        plan: re-create those MIG instances on their slots (the new plan's go first), restart their
+        processes (MPS daemons first) beside the interim generation's, wait until they are ready and
+        route the app back to the running plan. If that fails too, what it made is undone and the
+        interim generation serves on (said in the log, the history and ``/metrics``)."""
+        assert self.partition is not None
+        plan, layout = before
+        router = self._router()
+        mid = self.generations[self.current[app]]
+        target = self.in_use_layout()
+        assert target is not None
+        held = {i.slot: i for i in target.instances}
+        held.update({i.slot: i for i in layout.instances})
+        target = target.with_instances(held.values())
+        back: Generation | None = None
+        try:
+            await asyncio.to_thread(self.partition.tear_down, target, f"{app}: restoring the running plan")
+            missing = sorted(i.name for i in layout.instances if i.slot not in self.partition.existing)
+            if missing:
+                raise JigsawError(f"MIG instances {', '.join(missing)} could not be created again")
+            layout = self.partition.with_uuids(layout)
+            back = self._lay_out(mid.app, plan)
+            back.adopt(mid, kept_processes(mid, back))
+            await self._launch(back, layout, router)
+        except Exception as exc:
+            if back is not None:
+                await self._abandon(back)
+            await self._release_mig(f"{app}: restoring the running plan failed")
+            self.drain_first_total["restore_failed"] += 1
+            why = (f"{error}; RESTORING THE RUNNING PLAN FAILED TOO ({exc}): the interim plan of "
+                   f"generation {mid.gid} serves on, short of the drained instances, until the next re-plan")
+            self.log(f"{app}: {why}")
+            return Applied(mid.gid, old_gid, mid.gid != old_gid, error=why, restored=False)
+        router.route(app, back.gid)
+        self.current[app] = back.gid
+        self.node_layout = layout
+        self._retire_later(mid.gid)  # every process of it is kept: it only drops its wiring
+        self.drain_first_total["restored"] += 1
+        started = len(back.own())
+        self.processes_started_total += started
+        why = (f"{error}; rolled back: the running plan serves again (generation {back.gid}: "
+               f"{started} processes restarted on re-created MIG instances)")
+        self.log(f"{app}: {why}")
+        return Applied(back.gid, old_gid, True, changed_gpus=tuple(sorted({i.gpu for i in layout.instances})),
+                       processes=len(back.topology.processes), error=why, kept=len(back.adopted),
+                       started=started, restored=True)
+
+    async def _keep_running(self, app: str, old_gid: int, step: KeepRunning, deferred: int,
+                            t0: float) -> Applied:
+        """The policy keeps the running plan: the MIG instances brought up for the new one go."""
+        why = "no longer needed" if step.outcome == "not_needed" else "skipped"
+        await self._release_mig(f"{app}: re-plan {why}")
+        self.drain_first_total[step.outcome] += 1
+        if step.headroom_rps is not None:
+            self._headroom_kept[app] = (old_gid, step.headroom_rps)
+        note = (f"the new plan's MIG instances need the slots of {deferred} running or draining ones "
+                f"and {step.why}: no drain-first, keeping generation {old_gid}")
+        self.log(f"{app}: {note}")
+        return Applied(old_gid, old_gid, False, time.monotonic() - t0, note=note)
+
+    async def _wait_step(self, desired: DesiredState, old_gid: int, new: Plan, node_layout: NodeLayout,
+                         deferred: Deferred, t0: float) -> Deferred | Applied:
+        """Wait for the drains in the new instances' way (``_wait_for_drains``); the slots still
+        held after it, or the ``Applied`` that ends the re-plan (outgrown, no longer needed)."""
+        app = desired.app
+        try:
+            status = await self._wait_for_drains(app, node_layout, deferred, desired.still_needed,
+                                                 desired.outgrown)
+        except WaitOutgrown:
+            # the arrivals outgrew the plan while it waited: it changes nothing, and the re-plan
+            # lock goes to the rate trigger's next plan, sized to what arrives
+            await self._release_mig(f"{app}: re-plan outgrown")
+            self.drain_first_total["outgrown"] += 1
+            note = (f"the arrivals outgrew the new plan ({new.planned_rps:.1f} rps) while it waited "
+                    f"for the drains in its way: nothing changed, keeping generation {old_gid}")
+            self.log(f"{app}: {note}")
+            return Applied(old_gid, old_gid, False, time.monotonic() - t0, note=note)
+        if status == "passed":
+            passed = KeepRunning("not_needed", "the rate now arriving is one the running plan holds")
+            return await self._keep_running(app, old_gid, passed, len(deferred), t0)
+        if status == "freed":
+            return await self._bring_up(app, node_layout, "re-plan, the drains in its way ended")
+        return deferred
+
+    async def _drain_first_step(self, app: str, old: Generation, node_layout: NodeLayout, deferred: Deferred,
+                                wait_s: float) -> tuple[Generation, tuple[Plan, NodeLayout]] | Applied:
+        """Drain the app's instances in the way first (``_drain_first``); on a failure after the
+        drain the running plan is restored, before it the re-plan is refused or failed."""
+        old_gid = old.gid
+        assert self.node_layout is not None
+        before = (old.plan, self.node_layout)
+        try:
+            return await self._drain_first(app, old, node_layout, deferred, wait_s), before
+        except JigsawError as exc:
+            self.failures_total += 1
+            if self.current[app] != old_gid:  # it failed after the drain: bring the plan back
+                self.log(f"{app}: the re-plan failed after its drain-first ({exc})")
+                return await self._restore(app, before, old_gid, str(exc))
+            return await self._refused(app, old_gid, exc)
