@@ -38,27 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--fallback-pass needs JIGSAW_NO_EXTENSIONS=1")
 
 
-def shares_a_module_fixture(item: pytest.Item) -> bool:
-    """Whether ``item`` uses a module-scoped fixture of its own module (a server, an export...)."""
-    info = getattr(item, "_fixtureinfo", None)
-    module = getattr(item, "module", None)
-    if info is None or module is None:
-        return False
-    for name, defs in info.name2fixturedefs.items():
-        fixture = defs[-1]
-        if name != "http_front" and fixture.scope == "module" and \
-                getattr(fixture.func, "__module__", None) == module.__name__:
-            return True
-    return False
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # ``make test`` runs pytest-xdist with ``--dist loadgroup``: the tests sharing a module's server
-    # go to one worker, which starts it once, instead of one copy per worker
-    for item in items:
-        if shares_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     if not config.getoption("--fallback-pass"):
         return
     keep = [i for i in items if not repeats_the_first_pass(i)]
