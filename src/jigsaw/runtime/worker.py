@@ -72,6 +72,7 @@ from jigsaw.backends.base import Backend, Downstream, ItemResult, OutputSpec
 from jigsaw.backends.registry import BackendUnavailable, backend_kind
 from jigsaw.runtime.batching import BatchQueue
 from jigsaw.runtime.containment import ContainedBatches, ErrorLog, check_results
+from jigsaw.runtime.in_flight import BatchesInFlight
 from jigsaw.runtime.records import (
     CREDIT_BYTES,
     HOP_BATCH,
@@ -248,9 +249,9 @@ class Wiring:
         self.stats.close()
 
 
-class Worker(ContainedBatches):
+class Worker(ContainedBatches, BatchesInFlight):
     """The state of one worker process; ``run`` is its loop (what it does with a batch its backend
-    failed: ``containment.ContainedBatches``)."""
+    failed: ``containment.ContainedBatches``; with two batches in flight: ``in_flight``)."""
 
     def __init__(self, spec: ProcessSpec, spec_path: Path | None = None, control: Path | None = None) -> None:
         self.backend = make_backend(spec)
@@ -285,6 +286,7 @@ class Worker(ContainedBatches):
         # (the emulated backend's are a few bytes by construction)
         self._check_sizes = self.backend.kind != "emulated"
         self.errors = ErrorLog(spec.name)
+        self._init_in_flight()
 
     @staticmethod
     def _new_queue(spec: ProcessSpec) -> BatchQueue:
@@ -332,7 +334,7 @@ class Worker(ContainedBatches):
         # a batch in flight (a SIGHUP mid-batch): its start stamp moves to the current slot, which
         # the supervisor watches (and ``_finish_batch`` clears), and so does the queue length
         # (before ``_maybe_swap_queue``, which may unmap the previous wiring)
-        started = self._batch_start_ns if self._busy else 0
+        started = self._batch_start_ns if self._in_flight else 0
         if started and previous is not self.wiring:
             self.stats.batch_started(slot, started, previous.stats.batch_record(previous.spec.slot))
             previous.stats.clear_batch(previous.spec.slot)
@@ -356,7 +358,7 @@ class Worker(ContainedBatches):
         if self._queue_spec is not None:
             self.queue = self._new_queue(self._queue_spec)
             self._queue_spec = None
-        in_use = {item[3] for item in self._in_flight} if self._busy else set()
+        in_use = {item[3] for item in self._in_flight}
         for w in self._unmapped:
             if w not in in_use:
                 w.close()
@@ -507,8 +509,11 @@ class Worker(ContainedBatches):
         rings are visited round-robin from a rotating start (``_next_input``); an item's tag is
         the wiring it came in on.
         """
-        items, ids, tensors, dropped, refused, self._next_input, self._passed_over_ns = self.queue.take_batch(
-            self.inputs, self._input_wiring, self._next_input, self._passed_over_ns)
+        if not self._in_flight:
+            items, ids, tensors, dropped, refused, self._next_input, self._passed_over_ns = \
+                self.queue.take_batch(self.inputs, self._input_wiring, self._next_input, self._passed_over_ns)
+        else:  # a batch computes: the process is not idle (``in_flight.py``)
+            items, ids, tensors, dropped, refused = self.take_while_computing()
         if refused:  # the queue was full: rejected
             for header, credit, _, wiring in refused:
                 self.complete(header, Status.REJECTED, credit, wiring=wiring)
@@ -536,6 +541,9 @@ class Worker(ContainedBatches):
         thread, a timer) is finished by a task, and the process takes no new batch until then
         (``_busy``).
         """
+        if self.in_flight_max > 1:  # the backend keeps batches in flight (``in_flight.py``)
+            self.submit_batch(items, request_ids, tensors)
+            return
         queued = len(items) + len(self.queue)  # (the queue as it was before the release)
         start = time.monotonic_ns()
         # the batch record, then the start stamp (``StatsBlock.batch_started``, inlined: a batch's path)
@@ -672,7 +680,7 @@ class Worker(ContainedBatches):
     def publish_queued(self, queued: int | None = None) -> None:
         """Publish the items queued here (``queued``, else the queue's length) in every stats slot
         this process has: the producers route by it."""
-        n = len(self.queue) if queued is None else queued
+        n = len(self.queue) + len(self._in_flight) if queued is None else queued
         for w in self.wirings:
             w.stats.set(w.spec.slot, QUEUED, n)
 
@@ -695,7 +703,8 @@ class Worker(ContainedBatches):
             while True:
                 if not _running:
                     self._quiet_bell()
-                    self._done.set_result(None)
+                    if not self._in_flight:  # (else the last batch in flight to finish turns again)
+                        self._done.set_result(None)
                     return
                 bell.disarm()  # awake: every push until the next arm() is seen by the look below
                 if self._rewire:
