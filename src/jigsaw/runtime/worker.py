@@ -17,12 +17,15 @@ each item's children to the least-loaded process of the lane's variant of each d
 and reports every finished or dropped item to the
 frontend with its credit (see ``jigsaw.runtime.records``).
 
-A process runs one batch at a time, as the paper's instances do; the backend's ``execute_nowait``
-hands back a batch that needs no wait (an emulated one shorter than the loop's timer) as its
-results, finished in the same callback, and one that waits (a timer for the emulated backend, a
-device event for a GPU one) as a coroutine. The turn steps that coroutine itself: one that still
-finishes at once is finished in the same callback; one that waits is finished by a task, which then
-turns again.
+A process runs one batch at a time, as the paper's instances do, unless its backend is a device
+pipeline (``Backend.max_in_flight`` 2): then batch n+1 is taken and submitted (staged and uploaded)
+while batch n computes, and the batches finish in order (``runtime/in_flight.py``: the release rule
+while a batch computes, the batch record of both, a failed batch, a stop). Otherwise the backend's
+``execute_nowait`` hands back a batch that needs no wait (an emulated one shorter than the loop's
+timer) as its results, finished in the same callback, and one that waits (a timer for the emulated
+backend, a device event for a GPU one) as a coroutine. The turn steps that coroutine itself: one
+that still finishes at once is finished in the same callback; one that waits is finished by a task,
+which then turns again.
 
 A process outlives the generation that started it when a re-plan keeps its instance: the daemon
 writes the spec files the process serves (newest first) to its ``--control`` file and sends
@@ -48,8 +51,8 @@ routing only when every process of the new generation is ready, so a kept proces
 its batch to end held the whole switch for up to a batch (seconds of wall time at the replays' time
 scales, where a spike's new plan is most needed). Nothing the batch in flight uses changes meaning:
 its items carry their wiring, its stats (the batch's start, busy time, the queue length producers
-route by) follow the current slot, and the new spec's batching rule replaces the queue only when the
-queue is empty (the batch in flight is not in it).
+route by; with two in flight, the record of both) follow the current slot, and the new spec's
+batching rule replaces the queue only when the queue is empty (the batch in flight is not in it).
 """
 
 from __future__ import annotations
