@@ -185,22 +185,25 @@ async def big_inputs(host: str, port: int, app_url: str, seconds: float, stats: 
 
 
 def _names_task_and_output(status: int, body: bytes) -> str:
-    """The status, and for a 500 whether its error names the task and the output (``real_node``)."""
+    """The status, and for a 500 which output its error names (``real_node``'s tasks)."""
     if status != 500:
         return str(status)
     try:
         error = str(json.loads(body).get("error", ""))
     except (ValueError, AttributeError):
         error = ""
-    named = "task 'up'" in error and "output for task 'dec'" in error
-    return "500 naming task and output" if named else "500 otherwise"
+    if "task 'up'" in error and "output for task 'dec'" in error:
+        return "500 naming up's child"
+    if "task 'dec'" in error and "its outputs (" in error:
+        return "500 naming dec's answer"
+    return "500 otherwise"
 
 
 async def oversized_outputs(host: str, port: int, app_url: str, seconds: float, stats: Counter[str]) -> None:
-    """Requests whose task output outgrows its ring slot (``real_node``: a 160 KB waveform that
-    ``up`` makes a 640 KB child), 5 a second."""
-    await _posts(app_url, [real_node.infer_body(real_node.OVER_SAMPLES)], 5.0, seconds, stats,
-                 _names_task_and_output)
+    """Requests that fit their rings whose outputs do not (``real_node``): a 160 KB waveform that
+    ``up`` makes a 640 KB child, a 120 KB one that ``dec`` makes a 3.8 MB answer; 5 a second."""
+    bodies = [real_node.infer_body(real_node.OVER_CHILD), real_node.infer_body(real_node.OVER_ANSWER)]
+    await _posts(app_url, bodies, 5.0, seconds, stats, _names_task_and_output)
 
 
 ATTACKS: dict[str, Attack] = {

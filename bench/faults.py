@@ -11,9 +11,10 @@ trouble, then one phase per ``--phases`` entry, each ``--phase-seconds`` long an
   wrong shapes and types, unknown paths and methods);
 - ``poison``: inputs a model cannot take (an empty image, zero-size axes);
 - ``biginput``: 4 MB requests, far over a ring slot, under the payload limit;
-- ``oversized``: requests whose task output outgrows its ring slot (a 160 KB waveform upsampled to
-  a 640 KB child), against a small REAL node (``real_node.py``: onnxruntime on this CPU, its own
-  baseline and valid stream on the same app), since emulated outputs do not follow their inputs;
+- ``oversized``: requests that fit their rings whose outputs do not (a 160 KB waveform upsampled
+  to a 640 KB child, a 120 KB one to a 3.8 MB answer), against a small REAL node
+  (``real_node.py``: onnxruntime on this CPU, its own baseline and valid stream on the same app),
+  as emulated outputs do not grow with their inputs;
 - ``headers``: a 100 KB header line and 10,000 headers, 20 connections at a time, and one 64 MB
   header line;
 - ``idle``: 10,000 connections that never send a byte;
@@ -55,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = "traffic_analysis"
 PHASES = ("workers", "bad", *attacks.ATTACKS)
 REAL_PHASES = ("oversized",)  # run on real_node's onnxruntime node, not the emulated one
+OVERSIZED_ANSWERS = {"500 naming up's child", "500 naming dec's answer"}  # what each attack must get
 
 
 def hostile_requests(url: str) -> list[tuple[str, str, bytes, dict[str, str]]]:
@@ -339,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     emulated = [p for p in phases if p not in REAL_PHASES]
     real = [p for p in phases if p in REAL_PHASES]
+    if real and (why := real_node.missing()) is not None:
+        print(f"faults: {', '.join(real)} {why}", file=sys.stderr)
+        return 2
     ok = True
     if emulated:
         k = args.time_scale
@@ -358,8 +363,13 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="jigsaw-real-node-") as d:
             node_file = real_node.write_node(Path(d))
             body = real_node.infer_body(real_node.VALID_SAMPLES)
-            _, real_ok = serve_and_attack(node_file, real_node.APP, ["--demand", str(args.real_rate),
-                                          "--no-controller"], False, args, args.real_rate, 1.0, real, body)
+            daemon_args = ["--demand", str(args.real_rate), "--no-controller"]
+            result, real_ok = serve_and_attack(node_file, real_node.APP, daemon_args, False, args,
+                                               args.real_rate, 1.0, real, body)
+        got = set(result["stats"].get("oversized", Counter()))
+        if "oversized" in real and got != OVERSIZED_ANSWERS:
+            print(f"oversized outputs answered {sorted(got)}: each must be a 500 naming its task and output")
+            real_ok = False
         ok = ok and real_ok
     print(f"result: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
