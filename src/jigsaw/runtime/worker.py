@@ -273,8 +273,8 @@ class Worker(ContainedBatches, BatchesInFlight):
         self._rewire = False
         self._woke_ns = 0  # when the doorbell last woke the loop
         self._rung = False  # woken by the doorbell: its FIFO's bytes are still to be read
-        self._busy = False  # a batch is awaiting its backend (a task finishes it)
-        self._in_flight: list[Any] = []  # that batch's items (their wirings stay mapped until it ends)
+        self._busy = False  # the turn takes no batch: one awaits its backend (``in_flight.py``: or two)
+        self._in_flight: list[Any] = []  # those batches' items (their wirings stay mapped until they end)
         self._in_flight_queued = 0  # the queue length published when it started (its items included)
         self._batch_start_ns = 0
         self._batch_task: asyncio.Task[None] | None = None
