@@ -20,9 +20,15 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 lint: setup
 	$(VENV)/bin/ruff check src tests bench profiles
 
+# pytest-xdist workers: most tests wait on servers, sockets and sleeps, so more workers than cores pay;
+# the second pass serves the ring/batching/dispatch paths again on the pure-Python fallbacks
+# (tests/conftest.py's --fallback-pass drops what would repeat the first pass)
+TEST_WORKERS ?= 4
+PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+
 test: setup lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider
-	JIGSAW_NO_EXTENSIONS=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/runtime tests/dataplane
+	$(PYTEST)
+	JIGSAW_NO_EXTENSIONS=1 $(PYTEST) --fallback-pass tests/runtime tests/dataplane
 
 demo: setup
 	$(PY) -m jigsaw.demo

@@ -86,7 +86,7 @@ def test_an_item_over_its_ring_fails_alone_and_max_item_bytes_carries_it(tmp_pat
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "jigsaw.daemon", "--node-config",
                                  str(tmp_path / "node.toml"), "--port", str(port), "--demand", "1",
-                                 "--no-controller"],
+                                 "--no-controller", "--grpc-port", "0"],
                                 env=env, stderr=out)
     try:
         deadline = time.monotonic() + 120
