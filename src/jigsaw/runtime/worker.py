@@ -512,11 +512,9 @@ class Worker(ContainedBatches, BatchesInFlight):
         rings are visited round-robin from a rotating start (``_next_input``); an item's tag is
         the wiring it came in on.
         """
-        if not self._in_flight:
-            items, ids, tensors, dropped, refused, self._next_input, self._passed_over_ns = \
-                self.queue.take_batch(self.inputs, self._input_wiring, self._next_input, self._passed_over_ns)
-        else:  # a batch computes: the process is not idle (``in_flight.py``)
-            items, ids, tensors, dropped, refused = self.take_while_computing()
+        items, ids, tensors, dropped, refused, self._next_input, self._passed_over_ns = self.queue.take_batch(
+            self.inputs, self._input_wiring, self._next_input, self._passed_over_ns) if not self._in_flight \
+            else self.take_while_computing()  # a batch computes: the process is not idle (``in_flight.py``)
         if refused:  # the queue was full: rejected
             for header, credit, _, wiring in refused:
                 self.complete(header, Status.REJECTED, credit, wiring=wiring)
@@ -544,9 +542,6 @@ class Worker(ContainedBatches, BatchesInFlight):
         thread, a timer) is finished by a task, and the process takes no new batch until then
         (``_busy``).
         """
-        if self.in_flight_max > 1:  # the backend keeps batches in flight (``in_flight.py``)
-            self.submit_batch(items, request_ids, tensors)
-            return
         queued = len(items) + len(self.queue)  # (the queue as it was before the release)
         start = time.monotonic_ns()
         # the batch record, then the start stamp (``StatsBlock.batch_started``, inlined: a batch's path)
