@@ -180,6 +180,34 @@ def test_a_partial_batch_waits_while_one_computes_and_goes_when_the_process_is_i
     assert [r[0] for r in t.done.pop_completions(16)] == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_partial_batch_goes_at_its_planned_wait_while_one_computes(make_worker):  # noqa: F811
+    """The other release rule still holds while a batch computes: the oldest item waited the
+    planned wait (20 ms here), so the partial batch is submitted beside the one in flight."""
+    from jigsaw.runtime.batching import BatchQueue
+    t = make_worker()
+    dev = _device(t)
+    w = t.worker
+    q = w.queue
+    w.queue = BatchQueue(q.max_batch, 20 * 10**6, q.capacity, q.staleness_ns, q.remaining_min_ns,
+                         list(q.exec_estimate_ns))
+
+    async def run() -> list[list[int]]:
+        _start(t, range(1, 5))
+        await _settle()
+        for rid in (5, 6):
+            _push(t, rid)
+        w._turn()
+        await asyncio.sleep(0.1)  # the turn's timer, due at the planned wait
+        submitted = [ids for e, ids in dev.events if e == "submit"]
+        dev.done(0)
+        dev.done(1)
+        await w._batch_task
+        return submitted
+
+    assert asyncio.run(run()) == [[1, 2, 3, 4], [5, 6]]  # both before batch 1 came back
+    assert [r[0] for r in t.done.pop_completions(16)] == [1, 2, 3, 4, 5, 6]
+
+
 @pytest.mark.parametrize("fail", ["submit", "collect"])
 def test_a_failing_batch_loses_nothing_of_the_next(make_worker, fail):  # noqa: F811
     """Batch 1 holds the poison: its items run again alone (only the poison answered 500, naming
