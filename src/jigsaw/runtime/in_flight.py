@@ -22,7 +22,8 @@ an item already answered.
 
 A batch whose submit or collect fails has its items run again alone (``_run_alone``), after the
 batch before it finished; a failed submit holds the next batch back until then. The batches after
-a failed one are not lost: they finish after it, in order. A stop (SIGTERM) takes no new batch and
+a failed one are not lost: they finish after it, in order. A backend found failing every item
+(``ContainedBatches``) is probed once no batch is in flight. A stop (SIGTERM) takes no new batch and
 ends the process once the batches in flight finished.
 """
 
@@ -168,7 +169,8 @@ class BatchesInFlight:
                 results = await self._run_alone(flight.items, failed)
             flight.collected_ns = time.monotonic_ns()
             self._finish_flight(flight, results)
-            self.probe_if_due()
+            if not self._flights:  # (the warm-up batch runs on the loop: never beside a batch in flight)
+                self.probe_if_due()
         except BaseException as exc:
             self._fail(exc)
             return
