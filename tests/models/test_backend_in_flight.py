@@ -5,6 +5,9 @@ same code runs: submit computes the batch, collect hands it back."""
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +21,9 @@ from jigsaw.backends.pipeline import Pipeline  # noqa: E402
 from jigsaw.backends.torch_backend import TorchBackend  # noqa: E402
 from jigsaw.models.images import street_scene  # noqa: E402
 from jigsaw.tensors import Tensor, encode_tensors  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from test_worker_turn import make_worker  # noqa: E402, F401 (the fixture: a worker on real rings)
 
 
 def _payload(img: np.ndarray) -> bytes:
@@ -74,3 +80,65 @@ def _cpu_engine():  # type: ignore[no-untyped-def]
     from jigsaw.backends.torch_backend import TorchEngine
     from jigsaw.models.zoo import build
     return TorchEngine(build("resnet18"), torch.device("cpu"), torch.float32, 64)
+
+
+def test_a_worker_serves_a_torch_classifier_two_batches_in_flight(make_worker: Any) -> None:  # noqa: F811
+    """The worker's two-in-flight path with the real device pipeline on the CPU: eight images in
+    batches of four, batch 2 submitted before batch 1 came back, each item's child (the
+    classifier's outputs, passed on) as the backend's own ``execute`` makes it, in order."""
+    import time
+
+    from jigsaw.runtime.records import HOP_SENT, TOTAL_CREDIT
+    from jigsaw.runtime.rings import RecordHeader, Status
+    from jigsaw.runtime.stats import READY, STATE
+    t = make_worker()
+    t.stats.set(1, STATE, READY)
+    w = t.worker
+    w.backend.close()
+    be = w.backend = TorchBackend("b", "classifier", [Downstream("c", 1.0)], threads=1)
+    be.load("resnet18", 4)
+    w._init_in_flight()
+    events: list[tuple[str, int, list[int]]] = []  # (call, batches in flight, the batch record)
+    submit, collect = be.submit, be.collect
+
+    async def logged_submit(ids: Any, inputs: Any) -> Any:
+        events.append(("submit", len(w._flights), sorted(t.stats.batch_record(0))))
+        return await submit(ids, inputs)
+
+    async def logged_collect(handle: Any) -> Any:
+        events.append(("collect", len(w._flights), sorted(t.stats.batch_record(0))))
+        return await collect(handle)
+
+    be.submit, be.collect = logged_submit, logged_collect  # type: ignore[method-assign]
+    payloads = [_payload(street_scene(24 + 4 * i, 32, seed=i)) for i in range(8)]
+
+    async def run() -> None:
+        w._loop = asyncio.get_running_loop()
+        w._done = w._loop.create_future()
+        for i, body in enumerate(payloads):
+            now = time.monotonic_ns()
+            h = RecordHeader(request_id=i + 1, deadline_ns=now + 60 * 10**9, created_ns=now)
+            h.stamp(HOP_SENT, now)
+            assert t.producer.push_framed(h, TOTAL_CREDIT, body)
+        w._turn()
+        for _ in range(3000):
+            await asyncio.sleep(0.005)
+            if not w._flights and len(events) >= 4 and not len(t.producer):
+                break
+
+    try:
+        asyncio.run(run())
+        # batch 2 was taken and handed over while batch 1 was in flight: batch 1's collect found
+        # both in flight and in the record (on the CPU the helper thread then runs batch 1's
+        # collect first; on CUDA it waits on the device off that thread while batch 2 uploads)
+        assert events[0] == ("submit", 1, [1, 2, 3, 4])
+        assert sorted(events[1:3]) == [("collect", 2, list(range(1, 9))), ("submit", 2, list(range(1, 9)))]
+        assert events[3] == ("collect", 1, [5, 6, 7, 8])
+        records = t.done.pop_completions(16)
+        assert [(r[0], r[2]) for r in records] == [(i, int(Status.OK)) for i in range(1, 9)]
+        children = t.out.pop_many_framed(16)
+        want = be.execute(list(range(4)), payloads[:4]) + be.execute(list(range(4)), payloads[4:])
+        assert [h.request_id for h, _, _ in children] == list(range(1, 9))
+        assert [bytes(body) for _, _, body in children] == [bytes(r.children["c"][0]) for r in want]
+    finally:
+        be.close()

@@ -34,7 +34,8 @@ class Device:
     """A backend with two batches in flight: ``submit`` returns at once (the batch launched),
     ``collect`` waits until the test opens the batch's gate (``done(k)``: the k-th batch
     submitted has computed). ``fail`` is where request ``POISON``'s batch raises: "submit" or
-    "collect"; run alone (``execute_async``), ``POISON`` fails by itself."""
+    "collect"; run alone (``execute_async``), ``POISON`` fails by itself; "lost": every collect,
+    item and warm-up fails (a lost device)."""
 
     kind = "fake"
     max_in_flight = 2
@@ -73,18 +74,20 @@ class Device:
             self.gates.append(asyncio.Event())
         await self.gates[k].wait()
         self._note("collected", ids)
-        if self.fail == "collect" and POISON in ids:
+        if self.fail == "lost" or (self.fail == "collect" and POISON in ids):
             raise RuntimeError("device lost the batch")
         return self._results(ids)
 
     async def execute_async(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> list[ItemResult]:
         self._note("alone", request_ids)
-        if POISON in request_ids:
+        if POISON in request_ids or self.fail == "lost":
             raise ZeroDivisionError("division by zero")
         return self._results(request_ids)
 
     def warm_up(self, batch_sizes: Sequence[int]) -> None:
-        pass
+        self._note("warm_up", [0])
+        if self.fail == "lost":
+            raise RuntimeError("device lost")
 
     def close(self) -> None:
         pass
@@ -177,6 +180,34 @@ def test_a_partial_batch_waits_while_one_computes_and_goes_when_the_process_is_i
     held, submitted = asyncio.run(run())
     assert (held, submitted) == (2, 1)
     assert [ids for e, ids in dev.events if e == "submit"] == [[1, 2, 3, 4], [5, 6]]
+    assert [r[0] for r in t.done.pop_completions(16)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_partial_batch_goes_at_its_planned_wait_while_one_computes(make_worker):  # noqa: F811
+    """The other release rule still holds while a batch computes: the oldest item waited the
+    planned wait (20 ms here), so the partial batch is submitted beside the one in flight."""
+    from jigsaw.runtime.batching import BatchQueue
+    t = make_worker()
+    dev = _device(t)
+    w = t.worker
+    q = w.queue
+    w.queue = BatchQueue(q.max_batch, 20 * 10**6, q.capacity, q.staleness_ns, q.remaining_min_ns,
+                         list(q.exec_estimate_ns))
+
+    async def run() -> list[list[int]]:
+        _start(t, range(1, 5))
+        await _settle()
+        for rid in (5, 6):
+            _push(t, rid)
+        w._turn()
+        await asyncio.sleep(0.1)  # the turn's timer, due at the planned wait
+        submitted = [ids for e, ids in dev.events if e == "submit"]
+        dev.done(0)
+        dev.done(1)
+        await w._batch_task
+        return submitted
+
+    assert asyncio.run(run()) == [[1, 2, 3, 4], [5, 6]]  # both before batch 1 came back
     assert [r[0] for r in t.done.pop_completions(16)] == [1, 2, 3, 4, 5, 6]
 
 
@@ -279,3 +310,30 @@ def test_a_sighup_with_two_batches_in_flight_moves_both_to_the_new_slot(make_wor
                 ring.close()
             for seg in new.closing:
                 seg.close()
+
+
+def test_a_lost_device_is_probed_once_no_batch_is_in_flight_and_the_process_exits(make_worker):  # noqa: F811
+    """Three batches in a row whose every item failed make the probe due; it waits for the fourth
+    batch, in flight then, to finish (every request answered 500 first); the warm-up batch then
+    fails too and the process ends (to be restarted)."""
+    t = make_worker()
+    dev = _device(t, "lost")
+    w = t.worker
+
+    async def run() -> BaseException | None:
+        _start(t, range(1, 17))
+        for k in range(4):
+            dev.done(k)
+        for _ in range(200):
+            await _settle()
+            if w._done.done():
+                break
+        return w._done.exception() if w._done.done() else None
+
+    ended = asyncio.run(run())
+    assert isinstance(ended, SystemExit) and "warm-up batch" in str(ended)
+    records = t.done.pop_completions(32)
+    assert sorted(r[0] for r in records) == list(range(1, 17))
+    assert {r[2] for r in records} == {int(Status.ERROR)}
+    probe = [e for e, _ in dev.events].index("warm_up")
+    assert probe == len(dev.events) - 1  # after the last batch, with none in flight

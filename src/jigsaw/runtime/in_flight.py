@@ -22,7 +22,8 @@ an item already answered.
 
 A batch whose submit or collect fails has its items run again alone (``_run_alone``), after the
 batch before it finished; a failed submit holds the next batch back until then. The batches after
-a failed one are not lost: they finish after it, in order. A stop (SIGTERM) takes no new batch and
+a failed one are not lost: they finish after it, in order. A backend found failing every item
+(``ContainedBatches``) is probed once no batch is in flight. A stop (SIGTERM) takes no new batch and
 ends the process once the batches in flight finished.
 """
 
@@ -82,11 +83,16 @@ class BatchesInFlight:
         self._flights: list[Flight] = []  # oldest first
         self._collected_ns = 0  # when the last batch finished came back from the backend
         self.in_flight_max = max(1, min(self.backend.max_in_flight, IN_FLIGHT_MAX))
+        if self.in_flight_max > 1:  # the worker's batches start here (bound once: no test per batch)
+            self._start_batch = self.submit_batch  # type: ignore[method-assign]
+        else:
+            self.__dict__.pop("_start_batch", None)
 
-    def take_while_computing(self) -> tuple[Any, Any, Any, list[Any], list[Any]]:
+    def take_while_computing(self) -> tuple[Any, Any, Any, list[Any], list[Any], int, int]:
         """``BatchQueue.take_batch``'s intake and drops, released by the rule of a process that is
-        not idle (a batch computes): ``next_batch(now, idle=False)``. Returns ``(items, request
-        ids, tensors, dropped, refused)``, items None when nothing is released."""
+        not idle (a batch computes): ``next_batch(now, idle=False)``. Returns what ``take_batch``
+        does: ``(items, request ids, tensors, dropped, refused, first, passed_over_ns)``, items
+        None when nothing is released."""
         q, rings, tags = self.queue, self.inputs, self._input_wiring
         refused: list[Any] = []
         want = q.max_batch - len(q)
@@ -102,17 +108,19 @@ class BatchesInFlight:
             self._next_input = (first + 1) % k
         now = time.monotonic_ns()
         dropped = list(q.expired(now)) if len(q) else []
+        passed_over_ns = self._passed_over_ns
         if len(q) >= q.max_batch and any(len(ring) for ring in rings):
-            self._passed_over_ns = now
+            passed_over_ns = now
         batch = q.next_batch(now, False)
         if batch is None:
-            return None, None, None, dropped, refused
+            return None, None, None, dropped, refused, self._next_input, passed_over_ns
         items = [entry[3] for entry in batch]
-        return items, [entry[0] for entry in batch], [item[2] for item in items], dropped, refused
+        return (items, [entry[0] for entry in batch], [item[2] for item in items], dropped, refused,
+                self._next_input, passed_over_ns)
 
     def submit_batch(self, items: list[Any], request_ids: list[int], tensors: list[Any]) -> None:
-        """Hand the backend a batch ``take_batch`` released (``_start_batch`` when the backend
-        keeps batches in flight); the turn takes no batch until the backend holds it."""
+        """Hand the backend a batch ``take_batch`` released (the worker's ``_start_batch`` when
+        the backend keeps batches in flight); the turn takes no batch until the backend holds it."""
         flight = Flight(items, list(request_ids), time.monotonic_ns())
         loop = self._running_loop()
         flight.finished = loop.create_future()
@@ -161,7 +169,8 @@ class BatchesInFlight:
                 results = await self._run_alone(flight.items, failed)
             flight.collected_ns = time.monotonic_ns()
             self._finish_flight(flight, results)
-            self.probe_if_due()
+            if not self._flights:  # (the warm-up batch runs on the loop: never beside a batch in flight)
+                self.probe_if_due()
         except BaseException as exc:
             self._fail(exc)
             return

@@ -273,8 +273,8 @@ class Worker(ContainedBatches, BatchesInFlight):
         self._rewire = False
         self._woke_ns = 0  # when the doorbell last woke the loop
         self._rung = False  # woken by the doorbell: its FIFO's bytes are still to be read
-        self._busy = False  # a batch is awaiting its backend (a task finishes it)
-        self._in_flight: list[Any] = []  # that batch's items (their wirings stay mapped until it ends)
+        self._busy = False  # the turn takes no batch: one awaits its backend (``in_flight.py``: or two)
+        self._in_flight: list[Any] = []  # those batches' items (their wirings stay mapped until they end)
         self._in_flight_queued = 0  # the queue length published when it started (its items included)
         self._batch_start_ns = 0
         self._batch_task: asyncio.Task[None] | None = None
@@ -512,11 +512,9 @@ class Worker(ContainedBatches, BatchesInFlight):
         rings are visited round-robin from a rotating start (``_next_input``); an item's tag is
         the wiring it came in on.
         """
-        if not self._in_flight:
-            items, ids, tensors, dropped, refused, self._next_input, self._passed_over_ns = \
-                self.queue.take_batch(self.inputs, self._input_wiring, self._next_input, self._passed_over_ns)
-        else:  # a batch computes: the process is not idle (``in_flight.py``)
-            items, ids, tensors, dropped, refused = self.take_while_computing()
+        items, ids, tensors, dropped, refused, self._next_input, self._passed_over_ns = self.queue.take_batch(
+            self.inputs, self._input_wiring, self._next_input, self._passed_over_ns) if not self._in_flight \
+            else self.take_while_computing()  # a batch computes: the process is not idle (``in_flight.py``)
         if refused:  # the queue was full: rejected
             for header, credit, _, wiring in refused:
                 self.complete(header, Status.REJECTED, credit, wiring=wiring)
@@ -544,9 +542,6 @@ class Worker(ContainedBatches, BatchesInFlight):
         thread, a timer) is finished by a task, and the process takes no new batch until then
         (``_busy``).
         """
-        if self.in_flight_max > 1:  # the backend keeps batches in flight (``in_flight.py``)
-            self.submit_batch(items, request_ids, tensors)
-            return
         queued = len(items) + len(self.queue)  # (the queue as it was before the release)
         start = time.monotonic_ns()
         # the batch record, then the start stamp (``StatsBlock.batch_started``, inlined: a batch's path)
