@@ -20,9 +20,16 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 lint: setup
 	$(VENV)/bin/ruff check src tests bench profiles
 
+# pytest-xdist workers: the suite is mostly CPU-bound; one worker more than the CI's 2 cores covers
+# the waits on servers, sockets and sleeps;
+# the second pass serves the ring/batching/dispatch paths again on the pure-Python fallbacks
+# (tests/conftest.py's --fallback-pass drops what would repeat the first pass)
+TEST_WORKERS ?= 3
+PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+
 test: setup lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider
-	JIGSAW_NO_EXTENSIONS=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/runtime tests/dataplane
+	$(PYTEST)
+	JIGSAW_NO_EXTENSIONS=1 $(PYTEST) --fallback-pass tests/runtime tests/dataplane
 
 demo: setup
 	$(PY) -m jigsaw.demo

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import real_node
 
 Attack = Callable[[str, int, str, float, Counter[str]], Awaitable[None]]
 
@@ -135,7 +136,12 @@ async def slow_heads(host: str, port: int, app_url: str, seconds: float, stats: 
     await _hold(host, port, 2000, 1000.0, seconds, stats, send)
 
 
-async def _posts(url: str, bodies: list[bytes], per_s: float, seconds: float, stats: Counter[str]) -> None:
+def _by_status(status: int, body: bytes) -> str:
+    return str(status)
+
+
+async def _posts(url: str, bodies: list[bytes], per_s: float, seconds: float, stats: Counter[str],
+                 label: Callable[[int, bytes], str] = _by_status) -> None:
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         end = time.monotonic() + seconds
@@ -145,8 +151,7 @@ async def _posts(url: str, bodies: list[bytes], per_s: float, seconds: float, st
         async def one(body: bytes) -> None:
             try:
                 async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
-                    await r.read()
-                    stats[str(r.status)] += 1
+                    stats[label(r.status, await r.read())] += 1
             except (TimeoutError, aiohttp.ClientError):
                 stats["no answer"] += 1
         while time.monotonic() < end:
@@ -172,16 +177,38 @@ async def poison(host: str, port: int, app_url: str, seconds: float, stats: Coun
     await _posts(app_url, [_image([0]), _image([0, 0, 3]), _image([1, 0])], 5.0, seconds, stats)
 
 
-async def oversized(host: str, port: int, app_url: str, seconds: float, stats: Counter[str]) -> None:
+async def big_inputs(host: str, port: int, app_url: str, seconds: float, stats: Counter[str]) -> None:
     """Requests far larger than a ring slot (4 MB images, under the 16 MiB payload limit)."""
     body = json.dumps({"inputs": [{"name": "image", "datatype": "UINT8", "shape": [4 << 20],
                                    "data": [7] * (4 << 20)}]}).encode()
     await _posts(app_url, [body], 1.0, seconds, stats)
 
 
+def _names_task_and_output(status: int, body: bytes) -> str:
+    """The status, and for a 500 which output its error names (``real_node``'s tasks)."""
+    if status != 500:
+        return str(status)
+    try:
+        error = str(json.loads(body).get("error", ""))
+    except (ValueError, AttributeError):
+        error = ""
+    if "task 'up'" in error and "output for task 'dec'" in error:
+        return "500 naming up's child"
+    if "task 'dec'" in error and "its outputs (" in error:
+        return "500 naming dec's answer"
+    return "500 otherwise"
+
+
+async def oversized_outputs(host: str, port: int, app_url: str, seconds: float, stats: Counter[str]) -> None:
+    """Requests that fit their rings whose outputs do not (``real_node``): a 160 KB waveform that
+    ``up`` makes a 640 KB child, a 120 KB one that ``dec`` makes a 3.8 MB answer; 5 a second."""
+    bodies = [real_node.infer_body(real_node.OVER_CHILD), real_node.infer_body(real_node.OVER_ANSWER)]
+    await _posts(app_url, bodies, 5.0, seconds, stats, _names_task_and_output)
+
+
 ATTACKS: dict[str, Attack] = {
-    "poison": poison, "oversized": oversized, "headers": header_flood, "idle": idle_connections,
-    "stalled": stalled_bodies, "slowhead": slow_heads,
+    "poison": poison, "biginput": big_inputs, "oversized": oversized_outputs, "headers": header_flood,
+    "idle": idle_connections, "stalled": stalled_bodies, "slowhead": slow_heads,
 }
 
 

@@ -128,9 +128,10 @@ def _alive(pgid: int) -> bool:
     return True
 
 
-def jigsawd(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> tuple[Proc, str]:
+def jigsawd(args: list[str], log_path: Path, env: dict[str, str] | None = None,
+            emulate: bool = True) -> tuple[Proc, str]:
     port = free_port()
-    cmd = jigsawd_command(args, port)
+    cmd = jigsawd_command(args, port, emulate=emulate)
     if SERVER_CPUS:  # every process of the node (workers inherit the daemon's CPUs)
         cmd = ["taskset", "-c", SERVER_CPUS, *cmd]
     server = Proc(cmd, port, log_path, name="jigsawd", ready_timeout_s=180.0,

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import pytest
 from dpserver import ROOT, Load, Server, http, image, write_tiny
 
 from jigsaw.testing import shm_entries
@@ -76,17 +77,22 @@ def test_sigterm_drains_in_flight_requests_and_cleans_up(tmp_path):
 
 def test_restart_after_kill_9_removes_leftovers(server_factory, tmp_path):
     args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 1.0}, 1)])
-    s = Server(args, tmp_path / "killed.log")
-    with s:
-        pid = s.proc.pid
-        assert shm_entries(pid)
-        os.killpg(pid, signal.SIGKILL)
-        s.proc.wait(timeout=10)
-        assert shm_entries(pid), "kill -9 should leave segments for the next start to remove"
-        s2 = server_factory(args, name="restarted")
-        assert http("GET", s2.url + "/v2/health/ready")[0] == 200
-        assert shm_entries(pid) == []
-        assert "leftovers" in s2.log()
+    # every daemon that starts removes every dead daemon's leftovers: one started elsewhere on the
+    # host at the same moment (another test worker) may take them first, so try up to three times
+    for attempt in range(3):
+        s = Server(args, tmp_path / f"killed-{attempt}.log")
+        with s:
+            pid = s.proc.pid
+            assert shm_entries(pid)
+            os.killpg(pid, signal.SIGKILL)
+            s.proc.wait(timeout=10)
+            assert shm_entries(pid), "kill -9 should leave segments for the next start to remove"
+            s2 = server_factory(args, name=f"restarted-{attempt}")
+            assert http("GET", s2.url + "/v2/health/ready")[0] == 200
+            assert shm_entries(pid) == []
+            if "leftovers" in s2.log():
+                return
+    pytest.fail("no restarted daemon said it removed the leftovers: " + s2.log())
 
 
 def test_a_taken_port_fails_before_planning_or_starting_processes(tmp_path):

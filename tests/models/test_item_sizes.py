@@ -1,7 +1,8 @@
 """An item larger than its ring, on a real node (onnxruntime): a speech-like app whose first task
 passes a variable-length waveform on. Over the default ring size it is answered 500 naming the
 task and the output, and the worker serves on (no failure, no restart); the same app declaring
-``max_item_bytes`` serves it."""
+``max_item_bytes`` serves it. An answer over its completion ring (``speech``'s last task
+upsamples 8 times) is answered 500 naming that task and its outputs."""
 
 from __future__ import annotations
 
@@ -24,23 +25,24 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = 150_000  # 600 KB of FP32: over a default ring's 524,152 bytes
 
 
-def _echo_onnx(path: Path) -> None:
-    """y = x * 1, x FP32 [batch, samples] (both free)."""
+def _echo_onnx(path: Path, repeat: int = 1) -> None:
+    """y = x repeated ``repeat`` times along the samples, x FP32 [batch, samples] (both free)."""
     from onnx import TensorProto, helper, numpy_helper
-    one = numpy_helper.from_array(np.ones((1,), np.float32), "one")
-    graph = helper.make_graph([helper.make_node("Mul", ["x", "one"], ["y"])], "echo",
+    reps = numpy_helper.from_array(np.array([1, repeat], np.int64), "reps")
+    graph = helper.make_graph([helper.make_node("Tile", ["x", "reps"], ["y"])], "echo",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])], [one])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "m"])], [reps])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
 
 
-def _app(name: str, extra: str = "") -> str:
+def _app(name: str, extra: str = "", dec: str = "echo") -> str:
     return "\n".join([f'name = "{name}"', "latency_slo_ms = 5000", "staleness_ms = 5000", extra,
                       "[[tasks]]", 'name = "enc"',
                       'variants = [{ name = "echo", accuracy = 1.0, model = "echo.onnx" }]',
-                      "[[tasks]]", 'name = "dec"', 'variants = [{ name = "echo", accuracy = 1.0 }]',
+                      "[[tasks]]", 'name = "dec"',
+                      f'variants = [{{ name = "{dec}", accuracy = 1.0, model = "{dec}.onnx" }}]',
                       "[[edges]]", 'from = "enc"', 'to = "dec"', ""])
 
 
@@ -68,12 +70,13 @@ def _get(port: int, path: str) -> tuple[int, dict]:
 
 def test_an_item_over_its_ring_fails_alone_and_max_item_bytes_carries_it(tmp_path: Path) -> None:
     _echo_onnx(tmp_path / "echo.onnx")
-    (tmp_path / "speech.toml").write_text(_app("speech"))
+    _echo_onnx(tmp_path / "up8.onnx", 8)
+    (tmp_path / "speech.toml").write_text(_app("speech", dec="up8"))
     (tmp_path / "roomy.toml").write_text(_app("roomy", "max_item_bytes = 1_000_000"))
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "echo.csv").write_text(
         "variant,mig_profile,mps,batch,latency_ms,throughput_rps,memory_mb,source\n"
-        "echo,1c,1,1,5.0,200,10,measured\n")
+        "echo,1c,1,1,5.0,200,10,measured\nup8,1c,1,1,5.0,200,10,measured\n")
     (tmp_path / "node.toml").write_text("\n".join([
         'name = "sizes"', 'apps = ["speech.toml", "roomy.toml"]', "[gpus]", 'model = "CPU-4C"', "count = 1",
         'mig_profiles = ["1c"]', "mps_levels = [1]", "batch_sizes = [1]", 'profiles_dir = "profiles"',
@@ -86,7 +89,7 @@ def test_an_item_over_its_ring_fails_alone_and_max_item_bytes_carries_it(tmp_pat
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "jigsaw.daemon", "--node-config",
                                  str(tmp_path / "node.toml"), "--port", str(port), "--demand", "1",
-                                 "--no-controller"],
+                                 "--no-controller", "--grpc-port", "0"],
                                 env=env, stderr=out)
     try:
         deadline = time.monotonic() + 120
@@ -99,11 +102,14 @@ def test_an_item_over_its_ring_fails_alone_and_max_item_bytes_carries_it(tmp_pat
         assert "task 'enc'" in body["error"] and "output for task 'dec'" in body["error"], body
         assert "max_item_bytes" in body["error"]
         status, body = _post(port, "speech", 1000)  # the same worker serves on
-        assert status == 200, body
+        assert status == 200 and body["outputs"][0]["shape"] == [1, 8000], body
         status, body = _post(port, "roomy", SAMPLES)
         assert status == 200, body
         out = {o["name"]: o for o in body["outputs"]}
         assert out["dec.y"]["shape"] == [1, SAMPLES]
+        status, body = _post(port, "speech", 100_000)  # a 400 KB child fits; dec's 3.2 MB answer does not
+        assert status == 500, body
+        assert "task 'dec'" in body["error"] and "an answer carries" in body["error"], body
         workers = _get(port, "/admin/workers")[1]
         assert workers["events"] == [] and {w["state"] for w in workers["workers"]} == {"ready"}
     finally:

@@ -499,8 +499,14 @@ def test_names_are_unique_and_validated():
         segment_name(a, "bad/purpose")
 
 
+def _own_entries() -> set[str]:
+    """This process's /dev/shm entries (other processes, xdist workers included, come and go)."""
+    tag = f"jigsaw-{os.getpid()}-"
+    return {e for e in os.listdir(SHM_DIR) if e.startswith((tag, "sem." + tag))}
+
+
 def test_registry_cleanup_leaves_nothing(tmp_path, bell_kind):
-    before = set(os.listdir(SHM_DIR))
+    before = _own_entries()
     manifest = tmp_path / "jigsaw.manifest"
     reg = SegmentRegistry(manifest)
     try:
@@ -508,26 +514,26 @@ def test_registry_cleanup_leaves_nothing(tmp_path, bell_kind):
         r2 = reg.create_ring("b", 8192)
         bell = reg.create_doorbell("bell")
         fifo = {bell.name[1:] + ".fifo"} if bell.kind == BELL_FIFO else set()
-        assert set(os.listdir(SHM_DIR)) - before == {r1.name[1:], r2.name[1:], bell.name[1:], *fifo}
+        assert _own_entries() - before == {r1.name[1:], r2.name[1:], bell.name[1:], *fifo}
         assert manifest.read_text().split() == ["shm", r1.name, "shm", r2.name, "bell", bell.name]
         for obj in (r1, r2, bell):
             obj.close()
     finally:
         removed = reg.cleanup()
     assert len(removed) == 3
-    assert set(os.listdir(SHM_DIR)) - before == set()
+    assert _own_entries() - before == set()
     assert not manifest.exists()
 
 
 def test_cleanup_manifest_after_crash(tmp_path, bell_kind):
-    before = set(os.listdir(SHM_DIR))
+    before = _own_entries()
     manifest = tmp_path / "m"
     reg = SegmentRegistry(manifest)
     try:
         reg.create_ring("r", 4096).close()
         reg.create_doorbell("d").close()
         assert SegmentRegistry.cleanup_manifest(manifest) == reg.names
-        assert set(os.listdir(SHM_DIR)) == before and not manifest.exists()
+        assert _own_entries() == before and not manifest.exists()
     finally:
         reg.cleanup()
 

@@ -54,6 +54,10 @@ class Backend(abc.ABC):
     """
 
     kind: str = "abstract"
+    max_in_flight: int = 1
+    """Batches the worker may keep submitted at once (``submit`` / ``collect``): 2 for a device
+    pipeline, whose next batch stages and uploads while this one computes; 1 for a backend whose
+    batch holds it until the batch ends."""
 
     def __init__(self, task: str, task_kind: str, downstream: Sequence[Downstream] = ()) -> None:
         self.task = task
@@ -84,10 +88,24 @@ class Backend(abc.ABC):
         stamps the heartbeat the supervisor watches (a batch is watched by its own timeout) and
         answers signals. A backend that waits on a device or a timer overrides this instead.
         """
+        return await self._on_compute(self.execute, request_ids, inputs)  # type: ignore[no-any-return]
+
+    async def _on_compute(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on the backend's one helper thread (calls run there in the order made)."""
         if self._compute is None:
             self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
-        return await asyncio.get_running_loop().run_in_executor(self._compute, self.execute, request_ids,
-                                                                inputs)
+        return await asyncio.get_running_loop().run_in_executor(self._compute, fn, *args)
+
+    async def submit(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> Any:
+        """Start a batch; returns, once the backend holds it (on a device: staged, uploaded and
+        launched), the handle ``collect`` finishes it by. The worker may then submit the next
+        batch, up to ``max_in_flight``, and collects them in the order submitted. By default the
+        whole batch runs here and the handle is its results."""
+        return await self.execute_async(request_ids, inputs)
+
+    async def collect(self, handle: Any) -> list[ItemResult]:
+        """The per-item results of the batch ``submit`` returned ``handle`` for (waits for it)."""
+        return handle  # type: ignore[no-any-return]
 
     def execute_nowait(self, request_ids: Sequence[int], inputs: Sequence[bytes]
                        ) -> list[ItemResult] | Coroutine[Any, Any, list[ItemResult]]:

@@ -206,10 +206,13 @@ class GpuPipeline:
         decision); returns at once on CUDA, the work queued on the device."""
         if len(payloads) > self.max_batch:
             raise ValueError(f"batch of {len(payloads)} over max_batch {self.max_batch}")
-        slot = self.slots[self._next]
-        if slot.busy:
+        # the next slot in turn that is free (a batch whose collect failed frees its slot while
+        # the one after it is still in flight: its items, run again alone, take the free slot)
+        free = [s for s in (*self.slots[self._next:], *self.slots[:self._next]) if not s.busy]
+        if not free:
             raise RuntimeError(f"more than {SLOTS} batches in flight: collect one first")
-        self._next = (self._next + 1) % SLOTS
+        slot = free[0]
+        self._next = (self.slots.index(slot) + 1) % SLOTS
         results, ok, images, boxes = self._decode(payloads)
         if not ok:
             empty = torch.empty(0, 3, dtype=torch.uint8, device=self.device)

@@ -8,10 +8,12 @@ pre-processing, post-processing and the children payloads come from ``jigsaw.bac
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
 import os
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ class ModelBackend(Backend):
         self._net: Any = None
         self.pipeline: Any = None
         self.device_pipeline: Any = None  # a GpuPipeline around the engine (image tasks on a device engine)
+        self._device_wait: ThreadPoolExecutor | None = None  # where ``collect`` waits for a CUDA batch
 
     def load(self, variant: str, max_batch: int) -> None:
         self.variant, self.max_batch = variant, max_batch
@@ -63,8 +66,9 @@ class ModelBackend(Backend):
         self.pipeline = Pipeline(zoo, self.task_kind, self.downstream)
         self._net = self._load_net(zoo, max_batch)
         if hasattr(self._net, "channels_last"):  # a device engine: the pipeline runs beside it
-            from jigsaw.backends.gpu_pipeline import GpuPipeline
+            from jigsaw.backends.gpu_pipeline import SLOTS, GpuPipeline
             self.device_pipeline = GpuPipeline(self.pipeline, self._net, max_batch)
+            self.max_in_flight = SLOTS  # batch n+1 stages and uploads while batch n computes
 
     def _load_onnx(self, model: Model, max_batch: int) -> Any:
         """The runner of a repository model's ONNX graph (backends that run ONNX override it)."""
@@ -86,6 +90,25 @@ class ModelBackend(Backend):
             return self.pipeline.execute(inputs, self.run)  # type: ignore[no-any-return]
         batch, ctx = self.pipeline.prepare(inputs)
         return self.pipeline.finish(self.run(batch), ctx)
+
+    async def submit(self, request_ids: Sequence[int], inputs: Sequence[bytes]) -> Any:
+        """A device pipeline's batch staged, uploaded and launched on the helper thread (on CUDA it
+        returns before the device computes; on the CPU the batch computes here)."""
+        if self.device_pipeline is None:
+            return await super().submit(request_ids, inputs)
+        return await self._on_compute(self.device_pipeline.submit, inputs)
+
+    async def collect(self, handle: Any) -> list[ItemResult]:
+        """On CUDA the device is waited for on a thread of its own, so the helper thread is free
+        to submit the next batch meanwhile; the results are then read back on the helper thread."""
+        pipe = self.device_pipeline
+        if pipe is None:
+            return await super().collect(handle)
+        if handle.done is not None:
+            if self._device_wait is None:
+                self._device_wait = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-wait")
+            await asyncio.get_running_loop().run_in_executor(self._device_wait, handle.done.synchronize)
+        return await self._on_compute(pipe.collect, handle)  # type: ignore[no-any-return]
 
     def warm_up(self, batch_sizes: Sequence[int]) -> None:
         """Prepares the engine for the sizes (CUDA graphs, engine shapes), then runs whole batches
@@ -113,6 +136,9 @@ class ModelBackend(Backend):
 
     def close(self) -> None:
         super().close()
+        if self._device_wait is not None:
+            self._device_wait.shutdown(wait=False)
+            self._device_wait = None
         self._net = None
         self.device_pipeline = None
 

@@ -176,8 +176,8 @@ class Generation:
     def create_segments(self) -> None:
         t = self.topology
         self.registry.add_shm(t.stats)
-        self.stats = st.StatsBlock.create(t.stats, len(t.processes),
-                                          max((p.max_batch for p in t.processes), default=1))
+        most = max((p.max_batch for p in t.processes), default=1)  # a record holds the batches in flight
+        self.stats = st.StatsBlock.create(t.stats, len(t.processes), st.IN_FLIGHT_MAX * most)
         adopted_bells = {t.processes[k].doorbell for k in self.adopted}
         own_bells = {p.doorbell: self.bell_registries[k] for k, p in enumerate(t.processes)}
         for name in t.doorbells:

@@ -17,7 +17,7 @@ process it found dead)::
     10-15       reserved
 
 After the slots, one *batch record* per process (``batch_ids + 1`` words: the number of items of
-the batch it is executing, 0 between batches, then their request ids), then two words: the number
+the batches it is executing, 0 between batches, then their request ids), then two words: the number
 of slots and ``batch_ids``. The record is how a crash is attributed: a worker that dies while a
 batch runs leaves the batch's request ids behind, and the supervisor answers those requests (the
 suspects) instead of sending them into the next crash (``runtime/supervisor.py``). A batch longer
@@ -38,6 +38,7 @@ SLOT_WORDS = 16
 STATE, PID, QUEUED, BUSY_NS, BATCHES, ITEMS, STARTED_NS, DROPPED, HEARTBEAT_NS, BATCH_STARTED_NS = range(10)
 STARTING, READY, STOPPED, DEAD, FAILED = 0, 1, 2, 3, 4
 DEFAULT_BATCH_IDS = 128  # request ids a batch record holds (the paper's largest batch)
+IN_FLIGHT_MAX = 2  # batches a process may keep in flight (``runtime/in_flight.py``); its record holds all
 
 T = TypeVar("T")
 

@@ -17,12 +17,15 @@ each item's children to the least-loaded process of the lane's variant of each d
 and reports every finished or dropped item to the
 frontend with its credit (see ``jigsaw.runtime.records``).
 
-A process runs one batch at a time, as the paper's instances do; the backend's ``execute_nowait``
-hands back a batch that needs no wait (an emulated one shorter than the loop's timer) as its
-results, finished in the same callback, and one that waits (a timer for the emulated backend, a
-device event for a GPU one) as a coroutine. The turn steps that coroutine itself: one that still
-finishes at once is finished in the same callback; one that waits is finished by a task, which then
-turns again.
+A process runs one batch at a time, as the paper's instances do, unless its backend is a device
+pipeline (``Backend.max_in_flight`` 2): then batch n+1 is taken and submitted (staged and uploaded)
+while batch n computes, and the batches finish in order (``runtime/in_flight.py``: the release rule
+while a batch computes, the batch record of both, a failed batch, a stop). Otherwise the backend's
+``execute_nowait`` hands back a batch that needs no wait (an emulated one shorter than the loop's
+timer) as its results, finished in the same callback, and one that waits (a timer for the emulated
+backend, a device event for a GPU one) as a coroutine. The turn steps that coroutine itself: one
+that still finishes at once is finished in the same callback; one that waits is finished by a task,
+which then turns again.
 
 A process outlives the generation that started it when a re-plan keeps its instance: the daemon
 writes the spec files the process serves (newest first) to its ``--control`` file and sends
@@ -48,8 +51,8 @@ routing only when every process of the new generation is ready, so a kept proces
 its batch to end held the whole switch for up to a batch (seconds of wall time at the replays' time
 scales, where a spike's new plan is most needed). Nothing the batch in flight uses changes meaning:
 its items carry their wiring, its stats (the batch's start, busy time, the queue length producers
-route by) follow the current slot, and the new spec's batching rule replaces the queue only when the
-queue is empty (the batch in flight is not in it).
+route by; with two in flight, the record of both) follow the current slot, and the new spec's
+batching rule replaces the queue only when the queue is empty (the batch in flight is not in it).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from jigsaw.backends.base import Backend, Downstream, ItemResult, OutputSpec
 from jigsaw.backends.registry import BackendUnavailable, backend_kind
 from jigsaw.runtime.batching import BatchQueue
 from jigsaw.runtime.containment import ContainedBatches, ErrorLog, check_results
+from jigsaw.runtime.in_flight import BatchesInFlight
 from jigsaw.runtime.records import (
     CREDIT_BYTES,
     HOP_BATCH,
@@ -248,9 +252,9 @@ class Wiring:
         self.stats.close()
 
 
-class Worker(ContainedBatches):
+class Worker(ContainedBatches, BatchesInFlight):
     """The state of one worker process; ``run`` is its loop (what it does with a batch its backend
-    failed: ``containment.ContainedBatches``)."""
+    failed: ``containment.ContainedBatches``; with two batches in flight: ``in_flight``)."""
 
     def __init__(self, spec: ProcessSpec, spec_path: Path | None = None, control: Path | None = None) -> None:
         self.backend = make_backend(spec)
@@ -269,8 +273,8 @@ class Worker(ContainedBatches):
         self._rewire = False
         self._woke_ns = 0  # when the doorbell last woke the loop
         self._rung = False  # woken by the doorbell: its FIFO's bytes are still to be read
-        self._busy = False  # a batch is awaiting its backend (a task finishes it)
-        self._in_flight: list[Any] = []  # that batch's items (their wirings stay mapped until it ends)
+        self._busy = False  # the turn takes no batch: one awaits its backend (``in_flight.py``: or two)
+        self._in_flight: list[Any] = []  # those batches' items (their wirings stay mapped until they end)
         self._in_flight_queued = 0  # the queue length published when it started (its items included)
         self._batch_start_ns = 0
         self._batch_task: asyncio.Task[None] | None = None
@@ -285,6 +289,7 @@ class Worker(ContainedBatches):
         # (the emulated backend's are a few bytes by construction)
         self._check_sizes = self.backend.kind != "emulated"
         self.errors = ErrorLog(spec.name)
+        self._init_in_flight()
 
     @staticmethod
     def _new_queue(spec: ProcessSpec) -> BatchQueue:
@@ -332,7 +337,7 @@ class Worker(ContainedBatches):
         # a batch in flight (a SIGHUP mid-batch): its start stamp moves to the current slot, which
         # the supervisor watches (and ``_finish_batch`` clears), and so does the queue length
         # (before ``_maybe_swap_queue``, which may unmap the previous wiring)
-        started = self._batch_start_ns if self._busy else 0
+        started = self._batch_start_ns if self._in_flight else 0
         if started and previous is not self.wiring:
             self.stats.batch_started(slot, started, previous.stats.batch_record(previous.spec.slot))
             previous.stats.clear_batch(previous.spec.slot)
@@ -356,7 +361,7 @@ class Worker(ContainedBatches):
         if self._queue_spec is not None:
             self.queue = self._new_queue(self._queue_spec)
             self._queue_spec = None
-        in_use = {item[3] for item in self._in_flight} if self._busy else set()
+        in_use = {item[3] for item in self._in_flight}
         for w in self._unmapped:
             if w not in in_use:
                 w.close()
@@ -508,7 +513,8 @@ class Worker(ContainedBatches):
         the wiring it came in on.
         """
         items, ids, tensors, dropped, refused, self._next_input, self._passed_over_ns = self.queue.take_batch(
-            self.inputs, self._input_wiring, self._next_input, self._passed_over_ns)
+            self.inputs, self._input_wiring, self._next_input, self._passed_over_ns) if not self._in_flight \
+            else self.take_while_computing()  # a batch computes: the process is not idle (``in_flight.py``)
         if refused:  # the queue was full: rejected
             for header, credit, _, wiring in refused:
                 self.complete(header, Status.REJECTED, credit, wiring=wiring)
@@ -672,7 +678,7 @@ class Worker(ContainedBatches):
     def publish_queued(self, queued: int | None = None) -> None:
         """Publish the items queued here (``queued``, else the queue's length) in every stats slot
         this process has: the producers route by it."""
-        n = len(self.queue) if queued is None else queued
+        n = len(self.queue) + len(self._in_flight) if queued is None else queued
         for w in self.wirings:
             w.stats.set(w.spec.slot, QUEUED, n)
 
@@ -695,7 +701,8 @@ class Worker(ContainedBatches):
             while True:
                 if not _running:
                     self._quiet_bell()
-                    self._done.set_result(None)
+                    if not self._in_flight:  # (else the last batch in flight to finish turns again)
+                        self._done.set_result(None)
                     return
                 bell.disarm()  # awake: every push until the next arm() is seen by the look below
                 if self._rewire:
