@@ -6,7 +6,8 @@ node with ``mig = false``: each GPU) gets its own ``CUDA_MPS_PIPE_DIRECTORY`` an
 pipe can submit work to the device), and the daemon sees only its device
 (``CUDA_VISIBLE_DEVICES=MIG-<uuid>`` or ``GPU-<uuid>``). It is started before the k worker
 processes and stopped (``quit`` on its control pipe) after them; the generation manager
-(``runtime/mps_daemons.py``) keeps that order. Without a daemon, the k processes of a whole GPU would time-share it.
+(``runtime/mps_daemons.py``) keeps that order. Without a daemon, the k processes of a whole GPU
+would time-share it.
 """
 
 from __future__ import annotations
