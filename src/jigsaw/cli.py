@@ -37,13 +37,28 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jigsaw", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    _add_check(sub)
+    _add_plan(sub)
+    _add_capacity(sub)
+    from jigsaw.fleet.commands import add_k8s_parser
+    add_k8s_parser(sub)
+    _add_pack(sub)
+    _add_profile(sub)
+    _add_modeled(sub)
+    _add_import_profiles(sub)
+    _add_doctor(sub)
+    return p
 
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("check", help="validate a node, app or plan file")
     c.add_argument("files", nargs="+", metavar="FILE")
     c.add_argument("--node", help="node config to check a plan against, and whose backend loads an app's "
                                   "models (default for an app file: onnxruntime)")
     c.set_defaults(func=cmd_check)
 
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser("plan", help="plan one app, all apps of the node together, or a fleet (--fleet)")
     pl.add_argument("--app", help="app TOML file, or the name of an app of the node (one-app plan)")
     pl.add_argument("--node", help="node TOML file")
@@ -68,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", metavar="PLAN.json", help="also write the plan's JSON here")
     pl.set_defaults(func=cmd_plan)
 
+
+def _add_capacity(sub: argparse._SubParsersAction) -> None:
     ca = sub.add_parser("capacity", help="maximum serviceable demand")
     ca.add_argument("--app", required=True)
     ca.add_argument("--node", required=True)
@@ -79,9 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     ca.add_argument("--json", action="store_true")
     ca.set_defaults(func=cmd_capacity)
 
-    from jigsaw.fleet.commands import add_k8s_parser
-    add_k8s_parser(sub)
 
+def _add_pack(sub: argparse._SubParsersAction) -> None:
     pk = sub.add_parser("pack", help="lay a plan's MIG instances onto GPUs")
     pk.add_argument("--plan", required=True, metavar="PLAN.json")
     pk.add_argument("--previous", metavar="OLD.json", help="keep GPUs whose layout is unchanged")
@@ -89,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     pk.add_argument("--format", choices=("mig-parted", "commands", "json"), default="mig-parted")
     pk.set_defaults(func=cmd_pack)
 
+
+def _add_profile(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser("profile", help="measure profiles of real models with the node's backend")
     pr.add_argument("--node", required=True, help="node TOML file (its backend and segments)")
     pr.add_argument("--app", help="app TOML file (default: the node's apps)")
@@ -113,12 +131,16 @@ def _parser() -> argparse.ArgumentParser:
     gp.add_argument("--copies", type=int, help=argparse.SUPPRESS)  # copies at the barrier (default --mps)
     pr.set_defaults(func=cmd_profile)
 
+
+def _add_modeled(sub: argparse._SubParsersAction) -> None:
     from jigsaw import modeled
     mo = sub.add_parser("modeled", help="modeled profiles for GPUs you cannot measure yet (source=modeled)",
                         description=modeled.__doc__.split("\n\n")[0] if modeled.__doc__ else None)
     modeled.add_arguments(mo)
     mo.set_defaults(func=modeled.run)
 
+
+def _add_import_profiles(sub: argparse._SubParsersAction) -> None:
     im = sub.add_parser("import-profiles", help="profile rows from measured figures in a simple CSV")
     im.add_argument("csv", help="model,hardware,batch,p50|p95|mean,unit[,throughput,memory_mb,mps]")
     im.add_argument("--out", metavar="DIR", help="profile directory (default: the node's)")
@@ -130,10 +152,11 @@ def _parser() -> argparse.ArgumentParser:
     im.add_argument("--date", default="", help="when (default: the file's modification date)")
     im.set_defaults(func=cmd_import_profiles)
 
+
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
     dr = sub.add_parser("doctor", help="what a GPU node lacks: driver, NVML, MIG mode, MPS, permissions")
     dr.add_argument("--node-config", "--node", dest="node", required=True, help="node TOML file")
     dr.set_defaults(func=cmd_doctor)
-    return p
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
