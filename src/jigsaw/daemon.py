@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -239,19 +239,9 @@ async def serve(generations: GenerationManager, sock: socket.socket, *, time_sca
     from concurrent.futures import ThreadPoolExecutor
 
     from jigsaw.control.admin import add_admin_routes, is_loopback
-    from jigsaw.control.controller import NodeController, default_solver
-    from jigsaw.control.solver import SubprocessSolver, grace_for_bins
-    from jigsaw.runtime.frontend import Frontend
-    from jigsaw.runtime.supervisor import POLL_S, Supervisor
+    from jigsaw.runtime.supervisor import Supervisor
     node = generations.node
-    fe = Frontend(generations.backend, max_queue=node.server.max_queue,
-                  hop_latency_ms=node.planner.hop_latency_ms, time_scale=time_scale, seed=seed)
-    generations.attach(fe)
-    fe.state.failed_apps = dict(failed or {})
-    if generations.partition is not None:
-        fe.http.extra_metrics.append(generations.partition.stats.prometheus)
-    fe.http.extra_metrics.append(generations.prometheus)
-    fe.http.extra_metrics.append(lambda: fork_server_prometheus(generations.launcher))
+    fe = _frontend(generations, time_scale=time_scale, seed=seed, failed=failed)
     loop = asyncio.get_running_loop()
     fe.start(loop)
     stop = asyncio.Event()
@@ -259,36 +249,17 @@ async def serve(generations: GenerationManager, sock: socket.socket, *, time_sca
         loop.add_signal_handler(sig, stop.set)
     web_app = fe.make_app(node.server.max_payload_bytes, node.server.body_timeout_s)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planner")
-    grace_s = grace_for_bins(bin_seconds or node.control.bin_seconds, node.control.solver_grace_bins)
-    solver = SubprocessSolver(node_config, grace_s=grace_s) \
-        if controller and node_config is not None else None
-    ctl: NodeController | None = None
-    if controller:
-        ctl = NodeController([node.app(name) for name in generations.apps], generations, fe, space=space,
-                             bin_seconds=bin_seconds or node.control.bin_seconds, time_scale=time_scale,
-                             executor=executor, log=_log, solver=solver or default_solver, anytime=anytime)
-        fe.http.extra_metrics.append(ctl.stats.prometheus)
+    ctl, solver = _node_controller(generations, fe, executor, controller=controller, space=space,
+                                   bin_seconds=bin_seconds, time_scale=time_scale,
+                                   node_config=node_config, anytime=anytime)
     controllers = ctl.apps if ctl is not None else {}
     host, port = sock.getsockname()[:2]
     fe.http.repository = _repository(node, generations, ctl)
     if not admin_token and not is_loopback(host):
         _log(f"{host} is not a loopback address: /admin/* answers loopback clients only "
              f"(set --admin-token or JIGSAW_ADMIN_TOKEN to allow others)")
-
-    def capacity_lost(app: str, why: str) -> None:
-        if ctl is not None:
-            ctl.on_capacity_lost(app, why)
-        else:
-            _log(f"{app}: capacity lost ({why}) and no controller to re-plan (static plan)")
-
-    generations.on_capacity_lost = capacity_lost
+    generations.on_capacity_lost = _capacity_lost_handler(ctl)
     supervisor = Supervisor(generations, generations, node.server, log=_log)
-
-    def supervise() -> None:
-        try:
-            supervisor.check()
-        except Exception as exc:  # a supervisor bug must not take the node down with it
-            _log(f"supervisor: {type(exc).__name__}: {exc}")
     add_admin_routes(web_app, generations, controllers, supervisor, admin_token)
     runner = fe.runner(web_app, node.server)
     await runner.setup()
@@ -303,29 +274,9 @@ async def serve(generations: GenerationManager, sock: socket.socket, *, time_sca
         fe.state.ready = True
         if ctl is not None:
             ctl.start()
-        what = (f"node controller on (space {space or node.planner.space}, "
-                f"objective {node.planner.objective}, "
-                f"bins of {bin_seconds or node.control.bin_seconds:g} s, anytime {anytime})"
-                if ctl is not None else "static plans")
-        grpc_at = f" and grpc://{host}:{node.server.grpc_port}" if grpc_server is not None else ""
-        _log(f"serving {', '.join(generations.apps)} on http://{host}:{port}{grpc_at} with "
-             f"{generations.num_processes()} worker processes (backend: {generations.backend.name}; {what})")
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), POLL_S)
-            supervise()
-        supervisor.begin_stopping()
-        _log("stopping: draining in-flight requests")
-        if ctl is not None:
-            await ctl.stop()
-        await generations.stop_retiring()
-        fe.state.draining = True
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while fe.num_pending() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-            supervise()
-        if fe.num_pending():
-            _log(f"{fe.num_pending()} requests still in flight after {DRAIN_TIMEOUT_S:g} s")
+        _log_serving(generations, ctl, host, port, space=space, bin_seconds=bin_seconds,
+                     anytime=anytime, grpc_on=grpc_server is not None)
+        await _serve_until_stopped(fe, generations, ctl, supervisor, stop)
     finally:
         supervisor.stop()
         if supervisor.ended_while_stopping:
@@ -341,6 +292,95 @@ async def serve(generations: GenerationManager, sock: socket.socket, *, time_sca
         executor.shutdown(wait=False, cancel_futures=True)
         if solver is not None:
             solver.close()
+
+
+def _frontend(generations: GenerationManager, *, time_scale: float, seed: int,
+              failed: dict[str, str] | None) -> Any:
+    """The node's ``Frontend``, attached to its generations, with their metrics on ``/metrics``."""
+    from jigsaw.runtime.frontend import Frontend
+    node = generations.node
+    fe = Frontend(generations.backend, max_queue=node.server.max_queue,
+                  hop_latency_ms=node.planner.hop_latency_ms, time_scale=time_scale, seed=seed)
+    generations.attach(fe)
+    fe.state.failed_apps = dict(failed or {})
+    if generations.partition is not None:
+        fe.http.extra_metrics.append(generations.partition.stats.prometheus)
+    fe.http.extra_metrics.append(generations.prometheus)
+    fe.http.extra_metrics.append(lambda: fork_server_prometheus(generations.launcher))
+    return fe
+
+
+def _node_controller(generations: GenerationManager, fe: Any, executor: Any, *, controller: bool,
+                     space: str | None, bin_seconds: float | None, time_scale: float,
+                     node_config: Path | None, anytime: str) -> tuple[Any, Any]:
+    """The ``NodeController`` (None for static plans) and the subprocess solver it plans with (None
+    without a node file to hand the child: it then plans in the planner thread)."""
+    from jigsaw.control.controller import NodeController, default_solver
+    from jigsaw.control.solver import SubprocessSolver, grace_for_bins
+    node = generations.node
+    grace_s = grace_for_bins(bin_seconds or node.control.bin_seconds, node.control.solver_grace_bins)
+    solver = SubprocessSolver(node_config, grace_s=grace_s) \
+        if controller and node_config is not None else None
+    ctl: NodeController | None = None
+    if controller:
+        ctl = NodeController([node.app(name) for name in generations.apps], generations, fe, space=space,
+                             bin_seconds=bin_seconds or node.control.bin_seconds, time_scale=time_scale,
+                             executor=executor, log=_log, solver=solver or default_solver, anytime=anytime)
+        fe.http.extra_metrics.append(ctl.stats.prometheus)
+    return ctl, solver
+
+
+def _capacity_lost_handler(ctl: Any) -> Callable[[str, str], None]:
+    """What the runtime calls when an app loses capacity: re-plan through the controller, or say
+    that a static plan cannot."""
+    def capacity_lost(app: str, why: str) -> None:
+        if ctl is not None:
+            ctl.on_capacity_lost(app, why)
+        else:
+            _log(f"{app}: capacity lost ({why}) and no controller to re-plan (static plan)")
+    return capacity_lost
+
+
+def _log_serving(generations: GenerationManager, ctl: Any, host: str, port: int, *, space: str | None,
+                 bin_seconds: float | None, anytime: str, grpc_on: bool) -> None:
+    """The one line that says the node is up: apps, addresses, workers, backend, control."""
+    node = generations.node
+    what = (f"node controller on (space {space or node.planner.space}, "
+            f"objective {node.planner.objective}, "
+            f"bins of {bin_seconds or node.control.bin_seconds:g} s, anytime {anytime})"
+            if ctl is not None else "static plans")
+    grpc_at = f" and grpc://{host}:{node.server.grpc_port}" if grpc_on else ""
+    _log(f"serving {', '.join(generations.apps)} on http://{host}:{port}{grpc_at} with "
+         f"{generations.num_processes()} worker processes (backend: {generations.backend.name}; {what})")
+
+
+async def _serve_until_stopped(fe: Any, generations: GenerationManager, ctl: Any, supervisor: Any,
+                               stop: asyncio.Event) -> None:
+    """Supervise the workers until ``stop``; then stop re-planning and drain in-flight requests
+    (bounded by ``DRAIN_TIMEOUT_S``), still supervising."""
+    from jigsaw.runtime.supervisor import POLL_S
+
+    def supervise() -> None:
+        try:
+            supervisor.check()
+        except Exception as exc:  # a supervisor bug must not take the node down with it
+            _log(f"supervisor: {type(exc).__name__}: {exc}")
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), POLL_S)
+        supervise()
+    supervisor.begin_stopping()
+    _log("stopping: draining in-flight requests")
+    if ctl is not None:
+        await ctl.stop()
+    await generations.stop_retiring()
+    fe.state.draining = True
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while fe.num_pending() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        supervise()
+    if fe.num_pending():
+        _log(f"{fe.num_pending()} requests still in flight after {DRAIN_TIMEOUT_S:g} s")
 
 
 def _repository(node: Node, generations: GenerationManager, ctl: Any) -> Any:
@@ -458,17 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     token = args.admin_token if args.admin_token is not None else os.environ.get("JIGSAW_ADMIN_TOKEN", "")
     try:
-        node = load_node(args.node_config)
-        if backend.on_gpus(node.gpu.kind):  # the driver's MIG figures, where they differ from jigsaw.mig's
-            from jigsaw.gpu.nvml import driver_node
-            node = driver_node(node, say=_log)
-        if args.http is not None:
-            node = dataclasses.replace(node, server=dataclasses.replace(node.server, http=args.http))
-        if args.grpc_port is not None:
-            if not 0 <= args.grpc_port <= 65535:
-                raise JigsawError(f"--grpc-port: expected 0 (off) to 65535, got {args.grpc_port}")
-            node = dataclasses.replace(node, server=dataclasses.replace(node.server,
-                                                                        grpc_port=args.grpc_port))
+        node = _served_node(args, backend)
         host = args.host or node.server.host
         port = node.server.port if args.port is None else args.port
         sock = listen_socket(host, port)  # a taken port fails here, before planning or a process start
@@ -477,29 +507,9 @@ def main(argv: list[str] | None = None) -> int:
         _log(str(exc))
         return 2
     try:
-        failed = failed_apps(wanted_apps(node, args), backend)
-        plans = choose_plans(node, args, skip=failed)
-        if backend.runs_models:
-            from jigsaw.models.input_sizes import serve_at_measured_sizes
-            served = [app for app, _ in plans]
-            serve_at_measured_sizes(served, load_node_profiles(node, served), _log)
-            export_models(plans)
-        removed = cleanup_stale()
-        if removed:
-            _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
+        failed, plans = _prepare_plans(node, args, backend)
         controller = args.controller or not (args.no_controller or args.plan)
-        fork_server = start_fork_server(backend) if node.server.fork_server else None
-        try:
-            generations = GenerationManager(node, plans, time_scale=args.time_scale, seed=args.seed,
-                                            backend=backend, log=_log,
-                                            spare_workers=node.server.spare_workers if controller else 0,
-                                            launcher=fork_server,
-                                            room=MakeRoom(node.control.drain_wait_slo),
-                                            keep_usable=node.control.keep_compute_usable)
-        except BaseException:
-            if fork_server is not None:
-                fork_server.close()
-            raise
+        generations, fork_server = _start_generations(node, plans, args, backend, controller)
     except (JigsawError, TopologyError) as exc:
         sock.close()
         _log(str(exc))
@@ -529,6 +539,59 @@ def main(argv: list[str] | None = None) -> int:
             fork_server.close()
     _log("stopped")
     return 0
+
+
+def _served_node(args: argparse.Namespace, backend: BackendKind) -> Node:
+    """The node file as served: the driver's MIG figures on a GPU node, ``--http`` and
+    ``--grpc-port`` over the file's ``[server]``."""
+    node = load_node(args.node_config)
+    if backend.on_gpus(node.gpu.kind):  # the driver's MIG figures, where they differ from jigsaw.mig's
+        from jigsaw.gpu.nvml import driver_node
+        node = driver_node(node, say=_log)
+    if args.http is not None:
+        node = dataclasses.replace(node, server=dataclasses.replace(node.server, http=args.http))
+    if args.grpc_port is not None:
+        if not 0 <= args.grpc_port <= 65535:
+            raise JigsawError(f"--grpc-port: expected 0 (off) to 65535, got {args.grpc_port}")
+        node = dataclasses.replace(node, server=dataclasses.replace(node.server,
+                                                                    grpc_port=args.grpc_port))
+    return node
+
+
+def _prepare_plans(node: Node, args: argparse.Namespace,
+                   backend: BackendKind) -> tuple[dict[str, str], list[tuple[App, Plan]]]:
+    """The apps that cannot be served (and why) and the first plan of every other one, their models
+    exported and served at measured input sizes; shared-memory leftovers of dead daemons removed."""
+    failed = failed_apps(wanted_apps(node, args), backend)
+    plans = choose_plans(node, args, skip=failed)
+    if backend.runs_models:
+        from jigsaw.models.input_sizes import serve_at_measured_sizes
+        served = [app for app, _ in plans]
+        serve_at_measured_sizes(served, load_node_profiles(node, served), _log)
+        export_models(plans)
+    removed = cleanup_stale()
+    if removed:
+        _log(f"removed {len(removed)} shared-memory leftovers of dead daemons")
+    return failed, plans
+
+
+def _start_generations(node: Node, plans: list[tuple[App, Plan]], args: argparse.Namespace,
+                       backend: BackendKind, controller: bool) -> tuple[GenerationManager, ForkServer | None]:
+    """The fork server (when the node asks for one) and the ``GenerationManager`` of the first plans;
+    the fork server is closed again when the manager cannot be made."""
+    fork_server = start_fork_server(backend) if node.server.fork_server else None
+    try:
+        generations = GenerationManager(node, plans, time_scale=args.time_scale, seed=args.seed,
+                                        backend=backend, log=_log,
+                                        spare_workers=node.server.spare_workers if controller else 0,
+                                        launcher=fork_server,
+                                        room=MakeRoom(node.control.drain_wait_slo),
+                                        keep_usable=node.control.keep_compute_usable)
+    except BaseException:
+        if fork_server is not None:
+            fork_server.close()
+        raise
+    return generations, fork_server
 
 
 if __name__ == "__main__":
