@@ -274,7 +274,23 @@ def load_app(path: str | Path) -> App:
         if f.has("accuracy_slo") else None
     staleness_ms = f.number("staleness_ms", 20.0, low=0)
     max_item_bytes = f.integer("max_item_bytes", 0, low=0, high=1 << 30)
+    tasks = _load_tasks(f, path.parent)
+    edges = _load_edges(f, {t.name: t for t in tasks})
+    inputs = _load_inputs(f, tasks, edges)
+    if not inputs:
+        inputs = _graph_inputs(tasks, edges)
+    app = App(name, tuple(tasks), tuple(edges), latency_slo_ms, accuracy_slo, staleness_ms,
+              tuple(inputs) or App.inputs, str(path), max_item_bytes)
+    if len(app.topological_order) != len(app.tasks):
+        cyclic = sorted(set(app.task_names) - set(app.topological_order))
+        raise f.error("edges", f"the task graph is cyclic (through {', '.join(cyclic)})")
+    check_tensors(app)
+    return app
 
+
+def _load_tasks(f: Fields, base: Path) -> list[Task]:
+    """The ``[[tasks]]``: unique names, known kinds, at least one; a variant name shared by tasks
+    must be the same model in each (one variant is one profile table)."""
     tasks: list[Task] = []
     models: dict[str, tuple[str, Model | None, str]] = {}  # variant -> (task, model, field) first seen
     for tf in f.tables("tasks"):
@@ -285,25 +301,7 @@ def load_app(path: str | Path) -> App:
         kind = tf.str("kind", "generic")
         if kind not in TASK_KINDS:
             raise tf.error("kind", f"expected one of {', '.join(TASK_KINDS)}, got {kind!r}")
-        variants: list[Variant] = []
-        for vf in tf.tables("variants"):
-            vf.reject_unknown({"name", "accuracy", "model"})
-            vname = vf.str("name")
-            if any(v.name == vname for v in variants):
-                raise vf.error("name", f"duplicate variant {vname!r} in task {tname!r}")
-            ref = vf.str("model", "")
-            model = _resolve_model(vf, ref, vname, path.parent)
-            if vname in models:
-                first_task, first, where = models[vname]
-                if ref and (first is None or model is None or first.describe() != model.describe()):
-                    first_model = first.describe() if first else "no model"
-                    raise vf.error("model", f"variant {vname!r} is already {where} in task "
-                                            f"{first_task!r} ({first_model}); a variant is one model "
-                                            "(its profile table): give it another name")
-                model = first
-            else:
-                models[vname] = (tname, model, f"model = {ref!r}" if ref else "declared")
-            variants.append(Variant(vname, vf.number("accuracy", low=0, low_open=True), ref, model))
+        variants = _load_variants(tf, tname, models, base)
         if not variants:
             raise tf.error("variants", "a task needs at least one variant")
         onnx = [v.resolved is not None and v.resolved.is_onnx for v in variants]
@@ -313,8 +311,38 @@ def load_app(path: str | Path) -> App:
         tasks.append(Task(tname, kind, tuple(variants)))
     if not tasks:
         raise f.error("tasks", "an app needs at least one task")
-    by_name = {t.name: t for t in tasks}
+    return tasks
 
+
+def _load_variants(tf: Fields, tname: str, models: dict[str, tuple[str, Model | None, str]],
+                   base: Path) -> list[Variant]:
+    """One task's ``[[tasks.variants]]``; ``models`` (variant -> first task, model, field) is
+    checked and extended so a variant name means one model across the app."""
+    variants: list[Variant] = []
+    for vf in tf.tables("variants"):
+        vf.reject_unknown({"name", "accuracy", "model"})
+        vname = vf.str("name")
+        if any(v.name == vname for v in variants):
+            raise vf.error("name", f"duplicate variant {vname!r} in task {tname!r}")
+        ref = vf.str("model", "")
+        model = _resolve_model(vf, ref, vname, base)
+        if vname in models:
+            first_task, first, where = models[vname]
+            if ref and (first is None or model is None or first.describe() != model.describe()):
+                first_model = first.describe() if first else "no model"
+                raise vf.error("model", f"variant {vname!r} is already {where} in task "
+                                        f"{first_task!r} ({first_model}); a variant is one model "
+                                        "(its profile table): give it another name")
+            model = first
+        else:
+            models[vname] = (tname, model, f"model = {ref!r}" if ref else "declared")
+        variants.append(Variant(vname, vf.number("accuracy", low=0, low_open=True), ref, model))
+    return variants
+
+
+def _load_edges(f: Fields, by_name: dict[str, Task]) -> list[Edge]:
+    """The ``[[edges]]``: known tasks, no self-loop or duplicate, a factor per upstream variant
+    (one number or a table by variant), an importable transform."""
     edges: list[Edge] = []
     for ef in f.tables("edges", []):
         ef.reject_unknown({"from", "to", "factor", "transform"})
@@ -339,7 +367,12 @@ def load_app(path: str | Path) -> App:
         if transform and (why := check_import_ref(transform)) is not None:
             raise ef.error("transform", why)
         edges.append(Edge(src, dst, factors, transform))
+    return edges
 
+
+def _load_inputs(f: Fields, tasks: list[Task], edges: list[Edge]) -> list[TensorSpec]:
+    """The declared ``[[inputs]]`` (empty when none are): datatype, shape, typical and least shapes
+    (an image root task needs at least one element per axis unless ``min_shape`` says otherwise)."""
     inputs: list[TensorSpec] = []
     for inf in f.tables("inputs", []):
         inf.reject_unknown({"name", "datatype", "shape", "min_shape", "typical_shape"})
@@ -368,16 +401,7 @@ def load_app(path: str | Path) -> App:
             least = tuple(given)
         inputs.append(TensorSpec(inf.str("name"), dt, tuple(shape), least,
                                  tuple(typical) if typical is not None else None))
-
-    if not inputs:
-        inputs = _graph_inputs(tasks, edges)
-    app = App(name, tuple(tasks), tuple(edges), latency_slo_ms, accuracy_slo, staleness_ms,
-              tuple(inputs) or App.inputs, str(path), max_item_bytes)
-    if len(app.topological_order) != len(app.tasks):
-        cyclic = sorted(set(app.task_names) - set(app.topological_order))
-        raise f.error("edges", f"the task graph is cyclic (through {', '.join(cyclic)})")
-    check_tensors(app)
-    return app
+    return inputs
 
 
 def _resolve_model(vf: Fields, ref: str, variant: str, base: Path) -> Model | None:
