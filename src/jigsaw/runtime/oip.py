@@ -194,15 +194,7 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
     """
     binary = memoryview(body)[json_length:] if json_length is not None else memoryview(b"")
     offset = 0
-    try:
-        text = body[:json_length] if json_length is not None else body
-        doc = _loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise BadRequest("body: JSON nested too deeply") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("body: expected a JSON object")
+    doc = _request_document(body, json_length)
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
         raise BadRequest("id: expected a string")
@@ -217,29 +209,7 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
     inputs = []
     for i, t in enumerate(raw_inputs):
         f = f"inputs[{i}]"
-        if not isinstance(t, dict):
-            raise BadRequest(f"{f}: expected an object with name, shape, datatype, data")
-        name = t.get("name")
-        if not isinstance(name, str):
-            raise BadRequest(f"{f}.name: expected a string")
-        if name not in specs:
-            raise BadRequest(f"{f}.name: unknown input {name!r} (model {app.name} takes "
-                             f"{', '.join(specs)})")
-        if name in seen:
-            raise BadRequest(f"{f}.name: input {name!r} given twice")
-        seen.add(name)
-        spec = specs[name]
-        dt = t.get("datatype")
-        if dt != spec.datatype:
-            raise BadRequest(f"{f}.datatype: input {name!r} expects {spec.datatype}, got {dt!r}")
-        shape = t.get("shape")
-        if (not isinstance(shape, list)
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise BadRequest(f"{f}.shape: expected an array of non-negative integers")
-        if len(shape) != len(spec.shape) or any(s != -1 and s != d for s, d in zip(spec.shape, shape)):
-            raise BadRequest(f"{f}.shape: input {name!r} expects shape {list(spec.shape)} "
-                             f"(-1: any), got {shape}")
-        check_min_shape(f, spec, shape)
+        name, dt, shape = _input_header(f, t, app, specs, seen)
         tensor_params = t.get("parameters", {})
         if not isinstance(tensor_params, dict):
             raise BadRequest(f"{f}.parameters: expected an object")
@@ -248,27 +218,10 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
                 raise BadRequest(f"{f}.parameters.binary_data_size: binary data needs the "
                                  f"{HEADER_LENGTH} header")
             arr, offset = _binary_input(f, t, dt, shape, binary, offset)
-            inputs.append((name, dt, tuple(shape), arr))
-            continue
-        if "shared_memory_region" in tensor_params:
-            inputs.append((name, dt, tuple(shape), shm_input(f, t, dt, shape, shm)))
-            continue
-        if "data" not in t:
-            raise BadRequest(f"{f}.data: missing")
-        data = t["data"]
-        if not isinstance(data, list):
-            raise BadRequest(f"{f}.data: expected an array")
-        if list in set(map(type, data)):
-            flat: list[Any] = []
-            _flatten(data, flat)
+        elif "shared_memory_region" in tensor_params:
+            arr = shm_input(f, t, dt, shape, shm)
         else:
-            flat = data  # already flat, as OIP clients send it
-        if len(flat) != math.prod(shape):
-            raise BadRequest(f"{f}.data: {len(flat)} elements for shape {shape} "
-                             f"(expected {math.prod(shape)})")
-        arr = _to_array(f"{f}.data", dt, flat)
-        if isinstance(arr, np.ndarray):
-            arr = arr.reshape(shape)  # OIP sends data flattened (row-major); the shape restores it
+            arr = _json_input(f, t, dt, shape)
         inputs.append((name, dt, tuple(shape), arr))
     missing = [n for n in specs if n not in seen]
     if missing:
@@ -282,6 +235,72 @@ def parse_infer_request(body: bytes, app: App, json_length: int | None = None,
     timeout_us = request_timeout_us(params)
     return InferRequest(rid, inputs, outputs, params, binary_outputs, all_binary, timeout_us,
                         shm_outputs or None)
+
+
+def _request_document(body: bytes, json_length: int | None) -> dict[str, Any]:
+    """The body's JSON part (all of it without ``json_length``) as an object, or a ``BadRequest``."""
+    try:
+        text = body[:json_length] if json_length is not None else body
+        doc = _loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise BadRequest("body: JSON nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("body: expected a JSON object")
+    return doc
+
+
+def _input_header(f: str, t: Any, app: App, specs: dict[str, TensorSpec],
+                  seen: set[str]) -> tuple[str, str, list[int]]:
+    """One input tensor's name, datatype and shape, checked against the app's declared input
+    (known, given once, same datatype, a shape it accepts); adds the name to ``seen``."""
+    if not isinstance(t, dict):
+        raise BadRequest(f"{f}: expected an object with name, shape, datatype, data")
+    name = t.get("name")
+    if not isinstance(name, str):
+        raise BadRequest(f"{f}.name: expected a string")
+    if name not in specs:
+        raise BadRequest(f"{f}.name: unknown input {name!r} (model {app.name} takes "
+                         f"{', '.join(specs)})")
+    if name in seen:
+        raise BadRequest(f"{f}.name: input {name!r} given twice")
+    seen.add(name)
+    spec = specs[name]
+    dt = t.get("datatype")
+    if dt != spec.datatype:
+        raise BadRequest(f"{f}.datatype: input {name!r} expects {spec.datatype}, got {dt!r}")
+    shape = t.get("shape")
+    if (not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise BadRequest(f"{f}.shape: expected an array of non-negative integers")
+    if len(shape) != len(spec.shape) or any(s != -1 and s != d for s, d in zip(spec.shape, shape)):
+        raise BadRequest(f"{f}.shape: input {name!r} expects shape {list(spec.shape)} "
+                         f"(-1: any), got {shape}")
+    check_min_shape(f, spec, shape)
+    return name, dt, shape
+
+
+def _json_input(f: str, t: dict[str, Any], dt: str, shape: list[int]) -> Any:
+    """An input sent as JSON ``data`` (flat, as OIP clients send it, or nested), as an array of
+    ``shape``."""
+    if "data" not in t:
+        raise BadRequest(f"{f}.data: missing")
+    data = t["data"]
+    if not isinstance(data, list):
+        raise BadRequest(f"{f}.data: expected an array")
+    if list in set(map(type, data)):
+        flat: list[Any] = []
+        _flatten(data, flat)
+    else:
+        flat = data  # already flat, as OIP clients send it
+    if len(flat) != math.prod(shape):
+        raise BadRequest(f"{f}.data: {len(flat)} elements for shape {shape} "
+                         f"(expected {math.prod(shape)})")
+    arr = _to_array(f"{f}.data", dt, flat)
+    if isinstance(arr, np.ndarray):
+        arr = arr.reshape(shape)  # OIP sends data flattened (row-major); the shape restores it
+    return arr
 
 
 def _requested_outputs(doc: dict[str, Any], shm: SharedMemoryRegions | None
