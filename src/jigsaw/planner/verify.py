@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from jigsaw.app import App
-from jigsaw.mig import NUM_PLACEMENT_SLOTS
+from jigsaw.mig import NUM_PLACEMENT_SLOTS, MigProfile
 from jigsaw.node import Node
 from jigsaw.plan import Plan
 from jigsaw.profiles import ProfileTable
@@ -35,12 +35,28 @@ def demand_and_supply(plan: Plan, app: App, factors: dict[tuple[str, str, str], 
 def verify_plan(plan: Plan, app: App, node: Node, profiles: ProfileTable,
                 factors: dict[tuple[str, str, str], float] | None = None) -> list[str]:
     """Every violated constraint of ``plan``, as readable sentences (empty: the plan is sound)."""
-    problems: list[str] = []
     if not plan.instances:
         return ["the plan has no instances"] if plan.feasible or plan.max_demand_plan else []
     mig = {p.name: p for p in node.gpu.profiles}
+    problems = _verify_instances(plan, app, node, profiles, mig)
+    problems.extend(_verify_latency(plan, app))
+    rate = sum(lane.rate_rps for lane in plan.lanes)
+    problems.extend(_verify_demand(plan, app, rate, factors))
+    problems.extend(_verify_accuracy(plan, app, rate, factors))
+    # Slices and the layout.
+    slices = sum(i.count * mig[i.mig_profile].compute_slices for i in plan.instances if i.mig_profile in mig)
+    if slices != plan.slices_used:
+        problems.append(f"slices_used {plan.slices_used} != recomputed {slices}")
+    if slices > node.slices_available:
+        problems.append(f"{slices} slices > {node.slices_available} available")
+    problems.extend(_verify_layout(plan, node))
+    return problems
 
-    # Profiles, memory and the search space.
+
+def _verify_instances(plan: Plan, app: App, node: Node, profiles: ProfileTable,
+                      mig: dict[str, MigProfile]) -> list[str]:
+    """Each instance against its profile row, the GPU's MIG table, its memory and the search space."""
+    problems: list[str] = []
     for inst in plan.instances:
         row = profiles.get(inst.variant, inst.mig_profile, inst.mps, inst.max_batch)
         label = f"{inst.task}/{inst.variant} on {inst.mig_profile}x{inst.mps} b{inst.max_batch}"
@@ -65,9 +81,13 @@ def verify_plan(plan: Plan, app: App, node: Node, profiles: ProfileTable,
             problems.append(f"{label}: space {plan.space} allows whole GPUs only")
         if plan.space in ("unopt", "s", "t", "st") and inst.variant != app.task(inst.task).best.name:
             problems.append(f"{label}: space {plan.space} allows the most accurate variant only")
+    return problems
 
-    # Latency: worst instance of each task, doubled for batching, along every path.
-    worst = defaultdict(float)
+
+def _verify_latency(plan: Plan, app: App) -> list[str]:
+    """Latency: the worst instance of each task, doubled for batching, along every path."""
+    problems: list[str] = []
+    worst: defaultdict[str, float] = defaultdict(float)
     for inst in plan.instances:
         worst[inst.task] = max(worst[inst.task], inst.latency_ms)
     for path in app.paths:
@@ -75,14 +95,17 @@ def verify_plan(plan: Plan, app: App, node: Node, profiles: ProfileTable,
         if total > app.latency_slo_ms * (1 + _REL_TOL):
             problems.append(f"path {' -> '.join(path)}: 2 x latencies = {total:.1f} ms > SLO "
                             f"{app.latency_slo_ms:g} ms")
+    return problems
 
-    # Demand from the lanes against the capacity of the instances, per (task, variant).
-    rate = sum(lane.rate_rps for lane in plan.lanes)
+
+def _verify_demand(plan: Plan, app: App, rate: float,
+                   factors: dict[tuple[str, str, str], float] | None) -> list[str]:
+    """Demand from the lanes (``rate`` in all) against the capacity of the instances, per
+    (task, variant)."""
+    problems: list[str] = []
     if abs(rate - plan.planned_rps) > _REL_TOL * max(1.0, plan.planned_rps):
         problems.append(f"lanes carry {rate:.6g} rps, the plan serves {plan.planned_rps:.6g}")
     demand, supply = demand_and_supply(plan, app, factors)
-    acc = sum(lane.rate_rps * app.lane_accuracy(tuple(lane.variants[t] for t in app.task_names), factors)
-              for lane in plan.lanes)
     # Every lane that carries requests runs the variant of each task they reach: the runtime
     # cannot route a request to a variant without a process, however small the lane's rate.
     run = {key for key, cap in supply.items() if cap > 0}
@@ -97,22 +120,23 @@ def verify_plan(plan: Plan, app: App, node: Node, profiles: ProfileTable,
     for key, need in demand.items():
         if need > supply[key] * (1 + _REL_TOL) + 1e-9:
             problems.append(f"{key[0]}/{key[1]}: demand {need:.6g} rps > capacity {supply[key]:.6g} rps")
+    return problems
 
-    # Accuracy (PAS), relative to the most accurate variants.
-    if rate > 0:
-        relative = acc / rate / app.max_accuracy(factors)
-        if relative < plan.accuracy_slo * (1 - _REL_TOL):
-            problems.append(f"accuracy {relative:.4f} < SLO {plan.accuracy_slo:g}")
-        if abs(relative - plan.accuracy) > 1e-4:
-            problems.append(f"reported accuracy {plan.accuracy:.6f} != recomputed {relative:.6f}")
 
-    # Slices and the layout.
-    slices = sum(i.count * mig[i.mig_profile].compute_slices for i in plan.instances if i.mig_profile in mig)
-    if slices != plan.slices_used:
-        problems.append(f"slices_used {plan.slices_used} != recomputed {slices}")
-    if slices > node.slices_available:
-        problems.append(f"{slices} slices > {node.slices_available} available")
-    problems.extend(_verify_layout(plan, node))
+def _verify_accuracy(plan: Plan, app: App, rate: float,
+                     factors: dict[tuple[str, str, str], float] | None) -> list[str]:
+    """Accuracy (PAS) of the lanes, relative to the most accurate variants: above the SLO and as
+    reported."""
+    if rate <= 0:
+        return []
+    problems: list[str] = []
+    acc = sum(lane.rate_rps * app.lane_accuracy(tuple(lane.variants[t] for t in app.task_names), factors)
+              for lane in plan.lanes)
+    relative = acc / rate / app.max_accuracy(factors)
+    if relative < plan.accuracy_slo * (1 - _REL_TOL):
+        problems.append(f"accuracy {relative:.4f} < SLO {plan.accuracy_slo:g}")
+    if abs(relative - plan.accuracy) > 1e-4:
+        problems.append(f"reported accuracy {plan.accuracy:.6f} != recomputed {relative:.6f}")
     return problems
 
 
