@@ -326,11 +326,27 @@ def place_app(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], g
     each new instance where it strands the fewest other compute slices (``_greedy_against``), the
     first fit where that greedy leaves something out.
     """
+    _check_room(node, app, requests, gpu)
+    others = [i for i in node.instances if i.app and i.app != app]
+    tries = ((True, False, True), (True, True, True), (True, False, False), (True, True, False),
+             (False, False, False))
+    for identical, swaps, beside in tries:
+        mine = _attempt(node, app, requests, gpu, keep_usable, identical, swaps, beside)
+        if mine is not None:
+            return node.with_instances([*others, *mine, *_surviving_idle(node, gpu, others, mine)])
+    held_by = ", ".join(sorted({i.app for i in others})) or "no other app"
+    raise PackingError(
+        f"no room for {app}'s {len(requests)} MIG instances beside what {held_by} holds "
+        f"on {node.num_gpus} x {gpu.name}: the placement rules leave no valid start"
+    )
+
+
+def _check_room(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], gpu: GpuModel) -> None:
+    """A ``PackingError`` for a profile the GPU lacks, or more compute slices than the other apps
+    leave free."""
     unknown = sorted({r.profile for r in requests} - set(gpu.profile_names))
     if unknown:
         raise PackingError(f"unknown MIG profile(s) {', '.join(unknown)} for {gpu.name}")
-    others = [i for i in node.instances if i.app and i.app != app]
-    own = [i for i in node.instances if i.app == app]
     need = sum(gpu.profile(r.profile).compute_slices for r in requests)
     free = node.slices_free_for(gpu, app)
     if need > free:
@@ -339,78 +355,89 @@ def place_app(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], g
             f"{gpu.compute_slices * node.num_gpus - free} of {gpu.compute_slices * node.num_gpus}"
         )
 
-    def attempt(reuse_identical: bool, reuse_swaps: bool, beside: bool) -> list[NodeInstance] | None:
-        kept: list[NodeInstance] = []
-        pending = sorted(requests, key=lambda r: (r.profile, r.task, r.variant, r.mps, r.max_batch, r.index))
-        unused = list(own)
-        if reuse_identical:
-            for r in list(pending):
-                match = [
-                    i
-                    for i in unused
-                    if (i.task, i.variant, i.profile, i.mps, i.max_batch)
-                    == (r.task, r.variant, r.profile, r.mps, r.max_batch)
-                ]
-                if match:
-                    best = next((i for i in match if i.index == r.index), match[0])
-                    unused.remove(best)
-                    pending.remove(r)
-                    kept.append(replace(best, index=r.index))
-        def host_on(pool: list[NodeInstance], **changes: str) -> None:
-            """Each pending request onto an instance of its profile taken from ``pool`` (no NVML call)."""
-            for r in list(pending):
-                match = [i for i in pool if i.profile == r.profile]
-                if match:
-                    pool.remove(match[0])
-                    pending.remove(r)
-                    kept.append(replace(match[0], task=r.task, variant=r.variant, mps=r.mps,
-                                        max_batch=r.max_batch, index=r.index, pids=(), **changes))
 
-        if reuse_identical:  # an idle instance (adopted at start-up) of the profile
-            host_on([i for i in node.instances if not i.app], app=app)
-        if reuse_swaps:  # a running instance of the app hosts another of its workloads
-            host_on(unused, uuid="")
-        held: dict[int, list[tuple[str, int]]] = defaultdict(list)
-        for i in [*others, *kept, *(unused if beside else [])]:
-            held[i.gpu].append((i.profile, i.start))
-        placed = _greedy_against(gpu, held, pending, node.num_gpus, keep_usable) if keep_usable else None
-        if placed is None:
-            placed = _greedy_against(gpu, held, pending, node.num_gpus)
-        if placed is None:  # greedy left something out: the exact search decides
-            placed = _exact_against(gpu, held, pending, node.num_gpus)
-        if placed is None:
-            return None
-        return kept + [
-            NodeInstance(
-                gpu=g,
-                profile=r.profile,
-                start=s,
-                app=app,
-                task=r.task,
-                variant=r.variant,
-                mps=r.mps,
-                max_batch=r.max_batch,
-                index=r.index,
-            )
-            for r, g, s in placed
+def _attempt(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], gpu: GpuModel,
+             keep_usable: bool, reuse_identical: bool, reuse_swaps: bool,
+             beside: bool) -> list[NodeInstance] | None:
+    """One try at the app's instances: ``reuse_identical`` keeps running instances of identical
+    workloads (and takes idle ones of the profile), ``reuse_swaps`` lets a running instance host
+    another of the app's workloads, ``beside`` keeps the app's unused running instances' slots
+    held; the rest placed greedy, then exact. None when it does not fit."""
+    others = [i for i in node.instances if i.app and i.app != app]
+    kept: list[NodeInstance] = []
+    pending = sorted(requests, key=lambda r: (r.profile, r.task, r.variant, r.mps, r.max_batch, r.index))
+    unused = [i for i in node.instances if i.app == app]
+    if reuse_identical:
+        _keep_identical(pending, unused, kept)
+        # an idle instance (adopted at start-up) of the profile
+        _host_on([i for i in node.instances if not i.app], pending, kept, app=app)
+    if reuse_swaps:  # a running instance of the app hosts another of its workloads
+        _host_on(unused, pending, kept, uuid="")
+    held: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for i in [*others, *kept, *(unused if beside else [])]:
+        held[i.gpu].append((i.profile, i.start))
+    placed = _greedy_against(gpu, held, pending, node.num_gpus, keep_usable) if keep_usable else None
+    if placed is None:
+        placed = _greedy_against(gpu, held, pending, node.num_gpus)
+    if placed is None:  # greedy left something out: the exact search decides
+        placed = _exact_against(gpu, held, pending, node.num_gpus)
+    if placed is None:
+        return None
+    return kept + [
+        NodeInstance(
+            gpu=g,
+            profile=r.profile,
+            start=s,
+            app=app,
+            task=r.task,
+            variant=r.variant,
+            mps=r.mps,
+            max_batch=r.max_batch,
+            index=r.index,
+        )
+        for r, g, s in placed
+    ]
+
+
+def _keep_identical(pending: list[InstanceRequest], unused: list[NodeInstance],
+                    kept: list[NodeInstance]) -> None:
+    """Each pending request with a running instance of the identical workload keeps it (the one
+    of the same index first): moved from ``pending`` and ``unused`` to ``kept``."""
+    for r in list(pending):
+        match = [
+            i
+            for i in unused
+            if (i.task, i.variant, i.profile, i.mps, i.max_batch)
+            == (r.task, r.variant, r.profile, r.mps, r.max_batch)
         ]
+        if match:
+            best = next((i for i in match if i.index == r.index), match[0])
+            unused.remove(best)
+            pending.remove(r)
+            kept.append(replace(best, index=r.index))
 
-    tries = ((True, False, True), (True, True, True), (True, False, False), (True, True, False),
-             (False, False, False))
-    for identical, swaps, beside in tries:
-        mine = attempt(identical, swaps, beside)
-        if mine is not None:
-            # idle instances overlapping the new placement give way (they are destroyed)
-            taken = {i.slot for i in mine}
-            idle = [i for i in node.instances if not i.app and i.slot not in taken]
-            survivors: list[NodeInstance] = []
-            for i in idle:
-                trial = [(x.profile, x.start) for x in [*others, *mine, *survivors, i] if x.gpu == i.gpu]
-                if not placement_violations(gpu, trial):
-                    survivors.append(i)
-            return node.with_instances([*others, *mine, *survivors])
-    held_by = ", ".join(sorted({i.app for i in others})) or "no other app"
-    raise PackingError(
-        f"no room for {app}'s {len(requests)} MIG instances beside what {held_by} holds "
-        f"on {node.num_gpus} x {gpu.name}: the placement rules leave no valid start"
-    )
+
+def _host_on(pool: list[NodeInstance], pending: list[InstanceRequest], kept: list[NodeInstance],
+             **changes: str) -> None:
+    """Each pending request onto an instance of its profile taken from ``pool`` (no NVML call)."""
+    for r in list(pending):
+        match = [i for i in pool if i.profile == r.profile]
+        if match:
+            pool.remove(match[0])
+            pending.remove(r)
+            kept.append(replace(match[0], task=r.task, variant=r.variant, mps=r.mps,
+                                max_batch=r.max_batch, index=r.index, pids=(), **changes))
+
+
+def _surviving_idle(node: NodeLayout, gpu: GpuModel, others: list[NodeInstance],
+                    mine: list[NodeInstance]) -> list[NodeInstance]:
+    """The idle instances that still fit beside the placement; those overlapping it give way (they
+    are destroyed)."""
+    taken = {i.slot for i in mine}
+    idle = [i for i in node.instances if not i.app and i.slot not in taken]
+    survivors: list[NodeInstance] = []
+    for i in idle:
+        trial = [(x.profile, x.start) for x in [*others, *mine, *survivors, i] if x.gpu == i.gpu]
+        if not placement_violations(gpu, trial):
+            survivors.append(i)
+    return survivors
