@@ -64,8 +64,7 @@ def node_plan_json(n: NodePlan) -> str:
 
 def manifests(fleet: Fleet, plan: FleetPlan) -> dict[str, list[dict[str, Any]]]:
     """File name -> the Kubernetes objects it holds."""
-    kube = fleet.kube
-    ns = kube.namespace
+    ns = fleet.kube.namespace
     out: dict[str, list[dict[str, Any]]] = {}
     out["namespace.yaml"] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}]
     mig = {"version": "v1", "mig-configs": _node_mig_configs(plan)}
@@ -75,75 +74,95 @@ def manifests(fleet: Fleet, plan: FleetPlan) -> dict[str, list[dict[str, Any]]]:
         "data": {"config.yaml": yaml.safe_dump(mig, sort_keys=False)},
     }]
     for n in plan.nodes:
-        name = f"jigsawd-{n.name}"
-        group = fleet.group_of(n.name)
-        labels = {"app.kubernetes.io/name": "jigsawd", "app.kubernetes.io/part-of": k8s_name(fleet.name),
-                  "jigsaw/node": n.name}
-        port = kube.port
-        scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
-                  "prometheus.io/path": "/metrics"}
-        node_file = f"{NODE_CONFIG_DIR}/{Path(group.node.source).name}"
-        requests = {"cpu": kube.cpu, "memory": kube.memory, **_mig_resources(n)}
-        limits = {k: v for k, v in requests.items() if k.startswith("nvidia.com/")}
-        container: dict[str, Any] = {
-            "name": "jigsawd", "image": kube.image,
-            "command": ["jigsawd", "--node-config", node_file, "--plan", f"{PLAN_MOUNT}/plan.json",
-                        "--host", "0.0.0.0", "--port", str(port)],
-            "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-            "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"},
-                               "periodSeconds": 2, "failureThreshold": 2},
-            "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"},
-                              "initialDelaySeconds": 10, "periodSeconds": 5, "failureThreshold": 3},
-            "startupProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"},
-                             "periodSeconds": 2, "failureThreshold": 90},
-            "resources": {"requests": requests, **({"limits": limits} if limits else {})},
-            "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
-                             {"name": "dshm", "mountPath": "/dev/shm"}],
-        }
-        out[f"nodes/{n.name}.yaml"] = [
-            {"apiVersion": "v1", "kind": "Node",
-             "metadata": {"name": n.name, "labels": {MIG_CONFIG_LABEL: mig_config_name(n.name)}}},
-            {"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": {"name": f"{name}-plan", "namespace": ns, "labels": labels},
-             "data": {"plan.json": node_plan_json(n)}},
-            {"apiVersion": "apps/v1", "kind": "Deployment",
-             "metadata": {"name": name, "namespace": ns, "labels": labels},
-             "spec": {
-                 "replicas": 1,
-                 # one jigsawd owns the node's MIG devices: the old pod must go before the new one
-                 "strategy": {"type": "Recreate"},
-                 "selector": {"matchLabels": {"jigsaw/node": n.name}},
-                 "template": {
-                     "metadata": {"labels": labels, "annotations": scrape},
-                     "spec": {
-                         "nodeSelector": {"kubernetes.io/hostname": n.name},
-                         "terminationGracePeriodSeconds": 30,
-                         "containers": [container],
-                         "volumes": [{"name": "plan", "configMap": {"name": f"{name}-plan"}},
-                                     {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-                     },
-                 },
-             }},
-            {"apiVersion": "v1", "kind": "Service",
-             "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": scrape},
-             "spec": {"selector": {"jigsaw/node": n.name},
-                      "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]}},
-        ]
+        out[f"nodes/{n.name}.yaml"] = _node_objects(fleet, n)
     for app in plan.apps:
-        weights = plan.weights(app)
-        out[f"routes/{k8s_name(app)}.yaml"] = [{
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-            "metadata": {"name": f"jigsaw-{k8s_name(app)}", "namespace": ns},
-            "spec": {
-                "parentRefs": [{"name": kube.gateway}],
-                "rules": [{
-                    "matches": [{"path": {"type": "PathPrefix", "value": f"/v2/models/{app}"}}],
-                    "backendRefs": [{"name": f"jigsawd-{n}", "port": kube.port, "weight": w}
-                                    for n, w in weights.items()],
-                }],
-            },
-        }]
+        out[f"routes/{k8s_name(app)}.yaml"] = [_app_route(fleet, plan, app)]
     return out
+
+
+def _node_objects(fleet: Fleet, n: NodePlan) -> list[dict[str, Any]]:
+    """One node's objects: its MIG config label, its plan ConfigMap, the jigsawd Deployment pinned
+    to it and the Service in front of it."""
+    kube = fleet.kube
+    ns = kube.namespace
+    name = f"jigsawd-{n.name}"
+    labels = {"app.kubernetes.io/name": "jigsawd", "app.kubernetes.io/part-of": k8s_name(fleet.name),
+              "jigsaw/node": n.name}
+    port = kube.port
+    scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+              "prometheus.io/path": "/metrics"}
+    return [
+        {"apiVersion": "v1", "kind": "Node",
+         "metadata": {"name": n.name, "labels": {MIG_CONFIG_LABEL: mig_config_name(n.name)}}},
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": {"name": f"{name}-plan", "namespace": ns, "labels": labels},
+         "data": {"plan.json": node_plan_json(n)}},
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": name, "namespace": ns, "labels": labels},
+         "spec": {
+             "replicas": 1,
+             # one jigsawd owns the node's MIG devices: the old pod must go before the new one
+             "strategy": {"type": "Recreate"},
+             "selector": {"matchLabels": {"jigsaw/node": n.name}},
+             "template": {
+                 "metadata": {"labels": labels, "annotations": scrape},
+                 "spec": {
+                     "nodeSelector": {"kubernetes.io/hostname": n.name},
+                     "terminationGracePeriodSeconds": 30,
+                     "containers": [_jigsawd_container(fleet, n)],
+                     "volumes": [{"name": "plan", "configMap": {"name": f"{name}-plan"}},
+                                 {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+                 },
+             },
+         }},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": scrape},
+         "spec": {"selector": {"jigsaw/node": n.name},
+                  "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]}},
+    ]
+
+
+def _jigsawd_container(fleet: Fleet, n: NodePlan) -> dict[str, Any]:
+    """The jigsawd container of a node's pod: its node file and plan, probes on OIP's health
+    endpoints, CPU, memory and the node's MIG devices as resources."""
+    kube = fleet.kube
+    port = kube.port
+    node_file = f"{NODE_CONFIG_DIR}/{Path(fleet.group_of(n.name).node.source).name}"
+    requests = {"cpu": kube.cpu, "memory": kube.memory, **_mig_resources(n)}
+    limits = {k: v for k, v in requests.items() if k.startswith("nvidia.com/")}
+    return {
+        "name": "jigsawd", "image": kube.image,
+        "command": ["jigsawd", "--node-config", node_file, "--plan", f"{PLAN_MOUNT}/plan.json",
+                    "--host", "0.0.0.0", "--port", str(port)],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"},
+                           "periodSeconds": 2, "failureThreshold": 2},
+        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"},
+                          "initialDelaySeconds": 10, "periodSeconds": 5, "failureThreshold": 3},
+        "startupProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"},
+                         "periodSeconds": 2, "failureThreshold": 90},
+        "resources": {"requests": requests, **({"limits": limits} if limits else {})},
+        "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+                         {"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def _app_route(fleet: Fleet, plan: FleetPlan, app: str) -> dict[str, Any]:
+    """The Gateway API HTTPRoute that splits an app's requests over the nodes by the plan's weights."""
+    kube = fleet.kube
+    weights = plan.weights(app)
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": f"jigsaw-{k8s_name(app)}", "namespace": kube.namespace},
+        "spec": {
+            "parentRefs": [{"name": kube.gateway}],
+            "rules": [{
+                "matches": [{"path": {"type": "PathPrefix", "value": f"/v2/models/{app}"}}],
+                "backendRefs": [{"name": f"jigsawd-{n}", "port": kube.port, "weight": w}
+                                for n, w in weights.items()],
+            }],
+        },
+    }
 
 
 def render_nginx(plan: FleetPlan, addresses: dict[str, str], *, listen: str = "0.0.0.0:80",
