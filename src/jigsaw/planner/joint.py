@@ -389,6 +389,9 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     ``decompose``). ``total_weight``: the weights' sum the ``slices``
     objective's accuracy tie-break divides by (default: the parts'; a node's, when one app of
     it is planned alone as part of the node decision).
+
+    A MILP model builder kept whole (the size rule's exception): it declares the variables and
+    constraints of one model, read top to bottom as the module doc writes them.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r} (expected {', '.join(OBJECTIVES)})")

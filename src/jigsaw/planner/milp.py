@@ -69,6 +69,8 @@ class _Model:
 
     def __init__(self, pb: _Problem, demand_rps: float | None, solver: str, threads: int = 1,
                  max_rps: float | None = None):
+        """The model's variables, constraints and objective. A MILP model builder kept whole (the
+        size rule's exception): read top to bottom as the paper's formulation."""
         self.pb = pb
         node, app, cols = pb.node, pb.app, pb.colset.columns
         name = {"cbc": mip.CBC, "highs": "HiGHS"}.get(solver)
