@@ -189,31 +189,9 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     that app alone, it is the start ``milp.plan`` uses too, so both give the same plans).
     """
     t0 = time.perf_counter()
-    if not apps:
-        raise PlanError("no apps to plan")
-    names = [a.name for a in apps]
-    if len(set(names)) != len(names):
-        raise PlanError(f"apps listed twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
-    for name in demands:
-        if name not in names:
-            raise PlanError(f"demand for {name!r}, which is not among the apps ({', '.join(names)})")
-    for name in names:
-        d = demands.get(name)
-        if d is None:
-            raise PlanError(f"no demand given for app {name!r}")
-        if not d >= 0 or math.isinf(d):
-            raise PlanError(f"demand of {name!r} must be a finite number >= 0, got {d!r}")
-    kind = objective or node.planner.objective
-    if kind not in NODE_OBJECTIVES:
-        raise PlanError(f"unknown objective {kind!r} (expected one of {', '.join(NODE_OBJECTIVES)})")
+    kind, solver, form = _check_node_request(apps, node, demands, objective, solver, formulation)
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
     limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
-    solver = solver or node.planner.solver
-    if solver not in ("cbc", "highs"):
-        raise PlanError(f"unknown solver {solver!r} (expected cbc or highs)")
-    form = formulation or DEFAULT_FORMULATION
-    if form not in FORMULATIONS:
-        raise PlanError(f"unknown formulation {form!r} (expected one of {', '.join(FORMULATIONS)})")
     running = previous.plans if previous is not None else {}
     parts = [joint.Part(make_problem(a, node, profiles, sp, (factors or {}).get(a.name)),
                         float(demands[a.name]), node.planner.app_weight(a.name),
@@ -236,23 +214,9 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
         # the demands do not fit together (or no plan was found for them in time): every app
         # at the largest common fraction, searched by decomposition (``scaled``)
         left_s = max(limit - (time.perf_counter() - t0), 0.5 * limit)
-        sc = max_scale(parts, node, solver=solver, time_limit_s=left_s,
-                       pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous),
-                       hi_proven=res.status == "infeasible", floors=res.floors)
-        if sc.plans is not None:
-            scale = min(1.0, sc.theta_lo)
-            scale_bound = min(1.0, sc.theta_hi)
-            res = _scaled_decision(parts, sc, node, kind)
-            if sc.status == "proven":
-                why = (f"the largest common fraction to within {SCALE_TOLERANCE:.0%}: "
-                       f"{sc.theta_hi:.4%} does not fit")
-            elif math.isfinite(sc.theta_hi) and sc.theta_hi < 1.0:
-                why = f"not proven the largest: {sc.theta_hi:.4%} is the least shown not to fit"
-            else:
-                why = "not proven the largest"
-            if scale < 1.0:
-                notes.append(f"the demands do not fit together: every app serves {scale:.4%} of its "
-                             f"demand ({why})")
+        res, scale, scale_bound = _decomposed_scale(parts, node, res, solver, left_s, kind, notes,
+                                                    lambda ps: _pack_node(dict(zip(names, ps, strict=True)),
+                                                                          node, previous))
     if res.status == "infeasible":
         res, scale, scale_bound, why = _joint_scaled(parts, node, solver, limit, decide)
         if res is None:
@@ -263,6 +227,75 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     if any(p is None for p in res.plans):
         return _empty(node, kind, res.status, time.perf_counter() - t0,
                       f"the solver found no plan within {limit:g} s")
+    return _node_plan(apps, node, demands, res, kind=kind, solver=solver, previous=previous, scale=scale,
+                      scale_bound=scale_bound, notes=notes, t0=t0)
+
+
+def _check_node_request(apps: Sequence[App], node: Node, demands: Mapping[str, float],
+                        objective: str | None, solver: str | None,
+                        formulation: str | None) -> tuple[str, str, str]:
+    """The objective, solver and formulation ``plan_node`` runs (the node's defaults where not
+    given), or a ``PlanError`` for no apps, an app listed twice, a demand missing, unknown or
+    not a finite number >= 0, or an unknown choice."""
+    if not apps:
+        raise PlanError("no apps to plan")
+    names = [a.name for a in apps]
+    if len(set(names)) != len(names):
+        raise PlanError(f"apps listed twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
+    for name in demands:
+        if name not in names:
+            raise PlanError(f"demand for {name!r}, which is not among the apps ({', '.join(names)})")
+    for name in names:
+        d = demands.get(name)
+        if d is None:
+            raise PlanError(f"no demand given for app {name!r}")
+        if not d >= 0 or math.isinf(d):
+            raise PlanError(f"demand of {name!r} must be a finite number >= 0, got {d!r}")
+    kind = objective or node.planner.objective
+    if kind not in NODE_OBJECTIVES:
+        raise PlanError(f"unknown objective {kind!r} (expected one of {', '.join(NODE_OBJECTIVES)})")
+    solver = solver or node.planner.solver
+    if solver not in ("cbc", "highs"):
+        raise PlanError(f"unknown solver {solver!r} (expected cbc or highs)")
+    form = formulation or DEFAULT_FORMULATION
+    if form not in FORMULATIONS:
+        raise PlanError(f"unknown formulation {form!r} (expected one of {', '.join(FORMULATIONS)})")
+    return kind, solver, form
+
+
+def _decomposed_scale(parts: list[joint.Part], node: Node, res: _Decision, solver: str, left_s: float,
+                      kind: str, notes: list[str],
+                      pack: decompose.Packer) -> tuple[_Decision, float, float]:
+    """Every app at the largest common fraction of its demand, searched by decomposition
+    (``scaled.max_scale``) after ``res`` found no plan at the full demands: the decision (``res``
+    when the search finds none), the fraction served and the least shown not to fit; a note
+    saying so appended to ``notes`` when less than all is served."""
+    scale = scale_bound = 1.0
+    sc = max_scale(parts, node, solver=solver, time_limit_s=left_s, pack=pack,
+                   hi_proven=res.status == "infeasible", floors=res.floors)
+    if sc.plans is None:
+        return res, scale, scale_bound
+    scale = min(1.0, sc.theta_lo)
+    scale_bound = min(1.0, sc.theta_hi)
+    res = _scaled_decision(parts, sc, node, kind)
+    if sc.status == "proven":
+        why = (f"the largest common fraction to within {SCALE_TOLERANCE:.0%}: "
+               f"{sc.theta_hi:.4%} does not fit")
+    elif math.isfinite(sc.theta_hi) and sc.theta_hi < 1.0:
+        why = f"not proven the largest: {sc.theta_hi:.4%} is the least shown not to fit"
+    else:
+        why = "not proven the largest"
+    if scale < 1.0:
+        notes.append(f"the demands do not fit together: every app serves {scale:.4%} of its "
+                     f"demand ({why})")
+    return res, scale, scale_bound
+
+
+def _node_plan(apps: Sequence[App], node: Node, demands: Mapping[str, float], res: _Decision, *,
+               kind: str, solver: str, previous: NodePlan | None, scale: float, scale_bound: float,
+               notes: list[str], t0: float) -> NodePlan:
+    """The ``NodePlan`` of a decision with a plan for every app: each plan marked with its demand
+    and solver (a max-demand plan where ``scale`` < 1), laid out on the node, the gap computed."""
     plans: dict[str, Plan] = {}
     for a, p in zip(apps, res.plans, strict=True):
         assert p is not None
@@ -286,7 +319,6 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
                     slices_available=node.slices_available, solve_seconds=secs, plans=plans,
                     layout=layout, demand_scale=scale, scale_bound=max(scale, scale_bound),
                     notes=notes + res.notes)
-
 
 def _scaled_decision(parts: list[joint.Part], sc: ScaleResult, node: Node, kind: str) -> _Decision:
     """The scaled search's plans as a decision: ``feasible`` (a plan, never a proven optimum).
