@@ -22,7 +22,6 @@ MILP_BUILDERS = {
 }
 NOT_YET_SPLIT = {
     ("jigsaw/planner/scaled.py", "max_scale"): "the common-fraction search: one loop over shared state",
-    ("jigsaw/planner/node_plan.py", "quick_plan_node"): "the greedy node plan's candidates and scaling",
     ("jigsaw/planner/joint.py", "_lift"): "the core solution's lifting to latency caps",
     ("jigsaw/planner/joint.py", "solve"): "core, lifting and level stages of the joint model",
     ("jigsaw/planner/decompose.py", "_solve"): "the frontier search over the apps' slice budgets",

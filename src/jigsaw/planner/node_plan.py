@@ -468,15 +468,7 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
     for a in apps:
         if a.name not in demands:
             raise PlanError(f"no demand given for app {a.name!r}")
-    kept: dict[str, Plan] = {}
-    if previous is not None:
-        for a in apps:
-            run = previous.plans.get(a.name)
-            if run is not None and run.instances:
-                p = extend_plan(a, node, profiles, run, float(demands[a.name]), space=sp,
-                                factors=(factors or {}).get(a.name))
-                if p is not None:
-                    kept[a.name] = p
+    kept = _extended_running(apps, node, profiles, demands, previous, sp, factors)
 
     def attempt(use_kept: bool) -> tuple[dict[str, Plan], Layout] | None:
         plans: dict[str, Plan] = {}
@@ -520,7 +512,30 @@ def quick_plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, dem
     if got is None:
         return None
     plans, layout = got
-    secs = time.perf_counter() - t0
+    return _quick_node_plan(node, kind, plans, layout, kept, scale, time.perf_counter() - t0)
+
+
+def _extended_running(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float],
+                      previous: NodePlan | None, sp: SearchSpace,
+                      factors: Mapping[str, Factors] | None) -> dict[str, Plan]:
+    """Each app's running plan (in ``previous``) extended for its new demand
+    (``anytime.extend_plan``), by app name; an app without one, or whose extension fails, is absent."""
+    kept: dict[str, Plan] = {}
+    if previous is not None:
+        for a in apps:
+            run = previous.plans.get(a.name)
+            if run is not None and run.instances:
+                p = extend_plan(a, node, profiles, run, float(demands[a.name]), space=sp,
+                                factors=(factors or {}).get(a.name))
+                if p is not None:
+                    kept[a.name] = p
+    return kept
+
+
+def _quick_node_plan(node: Node, kind: str, plans: dict[str, Plan], layout: Layout, kept: dict[str, Plan],
+                     scale: float, secs: float) -> NodePlan:
+    """The quick plan's ``NodePlan``: its notes say which plans it took (the running ones extended,
+    or the greedy's) and, where ``scale`` < 1, the fraction of the demands served."""
     for p in plans.values():
         p.solve_seconds = secs
     slices = sum(p.slices_used for p in plans.values())
