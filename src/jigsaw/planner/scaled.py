@@ -210,39 +210,13 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     def left() -> float:
         return time_limit_s - (time.perf_counter() - t0)
 
-    def at(theta: float) -> list[joint.Part]:
-        return [joint.Part(p.pb, (p.demand_rps or 0.0) * theta, p.weight, keep=p.keep) for p in parts]
-
-    def floor_sum(theta: float) -> float:
-        """The apps' latency-relaxed fewest slices at theta, summed (a quick lower bound)."""
-        return sum(min(f, node.slices_available + 1)
-                   for f in decompose.floor_slices(at(theta), node, solver,
-                                                   decompose.FLOOR_LIMIT_S))
-
-    bound, bound_s = math.inf, 0.0
-    if USE_BOUND if use_bound is None else use_bound:
-        tb = time.perf_counter()
-        bound = theta_bound(parts, node, time_limit_s=bound_limit_s if bound_limit_s is not None
-                            else min(BOUND_LIMIT_S, 0.5 * time_limit_s),
-                            relative_gap=_BOUND_GAP * tolerance)
-        bound_s = time.perf_counter() - tb
-    near = 0  # failed tests stepping down from the bound by the tolerance
+    bound, bound_s = _bound(parts, node, use_bound, bound_limit_s, time_limit_s, tolerance)
     if bound <= 0:
         notes.append("no common fraction above 0 fits (the capacity bound)")
         return ScaleResult("none", 0.0, 0.0, None, None, time.perf_counter() - t0, 0, notes,
                            bound, bound_s)
-    # the first test: the floors at theta_hi scaled to the node's slices
-    need = sum(min(f, node.slices_available + 1) for f in floors) if floors is not None else \
-        floor_sum(theta_hi)
-    # (just below theta_hi even when it is not known not to fit: the decision there found nothing)
-    guess = theta_hi * min(1.0 - tolerance, node.slices_available / max(need, 1))
-    if math.isfinite(bound) and bound < min(hi, theta_hi * (1 + tolerance)):
-        hi = min(hi, bound * (1 + 1e-9))  # theta* <= bound: proven without a test
-        if hi / (1 + tolerance) < guess:
-            # the floors overshoot the bound: the first test just below it (when it finds
-            # plans, theta* is proven at once), then down by the tolerance
-            guess = hi / (1 + tolerance)
-            near = _NEAR_STEPS
+    # near: failed tests stepping down from the bound by the tolerance
+    guess, hi, near = _first_test(parts, node, solver, theta_hi, hi, tolerance, floors, bound)
     climbs = 0  # feasible tests in a row
     falls = 0  # refuted tests in a row before any served
     # what each test proved about the apps' budgets, by its theta: a test at a larger theta
@@ -250,24 +224,17 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     # serves less, so infeasible budgets and slot floors carry up)
     learned: dict[float, list[decompose.Known]] = {}
 
-    def known_below(theta: float) -> list[decompose.Known] | None:
-        below = [t for t in learned if t <= theta]
-        return learned[max(below)] if below and REUSE_PROOFS else None
-
     while hi > lo * (1 + tolerance) and left() > 0 and tests < MAX_TESTS:
         tests += 1
-        d = decompose.solve(at(guess), node, solver=solver, time_limit_s=max(left(), 0.05),
+        d = decompose.solve(_at(parts, guess), node, solver=solver, time_limit_s=max(left(), 0.05),
                             objective="slices", pack=pack, first_fit=FIRST_FIT,
-                            known=known_below(guess))
+                            known=_known_below(learned, guess))
         if d.known is not None:
             learned[guess] = d.known
         if d.status in ("optimal", "feasible") and d.layout is not None and \
                 all(p is not None for p in d.plans):
             got = [p for p in d.plans if p is not None]
-            room = min(headroom(p, part) for p, part in zip(got, parts, strict=True))
-            factor = max(1.0, room * (1 - _CARRY_EPS))
-            if not hi_proven:
-                factor = min(factor, max(1.0, theta_hi / guess))  # never beyond the full demand
+            factor = _carry_factor(got, parts, guess, theta_hi, hi_proven)
             if guess * factor > lo:
                 lo = guess * factor
                 plans = [scale_plan(p, factor) for p in got]
@@ -277,33 +244,14 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
             # just above what is served: a proof of the tolerance when it does not fit; after
             # each climb in a row the step doubles (theta* may lie well above)
             climbs += 1
-            # a refuted theta above: first the proof just above lo (a step down from a refuted
-            # test often lands within the tolerance of theta*: one test ends the search), then
-            # bisect towards hi; none refuted yet: climb, doubling the step
-            if not math.isfinite(hi):
-                guess = lo * (1 + tolerance) ** (2 ** (climbs - 1)) * (1 + 1e-9)
-            elif climbs == 1:
-                guess = lo * (1 + tolerance) * (1 + 1e-9)
-            else:
-                guess = _between(lo, hi, tolerance)
+            guess = _after_fit(lo, hi, climbs, tolerance)
             if guess >= hi:
                 break
         elif d.status == "infeasible":
             hi = min(hi, guess)  # proven by the decomposition's bound
             climbs = 0
-            if lo > 0:
-                guess = _between(lo, hi, tolerance)
-            elif near > 0:  # just below the bound: step down by the tolerance first
-                near -= 1
-                guess = guess / (1 + tolerance)
-            else:
-                # only refutations by the frontier search double the near step: one by the
-                # floors steps in proportion to their overshoot (150% of the example node: a
-                # floors' refutation, then the frontier's at 62.2% counted as the second in a
-                # row stepped 4% down where theta* lay 1.5% below: two more tests, 2.5 s)
-                if not _floors_refute(d.floors, node.slices_available):
-                    falls += 1
-                guess = _step_down(guess, d.floors, node.slices_available, max(falls, 1))
+            guess, near, falls = _after_refuted(guess, lo, hi, near, falls, d.floors,
+                                                node.slices_available, tolerance)
             if lo > 0 and guess >= hi:
                 break
         else:  # no decision within the time: the best found stands, unproven above it
@@ -313,7 +261,105 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
         notes.append(f"stopped at the {time_limit_s:g} s limit")
     elif tests >= MAX_TESTS and hi > lo * (1 + tolerance) * (1 + 1e-6):
         notes.append(f"stopped after {MAX_TESTS} tests")
-    status = "proven" if plans is not None and hi <= lo * (1 + tolerance) * (1 + 1e-6) else (
-        "bound" if plans is not None else "none")
-    return ScaleResult(status, lo, hi, plans, layout, time.perf_counter() - t0, tests, notes, bound,
-                       bound_s)
+    return ScaleResult(_status(plans is not None, lo, hi, tolerance), lo, hi, plans, layout,
+                       time.perf_counter() - t0, tests, notes, bound, bound_s)
+
+
+def _bound(parts: Sequence[joint.Part], node: Node, use_bound: bool | None, bound_limit_s: float | None,
+           time_limit_s: float, tolerance: float) -> tuple[float, float]:
+    """``theta_bound`` and the seconds it took where asked for (``use_bound``, default
+    ``USE_BOUND``); else no bound (inf, 0)."""
+    if not (USE_BOUND if use_bound is None else use_bound):
+        return math.inf, 0.0
+    tb = time.perf_counter()
+    bound = theta_bound(parts, node, time_limit_s=bound_limit_s if bound_limit_s is not None
+                        else min(BOUND_LIMIT_S, 0.5 * time_limit_s),
+                        relative_gap=_BOUND_GAP * tolerance)
+    return bound, time.perf_counter() - tb
+
+
+def _carry_factor(got: Sequence[Plan], parts: Sequence[joint.Part], guess: float, theta_hi: float,
+                  hi_proven: bool) -> float:
+    """How far the plans found at ``guess`` scale (their smallest headroom), never beyond the full
+    demand where that is not known not to fit."""
+    room = min(headroom(p, part) for p, part in zip(got, parts, strict=True))
+    factor = max(1.0, room * (1 - _CARRY_EPS))
+    if not hi_proven:
+        factor = min(factor, max(1.0, theta_hi / guess))  # never beyond the full demand
+    return factor
+
+
+def _status(served: bool, lo: float, hi: float, tolerance: float) -> str:
+    """``proven`` (theta* within the tolerance above lo), ``bound`` (plans, unproven) or ``none``."""
+    if served and hi <= lo * (1 + tolerance) * (1 + 1e-6):
+        return "proven"
+    return "bound" if served else "none"
+
+
+def _known_below(learned: dict[float, list[decompose.Known]], theta: float) -> list[decompose.Known] | None:
+    """What the test at the largest theta at most ``theta`` proved (None: none, or not reused)."""
+    below = [t for t in learned if t <= theta]
+    return learned[max(below)] if below and REUSE_PROOFS else None
+
+
+def _at(parts: Sequence[joint.Part], theta: float) -> list[joint.Part]:
+    """The parts at ``theta`` of their demands."""
+    return [joint.Part(p.pb, (p.demand_rps or 0.0) * theta, p.weight, keep=p.keep) for p in parts]
+
+
+def _floor_sum(parts: Sequence[joint.Part], node: Node, solver: str, theta: float) -> float:
+    """The apps' latency-relaxed fewest slices at theta, summed (a quick lower bound)."""
+    return sum(min(f, node.slices_available + 1)
+               for f in decompose.floor_slices(_at(parts, theta), node, solver,
+                                               decompose.FLOOR_LIMIT_S))
+
+
+def _first_test(parts: Sequence[joint.Part], node: Node, solver: str, theta_hi: float, hi: float,
+                tolerance: float, floors: Sequence[float] | None,
+                bound: float) -> tuple[float, float, int]:
+    """The first theta tested, ``hi`` capped by ``bound``, and how many tests then step down by the
+    tolerance (``near``): the floors at theta_hi scaled to the node's slices, or just below the
+    bound where the floors overshoot it."""
+    near = 0
+    # the first test: the floors at theta_hi scaled to the node's slices
+    need = sum(min(f, node.slices_available + 1) for f in floors) if floors is not None else \
+        _floor_sum(parts, node, solver, theta_hi)
+    # (just below theta_hi even when it is not known not to fit: the decision there found nothing)
+    guess = theta_hi * min(1.0 - tolerance, node.slices_available / max(need, 1))
+    if math.isfinite(bound) and bound < min(hi, theta_hi * (1 + tolerance)):
+        hi = min(hi, bound * (1 + 1e-9))  # theta* <= bound: proven without a test
+        if hi / (1 + tolerance) < guess:
+            # the floors overshoot the bound: the first test just below it (when it finds
+            # plans, theta* is proven at once), then down by the tolerance
+            guess = hi / (1 + tolerance)
+            near = _NEAR_STEPS
+    return guess, hi, near
+
+
+def _after_fit(lo: float, hi: float, climbs: int, tolerance: float) -> float:
+    """The test after one that found plans (``lo`` raised to what they serve): a refuted theta
+    above, first the proof just above lo (a step down from a refuted test often lands within the
+    tolerance of theta*: one test ends the search), then bisect towards hi; none refuted yet:
+    climb, the step doubling after each climb in a row (theta* may lie well above)."""
+    if not math.isfinite(hi):
+        return lo * (1 + tolerance) ** (2 ** (climbs - 1)) * (1 + 1e-9)
+    if climbs == 1:
+        return lo * (1 + tolerance) * (1 + 1e-9)
+    return _between(lo, hi, tolerance)
+
+
+def _after_refuted(guess: float, lo: float, hi: float, near: int, falls: int,
+                   floors: Sequence[float] | None, slices: int, tolerance: float) -> tuple[float, int, int]:
+    """The test after a refuted one at ``guess`` (``hi`` lowered to it), and the ``near`` and
+    ``falls`` counts after it: bisect when something was served, else step down."""
+    if lo > 0:
+        return _between(lo, hi, tolerance), near, falls
+    if near > 0:  # just below the bound: step down by the tolerance first
+        return guess / (1 + tolerance), near - 1, falls
+    # only refutations by the frontier search double the near step: one by the
+    # floors steps in proportion to their overshoot (150% of the example node: a
+    # floors' refutation, then the frontier's at 62.2% counted as the second in a
+    # row stepped 4% down where theta* lay 1.5% below: two more tests, 2.5 s)
+    if not _floors_refute(floors, slices):
+        falls += 1
+    return _step_down(guess, floors, slices, max(falls, 1)), near, falls
