@@ -21,7 +21,6 @@ MILP_BUILDERS = {
     ("jigsaw/planner/joint.py", "build"): "the node-wide joint MILP over all apps, declared whole",
 }
 NOT_YET_SPLIT = {
-    ("jigsaw/planner/joint.py", "_lift"): "the core solution's lifting to latency caps",
     ("jigsaw/planner/joint.py", "solve"): "core, lifting and level stages of the joint model",
     ("jigsaw/planner/decompose.py", "_solve"): "the frontier search over the apps' slice budgets",
 }

@@ -596,65 +596,15 @@ def _lift(built: Built, values: list[float], i: int) -> tuple[tuple[Column, ...]
     pb, app = part.pb, part.pb.app
     cols = built.cols[i]
     counts = [round(values[v]) for v in built.count[i]]
-    lam = [max(0.0, values[v]) for v in built.lam[i]]
-    demand: dict[tuple[str, str], float] = defaultdict(float)
-    index = {t: k for k, t in enumerate(app.task_names)}
-    for li, lane in enumerate(pb.lanes):
-        if lam[li] > 0:
-            for t in app.task_names:
-                demand[(t, lane[index[t]])] += lam[li] * pb.lane_mult[li][t]
+    demand = _lane_demand(pb, [max(0.0, values[v]) for v in built.lam[i]])
     # the columns of each used group, by latency, with the running best throughput
     groups: dict[tuple[str, str, str], list[Column]] = defaultdict(list)
     for c in pb.colset.columns:
         groups[(c.task, c.variant, c.mig_profile)].append(c)
     used = [(j, c) for j, c in enumerate(cols) if counts[j] > 0]
-    ladders: dict[int, tuple[list[float], list[Column]]] = {}
-    for j, c in used:
-        lats, best = [], []
-        top: Column | None = None
-        ladder = sorted(groups[(c.task, c.variant, c.mig_profile)],
-                        key=lambda x: (x.latency_ms, -x.throughput_rps))
-        for col in ladder:
-            if top is None or col.throughput_rps > top.throughput_rps:
-                top = col
-            lats.append(col.latency_ms)
-            best.append(top)
-        ladders[j] = (lats, best)
-
-    def best_under(j: int, cap: float) -> Column | None:
-        lats, best = ladders[j]
-        k = bisect.bisect_right(lats, cap + 1e-12) - 1
-        return best[k] if k >= 0 else None
-
-    caps: dict[str, float] = {}
-    for t in app.task_names:
-        mine = [(j, c) for j, c in used if c.task == t]
-        levels = sorted({lat for j, _ in mine for lat in ladders[j][0]})
-        if not mine:
-            caps[t] = 0.0
-            continue
-
-        def covers(cap: float, mine: list[tuple[int, Column]] = mine, t: str = t) -> bool:
-            supply: dict[str, float] = defaultdict(float)
-            for j, c in mine:
-                col = best_under(j, cap)
-                if col is None:
-                    return False
-                supply[c.variant] += counts[j] * col.throughput_rps
-            return all(supply[v] >= d * (1 - _COVER_TOL) - 1e-9
-                       for (tt, v), d in demand.items() if tt == t and d > _RATE_EPS)
-
-        lo, hi = 0, len(levels) - 1
-        if not covers(levels[hi]):
-            caps[t] = levels[hi]
-            continue
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if covers(levels[mid]):
-                hi = mid
-            else:
-                lo = mid + 1
-        caps[t] = levels[lo]
+    ladders = {j: _ladder(groups[(c.task, c.variant, c.mig_profile)]) for j, c in used}
+    caps = {t: _lowest_cap([(j, c) for j, c in used if c.task == t], t, ladders, counts, demand)
+            for t in app.task_names}
     for p in app.paths:
         if sum(2 * caps[t] for t in p) > app.latency_slo_ms * (1 + 1e-12):
             return None, caps
@@ -667,25 +617,95 @@ def _lift(built: Built, values: list[float], i: int) -> tuple[tuple[Column, ...]
     out = list(cols)
     supply: dict[tuple[str, str], float] = defaultdict(float)
     for j, c in used:
-        col = best_under(j, final[c.task])
+        col = _best_under(ladders, j, final[c.task])
         assert col is not None
         out[j] = col
         supply[(c.task, c.variant)] += counts[j] * col.throughput_rps
     if part.keep:
-        # a column the running plan uses, where it still carries the demand: the instances that
-        # run keep running (same slices, lanes and objective; only the MPS level or batch differ)
-        for j, c in used:
-            group = groups[(c.task, c.variant, c.mig_profile)]
-            kept = [x for x in group if x.key in part.keep and x.latency_ms <= final[c.task]]
-            if not kept or out[j].key in part.keep:
-                continue
-            k = max(kept, key=lambda x: x.throughput_rps)
-            tv = (c.task, c.variant)
-            after = supply[tv] + counts[j] * (k.throughput_rps - out[j].throughput_rps)
-            if after >= demand.get(tv, 0.0) * (1 - _COVER_TOL):
-                supply[tv] = after
-                out[j] = k
+        _keep_running(part.keep, out, used, groups, counts, final, supply, demand)
     return tuple(out), caps
+
+
+def _lane_demand(pb: Problem, lam: list[float]) -> dict[tuple[str, str], float]:
+    """The demand on each (task, variant) of the lanes' rates ``lam``."""
+    app = pb.app
+    demand: dict[tuple[str, str], float] = defaultdict(float)
+    index = {t: k for k, t in enumerate(app.task_names)}
+    for li, lane in enumerate(pb.lanes):
+        if lam[li] > 0:
+            for t in app.task_names:
+                demand[(t, lane[index[t]])] += lam[li] * pb.lane_mult[li][t]
+    return demand
+
+
+def _ladder(group: list[Column]) -> tuple[list[float], list[Column]]:
+    """A group's latencies in order, and at each the highest-throughput column at most that slow."""
+    lats, best = [], []
+    top: Column | None = None
+    for col in sorted(group, key=lambda x: (x.latency_ms, -x.throughput_rps)):
+        if top is None or col.throughput_rps > top.throughput_rps:
+            top = col
+        lats.append(col.latency_ms)
+        best.append(top)
+    return lats, best
+
+
+def _best_under(ladders: dict[int, tuple[list[float], list[Column]]], j: int, cap: float) -> Column | None:
+    """Core column j's best column within latency ``cap`` (None: none that fast)."""
+    lats, best = ladders[j]
+    k = bisect.bisect_right(lats, cap + 1e-12) - 1
+    return best[k] if k >= 0 else None
+
+
+def _lowest_cap(mine: list[tuple[int, Column]], t: str, ladders: dict[int, tuple[list[float], list[Column]]],
+                counts: list[int], demand: dict[tuple[str, str], float]) -> float:
+    """Task t's lowest latency cap at which its used columns (``mine``) still carry its demand
+    (bisected over their latencies; the largest when none does; 0 for a task without one)."""
+    if not mine:
+        return 0.0
+    levels = sorted({lat for j, _ in mine for lat in ladders[j][0]})
+
+    def covers(cap: float) -> bool:
+        supply: dict[str, float] = defaultdict(float)
+        for j, c in mine:
+            col = _best_under(ladders, j, cap)
+            if col is None:
+                return False
+            supply[c.variant] += counts[j] * col.throughput_rps
+        return all(supply[v] >= d * (1 - _COVER_TOL) - 1e-9
+                   for (tt, v), d in demand.items() if tt == t and d > _RATE_EPS)
+
+    lo, hi = 0, len(levels) - 1
+    if not covers(levels[hi]):
+        return levels[hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if covers(levels[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return levels[lo]
+
+
+def _keep_running(keep: frozenset[tuple[str, str, str, int, int]], out: list[Column],
+                  used: list[tuple[int, Column]], groups: dict[tuple[str, str, str], list[Column]],
+                  counts: list[int],
+                  final: dict[str, float], supply: dict[tuple[str, str], float],
+                  demand: dict[tuple[str, str], float]) -> None:
+    """A column the running plan uses (``keep``), where it still carries the demand, replaces the
+    lifted one in ``out``: the instances that run keep running (same slices, lanes and objective;
+    only the MPS level or batch differ)."""
+    for j, c in used:
+        group = groups[(c.task, c.variant, c.mig_profile)]
+        kept = [x for x in group if x.key in keep and x.latency_ms <= final[c.task]]
+        if not kept or out[j].key in keep:
+            continue
+        k = max(kept, key=lambda x: x.throughput_rps)
+        tv = (c.task, c.variant)
+        after = supply[tv] + counts[j] * (k.throughput_rps - out[j].throughput_rps)
+        if after >= demand.get(tv, 0.0) * (1 - _COVER_TOL):
+            supply[tv] = after
+            out[j] = k
 
 
 def _cap_splits(pb: Problem, needed: dict[str, float]) -> list[dict[str, float]]:
