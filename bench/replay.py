@@ -815,7 +815,8 @@ def main(argv: list[str] | None = None) -> int:
                                  loads[space])
         per_space[space] = rows
         with open(args.out / f"{args.app}-{space}.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+            # a bin's re-plans' deployment times (a list) stay in the summary, not the flat CSV
+            w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
             w.writeheader()
             w.writerows(rows)
     summaries = {s: summarize(r) for s, r in per_space.items()}

@@ -35,7 +35,7 @@ class NodeInstance:
     """One MIG instance of the node and what runs in it.
 
     ``app == ""`` marks an idle instance: it exists on the GPU (adopted at start-up) but hosts no
-    processes. ``uuid`` and ``pids`` are runtime facts, filled by the reconfiguration executor;
+    processes. ``uuid`` and ``pids`` are runtime facts, filled in by the generation manager;
     they take no part in comparisons of what should run where (``slot``, ``workload``).
     """
 

@@ -5,8 +5,9 @@ node with ``mig = false``: each GPU) gets its own ``CUDA_MPS_PIPE_DIRECTORY`` an
 ``CUDA_MPS_LOG_DIRECTORY`` under a private run directory (owner-only, 0700: whoever can reach the
 pipe can submit work to the device), and the daemon sees only its device
 (``CUDA_VISIBLE_DEVICES=MIG-<uuid>`` or ``GPU-<uuid>``). It is started before the k worker
-processes and stopped (``quit`` on its control pipe) after them; the reconfiguration executor
-keeps that order. Without a daemon, the k processes of a whole GPU would time-share it.
+processes and stopped (``quit`` on its control pipe) after them; the generation manager
+(``runtime/mps_daemons.py``) keeps that order. Without a daemon, the k processes of a whole GPU
+would time-share it.
 """
 
 from __future__ import annotations
