@@ -27,11 +27,11 @@ from jigsaw.testing import shm_entries
 HANG_TIMEOUT_S = 1.0
 
 
-def tiny(tmp_path: Path, **server: float) -> list[str]:
+def tiny(tmp_path: Path, latency_slo_ms: float = 2000.0, **server: float) -> list[str]:
     """a (two processes) -> b (one process): a fault of a has a sibling, one of b has none."""
     return write_tiny(tmp_path, tasks=[("a", "classifier", {1: 20.0, 2: 30.0, 4: 40.0}, 4),
                                        ("b", "classifier", {1: 10.0, 2: 15.0, 4: 20.0}, 4)],
-                      edges=[("a", "b", 1.0)], latency_slo_ms=2000.0, counts={"a": 2},
+                      edges=[("a", "b", 1.0)], latency_slo_ms=latency_slo_ms, counts={"a": 2},
                       server={"worker_hang_timeout_s": HANG_TIMEOUT_S, **server})
 
 
@@ -88,8 +88,10 @@ def test_sigkill_under_load_is_retried_on_a_sibling_and_the_worker_restarted(tmp
     # The victim is killed holding a request: stopped first until one is held back on it (its
     # sibling answers the others). Killed at a random moment it may hold none, and under a loaded
     # machine the starved clients leave moments with nothing in flight (seen: 0 retried, 0 failed).
-    # No hang is detected meanwhile: the stop lasts as long as the machine takes, not 1 s.
-    with Server(tiny(tmp_path, worker_hang_timeout_s=60.0), tmp_path / "jigsawd.log") as server:
+    # Neither a hang is detected nor the held request's deadline passes meanwhile: the stop lasts
+    # as long as the machine takes, not 1 s or 2 s.
+    with Server(tiny(tmp_path, latency_slo_ms=60_000.0, worker_hang_timeout_s=60.0),
+                tmp_path / "jigsawd.log") as server:
         with Load(server.url, "tiny", threads=8, pause_s=0.0, bound_s=60.0) as load:
             time.sleep(1.0)
             victim = next(w for w in admin_workers(server)["workers"] if w["task"] == "a")
