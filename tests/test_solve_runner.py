@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -17,6 +18,12 @@ from jigsaw.planner.verify import verify_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = ROOT / "examples" / "h100x4.toml"
+# The plans below are proven optimal by HiGHS in about 2 s on the quiet 2-core machine (after a
+# Python start of the CBC child that then aborts); under a parallel suite and other work on the
+# same cores (load 10 and more: five times slower) 5 s ran out before any incumbent, and the plan
+# fell back to serving less. The limit is a bound on starvation, not a target: a solve that proves
+# its optimum returns at once.
+PLAN_LIMIT_S = 60.0
 
 
 def _knapsack() -> LinearModel:
@@ -78,11 +85,14 @@ def test_a_hung_cbc_is_killed_and_retried(monkeypatch) -> None:
     assert "hung" in sol.crash and sol.objective == pytest.approx(13.0)
 
 
-def test_a_plan_survives_an_aborting_cbc(crashing_cbc) -> None:
+def test_a_plan_survives_an_aborting_cbc(crashing_cbc, caplog: pytest.LogCaptureFixture) -> None:
     node = load_node(NODE)
     app = node.app("traffic_analysis")
     profiles = load_node_profiles(node, [app])
-    result = plan(app, node, profiles, 150.0, solver="cbc", formulation="reference", time_limit_s=5.0)
+    with caplog.at_level(logging.WARNING, logger="jigsaw.planner"):
+        result = plan(app, node, profiles, 150.0, solver="cbc", formulation="reference",
+                      time_limit_s=PLAN_LIMIT_S)
+    assert any("SIGABRT" in r.getMessage() and "HiGHS" in r.getMessage() for r in caplog.records)
     assert result.feasible and result.status in ("optimal", "feasible")
     assert verify_plan(result, app, node, profiles) == []
 
@@ -91,7 +101,7 @@ def test_the_cli_survives_an_aborting_cbc() -> None:
     env = dict(os.environ, **{solve_runner.FAULT_ENV: "abort"})
     out = subprocess.run([sys.executable, "-m", "jigsaw.cli", "plan", "--node", str(NODE), "--app",
                           "traffic_analysis", "--demand", "150", "--solver", "cbc", "--formulation",
-                          "reference", "--time-limit", "5"],
+                          "reference", "--time-limit", f"{PLAN_LIMIT_S:g}"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr
     assert "SIGABRT" in out.stderr and "HiGHS" in out.stderr

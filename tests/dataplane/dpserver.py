@@ -91,6 +91,8 @@ class Load:
         self.sent = 0
         self.statuses: dict[int, int] = {}
         self.answers: list[tuple[float, int, Any]] = []  # (monotonic time, status, body)
+        self.waiting: dict[int, int] = {}  # thread -> the number (1, 2, ...) of its unanswered request
+        self.answered_numbers: list[int] = []  # those of the answered requests, in answer order
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
@@ -98,13 +100,17 @@ class Load:
     def _run(self) -> None:
         end = time.monotonic() + self.bound_s
         while not self.stop.is_set() and time.monotonic() < end:
+            me = threading.get_ident()
             with self.lock:
                 self.sent += 1
+                number = self.waiting[me] = self.sent
             try:
                 status, doc, _ = http("POST", self.url, self.body, timeout_s=30)
             except OSError:
                 status, doc = -1, None
             with self.lock:
+                del self.waiting[me]
+                self.answered_numbers.append(number)
                 self.statuses[status] = self.statuses.get(status, 0) + 1
                 self.answers.append((time.monotonic(), status, doc))
             time.sleep(self.pause_s)
@@ -118,6 +124,15 @@ class Load:
         self.stop.set()
         for t in self.threads:
             t.join(timeout=40)
+
+    def overtaken(self, by: int) -> bool:
+        """Whether an unanswered request has seen ``by`` requests sent after it answered: one the
+        node holds back (a stopped worker's), not one still on its way through a busy node."""
+        with self.lock:
+            if not self.waiting:
+                return False
+            oldest = min(self.waiting.values())
+            return sum(1 for n in self.answered_numbers[-4 * by:] if n > oldest) >= by
 
     @property
     def answered(self) -> int:

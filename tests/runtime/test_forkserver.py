@@ -43,6 +43,25 @@ def _signals(pid: int) -> dict[str, str]:
     return {k: rows[k].strip() for k in ("SigBlk", "SigIgn", "SigCgt")}
 
 
+# rt_sigtimedwait's number, where /proc/<pid>/wchan does not name the kernel function
+_SIGTIMEDWAIT = {"x86_64": 128, "aarch64": 137}.get(os.uname().machine)
+
+
+def _in_sigwait(pid: int) -> bool:
+    """Whether the process's main thread sleeps in ``sigwait`` (a spare waiting for its spec).
+
+    Only there is its signal mask comparable: while it sleeps, the kernel unblocks the signals it
+    waits for in the mask /proc shows (``do_sigtimedwait`` keeps the real one aside), so a spare
+    that has just marked itself ready, not yet in ``sigwait``, shows SIGHUP and SIGTERM blocked and
+    one that waits shows them not (seen under load: the exec'd spare read in that window)."""
+    with contextlib.suppress(OSError):
+        if "sigtimedwait" in Path(f"/proc/{pid}/wchan").read_text():
+            return True
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path(f"/proc/{pid}/syscall").read_text().split()[0]) == _SIGTIMEDWAIT
+    return False
+
+
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
@@ -94,6 +113,8 @@ def test_a_forked_worker_starts_clean(server: ForkServer, tmp_path: Path) -> Non
     started = popen_worker(["--spare", "--control", str(exec_control)])
     try:
         _until("the exec'd spare is not ready", lambda: exec_control.with_suffix(".ready").exists())
+        _until("a spare does not wait for its spec in sigwait",
+               lambda: _in_sigwait(proc.pid) and _in_sigwait(started.pid))
         assert _signals(proc.pid) == _signals(started.pid)
     finally:
         started.kill()
