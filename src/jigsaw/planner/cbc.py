@@ -8,23 +8,26 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Protocol
+from dataclasses import dataclass, field
 
 from jigsaw.planner.solution import NO_BOUND, Solution, dual_bound, status_word
 
 
-class Arrays(Protocol):
-    """The arrays of a ``model.LinearModel`` (max or min cost.x, row_lo <= A x <= row_hi)."""
+@dataclass
+class Arrays:
+    """A linear program as plain arrays: max (or min) cost.x subject to row_lo <= A x <= row_hi,
+    col_lo <= x <= col_hi, some x integer. What the CBC child receives; ``model.LinearModel``
+    builds on it."""
 
-    maximize: bool
-    col_lo: list[float]
-    col_hi: list[float]
-    cost: list[float]
-    integer: list[bool]
-    row_lo: list[float]
-    row_hi: list[float]
-    row_index: list[list[int]]
-    row_value: list[list[float]]
+    maximize: bool = True
+    col_lo: list[float] = field(default_factory=list)
+    col_hi: list[float] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    row_lo: list[float] = field(default_factory=list)
+    row_hi: list[float] = field(default_factory=list)
+    row_index: list[list[int]] = field(default_factory=list)  # per row: its columns
+    row_value: list[list[float]] = field(default_factory=list)  # per row: their coefficients
 
 
 def solve(model: Arrays, time_limit_s: float, absolute_gap: float,

@@ -17,8 +17,9 @@ import logging
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from jigsaw.planner.cbc import Arrays
 from jigsaw.planner.solution import Solution, dual_bound, status_word
 from jigsaw.planner.solve_runner import SolverCrash, solve_cbc
 
@@ -61,18 +62,9 @@ def _count(model: LinearModel, sol: Solution) -> None:
 
 
 @dataclass
-class LinearModel:
-    """max (or min) c.x subject to row_lo <= A x <= row_hi, col_lo <= x <= col_hi, some x integer."""
-
-    maximize: bool = True
-    col_lo: list[float] = field(default_factory=list)
-    col_hi: list[float] = field(default_factory=list)
-    cost: list[float] = field(default_factory=list)
-    integer: list[bool] = field(default_factory=list)
-    row_lo: list[float] = field(default_factory=list)
-    row_hi: list[float] = field(default_factory=list)
-    row_index: list[list[int]] = field(default_factory=list)
-    row_value: list[list[float]] = field(default_factory=list)
+class LinearModel(Arrays):
+    """max (or min) c.x subject to row_lo <= A x <= row_hi, col_lo <= x <= col_hi, some x integer:
+    the arrays (``cbc.Arrays``) and the calls that build and solve them."""
 
     @property
     def num_vars(self) -> int:

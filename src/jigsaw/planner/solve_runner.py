@@ -30,7 +30,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,21 +46,6 @@ _F8, _I4, _U1 = np.dtype("<f8"), np.dtype("<i4"), np.dtype("u1")
 
 class SolverCrash(RuntimeError):
     """The CBC child process died or hung during a solve (it is replaced at the next solve)."""
-
-
-@dataclass
-class _Model:
-    """A model's arrays as the child decodes them (``cbc.Arrays``)."""
-
-    maximize: bool
-    col_lo: list[float]
-    col_hi: list[float]
-    cost: list[float]
-    integer: list[bool]
-    row_lo: list[float]
-    row_hi: list[float]
-    row_index: list[list[int]]
-    row_value: list[list[float]]
 
 
 def _encode(model: Arrays, time_limit_s: float, absolute_gap: float,
@@ -84,7 +68,7 @@ def _payload_bytes(head: dict[str, Any]) -> int:
     return 8 * (3 * n + 2 * m + nnz + k) + 4 * (m + nnz + k) + n
 
 
-def _decode(head: dict[str, Any], data: bytes) -> tuple[_Model, dict[int, float] | None]:
+def _decode(head: dict[str, Any], data: bytes) -> tuple[Arrays, dict[int, float] | None]:
     n, m, nnz, k = head["n"], head["m"], head["nnz"], head["starts"]
     nf, ni = 3 * n + 2 * m + nnz + k, m + nnz + k
     f = np.frombuffer(data, dtype=_F8, count=nf)
@@ -95,7 +79,7 @@ def _decode(head: dict[str, Any], data: bytes) -> tuple[_Model, dict[int, float]
     row_len, index, start_index = np.split(i, [m, m + nnz])
     bounds = np.concatenate([[0], np.cumsum(row_len)]).tolist()
     idx_l, val_l = index.tolist(), value.tolist()
-    model = _Model(bool(head["maximize"]), col_lo.tolist(), col_hi.tolist(), cost.tolist(),
+    model = Arrays(bool(head["maximize"]), col_lo.tolist(), col_hi.tolist(), cost.tolist(),
                         [bool(b) for b in integ], row_lo.tolist(), row_hi.tolist(),
                         [idx_l[bounds[r]:bounds[r + 1]] for r in range(m)],
                         [val_l[bounds[r]:bounds[r + 1]] for r in range(m)])
