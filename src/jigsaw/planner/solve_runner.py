@@ -80,9 +80,9 @@ def _decode(head: dict[str, Any], data: bytes) -> tuple[Arrays, dict[int, float]
     bounds = np.concatenate([[0], np.cumsum(row_len)]).tolist()
     idx_l, val_l = index.tolist(), value.tolist()
     model = Arrays(bool(head["maximize"]), col_lo.tolist(), col_hi.tolist(), cost.tolist(),
-                        [bool(b) for b in integ], row_lo.tolist(), row_hi.tolist(),
-                        [idx_l[bounds[r]:bounds[r + 1]] for r in range(m)],
-                        [val_l[bounds[r]:bounds[r + 1]] for r in range(m)])
+                   [bool(b) for b in integ], row_lo.tolist(), row_hi.tolist(),
+                   [idx_l[bounds[r]:bounds[r + 1]] for r in range(m)],
+                   [val_l[bounds[r]:bounds[r + 1]] for r in range(m)])
     start = dict(zip(start_index.tolist(), start_value.tolist(), strict=True)) if k else None
     return model, start
 
