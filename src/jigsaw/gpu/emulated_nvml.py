@@ -154,19 +154,9 @@ class c_nvmlGpuInstanceProfileInfo_t(ctypes.Structure):
 
 
 class c_nvmlGpuInstanceProfileInfo_v2_t(ctypes.Structure):
-    _fields_ = [
+    _fields_ = [  # v1's fields between a version and a name, as the binding lays them out
         ("version", ctypes.c_uint),
-        ("id", ctypes.c_uint),
-        ("isP2pSupported", ctypes.c_uint),
-        ("sliceCount", ctypes.c_uint),
-        ("instanceCount", ctypes.c_uint),
-        ("multiprocessorCount", ctypes.c_uint),
-        ("copyEngineCount", ctypes.c_uint),
-        ("decoderCount", ctypes.c_uint),
-        ("encoderCount", ctypes.c_uint),
-        ("jpegCount", ctypes.c_uint),
-        ("ofaCount", ctypes.c_uint),
-        ("memorySizeMB", ctypes.c_ulonglong),
+        *c_nvmlGpuInstanceProfileInfo_t._fields_,
         ("name", ctypes.c_char * 96),
     ]
 
