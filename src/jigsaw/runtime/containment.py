@@ -87,7 +87,29 @@ class ErrorLog:
 
 
 
-class ContainedBatches:
+class WorkerState:
+    """The state and calls of ``worker.Worker`` that its mixins (``ContainedBatches`` here,
+    ``in_flight.BatchesInFlight``) read, declared once for the type checker; the worker defines
+    them."""
+
+    spec: Any  # topology.ProcessSpec
+    stats: StatsBlock
+    backend: Backend
+    _busy: bool
+    _in_flight: list[Any]
+    _in_flight_queued: int
+    _batch_start_ns: int
+    _batch_task: Any
+
+    if TYPE_CHECKING:
+        def _finish_batch(self, items: list[Any], start: int, results: list[ItemResult]) -> None: ...
+        def publish_queued(self, queued: int | None = None) -> None: ...
+        def _running_loop(self) -> Any: ...
+        def _fail(self, exc: BaseException) -> None: ...
+        def _turn(self) -> None: ...
+
+
+class ContainedBatches(WorkerState):
     """The worker's handling of what its backend does wrong (a mixin of ``worker.Worker``, whose
     state it reads: the module docstring of ``runtime/worker.py`` says when each runs).
 
@@ -102,22 +124,9 @@ class ContainedBatches:
     _failed_at = -2  # the batch count (``stats.BATCHES``) of the last such batch
     _probe_due = False
 
-    spec: Any  # topology.ProcessSpec
-    stats: StatsBlock
-    backend: Backend
     errors: ErrorLog
-    _busy: bool
-    _in_flight: list[Any]
-    _in_flight_queued: int
-    _batch_start_ns: int
-    _batch_task: Any
 
     if TYPE_CHECKING:  # the worker's, which these methods call
-        def _finish_batch(self, items: list[Any], start: int, results: list[ItemResult]) -> None: ...
-        def publish_queued(self, queued: int | None = None) -> None: ...
-        def _running_loop(self) -> Any: ...
-        def _fail(self, exc: BaseException) -> None: ...
-        def _turn(self) -> None: ...
         def complete(self, header: RecordHeader, status: int, credit: int, tensors: Any = b"",
                      num_children: int = 0, wiring: Any = None) -> None: ...
 

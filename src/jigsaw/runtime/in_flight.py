@@ -34,9 +34,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jigsaw.backends.base import Backend, ItemResult
-from jigsaw.runtime.containment import check_results
-from jigsaw.runtime.stats import IN_FLIGHT_MAX, StatsBlock
+from jigsaw.backends.base import ItemResult
+from jigsaw.runtime.containment import WorkerState, check_results
+from jigsaw.runtime.stats import IN_FLIGHT_MAX
 
 
 @dataclass(eq=False)
@@ -52,32 +52,19 @@ class Flight:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
-class BatchesInFlight:
+class BatchesInFlight(WorkerState):
     """The worker's batches in flight (a mixin of ``worker.Worker``, whose state it reads: see the
     module docstring)."""
 
-    spec: Any  # topology.ProcessSpec
-    stats: StatsBlock
-    backend: Backend
     queue: Any  # batching.BatchQueue
     inputs: list[Any]
     _input_wiring: list[Any]
     _next_input: int
     _passed_over_ns: int
-    _busy: bool
-    _in_flight: list[Any]
-    _in_flight_queued: int
-    _batch_start_ns: int
-    _batch_task: Any
 
-    if TYPE_CHECKING:  # the worker's, which these methods call
-        def _finish_batch(self, items: list[Any], start: int, results: list[ItemResult]) -> None: ...
+    if TYPE_CHECKING:  # the containment mixin's, which these methods call
         async def _run_alone(self, items: list[Any], exc: Exception) -> list[ItemResult]: ...
         def probe_if_due(self) -> None: ...
-        def publish_queued(self, queued: int | None = None) -> None: ...
-        def _running_loop(self) -> Any: ...
-        def _fail(self, exc: BaseException) -> None: ...
-        def _turn(self) -> None: ...
 
     def _init_in_flight(self) -> None:
         self._flights: list[Flight] = []  # oldest first
