@@ -55,3 +55,21 @@ def fake_mps(tmp_path: Path) -> dict[str, str]:
 def mps_log(tmp_path: Path) -> list[dict[str, Any]]:
     path = tmp_path / "log"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+Log = list[dict[str, Any]]
+
+
+def serve_under_mps(args: list[str], tmp_path: Path
+                    ) -> tuple[dict[str, Any], dict[int, list[bytes]], Log, Log]:
+    """Runs ``jigsawd args`` with the stand-in MPS control: its ``/admin/layout``, each process's
+    environment, and the stand-in's log while it serves and after it stopped."""
+    from dpserver import Server, http
+
+    with Server(args, tmp_path / "jigsawd.log", env=fake_mps(tmp_path)) as server:
+        status, layout, _ = http("GET", f"{server.url}/admin/layout")
+        assert status == 200, layout
+        environ = {p["pid"]: Path(f"/proc/{p['pid']}/environ").read_bytes().split(b"\0")
+                   for p in layout["processes"]}
+        during = mps_log(tmp_path)
+    return layout, environ, during, mps_log(tmp_path)

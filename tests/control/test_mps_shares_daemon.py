@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from dpserver import ROOT, Server, http
-from mps_standin import fake_mps, mps_log
+from dpserver import ROOT
+from mps_standin import serve_under_mps
 
 
 def _node(tmp_path: Path) -> Path:
@@ -22,13 +22,7 @@ def _node(tmp_path: Path) -> Path:
 
 def test_the_shares_of_a_gpu_are_clients_of_its_one_daemon(tmp_path: Path) -> None:
     args = ["--node-config", str(_node(tmp_path)), "--demand", "150", "--no-controller"]
-    with Server(args, tmp_path / "jigsawd.log", env=fake_mps(tmp_path)) as server:
-        status, layout, _ = http("GET", f"{server.url}/admin/layout")
-        assert status == 200, layout
-        environ = {p["pid"]: Path(f"/proc/{p['pid']}/environ").read_bytes().split(b"\0")
-                   for p in layout["processes"]}
-        during = mps_log(tmp_path)
-    after = mps_log(tmp_path)
+    layout, environ, during, after = serve_under_mps(args, tmp_path)
     shares = [p for p in layout["processes"] if p["profile"].startswith("gpu-1of")]
     tasks_on: dict[int, set[str]] = defaultdict(set)
     for p in shares:

@@ -10,8 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from dpserver import ROOT, Server, http
-from mps_standin import fake_mps, mps_log
+from dpserver import ROOT
+from mps_standin import serve_under_mps
 
 APP = "traffic_analysis"
 
@@ -40,13 +40,7 @@ def _whole_node(tmp_path: Path) -> Path:
 
 def test_a_whole_gpu_node_runs_one_mps_daemon_per_gpu(tmp_path: Path) -> None:
     args = ["--node-config", str(_whole_node(tmp_path)), "--apps", APP, "--demand", "30", "--no-controller"]
-    with Server(args, tmp_path / "jigsawd.log", env=fake_mps(tmp_path)) as server:
-        status, layout, _ = http("GET", f"{server.url}/admin/layout")
-        assert status == 200, layout
-        environ = {p["pid"]: Path(f"/proc/{p['pid']}/environ").read_bytes().split(b"\0")
-                   for p in layout["processes"]}
-        during = mps_log(tmp_path)
-    after = mps_log(tmp_path)
+    layout, environ, during, after = serve_under_mps(args, tmp_path)
     gpus = {p["gpu"] for p in layout["processes"]}
     assert layout["mig"] is None and len(gpus) == 3 and all(p["mps"] == 2 for p in layout["processes"])
     daemons = layout["mps"]["daemons"]
