@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jigsaw.testing import ServerProcess, free_port, jigsawd_command
+
 ort = pytest.importorskip("onnxruntime")
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "byom"
@@ -197,20 +199,11 @@ def test_an_app_that_cannot_load_fails_alone(workdir: Path) -> None:
     check = _run(env, "-m", "jigsaw.cli", "check", str(workdir / "node.toml"))
     assert check.returncode == 1 and "app broken will not be served" in check.stderr, check
 
-    port = _free_port()
-    log = workdir / "jigsawd.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "jigsaw.daemon", "--node-config",
-                                 str(workdir / "node.toml"), "--host", "127.0.0.1", "--port", str(port),
-                                 "--demand", "5", "--grpc-port", "0"],
-                                env=env, stderr=out, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not _ready(port, "/v2/models/digits/ready"):
-            if proc.poll() is not None:
-                pytest.fail(f"jigsawd exited {proc.returncode}: {log.read_text()[-2000:]}")
-            assert time.monotonic() < deadline, "digits did not become ready"
-            time.sleep(0.3)
+    args = ["--node-config", str(workdir / "node.toml"), "--demand", "5"]
+    port = free_port()
+    server = ServerProcess(jigsawd_command(args, port, emulate=False), port, workdir / "jigsawd.log",
+                           ready_path="/v2/models/digits/ready", name="jigsawd", ready_timeout_s=120)
+    with server:
         status, body = _get(port, "/v2/models/broken/ready")
         assert status == 503 and body["ready"] is False and "nowhere" in body["error"], body
         assert _get(port, "/v2/health/ready") == (503, {"ready": False})
@@ -219,19 +212,6 @@ def test_an_app_that_cannot_load_fails_alone(workdir: Path) -> None:
         assert _infer(port, "digits", image)[0] == 200
         status, body = _infer(port, "broken", image)
         assert status == 503 and "nowhere" in body["error"], body
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    err = log.read_text()
+    err = server.log()
     assert "broken: not served" in err and "Traceback" not in err, err[-2000:]
 
-
-def _ready(port: int, path: str) -> bool:
-    try:
-        return _get(port, path)[0] == 200
-    except OSError:
-        return False
