@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -331,32 +331,41 @@ class MigApplier:
         return NodeLayout(self.gpu.name, num_gpus, tuple(out))
 
 
-def gpu_uuids(num_gpus: int, nvml: Any = None) -> list[str]:
-    """``GPU-...`` of the node's first ``num_gpus`` GPUs (those used whole: their MPS daemons and
-    workers see them by UUID); one NVML session, a clear ``MigError`` naming the step that failed."""
-    nvml = load_nvml() if nvml is None else nvml
+@contextlib.contextmanager
+def _session(nvml: Any) -> Iterator[None]:
+    """One NVML session for a read: ``nvmlInit`` (a ``MigError`` when it fails), then
+    ``nvmlShutdown`` whatever happened."""
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
         raise MigError(f"NVML did not start: {exc}", step="nvmlInit",
                        code=getattr(exc, "value", None)) from None
-    step = "nvmlDeviceGetCount"
     try:
-        count = int(nvml.nvmlDeviceGetCount())
-        if count < num_gpus:
-            raise MigError(f"{count} GPU(s) found, the node config asks for {num_gpus}", step=step)
-        out = []
-        for g in range(num_gpus):
-            step = "nvmlDeviceGetUUID"
-            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(g))
-            out.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
-        return out
-    except nvml.NVMLError as exc:
-        raise MigError(f"reading the GPUs' UUIDs: NVML {step} failed: {exc}", step=step,
-                       code=getattr(exc, "value", None)) from None
+        yield
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
+
+
+def gpu_uuids(num_gpus: int, nvml: Any = None) -> list[str]:
+    """``GPU-...`` of the node's first ``num_gpus`` GPUs (those used whole: their MPS daemons and
+    workers see them by UUID); one NVML session, a clear ``MigError`` naming the step that failed."""
+    nvml = load_nvml() if nvml is None else nvml
+    step = "nvmlDeviceGetCount"
+    with _session(nvml):
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+            if count < num_gpus:
+                raise MigError(f"{count} GPU(s) found, the node config asks for {num_gpus}", step=step)
+            out = []
+            for g in range(num_gpus):
+                step = "nvmlDeviceGetUUID"
+                uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(g))
+                out.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
+            return out
+        except nvml.NVMLError as exc:
+            raise MigError(f"reading the GPUs' UUIDs: NVML {step} failed: {exc}", step=step,
+                           code=getattr(exc, "value", None)) from None
 
 
 _PROFILE_NAMES = {v: k.removeprefix("NVML_GPU_INSTANCE_PROFILE_") for k, v in GI_PROFILE_IDS.items()}
@@ -384,29 +393,22 @@ def read_driver_table(model: GpuModel, nvml: Any = None, gpu: int = 0) -> Driver
     nvml = load_nvml() if nvml is None else nvml
     count = int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", max(GI_PROFILE_IDS.values()) + 1))
     not_offered = {int(getattr(nvml, n)) for n in _NOT_OFFERED}
-    step = "nvmlInit"
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        raise MigError(f"NVML did not start: {exc}", step=step, code=getattr(exc, "value", None)) from None
     answers: dict[int, Any] = {}
-    try:
-        step = "nvmlDeviceGetHandleByIndex"
-        dev = nvml.nvmlDeviceGetHandleByIndex(gpu)
-        name = nvml.nvmlDeviceGetName(dev)
-        step = "nvmlDeviceGetGpuInstanceProfileInfo"
-        for pid in range(count):
-            try:
-                answers[pid] = nvml.nvmlDeviceGetGpuInstanceProfileInfo(dev, pid)
-            except nvml.NVMLError as exc:
-                if getattr(exc, "value", None) not in not_offered:
-                    raise
-    except nvml.NVMLError as exc:
-        raise MigError(f"GPU {gpu}: NVML {step} failed: {exc}", step=step,
-                       code=getattr(exc, "value", None)) from None
-    finally:
-        with contextlib.suppress(nvml.NVMLError):
-            nvml.nvmlShutdown()
+    with _session(nvml):
+        try:
+            step = "nvmlDeviceGetHandleByIndex"
+            dev = nvml.nvmlDeviceGetHandleByIndex(gpu)
+            name = nvml.nvmlDeviceGetName(dev)
+            step = "nvmlDeviceGetGpuInstanceProfileInfo"
+            for pid in range(count):
+                try:
+                    answers[pid] = nvml.nvmlDeviceGetGpuInstanceProfileInfo(dev, pid)
+                except nvml.NVMLError as exc:
+                    if getattr(exc, "value", None) not in not_offered:
+                        raise
+        except nvml.NVMLError as exc:
+            raise MigError(f"GPU {gpu}: NVML {step} failed: {exc}", step=step,
+                           code=getattr(exc, "value", None)) from None
     return _driver_table(model, name.decode() if isinstance(name, bytes) else str(name), answers)
 
 
