@@ -23,13 +23,16 @@ lint: setup
 # pytest-xdist workers: the suite is mostly CPU-bound; one worker more than the CI's 2 cores covers
 # the waits on servers, sockets and sleeps;
 # the second pass serves the ring/batching/dispatch paths again on the pure-Python fallbacks
-# (tests/conftest.py's --fallback-pass drops what would repeat the first pass)
+# (tests/conftest.py's --fallback-pass drops what would repeat the first pass); tests marked serial
+# (a daemon start removes every dead daemon's leftovers host-wide) run alone at the end
 TEST_WORKERS ?= 3
-PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider
+PARALLEL := $(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not serial"
 
 test: setup lint
-	$(PYTEST)
-	JIGSAW_NO_EXTENSIONS=1 $(PYTEST) --fallback-pass tests/runtime tests/dataplane
+	$(PARALLEL)
+	JIGSAW_NO_EXTENSIONS=1 $(PARALLEL) --fallback-pass tests/runtime tests/dataplane
+	$(PYTEST) -m serial
 
 demo: setup
 	$(PY) -m jigsaw.demo

@@ -75,10 +75,11 @@ def test_sigterm_drains_in_flight_requests_and_cleans_up(tmp_path):
     assert shm_entries(s.proc.pid) == []
 
 
+@pytest.mark.serial  # every daemon that starts removes every dead daemon's leftovers, host-wide
 def test_restart_after_kill_9_removes_leftovers(server_factory, tmp_path):
     args = write_tiny(tmp_path, tasks=[("a", "classifier", {1: 1.0}, 1)])
-    # every daemon that starts removes every dead daemon's leftovers: one started elsewhere on the
-    # host at the same moment (another test worker) may take them first, so try up to three times
+    # a daemon started elsewhere on the host at the same moment may still take them first (outside
+    # make test's serial step), so try up to three times
     for attempt in range(3):
         s = Server(args, tmp_path / f"killed-{attempt}.log")
         with s:
