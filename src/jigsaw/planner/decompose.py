@@ -166,6 +166,8 @@ class Result:
     # per app, what the decision proved about its budgets (``Known``): they hold at any larger
     # demand too (a plan for more serves less), which the scaled search's next tests reuse
     known: list[Known] | None = None
+    # per app, every plan its solves found and the slices and slots it takes (``curves.record``)
+    found: list[list[tuple[Usage, Plan]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,20 @@ class Known:
 
     infeasible: tuple[Usage, ...] = ()
     min_slots: tuple[tuple[int, int], ...] = ()
+
+    def budgets(self) -> list[Usage]:
+        """Every budget proven infeasible, the slot floors' too (k slices, one slot fewer)."""
+        return [*self.infeasible, *((k, m - 1) for k, m in self.min_slots if m >= 1)]
+
+    @staticmethod
+    def of(refuted: Sequence[Usage], room: Usage) -> Known:
+        """The ``Known`` of refuted budgets (``curves.Curve.refuted_at``): one with every slot of
+        the node infeasible, one with fewer a slot floor."""
+        floors: dict[int, int] = {}
+        for k, m in refuted:
+            if m < room[1]:
+                floors[k] = max(floors.get(k, 0), m + 1)
+        return Known(tuple(b for b in refuted if b[1] >= room[1]), tuple(sorted(floors.items())))
 
 
 def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_limit_s: float
@@ -292,15 +308,21 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     (``Result.known``): its infeasible budgets and slot floors hold here too.
     """
     t0 = time.perf_counter()
+    room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
     fronts = [_Frontier() for _ in parts]
     for f, kn in zip(fronts, known or [None] * len(parts), strict=True):
         if kn is not None:
             f.infeasible.extend(kn.infeasible)
-            f.min_slots.update(kn.min_slots)
+            for k, m in kn.min_slots:
+                f.min_slots[k] = max(m, f.min_slots.get(k, 0))
     res = _solve(parts, node, solver=solver, time_limit_s=time_limit_s, objective=objective,
                  pack=pack, absolute_gap=absolute_gap, start=start, first_fit=first_fit,
                  fronts=fronts, t0=t0)
+    for f, least in zip(fronts, res.floors or [], strict=False):
+        if least >= 1:  # no plan on fewer slices than the floor
+            f.infeasible.append((int(min(least, room[0] + 1)) - 1, room[1]))
     res.known = [Known(tuple(f.infeasible), tuple(sorted(f.min_slots.items()))) for f in fronts]
+    res.found = [[(p.used, p.plan) for p in f.points if p.plan is not None] for f in fronts]
     return res
 
 
@@ -430,6 +452,7 @@ class _Search:
                                                                   self.total_weight))
                            if quick is not None else None)
             if p.bound == -math.inf:
+                self.fronts[i].infeasible.append(self.room)
                 return self.result("infeasible", "apart",
                                    [f"{pb.app.name} alone does not fit on the node at its demand"])
             self.fronts[i].points.append(p)
