@@ -305,7 +305,8 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     choice of the plans computed that packs together is the answer (``feasible``, or ``optimal``
     where the bound proves it), without going on to the best choice; ``infeasible`` is proven
     as before. ``known``: per app, what an earlier decision at a smaller demand proved
-    (``Result.known``): its infeasible budgets and slot floors hold here too.
+    (``Result.known``) or the app's curve (``curves.seed``): its infeasible budgets and slot floors
+    hold here too. ``Result.known`` and ``Result.found`` are what ``curves.learn`` keeps.
     """
     t0 = time.perf_counter()
     room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)

@@ -7,7 +7,9 @@ the slice budget, the per-GPU MIG layout constraint and the objective the node c
 slice; or ``slices``, every app at its demand on the fewest slices. The result is packed as one
 layout, so no two apps' instances overlap. If the demands do not fit together, every app serves
 the same largest fraction of its demand (``demand_scale``), on the first plans found that fit
-(``scaled``).
+(``scaled``). The decomposition starts from what earlier decisions showed about each app's
+budgets (``curves``) and adds to it; where that proves the demands do not fit, it goes straight
+to the common fraction.
 """
 
 from __future__ import annotations

@@ -49,8 +49,15 @@ to the node: each app's fewest slices at its full demand in the latency-relaxed 
 node's slices / their sum. A first test that fails steps down (``_step_down``): in proportion
 to the floors' overshoot where the floors refuted it, else (the frontier search refuted it:
 theta* lies close below) by 2%, the step doubling with each such refutation in a row. Each test
-screens itself by those floors first (``decompose.solve``) and starts from what the tests below
-it proved (infeasible budgets and slot floors carry up to larger demands: ``decompose.Known``).
+screens itself by those floors first (``decompose.solve``).
+Before any test, what earlier decisions showed about each app's budgets (``curves``: kept with
+the app's problem across calls) brackets theta*: the largest fraction stored plans serve
+together (and pack) is served at once, the least fraction the stored refutations prove does not
+fit caps theta_hi; where they meet within the tolerance the search makes no test, else the
+first test lies between them (the floors' guess where the caller computed floors, else their
+geometric mean) and a refuted test steps down as from nothing served, never below the proof
+just above the stored plans' fraction. Every test starts from the budgets the curves refute at
+its demands and adds what it shows to them.
 The search stops after ``MAX_TESTS`` tests (a limit of work; the clock only guards it), so its
 answer does not depend on how busy the machine is. Pure: the result depends only on the inputs
 (and the solver's answers within the limit).
