@@ -91,7 +91,7 @@ REFINE_ROUNDS = 4
 # and after 1.0-1.3 s (56 nodes) with it; on the three apps at 10-100% of their capacities and
 # at their shares of 50-90% of the node the answers are the same and no other solve was slower
 NOTHING_ABOVE_PRESOLVE = False
-# The grid search over SLO splits (``try_grid`` in ``solve``): its steps per half SLO, the share
+# The grid search over SLO splits (``_try_grid``): its steps per half SLO, the share
 # of the time limit its LP ranking may take, how many splits it solves and each one's share.
 GRID_SEARCH = True
 GRID_STEPS = 10
