@@ -1069,6 +1069,11 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
           core_solver: str = "auto", split_search: bool | None = None) -> JointResult:
     """Core, lifting, and the full model only where lifting fails (see the module doc).
 
+    The stages are the functions below, over one ``_Search`` state (the clock, the best
+    incumbent, the best bound): ``_start_incumbent`` (the warm start), ``_search`` (lifting the
+    core's solution; ``_close_core_gap``; ``_incumbent_searches`` or ``_capacity_search``;
+    ``_level_rounds``) and ``_conclude`` (the proven incumbent, else the full model).
+
     ``core_solver``: who solves the small stages (``stage_solver``); ``split_search``: look for
     incumbents on a few splits of the SLO before the level models (``_cap_splits``; None:
     ``SPLIT_SEARCH``). With ``core_solver="same", split_search=False`` (or ``CORE_SOLVER =
