@@ -116,6 +116,17 @@ class NoOnsetPredictor(SpikeProfilePredictor):
         return max([history[-1], *(run.base_rps * h for h in heights)])
 
 
+class NoPeriodPredictor(SpikeProfilePredictor):
+    """The profile without its recurring-jump rule."""
+
+    def recurring_ratio(self, history: list[float], found: list[spikes.Spike]) -> float:
+        return 0.0
+
+
+def _strict(w: int, s: float, d: float) -> Predictor:
+    return SpikeProfilePredictor(w, s, d, min_hits=3, hit_share=0.8)
+
+
 # name -> factory(window, slack, default_rps); the product's control.predictor values first
 VARIANTS: dict[str, Callable[[int, float, float], Predictor]] = {
     "mean": MeanSlackPredictor,
@@ -123,6 +134,8 @@ VARIANTS: dict[str, Callable[[int, float, float], Predictor]] = {
     "recurring": RecurringSpikePredictor,
     "no_onset": NoOnsetPredictor,
     "last": LastBinPredictor,
+    "no_period": NoPeriodPredictor,
+    "strict_period": _strict,
 }
 
 
