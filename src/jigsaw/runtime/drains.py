@@ -151,6 +151,10 @@ class Drains:
         return not set(gids) & self._retiring_gids
 
     def _retire_later(self, gid: int) -> None:
+        # draining from now (not from when the task first runs): a transition that comes next on
+        # the loop sees the drain and its deadline in its first snapshot
+        self._retiring_gids.add(gid)
+        self._drain_ends[gid] = time.monotonic() + self._drain_budget_s(self.generations[gid])
         task = asyncio.get_running_loop().create_task(self._drain_and_retire(gid))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)

@@ -371,7 +371,7 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
             try:
                 yield t
             finally:
-                if t.done is None:  # left unfinished (an error, a cancel): the running plan serves on
+                if t.done is None and t.brought_up:  # left unfinished (an error, a cancel)
                     await self._release_mig(f"{desired.app}: re-plan left unfinished")
             if self.spares is not None and t.done is not None and t.done.new_generation:
                 self.spares.refill()  # after the switch, off its path
@@ -463,10 +463,11 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         return Applied(gen.gid, old_gid, True, switched_s, tuple(changed), n,
                        kept=len(pairs), started=n - len(pairs), stopped=stopped)
 
-    async def _refused(self, app: str, old_gid: int, why: str, outcome: str) -> Applied:
+    async def _refused(self, app: str, old_gid: int, why: str, outcome: str, brought_up: bool) -> Applied:
         """A re-plan refused (the decider's ``Refuse``) or failed before its switch (``outcome``):
-        the MIG instances brought up for it go, the running generation serves on."""
-        await self._release_mig(f"{app}: re-plan abandoned")
+        the MIG instances ``brought_up`` for it go, the running generation serves on."""
+        if brought_up:
+            await self._release_mig(f"{app}: re-plan abandoned")
         self.drain_first_total[outcome] += 1
         self.log(f"{app}: cannot free the MIG slots of the new instances ({why}); "
                  f"re-plan {outcome}, keeping generation {old_gid}")

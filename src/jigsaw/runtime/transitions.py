@@ -63,12 +63,15 @@ class ManagerTransition:
         self._waiting_since: float | None = None  # the first ``WaitForDrains`` step
         self._wait_until: float | None = None  # the drains in the way end by then at the latest
         self._waited = False
+        self.brought_up = False  # the new instances on free slots exist
         self._snapshot: RoomSnapshot | None = None
 
     # ---- opening -----------------------------------------------------------------------------
     async def open(self) -> None:
-        """Place the plan; re-weight in place when it runs the same processes (done), else bring up
-        the MIG instances nothing holds and take the first snapshot."""
+        """Place the plan; re-weight in place when it runs the same processes (done), else read
+        which of its MIG instances' slots something holds: the first snapshot is taken before
+        anything changes, so a step that keeps the running plan or refuses the new one (decided
+        on it) creates and destroys no instance."""
         gm, desired = self.gm, self.desired
         placed = gm._place_desired(desired, self.old_gid)
         if isinstance(placed, Applied):
@@ -79,13 +82,21 @@ class ManagerTransition:
         if not desired.fresh_generation and gm.same_processes(old, self.new):
             self.done = gm._reweight(self.app, old, self.new, self.node_layout, self.t0)
             return
-        if gm.partition is None or self.node_layout is None:
-            return
-        up = await gm._bring_up(self.app, self.node_layout, "re-plan")
+        if gm.partition is not None and self.node_layout is not None:
+            self.deferred = gm.partition.held(self.node_layout)
+
+    async def _bring_up(self, why: str = "re-plan") -> bool:
+        """Create the new MIG instances nothing holds (once, before a step that goes on: they are
+        made while the drains in the way end); False when NVML failed (``done``: rolled back)."""
+        if self.brought_up or self.gm.partition is None or self.node_layout is None:
+            return True
+        up = await self.gm._bring_up(self.app, self.node_layout, why)
         if isinstance(up, Applied):
             self.done = up
-        else:
-            self.deferred = up
+            return False
+        self.brought_up = True
+        self.deferred = up
+        return True
 
     # ---- what the decider reads ----------------------------------------------------------------
     @property
@@ -126,18 +137,20 @@ class ManagerTransition:
         note = getattr(step, "note", "")
         if note:
             self.gm.log(f"{self.app}: {note}")
+        if isinstance(step, (KeepRunning, Refuse)):
+            self.done = await (self._keep_running(step) if isinstance(step, KeepRunning) else
+                               self.gm._refused(self.app, self.old_gid, step.why, "refused", self.brought_up))
+            return
+        if not await self._bring_up():
+            return
         if isinstance(step, TakeSlots):
-            if self.deferred:  # the decider saw slots held: a step past them is a bug, not a race
-                raise RuntimeError(f"{self.app}: TakeSlots with {len(self.deferred)} slots held")
+            if self.deferred:  # something took the slots since the snapshot: decide again on it
+                return
             layout = self.node_layout
             if self.gm.partition is not None and layout is not None:
                 layout = self.gm.partition.with_uuids(layout)  # the instances it brought up
             self.done = await self.gm._switch(self.desired, self.old, self.old_gid, self.new, layout,
                                               self.restore, self.t0)
-        elif isinstance(step, KeepRunning):
-            self.done = await self._keep_running(step)
-        elif isinstance(step, Refuse):
-            self.done = await self.gm._refused(self.app, self.old_gid, step.why, "refused")
         elif isinstance(step, WaitForDrains):
             await self._wait_one_poll()
         elif isinstance(step, CutDrains):
@@ -154,7 +167,8 @@ class ManagerTransition:
         if self._waiting_since is not None:
             said = {"not_needed": "the plan is no longer needed", "outgrown": "the arrivals outgrew the plan"}
             self._count_wait(f" ({said.get(step.outcome, step.why)}: the wait ends there)")
-        await gm._release_mig(f"{app}: re-plan {step.outcome.replace('_', ' ')}")
+        if self.brought_up:
+            await gm._release_mig(f"{app}: re-plan {step.outcome.replace('_', ' ')}")
         gm.drain_first_total[step.outcome] += 1
         note = (f"the new plan's MIG instances need the slots of {len(self.deferred)} running or draining "
                 f"ones and {step.why}: no drain-first, nothing changed, keeping generation {self.old_gid}")
@@ -213,7 +227,7 @@ class ManagerTransition:
                 gm.log(f"{app}: the re-plan failed after its drain-first ({exc})")
                 self.done = await gm._restore(app, before, self.old_gid, str(exc))
             else:
-                self.done = await gm._refused(app, self.old_gid, str(exc), "failed")
+                self.done = await gm._refused(app, self.old_gid, str(exc), "failed", True)
             return
         self.restore = before
         self.deferred = ()
