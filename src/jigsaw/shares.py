@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from jigsaw.mig import WHOLE_GPU, GpuModel, share_level
+from jigsaw.mig import WHOLE_GPU, GpuModel
 from jigsaw.profiles import ProfileRow, ProfileTable
 
 SHARE_INTERFERENCE = 0.85
@@ -35,26 +35,28 @@ SHARE_INTERFERENCE = 0.85
 
 
 def share_profile(gpu: GpuModel) -> str:
-    """The GPU's share profile name, or "" when its processes do not share it."""
-    return next((p.name for p in gpu.profiles if p.share_of), "")
+    """The GPU's whole-GPU share profile name, or "" when its processes do not share it whole."""
+    return next((p.name for p in gpu.profiles if p.share_of and not p.host), "")
 
 
-def share_rows(rows: list[ProfileRow], k: int, share: str) -> list[ProfileRow]:
-    """One share row per level-k row of the whole GPU: the same batch and per-process memory, a
-    k-th of the segment's throughput and the row's latency, each by ``SHARE_INTERFERENCE``."""
+def share_rows(rows: list[ProfileRow], k: int, share: str, host: str = WHOLE_GPU) -> list[ProfileRow]:
+    """One share row per level-k row of ``host`` (the whole GPU or a MIG instance's profile): the
+    same batch and per-process memory, a k-th of the segment's throughput and the row's latency,
+    each by ``SHARE_INTERFERENCE``."""
     return [replace(r, mig_profile=share, mps=1,
                     latency_ms=round(r.latency_ms / SHARE_INTERFERENCE, 4),
                     throughput_rps=round(r.throughput_rps / k * SHARE_INTERFERENCE, 3))
-            for r in rows if r.mig_profile == WHOLE_GPU and r.mps == k]
+            for r in rows if r.mig_profile == host and r.mps == k]
 
 
 def with_share_rows(table: ProfileTable, gpu: GpuModel) -> ProfileTable:
-    """``table`` with the share rows of ``gpu`` added where it has shares; a row the table has
-    for the share itself (measured with mixed neighbours) is kept, not derived."""
-    share = share_profile(gpu)
-    if not share:
+    """``table`` with the share rows of every share profile of ``gpu`` added (a whole GPU's, a
+    MIG instance's); a row the table has for the share itself (measured with mixed neighbours)
+    is kept, not derived."""
+    shares = [p for p in gpu.profiles if p.share_of]
+    if not shares:
         return table
-    k = share_level(share)
-    derived = [r for r in share_rows(table.rows(), k, share) if r.key not in table]
+    rows = table.rows()
+    derived = [r for p in shares for r in share_rows(rows, p.share_of, p.name, p.host or WHOLE_GPU)
+               if r.key not in table]
     return table.with_rows(derived) if derived else table
-

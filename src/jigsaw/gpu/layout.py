@@ -5,6 +5,11 @@ MIG instances (profile and start slot), the workload each hosts (app, task, vari
 max batch) and, once running, the instance's UUID and its k worker pids. Every plan is laid out
 against what the other apps hold (``place_app``), so no two instances overlap and no GPU is
 over-committed, whatever the apps' planners asked for.
+
+A MIG instance that k processes of different (task, variant)s share (``jigsaw.shares``: profile
+``<profile>-1of<k>``) is k entries, one per process, at the instance's start, each with its seat
+(0..k-1); the processes may be of different apps. ``NodeInstance.device`` is the MIG instance they
+share (what NVML creates, what its MPS daemon is keyed by), ``slot`` tells the entries apart.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel
+from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel, share_host
 from jigsaw.plan import GpuLayout, Layout, PlacedInstance
 from jigsaw.planner.layouts import (
     placement_violations,
@@ -22,9 +27,9 @@ from jigsaw.planner.layouts import (
     usable_compute,
     valid_layouts,
 )
-from jigsaw.planner.packer import InstanceRequest, PackingError
+from jigsaw.planner.packer import InstanceRequest, PackingError, seat_violations
 
-Slot = tuple[int, int, str]  # (GPU index, start slot, MIG profile): one MIG instance
+Slot = tuple[int, int, str]  # (GPU index, start slot, MIG profile): one MIG instance (or one share's seat)
 Workload = tuple[str, str, str, int, int]  # (app, task, variant, mps, max_batch)
 
 _DFS_NODE_BUDGET = 20_000
@@ -50,10 +55,24 @@ class NodeInstance:
     index: int = 0  # which of the app plan's instances of (task, variant, profile, mps, max_batch)
     uuid: str = ""  # MIG-<uuid> for CUDA_VISIBLE_DEVICES
     pids: tuple[int, ...] = ()
+    seat: int = 0  # a share of a MIG instance: which of the instance's k processes (0..k-1)
 
     @property
     def slot(self) -> Slot:
+        """Tells every entry of the layout apart: the instance's slot, for a share with its seat."""
+        if share_host(self.profile):
+            return (self.gpu, self.start, f"{self.profile}#{self.seat}")
         return (self.gpu, self.start, self.profile)
+
+    @property
+    def device_slot(self) -> Slot:
+        """The MIG instance it lies in (GPU, start, the instance's profile): a share's host's."""
+        return (self.gpu, self.start, share_host(self.profile) or self.profile)
+
+    def as_device(self) -> NodeInstance:
+        """The MIG instance it lies in, as NVML creates it (its shares' seats are the processes')."""
+        host = share_host(self.profile)
+        return replace(self, profile=host, seat=0, mps=1) if host else self
 
     @property
     def workload(self) -> Workload:
@@ -78,7 +97,16 @@ class NodeInstance:
             index=self.index,
             mps=self.mps,
             max_batch=self.max_batch,
+            seat=self.seat,
         )
+
+
+def devices(instances: Iterable[NodeInstance]) -> list[NodeInstance]:
+    """The MIG instances of ``instances``: each once, a shared one as its host profile."""
+    out: dict[Slot, NodeInstance] = {}
+    for i in instances:
+        out.setdefault(i.device_slot, i.as_device())
+    return list(out.values())
 
 
 @dataclass(frozen=True)
@@ -105,15 +133,14 @@ class NodeLayout:
     def by_slot(self) -> dict[Slot, NodeInstance]:
         return {i.slot: i for i in self.instances}
 
-    def slices_used(self, gpu: GpuModel, app: str | None = None) -> int:
-        """Compute slices held by ``app`` (all apps, idle instances included, when None)."""
-        return sum(
-            gpu.profile(i.profile).compute_slices for i in self.instances if app is None or i.app == app
-        )
+    def slices_used(self, gpu: GpuModel, app: str | None = None) -> float:
+        """Compute slices held by ``app`` (all apps, idle instances included, when None): a share
+        of a MIG instance holds its k-th of the instance's."""
+        return sum(gpu.profile(i.profile).slice_cost for i in self.instances if app is None or i.app == app)
 
-    def slices_free_for(self, gpu: GpuModel, app: str) -> int:
+    def slices_free_for(self, gpu: GpuModel, app: str) -> float:
         """What a plan of ``app`` may use: the node's slices less what the other apps hold."""
-        others = sum(gpu.profile(i.profile).compute_slices for i in self.instances if i.app and i.app != app)
+        others = sum(gpu.profile(i.profile).slice_cost for i in self.instances if i.app and i.app != app)
         return gpu.compute_slices * self.num_gpus - others
 
     def without_idle(self) -> NodeLayout:
@@ -154,6 +181,7 @@ def from_app_layouts(gpu_model: str, num_gpus: int, layouts: Mapping[str, Layout
                         mps=p.mps,
                         max_batch=p.max_batch,
                         index=p.index,
+                        seat=p.seat,
                     )
                 )
     return NodeLayout(gpu_model, num_gpus, tuple(out))
@@ -174,6 +202,7 @@ def validate_node_layout(layout: NodeLayout, gpu: GpuModel) -> list[str]:
             f"GPU {g}: {p}"
             for p in placement_violations(gpu, [(i.profile, i.start) for i in layout.on_gpu(g)])
         ]
+        problems += [f"GPU {g}: {p}" for p in seat_violations(gpu, [i.placed() for i in layout.on_gpu(g)])]
     return problems
 
 

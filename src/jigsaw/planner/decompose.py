@@ -103,9 +103,11 @@ def app_layout(layout: Layout, app: str) -> Layout:
 
 
 def usage(plan: Plan, node: Node) -> Usage:
-    """The compute slices and the placement slots (memory slices) of ``plan``'s instances."""
-    size = {p.name: p.size for p in node.gpu.profiles}
-    return plan.slices_used, sum(x.count * size[x.mig_profile] for x in plan.instances)
+    """The compute slices and the placement slots (memory slices) of ``plan``'s instances, whole
+    (a plan with shares of MIG instances, ``jigsaw.shares``, may use a fraction of one: rounded up)."""
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
+    return (math.ceil(plan.slices_used - 1e-9),
+            math.ceil(sum(x.count * size[x.mig_profile] for x in plan.instances) - 1e-9))
 
 
 @dataclass
@@ -183,7 +185,7 @@ def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_
     slices (None: no such plan): the latency-relaxed core (a relaxation) minimising slots."""
     built = joint.build([part], node, full=False, max_slices=max_slices)
     md = built.model
-    size = {p.name: p.size for p in node.gpu.profiles}
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
     md.cost = [0.0] * md.num_vars
     for c, v in zip(built.cols[0], built.count[0], strict=True):
         md.cost[v] = -float(size[c.mig_profile])

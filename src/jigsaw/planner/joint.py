@@ -53,6 +53,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from jigsaw.mig import slice_unit
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import Column
@@ -401,6 +402,7 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     if total_weight is None:
         total_weight = sum(p.weight for p in parts) or 1.0
     budget = node.slices_available if max_slices is None else max(0, min(max_slices, node.slices_available))
+    unit = slice_unit(node.gpu, node.mig_profiles)  # integer slice counts in k-ths of a slice (MIG shares)
     capacity_mode = scale_demands or any(p.demand_rps is None for p in parts)
     theta = md.var(0.0, 1.0, cost=1.0) if scale_demands else None
     max_per_gpu = {p.name: p.max_per_gpu for p in node.gpu.profiles}
@@ -511,18 +513,20 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
             scale = 1.0 / max(cols[j].throughput_rps for j in js)
             md.row([count[j] for j in js] + [lam[li] for li, _ in tr],
                    [cols[j].throughput_rps * scale for j in js] + [-m * scale for _, m in tr], lo=0.0)
-            s = md.var(0.0, node.slices_available, integer=True)
+            s = md.var(0.0, node.slices_available * unit, integer=True)
             tv_slices[-1][tv] = s
-            md.row([s] + [count[j] for j in js], [1.0] + [-float(cols[j].slices) for j in js], 0.0, 0.0)
+            md.row([s] + [count[j] for j in js], [1.0] + [-float(cols[j].slices * unit) for j in js],
+                   0.0, 0.0)
             best_per_slice = max(cols[j].throughput_rps / cols[j].slices for j in js)
-            md.row([s] + [lam[li] for li, _ in tr], [best_per_slice * scale] + [-m * scale for _, m in tr],
-                   lo=0.0)
+            md.row([s] + [lam[li] for li, _ in tr],
+                   [best_per_slice * scale / unit] + [-m * scale for _, m in tr], lo=0.0)
         budgets = pb.colset.budgets
         for t in app.task_names:
             bound = budgets.slices[t] if budgets else node.slices_available
-            tot = md.var(0.0, bound, integer=True)
+            tot = md.var(0.0, bound * unit, integer=True)
             js = [j for j, c in enumerate(cols) if c.task == t]
-            md.row([tot] + [count[j] for j in js], [1.0] + [-float(cols[j].slices) for j in js], 0.0, 0.0)
+            md.row([tot] + [count[j] for j in js], [1.0] + [-float(cols[j].slices * unit) for j in js],
+                   0.0, 0.0)
             task_totals.append(tot)
             task_total[-1][t] = tot
         all_lam.append(lam)
@@ -530,11 +534,11 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
         all_cols.append(cols)
         all_count.append(count)
     if max_slots is not None:
-        size = {p.name: p.size for p in node.gpu.profiles}
+        size = {p.name: p.slot_cost for p in node.gpu.profiles}
         md.row([v for cs, cnt in zip(all_cols, all_count, strict=True) for v in cnt],
                [float(size[c.mig_profile]) for cs in all_cols for c in cs], hi=float(max_slots))
     slice_cost = -1e-6 if capacity_mode else -beta
-    slices_total = md.var(0.0, budget, cost=slice_cost, integer=True)
+    slices_total = md.var(0.0, budget * unit, cost=slice_cost / unit, integer=True)
     md.row([slices_total, *task_totals], [1.0] + [-1.0] * len(task_totals), 0.0, 0.0)
     # Packability: every GPU takes one maximal valid layout (or part of it) over all apps' profiles.
     names = sorted(by_profile)
@@ -866,9 +870,11 @@ def _core_start(core: Built, plans: list[Plan | None] | None) -> dict[int, float
     if not plans or any(p is None for p in plans):
         return None
     start: dict[int, float] = {}
+    unit = 1
     for i, plan in enumerate(plans):
         assert plan is not None
         pb = core.parts[i].pb
+        unit = slice_unit(pb.node.gpu, pb.node.mig_profiles)
         group = {(c.task, c.variant, c.mig_profile): j for j, c in enumerate(core.cols[i])}
         counts: dict[int, int] = defaultdict(int)
         for x in plan.instances:
@@ -888,11 +894,11 @@ def _core_start(core: Built, plans: list[Plan | None] | None) -> dict[int, float
         for li, v in enumerate(core.lam[i]):
             start[v] = rates[li]
         for (t, v), var in core.tv_slices[i].items():
-            start[var] = float(sum(x.count * x.slices for x in plan.instances
-                                   if (x.task, x.variant) == (t, v)))
+            start[var] = float(round(unit * sum(x.count * x.slices for x in plan.instances
+                                                if (x.task, x.variant) == (t, v))))
         for t, var in core.task_total[i].items():
-            start[var] = float(sum(x.count * x.slices for x in plan.instances if x.task == t))
-    start[core.slices_total] = float(sum(p.slices_used for p in plans if p is not None))
+            start[var] = float(round(unit * sum(x.count * x.slices for x in plan.instances if x.task == t)))
+    start[core.slices_total] = float(round(unit * sum(p.slices_used for p in plans if p is not None)))
     # every GPU of the plans' layouts on a maximal layout that contains it
     per_gpu: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for plan in plans:

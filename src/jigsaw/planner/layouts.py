@@ -22,6 +22,12 @@ all 6 without ``1g.10gb+me``             723         78             28
 all 7 (with ``1g.10gb+me``)              2319        128            44
 =======================================  ==========  =============  =======
 
+Shares of a MIG instance (``MigProfile.host``: ``1g.10gb-1of2``, k processes of any tasks in one
+instance of the host) have no slots of their own: a count vector with n shares of ``<host>-1of<k>``
+is packable when the one with ``ceil(n / k)`` more instances of the host is, so the planner's
+vectors are the device vectors with each host's instances handed out among the host and its
+share levels (k shares an instance). Placements hold devices only (``device_placement``).
+
 The ``+me`` profile has the geometry of ``1g.10gb`` but at most one per GPU, so with it a
 count vector also says which of the 1-slot instances carries the media extensions: every
 vector with ``k >= 1`` one-slot instances appears once more with one of them being ``+me``
@@ -49,7 +55,7 @@ def slot_mask(profile: MigProfile, start: int) -> int:
 def _resolve(gpu: GpuModel, profiles: Sequence[str] | None) -> tuple[str, ...]:
     """Profile names in a canonical tuple; unknown or repeated names are the caller's error."""
     if profiles is None:
-        return gpu.profile_names
+        return tuple(p.name for p in gpu.devices)
     names = tuple(profiles)
     known = set(gpu.profile_names)
     for n in names:
@@ -59,6 +65,22 @@ def _resolve(gpu: GpuModel, profiles: Sequence[str] | None) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"profile list has repeated names: {names}")
     return names
+
+
+def device_placement(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The devices of a placement: each share of a MIG instance replaced by its host instance,
+    one per (share profile, start); every other ``(profile, start)`` as it is. Shares of two
+    profiles at one start stay two instances (which overlap: ``placement_violations`` says so)."""
+    out: list[tuple[str, int]] = []
+    seen: set[tuple[str, int]] = set()
+    for name, start in placement:
+        p = gpu.profile(name)
+        if not p.host:
+            out.append((name, start))
+        elif (name, start) not in seen:
+            seen.add((name, start))
+            out.append((p.host, start))
+    return out
 
 
 def room(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> int:
@@ -71,13 +93,13 @@ def room(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> int:
     mask = 0
     compute = 0
     counts: dict[str, int] = {}
-    for name, start in placement:
+    for name, start in device_placement(gpu, placement):
         p = gpu.profile(name)
         mask |= slot_mask(p, start)
         compute += p.compute_slices
         counts[name] = counts.get(name, 0) + 1
     total = 0
-    for p in gpu.profiles:
+    for p in gpu.devices:
         if counts.get(p.name, 0) >= p.max_per_gpu or compute + p.compute_slices > gpu.compute_slices:
             continue
         for s in p.starts:
@@ -91,8 +113,8 @@ def _most_compute(gpu: GpuModel) -> dict[Placement, int]:
     """For every valid placement of the GPU, the most compute slices of a valid placement that
     contains it (itself included): computed once per GPU model from the largest placements down,
     since every valid superset is reached by adding one instance at a time (downward closure)."""
-    layouts = _valid_layouts(gpu, gpu.profile_names)
-    cands = [(p.name, s) for p in gpu.profiles for s in p.starts if s + p.size <= NUM_PLACEMENT_SLOTS]
+    layouts = _valid_layouts(gpu, _resolve(gpu, None))
+    cands = [(p.name, s) for p in gpu.devices for s in p.starts if s + p.size <= NUM_PLACEMENT_SLOTS]
     most: dict[Placement, int] = {}
     for lay in sorted(layouts, key=len, reverse=True):
         here = set(lay)
@@ -112,7 +134,7 @@ def usable_compute(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> int:
     Why: the running layout's free compute slices were counted as room ("7 slices free, 0 MIG
     memory slots"); a placement that keeps them usable leaves room for the next extension.
     """
-    lay = tuple(sorted(placement))
+    lay = tuple(sorted(device_placement(gpu, placement)))
     most = _most_compute(gpu).get(lay)
     if most is None:
         return 0
@@ -155,8 +177,52 @@ def valid_layouts(gpu: GpuModel, profiles: Sequence[str] | None = None) -> list[
     return list(_valid_layouts(gpu, _resolve(gpu, profiles)))
 
 
+def _hosts(gpu: GpuModel, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The device profiles a count vector over ``names`` is packed with: its devices and the
+    hosts of its shares, in the GPU's order."""
+    need = {gpu.device_profile(n).name for n in names}
+    return tuple(p.name for p in gpu.devices if p.name in need)
+
+
+def _with_shares(gpu: GpuModel, names: tuple[str, ...], vecs: Iterable[Counts],
+                 hosts: tuple[str, ...], partial: bool) -> set[Counts]:
+    """The count vectors over ``names`` (shares among them) of the device vectors ``vecs`` over
+    ``hosts``: each host's instances handed out among the host (where named) and its named share
+    levels, an instance k shares of level k (``partial``: or fewer, down to one, and not every
+    instance handed out)."""
+    per = {n: (gpu.profile(n).share_of if gpu.profile(n).host else 1) for n in names}
+    parts = {h: [i for i, n in enumerate(names) if gpu.device_profile(n).name == h] for h in hosts}
+
+    def ways(idx: list[int], m: int) -> list[list[tuple[int, int]]]:
+        """(name index, count) lists handing out ``m`` instances (at most, when partial)."""
+        if not idx:
+            return [[]] if partial or m == 0 else []
+        k = per[names[idx[0]]]
+        out = []
+        for j in range(m + 1):
+            counts = range(k * (j - 1) + 1, k * j + 1) if partial and j else (k * j,)
+            rest = ways(idx[1:], m - j)
+            out += [[(idx[0], c), *r] for c in counts for r in rest]
+        return out
+
+    out: set[Counts] = set()
+    for v in vecs:
+        combos: list[list[tuple[int, int]]] = [[]]
+        for h, m in zip(hosts, v):
+            combos = [[*c, *w] for c in combos for w in ways(parts[h], m)]
+        for c in combos:
+            vec = [0] * len(names)
+            for i, n in c:
+                vec[i] = n
+            out.add(tuple(vec))
+    return out
+
+
 @lru_cache(maxsize=256)
 def _layout_counts(gpu: GpuModel, names: tuple[str, ...]) -> tuple[Counts, ...]:
+    if any(gpu.profile(n).host for n in names):
+        hosts = _hosts(gpu, names)
+        return tuple(sorted(_with_shares(gpu, names, _layout_counts(gpu, hosts), hosts, partial=True)))
     index = {n: i for i, n in enumerate(names)}
     vecs: set[Counts] = set()
     for placement in _valid_layouts(gpu, names):
@@ -178,11 +244,26 @@ def layout_counts(gpu: GpuModel, profiles: Sequence[str] | None = None) -> list[
 
 @lru_cache(maxsize=256)
 def _maximal_layout_counts(gpu: GpuModel, names: tuple[str, ...]) -> tuple[Counts, ...]:
+    if any(gpu.profile(n).host for n in names):
+        hosts = _hosts(gpu, names)
+        vecs = tuple(sorted(_with_shares(gpu, names, _maximal_layout_counts(gpu, hosts), hosts,
+                                         partial=False), key=lambda v: -sum(v)))
+        return tuple(sorted(_undominated(vecs)))
     vecs = _layout_counts(gpu, names)
     return tuple(
         v for v in vecs
         if not any(w != v and all(a >= b for a, b in zip(w, v)) for w in vecs)
     )
+
+
+def _undominated(vecs: Sequence[Counts]) -> list[Counts]:
+    """The vectors no other dominates, ``vecs`` sorted by sum, largest first (a dominating
+    vector has a larger sum, so it comes before what it dominates)."""
+    kept: list[Counts] = []
+    for v in vecs:
+        if not any(all(a >= b for a, b in zip(w, v)) for w in kept):
+            kept.append(v)
+    return kept
 
 
 def maximal_layout_counts(gpu: GpuModel, profiles: Sequence[str] | None = None) -> list[Counts]:
@@ -198,7 +279,7 @@ def maximal_layout_counts(gpu: GpuModel, profiles: Sequence[str] | None = None) 
 def _best_placements(gpu: GpuModel) -> dict[tuple[str, ...], Placement]:
     """For each packable multiset (sorted names), the placement that leaves the most room."""
     best: dict[tuple[str, ...], tuple[int, Placement]] = {}
-    for placement in _valid_layouts(gpu, gpu.profile_names):
+    for placement in _valid_layouts(gpu, _resolve(gpu, None)):
         key = tuple(sorted(n for n, _ in placement))
         r = room(gpu, placement)
         cur = best.get(key)
@@ -222,15 +303,21 @@ def fits_on_gpu(gpu: GpuModel, profile_names: Iterable[str]) -> Placement | None
 def placement_violations(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> list[str]:
     """The rule violations of one GPU's ``(profile, start)`` list (empty when valid)."""
     problems: list[str] = []
+    placement = list(placement)
+    known = set(gpu.profile_names)
+    problems += [f"unknown MIG profile {name!r} for {gpu.name}" for name, _ in placement if name not in known]
+    seats: dict[tuple[str, int], int] = {}
+    for name, start in placement:
+        if name in known and gpu.profile(name).host:
+            seats[(name, start)] = seats.get((name, start), 0) + 1
+    problems += [f"{c} processes share the {gpu.profile(n).host} instance at {s} (at most "
+                 f"{gpu.profile(n).share_of} of {n})"
+                 for (n, s), c in seats.items() if c > gpu.profile(n).share_of]
     mask = 0
     compute = 0
     counts: dict[str, int] = {}
-    for name, start in placement:
-        try:
-            p = gpu.profile(name)
-        except KeyError:
-            problems.append(f"unknown MIG profile {name!r} for {gpu.name}")
-            continue
+    for name, start in device_placement(gpu, [(n, s) for n, s in placement if n in known]):
+        p = gpu.profile(name)
         if start not in p.starts:
             problems.append(f"{name} cannot start at slot {start} (allowed: {list(p.starts)})")
         if start < 0 or start + p.size > NUM_PLACEMENT_SLOTS:

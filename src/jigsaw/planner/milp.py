@@ -25,6 +25,7 @@ import mip
 
 from jigsaw.app import App
 from jigsaw.errors import PlanError
+from jigsaw.mig import slice_unit
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner import joint
@@ -104,6 +105,7 @@ class _Model:
             by_tv[(c.task, c.variant)].append(j)
 
         max_per_gpu = {p.name: p.max_per_gpu for p in node.gpu.profiles}
+        unit = slice_unit(node.gpu, node.mig_profiles)  # integer slice counts in k-ths (MIG shares)
         self.M: list[mip.Var] = []
         self.N: list[mip.Var] = []
         for j, c in enumerate(cols):
@@ -147,10 +149,11 @@ class _Model:
             # when coefficients reach 1e4 next to the unit coefficients of the lane rates.
             scale = 1.0 / max(cols[j].throughput_rps for j in js)
             m += mip.xsum(cols[j].throughput_rps * scale * self.M[j] for j in js) >= scale * demand
-            s = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.slices_available, name=f"S_{tv[0]}_{tv[1]}")
-            m += s == mip.xsum(cols[j].slices * self.M[j] for j in js)
+            s = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.slices_available * unit,
+                          name=f"S_{tv[0]}_{tv[1]}")
+            m += s == mip.xsum(cols[j].slices * unit * self.M[j] for j in js)
             best_per_slice = max(cols[j].throughput_rps / cols[j].slices for j in js)
-            m += best_per_slice * scale * s >= scale * demand
+            m += best_per_slice / unit * scale * s >= scale * demand
             self.S[tv] = s
 
         # Integer slice totals per task and overall: branching on these few integers closes
@@ -158,10 +161,10 @@ class _Model:
         task_totals = []
         for t in app.task_names:
             bound = budgets.slices[t] if budgets else node.slices_available
-            total_t = m.add_var(var_type=mip.INTEGER, lb=0, ub=bound, name=f"St_{t}")
-            m += total_t == mip.xsum(c.slices * self.M[j] for j, c in enumerate(cols) if c.task == t)
+            total_t = m.add_var(var_type=mip.INTEGER, lb=0, ub=bound * unit, name=f"St_{t}")
+            m += total_t == mip.xsum(c.slices * unit * self.M[j] for j, c in enumerate(cols) if c.task == t)
             task_totals.append(total_t)
-        slices_total = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.slices_available, name="S_total")
+        slices_total = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.slices_available * unit, name="S_total")
         m += slices_total == mip.xsum(task_totals)
 
         # Packability: every GPU takes one maximal valid layout (or a part of it).
@@ -179,10 +182,11 @@ class _Model:
         beta = node.beta
         if demand_rps is None:
             # Maximise the demand; slices only break ties (the plan is re-solved afterwards).
-            m.objective = mip.maximize(self.R - 1e-6 * slices_total)
+            m.objective = mip.maximize(self.R - 1e-6 / unit * slices_total)
         else:
             r = max(demand_rps, MIN_DEMAND_RPS)
-            m.objective = mip.maximize(node.planner.alpha * acc_total * (1.0 / r) - beta * slices_total)
+            m.objective = mip.maximize(node.planner.alpha * acc_total * (1.0 / r)
+                                       - beta / unit * slices_total)
         m.max_mip_gap_abs = node.absolute_gap if demand_rps is not None else 1e-3
         m.max_mip_gap = 1e-6
 

@@ -574,7 +574,7 @@ def _app_options(apps: Sequence[App], node: Node, profiles: ProfileTable, demand
     fits the node (with ``lower``: none at all).
     ``lower``: an app without candidates at its demand takes those at the first half, quarter...
     that has some (``anytime.candidates_below``; for ``_scaled_fit``)."""
-    size = {p.name: p.size for p in node.gpu.profiles}
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
     room = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
     out: list[_AppOptions] = []
     for a in apps:
@@ -677,7 +677,7 @@ def _scaled_fit(options: list[_AppOptions], node: Node, profiles: ProfileTable,
     one took 0.1-0.5 s (a whole candidate search per fraction tried); rescaling the candidates
     found for the full demands costs a few knapsacks per fraction.
     """
-    size = {p.name: p.size for p in node.gpu.profiles}
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
     room = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
     few = [fewest_first(o.cands, size) for o in options]
 
