@@ -27,7 +27,7 @@ from jigsaw.planner.layouts import (
     usable_compute,
     valid_layouts,
 )
-from jigsaw.planner.packer import InstanceRequest, PackingError, seat_violations
+from jigsaw.planner.packer import InstanceRequest, PackingError, bundle_shares, seat_violations, unbundled
 
 Slot = tuple[int, int, str]  # (GPU index, start slot, MIG profile): one MIG instance (or one share's seat)
 Workload = tuple[str, str, str, int, int]  # (app, task, variant, mps, max_batch)
@@ -376,12 +376,12 @@ def _check_room(node: NodeLayout, app: str, requests: Sequence[InstanceRequest],
     unknown = sorted({r.profile for r in requests} - set(gpu.profile_names))
     if unknown:
         raise PackingError(f"unknown MIG profile(s) {', '.join(unknown)} for {gpu.name}")
-    need = sum(gpu.profile(r.profile).compute_slices for r in requests)
+    need = sum(gpu.profile(r.profile).slice_cost for r in requests)
     free = node.slices_free_for(gpu, app)
     if need > free:
         raise PackingError(
-            f"{app} asks for {need} compute slices; the other apps of the node hold "
-            f"{gpu.compute_slices * node.num_gpus - free} of {gpu.compute_slices * node.num_gpus}"
+            f"{app} asks for {need:g} compute slices; the other apps of the node hold "
+            f"{gpu.compute_slices * node.num_gpus - free:g} of {gpu.compute_slices * node.num_gpus}"
         )
 
 
@@ -402,8 +402,11 @@ def _attempt(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], gp
         _host_on([i for i in node.instances if not i.app], pending, kept, app=app)
     if reuse_swaps:  # a running instance of the app hosts another of its workloads
         _host_on(unused, pending, kept, uuid="")
+    holders = [*others, *kept, *(unused if beside else [])]
+    seated = _free_seats(gpu, holders, pending, app)
+    pending, bundles, _ = bundle_shares(pending, gpu, None)
     held: dict[int, list[tuple[str, int]]] = defaultdict(list)
-    for i in [*others, *kept, *(unused if beside else [])]:
+    for i in devices(holders):
         held[i.gpu].append((i.profile, i.start))
     placed = _greedy_against(gpu, held, pending, node.num_gpus, keep_usable) if keep_usable else None
     if placed is None:
@@ -412,20 +415,35 @@ def _attempt(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], gp
         placed = _exact_against(gpu, held, pending, node.num_gpus)
     if placed is None:
         return None
-    return kept + [
-        NodeInstance(
-            gpu=g,
-            profile=r.profile,
-            start=s,
-            app=app,
-            task=r.task,
-            variant=r.variant,
-            mps=r.mps,
-            max_batch=r.max_batch,
-            index=r.index,
-        )
-        for r, g, s in placed
+    return kept + seated + [
+        NodeInstance(gpu=g, profile=m.profile, start=s, app=app, task=m.task, variant=m.variant, mps=m.mps,
+                     max_batch=m.max_batch, index=m.index, seat=seat)
+        for r, g, s in placed for m, seat in unbundled(r, bundles)
     ]
+
+
+def _free_seats(gpu: GpuModel, holders: list[NodeInstance], pending: list[InstanceRequest],
+                app: str) -> list[NodeInstance]:
+    """Pending shares of a MIG instance seated in the free seats of instances of their profile that
+    ``holders`` share already (any app's: its MPS daemon runs, nothing is created); moved from
+    ``pending`` to the result."""
+    taken: dict[tuple[int, int, str], set[int]] = defaultdict(set)
+    for i in holders:
+        if gpu.profile(i.profile).host:
+            taken[(i.gpu, i.start, i.profile)].add(i.seat)
+    out: list[NodeInstance] = []
+    for (g, start, name), seats in sorted(taken.items()):
+        for seat in range(gpu.profile(name).share_of):
+            r = next((r for r in pending if r.profile == name), None)
+            if r is None:
+                break
+            if seat in seats:
+                continue
+            pending.remove(r)
+            seats.add(seat)
+            out.append(NodeInstance(gpu=g, profile=name, start=start, app=app, task=r.task, variant=r.variant,
+                                    mps=r.mps, max_batch=r.max_batch, index=r.index, seat=seat))
+    return out
 
 
 def _keep_identical(pending: list[InstanceRequest], unused: list[NodeInstance],

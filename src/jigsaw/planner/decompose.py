@@ -54,7 +54,7 @@ from itertools import product
 
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import Node
-from jigsaw.plan import GpuLayout, Layout, PlacedInstance, Plan
+from jigsaw.plan import GpuLayout, Layout, Plan
 from jigsaw.planner import joint
 from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import PackingError
@@ -97,8 +97,7 @@ Usage = tuple[int, int]  # (compute slices, MIG placement slots) a plan's instan
 def app_layout(layout: Layout, app: str) -> Layout:
     """The node layout restricted to one app's instances (the same GPUs and starts)."""
     return Layout(layout.gpu_model, tuple(
-        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, p.task, p.variant, p.index, p.mps,
-                                              p.max_batch) for p in g.instances if p.app == app))
+        GpuLayout(g.gpu, tuple(dataclasses.replace(p, app="") for p in g.instances if p.app == app))
         for g in layout.gpus))
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 
 from jigsaw.app import App
@@ -73,8 +73,7 @@ def _requests(plans: Mapping[str, Plan]) -> list[InstanceRequest]:
 def _encoded(layout: Layout) -> Layout:
     """A node layout in the packer's terms (task names carry their app)."""
     return Layout(layout.gpu_model, tuple(
-        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, f"{p.app}{_SEP}{p.task}", p.variant,
-                                              p.index, p.mps, p.max_batch) for p in g.instances))
+        GpuLayout(g.gpu, tuple(replace(p, task=f"{p.app}{_SEP}{p.task}", app="") for p in g.instances))
         for g in layout.gpus))
 
 
@@ -84,8 +83,7 @@ def _decoded(layout: Layout) -> Layout:
         placed = []
         for p in g.instances:
             app, _, task = p.task.partition(_SEP)
-            placed.append(PlacedInstance(p.profile, p.start, task, p.variant, p.index, p.mps,
-                                         p.max_batch, app))
+            placed.append(replace(p, task=task, app=app))
         gpus.append(GpuLayout(g.gpu, tuple(placed)))
     return Layout(layout.gpu_model, tuple(gpus))
 
@@ -409,8 +407,7 @@ def merge_layouts(plans: Mapping[str, Plan], gpu_model: str, num_gpus: int) -> L
             continue
         for g in p.layout.gpus:
             by_gpu.setdefault(g.gpu, []).extend(
-                PlacedInstance(x.profile, x.start, x.task, x.variant, x.index, x.mps, x.max_batch, name)
-                for x in g.instances)
+                replace(x, app=name) for x in g.instances)
     return Layout(gpu_model, tuple(GpuLayout(g, tuple(xs)) for g, xs in sorted(by_gpu.items())))
 
 
