@@ -183,3 +183,35 @@ def test_an_apps_shares_take_the_free_seats_of_a_running_instance() -> None:
     assert not overlaps(H100, joined, other) and overlaps(H100, replace(joined, seat=0), other)
     assert joined.device_slot == other.device_slot == (0, 6, "1g.10gb") and joined.slot != other.slot
     assert new.as_device().profile == "1g.10gb"
+
+
+def test_the_shares_of_a_kind_in_one_instance_are_distinct_processes(tmp_path: Path) -> None:
+    """Two shares of one (task, variant) in one MIG instance are two processes across re-plans
+    (``Generation.process_keys``): the same seats keep both, another instance keeps none."""
+    from jigsaw.backends.registry import backend_kind
+    from jigsaw.plan import PlacedInstance, PlanInstance
+    from jigsaw.runtime.generation import Generation
+
+    node = load_node(_node(tmp_path, count=1))
+    app, profiles = node.app("traffic_analysis"), load_node_profiles(node)
+    base = plan(app, node, profiles, 40.0)
+    share = next(i for i in base.instances if share_level(i.mig_profile))
+    doubled = [replace(i, count=2) if i is share else i for i in base.instances]
+
+    def laid(start: int, gid: int) -> Generation:
+        others = [p for g in base.layout.gpus for p in g.instances
+                  if (p.task, p.variant, p.profile) != (share.task, share.variant, share.mig_profile)]
+        mine = [PlacedInstance(share.mig_profile, start, share.task, share.variant, n, 1, share.max_batch,
+                               seat=n) for n in range(2)]
+        p = replace(base, instances=[PlanInstance(**{**i.__dict__}) for i in doubled],
+                    layout=Layout(node.gpu.name, (GpuLayout(0, tuple([*others, *mine])),)))
+        (tmp_path / str(gid)).mkdir()
+        return Generation(gid, node, app, p, profiles, run_dir=tmp_path / str(gid), daemon_id="t",
+                          frontend_bell="bell", time_scale=1.0, seed=0, backend=backend_kind("emulated"))
+
+    free = [s for s in range(7) if all(p.start != s for g in base.layout.gpus for p in g.instances)]
+    keys = laid(free[0], 1).process_keys()
+    assert len(set(keys)) == len(keys)
+    assert laid(free[0], 2).process_keys() == keys
+    mine = {k for k in keys if k[0] == share.task and k[2] == share.mig_profile}
+    assert len(mine) == 2 and not mine & set(laid(free[1], 3).process_keys())
