@@ -4,7 +4,6 @@ the verifier; the homogeneous segment stays a special case. On the example H100 
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -70,27 +69,12 @@ def test_share_rows_come_from_the_instances_level_k_rows() -> None:
     assert with_share_rows(ProfileTable([pair, measured]), H100).get("v", "1g.10gb-1of2", 1, 8) == measured
 
 
-def _packable(gpu, names: list[str], vec: tuple[int, ...]) -> bool:
-    """By definition: n shares of k need ceil(n / k) host instances; those and the rest fit."""
-    need: Counter[str] = Counter()
-    for n, c in zip(names, vec):
-        p = gpu.profile(n)
-        need[p.host or n] += -(-c // p.share_of) if p.host else c
-    hosts = sorted(need)
-    return tuple(need[h] for h in hosts) in set(layout_counts(gpu, hosts))
-
-
-def test_count_vectors_hold_k_shares_per_host_instance() -> None:
-    names = ["1g.10gb", "1g.10gb-1of2", "3g.40gb"]
-    vecs = set(layout_counts(H100, names))
-    box = itertools.product(range(8), range(15), range(3))
-    assert vecs == {v for v in box if _packable(H100, names, v)}
-    top = maximal_layout_counts(H100, names)
-    # a 3g beside four 1g instances (their 8 shares, or one of them whole and 6 shares); two 3g
-    # take every memory slot
-    assert {(0, 14, 0), (0, 8, 1), (1, 6, 1), (0, 0, 2)} <= set(top)
-    assert all(any(all(a >= b for a, b in zip(m, v)) for m in top) for v in vecs)
-    assert not any(m != w and all(a >= b for a, b in zip(w, m)) for m in top for w in top)
+def test_a_share_has_no_slots_of_its_own() -> None:
+    """Count vectors and placements are over devices: a share is counted as its host's instance
+    (the MILPs: k shares to an instance, ``problem.share_hosts``)."""
+    with pytest.raises(ValueError, match="no slots of its own"):
+        layout_counts(H100, ["1g.10gb-1of2"])
+    assert set(maximal_layout_counts(H100, ["1g.10gb", "3g.40gb"])) == {(7, 0), (4, 1), (0, 2)}
 
 
 def test_placement_rules_see_the_instance_its_shares_sit_in() -> None:

@@ -23,10 +23,9 @@ all 7 (with ``1g.10gb+me``)              2319        128            44
 =======================================  ==========  =============  =======
 
 Shares of a MIG instance (``MigProfile.host``: ``1g.10gb-1of2``, k processes of any tasks in one
-instance of the host) have no slots of their own: a count vector with n shares of ``<host>-1of<k>``
-is packable when the one with ``ceil(n / k)`` more instances of the host is, so the planner's
-vectors are the device vectors with each host's instances handed out among the host and its
-share levels (k shares an instance). Placements hold devices only (``device_placement``).
+instance of the host) have no slots of their own: n of them need ``ceil(n / k)`` instances of the
+host (the MILPs count those, ``problem.share_hosts``). Placements and count vectors hold devices
+only (``device_placement`` turns a placement with shares into one).
 
 The ``+me`` profile has the geometry of ``1g.10gb`` but at most one per GPU, so with it a
 count vector also says which of the 1-slot instances carries the media extensions: every
@@ -62,6 +61,9 @@ def _resolve(gpu: GpuModel, profiles: Sequence[str] | None) -> tuple[str, ...]:
         if n not in known:
             raise ValueError(
                 f"unknown MIG profile {n!r} for {gpu.name} (known: {', '.join(gpu.profile_names)})")
+        if gpu.profile(n).host:
+            raise ValueError(f"{n} is a share of a {gpu.profile(n).host} instance: it has no slots of its "
+                             "own (count its host's instances)")
     if len(set(names)) != len(names):
         raise ValueError(f"profile list has repeated names: {names}")
     return names
@@ -177,52 +179,8 @@ def valid_layouts(gpu: GpuModel, profiles: Sequence[str] | None = None) -> list[
     return list(_valid_layouts(gpu, _resolve(gpu, profiles)))
 
 
-def _hosts(gpu: GpuModel, names: tuple[str, ...]) -> tuple[str, ...]:
-    """The device profiles a count vector over ``names`` is packed with: its devices and the
-    hosts of its shares, in the GPU's order."""
-    need = {gpu.device_profile(n).name for n in names}
-    return tuple(p.name for p in gpu.devices if p.name in need)
-
-
-def _with_shares(gpu: GpuModel, names: tuple[str, ...], vecs: Iterable[Counts],
-                 hosts: tuple[str, ...], partial: bool) -> set[Counts]:
-    """The count vectors over ``names`` (shares among them) of the device vectors ``vecs`` over
-    ``hosts``: each host's instances handed out among the host (where named) and its named share
-    levels, an instance k shares of level k (``partial``: or fewer, down to one, and not every
-    instance handed out)."""
-    per = {n: (gpu.profile(n).share_of if gpu.profile(n).host else 1) for n in names}
-    parts = {h: [i for i, n in enumerate(names) if gpu.device_profile(n).name == h] for h in hosts}
-
-    def ways(idx: list[int], m: int) -> list[list[tuple[int, int]]]:
-        """(name index, count) lists handing out ``m`` instances (at most, when partial)."""
-        if not idx:
-            return [[]] if partial or m == 0 else []
-        k = per[names[idx[0]]]
-        out = []
-        for j in range(m + 1):
-            counts = range(k * (j - 1) + 1, k * j + 1) if partial and j else (k * j,)
-            rest = ways(idx[1:], m - j)
-            out += [[(idx[0], c), *r] for c in counts for r in rest]
-        return out
-
-    out: set[Counts] = set()
-    for v in vecs:
-        combos: list[list[tuple[int, int]]] = [[]]
-        for h, m in zip(hosts, v):
-            combos = [[*c, *w] for c in combos for w in ways(parts[h], m)]
-        for c in combos:
-            vec = [0] * len(names)
-            for i, n in c:
-                vec[i] = n
-            out.add(tuple(vec))
-    return out
-
-
 @lru_cache(maxsize=256)
 def _layout_counts(gpu: GpuModel, names: tuple[str, ...]) -> tuple[Counts, ...]:
-    if any(gpu.profile(n).host for n in names):
-        hosts = _hosts(gpu, names)
-        return tuple(sorted(_with_shares(gpu, names, _layout_counts(gpu, hosts), hosts, partial=True)))
     index = {n: i for i, n in enumerate(names)}
     vecs: set[Counts] = set()
     for placement in _valid_layouts(gpu, names):
@@ -244,26 +202,11 @@ def layout_counts(gpu: GpuModel, profiles: Sequence[str] | None = None) -> list[
 
 @lru_cache(maxsize=256)
 def _maximal_layout_counts(gpu: GpuModel, names: tuple[str, ...]) -> tuple[Counts, ...]:
-    if any(gpu.profile(n).host for n in names):
-        hosts = _hosts(gpu, names)
-        vecs = tuple(sorted(_with_shares(gpu, names, _maximal_layout_counts(gpu, hosts), hosts,
-                                         partial=False), key=lambda v: -sum(v)))
-        return tuple(sorted(_undominated(vecs)))
     vecs = _layout_counts(gpu, names)
     return tuple(
         v for v in vecs
         if not any(w != v and all(a >= b for a, b in zip(w, v)) for w in vecs)
     )
-
-
-def _undominated(vecs: Sequence[Counts]) -> list[Counts]:
-    """The vectors no other dominates, ``vecs`` sorted by sum, largest first (a dominating
-    vector has a larger sum, so it comes before what it dominates)."""
-    kept: list[Counts] = []
-    for v in vecs:
-        if not any(all(a >= b for a, b in zip(w, v)) for w in kept):
-            kept.append(v)
-    return kept
 
 
 def maximal_layout_counts(gpu: GpuModel, profiles: Sequence[str] | None = None) -> list[Counts]:

@@ -33,7 +33,7 @@ from jigsaw.planner.columns import ColumnSet, build_columns
 from jigsaw.planner.diagnose import why_unserved
 from jigsaw.planner.model import LinearModel
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
-from jigsaw.planner.problem import Problem, demand_terms, make_problem
+from jigsaw.planner.problem import Problem, demand_terms, device_names, make_problem, share_hosts
 from jigsaw.planner.routes import settle_lanes
 from jigsaw.planner.solution import NO_BOUND, Solution
 from jigsaw.profiles import ProfileTable
@@ -171,8 +171,21 @@ class _Model:
         self.Y = [m.add_var(var_type=mip.INTEGER, lb=0, ub=node.num_gpus, name=f"Y{g}")
                   for g in range(len(pb.layouts))]
         m += mip.xsum(self.Y) <= node.num_gpus
-        for prof in {c.mig_profile for c in cols}:
-            m += mip.xsum(self.M[j] for j, c in enumerate(cols) if c.mig_profile == prof) <= \
+        # a MIG share's host instances: J of them hold k shares each (``problem.share_hosts``)
+        shares = share_hosts(node, sorted({c.mig_profile for c in cols}))
+        held: dict[str, list[mip.Var]] = defaultdict(list)
+        empty_seats = []  # slices of the shared instances' empty seats: the objective pays them too
+        for prof, (host, k) in shares.items():
+            j_var = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.num_gpus * max_per_gpu[host],
+                              name=f"J_{prof}")
+            mine = [j for j, c in enumerate(cols) if c.mig_profile == prof]
+            m += mip.xsum(self.M[j] for j in mine) <= k * j_var
+            held[host].append(j_var)
+            empty_seats.append(node.gpu.profile(host).compute_slices * j_var
+                               - mip.xsum(cols[j].slices * self.M[j] for j in mine))
+        for prof in device_names(node, sorted({c.mig_profile for c in cols})):
+            m += mip.xsum(self.M[j] for j, c in enumerate(cols) if c.mig_profile == prof) + \
+                mip.xsum(held[prof]) <= \
                 mip.xsum(lay.get(prof, 0) * self.Y[g] for g, lay in enumerate(pb.layouts))
 
         # Accuracy (PAS over lanes, relative to the best): A_obj * R >= SLO_a * R.
@@ -182,11 +195,11 @@ class _Model:
         beta = node.beta
         if demand_rps is None:
             # Maximise the demand; slices only break ties (the plan is re-solved afterwards).
-            m.objective = mip.maximize(self.R - 1e-6 / unit * slices_total)
+            m.objective = mip.maximize(self.R - 1e-6 / unit * slices_total - 1e-6 * mip.xsum(empty_seats))
         else:
             r = max(demand_rps, MIN_DEMAND_RPS)
             m.objective = mip.maximize(node.planner.alpha * acc_total * (1.0 / r)
-                                       - beta / unit * slices_total)
+                                       - beta / unit * slices_total - beta * mip.xsum(empty_seats))
         m.max_mip_gap_abs = node.absolute_gap if demand_rps is not None else 1e-3
         m.max_mip_gap = 1e-6
 
