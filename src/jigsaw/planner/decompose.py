@@ -54,7 +54,7 @@ from itertools import product
 
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import Node
-from jigsaw.plan import GpuLayout, Layout, PlacedInstance, Plan
+from jigsaw.plan import GpuLayout, Layout, Plan
 from jigsaw.planner import joint
 from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import PackingError
@@ -97,15 +97,16 @@ Usage = tuple[int, int]  # (compute slices, MIG placement slots) a plan's instan
 def app_layout(layout: Layout, app: str) -> Layout:
     """The node layout restricted to one app's instances (the same GPUs and starts)."""
     return Layout(layout.gpu_model, tuple(
-        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, p.task, p.variant, p.index, p.mps,
-                                              p.max_batch) for p in g.instances if p.app == app))
+        GpuLayout(g.gpu, tuple(dataclasses.replace(p, app="") for p in g.instances if p.app == app))
         for g in layout.gpus))
 
 
 def usage(plan: Plan, node: Node) -> Usage:
-    """The compute slices and the placement slots (memory slices) of ``plan``'s instances."""
-    size = {p.name: p.size for p in node.gpu.profiles}
-    return plan.slices_used, sum(x.count * size[x.mig_profile] for x in plan.instances)
+    """The compute slices and the placement slots (memory slices) of ``plan``'s instances, whole
+    (a plan with shares of MIG instances, ``jigsaw.shares``, may use a fraction of one: rounded up)."""
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
+    return (math.ceil(plan.slices_used - 1e-9),
+            math.ceil(sum(x.count * size[x.mig_profile] for x in plan.instances) - 1e-9))
 
 
 @dataclass
@@ -199,7 +200,7 @@ def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_
     slices (None: no such plan): the latency-relaxed core (a relaxation) minimising slots."""
     built = joint.build([part], node, full=False, max_slices=max_slices)
     md = built.model
-    size = {p.name: p.size for p in node.gpu.profiles}
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
     md.cost = [0.0] * md.num_vars
     for c, v in zip(built.cols[0], built.count[0], strict=True):
         md.cost[v] = -float(size[c.mig_profile])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 
 from jigsaw.app import App
@@ -75,8 +75,7 @@ def _requests(plans: Mapping[str, Plan]) -> list[InstanceRequest]:
 def _encoded(layout: Layout) -> Layout:
     """A node layout in the packer's terms (task names carry their app)."""
     return Layout(layout.gpu_model, tuple(
-        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, f"{p.app}{_SEP}{p.task}", p.variant,
-                                              p.index, p.mps, p.max_batch) for p in g.instances))
+        GpuLayout(g.gpu, tuple(replace(p, task=f"{p.app}{_SEP}{p.task}", app="") for p in g.instances))
         for g in layout.gpus))
 
 
@@ -86,8 +85,7 @@ def _decoded(layout: Layout) -> Layout:
         placed = []
         for p in g.instances:
             app, _, task = p.task.partition(_SEP)
-            placed.append(PlacedInstance(p.profile, p.start, task, p.variant, p.index, p.mps,
-                                         p.max_batch, app))
+            placed.append(replace(p, task=task, app=app))
         gpus.append(GpuLayout(g.gpu, tuple(placed)))
     return Layout(layout.gpu_model, tuple(gpus))
 
@@ -423,8 +421,7 @@ def merge_layouts(plans: Mapping[str, Plan], gpu_model: str, num_gpus: int) -> L
             continue
         for g in p.layout.gpus:
             by_gpu.setdefault(g.gpu, []).extend(
-                PlacedInstance(x.profile, x.start, x.task, x.variant, x.index, x.mps, x.max_batch, name)
-                for x in g.instances)
+                replace(x, app=name) for x in g.instances)
     return Layout(gpu_model, tuple(GpuLayout(g, tuple(xs)) for g, xs in sorted(by_gpu.items())))
 
 
@@ -588,7 +585,7 @@ def _app_options(apps: Sequence[App], node: Node, profiles: ProfileTable, demand
     fits the node (with ``lower``: none at all).
     ``lower``: an app without candidates at its demand takes those at the first half, quarter...
     that has some (``anytime.candidates_below``; for ``_scaled_fit``)."""
-    size = {p.name: p.size for p in node.gpu.profiles}
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
     room = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
     out: list[_AppOptions] = []
     for a in apps:
@@ -691,7 +688,7 @@ def _scaled_fit(options: list[_AppOptions], node: Node, profiles: ProfileTable,
     one took 0.1-0.5 s (a whole candidate search per fraction tried); rescaling the candidates
     found for the full demands costs a few knapsacks per fraction.
     """
-    size = {p.name: p.size for p in node.gpu.profiles}
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
     room = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
     few = [fewest_first(o.cands, size) for o in options]
 
