@@ -85,6 +85,12 @@ class MigPartition:
         self.events.append({"at": time.time(), **event})
         del self.events[:-MAX_EVENTS]
 
+    def held(self, desired: NodeLayout) -> tuple[Slot, ...]:
+        """The slots of ``desired``'s missing instances that an existing one is in the way of: what
+        ``bring_up`` would defer, read without changing anything."""
+        return tuple(inst.slot for inst in desired.instances if inst.slot not in self.existing
+                     and any(overlaps(self.gpu, inst, e) for e in self.existing.values()))
+
     def bring_up(self, desired: NodeLayout, reason: str = "") -> tuple[Slot, ...]:
         """Creates ``desired``'s missing instances that no existing one is in the way of; returns
         the slots deferred to ``tear_down``. Raises ``MigError`` after destroying what it created."""

@@ -92,7 +92,7 @@ REFINE_ROUNDS = 4
 # and after 1.0-1.3 s (56 nodes) with it; on the three apps at 10-100% of their capacities and
 # at their shares of 50-90% of the node the answers are the same and no other solve was slower
 NOTHING_ABOVE_PRESOLVE = False
-# The grid search over SLO splits (``try_grid`` in ``solve``): its steps per half SLO, the share
+# The grid search over SLO splits (``_try_grid``): its steps per half SLO, the share
 # of the time limit its LP ranking may take, how many splits it solves and each one's share.
 GRID_SEARCH = True
 GRID_STEPS = 10
@@ -1098,6 +1098,11 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
           total_weight: float | None = None, upper_bound: float | None = None,
           core_solver: str = "auto", split_search: bool | None = None) -> JointResult:
     """Core, lifting, and the full model only where lifting fails (see the module doc).
+
+    The stages are the functions below, over one ``_Search`` state (the clock, the best
+    incumbent, the best bound): ``_start_incumbent`` (the warm start), ``_search`` (lifting the
+    core's solution; ``_close_core_gap``; ``_incumbent_searches`` or ``_capacity_search``;
+    ``_level_rounds``) and ``_conclude`` (the proven incumbent, else the full model).
 
     ``core_solver``: who solves the small stages (``stage_solver``); ``split_search``: look for
     incumbents on a few splits of the SLO before the level models (``_cap_splits``; None:

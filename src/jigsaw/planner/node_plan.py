@@ -7,7 +7,9 @@ the slice budget, the per-GPU MIG layout constraint and the objective the node c
 slice; or ``slices``, every app at its demand on the fewest slices. The result is packed as one
 layout, so no two apps' instances overlap. If the demands do not fit together, every app serves
 the same largest fraction of its demand (``demand_scale``), on the first plans found that fit
-(``scaled``).
+(``scaled``). The decomposition starts from what earlier decisions showed about each app's
+budgets (``curves``) and adds to it; where that proves the demands do not fit, it goes straight
+to the common fraction.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from jigsaw.errors import PlanError
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import NODE_OBJECTIVES, Node
 from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
-from jigsaw.planner import decompose, joint
+from jigsaw.planner import curves, decompose, joint
 from jigsaw.planner.anytime import (
     Candidate,
     candidate_plan,
@@ -202,10 +204,16 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
                             start=start_plans)
             return _Decision(r.status, r.plans, r.objective, r.bound, None, r.notes, r.stage)
         d = decompose.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
-                            pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous))
+                            pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous),
+                            known=curves.seed(parts, node))
+        curves.learn(parts, d)
         return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage, d.floors)
 
-    res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
+    if form != "joint" and _refuted(parts, node):
+        # what earlier plans proved (the apps' curves) shows the demands do not fit together
+        res = _Decision("infeasible", [None] * len(parts), math.nan, math.nan, None, [], "curves")
+    else:
+        res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
     scale = scale_bound = 1.0  # the common fraction served, and the least shown not to fit
     notes: list[str] = []
     if form != "joint" and (res.status == "infeasible" or any(p is None for p in res.plans)):
@@ -227,6 +235,12 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
                       f"the solver found no plan within {limit:g} s")
     return _node_plan(apps, node, demands, res, kind=kind, solver=solver, previous=previous, scale=scale,
                       scale_bound=scale_bound, notes=notes, t0=t0)
+
+
+def _refuted(parts: Sequence[joint.Part], node: Node) -> bool:
+    """The apps' curves (``curves``) prove the full demands do not fit together."""
+    return curves.refuted_theta([p.demand_rps or 0.0 for p in parts], [curves.curve_of(p.pb) for p in parts],
+                                curves.room_of(node)) <= 1.0
 
 
 def _check_node_request(apps: Sequence[App], node: Node, demands: Mapping[str, float],
