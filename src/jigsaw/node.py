@@ -18,12 +18,16 @@ from jigsaw.errors import ConfigError
 from jigsaw.fields import Fields, load_section, read_toml, reference, section, setting
 from jigsaw.mig import (
     GPU_MODELS,
+    MIG_SHARE_LEVELS,
     MPS_SHARE_LEVELS,
     GpuModel,
     MigProfile,
     gpu_model,
     mig_family_model,
+    share_host,
+    share_level,
     whole_gpu_model,
+    with_mig_shares,
 )
 from jigsaw.profiles import ProfileTable, check_coverage, load_profiles
 from jigsaw.shares import with_share_rows
@@ -343,7 +347,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
 
     g = _gpu_group(f)
     g.reject_unknown({"model", "count", "mig_profiles", "mps_levels", "batch_sizes",
-                      "profiles_dir", "backend", "mig", *WHOLE_GPU_KEYS, *MIG_FIGURE_KEYS})
+                      "profiles_dir", "backend", "mig", "mig_shares", *WHOLE_GPU_KEYS, *MIG_FIGURE_KEYS})
     model_name = g.str("model")
     mps_levels = g.list("mps_levels", [1, 2, 3, 4])
     if not mps_levels or not all(isinstance(k, int) and 1 <= k <= 48 for k in mps_levels):
@@ -351,7 +355,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     if not g.bool("mig", True):
         gpu = _whole_gpu(g, model_name, mps_levels)
     else:
-        gpu = _mig_gpu(g, model_name)
+        gpu = _mig_shares(g, _mig_gpu(g, model_name), mps_levels)
     count = g.integer("count", low=1, high=100_000)
     mig_profiles = g.list("mig_profiles", list(gpu.profile_names))
     for i, p in enumerate(mig_profiles):
@@ -452,6 +456,32 @@ def _mig_gpu(g: Fields, model_name: str) -> GpuModel:
                             g.integer("sm_count", low=1), tuple(mem), tuple(sms),  # type: ignore[arg-type]
                             fp16_tflops=g.number("fp16_tflops", 0.0, low=0),
                             memory_tb_s=g.number("memory_tb_s", 0.0, low=0))
+
+
+def _mig_shares(g: Fields, gpu: GpuModel, mps_levels: list[int]) -> GpuModel:
+    """``gpu`` with the MIG-instance shares ``[gpus] mig_shares`` names (``<profile>-1of<k>``, e.g.
+    ``["1g.10gb-1of2", "1g.10gb-1of4"]``; default none): k processes of any (task, variant)s in one
+    instance (``jigsaw.shares``)."""
+    if not g.has("mig_shares"):
+        return gpu
+    if gpu.kind != "gpu":
+        raise g.error("mig_shares", "a CPU device has no MIG instances to share")
+    names = g.list("mig_shares")
+    wanted: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        host, k = share_host(str(name)), share_level(str(name))
+        if (not isinstance(name, str) or not host or host not in gpu.profile_names
+                or k not in MIG_SHARE_LEVELS):
+            raise ConfigError(g.path, f"{g.name('mig_shares')}[{i}]",
+                              f"expected '<profile>-1of<k>' with a profile of the {gpu.name} table and k in "
+                              f"{list(MIG_SHARE_LEVELS)}, got {name!r}")
+        if k not in mps_levels:
+            raise ConfigError(g.path, f"{g.name('mig_shares')}[{i}]", f"{name}: {k} is not one of the node's "
+                              f"mps_levels {mps_levels} (a share's rows are its instance's at that level)")
+        wanted.setdefault(host, []).append(k)
+    for host, ks in wanted.items():
+        gpu = with_mig_shares(gpu, ks, [host])
+    return gpu
 
 
 WHOLE_GPU_KEYS = {
