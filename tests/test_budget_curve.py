@@ -1,0 +1,128 @@
+"""Each app's capacity per slice budget (``planner.budget_curve``) and its precompute in the
+solver process's idle time (``control.precompute``): the facts are proofs (a plan that serves
+its rate within the budget, a rate above the bound that no plan within the budget serves), and
+a step runs in a child a request can kill."""
+
+from __future__ import annotations
+
+import copy
+import os
+import select
+import time
+from pathlib import Path
+
+import pytest
+
+from jigsaw.control.precompute import Precompute
+from jigsaw.node import load_node, load_node_profiles
+from jigsaw.planner import budget_curve, curves, joint, problem
+from jigsaw.planner.decompose import app_layout, usage
+from jigsaw.planner.node_plan import _pack_node
+from jigsaw.planner.problem import make_problem
+from jigsaw.planner.verify import verify_plan
+from jigsaw.spaces import search_space
+
+NODE = Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml"
+SM = "social_media"
+
+
+@pytest.fixture(autouse=True)
+def _cold() -> None:
+    problem.forget()
+
+
+@pytest.fixture(scope="module")
+def one_gpu():
+    node = load_node(NODE).with_gpus(1)
+    return node, load_node_profiles(node)
+
+
+def _pb(node, profiles, name=SM):
+    return make_problem(node.app(name), node, profiles, search_space(node.planner.space), None)
+
+
+def test_a_budget_fact_is_a_plan_within_the_budget_and_a_proven_bound_above_it(one_gpu) -> None:
+    node, profiles = one_gpu
+    pb = _pb(node, profiles)
+    fact = budget_curve.budget_capacity(pb, node, 3, solver="highs", time_limit_s=30)
+    assert fact.status == "optimal" and fact.plan is not None
+    assert usage(fact.plan, node)[0] <= 3 and fact.bound_rps >= fact.plan.planned_rps
+    checked = copy.deepcopy(fact.plan)
+    checked.layout = app_layout(_pack_node({SM: checked}, node, None), SM)
+    assert verify_plan(checked, node.app(SM), node, profiles) == []
+    budget_curve.apply(pb, node, fact)
+    curve = curves.curve_of(pb)
+    (served,) = curve.served
+    assert served.rate_rps >= fact.plan.planned_rps and served.usage == usage(fact.plan, node)
+    (refuted,) = curve.refuted
+    assert refuted[0] == (3, curves.room_of(node)[1]) and refuted[1] > fact.bound_rps
+    # the truth: at the refuted rate no plan fits in 3 slices, at the served one a plan does
+    at = joint.solve([joint.Part(pb, refuted[1])], node, solver="highs", time_limit_s=30, max_slices=3)
+    assert at.status == "infeasible"
+    ok = joint.solve([joint.Part(pb, served.rate_rps)], node, solver="highs", time_limit_s=30, max_slices=3)
+    assert ok.status in ("optimal", "feasible") and ok.plans[0] is not None
+    # and through JSON (the solver process's pipe) the same fact
+    again = budget_curve.BudgetFact.from_json(fact.to_json())
+    assert again.plan is not None and again.plan.planned_rps == pytest.approx(fact.plan.planned_rps)
+    assert again.bound_rps == fact.bound_rps and again.slices == 3
+
+
+def test_an_unproven_step_stores_its_bound_never_a_guess(one_gpu) -> None:
+    node, profiles = one_gpu
+    pb = _pb(node, profiles, "ar_assistant")
+    fact = budget_curve.budget_capacity(pb, node, 7, solver="cbc", time_limit_s=0.2)
+    budget_curve.apply(pb, node, fact)
+    curve = curves.curve_of(pb)
+    if fact.plan is not None:
+        assert fact.bound_rps >= fact.plan.planned_rps
+    for _, r in curve.refuted:
+        assert r > fact.bound_rps  # refuted only above what the solver proved
+    ref = joint.solve([joint.Part(pb, None)], node, solver="highs", time_limit_s=120)
+    if ref.status == "optimal":
+        assert all(r > ref.plans[0].planned_rps for _, r in curve.refuted)
+
+
+def _run(pre: Precompute, deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    while pre.todo and time.monotonic() < end:
+        pre.start()
+        assert pre.fd is not None
+        ready, _, _ = select.select([pre.fd], [], [], max(0.0, end - time.monotonic()))
+        if ready:
+            pre.readable()
+    pre.cancel()
+
+
+def test_the_solver_process_precompute_fills_the_curves_from_forked_steps(one_gpu) -> None:
+    node, profiles = one_gpu
+    pb = _pb(node, profiles)
+    pre = Precompute([pb], node, solver="highs", step_limit_s=10)
+    assert [k for _, k in pre.todo] == list(range(7, 0, -1))
+    _run(pre, 120)
+    assert not pre.todo and pre.done == 7
+    curve = curves.curve_of(pb)
+    assert curve.served and curve.refuted
+    # more slices serve more: the stored plans' front rises with the budget
+    rates = [s.rate_rps for s in sorted(curve.served, key=lambda s: s.usage)]
+    assert rates == sorted(rates)
+
+
+def test_a_request_kills_the_running_step_which_runs_again_later(one_gpu) -> None:
+    node, profiles = one_gpu
+    pb = _pb(node, profiles, "ar_assistant")
+    pre = Precompute([pb], node, solver="cbc", step_limit_s=60)
+    pre.start()
+    pid = pre._pid
+    assert pid is not None
+    pre.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+    assert pre.fd is None and len(pre.todo) == 7 and pre.done == 0
+    assert not curves.curve_of(pb).served
+
+
+def test_no_precompute_when_its_step_is_zero(one_gpu) -> None:
+    node, profiles = one_gpu
+    pre = Precompute([_pb(node, profiles)], node, solver="highs", step_limit_s=0)
+    pre.start()
+    assert pre.fd is None and not pre.todo
