@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                          "process's first plan of a mix after its idle time, budget_curve)")
     ap.add_argument("--precompute-limit", type=float, default=budget_curve.STEP_LIMIT_S,
                     help="seconds per budget's capacity solve in the precompute")
+    ap.add_argument("--precompute-rounds", type=int, default=1,
+                    help="rounds of the precompute (each after the first on the unproven budgets)")
     ap.add_argument("--jitter", type=float, default=0.05,
                     help="each app's demand times 1 +- up to this (drawn per load and repeat, the "
                          "same in every mode): no warm plan sees demands an earlier one saw")
@@ -143,14 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     for mode in modes:
         problem.forget()  # warm: one pass over the loads, in order, keeping what it learns
-        kept = _precomputed(args, apps, node, profiles) if mode == "precomputed" and loads else {}
+        kept = _precomputed(args, apps, node, profiles) if mode == "precomputed" and loads else []
         for load in loads:
             for rep in range(args.repeats):
                 demands = _jittered(names, caps, load, rep, args.jitter)
                 for form in forms:  # interleaved: both see the same machine load
                     if mode == "cold":
                         problem.forget()
-                    for pb, curve in kept.items():  # only what the precompute showed
+                    for pb, curve in kept:  # only what the precompute showed
                         pb.derived[curves.KEY] = copy.deepcopy(curve)
                     failures += _timed(args, f"{form} {mode}", form, apps, node, profiles, demands,
                                        load, times, results)
@@ -164,24 +166,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _precomputed(args: argparse.Namespace, apps: list, node, profiles) -> dict:
+def _precomputed(args: argparse.Namespace, apps: list, node, profiles) -> list:
     """Each app's capacity per slice budget into its curve (``budget_curve.precompute``), timed
     and printed; the curves as they stand after it (each timed plan starts from them)."""
     sp = search_space(node.planner.space)
     pbs = [make_problem(a, node, profiles, sp, None) for a in apps]
     t0 = time.perf_counter()
-    facts = budget_curve.precompute(pbs, node, solver=args.solver, time_limit_s=args.precompute_limit)
+    facts = budget_curve.precompute(pbs, node, solver=args.solver, time_limit_s=args.precompute_limit,
+                                    rounds=args.precompute_rounds)
     secs = time.perf_counter() - t0
     print(f"precompute: {len(facts)} capacity solves (every slice budget of every app, "
-          f"{args.precompute_limit:g} s each at most) in {secs:.1f} s, load {_loadavg()}:")
+          f"{args.precompute_limit:g} s each at most, then {args.precompute_rounds - 1} more rounds on "
+          f"the unproven, {budget_curve.DEEPEN}x longer each) in {secs:.1f} s, load {_loadavg()}:")
     for a in apps:
-        mine = [f for f in facts if f.app == a.name]
+        last = {f.slices: f for f in facts if f.app == a.name}  # each budget's last solve
+        mine = list(last.values())
         proven = sum(f.status == "optimal" for f in mine)
         gaps = [f.bound_rps / f.plan.planned_rps - 1 for f in mine
                 if f.plan is not None and math.isfinite(f.bound_rps) and f.plan.planned_rps > 0]
-        print(f"  {a.name:<18} {sum(f.seconds for f in mine):6.1f} s, {proven}/{len(mine)} proven, "
+        spent = sum(f.seconds for f in facts if f.app == a.name)
+        print(f"  {a.name:<18} {spent:6.1f} s, {proven}/{len(mine)} proven, "
               f"largest gap of the rest {max(gaps, default=0.0):.1%}")
-    return {pb: copy.deepcopy(curves.curve_of(pb)) for pb in pbs}
+    return [(pb, copy.deepcopy(curves.curve_of(pb))) for pb in pbs]
 
 
 def _loadavg() -> str:

@@ -97,7 +97,7 @@ def test_the_solver_process_precompute_fills_the_curves_from_forked_steps(one_gp
     node, profiles = one_gpu
     pb = _pb(node, profiles)
     pre = Precompute([pb], node, solver="highs", step_limit_s=10)
-    assert [k for _, k in pre.todo] == list(range(7, 0, -1))
+    assert [(k, s) for _, k, s in pre.todo] == [(k, 10) for k in range(7, 0, -1)]
     _run(pre, 120)
     assert not pre.todo and pre.done == 7
     curve = curves.curve_of(pb)
@@ -126,3 +126,36 @@ def test_no_precompute_when_its_step_is_zero(one_gpu) -> None:
     pre = Precompute([_pb(node, profiles)], node, solver="highs", step_limit_s=0)
     pre.start()
     assert pre.fd is None and not pre.todo
+
+
+def test_an_unproven_step_runs_again_longer_once_the_rest_is_done(one_gpu, monkeypatch) -> None:
+    node, profiles = one_gpu
+    pb = _pb(node, profiles)
+    seen: list[float] = []
+
+    def stopped(pb_, node_, k, *, solver, time_limit_s):  # runs in the forked child
+        return budget_curve.BudgetFact(pb_.app.name, k, None, 100.0 * k, "feasible", time_limit_s)
+
+    monkeypatch.setattr(budget_curve, "budget_capacity", stopped)
+    pre = Precompute([pb], node, solver="highs", step_limit_s=budget_curve.MAX_STEP_S / budget_curve.DEEPEN)
+    for _ in range(7):
+        pre.start()
+        seen.append(pre.todo[0][2])
+        _run_one(pre)
+    # every budget once, each queued again DEEPEN times longer (that reaches the most a step takes)
+    assert pre.done == 7 and seen == [budget_curve.MAX_STEP_S / budget_curve.DEEPEN] * 7
+    assert [s for _, _, s in pre.todo] == [budget_curve.MAX_STEP_S] * 7
+    for _ in range(7):
+        _run_one(pre)
+    assert not pre.todo and pre.done == 14
+    # only bounds were stored: every rate above 100 x k refuted on k slices, nothing served
+    curve = curves.curve_of(pb)
+    assert not curve.served and curve.refuted_at(100.0 * 7 + 1) and not curve.refuted_at(99.0)
+
+
+def _run_one(pre: Precompute) -> None:
+    pre.start()
+    while pre.fd is not None:
+        ready, _, _ = select.select([pre.fd], [], [], 30)
+        assert ready, "the step's child answered nothing in 30 s"
+        pre.readable()

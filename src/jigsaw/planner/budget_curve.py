@@ -36,6 +36,8 @@ from jigsaw.planner.decompose import usage
 from jigsaw.planner.problem import Problem
 
 STEP_LIMIT_S = 4.0  # one budget's capacity solve at most this long (its bound holds when stopped)
+DEEPEN = 4  # an unproven budget is solved again this many times longer, once every budget is done
+MAX_STEP_S = 256.0  # ... up to this long
 
 
 @dataclass(frozen=True)
@@ -105,13 +107,18 @@ def apply(pb: Problem, node: Node, fact: BudgetFact) -> None:
 
 
 def precompute(pbs: Sequence[Problem], node: Node, *, solver: str, time_limit_s: float = STEP_LIMIT_S,
-               budgets: Sequence[int] | None = None) -> list[BudgetFact]:
-    """Every step in this process (a bench's, or a caller with nothing else to do), applied."""
-    facts = []
-    for i, k in steps(pbs, node):
-        if budgets is not None and k not in budgets:
-            continue
-        fact = budget_capacity(pbs[i], node, k, solver=solver, time_limit_s=time_limit_s)
-        apply(pbs[i], node, fact)
-        facts.append(fact)
+               rounds: int = 1) -> list[BudgetFact]:
+    """Every step in this process (a bench's, or a caller with nothing else to do), applied;
+    each round after the first solves the budgets still unproven again, ``DEEPEN`` times longer."""
+    facts: list[BudgetFact] = []
+    todo = steps(pbs, node)
+    for r in range(rounds):
+        unproven = []
+        for i, k in todo:
+            fact = budget_capacity(pbs[i], node, k, solver=solver, time_limit_s=time_limit_s * DEEPEN ** r)
+            apply(pbs[i], node, fact)
+            facts.append(fact)
+            if fact.status != "optimal":
+                unproven.append((i, k))
+        todo = unproven
     return facts
