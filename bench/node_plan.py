@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import json
 import math
 import random
 import statistics
@@ -107,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                          "process's first plan of a mix after its idle time, budget_curve)")
     ap.add_argument("--precompute-limit", type=float, default=budget_curve.STEP_LIMIT_S,
                     help="seconds per budget's capacity solve in the precompute")
+    ap.add_argument("--precompute-file", default="",
+                    help="keep the precompute's facts in this JSON file and read them from it when "
+                         "it exists (the same node and apps)")
     ap.add_argument("--precompute-rounds", type=int, default=1,
                     help="rounds of the precompute (each after the first on the unproven budgets)")
     ap.add_argument("--jitter", type=float, default=0.05,
@@ -172,9 +176,20 @@ def _precomputed(args: argparse.Namespace, apps: list, node, profiles) -> list:
     sp = search_space(node.planner.space)
     pbs = [make_problem(a, node, profiles, sp, None) for a in apps]
     t0 = time.perf_counter()
-    facts = budget_curve.precompute(pbs, node, solver=args.solver, time_limit_s=args.precompute_limit,
-                                    rounds=args.precompute_rounds)
-    secs = time.perf_counter() - t0
+    saved = Path(args.precompute_file) if args.precompute_file else None
+    if saved is not None and saved.exists():  # an earlier run's facts (its time as it was measured)
+        doc = json.loads(saved.read_text())
+        facts = [budget_curve.BudgetFact.from_json(f) for f in doc["facts"]]
+        for f in facts:
+            budget_curve.apply(pbs[[a.name for a in apps].index(f.app)], node, f)
+        secs = float(doc["seconds"])
+        print(f"(precompute facts read from {saved}, as measured then)")
+    else:
+        facts = budget_curve.precompute(pbs, node, solver=args.solver, time_limit_s=args.precompute_limit,
+                                        rounds=args.precompute_rounds)
+        secs = time.perf_counter() - t0
+        if saved is not None:
+            saved.write_text(json.dumps({"seconds": secs, "facts": [f.to_json() for f in facts]}))
     print(f"precompute: {len(facts)} capacity solves (every slice budget of every app, "
           f"{args.precompute_limit:g} s each at most, then {args.precompute_rounds - 1} more rounds on "
           f"the unproven, {budget_curve.DEEPEN}x longer each) in {secs:.1f} s, load {_loadavg()}:")
