@@ -49,6 +49,7 @@ class Precompute:
             code = 1
             try:
                 os.close(r)
+                os.nice(19)  # idle work: the serving processes and the next plan come first
                 fact = budget_curve.budget_capacity(self.pbs[i], self.node, k, solver=self.solver,
                                                     time_limit_s=limit_s)
                 data = memoryview(json.dumps(fact.to_json()).encode())

@@ -37,7 +37,6 @@ from jigsaw.app import App
 from jigsaw.control.precompute import Precompute
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
-from jigsaw.planner import budget_curve
 from jigsaw.planner.node_plan import (
     QUICK_STATUS,
     merge_layouts,
@@ -266,14 +265,15 @@ def _lines(pre: Precompute) -> Iterator[bytes]:
         yield line
 
 
-def _serve(node_config: Path, precompute_step_s: float) -> int:
+def _serve(node_config: Path, precompute_step_s: float | None) -> int:
     from jigsaw.node import load_node, load_node_profiles
     node = load_node(node_config)
     profiles = load_node_profiles(node)
     warm_up(node, profiles)
     sp = search_space(node.planner.space)
     pre = Precompute([make_problem(a, node, profiles, sp, None) for a in node.apps], node,
-                     solver=node.planner.solver, step_limit_s=precompute_step_s)
+                     solver=node.planner.solver, step_limit_s=node.planner.precompute_step_s
+                     if precompute_step_s is None else precompute_step_s)
     for line in _lines(pre):
         try:
             req: dict[str, Any] = json.loads(line)
@@ -297,9 +297,8 @@ def _serve(node_config: Path, precompute_step_s: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jigsaw.control.solver", description=__doc__.splitlines()[0])
     p.add_argument("--node-config", required=True, type=Path)
-    p.add_argument("--precompute-step-s", type=float, default=budget_curve.STEP_LIMIT_S,
-                   help="idle time: each app's capacity per slice budget, a solve of at most this "
-                        "long each (0: none)")
+    p.add_argument("--precompute-step-s", type=float, default=None,
+                   help="the node's planner.precompute_step_s instead")
     args = p.parse_args(argv)
     _claim_stdout()
     return _serve(args.node_config, args.precompute_step_s)

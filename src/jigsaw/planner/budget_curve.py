@@ -37,7 +37,7 @@ from jigsaw.planner.problem import Problem
 
 STEP_LIMIT_S = 4.0  # one budget's capacity solve at most this long (its bound holds when stopped)
 DEEPEN = 4  # an unproven budget is solved again this many times longer, once every budget is done
-MAX_STEP_S = 256.0  # ... up to this long
+MAX_STEP_S = 64.0  # ... up to this long
 
 
 @dataclass(frozen=True)
