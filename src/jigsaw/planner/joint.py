@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import Column
+from jigsaw.planner.groups import layout_budgets
 from jigsaw.planner.model import LinearModel, Solution
 from jigsaw.planner.problem import Problem, demand_terms, node_layouts
 from jigsaw.planner.routes import settle_lanes
@@ -540,8 +541,8 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     names = sorted(by_profile)
     layouts = node_layouts(node, names)
     ys = [md.var(0.0, node.num_gpus, integer=True) for _ in layouts]
-    if ys:
-        md.row(ys, [1.0] * len(ys), hi=float(node.num_gpus))
+    for js, num_gpus in layout_budgets(node, layouts):  # one row per GPU group
+        md.row([ys[j] for j in js], [1.0] * len(js), hi=float(num_gpus))
     for name in names:
         md.row(by_profile[name] + ys, [1.0] * len(by_profile[name]) + [-float(lay[name]) for lay in layouts],
                hi=0.0)
