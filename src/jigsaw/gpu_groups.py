@@ -165,7 +165,7 @@ def composite_model(groups: tuple[GpuGroup, ...]) -> GpuModel:
                     max(g.model.sm_count for g in groups),
                     tuple(p for g in groups for p in g.gpu.profiles),
                     total_slices=max(g.gpu.compute_slices for g in groups),
-                    mig=any(g.model.mig for g in groups))
+                    mig=any(g.model.mig for g in groups), parts=tuple((g.gpu, g.count) for g in groups))
 
 
 def group_of_gpu(groups: tuple[GpuGroup, ...], index: int) -> GpuGroup:

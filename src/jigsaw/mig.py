@@ -46,6 +46,9 @@ class GpuModel:
     mig: bool = True  # False: a whole GPU, no MIG (``whole_gpu_model``)
     fp16_tflops: float = 0.0  # dense FP16 tensor peak of the whole GPU (0: not given)
     memory_tb_s: float = 0.0  # memory bandwidth of the whole GPU, TB/s (0: not given)
+    # a node of several GPU groups (``jigsaw.gpu_groups.composite_model``): each group's model
+    # (profiles qualified by the group) and GPU count, in GPU order; empty for one GPU model
+    parts: tuple[tuple[GpuModel, int], ...] = ()
 
     @property
     def compute_slices(self) -> int:
@@ -148,7 +151,9 @@ def share_profile_name(k: int) -> str:
 
 
 def share_level(profile_name: str) -> int:
-    """k of a share profile's name (``gpu-1of4`` -> 4); 0 for any other profile."""
+    """k of a share profile's name (``gpu-1of4`` -> 4, also qualified by its GPU group:
+    ``L4:gpu-1of4``); 0 for any other profile."""
+    profile_name = profile_name.rpartition(":")[2]
     prefix = f"{WHOLE_GPU}-1of"
     if profile_name.startswith(prefix) and profile_name[len(prefix):].isdigit():
         return int(profile_name[len(prefix):])

@@ -305,17 +305,19 @@ class MigApplier:
 
     # ---- start-up ------------------------------------------------------------------------
 
-    def adopt(self, num_gpus: int) -> NodeLayout:
-        """What the GPUs hold now, as a node layout of idle instances (with their UUIDs).
+    def adopt(self, num_gpus: int, gpus: Iterable[int] | None = None) -> NodeLayout:
+        """What the GPUs hold now, as a node layout of idle instances (with their UUIDs); ``gpus``:
+        only those of the node's ``num_gpus`` (one GPU group's, ``gpu.groups``).
 
         Diffing it against the first desired layout keeps matching instances (their processes are
         started in them, no NVML call) and destroys the others; a GPU instance left without a
         compute instance by an earlier crash gets one first, so it can be used or destroyed.
         """
-        self.check_mig_mode(range(num_gpus))
+        indices = list(range(num_gpus) if gpus is None else gpus)
+        self.check_mig_mode(indices)
         out = []
         nvml = self.nvml
-        for g in range(num_gpus):
+        for g in indices:
             for info, gi, cis in self._find(g):
                 if not cis:
                     prof = self.gpu.profile(info.profile)

@@ -13,7 +13,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from jigsaw.errors import JigsawError
+from jigsaw.gpu.groups import whole_gpus
 from jigsaw.mig import share_level
+from jigsaw.node import Node
 from jigsaw.plan import Layout
 
 
@@ -111,3 +113,14 @@ def device_slot(profile: str, where: tuple[int, int]) -> tuple[int, int]:
     """The (GPU, start) of the device an instance at ``where`` runs on: an MPS share of a whole GPU
     (``jigsaw.shares``) runs on the GPU, keyed (GPU, 0); any other instance is its own device."""
     return (where[0], 0) if share_level(profile) else where
+
+
+def host_devices(node: Node, nvml: Any = None) -> dict[tuple[int, int], str]:
+    """(GPU, start) -> UUID of every device the node's layout may name: the MIG devices of its MIG
+    GPUs, ``GPU-...`` (start 0) of those it uses whole; on a node of several GPU groups both."""
+    if not node.is_mixed:
+        return mig_devices(nvml) if node.gpu.mig else gpu_devices(nvml)
+    whole = set(whole_gpus(node))
+    out = {k: v for k, v in gpu_devices(nvml).items() if k[0] in whole}
+    out.update({k: v for k, v in mig_devices(nvml).items() if k[0] not in whole})
+    return out
