@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -14,7 +15,7 @@ from jigsaw.backends.registry import MODEL_BACKENDS
 from jigsaw.errors import ConfigError, JigsawError
 from jigsaw.fields import parse_demands, read_toml
 from jigsaw.node import Node, load_node, load_node_profiles
-from jigsaw.plan import Plan, load_plan
+from jigsaw.plan import GpuLayout, Layout, Plan, load_plan
 from jigsaw.spaces import SPACES
 
 
@@ -321,7 +322,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print(f"{path}: app {name} will not be served: {why}", file=sys.stderr)
             if problems:
                 return 1
-            print(f"{path}: ok: node {node.name} ({node.num_gpus}x {node.gpu.name}, "
+            print(f"{path}: ok: node {node.name} ({node.gpus_text}, "
                   f"{len(node.apps)} apps, {len(table)} profile rows: {', '.join(sorted(table.sources))})")
         elif "tasks" in data:
             app = load_app(path)
@@ -460,7 +461,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
              f"{r.plan.slices_used}/{r.plan.slices_available}", f"{r.plan.accuracy:.3f}",
              r.status if r.status == "optimal" else f"lower bound (<= {r.upper_bound_rps:.2f})",
              f"{r.solve_seconds:.1f}"] for r in results]
-    print(f"capacity of {app.name} on {node.num_gpus}x {node.gpu.name}")
+    print(f"capacity of {app.name} on {node.gpus_text}")
     print(_table(rows, ["space", "max_rps", "vs_unopt", "slices", "accuracy", "status", "seconds"]))
     return 0
 
@@ -476,6 +477,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
     plan = load_plan(args.plan)
     previous = load_plan(args.previous).layout if args.previous else None
+    if args.node and load_node(args.node, load_apps=False).is_mixed:
+        return _pack_mixed(args, plan, previous)
     if args.node:
         node = load_node(args.node, load_apps=False)
         gpu, num_gpus = node.gpu, node.num_gpus
@@ -505,6 +508,42 @@ def cmd_pack(args: argparse.Namespace) -> int:
     else:
         plan.layout = layout
         print(json.dumps(plan.to_json_dict()["layout"], indent=2))
+    return 0
+
+
+def _pack_mixed(args: argparse.Namespace, plan: Plan, previous: Layout | None) -> int:
+    """``jigsaw pack`` on a node of several GPU groups: one layout; the MIG groups' partitions
+    (their GPUs, plain profile names), the GPUs used whole left as they are."""
+    from jigsaw.gpu_groups import plain_profile
+    from jigsaw.planner.groups import pack_node
+    from jigsaw.planner.packer import instances_from_plan, to_mig_parted_yaml, to_nvidia_smi_commands
+
+    node = load_node(args.node, load_apps=False)
+    layout = pack_node(instances_from_plan(plan), node, previous)
+    if args.format == "json":
+        plan.layout = layout
+        print(json.dumps(plan.to_json_dict()["layout"], indent=2))
+        return 0
+
+    def mig_part(lay: Layout | None) -> Layout | None:
+        if lay is None:
+            return None
+        return Layout(lay.gpu_model, tuple(
+            GpuLayout(g.gpu, tuple(dataclasses.replace(p, profile=plain_profile(p.profile))
+                                   for p in g.instances))
+            for g in lay.gpus if g.gpu in mig))
+
+    mig = {i for g in node.groups if g.model.mig for i in g.gpus}
+    whole = sorted(set(range(node.num_gpus)) - mig)
+    if whole:
+        print(f"# GPUs {', '.join(map(str, whole))} are used whole: nothing to partition; keep MIG off "
+              "(nvidia-smi -i N -mig 0)")
+    part = mig_part(layout)
+    assert part is not None
+    if args.format == "mig-parted":
+        print(to_mig_parted_yaml(part), end="")
+    else:
+        print("\n".join(to_nvidia_smi_commands(part, mig_part(previous))))
     return 0
 
 

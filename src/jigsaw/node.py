@@ -311,6 +311,14 @@ class Node:
                          self.mps_levels, self.batch_sizes, self.profiles_dir, self.backend),)
 
     @property
+    def gpus_text(self) -> str:
+        """What the node's GPUs are, for people: ``4x H100-80GB``, ``2x A100-40GB (MIG) + 2x L4
+        (whole)``."""
+        if not self.is_mixed:
+            return f"{self.num_gpus}x {self.gpu.name}"
+        return " + ".join(f"{g.count}x {g.name} ({'MIG' if g.model.mig else 'whole'})" for g in self.groups)
+
+    @property
     def is_mixed(self) -> bool:
         """Several GPU groups (models, or MIG beside whole GPUs) in one node."""
         return len(self.groups) > 1
@@ -352,13 +360,14 @@ class Node:
 
     def with_gpus(self, num_gpus: int) -> Node:
         """The same node with another GPU count (capacity studies on hypothetical nodes); a node
-        of several groups has no one GPU count to change (ValueError)."""
+        of several groups has no one GPU count to change (ConfigError)."""
         from dataclasses import replace
         if self.is_mixed:
             if num_gpus == self.num_gpus:
                 return self
-            raise ValueError(f"node {self.name} has {len(self.groups)} GPU groups: its GPU count "
-                             "is each group's count in its file")
+            raise ConfigError(self.source or self.name, "gpus",
+                              f"{len(self.groups)} GPU groups: a GPU count ({num_gpus}) does not "
+                              "apply; change each group's count")
         return replace(self, num_gpus=num_gpus)
 
 
