@@ -980,6 +980,88 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
     return best, bound
 
 
+@dataclass
+class _Search:
+    """One ``solve``'s state, shared by its stages: what every model is built and solved with,
+    the clock, and what the stages improve: the best incumbent (``best``) and the best proven
+    bound on the full model's objective (``ub``: the core's, then the level models')."""
+
+    parts: list[Part]
+    node: Node
+    shape: dict
+    solver: str
+    time_limit_s: float
+    t0: float
+    gap_abs: float
+    rel_gap: float
+    capacity_mode: bool
+    core_how: str  # who solves the core and the proofs against it
+    split_search: bool
+    best: JointResult | None = None
+    ub: float = math.inf
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left_s(self) -> float:
+        """The time left, never under a twentieth of the limit (a stage still gets a try)."""
+        return max(self.time_limit_s - self.elapsed_s(), 0.05 * self.time_limit_s)
+
+    def proven(self) -> bool:
+        return self.best is not None and self.best.status == "optimal"
+
+    def take(self, got: JointResult | None) -> bool:
+        """Keep ``got`` where it beats the best; whether the best is now proven optimal."""
+        if got is None:
+            return False
+        self.best = _better(self.best, got)
+        return self.best.status == "optimal"
+
+    def core(self, caps: list[dict[str, float] | None] | None = None) -> Built:
+        """The latency-relaxed core (``caps``: restricted to a latency cap per task instead)."""
+        return build(self.parts, self.node, full=False, caps=caps, **self.shape)
+
+    def prove(self, spent_s: float) -> None:
+        """The core's stop leaves its bound up to the gap above its own incumbent: where that is
+        all that keeps the best incumbent from a proof, ask the core for a plan better than it
+        by the gap. None exists (infeasible): the incumbent is optimal."""
+        best = self.best
+        if best is None or best.status == "optimal" or self.ub - best.objective > 2 * self.gap_abs:
+            return
+        if _nothing_above(self.parts, self.node, self.shape, best.objective + self.gap_abs, self.ub,
+                          self.core_how, max(spent_s, 0.05 * self.time_limit_s), self.gap_abs):
+            self.ub = best.objective + self.gap_abs
+            _mark_optimal(best, self.ub)
+
+    def restrict(self, built: Built, stage: str, how: str | None = None,
+                 limit_s: float | None = None, max_nodes: int | None = None,
+                 cut: bool = True, finished: list[bool] | None = None,
+                 presolve: bool = True) -> JointResult | None:
+        """Solve a restriction of the full model (every plan it finds is feasible).
+        ``finished``: appended whether the solve ended before ``max_nodes`` (its own optimum or
+        infeasibility proven: another try would repeat it)."""
+        if cut and math.isfinite(self.ub):
+            # the relaxations' optimum bounds every restriction: with it as a cut the solver
+            # stops once its incumbent is within the gap of that bound
+            _objective_cut(built.model, self.ub)
+        left = self.left_s() if limit_s is None else min(self.left_s(), limit_s)
+        rsol = built.model.solve(how or self.solver, left, self.gap_abs, relative_gap=self.rel_gap,
+                                 max_nodes=max_nodes, presolve=presolve)
+        if finished is not None:
+            finished.append(rsol.status in ("optimal", "infeasible") and
+                            (max_nodes is None or rsol.nodes < max_nodes))
+        if not rsol.has_incumbent:
+            return None
+        rl = [_lift(built, rsol.values, i) for i in range(len(self.parts))]
+        if any(cols is None for cols, _ in rl):
+            return None
+        return _result(built, rsol, [c for c, _ in rl], self.ub, self.gap_abs, self.rel_gap,
+                       self.capacity_mode, self.t0, stage)
+
+
+Lifts = list[tuple[tuple[Column, ...] | None, dict[str, float]]]  # per part: ``_lift``'s answer
+
+
 def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
           objective: str = "accuracy", absolute_gap: float | None = None,
           scale_demands: bool = False, start: list[Plan | None] | None = None,
@@ -999,8 +1081,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     optimum (e.g. from a decomposition), added to every model as an objective cut.
     """
     t0 = time.perf_counter()
-    gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
     capacity_mode = scale_demands or any(p.demand_rps is None for p in parts)
+    gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
     rel_gap = 0.0
     if capacity_mode:
         # the maximum demand is proven to within 1e-3 rps or 1e-5 of itself (on a 120-GPU node,
@@ -1011,292 +1093,304 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                            time.perf_counter() - t0, "core", ["an app has no admissible column"])
     shape = {"objective": objective, "scale_demands": scale_demands, "max_slices": max_slices,
              "max_slots": max_slots, "total_weight": total_weight}
+    # every plan of the full model maps onto the core with its objective: a known bound cuts it
+    cut = upper_bound if upper_bound is not None and math.isfinite(upper_bound) and \
+        not capacity_mode else None
     core = build(parts, node, full=False, **shape)
-    if upper_bound is not None and math.isfinite(upper_bound) and not capacity_mode:
-        # every plan of the full model maps onto the core with its objective: the cut keeps them
-        _objective_cut(core.model, upper_bound)
-    # the capacity's core stays on the node's solver: its proven figure is the one benches cite
-    core_how = solver if capacity_mode else stage_solver(solver, core_solver)
-    sol = core.model.solve(core_how, time_limit_s, gap_abs,
-                           start=_core_start(core, start),
+    if cut is not None:
+        _objective_cut(core.model, cut)
+    s = _Search(parts, node, shape, solver, time_limit_s, t0, gap_abs, rel_gap, capacity_mode,
+                # the capacity's core stays on the node's solver: its proven figure is the one
+                # benches cite
+                core_how=solver if capacity_mode else stage_solver(solver, core_solver),
+                split_search=SPLIT_SEARCH if split_search is None else split_search)
+    sol = core.model.solve(s.core_how, time_limit_s, gap_abs, start=_core_start(core, start),
                            relative_gap=rel_gap)
     if sol.status == "infeasible":
-        return JointResult("infeasible", [None] * len(parts), math.nan, sol.bound,
-                           time.perf_counter() - t0, "core")
-    best: JointResult | None = None
-    # the best proven bound on the full model's objective (the core's, then the level models')
-    ub = _proven(sol) if sol.has_incumbent else math.inf
-    if upper_bound is not None and math.isfinite(upper_bound) and not capacity_mode:
-        ub = min(ub, upper_bound)
+        return JointResult("infeasible", [None] * len(parts), math.nan, sol.bound, s.elapsed_s(), "core")
+    s.ub = _proven(sol) if sol.has_incumbent else math.inf
+    if cut is not None:
+        s.ub = min(s.ub, cut)
     if start is not None and all(p is not None for p in start) and not capacity_mode:
-        # the start is an incumbent: proven when the core's bound is within the gap of it
-        weights = total_weight if total_weight is not None else (sum(p.weight for p in parts) or 1.0)
-        value = sum(part_value(p, part, node, objective, weights)
-                    for p, part in zip(start, parts, strict=True) if p is not None)
-        best = JointResult("feasible", [copy.deepcopy(p) for p in start], value, ub,
-                           time.perf_counter() - t0, "start")
-        for p in best.plans:
-            if p is not None:
-                p.status = "feasible"
-        if ub - value <= gap_abs:
-            _mark_optimal(best)
+        s.best = _start_incumbent(s, start, objective, total_weight)
     if sol.has_incumbent:
-        lifts = [_lift(core, sol.values, i) for i in range(len(parts))]
-        lifted = all(cols is not None for cols, _ in lifts)
-        if lifted and best is not None and sol.objective <= best.objective and sol.status != "optimal":
-            return best  # the core's own solution, unproven, is no better than the start
-        if lifted:
-            secs = time.perf_counter() - t0
-            gap = math.inf if capacity_mode else _gap(sol)
-            plans: list[Plan | None] = [
-                _extract(core, sol.values, i, cols, sol.status, secs, gap)
-                for i, (cols, _) in enumerate(lifts) if cols is not None]
-            return JointResult(sol.status, plans, sol.objective, _proven(sol), secs, "core")
-        def prove(spent: float) -> None:
-            """The core's stop leaves its bound up to the gap above its own incumbent: where
-            that is all that keeps the best incumbent from a proof, ask the core for a plan
-            better than it by the gap. None exists (infeasible): the incumbent is optimal."""
-            nonlocal best, ub
-            if best is None or best.status == "optimal" or ub - best.objective > 2 * gap_abs:
-                return
-            if _nothing_above(parts, node, shape, best.objective + gap_abs, ub, core_how,
-                              max(spent, 0.05 * time_limit_s), gap_abs):
-                ub = best.objective + gap_abs
-                _mark_optimal(best, ub)
+        done = _search(s, core, sol, start)
+        if done is not None:
+            return done
+    return _conclude(s)
 
-        if not capacity_mode:
-            prove(0.1 * time_limit_s)  # the start, within the gap of a plan-free core?
-        if best is not None and best.status != "optimal" and sol.status == "optimal" and \
-                ub - best.objective <= 2 * gap_abs and core_how == "highs":
-            # HiGHS reports its own bound (up to the gap above its incumbent): where that leaves
-            # the start just short of a proof, the core solved again from the start by the
-            # node's solver (CBC closes such a core in about a second), or by HiGHS to a
-            # quarter of the gap, usually brings it within
-            again = solver if solver != core_how else core_how
-            tsol = core.model.solve(again, max(time_limit_s - (time.perf_counter() - t0),
-                                               0.05 * time_limit_s),
-                                    gap_abs if again != core_how else gap_abs / 4,
-                                    start=_core_start(core, start))
-            if tsol.has_incumbent:
-                ub = min(ub, _proven(tsol))
-                if ub - best.objective <= gap_abs:
-                    _mark_optimal(best, ub)
-        if best is not None and best.status == "optimal":
-            return best  # the start, proven by the core's bound
-        # The latency levels: per task of each part whose lift failed, a few caps to choose
-        # from. The relaxed level model (each level counted on the paths at the smallest
-        # latency it admits) bounds the full model more tightly than the core; when its
-        # solution lifts, that solution is optimal. Otherwise the levels are split below the
-        # caps the solution needed, which cuts it off, and it is solved again.
-        caps: list[dict[str, float] | None] = [
-            None if cols is not None else _feasible_caps(parts[i].pb, need)
-            for i, (cols, need) in enumerate(lifts)]
-        levels: list[dict[str, list[float]] | None] = [
-            None if cols is not None else candidate_levels(parts[i].pb, need, caps[i] or {})
-            for i, (cols, need) in enumerate(lifts)]
-        def restrict(built: Built, stage: str, how: str | None = None,
-                     limit_s: float | None = None, max_nodes: int | None = None,
-                     cut: bool = True, finished: list[bool] | None = None,
-                     presolve: bool = True) -> JointResult | None:
-            """Solve a restriction of the full model (every plan it finds is feasible).
-            ``finished``: appended whether the solve ended before ``max_nodes`` (its own
-            optimum or infeasibility proven: another try would repeat it)."""
-            if cut and math.isfinite(ub):
-                # the relaxations' optimum bounds every restriction: with it as a cut the
-                # solver stops once its incumbent is within the gap of that bound
-                _objective_cut(built.model, ub)
-            left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
-            if limit_s is not None:
-                left = min(left, limit_s)
-            rsol = built.model.solve(how or solver, left, gap_abs, relative_gap=rel_gap,
-                                     max_nodes=max_nodes, presolve=presolve)
-            if finished is not None:
-                finished.append(rsol.status in ("optimal", "infeasible") and
-                                (max_nodes is None or rsol.nodes < max_nodes))
-            if not rsol.has_incumbent:
-                return None
-            rl = [_lift(built, rsol.values, i) for i in range(len(parts))]
-            if any(cols is None for cols, _ in rl):
-                return None
-            return _result(built, rsol, [c for c, _ in rl], ub, gap_abs, rel_gap, capacity_mode, t0,
-                           stage)
 
-        def try_splits(lifted: list[tuple[tuple[Column, ...] | None, dict[str, float]]]) -> None:
-            """Cheap incumbents: the core restricted to a few splits of the SLO near the caps a
-            relaxed solution needed (each task of a broken path giving way alone, then all in
-            proportion). Each is as small as the core, and a relaxation's optimum usually has
-            a twin within the gap under one of them, which the bound then proves at once."""
-            nonlocal best
-            if not (SPLIT_SEARCH if split_search is None else split_search):
-                return
-            splits = [_cap_splits(parts[i].pb, need) if cols is None else []
-                      for i, (cols, need) in enumerate(lifted)]
-            for k in range(max(len(x) for x in splits)):
-                if time.perf_counter() - t0 > 0.5 * time_limit_s:
-                    break
-                cand: list[dict[str, float] | None] = [
-                    x[min(k, len(x) - 1)] if x else None for x in splits]
-                got = restrict(build(parts, node, full=False, caps=cand, **shape), "split",
-                               SPLIT_SOLVER or solver)
-                if got is not None:
-                    best = _better(best, got)
-                    if best.status == "optimal":
-                        return
+def _start_incumbent(s: _Search, start: list[Plan | None], objective: str,
+                     total_weight: float | None) -> JointResult:
+    """The warm start (a feasible plan per part) as the first incumbent, valued by the model's
+    objective: proven at once when the core's bound is within the gap of it."""
+    weights = total_weight if total_weight is not None else (sum(p.weight for p in s.parts) or 1.0)
+    value = sum(part_value(p, part, s.node, objective, weights)
+                for p, part in zip(start, s.parts, strict=True) if p is not None)
+    best = JointResult("feasible", [copy.deepcopy(p) for p in start], value, s.ub, s.elapsed_s(), "start")
+    for p in best.plans:
+        if p is not None:
+            p.status = "feasible"
+    if s.ub - value <= s.gap_abs:
+        _mark_optimal(best)
+    return best
 
-        def try_grid(lifted: list[tuple[tuple[Column, ...] | None, dict[str, float]]]) -> None:
-            """Incumbents from a grid of SLO splits (``grid_caps``) for the one part whose lift
-            failed: each split's restricted core is ranked by its LP relaxation (milliseconds),
-            and the best few are solved for a short while each, stopping once one is proven
-            (within the gap of the bound ``ub``). Where the core's bound is tight but its
-            columns are too slow, the optimum sits under one such split (ar_assistant at 80%:
-            the core's splits find 23 slices after 10 s, the grid's second split the optimum's
-            22 in 0.5 s)."""
-            nonlocal best
-            failed = [i for i, (cols, _) in enumerate(lifted) if cols is None]
-            searching = SPLIT_SEARCH if split_search is None else split_search
-            if not (GRID_SEARCH and searching) or len(failed) != 1 or not math.isfinite(ub):
-                return
-            i = failed[0]
-            t_grid = time.perf_counter()
-            ranked: list[tuple[float, dict[str, float]]] = []
-            for cap in grid_caps(parts[i].pb):
-                cand: list[dict[str, float] | None] = [None] * len(parts)
-                cand[i] = cap
-                lp = build(parts, node, full=False, caps=cand, **shape).model.relaxation("highs")
-                if lp.has_incumbent and lp.objective > (best.objective if best else -math.inf) + gap_abs:
-                    ranked.append((lp.objective, cap))
-                if len(ranked) >= GRID_RANKED or (GRID_SHARE is not None and
-                                                  time.perf_counter() - t_grid > GRID_SHARE * time_limit_s):
-                    break
-            ranked.sort(key=lambda x: -x[0])
-            todo = [cap for _, cap in ranked[:GRID_SOLVES]]
-            passes: list[int | None] = [GRID_SOLVE_NODES]
-            if GRID_FIRST_NODES is not None and \
-                    (GRID_SOLVE_NODES is None or GRID_FIRST_NODES < GRID_SOLVE_NODES):
-                passes.insert(0, GRID_FIRST_NODES)
-            for nodes in passes:
-                left_todo = []
-                for cap in todo:
-                    if time.perf_counter() - t0 > 0.5 * time_limit_s:
-                        break
-                    cand = [None] * len(parts)
-                    cand[i] = cap
-                    finished: list[bool] = []
-                    got = restrict(build(parts, node, full=False, caps=cand, **shape), "grid",
-                                   SPLIT_SOLVER or solver, GRID_SOLVE_SHARE * time_limit_s,
-                                   nodes, cut=GRID_CUT, finished=finished, presolve=GRID_PRESOLVE)
-                    if not all(finished):
-                        left_todo.append(cap)
-                    if got is not None:
-                        best = _better(best, got)
-                        if best.status == "optimal":
-                            return
-                        # within the gap of a plan-free core? (ar_assistant at 90%: the first
-                        # split's root, then this, proves it; the other splits are not solved)
-                        prove(0.1 * time_limit_s)
-                        if best.status == "optimal":
-                            return
-                todo = left_todo
 
-        if not capacity_mode:
-            try_grid(lifts)
-            prove(0.1 * time_limit_s)
-            if best is not None and best.status == "optimal":
-                return best
-            try_splits(lifts)
-            prove(0.1 * time_limit_s)
-            if best is not None and best.status == "optimal":
-                return best
-        searched = None
-        if capacity_mode and CAPACITY_SPLITS and len(parts) == 1 and not scale_demands:
-            searched = _max_over_splits(parts, node, shape, solver, t0, time_limit_s, gap_abs, rel_gap)
-        if searched is not None:
-            got, bound = searched
-            ub = min(ub, bound)
+def _search(s: _Search, core: Built, sol: Solution, start: list[Plan | None] | None) -> JointResult | None:
+    """The stages after the core (lifting, proofs, incumbent searches, level models): the
+    answer where the core's lifted solution is it, else None with ``s.best`` and ``s.ub`` as
+    far as the stages took them (``_conclude`` decides)."""
+    lifts = [_lift(core, sol.values, i) for i in range(len(s.parts))]
+    if all(cols is not None for cols, _ in lifts):
+        if s.best is not None and sol.objective <= s.best.objective and sol.status != "optimal":
+            return s.best  # the core's own solution, unproven, is no better than the start
+        secs = s.elapsed_s()
+        gap = math.inf if s.capacity_mode else _gap(sol)
+        plans: list[Plan | None] = [_extract(core, sol.values, i, cols, sol.status, secs, gap)
+                                    for i, (cols, _) in enumerate(lifts) if cols is not None]
+        return JointResult(sol.status, plans, sol.objective, _proven(sol), secs, "core")
+    if not s.capacity_mode:
+        s.prove(0.1 * s.time_limit_s)  # the start, within the gap of a plan-free core?
+    _close_core_gap(s, core, sol, start)
+    if s.proven():
+        return None  # the start, proven by the core's bound
+    # The latency levels: per task of each part whose lift failed, a few caps to choose from
+    # (``_level_rounds``); the caps that meet every path in the proportions the core needed.
+    caps: list[dict[str, float] | None] = [
+        None if cols is not None else _feasible_caps(s.parts[i].pb, need)
+        for i, (cols, need) in enumerate(lifts)]
+    levels: list[dict[str, list[float]] | None] = [
+        None if cols is not None else candidate_levels(s.parts[i].pb, need, caps[i] or {})
+        for i, (cols, need) in enumerate(lifts)]
+    if s.capacity_mode:
+        _capacity_search(s, caps)
+    elif not _incumbent_searches(s, lifts):
+        _level_rounds(s, levels)
+    return None
+
+
+def _close_core_gap(s: _Search, core: Built, sol: Solution, start: list[Plan | None] | None) -> None:
+    """HiGHS reports its own bound (up to the gap above its incumbent): where that leaves the
+    start just short of a proof, the core solved again from the start by the node's solver (CBC
+    closes such a core in about a second), or by HiGHS to a quarter of the gap, usually brings
+    it within."""
+    best = s.best
+    if best is None or best.status == "optimal" or sol.status != "optimal" or \
+            s.ub - best.objective > 2 * s.gap_abs or s.core_how != "highs":
+        return
+    again = s.solver
+    tsol = core.model.solve(again, s.left_s(), s.gap_abs if again != s.core_how else s.gap_abs / 4,
+                            start=_core_start(core, start))
+    if tsol.has_incumbent:
+        s.ub = min(s.ub, _proven(tsol))
+        if s.ub - best.objective <= s.gap_abs:
+            _mark_optimal(best, s.ub)
+
+
+def _incumbent_searches(s: _Search, lifts: Lifts) -> bool:
+    """Demand mode's cheap incumbents before the level models: the grid of SLO splits, then the
+    splits near the caps the core needed, each followed by a proof against the core. Whether
+    the best is proven optimal."""
+    _try_grid(s, lifts)
+    s.prove(0.1 * s.time_limit_s)
+    if s.proven():
+        return True
+    _try_splits(s, lifts)
+    s.prove(0.1 * s.time_limit_s)
+    return s.proven()
+
+
+def _try_splits(s: _Search, lifted: Lifts) -> None:
+    """Cheap incumbents: the core restricted to a few splits of the SLO near the caps a relaxed
+    solution needed (each task of a broken path giving way alone, then all in proportion). Each
+    is as small as the core, and a relaxation's optimum usually has a twin within the gap under
+    one of them, which the bound then proves at once."""
+    if not s.split_search:
+        return
+    splits = [_cap_splits(s.parts[i].pb, need) if cols is None else []
+              for i, (cols, need) in enumerate(lifted)]
+    for k in range(max(len(x) for x in splits)):
+        if s.elapsed_s() > 0.5 * s.time_limit_s:
+            break
+        cand: list[dict[str, float] | None] = [x[min(k, len(x) - 1)] if x else None for x in splits]
+        if s.take(s.restrict(s.core(cand), "split", SPLIT_SOLVER or s.solver)):
+            return
+
+
+def _try_grid(s: _Search, lifted: Lifts) -> None:
+    """Incumbents from a grid of SLO splits (``grid_caps``) for the one part whose lift failed:
+    each split's restricted core is ranked by its LP relaxation (milliseconds), and the best few
+    are solved for a short while each, stopping once one is proven (within the gap of the bound
+    ``s.ub``). Where the core's bound is tight but its columns are too slow, the optimum sits
+    under one such split (ar_assistant at 80%: the core's splits find 23 slices after 10 s, the
+    grid's second split the optimum's 22 in 0.5 s)."""
+    failed = [i for i, (cols, _) in enumerate(lifted) if cols is None]
+    if not (GRID_SEARCH and s.split_search) or len(failed) != 1 or not math.isfinite(s.ub):
+        return
+    i = failed[0]
+    todo = _grid_ranked(s, i)
+    passes: list[int | None] = [GRID_SOLVE_NODES]
+    if GRID_FIRST_NODES is not None and (GRID_SOLVE_NODES is None or GRID_FIRST_NODES < GRID_SOLVE_NODES):
+        passes.insert(0, GRID_FIRST_NODES)
+    for nodes in passes:
+        left_todo = []
+        for cap in todo:
+            if s.elapsed_s() > 0.5 * s.time_limit_s:
+                break
+            cand: list[dict[str, float] | None] = [None] * len(s.parts)
+            cand[i] = cap
+            finished: list[bool] = []
+            got = s.restrict(s.core(cand), "grid", SPLIT_SOLVER or s.solver,
+                             GRID_SOLVE_SHARE * s.time_limit_s, nodes, cut=GRID_CUT,
+                             finished=finished, presolve=GRID_PRESOLVE)
+            if not all(finished):
+                left_todo.append(cap)
             if got is not None:
-                best = _better(best, got)
-            if best is not None and ub - best.objective <= max(gap_abs, rel_gap * abs(ub)):
-                _mark_optimal(best, ub, math.inf)
-                return best
-        elif capacity_mode:
-            # the maximum demand: the single restricted model (the core under the shrunk caps)
-            # finds a large feasible rate fast, which the full model then starts from
-            got = restrict(build(parts, node, full=False, caps=caps, **shape), "restricted")
-            if got is not None:
-                best = got
-                if got.status == "optimal":
-                    return got
-        for _ in range(0 if capacity_mode else REFINE_ROUNDS):
-            left = time_limit_s - (time.perf_counter() - t0)
-            if left <= 0.05 * time_limit_s:
-                break
-            relaxed = build(parts, node, full=False, levels=levels, relax_levels=True, **shape)
-            if math.isfinite(ub):
-                _objective_cut(relaxed.model, ub)
-            # at most half the time left: the restriction below must still find an incumbent
-            xsol = relaxed.model.solve(solver, 0.5 * left, gap_abs, relative_gap=rel_gap)
-            if not xsol.has_incumbent:
-                break
-            ub = min(ub, _proven(xsol))
-            xl = [_lift(relaxed, xsol.values, i) for i in range(len(parts))]
-            if all(cols is not None for cols, _ in xl):
-                # feasible as it stands: optimal when proven, else an incumbent
-                best = _better(best, _result(relaxed, xsol, [c for c, _ in xl], ub, gap_abs, rel_gap,
-                                             capacity_mode, t0, "levels"))
-                if best.status == "optimal":
-                    return best
-            if best is not None and ub - best.objective <= gap_abs:
-                break  # the tighter bound proves the incumbent (below)
-            try_splits(xl)
-            if best is not None and (best.status == "optimal" or ub - best.objective <= gap_abs):
-                break
-            # The same levels, each counted on the paths at its own cap: a restriction.
-            got = restrict(build(parts, node, full=False, levels=levels, **shape), "restricted")
-            if got is not None:
-                best = _better(best, got)
-                if best.status == "optimal":
-                    return best
-            if xsol.status != "optimal":
-                break
-            refined = [refine_levels(parts[i].pb, lev, xl[i][1]) if lev is not None
-                       else None if xl[i][0] is not None  # this part lifts on the core columns
-                       else candidate_levels(parts[i].pb, xl[i][1], _feasible_caps(parts[i].pb, xl[i][1]))
-                       for i, lev in enumerate(levels)]
-            if all(r is None for r in refined):
-                break
-            levels = [r if r is not None else lev for r, lev in zip(refined, levels, strict=True)]
+                if s.take(got):
+                    return
+                # within the gap of a plan-free core? (ar_assistant at 90%: the first split's
+                # root, then this, proves it; the other splits are not solved)
+                s.prove(0.1 * s.time_limit_s)
+                if s.proven():
+                    return
+        todo = left_todo
+
+
+def _grid_ranked(s: _Search, i: int) -> list[dict[str, float]]:
+    """Part i's grid splits whose restricted core's LP beats the best by the gap, best LP first:
+    the ``GRID_SOLVES`` the grid search solves (ranking at most ``GRID_RANKED``)."""
+    t_grid = time.perf_counter()
+    ranked: list[tuple[float, dict[str, float]]] = []
+    for cap in grid_caps(s.parts[i].pb):
+        cand: list[dict[str, float] | None] = [None] * len(s.parts)
+        cand[i] = cap
+        lp = s.core(cand).model.relaxation("highs")
+        if lp.has_incumbent and lp.objective > (s.best.objective if s.best else -math.inf) + s.gap_abs:
+            ranked.append((lp.objective, cap))
+        if len(ranked) >= GRID_RANKED or (GRID_SHARE is not None and
+                                          time.perf_counter() - t_grid > GRID_SHARE * s.time_limit_s):
+            break
+    ranked.sort(key=lambda x: -x[0])
+    return [cap for _, cap in ranked[:GRID_SOLVES]]
+
+
+def _capacity_search(s: _Search, caps: list[dict[str, float] | None]) -> None:
+    """The maximum demand where the core's plan does not lift: one app's over every maximal
+    split of the SLO (``_max_over_splits``, exact with its bound), else the single restricted
+    model (the core under the shrunk caps), which finds a large feasible rate fast for the full
+    model to start from."""
+    searched = None
+    if CAPACITY_SPLITS and len(s.parts) == 1 and not s.shape["scale_demands"]:
+        searched = _max_over_splits(s.parts, s.node, s.shape, s.solver, s.t0, s.time_limit_s,
+                                    s.gap_abs, s.rel_gap)
+    if searched is not None:
+        got, bound = searched
+        s.ub = min(s.ub, bound)
+        s.take(got)
+        if s.best is not None and s.ub - s.best.objective <= max(s.gap_abs, s.rel_gap * abs(s.ub)):
+            _mark_optimal(s.best, s.ub, math.inf)  # proven by the bound over every split
+        return
+    got = s.restrict(s.core(caps), "restricted")
+    if got is not None:
+        s.best = got
+
+
+def _level_rounds(s: _Search, levels: list[dict[str, list[float]] | None]) -> None:
+    """The latency level models (module doc, stage 3), a few rounds: the relaxed level model
+    bounds the full model more tightly than the core, and its solution, where it lifts, is
+    optimal; otherwise the splits near the caps it needed, then the restricted level model give
+    incumbents, and the levels are split below those caps (which cuts the solution off)."""
+    for _ in range(REFINE_ROUNDS):
+        left = s.time_limit_s - s.elapsed_s()
+        if left <= 0.05 * s.time_limit_s:
+            break
+        relaxed = build(s.parts, s.node, full=False, levels=levels, relax_levels=True, **s.shape)
+        if math.isfinite(s.ub):
+            _objective_cut(relaxed.model, s.ub)
+        # at most half the time left: the restriction below must still find an incumbent
+        xsol = relaxed.model.solve(s.solver, 0.5 * left, s.gap_abs, relative_gap=s.rel_gap)
+        if not xsol.has_incumbent:
+            break
+        s.ub = min(s.ub, _proven(xsol))
+        xl = [_lift(relaxed, xsol.values, i) for i in range(len(s.parts))]
+        if all(cols is not None for cols, _ in xl) and \
+                s.take(_result(relaxed, xsol, [c for c, _ in xl], s.ub, s.gap_abs, s.rel_gap,
+                               s.capacity_mode, s.t0, "levels")):
+            return  # feasible as it stands, and proven
+        if s.best is not None and s.ub - s.best.objective <= s.gap_abs:
+            break  # the tighter bound proves the incumbent (``_conclude``)
+        _try_splits(s, xl)
+        if s.best is not None and (s.best.status == "optimal" or s.ub - s.best.objective <= s.gap_abs):
+            break
+        # The same levels, each counted on the paths at its own cap: a restriction.
+        if s.take(s.restrict(build(s.parts, s.node, full=False, levels=levels, **s.shape), "restricted")):
+            return
+        if xsol.status != "optimal":
+            break
+        refined = _refined_levels(s, levels, xl)
+        if refined is None:
+            break
+        levels = refined
+
+
+def _refined_levels(s: _Search, levels: list[dict[str, list[float]] | None],
+                    xl: Lifts) -> list[dict[str, list[float]] | None] | None:
+    """The next round's levels: per part, split below the caps the relaxed solution ``xl``
+    needed (``refine_levels``), or new levels for a part that lifted on the core but not now.
+    None when no part's levels change."""
+    refined = [refine_levels(s.parts[i].pb, lev, xl[i][1]) if lev is not None
+               else None if xl[i][0] is not None  # this part lifts on the core columns
+               else candidate_levels(s.parts[i].pb, xl[i][1], _feasible_caps(s.parts[i].pb, xl[i][1]))
+               for i, lev in enumerate(levels)]
+    if all(r is None for r in refined):
+        return None
+    return [r if r is not None else lev for r, lev in zip(refined, levels, strict=True)]
+
+
+def _conclude(s: _Search) -> JointResult:
+    """The answer after the stages: the best incumbent where proven (a later bound may prove an
+    earlier incumbent), else the full model's (module doc, stage 4)."""
+    best = s.best
     if best is not None and best.status == "optimal":
         return best
-    if best is not None and ub - best.objective <= max(gap_abs, rel_gap * abs(ub)):
+    if best is not None and s.ub - best.objective <= max(s.gap_abs, s.rel_gap * abs(s.ub)):
         # a later bound proves the earlier incumbent
-        _mark_optimal(best, ub, math.inf if capacity_mode else 0.0)
+        _mark_optimal(best, s.ub, math.inf if s.capacity_mode else 0.0)
         return best
-    left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
-    full = build(parts, node, full=True, **shape)
-    if math.isfinite(ub):
+    left = s.left_s()
+    full = build(s.parts, s.node, full=True, **s.shape)
+    if math.isfinite(s.ub):
         # the relaxations' optimum bounds the full model's objective: a valid cut
-        _objective_cut(full.model, ub)
-    fsol = full.model.solve(solver, left, gap_abs, start=_start(full, best), relative_gap=rel_gap)
-    secs = time.perf_counter() - t0
+        _objective_cut(full.model, s.ub)
+    fsol = full.model.solve(s.solver, left, s.gap_abs, start=_start(full, best),
+                            relative_gap=s.rel_gap)
+    return _full_result(s, full, fsol)
+
+
+def _full_result(s: _Search, full: Built, fsol: Solution) -> JointResult:
+    """The full model's solution as the answer, or the incumbent it started from where it found
+    nothing better (proven by the full model's bound where that bound is within the gap)."""
+    secs = s.elapsed_s()
+    best = s.best
     if not fsol.has_incumbent or (best is not None and fsol.objective <= best.objective):
-        if best is not None:
-            if fsol.has_incumbent and best.status != "optimal":
-                # the full model's bound proves the plan it started from (the splits' best)
-                bound = min(_proven(fsol), ub)
-                if bound - best.objective <= max(gap_abs, rel_gap * abs(bound)):
-                    _mark_optimal(best, bound, math.inf if capacity_mode else 0.0)
-            best.seconds = secs
-            for p in best.plans:
-                if p is not None:
-                    p.solve_seconds = secs
-            return best
-        return JointResult(fsol.status, [None] * len(parts), math.nan, fsol.bound, secs, "full")
-    bound = min(_proven(fsol), ub)
+        if best is None:
+            return JointResult(fsol.status, [None] * len(s.parts), math.nan, fsol.bound, secs, "full")
+        if fsol.has_incumbent and best.status != "optimal":
+            # the full model's bound proves the plan it started from (the splits' best)
+            bound = min(_proven(fsol), s.ub)
+            if bound - best.objective <= max(s.gap_abs, s.rel_gap * abs(bound)):
+                _mark_optimal(best, bound, math.inf if s.capacity_mode else 0.0)
+        best.seconds = secs
+        for p in best.plans:
+            if p is not None:
+                p.solve_seconds = secs
+        return best
+    bound = min(_proven(fsol), s.ub)
     status = fsol.status
     gap = 0.0 if status == "optimal" else (abs(bound - fsol.objective) if not math.isnan(bound) else math.inf)
-    if status == "feasible" and gap <= max(gap_abs, rel_gap * abs(bound)):
+    if status == "feasible" and gap <= max(s.gap_abs, s.rel_gap * abs(bound)):
         status = "optimal"  # the core's bound proves it
-    if capacity_mode:
+    if s.capacity_mode:
         gap = math.inf
-    plans = [_extract(full, fsol.values, i, full.cols[i], status, secs, gap) for i in range(len(parts))]
+    plans = [_extract(full, fsol.values, i, full.cols[i], status, secs, gap) for i in range(len(s.parts))]
     return JointResult(status, plans, fsol.objective, bound, secs, "full")
