@@ -267,3 +267,34 @@ def test_the_fleet_planner_takes_a_mixed_node_whole(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_fleet(path)
     assert err.value.field == "nodes[0].gpus" and "2 GPU groups" in err.value.message
+
+
+def test_doctor_checks_each_gpu_against_its_group(mixed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from jigsaw.gpu.doctor import diagnose
+    from jigsaw.gpu.emulated_nvml import EmulatedNvml
+
+    node, _ = mixed
+    nvml = EmulatedNvml(node.gpu_groups[0].model, 4, mig_enabled=[True, True, False, True],
+                        device_name="NVIDIA A100-SXM4-40GB")
+    checks = {c.what: c for c in diagnose(node, nvml=nvml, which=lambda name: f"/usr/bin/{name}", euid=0,
+                                          run_dir=tmp_path / "r")}
+    assert "2x A100-40GB (MIG) + 2x L4 (whole)" in checks["node"].detail
+    assert checks["gpu 0"].status == "ok" and "(node config says" not in checks["gpu 0"].detail
+    assert checks["gpu 2"].status == "ok" and "(node config says L4)" in checks["gpu 2"].detail
+    assert checks["gpu 3"].status == "FAIL" and "-i 3 -mig 0" in checks["gpu 3"].detail
+
+
+def test_the_driver_tables_are_each_mig_groups(mixed) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from jigsaw.gpu.emulated_nvml import EmulatedNvml
+    from jigsaw.gpu.nvml import driver_node
+
+    node, _ = mixed
+    a100 = node.gpu_groups[0].model
+    fewer = dataclasses.replace(a100, profiles=tuple(
+        dataclasses.replace(p, sm_count=p.sm_count - 2) if p.name == "3g.20gb" else p for p in a100.profiles))
+    said: list[str] = []
+    got = driver_node(node, EmulatedNvml(fewer, 4, mig_enabled=[True, True, False, False]), said.append)
+    assert got.gpu.profile("A100-40GB:3g.20gb").sm_count == 40 and got.gpu_groups[1] == node.gpu_groups[1]
+    assert any("3g.20gb" in line and "A100-40GB (GPU 0)" in line for line in said)
