@@ -72,9 +72,9 @@ def allowed_segments(node: Node, space: SearchSpace) -> list[tuple[MigProfile, i
 def places_as_easily(p: MigProfile, q: MigProfile) -> bool:
     """Any valid layout using q stays valid with p in its place (at no higher slice cost); never
     across GPU groups (``jigsaw.gpu_groups``: a profile lies only on its own group's GPUs)."""
-    return (p.name.rpartition(SEP)[0] == q.name.rpartition(SEP)[0]
-            and p.compute_slices <= q.compute_slices and p.size <= q.size
-            and set(q.starts) <= set(p.starts) and p.max_per_gpu >= q.max_per_gpu)
+    return (p.compute_slices <= q.compute_slices and p.size <= q.size
+            and set(q.starts) <= set(p.starts) and p.max_per_gpu >= q.max_per_gpu
+            and p.name.rpartition(SEP)[0] == q.name.rpartition(SEP)[0])
 
 
 def _raw_columns(app: App, node: Node, profiles: ProfileTable, space: SearchSpace
