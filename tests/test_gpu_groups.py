@@ -298,3 +298,36 @@ def test_the_driver_tables_are_each_mig_groups(mixed) -> None:  # type: ignore[n
     got = driver_node(node, EmulatedNvml(fewer, 4, mig_enabled=[True, True, False, False]), said.append)
     assert got.gpu.profile("A100-40GB:3g.20gb").sm_count == 40 and got.gpu_groups[1] == node.gpu_groups[1]
     assert any("3g.20gb" in line and "A100-40GB (GPU 0)" in line for line in said)
+
+
+def test_a_node_plan_of_two_apps_keeps_each_group_on_its_gpus(tmp_path: Path) -> None:
+    """An A100-80GB with MIG beside an H200 used whole: the node-wide plan (the decomposition, its
+    packing per group) of two apps verifies, every instance on its own group's GPU."""
+    from jigsaw.planner.node_plan import plan_node
+
+    path = tmp_path / "mixed.toml"
+    path.write_text(f'apps = ["{EXAMPLES}/apps/social_media.toml", "{EXAMPLES}/apps/traffic_analysis.toml"]\n'
+                    f'[[gpus]]\nmodel = "A100-80GB"\ncount = 1\nprofiles_dir = "{EXAMPLES.parent}/profiles/'
+                    f'a100-80gb"\n[[gpus]]\nmodel = "H200"\nmig = false\ncount = 1\n'
+                    'mps_levels = [1, 2, 4, 8]\n'
+                    f'profiles_dir = "{EXAMPLES.parent}/profiles/h200-whole"\n')
+    node = load_node(path)
+    table = load_node_profiles(node)
+    result = plan_node(list(node.apps), node, table, {"social_media": 600.0, "traffic_analysis": 300.0},
+                       time_limit_s=5.0)
+    assert result.layout is not None and result.slices_used <= node.slices_available == 15
+    for name, p in result.plans.items():
+        assert verify_plan(p, node.app(name), node, table) == [], name
+    for g in result.layout.gpus:
+        want = "A100-80GB:" if g.gpu == 0 else "H200:"
+        assert all(x.profile.startswith(want) for x in g.instances)
+    groups = {x.profile.partition(":")[0] for g in result.layout.gpus for x in g.instances}
+    assert groups == {"A100-80GB", "H200"}
+
+
+def test_profiling_a_mixed_node_is_refused_per_group(capsys: pytest.CaptureFixture[str]) -> None:
+    from jigsaw.cli import main
+
+    assert main(["import-profiles", str(EXAMPLES / "apps" / "voice_intent.toml"), "--node", str(MIXED)]) == 2
+    err = capsys.readouterr().err
+    assert "gpus: 2 GPU groups" in err and "a100-40gb" in err and "l4-whole" in err

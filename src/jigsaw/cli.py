@@ -176,6 +176,7 @@ def cmd_import_profiles(args: argparse.Namespace) -> int:
     out = args.out
     if args.node:
         node = load_node(args.node)
+        _one_group(node, "import-profiles")
         segments = list(node.mig_profiles)
         variants = [v.name for a in node.apps for t in a.tasks for v in t.variants]
         out = out or node.profiles_dir
@@ -207,6 +208,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except ValueError:
         raise JigsawError(f"--batches: expected comma-separated integers, got {args.batches!r}") from None
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else []
+    if args.node and not args.inside:
+        _one_group(load_node(args.node, load_apps=False), "profile")
     if args.inside:
         from jigsaw.profiler import profile_inside
         if args.out is None:
@@ -232,6 +235,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+def _one_group(node: Node, command: str) -> None:
+    """``jigsaw profile`` and ``import-profiles`` write one GPU's rows: a node of several GPU
+    groups is refused, naming each group's directory."""
+    if node.is_mixed:
+        dirs = "; ".join(f"{g.name}: {g.profiles_dir}" for g in node.groups)
+        raise ConfigError(node.source, "gpus", f"{len(node.groups)} GPU groups: jigsaw {command} writes "
+                          f"one GPU's rows; run it per group (a node file of that group, or --out its "
+                          f"profiles_dir: {dirs})")
+
 
 def _node_and_app(args: argparse.Namespace) -> tuple[Node, App]:
     node = load_node(args.node)
