@@ -263,6 +263,20 @@ def test_the_fleet_planner_takes_a_mixed_node_whole(tmp_path: Path) -> None:
     mixed = next(n for n in result.nodes if n.group == "mixed")
     assert result.feasible and mixed.num_gpus == 4 and mixed.slices_available == 22
     assert all(a.gpus == 4 for a in mixed.apps.values())
+    # its Kubernetes objects: MIG resources by the GPUs' own profile names, the L4s as whole GPUs
+    import yaml
+
+    from jigsaw.fleet.render import manifests, mig_config_name
+
+    objs = manifests(load_fleet(path), result)
+    mig = yaml.safe_load(objs["mig-parted-config.yaml"][0]["data"]["config.yaml"])["mig-configs"]
+    devices = mig[mig_config_name(mixed.name)]
+    assert {x for d in devices for x in d["devices"]} <= {0, 1}
+    names = {p for d in devices for p in d.get("mig-devices") or {}}
+    assert names and all(":" not in p and not p.startswith("gpu") for p in names)
+    pods = [o for o in objs[f"nodes/{mixed.name}.yaml"] if o.get("kind") in ("Pod", "Deployment")]
+    asked = json.dumps(pods)
+    assert "nvidia.com/mig-A100" not in asked and ("nvidia.com/mig-" in asked or "nvidia.com/gpu" in asked)
     path.write_text(text.replace("count = 1\n[[nodes]]", "count = 1\ngpus = 2\n[[nodes]]", 1))
     with pytest.raises(ConfigError) as err:
         load_fleet(path)

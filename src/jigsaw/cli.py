@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -15,7 +14,7 @@ from jigsaw.backends.registry import MODEL_BACKENDS
 from jigsaw.errors import ConfigError, JigsawError
 from jigsaw.fields import parse_demands, read_toml
 from jigsaw.node import Node, load_node, load_node_profiles
-from jigsaw.plan import GpuLayout, Layout, Plan, load_plan
+from jigsaw.plan import Layout, Plan, load_plan
 from jigsaw.spaces import SPACES
 
 
@@ -527,8 +526,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def _pack_mixed(args: argparse.Namespace, plan: Plan, previous: Layout | None) -> int:
     """``jigsaw pack`` on a node of several GPU groups: one layout; the MIG groups' partitions
     (their GPUs, plain profile names), the GPUs used whole left as they are."""
-    from jigsaw.gpu_groups import plain_profile
-    from jigsaw.planner.groups import pack_node
+    from jigsaw.planner.groups import mig_part, pack_node
     from jigsaw.planner.packer import instances_from_plan, to_mig_parted_yaml, to_nvidia_smi_commands
 
     node = load_node(args.node, load_apps=False)
@@ -538,25 +536,16 @@ def _pack_mixed(args: argparse.Namespace, plan: Plan, previous: Layout | None) -
         print(json.dumps(plan.to_json_dict()["layout"], indent=2))
         return 0
 
-    def mig_part(lay: Layout | None) -> Layout | None:
-        if lay is None:
-            return None
-        return Layout(lay.gpu_model, tuple(
-            GpuLayout(g.gpu, tuple(dataclasses.replace(p, profile=plain_profile(p.profile))
-                                   for p in g.instances))
-            for g in lay.gpus if g.gpu in mig))
-
     mig = {i for g in node.groups if g.model.mig for i in g.gpus}
     whole = sorted(set(range(node.num_gpus)) - mig)
     if whole:
         print(f"# GPUs {', '.join(map(str, whole))} are used whole: nothing to partition; keep MIG off "
               "(nvidia-smi -i N -mig 0)")
-    part = mig_part(layout)
-    assert part is not None
+    part = mig_part(layout, node)
     if args.format == "mig-parted":
         print(to_mig_parted_yaml(part), end="")
     else:
-        print("\n".join(to_nvidia_smi_commands(part, mig_part(previous))))
+        print("\n".join(to_nvidia_smi_commands(part, None if previous is None else mig_part(previous, node))))
     return 0
 
 

@@ -9,9 +9,10 @@ functions unchanged (one group, every GPU), so it plans exactly as before.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
-from jigsaw.gpu_groups import GpuGroup, group_of_gpu, group_of_profile
+from jigsaw.gpu_groups import GpuGroup, group_of_gpu, group_of_profile, plain_profile
 from jigsaw.mig import GpuModel
 from jigsaw.node import Node
 from jigsaw.plan import GpuLayout, Layout
@@ -107,3 +108,15 @@ def group_layout_problems(layout: Layout, node: Node) -> list[str]:
         out += [f"GPU {x.gpu}: {p.profile} is not a profile of its group {g.name}"
                 for p in x.instances if p.profile not in g.gpu.profile_names]
     return out
+
+
+def mig_part(layout: Layout, node: Node) -> Layout:
+    """What a node's MIG tooling (nvidia-smi, mig-parted, the device plugin's resources) sees of
+    ``layout``: the GPUs of its MIG groups, profiles by their GPU's names (``3g.20gb``). A node of
+    one group: ``layout`` as it is."""
+    if not node.is_mixed:
+        return layout
+    mig = {i for g in node.groups if g.model.mig for i in g.gpus}
+    return Layout(layout.gpu_model, tuple(
+        GpuLayout(g.gpu, tuple(dataclasses.replace(p, profile=plain_profile(p.profile)) for p in g.instances))
+        for g in layout.gpus if g.gpu in mig))
