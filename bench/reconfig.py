@@ -212,6 +212,7 @@ def rewire(args: argparse.Namespace) -> int:
     import dataclasses
 
     from jigsaw.backends.registry import backend_kind
+    from jigsaw.control.transition import MakeRoom, transit
     from jigsaw.runtime.frontend import Frontend
     from jigsaw.runtime.generations import DesiredState, GenerationManager
 
@@ -234,7 +235,8 @@ def rewire(args: argparse.Namespace) -> int:
             fe.start(asyncio.get_running_loop())
             try:
                 for k in range(args.rewire):
-                    done = await gm.apply(DesiredState(app.name, slower if k % 2 == 0 else first))
+                    done, _ = await transit(gm, DesiredState(app.name, slower if k % 2 == 0 else first),
+                                            MakeRoom(node.control.drain_wait_slo))
                     rows.append((done.seconds, done.kept, done.started))
                     while len(gm.generations) > 1:  # the old routing generation retires
                         await asyncio.sleep(0.05)

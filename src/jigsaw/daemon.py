@@ -37,7 +37,6 @@ from jigsaw.app import App
 from jigsaw.backends.registry import EMULATED, BackendKind, backend_kind
 from jigsaw.control.controller import ANYTIME_MODES
 from jigsaw.control.predictor import burst_floor_rps
-from jigsaw.control.transition import MakeRoom
 from jigsaw.errors import JigsawError
 from jigsaw.node import HTTP_FRONTS, Node, load_node, load_node_profiles
 from jigsaw.plan import NodePlan, Plan
@@ -585,7 +584,6 @@ def _start_generations(node: Node, plans: list[tuple[App, Plan]], args: argparse
                                         backend=backend, log=_log,
                                         spare_workers=node.server.spare_workers if controller else 0,
                                         launcher=fork_server,
-                                        room=MakeRoom(node.control.drain_wait_slo),
                                         keep_usable=node.control.keep_compute_usable)
     except BaseException:
         if fork_server is not None:

@@ -24,11 +24,15 @@ from jigsaw.errors import ConfigError
 from jigsaw.fields import Fields, load_section, reference, section, setting
 from jigsaw.mig import (
     GPU_MODELS,
+    MIG_SHARE_LEVELS,
     MPS_SHARE_LEVELS,
     GpuModel,
     gpu_model,
     mig_family_model,
+    share_host,
+    share_level,
     whole_gpu_model,
+    with_mig_shares,
 )
 
 SEP = ":"
@@ -111,6 +115,9 @@ class GpuGroupSettings:
     mig_sm_counts: Ints | None = setting(
         None, "... and the SMs of a 1g, 2g, 3g, 4g and 7g instance, e.g. [16, 32, 60, 64, 132]",
         toml_type="array")
+    mig_shares: Annotated[tuple[str, ...], BeforeValidator(_array)] = setting(
+        (), "MIG instances k processes of any (task, variant)s share, `<profile>-1of<k>`, e.g. "
+            "[\"1g.10gb-1of2\"] (k in 2, 3, 4 and one of mps_levels)", toml_type="array")
 
 
 WHOLE_GPU_KEYS = ("memory_gb", "sm_count", "fp16_tflops", "memory_tb_s", "mps_shares")
@@ -153,7 +160,8 @@ class GpuGroup:
 
 def with_qualified_profiles(model: GpuModel, group: str) -> GpuModel:
     return dataclasses.replace(model, profiles=tuple(
-        dataclasses.replace(p, name=qualified(group, p.name)) for p in model.profiles))
+        dataclasses.replace(p, name=qualified(group, p.name), host=qualified(group, p.host) if p.host else "")
+        for p in model.profiles))
 
 
 def composite_model(groups: tuple[GpuGroup, ...]) -> GpuModel:
@@ -213,7 +221,7 @@ def load_gpu_groups(f: Fields, base: Path) -> tuple[GpuGroup, ...]:
 
 
 def _group(g: Fields, s: GpuGroupSettings, base: Path, first: int, several: bool) -> GpuGroup:
-    model = _whole_gpu(g, s) if not s.mig else _mig_gpu(g, s)
+    model = _whole_gpu(g, s) if not s.mig else _mig_shares(g, s, _mig_gpu(g, s))
     name = s.name or model.name
     if SEP in name:
         raise g.error("name", f"{name!r} has a {SEP!r}: name the group (gpus.name)")
@@ -273,13 +281,39 @@ def _mig_gpu(g: Fields, s: GpuGroupSettings) -> GpuModel:
                             fp16_tflops=s.fp16_tflops, memory_tb_s=s.memory_tb_s)
 
 
+def _mig_shares(g: Fields, s: GpuGroupSettings, gpu: GpuModel) -> GpuModel:
+    """``gpu`` with the MIG-instance shares ``mig_shares`` names (``<profile>-1of<k>``, e.g.
+    ``["1g.10gb-1of2", "1g.10gb-1of4"]``; default none): k processes of any (task, variant)s in one
+    instance (``jigsaw.shares``)."""
+    if not s.mig_shares:
+        return gpu
+    if gpu.kind != "gpu":
+        raise g.error("mig_shares", "a CPU device has no MIG instances to share")
+    wanted: dict[str, list[int]] = {}
+    for i, name in enumerate(s.mig_shares):
+        host, k = share_host(name), share_level(name)
+        if not host or host not in gpu.profile_names or k not in MIG_SHARE_LEVELS:
+            raise ConfigError(g.path, g.name(f"mig_shares[{i}]"),
+                              f"expected '<profile>-1of<k>' with a profile of the {gpu.name} table and k in "
+                              f"{list(MIG_SHARE_LEVELS)}, got {name!r}")
+        if k not in s.mps_levels:
+            raise ConfigError(g.path, g.name(f"mig_shares[{i}]"), f"{name}: {k} is not one of the node's "
+                              f"mps_levels {list(s.mps_levels)} (a share's rows are its instance's at "
+                              "that level)")
+        wanted.setdefault(host, []).append(k)
+    for host, ks in wanted.items():
+        gpu = with_mig_shares(gpu, ks, [host])
+    return gpu
+
+
 def _whole_gpu(g: Fields, s: GpuGroupSettings) -> GpuModel:
     """A GPU without MIG (``mig = false``): a known MIG GPU with MIG off, or any GPU whose
     ``memory_gb`` and ``sm_count`` the file gives (and, to be modeled, its FP16 peak and memory
     bandwidth)."""
-    for key in MIG_FIGURE_KEYS:
+    for key in (*MIG_FIGURE_KEYS, "mig_shares"):
         if g.has(key):
-            raise g.error(key, "a GPU used whole (mig = false) has no MIG instances")
+            raise g.error(key, "a GPU used whole (mig = false) has no MIG instances (its MPS shares "
+                               "are mps_shares)")
     known = _known(s.model)
     if known is not None and known.kind == "cpu":
         raise g.error("mig", f"{s.model} is a CPU device; mig applies to GPUs")

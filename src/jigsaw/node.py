@@ -38,7 +38,7 @@ PAPER_BETA_SLICES = 28  # the paper's beta = 0.035 was chosen for a 28-slice nod
 PAPER_BETA = 0.035
 Objective = Literal["accuracy", "slices"]
 HttpFront = Literal["fast", "aiohttp"]
-Predictor = Literal["recurring", "mean"]  # spike-aware (control/predictor.py) or the paper's mean
+Predictor = Literal["profile", "mean"]  # spike-aware (control/predictor.py) or the paper's mean
 NODE_OBJECTIVES: tuple[str, ...] = get_args(Objective)
 HTTP_FRONTS: tuple[str, ...] = get_args(HttpFront)
 PREDICTORS: tuple[str, ...] = get_args(Predictor)
@@ -193,13 +193,10 @@ class ControlSettings:
                                          group=TRIGGERS)
     history_bins: int = setting(5, "the predictor's window in bins", ge=1, group=PREDICTOR)
     predictor: Predictor = setting(
-        "recurring", "spike-aware mean (\"recurring\") or the paper's mean", group=PREDICTOR)
+        "profile", "the mean outside spikes, a running spike from past spikes' heights, recurring "
+                   "jumps foreseen (\"profile\"), or the paper's mean", group=PREDICTOR)
     burst_requests: int = setting(40, "every plan holds this many concurrent requests within "
                                       "half the SLO (0: off)", ge=0, group=PREDICTOR)
-    skip_ended_spikes: bool = setting(True, "the recurring predictor's mean leaves out the "
-                                            "bins of ended spikes", group=PREDICTOR)
-    hold_spikes: bool = setting(True, "a spike past its second bin is predicted at least at "
-                                      "its last bin", group=PREDICTOR)
     repartition_delay_s: float = setting(2.0, "emulated: time a GPU is unavailable while "
                                               "repartitioned", ge=0, group=DEPLOYMENT)
     shrink_min_slices: int = setting(1, "a running plan that holds its demand is replaced only "
@@ -263,6 +260,8 @@ REMOVED_CONTROL: dict[str, str] = {
     "headroom_full_fraction": f"{_ROOM} keeps the running plan up to its full utilization",
     "rate_trigger_z": "control.rate_window_grow_z (a window of enough arrivals fires on the rate alone)",
     "lookahead_bins": "control.predictor (each plan holds the next bin's prediction)",
+    "skip_ended_spikes": "control.predictor \"profile\" (its mean always leaves out every spike's bins)",
+    "hold_spikes": "control.predictor \"profile\" (a running spike is never predicted below its last bin)",
     "single_reconfiguration": "removed (measured worse): an urgent re-plan deploys its quick plan, "
                               "then its exact one",
     "fewest_starts_first": "removed (measured no better): the exact plan goes out when it is in",

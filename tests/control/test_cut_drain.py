@@ -28,9 +28,10 @@ from factories import count_answers
 from pinned import APP, instance, write_pinned
 
 from jigsaw.backends.registry import backend_kind
-from jigsaw.control.transition import MakeRoom
+from jigsaw.control.transition import MakeRoom, Need, transit
 from jigsaw.node import load_node
 from jigsaw.plan import Plan
+from jigsaw.runtime.applied import Refuse
 from jigsaw.runtime.frontend import Frontend
 from jigsaw.runtime.generations import DesiredState, GenerationManager
 
@@ -81,8 +82,7 @@ def _serve(node_path: Path, first: Plan, steps: Steps) -> dict[str, Any]:
     node = load_node(node_path)
     logs: list[str] = []
     gm = GenerationManager(node, [(node.apps[0], first)], time_scale=1.0, seed=0,
-                           backend=backend_kind("emulated"), log=logs.append,
-                           room=MakeRoom(node.control.drain_wait_slo))
+                           backend=backend_kind("emulated"), log=logs.append)
     fe = Frontend(gm.backend, hop_latency_ms=0.0)
     daemon_id = gm.registry.daemon_id
     answers = count_answers(fe.dispatcher)  # request (object id) -> answers given
@@ -127,23 +127,24 @@ def _serve(node_path: Path, first: Plan, steps: Steps) -> dict[str, Any]:
 
 
 def _run(tmp_path: Path, node_extra: str = "", added: str = "2g.20gb", slo_ms: float = 30000.0,
-         requests: int = REQUESTS, still_needed: Callable[[], bool] | None = None,
-         outgrown: Callable[[], bool] | None = None, **desired: bool) -> dict[str, Any]:
+         requests: int = REQUESTS, need: Callable[[], Need] = Need, **desired: bool) -> dict[str, Any]:
     """Start generation 0, load it, re-plan to generation 1, then at once to the plan that adds
-    an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot); return what happened."""
+    an instance of ``b`` on ``added`` (a 2g.20gb needs generation 0's slot) as the controller
+    moves an app (``transition.transit``: the node's making-room policy, reading ``need`` at each
+    decision); return what happened (``third_step``: the step that ended that transition)."""
     node_path, first, second, third = _plans(tmp_path, node_extra, added, slo_ms)
 
     async def steps(gm: GenerationManager, fe: Frontend, submit: Callable[[], Any],
                     out: dict[str, Any]) -> list[Any]:
         sent = [submit() for _ in range(requests)]
-        one = await gm.apply(DesiredState(APP, second))
+        room = MakeRoom(gm.node.control.drain_wait_slo)
+        one, _ = await transit(gm, DesiredState(APP, second), room)
         assert one.error is None and one.new_generation, (one, out["logs"])
         out["gen0_pending_before"] = fe.pending_in(one.previous)
         sent += [submit() for _ in range(4)]  # and a few on generation 1
         out["layout_before"] = gm.node_layout
         out["third_at"] = asyncio.get_running_loop().time()
-        two = await gm.apply(DesiredState(APP, third, still_needed=still_needed, outgrown=outgrown,
-                                          **desired))
+        two, out["third_step"] = await transit(gm, DesiredState(APP, third, **desired), room, need)
         out["third_s"] = asyncio.get_running_loop().time() - out["third_at"]
         out["second"], out["third"] = one, two
         out["gen0_alive_after"] = one.previous in gm.generations
@@ -197,7 +198,7 @@ def _kept_after_a_second(out: dict[str, Any], note: str, logged: str, outcome: s
     answer, ``logged`` in the log, counted as ``outcome``): nothing changed, the MIG instances it
     brought up are gone, generation 0 drains on, every request answered 200 once."""
     two, logs = out["third"], out["logs"]
-    assert not two.new_generation and two.error is None and not two.refused, (two, logs)
+    assert not two.new_generation and two.error is None, (two, logs)
     assert note in (two.note or ""), two
     assert any(logged in line for line in logs), logs
     assert 0.9 < out["third_s"] < 4.5, out["third_s"]  # not the six seconds of generation 0
@@ -210,31 +211,31 @@ def _kept_after_a_second(out: dict[str, Any], note: str, logged: str, outcome: s
 
 
 def test_a_needed_replan_stops_waiting_for_the_drain_once_the_rate_no_longer_needs_it(tmp_path: Path) -> None:
-    """The re-plan waiting for generation 0's six seconds of work asks at each poll whether it is
-    still needed (``DesiredState.still_needed``); once told no (here after about a second: the
-    spike it was for has passed) it stops waiting, cuts nothing, sends nothing again and keeps the
-    running generation."""
+    """The re-plan waiting for generation 0's six seconds of work is decided again at each poll,
+    on whether the rate still needs it (``Need.still_needed``); once it does not (here after about
+    a second: the spike it was for has passed) the wait ends, nothing is cut or sent again and the
+    running generation serves on."""
     t0: list[float] = []
 
-    def passes_after_a_second() -> bool:
+    def passes_after_a_second() -> Need:
         t0.append(t0[0] if t0 else asyncio.get_running_loop().time())
-        return asyncio.get_running_loop().time() - t0[0] < 1.0
-    _kept_after_a_second(_run(tmp_path, still_needed=passes_after_a_second),
+        return Need(still_needed=asyncio.get_running_loop().time() - t0[0] < 1.0)
+    _kept_after_a_second(_run(tmp_path, need=passes_after_a_second),
                          "the rate now arriving is one the running plan holds",
                          "no longer needed: the wait ends there", "not_needed")
 
 
 def test_a_needed_replan_stops_waiting_for_the_drain_once_the_arrivals_outgrow_it(tmp_path: Path) -> None:
-    """The re-plan waiting for generation 0's six seconds of work asks at each poll whether the
-    arrivals have outgrown it (``DesiredState.outgrown``); told yes after about a second, it stops
-    waiting, changes nothing (no drain cut, nothing sent again, the MIG instances it brought up
-    released) and returns, so the node's re-plan lock is free for a plan sized to the rate."""
+    """The re-plan waiting for generation 0's six seconds of work is decided again at each poll, on
+    whether the arrivals have outgrown it (``Need.outgrown``); once they have (after about a
+    second) the wait ends and nothing changes (no drain cut, nothing sent again, the MIG instances
+    it brought up released), so the node's re-plan lock is free for a plan sized to the rate."""
     t0: list[float] = []
 
-    def grows_after_a_second() -> bool:
+    def grows_after_a_second() -> Need:
         t0.append(t0[0] if t0 else asyncio.get_running_loop().time())
-        return asyncio.get_running_loop().time() - t0[0] >= 1.0
-    _kept_after_a_second(_run(tmp_path, outgrown=grows_after_a_second),
+        return Need(outgrown=asyncio.get_running_loop().time() - t0[0] >= 1.0)
+    _kept_after_a_second(_run(tmp_path, need=grows_after_a_second),
                          "the arrivals outgrew the new plan",
                          "the arrivals outgrew the plan: the wait ends there", "outgrown")
 
@@ -266,7 +267,7 @@ def test_a_needed_replan_that_would_leave_no_lane_is_refused_before_waiting(tmp_
     draining. Every request is answered once."""
     out = _run(tmp_path, added="2x2g.20gb")
     two, logs = out["third"], out["logs"]
-    assert not two.new_generation and two.refused, (two, logs)
+    assert not two.new_generation and isinstance(out["third_step"], Refuse), (two, logs)
     assert "no lane left" in (two.error or "") and "refused before waiting" in (two.error or ""), two
     assert not any("for their drains to end" in line for line in logs) and out["waits"][0] == 0, logs
     assert out["gen0_alive_after"]

@@ -79,18 +79,19 @@ from jigsaw.app import App
 from jigsaw.control.needed import NeededPlans
 from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor
 from jigsaw.control.solver import solve_node
+from jigsaw.control.transition import NEEDED, KeepRunning, MakeRoom, Need, RoomPolicy, transit
 from jigsaw.errors import JigsawError
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
 from jigsaw.planner.node_plan import QUICK_STATUS, app_value, prefer_quick
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime.admission import BinCounters
-from jigsaw.runtime.applied import Applied, DesiredState
+from jigsaw.runtime.applied import Applied, DesiredState, Refuse, RoomStep, Transition
 from jigsaw.runtime.placement import Beside, same_instances
 
 LEAD_MARGIN = 1.25  # a re-plan ahead of a bin's end starts this many recent re-plan durations early
 HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per app
-# the demand history the predictor reads: a day of 5-minute bins, since the recurring-spike
+# the demand history the predictor reads: a day of 5-minute bins, since the spike-profile
 # predictor needs several cycles of a spike that recurs every couple of hours to predict the next
 HISTORY_RPS_BINS = 288
 MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
@@ -162,7 +163,7 @@ class DataPlane(Protocol):
 
     def plan_of(self, app: str) -> Plan: ...
     def generation_of(self, app: str) -> int: ...
-    async def apply(self, desired: DesiredState) -> Applied: ...
+    def transition(self, desired: DesiredState) -> contextlib.AbstractAsyncContextManager[Transition]: ...
     async def unload_app(self, app: str) -> None: ...
     async def load_app(self, app: App, plan: Plan) -> None: ...
     def beside(self) -> Beside | None: ...
@@ -262,8 +263,7 @@ class AppController:
         self.counters = ctl.counters
         plan = ctl.plane.plan_of(app.name)
         self.predictor: Predictor = predictor or make_predictor(
-            node.control.predictor, node.control.history_bins, node.planner.demand_slack, plan.demand_rps,
-            node.control.skip_ended_spikes, node.control.hold_spikes)
+            node.control.predictor, node.control.history_bins, node.planner.demand_slack, plan.demand_rps)
         self.floor_rps = burst_floor_rps(app.latency_slo_ms, node.control.burst_requests)
         self.history_rps: deque[float] = deque(maxlen=max(HISTORY_RPS_BINS, node.control.history_bins))
         self.factor_bins: deque[dict[tuple[str, str], float]] = deque(maxlen=node.control.history_bins)
@@ -570,7 +570,7 @@ class NodeController(NeededPlans):
                  bin_seconds: float, time_scale: float, executor: ThreadPoolExecutor,
                  solver: Solver = default_solver, anytime: str = "auto",
                  predictors: Mapping[str, Predictor] | None = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, room: RoomPolicy | None = None) -> None:
         if anytime not in ANYTIME_MODES:
             raise ValueError(f"anytime must be one of {', '.join(ANYTIME_MODES)}, got {anytime!r}")
         if not apps:
@@ -603,6 +603,10 @@ class NodeController(NeededPlans):
         self._lost: dict[str, float] = {}  # capacity-loss re-plans waiting: app -> demand
         self.unloaded: dict[str, tuple[AppController, Plan]] = {}  # apps unloaded (Triton's repository)
         self._replan_s: float | None = None  # smoothed duration of recent re-plans (solve + reconfigure)
+        # how a new plan makes room on the node (``control/transition.py``)
+        self.room: RoomPolicy = room if room is not None else MakeRoom(self.node.control.drain_wait_slo)
+        # app -> (running generation, the least rate a needed plan the headroom rule kept out over it)
+        self._headroom_kept: dict[str, tuple[int, float]] = {}
 
     # ---- the clock ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -1031,21 +1035,25 @@ class NodeController(NeededPlans):
                         slices_used=sum(p.slices_used for p in running.values()),
                         slices_available=self.node.slices_available, solve_seconds=0.0, plans=pushed)
 
-    async def _apply(self, desired: DesiredState, source: str, *,
-                     record_error: bool = True) -> Applied | None:
-        """Push one app's ``desired`` state and record what the runtime did with its ``source``
-        plan; None when the runtime could not lay it out (logged, and with ``record_error`` kept in
-        the bin's record): the running plan serves on."""
+    async def _apply(self, desired: DesiredState, source: str, need: Callable[[], Need] = lambda: NEEDED,
+                     *, record_error: bool = True) -> tuple[Applied, RoomStep | None] | None:
+        """Move one app to ``desired`` (``transition.transit``: the making-room policy decides each
+        step on the runtime's snapshot and ``need``) and record what was done with its ``source``
+        plan, and the step that ended the transition; None when the runtime could not lay it out
+        (logged, and with ``record_error`` kept in the bin's record): the running plan serves on."""
         c = self.apps[desired.app]
         try:
-            done = await self.plane.apply(desired)
+            done, last = await transit(self.plane, desired, self.room, need)
         except Exception as exc:  # a plan the runtime cannot lay out: keep the running one
             if record_error:
                 c.record_error(f"{type(exc).__name__}: {exc}")
             self.log(f"{desired.app}: the {source} plan was not applied ({type(exc).__name__}: {exc})")
             return None
+        if isinstance(last, KeepRunning) and last.headroom_rps is not None:
+            # a later plan past this by RISING_MARGIN over the same generation: a spike still rising
+            self._headroom_kept[desired.app] = (done.generation, last.headroom_rps)
         c.record_applied(done, desired.plan, source)
-        return done
+        return done, last
 
     async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str,
                       demands: Mapping[str, float]) -> tuple[list[str], list[str]]:
@@ -1075,19 +1083,16 @@ class NodeController(NeededPlans):
                 beside, extended = await self._needed_beside(name, plan, float(demands[name]), fresh, source)
                 if extended:
                     continue
-            recheck = self._recheck(c, holds)
             if not beside and self._short_of_gain(name, plan, float(demands[name]), total, fresh):
                 kept.append(name)
                 continue
-            done = await self._apply(DesiredState(name, plan, repartition_delay_s=delay,
-                                                  fresh_generation=name in fresh, running_holds=holds,
-                                                  beside=beside, still_needed=recheck,
-                                                  outgrown=self._outgrown(c, plan, float(demands[name]),
-                                                                          holds)),
-                                     source)
-            if done is None:
+            got = await self._apply(DesiredState(name, plan, repartition_delay_s=delay,
+                                                 fresh_generation=name in fresh, beside=beside),
+                                    source, self._need_reader(c, plan, float(demands[name]), holds))
+            if got is None:
                 continue
-            if done.refused:
+            done, last = got
+            if isinstance(last, Refuse):
                 refused.append(name)
             elif done.note is not None and holds:
                 await self._trim_running(name, plan, demands[name], delay)

@@ -11,11 +11,12 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from jigsaw.control.transition import Need
 from jigsaw.node import Node
 from jigsaw.plan import Plan
 from jigsaw.planner.anytime import trim_plan
 from jigsaw.planner.node_plan import extend_in_place
-from jigsaw.runtime.applied import Applied, DesiredState
+from jigsaw.runtime.applied import Applied, DesiredState, RoomStep
 from jigsaw.runtime.placement import Beside
 
 if TYPE_CHECKING:
@@ -43,9 +44,11 @@ class NeededPlans:
     _trigger: str
     _for_bin: int | None
     _extended_first: Any
+    _headroom_kept: dict[str, tuple[int, float]]
     log: Callable[[str], None]
 
-    async def _apply(self, desired: DesiredState, source: str) -> Applied | None: ...
+    async def _apply(self, desired: DesiredState, source: str, need: Callable[[], Need] = ...,
+                     *, record_error: bool = True) -> tuple[Applied, RoomStep | None] | None: ...
     def repartition_delay_s(self) -> float: ...
 
     async def _extend_in_place(self, name: str, demand_rps: float, fresh: frozenset[str], why: str,
@@ -75,15 +78,29 @@ class NeededPlans:
             return None
         self.log(f"{name}: {why}; the running plan, kept in place, is extended for "
                  f"{p.planned_rps:.1f} of {demand_rps:.1f} rps ({p.slices_used} slices)")
-        done = await self._apply(DesiredState(
+        got = await self._apply(DesiredState(
             name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh,
-            beside=beside is not None, over_draining=over_draining,
-            still_needed=self._recheck(c, False),
-            outgrown=self._outgrown(c, p, demand_rps, False)), "in-place")
+            beside=beside is not None, over_draining=over_draining),
+            "in-place", self._need_reader(c, p, demand_rps, False))
         # re-weighted in place counts (the instances that run serve more); a skip (``note``) does not
-        if done is None or done.error is not None or (not done.new_generation and done.note is not None):
+        if got is None:
+            return None
+        done = got[0]
+        if done.error is not None or (not done.new_generation and done.note is not None):
             return None
         return p
+
+    def _need_reader(self, c: AppController, plan: Plan, asked_rps: float, holds: bool) -> Callable[[], Need]:
+        """What the making-room policy reads of a plan of ``c``'s app pushed now, at each of its
+        decisions (``transition.Need``): ``holds`` (the running plan holds the demand: the plan is
+        better, not needed), whether the rate still needs it (``_recheck``), whether the arrivals
+        outgrew it (``_outgrown``) and the least plan the headroom rule kept out."""
+        if holds:
+            return lambda: Need(needed=False)
+        still = self._recheck(c, False)
+        grown = self._outgrown(c, plan, asked_rps, False)
+        return lambda: Need(True, still is None or still(), grown is not None and grown(),
+                            self._headroom_kept.get(c.name))
 
     def _recheck(self, c: AppController, holds: bool) -> Callable[[], bool] | None:
         """How a plan of ``c``'s app pushed now is asked again, before a drain-first of the app's
@@ -217,6 +234,6 @@ class NeededPlans:
                                           demand_rps, space=self.space, factors=factors)
         if trimmed is None or run.slices_used - trimmed.slices_used < min_frees:
             return
-        if await self._apply(DesiredState(name, trimmed, repartition_delay_s=delay, running_holds=True),
-                             "trimmed", record_error=False) is not None:
+        if await self._apply(DesiredState(name, trimmed, repartition_delay_s=delay), "trimmed",
+                             lambda: Need(needed=False), record_error=False) is not None:
             self.stats.trims += 1

@@ -4,7 +4,6 @@ refusals. Plain data."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,9 +42,6 @@ class DesiredState:
     # process may have come back by the time the plan is ready, but the capacity-loss re-plan
     # still replaces it (the supervisor's retry is a stopgap, not a recovery)
     fresh_generation: bool = False
-    # the running plan holds the demand this plan is for: it is a better plan, not a needed one, so
-    # it is not worth a drain-first, nor a wait for the drains in its way
-    running_holds: bool = False
     # placed beside everything that runs and drains where it fits so (``Beside.place``: the running
     # instances kept, the others on slots nothing holds), else as any plan: a needed plan, which
     # should not wait for a drain or drain the app's own instances
@@ -53,15 +49,6 @@ class DesiredState:
     # with ``beside``: placed beside what serves only, on slots that drain where it needs them
     # (``Beside.serving_only``): it waits for those drains, never drains a running instance
     over_draining: bool = False
-    # for a needed plan: asked again before a drain-first of the app's running instances (after
-    # any wait for the drains in the way), whether the plan is still needed; False keeps the
-    # running plan. None: needed whatever happens
-    still_needed: Callable[[], bool] | None = None
-    # for a needed plan that waits for the drains in its way: asked at each poll of the wait; True
-    # (the rate now arriving is well above the demand this plan was asked for) ends the wait and
-    # changes nothing, so the node's re-plan lock is free for a plan sized to that rate
-    # None: never asked
-    outgrown: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,10 +71,6 @@ class Applied:
     restored: bool | None = None
     # why the running plan serves on although nothing failed (a drain-first not worth making)
     note: str | None = None
-    # the plan was refused before anything changed (``DrainRefused``: a drain-first would leave the
-    # app no lane, or the slots in its way are not the app's own): a plan that keeps the running
-    # instances may still be applied
-    refused: bool = False
 
 
 READY_TIMEOUT_S = 120.0  # a new generation's processes are all ready within this, or it failed
@@ -96,45 +79,43 @@ Slot = tuple[int, int]
 Deferred = tuple[tuple[int, int, str], ...]
 
 
-class WaitOutgrown(Exception):
-    """A needed plan's wait for the drains in its way ended because the arrivals outgrew the plan
-    (``DesiredState.outgrown``): nothing was cut or changed."""
-
-
 class DrainRefused(JigsawError):
     """A drain-first re-plan that cannot be made safely (nothing was changed): the app would have
     no lane while the instances in the way drain, or their slots are not the app's own."""
 
 
-# ---- making room: what the manager sees, and the steps a policy picks -------------------------
+# ---- making room: what the manager sees, and the steps it executes --------------------------
 
 
 @dataclass(frozen=True)
 class RoomSnapshot:
-    """What the generation manager sees when a new plan's MIG instances need slots that something
-    holds: the app's running plan, what is in the way, and how the running plan copes. Plain data,
-    so the policy that decides on it (``RoomPolicy``) is a pure function of it."""
+    """What the generation manager sees of one app's transition to a new plan: what holds the new
+    MIG instances' slots, where the wait for drains stands, and how the running plan copes. Plain
+    data: the policy that picks the next step (``control/transition.py``) is a pure function of
+    it and of what the controller knows (the demand, the rate now arriving)."""
 
     app: str
     running_gid: int
-    needed: bool  # the running plan does not hold the demand the new plan is for
-    waited: bool  # the new plan already waited for the drains in its way
-    deferred: int  # the new MIG instances whose slots something holds
+    deferred: int  # the new MIG instances whose slots something holds (0: nothing in the way)
     own_in_way: int  # the app's running instances in their way (a drain-first frees them)
     others_in_way: int  # draining generations' or retired ones' instances in their way
     lane_without_own: bool  # the running plan less its instances in the way still has a lane
+    drains_in_way: int  # draining generations that hold some of those slots
+    drains_settled: bool  # every request they hold is answered, or their deadline has passed
+    waiting: bool  # the transition polls the drains in its way (``WaitForDrains`` executed)
+    waited: bool  # it ended that wait (``CutDrains`` executed)
     queued_s: float | None  # the running plan's queue, wall seconds (None: unknown)
     drain_budget_s: float  # the longest a request of the app may take, wall seconds
     running_planned_rps: float
     max_utilization: float  # planner.max_utilization: the running plan run hot serves rps / this
     new_planned_rps: float
     new_demand_rps: float  # what the new plan was asked for (above its planned rate: capped)
-    headroom_least_rps: float | None  # the least plan the headroom rule kept out over this generation
 
 
 @dataclass(frozen=True)
 class KeepRunning:
-    """Change nothing: the running plan serves on (``outcome`` counted, ``why`` said)."""
+    """Change nothing: the running plan serves on (``outcome`` counted, ``why`` said); the MIG
+    instances brought up for the new plan go."""
 
     outcome: str
     why: str
@@ -143,22 +124,31 @@ class KeepRunning:
 
 @dataclass(frozen=True)
 class Refuse:
-    """Refuse the plan before anything changed (``Applied.refused``)."""
+    """Change nothing and say why the plan cannot be applied (no lane left while the app's
+    instances in the way would drain, slots another generation holds): the decider picks another
+    plan."""
 
     why: str
 
 
 @dataclass(frozen=True)
 class WaitForDrains:
-    """Wait for the drains in the new instances' way to end, then take their slots."""
+    """Wait one poll for the drains in the new instances' way, then look again."""
 
     note: str = ""
 
 
 @dataclass(frozen=True)
+class CutDrains:
+    """End the drains in the new instances' way (what they still hold settled: late credits
+    forgotten, unanswered requests sent again or failed), free their slots and the slots of
+    retired instances, and bring up the new instances there."""
+
+
+@dataclass(frozen=True)
 class DrainFirst:
     """Drain the app's running instances in the way (waiting ``wait_s`` for their requests, the
-    rest sent again), while the rest of the running plan serves; then the new plan."""
+    rest sent again) while the rest of the running plan serves, then bring up the new instances."""
 
     wait_s: float
     note: str = ""
@@ -166,13 +156,18 @@ class DrainFirst:
 
 @dataclass(frozen=True)
 class TakeSlots:
-    """Nothing is in the way: the new plan's generation starts."""
+    """Nothing is in the way: the new plan's generation starts and the app switches to it."""
 
 
-RoomStep = KeepRunning | Refuse | WaitForDrains | DrainFirst | TakeSlots
+RoomStep = KeepRunning | Refuse | WaitForDrains | CutDrains | DrainFirst | TakeSlots
 
 
-class RoomPolicy(Protocol):
-    """Decides the next step of making room from a snapshot (``control/transition.py``); pure."""
+class Transition(Protocol):
+    """One app's transition to a new plan, in progress (``GenerationManager.transition``): the
+    snapshot to decide on, and ``done`` once a step ended it."""
 
-    def decide(self, snapshot: RoomSnapshot) -> RoomStep: ...
+    @property
+    def snapshot(self) -> RoomSnapshot: ...
+    @property
+    def done(self) -> Applied | None: ...
+    async def execute(self, step: RoomStep) -> None: ...

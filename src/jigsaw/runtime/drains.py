@@ -20,11 +20,8 @@ from jigsaw.plan import Plan
 from jigsaw.runtime.applied import (
     Applied,
     Deferred,
-    DesiredState,
     DrainRefused,
-    KeepRunning,
     Slot,
-    WaitOutgrown,
 )
 from jigsaw.runtime.generation import Generation
 from jigsaw.runtime.gpus import placements
@@ -38,7 +35,6 @@ if TYPE_CHECKING:
 
 DRAIN_MARGIN_S = 12.0  # beyond the deadline: the frontend keeps a timed-out request 10 s for late credits
 DRAIN_POLL_S = 0.05
-DRAIN_END_MARGIN_S = 0.5  # past a drain's own deadline: the frontend's timers answer its last requests
 CUT_WAIT_S = 15.0  # a cut drain's processes stop within ms; past this the re-plan goes on without
 READY_FAST_POLL_S = 0.002  # how often a cut drain's retirement is looked at
 
@@ -67,7 +63,6 @@ class Drains:
     drains_cut_total: int
     cut_requests_total: Counter[str]
     drain_first_total: Counter[str]
-    _headroom_kept: dict[str, tuple[int, float]]
     failures_total: int
     processes_started_total: int
 
@@ -81,8 +76,6 @@ class Drains:
     async def _abandon(self, gen: Generation) -> None: ...
     async def _release_mig(self, reason: str) -> None: ...
     def _tell(self, proc: Any) -> None: ...
-    async def _bring_up(self, app: str, node_layout: NodeLayout, why: str) -> Any: ...
-    async def _refused(self, app: str, old_gid: int, exc: JigsawError) -> Applied: ...
 
     def _drain_budget_s(self, g: Generation) -> float:
         """The longest a request of ``g`` may still take (wall seconds): the app's SLO and hops,
@@ -90,66 +83,41 @@ class Drains:
         return (g.app.latency_slo_ms + g.app.depth * self.node.planner.hop_latency_ms) \
             * self.time_scale / 1000.0
 
-    async def _wait_for_drains(self, app: str, desired: NodeLayout,
-                               deferred: tuple[tuple[int, int, str], ...],
-                               still_needed: Callable[[], bool] | None = None,
-                               outgrown: Callable[[], bool] | None = None) -> str:
-        """Some of the new instances' slots are held by generations that no longer serve (their
-        drain runs in the background, up to an SLO and the late-credit grace) or by the MIG
-        instances of ones that just retired: wait for those drains to end, until every request
-        they hold is answered, at most until their own deadline (``_drain_ends``: by then the
-        frontend has answered each 504 at its deadline, so none is sent again), then settle what
-        is left (late credits forgotten), retire them and free their slots, so the caller can take
-        them: "freed" when slots were freed, "passed" when ``still_needed`` said no, else
-        "nothing".
+    def drains_in_way(self, desired: NodeLayout, deferred: Deferred) -> list[int]:
+        """The draining generations (in ``_retire``) that hold slots of the new instances at
+        ``deferred``: a needed plan waits for their drains to end (``WaitForDrains``)."""
+        gpu = self.node.gpu
+        want = [i for i in desired.instances if i.slot in set(deferred)]
+        return sorted(gid for gid, held in self._draining_by_generation().items()
+                      if gid in self._retiring_gids
+                      and any(overlaps(gpu, w, i) for w in want for i in held))
 
-        A plan ``still_needed`` no longer answers for ends the wait at once and frees nothing
-        ("passed": the caller keeps the running plan); a plan the arrivals have ``outgrown`` (asked
-        at each poll) raises ``WaitOutgrown``, nothing freed.
+    async def _free_in_way(self, app: str, desired: NodeLayout, deferred: Deferred,
+                           in_way: list[int]) -> bool:
+        """``CutDrains``: end the drains ``in_way`` (what they still hold settled, their retirement
+        awaited), then destroy the instances in the new ones' way that nothing runs on any more
+        (theirs, retired ones'); True when slots were freed.
 
-        Why: refused, a spike's plan was retried only at the next trigger, after the drain had
-        ended anyway; cut short at once or after a part of the SLO, the drains' requests were sent
-        again and came back late (both measured more violations in alternating replays)."""
+        Why a needed plan waits for the drains in its way until every request they hold is answered
+        (at most until their own deadline, when the frontend has answered each 504, so none is sent
+        again) before it cuts them: refused, a spike's plan was retried only at the next trigger,
+        after the drain had ended anyway; cut short at once or after a part of the SLO, the drains'
+        requests were sent again and came back late (both measured more violations in alternating
+        replays)."""
         assert self.partition is not None
         gpu = self.node.gpu
         want = [i for i in desired.instances if i.slot in set(deferred)]
-        router = self._router()
-        in_way = sorted(gid for gid, held in self._draining_by_generation().items()
-                        if gid in self._retiring_gids
-                        and any(overlaps(gpu, w, i) for w in want for i in held))
-        if in_way:
-            t0 = time.monotonic()
-            t_end = max(self._drain_ends.get(g, t0) for g in in_way) + DRAIN_END_MARGIN_S
-            passed = grew = False
-            while any(router.unanswered_in(g) for g in in_way if g in self._retiring_gids) \
-                    and time.monotonic() < t_end:
-                if still_needed is not None and not still_needed():
-                    passed = True
-                    break
-                if outgrown is not None and outgrown():
-                    grew = True
-                    break
-                await asyncio.sleep(DRAIN_POLL_S)
-            in_way = [g for g in in_way if g in self._retiring_gids]
-            self.drain_waits_total += 1
-            self.drain_wait_s_total += time.monotonic() - t0
-            self.log(f"{app}: the new instances need slots of draining generation(s); waited "
-                     f"{(time.monotonic() - t0) * 1e3:.0f} ms for their drains to end"
-                     + (" (the plan is no longer needed: the wait ends there)" if passed else "")
-                     + (" (the arrivals outgrew the plan: the wait ends there)" if grew else ""))
-            if grew:
-                raise WaitOutgrown
-            if passed:
-                return "passed"
+        in_way = [g for g in in_way if g in self._retiring_gids]
         if in_way and not await self._end_drains(app, in_way):
-            return "nothing"
+            return False
         in_use = self.in_use_layout()
         assert in_use is not None
         used = {i.slot: i for i in in_use.instances}
+        in_use_devices = {i.device_slot for i in in_use.instances}  # a shared MIG instance: its host's
         orphans = [e for e in self.partition.existing.values()
-                   if e.slot not in used and any(overlaps(gpu, w, e) for w in want)]
+                   if e.slot not in in_use_devices and any(overlaps(gpu, w, e) for w in want)]
         if not in_way and not orphans:
-            return "nothing"
+            return False
         # what runs, and the new plan's instances (those made already stay): the rest goes
         keep = in_use.with_instances({**used, **{i.slot: i for i in desired.instances}}.values())
         try:
@@ -157,8 +125,8 @@ class Drains:
                                     f"{app}: the retired generations in the way of a re-plan")
         except JigsawError as exc:
             self.log(f"{app}: freeing the slots of the retired generations failed ({exc})")
-            return "nothing"
-        return "freed"
+            return False
+        return True
 
     async def _end_drains(self, app: str, gids: list[int]) -> bool:
         """Settle the requests the draining generations ``gids`` still hold (the router: answered
@@ -184,6 +152,10 @@ class Drains:
         return not set(gids) & self._retiring_gids
 
     def _retire_later(self, gid: int) -> None:
+        # draining from now (not from when the task first runs): a transition that comes next on
+        # the loop sees the drain and its deadline in its first snapshot
+        self._retiring_gids.add(gid)
+        self._drain_ends[gid] = time.monotonic() + self._drain_budget_s(self.generations[gid])
         task = asyncio.get_running_loop().create_task(self._drain_and_retire(gid))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
@@ -260,7 +232,7 @@ class Drains:
         await asyncio.to_thread(self.mps_daemons.stop_unused, list(self.generations.values()))
 
     def _blockers(self, app: str, old: Generation, desired: NodeLayout,
-                  deferred: tuple[tuple[int, int, str], ...]) -> tuple[set[Slot], set[Slot]]:
+                  deferred: Deferred) -> tuple[set[Slot], set[Slot]]:
         """The slots (GPU, start) of the MIG instances in the way of the new ones at ``deferred``,
         and those of them the app's running plan owns."""
         assert self.partition is not None and self.node_layout is not None
@@ -274,7 +246,7 @@ class Drains:
         return blockers, own
 
     async def _drain_first(self, app: str, old: Generation, desired: NodeLayout,
-                           deferred: tuple[tuple[int, int, str], ...], wait_s: float) -> Generation:
+                           deferred: Deferred, wait_s: float) -> Generation:
         """No free slots for some new instances: drain the app's instances in their way first while
         its other processes (and every other app) serve on, then destroy those and create the new
         ones. Returns the generation now serving (the old one less the drained instances).
@@ -350,7 +322,7 @@ class Drains:
         back: Generation | None = None
         try:
             await asyncio.to_thread(self.partition.tear_down, target, f"{app}: restoring the running plan")
-            missing = sorted(i.name for i in layout.instances if i.slot not in self.partition.existing)
+            missing = sorted(i.name for i in layout.instances if i.device_slot not in self.partition.existing)
             if missing:
                 raise JigsawError(f"MIG instances {', '.join(missing)} could not be created again")
             layout = self.partition.with_uuids(layout)
@@ -379,56 +351,3 @@ class Drains:
         return Applied(back.gid, old_gid, True, changed_gpus=tuple(sorted({i.gpu for i in layout.instances})),
                        processes=len(back.topology.processes), error=why, kept=len(back.adopted),
                        started=started, restored=True)
-
-    async def _keep_running(self, app: str, old_gid: int, step: KeepRunning, deferred: int,
-                            t0: float) -> Applied:
-        """The policy keeps the running plan: the MIG instances brought up for the new one go."""
-        why = "no longer needed" if step.outcome == "not_needed" else "skipped"
-        await self._release_mig(f"{app}: re-plan {why}")
-        self.drain_first_total[step.outcome] += 1
-        if step.headroom_rps is not None:
-            self._headroom_kept[app] = (old_gid, step.headroom_rps)
-        note = (f"the new plan's MIG instances need the slots of {deferred} running or draining ones "
-                f"and {step.why}: no drain-first, keeping generation {old_gid}")
-        self.log(f"{app}: {note}")
-        return Applied(old_gid, old_gid, False, time.monotonic() - t0, note=note)
-
-    async def _wait_step(self, desired: DesiredState, old_gid: int, new: Plan, node_layout: NodeLayout,
-                         deferred: Deferred, t0: float) -> Deferred | Applied:
-        """Wait for the drains in the new instances' way (``_wait_for_drains``); the slots still
-        held after it, or the ``Applied`` that ends the re-plan (outgrown, no longer needed)."""
-        app = desired.app
-        try:
-            status = await self._wait_for_drains(app, node_layout, deferred, desired.still_needed,
-                                                 desired.outgrown)
-        except WaitOutgrown:
-            # the arrivals outgrew the plan while it waited: it changes nothing, and the re-plan
-            # lock goes to the rate trigger's next plan, sized to what arrives
-            await self._release_mig(f"{app}: re-plan outgrown")
-            self.drain_first_total["outgrown"] += 1
-            note = (f"the arrivals outgrew the new plan ({new.planned_rps:.1f} rps) while it waited "
-                    f"for the drains in its way: nothing changed, keeping generation {old_gid}")
-            self.log(f"{app}: {note}")
-            return Applied(old_gid, old_gid, False, time.monotonic() - t0, note=note)
-        if status == "passed":
-            passed = KeepRunning("not_needed", "the rate now arriving is one the running plan holds")
-            return await self._keep_running(app, old_gid, passed, len(deferred), t0)
-        if status == "freed":
-            return await self._bring_up(app, node_layout, "re-plan, the drains in its way ended")
-        return deferred
-
-    async def _drain_first_step(self, app: str, old: Generation, node_layout: NodeLayout, deferred: Deferred,
-                                wait_s: float) -> tuple[Generation, tuple[Plan, NodeLayout]] | Applied:
-        """Drain the app's instances in the way first (``_drain_first``); on a failure after the
-        drain the running plan is restored, before it the re-plan is refused or failed."""
-        old_gid = old.gid
-        assert self.node_layout is not None
-        before = (old.plan, self.node_layout)
-        try:
-            return await self._drain_first(app, old, node_layout, deferred, wait_s), before
-        except JigsawError as exc:
-            self.failures_total += 1
-            if self.current[app] != old_gid:  # it failed after the drain: bring the plan back
-                self.log(f"{app}: the re-plan failed after its drain-first ({exc})")
-                return await self._restore(app, before, old_gid, str(exc))
-            return await self._refused(app, old_gid, exc)

@@ -1,20 +1,21 @@
 """The one owner of generations: create, start, ready, switch, drain, retire.
 
-The controller says what an app should run (``DesiredState``: a plan) and the manager makes it so
-(``apply``), per instance: a plan that runs the same processes only re-weights the lanes of the
-routes in place; any other plan becomes a new generation, make-before-break. A generation is a
-routing version: the processes of the instances both plans run (same GPU, start slot, profile,
-variant, MPS level, max batch) are kept (``kept_processes``: same pids, engines stay loaded) and
-told to serve the new generation's rings too; only the changed instances get new processes (their
-MPS daemons first). Its rings are created while the old generation serves, every process must
-report ready (and the new ones sit out the MIG repartition delay when the layout changed GPUs),
-the router switches the app to it in one assignment, and the old generation drains (every
-accepted request is answered) before the processes not kept stop, the kept ones drop its rings
-and its segments are unlinked; then the MPS daemons and MIG instances nothing runs on go. New
-instances that need the MIG slots of running ones are preceded by a drain of those
-(``_drain_first``) while the app's other processes serve; should the re-plan fail after that
-drain, the running plan is brought back (``_restore``: the drained instances created again, their
-processes restarted, the app routed back), so a failure never leaves the app on less than it ran.
+The controller says what an app should run (``DesiredState``: a plan) and the manager makes it
+so (``transition``: the controller decides each step, the manager executes it), per instance: a
+plan that runs the same processes only re-weights the lanes of the routes in place; any other
+plan becomes a new generation, make-before-break. A generation is a routing version: the
+processes of the instances both plans run (same GPU, start slot, profile, variant, MPS level, max
+batch) are kept (``kept_processes``: same pids, engines stay loaded) and told to serve the new
+generation's rings too; only the changed instances get new processes (their MPS daemons first).
+Its rings are created while the old generation serves, every process must report ready (and the
+new ones sit out the MIG repartition delay when the layout changed GPUs), the router switches the
+app to it in one assignment, and the old generation drains (every accepted request is answered)
+before the processes not kept stop, the kept ones drop its rings and its segments are unlinked;
+then the MPS daemons and MIG instances nothing runs on go. New instances that need the MIG slots
+of running ones may be preceded by a drain of those (``DrainFirst``, when the controller's policy
+picks it) while the app's other processes serve; should the re-plan fail after that drain, the
+running plan is brought back (``_restore``: the drained instances created again, their processes
+restarted, the app routed back), so a failure never leaves the app on less than it ran.
 
 The manager also holds the node's one layout (``node_layout``, all apps): every plan is placed
 against what the other apps hold (``place``), and the MIG instances are kept in step with it
@@ -27,12 +28,12 @@ supervisor reports worker faults to the manager (``worker_failed``, ``worker_res
 ``worker_restored``, ``capacity_lost``), which forwards them to the router and to whoever re-plans.
 
 One concept per module: what crosses to the controller (``applied``: ``DesiredState``,
-``Applied``, ``Router``), placement beside what runs and the plan arithmetic of a re-plan
-(``placement``), MPS daemons (``mps_daemons``), drains, waits, drain-firsts and restores
-(``drains``, a base of this class), unload and load of an app (``app_loading``, another), the
-fault sink (``fault_sink``, another), the ``/metrics``
-counters (``reconfig_metrics``); here: the generations themselves, their launch and readiness,
-the switch, and MIG bring-up and release.
+``Applied``, ``Router``, the steps), placement beside what runs and the plan arithmetic of a
+re-plan (``placement``), the steps of a transition executed (``transitions``), MPS daemons
+(``mps_daemons``), drains, drain-firsts and restores (``drains``, a base of this class), unload
+and load of an app (``app_loading``, another), the fault sink (``fault_sink``, another), the
+``/metrics`` counters (``reconfig_metrics``); here: the generations themselves, their launch and
+readiness, the switch, and MIG bring-up and release.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,22 +64,7 @@ from jigsaw.plan import Plan
 from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime import reconfig_metrics
 from jigsaw.runtime.app_loading import AppLoading
-from jigsaw.runtime.applied import (
-    READY_TIMEOUT_S,
-    Applied,
-    Deferred,
-    DesiredState,
-    DrainRefused,
-    KeepRunning,
-    Refuse,
-    RoomPolicy,
-    RoomSnapshot,
-    RoomStep,
-    Router,
-    TakeSlots,
-    WaitForDrains,
-    WaitOutgrown,
-)
+from jigsaw.runtime.applied import READY_TIMEOUT_S, Applied, Deferred, DesiredState, DrainRefused, Router
 from jigsaw.runtime.drains import Drains
 from jigsaw.runtime.fault_sink import WorkerFaults
 from jigsaw.runtime.forkserver import Launcher
@@ -87,10 +73,11 @@ from jigsaw.runtime.mps_daemons import MpsDaemons
 from jigsaw.runtime.placement import DRAINING, Beside, kept_processes, same_instances, without_instances
 from jigsaw.runtime.rings import Doorbell, SegmentRegistry
 from jigsaw.runtime.spares import SparePool
+from jigsaw.runtime.transitions import ManagerTransition
 
 # the names callers import from here
 __all__ = ["DRAINING", "Applied", "Beside", "DesiredState", "DrainRefused", "GenerationManager", "Router",
-           "WaitOutgrown", "kept_processes", "same_instances", "without_instances"]
+           "kept_processes", "same_instances", "without_instances"]
 
 FAULT_ENV = "JIGSAW_EMULATED_NVML_FAULT"
 MPS_CONTROL_ENV = "JIGSAW_MPS_CONTROL"  # the MPS control binary (on an emulated node: a stand-in script)
@@ -98,20 +85,6 @@ MAX_APPLIED = 100
 READY_POLL_S = 0.02
 READY_FAST_S = 0.2  # for this long after the start the readiness is polled every READY_FAST_POLL_S
 READY_FAST_POLL_S = 0.002
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def inject_fault(nvml: Any, spec: str) -> None:
@@ -128,39 +101,16 @@ def inject_fault(nvml: Any, spec: str) -> None:
                               "(an NVML function), comma-separated") from None
 
 
-
-
-
-
-
-
-
-
-class NoRoom:
-    """The policy of a manager given none: a new plan takes free slots only, and one that needs
-    slots something holds is kept out (not needed) or refused (needed)."""
-
-    def decide(self, snapshot: RoomSnapshot) -> RoomStep:
-        if snapshot.deferred == 0:
-            return TakeSlots()
-        if not snapshot.needed:
-            return KeepRunning("skipped", "the running plan holds the demand")
-        return Refuse("no making-room policy: the slots of the new instances are held")
-
-
 class GenerationManager(Drains, AppLoading, WorkerFaults):
     """Owns every generation's worker processes and segments; ``close`` releases them all."""
 
     def __init__(self, node: Node, plans: list[tuple[App, Plan]], *, time_scale: float, seed: int,
                  backend: BackendKind, log: Callable[[str], None] = print, nvml: Any = None,
                  spare_workers: int = 0, launcher: Launcher | None = None,
-                 room: RoomPolicy | None = None, keep_usable: bool = True) -> None:
+                 keep_usable: bool = True) -> None:
         self.node = node
-        # how a new plan makes room (``control/transition.py``: keep, refuse, wait for drains,
-        # drain first) and whether new MIG instances go where they strand the fewest compute
-        # slices. Given by the caller (the daemon, from the node's [control]): the runtime
-        # executes the policy's steps and reads no [control] setting itself
-        self.room: RoomPolicy = room if room is not None else NoRoom()
+        # whether new MIG instances go where they strand the fewest compute slices: given by the
+        # caller (the daemon, from the node's [control]; the runtime reads no [control] setting)
         self.keep_usable = keep_usable
         self.launcher = launcher  # starts worker processes: the fork server, or None (a Python start)
         self.backend = backend
@@ -217,9 +167,6 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         # drain-first re-plans by outcome: done, refused, failed (before the drain: nothing changed),
         # restored (failed after it: the running plan brought back), restore_failed
         self.drain_first_total: Counter[str] = Counter()
-        # app -> (running generation, the least rate a needed plan the headroom rule kept out of a
-        # drain-first over it planned): a later plan past it by RISING_MARGIN is a spike still rising
-        self._headroom_kept: dict[str, tuple[int, float]] = {}
         self.processes_started_total = 0
         self.processes_kept_total = 0
 
@@ -408,48 +355,42 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
             router.route(app, gid)
 
     # ---- reconfiguration -------------------------------------------------------------------------
-    async def apply(self, desired: DesiredState) -> Applied:
-        """Make ``desired`` the app's running state: in place when it runs the same processes, else
-        as a new generation; the old one drains and retires in the background.
+    @contextlib.asynccontextmanager
+    async def transition(self, desired: DesiredState) -> AsyncIterator[ManagerTransition]:
+        """Begin making ``desired`` the app's running state, under the manager's lock (one
+        reconfiguration of the node at a time): the plan placed, re-weighted in place when it runs
+        the same processes (``done`` at once), else its MIG instances on free slots brought up. The
+        caller executes the steps it decides on (``ManagerTransition.execute``) until ``done``;
+        one it leaves unfinished changes nothing (the running plan serves on).
 
         Raises when the plan cannot be laid out (nothing was started); a generation that fails to
-        start is removed and reported in ``Applied.error`` while the old one keeps serving.
-        """
+        start is removed and reported in ``Applied.error`` while the old one keeps serving."""
         async with self._lock:
-            done = await self._apply(desired)
-            if self.spares is not None:
+            t = ManagerTransition(self, desired, time.monotonic())
+            await t.open()
+            try:
+                yield t
+            finally:
+                if t.done is None and t.brought_up:  # left unfinished (an error, a cancel)
+                    await self._release_mig(f"{desired.app}: re-plan left unfinished")
+            if self.spares is not None and t.done is not None and t.done.new_generation:
                 self.spares.refill()  # after the switch, off its path
-        self.applied.append({"at": time.time(), "app": desired.app, **dataclasses.asdict(done)})
-        del self.applied[:-MAX_APPLIED]
-        return done
+        if t.done is not None:
+            self.applied.append({"at": time.time(), "app": desired.app, **dataclasses.asdict(t.done)})
+            del self.applied[:-MAX_APPLIED]
 
-    async def _apply(self, desired: DesiredState) -> Applied:
-        """Place the plan, re-weight in place when it runs the same processes, else make room for
-        its MIG instances (``_make_room``) and switch to a new generation (``_switch``)."""
-        t0 = time.monotonic()  # the plan is decided: the time to the routing switch counts from here
-        app = desired.app
-        old_gid = self.current[app]
-        old = self.generations[old_gid]
-        placed = self._place_desired(desired, old_gid)
-        if isinstance(placed, Applied):
-            return placed
-        node_layout, new = placed
-        if not desired.fresh_generation and same_instances(old.plan, new) and not old.failed_workers():
-            old.plan = new
-            self.node_layout = node_layout
-            self._router().reweight(app, new)
-            n = len(old.topology.processes)
-            return Applied(old_gid, old_gid, False, time.monotonic() - t0, processes=n, kept=n)
-        # once a drain-first has drained the instances in the way, a failure goes back to this
-        # (the running plan and the node layout it ran on) instead of staying on the interim plan
-        restore: tuple[Plan, NodeLayout] | None = None
-        if self.partition is not None and node_layout is not None:
-            room = await self._make_room(desired, old, new, node_layout, t0)
-            if isinstance(room, Applied):
-                return room
-            old, restore = room
-            node_layout = self.partition.with_uuids(node_layout)
-        return await self._switch(desired, old, old_gid, new, node_layout, restore, t0)
+    def same_processes(self, old: Generation, new: Plan) -> bool:
+        """``new`` runs ``old``'s processes (only lane weights may differ) and none of them failed."""
+        return same_instances(old.plan, new) and not old.failed_workers()
+
+    def _reweight(self, app: str, old: Generation, new: Plan, node_layout: NodeLayout | None,
+                  t0: float) -> Applied:
+        """The same processes: the lanes of the running generation re-weighted in place."""
+        old.plan = new
+        self.node_layout = node_layout
+        self._router().reweight(app, new)
+        n = len(old.topology.processes)
+        return Applied(old.gid, old.gid, False, time.monotonic() - t0, processes=n, kept=n)
 
     def _place_desired(self, desired: DesiredState, old_gid: int) -> tuple[NodeLayout | None, Plan] | Applied:
         """The node layout with the app on its new plan, and the plan laid out: beside everything
@@ -471,41 +412,6 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
                      f"keeping generation {old_gid}")
             return Applied(old_gid, old_gid, False, error=f"cannot be laid out: {exc}")
 
-    async def _make_room(self, desired: DesiredState, old: Generation, new: Plan, node_layout: NodeLayout,
-                         t0: float) -> tuple[Generation, tuple[Plan, NodeLayout] | None] | Applied:
-        """Bring up the new plan's MIG instances and, where something holds their slots, make room
-        as the policy decides (``room``: ``control/transition.py``) from what the manager sees
-        (``_room_snapshot``): one step at a time, the snapshot taken again after each. Returns the
-        generation the new one replaces (an interim one after a drain-first) and what to restore
-        should the switch fail, or the ``Applied`` that ends the re-plan here."""
-        assert self.partition is not None
-        app, old_gid = desired.app, old.gid
-        deferred = await self._bring_up(app, node_layout, "re-plan")
-        waited = False
-        while not isinstance(deferred, Applied):
-            snapshot = self._room_snapshot(app, old, new, node_layout, deferred,
-                                           needed=not desired.running_holds, waited=waited)
-            step = self.room.decide(snapshot)
-            if getattr(step, "note", ""):
-                self.log(f"{app}: {step.note}")  # type: ignore[union-attr]
-            if isinstance(step, TakeSlots):
-                return old, None
-            if isinstance(step, KeepRunning):
-                return await self._keep_running(app, old_gid, step, len(deferred), t0)
-            if isinstance(step, Refuse):
-                return await self._refused(app, old_gid, DrainRefused(step.why))
-            if isinstance(step, WaitForDrains):
-                deferred = await self._wait_step(desired, old_gid, new, node_layout, deferred, t0)
-                waited = True
-                continue
-            # a drain-first: the spike the plan was for may have passed meanwhile, and a
-            # drain-first now would serve its backlog on part of the running plan
-            if desired.still_needed is not None and not desired.still_needed():
-                passed = KeepRunning("not_needed", "the rate now arriving is one the running plan holds")
-                return await self._keep_running(app, old_gid, passed, len(deferred), t0)
-            return await self._drain_first_step(app, old, node_layout, deferred, step.wait_s)
-        return deferred
-
     async def _bring_up(self, app: str, node_layout: NodeLayout, why: str) -> Deferred | Applied:
         """Create the MIG instances of ``node_layout`` nothing holds; the ones whose slots are held,
         or an ``Applied`` when NVML failed (rolled back, the running plan serves on)."""
@@ -516,21 +422,6 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
             old_gid = self.current[app]
             self.log(f"{app}: MIG reconfiguration failed ({exc}); rolled back, keeping generation {old_gid}")
             return Applied(old_gid, old_gid, False, error=str(exc))
-
-    def _room_snapshot(self, app: str, old: Generation, new: Plan, desired: NodeLayout, deferred: Deferred,
-                       *, needed: bool, waited: bool) -> RoomSnapshot:
-        """What the making-room policy decides on: what holds the new instances' slots, and how the
-        running plan copes."""
-        blockers, own = self._blockers(app, old, desired, deferred)
-        kept = self._headroom_kept.get(app)
-        return RoomSnapshot(
-            app=app, running_gid=old.gid, needed=needed, waited=waited, deferred=len(deferred),
-            own_in_way=len(own), others_in_way=len(blockers - own),
-            lane_without_own=not own or without_instances(old.plan, own) is not None,
-            queued_s=self._router().queued_end_s(app), drain_budget_s=self._drain_budget_s(old),
-            running_planned_rps=old.plan.planned_rps, max_utilization=self.node.planner.max_utilization,
-            new_planned_rps=new.planned_rps, new_demand_rps=new.demand_rps,
-            headroom_least_rps=kept[1] if kept is not None and kept[0] == old.gid else None)
 
     async def _switch(self, desired: DesiredState, old: Generation, old_gid: int, new: Plan,
                       node_layout: NodeLayout | None, restore: tuple[Plan, NodeLayout] | None,
@@ -572,16 +463,15 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         return Applied(gen.gid, old_gid, True, switched_s, tuple(changed), n,
                        kept=len(pairs), started=n - len(pairs), stopped=stopped)
 
-    async def _refused(self, app: str, old_gid: int, exc: JigsawError) -> Applied:
-        """A drain-first that was refused (``DrainRefused``: nothing changed) or failed before its
-        switch: the MIG instances brought up for it go, the running generation serves on."""
-        await self._release_mig(f"{app}: re-plan abandoned")
-        outcome = "refused" if isinstance(exc, DrainRefused) else "failed"
+    async def _refused(self, app: str, old_gid: int, why: str, outcome: str, brought_up: bool) -> Applied:
+        """A re-plan refused (the decider's ``Refuse``) or failed before its switch (``outcome``):
+        the MIG instances ``brought_up`` for it go, the running generation serves on."""
+        if brought_up:
+            await self._release_mig(f"{app}: re-plan abandoned")
         self.drain_first_total[outcome] += 1
-        self.log(f"{app}: cannot free the MIG slots of the new instances ({exc}); "
+        self.log(f"{app}: cannot free the MIG slots of the new instances ({why}); "
                  f"re-plan {outcome}, keeping generation {old_gid}")
-        return Applied(old_gid, old_gid, False, error=f"drain-first {outcome}: {exc}",
-                       refused=outcome == "refused")
+        return Applied(old_gid, old_gid, False, error=f"drain-first {outcome}: {why}")
 
     async def _launch(self, gen: Generation, layout: NodeLayout | None, router: Router,
                       hold_s: float = 0.0) -> None:
@@ -630,16 +520,6 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         await asyncio.to_thread(self.mps_daemons.stop_unused, list(self.generations.values()))
 
 
-
-
-
-
-
-
-
-
-
-
     def _tell(self, proc: subprocess.Popen[bytes]) -> None:
         """Have a kept process serve every live generation that holds it (newest first)."""
         holders = [(g, k) for g in sorted(self.generations.values(), key=lambda g: -g.gid)
@@ -648,11 +528,6 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
             tell(holders[0][0].controls[holders[0][1]], [g.spec_path(k) for g, k in holders], proc)
 
     # ---- MPS: one control daemon per instance of MPS level k > 1 ---------------------------------
-
-
-
-
-
 
 
     def in_use_layout(self) -> NodeLayout | None:
