@@ -345,3 +345,23 @@ def test_profiling_a_mixed_node_is_refused_per_group(capsys: pytest.CaptureFixtu
     assert main(["import-profiles", str(EXAMPLES / "apps" / "voice_intent.toml"), "--node", str(MIXED)]) == 2
     err = capsys.readouterr().err
     assert "gpus: 2 GPU groups" in err and "a100-40gb" in err and "l4-whole" in err
+
+
+def test_a_mig_group_may_share_its_instances_beside_a_whole_gpu_group(tmp_path: Path) -> None:
+    path = _write(tmp_path, replace={'mps_levels = [1, 2, 4]\nbatch_sizes = [1, 2, 4, 8, 16, 32]\n'
+                                     'profiles_dir = "../profiles/a100':
+                                     'mps_levels = [1, 2, 4]\nmig_shares = ["1g.10gb-1of2"]\n'
+                                     'batch_sizes = [1, 2, 4, 8, 16, 32]\nprofiles_dir = "../profiles/a100'})
+    node = load_node(path)
+    share = node.gpu.profile("A100-40GB:1g.10gb-1of2")
+    assert share.host == "A100-40GB:1g.10gb" and share.share_of == 2
+    table = load_node_profiles(node)
+    assert any(r.mig_profile == "A100-40GB:1g.10gb-1of2" for r in table.rows())
+    app = node.app("voice_intent")
+    for rps in (30.0, 2000.0):
+        p = plan(app, node, table, rps)
+        assert p.feasible and verify_plan(p, app, node, table) == [], rps
+    bad = _write(tmp_path, replace={"memory_tb_s = 0.3\n": 'memory_tb_s = 0.3\nmig_shares = ["gpu-1of2"]\n'})
+    with pytest.raises(ConfigError) as err:
+        load_node(bad)
+    assert err.value.field == "gpus[1].mig_shares" and "mps_shares" in err.value.message
