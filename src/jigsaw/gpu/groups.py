@@ -43,15 +43,17 @@ class GroupsApplier:
         self._shared = nvml
         self._mig: dict[str, tuple[MigApplier, int]] = {}  # group -> its applier, index offset
         self._whole: dict[str, tuple[Any, int]] = {}  # group -> its NVML, index offset
+        whole_nvml: Any = None  # emulated: one NVML numbering every GPU, as ``WholeGpus`` reads them
         for g in node.gpu_groups:
             if g.model.kind != "gpu":
                 continue
-            own = _emulated(g) if emulated else None
-            offset = g.first if emulated else 0
             if g.model.mig:
-                self._mig[g.name] = (MigApplier(g.gpu, own if emulated else nvml), offset)
+                own = _emulated(g.model, g.count, True) if emulated else nvml
+                self._mig[g.name] = (MigApplier(g.gpu, own), g.first if emulated else 0)
             else:
-                self._whole[g.name] = (own, offset)
+                if emulated and whole_nvml is None:
+                    whole_nvml = _emulated(g.model, node.num_gpus, False)
+                self._whole[g.name] = (whole_nvml, 0)
         self._uuids: dict[int, str] = {}
 
     @property
@@ -111,10 +113,10 @@ class GroupsApplier:
         return self._uuids[index]
 
 
-def _emulated(g: GpuGroup) -> Any:
+def _emulated(model: GpuModel, count: int, mig: bool) -> Any:
     from jigsaw.gpu.emulated_nvml import EmulatedNvml
 
-    return EmulatedNvml(g.model, g.count, mig_enabled=g.model.mig)
+    return EmulatedNvml(model, count, mig_enabled=mig)
 
 
 def _parts(layout: NodeLayout, gpu: GpuModel) -> list[tuple[GpuModel, int, NodeLayout]]:
