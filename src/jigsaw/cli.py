@@ -512,7 +512,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
             gpu = gpu_model(plan.gpu_model)
         except KeyError:
             if not whole:
-                raise ConfigError(args.plan, "gpu_model", f"unknown GPU model {plan.gpu_model!r}") from None
+                hint = ": a plan of a node of several GPU groups; give --node" \
+                    if "+" in plan.gpu_model else ""
+                raise ConfigError(args.plan, "gpu_model",
+                                  f"unknown GPU model {plan.gpu_model!r}{hint}") from None
             gpu = whole_gpu_model(plan.gpu_model, 0.0, 0)  # only the layout is asked for
         if whole:
             gpu = whole_gpu_model(gpu.name, gpu.memory_gb, gpu.sm_count, shares=shares)
