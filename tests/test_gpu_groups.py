@@ -365,3 +365,71 @@ def test_a_mig_group_may_share_its_instances_beside_a_whole_gpu_group(tmp_path: 
     with pytest.raises(ConfigError) as err:
         load_node(bad)
     assert err.value.field == "gpus[1].mig_shares" and "mps_shares" in err.value.message
+
+
+def _swapped(tmp_path: Path) -> Path:
+    """The example with the host's GPUs the other way round: the L4s at 0-1, the A100s at 2-3."""
+    return _write(tmp_path, replace={'count = 2\nmps_levels': 'count = 2\ndevices = [2, 3]\nmps_levels',
+                                     'count = 2\nmemory_gb': 'count = 2\ndevices = [0, 1]\nmemory_gb'})
+
+
+def test_devices_map_a_groups_gpus_to_the_hosts_indices(tmp_path: Path) -> None:
+    node = load_node(_swapped(tmp_path))
+    assert [node.host_index(i) for i in range(4)] == [2, 3, 0, 1]
+    for replace, field in (
+            ({'count = 2\nmps_levels': 'count = 2\ndevices = [2]\nmps_levels'}, "gpus[0].devices"),
+            ({'count = 2\nmps_levels': 'count = 2\ndevices = [2, 3]\nmps_levels'}, "gpus[1].devices")):
+        with pytest.raises(ConfigError) as err:  # one index for two GPUs; the L4s' default 2, 3 taken
+            load_node(_write(tmp_path, replace=replace))
+        assert err.value.field == field, err.value
+    one = tmp_path / "one.toml"
+    text = (EXAMPLES / "l4x2.toml").read_text().replace("count = 2", "count = 2\ndevices = [1, 0]")
+    one.write_text(text.replace('"apps/', f'"{EXAMPLES}/apps/')
+                   .replace('"../profiles', f'"{EXAMPLES.parent}/profiles'))
+    with pytest.raises(ConfigError, match="a node of several groups only"):
+        load_node(one)
+
+
+def test_the_runtime_reaches_each_gpu_by_its_host_index(tmp_path: Path) -> None:
+    from jigsaw.gpu.emulated_nvml import EmulatedNvml
+    from jigsaw.gpu.groups import GroupsApplier
+    from jigsaw.gpu.layout import NodeInstance
+    from jigsaw.runtime.gpus import host_devices
+
+    node = load_node(_swapped(tmp_path))
+    nvml = EmulatedNvml(node.gpu_groups[0].model, 4, mig_enabled=[False, False, True, True])
+    applier = GroupsApplier(node, nvml)
+    made = applier.create(NodeInstance(gpu=1, profile="A100-40GB:3g.20gb", start=4))
+    assert made.gpu == 1 and made.uuid.startswith("MIG-")
+    assert next(c for c in nvml.calls if c[0] == "nvmlDeviceCreateGpuInstanceWithPlacement")[1] == 3
+    l4 = applier.create(NodeInstance(gpu=2, profile="L4:gpu-1of4", start=2))
+    assert l4.uuid == "GPU-emulated-0000"  # the host's GPU 0
+    assert [(i.gpu, i.start) for i in applier.adopt(4).instances] == [(1, 4)]
+    devices = host_devices(node, nvml)
+    assert devices[(1, 4)] == made.uuid and devices[(2, 0)] == "GPU-emulated-0000"
+    assert devices[(3, 0)] == "GPU-emulated-0001" and (0, 0) not in devices
+    applier.destroy(made)
+    assert applier.adopt(4).instances == ()
+
+
+def test_pack_commands_and_doctor_speak_the_hosts_indices(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from jigsaw.cli import main
+    from jigsaw.gpu.doctor import diagnose
+    from jigsaw.gpu.emulated_nvml import EmulatedNvml
+
+    path = _swapped(tmp_path)
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--app", "voice_intent", "--node", str(path), "--demand", "300",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["pack", "--plan", str(out), "--node", str(path), "--format", "commands"]) == 0
+    cmds = capsys.readouterr().out.splitlines()
+    assert cmds[0].startswith("# GPUs 0, 1 are used whole")
+    assert any(" -i 2 -cgi " in c for c in cmds) and not any(" -i 0 -cgi " in c for c in cmds)
+    node = load_node(path)
+    nvml = EmulatedNvml(node.gpu_groups[0].model, 4, mig_enabled=[False, False, False, True])
+    checks = {c.what: c for c in diagnose(node, nvml=nvml, which=lambda n: f"/usr/bin/{n}", euid=0,
+                                          run_dir=tmp_path / "r")}
+    assert checks["gpu 0"].status == "FAIL" and "nvidia-smi -i 2 -mig 1" in checks["gpu 0"].detail
+    assert checks["gpu 1"].status == "ok" and checks["gpu 2"].status == "ok"

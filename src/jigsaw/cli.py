@@ -550,11 +550,10 @@ def _pack_mixed(args: argparse.Namespace, plan: Plan, previous: Layout | None) -
         print(json.dumps(plan.to_json_dict()["layout"], indent=2))
         return 0
 
-    mig = {i for g in node.groups if g.model.mig for i in g.gpus}
-    whole = sorted(set(range(node.num_gpus)) - mig)
+    whole = sorted(node.host_index(i) for g in node.groups if not g.model.mig for i in g.gpus)
     if whole:
         print(f"# GPUs {', '.join(map(str, whole))} are used whole: nothing to partition; keep MIG off "
-              "(nvidia-smi -i N -mig 0)")
+              "(nvidia-smi -i N -mig 0); GPU numbers are the host's")
     part = mig_part(layout, node)
     if args.format == "mig-parted":
         print(to_mig_parted_yaml(part), end="")

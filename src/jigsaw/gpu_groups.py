@@ -86,6 +86,9 @@ class GpuGroupSettings:
     name: Annotated[str, AfterValidator(_name)] = setting(
         "", "the group's name, which qualifies its segments in a node of several groups (default: "
             "the model)")
+    devices: Ints | None = setting(
+        None, "a node of several groups: the host's GPU indices (NVML, nvidia-smi -i) of this "
+              "group's GPUs (default: the node's GPUs in file order)", toml_type="array")
     mig: bool = setting(True, "partition the GPUs with MIG (false: each GPU used whole)")
     mig_profiles: Annotated[tuple[str, ...], BeforeValidator(_array)] | None = setting(
         None, "the MIG profiles the planner may use (default: the GPU's table; `gpu`, `gpu-1of<k>` "
@@ -148,6 +151,12 @@ class GpuGroup:
     batch_sizes: tuple[int, ...]
     profiles_dir: Path
     backend: str
+    devices: tuple[int, ...] = ()  # the host's index of each of its GPUs (default: first, first + 1, ...)
+
+    @property
+    def host_indices(self) -> tuple[int, ...]:
+        """The host's GPU index (NVML, ``nvidia-smi -i``) of each of the group's GPUs."""
+        return self.devices or tuple(self.gpus)
 
     @property
     def gpus(self) -> range:
@@ -215,8 +224,17 @@ def load_gpu_groups(f: Fields, base: Path) -> tuple[GpuGroup, ...]:
                                      f"{groups[0].backend!r}: a node runs one backend")
         if several and group.model.kind == "cpu":
             raise g.error("model", f"{group.model.name} is a CPU device: a CPU node has one group")
+        if g.has("devices") and (not several or len(group.devices) != group.count
+                                 or len(set(group.devices)) != group.count or min(group.devices) < 0):
+            raise g.error("devices", f"expected {group.count} distinct GPU indices >= 0 (a node of "
+                                     f"several groups only), got {list(group.devices)}")
         groups.append(group)
         first += group.count
+    for i, group in enumerate(groups):
+        taken = {d for other in groups[:i] for d in other.host_indices} & set(group.host_indices)
+        if taken:
+            raise tables[i].error("devices", f"GPU {min(taken)} of the host is another group's too: give "
+                                             "each group's devices")
     return tuple(groups)
 
 
@@ -239,7 +257,8 @@ def _group(g: Fields, s: GpuGroupSettings, base: Path, first: int, several: bool
         name=name, model=model, gpu=gpu, count=s.count, first=first,
         mig_profiles=tuple(qualified(name, p) if several else p for p in plain),
         mps_levels=tuple(sorted(set(s.mps_levels))), batch_sizes=tuple(sorted(set(s.batch_sizes))),
-        profiles_dir=(base / (s.profiles_dir or default_dir)).resolve(), backend=s.backend)
+        profiles_dir=(base / (s.profiles_dir or default_dir)).resolve(), backend=s.backend,
+        devices=s.devices or ())
 
 
 def _known(name: str) -> GpuModel | None:

@@ -24,6 +24,7 @@ from jigsaw.gpu_groups import (
     WHOLE_GPU_KEYS,
     GpuGroup,
     composite_model,
+    group_of_gpu,
     groups_reference,
     load_gpu_groups,
     qualified,
@@ -316,6 +317,14 @@ class Node:
         if not self.is_mixed:
             return f"{self.num_gpus}x {self.gpu.name}"
         return " + ".join(f"{g.count}x {g.name} ({'MIG' if g.model.mig else 'whole'})" for g in self.groups)
+
+    def host_index(self, gpu: int) -> int:
+        """The host's GPU index (NVML, ``nvidia-smi -i``) of the node's GPU ``gpu``: the same on a
+        node of one group; a group's ``devices`` on a node of several."""
+        if not self.is_mixed:
+            return gpu
+        g = group_of_gpu(self.groups, gpu)
+        return g.host_indices[gpu - g.first]
 
     @property
     def is_mixed(self) -> bool:

@@ -41,69 +41,70 @@ class GroupsApplier:
         self.node = node
         self.emulated = emulated
         self._shared = nvml
-        self._mig: dict[str, tuple[MigApplier, int]] = {}  # group -> its applier, index offset
-        self._whole: dict[str, tuple[Any, int]] = {}  # group -> its NVML, index offset
+        self._mig: dict[str, MigApplier] = {}  # MIG group -> its applier
+        self._whole: dict[str, Any] = {}  # whole-GPU group -> its NVML (None: the shared one)
+        self._dev: dict[int, int] = {}  # node GPU -> its index in its group's NVML
         whole_nvml: Any = None  # emulated: one NVML numbering every GPU, as ``WholeGpus`` reads them
         for g in node.gpu_groups:
             if g.model.kind != "gpu":
                 continue
             if g.model.mig:
                 own = _emulated(g.model, g.count, True) if emulated else nvml
-                self._mig[g.name] = (MigApplier(g.gpu, own), g.first if emulated else 0)
+                self._mig[g.name] = MigApplier(g.gpu, own)
+                self._dev.update({i: (i - g.first if emulated else node.host_index(i)) for i in g.gpus})
             else:
                 if emulated and whole_nvml is None:
                     whole_nvml = _emulated(g.model, node.num_gpus, False)
-                self._whole[g.name] = (whole_nvml, 0)
+                self._whole[g.name] = whole_nvml
+                self._dev.update({i: (i if emulated else node.host_index(i)) for i in g.gpus})
         self._uuids: dict[int, str] = {}
 
     @property
     def nvml(self) -> Any:
         """The first MIG group's NVML (its call log is what ``/admin/layout`` shows)."""
-        for applier, _ in self._mig.values():
+        for applier in self._mig.values():
             return applier.nvml
         return self._shared
 
     def open(self) -> None:
-        for applier, _ in self._mig.values():
+        for applier in self._mig.values():
             applier.open()
 
     def close(self) -> None:
-        for applier, _ in self._mig.values():
+        for applier in self._mig.values():
             applier.close()
 
     def adopt(self, num_gpus: int) -> NodeLayout:
         """What the MIG groups' GPUs hold now (idle instances, node indices)."""
         out: list[NodeInstance] = []
         for g in mig_groups(self.node):
-            applier, off = self._mig[g.name]
-            found = applier.adopt(num_gpus, [i - off for i in g.gpus])
-            out += [dataclasses.replace(i, gpu=i.gpu + off) for i in found.instances]
+            back = {self._dev[i]: i for i in g.gpus}
+            found = self._mig[g.name].adopt(num_gpus, list(back))
+            out += [dataclasses.replace(i, gpu=back[i.gpu]) for i in found.instances]
         return NodeLayout(self.node.gpu.name, num_gpus, tuple(out))
 
     def create(self, inst: NodeInstance) -> NodeInstance:
         g = group_of_gpu(self.node.gpu_groups, inst.gpu)
         if g.name in self._mig:
-            applier, off = self._mig[g.name]
-            made = applier.create(dataclasses.replace(inst, gpu=inst.gpu - off))
+            made = self._mig[g.name].create(dataclasses.replace(inst, gpu=self._dev[inst.gpu]))
             return dataclasses.replace(made, gpu=inst.gpu)
         return dataclasses.replace(inst, uuid=self._gpu_uuid(g, inst.gpu))
 
     def destroy(self, inst: NodeInstance) -> None:
         g = group_of_gpu(self.node.gpu_groups, inst.gpu)
         if g.name in self._mig:
-            applier, off = self._mig[g.name]
-            applier.destroy(dataclasses.replace(inst, gpu=inst.gpu - off))
+            self._mig[g.name].destroy(dataclasses.replace(inst, gpu=self._dev[inst.gpu]))
         # a whole GPU's segment goes with its processes: nothing to destroy
 
     def _gpu_uuid(self, g: GpuGroup, index: int) -> str:
         """``GPU-...`` of the node's GPU ``index`` (a GPU used whole), read once."""
         if index not in self._uuids:
-            own, off = self._whole[g.name]
+            own = self._whole[g.name]
             nvml = own if own is not None else (self._shared if self._shared is not None else load_nvml())
             try:
                 nvml.nvmlInit()
                 try:
-                    uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index - off))
+                    uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(self._dev[index]))
                 finally:
                     nvml.nvmlShutdown()
             except nvml.NVMLError as exc:

@@ -460,10 +460,10 @@ def _driver_groups(node: Node, nvml: Any, say: Any) -> Node:
         if not g.model.mig:
             groups.append(g)
             continue
-        table = read_driver_table(g.model, nvml, gpu=g.first)
+        table = read_driver_table(g.model, nvml, gpu=g.host_indices[0])
         for line in table.differences:
             if say is not None:
-                say(f"MIG table of {g.name} (GPU {g.first}): {line}: using the driver's")
+                say(f"MIG table of {g.name} (GPU {g.host_indices[0]}): {line}: using the driver's")
         tables.append(table)
         groups.append(dataclasses.replace(g, model=table.model,
                                           gpu=with_qualified_profiles(table.model, g.name)))

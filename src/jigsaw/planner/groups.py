@@ -112,11 +112,12 @@ def group_layout_problems(layout: Layout, node: Node) -> list[str]:
 
 def mig_part(layout: Layout, node: Node) -> Layout:
     """What a node's MIG tooling (nvidia-smi, mig-parted, the device plugin's resources) sees of
-    ``layout``: the GPUs of its MIG groups, profiles by their GPU's names (``3g.20gb``). A node of
-    one group: ``layout`` as it is."""
+    ``layout``: the GPUs of its MIG groups by the host's indices, profiles by their GPU's names
+    (``3g.20gb``). A node of one group: ``layout`` as it is."""
     if not node.is_mixed:
         return layout
     mig = {i for g in node.groups if g.model.mig for i in g.gpus}
     return Layout(layout.gpu_model, tuple(
-        GpuLayout(g.gpu, tuple(dataclasses.replace(p, profile=plain_profile(p.profile)) for p in g.instances))
+        GpuLayout(node.host_index(g.gpu), tuple(dataclasses.replace(p, profile=plain_profile(p.profile))
+                                                for p in g.instances))
         for g in layout.gpus if g.gpu in mig))

@@ -199,7 +199,8 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         mps, gpus = node_mps(
             node.gpu, node.num_gpus, self.run_dir / "mps", emulated=backend.emulated,
             on_gpus=backend.needs_gpu, partitioned=self.partition is not None,
-            binary=os.environ.get(MPS_CONTROL_ENV, ""), whole_gpus=whole_gpus(node) if node.is_mixed else ())
+            binary=os.environ.get(MPS_CONTROL_ENV, ""), whole_gpus=whole_gpus(node) if node.is_mixed else (),
+            whole_hosts=tuple(node.host_index(i) for i in whole_gpus(node)) if node.is_mixed else ())
         self.mps_daemons = MpsDaemons(mps, self.log, gpus)
 
     def _seed_layout(self, plans: list[tuple[App, Plan]]) -> None:

@@ -123,6 +123,8 @@ def host_devices(node: Node, nvml: Any = None) -> dict[tuple[int, int], str]:
     if not node.is_mixed:
         return mig_devices(nvml) if node.gpu.mig else gpu_devices(nvml)
     whole = set(whole_gpus(node))
-    out = {k: v for k, v in gpu_devices(nvml).items() if k[0] in whole}
-    out.update({k: v for k, v in mig_devices(nvml).items() if k[0] not in whole})
+    of_host = {node.host_index(i): i for i in range(node.num_gpus)}  # the host's index -> the node's
+    out = {(of_host[h], s): v for (h, s), v in gpu_devices(nvml).items() if of_host.get(h) in whole}
+    out.update({(of_host[h], s): v for (h, s), v in mig_devices(nvml).items()
+                if h in of_host and of_host[h] not in whole})
     return out
