@@ -19,7 +19,14 @@ from jigsaw.plan import GpuLayout, Layout
 from jigsaw.planner.layouts import layout_counts, maximal_layout_counts, placement_violations
 from jigsaw.planner.milp import plan
 from jigsaw.planner.node_plan import plan_node
-from jigsaw.planner.packer import InstanceRequest, changed_gpus, pack, validate_layout
+from jigsaw.planner.packer import (
+    InstanceRequest,
+    changed_gpus,
+    pack,
+    to_mig_parted_yaml,
+    to_nvidia_smi_commands,
+    validate_layout,
+)
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileRow, ProfileTable
 from jigsaw.shares import SHARE_INTERFERENCE, with_share_rows
@@ -101,6 +108,10 @@ def test_the_packer_lays_up_to_k_shares_into_one_instance_and_keeps_them() -> No
     assert sorted(len(s) for (_, n), s in by_instance.items() if n == "1g.10gb-1of4") == [1, 4]
     assert all(sorted(s) == list(range(len(s))) for s in by_instance.values())
     assert Counter(n for n, _ in layout.gpus[0].signature) == {"1g.10gb": 4, "3g.40gb": 1}
+    # what NVML is asked for: the instances, each once, of their profile
+    cmds = [c for c in to_nvidia_smi_commands(layout) if "-cgi" in c]
+    assert len(cmds) == 5 and not any("-1of" in c for c in cmds)
+    assert '"1g.10gb": 4' in to_mig_parted_yaml(layout) and "1of" not in to_mig_parted_yaml(layout)
     # the same shares again: every one keeps its instance and seat, nothing is repartitioned
     again = pack(list(reversed(asked)), H100, 1, layout)
     assert again == layout and changed_gpus(layout, again) == []
