@@ -36,7 +36,7 @@ from jigsaw.runtime.applied import (
     WaitForDrains,
 )
 from jigsaw.runtime.frontend import Frontend
-from jigsaw.runtime.generations import DesiredState, GenerationManager
+from jigsaw.runtime.generations import DesiredState, GenerationManager, Placed
 
 
 def _plans(tmp_path: Path, task: str = "b", counts: tuple[int, int] = (2, 5),
@@ -471,3 +471,30 @@ def test_a_drain_first_is_weighed_again_after_the_wait_for_the_drains_in_its_way
     _kept_running(_needed_over(tmp_path / "grew", 1.3, a_ms=400.0, sent_before=4),
                   "within what its door admits after the wait for the drains in its way", "queue")
     _drains_first(tmp_path, (("short", 1.3, "", 80.0),))
+
+
+def test_the_manager_takes_a_placement_made_on_the_node_it_still_has(tmp_path: Path) -> None:
+    """A plan the controller placed beside what runs (``Placed``: the node layout and the node it
+    saw) is taken as it is while the manager's node is still that one (placed once); placed again
+    where the node changed meanwhile. No process is started."""
+    node_path, first, _ = _plans(tmp_path, counts=(2, 3))  # five of the seven slots
+    node = load_node(node_path)
+    app = node.apps[0]
+    gm = GenerationManager(node, [(app, first)], time_scale=1.0, seed=0, backend=backend_kind("emulated"))
+    try:
+        b = next(i for i in first.instances if i.task == "b")
+        grown = dataclasses.replace(first, instances=[*(i for i in first.instances if i.task != "b"),
+                                                      dataclasses.replace(b, count=b.count + 1)])
+        beside = gm.beside()
+        assert beside is not None
+        got = beside.place(app.name, grown)
+        assert got is not None
+        layout, laid = got
+        desired = DesiredState(app.name, laid, beside=True, placed=Placed(beside, layout))
+        taken = gm._place_desired(desired, 0)
+        assert isinstance(taken, tuple) and taken[0] is layout and taken[1] is laid
+        stale = dataclasses.replace(desired, placed=Placed(dataclasses.replace(beside, held=()), layout))
+        again = gm._place_desired(stale, 0)
+        assert isinstance(again, tuple) and again[0] is not layout and again[0] == layout
+    finally:
+        gm.close()
