@@ -72,14 +72,15 @@ class NeededPlans:
         least_rps = run.planned_rps + min_gain * max(0.0, demand_rps - run.planned_rps)
         running = {n: a.plan for n, a in self.apps.items()}
         beside = beside if beside is not None else self.plane.beside()
-        found: dict[int, NodeLayout] = {}  # the plan laid out -> the node layout it was placed on
+        # the plans laid out (kept, so their ids stay theirs) -> the node layout each was placed on
+        found: dict[int, tuple[Plan, NodeLayout]] = {}
 
         def fits(p: Plan) -> Plan | None:
             assert beside is not None
             got = beside.place(name, p)
             if got is None:
                 return None
-            found[id(got[1])] = got[0]
+            found[id(got[1])] = (got[1], got[0])
             return got[1]
         p = await asyncio.to_thread(extend_in_place, c.app, self.node, self.plane.profiles, running,
                                     demand_rps, space=self.space, factors=c.measured_factors() or None,
@@ -93,8 +94,8 @@ class NeededPlans:
             return None
         self.log(f"{name}: {why}; the running plan, kept in place, is extended for "
                  f"{p.planned_rps:.1f} of {demand_rps:.1f} rps ({p.slices_used} slices)")
-        layout = found.get(id(p))
-        placed = Placed(beside, layout) if beside is not None and layout is not None else None
+        hit = found.get(id(p))
+        placed = Placed(beside, hit[1]) if beside is not None and hit is not None and hit[0] is p else None
         got = await self._apply(DesiredState(
             name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh,
             beside=beside is not None, over_draining=over_draining, placed=placed),
