@@ -63,8 +63,8 @@ MECHANISMS = {
     "short_drain_first": "control.drain_wait_slo=1",
     # the predictor's mean leaves out the bins of spikes that have ended
     "ended_spikes_skipped": "control.skip_ended_spikes=false",
-    # a needed plan the runtime refused (a drain-first with no lane left, slots of drains) is followed
-    # by the re-plan's quick plan, which keeps the running instances
+    # a needed plan the making-room policy refused (a drain-first with no lane left, slots of
+    # drains) is followed by the re-plan's quick plan, which keeps the running instances
     "quick_after_refusal": "control.quick_after_refusal=false",
     # a solve that overruns its limit is killed after a bin of grace, not 30 s
     "solver_grace_bins": "control.solver_grace_bins=0",
