@@ -58,11 +58,8 @@ MECHANISMS = {
     "burst_floor": "control.burst_requests=0",
     "spike_predictor": "control.predictor=mean",
     "rate_replan": "control.replan_on_rate=false",
-    "spike_hold": "control.hold_spikes=false",
     # a drain-first waits for its running generation's unanswered requests the whole SLO, not a share
     "short_drain_first": "control.drain_wait_slo=1",
-    # the predictor's mean leaves out the bins of spikes that have ended
-    "ended_spikes_skipped": "control.skip_ended_spikes=false",
     # a needed plan the making-room policy refused (a drain-first with no lane left, slots of
     # drains) is followed by the re-plan's quick plan, which keeps the running instances
     "quick_after_refusal": "control.quick_after_refusal=false",

@@ -21,9 +21,13 @@ With ``--app all`` every app of the node in turn, then the total seconds against
         [--solver cbc|highs] [--time-limit 120] [--compare-full] [--out out/]
 
 ``--mps-shares`` prints instead the gain of MPS shares (processes of different tasks on one whole
-GPU, ``jigsaw.shares``) per example app: on the 4 H100s of examples/h100x4.toml used whole with 8
-shares against their MIG partitions (the paper's plan), and on one and on four whole H200s
+GPU or one MIG instance, ``jigsaw.shares``) per example app: on the 4 H100s of examples/h100x4.toml
+used whole with 8 shares against their MIG partitions (the paper's plan), with shares of their 1g
+instances (``mig_shares``) against the same partitions without, and on one and on four whole H200s
 (examples/h200x1.toml) against the same GPUs without shares (whole-GPU segments of one task only).
+Then, on the MIG node with and without instance shares: each app's cheapest plan at a small
+demand (slices), and all three apps planned together (``plan_node``) at twice a third of each one's
+capacity alone (the largest common fraction served).
 
     PYTHONPATH=src python bench/capacity.py --mps-shares [--time-limit 60]
 """
@@ -370,6 +374,8 @@ def shares_gain(limit: float, solver: str | None, out_dir: Path) -> int:
          load_node(ROOT / "examples/h200x1.toml")),
     ]
     cases.append(("4x H200 whole, no shares -> 8 shares", cases[1][1].with_gpus(4), cases[1][2].with_gpus(4)))
+    mig_plain, mig_shared = cases[0][1], load_node(_mig_shares_node_file(work))
+    cases.insert(1, ("4x H100 MIG -> + 1g instance shares", mig_plain, mig_shared))
     print(f"machine: {machine()}; profiles: modeled, not measured; time limit {limit:g} s per solve")
     header = f"{'node':<38} {'app':<18} {'without rps':>12} {'with rps':>10} {'gain':>7}  status"
     print(header)
@@ -389,7 +395,65 @@ def shares_gain(limit: float, solver: str | None, out_dir: Path) -> int:
             bad += any(c.status not in ("optimal", "feasible") for c in got)
             print(f"{label:<38} {app_name:<18} {b:>12.1f} {a:>10.1f} {gain:>7}  {status}")
     print("without rps 0 on one whole GPU: an app of several tasks needs a GPU per task without shares")
+    bad += _mig_shares_tighter(mig_plain, mig_shared, apps, limit, solver)
     return 1 if bad else 0
+
+
+MIG_SHARES = '["1g.10gb-1of2", "1g.10gb-1of4"]'  # the 1g instances shared by 2 or 4 processes
+
+
+def _mig_shares_node_file(directory: Path) -> Path:
+    """examples/h100x4.toml with its 1g.10gb instances shared (``[gpus] mig_shares``)."""
+    text = (ROOT / "examples" / "h100x4.toml").read_text()
+    text = text.replace('"apps/', f'"{ROOT}/examples/apps/').replace('"../profiles', f'"{ROOT}/profiles')
+    path = directory / "h100x4-mig-shares.toml"
+    path.write_text(text.replace("count = 4\n", f"count = 4\nmig_shares = {MIG_SHARES}\n"))
+    return path
+
+
+def _mig_shares_tighter(plain, shared, apps: list[str], limit: float, solver: str | None) -> int:
+    """The MIG node without and with instance shares: each app's cheapest plan at a small demand
+    (10 and 2% of its capacity alone) and all apps together at twice a third of their capacities
+    alone (the common fraction served); every plan verified. Returns the failures."""
+    from jigsaw.planner.milp import plan
+    from jigsaw.planner.node_plan import plan_node
+    from jigsaw.planner.verify import verify_plan
+
+    bad = 0
+    caps: dict[str, float] = {}
+    print(f"\n== 4x H100 MIG, without -> with {MIG_SHARES} shares: slices of each app's cheapest plan")
+    print(f"{'app':<18} {'demand rps':>10} {'slices':>15} {'accuracy':>15}  seconds")
+    for app_name in apps:
+        got = []
+        for node in (plain, shared):
+            app, profiles = node.app(app_name), load_node_profiles(node, [node.app(app_name)])
+            if app_name not in caps:
+                caps[app_name] = capacity(app, node, profiles, time_limit_s=limit,
+                                          solver=solver or node.planner.solver).max_demand_rps
+            got.append([])
+            for f in (0.1, 0.02):
+                t0 = time.perf_counter()
+                p = plan(app, node, profiles, caps[app_name] * f, time_limit_s=limit)
+                problems = verify_plan(p, app, node, profiles)
+                bad += bool(problems) or not p.feasible
+                got[-1].append((p, time.perf_counter() - t0, problems))
+        for i, f in enumerate((0.1, 0.02)):
+            (a, ta, _), (b, tb, pb) = got[0][i], got[1][i]
+            print(f"{app_name:<18} {caps[app_name] * f:>10.1f} {a.slices_used:>6g} -> {b.slices_used:<6g} "
+                  f"{a.accuracy:>6.3f} -> {b.accuracy:.3f}  {ta:.1f} / {tb:.1f}" + (f"  {pb}" if pb else ""))
+    demands = {a: 2 * caps[a] / len(apps) for a in apps}
+    asked = ", ".join(f"{a} {d:.0f}" for a, d in demands.items())
+    print(f"\n== all apps together (plan_node) at {asked} rps")
+    for label, node in (("without shares", plain), ("with shares", shared)):
+        profiles = load_node_profiles(node)
+        t0 = time.perf_counter()
+        np_ = plan_node([node.app(a) for a in apps], node, profiles, demands, time_limit_s=limit)
+        problems = [x for a in apps for x in verify_plan(np_.plans[a], node.app(a), node, profiles)]
+        bad += bool(problems) or np_.status not in ("optimal", "feasible")
+        print(f"{label:<15} serves {np_.demand_scale:.4f} of it (bound {np_.scale_bound:.4f}), "
+              f"{np_.slices_used:g} slices, {np_.status}, {time.perf_counter() - t0:.1f} s"
+              + (f"  {problems}" if problems else ""))
+    return bad
 
 
 if __name__ == "__main__":

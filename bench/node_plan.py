@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import random
 import statistics
 import sys
 import time
@@ -94,9 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick-only", action="store_true", help="only the quick_plan timings")
     ap.add_argument("--quick-loads", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.15,1.5",
                     help="the loads of the quick_plan timings (per app: of its capacity)")
-    ap.add_argument("--warm", action="store_true",
-                    help="keep the apps' columns between timed calls (as the controller's solver "
-                         "process does); default: built again in each timed call")
+    ap.add_argument("--modes", default="cold,warm",
+                    help="comma-separated: cold (columns and curves built in each timed call: a "
+                         "process's first plan) and warm (one pass over the loads in order keeping "
+                         "them, as the controller's solver process does across bins)")
+    ap.add_argument("--jitter", type=float, default=0.05,
+                    help="each app's demand times 1 +- up to this (drawn per load and repeat, the "
+                         "same in every mode): no warm plan sees demands an earlier one saw")
     ap.add_argument("--quick-vs-exact", action="store_true",
                     help="beside each quick plan's slices, the exact plan's (one solve per app and load)")
     args = ap.parse_args(argv)
@@ -123,40 +128,57 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  capacity of {a.name} alone: {c.max_demand_rps:.6g} rps "
               f"({c.status}, {c.solve_seconds:.1f} s)")
     loads = [] if args.quick_only else [float(x) for x in args.loads.split(",") if x]
-    times: dict[str, dict[float, list[float]]] = {f: {ld: [] for ld in loads} for f in forms}
-    results: dict[str, dict[float, list]] = {f: {ld: [] for ld in loads} for f in forms}
+    modes = [m for m in args.modes.split(",") if m]
+    keys = [f"{form} {mode}" for mode in modes for form in forms]
+    times: dict[str, dict[float, list[float]]] = {k: {ld: [] for ld in loads} for k in keys}
+    results: dict[str, dict[float, list]] = {k: {ld: [] for ld in loads} for k in keys}
     failures: list[str] = []
-    for load in loads:
-        demands = {n: load * caps[n] / len(apps) for n in names}
-        for _ in range(args.repeats):
-            for form in forms:  # interleaved: both see the same machine load
-                if not args.warm:
-                    problem.forget()
-                t0 = time.perf_counter()
-                with formulation_of(form) as name:
-                    res = plan_node(apps, node, profiles, demands, solver=args.solver,
-                                    objective=args.objective, time_limit_s=args.time_limit,
-                                    formulation=name)
-                wall = time.perf_counter() - t0
-                times[form][load].append(wall)
-                results[form][load].append(res)
-                bad = sum(bool(verify_plan(p, node.app(n), node, profiles)) for n, p in res.plans.items())
-                gap = "inf" if math.isinf(res.gap) else f"{res.gap:.2g}"
-                scale = f"scale {res.demand_scale:.3f}" + (
-                    f" (<= {res.scale_bound:.3f})" if res.scale_bound > res.demand_scale * (1 + 1e-6) else "")
-                print(f"  load {load:4.0%} {form:<17}: {wall:7.3f} s  {res.status:<11} gap {gap:<7} "
-                      f"slices {res.slices_used:>3}/{res.slices_available}  {scale}"
-                      f"  objective {res.objective:.4f}{'  VERIFY FAILED' if bad else ''}", flush=True)
-                if bad:
-                    failures.append(f"load {load:.0%} {form}: a plan fails the verifier")
+    for mode in modes:
+        problem.forget()  # warm: one pass over the loads, in order, keeping what it learns
+        for load in loads:
+            for rep in range(args.repeats):
+                demands = _jittered(names, caps, load, rep, args.jitter)
+                for form in forms:  # interleaved: both see the same machine load
+                    if mode == "cold":
+                        problem.forget()
+                    failures += _timed(args, f"{form} {mode}", form, apps, node, profiles, demands,
+                                       load, times, results)
     if loads:
-        failures += summary(args, forms, times, results, node)
+        failures += summary(args, keys, times, results, node)
     if not args.no_quick:
         quick_table(args, apps, names, node, profiles, caps)
     if failures:
         print("\nFAILED: " + "; ".join(failures), file=sys.stderr)
         return 1
     return 0
+
+
+def _jittered(names: list[str], caps: dict, load: float, rep: int, jitter: float) -> dict[str, float]:
+    """Each app's share of ``load`` x its capacity, times 1 +- up to ``jitter`` (drawn from the
+    load and the repeat: the same demands in every mode)."""
+    rng = random.Random(f"{load}/{rep}")
+    return {n: load * caps[n] / len(names) * (1 + jitter * rng.uniform(-1, 1)) for n in names}
+
+
+def _timed(args: argparse.Namespace, key: str, form: str, apps: list, node, profiles, demands: dict,
+           load: float, times: dict, results: dict) -> list[str]:
+    """One timed ``plan_node``, printed and kept under ``key``; a failure when a plan fails the
+    verifier."""
+    t0 = time.perf_counter()
+    with formulation_of(form) as name:
+        res = plan_node(apps, node, profiles, demands, solver=args.solver, objective=args.objective,
+                        time_limit_s=args.time_limit, formulation=name)
+    wall = time.perf_counter() - t0
+    times[key][load].append(wall)
+    results[key][load].append(res)
+    bad = sum(bool(verify_plan(p, node.app(n), node, profiles)) for n, p in res.plans.items())
+    gap = "inf" if math.isinf(res.gap) else f"{res.gap:.2g}"
+    scale = f"scale {res.demand_scale:.3f}" + (
+        f" (<= {res.scale_bound:.3f})" if res.scale_bound > res.demand_scale * (1 + 1e-6) else "")
+    print(f"  load {load:4.0%} {key:<22}: {wall:7.3f} s  {res.status:<11} gap {gap:<7} "
+          f"slices {res.slices_used:>3}/{res.slices_available}  {scale}"
+          f"  objective {res.objective:.4f}{'  VERIFY FAILED' if bad else ''}", flush=True)
+    return [f"load {load:.0%} {key}: a plan fails the verifier"] if bad else []
 
 
 MEDIAN_TARGET_S, MAX_TARGET_S = 0.5, 1.0  # per load, three apps on the example node (issue 42)
@@ -167,15 +189,15 @@ def summary(args: argparse.Namespace, forms: list[str], times: dict, results: di
     speed-up over the others with their agreement; returns the disagreements (the run fails)."""
     failures: list[str] = []
     loads = list(next(iter(times.values())))
-    print(f"\nwall seconds per node plan, median / max per load ({'warm' if args.warm else 'cold'}: "
-          f"the columns {'kept' if args.warm else 'built in each call'}):")
+    print("\nwall seconds per node plan, median / max per load (cold: the columns and curves built in "
+          "each call; warm: kept over the pass, every demand new):")
     for form in forms:
         meds = {ld: statistics.median(v) for ld, v in times[form].items()}
         maxs = {ld: max(v) for ld, v in times[form].items()}
         met = all(meds[ld] <= MEDIAN_TARGET_S and maxs[ld] <= MAX_TARGET_S for ld in loads)
         target = "" if args.gpus else (f" (target per load: median <= {MEDIAN_TARGET_S:g} s, max <= "
                                        f"{MAX_TARGET_S:g} s: {'met' if met else 'NOT met'})")
-        print(f"  {form:<17} " + ", ".join(f"{ld:.0%}: {meds[ld]:.3f} / {maxs[ld]:.3f} s" for ld in loads)
+        print(f"  {form:<22} " + ", ".join(f"{ld:.0%}: {meds[ld]:.3f} / {maxs[ld]:.3f} s" for ld in loads)
               + target)
     first = forms[0]
     for other in forms[1:]:

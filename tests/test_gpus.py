@@ -94,3 +94,18 @@ def test_the_mps_shares_of_a_whole_gpu_run_on_that_gpu() -> None:
         == ["GPU-a", "GPU-a"]
     assert visible_device(layout, devices, "intent", "resnet", "gpu", 2, 4, 1) == "GPU-b"
     assert missing_devices(layout, {(0, 0): "GPU-a"}) == [(1, 0)]
+
+
+def test_the_shares_of_a_mig_instance_run_on_that_instance() -> None:
+    """Processes of different tasks sharing one MIG instance (``1g.10gb-1of2``, seats 0 and 1 at
+    its start) all see that instance's UUID; a share's kind numbered across instances."""
+    devices = {(0, 0): "MIG-a", (0, 1): "MIG-b"}
+    layout = Layout("H100-80GB", (GpuLayout(0, (
+        PlacedInstance("1g.10gb-1of2", 0, "vad", "effnet", 0, 1, 8, seat=0),
+        PlacedInstance("1g.10gb-1of2", 0, "asr", "git", 0, 1, 16, seat=1),
+        PlacedInstance("1g.10gb-1of2", 1, "asr", "git", 1, 1, 16, seat=0))),))
+    assert missing_devices(layout, devices) == []
+    assert visible_device(layout, devices, "vad", "effnet", "1g.10gb-1of2", 1, 8, 0) == "MIG-a"
+    assert [visible_device(layout, devices, "asr", "git", "1g.10gb-1of2", 1, 16, p) for p in (0, 1)] \
+        == ["MIG-a", "MIG-b"]
+    assert missing_devices(layout, {(0, 0): "MIG-a"}) == [(0, 1)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jigsaw.node import load_node, load_node_profiles
-from jigsaw.planner import joint, scaled
+from jigsaw.planner import joint, problem, scaled
 from jigsaw.planner.decompose import app_layout
 from jigsaw.planner.node_plan import QUICK_STATUS, _pack_node, plan_node
 from jigsaw.planner.packer import validate_layout
@@ -19,6 +19,12 @@ from jigsaw.planner.verify import verify_plan
 from jigsaw.spaces import search_space
 
 NODE = Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml"
+
+
+@pytest.fixture(autouse=True)
+def _cold() -> None:
+    """Every test starts cold: no problem, hence no curve (``planner.curves``), kept from another."""
+    problem.forget()
 
 
 @pytest.fixture(scope="module")
@@ -180,14 +186,15 @@ def test_a_refuted_test_steps_down_by_the_floors_overshoot_or_a_little() -> None
 def test_the_search_stops_after_its_test_count_and_says_so(one_gpu, monkeypatch) -> None:
     node, profiles = one_gpu
     names, demands = ("social_media", "traffic_analysis"), (1500.0, 400.0)
-    parts = _parts(node, profiles, names, demands)
 
     def search():
-        return scaled.max_scale(parts, node, solver="highs", time_limit_s=60,
+        return scaled.max_scale(_parts(node, profiles, names, demands), node, solver="highs",
+                                time_limit_s=60,
                                 pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None))
 
     full = search()
     assert full.status == "proven" and full.tests >= 2
+    problem.forget()  # cold again: the curves would answer without a test
     monkeypatch.setattr(scaled, "MAX_TESTS", 1)
     one = search()
     assert one.tests == 1

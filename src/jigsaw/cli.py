@@ -466,7 +466,15 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from jigsaw.mig import WHOLE_GPU, gpu_model, share_level, whole_gpu_model
+    from jigsaw.mig import (
+        WHOLE_GPU,
+        gpu_model,
+        gpu_share_level,
+        share_host,
+        share_level,
+        whole_gpu_model,
+        with_mig_shares,
+    )
     from jigsaw.planner.packer import (
         instances_from_plan,
         pack,
@@ -480,10 +488,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
         node = load_node(args.node, load_apps=False)
         gpu, num_gpus = node.gpu, node.num_gpus
     else:
-        whole = bool(plan.instances) and all(i.mig_profile == WHOLE_GPU or share_level(i.mig_profile)
+        whole = bool(plan.instances) and all(i.mig_profile == WHOLE_GPU or gpu_share_level(i.mig_profile)
                                              for i in plan.instances)
         # the GPU's MPS shares: a share's name says k, a whole GPU that k shares costs k slices
-        shares = max((share_level(i.mig_profile) or (i.slices if i.slices > 1 else 0)
+        shares = max((gpu_share_level(i.mig_profile) or (i.slices if i.slices > 1 else 0)
                       for i in plan.instances), default=0)
         try:
             gpu = gpu_model(plan.gpu_model)
@@ -493,6 +501,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
             gpu = whole_gpu_model(plan.gpu_model, 0.0, 0)  # only the layout is asked for
         if whole:
             gpu = whole_gpu_model(gpu.name, gpu.memory_gb, gpu.sm_count, shares=shares)
+        for i in plan.instances:  # shares of MIG instances the plan runs (jigsaw.shares)
+            if share_host(i.mig_profile) in gpu.profile_names:
+                gpu = with_mig_shares(gpu, [share_level(i.mig_profile)], [share_host(i.mig_profile)])
         num_gpus = max(plan.slices_available // gpu.compute_slices, 1)
     layout = pack(instances_from_plan(plan), gpu, num_gpus, previous)
     if not gpu.mig and args.format != "json":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,7 +33,20 @@ class MigProfile:
     starts: tuple[int, ...]  # allowed start slots
     sm_count: int  # streaming multiprocessors of one instance
     max_per_gpu: int = 7  # e.g. 1 for the "+me" (media extensions) profile
-    share_of: int = 0  # k: one process's share of a whole GPU that k MPS processes share (0: a device)
+    share_of: int = 0  # k: one process's share of a device that k MPS processes share (0: a device)
+    host: str = ""  # a share of a MIG instance: the instance's profile (its k shares sit in one)
+
+    @property
+    def slice_cost(self) -> float:
+        """What one instance of the profile costs the planner in compute slices: a share of a MIG
+        instance its k-th of the instance's (its geometry is the instance's), any other its own."""
+        return self.compute_slices / self.share_of if self.host else self.compute_slices
+
+    @property
+    def slot_cost(self) -> float:
+        """The placement slots one instance of the profile takes: a MIG share's a k-th of its
+        instance's, any other its size."""
+        return self.size / self.share_of if self.host else self.size
 
 
 @dataclass(frozen=True)
@@ -63,7 +77,18 @@ class GpuModel:
 
     @property
     def whole_gpu_profile(self) -> MigProfile:
-        return max(self.profiles, key=lambda p: (p.compute_slices, p.size))
+        return max(self.devices, key=lambda p: (p.compute_slices, p.size))
+
+    @property
+    def devices(self) -> tuple[MigProfile, ...]:
+        """The profiles that are devices of their own on the GPU's placement slots: all but the
+        shares of MIG instances (``MigProfile.host``), which sit in an instance of their host."""
+        return tuple(p for p in self.profiles if not p.host)
+
+    def device_profile(self, name: str) -> MigProfile:
+        """The profile of the device an instance of ``name`` lies in: a MIG share's host, else its own."""
+        p = self.profile(name)
+        return self.profile(p.host) if p.host else p
 
 
 def _table(name: str, memory_gb: float, sm_count: int, mem_gb: tuple[int, int, int],
@@ -142,17 +167,67 @@ MPS_SHARE_LEVELS = (2, 4, 8)
 placement slots."""
 
 
-def share_profile_name(k: int) -> str:
-    """The segment profile of one of k MPS processes sharing a whole GPU, e.g. ``gpu-1of4``."""
-    return f"{WHOLE_GPU}-1of{k}"
+def share_profile_name(k: int, host: str = WHOLE_GPU) -> str:
+    """The segment profile of one of k MPS processes sharing a whole GPU (``gpu-1of4``) or one MIG
+    instance of profile ``host`` (``1g.10gb-1of2``)."""
+    return f"{host}-1of{k}"
+
+
+def _split_share(profile_name: str) -> tuple[str, int]:
+    host, sep, k = profile_name.rpartition("-1of")
+    return (host, int(k)) if sep and host and k.isdigit() and int(k) > 1 else ("", 0)
 
 
 def share_level(profile_name: str) -> int:
-    """k of a share profile's name (``gpu-1of4`` -> 4); 0 for any other profile."""
-    prefix = f"{WHOLE_GPU}-1of"
-    if profile_name.startswith(prefix) and profile_name[len(prefix):].isdigit():
-        return int(profile_name[len(prefix):])
-    return 0
+    """k of a share profile's name (``gpu-1of4`` -> 4, ``1g.10gb-1of2`` -> 2); 0 for any other."""
+    return _split_share(profile_name)[1]
+
+
+def share_host(profile_name: str) -> str:
+    """The MIG profile whose instance a share profile's processes sit in (``1g.10gb-1of2`` ->
+    ``1g.10gb``); "" for a share of a whole GPU (its shares have slots of their own) or no share."""
+    host = _split_share(profile_name)[0]
+    return "" if host == WHOLE_GPU else host
+
+
+def gpu_share_level(profile_name: str) -> int:
+    """k of a share of a whole GPU (``gpu-1of4`` -> 4); 0 for any other profile."""
+    host, k = _split_share(profile_name)
+    return k if host == WHOLE_GPU else 0
+
+
+MIG_SHARE_LEVELS = (2, 3, 4)
+"""The MPS levels a MIG instance can be shared at by processes of different (task, variant)s."""
+
+
+def slice_unit(gpu: GpuModel, names: Iterable[str] | None = None) -> int:
+    """The parts the planner's integer slice counts cut a compute slice into: the least common
+    multiple of the k of the MIG shares among ``names`` (default: the GPU's), 1 without any, so
+    that a share's k-th of a slice is a whole number of them."""
+    allowed = set(gpu.profile_names if names is None else names)
+    return math.lcm(1, *(p.share_of for p in gpu.profiles if p.host and p.name in allowed))
+
+
+def with_mig_shares(gpu: GpuModel, levels: Iterable[int], hosts: Iterable[str]) -> GpuModel:
+    """``gpu`` (a MIG GPU) with the share profiles ``<host>-1of<k>`` of each of ``hosts`` at each
+    of ``levels``: one process of k, each of any (task, variant), that share one instance of
+    ``host`` under its MPS daemon (``jigsaw.shares``). A share has its host's geometry (the
+    layout code lays its host instance, up to k shares in each), a k-th of its memory and costs
+    the planner a k-th of its compute slices (``MigProfile.slice_cost``)."""
+    if not gpu.mig or gpu.kind != "gpu":
+        raise ValueError(f"{gpu.name}: only a MIG GPU's instances are shared this way")
+    added = []
+    for name in hosts:
+        p = gpu.profile(name)
+        if p.host or p.share_of:
+            raise ValueError(f"{name} is itself a share")
+        for k in sorted(set(levels)):
+            if k not in MIG_SHARE_LEVELS:
+                raise ValueError(f"a MIG instance is shared by {MIG_SHARE_LEVELS} processes, not {k}")
+            added.append(dataclasses.replace(p, name=share_profile_name(k, name), memory_gb=p.memory_gb / k,
+                                              max_per_gpu=p.max_per_gpu * k, share_of=k, host=name))
+    known = set(gpu.profile_names)
+    return dataclasses.replace(gpu, profiles=gpu.profiles + tuple(a for a in added if a.name not in known))
 
 
 def whole_gpu_model(name: str, memory_gb: float, sm_count: int, *, shares: int = 0,

@@ -250,7 +250,7 @@ def generate(gpu_name: str | GpuSpec = "H100-80GB", chosen: Sequence[Variant] | 
     gpu = GPU_SPECS[gpu_name] if isinstance(gpu_name, str) else gpu_name
     return {
         v.name: [segment_row(v, gpu, prof, mps, b)
-                 for prof in gpu.mig.profiles if profiles is None or prof.name in profiles
+                 for prof in gpu.mig.devices if profiles is None or prof.name in profiles
                  for mps in mps_levels for b in batch_sizes]
         for v in (variants() if chosen is None else chosen)
     }

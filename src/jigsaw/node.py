@@ -18,12 +18,16 @@ from jigsaw.errors import ConfigError
 from jigsaw.fields import Fields, load_section, read_toml, reference, section, setting
 from jigsaw.mig import (
     GPU_MODELS,
+    MIG_SHARE_LEVELS,
     MPS_SHARE_LEVELS,
     GpuModel,
     MigProfile,
     gpu_model,
     mig_family_model,
+    share_host,
+    share_level,
     whole_gpu_model,
+    with_mig_shares,
 )
 from jigsaw.profiles import ProfileTable, check_coverage, load_profiles
 from jigsaw.shares import with_share_rows
@@ -34,7 +38,7 @@ PAPER_BETA_SLICES = 28  # the paper's beta = 0.035 was chosen for a 28-slice nod
 PAPER_BETA = 0.035
 Objective = Literal["accuracy", "slices"]
 HttpFront = Literal["fast", "aiohttp"]
-Predictor = Literal["recurring", "mean"]  # spike-aware (control/predictor.py) or the paper's mean
+Predictor = Literal["profile", "mean"]  # spike-aware (control/predictor.py) or the paper's mean
 NODE_OBJECTIVES: tuple[str, ...] = get_args(Objective)
 HTTP_FRONTS: tuple[str, ...] = get_args(HttpFront)
 PREDICTORS: tuple[str, ...] = get_args(Predictor)
@@ -189,13 +193,10 @@ class ControlSettings:
                                          group=TRIGGERS)
     history_bins: int = setting(5, "the predictor's window in bins", ge=1, group=PREDICTOR)
     predictor: Predictor = setting(
-        "recurring", "spike-aware mean (\"recurring\") or the paper's mean", group=PREDICTOR)
+        "profile", "the mean outside spikes, a running spike from past spikes' heights, recurring "
+                   "jumps foreseen (\"profile\"), or the paper's mean", group=PREDICTOR)
     burst_requests: int = setting(40, "every plan holds this many concurrent requests within "
                                       "half the SLO (0: off)", ge=0, group=PREDICTOR)
-    skip_ended_spikes: bool = setting(True, "the recurring predictor's mean leaves out the "
-                                            "bins of ended spikes", group=PREDICTOR)
-    hold_spikes: bool = setting(True, "a spike past its second bin is predicted at least at "
-                                      "its last bin", group=PREDICTOR)
     repartition_delay_s: float = setting(2.0, "emulated: time a GPU is unavailable while "
                                               "repartitioned", ge=0, group=DEPLOYMENT)
     shrink_min_slices: int = setting(1, "a running plan that holds its demand is replaced only "
@@ -259,6 +260,8 @@ REMOVED_CONTROL: dict[str, str] = {
     "headroom_full_fraction": f"{_ROOM} keeps the running plan up to its full utilization",
     "rate_trigger_z": "control.rate_window_grow_z (a window of enough arrivals fires on the rate alone)",
     "lookahead_bins": "control.predictor (each plan holds the next bin's prediction)",
+    "skip_ended_spikes": "control.predictor \"profile\" (its mean always leaves out every spike's bins)",
+    "hold_spikes": "control.predictor \"profile\" (a running spike is never predicted below its last bin)",
     "single_reconfiguration": "removed (measured worse): an urgent re-plan deploys its quick plan, "
                               "then its exact one",
     "fewest_starts_first": "removed (measured no better): the exact plan goes out when it is in",
@@ -344,7 +347,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
 
     g = _gpu_group(f)
     g.reject_unknown({"model", "count", "mig_profiles", "mps_levels", "batch_sizes",
-                      "profiles_dir", "backend", "mig", *WHOLE_GPU_KEYS, *MIG_FIGURE_KEYS})
+                      "profiles_dir", "backend", "mig", "mig_shares", *WHOLE_GPU_KEYS, *MIG_FIGURE_KEYS})
     model_name = g.str("model")
     mps_levels = g.list("mps_levels", [1, 2, 3, 4])
     if not mps_levels or not all(isinstance(k, int) and 1 <= k <= 48 for k in mps_levels):
@@ -352,7 +355,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     if not g.bool("mig", True):
         gpu = _whole_gpu(g, model_name, mps_levels)
     else:
-        gpu = _mig_gpu(g, model_name)
+        gpu = _mig_shares(g, _mig_gpu(g, model_name), mps_levels)
     count = g.integer("count", low=1, high=100_000)
     mig_profiles = g.list("mig_profiles", list(gpu.profile_names))
     for i, p in enumerate(mig_profiles):
@@ -453,6 +456,32 @@ def _mig_gpu(g: Fields, model_name: str) -> GpuModel:
                             g.integer("sm_count", low=1), tuple(mem), tuple(sms),  # type: ignore[arg-type]
                             fp16_tflops=g.number("fp16_tflops", 0.0, low=0),
                             memory_tb_s=g.number("memory_tb_s", 0.0, low=0))
+
+
+def _mig_shares(g: Fields, gpu: GpuModel, mps_levels: list[int]) -> GpuModel:
+    """``gpu`` with the MIG-instance shares ``[gpus] mig_shares`` names (``<profile>-1of<k>``, e.g.
+    ``["1g.10gb-1of2", "1g.10gb-1of4"]``; default none): k processes of any (task, variant)s in one
+    instance (``jigsaw.shares``)."""
+    if not g.has("mig_shares"):
+        return gpu
+    if gpu.kind != "gpu":
+        raise g.error("mig_shares", "a CPU device has no MIG instances to share")
+    names = g.list("mig_shares")
+    wanted: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        host, k = share_host(str(name)), share_level(str(name))
+        if (not isinstance(name, str) or not host or host not in gpu.profile_names
+                or k not in MIG_SHARE_LEVELS):
+            raise ConfigError(g.path, f"{g.name('mig_shares')}[{i}]",
+                              f"expected '<profile>-1of<k>' with a profile of the {gpu.name} table and k in "
+                              f"{list(MIG_SHARE_LEVELS)}, got {name!r}")
+        if k not in mps_levels:
+            raise ConfigError(g.path, f"{g.name('mig_shares')}[{i}]", f"{name}: {k} is not one of the node's "
+                              f"mps_levels {mps_levels} (a share's rows are its instance's at that level)")
+        wanted.setdefault(host, []).append(k)
+    for host, ks in wanted.items():
+        gpu = with_mig_shares(gpu, ks, [host])
+    return gpu
 
 
 WHOLE_GPU_KEYS = {

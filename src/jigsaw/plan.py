@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jigsaw.errors import ConfigError
+from jigsaw.mig import share_host
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class PlacedInstance:
     mps: int = 1
     max_batch: int = 1
     app: str = ""  # which app's instance, in a node-wide layout of several apps ("" in one app's)
+    seat: int = 0  # a share of a MIG instance: which of the instance's k processes (0..k-1)
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,9 @@ class GpuLayout:
 
     @property
     def signature(self) -> tuple[tuple[str, int], ...]:
-        """What a repartition changes: the (profile, start) pairs, not what runs on them."""
-        return tuple(sorted((p.profile, p.start) for p in self.instances))
+        """What a repartition changes: the (profile, start) pairs of the MIG instances, not what
+        runs on them (the shares of one instance are that instance: its host profile)."""
+        return tuple(sorted({(share_host(p.profile) or p.profile, p.start) for p in self.instances}))
 
 
 @dataclass(frozen=True)
@@ -205,15 +208,15 @@ def without_placed(plan: Plan, slots: set[tuple[int, int]]) -> Plan | None:
             else:
                 kept.append(p)
         gpus.append(replace(g, instances=tuple(kept)))
-    order = sorted(((p.task, p.variant, p.profile, p.mps, p.max_batch), p.index, g.gpu, p.start)
+    order = sorted(((p.task, p.variant, p.profile, p.mps, p.max_batch), p.index, g.gpu, p.start, p.seat)
                    for g in gpus for p in g.instances)
     counts: dict[tuple[str, str, str, int, int], int] = {}
-    index: dict[tuple[int, int], int] = {}
-    for kind, _, gpu, start in order:
-        index[(gpu, start)] = counts.get(kind, 0)
-        counts[kind] = index[(gpu, start)] + 1
-    gpus = [replace(g, instances=tuple(replace(p, index=index[(g.gpu, p.start)]) for p in g.instances))
-            for g in gpus]
+    index: dict[tuple[int, int, int], int] = {}  # (GPU, start, seat): a MIG instance's shares have seats
+    for kind, _, gpu, start, seat in order:
+        index[(gpu, start, seat)] = counts.get(kind, 0)
+        counts[kind] = index[(gpu, start, seat)] + 1
+    gpus = [replace(g, instances=tuple(replace(p, index=index[(g.gpu, p.start, p.seat)])
+                                       for p in g.instances)) for g in gpus]
     instances = []
     for i in plan.instances:
         kind = (i.task, i.variant, i.mig_profile, i.mps, i.max_batch)

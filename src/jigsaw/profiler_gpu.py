@@ -150,7 +150,8 @@ def profile_gpu(node: Any, app_path: str | Path | None, kinds: dict[str, str], w
                 backend: str | None = None, run: Run = run_command,
                 python: Sequence[str] = (sys.executable, "-m", "jigsaw.cli")) -> list[Path]:
     """Measures the node's missing (segment, MPS level, batch) rows of ``wanted`` into ``out_dir``."""
-    segs = list(segments) or list(node.mig_profiles)
+    # MPS shares are not measured alone: their rows derive from their host's (``jigsaw.shares``)
+    segs = list(segments) or [p for p in node.mig_profiles if not node.gpu.profile(p).share_of]
     levels = sorted(set(mps_levels or node.mps_levels))
     bad = [s for s in segs if s not in node.mig_profiles]
     if bad:

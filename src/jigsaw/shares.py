@@ -1,4 +1,6 @@
-"""MPS shares of a whole GPU: k processes of any (task, variant)s under one MPS control daemon.
+"""MPS shares: k processes of any (task, variant)s under one MPS control daemon, on a whole GPU or
+in one MIG instance (ParvaGPU / BOER style co-location; the paper's segments hold one (task,
+variant) only).
 
 A whole GPU split into k shares (``mig.whole_gpu_model(..., shares=k)``) runs k worker
 processes, each its own (task, variant, max batch), with no active-thread cap. The planner sees
@@ -7,16 +9,30 @@ the packer lays up to k of them on a GPU, and the runtime starts one MPS daemon 
 holds shares (its processes' ``CUDA_VISIBLE_DEVICES`` is the GPU: ``runtime/gpus.py``
 ``device_slot``).
 
+A MIG instance of profile P shared by k processes (``mig.with_mig_shares``, the node file's
+``[gpus] mig_shares = ["1g.10gb-1of2", ...]``) is the profile ``P-1of<k>``: P's geometry, a k-th
+of its memory, a k-th of its compute slices as the planner's cost (``MigProfile.slice_cost``; the
+MILPs count slices in k-ths, ``mig.slice_unit``). The planner's per-GPU count vectors hand each
+host instance to P or to k shares of it (``planner/layouts.py``), so every plan packs; the packer
+lays up to k shares into one instance of P and only there (``planner/packer.py``
+``bundle_shares``), each with its seat; the node layout carries the seats (``gpu/layout.py``) and
+the runtime creates the one instance (``NodeInstance.device_slot``) and starts its one MPS daemon
+before its mixed processes, of any tasks and apps. P itself at MPS level k (the homogeneous
+segment) stays, so shares only add choices: a plan never needs more slices with them.
+
 The interference model (stated): a process in a share runs at the per-process rate of its own
-variant's level-k row of the whole GPU (the k - 1 neighbours busy copies of itself: the level-k
-rows are measured or modeled with all k processes busy) times ``SHARE_INTERFERENCE``, its batch
-latency over that factor, memory as the row's. The factor is from the H200
-(``shared/data/gpu/README.md``): efficientnet-b0 beside vgg11 under one MPS daemon kept 0.85 of
-its alone throughput (vgg11 1.12), where efficientnet-b0's own modeled level-2 row keeps 0.97: a
-neighbour unlike itself cost the lighter model 12% more than a copy of itself would. Applied to
-every share (also one whose neighbours happen to be its copies), it errs on the safe side; the
-whole GPU at level k (the homogeneous segment) keeps its rows, so shares never lower what a
-node's plan can serve.
+variant's level-k row of its host (the whole GPU or P: the k - 1 neighbours busy copies of itself,
+the level-k rows being measured or modeled with all k processes busy) times ``SHARE_INTERFERENCE``,
+its batch latency over that factor, memory as the row's (at most the host's k-th: the planner's
+memory check). What it assumes: (1) a neighbour unlike a process costs it at most 15% more than a
+copy of itself would, whatever the pair: the factor is from the H200 (``shared/data/gpu/README.md``):
+efficientnet-b0 beside vgg11 under one MPS daemon kept 0.85 of its alone throughput (vgg11 1.12),
+where efficientnet-b0's own modeled level-2 row keeps 0.97; (2) the same holds in a MIG instance
+as on the whole GPU (MPS divides an instance's SMs as it does a GPU's; not measured: no MIG on the
+H200 lent); (3) neighbours are busy all the time, so a lightly loaded neighbour only helps.
+Applied to every share (also one whose neighbours happen to be its copies), it errs on the safe
+side. A row the profile table has for a share itself (measured with mixed neighbours) is used
+instead of the derived one.
 
 No active-thread cap (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``): on the H200 an even 50% cap cost
 vgg11 37% of its throughput against none and gained efficientnet-b0 5%, so an even share never
@@ -27,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from jigsaw.mig import WHOLE_GPU, GpuModel, share_level
+from jigsaw.mig import WHOLE_GPU, GpuModel
 from jigsaw.profiles import ProfileRow, ProfileTable
 
 SHARE_INTERFERENCE = 0.85
@@ -35,26 +51,28 @@ SHARE_INTERFERENCE = 0.85
 
 
 def share_profile(gpu: GpuModel) -> str:
-    """The GPU's share profile name, or "" when its processes do not share it."""
-    return next((p.name for p in gpu.profiles if p.share_of), "")
+    """The GPU's whole-GPU share profile name, or "" when its processes do not share it whole."""
+    return next((p.name for p in gpu.profiles if p.share_of and not p.host), "")
 
 
-def share_rows(rows: list[ProfileRow], k: int, share: str) -> list[ProfileRow]:
-    """One share row per level-k row of the whole GPU: the same batch and per-process memory, a
-    k-th of the segment's throughput and the row's latency, each by ``SHARE_INTERFERENCE``."""
+def share_rows(rows: list[ProfileRow], k: int, share: str, host: str = WHOLE_GPU) -> list[ProfileRow]:
+    """One share row per level-k row of ``host`` (the whole GPU or a MIG instance's profile): the
+    same batch and per-process memory, a k-th of the segment's throughput and the row's latency,
+    each by ``SHARE_INTERFERENCE``."""
     return [replace(r, mig_profile=share, mps=1,
                     latency_ms=round(r.latency_ms / SHARE_INTERFERENCE, 4),
                     throughput_rps=round(r.throughput_rps / k * SHARE_INTERFERENCE, 3))
-            for r in rows if r.mig_profile == WHOLE_GPU and r.mps == k]
+            for r in rows if r.mig_profile == host and r.mps == k]
 
 
 def with_share_rows(table: ProfileTable, gpu: GpuModel) -> ProfileTable:
-    """``table`` with the share rows of ``gpu`` added where it has shares; a row the table has
-    for the share itself (measured with mixed neighbours) is kept, not derived."""
-    share = share_profile(gpu)
-    if not share:
+    """``table`` with the share rows of every share profile of ``gpu`` added (a whole GPU's, a
+    MIG instance's); a row the table has for the share itself (measured with mixed neighbours)
+    is kept, not derived."""
+    shares = [p for p in gpu.profiles if p.share_of]
+    if not shares:
         return table
-    k = share_level(share)
-    derived = [r for r in share_rows(table.rows(), k, share) if r.key not in table]
+    rows = table.rows()
+    derived = [r for p in shares for r in share_rows(rows, p.share_of, p.name, p.host or WHOLE_GPU)
+               if r.key not in table]
     return table.with_rows(derived) if derived else table
-

@@ -38,9 +38,8 @@ def test_every_mechanism_setting_loads_and_switches_its_mechanism(tmp_path: Path
     base = load_node(NODE)
     off = load_node(node_with_settings(NODE, list(ablation.MECHANISMS.values()), tmp_path / "off"))
     assert not off.control.replan_on_rate and off.control.burst_requests == 0
-    assert base.control.hold_spikes and not off.control.hold_spikes
+    assert base.control.predictor == "profile" and off.control.predictor == "mean"
     assert base.control.drain_wait_slo == 0.25 and off.control.drain_wait_slo == 1.0
-    assert base.control.skip_ended_spikes and not off.control.skip_ended_spikes
     assert base.control.quick_after_refusal and not off.control.quick_after_refusal
     assert base.control.solver_grace_bins == 1.0 and off.control.solver_grace_bins == 0.0
     assert base.control.unplanned_retry_share == 0.85 and off.control.unplanned_retry_share == 0.0

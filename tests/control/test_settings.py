@@ -51,7 +51,7 @@ def test_settings_load_with_toml_types_and_integers_as_numbers(tmp_path: Path) -
     ("[control]\nhistory_bins = 2.5", "control.history_bins", "expected an integer, got float 2.5"),
     ("[control]\nreplan_on_rate = 1", "control.replan_on_rate", "expected true or false, got int 1"),
     ("[control]\npredictor = \"oracle\"", "control.predictor",
-     "expected one of recurring, mean, got 'oracle'"),
+     "expected one of profile, mean, got 'oracle'"),
     ("[control]\nno_such = 1", "control.no_such", "unknown field (expected one of: "),
     ("[server]\nport = 70000", "server.port", "expected a number <= 65535, got 70000"),
     ("[server]\nhttp = \"nginx\"", "server.http", "expected one of fast, aiohttp"),

@@ -113,7 +113,7 @@ async def h_layout(request: web.Request) -> web.Response:
     def inst(i: NodeInstance) -> dict[str, object]:
         return {"gpu": i.gpu, "start": i.start, "profile": i.profile, "app": i.app, "task": i.task,
                 "variant": i.variant, "mps": i.mps, "max_batch": i.max_batch, "index": i.index,
-                "uuid": i.uuid, "pids": sorted(pids.get((i.gpu, i.start), []))}
+                "seat": i.seat, "uuid": i.uuid, "pids": sorted(pids.get((i.gpu, i.start), []))}
     part = generations.partition
     return web.json_response({
         "gpu_model": layout.gpu_model, "num_gpus": layout.num_gpus,

@@ -97,7 +97,7 @@ from jigsaw.runtime.placement import Beside
 
 LEAD_MARGIN = 1.25  # a re-plan ahead of a bin's end starts this many recent re-plan durations early
 HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per app
-# the demand history the predictor reads: a day of 5-minute bins, since the recurring-spike
+# the demand history the predictor reads: a day of 5-minute bins, since the spike-profile
 # predictor needs several cycles of a spike that recurs every couple of hours to predict the next
 HISTORY_RPS_BINS = 288
 MIN_ANSWERED_FOR_TRIGGER = 20  # an early re-plan needs this many answers in the bin
@@ -267,8 +267,7 @@ class AppController:
         self.counters = ctl.counters
         plan = ctl.plane.plan_of(app.name)
         self.predictor: Predictor = predictor or make_predictor(
-            node.control.predictor, node.control.history_bins, node.planner.demand_slack, plan.demand_rps,
-            node.control.skip_ended_spikes, node.control.hold_spikes)
+            node.control.predictor, node.control.history_bins, node.planner.demand_slack, plan.demand_rps)
         self.floor_rps = burst_floor_rps(app.latency_slo_ms, node.control.burst_requests)
         self.history_rps: deque[float] = deque(maxlen=max(HISTORY_RPS_BINS, node.control.history_bins))
         self.factor_bins: deque[dict[tuple[str, str], float]] = deque(maxlen=node.control.history_bins)

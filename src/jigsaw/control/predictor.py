@@ -1,9 +1,11 @@
-"""Demand prediction for the next bin: pluggable, the paper's moving mean + slack by default."""
+"""Demand prediction for the next bin: pluggable; the spike profile by default, or the paper's mean."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol
+
+from jigsaw.control import spikes
 
 
 class Predictor(Protocol):
@@ -35,113 +37,89 @@ class MeanSlackPredictor:
         return sum(recent) / len(recent) * (1.0 + self.slack)
 
 
-JUMP_RATIO = 1.6  # a bin whose demand is this many times its predecessor's is a jump (a spike starts)
-SPIKE_LEVEL = 1.3  # a spike lasts while demand stays this many times the bin before its jump
+class SpikeProfilePredictor:
+    """The mean + slack of the bins outside spikes; a running spike predicted from how high past
+    spikes rose at its age; a spike's jump foreseen where the jumps recur with a period.
 
+    A day of the Twitter trace has about ten spikes: within one bin demand jumps 2-4x, holds for one
+    to three bins and falls back. The paper's mean of the last five bins sees each one a bin late,
+    plans its second bin for half of it (a spike begins anywhere in its jump bin, so the jump bin
+    holds only part of it: its second bin brought 0.6-1.6x the jump bin's demand), then holds the
+    node at twice the level for the bins after it. Four rules over the history alone
+    (``control/spikes.py``; no clock or calendar):
 
-def _quantile(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+    - the base is the mean of the last ``window`` bins that belong to no spike, so a spike that
+      has ended does not raise the bins after it;
+    - while a spike runs (every bin since its jump at least ``SPIKE_LEVEL`` x the bin before it),
+      its next bin (age k since the jump) is predicted at its base x the highest that the past
+      spikes which lasted k bins reached at age k over their own bases (a spike's height over its
+      base is steadier than its second bin over its jump bin), and never below its last bin;
+    - a spike's second bin also at least at the level its jump bin implies had the spike begun in
+      the bin's middle, its mean being half base and half spike: twice the jump bin less the base
+      (the day's first spike has no past spike to go by);
+    - otherwise, when the next bin falls on the phase of recurring jumps (for a period P up to
+      ``max_period`` bins, at least ``min_hits`` past jumps on the next bin's phase, making at
+      least ``hit_share`` of the cycles seen: 0.7, since on day 0 of the Twitter trace 0.6 let 2
+      jumps in 3 cycles raise quiet bins to spike level), the last bin times the median of those
+      jumps' ratios.
 
-
-class RecurringSpikePredictor:
-    """The mean + slack, raised where the history says a spike comes: recurring jumps, and their tails.
-
-    A day of the Twitter trace has about ten spikes: within one bin demand jumps 2-4x and stays
-    high for one or two bins. The mean of the last bins sees each one a bin late, and the in-bin
-    re-plan needs seconds of the spike bin. Two rules over the history alone (no clock, no
-    calendar): (1) the jumps recur with a period: for each period P up to ``max_period`` bins, the
-    past jumps that fall on the next bin's phase; when at least ``min_hits`` did and they make at
-    least ``hit_share`` of the cycles seen (0.7: on day 0 of the Twitter trace, 0.6 let 2 jumps in
-    3 cycles through and raised 8 quiet bins to spike level, each a large reconfiguration there and
-    back; 0.7 raises 4 and misses 2 of the 10 spikes), the next bin is predicted at the last bin
-    times the median jump ratio; (2) after a jump, the next bin is predicted at the jump's level
-    times an upper quantile of what past spikes did in their second bin; (3) with ``hold_spikes``, a
-    spike past its second bin (every bin since its jump at spike level) is predicted at least at its
-    last bin. Otherwise (and never below) it is the mean. The mean leaves out the bins of spikes
-    that have ended (``ended_spike_bins``): a spike two or three times the level would otherwise
-    hold the mean of the next five bins at twice what they bring, slices the node can spend on the
-    spikes themselves. The cost is the slices of the
-    bins it raises in vain; bench/README.md reports it.
+    It never predicts below the base (+ slack). ``bench/predictor.py`` measures it against the
+    mean and the variants it replaced over every day of the trace (bench/README.md).
     """
 
-    def __init__(self, base: MeanSlackPredictor, *, max_period: int = 48, min_hits: int = 2,
-                 hit_share: float = 0.7, tail_quantile: float = 0.75,
-                 skip_ended_spikes: bool = False, hold_spikes: bool = False) -> None:
-        self.base = base
-        self.slack = base.slack
+    def __init__(self, window: int = 5, slack: float = 0.05, default_rps: float = 0.0, *,
+                 max_period: int = 48, min_hits: int = 2, hit_share: float = 0.7) -> None:
+        self.mean = MeanSlackPredictor(window, 0.0, default_rps)
+        if slack < 0:
+            raise ValueError(f"slack must be >= 0, got {slack}")
+        self.slack = slack
         self.max_period = max_period
         self.min_hits = min_hits
         self.hit_share = hit_share
-        self.tail_quantile = tail_quantile
-        self.skip_ended_spikes = skip_ended_spikes
-        self.hold_spikes = hold_spikes
-
-    @staticmethod
-    def jumps(history: Sequence[float]) -> list[int]:
-        """Indexes of the bins whose demand jumped (at least ``JUMP_RATIO`` x the bin before)."""
-        return [i for i in range(1, len(history))
-                if history[i - 1] > 0 and history[i] >= JUMP_RATIO * history[i - 1]]
-
-    def recurring_ratio(self, history: Sequence[float], jumps: list[int]) -> float:
-        """The median jump ratio when the next bin (index ``len(history)``) is on a recurring
-        jump's phase, else 0."""
-        nxt = len(history)
-        for period in range(2, self.max_period + 1):
-            cycles = (nxt - 1) // period  # whole periods back from the next bin that the history covers
-            hits = [j for j in jumps if (nxt - j) % period == 0]
-            if len(hits) >= self.min_hits and cycles and len(hits) / cycles >= self.hit_share:
-                return _quantile([history[j] / history[j - 1] for j in hits], 0.5)
-        return 0.0
-
-    @staticmethod
-    def ended_spike_bins(history: Sequence[float], jumps: list[int]) -> set[int]:
-        """The bins of every spike that has ended: from its jump while demand stays at least
-        ``SPIKE_LEVEL`` x the bin before the jump, when a later bin has fallen below that."""
-        out: set[int] = set()
-        for j in jumps:
-            level = SPIKE_LEVEL * history[j - 1]
-            m = j
-            while m + 1 < len(history) and history[m + 1] >= level:
-                m += 1
-            if m + 1 < len(history):
-                out.update(range(j, m + 1))
-        return out
 
     def predict(self, history_rps: Sequence[float]) -> float:
         history = list(history_rps)
-        if len(history) < 2:
-            return self.base.predict(history)
-        jumps = self.jumps(history)
-        if not jumps:
-            return self.base.predict(history)
-        skip = self.ended_spike_bins(history, jumps) if self.skip_ended_spikes else set()
-        kept = [x for i, x in enumerate(history) if i not in skip]
-        base = self.base.predict(kept or history)
-        last = history[-1]
-        raised = last * self.recurring_ratio(history, jumps)
-        if jumps[-1] == len(history) - 1:  # the last bin jumped: the spike's second bin comes
-            tails = [history[j + 1] / history[j] for j in jumps[:-1]]  # earlier spikes' second bins
-            raised = max(raised, last * max(1.0, _quantile(tails, self.tail_quantile)) if tails else last)
-        elif self.hold_spikes and all(x >= SPIKE_LEVEL * history[jumps[-1] - 1] for x in history[jumps[-1]:]):
-            # a spike in its third bin or later (every bin since its jump at spike level): the mean
-            # of five bins, two or three of them the spike's, plans for less than it still brings
-            # (bin 116 of day 0: 1401 req/s after 2013, planned for 1001-1066 in two of three runs)
-            raised = max(raised, last)
-        return max(base, raised * (1.0 + self.slack))
+        found = spikes.spikes(history)
+        inside = {i for s in found for i in s.bins(len(history))}
+        base = self.mean.predict([x for i, x in enumerate(history) if i not in inside] or history)
+        if found and found[-1].end is None:
+            guess = self.running_spike_rps(history, found)
+        else:
+            guess = history[-1] * self.recurring_ratio(history, found) if history else 0.0
+        return max(base, guess) * (1.0 + self.slack)
+
+    @staticmethod
+    def running_spike_rps(history: list[float], found: list[spikes.Spike]) -> float:
+        """The next bin of the running spike (the last of ``found``)."""
+        run = found[-1]
+        age = len(history) - run.start
+        heights = [history[s.start + age] / s.base_rps for s in found[:-1]
+                   if s.end is not None and s.end - s.start >= age and s.start + age < len(history)]
+        level = max([history[-1], *(run.base_rps * h for h in heights)])
+        if age == 1:  # the jump bin held the spike from its onset on: mid-bin, on average
+            level = max(level, 2.0 * history[-1] - run.base_rps)
+        return level
+
+    def recurring_ratio(self, history: list[float], found: list[spikes.Spike]) -> float:
+        """The median jump ratio when the next bin (index ``len(history)``) is on the phase of
+        recurring spikes' jumps, else 0."""
+        nxt = len(history)
+        starts = [s.start for s in found]
+        for period in range(2, self.max_period + 1):
+            cycles = (nxt - 1) // period  # whole periods back from the next bin that the history covers
+            hits = [j for j in starts if (nxt - j) % period == 0]
+            if len(hits) >= self.min_hits and cycles and len(hits) / cycles >= self.hit_share:
+                return spikes.quantile([history[j] / history[j - 1] for j in hits], 0.5)
+        return 0.0
 
 
-def make_predictor(kind: str, window: int, slack: float, default_rps: float,
-                   skip_ended_spikes: bool = False, hold_spikes: bool = False) -> Predictor:
-    """The node's ``control.predictor``: "recurring" (spike-aware; ``control.skip_ended_spikes``:
-    its mean leaves out the bins of spikes that have ended; ``control.hold_spikes``: a spike past
-    its second bin is predicted at least at its last bin) or "mean" (the paper's)."""
-    mean = MeanSlackPredictor(window, slack, default_rps)
+def make_predictor(kind: str, window: int, slack: float, default_rps: float) -> Predictor:
+    """The node's ``control.predictor``: "profile" (``SpikeProfilePredictor``) or "mean" (the paper's)."""
     if kind == "mean":
-        return mean
-    if kind == "recurring":
-        return RecurringSpikePredictor(mean, skip_ended_spikes=skip_ended_spikes, hold_spikes=hold_spikes)
-    raise ValueError(f"unknown predictor {kind!r} (choose recurring or mean)")
+        return MeanSlackPredictor(window, slack, default_rps)
+    if kind == "profile":
+        return SpikeProfilePredictor(window, slack, default_rps)
+    raise ValueError(f"unknown predictor {kind!r} (choose profile or mean)")
 
 
 def burst_floor_rps(latency_slo_ms: float, burst_requests: int) -> float:

@@ -5,6 +5,11 @@ MIG instances (profile and start slot), the workload each hosts (app, task, vari
 max batch) and, once running, the instance's UUID and its k worker pids. Every plan is laid out
 against what the other apps hold (``place_app``), so no two instances overlap and no GPU is
 over-committed, whatever the apps' planners asked for.
+
+A MIG instance that k processes of different (task, variant)s share (``jigsaw.shares``: profile
+``<profile>-1of<k>``) is k entries, one per process, at the instance's start, each with its seat
+(0..k-1); the processes may be of different apps. ``NodeInstance.device`` is the MIG instance they
+share (what NVML creates, what its MPS daemon is keyed by), ``slot`` tells the entries apart.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel
+from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel, share_host
 from jigsaw.plan import GpuLayout, Layout, PlacedInstance
 from jigsaw.planner.layouts import (
     placement_violations,
@@ -22,9 +27,9 @@ from jigsaw.planner.layouts import (
     usable_compute,
     valid_layouts,
 )
-from jigsaw.planner.packer import InstanceRequest, PackingError
+from jigsaw.planner.packer import InstanceRequest, PackingError, bundle_shares, seat_violations, unbundled
 
-Slot = tuple[int, int, str]  # (GPU index, start slot, MIG profile): one MIG instance
+Slot = tuple[int, int, str]  # (GPU index, start slot, MIG profile): one MIG instance (or one share's seat)
 Workload = tuple[str, str, str, int, int]  # (app, task, variant, mps, max_batch)
 
 _DFS_NODE_BUDGET = 20_000
@@ -50,10 +55,24 @@ class NodeInstance:
     index: int = 0  # which of the app plan's instances of (task, variant, profile, mps, max_batch)
     uuid: str = ""  # MIG-<uuid> for CUDA_VISIBLE_DEVICES
     pids: tuple[int, ...] = ()
+    seat: int = 0  # a share of a MIG instance: which of the instance's k processes (0..k-1)
 
     @property
     def slot(self) -> Slot:
+        """Tells every entry of the layout apart: the instance's slot, for a share with its seat."""
+        if share_host(self.profile):
+            return (self.gpu, self.start, f"{self.profile}#{self.seat}")
         return (self.gpu, self.start, self.profile)
+
+    @property
+    def device_slot(self) -> Slot:
+        """The MIG instance it lies in (GPU, start, the instance's profile): a share's host's."""
+        return (self.gpu, self.start, share_host(self.profile) or self.profile)
+
+    def as_device(self) -> NodeInstance:
+        """The MIG instance it lies in, as NVML creates it (its shares' seats are the processes')."""
+        host = share_host(self.profile)
+        return replace(self, profile=host, seat=0, mps=1) if host else self
 
     @property
     def workload(self) -> Workload:
@@ -78,7 +97,16 @@ class NodeInstance:
             index=self.index,
             mps=self.mps,
             max_batch=self.max_batch,
+            seat=self.seat,
         )
+
+
+def devices(instances: Iterable[NodeInstance]) -> list[NodeInstance]:
+    """The MIG instances of ``instances``: each once, a shared one as its host profile."""
+    out: dict[Slot, NodeInstance] = {}
+    for i in instances:
+        out.setdefault(i.device_slot, i.as_device())
+    return list(out.values())
 
 
 @dataclass(frozen=True)
@@ -105,15 +133,14 @@ class NodeLayout:
     def by_slot(self) -> dict[Slot, NodeInstance]:
         return {i.slot: i for i in self.instances}
 
-    def slices_used(self, gpu: GpuModel, app: str | None = None) -> int:
-        """Compute slices held by ``app`` (all apps, idle instances included, when None)."""
-        return sum(
-            gpu.profile(i.profile).compute_slices for i in self.instances if app is None or i.app == app
-        )
+    def slices_used(self, gpu: GpuModel, app: str | None = None) -> float:
+        """Compute slices held by ``app`` (all apps, idle instances included, when None): a share
+        of a MIG instance holds its k-th of the instance's."""
+        return sum(gpu.profile(i.profile).slice_cost for i in self.instances if app is None or i.app == app)
 
-    def slices_free_for(self, gpu: GpuModel, app: str) -> int:
+    def slices_free_for(self, gpu: GpuModel, app: str) -> float:
         """What a plan of ``app`` may use: the node's slices less what the other apps hold."""
-        others = sum(gpu.profile(i.profile).compute_slices for i in self.instances if i.app and i.app != app)
+        others = sum(gpu.profile(i.profile).slice_cost for i in self.instances if i.app and i.app != app)
         return gpu.compute_slices * self.num_gpus - others
 
     def without_idle(self) -> NodeLayout:
@@ -154,6 +181,7 @@ def from_app_layouts(gpu_model: str, num_gpus: int, layouts: Mapping[str, Layout
                         mps=p.mps,
                         max_batch=p.max_batch,
                         index=p.index,
+                        seat=p.seat,
                     )
                 )
     return NodeLayout(gpu_model, num_gpus, tuple(out))
@@ -174,6 +202,7 @@ def validate_node_layout(layout: NodeLayout, gpu: GpuModel) -> list[str]:
             f"GPU {g}: {p}"
             for p in placement_violations(gpu, [(i.profile, i.start) for i in layout.on_gpu(g)])
         ]
+        problems += [f"GPU {g}: {p}" for p in seat_violations(gpu, [i.placed() for i in layout.on_gpu(g)])]
     return problems
 
 
@@ -347,12 +376,12 @@ def _check_room(node: NodeLayout, app: str, requests: Sequence[InstanceRequest],
     unknown = sorted({r.profile for r in requests} - set(gpu.profile_names))
     if unknown:
         raise PackingError(f"unknown MIG profile(s) {', '.join(unknown)} for {gpu.name}")
-    need = sum(gpu.profile(r.profile).compute_slices for r in requests)
+    need = sum(gpu.profile(r.profile).slice_cost for r in requests)
     free = node.slices_free_for(gpu, app)
     if need > free:
         raise PackingError(
-            f"{app} asks for {need} compute slices; the other apps of the node hold "
-            f"{gpu.compute_slices * node.num_gpus - free} of {gpu.compute_slices * node.num_gpus}"
+            f"{app} asks for {need:g} compute slices; the other apps of the node hold "
+            f"{gpu.compute_slices * node.num_gpus - free:g} of {gpu.compute_slices * node.num_gpus}"
         )
 
 
@@ -373,8 +402,11 @@ def _attempt(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], gp
         _host_on([i for i in node.instances if not i.app], pending, kept, app=app)
     if reuse_swaps:  # a running instance of the app hosts another of its workloads
         _host_on(unused, pending, kept, uuid="")
+    holders = [*others, *kept, *(unused if beside else [])]
+    seated = _free_seats(gpu, holders, pending, app)
+    pending, bundles, _ = bundle_shares(pending, gpu, None)
     held: dict[int, list[tuple[str, int]]] = defaultdict(list)
-    for i in [*others, *kept, *(unused if beside else [])]:
+    for i in devices(holders):
         held[i.gpu].append((i.profile, i.start))
     placed = _greedy_against(gpu, held, pending, node.num_gpus, keep_usable) if keep_usable else None
     if placed is None:
@@ -383,20 +415,35 @@ def _attempt(node: NodeLayout, app: str, requests: Sequence[InstanceRequest], gp
         placed = _exact_against(gpu, held, pending, node.num_gpus)
     if placed is None:
         return None
-    return kept + [
-        NodeInstance(
-            gpu=g,
-            profile=r.profile,
-            start=s,
-            app=app,
-            task=r.task,
-            variant=r.variant,
-            mps=r.mps,
-            max_batch=r.max_batch,
-            index=r.index,
-        )
-        for r, g, s in placed
+    return kept + seated + [
+        NodeInstance(gpu=g, profile=m.profile, start=s, app=app, task=m.task, variant=m.variant, mps=m.mps,
+                     max_batch=m.max_batch, index=m.index, seat=seat)
+        for r, g, s in placed for m, seat in unbundled(r, bundles)
     ]
+
+
+def _free_seats(gpu: GpuModel, holders: list[NodeInstance], pending: list[InstanceRequest],
+                app: str) -> list[NodeInstance]:
+    """Pending shares of a MIG instance seated in the free seats of instances of their profile that
+    ``holders`` share already (any app's: its MPS daemon runs, nothing is created); moved from
+    ``pending`` to the result."""
+    taken: dict[tuple[int, int, str], set[int]] = defaultdict(set)
+    for i in holders:
+        if gpu.profile(i.profile).host:
+            taken[(i.gpu, i.start, i.profile)].add(i.seat)
+    out: list[NodeInstance] = []
+    for (g, start, name), seats in sorted(taken.items()):
+        for seat in range(gpu.profile(name).share_of):
+            r = next((r for r in pending if r.profile == name), None)
+            if r is None:
+                break
+            if seat in seats:
+                continue
+            pending.remove(r)
+            seats.add(seat)
+            out.append(NodeInstance(gpu=g, profile=name, start=start, app=app, task=r.task, variant=r.variant,
+                                    mps=r.mps, max_batch=r.max_batch, index=r.index, seat=seat))
+    return out
 
 
 def _keep_identical(pending: list[InstanceRequest], unused: list[NodeInstance],

@@ -79,11 +79,12 @@ class MpsManager:
         self.daemons: dict[Slot, MpsDaemon] = {}
 
     def _dir(self, inst: NodeInstance) -> Path:
-        return self.run_dir / f"gpu{inst.gpu}-start{inst.start}-{inst.profile}"
+        return self.run_dir / f"gpu{inst.gpu}-start{inst.start}-{inst.device_slot[2]}"
 
     def client_env(self, inst: NodeInstance) -> dict[str, str]:
-        """The variables a worker process of ``inst`` needs to reach its instance's daemon."""
-        d = self.daemons.get(inst.slot)
+        """The variables a worker process of ``inst`` needs to reach its instance's daemon (a share
+        of a MIG instance: the instance's, ``NodeInstance.device_slot``)."""
+        d = self.daemons.get(inst.device_slot)
         if d is None:
             return {}
         return {k: d.env[k] for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
@@ -119,8 +120,8 @@ class MpsManager:
     def start(self, inst: NodeInstance) -> MpsDaemon:
         """Starts the daemon of ``inst`` (a MIG instance or a whole GPU, with its UUID) and waits for
         its control pipe."""
-        if inst.slot in self.daemons:
-            return self.daemons[inst.slot]
+        if inst.device_slot in self.daemons:
+            return self.daemons[inst.device_slot]
         if not inst.uuid:
             what = "GPU" if inst.profile == WHOLE_GPU else "MIG"
             raise MpsError(f"{inst.name}: no {what} UUID to start an MPS daemon on", step="start_mps")
@@ -153,17 +154,17 @@ class MpsManager:
                 self._run(env, [], "quit\n", "stop_mps")
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        daemon = MpsDaemon(inst.slot, directory, env)
-        self.daemons[inst.slot] = daemon
+        daemon = MpsDaemon(inst.device_slot, directory, env)
+        self.daemons[inst.device_slot] = daemon
         return daemon
 
     def stop(self, inst: NodeInstance) -> None:
         """Tells the daemon of ``inst`` to quit (its clients must be gone) and removes its directory."""
-        daemon = self.daemons.get(inst.slot)
+        daemon = self.daemons.get(inst.device_slot)
         if daemon is None:
             return
         self._run(daemon.env, [], "quit\n", "stop_mps")
-        del self.daemons[inst.slot]
+        del self.daemons[inst.device_slot]
         shutil.rmtree(daemon.directory, ignore_errors=True)
 
     def stop_all(self) -> list[str]:

@@ -10,6 +10,7 @@ A failed creation destroys whatever this bring-up created (nothing is left half-
 caller keeps serving the running plan. Every change and failure is recorded (``events``, for
 ``/admin/layout``), logged by the caller and counted (``prometheus``, for ``/metrics``).
 On an emulated node the applier runs on ``EmulatedNvml``: same calls, same order, in memory.
+The shares of one MIG instance (``jigsaw.shares``) are that one instance here (``layout.devices``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jigsaw.gpu.layout import NodeInstance, NodeLayout, Slot
+from jigsaw.gpu.layout import NodeInstance, NodeLayout, Slot, devices
 from jigsaw.gpu.nvml import MigApplier
 from jigsaw.mig import GpuModel
 from jigsaw.planner.layouts import slot_mask
@@ -52,8 +53,14 @@ class PartitionStats:
 
 
 def overlaps(gpu: GpuModel, a: NodeInstance, b: NodeInstance) -> bool:
-    return a.gpu == b.gpu and bool(
-        slot_mask(gpu.profile(a.profile), a.start) & slot_mask(gpu.profile(b.profile), b.start))
+    """Whether ``a`` needs what ``b`` holds: their MIG instances' slots overlap, except two shares of
+    one instance (``jigsaw.shares``), which need the same seat for that."""
+    if a.gpu != b.gpu:
+        return False
+    if a.device_slot == b.device_slot and a.profile == b.profile and gpu.profile(a.profile).host:
+        return a.seat == b.seat
+    return bool(slot_mask(gpu.device_profile(a.profile), a.start)
+                & slot_mask(gpu.device_profile(b.profile), b.start))
 
 
 class MigPartition:
@@ -89,11 +96,11 @@ class MigPartition:
         the slots deferred to ``tear_down``. Raises ``MigError`` after destroying what it created."""
         made: list[NodeInstance] = []
         deferred: list[Slot] = []
-        for inst in desired.instances:
+        for inst in devices(desired.instances):  # the MIG instances (shares: their host's, once)
             if inst.slot in self.existing:
                 continue
             if any(overlaps(self.gpu, inst, e) for e in self.existing.values()):
-                deferred.append(inst.slot)
+                deferred.extend(i.slot for i in desired.instances if i.device_slot == inst.slot)
                 continue
             try:
                 made.append(self.applier.create(inst))
@@ -120,7 +127,7 @@ class MigPartition:
         """Destroys the existing instances ``keep`` has no use for (their processes are stopped),
         then creates ``keep``'s instances still missing (those deferred by ``bring_up``).
         A failure is recorded and raised; what exists stays known."""
-        wanted = {i.slot for i in keep.instances}
+        wanted = {i.device_slot for i in keep.instances}
         gone: list[str] = []
         try:
             for slot, inst in sorted(self.existing.items()):
@@ -140,7 +147,7 @@ class MigPartition:
     def with_uuids(self, layout: NodeLayout) -> NodeLayout:
         """``layout`` with the UUIDs of the instances that exist."""
         return layout.with_instances(
-            replace(i, uuid=self.existing[i.slot].uuid) if i.slot in self.existing else i
+            replace(i, uuid=self.existing[i.device_slot].uuid) if i.device_slot in self.existing else i
             for i in layout.instances)
 
     def close(self) -> None:

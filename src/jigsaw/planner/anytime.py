@@ -353,7 +353,7 @@ def scaled_quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: 
     at = r
     if not cands:
         at, cands = candidates_below(pb, 0.5 * r, budget_s)
-    size = {p.name: p.size for p in node.gpu.profiles}
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
     few = fewest_first(cands, size)
     if not few:
         return None
@@ -621,7 +621,7 @@ def slot_aware_cost(node: Node) -> Callable[[Column], float]:
     per_slot = node.planner.extension_slices_per_slot
     if per_slot <= 0:
         return _compute_slices
-    size = {p.name: p.size for p in node.gpu.profiles}
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
     return lambda c: max(float(c.slices), per_slot * size[c.mig_profile])
 
 

@@ -31,7 +31,7 @@ class Column:
     batch: int
     latency_ms: float
     throughput_rps: float  # the profile's, times the node's planner.max_utilization
-    slices: int
+    slices: float  # compute slices it costs: a MIG share's a k-th of its instance's
 
     @property
     def key(self) -> tuple[str, str, str, int, int]:
@@ -87,7 +87,7 @@ def _raw_columns(app: App, node: Node, profiles: ProfileTable, space: SearchSpac
                     if row is None:
                         continue
                     col = Column(task.name, v, mig.name, mps, b, row.latency_ms,
-                                 row.throughput_rps * node.planner.max_utilization, mig.compute_slices)
+                                 row.throughput_rps * node.planner.max_utilization, mig.slice_cost)
                     fits = mps * row.memory_mb <= mig.memory_gb * 1024.0
                     out.append((col, 1.0 if fits else 0.0))
     return out, len(out)

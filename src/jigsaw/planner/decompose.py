@@ -54,7 +54,7 @@ from itertools import product
 
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import Node
-from jigsaw.plan import GpuLayout, Layout, PlacedInstance, Plan
+from jigsaw.plan import GpuLayout, Layout, Plan
 from jigsaw.planner import joint
 from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import PackingError
@@ -97,15 +97,16 @@ Usage = tuple[int, int]  # (compute slices, MIG placement slots) a plan's instan
 def app_layout(layout: Layout, app: str) -> Layout:
     """The node layout restricted to one app's instances (the same GPUs and starts)."""
     return Layout(layout.gpu_model, tuple(
-        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, p.task, p.variant, p.index, p.mps,
-                                              p.max_batch) for p in g.instances if p.app == app))
+        GpuLayout(g.gpu, tuple(dataclasses.replace(p, app="") for p in g.instances if p.app == app))
         for g in layout.gpus))
 
 
 def usage(plan: Plan, node: Node) -> Usage:
-    """The compute slices and the placement slots (memory slices) of ``plan``'s instances."""
-    size = {p.name: p.size for p in node.gpu.profiles}
-    return plan.slices_used, sum(x.count * size[x.mig_profile] for x in plan.instances)
+    """The compute slices and the placement slots (memory slices) of ``plan``'s instances, whole
+    (a plan with shares of MIG instances, ``jigsaw.shares``, may use a fraction of one: rounded up)."""
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
+    return (math.ceil(plan.slices_used - 1e-9),
+            math.ceil(sum(x.count * size[x.mig_profile] for x in plan.instances) - 1e-9))
 
 
 @dataclass
@@ -166,6 +167,8 @@ class Result:
     # per app, what the decision proved about its budgets (``Known``): they hold at any larger
     # demand too (a plan for more serves less), which the scaled search's next tests reuse
     known: list[Known] | None = None
+    # per app, every plan its solves found and the slices and slots it takes (``curves.record``)
+    found: list[list[tuple[Usage, Plan]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,20 @@ class Known:
     infeasible: tuple[Usage, ...] = ()
     min_slots: tuple[tuple[int, int], ...] = ()
 
+    def budgets(self) -> list[Usage]:
+        """Every budget proven infeasible, the slot floors' too (k slices, one slot fewer)."""
+        return [*self.infeasible, *((k, m - 1) for k, m in self.min_slots if m >= 1)]
+
+    @staticmethod
+    def of(refuted: Sequence[Usage], room: Usage) -> Known:
+        """The ``Known`` of refuted budgets (``curves.Curve.refuted_at``): one with every slot of
+        the node infeasible, one with fewer a slot floor."""
+        floors: dict[int, int] = {}
+        for k, m in refuted:
+            if m < room[1]:
+                floors[k] = max(floors.get(k, 0), m + 1)
+        return Known(tuple(b for b in refuted if b[1] >= room[1]), tuple(sorted(floors.items())))
+
 
 def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_limit_s: float
                ) -> int | None:
@@ -183,7 +200,7 @@ def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_
     slices (None: no such plan): the latency-relaxed core (a relaxation) minimising slots."""
     built = joint.build([part], node, full=False, max_slices=max_slices)
     md = built.model
-    size = {p.name: p.size for p in node.gpu.profiles}
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
     md.cost = [0.0] * md.num_vars
     for c, v in zip(built.cols[0], built.count[0], strict=True):
         md.cost[v] = -float(size[c.mig_profile])
@@ -289,18 +306,25 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     choice of the plans computed that packs together is the answer (``feasible``, or ``optimal``
     where the bound proves it), without going on to the best choice; ``infeasible`` is proven
     as before. ``known``: per app, what an earlier decision at a smaller demand proved
-    (``Result.known``): its infeasible budgets and slot floors hold here too.
+    (``Result.known``) or the app's curve (``curves.seed``): its infeasible budgets and slot floors
+    hold here too. ``Result.known`` and ``Result.found`` are what ``curves.learn`` keeps.
     """
     t0 = time.perf_counter()
+    room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
     fronts = [_Frontier() for _ in parts]
     for f, kn in zip(fronts, known or [None] * len(parts), strict=True):
         if kn is not None:
             f.infeasible.extend(kn.infeasible)
-            f.min_slots.update(kn.min_slots)
+            for k, m in kn.min_slots:
+                f.min_slots[k] = max(m, f.min_slots.get(k, 0))
     res = _solve(parts, node, solver=solver, time_limit_s=time_limit_s, objective=objective,
                  pack=pack, absolute_gap=absolute_gap, start=start, first_fit=first_fit,
                  fronts=fronts, t0=t0)
+    for f, least in zip(fronts, res.floors or [], strict=False):
+        if least >= 1:  # no plan on fewer slices than the floor
+            f.infeasible.append((int(min(least, room[0] + 1)) - 1, room[1]))
     res.known = [Known(tuple(f.infeasible), tuple(sorted(f.min_slots.items()))) for f in fronts]
+    res.found = [[(p.used, p.plan) for p in f.points if p.plan is not None] for f in fronts]
     return res
 
 
@@ -308,28 +332,54 @@ def _solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s
            objective: str, pack: Packer, absolute_gap: float | None, start: Sequence[Plan | None] | None,
            first_fit: bool, fronts: list[_Frontier], t0: float) -> Result:
     """``solve``'s body over the apps' frontiers (seeded with what is known)."""
-    n = len(parts)
-    gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
-    delta = gap_abs / n  # each app's share of the stopping gap, where a proof needs it
-    total_weight = sum(p.weight for p in parts) or 1.0
-    room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
-    solves = 0
+    return _Search(parts, node, solver, time_limit_s, objective, pack, absolute_gap, first_fit,
+                   fronts, t0).run(start)
 
-    def left() -> float:
-        return max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
 
-    def point(i: int, budget: Usage, start: tuple[Plan, float] | None = None,
+class _Search:
+    """One node decision by decomposition (``solve``): its stages as methods over shared state
+    (the apps' frontiers, the single-app solves counted, the clock)."""
+
+    def __init__(self, parts: Sequence[joint.Part], node: Node, solver: str, time_limit_s: float,
+                 objective: str, pack: Packer, absolute_gap: float | None, first_fit: bool,
+                 fronts: list[_Frontier], t0: float) -> None:
+        self.parts, self.node, self.solver, self.objective = parts, node, solver, objective
+        self.time_limit_s, self.pack, self.first_fit, self.fronts, self.t0 = \
+            time_limit_s, pack, first_fit, fronts, t0
+        self.n = len(parts)
+        self.gap_abs = node.absolute_gap if absolute_gap is None else absolute_gap
+        self.delta = self.gap_abs / self.n  # each app's share of the stopping gap, where a proof needs it
+        self.total_weight = sum(p.weight for p in parts) or 1.0
+        self.room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
+        self.solves = 0
+        self.floors: list[float] | None = None
+        self.stage = "apart"
+        self.tops: list[Usage] = []  # each app's own optimum's usage (``own_optima``)
+
+    def left(self) -> float:
+        return max(self.time_limit_s - self.elapsed(), 0.05 * self.time_limit_s)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def result(self, status: str, stage: str, notes: list[str], floors: list[float] | None = None,
+               plans: list[Plan | None] | None = None, objective: float = math.nan,
+               bound: float = math.nan, layout: Layout | None = None) -> Result:
+        return Result(status, plans if plans is not None else [None] * self.n, objective, bound,
+                      self.elapsed(), layout, self.solves, stage, notes, floors)
+
+    def point(self, i: int, budget: Usage, start: tuple[Plan, float] | None = None,
               gap: float | None = None) -> _Point:
         """g at ``budget`` for app i; ``start``: a known plan within the budget and its value."""
-        nonlocal solves
-        solves += 1
+        self.solves += 1
         t1 = time.perf_counter()
-        res = joint.solve([parts[i]], node, solver=solver, time_limit_s=left(), objective=objective,
-                          absolute_gap=gap_abs if gap is None else gap,
+        room = self.room
+        res = joint.solve([self.parts[i]], self.node, solver=self.solver, time_limit_s=self.left(),
+                          objective=self.objective, absolute_gap=self.gap_abs if gap is None else gap,
                           start=[start[0]] if start is not None else None,
                           max_slices=budget[0] if budget[0] < room[0] else None,
                           max_slots=budget[1] if budget[1] < room[1] else None,
-                          total_weight=total_weight)
+                          total_weight=self.total_weight)
         plan = res.plans[0]
         if res.status == "infeasible":
             return _Point(budget, None, -math.inf, -math.inf)
@@ -340,225 +390,272 @@ def _solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s
             value = res.objective
         else:
             return _Point(budget, None, -math.inf, bound)
-        return _Point(budget, plan, value, max(bound, value), usage(plan, node),
+        return _Point(budget, plan, value, max(bound, value), usage(plan, self.node),
                       time.perf_counter() - t1)
 
-    # 0. a screen: the latency-relaxed cores' fewest slices bound every app's share; their
-    # linear relaxations take milliseconds, the cores themselves (tighter) run only where those
-    # come near the node (a spike: the apps' own optima below would be solved in vain)
-    screened = False
-    floors: list[float] | None = None
-    lp_floors = floor_slices(parts, node, solver, FLOOR_LIMIT_S, lp=True)
-    if sum(lp_floors) >= SCREEN_SHARE * room[0]:
-        screened = True
-        floors = floor_slices(parts, node, solver, FLOOR_LIMIT_S)
-        solves += n
-        if sum(floors) > room[0]:
-            alone = [parts[i].pb.app.name for i, f in enumerate(floors) if f > room[0]]
-            return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
-                          None, solves, "apart",
-                          [f"{', '.join(alone)} alone does not fit on the node at its demand" if alone
-                           else "the apps' fewest slices (latency relaxed) exceed the node together"],
-                          floors)
+    def run(self, start: Sequence[Plan | None] | None) -> Result:
+        screened = self.screen()
+        if isinstance(screened, Result):
+            return screened
+        failed = self.own_optima(start) or self.overrun_floors(screened)
+        if failed is not None:
+            return failed
+        self.cut_below_floors()
+        if self.first_fit and all(f.points[0].plan is not None for f in self.fronts):
+            got_fit = self.fitting()
+            if got_fit is not None:
+                return got_fit
+        got = self.best_first()
+        if isinstance(got, Result):
+            return got
+        bound, budgets, unsolved = got
+        if self.first_fit and unsolved:
+            # a test of whether the demands fit: the joint model below would rarely decide it in
+            # the time such a test has; undecided, the caller keeps what it has shown
+            return self.result("no_solution", self.stage,
+                               ["a single-app solve found no plan within the limit"])
+        best = self.incumbent(budgets, unsolved)
+        if best is not None and bound - sum(q.value for q in best[0]) <= self.gap_abs + 1e-9:
+            combo, layout = best
+            return self.result("optimal", self.stage, [], plans=[q.plan for q in combo],
+                               objective=sum(q.value for q in combo), bound=bound, layout=layout)
+        return self.joint_decides(best, bound)
 
-    # 1. each app's own optimum, started from its greedy plan
-    for i, part in enumerate(parts):
-        pb = part.pb
-        quick = copy.deepcopy(start[i]) if start is not None else None  # the caller keeps its own
-        if quick is None and pb.profiles is not None and pb.colset.columns and part.demand_rps is not None:
-            quick = quick_plan(pb.app, node, pb.profiles, part.demand_rps, factors=pb.factors,
-                               problem=pb)
-        p = point(i, room, (quick, joint.part_value(quick, part, node, objective, total_weight))
-                  if quick is not None else None)
-        if p.bound == -math.inf:
-            return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
-                          None, solves, "apart", [f"{pb.app.name} alone does not fit on the node at "
-                                                  "its demand"])
-        fronts[i].points.append(p)
-    tops = [f.points[0].used for f in fronts]
-    if not screened and any(sum(t[r] for t in tops) > room[r] for r in (0, 1)):
-        # the apps' own optima overrun the node: their bounds give each app a floor for free
-        # (``value_floor``); the latency-relaxed cores' fewest slices (a tighter bound, each
-        # within a small share of the time) run where those come near the node, and often prove
-        # at once that nothing fits
-        floors = [value_floor(part, f.points[0].bound, node, objective)
-                  for part, f in zip(parts, fronts, strict=True)] if VALUE_FLOORS else None
+    def screen(self) -> Result | bool:
+        """0. The latency-relaxed cores' fewest slices bound every app's share; their linear
+        relaxations take milliseconds, the cores themselves (tighter) run only where those come
+        near the node (a spike: the apps' own optima would be solved in vain). Whether the cores
+        ran, or the answer where they prove that nothing fits."""
+        room = self.room
+        lp_floors = floor_slices(self.parts, self.node, self.solver, FLOOR_LIMIT_S, lp=True)
+        if sum(lp_floors) < SCREEN_SHARE * room[0]:
+            return False
+        floors = self.floors = floor_slices(self.parts, self.node, self.solver, FLOOR_LIMIT_S)
+        self.solves += self.n
+        if sum(floors) > room[0]:
+            alone = [self.parts[i].pb.app.name for i, f in enumerate(floors) if f > room[0]]
+            return self.result("infeasible", "apart",
+                               [f"{', '.join(alone)} alone does not fit on the node at its demand" if alone
+                                else "the apps' fewest slices (latency relaxed) exceed the node together"],
+                               floors)
+        return True
+
+    def own_optima(self, start: Sequence[Plan | None] | None) -> Result | None:
+        """1. Each app's own optimum, started from its greedy plan (or the caller's ``start``);
+        the answer where one alone does not fit."""
+        for i, part in enumerate(self.parts):
+            pb = part.pb
+            quick = copy.deepcopy(start[i]) if start is not None else None  # the caller keeps its own
+            if quick is None and pb.profiles is not None and pb.colset.columns \
+                    and part.demand_rps is not None:
+                quick = quick_plan(pb.app, self.node, pb.profiles, part.demand_rps, factors=pb.factors,
+                                   problem=pb)
+            p = self.point(i, self.room, (quick, joint.part_value(quick, part, self.node, self.objective,
+                                                                  self.total_weight))
+                           if quick is not None else None)
+            if p.bound == -math.inf:
+                self.fronts[i].infeasible.append(self.room)
+                return self.result("infeasible", "apart",
+                                   [f"{pb.app.name} alone does not fit on the node at its demand"])
+            self.fronts[i].points.append(p)
+        self.tops = [f.points[0].used for f in self.fronts]
+        return None
+
+    def overrun_floors(self, screened: bool) -> Result | None:
+        """Where the apps' own optima overrun the node, their bounds give each app a floor for
+        free (``value_floor``); the latency-relaxed cores' fewest slices (a tighter bound, each
+        within a small share of the time) run where those come near the node, and often prove
+        at once that nothing fits (the answer then)."""
+        room, n = self.room, self.n
+        if screened or not any(sum(t[r] for t in self.tops) > room[r] for r in (0, 1)):
+            return None
+        floors = [value_floor(part, f.points[0].bound, self.node, self.objective)
+                  for part, f in zip(self.parts, self.fronts, strict=True)] if VALUE_FLOORS else None
         if floors is None or room[0] - CORE_FLOOR_MARGIN * n < sum(floors) <= room[0]:
-            core = floor_slices(parts, node, solver, FLOOR_LIMIT_S)
+            core = floor_slices(self.parts, self.node, self.solver, FLOOR_LIMIT_S)
             floors = core if floors is None else [max(a, b) for a, b in zip(floors, core, strict=True)]
-            solves += n
+            self.solves += n
+        self.floors = floors
         if sum(floors) > room[0]:
-            return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
-                          None, solves, "apart", ["the apps' fewest slices (latency relaxed) exceed "
-                                                  "the node together"], floors)
-    for i, f in enumerate(fronts):
-        # no plan of app i takes fewer slices than its floor (the core's) nor, with the
-        # ``slices`` objective, than its own optimum's bound proves: budgets below are out
-        least = floors[i] if floors is not None else 0.0
-        if objective == "slices" and math.isfinite(f.points[0].bound):
-            least = max(least, math.ceil(-f.points[0].bound / node.beta - 0.5 - 1e-9))
-        if least >= 1:
-            f.infeasible.append((int(min(least, room[0] + 1)) - 1, room[1]))
+            return self.result("infeasible", "apart", ["the apps' fewest slices (latency relaxed) exceed "
+                                                       "the node together"], floors)
+        return None
 
-    def fitting() -> Result | None:
+    def cut_below_floors(self) -> None:
+        """No plan of an app takes fewer slices than its floor (the core's) nor, with the
+        ``slices`` objective, than its own optimum's bound proves: budgets below are out."""
+        for i, f in enumerate(self.fronts):
+            least = self.floors[i] if self.floors is not None else 0.0
+            if self.objective == "slices" and math.isfinite(f.points[0].bound):
+                least = max(least, math.ceil(-f.points[0].bound / self.node.beta - 0.5 - 1e-9))
+            if least >= 1:
+                f.infeasible.append((int(min(least, self.room[0] + 1)) - 1, self.room[1]))
+
+    def fitting(self) -> Result | None:
         """``first_fit``: the best choice among the plans computed that packs (a few tries)."""
-        options = [[q for q in f.points if q.plan is not None] for f in fronts]
+        room = self.room
+        options = [[q for q in f.points if q.plan is not None] for f in self.fronts]
         combos = sorted((c for c in product(*options)
                          if all(sum(q.used[r] for q in c) <= room[r] for r in (0, 1))),
                         key=lambda c: -sum(q.value for q in c))
         for combo in combos[:FIRST_FIT_TRIES]:
             try:
-                layout = pack([q.plan for q in combo if q.plan is not None])
+                layout = self.pack([q.plan for q in combo if q.plan is not None])
             except PackingError:
                 continue
             value = sum(q.value for q in combo)
-            ub = sum(f.upper(f.points[0].budget) for f in fronts)
-            return Result("optimal" if ub - value <= gap_abs + 1e-9 else "feasible",
-                          [q.plan for q in combo], value, ub, time.perf_counter() - t0, layout,
-                          solves, "first-fit",
-                          ["the first choice of plans that packs (a test of whether the demands fit)"])
+            ub = sum(f.upper(f.points[0].budget) for f in self.fronts)
+            return self.result("optimal" if ub - value <= self.gap_abs + 1e-9 else "feasible", "first-fit",
+                               ["the first choice of plans that packs (a test of whether the demands fit)"],
+                               plans=[q.plan for q in combo], objective=value, bound=ub, layout=layout)
         return None
 
-    # 2. best-first over the budgets: solve g where the bound's best choice needs it
-    stage = "apart"
-    if first_fit and all(f.points[0].plan is not None for f in fronts):
-        got_fit = fitting()
-        if got_fit is not None:
-            return got_fit
-    bound = math.inf
-    budgets: list[Usage] = []
-    tight: set[int] = set()  # the points solved to delta
-    unsolved = any(f.points[0].plan is None for f in fronts)
-    while not unsolved:
-        got = _best_choice(fronts, tops, room)
-        if got is None:
-            return Result("infeasible", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
-                          None, solves, stage, ["the apps' plans with the fewest slices and MIG slots "
-                                                "exceed the node together"])
-        bound, budgets = got
-        todo = [i for i, b in enumerate(budgets) if fronts[i].known(b) is None]
-        if not todo:
-            if time.perf_counter() - t0 > time_limit_s:
-                break  # the incumbent below, unproven
-            chosen = [fronts[i].known(b) for i, b in enumerate(budgets)]
-            loose = [i for i, q in enumerate(chosen) if q is not None and q.bound - q.value > delta + 1e-12
-                     and id(q) not in tight]
-            if bound - sum(q.value for q in chosen if q is not None) <= gap_abs + 1e-9 or not loose:
-                break
-            # every solve so far stopped within the node's gap of its own bound; where their sum
-            # leaves more than the node's gap, the chosen ones are solved again, the quickest
-            # first, each to what the others leave of the node's gap (at least its share),
-            # until the sum fits: the slowest is then often left alone or asked little
-            for i in sorted(loose, key=lambda i: chosen[i].seconds):  # type: ignore[union-attr]
-                q = chosen[i]
-                assert q is not None
-                spent = sum(x.bound - x.value for x in chosen if x is not None)
-                if bound - sum(x.value for x in chosen if x is not None) <= gap_abs + 1e-9 or \
-                        spent <= gap_abs + 1e-9:
-                    break
-                others = spent - (q.bound - q.value)
-                target = max(delta, gap_abs - others - 1e-9)
-                if target >= q.bound - q.value:
-                    continue  # within what the others leave it already
-                p = point(i, q.budget, (q.plan, q.value) if q.plan is not None else None, target)
-                # both are plans within the same budget: the new bound holds for both
-                was = q.bound
-                q.bound = min(q.bound, max(p.bound, q.value))
-                if target <= delta or q.bound >= was - 1e-9:
-                    # solved to its share, or the solver's bound did not move (it may stop on its
-                    # own gap test above the target): solving it again would repeat this solve
-                    tight.update((id(p), id(q)))
-                if p.plan is not None and p.plan is not q.plan:
-                    p.bound = min(p.bound, q.bound)  # the same budget: both bounds hold for it
-                    fronts[i].points.append(p)
-            continue
-        if time.perf_counter() - t0 > time_limit_s:
-            unsolved = True
-            break
-        stage = "frontier"
-        i = todo[0]
-        k = budgets[i][0]
-        if SLOT_FLOORS and k not in fronts[i].min_slots:
-            solves += 1
-            floor = _min_slots(parts[i], node, solver, k,
-                               left() if MIN_SLOTS_LIMIT_S is None else min(left(), MIN_SLOTS_LIMIT_S))
-            if floor is None:
-                fronts[i].infeasible.append((k, room[1]))
-            else:
-                fronts[i].min_slots[k] = floor
-            if floor is None or floor > budgets[i][1]:
+    def best_first(self) -> Result | tuple[float, list[Usage], bool]:
+        """2. Best-first over the budgets: g solved where the bound's best choice needs it. The
+        bound, the best choice's budgets and whether a solve found no plan (the joint model
+        decides then); or the answer (infeasible, or a ``first_fit`` test's plans)."""
+        bound = math.inf
+        budgets: list[Usage] = []
+        tight: set[int] = set()  # the points solved to delta
+        unsolved = any(f.points[0].plan is None for f in self.fronts)
+        while not unsolved:
+            got = _best_choice(self.fronts, self.tops, self.room)
+            if got is None:
+                return self.result("infeasible", self.stage, ["the apps' plans with the fewest slices and "
+                                                              "MIG slots exceed the node together"])
+            bound, budgets = got
+            todo = [i for i, b in enumerate(budgets) if self.fronts[i].known(b) is None]
+            if not todo:
+                if self.elapsed() > self.time_limit_s or not self.tighten(bound, budgets, tight):
+                    break  # proven, or the incumbent below unproven
                 continue
+            if self.elapsed() > self.time_limit_s:
+                unsolved = True
+                break
+            self.stage = "frontier"
+            step = self.frontier_step(todo[0], budgets[todo[0]])
+            if isinstance(step, Result):
+                return step
+            unsolved = step
+        return bound, budgets, unsolved
+
+    def tighten(self, bound: float, budgets: list[Usage], tight: set[int]) -> bool:
+        """Every solve so far stopped within the node's gap of its own bound; where their sum
+        leaves more than the node's gap, the chosen ones are solved again, the quickest first,
+        each to what the others leave of the node's gap (at least its share), until the sum
+        fits: the slowest is then often left alone or asked little. False: nothing to tighten
+        (the best choice is proven, or every loose point was solved to its share)."""
+        gap_abs, delta = self.gap_abs, self.delta
+        chosen = [self.fronts[i].known(b) for i, b in enumerate(budgets)]
+        loose = [i for i, q in enumerate(chosen) if q is not None and q.bound - q.value > delta + 1e-12
+                 and id(q) not in tight]
+        if bound - sum(q.value for q in chosen if q is not None) <= gap_abs + 1e-9 or not loose:
+            return False
+        for i in sorted(loose, key=lambda i: chosen[i].seconds):  # type: ignore[union-attr]
+            q = chosen[i]
+            assert q is not None
+            spent = sum(x.bound - x.value for x in chosen if x is not None)
+            if bound - sum(x.value for x in chosen if x is not None) <= gap_abs + 1e-9 or \
+                    spent <= gap_abs + 1e-9:
+                break
+            others = spent - (q.bound - q.value)
+            target = max(delta, gap_abs - others - 1e-9)
+            if target >= q.bound - q.value:
+                continue  # within what the others leave it already
+            p = self.point(i, q.budget, (q.plan, q.value) if q.plan is not None else None, target)
+            # both are plans within the same budget: the new bound holds for both
+            was = q.bound
+            q.bound = min(q.bound, max(p.bound, q.value))
+            if target <= delta or q.bound >= was - 1e-9:
+                # solved to its share, or the solver's bound did not move (it may stop on its
+                # own gap test above the target): solving it again would repeat this solve
+                tight.update((id(p), id(q)))
+            if p.plan is not None and p.plan is not q.plan:
+                p.bound = min(p.bound, q.bound)  # the same budget: both bounds hold for it
+                self.fronts[i].points.append(p)
+        return True
+
+    def frontier_step(self, i: int, budget: Usage) -> Result | bool:
+        """One new point of app i's frontier for the best choice's ``budget``: its slot floor
+        first, then g. Whether a solve found no plan at all (the joint model decides); or a
+        ``first_fit`` test's answer."""
+        front, room = self.fronts[i], self.room
+        k = budget[0]
+        if SLOT_FLOORS and k not in front.min_slots:
+            self.solves += 1
+            limit = self.left() if MIN_SLOTS_LIMIT_S is None else min(self.left(), MIN_SLOTS_LIMIT_S)
+            floor = _min_slots(self.parts[i], self.node, self.solver, k, limit)
+            if floor is None:
+                front.infeasible.append((k, room[1]))
+            else:
+                front.min_slots[k] = floor
+            if floor is None or floor > budget[1]:
+                return False
         # first the budget with every slot the app's own optimum took: its plan (often on
         # fewer slots) covers the budgets between, and its bound caps those it does not
-        wide = (k, tops[i][1])
-        fresh = fronts[i].known(wide) is None and all(q.budget != wide for q in fronts[i].points)
-        probe = wide if fresh else budgets[i]
-        p = point(i, probe)
+        wide = (k, self.tops[i][1])
+        fresh = front.known(wide) is None and all(q.budget != wide for q in front.points)
+        probe = wide if fresh else budget
+        p = self.point(i, probe)
         if p.bound == -math.inf:
-            fronts[i].infeasible.append(probe)
+            front.infeasible.append(probe)
         elif p.plan is None:
-            unsolved = True  # not even a plan within the limit: the joint model decides
+            return True  # not even a plan within the limit: the joint model decides
         else:
-            fronts[i].points.append(p)
-            if first_fit:
-                got_fit = fitting()
+            front.points.append(p)
+            if self.first_fit:
+                got_fit = self.fitting()
                 if got_fit is not None:
                     return got_fit
+        return False
 
-    if first_fit and unsolved:
-        # a test of whether the demands fit: the joint model below would rarely decide it in the
-        # time such a test has; undecided, the caller keeps what it has shown
-        return Result("no_solution", [None] * n, math.nan, math.nan, time.perf_counter() - t0,
-                      None, solves, stage, ["a single-app solve found no plan within the limit"])
-    # 3. the incumbent: the best choice among the plans computed that packs onto the GPUs
-    options = [sorted((q for q in f.points if q.plan is not None), key=lambda q: -q.value)
-               for f in fronts]
-    combos: list[tuple[_Point, ...]] = []
-    if not unsolved:
-        chosen = [fronts[i].known(b) for i, b in enumerate(budgets)]
-        combos.append(tuple(q for q in chosen if q is not None))
-    combos += sorted(product(*options), key=lambda c: -sum(q.value for q in c))
-    best: tuple[tuple[_Point, ...], Layout] | None = None
-    for combo in combos:
-        if len(combo) != n or any(sum(q.used[r] for q in combo) > room[r] for r in (0, 1)):
-            continue
+    def incumbent(self, budgets: list[Usage], unsolved: bool) -> tuple[tuple[_Point, ...], Layout] | None:
+        """3. The best choice among the plans computed that packs onto the GPUs (the best
+        choice's own first), and its layout; None when none packs."""
+        room, n = self.room, self.n
+        options = [sorted((q for q in f.points if q.plan is not None), key=lambda q: -q.value)
+                   for f in self.fronts]
+        combos: list[tuple[_Point, ...]] = []
+        if not unsolved:
+            chosen = [self.fronts[i].known(b) for i, b in enumerate(budgets)]
+            combos.append(tuple(q for q in chosen if q is not None))
+        combos += sorted(product(*options), key=lambda c: -sum(q.value for q in c))
+        for combo in combos:
+            if len(combo) != n or any(sum(q.used[r] for q in combo) > room[r] for r in (0, 1)):
+                continue
+            try:
+                layout = self.pack([q.plan for q in combo if q.plan is not None])
+            except PackingError:
+                continue
+            return combo, layout
+        return None
+
+    def joint_decides(self, best: tuple[tuple[_Point, ...], Layout] | None, bound: float) -> Result:
+        """4. Unproven: the joint model, started from the incumbent and cut by the bound."""
+        gap_abs = self.gap_abs
+        incumbent: list[Plan | None] | None = None
+        if best is not None:
+            incumbent = [q.plan for q in best[0]]
+            for plan, part in zip(incumbent, self.parts, strict=True):
+                if plan is not None:
+                    plan.layout = app_layout(best[1], part.pb.app.name)
+        res = joint.solve(list(self.parts), self.node, solver=self.solver, time_limit_s=self.left(),
+                          objective=self.objective, absolute_gap=gap_abs, start=incumbent, upper_bound=bound)
+        b = bound if math.isnan(res.bound) else min(bound, res.bound)
+        have = res.status in ("optimal", "feasible") and all(p is not None for p in res.plans)
+        if best is not None and (not have or res.objective <= sum(q.value for q in best[0])):
+            combo, layout = best
+            value = sum(q.value for q in combo)
+            return self.result("optimal" if b - value <= gap_abs + 1e-9 else "feasible", "joint",
+                               ["the best choice of each app's plans did not pack: the joint model "
+                                "decided, started from the best that packs"],
+                               plans=[q.plan for q in combo], objective=value, bound=b, layout=layout)
+        if not have:
+            return self.result(res.status, "joint", [], bound=b)
         try:
-            layout = pack([q.plan for q in combo if q.plan is not None])
+            layout = self.pack([p for p in res.plans if p is not None])
         except PackingError:
-            continue
-        best = (combo, layout)
-        break
-    if best is not None:
-        combo, layout = best
-        value = sum(q.value for q in combo)
-        if bound - value <= gap_abs + 1e-9:
-            return Result("optimal", [q.plan for q in combo], value, bound,
-                          time.perf_counter() - t0, layout, solves, stage)
-    # 4. unproven: the joint model, started from the incumbent and cut by the bound
-    incumbent: list[Plan | None] | None = None
-    if best is not None:
-        incumbent = [q.plan for q in best[0]]
-        for plan, part in zip(incumbent, parts, strict=True):
-            if plan is not None:
-                plan.layout = app_layout(best[1], part.pb.app.name)
-    res = joint.solve(list(parts), node, solver=solver, time_limit_s=left(), objective=objective,
-                      absolute_gap=gap_abs, start=incumbent, upper_bound=bound)
-    secs = time.perf_counter() - t0
-    b = bound if math.isnan(res.bound) else min(bound, res.bound)
-    have = res.status in ("optimal", "feasible") and all(p is not None for p in res.plans)
-    if best is not None and (not have or res.objective <= sum(q.value for q in best[0])):
-        combo, layout = best
-        value = sum(q.value for q in combo)
-        return Result("optimal" if b - value <= gap_abs + 1e-9 else "feasible",
-                      [q.plan for q in combo], value, b, secs, layout, solves, "joint",
-                      ["the best choice of each app's plans did not pack: the joint model decided, "
-                       "started from the best that packs"])
-    if not have:
-        return Result(res.status, [None] * n, math.nan, b, secs, None, solves, "joint")
-    try:
-        layout = pack([p for p in res.plans if p is not None])
-    except PackingError:
-        return Result("no_solution", [None] * n, math.nan, b, secs, None, solves, "joint",
-                      ["the joint model's plan did not pack"])
-    status = res.status if b - res.objective > gap_abs + 1e-9 else "optimal"
-    return Result(status, list(res.plans), res.objective, b, secs, layout, solves, "joint")
+            return self.result("no_solution", "joint", ["the joint model's plan did not pack"], bound=b)
+        status = res.status if b - res.objective > gap_abs + 1e-9 else "optimal"
+        return self.result(status, "joint", [], plans=list(res.plans), objective=res.objective, bound=b,
+                           layout=layout)

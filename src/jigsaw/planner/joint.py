@@ -53,11 +53,12 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from jigsaw.mig import slice_unit
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import Column
 from jigsaw.planner.model import LinearModel, Solution
-from jigsaw.planner.problem import Problem, demand_terms, node_layouts
+from jigsaw.planner.problem import Problem, demand_terms, device_names, node_layouts, share_hosts
 from jigsaw.planner.routes import settle_lanes
 
 OBJECTIVES = ("accuracy", "slices")
@@ -91,7 +92,7 @@ REFINE_ROUNDS = 4
 # and after 1.0-1.3 s (56 nodes) with it; on the three apps at 10-100% of their capacities and
 # at their shares of 50-90% of the node the answers are the same and no other solve was slower
 NOTHING_ABOVE_PRESOLVE = False
-# The grid search over SLO splits (``try_grid`` in ``solve``): its steps per half SLO, the share
+# The grid search over SLO splits (``_try_grid``): its steps per half SLO, the share
 # of the time limit its LP ranking may take, how many splits it solves and each one's share.
 GRID_SEARCH = True
 GRID_STEPS = 10
@@ -246,6 +247,7 @@ class Built:
     demand_rows: list[tuple[int, int] | None] = field(default_factory=list)
     # ``at_rate``'s per count variable: its bound without the demand, and instances per demand rps
     rate_bounds: list[tuple[int, float, float]] | None = None
+    share_vars: dict[str, tuple[int, int]] = field(default_factory=dict)  # MIG share -> (J, k)
 
 
 @dataclass
@@ -401,6 +403,7 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     if total_weight is None:
         total_weight = sum(p.weight for p in parts) or 1.0
     budget = node.slices_available if max_slices is None else max(0, min(max_slices, node.slices_available))
+    unit = slice_unit(node.gpu, node.mig_profiles)  # integer slice counts in k-ths of a slice (MIG shares)
     capacity_mode = scale_demands or any(p.demand_rps is None for p in parts)
     theta = md.var(0.0, 1.0, cost=1.0) if scale_demands else None
     max_per_gpu = {p.name: p.max_per_gpu for p in node.gpu.profiles}
@@ -511,18 +514,20 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
             scale = 1.0 / max(cols[j].throughput_rps for j in js)
             md.row([count[j] for j in js] + [lam[li] for li, _ in tr],
                    [cols[j].throughput_rps * scale for j in js] + [-m * scale for _, m in tr], lo=0.0)
-            s = md.var(0.0, node.slices_available, integer=True)
+            s = md.var(0.0, node.slices_available * unit, integer=True)
             tv_slices[-1][tv] = s
-            md.row([s] + [count[j] for j in js], [1.0] + [-float(cols[j].slices) for j in js], 0.0, 0.0)
+            md.row([s] + [count[j] for j in js], [1.0] + [-float(cols[j].slices * unit) for j in js],
+                   0.0, 0.0)
             best_per_slice = max(cols[j].throughput_rps / cols[j].slices for j in js)
-            md.row([s] + [lam[li] for li, _ in tr], [best_per_slice * scale] + [-m * scale for _, m in tr],
-                   lo=0.0)
+            md.row([s] + [lam[li] for li, _ in tr],
+                   [best_per_slice * scale / unit] + [-m * scale for _, m in tr], lo=0.0)
         budgets = pb.colset.budgets
         for t in app.task_names:
             bound = budgets.slices[t] if budgets else node.slices_available
-            tot = md.var(0.0, bound, integer=True)
+            tot = md.var(0.0, bound * unit, integer=True)
             js = [j for j, c in enumerate(cols) if c.task == t]
-            md.row([tot] + [count[j] for j in js], [1.0] + [-float(cols[j].slices) for j in js], 0.0, 0.0)
+            md.row([tot] + [count[j] for j in js], [1.0] + [-float(cols[j].slices * unit) for j in js],
+                   0.0, 0.0)
             task_totals.append(tot)
             task_total[-1][t] = tot
         all_lam.append(lam)
@@ -530,23 +535,37 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
         all_cols.append(cols)
         all_count.append(count)
     if max_slots is not None:
-        size = {p.name: p.size for p in node.gpu.profiles}
+        size = {p.name: p.slot_cost for p in node.gpu.profiles}
         md.row([v for cs, cnt in zip(all_cols, all_count, strict=True) for v in cnt],
                [float(size[c.mig_profile]) for cs in all_cols for c in cs], hi=float(max_slots))
     slice_cost = -1e-6 if capacity_mode else -beta
-    slices_total = md.var(0.0, budget, cost=slice_cost, integer=True)
+    slices_total = md.var(0.0, budget * unit, cost=slice_cost / unit, integer=True)
     md.row([slices_total, *task_totals], [1.0] + [-1.0] * len(task_totals), 0.0, 0.0)
-    # Packability: every GPU takes one maximal valid layout (or part of it) over all apps' profiles.
+    # Packability: every GPU takes one maximal valid layout (or part of it) over all apps' profiles;
+    # a MIG share's host instances: J of them hold k shares each (``problem.share_hosts``)
     names = sorted(by_profile)
-    layouts = node_layouts(node, names)
+    layouts = node_layouts(node, device_names(node, names))
     ys = [md.var(0.0, node.num_gpus, integer=True) for _ in layouts]
     if ys:
         md.row(ys, [1.0] * len(ys), hi=float(node.num_gpus))
-    for name in names:
-        md.row(by_profile[name] + ys, [1.0] * len(by_profile[name]) + [-float(lay[name]) for lay in layouts],
-               hi=0.0)
+    held: dict[str, list[int]] = defaultdict(list)
+    share_vars: dict[str, tuple[int, int]] = {}
+    # the objective pays a shared instance whole (its empty seats too): J x its slices, not the shares'
+    for cs, cnt in zip(all_cols, all_count, strict=True):
+        for c, v in zip(cs, cnt, strict=True):
+            if node.gpu.profile(c.mig_profile).host:
+                md.cost[v] -= slice_cost * c.slices
+    for name, (host, k) in share_hosts(node, names).items():
+        j_var = md.var(0.0, float(node.num_gpus * max_per_gpu[host]),
+                       cost=slice_cost * node.gpu.profile(host).compute_slices, integer=True)
+        md.row(by_profile[name] + [j_var], [1.0] * len(by_profile[name]) + [-float(k)], hi=0.0)
+        held[host].append(j_var)
+        share_vars[name] = (j_var, k)
+    for name in device_names(node, names):
+        mine = by_profile.get(name, []) + held[name]
+        md.row(mine + ys, [1.0] * len(mine) + [-float(lay[name]) for lay in layouts], hi=0.0)
     return Built(md, parts, all_cols, all_lam, all_rate, all_count, slices_total, full, tv_slices,
-                  task_total, list(zip(ys, layouts, strict=True)), demand_rows)
+                  task_total, list(zip(ys, layouts, strict=True)), demand_rows, share_vars=share_vars)
 
 
 def at_rate(built: Built, rate: float, objective: str = "accuracy") -> LinearModel:
@@ -866,9 +885,11 @@ def _core_start(core: Built, plans: list[Plan | None] | None) -> dict[int, float
     if not plans or any(p is None for p in plans):
         return None
     start: dict[int, float] = {}
+    unit = 1
     for i, plan in enumerate(plans):
         assert plan is not None
         pb = core.parts[i].pb
+        unit = slice_unit(pb.node.gpu, pb.node.mig_profiles)
         group = {(c.task, c.variant, c.mig_profile): j for j, c in enumerate(core.cols[i])}
         counts: dict[int, int] = defaultdict(int)
         for x in plan.instances:
@@ -888,19 +909,28 @@ def _core_start(core: Built, plans: list[Plan | None] | None) -> dict[int, float
         for li, v in enumerate(core.lam[i]):
             start[v] = rates[li]
         for (t, v), var in core.tv_slices[i].items():
-            start[var] = float(sum(x.count * x.slices for x in plan.instances
-                                   if (x.task, x.variant) == (t, v)))
+            start[var] = float(round(unit * sum(x.count * x.slices for x in plan.instances
+                                                if (x.task, x.variant) == (t, v))))
         for t, var in core.task_total[i].items():
-            start[var] = float(sum(x.count * x.slices for x in plan.instances if x.task == t))
-    start[core.slices_total] = float(sum(p.slices_used for p in plans if p is not None))
+            start[var] = float(round(unit * sum(x.count * x.slices for x in plan.instances if x.task == t)))
+    start[core.slices_total] = float(round(unit * sum(p.slices_used for p in plans if p is not None)))
     # every GPU of the plans' layouts on a maximal layout that contains it
     per_gpu: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    shared: set[tuple[int, int, str]] = set()
+    gpu_model = core.parts[0].pb.node.gpu
     for plan in plans:
         if plan is None or plan.layout is None:
             return None
         for g in plan.layout.gpus:
             for x in g.instances:
-                per_gpu[g.gpu][x.profile] += 1
+                if x.profile in core.share_vars:  # a shared MIG instance: its host, once (any app's)
+                    shared.add((g.gpu, x.start, x.profile))
+                else:
+                    per_gpu[g.gpu][x.profile] += 1
+    for gpu, _, name in shared:
+        per_gpu[gpu][gpu_model.profile(name).host] += 1
+    for name, (var, _) in core.share_vars.items():
+        start[var] = float(sum(1 for _, _, n in shared if n == name))
     ys = {y: 0 for y, _ in core.layout_vars}
     for want in per_gpu.values():
         if not any(want.values()):
@@ -1068,6 +1098,11 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
           total_weight: float | None = None, upper_bound: float | None = None,
           core_solver: str = "auto", split_search: bool | None = None) -> JointResult:
     """Core, lifting, and the full model only where lifting fails (see the module doc).
+
+    The stages are the functions below, over one ``_Search`` state (the clock, the best
+    incumbent, the best bound): ``_start_incumbent`` (the warm start), ``_search`` (lifting the
+    core's solution; ``_close_core_gap``; ``_incumbent_searches`` or ``_capacity_search``;
+    ``_level_rounds``) and ``_conclude`` (the proven incumbent, else the full model).
 
     ``core_solver``: who solves the small stages (``stage_solver``); ``split_search``: look for
     incumbents on a few splits of the SLO before the level models (``_cap_splits``; None:

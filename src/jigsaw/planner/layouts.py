@@ -22,6 +22,11 @@ all 6 without ``1g.10gb+me``             723         78             28
 all 7 (with ``1g.10gb+me``)              2319        128            44
 =======================================  ==========  =============  =======
 
+Shares of a MIG instance (``MigProfile.host``: ``1g.10gb-1of2``, k processes of any tasks in one
+instance of the host) have no slots of their own: n of them need ``ceil(n / k)`` instances of the
+host (the MILPs count those, ``problem.share_hosts``). Placements and count vectors hold devices
+only (``device_placement`` turns a placement with shares into one).
+
 The ``+me`` profile has the geometry of ``1g.10gb`` but at most one per GPU, so with it a
 count vector also says which of the 1-slot instances carries the media extensions: every
 vector with ``k >= 1`` one-slot instances appears once more with one of them being ``+me``
@@ -49,16 +54,35 @@ def slot_mask(profile: MigProfile, start: int) -> int:
 def _resolve(gpu: GpuModel, profiles: Sequence[str] | None) -> tuple[str, ...]:
     """Profile names in a canonical tuple; unknown or repeated names are the caller's error."""
     if profiles is None:
-        return gpu.profile_names
+        return tuple(p.name for p in gpu.devices)
     names = tuple(profiles)
     known = set(gpu.profile_names)
     for n in names:
         if n not in known:
             raise ValueError(
                 f"unknown MIG profile {n!r} for {gpu.name} (known: {', '.join(gpu.profile_names)})")
+        if gpu.profile(n).host:
+            raise ValueError(f"{n} is a share of a {gpu.profile(n).host} instance: it has no slots of its "
+                             "own (count its host's instances)")
     if len(set(names)) != len(names):
         raise ValueError(f"profile list has repeated names: {names}")
     return names
+
+
+def device_placement(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The devices of a placement: each share of a MIG instance replaced by its host instance,
+    one per (share profile, start); every other ``(profile, start)`` as it is. Shares of two
+    profiles at one start stay two instances (which overlap: ``placement_violations`` says so)."""
+    out: list[tuple[str, int]] = []
+    seen: set[tuple[str, int]] = set()
+    for name, start in placement:
+        p = gpu.profile(name)
+        if not p.host:
+            out.append((name, start))
+        elif (name, start) not in seen:
+            seen.add((name, start))
+            out.append((p.host, start))
+    return out
 
 
 def room(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> int:
@@ -71,13 +95,13 @@ def room(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> int:
     mask = 0
     compute = 0
     counts: dict[str, int] = {}
-    for name, start in placement:
+    for name, start in device_placement(gpu, placement):
         p = gpu.profile(name)
         mask |= slot_mask(p, start)
         compute += p.compute_slices
         counts[name] = counts.get(name, 0) + 1
     total = 0
-    for p in gpu.profiles:
+    for p in gpu.devices:
         if counts.get(p.name, 0) >= p.max_per_gpu or compute + p.compute_slices > gpu.compute_slices:
             continue
         for s in p.starts:
@@ -91,8 +115,8 @@ def _most_compute(gpu: GpuModel) -> dict[Placement, int]:
     """For every valid placement of the GPU, the most compute slices of a valid placement that
     contains it (itself included): computed once per GPU model from the largest placements down,
     since every valid superset is reached by adding one instance at a time (downward closure)."""
-    layouts = _valid_layouts(gpu, gpu.profile_names)
-    cands = [(p.name, s) for p in gpu.profiles for s in p.starts if s + p.size <= NUM_PLACEMENT_SLOTS]
+    layouts = _valid_layouts(gpu, _resolve(gpu, None))
+    cands = [(p.name, s) for p in gpu.devices for s in p.starts if s + p.size <= NUM_PLACEMENT_SLOTS]
     most: dict[Placement, int] = {}
     for lay in sorted(layouts, key=len, reverse=True):
         here = set(lay)
@@ -112,7 +136,7 @@ def usable_compute(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> int:
     Why: the running layout's free compute slices were counted as room ("7 slices free, 0 MIG
     memory slots"); a placement that keeps them usable leaves room for the next extension.
     """
-    lay = tuple(sorted(placement))
+    lay = tuple(sorted(device_placement(gpu, placement)))
     most = _most_compute(gpu).get(lay)
     if most is None:
         return 0
@@ -198,7 +222,7 @@ def maximal_layout_counts(gpu: GpuModel, profiles: Sequence[str] | None = None) 
 def _best_placements(gpu: GpuModel) -> dict[tuple[str, ...], Placement]:
     """For each packable multiset (sorted names), the placement that leaves the most room."""
     best: dict[tuple[str, ...], tuple[int, Placement]] = {}
-    for placement in _valid_layouts(gpu, gpu.profile_names):
+    for placement in _valid_layouts(gpu, _resolve(gpu, None)):
         key = tuple(sorted(n for n, _ in placement))
         r = room(gpu, placement)
         cur = best.get(key)
@@ -222,15 +246,21 @@ def fits_on_gpu(gpu: GpuModel, profile_names: Iterable[str]) -> Placement | None
 def placement_violations(gpu: GpuModel, placement: Iterable[tuple[str, int]]) -> list[str]:
     """The rule violations of one GPU's ``(profile, start)`` list (empty when valid)."""
     problems: list[str] = []
+    placement = list(placement)
+    known = set(gpu.profile_names)
+    problems += [f"unknown MIG profile {name!r} for {gpu.name}" for name, _ in placement if name not in known]
+    seats: dict[tuple[str, int], int] = {}
+    for name, start in placement:
+        if name in known and gpu.profile(name).host:
+            seats[(name, start)] = seats.get((name, start), 0) + 1
+    problems += [f"{c} processes share the {gpu.profile(n).host} instance at {s} (at most "
+                 f"{gpu.profile(n).share_of} of {n})"
+                 for (n, s), c in seats.items() if c > gpu.profile(n).share_of]
     mask = 0
     compute = 0
     counts: dict[str, int] = {}
-    for name, start in placement:
-        try:
-            p = gpu.profile(name)
-        except KeyError:
-            problems.append(f"unknown MIG profile {name!r} for {gpu.name}")
-            continue
+    for name, start in device_placement(gpu, [(n, s) for n, s in placement if n in known]):
+        p = gpu.profile(name)
         if start not in p.starts:
             problems.append(f"{name} cannot start at slot {start} (allowed: {list(p.starts)})")
         if start < 0 or start + p.size > NUM_PLACEMENT_SLOTS:

@@ -25,6 +25,7 @@ import mip
 
 from jigsaw.app import App
 from jigsaw.errors import PlanError
+from jigsaw.mig import slice_unit
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner import joint
@@ -32,7 +33,7 @@ from jigsaw.planner.columns import ColumnSet, build_columns
 from jigsaw.planner.diagnose import why_unserved
 from jigsaw.planner.model import LinearModel
 from jigsaw.planner.packer import PackingError, instances_from_plan, pack
-from jigsaw.planner.problem import Problem, demand_terms, make_problem
+from jigsaw.planner.problem import Problem, demand_terms, device_names, make_problem, share_hosts
 from jigsaw.planner.routes import settle_lanes
 from jigsaw.planner.solution import NO_BOUND, Solution
 from jigsaw.profiles import ProfileTable
@@ -104,6 +105,7 @@ class _Model:
             by_tv[(c.task, c.variant)].append(j)
 
         max_per_gpu = {p.name: p.max_per_gpu for p in node.gpu.profiles}
+        unit = slice_unit(node.gpu, node.mig_profiles)  # integer slice counts in k-ths (MIG shares)
         self.M: list[mip.Var] = []
         self.N: list[mip.Var] = []
         for j, c in enumerate(cols):
@@ -147,10 +149,11 @@ class _Model:
             # when coefficients reach 1e4 next to the unit coefficients of the lane rates.
             scale = 1.0 / max(cols[j].throughput_rps for j in js)
             m += mip.xsum(cols[j].throughput_rps * scale * self.M[j] for j in js) >= scale * demand
-            s = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.slices_available, name=f"S_{tv[0]}_{tv[1]}")
-            m += s == mip.xsum(cols[j].slices * self.M[j] for j in js)
+            s = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.slices_available * unit,
+                          name=f"S_{tv[0]}_{tv[1]}")
+            m += s == mip.xsum(cols[j].slices * unit * self.M[j] for j in js)
             best_per_slice = max(cols[j].throughput_rps / cols[j].slices for j in js)
-            m += best_per_slice * scale * s >= scale * demand
+            m += best_per_slice / unit * scale * s >= scale * demand
             self.S[tv] = s
 
         # Integer slice totals per task and overall: branching on these few integers closes
@@ -158,18 +161,31 @@ class _Model:
         task_totals = []
         for t in app.task_names:
             bound = budgets.slices[t] if budgets else node.slices_available
-            total_t = m.add_var(var_type=mip.INTEGER, lb=0, ub=bound, name=f"St_{t}")
-            m += total_t == mip.xsum(c.slices * self.M[j] for j, c in enumerate(cols) if c.task == t)
+            total_t = m.add_var(var_type=mip.INTEGER, lb=0, ub=bound * unit, name=f"St_{t}")
+            m += total_t == mip.xsum(c.slices * unit * self.M[j] for j, c in enumerate(cols) if c.task == t)
             task_totals.append(total_t)
-        slices_total = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.slices_available, name="S_total")
+        slices_total = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.slices_available * unit, name="S_total")
         m += slices_total == mip.xsum(task_totals)
 
         # Packability: every GPU takes one maximal valid layout (or a part of it).
         self.Y = [m.add_var(var_type=mip.INTEGER, lb=0, ub=node.num_gpus, name=f"Y{g}")
                   for g in range(len(pb.layouts))]
         m += mip.xsum(self.Y) <= node.num_gpus
-        for prof in {c.mig_profile for c in cols}:
-            m += mip.xsum(self.M[j] for j, c in enumerate(cols) if c.mig_profile == prof) <= \
+        # a MIG share's host instances: J of them hold k shares each (``problem.share_hosts``)
+        shares = share_hosts(node, sorted({c.mig_profile for c in cols}))
+        held: dict[str, list[mip.Var]] = defaultdict(list)
+        empty_seats = []  # slices of the shared instances' empty seats: the objective pays them too
+        for prof, (host, k) in shares.items():
+            j_var = m.add_var(var_type=mip.INTEGER, lb=0, ub=node.num_gpus * max_per_gpu[host],
+                              name=f"J_{prof}")
+            mine = [j for j, c in enumerate(cols) if c.mig_profile == prof]
+            m += mip.xsum(self.M[j] for j in mine) <= k * j_var
+            held[host].append(j_var)
+            empty_seats.append(node.gpu.profile(host).compute_slices * j_var
+                               - mip.xsum(cols[j].slices * self.M[j] for j in mine))
+        for prof in device_names(node, sorted({c.mig_profile for c in cols})):
+            m += mip.xsum(self.M[j] for j, c in enumerate(cols) if c.mig_profile == prof) + \
+                mip.xsum(held[prof]) <= \
                 mip.xsum(lay.get(prof, 0) * self.Y[g] for g, lay in enumerate(pb.layouts))
 
         # Accuracy (PAS over lanes, relative to the best): A_obj * R >= SLO_a * R.
@@ -179,10 +195,11 @@ class _Model:
         beta = node.beta
         if demand_rps is None:
             # Maximise the demand; slices only break ties (the plan is re-solved afterwards).
-            m.objective = mip.maximize(self.R - 1e-6 * slices_total)
+            m.objective = mip.maximize(self.R - 1e-6 / unit * slices_total - 1e-6 * mip.xsum(empty_seats))
         else:
             r = max(demand_rps, MIN_DEMAND_RPS)
-            m.objective = mip.maximize(node.planner.alpha * acc_total * (1.0 / r) - beta * slices_total)
+            m.objective = mip.maximize(node.planner.alpha * acc_total * (1.0 / r)
+                                       - beta / unit * slices_total - beta * mip.xsum(empty_seats))
         m.max_mip_gap_abs = node.absolute_gap if demand_rps is not None else 1e-3
         m.max_mip_gap = 1e-6
 

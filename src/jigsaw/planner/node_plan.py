@@ -7,7 +7,9 @@ the slice budget, the per-GPU MIG layout constraint and the objective the node c
 slice; or ``slices``, every app at its demand on the fewest slices. The result is packed as one
 layout, so no two apps' instances overlap. If the demands do not fit together, every app serves
 the same largest fraction of its demand (``demand_scale``), on the first plans found that fit
-(``scaled``).
+(``scaled``). The decomposition starts from what earlier decisions showed about each app's
+budgets (``curves``) and adds to it; where that proves the demands do not fit, it goes straight
+to the common fraction.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 
 from jigsaw.app import App
@@ -23,7 +25,7 @@ from jigsaw.errors import PlanError
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import NODE_OBJECTIVES, Node
 from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
-from jigsaw.planner import decompose, joint
+from jigsaw.planner import curves, decompose, joint
 from jigsaw.planner.anytime import (
     Candidate,
     candidate_plan,
@@ -73,8 +75,7 @@ def _requests(plans: Mapping[str, Plan]) -> list[InstanceRequest]:
 def _encoded(layout: Layout) -> Layout:
     """A node layout in the packer's terms (task names carry their app)."""
     return Layout(layout.gpu_model, tuple(
-        GpuLayout(g.gpu, tuple(PlacedInstance(p.profile, p.start, f"{p.app}{_SEP}{p.task}", p.variant,
-                                              p.index, p.mps, p.max_batch) for p in g.instances))
+        GpuLayout(g.gpu, tuple(replace(p, task=f"{p.app}{_SEP}{p.task}", app="") for p in g.instances))
         for g in layout.gpus))
 
 
@@ -84,8 +85,7 @@ def _decoded(layout: Layout) -> Layout:
         placed = []
         for p in g.instances:
             app, _, task = p.task.partition(_SEP)
-            placed.append(PlacedInstance(p.profile, p.start, task, p.variant, p.index, p.mps,
-                                         p.max_batch, app))
+            placed.append(replace(p, task=task, app=app))
         gpus.append(GpuLayout(g.gpu, tuple(placed)))
     return Layout(layout.gpu_model, tuple(gpus))
 
@@ -204,10 +204,16 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
                             start=start_plans)
             return _Decision(r.status, r.plans, r.objective, r.bound, None, r.notes, r.stage)
         d = decompose.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
-                            pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous))
+                            pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous),
+                            known=curves.seed(parts, node))
+        curves.learn(parts, d)
         return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage, d.floors)
 
-    res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
+    if form != "joint" and _refuted(parts, node):
+        # what earlier plans proved (the apps' curves) shows the demands do not fit together
+        res = _Decision("infeasible", [None] * len(parts), math.nan, math.nan, None, [], "curves")
+    else:
+        res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
     scale = scale_bound = 1.0  # the common fraction served, and the least shown not to fit
     notes: list[str] = []
     if form != "joint" and (res.status == "infeasible" or any(p is None for p in res.plans)):
@@ -229,6 +235,12 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
                       f"the solver found no plan within {limit:g} s")
     return _node_plan(apps, node, demands, res, kind=kind, solver=solver, previous=previous, scale=scale,
                       scale_bound=scale_bound, notes=notes, t0=t0)
+
+
+def _refuted(parts: Sequence[joint.Part], node: Node) -> bool:
+    """The apps' curves (``curves``) prove the full demands do not fit together."""
+    return curves.refuted_theta([p.demand_rps or 0.0 for p in parts], [curves.curve_of(p.pb) for p in parts],
+                                curves.room_of(node)) <= 1.0
 
 
 def _check_node_request(apps: Sequence[App], node: Node, demands: Mapping[str, float],
@@ -409,8 +421,7 @@ def merge_layouts(plans: Mapping[str, Plan], gpu_model: str, num_gpus: int) -> L
             continue
         for g in p.layout.gpus:
             by_gpu.setdefault(g.gpu, []).extend(
-                PlacedInstance(x.profile, x.start, x.task, x.variant, x.index, x.mps, x.max_batch, name)
-                for x in g.instances)
+                replace(x, app=name) for x in g.instances)
     return Layout(gpu_model, tuple(GpuLayout(g, tuple(xs)) for g, xs in sorted(by_gpu.items())))
 
 
@@ -574,7 +585,7 @@ def _app_options(apps: Sequence[App], node: Node, profiles: ProfileTable, demand
     fits the node (with ``lower``: none at all).
     ``lower``: an app without candidates at its demand takes those at the first half, quarter...
     that has some (``anytime.candidates_below``; for ``_scaled_fit``)."""
-    size = {p.name: p.size for p in node.gpu.profiles}
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
     room = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
     out: list[_AppOptions] = []
     for a in apps:
@@ -677,7 +688,7 @@ def _scaled_fit(options: list[_AppOptions], node: Node, profiles: ProfileTable,
     one took 0.1-0.5 s (a whole candidate search per fraction tried); rescaling the candidates
     found for the full demands costs a few knapsacks per fraction.
     """
-    size = {p.name: p.size for p in node.gpu.profiles}
+    size = {p.name: p.slot_cost for p in node.gpu.profiles}
     room = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
     few = [fewest_first(o.cands, size) for o in options]
 

@@ -5,6 +5,12 @@ where greedy leaves something out, solves the packing exactly, so ``PackingError
 packing exists. Given the previous bin's layout it keeps GPUs whose MIG partition can stay as it
 is, because a repartition is disruptive. The layout is written as a mig-parted config and as
 explicit ``nvidia-smi`` commands (only the commands carry the exact start slots).
+
+Shares of a MIG instance (``<profile>-1of<k>``, ``jigsaw.shares``) are laid up to k into one
+instance of their profile, and only there: they are bundled first (``bundle_shares``: the shares that
+shared an instance in the previous layout together again, the rest k at a time), each bundle
+packed as one instance of its host profile, then given back as its shares at the instance's
+start, each with its seat (0..k-1).
 """
 
 from __future__ import annotations
@@ -51,6 +57,105 @@ class InstanceRequest:
     def key(self) -> tuple[str, str, str, int, int]:
         """What makes two instances interchangeable: same model in the same segment."""
         return (self.task, self.variant, self.profile, self.mps, self.max_batch)
+
+
+BUNDLE_TASK = "\x00shares"  # the task of a bundle of shares packed as one instance of their host
+
+
+@dataclass(frozen=True)
+class ShareBundle:
+    """Up to k shares of one MIG instance, in seat order."""
+
+    share: str  # the share profile (``1g.10gb-1of2``)
+    members: tuple[InstanceRequest, ...]
+    seats: tuple[int, ...] = ()  # each member's seat (default: 0, 1, ...)
+
+    @property
+    def label(self) -> str:
+        """Equal for bundles of the same shares: what makes a kept instance keep its processes."""
+        return self.share + ":" + "|".join(sorted(f"{r.task}/{r.variant}/{r.mps}/{r.max_batch}/{r.index}"
+                                                  for r in self.members))
+
+
+def bundle_shares(instances: Sequence[InstanceRequest], gpu: GpuModel, previous: Layout | None
+                  ) -> tuple[list[InstanceRequest], dict[str, ShareBundle], Layout | None]:
+    """The requests with every share of a MIG instance bundled into one request of its host per
+    instance, the bundles by their request's label, and ``previous`` seen the same way.
+
+    Shares that sat in one instance of ``previous`` are bundled together again (each one
+    identical to a previous share, the same index first, takes its seat), so an unchanged
+    instance matches its previous self and keeps its place; the rest fill the free seats of
+    those bundles, then new bundles of k in order.
+    """
+    shares: dict[str, list[InstanceRequest]] = defaultdict(list)
+    out: list[InstanceRequest] = []
+    for r in instances:
+        (shares[r.profile] if gpu.profile(r.profile).host else out).append(r)
+    if not shares:
+        return out, {}, previous
+    groups = _previous_groups(previous, gpu) if previous is not None else {}
+    bundles: dict[str, ShareBundle] = {}
+    for name, pending in sorted(shares.items()):
+        k = gpu.profile(name).share_of
+        pending.sort(key=_sort_key)
+        seated: list[list[InstanceRequest | None]] = []
+        for members in (m for (n, _, _), m in sorted(groups.items()) if n == name):
+            seats: list[InstanceRequest | None] = [None] * k
+            for seat, was in members:
+                hit = next((r for r in pending if _placed_key(was) == r.key and r.index == was.index), None) \
+                    or next((r for r in pending if _placed_key(was) == r.key), None)
+                if hit is not None and seat < k:
+                    pending.remove(hit)
+                    seats[seat] = hit
+            if any(seats):
+                seated.append(seats)
+        for seats in seated:
+            for i in range(k):
+                if seats[i] is None and pending:
+                    seats[i] = pending.pop(0)
+        seated += [list(pending[i:i + k]) for i in range(0, len(pending), k)]
+        for seats in seated:
+            b = ShareBundle(name, tuple(r for r in seats if r is not None),
+                            tuple(i for i, r in enumerate(seats) if r is not None))
+            bundles[b.label] = b
+            out.append(InstanceRequest(gpu.profile(name).host, BUNDLE_TASK, b.label, k, 0, 0))
+    return out, bundles, _previous_bundled(previous, gpu) if previous is not None else None
+
+
+def _previous_groups(previous: Layout, gpu: GpuModel
+                     ) -> dict[tuple[str, int, int], list[tuple[int, PlacedInstance]]]:
+    """(share profile, GPU, start) -> the (seat, share) of each previous instance's shares."""
+    out: dict[tuple[str, int, int], list[tuple[int, PlacedInstance]]] = defaultdict(list)
+    for g in previous.gpus:
+        for p in g.instances:
+            if _is_share(gpu, p.profile):
+                out[(p.profile, g.gpu, p.start)].append((p.seat, p))
+    for members in out.values():
+        members.sort(key=lambda x: x[0])
+    return out
+
+
+def _is_share(gpu: GpuModel, name: str) -> bool:
+    return name in gpu.profile_names and bool(gpu.profile(name).host)
+
+
+def _previous_bundled(previous: Layout, gpu: GpuModel) -> Layout:
+    """``previous`` with each MIG instance's shares as one placed instance of its host, labelled
+    as ``bundle_shares`` labels the same shares."""
+    gpus = []
+    for g in previous.gpus:
+        plain = [p for p in g.instances if not _is_share(gpu, p.profile)]
+        groups: dict[tuple[str, int], list[PlacedInstance]] = defaultdict(list)
+        for p in g.instances:
+            if _is_share(gpu, p.profile):
+                groups[(p.profile, p.start)].append(p)
+        for (name, start), members in sorted(groups.items()):
+            label = ShareBundle(name, tuple(InstanceRequest(name, p.task, p.variant, p.mps, p.max_batch,
+                                                            p.index) for p in members)).label
+            plain.append(PlacedInstance(gpu.profile(name).host, start, BUNDLE_TASK, label,
+                                        mps=gpu.profile(name).share_of, max_batch=0))
+        gpus.append(GpuLayout(g.gpu, tuple(sorted(plain, key=lambda p: p.start))))
+    return Layout(previous.gpu_model, tuple(gpus))
 
 
 def _placed_key(p: PlacedInstance) -> tuple[str, str, str, int, int]:
@@ -365,15 +470,24 @@ def _onto_placement(b: list[tuple[InstanceRequest, int]], g: GpuLayout) -> list[
 # public entry points
 
 
-def _to_layout(gpu: GpuModel, num_gpus: int,
-               assignment: dict[int, list[tuple[InstanceRequest, int]]]) -> Layout:
+def unbundled(r: InstanceRequest, bundles: dict[str, ShareBundle]) -> list[tuple[InstanceRequest, int]]:
+    """A packed request's (request, seat)s: a bundle's shares in seat order, else itself."""
+    if r.task != BUNDLE_TASK:
+        return [(r, 0)]
+    b = bundles[r.variant]
+    return list(zip(b.members, b.seats or range(len(b.members)), strict=True))
+
+
+def _to_layout(gpu: GpuModel, num_gpus: int, assignment: dict[int, list[tuple[InstanceRequest, int]]],
+               bundles: dict[str, ShareBundle]) -> Layout:
+    """The layout of the packed requests, each bundle given back as its shares, seated in order."""
     gpus = []
     for gid in range(num_gpus):
         placed = sorted(assignment.get(gid, []), key=lambda x: x[1])
         gpus.append(GpuLayout(gid, tuple(
-            PlacedInstance(profile=r.profile, start=s, task=r.task, variant=r.variant, index=r.index,
-                           mps=r.mps, max_batch=r.max_batch)
-            for r, s in placed)))
+            PlacedInstance(profile=m.profile, start=s, task=m.task, variant=m.variant, index=m.index,
+                           mps=m.mps, max_batch=m.max_batch, seat=seat)
+            for r, s in placed for m, seat in unbundled(r, bundles))))
     return Layout(gpu.name, tuple(gpus))
 
 
@@ -394,12 +508,14 @@ def pack(instances: Sequence[InstanceRequest], gpu: GpuModel, num_gpus: int,
     if unknown:
         raise PackingError(f"unknown MIG profile(s) {', '.join(unknown)} for {gpu.name} "
                            f"(known: {', '.join(gpu.profile_names)})")
+    if previous is not None and previous.gpu_model and previous.gpu_model != gpu.name:
+        raise PackingError(f"previous layout is for {previous.gpu_model}, not {gpu.name}")
+    asked = instances
+    instances, bundles, previous = bundle_shares(asked, gpu, previous)
     total = sum(gpu.profile(r.profile).compute_slices for r in instances)
     if total > gpu.compute_slices * num_gpus:
         raise PackingError(f"{len(instances)} MIG instances need {total} compute slices; "
                            f"{num_gpus} x {gpu.name} have {gpu.compute_slices * num_gpus}")
-    if previous is not None and previous.gpu_model and previous.gpu_model != gpu.name:
-        raise PackingError(f"previous layout is for {previous.gpu_model}, not {gpu.name}")
 
     kept: dict[int, list[tuple[InstanceRequest, int]]] = {}
     exact: dict[int, int] = {}
@@ -413,7 +529,7 @@ def pack(instances: Sequence[InstanceRequest], gpu: GpuModel, num_gpus: int,
         if bins is not None:
             assignment = dict(kept)
             assignment.update(_assign_bins(bins, free, previous, gpu))
-            return _to_layout(gpu, num_gpus, assignment)
+            return _to_layout(gpu, num_gpus, assignment, bundles)
         if not kept:
             break
         # a tier is the kept GPUs with the fewest identical instances; no tier is given up
@@ -424,7 +540,7 @@ def pack(instances: Sequence[InstanceRequest], gpu: GpuModel, num_gpus: int,
         for gid in in_tier[:give_up]:
             remaining += [r for r, _ in kept.pop(gid)]
         give_up *= 2
-    counts = Counter(r.profile for r in instances)
+    counts = Counter(r.profile for r in asked)
     what = ", ".join(f"{c} x {n}" for n, c in sorted(counts.items()))
     raise PackingError(f"no valid MIG packing of {what} ({total} compute slices) "
                        f"on {num_gpus} x {gpu.name}: the placement rules leave no room")
@@ -451,6 +567,23 @@ def validate_layout(layout: Layout, gpu: GpuModel) -> list[str]:
         seen.add(g.gpu)
         problems += [f"GPU {g.gpu}: {p}"
                      for p in placement_violations(gpu, [(i.profile, i.start) for i in g.instances])]
+        problems += [f"GPU {g.gpu}: {p}" for p in seat_violations(gpu, g.instances)]
+    return problems
+
+
+def seat_violations(gpu: GpuModel, placed: Sequence[PlacedInstance]) -> list[str]:
+    """The shares of one GPU's MIG instances whose seat is outside 0..k-1 or taken twice."""
+    problems: list[str] = []
+    taken: set[tuple[int, int]] = set()
+    for p in placed:
+        if p.profile not in gpu.profile_names:
+            continue
+        k = gpu.profile(p.profile).share_of if gpu.profile(p.profile).host else 1
+        if not 0 <= p.seat < k:
+            problems.append(f"{p.profile} at {p.start}: seat {p.seat} (0..{k - 1})")
+        elif (p.start, p.seat) in taken:
+            problems.append(f"{p.profile} at {p.start}: seat {p.seat} taken twice")
+        taken.add((p.start, p.seat))
     return problems
 
 

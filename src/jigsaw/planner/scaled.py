@@ -49,8 +49,15 @@ to the node: each app's fewest slices at its full demand in the latency-relaxed 
 node's slices / their sum. A first test that fails steps down (``_step_down``): in proportion
 to the floors' overshoot where the floors refuted it, else (the frontier search refuted it:
 theta* lies close below) by 2%, the step doubling with each such refutation in a row. Each test
-screens itself by those floors first (``decompose.solve``) and starts from what the tests below
-it proved (infeasible budgets and slot floors carry up to larger demands: ``decompose.Known``).
+screens itself by those floors first (``decompose.solve``).
+Before any test, what earlier decisions showed about each app's budgets (``curves``: kept with
+the app's problem across calls) brackets theta*: the largest fraction stored plans serve
+together (and pack) is served at once, the least fraction the stored refutations prove does not
+fit caps theta_hi; where they meet within the tolerance the search makes no test, else the
+first test lies between them (the floors' guess where the caller computed floors, else their
+geometric mean) and a refuted test steps down as from nothing served, never below the proof
+just above the stored plans' fraction. Every test starts from the budgets the curves refute at
+its demands and adds what it shows to them.
 The search stops after ``MAX_TESTS`` tests (a limit of work; the clock only guards it), so its
 answer does not depend on how busy the machine is. Pure: the result depends only on the inputs
 (and the solver's answers within the limit).
@@ -66,8 +73,7 @@ from dataclasses import dataclass, field
 
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Layout, Plan
-from jigsaw.planner import decompose, joint
-from jigsaw.planner.verify import demand_and_supply
+from jigsaw.planner import curves, decompose, joint
 
 SCALE_TOLERANCE = 1e-2  # theta* is proven to within this fraction of itself
 _CARRY_EPS = 1e-9
@@ -79,7 +85,6 @@ _STEP_NEAR = 0.98
 # as on a quiet one; the clock, ``time_limit_s``, only guards it). The example node at 100-150%
 # of its capacity needs 2-5 tests; one GPU (7 slices: the floors' integer steps are coarse) 8-12.
 MAX_TESTS = 16
-REUSE_PROOFS = True  # each test starts from what the tests below it proved (``known_below``)
 STEP_RULE = "floors"  # ``floors``: ``_step_down``; ``fixed``: always ``_STEP_DOWN`` (as before)
 USE_BOUND = False  # ``max_scale(use_bound=None)``'s default (see the module doc: measured slower)
 BOUND_LIMIT_S = 6.0  # the bound's solve (``theta_bound``) at most this long (or half the limit)
@@ -134,11 +139,8 @@ def theta_bound(parts: Sequence[joint.Part], node: Node, *, time_limit_s: float,
 
 
 def headroom(plan: Plan, part: joint.Part) -> float:
-    """How many times its lanes' rates the plan's instances carry (>= 1 for a sound plan):
-    the smallest supply/demand over the (task, variant) pairs its lanes reach."""
-    demand, supply = demand_and_supply(plan, part.pb.app, part.pb.factors)
-    ratios = [supply.get(k, 0.0) / v for k, v in demand.items() if v > 0]
-    return max(1.0, min(ratios, default=1.0))
+    """How many times its lanes' rates the plan's instances carry (``curves.headroom``)."""
+    return curves.headroom(plan, part.pb)
 
 
 def scale_plan(plan: Plan, factor: float) -> Plan:
@@ -215,22 +217,26 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
         notes.append("no common fraction above 0 fits (the capacity bound)")
         return ScaleResult("none", 0.0, 0.0, None, None, time.perf_counter() - t0, 0, notes,
                            bound, bound_s)
+    # what earlier plans showed (the apps' curves): a proven cap on theta*, and plans served
+    cap, cached = _from_curves(parts, node, pack, theta_hi)
+    hi = min(hi, cap)
+    weak = 0.0  # what the curves' plans serve: the tests step down towards it as towards nothing
+    if cached is not None:
+        weak, plans, layout = cached
+        lo = weak
+        if lo >= theta_hi or hi <= lo * (1 + tolerance) * (1 + 1e-6):
+            notes.append("from what earlier plans showed (the apps' curves), without a test")
     # near: failed tests stepping down from the bound by the tolerance
-    guess, hi, near = _first_test(parts, node, solver, theta_hi, hi, tolerance, floors, bound)
+    guess, hi, near = _first_test(parts, node, solver, theta_hi, hi, tolerance, floors, bound, lo)
     climbs = 0  # feasible tests in a row
     falls = 0  # refuted tests in a row before any served
-    # what each test proved about the apps' budgets, by its theta: a test at a larger theta
-    # starts from those of the largest theta below it (``decompose.Known``; a plan for more
-    # serves less, so infeasible budgets and slot floors carry up)
-    learned: dict[float, list[decompose.Known]] = {}
-
-    while hi > lo * (1 + tolerance) and left() > 0 and tests < MAX_TESTS:
+    while hi > lo * (1 + tolerance) * (1 + 1e-6) and lo < theta_hi and left() > 0 and tests < MAX_TESTS:
         tests += 1
-        d = decompose.solve(_at(parts, guess), node, solver=solver, time_limit_s=max(left(), 0.05),
+        at = _at(parts, guess)
+        d = decompose.solve(at, node, solver=solver, time_limit_s=max(left(), 0.05),
                             objective="slices", pack=pack, first_fit=FIRST_FIT,
-                            known=_known_below(learned, guess))
-        if d.known is not None:
-            learned[guess] = d.known
+                            known=curves.seed(at, node))
+        curves.learn(at, d)
         if d.status in ("optimal", "feasible") and d.layout is not None and \
                 all(p is not None for p in d.plans):
             got = [p for p in d.plans if p is not None]
@@ -250,8 +256,9 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
         elif d.status == "infeasible":
             hi = min(hi, guess)  # proven by the decomposition's bound
             climbs = 0
-            guess, near, falls = _after_refuted(guess, lo, hi, near, falls, d.floors,
-                                                node.slices_available, tolerance)
+            guess, near, falls = _after_refuted(guess, lo if lo > weak else 0.0, hi, near, falls,
+                                                d.floors, node.slices_available, tolerance)
+            guess = max(guess, lo * (1 + tolerance) * (1 + 1e-9))
             if lo > 0 and guess >= hi:
                 break
         else:  # no decision within the time: the best found stands, unproven above it
@@ -296,10 +303,23 @@ def _status(served: bool, lo: float, hi: float, tolerance: float) -> str:
     return "bound" if served else "none"
 
 
-def _known_below(learned: dict[float, list[decompose.Known]], theta: float) -> list[decompose.Known] | None:
-    """What the test at the largest theta at most ``theta`` proved (None: none, or not reused)."""
-    below = [t for t in learned if t <= theta]
-    return learned[max(below)] if below and REUSE_PROOFS else None
+def _from_curves(parts: Sequence[joint.Part], node: Node, pack: decompose.Packer, theta_hi: float
+                 ) -> tuple[float, tuple[float, list[Plan], Layout] | None]:
+    """What the apps' curves (``curves``) show without a solve: the least theta their
+    refutations prove does not fit (inf: none), and the largest theta at most ``theta_hi`` that
+    their stored plans serve together with those plans (scaled to it) and their layout (None:
+    no choice of them packs)."""
+    demands = [p.demand_rps or 0.0 for p in parts]
+    kept = [curves.curve_of(p.pb) for p in parts]
+    room = curves.room_of(node)
+    cap = curves.refuted_theta(demands, kept, room)
+    got = curves.served_theta(demands, kept, room, pack)
+    if got is None:
+        return cap, None
+    theta, served, layout = got
+    theta = min(theta, theta_hi)
+    plans = [scale_plan(s.plan, theta * d / s.plan.planned_rps) for s, d in zip(served, demands, strict=True)]
+    return cap, (theta, plans, layout)
 
 
 def _at(parts: Sequence[joint.Part], theta: float) -> list[joint.Part]:
@@ -316,11 +336,15 @@ def _floor_sum(parts: Sequence[joint.Part], node: Node, solver: str, theta: floa
 
 def _first_test(parts: Sequence[joint.Part], node: Node, solver: str, theta_hi: float, hi: float,
                 tolerance: float, floors: Sequence[float] | None,
-                bound: float) -> tuple[float, float, int]:
+                bound: float, lo: float = 0.0) -> tuple[float, float, int]:
     """The first theta tested, ``hi`` capped by ``bound``, and how many tests then step down by the
     tolerance (``near``): the floors at theta_hi scaled to the node's slices, or just below the
-    bound where the floors overshoot it."""
+    bound where the floors overshoot it; never above the least theta known not to fit (``hi``)
+    nor below the proof above a fraction served (``lo``, the curves'). With ``lo`` and no
+    ``floors`` given, between ``lo`` and ``hi`` (``_between``) without the floors' solves."""
     near = 0
+    if lo > 0 and floors is None and math.isfinite(hi):
+        return _between(lo, hi, tolerance), hi, near
     # the first test: the floors at theta_hi scaled to the node's slices
     need = sum(min(f, node.slices_available + 1) for f in floors) if floors is not None else \
         _floor_sum(parts, node, solver, theta_hi)
@@ -333,7 +357,9 @@ def _first_test(parts: Sequence[joint.Part], node: Node, solver: str, theta_hi: 
             # plans, theta* is proven at once), then down by the tolerance
             guess = hi / (1 + tolerance)
             near = _NEAR_STEPS
-    return guess, hi, near
+    if math.isfinite(hi) and hi < theta_hi:
+        guess = min(guess, hi / (1 + tolerance))
+    return max(guess, lo * (1 + tolerance) * (1 + 1e-9)), hi, near
 
 
 def _after_fit(lo: float, hi: float, climbs: int, tolerance: float) -> float:

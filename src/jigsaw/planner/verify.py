@@ -7,11 +7,12 @@ controller use to refuse a plan that breaks the paper's constraints.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 
 from jigsaw.app import App
 from jigsaw.mig import NUM_PLACEMENT_SLOTS, MigProfile
 from jigsaw.node import Node
-from jigsaw.plan import Plan
+from jigsaw.plan import PlacedInstance, Plan
 from jigsaw.profiles import ProfileTable
 
 _REL_TOL = 1e-6
@@ -44,8 +45,11 @@ def verify_plan(plan: Plan, app: App, node: Node, profiles: ProfileTable,
     problems.extend(_verify_demand(plan, app, rate, factors))
     problems.extend(_verify_accuracy(plan, app, rate, factors))
     # Slices and the layout.
-    slices = sum(i.count * mig[i.mig_profile].compute_slices for i in plan.instances if i.mig_profile in mig)
-    if slices != plan.slices_used:
+    # a share of a MIG instance (``jigsaw.shares``) costs a k-th of the instance's slices
+    slices = sum(i.count * mig[i.mig_profile].compute_slices / (mig[i.mig_profile].share_of
+                                                                 if mig[i.mig_profile].host else 1)
+                 for i in plan.instances if i.mig_profile in mig)
+    if abs(slices - plan.slices_used) > 1e-6:
         problems.append(f"slices_used {plan.slices_used} != recomputed {slices}")
     if slices > node.slices_available:
         problems.append(f"{slices} slices > {node.slices_available} available")
@@ -72,8 +76,10 @@ def _verify_instances(plan: Plan, app: App, node: Node, profiles: ProfileTable,
             continue
         if inst.mps * row.memory_mb > mig[inst.mig_profile].memory_gb * 1024:
             problems.append(f"{label}: {inst.mps} x {row.memory_mb:.0f} MB exceeds the instance memory")
-        if inst.slices != mig[inst.mig_profile].compute_slices:
-            problems.append(f"{label}: slices {inst.slices} != {mig[inst.mig_profile].compute_slices}")
+        prof = mig[inst.mig_profile]
+        cost = prof.compute_slices / prof.share_of if prof.host else prof.compute_slices
+        if abs(inst.slices - cost) > 1e-9:
+            problems.append(f"{label}: slices {inst.slices} != {cost:g}")
         if inst.count < 1:
             problems.append(f"{label}: count {inst.count} < 1")
         if plan.space in ("unopt", "a", "t", "at") and (inst.mig_profile != node.gpu.whole_gpu_profile.name
@@ -152,12 +158,19 @@ def _verify_layout(plan: Plan, node: Node) -> list[str]:
         occupied = [False] * NUM_PLACEMENT_SLOTS
         per_profile: Counter[str] = Counter()
         compute = 0
+        shared = _verify_shares(g.gpu, g.instances, mig, problems)
         for p in g.instances:
             prof = mig.get(p.profile)
             if prof is None:
                 problems.append(f"GPU {g.gpu}: unknown MIG profile {p.profile}")
                 continue
-            per_profile[p.profile] += 1
+            placed[(p.task, p.variant, p.profile, p.mps, p.max_batch)] += 1
+            if prof.host:  # a share: its instance is checked once, as its host
+                if (p.profile, p.start) not in shared:
+                    continue
+                shared.discard((p.profile, p.start))
+                prof = mig[prof.host]
+            per_profile[prof.name] += 1
             compute += prof.compute_slices
             if p.start not in prof.starts:
                 problems.append(f"GPU {g.gpu}: {p.profile} cannot start at {p.start}")
@@ -165,7 +178,6 @@ def _verify_layout(plan: Plan, node: Node) -> list[str]:
                 if occupied[s]:
                     problems.append(f"GPU {g.gpu}: slot {s} used twice")
                 occupied[s] = True
-            placed[(p.task, p.variant, p.profile, p.mps, p.max_batch)] += 1
         for name, n in per_profile.items():
             if n > mig[name].max_per_gpu:
                 problems.append(f"GPU {g.gpu}: {n} x {name} > {mig[name].max_per_gpu} allowed")
@@ -176,3 +188,23 @@ def _verify_layout(plan: Plan, node: Node) -> list[str]:
     if placed != wanted:
         problems.append("the layout's instances differ from the plan's")
     return problems
+
+
+def _verify_shares(gpu: int, placed: Sequence[PlacedInstance], mig: dict[str, MigProfile],
+                   problems: list[str]) -> set[tuple[str, int]]:
+    """The MIG instances one GPU's shares sit in, as (share profile, start): at most k shares in
+    each, on distinct seats 0..k-1, and no two share profiles at one start (their instances
+    would overlap: the slot check sees both)."""
+    seats: defaultdict[tuple[str, int], list[int]] = defaultdict(list)
+    for p in placed:
+        prof = mig.get(p.profile)
+        if prof is not None and prof.host:
+            seats[(p.profile, p.start)].append(p.seat)
+    for (name, start), taken in seats.items():
+        k = mig[name].share_of
+        if len(taken) > k:
+            problems.append(f"GPU {gpu}: {len(taken)} shares of {name} at {start} > {k}")
+        if len(set(taken)) != len(taken) or not all(0 <= s < k for s in taken):
+            problems.append(f"GPU {gpu}: the seats {sorted(taken)} of {name} at {start} are not distinct "
+                            f"in 0..{k - 1}")
+    return set(seats)

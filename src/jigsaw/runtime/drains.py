@@ -113,8 +113,9 @@ class Drains:
         in_use = self.in_use_layout()
         assert in_use is not None
         used = {i.slot: i for i in in_use.instances}
+        in_use_devices = {i.device_slot for i in in_use.instances}  # a shared MIG instance: its host's
         orphans = [e for e in self.partition.existing.values()
-                   if e.slot not in used and any(overlaps(gpu, w, e) for w in want)]
+                   if e.slot not in in_use_devices and any(overlaps(gpu, w, e) for w in want)]
         if not in_way and not orphans:
             return False
         # what runs, and the new plan's instances (those made already stay): the rest goes
@@ -321,7 +322,7 @@ class Drains:
         back: Generation | None = None
         try:
             await asyncio.to_thread(self.partition.tear_down, target, f"{app}: restoring the running plan")
-            missing = sorted(i.name for i in layout.instances if i.slot not in self.partition.existing)
+            missing = sorted(i.name for i in layout.instances if i.device_slot not in self.partition.existing)
             if missing:
                 raise JigsawError(f"MIG instances {', '.join(missing)} could not be created again")
             layout = self.partition.with_uuids(layout)

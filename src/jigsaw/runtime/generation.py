@@ -29,7 +29,7 @@ from pathlib import Path
 from jigsaw.app import App
 from jigsaw.backends.registry import BackendKind
 from jigsaw.errors import JigsawError
-from jigsaw.mig import share_level
+from jigsaw.mig import gpu_share_level, share_level
 from jigsaw.node import Node
 from jigsaw.plan import Plan
 from jigsaw.profiles import ProfileTable
@@ -144,16 +144,21 @@ class Generation:
         """What makes a process the same across plans: its instance (kind and where it lies; the
         instance's index among its kind when there is no layout) and its number within it. An MPS
         share of a whole GPU lies on its GPU whatever its start slot (``jigsaw.shares``): a kind's
-        shares of one GPU are numbered in order instead, so a re-plan that moves them keeps them."""
+        shares of one GPU are numbered in order instead, so a re-plan that moves them keeps them.
+        A kind's shares of one MIG instance lie at its start: numbered within it."""
         where = self._placements()
         on_gpu: dict[tuple[Kind, int], int] = {}
+        in_instance: dict[tuple[Kind, tuple[int, int]], int] = {}
         keys: list[ProcessKey] = []
         for k, (kind, n) in enumerate(numbered(self.topology.processes)):
             w = where[k]
-            if w is not None and share_level(kind[2]):
+            number = n % kind[3]
+            if w is not None and gpu_share_level(kind[2]):
                 i = on_gpu[(kind, w[0])] = on_gpu.get((kind, w[0]), -1) + 1
                 w = (w[0], -1 - i)  # below every start slot
-            keys.append((*kind, w if w is not None else n // kind[3], n % kind[3]))
+            elif w is not None and share_level(kind[2]):
+                number = in_instance[(kind, w)] = in_instance.get((kind, w), -1) + 1
+            keys.append((*kind, w if w is not None else n // kind[3], number))
         return keys
 
     def adopt(self, old: Generation, pairs: list[tuple[int, int]]) -> None:

@@ -3,8 +3,9 @@
 A plan's layout says where each MIG instance lies (GPU, profile, start slot); CUDA names MIG
 devices by UUID. NVML links the two: every MIG device handle has a GPU instance whose placement
 start is the layout's start. Workers get ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``; the k MPS
-processes of one segment share the instance. NVML comes from ``nvidia-ml-py`` (the ``gpu``
-extra), imported only on GPU nodes.
+processes of one segment share the instance, as do the k processes of different tasks that
+share it (``jigsaw.shares``: each placed at the instance's start with its seat). NVML comes
+from ``nvidia-ml-py`` (the ``gpu`` extra), imported only on GPU nodes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from jigsaw.errors import JigsawError
-from jigsaw.mig import share_level
+from jigsaw.mig import gpu_share_level
 from jigsaw.plan import Layout
 
 
@@ -109,5 +110,6 @@ def missing_devices(layout: Layout, devices: Iterable[tuple[int, int]]) -> list[
 
 def device_slot(profile: str, where: tuple[int, int]) -> tuple[int, int]:
     """The (GPU, start) of the device an instance at ``where`` runs on: an MPS share of a whole GPU
-    (``jigsaw.shares``) runs on the GPU, keyed (GPU, 0); any other instance is its own device."""
-    return (where[0], 0) if share_level(profile) else where
+    (``jigsaw.shares``) runs on the GPU, keyed (GPU, 0); a share of a MIG instance on that instance
+    (at its start); any other instance is its own device."""
+    return (where[0], 0) if gpu_share_level(profile) else where

@@ -1,5 +1,6 @@
-"""The MPS control daemons of the node: one per MIG instance of MPS level k > 1 (or per whole GPU
-whose processes share it: ``gpu/mps.py`` ``WholeGpus``), started before its processes and stopped
+"""The MPS control daemons of the node: one per MIG instance of MPS level k > 1 or whose processes of
+different tasks share it (``jigsaw.shares``), or per whole GPU whose processes share it
+(``gpu/mps.py`` ``WholeGpus``), started before its processes and stopped
 once no live process runs on it; counted and logged for ``/metrics`` and ``/admin/layout``."""
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class MpsDaemons:
     @staticmethod
     def slots(g: Generation, ks: Iterable[int]) -> set[tuple[int, int]]:
         """(GPU, start) of the processes of ``ks`` that run under an MPS daemon: MPS level k > 1,
-        or one MPS share of a whole GPU (``jigsaw.shares``)."""
+        or one MPS share of a whole GPU or of a MIG instance (``jigsaw.shares``)."""
         procs = g.topology.processes
         return {w for k in ks if (procs[k].mps > 1 or share_level(procs[k].mig_profile))
                 and (w := g.placement(k)) is not None}
@@ -66,7 +67,7 @@ class MpsDaemons:
                 inst = at.get(self._daemon_slot(slot))
                 if inst is None:
                     continue
-                if inst.slot not in mps.daemons:
+                if inst.device_slot not in mps.daemons:
                     mps.start(inst)
                     started.append(inst)
                     self.started_total += 1
