@@ -9,15 +9,18 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from jigsaw.control.deployment import (
+    Asks,
     Deploy,
     Extend,
     ForNeeded,
     Replan,
     Skip,
+    asks,
     better_only,
     for_needed,
     next_action,
     quick_need_by,
+    retry_share,
     settle,
     short_of_gain,
     trim_frees,
@@ -163,3 +166,25 @@ def test_each_apps_plan_kept_placed_beside_or_replaced_by_an_extension() -> None
     assert trim_frees(_plan(100.0, 8), _plan(50.0, 4), 4)
     assert not trim_frees(_plan(100.0, 8), _plan(50.0, 5), 4)
     assert not trim_frees(_plan(100.0, 8), _plan(50.0, 1), 0)
+
+
+def test_which_needed_plans_ask_the_rate_whether_it_still_needs_them_or_outgrew_them() -> None:
+    # the rate trigger's plan at once; a bin's once its bin has ended; an operator's never, nor
+    # a plan of the violation or capacity trigger whether the rate still needs it
+    assert asks("rate", 3, 100.0, 100.0, CTL) == Asks(True, None, 100.0)
+    assert asks("bin", 4, 100.0, 100.0, CTL) == Asks(True, 4, 100.0)
+    assert asks("admin", 4, 100.0, 100.0, CTL) == Asks()
+    assert not asks("violations", 3, 100.0, 100.0, CTL).still_needed
+    # outgrown: against the larger rate (a plan for more than asked, the burst floor); never for a
+    # plan capped below what it was asked for, nor with control.end_wait_outgrown_above off
+    assert asks("rate", 3, 120.0, 100.0, CTL).outgrown_rps == 120.0
+    assert asks("rate", 3, 80.0, 100.0, CTL).outgrown_rps is None
+    off = dataclasses.replace(CTL, end_wait_outgrown_above=0.0)
+    assert asks("rate", 3, 100.0, 100.0, off).outgrown_rps is None
+
+
+def test_a_replan_that_found_nothing_is_asked_again_at_a_share_of_the_demand() -> None:
+    assert retry_share(False, "rate", False, CTL) == CTL.unplanned_retry_share == 0.85
+    assert retry_share(True, "rate", False, CTL) is None
+    assert retry_share(False, "admin", False, CTL) is None and retry_share(False, "bin", True, CTL) is None
+    assert retry_share(False, "rate", False, dataclasses.replace(CTL, unplanned_retry_share=0.0)) is None

@@ -79,6 +79,7 @@ from jigsaw.control.deployment import (
     better_only,
     next_action,
     quick_need_by,
+    retry_share,
     settle,
     short_of_gain,
 )
@@ -792,18 +793,13 @@ class NodeController(NeededPlans):
         given demand is an operator's, planned without the burst floor. Returns the node plan
         deployed last (None when nothing was).
 
-        A re-plan of the controller's own (not an operator's) that finds no plan at all, neither
-        quick nor exact (the planner's answer near and above the node's capacity, or a planner
-        error), is asked once more at ``control.unplanned_retry_share`` of every app's demand.
-        Why: on day 0 of traffic_analysis the spike's re-plans for 1535-1554 req/s (95-97% of the
-        node's capacity) found nothing in 4.6-4.9 s, twice, and bins 115-116 met the spike on the
-        15-slice plan (171 violations in bin 116), while a plan for 85% of that is found in
-        0.3 s.
+        A re-plan that finds no plan at all is asked once more at a share of every app's demand
+        where the deployment policy says so (``deployment.retry_share``).
         """
         got, found = await self._replan_once(demands, for_bin=for_bin, fresh=fresh, trigger=trigger,
                                              as_asked=as_asked)
-        share = self.node.control.unplanned_retry_share
-        if found or share <= 0 or trigger == "admin" or as_asked:
+        share = retry_share(found, trigger, bool(as_asked), self.node.control)
+        if share is None:
             return got
         smaller = {n: share * max(c.floor_rps, float(demands[n]) if n in demands else c.predicted_rps)
                    for n, c in self.apps.items()}

@@ -39,6 +39,9 @@ ANYTIME_MODES = ("auto", "always", "off")
 # re-weighted the running instances for 0.2 more req/s of 311 lacking, and held the spike's plan back
 # a re-plan; traffic_analysis's bin 72 was served by one for 22% of the shortfall
 EXTEND_FIRST_MIN_GAIN = 0.1
+# a plan that plans less than its asked demand by more than this share is capped at what fits
+# (rounding in a plan's rates is not a cap)
+CAPPED_BELOW = 1e-3
 Source = Literal["quick", "exact"]
 
 
@@ -171,6 +174,18 @@ def quick_need_by(anytime: str, trigger: str, t0: float, patience_s: float, for_
     return need_by
 
 
+def retry_share(found: bool, trigger: str, as_asked: bool, ctl: ControlSettings) -> float | None:
+    """The share of every app's demand a re-plan that found no plan at all (neither quick nor
+    exact: the planner's answer near and above the node's capacity, or a planner error) is asked
+    again at (``control.unplanned_retry_share``), or None: not again (an operator's re-plan, or
+    one asked as given, is asked once). Why: on day 0 of traffic_analysis the spike's re-plans for
+    1535-1554 req/s (95-97% of the node's capacity) found nothing in 4.6-4.9 s, twice, and bins
+    115-116 met the spike on the 15-slice plan (171 violations in bin 116), while a plan for 85% of
+    that is found in 0.3 s."""
+    share = ctl.unplanned_retry_share
+    return None if found or share <= 0 or trigger == "admin" or as_asked else share
+
+
 # ---- each app's part -----------------------------------------------------------------------------
 
 
@@ -281,6 +296,46 @@ def looks_beside(run: Plan, demand_rps: float, ctl: ControlSettings, extended_fi
     """Whether ``for_needed`` can choose anything but ``any`` (so the controller places the plan
     beside what runs first)."""
     return ctl.place_needed_beside or extended_first or spike(run, demand_rps, ctl)
+
+
+@dataclass(frozen=True)
+class Asks:
+    """What the making-room policy asks the rate about a needed plan pushed now (``asks``)."""
+
+    still_needed: bool = False  # whether the rate still needs the plan (before a wait or drain-first)
+    after_bin: int | None = None  # ... asked only once this bin has ended
+    outgrown_rps: float | None = None  # while it waits: whether the arrivals outgrew this rate
+
+
+def asks(trigger: str, for_bin: int | None, planned_rps: float, asked_rps: float,
+         ctl: ControlSettings) -> Asks:
+    """For a needed plan of a re-plan of ``trigger`` (for bin ``for_bin``), planned for
+    ``planned_rps`` when asked for ``asked_rps``: whether the making-room policy asks the rate
+    whether it still needs the plan, and whether the arrivals have outgrown it. An operator's plan
+    is pushed as asked (never asked).
+
+    Still needed: a plan of the rate trigger, which was sized to the rate, at once; a plan of a
+    bin's re-plan once the bin it was planned for has ended (before then it may be for a spike the
+    predictor saw ahead of the rate). Why a bin's plan too: at social_media's spike of bin 156 the
+    predictor's plan for bin 157 (6101 req/s) was refused, its quick plan waited 10.5 s for drains
+    and drained 11 running instances first, and switched 18.6 s after it was decided, in bin 160,
+    at 1356 req/s on a running plan for 3649: the interim plan shed 99 requests (44.6% of the bin).
+
+    Outgrown (``control.end_wait_outgrown_above``; against the larger of the two rates): not for a
+    plan capped below the demand it was asked for (at the node's capacity, an extension over
+    draining slots): it is the most that fits, and a re-plan for a higher rate gives the same cap.
+    Abandoning such plans re-planned the same plan, first when asked against what the plan plans
+    (day 0 of social_media, bin 73: an extension for 6261 of 7792 req/s), then against the demand
+    it was asked for (the same bin in a later run: an extension for 5206 of 5472 req/s abandoned at
+    7119, whose re-plan for 7475 brought one for 5212 2.6 s later, 92 requests shed at the door
+    meanwhile)."""
+    if trigger == "admin":
+        return Asks()
+    still = trigger == "rate" or (trigger == "bin" and for_bin is not None)
+    after = for_bin if trigger == "bin" else None
+    capped = planned_rps < asked_rps * (1 - CAPPED_BELOW)
+    outgrown = None if ctl.end_wait_outgrown_above <= 0 or capped else max(asked_rps, planned_rps)
+    return Asks(still, after, outgrown)
 
 
 def trim_frees(run: Plan, smaller: Plan, min_frees: int) -> bool:

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from jigsaw.control.deployment import EXTEND_FIRST_MIN_GAIN, for_needed, looks_beside, trim_frees
+from jigsaw.control.deployment import EXTEND_FIRST_MIN_GAIN, asks, for_needed, looks_beside, trim_frees
 from jigsaw.control.transition import Need
 from jigsaw.gpu.layout import NodeLayout
 from jigsaw.node import Node
@@ -25,9 +25,6 @@ from jigsaw.runtime.placement import Beside
 if TYPE_CHECKING:
     from jigsaw.control.controller import AppController, ControllerStats, DataPlane
 
-# a plan that plans less than its asked demand by more than this share is capped at what fits
-# (rounding in a plan's rates is not a cap)
-CAPPED_BELOW = 1e-3
 
 
 class BesidePlaced(NamedTuple):
@@ -111,55 +108,19 @@ class NeededPlans:
     def _need_reader(self, c: AppController, plan: Plan, asked_rps: float, holds: bool) -> Callable[[], Need]:
         """What the making-room policy reads of a plan of ``c``'s app pushed now, at each of its
         decisions (``transition.Need``): ``holds`` (the running plan holds the demand: the plan is
-        better, not needed), whether the rate still needs it (``_recheck``), whether the arrivals
-        outgrew it (``_outgrown``) and the least plan the headroom rule kept out."""
+        better, not needed), and, where the deployment policy asks the rate (``deployment.asks``),
+        whether it still needs the plan (``AppController.still_needed``) and whether the arrivals
+        outgrew it (``AppController.outgrows``); and the least plan the headroom rule kept out."""
         if holds:
             return lambda: Need(needed=False)
-        still = self._recheck(c, False)
-        grown = self._outgrown(c, plan, asked_rps, False)
-        return lambda: Need(True, still is None or still(), grown is not None and grown(),
-                            self._headroom_kept.get(c.name))
+        q = asks(self._trigger, self._for_bin, plan.planned_rps, asked_rps, self.node.control)
 
-    def _recheck(self, c: AppController, holds: bool) -> Callable[[], bool] | None:
-        """How a plan of ``c``'s app pushed now is asked again, before a drain-first of the app's
-        running instances, whether the rate still needs it (``AppController.still_needed``), or
-        None (never asked): a needed plan of the rate trigger, which was sized to the rate, is
-        asked at once; a needed plan of a bin's re-plan once the bin it was planned for has ended
-        (before then it may be for a spike the predictor saw ahead of the rate); an operator's
-        plan is pushed as asked.
-
-        Why a bin's plan too: at social_media's spike of bin 156 the predictor's plan for bin 157
-        (6101 req/s) was refused, its quick plan waited 10.5 s for drains and drained 11 running
-        instances first, and switched 18.6 s after it was decided, in bin 160, at 1356 req/s on
-        a running plan for 3649: the interim plan shed 99 requests (44.6% of the bin)."""
-        if holds or self._trigger == "admin":
-            return None
-        if self._trigger == "rate":
-            return c.still_needed
-        if self._trigger != "bin" or self._for_bin is None:
-            return None
-        for_bin = self._for_bin
-        return lambda: self.bin_index <= for_bin or c.still_needed()
-
-    def _outgrown(self, c: AppController, plan: Plan, asked_rps: float,
-                  holds: bool) -> Callable[[], bool] | None:
-        """How a needed plan of ``c``'s app that waits for the drains in its way is asked whether
-        the arrivals have outgrown it (``AppController.outgrows``), or None: a plan the running
-        one holds the demand for is better, not needed, and an operator's is pushed as asked.
-
-        Not at all for a plan capped below the demand it was asked for (at the node's capacity,
-        an extension over draining slots): it is the most that fits, and a re-plan for a higher
-        rate gives the same cap. Abandoning such plans re-planned the same plan, first when asked
-        against what the plan plans (day 0 of social_media, bin 73: an extension for 6261 of 7792
-        req/s), then against the demand it was asked for (the same bin in a later run: an
-        extension for 5206 of 5472 req/s abandoned at 7119, whose re-plan for 7475 brought one for
-        5212 2.6 s later, 92 requests shed at the door meanwhile)."""
-        if holds or self._trigger == "admin" or self.node.control.end_wait_outgrown_above <= 0:
-            return None
-        if plan.planned_rps < asked_rps * (1 - CAPPED_BELOW):
-            return None
-        asked = max(asked_rps, plan.planned_rps)  # a plan for more (the burst floor): against that
-        return lambda: c.outgrows(asked)
+        def read() -> Need:
+            still = not q.still_needed or (q.after_bin is not None and self.bin_index <= q.after_bin) \
+                or c.still_needed()
+            grown = q.outgrown_rps is not None and c.outgrows(q.outgrown_rps)
+            return Need(True, still, grown, self._headroom_kept.get(c.name))
+        return read
 
     async def _needed_beside(self, name: str, plan: Plan, demand_rps: float, fresh: frozenset[str],
                              source: str) -> tuple[BesidePlaced | None, bool]:
