@@ -33,7 +33,8 @@ class Problem:
     factors: Factors | None = None
     profiles: ProfileTable | None = None  # what the columns came from (the verifier needs it)
     # what the planner derives from the fields above alone (never from a demand), kept: a warm
-    # solver process's quick plan then skips rebuilding it (``anytime``); never changed once set
+    # solver process's quick plan then skips rebuilding it (``anytime``); never changed once set,
+    # but for the app's curve (``curves.Curve``: facts about its budgets, which only grows)
     derived: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
 
