@@ -64,7 +64,15 @@ from jigsaw.plan import Plan
 from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime import reconfig_metrics
 from jigsaw.runtime.app_loading import AppLoading
-from jigsaw.runtime.applied import READY_TIMEOUT_S, Applied, Deferred, DesiredState, DrainRefused, Router
+from jigsaw.runtime.applied import (
+    READY_TIMEOUT_S,
+    Applied,
+    Deferred,
+    DesiredState,
+    DrainRefused,
+    Placed,
+    Router,
+)
 from jigsaw.runtime.drains import Drains
 from jigsaw.runtime.fault_sink import WorkerFaults
 from jigsaw.runtime.forkserver import Launcher
@@ -76,8 +84,8 @@ from jigsaw.runtime.spares import SparePool
 from jigsaw.runtime.transitions import ManagerTransition
 
 # the names callers import from here
-__all__ = ["DRAINING", "Applied", "Beside", "DesiredState", "DrainRefused", "GenerationManager", "Router",
-           "kept_processes", "same_instances", "without_instances"]
+__all__ = ["DRAINING", "Applied", "Beside", "DesiredState", "DrainRefused", "GenerationManager", "Placed",
+           "Router", "kept_processes", "same_instances", "without_instances"]
 
 FAULT_ENV = "JIGSAW_EMULATED_NVML_FAULT"
 MPS_CONTROL_ENV = "JIGSAW_MPS_CONTROL"  # the MPS control binary (on an emulated node: a stand-in script)
@@ -394,13 +402,17 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         return Applied(old.gid, old.gid, False, time.monotonic() - t0, processes=n, kept=n)
 
     def _place_desired(self, desired: DesiredState, old_gid: int) -> tuple[NodeLayout | None, Plan] | Applied:
-        """The node layout with the app on its new plan, and the plan laid out: beside everything
-        that runs and drains when the controller asked so and it still fits there, else as any
-        plan; an ``Applied`` naming why when it does not fit at all."""
+        """The node layout with the app on its new plan, and the plan laid out: where the decider
+        placed it while the node is the one it saw (``Placed``), else beside everything that runs
+        and drains when it asked so and the plan still fits there, else as any plan; an ``Applied``
+        naming why when it does not fit at all."""
         app, new = desired.app, desired.plan
         beside = self.beside() if desired.beside else None
         if beside is not None and desired.over_draining:
             beside = beside.serving_only()
+        placed = desired.placed
+        if placed is not None and beside is not None and placed.seen == beside:
+            return placed.layout, new
         got = beside.place(app, new) if beside is not None else None
         if beside is not None and got is None:  # the node changed since the controller looked
             self.log(f"{app}: the new plan no longer fits beside what runs and drains; placed as any plan")
