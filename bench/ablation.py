@@ -60,8 +60,8 @@ MECHANISMS = {
     "rate_replan": "control.replan_on_rate=false",
     # a drain-first waits for its running generation's unanswered requests the whole SLO, not a share
     "short_drain_first": "control.drain_wait_slo=1",
-    # a needed plan the runtime refused (a drain-first with no lane left, slots of drains) is followed
-    # by the re-plan's quick plan, which keeps the running instances
+    # a needed plan the making-room policy refused (a drain-first with no lane left, slots of
+    # drains) is followed by the re-plan's quick plan, which keeps the running instances
     "quick_after_refusal": "control.quick_after_refusal=false",
     # a solve that overruns its limit is killed after a bin of grace, not 30 s
     "solver_grace_bins": "control.solver_grace_bins=0",

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from jigsaw.control.controller import RATE_JUMP_MAX, AppController, NodeController, poisson_tail
-from jigsaw.control.predictor import burst_floor_rps
+from jigsaw.control.predictor import MeanSlackPredictor, Predictor, SpikeProfilePredictor, burst_floor_rps
 from jigsaw.control.transition import Need
 from jigsaw.node import Node, load_node
 from jigsaw.plan import NodePlan, Plan, PlanInstance
@@ -516,6 +516,32 @@ def test_the_rate_trigger_reads_the_recent_window_not_the_whole_bin() -> None:
         assert asked and asked[0][TA] > 15.0, asked
 
     asyncio.run(go())
+
+
+def test_the_rate_trigger_asks_the_predictor_what_the_rise_comes_to() -> None:
+    # ten bins at 10 rps, then 25 rps arriving: the paper's mean plans for the rate (+ slack); the
+    # spike profile reads a spike begun within the bin and plans for the level it implies (twice
+    # the rise over its base: 40 rps), at most RATE_JUMP_MAX x the last bin
+    asked: dict[str, float] = {}
+    predictors: dict[str, Predictor] = {"mean": MeanSlackPredictor(5, 0.05),
+                                        "profile": SpikeProfilePredictor(5, 0.05)}
+    for name, predictor in predictors.items():
+        solver = _per_app(lambda a, d: _plan(d, [], app=a))
+
+        async def go(p: Predictor = predictor, key: str = name, s: Solve = solver) -> None:
+            c, fe = _controller(s)
+            _app(c).predictor = p
+            _app(c).history_rps.extend([10.0] * 10)
+            c.bin_start = time.monotonic() - 10.0
+            fe.bins[TA].arrivals = 125  # 12.5/s x time scale 2 = 25 rps against the 10 the plan holds
+            c._check_early()
+            assert c._replan_task is not None
+            await c._replan_task
+            asked[key] = s.asked[0][TA]  # type: ignore[attr-defined]
+
+        asyncio.run(go())
+    assert asked["mean"] == pytest.approx(25.0 * 1.05, rel=0.02)
+    assert asked["profile"] == pytest.approx(40.0 * 1.05, rel=0.02)
 
 
 # ---- the node-wide decision ----------------------------------------------------------------------
@@ -1360,9 +1386,10 @@ def test_a_needed_plan_that_needs_the_running_slots_goes_out_as_the_running_plan
 
 
 def test_a_needed_plan_that_fits_beside_what_runs_is_placed_there_a_better_one_as_any() -> None:
-    # a needed plan whose new instances fit on free slots is pushed to be placed beside what runs
-    # and drains (no drain waited for); with place_needed_beside off, or for a plan that is only
-    # better (the running one holds the demand), it is placed as any plan
+    # a needed plan whose new instances fit on free slots is pushed placed beside what runs and
+    # drains (no drain waited for), with the placement and the node it was made on (the runtime
+    # takes it as it is while that node is unchanged: placed once); with place_needed_beside off,
+    # or for a plan that is only better (the running one holds the demand), it is placed as any plan
     app, profiles, (small,) = _ar_plans(230.0)
     running = _spread(small)
     grown = extend_in_place(app, load_node(NODE), profiles, {app.name: running}, 300.0,
@@ -1376,7 +1403,13 @@ def test_a_needed_plan_that_fits_beside_what_runs_is_placed_there_a_better_one_a
                                       place_needed_beside=on)
             await c.replan({app.name: demand}, trigger="rate")
             if demand > running.planned_rps:
-                assert plane.applied[0].plan is grown and plane.applied[0].beside is beside, on
+                pushed = plane.applied[0]
+                assert pushed.plan.instances == grown.instances and pushed.beside is beside, on
+                if beside:
+                    assert pushed.placed is not None and pushed.placed.seen == _beside_of({app.name: running})
+                    assert pushed.plan.layout == pushed.placed.layout.app_layout(app.name)
+                else:
+                    assert pushed.plan is grown and pushed.placed is None
             else:  # kept (settle) or pushed as a better plan: placed as any
                 assert not any(d.beside for d in plane.applied)
         assert load_node(NODE).control.place_needed_beside  # on by default
