@@ -190,11 +190,12 @@ def _precomputed(args: argparse.Namespace, apps: list, node, profiles) -> list:
         secs = time.perf_counter() - t0
         if saved is not None:
             saved.write_text(json.dumps({"seconds": secs, "facts": [f.to_json() for f in facts]}))
-    print(f"precompute: {len(facts)} capacity solves (every slice budget of every app, "
+    print(f"precompute: {len(facts)} capacity solves (every slice budget of every app, with all "
+          "slots and with its share, "
           f"{args.precompute_limit:g} s each at most, then {args.precompute_rounds - 1} more rounds on "
           f"the unproven, {budget_curve.DEEPEN}x longer each) in {secs:.1f} s, load {_loadavg()}:")
     for a in apps:
-        last = {f.slices: f for f in facts if f.app == a.name}  # each budget's last solve
+        last = {(f.slices, f.slots): f for f in facts if f.app == a.name}  # each budget's last solve
         mine = list(last.values())
         proven = sum(f.status == "optimal" for f in mine)
         gaps = [f.bound_rps / f.plan.planned_rps - 1 for f in mine

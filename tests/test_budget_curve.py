@@ -97,9 +97,12 @@ def test_the_solver_process_precompute_fills_the_curves_from_forked_steps(one_gp
     node, profiles = one_gpu
     pb = _pb(node, profiles)
     pre = Precompute([pb], node, solver="highs", step_limit_s=10)
-    assert [(k, s) for _, k, s in pre.todo] == [(k, 10) for k in range(7, 0, -1)]
-    _run(pre, 120)
-    assert not pre.todo and pre.done == 7
+    # every slice budget with all 8 slots, and below 7 slices with their share of them
+    assert [(k, m, s) for _, k, m, s in pre.todo][:5] == [(7, None, 10), (6, None, 10), (6, 6, 10),
+                                                         (5, None, 10), (5, 5, 10)]
+    assert len(pre.todo) == 13
+    _run(pre, 240)
+    assert not pre.todo and pre.done == 13
     curve = curves.curve_of(pb)
     assert curve.served and curve.refuted
     # more slices serve more: the stored plans' front rises with the budget
@@ -117,7 +120,7 @@ def test_a_request_kills_the_running_step_which_runs_again_later(one_gpu) -> Non
     pre.cancel()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
-    assert pre.fd is None and len(pre.todo) == 7 and pre.done == 0
+    assert pre.fd is None and len(pre.todo) == 13 and pre.done == 0
     assert not curves.curve_of(pb).served
 
 
@@ -133,21 +136,21 @@ def test_an_unproven_step_runs_again_longer_once_the_rest_is_done(one_gpu, monke
     pb = _pb(node, profiles)
     seen: list[float] = []
 
-    def stopped(pb_, node_, k, *, solver, time_limit_s):  # runs in the forked child
-        return budget_curve.BudgetFact(pb_.app.name, k, None, 100.0 * k, "feasible", time_limit_s)
+    def stopped(pb_, node_, k, m, *, solver, time_limit_s):  # runs in the forked child
+        return budget_curve.BudgetFact(pb_.app.name, k, m, None, 100.0 * k, "feasible", time_limit_s)
 
     monkeypatch.setattr(budget_curve, "budget_capacity", stopped)
     pre = Precompute([pb], node, solver="highs", step_limit_s=budget_curve.MAX_STEP_S / budget_curve.DEEPEN)
-    for _ in range(7):
+    for _ in range(13):
         pre.start()
-        seen.append(pre.todo[0][2])
+        seen.append(pre.todo[0][3])
         _run_one(pre)
     # every budget once, each queued again DEEPEN times longer (that reaches the most a step takes)
-    assert pre.done == 7 and seen == [budget_curve.MAX_STEP_S / budget_curve.DEEPEN] * 7
-    assert [s for _, _, s in pre.todo] == [budget_curve.MAX_STEP_S] * 7
-    for _ in range(7):
+    assert pre.done == 13 and seen == [budget_curve.MAX_STEP_S / budget_curve.DEEPEN] * 13
+    assert [s for *_, s in pre.todo] == [budget_curve.MAX_STEP_S] * 13
+    for _ in range(13):
         _run_one(pre)
-    assert not pre.todo and pre.done == 14
+    assert not pre.todo and pre.done == 26
     # only bounds were stored: every rate above 100 x k refuted on k slices, nothing served
     curve = curves.curve_of(pb)
     assert not curve.served and curve.refuted_at(100.0 * 7 + 1) and not curve.refuted_at(99.0)

@@ -30,8 +30,8 @@ class Precompute:
     def __init__(self, pbs: Sequence[Problem], node: Node, *, solver: str,
                  step_limit_s: float = budget_curve.STEP_LIMIT_S) -> None:
         self.pbs, self.node, self.solver, self.step_limit_s = list(pbs), node, solver, step_limit_s
-        # (app index, slice budget, seconds): every budget, then the unproven again, longer
-        self.todo = [(i, k, step_limit_s) for i, k in budget_curve.steps(self.pbs, node)] \
+        # (app index, slices, slots, seconds): every budget, then the unproven again, longer
+        self.todo = [(i, k, m, step_limit_s) for i, k, m in budget_curve.steps(self.pbs, node)] \
             if step_limit_s > 0 else []
         self.done = 0
         self._pid: int | None = None
@@ -42,7 +42,7 @@ class Precompute:
         """Fork the next step's child unless one runs or none is left."""
         if self._pid is not None or not self.todo:
             return
-        i, k, limit_s = self.todo[0]
+        i, k, m, limit_s = self.todo[0]
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: one solve, its answer, gone (never back into the caller)
@@ -50,7 +50,7 @@ class Precompute:
             try:
                 os.close(r)
                 os.nice(19)  # idle work: the serving processes and the next plan come first
-                fact = budget_curve.budget_capacity(self.pbs[i], self.node, k, solver=self.solver,
+                fact = budget_curve.budget_capacity(self.pbs[i], self.node, k, m, solver=self.solver,
                                                     time_limit_s=limit_s)
                 data = memoryview(json.dumps(fact.to_json()).encode())
                 while data:
@@ -69,7 +69,7 @@ class Precompute:
         self._buf += chunk
         if chunk and len(self._buf) <= MAX_FACT_BYTES:
             return
-        i, k, limit_s = self.todo.pop(0)  # answered or failed (too long: dropped): not tried again
+        i, k, m, limit_s = self.todo.pop(0)  # answered or failed (too long: dropped): not tried again
         data = b"" if chunk else bytes(self._buf)
         self._reap(kill=bool(chunk))
         with contextlib.suppress(ValueError, KeyError, TypeError):
@@ -79,7 +79,7 @@ class Precompute:
                 self.done += 1
                 longer = limit_s * budget_curve.DEEPEN
                 if fact.status != "optimal" and longer <= budget_curve.MAX_STEP_S:
-                    self.todo.append((i, k, longer))  # its bound tightened once the rest is done
+                    self.todo.append((i, k, m, longer))  # its bound tightened once the rest is done
 
     def cancel(self) -> None:
         """Kill the running step (it runs again later)."""
