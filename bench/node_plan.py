@@ -177,23 +177,24 @@ def _precomputed(args: argparse.Namespace, apps: list, node, profiles) -> list:
     pbs = [make_problem(a, node, profiles, sp, None) for a in apps]
     t0 = time.perf_counter()
     saved = Path(args.precompute_file) if args.precompute_file else None
-    if saved is not None and saved.exists():  # an earlier run's facts (its time as it was measured)
+    read = saved is not None and saved.exists()
+    if saved is not None and read:  # an earlier run's facts (its time as it was measured)
         doc = json.loads(saved.read_text())
         facts = [budget_curve.BudgetFact.from_json(f) for f in doc["facts"]]
         for f in facts:
             budget_curve.apply(pbs[[a.name for a in apps].index(f.app)], node, f)
-        secs = float(doc["seconds"])
-        print(f"(precompute facts read from {saved}, as measured then)")
+        secs = float(doc["seconds"])  # as measured when they were computed
     else:
         facts = budget_curve.precompute(pbs, node, solver=args.solver, time_limit_s=args.precompute_limit,
                                         rounds=args.precompute_rounds)
         secs = time.perf_counter() - t0
         if saved is not None:
             saved.write_text(json.dumps({"seconds": secs, "facts": [f.to_json() for f in facts]}))
+    how = "read from the file" if read else (
+        f"{args.precompute_limit:g} s each at most, then {args.precompute_rounds - 1} more rounds on "
+        f"the unproven, {budget_curve.DEEPEN}x longer each")
     print(f"precompute: {len(facts)} capacity solves (every slice budget of every app, with all "
-          "slots and with its share, "
-          f"{args.precompute_limit:g} s each at most, then {args.precompute_rounds - 1} more rounds on "
-          f"the unproven, {budget_curve.DEEPEN}x longer each) in {secs:.1f} s, load {_loadavg()}:")
+          f"slots and with its share; {how}) in {secs:.1f} s, load {_loadavg()}:")
     for a in apps:
         last = {(f.slices, f.slots): f for f in facts if f.app == a.name}  # each budget's last solve
         mine = list(last.values())
