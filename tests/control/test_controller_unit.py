@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from jigsaw.control.controller import RATE_JUMP_MAX, AppController, NodeController, poisson_tail
-from jigsaw.control.predictor import burst_floor_rps
+from jigsaw.control.predictor import MeanSlackPredictor, Predictor, SpikeProfilePredictor, burst_floor_rps
 from jigsaw.control.transition import Need
 from jigsaw.node import Node, load_node
 from jigsaw.plan import NodePlan, Plan, PlanInstance
@@ -516,6 +516,32 @@ def test_the_rate_trigger_reads_the_recent_window_not_the_whole_bin() -> None:
         assert asked and asked[0][TA] > 15.0, asked
 
     asyncio.run(go())
+
+
+def test_the_rate_trigger_asks_the_predictor_what_the_rise_comes_to() -> None:
+    # ten bins at 10 rps, then 25 rps arriving: the paper's mean plans for the rate (+ slack); the
+    # spike profile reads a spike begun within the bin and plans for the level it implies (twice
+    # the rise over its base: 40 rps), at most RATE_JUMP_MAX x the last bin
+    asked: dict[str, float] = {}
+    predictors: dict[str, Predictor] = {"mean": MeanSlackPredictor(5, 0.05),
+                                        "profile": SpikeProfilePredictor(5, 0.05)}
+    for name, predictor in predictors.items():
+        solver = _per_app(lambda a, d: _plan(d, [], app=a))
+
+        async def go(p: Predictor = predictor, key: str = name, s: Solve = solver) -> None:
+            c, fe = _controller(s)
+            _app(c).predictor = p
+            _app(c).history_rps.extend([10.0] * 10)
+            c.bin_start = time.monotonic() - 10.0
+            fe.bins[TA].arrivals = 125  # 12.5/s x time scale 2 = 25 rps against the 10 the plan holds
+            c._check_early()
+            assert c._replan_task is not None
+            await c._replan_task
+            asked[key] = s.asked[0][TA]  # type: ignore[attr-defined]
+
+        asyncio.run(go())
+    assert asked["mean"] == pytest.approx(25.0 * 1.05, rel=0.02)
+    assert asked["profile"] == pytest.approx(40.0 * 1.05, rel=0.02)
 
 
 # ---- the node-wide decision ----------------------------------------------------------------------

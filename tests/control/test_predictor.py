@@ -11,6 +11,7 @@ from jigsaw.control.predictor import (
     SpikeProfilePredictor,
     burst_floor_rps,
     make_predictor,
+    rise_rps,
 )
 
 
@@ -120,6 +121,14 @@ def test_two_jumps_in_three_cycles_are_not_a_pattern() -> None:
     assert p.predict(history) == pytest.approx(100.0)
     loose = SpikeProfilePredictor(5, 0.0, hit_share=0.6)
     assert loose.predict(history) == pytest.approx(400.0)
+
+
+def test_a_rise_within_the_bin_is_read_as_a_spike_only_past_a_jump() -> None:
+    p = SpikeProfilePredictor(5, 0.05)
+    flat = [10.0] * 10
+    assert rise_rps(p, flat, 14.0, 0.05) == pytest.approx(14.0)  # 1.4x the bin before: the rate itself
+    assert rise_rps(p, flat, 25.0, 0.05) == pytest.approx(40.0)  # a jump: the level it implies
+    assert rise_rps(MeanSlackPredictor(5, 0.05), flat, 25.0, 0.05) == pytest.approx(25.0)
 
 
 def test_make_predictor_by_name() -> None:

@@ -84,7 +84,7 @@ from jigsaw.control.deployment import (
     short_of_gain,
 )
 from jigsaw.control.needed import BesidePlaced, NeededPlans
-from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor
+from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor, rise_rps
 from jigsaw.control.solver import solve_node
 from jigsaw.control.transition import NEEDED, KeepRunning, MakeRoom, Need, RoomPolicy, transit
 from jigsaw.errors import JigsawError
@@ -471,6 +471,9 @@ class AppController:
         # plan would let one misread raise the next cap with it
         base_rps = self.history_rps[-1] if self.history_rps and self.history_rps[-1] > 0 else holds_rps
         demand = min(max(recent_rps, so_far), RATE_JUMP_MAX * base_rps)
+        if trigger == "rate":  # the predictor's reading of the rise: a spike's level, not its onset
+            demand = min(rise_rps(self.predictor, self.history_rps, demand, slack - 1.0),
+                         RATE_JUMP_MAX * base_rps)
         return trigger, why, max(demand, floor_rps) * slack
 
     def significant(self, count: int, rate_rps: float, holds_rps: float, *, grown: bool = False) -> bool:

@@ -39,7 +39,8 @@ from jigsaw.planner.anytime import (
 )
 from jigsaw.planner.decompose import app_layout
 from jigsaw.planner.diagnose import why_none_together
-from jigsaw.planner.packer import InstanceRequest, PackingError, pack
+from jigsaw.planner.groups import pack_node
+from jigsaw.planner.packer import InstanceRequest, PackingError
 from jigsaw.planner.problem import Factors, Problem, make_problem
 from jigsaw.planner.scaled import SCALE_TOLERANCE, ScaleResult, max_scale
 from jigsaw.planner.verify import verify_plan
@@ -96,8 +97,7 @@ def _pack_node(plans: Mapping[str, Plan], node: Node, previous: NodePlan | None)
     prev = previous.layout if previous is not None else None
     if prev is not None and prev.gpu_model != node.gpu.name:
         prev = None
-    return _decoded(pack(_requests(plans), node.gpu, node.num_gpus,
-                         _encoded(prev) if prev is not None else None))
+    return _decoded(pack_node(_requests(plans), node, _encoded(prev) if prev is not None else None))
 
 
 def _pack_within(plans: Mapping[str, Plan], node: Node, previous: NodePlan | None) -> Layout | None:

@@ -54,14 +54,8 @@ from typing import Any
 from jigsaw.app import App
 from jigsaw.backends.registry import BackendKind
 from jigsaw.errors import JigsawError
-from jigsaw.gpu.layout import (
-    NodeInstance,
-    NodeLayout,
-    empty_layout,
-    from_app_layouts,
-    place_app,
-    validate_node_layout,
-)
+from jigsaw.gpu.groups import GroupsApplier, place_on, validate_on, whole_gpus
+from jigsaw.gpu.layout import NodeInstance, NodeLayout, empty_layout, from_app_layouts
 from jigsaw.gpu.mps import MpsManager, node_mps
 from jigsaw.gpu.nvml import MigApplier
 from jigsaw.gpu.partition import MigPartition, overlaps
@@ -195,19 +189,26 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         self.partition: MigPartition | None = None
         self._fault = ""
         if self.node_layout is not None and (backend.emulated or backend.on_gpus(node.gpu.kind)):
-            if nvml is None and backend.emulated:
-                from jigsaw.gpu.emulated_nvml import EmulatedNvml
-
-                nvml = EmulatedNvml(node.gpu, node.num_gpus)
+            emulated = nvml is None and backend.emulated
+            if emulated:
                 self._fault = os.environ.get(FAULT_ENV, "")
-            self.partition = MigPartition(node.gpu, node.num_gpus, MigApplier(node.gpu, nvml))
+            if node.is_mixed:  # several GPU groups: each group's MIG, whole GPUs as they are
+                applier: Any = GroupsApplier(node, nvml, emulated=emulated)
+            else:
+                if emulated:
+                    from jigsaw.gpu.emulated_nvml import EmulatedNvml
+
+                    nvml = EmulatedNvml(node.gpu, node.num_gpus)
+                applier = MigApplier(node.gpu, nvml)
+            self.partition = MigPartition(node.gpu, node.num_gpus, applier)
             self.node_layout = self.partition.adopt()  # idle instances: placed apps reuse them
         # one MPS control daemon per MIG instance (or whole GPU: ``WholeGpus``) of MPS level k > 1,
         # in a private run directory (``gpu/mps.py`` ``node_mps``; a stand-in: ``JIGSAW_MPS_CONTROL``)
         mps, gpus = node_mps(
             node.gpu, node.num_gpus, self.run_dir / "mps", emulated=backend.emulated,
             on_gpus=backend.needs_gpu, partitioned=self.partition is not None,
-            binary=os.environ.get(MPS_CONTROL_ENV, ""))
+            binary=os.environ.get(MPS_CONTROL_ENV, ""), whole_gpus=whole_gpus(node) if node.is_mixed else (),
+            whole_hosts=tuple(node.host_index(i) for i in whole_gpus(node)) if node.is_mixed else ())
         self.mps_daemons = MpsDaemons(mps, self.log, gpus)
 
     def _seed_layout(self, plans: list[tuple[App, Plan]]) -> None:
@@ -221,7 +222,7 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         if not laid or len(laid) != len(plans):
             return
         seed = from_app_layouts(gpu.name, self.node.num_gpus, laid)
-        if not validate_node_layout(seed, gpu):
+        if not validate_on(seed, gpu):
             self.node_layout = seed
 
     def place(self, app: str, plan: Plan) -> tuple[NodeLayout | None, Plan]:
@@ -231,8 +232,8 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         if self.node_layout is None:
             return None, plan
         gpu = self.node.gpu
-        desired = place_app(self.node_layout, app, instances_from_plan(plan), gpu, self.keep_usable)
-        problems = validate_node_layout(desired, gpu)
+        desired = place_on(self.node_layout, app, instances_from_plan(plan), gpu, self.keep_usable)
+        problems = validate_on(desired, gpu)
         if problems:  # place_app never does this; a guard, since an overlap would break a GPU
             raise PackingError(f"node layout would break the placement rules: {'; '.join(problems)}")
         return desired, dataclasses.replace(plan, layout=desired.app_layout(app))
