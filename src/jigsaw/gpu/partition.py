@@ -53,12 +53,15 @@ class PartitionStats:
 
 
 def overlaps(gpu: GpuModel, a: NodeInstance, b: NodeInstance) -> bool:
-    """Whether ``a`` needs what ``b`` holds: their MIG instances' slots overlap, except two shares of
-    one instance (``jigsaw.shares``), which need the same seat for that."""
+    """Whether ``a`` needs what ``b`` holds: their MIG instances' slots overlap, except within one
+    shared instance (``jigsaw.shares``): two shares of its level need the same seat for that (two
+    levels cannot share it), and a share lies in the instance itself (its partition's record)
+    without taking it."""
     if a.gpu != b.gpu:
         return False
-    if a.device_slot == b.device_slot and a.profile == b.profile and gpu.profile(a.profile).host:
-        return a.seat == b.seat
+    shares = bool(gpu.profile(a.profile).host) + bool(gpu.profile(b.profile).host)
+    if a.device_slot == b.device_slot and shares:
+        return shares == 2 and (a.profile != b.profile or a.seat == b.seat)
     return bool(slot_mask(gpu.device_profile(a.profile), a.start)
                 & slot_mask(gpu.device_profile(b.profile), b.start))
 
