@@ -391,7 +391,9 @@ def shares_gain(limit: float, solver: str | None, out_dir: Path) -> int:
                 got.append(cap)
             b, a = got[0].max_demand_rps, got[1].max_demand_rps
             gain = f"{a / b:.2f}x" if b > 0 else ("inf" if a > 0 else "-")
-            status = "/".join(c.status for c in got)
+            # an unproven capacity with the solver's bound: the figure lies between
+            status = "/".join(c.status if c.status == "optimal" or math.isnan(c.upper_bound_rps)
+                              else f"{c.status} (<= {c.upper_bound_rps:.1f})" for c in got)
             bad += any(c.status not in ("optimal", "feasible") for c in got)
             print(f"{label:<38} {app_name:<18} {b:>12.1f} {a:>10.1f} {gain:>7}  {status}")
     print("without rps 0 on one whole GPU: an app of several tasks needs a GPU per task without shares")

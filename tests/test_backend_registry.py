@@ -85,7 +85,7 @@ def test_gpu_workers_are_pinned_to_their_gpu_whatever_the_gpu_backend(
 
     kind = backend_kind(backend)
     assert kind.on_gpus(gpu_kind) == pinned
-    monkeypatch.setattr(generation, "gpu_devices", lambda: {(0, 0): "GPU-aaa", (1, 0): "GPU-bbb"})
+    monkeypatch.setattr(generation, "host_devices", lambda node: {(0, 0): "GPU-aaa", (1, 0): "GPU-bbb"})
     layout = Layout("H200", (GpuLayout(0, (PlacedInstance("whole", 0, "car", "efficientnet-b0", 0, 1, 32),)),
                              GpuLayout(1, (PlacedInstance("whole", 0, "car", "efficientnet-b0", 1, 1, 32),))))
     procs = [SimpleNamespace(task="car", variant="efficientnet-b0", mig_profile="whole", mps=1, max_batch=32)

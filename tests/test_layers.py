@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("vocabulary", ("jigsaw", "jigsaw.errors", "jigsaw.fields", "jigsaw.mig", "jigsaw.spaces",
                     "jigsaw.tensors", "jigsaw.profiles", "jigsaw.shares", "jigsaw.app", "jigsaw.plan",
-                    "jigsaw.node",
+                    "jigsaw.node", "jigsaw.gpu_groups",
                     "jigsaw.traces", "jigsaw.backends.registry", "jigsaw.models.catalog",
                     "jigsaw.models.repository")),
     ("planner and models", ("jigsaw.planner", "jigsaw.models")),

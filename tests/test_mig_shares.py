@@ -4,6 +4,7 @@ the verifier; the homogeneous segment stays a special case. On the example H100 
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +20,14 @@ from jigsaw.plan import GpuLayout, Layout
 from jigsaw.planner.layouts import layout_counts, maximal_layout_counts, placement_violations
 from jigsaw.planner.milp import plan
 from jigsaw.planner.node_plan import plan_node
-from jigsaw.planner.packer import InstanceRequest, changed_gpus, pack, validate_layout
+from jigsaw.planner.packer import (
+    InstanceRequest,
+    changed_gpus,
+    pack,
+    to_mig_parted_yaml,
+    to_nvidia_smi_commands,
+    validate_layout,
+)
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileRow, ProfileTable
 from jigsaw.shares import SHARE_INTERFERENCE, with_share_rows
@@ -101,6 +109,10 @@ def test_the_packer_lays_up_to_k_shares_into_one_instance_and_keeps_them() -> No
     assert sorted(len(s) for (_, n), s in by_instance.items() if n == "1g.10gb-1of4") == [1, 4]
     assert all(sorted(s) == list(range(len(s))) for s in by_instance.values())
     assert Counter(n for n, _ in layout.gpus[0].signature) == {"1g.10gb": 4, "3g.40gb": 1}
+    # what NVML is asked for: the instances, each once, of their profile
+    cmds = [c for c in to_nvidia_smi_commands(layout) if "-cgi" in c]
+    assert len(cmds) == 5 and not any("-1of" in c for c in cmds)
+    assert '"1g.10gb": 4' in to_mig_parted_yaml(layout) and "1of" not in to_mig_parted_yaml(layout)
     # the same shares again: every one keeps its instance and seat, nothing is repartitioned
     again = pack(list(reversed(asked)), H100, 1, layout)
     assert again == layout and changed_gpus(layout, again) == []
@@ -167,6 +179,11 @@ def test_an_apps_shares_take_the_free_seats_of_a_running_instance() -> None:
     assert not overlaps(H100, joined, other) and overlaps(H100, replace(joined, seat=0), other)
     assert joined.device_slot == other.device_slot == (0, 6, "1g.10gb") and joined.slot != other.slot
     assert new.as_device().profile == "1g.10gb"
+    # the instance itself (the partition's record) is where the share lies, not in its way; a share
+    # of another level at its start or an instance over its slot is
+    assert not overlaps(H100, joined, joined.as_device())
+    assert overlaps(H100, replace(joined, profile="1g.10gb-1of4"), other)
+    assert overlaps(H100, joined, NodeInstance(0, "2g.20gb", 6, "x"))
 
 
 def test_the_shares_of_a_kind_in_one_instance_are_distinct_processes(tmp_path: Path) -> None:
@@ -199,3 +216,42 @@ def test_the_shares_of_a_kind_in_one_instance_are_distinct_processes(tmp_path: P
     assert laid(free[0], 2).process_keys() == keys
     mine = {k for k in keys if k[0] == share.task and k[2] == share.mig_profile}
     assert len(mine) == 2 and not mine & set(laid(free[1], 3).process_keys())
+
+
+def test_a_plan_with_shares_survives_its_json_and_packs_without_its_node(tmp_path: Path, capsys) -> None:
+    """The plan file carries each share's seat; ``jigsaw pack`` without ``--node`` knows the shares
+    from the plan's profiles and asks NVML for their instances only."""
+    from jigsaw.cli import main
+    from jigsaw.plan import Plan
+
+    node = load_node(_node(tmp_path, count=1))
+    result = plan(node.app("traffic_analysis"), node, load_node_profiles(node), 40.0)
+    path = tmp_path / "plan.json"
+    path.write_text(result.to_json())
+    back = Plan.from_json_dict(json.loads(path.read_text()))
+    assert back.layout == result.layout and any(p.seat for g in back.layout.gpus for p in g.instances)
+    assert main(["pack", "--plan", str(path), "--format", "commands"]) == 0
+    cmds = [c for c in capsys.readouterr().out.splitlines() if "-cgi" in c]
+    assert cmds and not any("-1of" in c for c in cmds)
+    assert len(cmds) == len(result.layout.gpus[0].signature)
+
+
+def test_a_share_placed_beside_what_runs_sits_in_a_running_instances_free_seat() -> None:
+    """``Beside`` (a needed plan placed beside everything that runs and the partition's instances):
+    an app's new share takes the free seat of a running shared instance, whose MIG instance the
+    partition holds, with no drain and nothing created."""
+    from jigsaw.plan import Plan, PlanInstance
+    from jigsaw.runtime.placement import Beside
+
+    theirs = NodeInstance(0, "1g.10gb-1of2", 6, "other", "t", "v", 1, 8, 0, seat=0)
+    layout = NodeLayout(H100.name, 1, (theirs,))
+    share = PlanInstance(task="a", variant="va", mig_profile="1g.10gb-1of2", mps=1, max_batch=8, count=1,
+                         latency_ms=1.0, throughput_rps=1.0, slices=0.5)
+    mine = Plan(app="mine", space="ast", demand_rps=1.0, planned_rps=1.0, feasible=True,
+                max_demand_plan=False, status="optimal", objective=0.0, accuracy=1.0, slices_used=0.5,
+                slices_available=7, solve_seconds=0.0, gap=0.0, instances=[share])
+    got = Beside(layout, (theirs, theirs.as_device()), H100).place("mine", mine)
+    assert got is not None
+    placed, laid = got
+    assert [(i.start, i.seat) for i in placed.of_app("mine")] == [(6, 1)]
+    assert laid.layout is not None and validate_node_layout(placed, H100) == []

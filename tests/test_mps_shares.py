@@ -128,9 +128,7 @@ def test_jigsawd_refuses_a_plan_that_serves_nothing() -> None:
     _refuse_unserving(app, p)
 
 
-def test_a_gpus_array_of_one_group_loads_and_several_are_refused_clearly(tmp_path: Path) -> None:
-    from jigsaw.errors import ConfigError
-
+def test_a_gpus_array_of_one_group_loads_as_the_table_does(tmp_path: Path) -> None:
     text = (EXAMPLES / "l4x2.toml").read_text()
     text = text.replace("[gpus]", "[[gpus]]").replace('"apps/', f'"{EXAMPLES}/apps/')
     text = text.replace('"../profiles', f'"{EXAMPLES.parent}/profiles')
@@ -138,12 +136,9 @@ def test_a_gpus_array_of_one_group_loads_and_several_are_refused_clearly(tmp_pat
     one.write_text(text)
     node = load_node(one)
     assert node.gpu.name == "L4" and node.num_gpus == 2 and node.slices_available == 8
-    two = tmp_path / "two.toml"
-    two.write_text(text + '\n[[gpus]]\nmodel = "A100-40GB"\ncount = 2\n')
-    with pytest.raises(ConfigError) as err:
-        load_node(two)
-    assert err.value.field == "gpus" and "2 GPU groups (L4, A100-40GB)" in err.value.message
-    assert "--fleet" in err.value.message
+    table = load_node(EXAMPLES / "l4x2.toml")
+    assert not node.is_mixed and node.segment_types == table.segment_types
+    assert (node.gpu, node.profiles_dir) == (table.gpu, table.profiles_dir)
 
 
 def test_jigsaw_modeled_models_a_gpu_from_its_figures(tmp_path: Path) -> None:

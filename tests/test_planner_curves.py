@@ -148,3 +148,18 @@ def test_the_served_fraction_takes_the_next_choice_where_one_does_not_pack() -> 
     assert [s.rate_rps for s in chosen] == [300.0, 100.0]
     theta, chosen, _ = curves.served_theta([1000.0, 500.0], [a, b], room, pack)
     assert theta == pytest.approx(0.2) and [s.usage for s in chosen] == [(3, 4), (3, 4)]
+
+
+def test_the_served_fraction_bounds_its_packer_calls() -> None:
+    curves_ = [curves.Curve(), curves.Curve()]
+    curves_[0].add_plan(_plan(10.0), (1, 1), 10.0)
+    for k in range(1, 30):  # many fractions (more slots, more served), each fits the room by sum
+        curves_[1].add_plan(_plan(10.0 * k), (1, k), 10.0 * k)
+    calls = []
+
+    def never(plans):
+        calls.append(plans)
+        raise PackingError("never")
+
+    assert curves.served_theta([10.0, 290.0], curves_, (56, 64), never) is None
+    assert len(calls) == curves.MAX_PACKS

@@ -14,7 +14,7 @@ from jigsaw.backends.registry import MODEL_BACKENDS
 from jigsaw.errors import ConfigError, JigsawError
 from jigsaw.fields import parse_demands, read_toml
 from jigsaw.node import Node, load_node, load_node_profiles
-from jigsaw.plan import Plan, load_plan
+from jigsaw.plan import Layout, Plan, load_plan
 from jigsaw.spaces import SPACES
 
 
@@ -175,6 +175,7 @@ def cmd_import_profiles(args: argparse.Namespace) -> int:
     out = args.out
     if args.node:
         node = load_node(args.node)
+        _one_group(node, "import-profiles")
         segments = list(node.mig_profiles)
         variants = [v.name for a in node.apps for t in a.tasks for v in t.variants]
         out = out or node.profiles_dir
@@ -206,6 +207,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except ValueError:
         raise JigsawError(f"--batches: expected comma-separated integers, got {args.batches!r}") from None
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else []
+    if args.node and not args.inside:
+        _one_group(load_node(args.node, load_apps=False), "profile")
     if args.inside:
         from jigsaw.profiler import profile_inside
         if args.out is None:
@@ -231,6 +234,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+def _one_group(node: Node, command: str) -> None:
+    """``jigsaw profile`` and ``import-profiles`` write one GPU's rows: a node of several GPU
+    groups is refused, naming each group's directory."""
+    if node.is_mixed:
+        dirs = "; ".join(f"{g.name}: {g.profiles_dir}" for g in node.groups)
+        raise ConfigError(node.source, "gpus", f"{len(node.groups)} GPU groups: jigsaw {command} writes "
+                          f"one GPU's rows; run it per group (a node file of that group, or --out its "
+                          f"profiles_dir: {dirs})")
+
 
 def _node_and_app(args: argparse.Namespace) -> tuple[Node, App]:
     node = load_node(args.node)
@@ -321,7 +334,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print(f"{path}: app {name} will not be served: {why}", file=sys.stderr)
             if problems:
                 return 1
-            print(f"{path}: ok: node {node.name} ({node.num_gpus}x {node.gpu.name}, "
+            print(f"{path}: ok: node {node.name} ({node.gpus_text}, "
                   f"{len(node.apps)} apps, {len(table)} profile rows: {', '.join(sorted(table.sources))})")
         elif "tasks" in data:
             app = load_app(path)
@@ -460,7 +473,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
              f"{r.plan.slices_used}/{r.plan.slices_available}", f"{r.plan.accuracy:.3f}",
              r.status if r.status == "optimal" else f"lower bound (<= {r.upper_bound_rps:.2f})",
              f"{r.solve_seconds:.1f}"] for r in results]
-    print(f"capacity of {app.name} on {node.num_gpus}x {node.gpu.name}")
+    print(f"capacity of {app.name} on {node.gpus_text}")
     print(_table(rows, ["space", "max_rps", "vs_unopt", "slices", "accuracy", "status", "seconds"]))
     return 0
 
@@ -484,6 +497,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
     plan = load_plan(args.plan)
     previous = load_plan(args.previous).layout if args.previous else None
+    if args.node and load_node(args.node, load_apps=False).is_mixed:
+        return _pack_mixed(args, plan, previous)
     if args.node:
         node = load_node(args.node, load_apps=False)
         gpu, num_gpus = node.gpu, node.num_gpus
@@ -497,7 +512,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
             gpu = gpu_model(plan.gpu_model)
         except KeyError:
             if not whole:
-                raise ConfigError(args.plan, "gpu_model", f"unknown GPU model {plan.gpu_model!r}") from None
+                hint = ": a plan of a node of several GPU groups; give --node" \
+                    if "+" in plan.gpu_model else ""
+                raise ConfigError(args.plan, "gpu_model",
+                                  f"unknown GPU model {plan.gpu_model!r}{hint}") from None
             gpu = whole_gpu_model(plan.gpu_model, 0.0, 0)  # only the layout is asked for
         if whole:
             gpu = whole_gpu_model(gpu.name, gpu.memory_gb, gpu.sm_count, shares=shares)
@@ -516,6 +534,31 @@ def cmd_pack(args: argparse.Namespace) -> int:
     else:
         plan.layout = layout
         print(json.dumps(plan.to_json_dict()["layout"], indent=2))
+    return 0
+
+
+def _pack_mixed(args: argparse.Namespace, plan: Plan, previous: Layout | None) -> int:
+    """``jigsaw pack`` on a node of several GPU groups: one layout; the MIG groups' partitions
+    (their GPUs, plain profile names), the GPUs used whole left as they are."""
+    from jigsaw.planner.groups import mig_part, pack_node
+    from jigsaw.planner.packer import instances_from_plan, to_mig_parted_yaml, to_nvidia_smi_commands
+
+    node = load_node(args.node, load_apps=False)
+    layout = pack_node(instances_from_plan(plan), node, previous)
+    if args.format == "json":
+        plan.layout = layout
+        print(json.dumps(plan.to_json_dict()["layout"], indent=2))
+        return 0
+
+    whole = sorted(node.host_index(i) for g in node.groups if not g.model.mig for i in g.gpus)
+    if whole:
+        print(f"# GPUs {', '.join(map(str, whole))} are used whole: nothing to partition; keep MIG off "
+              "(nvidia-smi -i N -mig 0); GPU numbers are the host's")
+    part = mig_part(layout, node)
+    if args.format == "mig-parted":
+        print(to_mig_parted_yaml(part), end="")
+    else:
+        print("\n".join(to_nvidia_smi_commands(part, None if previous is None else mig_part(previous, node))))
     return 0
 
 

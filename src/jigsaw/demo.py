@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         node = load_node(args.node_config)
         profiles = load_node_profiles(node)
-        print(f"node {node.name}: {node.num_gpus}x {node.gpu.name}, {node.slices_available} slices, "
+        print(f"node {node.name}: {node.gpus_text}, {node.slices_available} slices, "
               f"profiles: {', '.join(sorted(profiles.sources))} ({profiles.source})\n")
         summary = []
         for app in node.apps:

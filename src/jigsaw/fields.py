@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic_core import PydanticUndefined
 
 from jigsaw.errors import ConfigError
 
@@ -272,6 +273,8 @@ def _type_name(annotation: Any) -> str:
 def _toml(value: Any) -> str:
     if value is None:
         return "(derived)"
+    if value is PydanticUndefined or value is Ellipsis:
+        return "(required)"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):

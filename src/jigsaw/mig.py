@@ -60,6 +60,9 @@ class GpuModel:
     mig: bool = True  # False: a whole GPU, no MIG (``whole_gpu_model``)
     fp16_tflops: float = 0.0  # dense FP16 tensor peak of the whole GPU (0: not given)
     memory_tb_s: float = 0.0  # memory bandwidth of the whole GPU, TB/s (0: not given)
+    # a node of several GPU groups (``jigsaw.gpu_groups.composite_model``): each group's model
+    # (profiles qualified by the group) and GPU count, in GPU order; empty for one GPU model
+    parts: tuple[tuple[GpuModel, int], ...] = ()
 
     @property
     def compute_slices(self) -> int:
@@ -187,13 +190,14 @@ def share_host(profile_name: str) -> str:
     """The MIG profile whose instance a share profile's processes sit in (``1g.10gb-1of2`` ->
     ``1g.10gb``); "" for a share of a whole GPU (its shares have slots of their own) or no share."""
     host = _split_share(profile_name)[0]
-    return "" if host == WHOLE_GPU else host
+    return "" if host.rpartition(":")[2] == WHOLE_GPU else host
 
 
 def gpu_share_level(profile_name: str) -> int:
-    """k of a share of a whole GPU (``gpu-1of4`` -> 4); 0 for any other profile."""
+    """k of a share of a whole GPU (``gpu-1of4`` -> 4, also qualified by its GPU group:
+    ``L4:gpu-1of4``); 0 for any other profile."""
     host, k = _split_share(profile_name)
-    return k if host == WHOLE_GPU else 0
+    return k if host.rpartition(":")[2] == WHOLE_GPU else 0
 
 
 MIG_SHARE_LEVELS = (2, 3, 4)

@@ -364,6 +364,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model the variants of this node's apps on its GPU, segments, MPS levels and "
                              "batch sizes, into its profiles_dir")
     parser.add_argument("--app", type=Path, default=None, help="model this app's variants (with --node)")
+    parser.add_argument("--group", default="", help="with a --node of several GPU groups: model this "
+                                                    "group only (default: each into its profiles_dir)")
     parser.add_argument("--variants", default="", help="comma-separated variant names (default: all)")
     parser.add_argument("--efficiency", type=float, default=0.10,
                         help="fraction of the FP16 peak a repository model reaches (default 0.10)")
@@ -376,56 +378,83 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.efficiency <= 1:
         raise JigsawError(f"--efficiency: expected a fraction in (0, 1], got {args.efficiency}")
     wanted = [v for v in args.variants.split(",") if v]
-    options: dict[str, object] = {}
-    chosen: list[Variant] | None = None
-    gpu_name, whole = args.gpu, args.whole
-    mig_model: GpuModel | None = None  # a node's MIG GPU that jigsaw has no table of
     figures = {k: getattr(args, k, 0.0) for k in FIGURES}
     where = "the flags --memory-gb, --sm-count, --fp16-tflops, --memory-tb-s"
-    out = args.out
     if args.node is not None:
-        from jigsaw.app import load_app
-        from jigsaw.node import load_node
-        node = load_node(args.node, load_apps=args.app is None)
-        if node.gpu.kind == "cpu":
-            raise JigsawError(f"{args.node}: a CPU node is measured, not modeled: jigsaw profile --node ...")
-        apps = [load_app(args.app)] if args.app is not None else list(node.apps)
-        chosen = _app_variants(apps, wanted, args.efficiency)
-        gpu_name, whole = gpu_name or node.gpu.name, whole or not node.gpu.mig
-        if gpu_name == node.gpu.name:  # the node file's figures, where it gives them
-            given = {"memory_gb": node.gpu.memory_gb, "sm_count": node.gpu.sm_count,
-                     "fp16_tflops": node.gpu.fp16_tflops, "memory_tb_s": node.gpu.memory_tb_s}
-            figures = {k: figures[k] or given[k] for k in FIGURES}
-            where = f"{args.node}: [gpus]"
-            if node.gpu.mig:
-                mig_model = node.gpu
-        options = {"mps_levels": node.mps_levels, "batch_sizes": node.batch_sizes,
-                   "profiles": node.mig_profiles}
-        out = out or node.profiles_dir
+        jobs = _node_jobs(args, wanted, figures)
     elif args.app is not None:
         raise JigsawError("--app: give --node too (the GPU and segments come from the node)")
-    elif wanted:
-        zoo = {v.name: v for v in variants()}
-        unknown = [w for w in wanted if w not in zoo]
-        if unknown:
-            raise JigsawError(f"--variants: not zoo variants: {', '.join(unknown)} (for a repository "
-                              "model give --node with its app)")
-        chosen = [zoo[w] for w in wanted]
-    gpu_name = gpu_name or "H100-80GB"
+    else:
+        chosen: list[Variant] | None = None
+        if args.group:
+            raise JigsawError("--group: give --node too (the groups are the node's)")
+        if wanted:
+            zoo = {v.name: v for v in variants()}
+            unknown = [w for w in wanted if w not in zoo]
+            if unknown:
+                raise JigsawError(f"--variants: not zoo variants: {', '.join(unknown)} (for a repository "
+                                  "model give --node with its app)")
+            chosen = [zoo[w] for w in wanted]
+        jobs = [_job(args.gpu or "H100-80GB", args.whole, figures, where, None, args.out, chosen, {})]
+    for spec, out, chosen, options in jobs:
+        paths = write(spec, Path(out), chosen, **options)
+        rows = sum(1 for p in paths for line in p.read_text().splitlines()
+                   if line and not line.startswith(("#", "variant,")))
+        print(f"wrote {len(paths)} files, {rows} rows (source=modeled) to {out}")
+    print("the rows assume (profiles/README.md; compare with bench/modeled_vs_measured.py):")
+    for line in PIPELINE_ASSUMPTIONS:
+        print(f"  - {line}")
+    return 0
+
+
+Job = tuple["GpuSpec", Path, "list[Variant] | None", dict[str, object]]
+
+
+def _job(gpu_name: str, whole: bool, figures: dict[str, float], where: str, mig_model: GpuModel | None,
+         out: Path | None, chosen: list[Variant] | None, options: dict[str, object]) -> Job:
     spec = next((s for k, s in GPU_SPECS.items() if k.lower() == gpu_name.lower()), None)
     if spec is None:
         spec = spec_from_figures(gpu_name, figures, where, mig_model)
     if whole:
         spec = replace(spec, whole=True)
     out = out or Path("profiles") / (spec.name.lower() + ("-whole" if whole else ""))
-    paths = write(spec, Path(out), chosen, **options)
-    rows = sum(1 for p in paths for line in p.read_text().splitlines()
-               if line and not line.startswith(("#", "variant,")))
-    print(f"wrote {len(paths)} files, {rows} rows (source=modeled) to {out}")
-    print("the rows assume (profiles/README.md; compare with bench/modeled_vs_measured.py):")
-    for line in PIPELINE_ASSUMPTIONS:
-        print(f"  - {line}")
-    return 0
+    return spec, out, chosen, options
+
+
+def _node_jobs(args: argparse.Namespace, wanted: list[str], flags: dict[str, float]) -> list[Job]:
+    """One job per GPU group of ``--node`` (``--group``: that one), into its profiles_dir."""
+    from jigsaw.app import load_app
+    from jigsaw.gpu_groups import plain_profile
+    from jigsaw.node import load_node
+    node = load_node(args.node, load_apps=args.app is None)
+    if node.gpu.kind == "cpu":
+        raise JigsawError(f"{args.node}: a CPU node is measured, not modeled: jigsaw profile --node ...")
+    apps = [load_app(args.app)] if args.app is not None else list(node.apps)
+    chosen = _app_variants(apps, wanted, args.efficiency)
+    groups = [g for g in node.gpu_groups if not args.group or g.name == args.group]
+    if not groups:
+        raise JigsawError(f"--group: {args.group!r} is not a GPU group of {args.node} "
+                          f"({', '.join(g.name for g in node.gpu_groups)})")
+    if len(groups) > 1 and (args.out or args.gpu or args.whole):
+        raise JigsawError(f"{args.node} has {len(groups)} GPU groups: each is modeled into its own "
+                          "profiles_dir; give --group NAME for --out, --gpu or --whole")
+    jobs = []
+    for g in groups:
+        gpu, figures, where, mig_model = g.model, dict(flags), f"{args.node}: [gpus]", None
+        gpu_name, whole = args.gpu or gpu.name, args.whole or not gpu.mig
+        if gpu_name == gpu.name:  # the node file's figures, where it gives them
+            given = {"memory_gb": gpu.memory_gb, "sm_count": gpu.sm_count,
+                     "fp16_tflops": gpu.fp16_tflops, "memory_tb_s": gpu.memory_tb_s}
+            figures = {k: figures[k] or given[k] for k in FIGURES}
+            if len(node.gpu_groups) > 1:
+                where = f"{args.node}: [[gpus]] {g.name}"
+            if gpu.mig:
+                mig_model = gpu
+        options = {"mps_levels": g.mps_levels, "batch_sizes": g.batch_sizes,
+                   "profiles": tuple(plain_profile(p) for p in g.mig_profiles)}
+        jobs.append(_job(gpu_name, whole, figures, where, mig_model, args.out or g.profiles_dir, chosen,
+                         options))
+    return jobs
 
 
 def main(argv: list[str] | None = None) -> int:

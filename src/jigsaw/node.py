@@ -6,34 +6,35 @@ the file. Every setting has the paper's value as its default.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BeforeValidator
 
 from jigsaw.app import App, load_app
-from jigsaw.backends.registry import NAMES
 from jigsaw.errors import ConfigError
 from jigsaw.fields import Fields, load_section, read_toml, reference, section, setting
-from jigsaw.mig import (
-    GPU_MODELS,
-    MIG_SHARE_LEVELS,
-    MPS_SHARE_LEVELS,
-    GpuModel,
-    MigProfile,
-    gpu_model,
-    mig_family_model,
-    share_host,
-    share_level,
-    whole_gpu_model,
-    with_mig_shares,
+from jigsaw.gpu_groups import BACKENDS as BACKENDS
+from jigsaw.gpu_groups import (
+    MIG_FIGURE_KEYS,
+    PAPER_BATCH_SIZES,
+    WHOLE_GPU_KEYS,
+    GpuGroup,
+    composite_model,
+    group_of_gpu,
+    groups_reference,
+    load_gpu_groups,
+    qualified,
 )
+from jigsaw.mig import GpuModel, MigProfile
 from jigsaw.profiles import ProfileTable, check_coverage, load_profiles
 from jigsaw.shares import with_share_rows
 
-BACKENDS = NAMES  # the backend registry's names
-PAPER_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+__all__ = ["BACKENDS", "MIG_FIGURE_KEYS", "PAPER_BATCH_SIZES", "WHOLE_GPU_KEYS", "Node", "load_node",
+           "load_node_profiles", "settings_reference"]
 PAPER_BETA_SLICES = 28  # the paper's beta = 0.035 was chosen for a 28-slice node
 PAPER_BETA = 0.035
 Objective = Literal["accuracy", "slices"]
@@ -275,10 +276,10 @@ SECTIONS = (("planner", PlannerSettings), ("server", ServerSettings), ("control"
 def settings_reference() -> str:
     """The node file's settings reference (docs/node-settings.md), generated from the declarations:
     ``python -m jigsaw.node > docs/node-settings.md``."""
-    head = ("# Node file settings\n\nGenerated from the declarations in `src/jigsaw/node.py` "
-            "(`python -m jigsaw.node > docs/node-settings.md`); `[gpus]` and `apps` are described "
-            "in README.md.\n")
-    return "\n".join([head, *(reference(cls, name) for name, cls in SECTIONS)])
+    head = ("# Node file settings\n\nGenerated from the declarations in `src/jigsaw/node.py` and "
+            "`src/jigsaw/gpu_groups.py` (`python -m jigsaw.node > docs/node-settings.md`); `apps` "
+            "is described in README.md.\n")
+    return "\n".join([head, groups_reference(), *(reference(cls, name) for name, cls in SECTIONS)])
 
 
 @dataclass(frozen=True)
@@ -296,17 +297,50 @@ class Node:
     control: ControlSettings = field(default_factory=ControlSettings)
     apps: tuple[App, ...] = ()
     source: str = ""
+    # a node of several GPU groups: each group (``jigsaw.gpu_groups``; ``gpu`` is then their
+    # composite, ``num_gpus`` all their GPUs); empty for a node of one group, which the fields
+    # above describe (``gpu_groups``)
+    groups: tuple[GpuGroup, ...] = ()
+
+    @cached_property
+    def gpu_groups(self) -> tuple[GpuGroup, ...]:
+        """The node's GPU groups (one for a node of one GPU model)."""
+        if self.groups:
+            return self.groups
+        return (GpuGroup(self.gpu.name, self.gpu, self.gpu, self.num_gpus, 0, self.mig_profiles,
+                         self.mps_levels, self.batch_sizes, self.profiles_dir, self.backend),)
+
+    @property
+    def gpus_text(self) -> str:
+        """What the node's GPUs are, for people: ``4x H100-80GB``, ``2x A100-40GB (MIG) + 2x L4
+        (whole)``."""
+        if not self.is_mixed:
+            return f"{self.num_gpus}x {self.gpu.name}"
+        return " + ".join(f"{g.count}x {g.name} ({'MIG' if g.model.mig else 'whole'})" for g in self.groups)
+
+    def host_index(self, gpu: int) -> int:
+        """The host's GPU index (NVML, ``nvidia-smi -i``) of the node's GPU ``gpu``: the same on a
+        node of one group; a group's ``devices`` on a node of several."""
+        if not self.is_mixed:
+            return gpu
+        g = group_of_gpu(self.groups, gpu)
+        return g.host_indices[gpu - g.first]
+
+    @property
+    def is_mixed(self) -> bool:
+        """Several GPU groups (models, or MIG beside whole GPUs) in one node."""
+        return len(self.groups) > 1
 
     @property
     def slices_available(self) -> int:
-        return self.num_gpus * self.gpu.compute_slices
+        return sum(g.slices for g in self.gpu_groups)
 
     @property
     def segment_types(self) -> tuple[SegmentType, ...]:
         # an MPS share of a whole GPU is one process of its GPU's k (``jigsaw.shares``)
-        return tuple(SegmentType(self.gpu.profile(p), k)
-                     for p in self.mig_profiles for k in self.mps_levels
-                     if k == 1 or not self.gpu.profile(p).share_of)
+        return tuple(SegmentType(g.gpu.profile(p), k) for g in self.gpu_groups
+                     for p in g.mig_profiles for k in g.mps_levels
+                     if k == 1 or not g.gpu.profile(p).share_of)
 
     @property
     def beta(self) -> float:
@@ -333,8 +367,15 @@ class Node:
         raise KeyError(name)
 
     def with_gpus(self, num_gpus: int) -> Node:
-        """The same node with another GPU count (capacity studies on hypothetical nodes)."""
+        """The same node with another GPU count (capacity studies on hypothetical nodes); a node
+        of several groups has no one GPU count to change (ConfigError)."""
         from dataclasses import replace
+        if self.is_mixed:
+            if num_gpus == self.num_gpus:
+                return self
+            raise ConfigError(self.source or self.name, "gpus",
+                              f"{len(self.groups)} GPU groups: a GPU count ({num_gpus}) does not "
+                              "apply; change each group's count")
         return replace(self, num_gpus=num_gpus)
 
 
@@ -344,33 +385,7 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
     f = Fields(path, read_toml(path))
     f.reject_unknown({"name", "description", "gpus", "planner", "server", "control", "apps"})
     base = path.parent
-
-    g = _gpu_group(f)
-    g.reject_unknown({"model", "count", "mig_profiles", "mps_levels", "batch_sizes",
-                      "profiles_dir", "backend", "mig", "mig_shares", *WHOLE_GPU_KEYS, *MIG_FIGURE_KEYS})
-    model_name = g.str("model")
-    mps_levels = g.list("mps_levels", [1, 2, 3, 4])
-    if not mps_levels or not all(isinstance(k, int) and 1 <= k <= 48 for k in mps_levels):
-        raise g.error("mps_levels", f"expected MPS levels between 1 and 48, got {mps_levels!r}")
-    if not g.bool("mig", True):
-        gpu = _whole_gpu(g, model_name, mps_levels)
-    else:
-        gpu = _mig_shares(g, _mig_gpu(g, model_name), mps_levels)
-    count = g.integer("count", low=1, high=100_000)
-    mig_profiles = g.list("mig_profiles", list(gpu.profile_names))
-    for i, p in enumerate(mig_profiles):
-        if p not in gpu.profile_names:
-            raise ConfigError(str(path), f"gpus.mig_profiles[{i}]",
-                              f"MIG profile {p!r} is not in the {gpu.name} table "
-                              f"({', '.join(gpu.profile_names)})")
-    batch_sizes = g.list("batch_sizes", list(PAPER_BATCH_SIZES))
-    if not batch_sizes or not all(isinstance(b, int) and 1 <= b <= 4096 for b in batch_sizes):
-        raise g.error("batch_sizes", f"expected batch sizes between 1 and 4096, got {batch_sizes!r}")
-    default_profiles = f"../profiles/{gpu.name.lower()}" + ("" if gpu.mig else "-whole")
-    profiles_dir = (base / g.str("profiles_dir", default_profiles)).resolve()
-    backend = g.str("backend", "tensorrt")
-    if backend not in BACKENDS:
-        raise g.error("backend", f"expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    groups = load_gpu_groups(f, base)
 
     planner = load_section(PlannerSettings, f.sub("planner", {}))
     server = load_section(ServerSettings, f.sub("server", {}))
@@ -391,147 +406,36 @@ def load_node(path: str | Path, *, load_apps: bool = True) -> Node:
                               f"no app named {name!r} on this node")
 
     return Node(
-        name=f.str("name", path.stem), gpu=gpu, num_gpus=count,
-        mig_profiles=tuple(mig_profiles), mps_levels=tuple(sorted(set(mps_levels))),
-        batch_sizes=tuple(sorted(set(batch_sizes))), profiles_dir=profiles_dir, backend=backend,
+        name=f.str("name", path.stem), gpu=composite_model(groups),
+        num_gpus=sum(g.count for g in groups),
+        mig_profiles=tuple(p for g in groups for p in g.mig_profiles),
+        mps_levels=tuple(sorted({k for g in groups for k in g.mps_levels})),
+        batch_sizes=tuple(sorted({b for g in groups for b in g.batch_sizes})),
+        profiles_dir=groups[0].profiles_dir, backend=groups[0].backend,
         planner=planner, server=server, control=control, apps=tuple(apps), source=str(path),
+        groups=groups if len(groups) > 1 else (),
     )
 
 
-def _gpu_group(f: Fields) -> Fields:
-    """The node's ``[gpus]`` table, or the one group of a ``[[gpus]]`` array; several groups (GPU
-    models) in one node are refused naming what to do instead."""
-    raw = f.raw("gpus")
-    if not isinstance(raw, list):
-        return f.sub("gpus")
-    groups = f.tables("gpus")
-    if len(groups) != 1:
-        models = ", ".join(str(x.table.get("model", "?")) for x in groups)
-        raise f.error("gpus", f"{len(groups)} GPU groups ({models}): a node plans one GPU model; run "
-                              "each group as its own node and plan them together as a fleet "
-                              "(jigsaw plan --fleet: it mixes GPU models)")
-    return groups[0]
-
-
-MIG_FIGURE_KEYS = {
-    "mig_memory_gb": "a MIG GPU jigsaw has no table of (A100/H100 geometry): the GB of a 1-, 2- "
-                     "and 4-memory-slice instance, e.g. [10, 20, 40]",
-    "mig_sm_counts": "... and the SMs of a 1g, 2g, 3g, 4g and 7g instance, e.g. [16, 32, 60, 64, 132]",
-}
-"""The ``[gpus]`` keys that describe a MIG GPU jigsaw has no table of, with their meanings."""
-
-
-def _mig_gpu(g: Fields, model_name: str) -> GpuModel:
-    """A MIG GPU: jigsaw's table of it, or one built from the file's figures (``MIG_FIGURE_KEYS``
-    with ``memory_gb``, ``sm_count`` and optionally ``fp16_tflops``, ``memory_tb_s``)."""
-    try:
-        known: GpuModel | None = gpu_model(model_name)
-    except KeyError:
-        known = None
-    if known is not None:
-        for key in (*WHOLE_GPU_KEYS, *MIG_FIGURE_KEYS):
-            if g.has(key):
-                raise g.error(key, f"{known.name}'s figures come from its MIG table (the driver's on a "
-                                   "GPU node); only a GPU jigsaw has no table of takes them")
-        return known
-    if not g.has("mig_memory_gb"):
-        raise g.error("model", f"unknown GPU model {model_name!r} (known: {', '.join(GPU_MODELS)}; "
-                               "a MIG GPU of the A100/H100 geometry is given by memory_gb, sm_count, "
-                               "mig_memory_gb, mig_sm_counts; any other GPU is used whole: mig = false, "
-                               "memory_gb, sm_count)")
-    if g.has("mps_shares"):
-        raise g.error("mps_shares", "only a GPU used whole (mig = false) is split into MPS shares")
-    mem = g.list("mig_memory_gb")
-    if len(mem) != 3 or not all(isinstance(x, int) and x > 0 for x in mem) or mem != sorted(mem):
-        raise g.error("mig_memory_gb", f"expected the whole GB of a 1-, 2- and 4-memory-slice instance, "
-                                       f"ascending, e.g. [10, 20, 40], got {mem!r}")
-    sms = g.list("mig_sm_counts")
-    if len(sms) != 5 or not all(isinstance(x, int) and x > 0 for x in sms) or sms != sorted(sms):
-        raise g.error("mig_sm_counts", f"expected the SMs of a 1g, 2g, 3g, 4g and 7g instance, ascending, "
-                                       f"e.g. [16, 32, 60, 64, 132], got {sms!r}")
-    for key in ("memory_gb", "sm_count"):
-        if not g.has(key):
-            raise g.error(key, f"missing: {model_name!r} is described by its figures")
-    return mig_family_model(model_name, g.number("memory_gb", low=0, low_open=True),
-                            g.integer("sm_count", low=1), tuple(mem), tuple(sms),  # type: ignore[arg-type]
-                            fp16_tflops=g.number("fp16_tflops", 0.0, low=0),
-                            memory_tb_s=g.number("memory_tb_s", 0.0, low=0))
-
-
-def _mig_shares(g: Fields, gpu: GpuModel, mps_levels: list[int]) -> GpuModel:
-    """``gpu`` with the MIG-instance shares ``[gpus] mig_shares`` names (``<profile>-1of<k>``, e.g.
-    ``["1g.10gb-1of2", "1g.10gb-1of4"]``; default none): k processes of any (task, variant)s in one
-    instance (``jigsaw.shares``)."""
-    if not g.has("mig_shares"):
-        return gpu
-    if gpu.kind != "gpu":
-        raise g.error("mig_shares", "a CPU device has no MIG instances to share")
-    names = g.list("mig_shares")
-    wanted: dict[str, list[int]] = {}
-    for i, name in enumerate(names):
-        host, k = share_host(str(name)), share_level(str(name))
-        if (not isinstance(name, str) or not host or host not in gpu.profile_names
-                or k not in MIG_SHARE_LEVELS):
-            raise ConfigError(g.path, f"{g.name('mig_shares')}[{i}]",
-                              f"expected '<profile>-1of<k>' with a profile of the {gpu.name} table and k in "
-                              f"{list(MIG_SHARE_LEVELS)}, got {name!r}")
-        if k not in mps_levels:
-            raise ConfigError(g.path, f"{g.name('mig_shares')}[{i}]", f"{name}: {k} is not one of the node's "
-                              f"mps_levels {mps_levels} (a share's rows are its instance's at that level)")
-        wanted.setdefault(host, []).append(k)
-    for host, ks in wanted.items():
-        gpu = with_mig_shares(gpu, ks, [host])
-    return gpu
-
-
-WHOLE_GPU_KEYS = {
-    "memory_gb": "framebuffer of one GPU, GB (a GPU jigsaw has no table of)",
-    "sm_count": "streaming multiprocessors of one GPU (a GPU jigsaw has no table of)",
-    "fp16_tflops": "dense FP16 tensor peak of one GPU, TFLOPS (what jigsaw modeled needs)",
-    "memory_tb_s": "memory bandwidth of one GPU, TB/s (what jigsaw modeled needs)",
-    "mps_shares": "k MPS processes of any (task, variant)s may share one GPU (2, 4 or 8; 0: off; "
-                  "default: the largest of mps_levels that is 2, 4 or 8)",
-}
-"""The ``[gpus]`` keys of a GPU used whole (``mig = false``), with their meanings."""
-
-
-def _whole_gpu(g: Fields, model_name: str, mps_levels: list[int]) -> GpuModel:
-    """A GPU without MIG (``mig = false``): a known MIG GPU with MIG off, or any GPU whose
-    ``memory_gb`` and ``sm_count`` the file gives (and, to be modeled, its FP16 peak and memory
-    bandwidth)."""
-    for key in MIG_FIGURE_KEYS:
-        if g.has(key):
-            raise g.error(key, "a GPU used whole (mig = false) has no MIG instances")
-    try:
-        known: GpuModel | None = gpu_model(model_name)
-    except KeyError:
-        known = None
-    if known is not None and known.kind == "cpu":
-        raise g.error("mig", f"{model_name} is a CPU device; mig applies to GPUs")
-    for key in ("memory_gb", "sm_count"):
-        if known is None and not g.has(key):
-            raise g.error(key, f"missing: {model_name!r} is not a GPU jigsaw knows, so a whole-GPU "
-                               "node gives its memory_gb and sm_count")
-    memory_gb = g.number("memory_gb", low=0, low_open=True) if g.has("memory_gb") \
-        else known.memory_gb  # type: ignore[union-attr]
-    sm_count = g.integer("sm_count", low=1) if g.has("sm_count") else known.sm_count  # type: ignore[union-attr]
-    default_shares = max((k for k in mps_levels if k in MPS_SHARE_LEVELS), default=0)
-    shares = g.integer("mps_shares", default_shares, low=0, high=max(MPS_SHARE_LEVELS))
-    if shares and shares not in MPS_SHARE_LEVELS:
-        raise g.error("mps_shares", f"expected 0 (off) or one of {list(MPS_SHARE_LEVELS)}, got {shares}")
-    if shares and shares not in mps_levels:
-        raise g.error("mps_shares", f"{shares} is not one of the node's mps_levels {mps_levels}: a "
-                                    "share's profile rows are the whole GPU's at that level")
-    return whole_gpu_model(known.name if known else model_name, memory_gb, sm_count, shares=shares,
-                           fp16_tflops=g.number("fp16_tflops", 0.0, low=0),
-                           memory_tb_s=g.number("memory_tb_s", 0.0, low=0))
-
-
 def load_node_profiles(node: Node, apps: tuple[App, ...] | list[App] | None = None) -> ProfileTable:
-    """The node's profile table, checked to cover every variant of ``apps`` (default: the node's)."""
-    table = with_share_rows(load_profiles(node.profiles_dir), node.gpu)
+    """The node's profile table, checked to cover every variant of ``apps`` (default: the node's).
+
+    A node of several groups: every group's rows, their profiles qualified by the group
+    (``jigsaw.gpu_groups``); a variant needs rows in one group at least.
+    """
     variants = [v.name for a in (apps if apps is not None else node.apps) for t in a.tasks
                 for v in t.variants]
+    if not node.is_mixed:
+        table = with_share_rows(load_profiles(node.profiles_dir), node.gpu)
+        check_coverage(table, variants, node.gpu.profile_names, node.source)
+        return table
+    rows = []
+    for g in node.groups:
+        own = with_share_rows(load_profiles(g.profiles_dir), g.model)
+        check_coverage(own, [], g.model.profile_names, node.source)
+        rows += [dataclasses.replace(r, mig_profile=qualified(g.name, r.mig_profile))
+                 for r in own.rows() if r.batch in g.batch_sizes]
+    table = ProfileTable(rows, " + ".join(str(g.profiles_dir) for g in node.groups))
     check_coverage(table, variants, node.gpu.profile_names, node.source)
     return table
 

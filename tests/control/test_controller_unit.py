@@ -1390,9 +1390,10 @@ def test_a_needed_plan_that_needs_the_running_slots_goes_out_as_the_running_plan
 
 
 def test_a_needed_plan_that_fits_beside_what_runs_is_placed_there_a_better_one_as_any() -> None:
-    # a needed plan whose new instances fit on free slots is pushed to be placed beside what runs
-    # and drains (no drain waited for); with place_needed_beside off, or for a plan that is only
-    # better (the running one holds the demand), it is placed as any plan
+    # a needed plan whose new instances fit on free slots is pushed placed beside what runs and
+    # drains (no drain waited for), with the placement and the node it was made on (the runtime
+    # takes it as it is while that node is unchanged: placed once); with place_needed_beside off,
+    # or for a plan that is only better (the running one holds the demand), it is placed as any plan
     app, profiles, (small,) = _ar_plans(230.0)
     running = _spread(small)
     grown = extend_in_place(app, load_node(NODE), profiles, {app.name: running}, 300.0,
@@ -1406,7 +1407,13 @@ def test_a_needed_plan_that_fits_beside_what_runs_is_placed_there_a_better_one_a
                                       place_needed_beside=on)
             await c.replan({app.name: demand}, trigger="rate")
             if demand > running.planned_rps:
-                assert plane.applied[0].plan is grown and plane.applied[0].beside is beside, on
+                pushed = plane.applied[0]
+                assert pushed.plan.instances == grown.instances and pushed.beside is beside, on
+                if beside:
+                    assert pushed.placed is not None and pushed.placed.seen == _beside_of({app.name: running})
+                    assert pushed.plan.layout == pushed.placed.layout.app_layout(app.name)
+                else:
+                    assert pushed.plan is grown and pushed.placed is None
             else:  # kept (settle) or pushed as a better plan: placed as any
                 assert not any(d.beside for d in plane.applied)
         assert load_node(NODE).control.place_needed_beside  # on by default

@@ -36,7 +36,7 @@ from jigsaw.runtime.applied import (
     WaitForDrains,
 )
 from jigsaw.runtime.frontend import Frontend
-from jigsaw.runtime.generations import DesiredState, GenerationManager
+from jigsaw.runtime.generations import DesiredState, GenerationManager, Placed
 
 
 def _plans(tmp_path: Path, task: str = "b", counts: tuple[int, int] = (2, 5),
@@ -154,15 +154,13 @@ def _needed_once(tmp_path: Path, control: str, needed: bool) -> tuple[Any, list[
 def test_a_needed_plan_that_the_rate_no_longer_needs_drains_nothing(tmp_path: Path) -> None:
     """Before draining the two running instances in its way, the re-plan asks whether it is still
     needed (``DesiredState.still_needed``); told no (the spike it was for has passed, the running
-    plan holds what arrives now), it destroys no instance and the running generation serves on.
-    Still needed, the drain-first goes on."""
+    plan holds what arrives now), it creates and destroys no instance and the running generation
+    serves on. (Still needed, the drain-first goes on: ``test_transition.py``, and executed in
+    ``test_new_instance_needing_running_slots_drains_them_first``.)"""
     done, logs, asked, destroyed = _needed_once(tmp_path / "passed", "", needed=False)
     assert asked and not done.new_generation and done.error is None, (done, logs)
     assert done.generation == 0 and "the rate now arriving is one the running plan holds" in (done.note or "")
     assert destroyed == 0 and not any("draining those first" in line for line in logs), logs
-    done, logs, asked, destroyed = _needed_once(tmp_path / "needed", "", needed=True)
-    assert asked and done.new_generation and done.error is None, (done, logs)
-    assert destroyed == 2 + 1 and any("draining those first" in line for line in logs), logs
 
 
 def test_keep_all_replan_rewires_the_running_processes(tmp_path: Path) -> None:
@@ -430,24 +428,14 @@ def _kept_running(out: dict[str, Any], note: str, outcome: str) -> None:
     assert len(out["answers"]) == 20 and set(out["answers"].values()) == {1}
 
 
-def _drains_first(tmp_path: Path, cases: tuple[tuple[str, float, str, float], ...]) -> None:
-    """Each (name, planned req/s, ``[control]`` lines, a's ms an item) drains b's two instances first."""
-    for name, rps, control, a_ms in cases:
-        out = _needed_over(tmp_path / name, rps, control, a_ms)
-        done, logs = out["done"], out["logs"]
-        assert done.new_generation and done.error is None and out["destroyed"] == 2, (name, done, logs)
-        assert any("draining those first" in line for line in logs), logs
-
-
 def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path: Path) -> None:
     """The headroom rule: a needed plan for 1.2 req/s over a running plan for 1 at
     ``max_utilization`` 0.8 (which serves 1.25 at full utilization) would drain two running
     instances first; with 0.8 s of work queued against a 10 s SLO it keeps the running plan
-    instead, destroys nothing, and every queued request is answered 200 there. A plan for 2
-    req/s: the drain-first goes on. (Every rule on its own: ``test_transition.py``.)"""
+    instead, destroys nothing, and every queued request is answered 200 there. (A plan for 2
+    req/s drains first, and every rule on its own: ``test_transition.py``.)"""
     _kept_running(_needed_over(tmp_path / "small", 1.2),
                   "less than the running plan's 1.0 serves at full utilization", "headroom")
-    _drains_first(tmp_path, (("large", 2.0, "", 1.0),))
 
 
 def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain_first_wait(
@@ -467,7 +455,40 @@ def test_a_drain_first_is_weighed_again_after_the_wait_for_the_drains_in_its_way
     of work queued (4 requests, ``a`` at 0.4 s an item) would drain first; while it waits for
     drains in its way 16 more requests arrive (4.2 s queued, past the drain-first's 2.5 s wait):
     weighed again after the wait, it keeps the running plan, drains nothing and every request is
-    answered 200. Without the late arrivals it drains first."""
+    answered 200. (Without the late arrivals it drains first: ``test_transition.py``.)"""
     _kept_running(_needed_over(tmp_path / "grew", 1.3, a_ms=400.0, sent_before=4),
                   "within what its door admits after the wait for the drains in its way", "queue")
-    _drains_first(tmp_path, (("short", 1.3, "", 80.0),))
+
+
+def test_the_manager_takes_a_placement_made_on_the_node_it_still_has(tmp_path: Path) -> None:
+    """A plan the controller placed beside what runs (``Placed``: the node layout and the node it
+    saw) is taken as it is while the manager's node is still that one (placed once); placed again
+    where the node changed meanwhile. No process is started."""
+    node_path, first, _ = _plans(tmp_path, counts=(2, 3))  # five of the seven slots
+    node = load_node(node_path)
+    app = node.apps[0]
+    gm = GenerationManager(node, [(app, first)], time_scale=1.0, seed=0, backend=backend_kind("emulated"))
+    try:
+        b = next(i for i in first.instances if i.task == "b")
+        grown = dataclasses.replace(first, instances=[*(i for i in first.instances if i.task != "b"),
+                                                      dataclasses.replace(b, count=b.count + 1)])
+        beside = gm.beside()
+        assert beside is not None
+        got = beside.place(app.name, grown)
+        assert got is not None
+        layout, laid = got
+        desired = DesiredState(app.name, laid, beside=True, placed=Placed(beside, layout))
+        taken = gm._place_desired(desired, 0)
+        assert isinstance(taken, tuple) and taken[0] is layout and taken[1] is laid
+        stale = dataclasses.replace(desired, placed=Placed(dataclasses.replace(beside, held=()), layout))
+        again = gm._place_desired(stale, 0)
+        assert isinstance(again, tuple) and again[0] is not layout and again[0] == layout
+        # placed beside what serves only (it would wait for drains): seen against the same view
+        serving = beside.serving_only()
+        over = serving.place(app.name, grown)
+        assert over is not None
+        taken = gm._place_desired(DesiredState(app.name, over[1], beside=True, over_draining=True,
+                                               placed=Placed(serving, over[0])), 0)
+        assert isinstance(taken, tuple) and taken[0] is over[0]
+    finally:
+        gm.close()

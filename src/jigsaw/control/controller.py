@@ -37,24 +37,19 @@ replaces it unless the exact solve stopped unproven at a worse objective); ``alw
 every quick plan first (for tests and ablations); ``off`` waits for the exact plan. Both are
 recorded in the bin records (``replans``) and counted in ``/metrics``.
 
-Fewer generations: every new generation starts processes on the node's CPUs and drains its
-predecessor for up to an SLO, and slots a draining generation holds make the next re-plan that
-needs them wait or be refused. So a running plan that holds its demand is kept unless the new
-one frees ``control.shrink_min_slices`` slices (``settle``; by default one: a plan of as many
-slices, better only in accuracy, is not worth a generation). A bin's routine re-plan that comes
-due while another runs is not dropped but runs once it is done (``_routine_due``).
-
-Needed plans beside what runs: a plan an app needs (its running plan does not hold the demand)
-is placed beside everything that runs and drains where it fits so (``_needed_beside``, the
-runtime's ``Beside``), and a spike's plan that does not fit so goes out as the running plan
-extended in place at once (``node_plan.extend_in_place`` against the same slots) instead of being
-pushed, refused for no lane left and extended only after the refusals.
-
-Giving back: a running plan that holds its demand is not drained for a smaller plan whose MIG
-instances need its slots (the runtime skips it), so a spike's plan that fills the node would stay
-through the quiet bins after it; instead it is trimmed to the demand (``_trim_running``,
-``control.trim_min_slices``): the instances the demand leaves spare go, the rest keep their slots
-and processes.
+Deciding, then executing: every choice of what a re-plan deploys is made by two pure policies
+on plain data, and this module executes them and keeps the bins. ``deployment.py`` picks the
+re-plan's next action (the quick plan, the exact plan, the quick plan for apps whose exact plan
+was refused, the running plan extended in place for apps still short) and each app's part:
+keep the running plan when it holds its demand and a new generation is not worth it
+(``settle``, ``control.shrink_min_slices``; ``short_of_gain``), place a needed plan beside
+everything that runs and drains (``for_needed``: the placement, made once, travels with the plan
+as ``Placed``), or extend a spike's running plan in place instead, or trim a running plan the
+demand no longer needs (``control.trim_min_slices``). ``transition.py`` then moves each app to its
+plan one step at a time (``transit``): decide on the runtime's snapshot and what the controller
+knows now (``Need``: the rate now arriving, the headroom rule's memory), execute one step,
+observe. A refusal is that policy's own step on a snapshot taken before anything changed; the
+next action of ``deployment.next_action`` sees it.
 
 A planner that fails or times out leaves the running plans serving; the bin's records and
 ``jigsaw_planner_failures_total`` report it.
@@ -76,7 +71,19 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from jigsaw.app import App
-from jigsaw.control.needed import NeededPlans
+from jigsaw.control.deployment import (
+    ANYTIME_MODES,
+    Extend,
+    Replan,
+    Skip,
+    better_only,
+    next_action,
+    quick_need_by,
+    retry_share,
+    settle,
+    short_of_gain,
+)
+from jigsaw.control.needed import BesidePlaced, NeededPlans
 from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor, rise_rps
 from jigsaw.control.solver import solve_node
 from jigsaw.control.spikes import JUMP_RATIO
@@ -84,11 +91,11 @@ from jigsaw.control.transition import NEEDED, KeepRunning, MakeRoom, Need, RoomP
 from jigsaw.errors import JigsawError
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
-from jigsaw.planner.node_plan import QUICK_STATUS, app_value, prefer_quick
+from jigsaw.planner.node_plan import QUICK_STATUS
 from jigsaw.profiles import ProfileTable
 from jigsaw.runtime.admission import BinCounters
-from jigsaw.runtime.applied import Applied, DesiredState, Refuse, RoomStep, Transition
-from jigsaw.runtime.placement import Beside, same_instances
+from jigsaw.runtime.applied import Applied, DesiredState, Placed, Refuse, RoomStep, Transition
+from jigsaw.runtime.placement import Beside
 
 LEAD_MARGIN = 1.25  # a re-plan ahead of a bin's end starts this many recent re-plan durations early
 HISTORY_MAX_BINS = 20000  # bounded memory: about 70 days of 5-minute bins per app
@@ -109,8 +116,6 @@ RATE_SAMPLES_MAX = 1024  # a bin's polls kept for a grown window (about 20 a bin
 PASSED_BELOW = 0.8
 QUICK_PATIENCE_S = 0.3  # an urgent re-plan waits this long for the exact plan before deploying the quick one
 MAX_REPLANS_RECORDED = 50  # per app and bin
-ANYTIME_MODES = ("auto", "always", "off")
-URGENT_TRIGGERS = ("rate", "violations", "capacity")
 # An early re-plan asks for at most this many times the last bin's demand: a day's spikes jump 2-4x
 # within a bin, while a loop that stalled a second counts the arrivals it held back in one short
 # window and reads a rate ten times the real one.
@@ -793,18 +798,13 @@ class NodeController(NeededPlans):
         given demand is an operator's, planned without the burst floor. Returns the node plan
         deployed last (None when nothing was).
 
-        A re-plan of the controller's own (not an operator's) that finds no plan at all, neither
-        quick nor exact (the planner's answer near and above the node's capacity, or a planner
-        error), is asked once more at ``control.unplanned_retry_share`` of every app's demand.
-        Why: on day 0 of traffic_analysis the spike's re-plans for 1535-1554 req/s (95-97% of the
-        node's capacity) found nothing in 4.6-4.9 s, twice, and bins 115-116 met the spike on the
-        15-slice plan (171 violations in bin 116), while a plan for 85% of that is found in
-        0.3 s.
+        A re-plan that finds no plan at all is asked once more at a share of every app's demand
+        where the deployment policy says so (``deployment.retry_share``).
         """
         got, found = await self._replan_once(demands, for_bin=for_bin, fresh=fresh, trigger=trigger,
                                              as_asked=as_asked)
-        share = self.node.control.unplanned_retry_share
-        if found or share <= 0 or trigger == "admin" or as_asked:
+        share = retry_share(found, trigger, bool(as_asked), self.node.control)
+        if share is None:
             return got
         smaller = {n: share * max(c.floor_rps, float(demands[n]) if n in demands else c.predicted_rps)
                    for n, c in self.apps.items()}
@@ -817,74 +817,112 @@ class NodeController(NeededPlans):
                            fresh: frozenset[str], trigger: str, as_asked: frozenset[str] = frozenset()
                            ) -> tuple[NodePlan | None, bool]:
         """``replan``'s one attempt: (the node plan deployed last or None, whether the planner found
-        any plan, quick or exact, for the demands)."""
+        any plan, quick or exact, for the demands). The deployment policy
+        (``deployment.next_action``) picks each action from what the re-plan has seen; this
+        executes it and records what it did."""
         async with self.lock:
             t0 = time.monotonic()
             self.stats.replans[trigger] += 1
-            loop = asyncio.get_running_loop()
             # every plan holds at least a small burst (``control.burst_requests``), unless an
             # operator asked for exactly this demand
             full = {n: max(0.0 if n in as_asked else c.floor_rps,
                            float(demands[n]) if n in demands else c.predicted_rps)
                     for n, c in self.apps.items()}
-            exact_f, quick_box = self._start_solve(full, loop)
+            exact_f, quick_box = self._start_solve(full, asyncio.get_running_loop())
             entry: dict[str, Any] = {"trigger": trigger, "for_bin": for_bin, "quick": None, "exact": None}
             self._extended_first = []
             self._trigger = trigger
             self._for_bin = for_bin
-            deployed: NodePlan | None = None
-            refused_any: set[str] = set()  # apps whose plan the runtime refused (``Applied.refused``)
+            r = Replan(trigger, self.anytime, full)
             quick = await self._first_needed(exact_f, quick_box, trigger, for_bin, t0)
             if quick is not None:
-                use = self.anytime == "always" or trigger in URGENT_TRIGGERS or not self._holds(full)
-                entry["quick"] = self._summary(quick, use)
-                if use:
-                    entry["quick"]["kept"], no = await self._deploy(quick, fresh, "quick", full)
-                    refused_any.update(no)
-                    deployed, fresh = quick, frozenset()
-                    entry["quick"]["deployed_after_s"] = round(time.monotonic() - t0, 4)
+                r, fresh = await self._act(dataclasses.replace(r, quick=quick), fresh, entry, t0)
             try:
                 exact = await exact_f
             except Exception as exc:  # a planner failure keeps the running plans (or the quick one)
                 self._planner_failed(exc)
                 entry["error"] = f"{type(exc).__name__}: {exc}"[:500]
                 self._record(entry, full, t0)
-                return deployed, deployed is not None
+                return r.deployed, r.deployed is not None
             if entry["quick"] is None and quick_box.done():  # found, but the exact one came first
                 entry["quick"] = self._summary(quick_box.result(), False)
+                r = dataclasses.replace(r, quick=quick_box.result(), quick_decided=True)
             for n, c in self.apps.items():
                 c.predicted_rps = full[n]
                 if for_bin is None or for_bin == self.bin_index:  # else open_bin copies it over
                     c.current.predicted_rps = full[n]
-            worse = deployed is not None and prefer_quick(deployed, exact, self.node)
-            use_exact = bool(exact.plans) and not worse
-            entry["exact"] = self._summary(exact, use_exact)
-            if not exact.plans:
-                self.log(f"node: no configuration for {self._demands_text(full)} ({exact.status}; "
-                         f"{'; '.join(exact.notes)}); keeping the running plans")
-            elif not use_exact:
-                self.log(f"node: the exact solve stopped {exact.status} at a worse objective than the quick "
-                         f"plan's; keeping the quick plan")
-            else:
-                for note in exact.notes:
-                    self.log(f"node: {note}")
-                entry["exact"]["kept"], refused = await self._deploy(exact, fresh, "exact", full)
-                refused_any.update(refused)
-                deployed = exact
-                # from the re-plan's decision (its trigger) to this plan's deployment
-                entry["exact"]["deployed_after_s"] = round(time.monotonic() - t0, 4)
-                if refused:
-                    deployed = await self._quick_after_refusal(quick_box, refused, entry, fresh, full) \
-                        or deployed
-            if refused_any:
-                deployed = await self._extend_after_refusal(refused_any, full, fresh, entry) or deployed
+            r, fresh = await self._act(dataclasses.replace(r, exact=exact), fresh, entry, t0, quick_box)
             took = time.monotonic() - t0
             self._replan_s = took if self._replan_s is None else 0.5 * (self._replan_s + took)
             if for_bin is None or for_bin == self.bin_index:
                 for c in self.apps.values():
                     c.current.plan = plan_summary(c.plan)
             self._record(entry, full, t0)
-            return deployed, deployed is not None or bool(exact.plans) or quick_box.done()
+            return r.deployed, r.deployed is not None or bool(exact.plans) or quick_box.done()
+
+    async def _act(self, r: Replan, fresh: frozenset[str], entry: dict[str, Any], t0: float,
+                   quick_box: asyncio.Future[NodePlan] | None = None) -> tuple[Replan, frozenset[str]]:
+        """Execute the deployment policy's actions (``next_action``) until it has none left now;
+        the re-plan as seen after them, and the apps still to run on fresh processes. A quick plan
+        that lands in ``quick_box`` meanwhile is seen by the next decision."""
+        while True:
+            if r.quick is None and quick_box is not None and quick_box.done():
+                r = dataclasses.replace(r, quick=quick_box.result(), quick_decided=True)
+            a = next_action(r, {n: c.plan for n, c in self.apps.items()}, self.node.control, self.node)
+            if a is None:
+                return r, fresh
+            if isinstance(a, Skip):
+                r = self._skipped(a, r, entry)
+            elif isinstance(a, Extend):
+                pushed = await self._extend_refused(a.apps, r.demands, fresh, entry)
+                r = dataclasses.replace(r, extended=True, deployed=pushed or r.deployed)
+            elif a.why == "after_refusal":
+                better = sorted(a.plan.plans)
+                self.log(f"node: the exact plan of {', '.join(better)} was refused; the quick plan serves "
+                         "meanwhile (it keeps the running instances)")
+                kept, refused = await self._deploy(a.plan, fresh & frozenset(better), "quick", r.demands)
+                self._count_quick_deployed(r, entry, a.plan)
+                entry["quick"].update(kept=kept, after_refusal=better)
+                r = dataclasses.replace(r.refusing("quick", refused), after_refusal=True, deployed=r.quick)
+            else:
+                summary = entry[a.source] = self._summary(a.plan, True)
+                if a.source == "exact":
+                    for note in a.plan.notes:
+                        self.log(f"node: {note}")
+                summary["kept"], refused = await self._deploy(a.plan, fresh, a.source, r.demands)
+                # from the re-plan's decision (its trigger) to this plan's deployment
+                summary["deployed_after_s"] = round(time.monotonic() - t0, 4)
+                r = dataclasses.replace(r.refusing(a.source, refused), deployed=a.plan, quick_decided=True,
+                                        quick_deployed=r.quick_deployed or a.source == "quick",
+                                        exact_decided=a.source == "exact")
+                if a.source == "quick":  # its new generations are the fresh ones
+                    fresh = frozenset()
+
+    def _skipped(self, a: Skip, r: Replan, entry: dict[str, Any]) -> Replan:
+        """Record the ``Skip`` the deployment policy decided."""
+        if a.source == "quick":
+            assert r.quick is not None
+            entry["quick"] = self._summary(r.quick, False)
+            return dataclasses.replace(r, quick_decided=True)
+        assert r.exact is not None
+        entry["exact"] = self._summary(r.exact, False)
+        if not r.exact.plans:
+            self.log(f"node: no configuration for {self._demands_text(r.demands)} ({r.exact.status}; "
+                     f"{'; '.join(r.exact.notes)}); keeping the running plans")
+        else:
+            self.log(f"node: the exact solve stopped {r.exact.status} at a worse objective than the quick "
+                     "plan's; keeping the quick plan")
+        return dataclasses.replace(r, exact_decided=True)
+
+    def _count_quick_deployed(self, r: Replan, entry: dict[str, Any], part: NodePlan) -> None:
+        """The quick plan, deployed after a refusal: counted and summarised as deployed."""
+        assert r.quick is not None
+        if entry["quick"] is None:
+            entry["quick"] = self._summary(r.quick, True)
+        else:  # summarised as not deployed when the exact plan came first
+            self.stats.plans[("quick", False)] -= 1
+            self.stats.plans[("quick", True)] += 1
+            entry["quick"]["deployed"] = True
 
     def _start_solve(self, full: Mapping[str, float], loop: asyncio.AbstractEventLoop
                      ) -> tuple[asyncio.Future[NodePlan], asyncio.Future[NodePlan]]:
@@ -904,21 +942,12 @@ class NodeController(NeededPlans):
 
     async def _first_needed(self, exact_f: asyncio.Future[NodePlan], quick_box: asyncio.Future[NodePlan],
                             trigger: str, for_bin: int | None, t0: float) -> NodePlan | None:
-        """The quick plan if it is in hand when a plan is needed and the exact one is not, else None.
-
-        A plan is needed at once (``always``), after ``QUICK_PATIENCE_S`` for an urgent re-plan,
-        and at the boundary of the bin it is for (at least the patience) for a routine one. An
-        operator's re-plan (``admin``) waits for the exact plan unless ``always``: it is asked for a
-        demand, not a burst, and a greedy plan replaced a second later restarts processes twice.
-        """
-        if self.anytime == "off" or (trigger == "admin" and self.anytime != "always"):
+        """The quick plan if it is in hand when a plan is needed (``deployment.quick_need_by``) and
+        the exact one is not, else None."""
+        need_by = quick_need_by(self.anytime, trigger, t0, QUICK_PATIENCE_S, for_bin, self.bin_index,
+                                self.bin_start + self.bin_seconds)
+        if need_by is None:
             return None
-        if self.anytime == "always":
-            need_by = t0
-        else:
-            need_by = t0 + QUICK_PATIENCE_S
-            if trigger not in URGENT_TRIGGERS and for_bin is not None and for_bin > self.bin_index:
-                need_by = max(need_by, self.bin_start + self.bin_seconds)
         wait_s = need_by - time.monotonic()
         if wait_s > 0:
             await asyncio.wait({exact_f}, timeout=wait_s)
@@ -930,88 +959,12 @@ class NodeController(NeededPlans):
         await asyncio.wait({exact_f, quick_box}, return_when=asyncio.FIRST_COMPLETED)
         return None if exact_f.done() or not quick_box.done() else quick_box.result()
 
-    def _holds(self, demands: Mapping[str, float]) -> bool:
-        """Every running plan serves the demand it is now asked for."""
-        return all(not c.plan.max_demand_plan and c.plan.planned_rps >= demands[n] * (1 - 1e-9)
-                   for n, c in self.apps.items())
-
-    def settle(self, np: NodePlan, demands: Mapping[str, float], fresh: frozenset[str] = frozenset()
-               ) -> tuple[dict[str, Plan], list[str]]:
-        """Each app's plan to push, and the apps that keep their running plan.
-
-        An app keeps the plan it runs when that plan still holds its demand, is worth at least as
-        much to the node as the new one (``app_value``: an equally good plan with other variants
-        or MIG profiles, which an unproven or degenerate solve returns at will, e.g. for an idle
-        app), and the node's slices allow it beside the others' new plans: a new generation costs
-        seconds of reconfiguration, and the manager applies one at a time, so churn in one app
-        delays the app the re-plan is for. A lost worker's app, and demands scaled to fit, always
-        take the new plan. With ``control.shrink_min_slices`` a better plan that frees fewer slices
-        than that is not worth its generation either: each new generation drains its predecessor
-        for up to an SLO, and MIG slots held by a draining generation refuse the next re-plan that
-        needs them (on a compressed replay that is the re-plan for the next burst).
-        """
-        plans = dict(np.plans)
-        kept: list[str] = []
-        if np.demand_scale < 1.0:
-            return plans, kept
-        for name, new in np.plans.items():
-            run = self.apps[name].plan
-            if name in fresh or not new.instances or not run.instances or run.max_demand_plan \
-                    or run.planned_rps < demands[name] * (1 - 1e-9) or same_instances(run, new):
-                continue
-            frees = run.slices_used - new.slices_used
-            min_frees = self.node.control.shrink_min_slices
-            if app_value(name, run, self.node) < app_value(name, new, self.node) - 1e-9 \
-                    and (min_frees <= 0 or frees >= min_frees):
-                continue
-            total = sum(p.slices_used for p in plans.values()) - new.slices_used + run.slices_used
-            if total > self.node.slices_available:
-                continue
-            plans[name] = run
-            kept.append(name)
-        return plans, kept
-
-    async def _quick_after_refusal(self, quick_box: asyncio.Future[NodePlan], refused: list[str],
-                                   entry: dict[str, Any], fresh: frozenset[str],
-                                   demands: Mapping[str, float]) -> NodePlan | None:
-        """After the runtime refused the exact plan of ``refused`` apps (``Applied.refused``: a
-        drain-first that would leave an app no lane, or slots that draining generations hold),
-        deploy the re-plan's quick plan for those of them it serves better than their running plan
-        (``control.quick_after_refusal``). Returns the quick plan when it was pushed.
-
-        Why: the exact plan of a spike rearranges the node and needs the slots of the running
-        instances; refused, the spike met the quiet plan until the next re-plan (bin 187 of day 0:
-        1414 req/s on a plan for 1007) although the quick plan, which keeps the running instances
-        and adds some (``anytime.extend_plan``) and so needs no drain-first, was in hand.
-        """
-        if not self.node.control.quick_after_refusal or not quick_box.done() \
-                or (entry["quick"] or {}).get("deployed"):
-            return None
-        q = quick_box.result()
-        better = [n for n in refused if (p := q.plans.get(n)) is not None and p.instances
-                  and p.planned_rps > self.apps[n].plan.planned_rps * (1 + 1e-9)]
-        if not better:
-            return None
-        self.log(f"node: the exact plan of {', '.join(better)} was refused; the quick plan serves "
-                 "meanwhile (it keeps the running instances)")
-        part = dataclasses.replace(q, plans={n: q.plans[n] for n in better})
-        kept, _ = await self._deploy(part, fresh & frozenset(better), "quick", demands)
-        if entry["quick"] is None:
-            entry["quick"] = self._summary(q, True)
-        else:  # summarised as not deployed when the exact plan came first
-            self.stats.plans[("quick", False)] -= 1
-            self.stats.plans[("quick", True)] += 1
-            entry["quick"]["deployed"] = True
-        entry["quick"].update(kept=kept, after_refusal=better)
-        return q
-
-    async def _extend_after_refusal(self, refused: set[str], demands: Mapping[str, float],
-                                    fresh: frozenset[str], entry: dict[str, Any]) -> NodePlan | None:
-        """After the runtime refused a plan of ``refused`` apps in this re-plan, each of them whose
-        running plan still does not hold its demand gets its running plan extended in place for
-        the largest fraction of the demand that packs beside every running instance
-        (``node_plan.extend_in_place``), when that serves more than the running plan
-        (``control.extend_in_place_after_refusal``). Returns the node plan pushed, or None.
+    async def _extend_refused(self, apps: tuple[str, ...], demands: Mapping[str, float],
+                              fresh: frozenset[str], entry: dict[str, Any]) -> NodePlan | None:
+        """``Extend``: each of ``apps`` (refused in this re-plan, its running plan short of its
+        demand) gets its running plan extended in place for the largest fraction of the demand
+        that packs beside every running instance (``node_plan.extend_in_place``), when that serves
+        more than the running plan. Returns the node plan pushed, or None.
 
         Why: a spike's exact and quick plans (the greedy's, once the running plan extended for the
         whole spike no longer fits beside itself) both reuse the running instances' slots, and a
@@ -1020,13 +973,8 @@ class NodeController(NeededPlans):
         re-plan over three bins, and 560-710 req/s met the 8-slice plan for 155 (30% and 79% of
         the bins' requests violated). The plan kept in place serves 75% of that spike.
         """
-        if not self.node.control.extend_in_place_after_refusal:
-            return None
         pushed: dict[str, Plan] = {}
-        for name in sorted(refused):
-            run = self.apps[name].plan
-            if not run.max_demand_plan and run.planned_rps >= demands[name] * (1 - 1e-9):
-                continue
+        for name in apps:
             p = await self._extend_in_place(name, float(demands[name]), fresh, "its plans were refused")
             if p is not None:
                 pushed[name] = p
@@ -1062,12 +1010,14 @@ class NodeController(NeededPlans):
 
     async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str,
                       demands: Mapping[str, float]) -> tuple[list[str], list[str]]:
-        """Push every app's part of ``np`` as its DesiredState (apps that shrink first); apps that
-        keep their running plan (``settle``) are pushed it again, a no-op. Returns those apps, and
-        the apps whose plan the runtime refused before changing anything (``Applied.refused``)."""
+        """Push every app's part of ``np`` as its DesiredState (apps that shrink first), as the
+        deployment policy decides for each (``deployment``: ``settle``, ``better_only``,
+        ``for_needed``, ``short_of_gain``); apps that keep their running plan are pushed it again,
+        a no-op. Returns the apps kept, and those whose plan the making-room policy refused
+        (``Refuse``: nothing changed)."""
         delay = self.repartition_delay_s()
         refused: list[str] = []
-        plans, kept = self.settle(np, demands, fresh)
+        plans, kept = settle(np, {n: c.plan for n, c in self.apps.items()}, demands, self.node, fresh)
         order = sorted(plans.items(), key=lambda kv: kv[1].slices_used - self.apps[kv[0]].plan.slices_used)
         total = sum(p.slices_used for p in plans.values())
         for name, plan in order:
@@ -1076,24 +1026,28 @@ class NodeController(NeededPlans):
                 self.log(f"{name}: the {source} node plan has no configuration for it ({plan.status}); "
                          "keeping its running plan")
                 continue
-            # the running plan holds the demand and the node's slices allow it beside the other
-            # apps' new plans: this plan is better, not needed (no drain-first for it)
-            run = c.plan
-            holds = (name not in fresh and bool(run.instances) and not run.max_demand_plan
-                     and run.planned_rps >= demands[name] * (1 - 1e-9)
-                     and total - plan.slices_used + run.slices_used <= self.node.slices_available)
-            beside = False
+            run, demand = c.plan, float(demands[name])
+            holds = better_only(run, plan, demand, total, self.node.slices_available, name in fresh)
+            placed: BesidePlaced | None = None
             if name not in fresh and bool(run.instances) and self._trigger != "admin" \
-                    and (run.max_demand_plan or run.planned_rps < demands[name] * (1 - 1e-9)):
-                beside, extended = await self._needed_beside(name, plan, float(demands[name]), fresh, source)
-                if extended:
+                    and (run.max_demand_plan or run.planned_rps < demand * (1 - 1e-9)):
+                placed, not_pushed = await self._needed_beside(name, plan, demand, fresh, source)
+                if not_pushed:
                     continue
-            if not beside and self._short_of_gain(name, plan, float(demands[name]), total, fresh):
+            if placed is None and short_of_gain(run, plan, demand, total, self.node.slices_available,
+                                                self.node.control.short_plan_min_gain, name in fresh,
+                                                self._trigger):
+                self.log(f"{name}: the new plan serves {plan.planned_rps:.1f} of {demand:.1f} rps, less than "
+                         f"{self.node.control.short_plan_min_gain:.0%} more than the running plan's "
+                         f"{run.planned_rps:.1f}: keeping the running plan")
                 kept.append(name)
                 continue
-            got = await self._apply(DesiredState(name, plan, repartition_delay_s=delay,
-                                                 fresh_generation=name in fresh, beside=beside),
-                                    source, self._need_reader(c, plan, float(demands[name]), holds))
+            desired = DesiredState(name, plan, repartition_delay_s=delay, fresh_generation=name in fresh)
+            if placed is not None:
+                desired = dataclasses.replace(desired, plan=placed.plan, beside=True,
+                                              over_draining=placed.over_draining,
+                                              placed=Placed(placed.seen, placed.layout))
+            got = await self._apply(desired, source, self._need_reader(c, plan, demand, holds))
             if got is None:
                 continue
             done, last = got

@@ -1,35 +1,40 @@
-"""The node controller's plans for an app that needs more than its running plan holds: placed
-beside everything that runs and drains, or the running plan extended in place (over slots that
-only drain, when those hold the free ones); whether such a plan is still needed while it waits
-(``recheck``) or the arrivals outgrew it; a plan short of its demand worth its wait only for a
-gain; and the give-back of a running plan the demand no longer needs (``trim``). A base of
-``NodeController``: its state, these decisions."""
+"""The node controller's plans for an app that needs more than its running plan holds, executed as
+the deployment policy decides (``deployment.for_needed``, ``trim_frees``): placed beside
+everything that runs and drains (the placement made here, once, and handed over as ``Placed``),
+or the running plan extended in place (over slots that only drain, when those hold the free
+ones); what the making-room policy reads of such a plan while it moves (``_need_reader``: whether
+the rate still needs it, whether the arrivals outgrew it); and the give-back of a running plan the
+demand no longer needs (``trim``). A base of ``NodeController``: its state, these executions."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from jigsaw.control.deployment import EXTEND_FIRST_MIN_GAIN, asks, for_needed, looks_beside, trim_frees
 from jigsaw.control.transition import Need
+from jigsaw.gpu.layout import NodeLayout
 from jigsaw.node import Node
 from jigsaw.plan import Plan
 from jigsaw.planner.anytime import trim_plan
 from jigsaw.planner.node_plan import extend_in_place
-from jigsaw.runtime.applied import Applied, DesiredState, RoomStep
+from jigsaw.runtime.applied import Applied, DesiredState, Placed, RoomStep
 from jigsaw.runtime.placement import Beside
 
 if TYPE_CHECKING:
     from jigsaw.control.controller import AppController, ControllerStats, DataPlane
 
-# an extension in place goes out instead of a spike's plan only when it serves at least this share
-# of what the running plan lacks: ar_assistant's bin 115 (peak window) was met by an extension that
-# re-weighted the running instances for 0.2 more req/s of 311 lacking, and held the spike's plan back
-# a re-plan; traffic_analysis's bin 72 was served by one for 22% of the shortfall
-EXTEND_FIRST_MIN_GAIN = 0.1
-# a plan that plans less than its asked demand by more than this share is capped at what fits
-# (rounding in a plan's rates is not a cap)
-CAPPED_BELOW = 1e-3
+
+
+class BesidePlaced(NamedTuple):
+    """A plan placed beside what runs and drains: what the node looked like, the node layout with
+    the plan on it, and the plan laid out (``Beside.place``)."""
+
+    seen: Beside
+    layout: NodeLayout
+    plan: Plan
+    over_draining: bool = False  # placed beside what serves only (``Beside.serving_only``)
 
 
 class NeededPlans:
@@ -65,10 +70,19 @@ class NeededPlans:
         least_rps = run.planned_rps + min_gain * max(0.0, demand_rps - run.planned_rps)
         running = {n: a.plan for n, a in self.apps.items()}
         beside = beside if beside is not None else self.plane.beside()
-        fits = None if beside is None else (lambda p: got[1] if (got := beside.place(name, p)) else None)
+        # the plans laid out (kept, so their ids stay theirs) -> the node layout each was placed on
+        found: dict[int, tuple[Plan, NodeLayout]] = {}
+
+        def fits(p: Plan) -> Plan | None:
+            assert beside is not None
+            got = beside.place(name, p)
+            if got is None:
+                return None
+            found[id(got[1])] = (got[1], got[0])
+            return got[1]
         p = await asyncio.to_thread(extend_in_place, c.app, self.node, self.plane.profiles, running,
                                     demand_rps, space=self.space, factors=c.measured_factors() or None,
-                                    fits=fits)
+                                    fits=None if beside is None else fits)
         if p is None or p.planned_rps <= max(run.planned_rps * (1 + 1e-9), least_rps):
             free = "" if beside is None else \
                 (f" ({self.node.slices_available - beside.layout.slices_used(self.node.gpu)} slices free, "
@@ -78,9 +92,11 @@ class NeededPlans:
             return None
         self.log(f"{name}: {why}; the running plan, kept in place, is extended for "
                  f"{p.planned_rps:.1f} of {demand_rps:.1f} rps ({p.slices_used} slices)")
+        hit = found.get(id(p))
+        placed = Placed(beside, hit[1]) if beside is not None and hit is not None and hit[0] is p else None
         got = await self._apply(DesiredState(
             name, p, repartition_delay_s=self.repartition_delay_s(), fresh_generation=name in fresh,
-            beside=beside is not None, over_draining=over_draining),
+            beside=beside is not None, over_draining=over_draining, placed=placed),
             "in-place", self._need_reader(c, p, demand_rps, False))
         # re-weighted in place counts (the instances that run serve more); a skip (``note``) does not
         if got is None:
@@ -93,124 +109,61 @@ class NeededPlans:
     def _need_reader(self, c: AppController, plan: Plan, asked_rps: float, holds: bool) -> Callable[[], Need]:
         """What the making-room policy reads of a plan of ``c``'s app pushed now, at each of its
         decisions (``transition.Need``): ``holds`` (the running plan holds the demand: the plan is
-        better, not needed), whether the rate still needs it (``_recheck``), whether the arrivals
-        outgrew it (``_outgrown``) and the least plan the headroom rule kept out."""
+        better, not needed), and, where the deployment policy asks the rate (``deployment.asks``),
+        whether it still needs the plan (``AppController.still_needed``) and whether the arrivals
+        outgrew it (``AppController.outgrows``); and the least plan the headroom rule kept out."""
         if holds:
             return lambda: Need(needed=False)
-        still = self._recheck(c, False)
-        grown = self._outgrown(c, plan, asked_rps, False)
-        return lambda: Need(True, still is None or still(), grown is not None and grown(),
-                            self._headroom_kept.get(c.name))
+        q = asks(self._trigger, self._for_bin, plan.planned_rps, asked_rps, self.node.control)
 
-    def _recheck(self, c: AppController, holds: bool) -> Callable[[], bool] | None:
-        """How a plan of ``c``'s app pushed now is asked again, before a drain-first of the app's
-        running instances, whether the rate still needs it (``AppController.still_needed``), or
-        None (never asked): a needed plan of the rate trigger, which was sized to the rate, is
-        asked at once; a needed plan of a bin's re-plan once the bin it was planned for has ended
-        (before then it may be for a spike the predictor saw ahead of the rate); an operator's
-        plan is pushed as asked.
-
-        Why a bin's plan too: at social_media's spike of bin 156 the predictor's plan for bin 157
-        (6101 req/s) was refused, its quick plan waited 10.5 s for drains and drained 11 running
-        instances first, and switched 18.6 s after it was decided, in bin 160, at 1356 req/s on
-        a running plan for 3649: the interim plan shed 99 requests (44.6% of the bin)."""
-        if holds or self._trigger == "admin":
-            return None
-        if self._trigger == "rate":
-            return c.still_needed
-        if self._trigger != "bin" or self._for_bin is None:
-            return None
-        for_bin = self._for_bin
-        return lambda: self.bin_index <= for_bin or c.still_needed()
-
-    def _outgrown(self, c: AppController, plan: Plan, asked_rps: float,
-                  holds: bool) -> Callable[[], bool] | None:
-        """How a needed plan of ``c``'s app that waits for the drains in its way is asked whether
-        the arrivals have outgrown it (``AppController.outgrows``), or None: a plan the running
-        one holds the demand for is better, not needed, and an operator's is pushed as asked.
-
-        Not at all for a plan capped below the demand it was asked for (at the node's capacity,
-        an extension over draining slots): it is the most that fits, and a re-plan for a higher
-        rate gives the same cap. Abandoning such plans re-planned the same plan, first when asked
-        against what the plan plans (day 0 of social_media, bin 73: an extension for 6261 of 7792
-        req/s), then against the demand it was asked for (the same bin in a later run: an
-        extension for 5206 of 5472 req/s abandoned at 7119, whose re-plan for 7475 brought one for
-        5212 2.6 s later, 92 requests shed at the door meanwhile)."""
-        if holds or self._trigger == "admin" or self.node.control.end_wait_outgrown_above <= 0:
-            return None
-        if plan.planned_rps < asked_rps * (1 - CAPPED_BELOW):
-            return None
-        asked = max(asked_rps, plan.planned_rps)  # a plan for more (the burst floor): against that
-        return lambda: c.outgrows(asked)
-
-    def _short_of_gain(self, name: str, plan: Plan, demand_rps: float, total_slices: int,
-                       fresh: frozenset[str]) -> bool:
-        """``plan`` does not hold ``demand_rps`` either and plans less than
-        ``control.short_plan_min_gain`` more than ``name``'s running plan: the running plan serves
-        on (logged). Only for the controller's own re-plans, where the running plan fits beside the
-        other apps' new plans; a lost worker's app (``fresh``) takes the new plan.
-
-        Why: near the node's capacity a plan that does not hold the demand rearranges the node for
-        a few percent more, and its switch waits for drains and drains part of the running plan
-        first: at ar_assistant's spike a 28-slice plan for 624 req/s replaced a 24-slice plan for
-        613 after 39.6 s, and the drain-first's interim plan met the next bin."""
-        run = self.apps[name].plan
-        gain = self.node.control.short_plan_min_gain
-        if gain <= 0 or name in fresh or not run.instances or self._trigger == "admin" \
-                or plan.planned_rps >= demand_rps * (1 - 1e-9) \
-                or total_slices - plan.slices_used + run.slices_used > self.node.slices_available \
-                or plan.planned_rps >= run.planned_rps * (1 + gain):
-            return False
-        self.log(f"{name}: the new plan serves {plan.planned_rps:.1f} of {demand_rps:.1f} rps, less than "
-                 f"{gain:.0%} more than the running plan's {run.planned_rps:.1f}: keeping the running plan")
-        return True
+        def read() -> Need:
+            still = not q.still_needed or (q.after_bin is not None and self.bin_index <= q.after_bin) \
+                or c.still_needed()
+            grown = q.outgrown_rps is not None and c.outgrows(q.outgrown_rps)
+            return Need(True, still, grown, self._headroom_kept.get(c.name))
+        return read
 
     async def _needed_beside(self, name: str, plan: Plan, demand_rps: float, fresh: frozenset[str],
-                             source: str) -> tuple[bool, bool]:
-        """For a plan ``name`` needs (its running plan does not hold ``demand_rps``; the controller's
-        own re-plan, not an operator's, who asked for that plan): (whether to
-        place it beside what runs and drains, whether its running plan was extended in place
-        instead). Beside when it fits so (``control.place_needed_beside``); where it does not and
-        the running plan holds less than ``control.extend_in_place_first_below`` of the demand, the
-        running plan extended in place at once when that serves more, and the plan not pushed; nor
-        is a later plan of the same re-plan (the exact one after the quick one) that needs slots of
-        the extension's running instances (one that needs only draining slots waits for them).
-
-        Why: a spike's plan placed over the slots of the small running plan needed a drain-first
-        that left the app no lane and was refused, three times in 9 s on ar_assistant's day 0
-        (bins 90-93, 508-720 req/s on a plan for 227, 18 slices free), and placed over draining
-        slots it waited for their drains; the extension after the refusals came 20 s after the
-        spike's onset.
-        """
+                             source: str) -> tuple[BesidePlaced | None, bool]:
+        """For a plan ``name`` needs: (where it goes beside what runs and drains, None: as any plan;
+        whether it is not pushed at all), as the deployment policy decides (``for_needed``) from
+        where it fits: the running plan extended in place at once instead (here), or serving on."""
         ctl = self.node.control
         run = self.apps[name].plan
-        spike = not run.max_demand_plan and run.planned_rps < ctl.extend_in_place_first_below * demand_rps
         again = name in self._extended_first
-        if not (ctl.place_needed_beside or spike or again):
-            return False, False
+        if not looks_beside(run, demand_rps, ctl, again):
+            return None, False
         beside = self.plane.beside()
         if beside is None:  # no MIG layout to keep off
-            return False, False
-        if await asyncio.to_thread(beside.place, name, plan) is not None:
-            return ctl.place_needed_beside, False
+            return None, False
+        got = await asyncio.to_thread(beside.place, name, plan)
+        serving = beside.serving_only()
+        over = await asyncio.to_thread(serving.place, name, plan) if got is None and again else None
+        choice = for_needed(run, demand_rps, ctl, extended_first=again, fits_beside=got is not None,
+                            fits_serving=over is not None)
+        if choice.what == "beside":
+            assert got is not None
+            return BesidePlaced(beside, got[0], got[1]), False
+        if choice.what == "over_draining":
+            # a later plan of the re-plan whose running plan was extended at once: it needs only
+            # draining slots, and waits for them while the extension serves
+            assert over is not None
+            return BesidePlaced(serving, over[0], over[1], over_draining=True), False
+        if choice.what == "any":
+            return None, False
         why = f"the {source} plan needs slots that run or drain"
-        if again:
+        if choice.what == "serve_on":
             # extended at once in this re-plan already: a drain-first of that plan (or its refusal)
-            # would serve the spike on less while it drains; the next re-plan asks again. A plan
-            # that needs only draining slots is pushed: it waits for them while the extension serves
-            if await asyncio.to_thread(beside.serving_only().place, name, plan) is not None:
-                return False, False
+            # would serve the spike on less while it drains; the next re-plan asks again
             self.log(f"{name}: {why}; its running plan, extended in place in this re-plan, serves on")
-            return False, True
-        if not spike:
-            return False, False
+            return None, True
         if await self._extend_in_place(name, demand_rps, fresh, why, beside, EXTEND_FIRST_MIN_GAIN) is None \
-                and (not ctl.extend_over_draining or await self._extend_in_place(
+                and (not choice.over_draining or await self._extend_in_place(
                     name, demand_rps, fresh, f"{why}; over the slots that only drain", beside.serving_only(),
                     EXTEND_FIRST_MIN_GAIN, over_draining=True) is None):
-            return False, False
+            return None, False
         self._extended_first.append(name)
-        return False, True
+        return None, True
 
     async def _trim_running(self, name: str, skipped: Plan, demand_rps: float, delay: float) -> None:
         """The app's running plan held its demand and the re-plan's smaller plan was not applied
@@ -227,12 +180,12 @@ class NeededPlans:
         min_frees = self.node.control.trim_min_slices
         c = self.apps[name]
         run = c.plan
-        if min_frees <= 0 or run.slices_used - skipped.slices_used < min_frees:
+        if not trim_frees(run, skipped, min_frees):
             return
         factors = c.measured_factors() or None
         trimmed = await asyncio.to_thread(trim_plan, c.app, self.node, self.plane.profiles, run,
                                           demand_rps, space=self.space, factors=factors)
-        if trimmed is None or run.slices_used - trimmed.slices_used < min_frees:
+        if trimmed is None or not trim_frees(run, trimmed, min_frees):
             return
         if await self._apply(DesiredState(name, trimmed, repartition_delay_s=delay), "trimmed",
                              lambda: Need(needed=False), record_error=False) is not None:

@@ -127,6 +127,9 @@ def load_fleet(path: str | Path) -> Fleet:
             raise g.error("name", f"duplicate node group {name!r}")
         node = load_node(path.parent / g.str("node"))
         if g.has("gpus"):  # the node file's GPU count, overridden (smaller nodes of that kind)
+            if node.is_mixed:
+                raise g.error("gpus", f"{g.str('node')} has {len(node.groups)} GPU groups: its GPUs "
+                                      "are each group's count in the node file")
             node = node.with_gpus(g.integer("gpus", low=1, high=1024))
         groups.append(NodeGroup(name, node, g.integer("count", 1, low=1, high=10_000)))
     if not groups:

@@ -86,6 +86,7 @@ class NodePlan:
     # compute slices of one GPU: the node's GPU model's own (a GPU given by its figures, e.g.
     # an L4, has no table to look it up in)
     slices_per_gpu: int = 7
+    slices: int = 0  # the node's compute slices where its GPUs differ (several GPU groups); 0: per GPU
 
     @property
     def slices_used(self) -> int:
@@ -93,7 +94,7 @@ class NodePlan:
 
     @property
     def slices_available(self) -> int:
-        return self.num_gpus * self.slices_per_gpu
+        return self.slices or self.num_gpus * self.slices_per_gpu
 
     def plans(self) -> list[Plan]:
         return [a.plan for a in self.apps.values() if a.plan is not None]
@@ -167,9 +168,10 @@ def _group_apps(fleet: Fleet, group: NodeGroup) -> list[App]:
 
 
 def _gpu_options(fleet: Fleet, group: NodeGroup) -> list[int]:
-    """GPU counts an app may get on a node of the group: the whole node when it serves one app."""
+    """GPU counts an app may get on a node of the group: the whole node when it serves one app, or
+    when its GPUs are of several groups (its GPUs are not interchangeable: one app per node)."""
     n = group.node.num_gpus
-    return [n] if len(_group_apps(fleet, group)) <= 1 else list(range(1, n + 1))
+    return [n] if len(_group_apps(fleet, group)) <= 1 or group.node.is_mixed else list(range(1, n + 1))
 
 
 def _profiles(node: Node, apps: list[App], cache: dict[str, ProfileTable]) -> ProfileTable:
@@ -389,7 +391,8 @@ def plan_fleet(fleet: Fleet, *, down: set[str] | frozenset[str] = frozenset(),
                 entries.append(NodeAppPlan(app_name, gpus, offset, point.capacity_rps, share, p))
                 offset += gpus
             np_ = NodePlan(name, g.name, g.node.gpu.name, g.node.num_gpus, {e.app: e for e in entries},
-                           slices_per_gpu=g.node.gpu.compute_slices)
+                           slices_per_gpu=g.node.gpu.compute_slices,
+                           slices=g.node.slices_available if g.node.is_mixed else 0)
             if plan_nodes:
                 np_.layout = _combined_layout(g.node, entries)
             node_plans.append(np_)

@@ -21,6 +21,7 @@ import yaml
 
 from jigsaw.fleet.config import Fleet
 from jigsaw.fleet.planner import FleetPlan, NodePlan
+from jigsaw.planner.groups import mig_part
 from jigsaw.planner.packer import to_mig_parted_yaml
 
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
@@ -39,22 +40,30 @@ def mig_config_name(node: str) -> str:
     return f"jigsaw-{node}"
 
 
-def _node_mig_configs(plan: FleetPlan) -> dict[str, Any]:
+def _node_mig_configs(fleet: Fleet, plan: FleetPlan) -> dict[str, Any]:
     configs: dict[str, Any] = {}
     for n in plan.nodes:
         if n.layout is None:
             continue
-        doc = yaml.safe_load(to_mig_parted_yaml(n.layout, mig_config_name(n.name)))
+        layout = mig_part(n.layout, fleet.group_of(n.name).node)  # a node of several GPU groups: its MIG GPUs
+        doc = yaml.safe_load(to_mig_parted_yaml(layout, mig_config_name(n.name)))
         configs.update(doc["mig-configs"])
     return configs
 
 
-def _mig_resources(n: NodePlan) -> dict[str, str]:
+def _mig_resources(fleet: Fleet, n: NodePlan) -> dict[str, str]:
+    node = fleet.group_of(n.name).node
     counts: dict[str, int] = {}
-    for g in (n.layout.gpus if n.layout is not None else ()):
+    for g in (mig_part(n.layout, node).gpus if n.layout is not None else ()):
         for p in g.instances:
             counts[p.profile] = counts.get(p.profile, 0) + 1
-    return {f"nvidia.com/mig-{p}": str(c) for p, c in sorted(counts.items())}
+    out = {f"nvidia.com/mig-{p}": str(c) for p, c in sorted(counts.items())}
+    if node.is_mixed and n.layout is not None:  # its GPUs used whole, each all the pod's
+        used_whole = {i for grp in node.groups if not grp.model.mig for i in grp.gpus}
+        whole = [g for g in n.layout.gpus if g.instances and g.gpu in used_whole]
+        if whole:
+            out["nvidia.com/gpu"] = str(len(whole))
+    return out
 
 
 def node_plan_json(n: NodePlan) -> str:
@@ -67,7 +76,7 @@ def manifests(fleet: Fleet, plan: FleetPlan) -> dict[str, list[dict[str, Any]]]:
     ns = fleet.kube.namespace
     out: dict[str, list[dict[str, Any]]] = {}
     out["namespace.yaml"] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}]
-    mig = {"version": "v1", "mig-configs": _node_mig_configs(plan)}
+    mig = {"version": "v1", "mig-configs": _node_mig_configs(fleet, plan)}
     out["mig-parted-config.yaml"] = [{
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": MIG_PARTED_CONFIGMAP, "namespace": GPU_OPERATOR_NAMESPACE},
@@ -128,7 +137,7 @@ def _jigsawd_container(fleet: Fleet, n: NodePlan) -> dict[str, Any]:
     kube = fleet.kube
     port = kube.port
     node_file = f"{NODE_CONFIG_DIR}/{Path(fleet.group_of(n.name).node.source).name}"
-    requests = {"cpu": kube.cpu, "memory": kube.memory, **_mig_resources(n)}
+    requests = {"cpu": kube.cpu, "memory": kube.memory, **_mig_resources(fleet, n)}
     limits = {k: v for k, v in requests.items() if k.startswith("nvidia.com/")}
     return {
         "name": "jigsawd", "image": kube.image,

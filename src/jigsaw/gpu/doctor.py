@@ -20,6 +20,7 @@ from typing import Any
 
 from jigsaw.gpu.mps import MPS_CONTROL, default_run_dir
 from jigsaw.gpu.nvml import MigError, read_driver_table
+from jigsaw.gpu_groups import group_of_gpu
 from jigsaw.mig import GPU_MODELS, GpuModel
 from jigsaw.node import Node
 
@@ -55,7 +56,7 @@ def diagnose(
             Check("ok", "node", f"{node.name} is a CPU node ({node.gpu.name}): no GPU, NVML or MPS needed")
         ]
     checks.append(
-        Check("ok", "node", f"{node.name}: {node.num_gpus} x {node.gpu.name}, backend {node.backend}")
+        Check("ok", "node", f"{node.name}: {node.gpus_text}, backend {node.backend}")
     )
     if nvml is None:
         try:
@@ -156,14 +157,17 @@ def _nvml_checks(node: Node, nvml: Any) -> list[Check]:
             Check("ok", "driver", f"NVIDIA driver {_text(nvml.nvmlSystemGetDriverVersion())}, NVML loaded")
         )
         count = int(nvml.nvmlDeviceGetCount())
-        if count < node.num_gpus:
+        hosts = [node.host_index(g) for g in range(node.num_gpus)]
+        if count < node.num_gpus or max(hosts, default=-1) >= count:
             checks.append(
-                Check("FAIL", "gpus", f"{count} GPU(s) found, the node config asks for {node.num_gpus}")
+                Check("FAIL", "gpus", f"{count} GPU(s) found, the node config asks for {node.num_gpus}"
+                      + ("" if hosts == list(range(node.num_gpus)) else f" (host indices {hosts})"))
             )
         else:
             checks.append(Check("ok", "gpus", f"{count} GPU(s) found, the node uses {node.num_gpus}"))
-        for g in range(min(count, node.num_gpus)):
-            checks.append(_mig_mode_check(node, nvml, g))
+        for g in range(node.num_gpus):
+            if hosts[g] < count:
+                checks.append(_mig_mode_check(node, nvml, g))
         if count:
             checks += _mig_table_checks(node, nvml)
     except nvml.NVMLError as exc:
@@ -175,28 +179,31 @@ def _nvml_checks(node: Node, nvml: Any) -> list[Check]:
 
 
 def _mig_mode_check(node: Node, nvml: Any, g: int) -> Check:
-    """GPU ``g``'s MIG mode: on for a partitioned node, off for one that uses its GPUs whole."""
-    dev = nvml.nvmlDeviceGetHandleByIndex(g)
+    """GPU ``g``'s MIG mode: on for a partitioned node (or GPU group), off for one that uses its
+    GPUs whole; on a node of several GPU groups, against the group GPU ``g`` is in (file order)."""
+    h = node.host_index(g)  # its index on the host (a group's devices)
+    dev = nvml.nvmlDeviceGetHandleByIndex(h)
     name = _text(nvml.nvmlDeviceGetName(dev))
-    model_note = "" if _same_model(name, node.gpu.name) else f" (node config says {node.gpu.name})"
+    model = group_of_gpu(node.gpu_groups, g).model if node.is_mixed else node.gpu
+    model_note = "" if _same_model(name, model.name) else f" (node config says {model.name})"
     try:
         current, pending = nvml.nvmlDeviceGetMigMode(dev)
     except nvml.NVMLError as exc:
-        if not node.gpu.mig:
+        if not model.mig:
             return Check("ok", f"gpu {g}", f"{name}{model_note}: no MIG support, used whole")
         return Check("FAIL", f"gpu {g}", f"{name}: no MIG support ({exc})")
     on = nvml.NVML_DEVICE_MIG_ENABLE
-    what, gpu = f"gpu {g}", f"{name}{model_note}"
-    if not node.gpu.mig:
+    what, gpu = f"gpu {g}", f"{name}{model_note}" + (f" (host GPU {h})" if h != g else "")
+    if not model.mig:
         if current == on:
             return Check("FAIL", what, f"{gpu}: MIG mode on, but the node uses its GPUs whole (mig = false): "
-                         f"turn it off (`sudo nvidia-smi -i {g} -mig 0`) or set mig = true")
+                         f"turn it off (`sudo nvidia-smi -i {h} -mig 0`) or set mig = true")
         return Check("ok", what, f"{gpu}: MIG mode off, used whole")
     if current == on:
         return Check("ok", what, f"{gpu}: MIG mode on")
     if pending == on:
         return Check("FAIL", what, f"{gpu}: MIG mode enabled but pending: reset the GPU or reboot")
-    return Check("FAIL", what, f"{gpu}: MIG mode off: run `sudo nvidia-smi -i {g} -mig 1`, "
+    return Check("FAIL", what, f"{gpu}: MIG mode off: run `sudo nvidia-smi -i {h} -mig 1`, "
                  "then reset the GPU")
 
 
@@ -204,6 +211,9 @@ def _mig_table_checks(node: Node, nvml: Any) -> list[Check]:
     """Every GPU-instance profile the driver reports for GPU 0, one line each beside the table's
     figures: a partitioned node plans with the driver's where they differ (``warn``); for a node
     using its GPUs whole the table of its model, where jigsaw has one, is shown for reference."""
+    if node.is_mixed:
+        return [Check("ok", "mig table", "several GPU groups: jigsawd reads each MIG group's table "
+                                         "from its first GPU at start")]
     model: GpuModel | None = node.gpu if node.gpu.mig else GPU_MODELS.get(node.gpu.name)
     if model is None:
         return [Check("ok", "mig table", f"{node.gpu.name}: used whole, no MIG table to check")]

@@ -198,37 +198,48 @@ class EmulatedMps(MpsManager):
 class WholeGpus:
     """The GPUs of a node that uses them whole (``mig = false``) as the instances its MPS daemons are
     keyed by: one per GPU (profile ``gpu``, start 0, as the planner lays a whole GPU out) with the
-    GPU's ``GPU-<uuid>`` from NVML, read once, when the first daemon is needed."""
+    GPU's ``GPU-<uuid>`` from NVML, read once, when the first daemon is needed. ``indices``: the
+    GPUs used whole on a node of several GPU groups (default: every GPU), ``hosts`` the host's
+    index of each (default: the same)."""
 
-    def __init__(self, gpu_model: str, num_gpus: int, nvml: Any = None) -> None:
+    def __init__(self, gpu_model: str, num_gpus: int, nvml: Any = None,
+                 indices: tuple[int, ...] | None = None, hosts: tuple[int, ...] | None = None) -> None:
         self.gpu_model = gpu_model
         self.num_gpus = num_gpus
         self._nvml = nvml
         self._layout: NodeLayout | None = None
+        self.indices = tuple(range(num_gpus)) if indices is None else indices
+        self.hosts = hosts or self.indices
+
+    def has(self, gpu: int) -> bool:
+        return gpu in self.indices
 
     def layout(self) -> NodeLayout:
         if self._layout is None:
             from jigsaw.gpu.nvml import MigError, gpu_uuids
 
             try:
-                uuids = gpu_uuids(self.num_gpus, self._nvml)
+                uuids = gpu_uuids(max(self.hosts, default=-1) + 1, self._nvml)
             except MigError as exc:
                 raise MpsError(f"MPS on whole GPUs: {exc}", step="start_mps") from None
             self._layout = NodeLayout(self.gpu_model, self.num_gpus, tuple(
-                NodeInstance(gpu=g, profile=WHOLE_GPU, start=0, uuid=u) for g, u in enumerate(uuids)))
+                NodeInstance(gpu=g, profile=WHOLE_GPU, start=0, uuid=uuids[h])
+                for g, h in zip(self.indices, self.hosts, strict=True)))
         return self._layout
 
 
 def node_mps(gpu: GpuModel, num_gpus: int, run_dir: Path, *, emulated: bool, on_gpus: bool,
-             partitioned: bool, binary: str = "",
-             nvml: Any = None) -> tuple[MpsManager | None, WholeGpus | None]:
+             partitioned: bool, binary: str = "", nvml: Any = None, whole_gpus: tuple[int, ...] = (),
+             whole_hosts: tuple[int, ...] = ()) -> tuple[MpsManager | None, WholeGpus | None]:
     """The MPS control daemons a node runs: one per MIG instance of MPS level k > 1 on a partitioned
     node, one per GPU that runs k > 1 processes on a node using its GPUs whole (``WholeGpus``, the
     instances to key them by), none on a CPU node or where the backend's workers neither run on the
     GPUs (``on_gpus``) nor emulate them. The driver's control binary (``binary``, else
     ``nvidia-cuda-mps-control``) on a GPU node; on an emulated node a stand-in script when
-    ``binary`` names one, else the in-process emulation."""
-    whole = gpu.kind == "gpu" and not gpu.mig and (emulated or on_gpus)
+    ``binary`` names one, else the in-process emulation. ``whole_gpus``: on a partitioned node
+    of several GPU groups, the GPUs used whole (one daemon per GPU for those), ``whole_hosts`` the
+    host's index of each."""
+    whole = gpu.kind == "gpu" and (not gpu.mig or bool(whole_gpus)) and (emulated or on_gpus)
     if not partitioned and not whole:
         return None, None
     manager = EmulatedMps(run_dir) if emulated and not binary else \
@@ -239,4 +250,5 @@ def node_mps(gpu: GpuModel, num_gpus: int, run_dir: Path, *, emulated: bool, on_
         from jigsaw.gpu.emulated_nvml import EmulatedNvml
 
         nvml = EmulatedNvml(gpu, num_gpus, mig_enabled=False)
-    return manager, WholeGpus(gpu.name, num_gpus, nvml)
+    return manager, WholeGpus(gpu.name, num_gpus, nvml, whole_gpus or None,
+                              None if emulated else whole_hosts or None)

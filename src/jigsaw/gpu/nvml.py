@@ -20,6 +20,7 @@ from typing import Any
 from jigsaw.errors import JigsawError
 from jigsaw.gpu.emulated_nvml import GI_PROFILE_IDS, ci_profile_id, gi_profile_id
 from jigsaw.gpu.layout import NodeInstance, NodeLayout
+from jigsaw.gpu_groups import composite_model, with_qualified_profiles
 from jigsaw.mig import (
     DriverProfile,
     DriverTableError,
@@ -305,17 +306,19 @@ class MigApplier:
 
     # ---- start-up ------------------------------------------------------------------------
 
-    def adopt(self, num_gpus: int) -> NodeLayout:
-        """What the GPUs hold now, as a node layout of idle instances (with their UUIDs).
+    def adopt(self, num_gpus: int, gpus: Iterable[int] | None = None) -> NodeLayout:
+        """What the GPUs hold now, as a node layout of idle instances (with their UUIDs); ``gpus``:
+        only those of the node's ``num_gpus`` (one GPU group's, ``gpu.groups``).
 
         Diffing it against the first desired layout keeps matching instances (their processes are
         started in them, no NVML call) and destroys the others; a GPU instance left without a
         compute instance by an earlier crash gets one first, so it can be used or destroyed.
         """
-        self.check_mig_mode(range(num_gpus))
+        indices = list(range(num_gpus) if gpus is None else gpus)
+        self.check_mig_mode(indices)
         out = []
         nvml = self.nvml
-        for g in range(num_gpus):
+        for g in indices:
             for info, gi, cis in self._find(g):
                 if not cis:
                     prof = self.gpu.profile(info.profile)
@@ -437,9 +440,36 @@ def driver_node(node: Node, nvml: Any = None, say: Any = None) -> Node:
     node without MIG (or a CPU node) is returned as it is."""
     if node.gpu.kind != "gpu" or not node.gpu.mig:
         return node
+    if node.is_mixed:
+        return _driver_groups(node, nvml, say)
     table = read_driver_table(node.gpu, nvml)
     for line in table.differences:
         if say is not None:
             say(f"MIG table of {node.gpu.name}: {line}: using the driver's")
     export_driver_profiles(node.gpu.name, table.profiles)
     return dataclasses.replace(node, gpu=table.model)
+
+
+def _driver_groups(node: Node, nvml: Any, say: Any) -> Node:
+    """``driver_node`` of a node of several GPU groups: each MIG group's table as the driver
+    reports it for the group's first GPU; exported where the node has one MIG group (the export
+    names one model)."""
+    groups = []
+    tables = []
+    for g in node.groups:
+        if not g.model.mig:
+            groups.append(g)
+            continue
+        table = read_driver_table(g.model, nvml, gpu=g.host_indices[0])
+        for line in table.differences:
+            if say is not None:
+                say(f"MIG table of {g.name} (GPU {g.host_indices[0]}): {line}: using the driver's")
+        tables.append(table)
+        groups.append(dataclasses.replace(g, model=table.model,
+                                          gpu=with_qualified_profiles(table.model, g.name)))
+    if len(tables) == 1:
+        export_driver_profiles(tables[0].model.name, tables[0].profiles)
+    elif say is not None and any(t.differences for t in tables):
+        say("several MIG groups: the planner child plans with jigsaw's tables where the driver differs")
+    new = tuple(groups)
+    return dataclasses.replace(node, groups=new, gpu=composite_model(new))

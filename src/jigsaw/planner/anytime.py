@@ -42,9 +42,10 @@ from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance, without_placed
 from jigsaw.planner import joint
 from jigsaw.planner.columns import Column
+from jigsaw.planner.groups import pack_node
 from jigsaw.planner.latency_caps import cap_plans, cover, lane_demand, lanes_of
 from jigsaw.planner.model import Solution
-from jigsaw.planner.packer import PackingError, instances_from_plan, pack
+from jigsaw.planner.packer import PackingError, instances_from_plan
 from jigsaw.planner.problem import Factors, Problem, make_problem
 from jigsaw.planner.routes import settle_lanes
 from jigsaw.planner.verify import verify_plan
@@ -368,7 +369,7 @@ def scaled_quick_plan(app: App, node: Node, profiles: ProfileTable, demand_rps: 
         for objective, lanes, chosen in scaled[:3]:
             plan = _as_plan(pb, f * demand_rps, f * r, lanes, chosen, slo_acc, objective)
             try:
-                plan.layout = pack(instances_from_plan(plan), node.gpu, node.num_gpus, prev)
+                plan.layout = pack_node(instances_from_plan(plan), node, prev)
             except PackingError:
                 continue
             if not verify_plan(plan, app, node, profiles, pb.factors):
@@ -408,8 +409,8 @@ def _first_verified(pb: Problem, demand_rps: float, rate: float,
         plan = _as_plan(pb, demand_rps, rate, lanes, chosen, slo_acc, objective)
         prev = previous.layout if previous is not None else None
         try:
-            plan.layout = pack(instances_from_plan(plan), node.gpu, node.num_gpus,
-                               prev if prev is not None and prev.gpu_model == node.gpu.name else None)
+            plan.layout = pack_node(instances_from_plan(plan), node,
+                                    prev if prev is not None and prev.gpu_model == node.gpu.name else None)
         except PackingError:
             continue
         if verify_plan(plan, pb.app, node, pb.profiles, pb.factors):

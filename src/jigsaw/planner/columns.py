@@ -16,6 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from jigsaw.app import App
+from jigsaw.gpu_groups import SEP
 from jigsaw.mig import MigProfile
 from jigsaw.node import Node
 from jigsaw.profiles import ProfileTable
@@ -69,9 +70,11 @@ def allowed_segments(node: Node, space: SearchSpace) -> list[tuple[MigProfile, i
 
 
 def places_as_easily(p: MigProfile, q: MigProfile) -> bool:
-    """Any valid layout using q stays valid with p in its place (at no higher slice cost)."""
+    """Any valid layout using q stays valid with p in its place (at no higher slice cost); never
+    across GPU groups (``jigsaw.gpu_groups``: a profile lies only on its own group's GPUs)."""
     return (p.compute_slices <= q.compute_slices and p.size <= q.size
-            and set(q.starts) <= set(p.starts) and p.max_per_gpu >= q.max_per_gpu)
+            and set(q.starts) <= set(p.starts) and p.max_per_gpu >= q.max_per_gpu
+            and p.name.rpartition(SEP)[0] == q.name.rpartition(SEP)[0])
 
 
 def _raw_columns(app: App, node: Node, profiles: ProfileTable, space: SearchSpace

@@ -42,6 +42,7 @@ from jigsaw.planner.verify import demand_and_supply
 
 Usage = tuple[int, int]  # (compute slices, MIG placement slots)
 PACK_TRIES = 6  # choices of stored plans tried on the packer per fraction (``served_theta``)
+MAX_PACKS = 12  # packer calls per ``served_theta`` in all (each 5-50 ms: a bound on its time)
 MAX_ENTRIES = 512  # per app and kind: the oldest entries go first past this (a bound on memory)
 _KEY = ("curve",)
 
@@ -177,9 +178,10 @@ def served_theta(demands: Sequence[float], curves: Sequence[Curve], room: Usage,
     """The largest common fraction of ``demands`` that stored plans serve together (one per app,
     within ``room`` by sum, packing onto the node): theta, the plans and their layout; None
     when no choice of them packs. Each fraction from the largest down tries the choices of
-    fewest slices and slots first, ``PACK_TRIES`` of them."""
+    fewest slices and slots first, ``PACK_TRIES`` of them, ``MAX_PACKS`` in all."""
     if any(d <= 0 for d in demands):
         return None
+    packs = 0
     cands = sorted({min(1.0, s.rate_rps / d) for c, d in zip(curves, demands, strict=True)
                     for s in c.served}, reverse=True)
     for theta in cands:
@@ -188,6 +190,9 @@ def served_theta(demands: Sequence[float], curves: Sequence[Curve], room: Usage,
         if any(not o for o in options):
             continue
         for _, choice in _combine([_pareto(o) for o in options], room)[:PACK_TRIES]:
+            if packs >= MAX_PACKS:
+                return None
+            packs += 1
             plans = [w[0] for w in choice]
             try:
                 layout = pack([s.plan for s in plans])

@@ -57,6 +57,7 @@ from jigsaw.mig import slice_unit
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.columns import Column
+from jigsaw.planner.groups import layout_budgets
 from jigsaw.planner.model import LinearModel, Solution
 from jigsaw.planner.problem import Problem, demand_terms, device_names, node_layouts, share_hosts
 from jigsaw.planner.routes import settle_lanes
@@ -546,8 +547,8 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     names = sorted(by_profile)
     layouts = node_layouts(node, device_names(node, names))
     ys = [md.var(0.0, node.num_gpus, integer=True) for _ in layouts]
-    if ys:
-        md.row(ys, [1.0] * len(ys), hi=float(node.num_gpus))
+    for js, num_gpus in layout_budgets(node, layouts):  # one row per GPU group
+        md.row([ys[j] for j in js], [1.0] * len(js), hi=float(num_gpus))
     held: dict[str, list[int]] = defaultdict(list)
     share_vars: dict[str, tuple[int, int]] = {}
     # the objective pays a shared instance whole (its empty seats too): J x its slices, not the shares'

@@ -31,8 +31,9 @@ from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner import joint
 from jigsaw.planner.columns import ColumnSet, build_columns
 from jigsaw.planner.diagnose import why_unserved
+from jigsaw.planner.groups import layout_budgets, pack_node
 from jigsaw.planner.model import LinearModel
-from jigsaw.planner.packer import PackingError, instances_from_plan, pack
+from jigsaw.planner.packer import PackingError, instances_from_plan
 from jigsaw.planner.problem import Problem, demand_terms, device_names, make_problem, share_hosts
 from jigsaw.planner.routes import settle_lanes
 from jigsaw.planner.solution import NO_BOUND, Solution
@@ -170,7 +171,8 @@ class _Model:
         # Packability: every GPU takes one maximal valid layout (or a part of it).
         self.Y = [m.add_var(var_type=mip.INTEGER, lb=0, ub=node.num_gpus, name=f"Y{g}")
                   for g in range(len(pb.layouts))]
-        m += mip.xsum(self.Y) <= node.num_gpus
+        for js, num_gpus in layout_budgets(node, pb.layouts):  # one row per GPU group
+            m += mip.xsum(self.Y[g] for g in js) <= num_gpus
         # a MIG share's host instances: J of them hold k shares each (``problem.share_hosts``)
         shares = share_hosts(node, sorted({c.mig_profile for c in cols}))
         held: dict[str, list[mip.Var]] = defaultdict(list)
@@ -294,7 +296,7 @@ def _with_layout(plan: Plan, node: Node, previous: Plan | None) -> Plan:
     prev_layout = previous.layout if previous is not None else None
     if prev_layout is not None and prev_layout.gpu_model != node.gpu.name:
         prev_layout = None
-    plan.layout = pack(instances_from_plan(plan), node.gpu, node.num_gpus, prev_layout)
+    plan.layout = pack_node(instances_from_plan(plan), node, prev_layout)
     return plan
 
 

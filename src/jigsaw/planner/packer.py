@@ -603,7 +603,7 @@ def to_mig_parted_yaml(layout: Layout, config_name: str = "jigsaw") -> str:
     lines = ["version: v1", "mig-configs:", f"  {config_name}:"]
     for g in sorted(layout.gpus, key=lambda g: g.gpu):
         lines += [f"    - devices: [{g.gpu}]", "      mig-enabled: true"]
-        counts = Counter(p.profile for p in g.instances)
+        counts = Counter(name for name, _ in g.signature)  # a shared instance once, as its host
         if not counts:
             lines.append("      mig-devices: {}")
             continue
@@ -632,6 +632,6 @@ def to_nvidia_smi_commands(layout: Layout, previous: Layout | None = None) -> li
         g = cur.get(gid)
         if g is None:
             continue
-        for p in sorted(g.instances, key=lambda p: (p.start, p.profile)):
-            cmds.append(f"nvidia-smi mig -i {gid} -cgi {p.profile}:{p.start} -C")
+        for name, start in sorted(g.signature, key=lambda x: (x[1], x[0])):  # shares: their instance
+            cmds.append(f"nvidia-smi mig -i {gid} -cgi {name}:{start} -C")
     return cmds

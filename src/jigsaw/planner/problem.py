@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from jigsaw.app import App, Lane
 from jigsaw.node import Node
 from jigsaw.planner.columns import ColumnSet, allowed_variants, build_columns
-from jigsaw.planner.layouts import maximal_layout_counts
+from jigsaw.planner.groups import group_layouts
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace
 
@@ -33,7 +33,8 @@ class Problem:
     factors: Factors | None = None
     profiles: ProfileTable | None = None  # what the columns came from (the verifier needs it)
     # what the planner derives from the fields above alone (never from a demand), kept: a warm
-    # solver process's quick plan then skips rebuilding it (``anytime``); never changed once set
+    # solver process's quick plan then skips rebuilding it (``anytime``); never changed once set,
+    # but for the app's curve (``curves.Curve``: facts about its budgets, which only grows)
     derived: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
 
@@ -89,11 +90,9 @@ def _make_problem(app: App, node: Node, profiles: ProfileTable, space: SearchSpa
 
 
 def node_layouts(node: Node, profile_names: list[str]) -> list[dict[str, int]]:
-    """The maximal per-GPU count vectors over ``profile_names`` (sorted), as dicts."""
-    if not profile_names:
-        return []
-    return [dict(zip(profile_names, counts, strict=True))
-            for counts in maximal_layout_counts(node.gpu, profile_names)]
+    """The maximal per-GPU count vectors over ``profile_names`` (sorted), as dicts (each GPU
+    group's in turn on a node of several: ``groups.group_layouts``)."""
+    return group_layouts(node, profile_names)
 
 
 def device_names(node: Node, profile_names: list[str]) -> list[str]:

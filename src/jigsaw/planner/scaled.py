@@ -220,12 +220,11 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     # what earlier plans showed (the apps' curves): a proven cap on theta*, and plans served
     cap, cached = _from_curves(parts, node, pack, theta_hi)
     hi = min(hi, cap)
-    weak = 0.0  # what the curves' plans serve: the tests step down towards it as towards nothing
     if cached is not None:
-        weak, plans, layout = cached
-        lo = weak
+        lo, plans, layout = cached
         if lo >= theta_hi or hi <= lo * (1 + tolerance) * (1 + 1e-6):
             notes.append("from what earlier plans showed (the apps' curves), without a test")
+    weak = lo  # what the curves' plans serve: the tests step down towards it as towards nothing
     # near: failed tests stepping down from the bound by the tolerance
     guess, hi, near = _first_test(parts, node, solver, theta_hi, hi, tolerance, floors, bound, lo)
     climbs = 0  # feasible tests in a row
@@ -264,12 +263,17 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
         else:  # no decision within the time: the best found stands, unproven above it
             notes.append(f"the test at {guess:.4%} found no decision within the time")
             break
-    if left() <= 0:
-        notes.append(f"stopped at the {time_limit_s:g} s limit")
-    elif tests >= MAX_TESTS and hi > lo * (1 + tolerance) * (1 + 1e-6):
-        notes.append(f"stopped after {MAX_TESTS} tests")
+    notes += _stopped(left() <= 0, time_limit_s,
+                      tests >= MAX_TESTS and hi > lo * (1 + tolerance) * (1 + 1e-6))
     return ScaleResult(_status(plans is not None, lo, hi, tolerance), lo, hi, plans, layout,
                        time.perf_counter() - t0, tests, notes, bound, bound_s)
+
+
+def _stopped(late: bool, time_limit_s: float, counted_out: bool) -> list[str]:
+    """The note on why the search stopped short of a proof, where it did."""
+    if late:
+        return [f"stopped at the {time_limit_s:g} s limit"]
+    return [f"stopped after {MAX_TESTS} tests"] if counted_out else []
 
 
 def _bound(parts: Sequence[joint.Part], node: Node, use_bound: bool | None, bound_limit_s: float | None,

@@ -13,6 +13,7 @@ from jigsaw.app import App
 from jigsaw.mig import NUM_PLACEMENT_SLOTS, MigProfile
 from jigsaw.node import Node
 from jigsaw.plan import PlacedInstance, Plan
+from jigsaw.planner.groups import gpu_of, group_layout_problems
 from jigsaw.profiles import ProfileTable
 
 _REL_TOL = 1e-6
@@ -181,8 +182,10 @@ def _verify_layout(plan: Plan, node: Node) -> list[str]:
         for name, n in per_profile.items():
             if n > mig[name].max_per_gpu:
                 problems.append(f"GPU {g.gpu}: {n} x {name} > {mig[name].max_per_gpu} allowed")
-        if compute > node.gpu.compute_slices:
-            problems.append(f"GPU {g.gpu}: {compute} compute slices > {node.gpu.compute_slices}")
+        most = gpu_of(node, g.gpu).compute_slices if 0 <= g.gpu < node.num_gpus else node.gpu.compute_slices
+        if compute > most:
+            problems.append(f"GPU {g.gpu}: {compute} compute slices > {most}")
+    problems += group_layout_problems(plan.layout, node)
     wanted = Counter({(i.task, i.variant, i.mig_profile, i.mps, i.max_batch): i.count
                       for i in plan.instances})
     if placed != wanted:

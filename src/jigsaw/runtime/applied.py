@@ -5,11 +5,15 @@ refusals. Plain data."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from jigsaw.errors import JigsawError
 from jigsaw.plan import Plan
 from jigsaw.runtime.topology import Topology
+
+if TYPE_CHECKING:
+    from jigsaw.gpu.layout import NodeLayout
+    from jigsaw.runtime.placement import Beside
 
 
 class Router(Protocol):
@@ -32,6 +36,17 @@ class Router(Protocol):
 
 
 @dataclass(frozen=True)
+class Placed:
+    """Where the decider placed a plan beside everything that runs and drains (``Beside.place``:
+    the node layout with the plan on it) and the node it saw then (``seen``): the manager takes
+    the placement as it is while its node is still the one seen, and places the plan again only
+    where it changed meanwhile, so a plan is placed once."""
+
+    seen: Beside
+    layout: NodeLayout
+
+
+@dataclass(frozen=True)
 class DesiredState:
     """What an app should run: a plan, and how long a MIG repartition of its GPUs takes (s)."""
 
@@ -49,6 +64,9 @@ class DesiredState:
     # with ``beside``: placed beside what serves only, on slots that drain where it needs them
     # (``Beside.serving_only``): it waits for those drains, never drains a running instance
     over_draining: bool = False
+    # with ``beside``: where the decider placed it (``plan`` laid out so), taken as it is while
+    # the node is still the one it saw
+    placed: Placed | None = None
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,7 @@ from jigsaw.runtime.cpus import host_cpus, share_cpus
 from jigsaw.runtime.forkserver import Launcher, WorkerProcess, launch
 from jigsaw.runtime.gpus import (
     Kind,
-    gpu_devices,
-    mig_devices,
+    host_devices,
     missing_devices,
     numbered,
     placements,
@@ -279,7 +278,7 @@ class Generation:
             return [None] * len(procs)
         if self.plan.layout is None:
             raise JigsawError(f"the plan of {self.app.name} has no layout to place GPU workers by")
-        devices = mig_devices() if self.node.gpu.mig else gpu_devices()
+        devices = host_devices(self.node)
         missing = missing_devices(self.plan.layout, devices)
         if missing:
             raise JigsawError(f"MIG instances missing at (GPU, start) {missing}: partition the GPUs "

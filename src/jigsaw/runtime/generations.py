@@ -54,14 +54,8 @@ from typing import Any
 from jigsaw.app import App
 from jigsaw.backends.registry import BackendKind
 from jigsaw.errors import JigsawError
-from jigsaw.gpu.layout import (
-    NodeInstance,
-    NodeLayout,
-    empty_layout,
-    from_app_layouts,
-    place_app,
-    validate_node_layout,
-)
+from jigsaw.gpu.groups import GroupsApplier, place_on, validate_on, whole_gpus
+from jigsaw.gpu.layout import NodeInstance, NodeLayout, empty_layout, from_app_layouts
 from jigsaw.gpu.mps import MpsManager, node_mps
 from jigsaw.gpu.nvml import MigApplier
 from jigsaw.gpu.partition import MigPartition, overlaps
@@ -70,7 +64,15 @@ from jigsaw.plan import Plan
 from jigsaw.planner.packer import PackingError, changed_gpus, instances_from_plan
 from jigsaw.runtime import reconfig_metrics
 from jigsaw.runtime.app_loading import AppLoading
-from jigsaw.runtime.applied import READY_TIMEOUT_S, Applied, Deferred, DesiredState, DrainRefused, Router
+from jigsaw.runtime.applied import (
+    READY_TIMEOUT_S,
+    Applied,
+    Deferred,
+    DesiredState,
+    DrainRefused,
+    Placed,
+    Router,
+)
 from jigsaw.runtime.drains import Drains
 from jigsaw.runtime.fault_sink import WorkerFaults
 from jigsaw.runtime.forkserver import Launcher
@@ -82,8 +84,8 @@ from jigsaw.runtime.spares import SparePool
 from jigsaw.runtime.transitions import ManagerTransition
 
 # the names callers import from here
-__all__ = ["DRAINING", "Applied", "Beside", "DesiredState", "DrainRefused", "GenerationManager", "Router",
-           "kept_processes", "same_instances", "without_instances"]
+__all__ = ["DRAINING", "Applied", "Beside", "DesiredState", "DrainRefused", "GenerationManager", "Placed",
+           "Router", "kept_processes", "same_instances", "without_instances"]
 
 FAULT_ENV = "JIGSAW_EMULATED_NVML_FAULT"
 MPS_CONTROL_ENV = "JIGSAW_MPS_CONTROL"  # the MPS control binary (on an emulated node: a stand-in script)
@@ -187,19 +189,26 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         self.partition: MigPartition | None = None
         self._fault = ""
         if self.node_layout is not None and (backend.emulated or backend.on_gpus(node.gpu.kind)):
-            if nvml is None and backend.emulated:
-                from jigsaw.gpu.emulated_nvml import EmulatedNvml
-
-                nvml = EmulatedNvml(node.gpu, node.num_gpus)
+            emulated = nvml is None and backend.emulated
+            if emulated:
                 self._fault = os.environ.get(FAULT_ENV, "")
-            self.partition = MigPartition(node.gpu, node.num_gpus, MigApplier(node.gpu, nvml))
+            if node.is_mixed:  # several GPU groups: each group's MIG, whole GPUs as they are
+                applier: Any = GroupsApplier(node, nvml, emulated=emulated)
+            else:
+                if emulated:
+                    from jigsaw.gpu.emulated_nvml import EmulatedNvml
+
+                    nvml = EmulatedNvml(node.gpu, node.num_gpus)
+                applier = MigApplier(node.gpu, nvml)
+            self.partition = MigPartition(node.gpu, node.num_gpus, applier)
             self.node_layout = self.partition.adopt()  # idle instances: placed apps reuse them
         # one MPS control daemon per MIG instance (or whole GPU: ``WholeGpus``) of MPS level k > 1,
         # in a private run directory (``gpu/mps.py`` ``node_mps``; a stand-in: ``JIGSAW_MPS_CONTROL``)
         mps, gpus = node_mps(
             node.gpu, node.num_gpus, self.run_dir / "mps", emulated=backend.emulated,
             on_gpus=backend.needs_gpu, partitioned=self.partition is not None,
-            binary=os.environ.get(MPS_CONTROL_ENV, ""))
+            binary=os.environ.get(MPS_CONTROL_ENV, ""), whole_gpus=whole_gpus(node) if node.is_mixed else (),
+            whole_hosts=tuple(node.host_index(i) for i in whole_gpus(node)) if node.is_mixed else ())
         self.mps_daemons = MpsDaemons(mps, self.log, gpus)
 
     def _seed_layout(self, plans: list[tuple[App, Plan]]) -> None:
@@ -213,7 +222,7 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         if not laid or len(laid) != len(plans):
             return
         seed = from_app_layouts(gpu.name, self.node.num_gpus, laid)
-        if not validate_node_layout(seed, gpu):
+        if not validate_on(seed, gpu):
             self.node_layout = seed
 
     def place(self, app: str, plan: Plan) -> tuple[NodeLayout | None, Plan]:
@@ -223,8 +232,8 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         if self.node_layout is None:
             return None, plan
         gpu = self.node.gpu
-        desired = place_app(self.node_layout, app, instances_from_plan(plan), gpu, self.keep_usable)
-        problems = validate_node_layout(desired, gpu)
+        desired = place_on(self.node_layout, app, instances_from_plan(plan), gpu, self.keep_usable)
+        problems = validate_on(desired, gpu)
         if problems:  # place_app never does this; a guard, since an overlap would break a GPU
             raise PackingError(f"node layout would break the placement rules: {'; '.join(problems)}")
         return desired, dataclasses.replace(plan, layout=desired.app_layout(app))
@@ -393,13 +402,17 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         return Applied(old.gid, old.gid, False, time.monotonic() - t0, processes=n, kept=n)
 
     def _place_desired(self, desired: DesiredState, old_gid: int) -> tuple[NodeLayout | None, Plan] | Applied:
-        """The node layout with the app on its new plan, and the plan laid out: beside everything
-        that runs and drains when the controller asked so and it still fits there, else as any
-        plan; an ``Applied`` naming why when it does not fit at all."""
+        """The node layout with the app on its new plan, and the plan laid out: where the decider
+        placed it while the node is the one it saw (``Placed``), else beside everything that runs
+        and drains when it asked so and the plan still fits there, else as any plan; an ``Applied``
+        naming why when it does not fit at all."""
         app, new = desired.app, desired.plan
         beside = self.beside() if desired.beside else None
         if beside is not None and desired.over_draining:
             beside = beside.serving_only()
+        placed = desired.placed
+        if placed is not None and beside is not None and placed.seen == beside:
+            return placed.layout, new
         got = beside.place(app, new) if beside is not None else None
         if beside is not None and got is None:  # the node changed since the controller looked
             self.log(f"{app}: the new plan no longer fits beside what runs and drains; placed as any plan")

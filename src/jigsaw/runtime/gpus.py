@@ -14,7 +14,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from jigsaw.errors import JigsawError
+from jigsaw.gpu.groups import whole_gpus
 from jigsaw.mig import gpu_share_level
+from jigsaw.node import Node
 from jigsaw.plan import Layout
 
 
@@ -113,3 +115,16 @@ def device_slot(profile: str, where: tuple[int, int]) -> tuple[int, int]:
     (``jigsaw.shares``) runs on the GPU, keyed (GPU, 0); a share of a MIG instance on that instance
     (at its start); any other instance is its own device."""
     return (where[0], 0) if gpu_share_level(profile) else where
+
+
+def host_devices(node: Node, nvml: Any = None) -> dict[tuple[int, int], str]:
+    """(GPU, start) -> UUID of every device the node's layout may name: the MIG devices of its MIG
+    GPUs, ``GPU-...`` (start 0) of those it uses whole; on a node of several GPU groups both."""
+    if not node.is_mixed:
+        return mig_devices(nvml) if node.gpu.mig else gpu_devices(nvml)
+    whole = set(whole_gpus(node))
+    of_host = {node.host_index(i): i for i in range(node.num_gpus)}  # the host's index -> the node's
+    out = {(of_host[h], s): v for (h, s), v in gpu_devices(nvml).items() if of_host.get(h) in whole}
+    out.update({(of_host[h], s): v for (h, s), v in mig_devices(nvml).items()
+                if h in of_host and of_host[h] not in whole})
+    return out

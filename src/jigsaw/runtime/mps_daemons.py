@@ -44,7 +44,7 @@ class MpsDaemons:
     def _daemon_slot(self, slot: tuple[int, int]) -> tuple[int, int]:
         """The (GPU, start) of the daemon a process at ``slot`` connects to: on whole GPUs the
         GPU's one daemon (its shares' processes share it), else the MIG instance's own."""
-        return (slot[0], 0) if self.gpus is not None else slot
+        return (slot[0], 0) if self.gpus is not None and self.gpus.has(slot[0]) else slot
 
     def start(self, g: Generation, layout: NodeLayout | None) -> dict[tuple[int, int], dict[str, str]]:
         """Start the MPS daemons of ``g``'s new instances (before their processes); their clients'
@@ -60,6 +60,8 @@ class MpsDaemons:
         mps = self.manager
         assert mps is not None
         at = {(i.gpu, i.start): i for i in layout.instances}
+        if self.gpus is not None:  # a GPU used whole: its one daemon, keyed (GPU, 0)
+            at.update({(i.gpu, i.start): i for i in self.gpus.layout().instances})
         started = []
         env: dict[tuple[int, int], dict[str, str]] = {}
         try:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from jigsaw.gpu.layout import NodeInstance, NodeLayout, place_app
+from jigsaw.gpu.groups import place_on
+from jigsaw.gpu.layout import NodeInstance, NodeLayout
 from jigsaw.gpu.partition import overlaps
 from jigsaw.mig import NUM_PLACEMENT_SLOTS, GpuModel
 from jigsaw.plan import Plan, without_placed
@@ -55,7 +56,7 @@ class Beside:
         a slot nothing holds: no drain to wait for, no drain-first, no instance moved. Else None."""
         own = [i for i in self.layout.instances if i.app == app]
         try:
-            placed = place_app(self.layout, app, instances_from_plan(plan), self.gpu, self.keep_usable)
+            placed = place_on(self.layout, app, instances_from_plan(plan), self.gpu, self.keep_usable)
         except PackingError:
             return None
         mine = [i for i in placed.instances if i.app == app]
