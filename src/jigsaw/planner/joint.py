@@ -126,11 +126,11 @@ GRID_PRESOLVE = False
 # (``_max_over_splits``) where the core's plan does not lift, up to MAX_SPLITS splits; beyond,
 # and with CAPACITY_SPLITS off, the full model decides (as before)
 CAPACITY_SPLITS = True
-MAX_SPLITS = 256
+MAX_SPLITS = 2048
 # ... and where the LP bounds leave more than MAX_SPLIT_SOLVES splits to solve (a small node,
 # where integrality takes a few percent off each split's LP: ar_assistant under ``st`` on 4 GPUs
 # has 184 splits, dozens above the best plan), the full model decides, from the best plan found
-MAX_SPLIT_SOLVES = 8
+MAX_SPLIT_SOLVES = 40
 
 
 def grid_caps(pb: Problem, steps: int = GRID_STEPS) -> list[dict[str, float]]:
@@ -991,8 +991,17 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
             bound = max(bound, lp_bound)  # too many splits left open: the full model decides
             break
         solves += 1
+        floor = None
+        if best is not None:
+            # only a plan better than the best by the gap matters: a split with none is refuted
+            # by its infeasibility, usually sooner than its own optimum is proven
+            floor = best.objective + max(gap_abs, rel_gap * abs(best.objective))
+            nz = [(j, c) for j, c in enumerate(built.model.cost) if c]
+            built.model.row([j for j, _ in nz], [c for _, c in nz], lo=floor)
         sol = built.model.solve(solver, left, gap_abs, relative_gap=rel_gap)
         if sol.status == "infeasible":
+            if floor is not None:
+                bound = max(bound, floor)  # nothing of this split above the floor
             continue
         if not sol.has_incumbent:
             bound = max(bound, lp_bound)
