@@ -948,7 +948,7 @@ def _core_start(core: Built, plans: list[Plan | None] | None) -> dict[int, float
 
 
 def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0: float,
-                     time_limit_s: float, gap_abs: float, rel_gap: float
+                     time_limit_s: float, gap_abs: float, rel_gap: float, capacity_mode: bool = True
                      ) -> tuple[JointResult | None, float] | None:
     """The maximum demand of one part as the largest of the cores restricted to each maximal
     split of the SLO (``maximal_caps``: exact, no full model): each split's LP relaxation bounds
@@ -959,7 +959,9 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
 
     Why: traffic_analysis under ``ast`` on 120 GPUs has 39 splits; the full model took 57 s in
     HiGHS (3620 nodes) and 19 s in CBC, the best split's core 0.6-1.1 s, and every split but
-    the best three is refuted by its LP bound.
+    the best three is refuted by its LP bound. At a fixed demand (``capacity_mode`` False) the
+    same holds for the objective: near an app's capacity (the cheapest plan at it) only a few
+    splits' LPs are feasible at all.
     """
     pb = parts[0].pb
     splits = maximal_caps(pb, MAX_SPLITS)
@@ -1012,7 +1014,7 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
             bound = max(bound, lp_bound)
             continue
         # labelled against the bound over every split (the ranking's first); the caller decides
-        got = _result(built, sol, [cols], ranked[0][0], gap_abs, rel_gap, True, t0, "splits")
+        got = _result(built, sol, [cols], ranked[0][0], gap_abs, rel_gap, capacity_mode, t0, "splits")
         best = _better(best, got)
     if best is not None:
         bound = max(bound, best.objective)
@@ -1036,6 +1038,7 @@ class _Search:
     capacity_mode: bool
     core_how: str  # who solves the core and the proofs against it
     split_search: bool
+    exact_splits: bool = False
     best: JointResult | None = None
     ub: float = math.inf
 
@@ -1106,7 +1109,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
           scale_demands: bool = False, start: list[Plan | None] | None = None,
           max_slices: int | None = None, max_slots: int | None = None,
           total_weight: float | None = None, upper_bound: float | None = None,
-          core_solver: str = "auto", split_search: bool | None = None) -> JointResult:
+          core_solver: str = "auto", split_search: bool | None = None,
+          exact_splits: bool = False) -> JointResult:
     """Core, lifting, and the full model only where lifting fails (see the module doc).
 
     The stages are the functions below, over one ``_Search`` state (the clock, the best
@@ -1118,7 +1122,9 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     incumbents on a few splits of the SLO before the level models (``_cap_splits``; None:
     ``SPLIT_SEARCH``). With ``core_solver="same", split_search=False`` (or ``CORE_SOLVER =
     None``, ``SPLIT_SEARCH = False``: how the benches time the path before) the stages run as
-    before both existed.
+    before both existed. ``exact_splits``: one part at a fixed demand is searched over every
+    maximal split of the SLO as the capacity is (``_max_over_splits``; the cheapest plan at an
+    app's capacity, where few splits are feasible), before the other stages.
 
     ``start``: a known feasible plan per part (the anytime incumbent) to start the core from.
     ``max_slices``, ``max_slots``, ``total_weight``: as in ``build``. ``upper_bound``: a known bound on the
@@ -1147,7 +1153,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 # the capacity's core stays on the node's solver: its proven figure is the one
                 # benches cite
                 core_how=solver if capacity_mode else stage_solver(solver, core_solver),
-                split_search=SPLIT_SEARCH if split_search is None else split_search)
+                split_search=SPLIT_SEARCH if split_search is None else split_search,
+                exact_splits=exact_splits)
     sol = core.model.solve(s.core_how, time_limit_s, gap_abs, start=_core_start(core, start),
                            relative_gap=rel_gap)
     if sol.status == "infeasible":
@@ -1208,6 +1215,8 @@ def _search(s: _Search, core: Built, sol: Solution, start: list[Plan | None] | N
         for i, (cols, need) in enumerate(lifts)]
     if s.capacity_mode:
         _capacity_search(s, caps)
+    elif _exact_splits(s):
+        return None
     elif not _incumbent_searches(s, lifts):
         _level_rounds(s, levels)
     return None
@@ -1316,6 +1325,24 @@ def _grid_ranked(s: _Search, i: int) -> list[dict[str, float]]:
             break
     ranked.sort(key=lambda x: -x[0])
     return [cap for _, cap in ranked[:GRID_SOLVES]]
+
+
+def _exact_splits(s: _Search) -> bool:
+    """One part at a fixed demand searched over every maximal split (``solve(exact_splits=)``):
+    whether that settled it (its best plan and bound kept; the full model proves or improves
+    it), False where it does not apply or the splits are too many."""
+    if not (s.exact_splits and len(s.parts) == 1 and not s.shape["scale_demands"]):
+        return False
+    searched = _max_over_splits(s.parts, s.node, s.shape, s.solver, s.t0, s.time_limit_s,
+                                s.gap_abs, s.rel_gap, capacity_mode=False)
+    if searched is None:
+        return False
+    got, bound = searched
+    s.ub = min(s.ub, bound)
+    s.take(got)
+    if s.best is not None and s.ub - s.best.objective <= s.gap_abs:
+        _mark_optimal(s.best, s.ub)
+    return True
 
 
 def _capacity_search(s: _Search, caps: list[dict[str, float] | None]) -> None:
