@@ -126,6 +126,7 @@ GRID_PRESOLVE = False
 # (``_max_over_splits``) where the core's plan does not lift, up to MAX_SPLITS splits; beyond,
 # and with CAPACITY_SPLITS off, the full model decides (as before)
 CAPACITY_SPLITS = True
+_SPLIT_LP_RPS = ("joint", "split capacity LP")  # its ``Problem.derived`` key
 MAX_SPLITS = 2048
 # ... and where the LP bounds leave more than MAX_SPLIT_SOLVES splits to solve (a small node,
 # where integrality takes a few percent off each split's LP: ar_assistant under ``st`` on 4 GPUs
@@ -967,14 +968,22 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
     splits = maximal_caps(pb, MAX_SPLITS)
     if splits is None:
         return None
+    # each split's capacity LP, kept per problem: at a demand above it the split is infeasible
+    # (its LP is not built again: ar_assistant's cheapest plan at its capacity keeps 29 of 1101)
+    lp_rps: dict[tuple, float] = pb.derived.setdefault(_SPLIT_LP_RPS, {})
+    plain = capacity_mode and parts[0].max_rps is None and not any(
+        shape[k] is not None for k in ("max_slices", "max_slots"))
+    demand = parts[0].demand_rps
     models: dict[tuple, Built] = {}
     for caps in splits:  # splits that leave every group the same column are one model
         key = tuple(c.key for c in core_columns(pb, caps))
-        if key not in models:
+        if key not in models and not (demand is not None and lp_rps.get(key, math.inf) < demand):
             models[key] = build(parts, node, full=False, caps=[caps], **shape)
     ranked: list[tuple[float, int, Built]] = []
-    for k, built in enumerate(models.values()):
+    for k, (key, built) in enumerate(models.items()):
         lp = built.model.relaxation("highs")
+        if plain:  # the rate, up to the slices' tie-break (1e-6 each)
+            lp_rps[key] = lp.objective + 1e-3 if lp.has_incumbent else -math.inf
         if lp.has_incumbent:
             ranked.append((lp.objective, k, built))
     ranked.sort(key=lambda x: (-x[0], x[1]))
