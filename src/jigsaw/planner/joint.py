@@ -1349,7 +1349,8 @@ def _exact_splits(s: _Search) -> bool:
     got, bound = searched
     s.ub = min(s.ub, bound)
     s.take(got)
-    if s.best is not None and s.ub - s.best.objective <= s.gap_abs:
+    # a refuted split's bound is the best plus the gap: proven up to round-off
+    if s.best is not None and s.ub - s.best.objective <= s.gap_abs + 1e-9:
         _mark_optimal(s.best, s.ub)
     return True
 
