@@ -138,7 +138,8 @@ def test_maximal_caps_are_every_maximal_split(make) -> None:
 @pytest.mark.parametrize(("make", "solves"), [(_fork, None), (_chain, None), (_chain, 2), (_fork, 0)])
 def test_capacity_over_the_splits_equals_the_full_model(make, solves: int | None, solver: str,
                                                         monkeypatch) -> None:
-    """The maximum demand from the SLO's maximal splits is the full model's, proven both ways;
+    """The maximum demand from the SLO's maximal splits is the full model's, proven both ways,
+    and so is the cheapest plan at it (searched over the splits too, ``exact_splits``);
     the splits decide (their LP bounds and floor cuts refute the rest: no full model is built);
     where more are left open than the solves allowed (the 2-GPU chain with 2), the full model
     decides from the splits' best plan (with no split solve allowed, from none)."""

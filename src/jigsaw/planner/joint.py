@@ -123,8 +123,9 @@ GRID_CUT = False
 # their root without it, 1.26-1.45 s and 0.46 s with it, on a loaded machine)
 GRID_PRESOLVE = False
 # The maximum demand of one app searched over every maximal split of the SLO
-# (``_max_over_splits``) where the core's plan does not lift, up to MAX_SPLITS splits; beyond,
-# and with CAPACITY_SPLITS off, the full model decides (as before)
+# (``_max_over_splits``) where the core's plan does not lift, up to MAX_SPLITS splits, and the
+# cheapest plan at it too (``solve(exact_splits=)``); beyond, and with CAPACITY_SPLITS off, the
+# full model decides (as before)
 CAPACITY_SPLITS = True
 _SPLIT_LP_RPS = ("joint", "split capacity LP")  # its ``Problem.derived`` key
 MAX_SPLITS = 2048
@@ -1340,7 +1341,7 @@ def _exact_splits(s: _Search) -> bool:
     """One part at a fixed demand searched over every maximal split (``solve(exact_splits=)``):
     whether that settled it (its best plan and bound kept; the full model proves or improves
     it), False where it does not apply or the splits are too many."""
-    if not (s.exact_splits and len(s.parts) == 1 and not s.shape["scale_demands"]):
+    if not (CAPACITY_SPLITS and s.exact_splits and len(s.parts) == 1 and not s.shape["scale_demands"]):
         return False
     searched = _max_over_splits(s.parts, s.node, s.shape, s.solver, s.t0, s.time_limit_s,
                                 s.gap_abs, s.rel_gap, capacity_mode=False)
