@@ -179,6 +179,11 @@ def test_an_apps_shares_take_the_free_seats_of_a_running_instance() -> None:
     assert not overlaps(H100, joined, other) and overlaps(H100, replace(joined, seat=0), other)
     assert joined.device_slot == other.device_slot == (0, 6, "1g.10gb") and joined.slot != other.slot
     assert new.as_device().profile == "1g.10gb"
+    # the instance itself (the partition's record) is where the share lies, not in its way; a share
+    # of another level at its start or an instance over its slot is
+    assert not overlaps(H100, joined, joined.as_device())
+    assert overlaps(H100, replace(joined, profile="1g.10gb-1of4"), other)
+    assert overlaps(H100, joined, NodeInstance(0, "2g.20gb", 6, "x"))
 
 
 def test_the_shares_of_a_kind_in_one_instance_are_distinct_processes(tmp_path: Path) -> None:
@@ -229,3 +234,24 @@ def test_a_plan_with_shares_survives_its_json_and_packs_without_its_node(tmp_pat
     cmds = [c for c in capsys.readouterr().out.splitlines() if "-cgi" in c]
     assert cmds and not any("-1of" in c for c in cmds)
     assert len(cmds) == len(result.layout.gpus[0].signature)
+
+
+def test_a_share_placed_beside_what_runs_sits_in_a_running_instances_free_seat() -> None:
+    """``Beside`` (a needed plan placed beside everything that runs and the partition's instances):
+    an app's new share takes the free seat of a running shared instance, whose MIG instance the
+    partition holds, with no drain and nothing created."""
+    from jigsaw.plan import Plan, PlanInstance
+    from jigsaw.runtime.placement import Beside
+
+    theirs = NodeInstance(0, "1g.10gb-1of2", 6, "other", "t", "v", 1, 8, 0, seat=0)
+    layout = NodeLayout(H100.name, 1, (theirs,))
+    share = PlanInstance(task="a", variant="va", mig_profile="1g.10gb-1of2", mps=1, max_batch=8, count=1,
+                         latency_ms=1.0, throughput_rps=1.0, slices=0.5)
+    mine = Plan(app="mine", space="ast", demand_rps=1.0, planned_rps=1.0, feasible=True,
+                max_demand_plan=False, status="optimal", objective=0.0, accuracy=1.0, slices_used=0.5,
+                slices_available=7, solve_seconds=0.0, gap=0.0, instances=[share])
+    got = Beside(layout, (theirs, theirs.as_device()), H100).place("mine", mine)
+    assert got is not None
+    placed, laid = got
+    assert [(i.start, i.seat) for i in placed.of_app("mine")] == [(6, 1)]
+    assert laid.layout is not None and validate_node_layout(placed, H100) == []

@@ -11,11 +11,13 @@ holds shares (its processes' ``CUDA_VISIBLE_DEVICES`` is the GPU: ``runtime/gpus
 
 A MIG instance of profile P shared by k processes (``mig.with_mig_shares``, the node file's
 ``[gpus] mig_shares = ["1g.10gb-1of2", ...]``) is the profile ``P-1of<k>``: P's geometry, a k-th
-of its memory, a k-th of its compute slices as the planner's cost (``MigProfile.slice_cost``; the
-MILPs count slices in k-ths, ``mig.slice_unit``). The planner's per-GPU count vectors hand each
-host instance to P or to k shares of it (``planner/layouts.py``), so every plan packs; the packer
-lays up to k shares into one instance of P and only there (``planner/packer.py``
-``bundle_shares``), each with its seat; the node layout carries the seats (``gpu/layout.py``) and
+of its memory, a k-th of its compute slices as a plan's slices (``MigProfile.slice_cost``; the
+MILPs count slices in k-ths, ``mig.slice_unit``). The MILPs count J instances of P per share level
+(k J >= its shares) beside P's own against the per-GPU layout vectors over devices
+(``planner/problem.py`` ``share_hosts``), so every plan packs, and pay a shared instance whole
+(its empty seats too), so shares are chosen where they save slices; the packer lays up to k shares
+into one instance of P and only there (``planner/packer.py`` ``bundle_shares``), each with its
+seat; the node layout carries the seats (``gpu/layout.py``) and
 the runtime creates the one instance (``NodeInstance.device_slot``) and starts its one MPS daemon
 before its mixed processes, of any tasks and apps. P itself at MPS level k (the homogeneous
 segment) stays, so shares only add choices: a plan never needs more slices with them.

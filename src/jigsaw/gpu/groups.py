@@ -7,8 +7,9 @@ shares) exist with the GPU, so "creating" one only reads the GPU's ``GPU-<uuid>`
 processes (and its one MPS daemon) see. ``GroupsApplier`` is the applier ``gpu.partition`` drives
 on such a node, so partitioning, draining and restoring work as on a node of one model.
 
-The node's GPU indices are the host's NVML indices, the groups' GPUs in file order. The emulated
-node gives each group its own emulated NVML (its GPUs numbered from 0) and translates.
+The node's GPU indices are the planner's (the groups' GPUs in file order); NVML is called with
+the host's (``Node.host_index``: a group's ``devices``, by default the same). The emulated node
+gives each MIG group its own emulated NVML (its GPUs numbered from 0) and translates.
 """
 
 from __future__ import annotations

@@ -53,12 +53,15 @@ class PartitionStats:
 
 
 def overlaps(gpu: GpuModel, a: NodeInstance, b: NodeInstance) -> bool:
-    """Whether ``a`` needs what ``b`` holds: their MIG instances' slots overlap, except two shares of
-    one instance (``jigsaw.shares``), which need the same seat for that."""
+    """Whether ``a`` needs what ``b`` holds: their MIG instances' slots overlap, except within one
+    shared instance (``jigsaw.shares``): two shares of its level need the same seat for that (two
+    levels cannot share it), and a share lies in the instance itself (its partition's record)
+    without taking it."""
     if a.gpu != b.gpu:
         return False
-    if a.device_slot == b.device_slot and a.profile == b.profile and gpu.profile(a.profile).host:
-        return a.seat == b.seat
+    shares = bool(gpu.profile(a.profile).host) + bool(gpu.profile(b.profile).host)
+    if a.device_slot == b.device_slot and shares:
+        return shares == 2 and (a.profile != b.profile or a.seat == b.seat)
     return bool(slot_mask(gpu.device_profile(a.profile), a.start)
                 & slot_mask(gpu.device_profile(b.profile), b.start))
 
@@ -88,8 +91,12 @@ class MigPartition:
     def held(self, desired: NodeLayout) -> tuple[Slot, ...]:
         """The slots of ``desired``'s missing instances that an existing one is in the way of: what
         ``bring_up`` would defer, read without changing anything."""
-        return tuple(inst.slot for inst in desired.instances if inst.slot not in self.existing
-                     and any(overlaps(self.gpu, inst, e) for e in self.existing.values()))
+        held: list[Slot] = []
+        for inst in devices(desired.instances):  # the MIG instances (shares: their host's, once)
+            if inst.slot not in self.existing \
+                    and any(overlaps(self.gpu, inst, e) for e in self.existing.values()):
+                held.extend(i.slot for i in desired.instances if i.device_slot == inst.slot)
+        return tuple(held)
 
     def bring_up(self, desired: NodeLayout, reason: str = "") -> tuple[Slot, ...]:
         """Creates ``desired``'s missing instances that no existing one is in the way of; returns

@@ -238,11 +238,13 @@ class Drains:
         assert self.partition is not None and self.node_layout is not None
         gpu = self.node.gpu
         want = [i for i in desired.instances if i.slot in set(deferred)]
-        mine = {(i.gpu, i.start): i for i in self.node_layout.instances}
+        apps_at: dict[tuple[int, int], set[str]] = {}  # a shared MIG instance may hold several apps
+        for i in self.node_layout.instances:
+            apps_at.setdefault((i.gpu, i.start), set()).add(i.app)
         blockers = {(e.gpu, e.start) for e in self.partition.existing.values()
                     if any(overlaps(gpu, w, e) for w in want)}
         owned = set(placements(old.plan.layout).values()) if old.plan.layout is not None else set()
-        own = {b for b in blockers if b in mine and mine[b].app == app and b in owned}
+        own = {b for b in blockers if apps_at.get(b) == {app} and b in owned}
         return blockers, own
 
     async def _drain_first(self, app: str, old: Generation, desired: NodeLayout,
