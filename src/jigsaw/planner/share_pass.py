@@ -15,10 +15,11 @@ without shares.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from jigsaw.app import App
 from jigsaw.node import Node
-from jigsaw.plan import Plan
+from jigsaw.plan import NodePlan, Plan
 from jigsaw.planner.verify import demand_and_supply, verify_plan
 from jigsaw.profiles import ProfileTable
 
@@ -65,7 +66,7 @@ def idle_slices(plan: Plan, app: App) -> float:
 
 def underused(plan: Plan, app: App) -> bool:
     """Whether shares could save slices on ``plan``: it leaves ``IDLE_SLICES`` idle or more."""
-    return plan.feasible and bool(plan.instances) and idle_slices(plan, app) >= IDLE_SLICES
+    return bool(plan.instances) and idle_slices(plan, app) >= IDLE_SLICES
 
 
 def better(shared: Plan | None, base: Plan, app: App, node: Node, profiles: ProfileTable) -> bool:
@@ -73,3 +74,20 @@ def better(shared: Plan | None, base: Plan, app: App, node: Node, profiles: Prof
     objective (fewer slices or more accuracy), and sound (``verify_plan``)."""
     return (shared is not None and shared.feasible and shared.objective > base.objective + 1e-9
             and not verify_plan(shared, app, node, profiles))
+
+
+def node_underused(plan: NodePlan, apps: Sequence[App]) -> bool:
+    """``underused`` for a node plan: its apps' idle compute together (shares hold processes of
+    different apps in one instance)."""
+    return sum(idle_slices(plan.plans[a.name], a) for a in apps if a.name in plan.plans) >= IDLE_SLICES
+
+
+def node_better(shared: NodePlan, base: NodePlan, apps: Sequence[App], node: Node,
+                profiles: ProfileTable) -> bool:
+    """``better`` for a node plan: a larger share of the demands served, or the same and a strictly
+    better objective; every app's plan sound."""
+    if shared.status not in ("optimal", "feasible") or any(a.name not in shared.plans for a in apps):
+        return False
+    gain = shared.demand_scale > base.demand_scale + 1e-9 or (
+        shared.demand_scale >= base.demand_scale - 1e-9 and shared.objective > base.objective + 1e-9)
+    return gain and not any(verify_plan(shared.plans[a.name], a, node, profiles) for a in apps)
