@@ -40,8 +40,9 @@ H100 = with_mig_shares(gpu_model("H100-80GB"), [2, 4], ["1g.10gb"])
 def _node(tmp_path: Path, shares: str | None = SHARES, count: int = 4) -> Path:
     text = (ROOT / "examples" / "h100x4.toml").read_text()
     text = text.replace('"apps/', f'"{ROOT}/examples/apps/').replace('"../profiles', f'"{ROOT}/profiles')
-    text = text.replace("count = 4\n", f"count = {count}\n" + (f"mig_shares = {shares}\n" if shares else ""))
-    path = tmp_path / f"h100-{count}-{bool(shares)}.toml"
+    line = f"mig_shares = {shares}\n" if shares is not None else ""
+    text = text.replace("count = 4\n", f"count = {count}\n" + line)
+    path = tmp_path / f"h100-{count}-{len(shares) if shares is not None else 'default'}.toml"
     path.write_text(text)
     return path
 
@@ -54,7 +55,11 @@ def test_the_node_file_names_the_shared_instances(tmp_path: Path) -> None:
     assert share_host("1g.10gb-1of4") == "1g.10gb" and share_level("1g.10gb-1of4") == 4
     assert share_host("gpu-1of4") == "" and share_level("7g.80gb") == 0
     assert slice_unit(node.gpu, node.mig_profiles) == 4 and node.slices_available == 28
-    assert load_node(_node(tmp_path, None)).gpu.profile_names == gpu_model("H100-80GB").profile_names
+    assert load_node(_node(tmp_path, "[]")).gpu.profile_names == gpu_model("H100-80GB").profile_names
+    # by default the smallest instance is shared by 2 and by 4 (the planner uses them where they pay)
+    default = load_node(_node(tmp_path, None))
+    assert default.mig_profiles[-2:] == ("1g.10gb-1of2", "1g.10gb-1of4")
+    assert default.gpu.profile_names == (*gpu_model("H100-80GB").profile_names, *default.mig_profiles[-2:])
     for bad, why in (('["2g.20gb-1of5"]', "k in"), ('["9g.1gb-1of2"]', "H100-80GB table"),
                      ('["1g.10gb-1of2-1of2"]', "H100-80GB table")):
         with pytest.raises(ConfigError, match=why) as err:
@@ -129,7 +134,7 @@ def test_the_packer_lays_up_to_k_shares_into_one_instance_and_keeps_them() -> No
 def test_shares_pay_where_small_tasks_waste_whole_instances(tmp_path: Path) -> None:
     """Each app at a small demand: with shares its plan takes fewer slices (tasks of it share
     instances), verified; without them the plan is what it was (the special case)."""
-    shared, plain = load_node(_node(tmp_path)), load_node(_node(tmp_path, None))
+    shared, plain = load_node(_node(tmp_path)), load_node(_node(tmp_path, "[]"))
     app = shared.app("traffic_analysis")
     with_shares = plan(app, shared, load_node_profiles(shared), 40.0)
     without = plan(app, plain, load_node_profiles(plain), 40.0)

@@ -78,8 +78,12 @@ def better(shared: Plan | None, base: Plan, app: App, node: Node, profiles: Prof
 
 def node_underused(plan: NodePlan, apps: Sequence[App]) -> bool:
     """``underused`` for a node plan: its apps' idle compute together (shares hold processes of
-    different apps in one instance)."""
-    return sum(idle_slices(plan.plans[a.name], a) for a in apps if a.name in plan.plans) >= IDLE_SLICES
+    different apps in one instance), where it serves all demand; also a node plan that found
+    nothing (shares may fit). A plan of a common fraction below 1 fills the node: not searched
+    again (the model with shares does not prove there within the limit)."""
+    if any(a.name not in plan.plans for a in apps):
+        return True
+    return plan.feasible and sum(idle_slices(plan.plans[a.name], a) for a in apps) >= IDLE_SLICES
 
 
 def node_better(shared: NodePlan, base: NodePlan, apps: Sequence[App], node: Node,
