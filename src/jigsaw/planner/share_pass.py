@@ -7,9 +7,9 @@ segments) proves in seconds; yet shares only pay where an instance would run far
 small demand), which a near-capacity plan never has. So a plan on a node whose MIG instances may
 be shared is planned without them first (``homogeneous``: the proven plan, as fast as without
 shares), and only where that plan leaves a slice's worth of its instances idle (``underused``) is
-the model with shares solved, started from that plan; its plan is kept only if strictly better
-and sound (``better``). A node's capacity is its homogeneous capacity: proven, never worse than
-without shares.
+the model with shares solved, started from that plan, within ``PASS_FRACTION`` of the time
+limit; its plan is kept only if strictly better and sound (``better``). A node's capacity is its
+homogeneous capacity: proven, never worse than without shares.
 """
 
 from __future__ import annotations
@@ -26,6 +26,15 @@ from jigsaw.profiles import ProfileTable
 IDLE_SLICES = 1.0
 """The idle compute, in slices, a homogeneous plan must leave for the share pass to run: shares
 save whole slices only."""
+
+
+PASS_FRACTION = 0.25
+"""The share pass's time limit against the plan's: it only improves a plan already found."""
+
+
+def pass_limit(node: Node, time_limit_s: float | None) -> float:
+    """The share pass's time limit: ``PASS_FRACTION`` of the plan's (default: the node's)."""
+    return PASS_FRACTION * (time_limit_s if time_limit_s is not None else node.planner.time_limit_s)
 
 
 def _shares(node: Node) -> set[str]:
