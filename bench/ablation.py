@@ -125,18 +125,15 @@ OPTIONAL = {
 # the node file's own.
 DEFAULT_MAX_UTILIZATION = 0.8
 # wall rates are demand / time scale: social_media's capacity is about 4x traffic_analysis's, so its
-# client needs a larger scale to keep its schedule on a 2-core machine. Measured (bench/README.md,
-# "The time scale"): traffic_analysis keeps up at 10 too, but at 5 the node itself runs short of
-# CPU (violations outside the spikes, 61% slices); social_media at 20 fell behind its schedule.
-# social_media runs at 30: its whole day kept its schedule there ("The three full days ..."), and at
-# 60 its drains lasted as long as its SLO (42 s of wall time) and the client fell behind in 3 bins
+# client needs a larger scale to keep its schedule on a 2-core machine (at 20 it fell behind; at 30
+# its whole day kept its schedule); at 5 the node itself runs short of CPU
 DEFAULT_TIME_SCALE = {"traffic_analysis": 20.0, "social_media": 30.0, "ar_assistant": 20.0}
 START_OVERHEAD_S = 60.0  # capacity solve + jigsawd start + tail, per run (2-core machine)
 # the steady-state variants: variant -> wall seconds each bin is played unmeasured before its
 # measured --bin-seconds (None: one bin, the replay's default). A bin's settling must outlast the
 # reconfiguration its re-plan starts, or the measured half still holds the transition: on the
-# 2-core machine a spike plan took 13.4 s to switch and needed re-plans waited up to 12.5 s for
-# drains (bench/README.md), longer than a 5 s bin, so ``steady_15s`` settles 15 s
+# 2-core machine a spike plan's switch and a needed re-plan's wait for drains each took over 12 s,
+# longer than a 5 s bin, so ``steady_15s`` settles 15 s
 STEADY_SETTLE_S: dict[str, float | None] = {"steady": None, "steady_15s": 15.0}
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
 

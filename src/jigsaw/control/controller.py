@@ -1043,6 +1043,7 @@ class NodeController(NeededPlans):
             desired = DesiredState(name, plan, repartition_delay_s=delay, fresh_generation=name in fresh)
             if placed is not None:
                 desired = dataclasses.replace(desired, plan=placed.plan, beside=True,
+                                              over_draining=placed.over_draining,
                                               placed=Placed(placed.seen, placed.layout))
             got = await self._apply(desired, source, self._need_reader(c, plan, demand, holds))
             if got is None:

@@ -1,10 +1,13 @@
 """The whole node's plan: every app at its demand in one decision over the shared slices.
 
 Planning each app as if it had the whole node over-commits it; planning them one after another
-gives the first app the best GPUs. ``plan_node`` solves one model (``joint``) whose apps share
-the slice budget, the per-GPU MIG layout constraint and the objective the node config chooses
-(``planner.objective``): ``accuracy``, the sum over apps of ``weight x accuracy`` minus beta per
-slice; or ``slices``, every app at its demand on the fewest slices. The result is packed as one
+gives the first app the best GPUs. ``plan_node`` decides all apps at once over the shared slice
+budget, the per-GPU MIG layout constraint and the objective the node config chooses
+(``planner.objective``: ``accuracy``, the sum over apps of ``weight x accuracy`` minus beta per
+slice; or ``slices``, every app at its demand on the fewest slices), by default through the
+decomposition (``decompose``: each app alone on its slice frontier, one packing, proven against
+the sum of the apps' bounds), or as one model over all apps (``joint``, the reference the benches
+and tests check it against). The result is packed as one
 layout, so no two apps' instances overlap. If the demands do not fit together, every app serves
 the same largest fraction of its demand (``demand_scale``), on the first plans found that fit
 (``scaled``). The decomposition starts from what earlier decisions showed about each app's
