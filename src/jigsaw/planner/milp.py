@@ -384,9 +384,10 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
                     time_limit_s=time_limit_s, factors=factors, solver=solver,
                     formulation=formulation, start=start)
     if factors is None and share_pass.underused(base, app):
+        pass_s = share_pass.pass_limit(node, time_limit_s, time.perf_counter() - t0)
         shared = _plan_on(app, node, profiles, demand_rps, space=space, previous=previous,
-                          time_limit_s=share_pass.pass_limit(node, time_limit_s), solver=solver,
-                          formulation=formulation, start=base, start_first=True)
+                          time_limit_s=pass_s, solver=solver, formulation=formulation, start=base,
+                          start_first=True)
         if share_pass.better(shared, base, app, node, profiles):
             shared.solve_seconds = time.perf_counter() - t0
             return shared

@@ -199,8 +199,8 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     t0 = time.perf_counter()
     base = _plan_node_on(apps, share_pass.homogeneous(node), profiles, demands, **kw)
     if factors is None and share_pass.node_underused(base, apps):
-        shared = _plan_node_on(apps, node, profiles, demands, **{
-            **kw, "start": base, "time_limit_s": share_pass.pass_limit(node, time_limit_s)})
+        pass_s = share_pass.pass_limit(node, time_limit_s, time.perf_counter() - t0)
+        shared = _plan_node_on(apps, node, profiles, demands, **{**kw, "start": base, "time_limit_s": pass_s})
         if share_pass.node_better(shared, base, apps, node, profiles):
             shared.solve_seconds = time.perf_counter() - t0
             return shared

@@ -7,9 +7,10 @@ segments) proves in seconds; yet shares only pay where an instance would run far
 small demand), which a near-capacity plan never has. So a plan on a node whose MIG instances may
 be shared is planned without them first (``homogeneous``: the proven plan, as fast as without
 shares), and only where that plan leaves a slice's worth of its instances idle (``underused``) is
-the model with shares solved, started from that plan, within ``PASS_FRACTION`` of the time
-limit; its plan is kept only if strictly better and sound (``better``). A node's capacity is its
-homogeneous capacity: proven, never worse than without shares.
+the model with shares solved, started from that plan, for at most as long as that plan took
+(``pass_limit``: a plan at most about twice as slow); its plan is kept only if strictly better
+and sound (``better``). A node's capacity is its homogeneous capacity: proven, never worse than
+without shares.
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ save whole slices only."""
 
 PASS_FRACTION = 0.25
 """The share pass's time limit against the plan's: it only improves a plan already found."""
+PASS_MIN_S = 1.0
+"""... and the least it gets, however fast the homogeneous plan came."""
 
 
-def pass_limit(node: Node, time_limit_s: float | None) -> float:
-    """The share pass's time limit: ``PASS_FRACTION`` of the plan's (default: the node's)."""
-    return PASS_FRACTION * (time_limit_s if time_limit_s is not None else node.planner.time_limit_s)
+def pass_limit(node: Node, time_limit_s: float | None, base_s: float) -> float:
+    """The share pass's time limit: as long as the homogeneous plan took (a plan at most twice
+    as slow), at least ``PASS_MIN_S``, at most ``PASS_FRACTION`` of the plan's limit (default:
+    the node's)."""
+    limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
+    return min(PASS_FRACTION * limit, max(PASS_MIN_S, base_s))
 
 
 def _shares(node: Node) -> set[str]:
@@ -74,8 +80,11 @@ def idle_slices(plan: Plan, app: App) -> float:
 
 
 def underused(plan: Plan, app: App) -> bool:
-    """Whether shares could save slices on ``plan``: it leaves ``IDLE_SLICES`` idle or more."""
-    return bool(plan.instances) and idle_slices(plan, app) >= IDLE_SLICES
+    """Whether shares could save slices on ``plan``: it leaves ``IDLE_SLICES`` idle or more, and
+    some of the node's slices free (a plan that takes them all has spent the spare ones on
+    accuracy: the node is near its capacity, where the model with shares proves slowly)."""
+    return (bool(plan.instances) and plan.slices_used < plan.slices_available
+            and idle_slices(plan, app) >= IDLE_SLICES)
 
 
 def better(shared: Plan | None, base: Plan, app: App, node: Node, profiles: ProfileTable) -> bool:
@@ -87,12 +96,14 @@ def better(shared: Plan | None, base: Plan, app: App, node: Node, profiles: Prof
 
 def node_underused(plan: NodePlan, apps: Sequence[App]) -> bool:
     """``underused`` for a node plan: its apps' idle compute together (shares hold processes of
-    different apps in one instance), where it serves all demand; also a node plan that found
-    nothing (shares may fit). A plan of a common fraction below 1 fills the node: not searched
-    again (the model with shares does not prove there within the limit)."""
+    different apps in one instance), where it serves all demand and leaves slices free; also a
+    node plan that found nothing (shares may fit). A plan of a common fraction below 1, or one
+    that takes every slice, fills the node: not searched again (the model with shares does not
+    prove there within the limit)."""
     if any(a.name not in plan.plans for a in apps):
         return True
-    return plan.feasible and sum(idle_slices(plan.plans[a.name], a) for a in apps) >= IDLE_SLICES
+    idle = sum(idle_slices(plan.plans[a.name], a) for a in apps)
+    return plan.feasible and plan.slices_used < plan.slices_available and idle >= IDLE_SLICES
 
 
 def node_better(shared: NodePlan, base: NodePlan, apps: Sequence[App], node: Node,
