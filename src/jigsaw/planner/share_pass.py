@@ -31,7 +31,7 @@ save whole slices only."""
 
 PASS_FRACTION = 0.25
 """The share pass's time limit against the plan's: it only improves a plan already found."""
-PASS_MIN_S = 1.0
+PASS_MIN_S = 2.0
 """... and the least it gets, however fast the homogeneous plan came."""
 
 
