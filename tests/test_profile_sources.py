@@ -60,7 +60,7 @@ def test_a_whole_gpu_node_has_one_segment_per_gpu_and_mps_level(tmp_path: Path) 
     assert custom.gpu.name == "L4" and custom.gpu.profile("gpu").memory_gb == 24
     with pytest.raises(ConfigError) as err:
         load_node(whole_node(tmp_path, 'model = "L4"\nmig = false\nmemory_gb = 24'), load_apps=False)
-    assert err.value.field == "gpus.sm_count" and "whole-GPU" in err.value.message
+    assert err.value.field == "gpus.sm_count" and "used whole" in err.value.message
     with pytest.raises(ConfigError) as err:
         load_node(whole_node(tmp_path, 'model = "L4"'), load_apps=False)
     assert err.value.field == "gpus.model" and "mig = false" in err.value.message

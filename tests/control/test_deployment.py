@@ -157,7 +157,7 @@ def test_each_apps_plan_kept_placed_beside_or_replaced_by_an_extension() -> None
     spike = choose(300.0, False)
     assert spike.what == "extend" and spike.over_draining
     assert choose(110.0, False).what == "any"
-    assert choose(300.0, False, extended=True, serving=True).what == "any"
+    assert choose(300.0, False, extended=True, serving=True).what == "over_draining"
     assert choose(300.0, False, extended=True).what == "serve_on"
     off = dataclasses.replace(CTL, place_needed_beside=False, extend_over_draining=False)
     assert choose(150.0, True, ctl=off).what == "any"

@@ -483,5 +483,12 @@ def test_the_manager_takes_a_placement_made_on_the_node_it_still_has(tmp_path: P
         stale = dataclasses.replace(desired, placed=Placed(dataclasses.replace(beside, held=()), layout))
         again = gm._place_desired(stale, 0)
         assert isinstance(again, tuple) and again[0] is not layout and again[0] == layout
+        # placed beside what serves only (it would wait for drains): seen against the same view
+        serving = beside.serving_only()
+        over = serving.place(app.name, grown)
+        assert over is not None
+        taken = gm._place_desired(DesiredState(app.name, over[1], beside=True, over_draining=True,
+                                               placed=Placed(serving, over[0])), 0)
+        assert isinstance(taken, tuple) and taken[0] is over[0]
     finally:
         gm.close()

@@ -94,7 +94,8 @@ def test_a_daemon_that_fails_leaves_nothing(fake_mps, tmp_path):
 
 def test_a_daemon_that_never_makes_its_pipe_is_told_to_quit(fake_mps, tmp_path):
     (fake_mps / "mode").write_text("silent")
-    mps = MpsManager(tmp_path / "run", timeout_s=0.3)
+    # the whole timeout passes waiting for the pipe; 1.5 s lets the fake binary itself start under load
+    mps = MpsManager(tmp_path / "run", timeout_s=1.5)
     with pytest.raises(MpsError, match="no control pipe"):
         mps.start(inst(0))
     assert any(c.startswith("quit ") for c in calls(fake_mps))

@@ -253,12 +253,13 @@ def short_of_gain(run: Plan, plan: Plan, demand_rps: float, total_slices: int, s
 
 @dataclass(frozen=True)
 class ForNeeded:
-    """What to do with a plan the app needs (``for_needed``): ``place`` it beside what runs and
-    drains (``beside``), as any plan (``any``), or not at all: ``extend`` the running plan in place
-    instead (``over_draining`` too where no extension beside everything serves enough), or
-    ``serve_on`` (the running plan, extended in this re-plan already, serves on)."""
+    """What to do with a plan the app needs (``for_needed``): place it beside what runs and
+    drains (``beside``), beside what serves, waiting for the drains in its way (``over_draining``),
+    as any plan (``any``), or not at all: ``extend`` the running plan in place instead
+    (``over_draining`` too where no extension beside everything serves enough), or ``serve_on``
+    (the running plan, extended in this re-plan already, serves on)."""
 
-    what: Literal["beside", "any", "extend", "serve_on"]
+    what: Literal["beside", "over_draining", "any", "extend", "serve_on"]
     over_draining: bool = False
 
 
@@ -286,7 +287,7 @@ def for_needed(run: Plan, demand_rps: float, ctl: ControlSettings, *, extended_f
     if fits_beside:
         return ForNeeded("beside" if ctl.place_needed_beside else "any")
     if extended_first:
-        return ForNeeded("any" if fits_serving else "serve_on")
+        return ForNeeded("over_draining" if fits_serving else "serve_on")
     if spike(run, demand_rps, ctl):
         return ForNeeded("extend", over_draining=ctl.extend_over_draining)
     return ForNeeded("any")

@@ -34,6 +34,7 @@ class BesidePlaced(NamedTuple):
     seen: Beside
     layout: NodeLayout
     plan: Plan
+    over_draining: bool = False  # placed beside what serves only (``Beside.serving_only``)
 
 
 class NeededPlans:
@@ -136,13 +137,18 @@ class NeededPlans:
         if beside is None:  # no MIG layout to keep off
             return None, False
         got = await asyncio.to_thread(beside.place, name, plan)
-        fits_serving = got is None and again \
-            and await asyncio.to_thread(beside.serving_only().place, name, plan) is not None
+        serving = beside.serving_only()
+        over = await asyncio.to_thread(serving.place, name, plan) if got is None and again else None
         choice = for_needed(run, demand_rps, ctl, extended_first=again, fits_beside=got is not None,
-                            fits_serving=fits_serving)
+                            fits_serving=over is not None)
         if choice.what == "beside":
             assert got is not None
             return BesidePlaced(beside, got[0], got[1]), False
+        if choice.what == "over_draining":
+            # a later plan of the re-plan whose running plan was extended at once: it needs only
+            # draining slots, and waits for them while the extension serves
+            assert over is not None
+            return BesidePlaced(serving, over[0], over[1], over_draining=True), False
         if choice.what == "any":
             return None, False
         why = f"the {source} plan needs slots that run or drain"

@@ -91,8 +91,12 @@ class MigPartition:
     def held(self, desired: NodeLayout) -> tuple[Slot, ...]:
         """The slots of ``desired``'s missing instances that an existing one is in the way of: what
         ``bring_up`` would defer, read without changing anything."""
-        return tuple(inst.slot for inst in desired.instances if inst.slot not in self.existing
-                     and any(overlaps(self.gpu, inst, e) for e in self.existing.values()))
+        held: list[Slot] = []
+        for inst in devices(desired.instances):  # the MIG instances (shares: their host's, once)
+            if inst.slot not in self.existing \
+                    and any(overlaps(self.gpu, inst, e) for e in self.existing.values()):
+                held.extend(i.slot for i in desired.instances if i.device_slot == inst.slot)
+        return tuple(held)
 
     def bring_up(self, desired: NodeLayout, reason: str = "") -> tuple[Slot, ...]:
         """Creates ``desired``'s missing instances that no existing one is in the way of; returns

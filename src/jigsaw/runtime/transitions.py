@@ -124,7 +124,8 @@ class ManagerTransition:
             lane_without_own=not own or without_instances(old.plan, own) is not None,
             drains_in_way=len(in_way), drains_settled=settled,
             waiting=self._waiting_since is not None, waited=self._waited,
-            queued_s=gm._router().queued_end_s(self.app), drain_budget_s=gm._drain_budget_s(old),
+            queued_s=gm.router.queued_end_s(self.app) if gm.router is not None else None,
+            drain_budget_s=gm._drain_budget_s(old),
             running_planned_rps=old.plan.planned_rps, max_utilization=gm.node.planner.max_utilization,
             new_planned_rps=self.new.planned_rps, new_demand_rps=self.new.demand_rps)
 
