@@ -162,3 +162,20 @@ def _run_one(pre: Precompute) -> None:
         ready, _, _ = select.select([pre.fd], [], [], 30)
         assert ready, "the step's child answered nothing in 30 s"
         pre.readable()
+
+
+def test_a_stuck_step_is_killed_and_dropped(one_gpu, monkeypatch) -> None:
+    node, profiles = one_gpu
+
+    def stuck(*a, **kw):  # runs in the forked child: a solver that never returns
+        time.sleep(3600)
+
+    monkeypatch.setattr(budget_curve, "budget_capacity", stuck)
+    pre = Precompute([_pb(node, profiles)], node, solver="highs", step_limit_s=1)
+    pre.start()
+    pid = pre._pid
+    assert pid is not None and pre.deadline > time.monotonic()
+    pre.expire()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    assert pre.fd is None and len(pre.todo) == 12  # dropped, the rest still to do

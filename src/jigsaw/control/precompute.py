@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from collections.abc import Sequence
 
 from jigsaw.node import Node
@@ -22,6 +23,7 @@ from jigsaw.planner import budget_curve
 from jigsaw.planner.problem import Problem
 
 MAX_FACT_BYTES = 16 << 20  # one step's answer at most this long (a plan's JSON: kilobytes)
+OVERRUN_S = 30.0  # a step's child still running this long after twice its limit is killed, the step dropped
 
 
 class Precompute:
@@ -36,6 +38,7 @@ class Precompute:
         self.done = 0
         self._pid: int | None = None
         self.fd: int | None = None
+        self.deadline = 0.0  # the running step's (``time.monotonic``): past it, ``expire``
         self._buf = bytearray()
 
     def start(self) -> None:
@@ -60,6 +63,7 @@ class Precompute:
                 os._exit(code)
         os.close(w)
         self._pid, self.fd = pid, r
+        self.deadline = time.monotonic() + 2 * limit_s + OVERRUN_S
         self._buf = bytearray()
 
     def readable(self) -> None:
@@ -80,6 +84,12 @@ class Precompute:
                 longer = limit_s * budget_curve.DEEPEN
                 if fact.status != "optimal" and longer <= budget_curve.MAX_STEP_S:
                     self.todo.append((i, k, m, longer))  # its bound tightened once the rest is done
+
+    def expire(self) -> None:
+        """The running step overran (a solver stuck in the child): killed, and not tried again."""
+        if self._pid is not None:
+            self.todo.pop(0)
+            self._reap(kill=True)
 
     def cancel(self) -> None:
         """Kill the running step (it runs again later)."""

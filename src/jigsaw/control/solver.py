@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -250,7 +251,11 @@ def _lines(pre: Precompute) -> Iterator[bytes]:
         while b"\n" not in buf:
             pre.start()
             fds = [0] if pre.fd is None else [0, pre.fd]
-            ready, _, _ = select.select(fds, [], [])
+            wait = None if pre.fd is None else max(0.0, pre.deadline - time.monotonic())
+            ready, _, _ = select.select(fds, [], [], wait)
+            if not ready:
+                pre.expire()
+                continue
             if pre.fd is not None and pre.fd in ready and 0 not in ready:
                 pre.readable()
                 continue
