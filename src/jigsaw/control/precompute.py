@@ -6,7 +6,9 @@ from Python; a plan request must never wait behind it. The child is a fork of th
 process, so it starts with the process's problems (columns built, ``warm_up``); it answers one
 ``BudgetFact`` as JSON on a pipe and exits. The process applies the fact to its own curves
 (``budget_curve.apply``), which every later plan reads. A request arriving mid-step kills the
-child (SIGKILL: nothing of it is kept) and the step runs again once the process is idle.
+child and the CBC process it started (SIGKILL to its process group: nothing of it is kept) and
+the step runs again once the process is idle. A child never uses its parent's warm CBC
+processes (``solve_runner`` drops them after a fork).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Precompute:
         if pid == 0:  # the child: one solve, its answer, gone (never back into the caller)
             code = 1
             try:
+                os.setpgid(0, 0)  # its own group: a kill reaches the CBC process it starts too
                 os.close(r)
                 os.nice(19)  # idle work: the serving processes and the next plan come first
                 fact = budget_curve.budget_capacity(self.pbs[i], self.node, k, m, solver=self.solver,
@@ -62,6 +65,8 @@ class Precompute:
             finally:
                 os._exit(code)
         os.close(w)
+        with contextlib.suppress(OSError):  # (the child may have set it first)
+            os.setpgid(pid, pid)
         self._pid, self.fd = pid, r
         self.deadline = time.monotonic() + 2 * limit_s + OVERRUN_S
         self._buf = bytearray()
@@ -101,6 +106,8 @@ class Precompute:
         self._pid = self.fd = None
         if pid is not None:
             if kill:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)  # the step and the solver process it started
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
