@@ -8,6 +8,8 @@ from __future__ import annotations
 import copy
 import os
 import select
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -179,3 +181,50 @@ def test_a_stuck_step_is_killed_and_dropped(one_gpu, monkeypatch) -> None:
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
     assert pre.fd is None and len(pre.todo) == 12  # dropped, the rest still to do
+
+
+def test_a_kill_reaches_the_solver_process_the_step_started(one_gpu, monkeypatch, tmp_path) -> None:
+    node, profiles = one_gpu
+    pid_file = tmp_path / "grandchild"
+
+    def spawning(*a, **kw):  # runs in the forked child: a solver process of its own, then waits
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        pid_file.write_text(str(proc.pid))
+        time.sleep(3600)
+
+    monkeypatch.setattr(budget_curve, "budget_capacity", spawning)
+    pre = Precompute([_pb(node, profiles)], node, solver="cbc", step_limit_s=60)
+    pre.start()
+    end = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < end, "the step never started its process"
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    pre.cancel()
+    while time.monotonic() < end:
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{grandchild}/stat").read_text().split()[2] == "Z":
+            break  # killed, waiting for init to reap it
+        time.sleep(0.05)
+    else:
+        os.kill(grandchild, 9)
+        raise AssertionError("the step's solver process outlived the kill")
+
+
+def test_a_forked_process_does_not_share_its_parents_warm_cbc_processes() -> None:
+    from jigsaw.planner import solve_runner
+    sentinel = object()
+    before = len(solve_runner._IDLE)
+    solve_runner._IDLE.append(sentinel)  # type: ignore[arg-type]
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if not solve_runner._IDLE else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert len(solve_runner._IDLE) == before + 1  # the parent's kept
+    finally:
+        solve_runner._IDLE.remove(sentinel)  # type: ignore[arg-type]
