@@ -99,12 +99,12 @@ def test_the_solver_process_precompute_fills_the_curves_from_forked_steps(one_gp
     node, profiles = one_gpu
     pb = _pb(node, profiles)
     pre = Precompute([pb], node, solver="highs", step_limit_s=10)
-    # every slice budget with all 8 slots, and below 7 slices with their share of them
+    # every slice budget with all 8 slots, and below 7 slices with their share of them and one more
     assert [(k, m, s) for _, k, m, s in pre.todo][:5] == [(7, None, 10), (6, None, 10), (6, 6, 10),
-                                                         (5, None, 10), (5, 5, 10)]
-    assert len(pre.todo) == 13
+                                                         (6, 7, 10), (5, None, 10)]
+    assert len(pre.todo) == 19
     _run(pre, 240)
-    assert not pre.todo and pre.done == 13
+    assert not pre.todo and pre.done == 19
     curve = curves.curve_of(pb)
     assert curve.served and curve.refuted
     # more slices serve more: the stored plans' front rises with the budget
@@ -122,7 +122,7 @@ def test_a_request_kills_the_running_step_which_runs_again_later(one_gpu) -> Non
     pre.cancel()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
-    assert pre.fd is None and len(pre.todo) == 13 and pre.done == 0
+    assert pre.fd is None and len(pre.todo) == 19 and pre.done == 0
     assert not curves.curve_of(pb).served
 
 
@@ -143,16 +143,16 @@ def test_an_unproven_step_runs_again_longer_once_the_rest_is_done(one_gpu, monke
 
     monkeypatch.setattr(budget_curve, "budget_capacity", stopped)
     pre = Precompute([pb], node, solver="highs", step_limit_s=budget_curve.MAX_STEP_S / budget_curve.DEEPEN)
-    for _ in range(13):
+    for _ in range(19):
         pre.start()
         seen.append(pre.todo[0][3])
         _run_one(pre)
     # every budget once, each queued again DEEPEN times longer (that reaches the most a step takes)
-    assert pre.done == 13 and seen == [budget_curve.MAX_STEP_S / budget_curve.DEEPEN] * 13
-    assert [s for *_, s in pre.todo] == [budget_curve.MAX_STEP_S] * 13
-    for _ in range(13):
+    assert pre.done == 19 and seen == [budget_curve.MAX_STEP_S / budget_curve.DEEPEN] * 19
+    assert [s for *_, s in pre.todo] == [budget_curve.MAX_STEP_S] * 19
+    for _ in range(19):
         _run_one(pre)
-    assert not pre.todo and pre.done == 26
+    assert not pre.todo and pre.done == 38
     # only bounds were stored: every rate above 100 x k refuted on k slices, nothing served
     curve = curves.curve_of(pb)
     assert not curve.served and curve.refuted_at(100.0 * 7 + 1) and not curve.refuted_at(99.0)
@@ -180,7 +180,7 @@ def test_a_stuck_step_is_killed_and_dropped(one_gpu, monkeypatch) -> None:
     pre.expire()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    assert pre.fd is None and len(pre.todo) == 12  # dropped, the rest still to do
+    assert pre.fd is None and len(pre.todo) == 18  # dropped, the rest still to do
 
 
 def test_a_kill_reaches_the_solver_process_the_step_started(one_gpu, monkeypatch, tmp_path) -> None:
