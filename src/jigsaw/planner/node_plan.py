@@ -28,7 +28,7 @@ from jigsaw.errors import PlanError
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import NODE_OBJECTIVES, Node
 from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
-from jigsaw.planner import curves, decompose, joint, share_pass
+from jigsaw.planner import curves, decompose, joint
 from jigsaw.planner.anytime import (
     Candidate,
     candidate_plan,
@@ -191,29 +191,6 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     joint model from (the decomposition starts each app from its own greedy plan: packed for
     that app alone, it is the start ``milp.plan`` uses too, so both give the same plans).
     """
-    kw = dict(objective=objective, space=space, previous=previous, time_limit_s=time_limit_s,
-              factors=factors, solver=solver, start=start, formulation=formulation)
-    if not share_pass.has_mig_shares(node):
-        return _plan_node_on(apps, node, profiles, demands, **kw)
-    # MIG-instance shares as a second pass over the homogeneous plan (``share_pass``)
-    t0 = time.perf_counter()
-    base = _plan_node_on(apps, share_pass.homogeneous(node), profiles, demands, **kw)
-    if factors is None and share_pass.node_underused(base, apps):
-        pass_s = share_pass.pass_limit(node, time_limit_s, time.perf_counter() - t0)
-        shared = _plan_node_on(apps, node, profiles, demands, **{**kw, "start": base, "time_limit_s": pass_s})
-        if share_pass.node_better(shared, base, apps, node, profiles):
-            shared.solve_seconds = time.perf_counter() - t0
-            return shared
-    base.solve_seconds = time.perf_counter() - t0
-    return base
-
-
-def _plan_node_on(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float], *,
-                  objective: str | None = None, space: str | SearchSpace | None = None,
-                  previous: NodePlan | None = None, time_limit_s: float | None = None,
-                  factors: Mapping[str, Factors] | None = None, solver: str | None = None,
-                  start: NodePlan | None = None, formulation: str | None = None) -> NodePlan:
-    """``plan_node`` on the segments ``node`` offers."""
     t0 = time.perf_counter()
     kind, solver, form = _check_node_request(apps, node, demands, objective, solver, formulation)
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
