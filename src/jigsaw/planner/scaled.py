@@ -227,15 +227,8 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
         notes.append("no common fraction above 0 fits (the capacity bound)")
         return ScaleResult("none", 0.0, 0.0, None, None, time.perf_counter() - t0, 0, notes,
                            bound, bound_s)
-    # what earlier plans showed (the apps' curves): a proven cap on theta*, and plans served
-    cap, cached = _from_curves(parts, node, pack, theta_hi)
-    hi = min(hi, cap)
-    if cached is not None:
-        lo, plans, layout = cached
-        if lo >= theta_hi or hi <= lo * (1 + tolerance) * (1 + 1e-6):
-            notes.append("from what earlier plans showed (the apps' curves), without a test")
-        elif refine_s is not None and hi <= lo * (1 + CURVE_REFINE_GAP):
-            deadline = min(deadline, time.perf_counter() + refine_s)
+    lo, hi, plans, layout, deadline = _curve_start(parts, node, pack, theta_hi, hi, tolerance,
+                                                   refine_s, deadline, notes)
     weak = lo  # what the curves' plans serve: the tests step down towards it as towards nothing
     # near: failed tests stepping down from the bound by the tolerance
     guess, hi, near = _first_test(parts, node, solver, theta_hi, hi, tolerance, floors, bound, lo)
@@ -279,6 +272,23 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
                       tests >= MAX_TESTS and hi > lo * (1 + tolerance) * (1 + 1e-6))
     return ScaleResult(_status(plans is not None, lo, hi, tolerance), lo, hi, plans, layout,
                        time.perf_counter() - t0, tests, notes, bound, bound_s)
+
+
+def _curve_start(parts: Sequence[joint.Part], node: Node, pack: decompose.Packer, theta_hi: float,
+                 hi: float, tolerance: float, refine_s: float | None, deadline: float, notes: list[str]
+                 ) -> tuple[float, float, list[Plan] | None, Layout | None, float]:
+    """Where the search starts from what earlier plans showed (the apps' curves): a proven cap
+    on theta* and the plans they serve; the deadline nearer where they bracket theta* closely."""
+    cap, cached = _from_curves(parts, node, pack, theta_hi)
+    hi = min(hi, cap)
+    if cached is None:
+        return 0.0, hi, None, None, deadline
+    lo, plans, layout = cached
+    if lo >= theta_hi or hi <= lo * (1 + tolerance) * (1 + 1e-6):
+        notes.append("from what earlier plans showed (the apps' curves), without a test")
+    elif refine_s is not None and hi <= lo * (1 + CURVE_REFINE_GAP):
+        deadline = min(deadline, time.perf_counter() + refine_s)
+    return lo, hi, plans, layout, deadline
 
 
 def _stopped(late: bool, time_limit_s: float, counted_out: bool) -> list[str]:
