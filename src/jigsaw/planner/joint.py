@@ -995,8 +995,10 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
         if best is not None and lp_bound - best.objective <= max(gap_abs, rel_gap * abs(lp_bound)):
             bound = max(bound, lp_bound)  # this split and all below it: within the gap
             break
-        # the splits still above the best plan (the ranking's first is solved in any case)
-        above = 1 if best is None else \
+        # the splits still above the best plan (the ranking's first is solved in any case; at a
+        # demand, with no plan yet, every split left: on 4 GPUs ar_assistant's cheapest plan at
+        # its capacity under ``st`` has 97 splits whose LPs reach it and whose cores do not)
+        above = (1 if capacity_mode else len(ranked) - k) if best is None else \
             sum(1 for x, _, _ in ranked[k:] if x - best.objective > max(gap_abs, rel_gap * abs(x)))
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0 or solves + above > MAX_SPLIT_SOLVES:
