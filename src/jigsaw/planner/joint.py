@@ -130,9 +130,13 @@ CAPACITY_SPLITS = True
 _SPLIT_LP_RPS = ("joint", "split capacity LP")  # its ``Problem.derived`` key
 MAX_SPLITS = 2048
 # ... and where the LP bounds leave more than MAX_SPLIT_SOLVES splits to solve (a small node,
-# where integrality takes a few percent off each split's LP: ar_assistant under ``st`` on 4 GPUs
-# has 184 splits, dozens above the best plan), the full model decides, from the best plan found
+# where integrality takes a few percent off each split's LP: ar_assistant under ``ast`` on 4 GPUs),
+# the full model decides, from the best plan found; each split after the first plan is asked only
+# for a better one (a floor row): ar_assistant under ``ast`` on 120 GPUs refutes 29 so
 MAX_SPLIT_SOLVES = 40
+# ... and where ranking the splits by their LPs passes this share of the time limit (ar_assistant's
+# 1101 splits: 5-6 s at load 15, too long for a plan above capacity within the node's 10 s)
+SPLIT_RANK_SHARE = 0.25
 
 
 def grid_caps(pb: Problem, steps: int = GRID_STEPS) -> list[dict[str, float]]:
@@ -957,7 +961,7 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
     its core (milliseconds), the splits are solved in the order of their bounds, and a split
     whose bound is within the gap of the best plan found is not solved. Returns the best plan
     (None if no split has one) and the bound over every split (its proof), or None when the
-    splits are more than ``MAX_SPLITS``.
+    splits are more than ``MAX_SPLITS`` or ranking them passes ``SPLIT_RANK_SHARE`` of the limit.
 
     Why: traffic_analysis under ``ast`` on 120 GPUs has 39 splits; the full model took 57 s in
     HiGHS (3620 nodes) and 19 s in CBC, the best split's core 0.6-1.1 s, and every split but
@@ -976,12 +980,17 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
         shape[k] is not None for k in ("max_slices", "max_slots"))
     demand = parts[0].demand_rps
     models: dict[tuple, Built] = {}
+    rank_s = SPLIT_RANK_SHARE * time_limit_s
     for caps in splits:  # splits that leave every group the same column are one model
+        if time.perf_counter() - t0 > rank_s:
+            return None  # the ranking alone would take the time: the full model decides
         key = tuple(c.key for c in core_columns(pb, caps))
         if key not in models and not (demand is not None and lp_rps.get(key, math.inf) < demand):
             models[key] = build(parts, node, full=False, caps=[caps], **shape)
     ranked: list[tuple[float, int, Built]] = []
     for k, (key, built) in enumerate(models.items()):
+        if time.perf_counter() - t0 > rank_s:
+            return None  # the ranking alone would take the time: the full model decides
         lp = built.model.relaxation("highs")
         if plain:  # the rate, up to the slices' tie-break (1e-6 each)
             lp_rps[key] = lp.objective + 1e-3 if lp.has_incumbent else -math.inf
@@ -1341,8 +1350,9 @@ def _grid_ranked(s: _Search, i: int) -> list[dict[str, float]]:
 
 def _exact_splits(s: _Search) -> bool:
     """One part at a fixed demand searched over every maximal split (``solve(exact_splits=)``):
-    whether that settled it (its best plan and bound kept; the full model proves or improves
-    it), False where it does not apply or the splits are too many."""
+    whether that proved the optimum (otherwise its best plan and bound are kept for the other
+    stages: under a short limit, e.g. a plan above capacity within the node's 10 s, the splits
+    may find none)."""
     if not (CAPACITY_SPLITS and s.exact_splits and len(s.parts) == 1 and not s.shape["scale_demands"]):
         return False
     searched = _max_over_splits(s.parts, s.node, s.shape, s.solver, s.t0, s.time_limit_s,
@@ -1355,7 +1365,7 @@ def _exact_splits(s: _Search) -> bool:
     # a refuted split's bound is the best plus the gap: proven up to round-off
     if s.best is not None and s.ub - s.best.objective <= s.gap_abs + 1e-9:
         _mark_optimal(s.best, s.ub)
-    return True
+    return s.proven()
 
 
 def _capacity_search(s: _Search, caps: list[dict[str, float] | None]) -> None:
