@@ -969,34 +969,9 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
     same holds for the objective: near an app's capacity (the cheapest plan at it) only a few
     splits' LPs are feasible at all.
     """
-    pb = parts[0].pb
-    splits = maximal_caps(pb, MAX_SPLITS)
-    if splits is None:
+    ranked = _ranked_splits(parts, node, shape, capacity_mode, t0 + SPLIT_RANK_SHARE * time_limit_s)
+    if ranked is None:
         return None
-    # each split's capacity LP, kept per problem: at a demand above it the split is infeasible
-    # (its LP is not built again: ar_assistant's cheapest plan at its capacity keeps 29 of 1101)
-    lp_rps: dict[tuple, float] = pb.derived.setdefault(_SPLIT_LP_RPS, {})
-    plain = capacity_mode and parts[0].max_rps is None and not any(
-        shape[k] is not None for k in ("max_slices", "max_slots"))
-    demand = parts[0].demand_rps
-    models: dict[tuple, Built] = {}
-    rank_s = SPLIT_RANK_SHARE * time_limit_s
-    for caps in splits:  # splits that leave every group the same column are one model
-        if time.perf_counter() - t0 > rank_s:
-            return None  # the ranking alone would take the time: the full model decides
-        key = tuple(c.key for c in core_columns(pb, caps))
-        if key not in models and not (demand is not None and lp_rps.get(key, math.inf) < demand):
-            models[key] = build(parts, node, full=False, caps=[caps], **shape)
-    ranked: list[tuple[float, int, Built]] = []
-    for k, (key, built) in enumerate(models.items()):
-        if time.perf_counter() - t0 > rank_s:
-            return None  # the ranking alone would take the time: the full model decides
-        lp = built.model.relaxation("highs")
-        if plain:  # the rate, up to the slices' tie-break (1e-6 each)
-            lp_rps[key] = lp.objective + 1e-3 if lp.has_incumbent else -math.inf
-        if lp.has_incumbent:
-            ranked.append((lp.objective, k, built))
-    ranked.sort(key=lambda x: (-x[0], x[1]))
     best: JointResult | None = None
     bound = -math.inf  # over the splits solved so far, then the first one not solved
     solves = 0
@@ -1040,6 +1015,41 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
     if best is not None:
         bound = max(bound, best.objective)
     return best, bound
+
+
+def _ranked_splits(parts: list[Part], node: Node, shape: dict, capacity_mode: bool, until: float
+                   ) -> list[tuple[float, int, Built]] | None:
+    """Part 0's restricted cores over the maximal splits with their LP bounds, best first; None
+    where the splits are more than ``MAX_SPLITS`` or the clock passes ``until`` (the ranking
+    alone would take the time: the full model decides)."""
+    pb = parts[0].pb
+    splits = maximal_caps(pb, MAX_SPLITS)
+    if splits is None:
+        return None
+    # each split's capacity LP, kept per problem: at a demand above it the split is infeasible
+    # (its LP is not built again: ar_assistant's cheapest plan at its capacity keeps 29 of 1101)
+    lp_rps: dict[tuple, float] = pb.derived.setdefault(_SPLIT_LP_RPS, {})
+    plain = capacity_mode and parts[0].max_rps is None and not any(
+        shape[k] is not None for k in ("max_slices", "max_slots"))
+    demand = parts[0].demand_rps
+    models: dict[tuple, Built] = {}
+    for caps in splits:  # splits that leave every group the same column are one model
+        if time.perf_counter() > until:
+            return None
+        key = tuple(c.key for c in core_columns(pb, caps))
+        if key not in models and not (demand is not None and lp_rps.get(key, math.inf) < demand):
+            models[key] = build(parts, node, full=False, caps=[caps], **shape)
+    ranked: list[tuple[float, int, Built]] = []
+    for k, (key, built) in enumerate(models.items()):
+        if time.perf_counter() > until:
+            return None
+        lp = built.model.relaxation("highs")
+        if plain:  # the rate, up to the slices' tie-break (1e-6 each)
+            lp_rps[key] = lp.objective + 1e-3 if lp.has_incumbent else -math.inf
+        if lp.has_incumbent:
+            ranked.append((lp.objective, k, built))
+    ranked.sort(key=lambda x: (-x[0], x[1]))
+    return ranked
 
 
 @dataclass
