@@ -40,8 +40,9 @@ H100 = with_mig_shares(gpu_model("H100-80GB"), [2, 4], ["1g.10gb"])
 def _node(tmp_path: Path, shares: str | None = SHARES, count: int = 4) -> Path:
     text = (ROOT / "examples" / "h100x4.toml").read_text()
     text = text.replace('"apps/', f'"{ROOT}/examples/apps/').replace('"../profiles', f'"{ROOT}/profiles')
-    text = text.replace("count = 4\n", f"count = {count}\n" + (f"mig_shares = {shares}\n" if shares else ""))
-    path = tmp_path / f"h100-{count}-{bool(shares)}.toml"
+    line = f"mig_shares = {shares}\n" if shares is not None else ""
+    text = text.replace("count = 4\n", f"count = {count}\n" + line)
+    path = tmp_path / f"h100-{count}-{len(shares) if shares is not None else 'default'}.toml"
     path.write_text(text)
     return path
 
@@ -54,7 +55,11 @@ def test_the_node_file_names_the_shared_instances(tmp_path: Path) -> None:
     assert share_host("1g.10gb-1of4") == "1g.10gb" and share_level("1g.10gb-1of4") == 4
     assert share_host("gpu-1of4") == "" and share_level("7g.80gb") == 0
     assert slice_unit(node.gpu, node.mig_profiles) == 4 and node.slices_available == 28
-    assert load_node(_node(tmp_path, None)).gpu.profile_names == gpu_model("H100-80GB").profile_names
+    assert load_node(_node(tmp_path, "[]")).gpu.profile_names == gpu_model("H100-80GB").profile_names
+    # by default the smallest instance is shared by 2 and by 4 (the planner uses them where they pay)
+    default = load_node(_node(tmp_path, None))
+    assert default.mig_profiles[-2:] == ("1g.10gb-1of2", "1g.10gb-1of4")
+    assert default.gpu.profile_names == (*gpu_model("H100-80GB").profile_names, *default.mig_profiles[-2:])
     for bad, why in (('["2g.20gb-1of5"]', "k in"), ('["9g.1gb-1of2"]', "H100-80GB table"),
                      ('["1g.10gb-1of2-1of2"]', "H100-80GB table")):
         with pytest.raises(ConfigError, match=why) as err:
@@ -129,7 +134,7 @@ def test_the_packer_lays_up_to_k_shares_into_one_instance_and_keeps_them() -> No
 def test_shares_pay_where_small_tasks_waste_whole_instances(tmp_path: Path) -> None:
     """Each app at a small demand: with shares its plan takes fewer slices (tasks of it share
     instances), verified; without them the plan is what it was (the special case)."""
-    shared, plain = load_node(_node(tmp_path)), load_node(_node(tmp_path, None))
+    shared, plain = load_node(_node(tmp_path)), load_node(_node(tmp_path, "[]"))
     app = shared.app("traffic_analysis")
     with_shares = plan(app, shared, load_node_profiles(shared), 40.0)
     without = plan(app, plain, load_node_profiles(plain), 40.0)
@@ -255,3 +260,44 @@ def test_a_share_placed_beside_what_runs_sits_in_a_running_instances_free_seat()
     placed, laid = got
     assert [(i.start, i.seat) for i in placed.of_app("mine")] == [(6, 1)]
     assert laid.layout is not None and validate_node_layout(placed, H100) == []
+
+
+def test_the_share_pass_runs_where_instances_idle_and_capacity_stays_homogeneous(tmp_path: Path) -> None:
+    """Shares are a second pass (``share_pass``): the node without them is the homogeneous one;
+    a small demand leaves instances idle (the pass runs), a plan at capacity none; a capacity is
+    the homogeneous model's, proven, the same figure as without shares."""
+    from jigsaw.planner import share_pass
+    from jigsaw.planner.milp import capacity
+
+    shared, plain = load_node(_node(tmp_path, count=1)), load_node(_node(tmp_path, "[]", count=1))
+    assert share_pass.has_mig_shares(shared) and not share_pass.has_mig_shares(plain)
+    assert share_pass.homogeneous(plain) is plain
+    assert share_pass.homogeneous(shared).mig_profiles == plain.mig_profiles
+    app, profiles = plain.app("traffic_analysis"), load_node_profiles(plain)
+    small = plan(app, plain, profiles, 40.0)
+    assert small.feasible and share_pass.idle_slices(small, app) >= share_pass.IDLE_SLICES
+    assert share_pass.underused(small, app)
+    caps = [capacity(app, n, load_node_profiles(n)) for n in (plain, shared)]
+    assert [c.status for c in caps] == ["optimal", "optimal"]
+    assert caps[1].max_demand_rps == pytest.approx(caps[0].max_demand_rps)
+    assert not any(share_level(i.mig_profile) for i in caps[1].plan.instances)
+    assert not share_pass.underused(caps[0].plan, app)
+    # the pass's plan replaces the homogeneous one only if strictly better and sound
+    with_shares = plan(app, shared, load_node_profiles(shared), 40.0)
+    assert with_shares.slices_used < small.slices_used
+    assert share_pass.better(with_shares, small, app, shared, load_node_profiles(shared))
+    assert not share_pass.better(small, with_shares, app, shared, load_node_profiles(shared))
+    assert not share_pass.better(replace(with_shares, feasible=False), small, app, shared,
+                                 load_node_profiles(shared))
+
+
+def test_a_node_plan_keeps_the_homogeneous_plan_where_the_pass_serves_less() -> None:
+    from jigsaw.plan import NodePlan
+    from jigsaw.planner import share_pass
+
+    node = load_node(ROOT / "examples" / "h100x4.toml")
+    base = NodePlan(node.name, "accuracy", "optimal", False, 1.0, 0.0, 28, 28, 1.0, demand_scale=0.5)
+    worse = replace(base, demand_scale=0.45, objective=2.0)
+    assert not share_pass.node_better(worse, base, [], node, load_node_profiles(node))
+    assert share_pass.node_better(replace(base, demand_scale=0.55), base, [], node, load_node_profiles(node))
+    assert not share_pass.node_underused(base, [])  # a common fraction below 1: the node is full

@@ -521,27 +521,31 @@ def test_the_rate_trigger_reads_the_recent_window_not_the_whole_bin() -> None:
 def test_the_rate_trigger_asks_the_predictor_what_the_rise_comes_to() -> None:
     # ten bins at 10 rps, then 25 rps arriving: the paper's mean plans for the rate (+ slack); the
     # spike profile reads a spike begun within the bin and plans for the level it implies (twice
-    # the rise over its base: 40 rps), at most RATE_JUMP_MAX x the last bin
-    asked: dict[str, float] = {}
+    # the rise over its base: 40 rps), at most RATE_JUMP_MAX x the last bin. A rise of 1.7x in a
+    # window whose count a jump of 1.6x brings by chance is read as the rate alone.
+    asked: dict[tuple[str, int], float] = {}
     predictors: dict[str, Predictor] = {"mean": MeanSlackPredictor(5, 0.05),
                                         "profile": SpikeProfilePredictor(5, 0.05)}
     for name, predictor in predictors.items():
-        solver = _per_app(lambda a, d: _plan(d, [], app=a))
+        for arrivals in (125, 85):  # in the bin's first 10 s (x time scale 2): 25 and 17 rps
+            solver = _per_app(lambda a, d: _plan(d, [], app=a))
 
-        async def go(p: Predictor = predictor, key: str = name, s: Solve = solver) -> None:
-            c, fe = _controller(s)
-            _app(c).predictor = p
-            _app(c).history_rps.extend([10.0] * 10)
-            c.bin_start = time.monotonic() - 10.0
-            fe.bins[TA].arrivals = 125  # 12.5/s x time scale 2 = 25 rps against the 10 the plan holds
-            c._check_early()
-            assert c._replan_task is not None
-            await c._replan_task
-            asked[key] = s.asked[0][TA]  # type: ignore[attr-defined]
+            async def go(p: Predictor = predictor, n: int = arrivals, s: Solve = solver) -> float:
+                c, fe = _controller(s)
+                _app(c).predictor = p
+                _app(c).history_rps.extend([10.0] * 10)
+                c.bin_start = time.monotonic() - 10.0
+                fe.bins[TA].arrivals = n
+                c._check_early()
+                assert c._replan_task is not None
+                await c._replan_task
+                return float(s.asked[0][TA])  # type: ignore[attr-defined]
 
-        asyncio.run(go())
-    assert asked["mean"] == pytest.approx(25.0 * 1.05, rel=0.02)
-    assert asked["profile"] == pytest.approx(40.0 * 1.05, rel=0.02)
+            asked[name, arrivals] = asyncio.run(go())
+    assert asked["mean", 125] == pytest.approx(25.0 * 1.05, rel=0.02)
+    assert asked["profile", 125] == pytest.approx(40.0 * 1.05, rel=0.02)
+    assert asked["mean", 85] == pytest.approx(17.0 * 1.05, rel=0.02)
+    assert asked["profile", 85] == pytest.approx(17.0 * 1.05, rel=0.02)
 
 
 # ---- the node-wide decision ----------------------------------------------------------------------

@@ -86,6 +86,7 @@ from jigsaw.control.deployment import (
 from jigsaw.control.needed import BesidePlaced, NeededPlans
 from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor, rise_rps
 from jigsaw.control.solver import solve_node
+from jigsaw.control.spikes import JUMP_RATIO
 from jigsaw.control.transition import NEEDED, KeepRunning, MakeRoom, Need, RoomPolicy, transit
 from jigsaw.errors import JigsawError
 from jigsaw.node import Node
@@ -471,7 +472,8 @@ class AppController:
         # plan would let one misread raise the next cap with it
         base_rps = self.history_rps[-1] if self.history_rps and self.history_rps[-1] > 0 else holds_rps
         demand = min(max(recent_rps, so_far), RATE_JUMP_MAX * base_rps)
-        if trigger == "rate":  # the predictor's reading of the rise: a spike's level, not its onset
+        if trigger == "rate" and self.significant(recent_n, recent_rps, JUMP_RATIO * base_rps, grown=True):
+            # a jump beyond the window's noise, read by the predictor: a spike's level, not its onset
             demand = min(rise_rps(self.predictor, self.history_rps, demand, slack - 1.0),
                          RATE_JUMP_MAX * base_rps)
         return trigger, why, max(demand, floor_rps) * slack

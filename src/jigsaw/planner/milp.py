@@ -28,7 +28,7 @@ from jigsaw.errors import PlanError
 from jigsaw.mig import slice_unit
 from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance
-from jigsaw.planner import joint
+from jigsaw.planner import joint, share_pass
 from jigsaw.planner.columns import ColumnSet, build_columns
 from jigsaw.planner.diagnose import why_unserved
 from jigsaw.planner.groups import layout_budgets, pack_node
@@ -374,6 +374,34 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
     """
     if not demand_rps >= 0 or math.isinf(demand_rps):
         raise PlanError(f"demand must be a finite number >= 0, got {demand_rps!r}")
+    if not share_pass.has_mig_shares(node):
+        return _plan_on(app, node, profiles, demand_rps, space=space, previous=previous,
+                        time_limit_s=time_limit_s, factors=factors, solver=solver,
+                        formulation=formulation, start=start)
+    # MIG-instance shares as a second pass over the homogeneous plan (``share_pass``)
+    t0 = time.perf_counter()
+    base = _plan_on(app, share_pass.homogeneous(node), profiles, demand_rps, space=space,
+                    time_limit_s=time_limit_s, factors=factors, solver=solver,
+                    formulation=formulation, start=start)
+    if factors is None and share_pass.underused(base, app):
+        pass_s = share_pass.pass_limit(node, time_limit_s, time.perf_counter() - t0)
+        shared = _plan_on(app, node, profiles, demand_rps, space=space, previous=previous,
+                          time_limit_s=pass_s, solver=solver, formulation=formulation, start=base,
+                          start_first=True)
+        if share_pass.better(shared, base, app, node, profiles):
+            shared.solve_seconds = time.perf_counter() - t0
+            return shared
+    base.solve_seconds = time.perf_counter() - t0
+    return _with_layout(base, node, previous)
+
+
+def _plan_on(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
+             space: str | SearchSpace | None = None, previous: Plan | None = None,
+             time_limit_s: float | None = None, factors: Factors | None = None,
+             solver: str | None = None, formulation: str | None = None, start: Plan | None = None,
+             start_first: bool = False) -> Plan:
+    """``plan`` on the segments ``node`` offers; ``start_first``: start from ``start`` even where
+    the greedy plan finds one (the share pass starts from the homogeneous plan)."""
     form = _check_formulation(formulation or node.planner.formulation)
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
     limit = time_limit_s if time_limit_s is not None else node.planner.time_limit_s
@@ -383,7 +411,7 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
     t0 = time.perf_counter()
     pb = _problem(app, node, profiles, sp, factors)
     r = max(demand_rps, MIN_DEMAND_RPS)
-    word, result = _solve_at(pb, r, solver, limit, previous, form, _scaled_to(start, r), True)
+    word, result = _solve_at(pb, r, solver, limit, previous, form, _scaled_to(start, r), not start_first)
     if result is not None:
         result.demand_rps = demand_rps
         result.solver = solver
@@ -529,6 +557,7 @@ def capacity(app: App, node: Node, profiles: ProfileTable, *, space: str | Searc
         max(node.planner.time_limit_s, CAPACITY_TIME_LIMIT_S)
     solver = solver or node.planner.solver
     t0 = time.perf_counter()
+    node = share_pass.homogeneous(node)  # the proven capacity: shares pay only at small demands
     pb = _problem(app, node, profiles, sp, factors)
     cap = _capacity(pb, solver, limit, formulation=form)
     if cap.plan is not None and form == "tight":

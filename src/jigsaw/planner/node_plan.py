@@ -28,7 +28,7 @@ from jigsaw.errors import PlanError
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import NODE_OBJECTIVES, Node
 from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
-from jigsaw.planner import curves, decompose, joint
+from jigsaw.planner import curves, decompose, joint, share_pass
 from jigsaw.planner.anytime import (
     Candidate,
     candidate_plan,
@@ -45,7 +45,7 @@ from jigsaw.planner.diagnose import why_none_together
 from jigsaw.planner.groups import pack_node
 from jigsaw.planner.packer import InstanceRequest, PackingError
 from jigsaw.planner.problem import Factors, Problem, make_problem
-from jigsaw.planner.scaled import SCALE_TOLERANCE, ScaleResult, max_scale
+from jigsaw.planner.scaled import CURVE_REFINE_S, SCALE_TOLERANCE, ScaleResult, max_scale
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
@@ -191,6 +191,29 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     joint model from (the decomposition starts each app from its own greedy plan: packed for
     that app alone, it is the start ``milp.plan`` uses too, so both give the same plans).
     """
+    kw = dict(objective=objective, space=space, previous=previous, time_limit_s=time_limit_s,
+              factors=factors, solver=solver, start=start, formulation=formulation)
+    if not share_pass.has_mig_shares(node):
+        return _plan_node_on(apps, node, profiles, demands, **kw)
+    # MIG-instance shares as a second pass over the homogeneous plan (``share_pass``)
+    t0 = time.perf_counter()
+    base = _plan_node_on(apps, share_pass.homogeneous(node), profiles, demands, **kw)
+    if factors is None and share_pass.node_underused(base, apps):
+        pass_s = share_pass.pass_limit(node, time_limit_s, time.perf_counter() - t0)
+        shared = _plan_node_on(apps, node, profiles, demands, **{**kw, "start": base, "time_limit_s": pass_s})
+        if share_pass.node_better(shared, base, apps, node, profiles):
+            shared.solve_seconds = time.perf_counter() - t0
+            return shared
+    base.solve_seconds = time.perf_counter() - t0
+    return base
+
+
+def _plan_node_on(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: Mapping[str, float], *,
+                  objective: str | None = None, space: str | SearchSpace | None = None,
+                  previous: NodePlan | None = None, time_limit_s: float | None = None,
+                  factors: Mapping[str, Factors] | None = None, solver: str | None = None,
+                  start: NodePlan | None = None, formulation: str | None = None) -> NodePlan:
+    """``plan_node`` on the segments ``node`` offers."""
     t0 = time.perf_counter()
     kind, solver, form = _check_node_request(apps, node, demands, objective, solver, formulation)
     sp = space if isinstance(space, SearchSpace) else search_space(space or node.planner.space)
@@ -287,7 +310,7 @@ def _decomposed_scale(parts: list[joint.Part], node: Node, res: _Decision, solve
     saying so appended to ``notes`` when less than all is served."""
     scale = scale_bound = 1.0
     sc = max_scale(parts, node, solver=solver, time_limit_s=left_s, pack=pack,
-                   hi_proven=res.status == "infeasible", floors=res.floors)
+                   hi_proven=res.status == "infeasible", floors=res.floors, refine_s=CURVE_REFINE_S)
     if sc.plans is None:
         return res, scale, scale_bound
     scale = min(1.0, sc.theta_lo)
