@@ -130,9 +130,13 @@ CAPACITY_SPLITS = True
 _SPLIT_LP_RPS = ("joint", "split capacity LP")  # its ``Problem.derived`` key
 MAX_SPLITS = 2048
 # ... and where the LP bounds leave more than MAX_SPLIT_SOLVES splits to solve (a small node,
-# where integrality takes a few percent off each split's LP: ar_assistant under ``st`` on 4 GPUs
-# has 184 splits, dozens above the best plan), the full model decides, from the best plan found
+# where integrality takes a few percent off each split's LP: ar_assistant under ``ast`` on 4 GPUs),
+# the full model decides, from the best plan found; each split after the first plan is asked only
+# for a better one (a floor row): ar_assistant under ``ast`` on 120 GPUs refutes 29 so
 MAX_SPLIT_SOLVES = 40
+# ... and where ranking the splits by their LPs passes this share of the time limit (ar_assistant's
+# 1101 splits: 5-6 s at load 15, too long for a plan above capacity within the node's 10 s)
+SPLIT_RANK_SHARE = 0.25
 
 
 def grid_caps(pb: Problem, steps: int = GRID_STEPS) -> list[dict[str, float]]:
@@ -957,7 +961,7 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
     its core (milliseconds), the splits are solved in the order of their bounds, and a split
     whose bound is within the gap of the best plan found is not solved. Returns the best plan
     (None if no split has one) and the bound over every split (its proof), or None when the
-    splits are more than ``MAX_SPLITS``.
+    splits are more than ``MAX_SPLITS`` or ranking them passes ``SPLIT_RANK_SHARE`` of the limit.
 
     Why: traffic_analysis under ``ast`` on 120 GPUs has 39 splits; the full model took 57 s in
     HiGHS (3620 nodes) and 19 s in CBC, the best split's core 0.6-1.1 s, and every split but
@@ -965,29 +969,9 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
     same holds for the objective: near an app's capacity (the cheapest plan at it) only a few
     splits' LPs are feasible at all.
     """
-    pb = parts[0].pb
-    splits = maximal_caps(pb, MAX_SPLITS)
-    if splits is None:
+    ranked = _ranked_splits(parts, node, shape, capacity_mode, t0 + SPLIT_RANK_SHARE * time_limit_s)
+    if ranked is None:
         return None
-    # each split's capacity LP, kept per problem: at a demand above it the split is infeasible
-    # (its LP is not built again: ar_assistant's cheapest plan at its capacity keeps 29 of 1101)
-    lp_rps: dict[tuple, float] = pb.derived.setdefault(_SPLIT_LP_RPS, {})
-    plain = capacity_mode and parts[0].max_rps is None and not any(
-        shape[k] is not None for k in ("max_slices", "max_slots"))
-    demand = parts[0].demand_rps
-    models: dict[tuple, Built] = {}
-    for caps in splits:  # splits that leave every group the same column are one model
-        key = tuple(c.key for c in core_columns(pb, caps))
-        if key not in models and not (demand is not None and lp_rps.get(key, math.inf) < demand):
-            models[key] = build(parts, node, full=False, caps=[caps], **shape)
-    ranked: list[tuple[float, int, Built]] = []
-    for k, (key, built) in enumerate(models.items()):
-        lp = built.model.relaxation("highs")
-        if plain:  # the rate, up to the slices' tie-break (1e-6 each)
-            lp_rps[key] = lp.objective + 1e-3 if lp.has_incumbent else -math.inf
-        if lp.has_incumbent:
-            ranked.append((lp.objective, k, built))
-    ranked.sort(key=lambda x: (-x[0], x[1]))
     best: JointResult | None = None
     bound = -math.inf  # over the splits solved so far, then the first one not solved
     solves = 0
@@ -995,8 +979,10 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
         if best is not None and lp_bound - best.objective <= max(gap_abs, rel_gap * abs(lp_bound)):
             bound = max(bound, lp_bound)  # this split and all below it: within the gap
             break
-        # the splits still above the best plan (the ranking's first is solved in any case)
-        above = 1 if best is None else \
+        # the splits still above the best plan (the ranking's first is solved in any case; at a
+        # demand, with no plan yet, every split left: on 4 GPUs ar_assistant's cheapest plan at
+        # its capacity under ``st`` has 97 splits whose LPs reach it and whose cores do not)
+        above = (1 if capacity_mode else len(ranked) - k) if best is None else \
             sum(1 for x, _, _ in ranked[k:] if x - best.objective > max(gap_abs, rel_gap * abs(x)))
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0 or solves + above > MAX_SPLIT_SOLVES:
@@ -1029,6 +1015,41 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
     if best is not None:
         bound = max(bound, best.objective)
     return best, bound
+
+
+def _ranked_splits(parts: list[Part], node: Node, shape: dict, capacity_mode: bool, until: float
+                   ) -> list[tuple[float, int, Built]] | None:
+    """Part 0's restricted cores over the maximal splits with their LP bounds, best first; None
+    where the splits are more than ``MAX_SPLITS`` or the clock passes ``until`` (the ranking
+    alone would take the time: the full model decides)."""
+    pb = parts[0].pb
+    splits = maximal_caps(pb, MAX_SPLITS)
+    if splits is None:
+        return None
+    # each split's capacity LP, kept per problem: at a demand above it the split is infeasible
+    # (its LP is not built again: ar_assistant's cheapest plan at its capacity keeps 29 of 1101)
+    lp_rps: dict[tuple, float] = pb.derived.setdefault(_SPLIT_LP_RPS, {})
+    plain = capacity_mode and parts[0].max_rps is None and not any(
+        shape[k] is not None for k in ("max_slices", "max_slots"))
+    demand = parts[0].demand_rps
+    models: dict[tuple, Built] = {}
+    for caps in splits:  # splits that leave every group the same column are one model
+        if time.perf_counter() > until:
+            return None
+        key = tuple(c.key for c in core_columns(pb, caps))
+        if key not in models and not (demand is not None and lp_rps.get(key, math.inf) < demand):
+            models[key] = build(parts, node, full=False, caps=[caps], **shape)
+    ranked: list[tuple[float, int, Built]] = []
+    for k, (key, built) in enumerate(models.items()):
+        if time.perf_counter() > until:
+            return None
+        lp = built.model.relaxation("highs")
+        if plain:  # the rate, up to the slices' tie-break (1e-6 each)
+            lp_rps[key] = lp.objective + 1e-3 if lp.has_incumbent else -math.inf
+        if lp.has_incumbent:
+            ranked.append((lp.objective, k, built))
+    ranked.sort(key=lambda x: (-x[0], x[1]))
+    return ranked
 
 
 @dataclass
@@ -1339,8 +1360,9 @@ def _grid_ranked(s: _Search, i: int) -> list[dict[str, float]]:
 
 def _exact_splits(s: _Search) -> bool:
     """One part at a fixed demand searched over every maximal split (``solve(exact_splits=)``):
-    whether that settled it (its best plan and bound kept; the full model proves or improves
-    it), False where it does not apply or the splits are too many."""
+    whether that proved the optimum (otherwise its best plan and bound are kept for the other
+    stages: under a short limit, e.g. a plan above capacity within the node's 10 s, the splits
+    may find none)."""
     if not (CAPACITY_SPLITS and s.exact_splits and len(s.parts) == 1 and not s.shape["scale_demands"]):
         return False
     searched = _max_over_splits(s.parts, s.node, s.shape, s.solver, s.t0, s.time_limit_s,
@@ -1353,7 +1375,7 @@ def _exact_splits(s: _Search) -> bool:
     # a refuted split's bound is the best plus the gap: proven up to round-off
     if s.best is not None and s.ub - s.best.objective <= s.gap_abs + 1e-9:
         _mark_optimal(s.best, s.ub)
-    return True
+    return s.proven()
 
 
 def _capacity_search(s: _Search, caps: list[dict[str, float] | None]) -> None:
