@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import json
 import math
 import random
 import statistics
@@ -38,11 +40,13 @@ except ImportError:  # run from a checkout without an installed package
     sys.path.insert(0, str(ROOT / "src"))
 
 from jigsaw.node import load_node, load_node_profiles  # noqa: E402
-from jigsaw.planner import joint, problem, scaled  # noqa: E402
+from jigsaw.planner import budget_curve, curves, joint, problem, scaled  # noqa: E402
 from jigsaw.planner.anytime import scaled_quick_plan  # noqa: E402
 from jigsaw.planner.milp import capacity, plan  # noqa: E402
 from jigsaw.planner.node_plan import plan_node, quick_plan_node  # noqa: E402
+from jigsaw.planner.problem import make_problem  # noqa: E402
 from jigsaw.planner.verify import verify_plan  # noqa: E402
+from jigsaw.spaces import search_space  # noqa: E402
 
 PLAIN = "-plain"  # e.g. decomposed-plain: the formulation as before the split search and HiGHS core
 BOUND = "-bound"  # e.g. decomposed-bound: the scaled search starts from ``scaled.theta_bound``
@@ -97,8 +101,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="the loads of the quick_plan timings (per app: of its capacity)")
     ap.add_argument("--modes", default="cold,warm",
                     help="comma-separated: cold (columns and curves built in each timed call: a "
-                         "process's first plan) and warm (one pass over the loads in order keeping "
-                         "them, as the controller's solver process does across bins)")
+                         "process's first plan), warm (one pass over the loads in order keeping "
+                         "them, as the controller's solver process does across bins) and "
+                         "precomputed (each call a new mix with only the apps' capacity per slice "
+                         "budget in their curves, precomputed once and timed apart: the solver "
+                         "process's first plan of a mix after its idle time, budget_curve)")
+    ap.add_argument("--precompute-limit", type=float, default=budget_curve.STEP_LIMIT_S,
+                    help="seconds per budget's capacity solve in the precompute")
+    ap.add_argument("--precompute-file", default="",
+                    help="keep the precompute's facts in this JSON file and read them from it when "
+                         "it exists (the same node and apps)")
+    ap.add_argument("--precompute-rounds", type=int, default=1,
+                    help="rounds of the precompute (each after the first on the unproven budgets)")
     ap.add_argument("--jitter", type=float, default=0.05,
                     help="each app's demand times 1 +- up to this (drawn per load and repeat, the "
                          "same in every mode): no warm plan sees demands an earlier one saw")
@@ -135,12 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     for mode in modes:
         problem.forget()  # warm: one pass over the loads, in order, keeping what it learns
+        kept = _precomputed(args, apps, node, profiles) if mode == "precomputed" and loads else []
         for load in loads:
             for rep in range(args.repeats):
                 demands = _jittered(names, caps, load, rep, args.jitter)
                 for form in forms:  # interleaved: both see the same machine load
                     if mode == "cold":
                         problem.forget()
+                    for pb, curve in kept:  # only what the precompute showed
+                        pb.derived[curves.KEY] = copy.deepcopy(curve)
                     failures += _timed(args, f"{form} {mode}", form, apps, node, profiles, demands,
                                        load, times, results)
     if loads:
@@ -151,6 +168,50 @@ def main(argv: list[str] | None = None) -> int:
         print("\nFAILED: " + "; ".join(failures), file=sys.stderr)
         return 1
     return 0
+
+
+def _precomputed(args: argparse.Namespace, apps: list, node, profiles) -> list:
+    """Each app's capacity per slice budget into its curve (``budget_curve.precompute``), timed
+    and printed; the curves as they stand after it (each timed plan starts from them)."""
+    sp = search_space(node.planner.space)
+    pbs = [make_problem(a, node, profiles, sp, None) for a in apps]
+    t0 = time.perf_counter()
+    saved = Path(args.precompute_file) if args.precompute_file else None
+    read = saved is not None and saved.exists()
+    if saved is not None and read:  # an earlier run's facts (its time as it was measured)
+        doc = json.loads(saved.read_text())
+        facts = [budget_curve.BudgetFact.from_json(f) for f in doc["facts"]]
+        for f in facts:
+            budget_curve.apply(pbs[[a.name for a in apps].index(f.app)], node, f)
+        secs = float(doc["seconds"])  # as measured when they were computed
+    else:
+        facts = budget_curve.precompute(pbs, node, solver=args.solver, time_limit_s=args.precompute_limit,
+                                        rounds=args.precompute_rounds)
+        secs = time.perf_counter() - t0
+        if saved is not None:
+            saved.write_text(json.dumps({"seconds": secs, "facts": [f.to_json() for f in facts]}))
+    how = "read from the file" if read else (
+        f"{args.precompute_limit:g} s each at most, then {args.precompute_rounds - 1} more rounds on "
+        f"the unproven, {budget_curve.DEEPEN}x longer each")
+    print(f"precompute: {len(facts)} capacity solves (every slice budget of every app, with all "
+          f"slots and with its share; {how}) in {secs:.1f} s, load {_loadavg()}:")
+    for a in apps:
+        last = {(f.slices, f.slots): f for f in facts if f.app == a.name}  # each budget's last solve
+        mine = list(last.values())
+        proven = sum(f.status == "optimal" for f in mine)
+        gaps = [f.bound_rps / f.plan.planned_rps - 1 for f in mine
+                if f.plan is not None and math.isfinite(f.bound_rps) and f.plan.planned_rps > 0]
+        spent = sum(f.seconds for f in facts if f.app == a.name)
+        print(f"  {a.name:<18} {spent:6.1f} s, {proven}/{len(mine)} proven, "
+              f"largest gap of the rest {max(gaps, default=0.0):.1%}")
+    return [(pb, copy.deepcopy(curves.curve_of(pb))) for pb in pbs]
+
+
+def _loadavg() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
 
 
 def _jittered(names: list[str], caps: dict, load: float, rep: int, jitter: float) -> dict[str, float]:

@@ -118,6 +118,9 @@ class PlannerSettings:
     extension_slices_per_slot: float = setting(
         0.875, "compute slices an instance added to a running plan costs per MIG memory slot "
                "it holds (0: compute slices alone)", ge=0, le=7)
+    precompute_step_s: float = setting(
+        4.0, "the solver process's idle time: each app's capacity per slice budget, one solve of "
+             "at most this long each, at the lowest CPU priority (0: none)", ge=0)
 
     def app_weight(self, app: str) -> float:
         return dict(self.app_weights).get(app, 1.0)

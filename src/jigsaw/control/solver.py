@@ -24,15 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from jigsaw.app import App
+from jigsaw.control.precompute import Precompute
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
 from jigsaw.planner.node_plan import (
@@ -42,7 +45,9 @@ from jigsaw.planner.node_plan import (
     plan_node_anytime,
     quick_plan_node,
 )
+from jigsaw.planner.problem import make_problem
 from jigsaw.profiles import ProfileTable
+from jigsaw.spaces import search_space
 
 Factors = dict[tuple[str, str, str], float]
 QuickSink = Callable[[NodePlan], None]
@@ -238,12 +243,43 @@ def warm_up(node: Node, profiles: ProfileTable) -> None:
         return
 
 
-def _serve(node_config: Path) -> int:
+def _lines(pre: Precompute) -> Iterator[bytes]:
+    """The requests on standard input, one line each, while the precompute's steps run whenever
+    none is waiting: a request's first byte kills the running step (``Precompute.cancel``)."""
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            pre.start()
+            fds = [0] if pre.fd is None else [0, pre.fd]
+            wait = None if pre.fd is None else max(0.0, pre.deadline - time.monotonic())
+            ready, _, _ = select.select(fds, [], [], wait)
+            if not ready:
+                pre.expire()
+                continue
+            if pre.fd is not None and pre.fd in ready and 0 not in ready:
+                pre.readable()
+                continue
+            pre.cancel()
+            chunk = os.read(0, 1 << 20)
+            if not chunk:
+                return
+            buf += chunk
+            if len(buf) > MAX_LINE_BYTES:
+                raise SolverError(f"a request line over {MAX_LINE_BYTES} bytes")
+        line, buf = buf.split(b"\n", 1)
+        yield line
+
+
+def _serve(node_config: Path, precompute_step_s: float | None) -> int:
     from jigsaw.node import load_node, load_node_profiles
     node = load_node(node_config)
     profiles = load_node_profiles(node)
     warm_up(node, profiles)
-    for line in sys.stdin:
+    sp = search_space(node.planner.space)
+    pre = Precompute([make_problem(a, node, profiles, sp, None) for a in node.apps], node,
+                     solver=node.planner.solver, step_limit_s=node.planner.precompute_step_s
+                     if precompute_step_s is None else precompute_step_s)
+    for line in _lines(pre):
         try:
             req: dict[str, Any] = json.loads(line)
             apps = [node.app(str(name)) for name in req["apps"]]
@@ -266,9 +302,11 @@ def _serve(node_config: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jigsaw.control.solver", description=__doc__.splitlines()[0])
     p.add_argument("--node-config", required=True, type=Path)
+    p.add_argument("--precompute-step-s", type=float, default=None,
+                   help="the node's planner.precompute_step_s instead")
     args = p.parse_args(argv)
     _claim_stdout()
-    return _serve(args.node_config)
+    return _serve(args.node_config, args.precompute_step_s)
 
 
 if __name__ == "__main__":

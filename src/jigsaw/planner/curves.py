@@ -44,7 +44,7 @@ Usage = tuple[int, int]  # (compute slices, MIG placement slots)
 PACK_TRIES = 6  # choices of stored plans tried on the packer per fraction (``served_theta``)
 MAX_PACKS = 12  # packer calls per ``served_theta`` in all (each 5-50 ms: a bound on its time)
 MAX_ENTRIES = 512  # per app and kind: the oldest entries go first past this (a bound on memory)
-_KEY = ("curve",)
+KEY = ("curve",)  # its entry in ``Problem.derived``
 
 
 def headroom(plan: Plan, pb: Problem) -> float:
@@ -99,9 +99,9 @@ class Curve:
 
 def curve_of(pb: Problem) -> Curve:
     """``pb``'s curve (empty at first), kept with the problem."""
-    got = pb.derived.get(_KEY)
+    got = pb.derived.get(KEY)
     if got is None:
-        got = pb.derived[_KEY] = Curve()
+        got = pb.derived[KEY] = Curve()
     return got
 
 

@@ -123,14 +123,16 @@ GRID_CUT = False
 # their root without it, 1.26-1.45 s and 0.46 s with it, on a loaded machine)
 GRID_PRESOLVE = False
 # The maximum demand of one app searched over every maximal split of the SLO
-# (``_max_over_splits``) where the core's plan does not lift, up to MAX_SPLITS splits; beyond,
-# and with CAPACITY_SPLITS off, the full model decides (as before)
+# (``_max_over_splits``) where the core's plan does not lift, up to MAX_SPLITS splits, and the
+# cheapest plan at it too (``solve(exact_splits=)``); beyond, and with CAPACITY_SPLITS off, the
+# full model decides (as before)
 CAPACITY_SPLITS = True
-MAX_SPLITS = 256
+_SPLIT_LP_RPS = ("joint", "split capacity LP")  # its ``Problem.derived`` key
+MAX_SPLITS = 2048
 # ... and where the LP bounds leave more than MAX_SPLIT_SOLVES splits to solve (a small node,
 # where integrality takes a few percent off each split's LP: ar_assistant under ``st`` on 4 GPUs
 # has 184 splits, dozens above the best plan), the full model decides, from the best plan found
-MAX_SPLIT_SOLVES = 8
+MAX_SPLIT_SOLVES = 40
 
 
 def grid_caps(pb: Problem, steps: int = GRID_STEPS) -> list[dict[str, float]]:
@@ -948,7 +950,7 @@ def _core_start(core: Built, plans: list[Plan | None] | None) -> dict[int, float
 
 
 def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0: float,
-                     time_limit_s: float, gap_abs: float, rel_gap: float
+                     time_limit_s: float, gap_abs: float, rel_gap: float, capacity_mode: bool = True
                      ) -> tuple[JointResult | None, float] | None:
     """The maximum demand of one part as the largest of the cores restricted to each maximal
     split of the SLO (``maximal_caps``: exact, no full model): each split's LP relaxation bounds
@@ -959,20 +961,30 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
 
     Why: traffic_analysis under ``ast`` on 120 GPUs has 39 splits; the full model took 57 s in
     HiGHS (3620 nodes) and 19 s in CBC, the best split's core 0.6-1.1 s, and every split but
-    the best three is refuted by its LP bound.
+    the best three is refuted by its LP bound. At a fixed demand (``capacity_mode`` False) the
+    same holds for the objective: near an app's capacity (the cheapest plan at it) only a few
+    splits' LPs are feasible at all.
     """
     pb = parts[0].pb
     splits = maximal_caps(pb, MAX_SPLITS)
     if splits is None:
         return None
+    # each split's capacity LP, kept per problem: at a demand above it the split is infeasible
+    # (its LP is not built again: ar_assistant's cheapest plan at its capacity keeps 29 of 1101)
+    lp_rps: dict[tuple, float] = pb.derived.setdefault(_SPLIT_LP_RPS, {})
+    plain = capacity_mode and parts[0].max_rps is None and not any(
+        shape[k] is not None for k in ("max_slices", "max_slots"))
+    demand = parts[0].demand_rps
     models: dict[tuple, Built] = {}
     for caps in splits:  # splits that leave every group the same column are one model
         key = tuple(c.key for c in core_columns(pb, caps))
-        if key not in models:
+        if key not in models and not (demand is not None and lp_rps.get(key, math.inf) < demand):
             models[key] = build(parts, node, full=False, caps=[caps], **shape)
     ranked: list[tuple[float, int, Built]] = []
-    for k, built in enumerate(models.values()):
+    for k, (key, built) in enumerate(models.items()):
         lp = built.model.relaxation("highs")
+        if plain:  # the rate, up to the slices' tie-break (1e-6 each)
+            lp_rps[key] = lp.objective + 1e-3 if lp.has_incumbent else -math.inf
         if lp.has_incumbent:
             ranked.append((lp.objective, k, built))
     ranked.sort(key=lambda x: (-x[0], x[1]))
@@ -991,8 +1003,17 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
             bound = max(bound, lp_bound)  # too many splits left open: the full model decides
             break
         solves += 1
+        floor = None
+        if best is not None:
+            # only a plan better than the best by the gap matters: a split with none is refuted
+            # by its infeasibility, usually sooner than its own optimum is proven
+            floor = best.objective + max(gap_abs, rel_gap * abs(best.objective))
+            nz = [(j, c) for j, c in enumerate(built.model.cost) if c]
+            built.model.row([j for j, _ in nz], [c for _, c in nz], lo=floor)
         sol = built.model.solve(solver, left, gap_abs, relative_gap=rel_gap)
         if sol.status == "infeasible":
+            if floor is not None:
+                bound = max(bound, floor)  # nothing of this split above the floor
             continue
         if not sol.has_incumbent:
             bound = max(bound, lp_bound)
@@ -1003,7 +1024,7 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
             bound = max(bound, lp_bound)
             continue
         # labelled against the bound over every split (the ranking's first); the caller decides
-        got = _result(built, sol, [cols], ranked[0][0], gap_abs, rel_gap, True, t0, "splits")
+        got = _result(built, sol, [cols], ranked[0][0], gap_abs, rel_gap, capacity_mode, t0, "splits")
         best = _better(best, got)
     if best is not None:
         bound = max(bound, best.objective)
@@ -1027,6 +1048,7 @@ class _Search:
     capacity_mode: bool
     core_how: str  # who solves the core and the proofs against it
     split_search: bool
+    exact_splits: bool = False
     best: JointResult | None = None
     ub: float = math.inf
 
@@ -1097,7 +1119,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
           scale_demands: bool = False, start: list[Plan | None] | None = None,
           max_slices: int | None = None, max_slots: int | None = None,
           total_weight: float | None = None, upper_bound: float | None = None,
-          core_solver: str = "auto", split_search: bool | None = None) -> JointResult:
+          core_solver: str = "auto", split_search: bool | None = None,
+          exact_splits: bool = False) -> JointResult:
     """Core, lifting, and the full model only where lifting fails (see the module doc).
 
     The stages are the functions below, over one ``_Search`` state (the clock, the best
@@ -1109,7 +1132,9 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     incumbents on a few splits of the SLO before the level models (``_cap_splits``; None:
     ``SPLIT_SEARCH``). With ``core_solver="same", split_search=False`` (or ``CORE_SOLVER =
     None``, ``SPLIT_SEARCH = False``: how the benches time the path before) the stages run as
-    before both existed.
+    before both existed. ``exact_splits``: one part at a fixed demand is searched over every
+    maximal split of the SLO as the capacity is (``_max_over_splits``; the cheapest plan at an
+    app's capacity, where few splits are feasible), before the other stages.
 
     ``start``: a known feasible plan per part (the anytime incumbent) to start the core from.
     ``max_slices``, ``max_slots``, ``total_weight``: as in ``build``. ``upper_bound``: a known bound on the
@@ -1138,7 +1163,8 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 # the capacity's core stays on the node's solver: its proven figure is the one
                 # benches cite
                 core_how=solver if capacity_mode else stage_solver(solver, core_solver),
-                split_search=SPLIT_SEARCH if split_search is None else split_search)
+                split_search=SPLIT_SEARCH if split_search is None else split_search,
+                exact_splits=exact_splits)
     sol = core.model.solve(s.core_how, time_limit_s, gap_abs, start=_core_start(core, start),
                            relative_gap=rel_gap)
     if sol.status == "infeasible":
@@ -1199,6 +1225,8 @@ def _search(s: _Search, core: Built, sol: Solution, start: list[Plan | None] | N
         for i, (cols, need) in enumerate(lifts)]
     if s.capacity_mode:
         _capacity_search(s, caps)
+    elif _exact_splits(s):
+        return None
     elif not _incumbent_searches(s, lifts):
         _level_rounds(s, levels)
     return None
@@ -1307,6 +1335,25 @@ def _grid_ranked(s: _Search, i: int) -> list[dict[str, float]]:
             break
     ranked.sort(key=lambda x: -x[0])
     return [cap for _, cap in ranked[:GRID_SOLVES]]
+
+
+def _exact_splits(s: _Search) -> bool:
+    """One part at a fixed demand searched over every maximal split (``solve(exact_splits=)``):
+    whether that settled it (its best plan and bound kept; the full model proves or improves
+    it), False where it does not apply or the splits are too many."""
+    if not (CAPACITY_SPLITS and s.exact_splits and len(s.parts) == 1 and not s.shape["scale_demands"]):
+        return False
+    searched = _max_over_splits(s.parts, s.node, s.shape, s.solver, s.t0, s.time_limit_s,
+                                s.gap_abs, s.rel_gap, capacity_mode=False)
+    if searched is None:
+        return False
+    got, bound = searched
+    s.ub = min(s.ub, bound)
+    s.take(got)
+    # a refuted split's bound is the best plus the gap: proven up to round-off
+    if s.best is not None and s.ub - s.best.objective <= s.gap_abs + 1e-9:
+        _mark_optimal(s.best, s.ub)
+    return True
 
 
 def _capacity_search(s: _Search, caps: list[dict[str, float] | None]) -> None:

@@ -305,8 +305,8 @@ DEFAULT_FORMULATION = "tight"
 
 
 def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: Plan | None,
-              formulation: str, start: Plan | None = None, start_is_fallback: bool = False
-              ) -> tuple[str, Plan | None]:
+              formulation: str, start: Plan | None = None, start_is_fallback: bool = False,
+              exact_splits: bool = False) -> tuple[str, Plan | None]:
     """One solve at a fixed demand: the solver's word and its plan (None without an incumbent).
 
     ``start``: a feasible plan at ``demand`` to start from; with ``start_is_fallback``, only
@@ -325,7 +325,7 @@ def _solve_at(pb: Problem, demand: float, solver: str, limit: float, previous: P
     if pb.colset.columns and pb.profiles is not None and (quick is None or start_is_fallback):
         quick = quick_plan(pb.app, pb.node, pb.profiles, demand, factors=pb.factors, problem=pb) or start
     res = joint.solve([joint.Part(pb, demand)], pb.node, solver=solver, time_limit_s=limit,
-                      start=[quick] if quick is not None else None)
+                      start=[quick] if quick is not None else None, exact_splits=exact_splits)
     exact = res.plans[0]
     if quick is not None and res.status != "optimal" and (exact is None or quick.objective > exact.objective):
         # the limit came first: the verified greedy plan beats no plan (or a worse incumbent)
@@ -434,8 +434,9 @@ def _plan_at(pb: Problem, cap: _Cap, solver: str, limit: float, formulation: str
     start = cap.plan if cap.plan is not None and cap.plan.layout is not None else None
     for shrink in (1.0, 1 - 1e-7, 1 - 1e-5):
         demand = cap.max_demand_rps * shrink
+        # at the capacity few splits of the SLO are feasible: searched exactly (``joint``)
         word, result = _solve_at(pb, demand, solver, limit, None, formulation,
-                                 start if shrink == 1.0 else None)
+                                 start if shrink == 1.0 else None, exact_splits=True)
         if result is not None:
             return result
         if word == "no_solution":

@@ -45,7 +45,7 @@ from jigsaw.planner.diagnose import why_none_together
 from jigsaw.planner.groups import pack_node
 from jigsaw.planner.packer import InstanceRequest, PackingError
 from jigsaw.planner.problem import Factors, Problem, make_problem
-from jigsaw.planner.scaled import SCALE_TOLERANCE, ScaleResult, max_scale
+from jigsaw.planner.scaled import CURVE_REFINE_S, SCALE_TOLERANCE, ScaleResult, max_scale
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
@@ -287,7 +287,7 @@ def _decomposed_scale(parts: list[joint.Part], node: Node, res: _Decision, solve
     saying so appended to ``notes`` when less than all is served."""
     scale = scale_bound = 1.0
     sc = max_scale(parts, node, solver=solver, time_limit_s=left_s, pack=pack,
-                   hi_proven=res.status == "infeasible", floors=res.floors)
+                   hi_proven=res.status == "infeasible", floors=res.floors, refine_s=CURVE_REFINE_S)
     if sc.plans is None:
         return res, scale, scale_bound
     scale = min(1.0, sc.theta_lo)

@@ -91,6 +91,12 @@ BOUND_LIMIT_S = 6.0  # the bound's solve (``theta_bound``) at most this long (or
 _BOUND_GAP = 0.25  # the bound's solve stops within this fraction of the tolerance
 FIRST_FIT = True  # each test stops at the first plans that pack (see the module doc)
 _NEAR_STEPS = 2  # tests below the bound that step down by the tolerance before the larger steps
+# where the apps' curves serve a fraction and prove a cap at most ``CURVE_REFINE_GAP`` above it
+# (their capacities per slice budget precomputed, ``budget_curve``), the tests between get at
+# most ``CURVE_REFINE_S``: a spike's first plan answers in time, serving the curves' fraction (or
+# what the tests raise it to) with the least fraction shown not to fit as its bound
+CURVE_REFINE_S = 0.3
+CURVE_REFINE_GAP = 0.05
 
 
 @dataclass
@@ -191,7 +197,7 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
               pack: decompose.Packer, tolerance: float = SCALE_TOLERANCE,
               theta_hi: float = 1.0, hi_proven: bool = True,
               floors: Sequence[float] | None = None, use_bound: bool | None = None,
-              bound_limit_s: float | None = None) -> ScaleResult:
+              bound_limit_s: float | None = None, refine_s: float | None = None) -> ScaleResult:
     """theta* for ``parts`` (each at its ``demand_rps``) on ``node``; see the module doc.
 
     ``theta_hi``: where the search starts from above; ``hi_proven``: it is known not to fit
@@ -200,7 +206,9 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     the caller's decision computed them), else computed here. ``use_bound``: compute
     ``theta_bound`` first (within ``bound_limit_s``, default ``BOUND_LIMIT_S`` or half the
     limit) to cap theta_hi and place the first test; None: ``USE_BOUND`` (off: see the
-    module doc).
+    module doc). ``refine_s``: where the curves serve a fraction and cap theta* at most
+    ``CURVE_REFINE_GAP`` above it, the tests between get at most this long (``plan_node``:
+    ``CURVE_REFINE_S``; None: the whole limit).
     """
     t0 = time.perf_counter()
     notes: list[str] = []
@@ -209,21 +217,18 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     plans: list[Plan] | None = None
     layout: Layout | None = None
 
+    deadline = t0 + time_limit_s  # nearer once the curves serve a fraction (``refine_s``)
+
     def left() -> float:
-        return time_limit_s - (time.perf_counter() - t0)
+        return deadline - time.perf_counter()
 
     bound, bound_s = _bound(parts, node, use_bound, bound_limit_s, time_limit_s, tolerance)
     if bound <= 0:
         notes.append("no common fraction above 0 fits (the capacity bound)")
         return ScaleResult("none", 0.0, 0.0, None, None, time.perf_counter() - t0, 0, notes,
                            bound, bound_s)
-    # what earlier plans showed (the apps' curves): a proven cap on theta*, and plans served
-    cap, cached = _from_curves(parts, node, pack, theta_hi)
-    hi = min(hi, cap)
-    if cached is not None:
-        lo, plans, layout = cached
-        if lo >= theta_hi or hi <= lo * (1 + tolerance) * (1 + 1e-6):
-            notes.append("from what earlier plans showed (the apps' curves), without a test")
+    lo, hi, plans, layout, deadline = _curve_start(parts, node, pack, theta_hi, hi, tolerance,
+                                                   refine_s, deadline, notes)
     weak = lo  # what the curves' plans serve: the tests step down towards it as towards nothing
     # near: failed tests stepping down from the bound by the tolerance
     guess, hi, near = _first_test(parts, node, solver, theta_hi, hi, tolerance, floors, bound, lo)
@@ -263,10 +268,27 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
         else:  # no decision within the time: the best found stands, unproven above it
             notes.append(f"the test at {guess:.4%} found no decision within the time")
             break
-    notes += _stopped(left() <= 0, time_limit_s,
+    notes += _stopped(left() <= 0, deadline - t0,
                       tests >= MAX_TESTS and hi > lo * (1 + tolerance) * (1 + 1e-6))
     return ScaleResult(_status(plans is not None, lo, hi, tolerance), lo, hi, plans, layout,
                        time.perf_counter() - t0, tests, notes, bound, bound_s)
+
+
+def _curve_start(parts: Sequence[joint.Part], node: Node, pack: decompose.Packer, theta_hi: float,
+                 hi: float, tolerance: float, refine_s: float | None, deadline: float, notes: list[str]
+                 ) -> tuple[float, float, list[Plan] | None, Layout | None, float]:
+    """Where the search starts from what earlier plans showed (the apps' curves): a proven cap
+    on theta* and the plans they serve; the deadline nearer where they bracket theta* closely."""
+    cap, cached = _from_curves(parts, node, pack, theta_hi)
+    hi = min(hi, cap)
+    if cached is None:
+        return 0.0, hi, None, None, deadline
+    lo, plans, layout = cached
+    if lo >= theta_hi or hi <= lo * (1 + tolerance) * (1 + 1e-6):
+        notes.append("from what earlier plans showed (the apps' curves), without a test")
+    elif refine_s is not None and hi <= lo * (1 + CURVE_REFINE_GAP):
+        deadline = min(deadline, time.perf_counter() + refine_s)
+    return lo, hi, plans, layout, deadline
 
 
 def _stopped(late: bool, time_limit_s: float, counted_out: bool) -> list[str]:

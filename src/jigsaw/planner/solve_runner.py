@@ -195,6 +195,9 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+# a forked process (the solver process's precompute steps) starts its own children: the pipes of
+# its parent's warm ones are the parent's, and a frame written to them from both sides corrupts both
+os.register_at_fork(after_in_child=_IDLE.clear)
 
 
 def solve_cbc(model: Arrays, time_limit_s: float, absolute_gap: float,
