@@ -17,6 +17,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+H100X4 = ROOT / "examples" / "h100x4.toml"
+
+
+@pytest.fixture(scope="module")
+def one_gpu():
+    """One H100 of ``examples/h100x4.toml`` and its profiles: the planner tests' small node."""
+    from jigsaw.node import load_node, load_node_profiles
+
+    node = load_node(H100X4).with_gpus(1)
+    return node, load_node_profiles(node)
+
+
+@pytest.fixture
+def cold_planner() -> None:
+    """The test starts cold: no problem, hence no curve (``planner.curves``), kept from another."""
+    from jigsaw.planner import problem
+
+    problem.forget()
+
+
 DEFAULT_FRONT = "fast"  # ``[server] http``'s default; the fallback pass serves through it only
 
 

@@ -16,27 +16,17 @@ from pathlib import Path
 import pytest
 
 from jigsaw.control.precompute import Precompute
-from jigsaw.node import load_node, load_node_profiles
-from jigsaw.planner import budget_curve, curves, joint, problem
+from jigsaw.planner import budget_curve, curves, joint
 from jigsaw.planner.decompose import app_layout, usage
 from jigsaw.planner.node_plan import _pack_node
 from jigsaw.planner.problem import make_problem
 from jigsaw.planner.verify import verify_plan
 from jigsaw.spaces import search_space
 
-NODE = Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml"
 SM = "social_media"
 
 
-@pytest.fixture(autouse=True)
-def _cold() -> None:
-    problem.forget()
-
-
-@pytest.fixture(scope="module")
-def one_gpu():
-    node = load_node(NODE).with_gpus(1)
-    return node, load_node_profiles(node)
+pytestmark = pytest.mark.usefixtures("cold_planner")
 
 
 def _pb(node, profiles, name=SM):

@@ -5,25 +5,16 @@ small enough for the joint model to prove; HiGHS, generous limits on a shared ma
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
-from jigsaw.node import load_node, load_node_profiles
 from jigsaw.planner import joint, node_plan
 from jigsaw.planner.node_plan import plan_node
 from jigsaw.planner.scaled import SCALE_TOLERANCE
 from jigsaw.planner.verify import verify_plan
 
-NODE = Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml"
 NAMES = ("social_media", "traffic_analysis")
 BASE = {"social_media": 1500.0, "traffic_analysis": 400.0}  # the node serves 37.6% of it
-
-
-@pytest.fixture(scope="module")
-def one_gpu():
-    node = load_node(NODE).with_gpus(1)
-    return node, load_node_profiles(node)
 
 
 def _plan(one_gpu, factor: float, form: str, **kw):

@@ -5,11 +5,8 @@ searches to prove their fractions on a shared machine)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from jigsaw.node import load_node, load_node_profiles
 from jigsaw.plan import Plan
 from jigsaw.planner import curves, joint, problem, scaled
 from jigsaw.planner.decompose import app_layout
@@ -19,19 +16,10 @@ from jigsaw.planner.problem import make_problem
 from jigsaw.planner.verify import verify_plan
 from jigsaw.spaces import search_space
 
-NODE = Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml"
 NAMES = ("social_media", "traffic_analysis")
 
 
-@pytest.fixture(autouse=True)
-def _cold() -> None:
-    problem.forget()
-
-
-@pytest.fixture(scope="module")
-def one_gpu():
-    node = load_node(NODE).with_gpus(1)
-    return node, load_node_profiles(node)
+pytestmark = pytest.mark.usefixtures("cold_planner")
 
 
 def _parts(node, profiles, demands):

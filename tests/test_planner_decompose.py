@@ -3,26 +3,15 @@ the joint model to prove too (one GPU, two apps; HiGHS, generous limits on a sha
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from jigsaw.errors import PlanError
-from jigsaw.node import load_node, load_node_profiles
 from jigsaw.planner import decompose, joint
 from jigsaw.planner.node_plan import plan_node
 from jigsaw.planner.packer import validate_layout
 from jigsaw.planner.problem import make_problem
 from jigsaw.planner.verify import verify_plan
 from jigsaw.spaces import search_space
-
-NODE = Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml"
-
-
-@pytest.fixture(scope="module")
-def one_gpu():
-    node = load_node(NODE).with_gpus(1)
-    return node, load_node_profiles(node)
 
 
 @pytest.mark.parametrize(("apps", "demands", "objective"), [

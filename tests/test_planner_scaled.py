@@ -5,11 +5,8 @@ on a shared machine)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from jigsaw.node import load_node, load_node_profiles
 from jigsaw.planner import joint, problem, scaled
 from jigsaw.planner.decompose import app_layout
 from jigsaw.planner.node_plan import QUICK_STATUS, _pack_node, plan_node
@@ -18,19 +15,7 @@ from jigsaw.planner.problem import make_problem
 from jigsaw.planner.verify import verify_plan
 from jigsaw.spaces import search_space
 
-NODE = Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml"
-
-
-@pytest.fixture(autouse=True)
-def _cold() -> None:
-    """Every test starts cold: no problem, hence no curve (``planner.curves``), kept from another."""
-    problem.forget()
-
-
-@pytest.fixture(scope="module")
-def one_gpu():
-    node = load_node(NODE).with_gpus(1)
-    return node, load_node_profiles(node)
+pytestmark = pytest.mark.usefixtures("cold_planner")
 
 
 def _parts(node, profiles, names, demands):
