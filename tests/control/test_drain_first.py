@@ -435,7 +435,7 @@ def test_a_needed_plan_within_the_running_plans_headroom_drains_nothing(tmp_path
     instead, destroys nothing, and every queued request is answered 200 there. (A plan for 2
     req/s drains first, and every rule on its own: ``test_transition.py``.)"""
     _kept_running(_needed_over(tmp_path / "small", 1.2),
-                  "less than the running plan's 1.0 serves at full utilization", "headroom")
+                  "less than the 1.25 the running plan (for 1.0) serves at full utilization", "headroom")
 
 
 def test_a_needed_plan_keeps_the_running_plan_while_its_queue_outlasts_the_drain_first_wait(

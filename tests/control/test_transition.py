@@ -61,7 +61,7 @@ def test_the_headroom_rule_keeps_a_plan_the_running_plan_serves_run_hot() -> Non
     # 1.2 < 1.25 at full utilization: the running plan serves it; 2.0 does not
     step = _decide(new_planned_rps=1.2, new_demand_rps=1.2)
     assert isinstance(step, KeepRunning) and step.outcome == "headroom" and step.headroom_rps == 1.2
-    assert "less than the running plan's 1.0 serves at full utilization" in step.why
+    assert "less than the 1.25 the running plan (for 1.0) serves at full utilization" in step.why
     assert isinstance(_decide(new_planned_rps=2.0, new_demand_rps=2.0), DrainFirst)
 
 

@@ -143,8 +143,8 @@ def serves_on(s: RoomSnapshot, drain_wait_slo: float,
             else None
         least_rps = kept_rps if kept_rps is not None else need_rps
         if not need_rps > least_rps * (1 + RISING_MARGIN):
-            why = f"{asked}, less than the running plan's {s.running_planned_rps:.1f} serves at full " \
-                  f"utilization{after}"
+            why = f"{asked}, less than the {full_rps:.2f} the running plan (for " \
+                  f"{s.running_planned_rps:.1f}) serves at full utilization{after}"
             return KeepRunning("headroom", why, min(least_rps, need_rps)), ""
         if not s.waited:
             note = (f"a plan for {need_rps:.1f} rps, past the {least_rps:.1f} the headroom rule kept "
