@@ -107,13 +107,7 @@ class NoOnsetPredictor(SpikeProfilePredictor):
     """The profile without its onset rule: a spike's second bin from past spikes' heights alone
     (and at least its jump bin)."""
 
-    @staticmethod
-    def running_spike_rps(history: list[float], found: list[spikes.Spike]) -> float:
-        run = found[-1]
-        age = len(history) - run.start
-        heights = [history[s.start + age] / s.base_rps for s in found[:-1]
-                   if s.end is not None and s.end - s.start >= age and s.start + age < len(history)]
-        return max([history[-1], *(run.base_rps * h for h in heights)])
+    running_spike_rps = staticmethod(SpikeProfilePredictor.past_heights_rps)
 
 
 class NoPeriodPredictor(SpikeProfilePredictor):

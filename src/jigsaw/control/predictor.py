@@ -89,13 +89,21 @@ class SpikeProfilePredictor:
         return max(base, guess) * (1.0 + self.slack)
 
     @staticmethod
-    def running_spike_rps(history: list[float], found: list[spikes.Spike]) -> float:
-        """The next bin of the running spike (the last of ``found``)."""
+    def past_heights_rps(history: list[float], found: list[spikes.Spike]) -> float:
+        """The running spike's next bin from the heights past spikes reached at its age (at
+        least its last bin)."""
         run = found[-1]
         age = len(history) - run.start
         heights = [history[s.start + age] / s.base_rps for s in found[:-1]
                    if s.end is not None and s.end - s.start >= age and s.start + age < len(history)]
-        level = max([history[-1], *(run.base_rps * h for h in heights)])
+        return max([history[-1], *(run.base_rps * h for h in heights)])
+
+    @staticmethod
+    def running_spike_rps(history: list[float], found: list[spikes.Spike]) -> float:
+        """The next bin of the running spike (the last of ``found``)."""
+        run = found[-1]
+        age = len(history) - run.start
+        level = SpikeProfilePredictor.past_heights_rps(history, found)
         if age == 1:  # the jump bin held the spike from its onset on: mid-bin, on average
             level = max(level, 2.0 * history[-1] - run.base_rps)
         return level
