@@ -40,7 +40,7 @@ except ImportError:  # run from a checkout without an installed package
     sys.path.insert(0, str(ROOT / "src"))
 
 from jigsaw.node import load_node, load_node_profiles  # noqa: E402
-from jigsaw.planner import budget_curve, curves, joint, problem, scaled  # noqa: E402
+from jigsaw.planner import budget_curve, curves, joint, problem, scaled, value_curve  # noqa: E402
 from jigsaw.planner.anytime import scaled_quick_plan  # noqa: E402
 from jigsaw.planner.milp import capacity, plan  # noqa: E402
 from jigsaw.planner.node_plan import plan_node, quick_plan_node  # noqa: E402
@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                          "them, as the controller's solver process does across bins) and "
                          "precomputed (each call a new mix with only the apps' capacity per slice "
                          "budget in their curves, precomputed once and timed apart: the solver "
-                         "process's first plan of a mix after its idle time, budget_curve)")
+                         "process's first plan of a mix after its idle time, budget_curve) and "
+                         "values (each call a new mix with only the apps' best values on a grid of "
+                         "demands, precomputed once and timed apart: value_curve)")
     ap.add_argument("--precompute-limit", type=float, default=budget_curve.STEP_LIMIT_S,
                     help="seconds per budget's capacity solve in the precompute")
     ap.add_argument("--precompute-file", default="",
@@ -150,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         problem.forget()  # warm: one pass over the loads, in order, keeping what it learns
         kept = _precomputed(args, apps, node, profiles) if mode == "precomputed" and loads else []
+        values = _values(args, apps, node, profiles, caps, loads) if mode == "values" and loads else []
         for load in loads:
             for rep in range(args.repeats):
                 demands = _jittered(names, caps, load, rep, args.jitter)
@@ -158,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                         problem.forget()
                     for pb, curve in kept:  # only what the precompute showed
                         pb.derived[curves.KEY] = copy.deepcopy(curve)
+                    for pb, store in values:
+                        pb.derived.pop(curves.KEY, None)
+                        pb.derived[value_curve.KEY] = copy.deepcopy(store)
                     failures += _timed(args, f"{form} {mode}", form, apps, node, profiles, demands,
                                        load, times, results)
     if loads:
@@ -205,6 +211,29 @@ def _precomputed(args: argparse.Namespace, apps: list, node, profiles) -> list:
         print(f"  {a.name:<18} {spent:6.1f} s, {proven}/{len(mine)} proven, "
               f"largest gap of the rest {max(gaps, default=0.0):.1%}")
     return [(pb, copy.deepcopy(curves.curve_of(pb))) for pb in pbs]
+
+
+def _values(args: argparse.Namespace, apps: list, node, profiles, caps: dict, loads: list[float]) -> list:
+    """Each app's best values on a grid of its demands up to the largest the loads give it
+    (``value_curve.precompute``), timed and printed; the stores as they stand after it (each
+    timed plan starts from them alone)."""
+    sp = search_space(node.planner.space)
+    kind = args.objective or node.planner.objective
+    weights = [node.planner.app_weight(a.name) for a in apps]
+    gap = node.absolute_gap / len(apps)
+    print(f"value precompute (every demand to {gap:.3g}, the node's gap over {len(apps)} apps; "
+          f"load {_loadavg()}):")
+    out = []
+    for a, w in zip(apps, weights, strict=True):
+        pb = make_problem(a, node, profiles, sp, None)
+        pb.derived.pop(value_curve.KEY, None)
+        scope = value_curve.scope_of(kind, w, sum(weights))
+        top = max(loads) * caps[a.name] / len(apps) * (1 + args.jitter)
+        t0 = time.perf_counter()
+        n = value_curve.precompute(pb, node, scope, top, solver=args.solver, gap=gap)
+        print(f"  {a.name:<18} {n} solves to {top:.0f} rps in {time.perf_counter() - t0:.1f} s")
+        out.append((pb, copy.deepcopy(pb.derived[value_curve.KEY])))
+    return out
 
 
 def _loadavg() -> str:

@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import product
+from typing import TYPE_CHECKING
 
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import Node
@@ -58,6 +59,9 @@ from jigsaw.plan import GpuLayout, Layout, Plan
 from jigsaw.planner import joint
 from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import PackingError
+
+if TYPE_CHECKING:
+    from jigsaw.planner.value_curve import Seed
 
 SCREEN_SHARE = 0.85  # the cores' floors are solved where their LP floors reach this share of the node
 # each app's latency-relaxed slice floor (``floor_slices``), a quick screen, stops after
@@ -119,6 +123,7 @@ class _Point:
     bound: float  # upper bound on g(budget), hence on g(b) for every b <= budget
     used: Usage = (0, 0)
     seconds: float = 0.0  # what its solve took (the cheapest are tightened first)
+    seeded: bool = False  # from earlier solves' facts (``value_curve``), not solved here
 
 
 @dataclass
@@ -169,6 +174,8 @@ class Result:
     known: list[Known] | None = None
     # per app, every plan its solves found and the slices and slots it takes (``curves.record``)
     found: list[list[tuple[Usage, Plan]]] | None = None
+    # per app, each point solved here (``value_curve.learn``): budget, plan, usage, value, bound
+    solved: list[list[tuple[Usage, Plan | None, Usage, float, float]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -297,7 +304,8 @@ def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
 def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
           objective: str, pack: Packer, absolute_gap: float | None = None,
           start: Sequence[Plan | None] | None = None, first_fit: bool = False,
-          known: Sequence[Known | None] | None = None) -> Result:
+          known: Sequence[Known | None] | None = None,
+          seeds: Sequence[Sequence[Seed]] | None = None) -> Result:
     """The node decision over ``parts`` (see the module doc); ``pack`` lays out a choice of plans.
 
     ``start``: per app, a verified plan at its demand (e.g. ``quick_plan_node``'s) that each
@@ -308,6 +316,10 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     as before. ``known``: per app, what an earlier decision at a smaller demand proved
     (``Result.known``) or the app's curve (``curves.seed``): its infeasible budgets and slot floors
     hold here too. ``Result.known`` and ``Result.found`` are what ``curves.learn`` keeps.
+    ``seeds``: per app, what earlier solves give its budgets at this demand (``value_curve``):
+    points known without a solve where their incumbent is within the node's gap of their bound,
+    else incumbents and bounds for the solves; ``Result.solved`` is what ``value_curve.learn``
+    keeps.
     """
     t0 = time.perf_counter()
     room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
@@ -319,21 +331,27 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
                 f.min_slots[k] = max(m, f.min_slots.get(k, 0))
     res = _solve(parts, node, solver=solver, time_limit_s=time_limit_s, objective=objective,
                  pack=pack, absolute_gap=absolute_gap, start=start, first_fit=first_fit,
-                 fronts=fronts, t0=t0)
+                 fronts=fronts, t0=t0, seeds=seeds)
     for f, least in zip(fronts, res.floors or [], strict=False):
         if least >= 1:  # no plan on fewer slices than the floor
             f.infeasible.append((int(min(least, room[0] + 1)) - 1, room[1]))
     res.known = [Known(tuple(f.infeasible), tuple(sorted(f.min_slots.items()))) for f in fronts]
-    res.found = [[(p.used, p.plan) for p in f.points if p.plan is not None] for f in fronts]
+    res.found = [[(p.used, p.plan) for p in f.points if p.plan is not None and not p.seeded]
+                 for f in fronts]
+    res.solved = [[(p.budget, p.plan, p.used, p.value, p.bound) for p in f.points if not p.seeded]
+                  for f in fronts]
     return res
 
 
 def _solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
            objective: str, pack: Packer, absolute_gap: float | None, start: Sequence[Plan | None] | None,
-           first_fit: bool, fronts: list[_Frontier], t0: float) -> Result:
+           first_fit: bool, fronts: list[_Frontier], t0: float,
+           seeds: Sequence[Sequence[Seed]] | None = None) -> Result:
     """``solve``'s body over the apps' frontiers (seeded with what is known)."""
-    return _Search(parts, node, solver, time_limit_s, objective, pack, absolute_gap, first_fit,
-                   fronts, t0).run(start)
+    search = _Search(parts, node, solver, time_limit_s, objective, pack, absolute_gap, first_fit, fronts, t0)
+    if seeds is not None:
+        search.seeds = [search.seeded(i, s) for i, s in enumerate(seeds)]
+    return search.run(start)
 
 
 class _Search:
@@ -355,6 +373,18 @@ class _Search:
         self.floors: list[float] | None = None
         self.stage = "apart"
         self.tops: list[Usage] = []  # each app's own optimum's usage (``own_optima``)
+        self.seeds: list[list[_Point]] = [[] for _ in parts]  # per app, from ``value_curve``
+
+    def seeded(self, i: int, seeds: Sequence[Seed]) -> list[_Point]:
+        """App i's seeds as points, each valued here (its plan is one for this demand)."""
+        part = self.parts[i]
+        out = []
+        for s in seeds:
+            if s.plan is None:
+                continue
+            value = joint.part_value(s.plan, part, self.node, self.objective, self.total_weight)
+            out.append(_Point(s.budget, s.plan, value, max(s.bound, value), s.used, 0.0, seeded=True))
+        return out
 
     def left(self) -> float:
         return max(self.time_limit_s - self.elapsed(), 0.05 * self.time_limit_s)
@@ -445,7 +475,14 @@ class _Search:
         the answer where one alone does not fit."""
         for i, part in enumerate(self.parts):
             pb = part.pb
+            mine = [q for q in self.seeds[i] if q.budget == self.room]
+            if mine and mine[0].bound - mine[0].value <= self.gap_abs + 1e-9:
+                # proven by earlier solves' facts: as a solve to the node's gap would give
+                self.fronts[i].points.append(mine[0])
+                continue
             quick = copy.deepcopy(start[i]) if start is not None else None  # the caller keeps its own
+            if quick is None and mine:
+                quick = mine[0].plan
             if quick is None and pb.profiles is not None and pb.colset.columns \
                     and part.demand_rps is not None:
                 quick = quick_plan(pb.app, self.node, pb.profiles, part.demand_rps, factors=pb.factors,
@@ -459,6 +496,8 @@ class _Search:
                                    [f"{pb.app.name} alone does not fit on the node at its demand"])
             self.fronts[i].points.append(p)
         self.tops = [f.points[0].used for f in self.fronts]
+        for f, mine in zip(self.fronts, self.seeds, strict=True):
+            f.points += [q for q in mine if q.budget != self.room]
         return None
 
     def overrun_floors(self, screened: bool) -> Result | None:
@@ -566,6 +605,7 @@ class _Search:
             # both are plans within the same budget: the new bound holds for both
             was = q.bound
             q.bound = min(q.bound, max(p.bound, q.value))
+            q.seeded = q.seeded and q.bound >= was - 1e-12  # a tighter bound is a fact learned here
             if target <= delta or q.bound >= was - 1e-9:
                 # solved to its share, or the solver's bound did not move (it may stop on its
                 # own gap test above the target): solving it again would repeat this solve

@@ -28,7 +28,7 @@ from jigsaw.errors import PlanError
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import NODE_OBJECTIVES, Node
 from jigsaw.plan import GpuLayout, Layout, NodePlan, PlacedInstance, Plan
-from jigsaw.planner import curves, decompose, joint
+from jigsaw.planner import curves, decompose, joint, value_curve
 from jigsaw.planner.anytime import (
     Candidate,
     candidate_plan,
@@ -206,10 +206,16 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
             r = joint.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
                             start=start_plans)
             return _Decision(r.status, r.plans, r.objective, r.bound, None, r.notes, r.stage)
+        total = sum(p.weight for p in parts) or 1.0
+        scopes = [value_curve.scope_of(kind, p.weight, total) for p in parts]
         d = decompose.solve(parts, node, solver=solver, time_limit_s=limit, objective=kind,
                             pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, previous),
-                            known=curves.seed(parts, node))
+                            known=curves.seed(parts, node),
+                            seeds=[value_curve.seeds(p.pb, sc, p.demand_rps or 0.0)
+                                   for p, sc in zip(parts, scopes, strict=True)])
         curves.learn(parts, d)
+        value_curve.learn([p.pb for p in parts], scopes, [p.demand_rps or 0.0 for p in parts],
+                          d.solved or [[] for _ in parts])
         return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage, d.floors)
 
     if form != "joint" and _refuted(parts, node):

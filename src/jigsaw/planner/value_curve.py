@@ -1,0 +1,221 @@
+"""Each app's best value per budget at the demands solved before: facts that bound and start
+the decomposition's single-app solves at a new demand.
+
+``g(b, d)``, an app's best objective term within budget ``b`` (compute slices, MIG placement
+slots) at root demand ``d`` (``decompose``), is nondecreasing in ``b`` and nonincreasing in
+``d``: a plan for more demand is a plan for less (its lanes' rates scaled down, the same
+instances and variant fractions, so the same accuracy, slices and value). So one solve at
+``(b', d')`` gives, at any later demand ``d``:
+
+* an **upper bound** on ``g(b, d)`` for every ``b <= b'`` once ``d >= d'``: the solve's bound;
+* an **incumbent** for every ``b >= used`` once ``d`` is at most what the plan's instances
+  serve (its rate times its headroom, ``curves.headroom``): the plan scaled to ``d``, of the
+  same value.
+
+Where the best such incumbent is within the node's stopping gap of the least such bound, the
+point is proven without a solve; elsewhere the solve starts from the incumbent and the bound
+stays a valid cap on the frontier. Facts come from every single-app solve of a decision
+(``learn``) and from the idle time's grid of demands (``grid_steps``, ``budget_curve``); each
+is kept under the objective and weights it was solved for (``scope``): a value or bound of
+another objective or weighting means nothing here.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jigsaw.node import Node
+from jigsaw.plan import Plan
+from jigsaw.planner import curves, joint
+from jigsaw.planner.curves import headroom
+from jigsaw.planner.decompose import usage
+from jigsaw.planner.problem import Problem
+from jigsaw.planner.scaled import scale_plan
+
+KEY = ("value_curve", "facts")  # its ``Problem.derived`` key
+MAX_FACTS = 600  # per app and scope, the oldest dropped first
+Usage = tuple[int, int]
+Scope = tuple[str, float, float]  # (objective, the app's weight, the decision's total weight)
+# the idle time's grid (``precompute``): demands first, the intervals halved while unproven down
+# to a width, each demand's budgets a slice or two below its own optimum too, each solve bounded
+GRID_LEVELS = 16
+GRID_MIN_WIDTH = 0.004  # of the grid's top demand
+GRID_FRONTIER = 2
+GRID_FRONTIER_FROM = 0.45  # of the grid's top demand: below it the apps' own optima fit together
+GRID_STEP_S = 4.0
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One single-app solve at ``demand_rps`` within ``budget``: its bound on ``g`` and its plan
+    (None: none found), the plan's usage, value and the root rate its instances serve."""
+
+    demand_rps: float
+    budget: Usage
+    bound: float  # the solver's upper bound on g(budget, demand) (-inf: no plan exists)
+    plan: Plan | None = None
+    used: Usage = (0, 0)
+    value: float = -math.inf
+    serves_rps: float = 0.0
+
+
+@dataclass(frozen=True)
+class Seed:
+    """What the facts give a new demand at one budget: the best incumbent (a private plan for
+    that demand) and the least bound."""
+
+    budget: Usage
+    plan: Plan | None
+    used: Usage
+    value: float
+    bound: float
+
+
+def facts_of(pb: Problem, scope: Scope) -> list[Fact]:
+    """``pb``'s facts under ``scope`` (empty at first), kept with the problem."""
+    store = pb.derived.setdefault(KEY, {})
+    return store.setdefault(scope, [])
+
+
+def add(pb: Problem, scope: Scope, fact: Fact) -> None:
+    """One fact into ``pb``'s store (a private copy of its plan; its serving rate measured)."""
+    facts = facts_of(pb, scope)
+    if fact.plan is not None:
+        plan = copy.deepcopy(fact.plan)
+        fact = Fact(fact.demand_rps, fact.budget, fact.bound, plan, fact.used, fact.value,
+                    plan.planned_rps * headroom(plan, pb))
+    facts.append(fact)
+    del facts[:-MAX_FACTS]
+
+
+def bound_at(facts: Sequence[Fact], budget: Usage, demand_rps: float) -> float:
+    """The least upper bound the facts prove on ``g(budget, demand_rps)`` (inf: none)."""
+    return min((f.bound for f in facts if f.demand_rps <= demand_rps * (1 + 1e-12)
+                and f.budget[0] >= budget[0] and f.budget[1] >= budget[1]), default=math.inf)
+
+
+def seeds(pb: Problem, scope: Scope, demand_rps: float, budgets: Sequence[Usage] = ()) -> list[Seed]:
+    """Per budget the facts were solved at (and ``budgets``), the best incumbent at
+    ``demand_rps`` and the least bound; only budgets with an incumbent (the bound alone is the
+    curves' business). The incumbent plans are scaled to ``demand_rps``."""
+    facts = facts_of(pb, scope) if KEY in pb.derived else []
+    if not facts or demand_rps <= 0:
+        return []
+    usable = [f for f in facts if f.plan is not None and f.serves_rps >= demand_rps * (1 - 1e-9)
+              and f.plan.planned_rps > 0]
+    if not usable:
+        return []
+    out: list[Seed] = []
+    for b in dict.fromkeys([*(f.budget for f in facts), *budgets]):
+        inc = [f for f in usable if f.used[0] <= b[0] and f.used[1] <= b[1]]
+        if not inc:
+            continue
+        best = max(inc, key=lambda f: f.value)
+        bound = max(bound_at(facts, b, demand_rps), best.value)
+        assert best.plan is not None
+        plan = scale_plan(best.plan, demand_rps / best.plan.planned_rps)
+        plan.demand_rps = demand_rps
+        out.append(Seed(b, plan, best.used, best.value, bound))
+    return out
+
+
+def scope_of(objective: str, weight: float, total_weight: float) -> Scope:
+    """The scope a part's facts are kept under: its objective and weights."""
+    return objective, float(weight), float(total_weight)
+
+
+def learn(pbs: Sequence[Problem], scopes: Sequence[Scope], demands: Sequence[float],
+          solved: Sequence[Sequence[tuple[Usage, Plan | None, Usage, float, float]]]) -> None:
+    """Each app's points solved at its demand (``decompose.Result.solved``) into its store."""
+    for pb, scope, d, points in zip(pbs, scopes, demands, solved, strict=True):
+        for budget, plan, used, value, bound in points:
+            if d > 0 and not math.isnan(bound):
+                add(pb, scope, Fact(d, budget, bound, plan, used, value))
+
+
+def solve_fact(pb: Problem, node: Node, scope: Scope, demand_rps: float, budget: Usage | None, *,
+               solver: str, gap: float, time_limit_s: float) -> Fact:
+    """One single-app solve at ``demand_rps`` within ``budget`` (None: the whole node), stored."""
+    objective, weight, total = scope
+    room = curves.room_of(node)
+    b = budget or room
+    res = joint.solve([joint.Part(pb, demand_rps, weight)], node, solver=solver, time_limit_s=time_limit_s,
+                      objective=objective, absolute_gap=gap, total_weight=total,
+                      max_slices=b[0] if b[0] < room[0] else None, max_slots=b[1] if b[1] < room[1] else None)
+    plan = res.plans[0]
+    if res.status == "infeasible":
+        fact = Fact(demand_rps, b, -math.inf)
+    elif plan is None:
+        fact = Fact(demand_rps, b, res.bound if not math.isnan(res.bound) else math.inf)
+    else:
+        bound = res.bound if not math.isnan(res.bound) else math.inf
+        fact = Fact(demand_rps, b, max(bound, res.objective), plan, usage(plan, node), res.objective)
+    add(pb, scope, fact)
+    return facts_of(pb, scope)[-1]
+
+
+def interval_gap(pb: Problem, scope: Scope, room: Usage, lo_rps: float, hi_rps: float) -> float:
+    """What the facts leave unproven between two demands within ``room``: the bound at ``lo``
+    less the best value of a plan that serves ``hi`` (inf: none)."""
+    facts = facts_of(pb, scope)
+    inc = max((f.value for f in facts if f.plan is not None and f.serves_rps >= hi_rps), default=-math.inf)
+    return bound_at(facts, room, lo_rps) - inc
+
+
+def frontier_budgets(used: Usage, node: Node, frontier: int = GRID_FRONTIER) -> list[Usage]:
+    """The budgets the frontier search asks of an app whose own optimum takes ``used`` when the
+    apps compete: ``frontier`` slices fewer or the same, each with every slot, its share of the
+    node's (``budget_curve.slots_share``) or one more; those the own optimum fits left out."""
+    room = curves.room_of(node)
+    out: list[Usage] = []
+    for j in range(frontier + 1):
+        k = used[0] - j
+        if k < 1:
+            break
+        share = room[1] * k // room[0]
+        for m in (share, share + 1, room[1]):
+            b = (k, min(m, room[1]))
+            if not (used[0] <= b[0] and used[1] <= b[1]) and b not in out:
+                out.append(b)
+    return out
+
+
+def precompute(pb: Problem, node: Node, scope: Scope, max_rps: float, *, solver: str, gap: float,
+               levels: int = GRID_LEVELS, min_width: float = GRID_MIN_WIDTH, frontier: int = GRID_FRONTIER,
+               time_limit_s: float = GRID_STEP_S, budget_s: float = math.inf) -> int:
+    """The app's own optimum at ``levels`` demands up to ``max_rps``, each interval then halved
+    while the facts leave more than ``gap`` unproven across it and it is wider than
+    ``min_width`` of ``max_rps``; at each demand from ``GRID_FRONTIER_FROM`` of ``max_rps`` up
+    also the budgets the frontier search asks there (``frontier_budgets``). Every solve to a
+    quarter of ``gap``; ``budget_s`` in all at most. The solves made."""
+    t0 = time.perf_counter()
+    solves = 0
+
+    def at(d: float) -> None:
+        nonlocal solves
+        own = solve_fact(pb, node, scope, d, None, solver=solver, gap=gap / 4, time_limit_s=time_limit_s)
+        solves += 1
+        if own.plan is None or d < GRID_FRONTIER_FROM * max_rps:
+            return
+        for b in frontier_budgets(own.used, node, frontier):
+            if time.perf_counter() - t0 < budget_s:
+                solve_fact(pb, node, scope, d, b, solver=solver, gap=gap / 4, time_limit_s=time_limit_s)
+                solves += 1
+
+    todo = [max_rps * (j + 1) / levels for j in range(levels)]
+    done: list[float] = []
+    while todo and time.perf_counter() - t0 < budget_s:
+        d = todo.pop(0)
+        at(d)
+        done.append(d)
+        if not todo:  # the next round: halve each interval still open
+            done.sort()
+            pairs = zip([0.0, *done], done)
+            room = curves.room_of(node)
+            todo = [(lo + hi) / 2 for lo, hi in pairs
+                    if hi - lo > min_width * max_rps and interval_gap(pb, scope, room, lo, hi) > gap]
+    return solves

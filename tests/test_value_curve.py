@@ -1,0 +1,74 @@
+"""Value curves (``planner.value_curve``): facts from solves at other demands bound and start the
+decomposition's single-app solves, and a decision seeded with them proves what a cold one
+proves (one GPU, two apps where they compete; HiGHS, generous limits on a shared machine)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from jigsaw.planner import decompose, joint, value_curve
+from jigsaw.planner.decompose import app_layout
+from jigsaw.planner.node_plan import _pack_node
+from jigsaw.planner.problem import make_problem
+from jigsaw.planner.verify import verify_plan
+from jigsaw.spaces import search_space
+
+NAMES = ("social_media", "traffic_analysis")
+DEMANDS = (500.0, 150.0)  # they compete for the GPU's slices (``test_planner_decompose``)
+SCOPE = value_curve.scope_of("accuracy", 1.0, 2.0)
+
+
+def _parts(node, profiles, factor: float = 1.0) -> list[joint.Part]:
+    return [joint.Part(make_problem(node.app(a), node, profiles, search_space("ast"), None), d * factor)
+            for a, d in zip(NAMES, DEMANDS, strict=True)]
+
+
+def _decide(node, parts, seeds=None) -> decompose.Result:
+    return decompose.solve(parts, node, solver="highs", time_limit_s=60, objective="accuracy",
+                           pack=lambda ps: _pack_node(dict(zip(NAMES, ps, strict=True)), node, None),
+                           seeds=seeds)
+
+
+def test_a_fact_bounds_larger_demands_and_its_plan_serves_smaller_ones(one_gpu, cold_planner) -> None:
+    node, profiles = one_gpu
+    pb = _parts(node, profiles)[0].pb
+    fact = value_curve.solve_fact(pb, node, SCOPE, 400.0, None, solver="highs", gap=1e-3, time_limit_s=60)
+    assert fact.plan is not None and fact.serves_rps >= 400.0 and fact.bound >= fact.value
+    # the bound holds above its demand only, and for no larger budget
+    assert value_curve.bound_at([fact], fact.budget, 450.0) == fact.bound
+    assert value_curve.bound_at([fact], fact.budget, 350.0) == math.inf
+    # below what its instances serve, its plan is one for that demand, of the same value
+    (seed,) = value_curve.seeds(pb, SCOPE, 300.0)
+    assert seed.plan is not None and seed.plan.planned_rps == pytest.approx(300.0)
+    seed.plan.layout = app_layout(_pack_node({pb.app.name: seed.plan}, node, None), pb.app.name)
+    assert verify_plan(seed.plan, pb.app, node, profiles) == []
+    part = joint.Part(pb, 300.0)
+    assert joint.part_value(seed.plan, part, node, "accuracy", 2.0) == pytest.approx(fact.value)
+    assert value_curve.seeds(pb, SCOPE, fact.serves_rps * 1.01) == []  # it serves no more
+    other = value_curve.scope_of("slices", 1.0, 2.0)  # another objective's facts are not these
+    assert value_curve.seeds(pb, other, 300.0) == []
+
+
+def test_a_seeded_decision_proves_the_cold_one_with_fewer_solves(one_gpu, cold_planner) -> None:
+    node, profiles = one_gpu
+    parts = _parts(node, profiles)
+    cold = _decide(node, parts)
+    assert cold.status == "optimal" and cold.stage == "frontier"
+    gap = node.absolute_gap / len(parts)
+    for p in parts:  # a grid up to a little above the demands, the frontier's budgets included
+        value_curve.precompute(p.pb, node, SCOPE, 1.2 * (p.demand_rps or 0.0), solver="highs", gap=gap,
+                               levels=4, min_width=0.05, time_limit_s=60)
+    seeded = _decide(node, parts, [value_curve.seeds(p.pb, SCOPE, p.demand_rps or 0.0) for p in parts])
+    assert seeded.status == "optimal", seeded.notes
+    assert seeded.objective == pytest.approx(cold.objective, abs=node.absolute_gap + 1e-9)
+    assert seeded.bound - seeded.objective <= node.absolute_gap + 1e-9
+    assert seeded.solves < cold.solves
+    for name, plan in zip(NAMES, seeded.plans, strict=True):
+        assert plan is not None and seeded.layout is not None
+        assert plan.demand_rps == pytest.approx(plan.planned_rps), name  # a plan for this demand
+        plan.layout = app_layout(seeded.layout, name)
+        assert verify_plan(plan, node.app(name), node, profiles) == [], name
+    # what it solved itself is learned; what the seeds gave is not stored twice
+    assert all(len(s) <= seeded.solves for s in seeded.solved or [])
