@@ -104,10 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                          "process's first plan), warm (one pass over the loads in order keeping "
                          "them, as the controller's solver process does across bins) and "
                          "precomputed (each call a new mix with only the apps' capacity per slice "
-                         "budget in their curves, precomputed once and timed apart: the solver "
-                         "process's first plan of a mix after its idle time, budget_curve) and "
-                         "values (each call a new mix with only the apps' best values on a grid of "
-                         "demands, precomputed once and timed apart: value_curve)")
+                         "budget in their curves and their best values on a grid of demands, "
+                         "precomputed once and timed apart: the solver process's first plan of a "
+                         "mix after its idle time, budget_curve and value_curve)")
     ap.add_argument("--precompute-limit", type=float, default=budget_curve.STEP_LIMIT_S,
                     help="seconds per budget's capacity solve in the precompute")
     ap.add_argument("--precompute-file", default="",
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         problem.forget()  # warm: one pass over the loads, in order, keeping what it learns
         kept = _precomputed(args, apps, node, profiles) if mode == "precomputed" and loads else []
-        values = _values(args, apps, node, profiles, caps, loads) if mode == "values" and loads else []
+        values = _values(args, apps, node, profiles, caps, loads) if mode == "precomputed" and loads else []
         for load in loads:
             for rep in range(args.repeats):
                 demands = _jittered(names, caps, load, rep, args.jitter)
@@ -162,7 +161,6 @@ def main(argv: list[str] | None = None) -> int:
                     for pb, curve in kept:  # only what the precompute showed
                         pb.derived[curves.KEY] = copy.deepcopy(curve)
                     for pb, store in values:
-                        pb.derived.pop(curves.KEY, None)
                         pb.derived[value_curve.KEY] = copy.deepcopy(store)
                     failures += _timed(args, f"{form} {mode}", form, apps, node, profiles, demands,
                                        load, times, results)
@@ -215,24 +213,38 @@ def _precomputed(args: argparse.Namespace, apps: list, node, profiles) -> list:
 
 def _values(args: argparse.Namespace, apps: list, node, profiles, caps: dict, loads: list[float]) -> list:
     """Each app's best values on a grid of its demands up to the largest the loads give it
-    (``value_curve.precompute``), timed and printed; the stores as they stand after it (each
-    timed plan starts from them alone)."""
+    (``value_curve.precompute``), timed and printed, or read from ``--precompute-file`` where an
+    earlier run kept them; the stores as they stand after it (each timed plan starts from them)."""
     sp = search_space(node.planner.space)
     kind = args.objective or node.planner.objective
     weights = [node.planner.app_weight(a.name) for a in apps]
     gap = node.absolute_gap / len(apps)
+    saved = Path(args.precompute_file) if args.precompute_file else None
+    doc = json.loads(saved.read_text()) if saved is not None and saved.exists() else {}
+    kept = doc.get("values", {})
     print(f"value precompute (every demand to {gap:.3g}, the node's gap over {len(apps)} apps; "
-          f"load {_loadavg()}):")
+          f"load {_loadavg()}{'; read from the file' if kept else ''}):")
     out = []
     for a, w in zip(apps, weights, strict=True):
         pb = make_problem(a, node, profiles, sp, None)
         pb.derived.pop(value_curve.KEY, None)
         scope = value_curve.scope_of(kind, w, sum(weights))
         top = max(loads) * caps[a.name] / len(apps) * (1 + args.jitter)
-        t0 = time.perf_counter()
-        n = value_curve.precompute(pb, node, scope, top, solver=args.solver, gap=gap)
-        print(f"  {a.name:<18} {n} solves to {top:.0f} rps in {time.perf_counter() - t0:.1f} s")
+        if a.name in kept:
+            for f in kept[a.name]["facts"]:
+                value_curve.add(pb, scope, value_curve.fact_from_json(f))
+            n, secs = len(kept[a.name]["facts"]), float(kept[a.name]["seconds"])
+        else:
+            t0 = time.perf_counter()
+            n = value_curve.precompute(pb, node, scope, top, solver=args.solver, gap=gap)
+            secs = time.perf_counter() - t0
+            kept[a.name] = {"seconds": secs, "facts": [value_curve.fact_to_json(f)
+                                                       for f in value_curve.facts_of(pb, scope)]}
+        print(f"  {a.name:<18} {n} solves to {top:.0f} rps in {secs:.1f} s")
         out.append((pb, copy.deepcopy(pb.derived[value_curve.KEY])))
+    if saved is not None and saved.exists():
+        doc["values"] = kept
+        saved.write_text(json.dumps(doc))
     return out
 
 

@@ -72,3 +72,31 @@ def test_a_seeded_decision_proves_the_cold_one_with_fewer_solves(one_gpu, cold_p
         assert verify_plan(plan, node.app(name), node, profiles) == [], name
     # what it solved itself is learned; what the seeds gave is not stored twice
     assert all(len(s) <= seeded.solves for s in seeded.solved or [])
+
+
+def test_the_solver_process_goes_on_to_the_value_grid_in_forked_steps(one_gpu, cold_planner) -> None:
+    import select
+    import time
+
+    from jigsaw.control.precompute import Precompute
+
+    node, profiles = one_gpu
+    pb = _parts(node, profiles)[0].pb
+    pre = Precompute([pb], node, solver="highs", step_limit_s=10)
+    pre.todo = pre.todo[:1]  # the whole node's capacity only: the grid's top
+    assert pre.next_level() is None  # not before the budgets are done
+    end = time.monotonic() + 120
+    while time.monotonic() < end and (pre.todo or pre.done < 4):
+        pre.start()
+        if pre.fd is None:
+            break  # every grid done
+        ready, _, _ = select.select([pre.fd], [], [], max(0.0, end - time.monotonic()))
+        if ready:
+            pre.readable()
+    pre.cancel()
+    assert not pre.todo and pre.done >= 4 and pre.tops[0]
+    facts = value_curve.facts_of(pb, pre.scopes[0])
+    assert facts and all(f.demand_rps <= (pre.tops[0] or 0) * (1 + 1e-9) for f in facts)
+    # what the child solved is a start for a plan at a demand below its largest level
+    d = max(f.demand_rps for f in facts if f.plan is not None)
+    assert value_curve.seeds(pb, pre.scopes[0], 0.9 * d)

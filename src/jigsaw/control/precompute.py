@@ -9,6 +9,11 @@ process, so it starts with the process's problems (columns built, ``warm_up``); 
 child and the CBC process it started (SIGKILL to its process group: nothing of it is kept) and
 the step runs again once the process is idle. A child never uses its parent's warm CBC
 processes (``solve_runner`` drops them after a fork).
+
+Once every budget is done, the steps go on to each app's best values on a grid of demands up
+to what its curve serves on the whole node (``value_curve``: one demand a step, its facts as a
+JSON list), round after round where the grid leaves an interval unproven, under the node's
+objective and weights; every plan of a mix then starts from them.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 from collections.abc import Sequence
 
 from jigsaw.node import Node
-from jigsaw.planner import budget_curve
+from jigsaw.planner import budget_curve, curves, value_curve
 from jigsaw.planner.problem import Problem
 
 MAX_FACT_BYTES = 16 << 20  # one step's answer at most this long (a plan's JSON: kilobytes)
@@ -42,12 +47,44 @@ class Precompute:
         self.fd: int | None = None
         self.deadline = 0.0  # the running step's (``time.monotonic``): past it, ``expire``
         self._buf = bytearray()
+        weights = [node.planner.app_weight(pb.app.name) for pb in self.pbs]
+        self.scopes = [value_curve.scope_of(node.planner.objective, w, sum(weights) or 1.0) for w in weights]
+        self.gap = node.absolute_gap / max(len(self.pbs), 1)
+        # per app its grid's top demand (once the budgets are done), the demands done, and left
+        self.tops: list[float | None] = [None] * len(self.pbs)
+        self.levels_done: list[list[float]] = [[] for _ in self.pbs]
+        self.levels: list[list[float]] = [[] for _ in self.pbs]
+        self._value_step: tuple[int, float] | None = None  # the running step, when it is a grid's
+
+    def next_level(self) -> tuple[int, float] | None:
+        """The next grid demand (app index, rps) once every budget is done: the apps in turn,
+        each grid's next round where its last one ended (None: every grid is done)."""
+        if self.todo or self.step_limit_s <= 0:
+            return None
+        for i, pb in enumerate(self.pbs):
+            if self.tops[i] is None:  # what the app serves on the whole node, its curve says
+                top = max((x.rate_rps for x in curves.curve_of(pb).served), default=0.0)
+                self.tops[i] = top
+                self.levels[i] = value_curve.first_levels(top) if top > 0 else []
+            elif not self.levels[i] and self.levels_done[i]:
+                self.levels[i] = value_curve.next_levels(pb, self.node, self.scopes[i], self.levels_done[i],
+                                                         self.tops[i] or 0.0, self.gap)
+                if not self.levels[i]:
+                    self.levels_done[i] = []  # done: no round after it
+        ready = [i for i in range(len(self.pbs)) if self.levels[i]]
+        if not ready:
+            return None
+        i = min(ready, key=lambda j: len(self.levels_done[j]))
+        return i, self.levels[i][0]
 
     def start(self) -> None:
         """Fork the next step's child unless one runs or none is left."""
-        if self._pid is not None or not self.todo:
+        if self._pid is not None:
             return
-        i, k, m, limit_s = self.todo[0]
+        self._value_step = None if self.todo else self.next_level()
+        if not self.todo and self._value_step is None:
+            return
+        i, k, m, limit_s = self.todo[0] if self.todo else (self._value_step[0], 0, None, self.step_limit_s)
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: one solve, its answer, gone (never back into the caller)
@@ -56,9 +93,7 @@ class Precompute:
                 os.setpgid(0, 0)  # its own group: a kill reaches the CBC process it starts too
                 os.close(r)
                 os.nice(19)  # idle work: the serving processes and the next plan come first
-                fact = budget_curve.budget_capacity(self.pbs[i], self.node, k, m, solver=self.solver,
-                                                    time_limit_s=limit_s)
-                data = memoryview(json.dumps(fact.to_json()).encode())
+                data = memoryview(json.dumps(self._solve(i, k, m, limit_s)).encode())
                 while data:
                     data = data[os.write(w, data):]
                 code = 0
@@ -68,8 +103,32 @@ class Precompute:
         with contextlib.suppress(OSError):  # (the child may have set it first)
             os.setpgid(pid, pid)
         self._pid, self.fd = pid, r
-        self.deadline = time.monotonic() + 2 * limit_s + OVERRUN_S
+        solves = 1 if self._value_step is None else value_curve.LEVEL_SOLVES  # a grid step's, at most
+        self.deadline = time.monotonic() + 2 * solves * limit_s + OVERRUN_S
         self._buf = bytearray()
+
+    def _solve(self, i: int, k: int, m: int | None, limit_s: float) -> object:
+        """The running step's answer as JSON (in the child)."""
+        if self._value_step is not None:
+            facts = value_curve.level_facts(self.pbs[i], self.node, self.scopes[i], self._value_step[1],
+                                            self.tops[i] or 0.0, solver=self.solver, gap=self.gap,
+                                            time_limit_s=limit_s)
+            return [value_curve.fact_to_json(f) for f in facts]
+        return budget_curve.budget_capacity(self.pbs[i], self.node, k, m, solver=self.solver,
+                                            time_limit_s=limit_s).to_json()
+
+    def _value_answer(self, data: bytes) -> None:
+        """A grid step answered (or failed: b""): its facts into the app's store, the demand done."""
+        assert self._value_step is not None
+        i, d = self._value_step
+        self._value_step = None
+        self.levels[i].remove(d)
+        self.levels_done[i].append(d)
+        with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
+            if data:
+                for f in json.loads(data):
+                    value_curve.add(self.pbs[i], self.scopes[i], value_curve.fact_from_json(f))
+                self.done += 1
 
     def readable(self) -> None:
         """The child's pipe is readable: take what it wrote; at its end, apply the fact."""
@@ -77,6 +136,11 @@ class Precompute:
         chunk = os.read(self.fd, 1 << 16)
         self._buf += chunk
         if chunk and len(self._buf) <= MAX_FACT_BYTES:
+            return
+        if self._value_step is not None:
+            data = b"" if chunk else bytes(self._buf)
+            self._reap(kill=bool(chunk))
+            self._value_answer(data)
             return
         i, k, m, limit_s = self.todo.pop(0)  # answered or failed (too long: dropped): not tried again
         data = b"" if chunk else bytes(self._buf)
@@ -93,6 +157,10 @@ class Precompute:
     def expire(self) -> None:
         """The running step overran (a solver stuck in the child): killed, and not tried again."""
         if self._pid is not None:
+            if self._value_step is not None:
+                self._reap(kill=True)
+                self._value_answer(b"")
+                return
             self.todo.pop(0)
             self._reap(kill=True)
 

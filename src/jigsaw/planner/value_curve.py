@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from jigsaw.node import Node
 from jigsaw.plan import Plan
@@ -44,7 +45,8 @@ Scope = tuple[str, float, float]  # (objective, the app's weight, the decision's
 # to a width, each demand's budgets a slice or two below its own optimum too, each solve bounded
 GRID_LEVELS = 16
 GRID_MIN_WIDTH = 0.004  # of the grid's top demand
-GRID_FRONTIER = 2
+GRID_FRONTIER = 1
+LEVEL_SOLVES = 3 + 3 * GRID_FRONTIER  # one demand's solves at most (``level_facts``)
 GRID_FRONTIER_FROM = 0.45  # of the grid's top demand: below it the apps' own optima fit together
 GRID_STEP_S = 4.0
 
@@ -61,6 +63,23 @@ class Fact:
     used: Usage = (0, 0)
     value: float = -math.inf
     serves_rps: float = 0.0
+
+
+def fact_to_json(f: Fact) -> dict[str, Any]:
+    """A fact as JSON (the idle time's child answers with these; the bench keeps them)."""
+    return {"demand_rps": f.demand_rps, "budget": list(f.budget),
+            "bound": f.bound if math.isfinite(f.bound) else ("-inf" if f.bound < 0 else "inf"),
+            "plan": f.plan.to_json_dict() if f.plan is not None else None, "used": list(f.used),
+            "value": f.value if math.isfinite(f.value) else None}
+
+
+def fact_from_json(d: dict[str, Any]) -> Fact:
+    """``fact_to_json``'s inverse (its serving rate measured again when ``add``ed)."""
+    bound = d["bound"]
+    plan = Plan.from_json_dict(d["plan"], "<value fact>") if d.get("plan") else None
+    return Fact(float(d["demand_rps"]), (int(d["budget"][0]), int(d["budget"][1])), float(bound), plan,
+                (int(d["used"][0]), int(d["used"][1])),
+                -math.inf if d.get("value") is None else float(d["value"]))
 
 
 @dataclass(frozen=True)
@@ -168,8 +187,9 @@ def interval_gap(pb: Problem, scope: Scope, room: Usage, lo_rps: float, hi_rps: 
 
 def frontier_budgets(used: Usage, node: Node, frontier: int = GRID_FRONTIER) -> list[Usage]:
     """The budgets the frontier search asks of an app whose own optimum takes ``used`` when the
-    apps compete: ``frontier`` slices fewer or the same, each with every slot, its share of the
-    node's (``budget_curve.slots_share``) or one more; those the own optimum fits left out."""
+    apps compete: the same slices or up to ``frontier`` fewer, each with its share of the node's
+    slots (``budget_curve.slots_share``) or one more, and each fewer with every slot; those the
+    own optimum fits left out."""
     room = curves.room_of(node)
     out: list[Usage] = []
     for j in range(frontier + 1):
@@ -177,45 +197,56 @@ def frontier_budgets(used: Usage, node: Node, frontier: int = GRID_FRONTIER) -> 
         if k < 1:
             break
         share = room[1] * k // room[0]
-        for m in (share, share + 1, room[1]):
+        for m in (share, share + 1, *((room[1],) if j else ())):
             b = (k, min(m, room[1]))
             if not (used[0] <= b[0] and used[1] <= b[1]) and b not in out:
                 out.append(b)
     return out
 
 
+def level_facts(pb: Problem, node: Node, scope: Scope, demand_rps: float, max_rps: float, *, solver: str,
+                gap: float, time_limit_s: float = GRID_STEP_S, frontier: int = GRID_FRONTIER) -> list[Fact]:
+    """One demand of the grid (``precompute``): the app's own optimum there and, from
+    ``GRID_FRONTIER_FROM`` of ``max_rps`` up, the budgets the frontier search asks when the apps
+    compete (``frontier_budgets``); each solve to half of ``gap``, stored. The facts."""
+    own = solve_fact(pb, node, scope, demand_rps, None, solver=solver, gap=gap / 2, time_limit_s=time_limit_s)
+    out = [own]
+    if own.plan is not None and demand_rps >= GRID_FRONTIER_FROM * max_rps:
+        out += [solve_fact(pb, node, scope, demand_rps, b, solver=solver, gap=gap / 2,
+                           time_limit_s=time_limit_s) for b in frontier_budgets(own.used, node, frontier)]
+    return out
+
+
+def first_levels(max_rps: float, levels: int = GRID_LEVELS) -> list[float]:
+    """The grid's first round: ``levels`` demands evenly up to ``max_rps``."""
+    return [max_rps * (j + 1) / levels for j in range(levels)]
+
+
+def next_levels(pb: Problem, node: Node, scope: Scope, done: Sequence[float], max_rps: float, gap: float,
+                min_width: float = GRID_MIN_WIDTH) -> list[float]:
+    """The next round after the demands ``done``: the middle of each interval the facts leave
+    more than ``gap`` unproven across and that is wider than ``min_width`` of ``max_rps``."""
+    room = curves.room_of(node)
+    levels = sorted(done)
+    return [(lo + hi) / 2 for lo, hi in zip([0.0, *levels], levels, strict=False)
+            if hi - lo > min_width * max_rps and interval_gap(pb, scope, room, lo, hi) > gap]
+
+
 def precompute(pb: Problem, node: Node, scope: Scope, max_rps: float, *, solver: str, gap: float,
                levels: int = GRID_LEVELS, min_width: float = GRID_MIN_WIDTH, frontier: int = GRID_FRONTIER,
                time_limit_s: float = GRID_STEP_S, budget_s: float = math.inf) -> int:
-    """The app's own optimum at ``levels`` demands up to ``max_rps``, each interval then halved
-    while the facts leave more than ``gap`` unproven across it and it is wider than
-    ``min_width`` of ``max_rps``; at each demand from ``GRID_FRONTIER_FROM`` of ``max_rps`` up
-    also the budgets the frontier search asks there (``frontier_budgets``). Every solve to a
-    quarter of ``gap``; ``budget_s`` in all at most. The solves made."""
+    """The whole grid in this process (a bench's, or a caller with nothing else to do): the
+    demands of ``first_levels``, then rounds of ``next_levels`` until none is left, each
+    ``level_facts``; ``budget_s`` in all at most. The solves made."""
     t0 = time.perf_counter()
     solves = 0
-
-    def at(d: float) -> None:
-        nonlocal solves
-        own = solve_fact(pb, node, scope, d, None, solver=solver, gap=gap / 4, time_limit_s=time_limit_s)
-        solves += 1
-        if own.plan is None or d < GRID_FRONTIER_FROM * max_rps:
-            return
-        for b in frontier_budgets(own.used, node, frontier):
-            if time.perf_counter() - t0 < budget_s:
-                solve_fact(pb, node, scope, d, b, solver=solver, gap=gap / 4, time_limit_s=time_limit_s)
-                solves += 1
-
-    todo = [max_rps * (j + 1) / levels for j in range(levels)]
+    todo = first_levels(max_rps, levels)
     done: list[float] = []
     while todo and time.perf_counter() - t0 < budget_s:
         d = todo.pop(0)
-        at(d)
+        solves += len(level_facts(pb, node, scope, d, max_rps, solver=solver, gap=gap,
+                                  time_limit_s=time_limit_s, frontier=frontier))
         done.append(d)
-        if not todo:  # the next round: halve each interval still open
-            done.sort()
-            pairs = zip([0.0, *done], done)
-            room = curves.room_of(node)
-            todo = [(lo + hi) / 2 for lo, hi in pairs
-                    if hi - lo > min_width * max_rps and interval_gap(pb, scope, room, lo, hi) > gap]
+        if not todo:
+            todo = next_levels(pb, node, scope, done, max_rps, gap, min_width)
     return solves
