@@ -40,6 +40,14 @@ the apps' own optima overrun it, each own optimum's bound gives its app a floor 
 slices than it allows); the cores' floors run after them only where the free ones come within
 ``CORE_FLOOR_MARGIN`` slices per app of the node (0, the default: never).
 Every floor's solve stops after a node count (``FLOOR_NODES``), not at a share of the clock.
+
+Earlier solves at other demands (``value_curve``: the idle time's grid, earlier decisions) give
+points before any solve (``solve(seeds=)``): a plan that serves this demand within a budget and
+the least bound proven at a smaller demand and a larger budget. An app's own optimum whose seed
+is within the node's gap of its bound is not solved again, nor is a frontier budget the seeds
+know; a seed's bound caps the frontier like a solved point's, its plan starts the solve where one
+is still needed, and the tightening solves it again like any point. The proof is the same sum
+of bounds.
 """
 
 from __future__ import annotations
