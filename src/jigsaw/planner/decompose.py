@@ -80,13 +80,13 @@ SCREEN_SHARE = 0.85  # the cores' floors are solved where their LP floors reach 
 # only (not the decision's share of its limit: a scaled search's later tests have little left).
 FLOOR_NODES = 16
 FLOOR_LIMIT_S = 2.0
-# each slot floor (``_min_slots``): its dual bound holds wherever it stops, so a short solve only
+# each slot floor (``slot_floor``): its dual bound holds wherever it stops, so a short solve only
 # weakens it (None: the time left)
 MIN_SLOTS_LIMIT_S: float | None = FLOOR_LIMIT_S
 # HiGHS's presolve on the slot bound: off (traffic_analysis at 75-100% of the node: 0.13-0.34 s
 # against 0.33-0.78 s with it, mostly spent at the root node)
 MIN_SLOTS_PRESOLVE = False
-# the slot floors (``_min_slots``) before each frontier point. Measured on the example node
+# the slot floors (``slot_floor``) before each frontier point. Measured on the example node
 # (loaded machine, medians of two): at 75% they ruled no budget out and cost 0.26 s; at 90% one
 # (traffic_analysis's (9, 10), whose own core took 0.39 s to prove infeasible). Off: 75% 1.58 s,
 # 90% 1.72 s; on: 1.74 s and 1.45 s. Kept on (as before).
@@ -209,7 +209,7 @@ class Known:
         return Known(tuple(b for b in refuted if b[1] >= room[1]), tuple(sorted(floors.items())))
 
 
-def _min_slots(part: joint.Part, node: Node, solver: str, max_slices: int, time_limit_s: float
+def slot_floor(part: joint.Part, node: Node, solver: str, max_slices: int, time_limit_s: float
                ) -> int | None:
     """A lower bound on the placement slots of any plan of ``part`` on at most ``max_slices``
     slices (None: no such plan): the latency-relaxed core (a relaxation) minimising slots."""
@@ -632,7 +632,7 @@ class _Search:
         if SLOT_FLOORS and k not in front.min_slots:
             self.solves += 1
             limit = self.left() if MIN_SLOTS_LIMIT_S is None else min(self.left(), MIN_SLOTS_LIMIT_S)
-            floor = _min_slots(self.parts[i], self.node, self.solver, k, limit)
+            floor = slot_floor(self.parts[i], self.node, self.solver, k, limit)
             if floor is None:
                 front.infeasible.append((k, room[1]))
             else:

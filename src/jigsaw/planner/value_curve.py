@@ -33,7 +33,7 @@ from jigsaw.node import Node
 from jigsaw.plan import Plan
 from jigsaw.planner import curves, joint
 from jigsaw.planner.curves import headroom
-from jigsaw.planner.decompose import usage
+from jigsaw.planner.decompose import FLOOR_LIMIT_S, slot_floor, usage
 from jigsaw.planner.problem import Problem
 from jigsaw.planner.scaled import scale_plan
 
@@ -46,7 +46,7 @@ Scope = tuple[str, float, float]  # (objective, the app's weight, the decision's
 GRID_LEVELS = 16
 GRID_MIN_WIDTH = 0.004  # of the grid's top demand
 GRID_FRONTIER = 1
-LEVEL_SOLVES = 3 + 3 * GRID_FRONTIER  # one demand's solves at most (``level_facts``)
+LEVEL_SOLVES = 4 + 4 * GRID_FRONTIER  # one demand's solves at most (``level_facts``)
 GRID_FRONTIER_FROM = 0.45  # of the grid's top demand: below it the apps' own optima fit together
 GRID_STEP_S = 4.0
 
@@ -101,7 +101,11 @@ def facts_of(pb: Problem, scope: Scope) -> list[Fact]:
 
 
 def add(pb: Problem, scope: Scope, fact: Fact) -> None:
-    """One fact into ``pb``'s store (a private copy of its plan; its serving rate measured)."""
+    """One fact into ``pb``'s store (a private copy of its plan; its serving rate measured); a
+    budget proven infeasible also into its curve (``curves``: the decomposition's infeasible
+    budgets and slot floors, at any objective)."""
+    if fact.bound == -math.inf:
+        curves.curve_of(pb).add_refuted(fact.budget, fact.demand_rps)
     facts = facts_of(pb, scope)
     if fact.plan is not None:
         plan = copy.deepcopy(fact.plan)
@@ -211,9 +215,18 @@ def level_facts(pb: Problem, node: Node, scope: Scope, demand_rps: float, max_rp
     compete (``frontier_budgets``); each solve to half of ``gap``, stored. The facts."""
     own = solve_fact(pb, node, scope, demand_rps, None, solver=solver, gap=gap / 2, time_limit_s=time_limit_s)
     out = [own]
-    if own.plan is not None and demand_rps >= GRID_FRONTIER_FROM * max_rps:
-        out += [solve_fact(pb, node, scope, demand_rps, b, solver=solver, gap=gap / 2,
-                           time_limit_s=time_limit_s) for b in frontier_budgets(own.used, node, frontier)]
+    if own.plan is None or demand_rps < GRID_FRONTIER_FROM * max_rps:
+        return out
+    part = joint.Part(pb, demand_rps, scope[1])
+    for k in sorted({b[0] for b in frontier_budgets(own.used, node, frontier)}, reverse=True):
+        # the slot floor the frontier search would solve first: (k, floor - 1) is infeasible
+        floor = slot_floor(part, node, solver, k, min(time_limit_s, FLOOR_LIMIT_S))
+        slots = curves.room_of(node)[1] if floor is None else floor - 1
+        if slots >= 0:
+            out.append(Fact(demand_rps, (k, slots), -math.inf))
+            add(pb, scope, out[-1])
+    out += [solve_fact(pb, node, scope, demand_rps, b, solver=solver, gap=gap / 2, time_limit_s=time_limit_s)
+            for b in frontier_budgets(own.used, node, frontier)]
     return out
 
 
