@@ -344,8 +344,8 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         if least >= 1:  # no plan on fewer slices than the floor
             f.infeasible.append((int(min(least, room[0] + 1)) - 1, room[1]))
     res.known = [Known(tuple(f.infeasible), tuple(sorted(f.min_slots.items()))) for f in fronts]
-    res.found = [[(p.used, p.plan) for p in f.points if p.plan is not None and not p.seeded]
-                 for f in fronts]
+    # (seeded plans too: a plan for this demand, which the curves keep as any other)
+    res.found = [[(p.used, p.plan) for p in f.points if p.plan is not None] for f in fronts]
     res.solved = [[(p.budget, p.plan, p.used, p.value, p.bound) for p in f.points if not p.seeded]
                   for f in fronts]
     return res

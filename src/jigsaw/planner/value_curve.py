@@ -38,7 +38,7 @@ from jigsaw.planner.problem import Problem
 from jigsaw.planner.scaled import scale_plan
 
 KEY = ("value_curve", "facts")  # its ``Problem.derived`` key
-MAX_FACTS = 600  # per app and scope, the oldest dropped first
+MAX_FACTS = 2000  # per app and scope, the oldest dropped first (a grid: several hundred)
 Usage = tuple[int, int]
 Scope = tuple[str, float, float]  # (objective, the app's weight, the decision's total weight)
 # the idle time's grid (``precompute``): demands first, the intervals halved while unproven down
