@@ -124,6 +124,12 @@ def test_the_packer_lays_up_to_k_shares_into_one_instance_and_keeps_them() -> No
                if (t := p.task) in seat_of)
     bad = Layout(H100.name, (GpuLayout(0, tuple(replace(p, seat=0) for p in layout.gpus[0].instances)),))
     assert any("seat 0 taken twice" in p for p in validate_layout(bad, H100))
+    # a new share fills the free seat of an instance whose shares all stay: nothing moves (a
+    # burst's plan extends what runs)
+    more = pack([*asked, *_shares("y", profile="1g.10gb-1of4")], H100, 1, layout)
+    assert changed_gpus(layout, more) == []
+    placed = {(p.start, p.profile, p.task, p.seat) for p in more.gpus[0].instances}
+    assert {(p.start, p.profile, p.task, p.seat) for p in layout.gpus[0].instances} <= placed
 
 
 def test_shares_pay_where_small_tasks_waste_whole_instances(tmp_path: Path) -> None:
