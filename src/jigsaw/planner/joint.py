@@ -521,6 +521,13 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
             scale = 1.0 / max(cols[j].throughput_rps for j in js)
             md.row([count[j] for j in js] + [lam[li] for li, _ in tr],
                    [cols[j].throughput_rps * scale for j in js] + [-m * scale for _, m in tr], lo=0.0)
+            if demand_ub is not None:
+                # a lane that carries requests needs an instance of each (task, variant) it reaches:
+                # the scaled row above lets a tiny rate (m x lam / the largest throughput within the
+                # solver's tolerance: 0.01 rps beside 10^4) pass with none (issue 41: a plan whose
+                # lane sent classify to a variant it did not run)
+                md.row([count[j] for j in js] + [lam[li] for li, _ in tr],
+                       [1.0] * len(js) + [-1.0 / demand_ub] * len(tr), lo=0.0)
             s = md.var(0.0, node.slices_available * unit, integer=True)
             tv_slices[-1][tv] = s
             md.row([s] + [count[j] for j in js], [1.0] + [-float(cols[j].slices * unit) for j in js],
