@@ -496,7 +496,7 @@ def _share_pass_time(plain, shared, profiles, caps: dict[str, float], limit: flo
                     for x in verify_plan(merged.plans[a.name], a, shared, profiles["pass"])]
         bad += bool(problems)
         print(f"load {load:>4.0%}: homogeneous {instance_slices(base.layout, plain):>2} slices "
-              f"({base.status}, {base.solve_seconds:.2f} s) -> {instance_slices(merged.layout, plain):>2} "
+              f"({base.status}, {base.solve_seconds:.2f} s) -> {instance_slices(merged.layout, shared):>2} "
               f"with the pass, which took {ms:.1f} ms" + (f"  {problems}" if problems else ""))
     return bad
 

@@ -12,7 +12,6 @@ from dpserver import EXAMPLE_NODE, Load, Server, http
 
 from jigsaw.control.predictor import burst_floor_rps
 from jigsaw.gpu.layout import NodeInstance, NodeLayout, validate_node_layout
-from jigsaw.mig import gpu_model
 from jigsaw.node import load_node
 
 TA, SM = "traffic_analysis", "social_media"
@@ -22,7 +21,8 @@ WAIT_S = 90.0
 def _node_layout(doc: dict) -> NodeLayout:
     return NodeLayout(doc["gpu_model"], doc["num_gpus"], tuple(
         NodeInstance(gpu=i["gpu"], profile=i["profile"], start=i["start"], app=i["app"], task=i["task"],
-                     variant=i["variant"], mps=i["mps"], max_batch=i["max_batch"], index=i["index"])
+                     variant=i["variant"], mps=i["mps"], max_batch=i["max_batch"], index=i["index"],
+                     seat=i.get("seat", 0))
         for i in doc["instances"]))
 
 
@@ -78,7 +78,7 @@ def test_a_burst_on_one_app_replans_the_node_quick_plan_first(tmp_path: Path) ->
     assert re.search(r'jigsaw_node_replans_total\{trigger="(rate|violations)"\} [1-9]', text)
     # one layout for the node: no overlap, every app on its part
     assert {i["app"] for i in layout["instances"]} == {TA, SM}
-    assert validate_node_layout(_node_layout(layout), gpu_model(layout["gpu_model"])) == []
+    assert validate_node_layout(_node_layout(layout), node.gpu) == []
     # nothing lost over two reconfigurations (shed 503s are the admission's answer to the flood)
     assert load.sent == load.answered and load.statuses.get(-1, 0) == 0, load.statuses
     assert load.statuses.get(200, 0) > 0.5 * load.sent, load.statuses
