@@ -32,10 +32,22 @@ def _node_replans(url: str) -> dict[str, list[dict]]:
             for app, records in hist.items()}
 
 
+def _homogeneous(tmp_path: Path) -> Path:
+    """The example node without MIG-instance shares (``mig_shares = []``)."""
+    text = EXAMPLE_NODE.read_text().replace('"apps/', f'"{EXAMPLE_NODE.parent}/apps/')
+    text = text.replace('"../profiles', f'"{EXAMPLE_NODE.parent.parent}/profiles')
+    path = tmp_path / "h100x4-homogeneous.toml"
+    path.write_text(text.replace("count = 4\n", "count = 4\nmig_shares = []\n"))
+    return path
+
+
 def test_a_burst_on_one_app_replans_the_node_quick_plan_first(tmp_path: Path) -> None:
     # Both apps planned for 5 rps; closed-loop clients on social_media outrun its plan within the
     # first seconds of a 30 s bin: the node re-plans early, in one decision for both apps.
-    args = ["--node-config", str(EXAMPLE_NODE), "--apps", f"{TA},{SM}", "--demand", "5",
+    # Without MIG-instance shares: the premise is the whole instances' spare capacity at 5 rps,
+    # which serves most of the burst until the re-plan (shares fit the plan to its 5 rps, and the
+    # closed-loop clients then see mostly the door's quick 503s before the switch).
+    args = ["--node-config", str(_homogeneous(tmp_path)), "--apps", f"{TA},{SM}", "--demand", "5",
             "--bin-seconds", "30", "--plan-time-limit", "5", "--anytime", "always"]
     with Server(args, tmp_path / "jigsawd.log", ready_timeout_s=150) as server:
         before = http("GET", f"{server.url}/admin/plan")[1]
