@@ -313,3 +313,8 @@ def test_a_lane_with_a_tiny_rate_still_runs_every_task_it_reaches(tmp_path: Path
                           objective="slices")
         p = got.plans[0]
         assert p is not None and {i.task for i in p.instances} == set(app.task_names)
+    # the node plan of the three apps' eight tasks on the one GPU's seven slices, without shares:
+    # nothing fits at any demand, said at once (it was a "scaled" plan serving 0.05% with that lane)
+    result = plan_node(list(node.apps), node, load_node_profiles(node), {a.name: 20.0 for a in node.apps})
+    assert result.status == "infeasible" and not result.plans and result.demand_scale == 0.0
+    assert "8 slices at the cheapest, and the node has 7" in result.notes[0]

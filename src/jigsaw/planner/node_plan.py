@@ -213,6 +213,11 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
         curves.learn(parts, d)
         return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage, d.floors)
 
+    if form != "joint" and (why := why_none_together([p.pb for p in parts])):
+        # no demand at all fits (a task without a segment, the tasks' segments beyond the node):
+        # said at once, not after a scaled search down to nothing
+        return _empty(node, kind, "infeasible", time.perf_counter() - t0,
+                      _none_together([p.pb for p in parts]))
     if form != "joint" and _refuted(parts, node):
         # what earlier plans proved (the apps' curves) shows the demands do not fit together
         res = _Decision("infeasible", [None] * len(parts), math.nan, math.nan, None, [], "curves")
