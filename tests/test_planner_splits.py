@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from factories import latency_bound_chain, make_app, make_node, make_profiles
@@ -180,3 +181,58 @@ def test_tally_counts_the_solves_inside_it() -> None:
     assert outer.nodes == sol.nodes >= 0
     md.solve("highs", 10, 1e-9)
     assert outer.milps == 1  # outside the block: not counted
+
+
+@pytest.mark.parametrize("make", [_chain, _fork])
+def test_plan_at_capacity_first_solves_a_split_its_capacity_solve_served(make, monkeypatch) -> None:
+    """The cheapest plan at the capacity solves first a split that the capacity's own search
+    found a plan under at that demand (the others then only need refuting), and it is the same
+    plan as a search that does not know which split that was (a fresh problem)."""
+    from jigsaw.planner import problem
+
+    app, node, profiles = make()
+    seen: list[tuple[float, tuple, dict]] = []
+    ranked = joint._ranked_splits
+
+    def recording(parts, node_, shape, capacity_mode, until):
+        got = ranked(parts, node_, shape, capacity_mode, until)
+        if not capacity_mode and got:
+            seen.append((parts[0].demand_rps, got[0][3],
+                         dict(parts[0].pb.derived.get(joint._SPLIT_SERVES, {}))))
+        return got
+
+    monkeypatch.setattr(joint, "_ranked_splits", recording)
+    cap = capacity(app, node, profiles, solver="cbc", time_limit_s=60)
+    assert cap.status == cap.plan.status == "optimal"
+    assert seen
+    demand, first, served = seen[0]
+    assert served.get(first, 0.0) >= demand > 0
+    problem.forget()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    assert joint._SPLIT_SERVES not in pb.derived
+    fresh = joint.solve([joint.Part(pb, demand)], node, solver="cbc", time_limit_s=60, exact_splits=True)
+    assert fresh.status == "optimal"
+    assert fresh.objective == pytest.approx(cap.plan.objective, abs=1e-9)
+
+
+def test_ranking_puts_a_split_known_to_hold_the_demand_first() -> None:
+    """At a demand, the split whose capacity solve served it goes first, the rest by their LP."""
+    from jigsaw.planner import problem
+
+    app, node, profiles = _fork()
+    problem.forget()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    shape = {"objective": "accuracy", "scale_demands": False, "max_slices": None, "max_slots": None,
+             "total_weight": None}
+    parts = [joint.Part(pb, 100.0)]
+    plain = joint._ranked_splits(parts, node, shape, False, math.inf)
+    assert plain is not None and len(plain) > 2
+    assert [x for x, *_ in plain] == sorted((x for x, *_ in plain), reverse=True)
+    last = plain[-1][3]
+    pb.derived[joint._SPLIT_SERVES] = {last: 100.0}
+    again = joint._ranked_splits(parts, node, shape, False, math.inf)
+    assert again is not None
+    assert [k for *_, k in again] == [last] + [k for *_, k in plain[:-1]]
+    pb.derived[joint._SPLIT_SERVES] = {last: 99.0}  # served less than the demand: no fact here
+    assert [k for *_, k in joint._ranked_splits(parts, node, shape, False, math.inf)] == \
+        [k for *_, k in plain]

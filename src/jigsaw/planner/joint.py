@@ -128,6 +128,9 @@ GRID_PRESOLVE = False
 # full model decides (as before)
 CAPACITY_SPLITS = True
 _SPLIT_LP_RPS = ("joint", "split capacity LP")  # its ``Problem.derived`` key
+# per split, the most a plan found under it serves (its capacity solve's): at a demand up to that
+# the split holds a plan, and it is solved first (``_ranked_splits``)
+_SPLIT_SERVES = ("joint", "split serves")
 MAX_SPLITS = 2048
 # ... and where the LP bounds leave more than MAX_SPLIT_SOLVES splits to solve (a small node,
 # where integrality takes a few percent off each split's LP: ar_assistant under ``ast`` on 4 GPUs),
@@ -975,7 +978,10 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
     best: JointResult | None = None
     bound = -math.inf  # over the splits solved so far, then the first one not solved
     solves = 0
-    for k, (lp_bound, _, built) in enumerate(ranked):
+    top = max((x for x, _, _, _ in ranked), default=-math.inf)
+    serves: dict[tuple, float] = parts[0].pb.derived.setdefault(_SPLIT_SERVES, {})
+    plain = _plain_capacity(parts, shape, capacity_mode)
+    for k, (lp_bound, _, built, key) in enumerate(ranked):
         if best is not None and lp_bound - best.objective <= max(gap_abs, rel_gap * abs(lp_bound)):
             bound = max(bound, lp_bound)  # this split and all below it: within the gap
             break
@@ -983,7 +989,7 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
         # demand, with no plan yet, every split left: on 4 GPUs ar_assistant's cheapest plan at
         # its capacity under ``st`` has 97 splits whose LPs reach it and whose cores do not)
         above = (1 if capacity_mode else len(ranked) - k) if best is None else \
-            sum(1 for x, _, _ in ranked[k:] if x - best.objective > max(gap_abs, rel_gap * abs(x)))
+            sum(1 for x, _, _, _ in ranked[k:] if x - best.objective > max(gap_abs, rel_gap * abs(x)))
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0 or solves + above > MAX_SPLIT_SOLVES:
             bound = max(bound, lp_bound)  # too many splits left open: the full model decides
@@ -1009,16 +1015,25 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
         if cols is None:  # the split's caps meet every path: never (kept as a guard)
             bound = max(bound, lp_bound)
             continue
-        # labelled against the bound over every split (the ranking's first); the caller decides
-        got = _result(built, sol, [cols], ranked[0][0], gap_abs, rel_gap, capacity_mode, t0, "splits")
+        # labelled against the bound over every split (the ranking's largest); the caller decides
+        got = _result(built, sol, [cols], top, gap_abs, rel_gap, capacity_mode, t0, "splits")
+        if plain and got.plans[0] is not None:
+            serves[key] = max(serves.get(key, 0.0), got.plans[0].planned_rps)
         best = _better(best, got)
     if best is not None:
         bound = max(bound, best.objective)
     return best, bound
 
 
+def _plain_capacity(parts: list[Part], shape: dict, capacity_mode: bool) -> bool:
+    """The app's capacity on the whole node (no rate cap, slice or slot budget): what its splits'
+    capacities, kept per problem, are facts of."""
+    return capacity_mode and parts[0].max_rps is None and not any(
+        shape[k] is not None for k in ("max_slices", "max_slots"))
+
+
 def _ranked_splits(parts: list[Part], node: Node, shape: dict, capacity_mode: bool, until: float
-                   ) -> list[tuple[float, int, Built]] | None:
+                   ) -> list[tuple[float, int, Built, tuple]] | None:
     """Part 0's restricted cores over the maximal splits with their LP bounds, best first; None
     where the splits are more than ``MAX_SPLITS`` or the clock passes ``until`` (the ranking
     alone would take the time: the full model decides)."""
@@ -1029,8 +1044,7 @@ def _ranked_splits(parts: list[Part], node: Node, shape: dict, capacity_mode: bo
     # each split's capacity LP, kept per problem: at a demand above it the split is infeasible
     # (its LP is not built again: ar_assistant's cheapest plan at its capacity keeps 29 of 1101)
     lp_rps: dict[tuple, float] = pb.derived.setdefault(_SPLIT_LP_RPS, {})
-    plain = capacity_mode and parts[0].max_rps is None and not any(
-        shape[k] is not None for k in ("max_slices", "max_slots"))
+    plain = _plain_capacity(parts, shape, capacity_mode)
     demand = parts[0].demand_rps
     models: dict[tuple, Built] = {}
     for caps in splits:  # splits that leave every group the same column are one model
@@ -1039,7 +1053,7 @@ def _ranked_splits(parts: list[Part], node: Node, shape: dict, capacity_mode: bo
         key = tuple(c.key for c in core_columns(pb, caps))
         if key not in models and not (demand is not None and lp_rps.get(key, math.inf) < demand):
             models[key] = build(parts, node, full=False, caps=[caps], **shape)
-    ranked: list[tuple[float, int, Built]] = []
+    ranked: list[tuple[float, int, Built, tuple]] = []
     for k, (key, built) in enumerate(models.items()):
         if time.perf_counter() > until:
             return None
@@ -1047,8 +1061,16 @@ def _ranked_splits(parts: list[Part], node: Node, shape: dict, capacity_mode: bo
         if plain:  # the rate, up to the slices' tie-break (1e-6 each)
             lp_rps[key] = lp.objective + 1e-3 if lp.has_incumbent else -math.inf
         if lp.has_incumbent:
-            ranked.append((lp.objective, k, built))
+            ranked.append((lp.objective, k, built, key))
     ranked.sort(key=lambda x: (-x[0], x[1]))
+    # at a demand, a split known to hold a plan there (its capacity solve served as much) first:
+    # its optimum is a floor that refutes the splits above it sooner (ar_assistant's cheapest
+    # plan at its capacity on 120 GPUs: four splits with no plan at it, each solved without one)
+    serves: dict[tuple, float] = pb.derived.get(_SPLIT_SERVES, {})
+    held = [j for j, (_, _, _, key) in enumerate(ranked)
+            if demand is not None and serves.get(key, -math.inf) >= demand]
+    if held and held[0] > 0:
+        ranked.insert(0, ranked.pop(held[0]))
     return ranked
 
 
