@@ -236,3 +236,68 @@ def test_ranking_puts_a_split_known_to_hold_the_demand_first() -> None:
     pb.derived[joint._SPLIT_SERVES] = {last: 99.0}  # served less than the demand: no fact here
     assert [k for *_, k in joint._ranked_splits(parts, node, shape, False, math.inf)] == \
         [k for *_, k in plain]
+
+
+def test_first_plan_answers_with_the_incumbent_searches_plan_and_a_true_bound(monkeypatch) -> None:
+    """``first_plan``: where the incumbent searches find a plan they cannot prove (their proofs
+    against the core switched off here), it is the answer, ``feasible`` with a bound no lower
+    than the proven optimum, and no level model is built; without it the level models prove
+    the optimum, which the plan lies within the bound's reach of."""
+    app, node, profiles = _chain()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    proven = joint.solve([joint.Part(pb, 250.0)], node, solver="highs", time_limit_s=60)
+    assert proven.status == "optimal" and proven.stage in ("grid", "split")
+    monkeypatch.setattr(joint._Search, "prove", lambda self, spent_s: None)
+    levels: list[bool] = []
+    build = joint.build
+
+    def recording_build(*args, **kwargs):
+        levels.append(kwargs.get("levels") is not None)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(joint, "build", recording_build)
+    first = joint.solve([joint.Part(pb, 250.0)], node, solver="highs", time_limit_s=60, first_plan=True)
+    assert first.stage in ("grid", "split")
+    assert not any(levels)
+    assert first.plans[0] is not None and first.plans[0].planned_rps >= 250.0 * (1 - 1e-9)
+    assert first.objective <= proven.objective + node.absolute_gap + 1e-9
+    assert first.bound >= proven.objective - 1e-9
+    assert first.status == "feasible" and first.bound > first.objective + node.absolute_gap
+    full = joint.solve([joint.Part(pb, 250.0)], node, solver="highs", time_limit_s=60)
+    assert any(levels) and full.status == "optimal"
+    assert abs(full.objective - proven.objective) <= node.absolute_gap + 1e-9
+
+
+def test_a_proof_asked_again_is_not_solved_again(monkeypatch) -> None:
+    """``prove``: a floor under the same bound whose core had a plan above it is not solved again
+    (the grid's splits often find the same best), nor one whose solve ran out of a limit no
+    shorter; a new best, a new bound or a longer limit is asked."""
+    app, node, profiles = _chain()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    answers = ["found"]
+    asked: list[tuple[float, float, float]] = []
+
+    def answering(parts, node_, shape, floor, cut, how, limit_s, gap_abs):
+        asked.append((floor, cut, limit_s))
+        return answers[0]
+
+    monkeypatch.setattr(joint, "_nothing_above", answering)
+    s = joint._Search([joint.Part(pb, 100.0)], node, {"objective": "accuracy"}, "highs", 10.0, 0.0,
+                      0.5, 0.0, False, "highs", True)
+    s.ub = 1.0
+    s.best = joint.JointResult("feasible", [None], 0.2, 1.0, 0.0, "grid")
+    s.prove(1.0)
+    s.prove(5.0)  # the core had a plan above that floor: no limit changes it
+    assert len(asked) == 1
+    s.best = joint.JointResult("feasible", [None], 0.3, 1.0, 0.0, "grid")
+    answers[0] = "open"
+    s.prove(1.0)
+    s.prove(1.0)  # ran out of the same limit before
+    s.prove(0.5)  # the same with a shorter one
+    assert len(asked) == 2
+    s.prove(2.0)
+    assert len(asked) == 3
+    answers[0] = "infeasible"
+    s.ub = 0.9  # a new bound: a new question
+    s.prove(1.0)
+    assert len(asked) == 4 and s.best.status == "optimal" and s.ub == pytest.approx(0.3 + 0.5)
