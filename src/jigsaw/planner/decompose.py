@@ -369,8 +369,9 @@ class _Search:
                       self.elapsed(), layout, self.solves, stage, notes, floors)
 
     def point(self, i: int, budget: Usage, start: tuple[Plan, float] | None = None,
-              gap: float | None = None) -> _Point:
-        """g at ``budget`` for app i; ``start``: a known plan within the budget and its value."""
+              gap: float | None = None, first_plan: bool = False) -> _Point:
+        """g at ``budget`` for app i; ``start``: a known plan within the budget and its value;
+        ``first_plan``: the incumbent searches' plan without its proof (``joint.solve``)."""
         self.solves += 1
         t1 = time.perf_counter()
         room = self.room
@@ -379,7 +380,7 @@ class _Search:
                           start=[start[0]] if start is not None else None,
                           max_slices=budget[0] if budget[0] < room[0] else None,
                           max_slots=budget[1] if budget[1] < room[1] else None,
-                          total_weight=self.total_weight)
+                          total_weight=self.total_weight, first_plan=first_plan)
         plan = res.plans[0]
         if res.status == "infeasible":
             return _Point(budget, None, -math.inf, -math.inf)
@@ -450,9 +451,10 @@ class _Search:
                     and part.demand_rps is not None:
                 quick = quick_plan(pb.app, self.node, pb.profiles, part.demand_rps, factors=pb.factors,
                                    problem=pb)
+            # a test of whether the demands fit: plans first, proofs where they do not fit
             p = self.point(i, self.room, (quick, joint.part_value(quick, part, self.node, self.objective,
                                                                   self.total_weight))
-                           if quick is not None else None)
+                           if quick is not None else None, first_plan=self.first_fit)
             if p.bound == -math.inf:
                 self.fronts[i].infeasible.append(self.room)
                 return self.result("infeasible", "apart",
@@ -521,8 +523,10 @@ class _Search:
         while not unsolved:
             got = _best_choice(self.fronts, self.tops, self.room)
             if got is None:
+                # the floors go with it: the scaled search's first test starts from them
                 return self.result("infeasible", self.stage, ["the apps' plans with the fewest slices and "
-                                                              "MIG slots exceed the node together"])
+                                                              "MIG slots exceed the node together"],
+                                   self.floors)
             bound, budgets = got
             todo = [i for i, b in enumerate(budgets) if self.fronts[i].known(b) is None]
             if not todo:
