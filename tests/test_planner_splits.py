@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import pytest
 from factories import latency_bound_chain, make_app, make_node, make_profiles
@@ -270,20 +271,21 @@ def test_first_plan_answers_with_the_incumbent_searches_plan_and_a_true_bound(mo
 
 def test_a_proof_asked_again_is_not_solved_again(monkeypatch) -> None:
     """``prove``: a floor under the same bound whose core had a plan above it is not solved again
-    (the grid's splits often find the same best), nor one whose solve ran out of a limit no
-    shorter; a new best, a new bound or a longer limit is asked."""
+    (the grid's splits often find the same best); one whose solve ran out of its limit is asked
+    once more with twice that limit, then not with no longer a limit; a new best, a new bound or
+    a longer limit is asked."""
     app, node, profiles = _chain()
     pb = make_problem(app, node, profiles, search_space("ast"), None)
     answers = ["found"]
-    asked: list[tuple[float, float, float]] = []
+    asked: list[float] = []
 
     def answering(parts, node_, shape, floor, cut, how, limit_s, gap_abs):
-        asked.append((floor, cut, limit_s))
+        asked.append(limit_s)
         return answers[0]
 
     monkeypatch.setattr(joint, "_nothing_above", answering)
-    s = joint._Search([joint.Part(pb, 100.0)], node, {"objective": "accuracy"}, "highs", 10.0, 0.0,
-                      0.5, 0.0, False, "highs", True)
+    s = joint._Search([joint.Part(pb, 100.0)], node, {"objective": "accuracy"}, "highs", 10.0,
+                      time.perf_counter(), 0.5, 0.0, False, "highs", True)
     s.ub = 1.0
     s.best = joint.JointResult("feasible", [None], 0.2, 1.0, 0.0, "grid")
     s.prove(1.0)
@@ -292,12 +294,14 @@ def test_a_proof_asked_again_is_not_solved_again(monkeypatch) -> None:
     s.best = joint.JointResult("feasible", [None], 0.3, 1.0, 0.0, "grid")
     answers[0] = "open"
     s.prove(1.0)
-    s.prove(1.0)  # ran out of the same limit before
-    s.prove(0.5)  # the same with a shorter one
-    assert len(asked) == 2
+    s.prove(1.0)  # ran out: once more, twice as long
+    assert asked[1:] == [1.0, 2.0]
+    s.prove(1.0)  # ran out of a longer limit before
     s.prove(2.0)
     assert len(asked) == 3
+    s.prove(3.0)
+    assert asked[3] == 4.0  # longer than any before, and at least twice the longest
     answers[0] = "infeasible"
     s.ub = 0.9  # a new bound: a new question
     s.prove(1.0)
-    assert len(asked) == 4 and s.best.status == "optimal" and s.ub == pytest.approx(0.3 + 0.5)
+    assert len(asked) == 5 and s.best.status == "optimal" and s.ub == pytest.approx(0.3 + 0.5)
