@@ -305,3 +305,20 @@ def test_a_proof_asked_again_is_not_solved_again(monkeypatch) -> None:
     s.ub = 0.9  # a new bound: a new question
     s.prove(1.0)
     assert len(asked) == 5 and s.best.status == "optimal" and s.ub == pytest.approx(0.3 + 0.5)
+
+
+def test_splits_and_their_columns_are_kept_per_problem() -> None:
+    """``maximal_caps`` and ``core_columns`` are pure in the problem: kept in it, the same answers
+    as computed afresh, and a caller's change to the splits it got does not reach the kept ones."""
+    app, node, profiles = _fork()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    first = joint.maximal_caps(pb, 10**6)
+    assert first is not None and len(first) > 1
+    assert first == joint._maximal_caps(pb, 10**6)
+    first[0].clear()
+    assert joint.maximal_caps(pb, 10**6) == joint._maximal_caps(pb, 10**6)
+    for caps in [None, *joint.maximal_caps(pb, 10**6)]:
+        got = joint.core_columns(pb, caps)
+        assert got == joint._core_columns(pb, caps)
+        assert joint.core_columns(pb, None if caps is None else dict(caps)) is got
+    assert joint.maximal_caps(pb, 1) is None  # more than the limit: none, kept apart
