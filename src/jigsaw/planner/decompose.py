@@ -304,10 +304,12 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     app's own solve starts from; where none is given, the app's greedy plan (``quick_plan``).
     ``first_fit``: a test of whether the demands fit at all (the scaled search's): the first
     choice of the plans computed that packs together is the answer (``feasible``, or ``optimal``
-    where the bound proves it), without going on to the best choice; ``infeasible`` is proven
-    as before. ``known``: per app, what an earlier decision at a smaller demand proved
-    (``Result.known``) or the app's curve (``curves.seed``): its infeasible budgets and slot floors
-    hold here too. ``Result.known`` and ``Result.found`` are what ``curves.learn`` keeps.
+    where the bound proves it), without going on to the best choice, and each app's own solve
+    answers with its incumbent searches' plan (``joint.solve(first_plan=)``: its proof only
+    where the plans do not fit); ``infeasible`` is proven as before. ``known``: per app, what an
+    earlier decision at a smaller demand proved (``Result.known``) or the app's curve
+    (``curves.seed``): its infeasible budgets and slot floors hold here too. ``Result.known`` and
+    ``Result.found`` are what ``curves.learn`` keeps.
     """
     t0 = time.perf_counter()
     room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
