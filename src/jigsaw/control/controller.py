@@ -608,6 +608,7 @@ class NodeController(NeededPlans):
         self._ahead_bin: int | None = None  # the bin whose successor's re-plan has started
         self._routine_for: int | None = None  # a routine re-plan put off while another ran: its bin
         self._extended_first: list[str] = []  # the running re-plan's apps extended in place at once
+        self._phases_s: Counter[str] = Counter()  # the running deployment's transitions, by phase
         self._trigger = ""  # the running re-plan's trigger
         self._for_bin: int | None = None  # and the bin it plans for (None: the running one)
         self._lost: dict[str, float] = {}  # capacity-loss re-plans waiting: app -> demand
@@ -889,9 +890,12 @@ class NodeController(NeededPlans):
                 if a.source == "exact":
                     for note in a.plan.notes:
                         self.log(f"node: {note}")
+                self._phases_s = Counter()
                 summary["kept"], refused = await self._deploy(a.plan, fresh, a.source, r.demands)
-                # from the re-plan's decision (its trigger) to this plan's deployment
+                # from the re-plan's decision (its trigger) to this plan's deployment, and where the
+                # transitions' part of it went (``applied.PHASES``)
                 summary["deployed_after_s"] = round(time.monotonic() - t0, 4)
+                summary["phases_s"] = {k: round(v, 4) for k, v in self._phases_s.items()}
                 r = dataclasses.replace(r.refusing(a.source, refused), deployed=a.plan, quick_decided=True,
                                         quick_deployed=r.quick_deployed or a.source == "quick",
                                         exact_decided=a.source == "exact")
@@ -1006,6 +1010,7 @@ class NodeController(NeededPlans):
             # a later plan past this by RISING_MARGIN over the same generation: a spike still rising
             self._headroom_kept[desired.app] = (done.generation, last.headroom_rps)
         c.record_applied(done, desired.plan, source)
+        self._phases_s.update(dict(done.phases_s))
         return done, last
 
     async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str,
