@@ -94,10 +94,11 @@ class Applied:
 
 
 # the phases of a transition ``Applied.phases_s`` names: placing the plan, creating and destroying
-# MIG instances, waiting for (and cutting) the drains in the way, a drain-first (its interim
-# generation, drain and MIG changes, a restore after it), MPS daemons, segments and the new processes
-# started, the wait until every process of the new generation is ready
-PHASES = ("place", "mig", "drains", "drain_first", "spawn", "ready")
+# MIG instances, waiting for (and cutting) the drains in the way, a drain-first's drain (its
+# interim generation's start counted as spawn and ready, its MIG changes as mig), MPS daemons,
+# segments and new processes started, the wait until every process is ready, and the restore of
+# the running plan after a drain-first that failed
+PHASES = ("place", "mig", "drains", "drain_first", "spawn", "ready", "restore")
 
 
 READY_TIMEOUT_S = 120.0  # a new generation's processes are all ready within this, or it failed

@@ -257,7 +257,8 @@ class Drains:
         return blockers, own
 
     async def _drain_first(self, app: str, old: Generation, desired: NodeLayout,
-                           deferred: Deferred, wait_s: float) -> Generation:
+                           deferred: Deferred, wait_s: float,
+                           phases: Counter[str] | None = None) -> Generation:
         """No free slots for some new instances: drain the app's instances in their way first while
         its other processes (and every other app) serve on, then destroy those and create the new
         ones. Returns the generation now serving (the old one less the drained instances).
@@ -277,22 +278,25 @@ class Drains:
         if mid_plan is not None:
             self.log(f"{app}: {wanted} new MIG instances need the slots of {len(blockers)} running ones: "
                      "draining those first while the rest serves")
-            return await self._drain_step(app, old, mid_plan, blockers, self.node_layout, desired, wait_s)
+            return await self._drain_step(app, old, mid_plan, blockers, self.node_layout, desired, wait_s,
+                                          Counter() if phases is None else phases)
         raise DrainRefused(f"the app would have no lane left to serve while the {len(blockers)} "
                            "instances in the way of the new ones drain")
 
     async def _drain_step(self, app: str, old: Generation, mid_plan: Plan, drained: set[Slot],
-                          layout: NodeLayout, desired: NodeLayout, wait_s: float) -> Generation:
+                          layout: NodeLayout, desired: NodeLayout, wait_s: float,
+                          phases: Counter[str]) -> Generation:
         """The drain of a drain-first: switch the app to ``mid_plan`` (on ``layout``: the node's
         instances with those it runs on), drain ``old`` (briefly: ``_retire``'s ``first``), destroy
         the ``drained`` instances and create every instance of ``desired``. Returns ``mid_plan``'s
-        generation."""
+        generation. ``phases`` gets the seconds of the interim generation's start (``spawn``,
+        ``ready``), of the drain (``drain_first``) and of the MIG changes (``mig``)."""
         assert self.partition is not None
         router = self._router()
         mid = self._lay_out(old.app, mid_plan)
         mid.adopt(old, kept_processes(old, mid))
         try:
-            await self._launch(mid, layout, router)
+            await self._launch(mid, layout, router, phases=phases)
         except Exception as exc:
             await self._abandon(mid)
             raise JigsawError(f"the processes serving while the instances drain did not start: {exc}") \
@@ -307,17 +311,24 @@ class Drains:
         # processes go back to them at this retirement, and they held the slots until their own
         # drain's end (tens of seconds in a spike), so the new instances could not be made, the
         # drain-first failed and the running plan was rolled back.
+        t_drain = time.monotonic()
         older = self._drains_on(drained)
-        await self._retire(old.gid, first_wait_s=wait_s, also=older)
-        if older and not await self._end_drains(app, older):
-            raise JigsawError(f"the drains of generation(s) {older} on the drained instances did not end")
+        try:
+            await self._retire(old.gid, first_wait_s=wait_s, also=older)
+            if older and not await self._end_drains(app, older):
+                raise JigsawError(f"the drains of generation(s) {older} on the drained instances did not end")
+        finally:
+            phases["drain_first"] += time.monotonic() - t_drain
         keep = self.in_use_layout()
         assert keep is not None
+        t_mig = time.monotonic()
         try:
             await asyncio.to_thread(self.partition.tear_down, keep, f"{app}: drained for the new instances")
             left = await asyncio.to_thread(self.partition.bring_up, desired, f"{app}: re-plan")
         except JigsawError as exc:
             raise JigsawError(f"MIG reconfiguration failed after the drain: {exc}") from None
+        finally:
+            phases["mig"] += time.monotonic() - t_mig
         if left:
             raise JigsawError(f"MIG slots {sorted(left)} still held after the drain")
         return mid

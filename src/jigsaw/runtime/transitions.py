@@ -196,8 +196,7 @@ class ManagerTransition:
         elif isinstance(step, CutDrains):
             await self._cut_drains()
         elif isinstance(step, DrainFirst):
-            with self.timed("drain_first"):
-                await self._drain_first(step.wait_s)
+            await self._drain_first(step.wait_s)
         else:
             raise TypeError(f"not a making-room step: {step!r}")
 
@@ -264,12 +263,13 @@ class ManagerTransition:
         assert gm.node_layout is not None and self.node_layout is not None
         before = (old.plan, gm.node_layout)
         try:
-            self.old = await gm._drain_first(app, old, self.node_layout, self.deferred, wait_s)
+            self.old = await gm._drain_first(app, old, self.node_layout, self.deferred, wait_s, self.phases)
         except JigsawError as exc:
             gm.failures_total += 1
             if gm.current[app] != self.old_gid:  # it failed after the drain: bring the plan back
                 gm.log(f"{app}: the re-plan failed after its drain-first ({exc})")
-                self.done = await gm._restore(app, before, self.old_gid, str(exc))
+                with self.timed("restore"):
+                    self.done = await gm._restore(app, before, self.old_gid, str(exc))
             else:
                 self.done = await gm._refused(app, self.old_gid, str(exc), "failed", True)
             return
