@@ -553,9 +553,11 @@ def deploy_seconds(replans: list[dict[str, Any]]) -> list[list[float]]:
 
 def deploy_phases(replans: list[dict[str, Any]]) -> list[dict[str, float]]:
     """Per re-plan of a bin that deployed a plan: where the seconds from its decision to its first
-    plan's deployment went: ``solve`` (that plan's), the transitions' phases (``applied.PHASES``:
-    placing, MIG, the drains waited for, a drain-first, the processes' start, their readiness)
-    and ``other`` (the rest: the solver's queue, the wait for the quick plan, the re-plan lock)."""
+    plan's deployment went: the transitions' phases (``applied.PHASES``: placing, MIG, the drains
+    waited for, a drain-first, the processes' start, their readiness), ``ahead`` (a routine
+    re-plan, decided ahead of its bin, waits for the bin's start: ``ahead_s``), ``solve`` (that
+    plan's solve, where the wait for the bin did not hide it) and ``other`` (the rest: the wait
+    for the exact plan before a quick one goes out, the re-plan lock)."""
     out = []
     for rp in replans:
         plans = [x for x in (rp.get("quick"), rp.get("exact"))
@@ -563,9 +565,13 @@ def deploy_phases(replans: list[dict[str, Any]]) -> list[dict[str, float]]:
         if not plans:
             continue
         first = min(plans, key=lambda x: x["deployed_after_s"])
-        phases = {"solve": float(first.get("seconds", 0.0)), **first.get("phases_s", {})}
         total = float(first["deployed_after_s"])
-        out.append({"total": total, **phases, "other": max(0.0, total - sum(phases.values()))})
+        phases = {k: float(v) for k, v in first.get("phases_s", {}).items()}
+        left = max(0.0, total - sum(phases.values()))
+        ahead = min(float(rp.get("ahead_s", 0.0)), left)
+        solve = min(float(first.get("seconds", 0.0)), left - ahead)
+        out.append({"total": total, **phases, "ahead": ahead, "solve": solve,
+                    "other": max(0.0, left - ahead - solve)})
     return out
 
 

@@ -831,6 +831,8 @@ class NodeController(NeededPlans):
                     for n, c in self.apps.items()}
             exact_f, quick_box = self._start_solve(full, asyncio.get_running_loop())
             entry: dict[str, Any] = {"trigger": trigger, "for_bin": for_bin, "quick": None, "exact": None}
+            if for_bin is not None and for_bin > self.bin_index:  # a routine re-plan: decided ahead
+                entry["ahead_s"] = round(max(0.0, self.bin_start + self.bin_seconds - t0), 4)
             self._extended_first = []
             self._trigger = trigger
             self._for_bin = for_bin
