@@ -86,7 +86,7 @@ from jigsaw.control.deployment import (
 from jigsaw.control.needed import BesidePlaced, NeededPlans
 from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor, rise_rps
 from jigsaw.control.solver import solve_node
-from jigsaw.control.spikes import JUMP_RATIO
+from jigsaw.control.spikes import JUMP_RATIO, spikes
 from jigsaw.control.transition import NEEDED, KeepRunning, MakeRoom, Need, RoomPolicy, transit
 from jigsaw.errors import JigsawError
 from jigsaw.node import Node
@@ -420,6 +420,13 @@ class AppController:
         so_far = c.arrivals / elapsed * self.ctl.time_scale
         run = self.plan
         return run.max_demand_plan or max(rate, so_far) > PASSED_BELOW * run.planned_rps
+
+    def in_spike(self) -> bool:
+        """Whether a spike runs now: the demand history, the rate now arriving (the trigger's
+        window) as its last bin, ends inside one (``spikes.spikes``)."""
+        rate = self.rate_now_rps()
+        found = spikes(list(self.history_rps) + ([rate] if rate is not None else []))
+        return bool(found) and found[-1].end is None
 
     def outgrows(self, asked_rps: float) -> bool:
         """Whether the rate now arriving (over the trigger's window) is more than
