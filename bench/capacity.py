@@ -21,13 +21,14 @@ With ``--app all`` every app of the node in turn, then the total seconds against
         [--solver cbc|highs] [--time-limit 120] [--compare-full] [--out out/]
 
 ``--mps-shares`` prints instead the gain of MPS shares (processes of different tasks on one whole
-GPU or one MIG instance, ``jigsaw.shares``) per example app: on the 4 H100s of examples/h100x4.toml
-used whole with 8 shares against their MIG partitions (the paper's plan), with shares of their 1g
-instances (``mig_shares``) against the same partitions without, and on one and on four whole H200s
-(examples/h200x1.toml) against the same GPUs without shares (whole-GPU segments of one task only).
-Then, on the MIG node with and without instance shares: each app's cheapest plan at a small
-demand (slices), and all three apps planned together (``plan_node``) at twice a third of each one's
-capacity alone (the largest common fraction served).
+GPU or one MIG instance, ``jigsaw.shares``) per example app: the capacity of the 4 H100s of
+examples/h100x4.toml used whole with 8 shares against their MIG partitions (the paper's plan), and
+of one and of four whole H200s (examples/h200x1.toml) against the same GPUs without shares (whole-GPU
+segments of one task only). Then on the MIG node (whose capacity the MIG-instance shares leave as it
+is: the share pass keeps the lanes) without shares, as it is (the default: the share pass,
+``planner/share_merge.py``) and with the shares in the MILPs: each app's plan and the three apps'
+node plan at 10% and 2% of capacity, slices and seconds; and the share pass's own time on node
+plans from 2% to 120% of the node's capacity.
 
     PYTHONPATH=src python bench/capacity.py --mps-shares [--time-limit 60]
 """
@@ -374,8 +375,6 @@ def shares_gain(limit: float, solver: str | None, out_dir: Path) -> int:
          load_node(ROOT / "examples/h200x1.toml")),
     ]
     cases.append(("4x H200 whole, no shares -> 8 shares", cases[1][1].with_gpus(4), cases[1][2].with_gpus(4)))
-    mig_plain, mig_shared = cases[0][1], load_node(_mig_shares_node_file(work))
-    cases.insert(1, ("4x H100 MIG -> + 1g instance shares", mig_plain, mig_shared))
     print(f"machine: {machine()}; profiles: modeled, not measured; time limit {limit:g} s per solve")
     header = f"{'node':<38} {'app':<18} {'without rps':>12} {'with rps':>10} {'gain':>7}  status"
     print(header)
@@ -397,64 +396,112 @@ def shares_gain(limit: float, solver: str | None, out_dir: Path) -> int:
             bad += any(c.status not in ("optimal", "feasible") for c in got)
             print(f"{label:<38} {app_name:<18} {b:>12.1f} {a:>10.1f} {gain:>7}  {status}")
     print("without rps 0 on one whole GPU: an app of several tasks needs a GPU per task without shares")
-    bad += _mig_shares_tighter(mig_plain, mig_shared, apps, limit, solver)
+    print("4x H100 MIG with instance shares: the capacity is the homogeneous plan's (the share pass "
+          "keeps its lanes and rates)")
+    bad += _mig_shares_tighter(work, apps, limit, solver)
     return 1 if bad else 0
 
 
-MIG_SHARES = '["1g.10gb-1of2", "1g.10gb-1of4"]'  # the 1g instances shared by 2 or 4 processes
+MIG_SHARES = '["1g.10gb-1of2", "1g.10gb-1of3", "1g.10gb-1of4"]'  # the default: the 1g instance at 2, 3, 4
+LOW = (0.1, 0.02)  # the small demands (fractions of each app's capacity alone) the slices are compared at
+PASS_LOADS = (0.02, 0.1, 0.3, 0.6, 0.9, 1.0, 1.2)  # node loads (of the apps' capacities over 3) timed
+PASS_REPEATS = 5  # the share pass timed this many times over each load's plan
 
 
-def _mig_shares_node_file(directory: Path) -> Path:
-    """examples/h100x4.toml with its 1g.10gb instances shared (``[gpus] mig_shares``)."""
+def _mig_node_file(directory: Path, name: str, extra: str) -> Path:
+    """examples/h100x4.toml with ``extra`` lines in its ``[gpus]`` table."""
     text = (ROOT / "examples" / "h100x4.toml").read_text()
     text = text.replace('"apps/', f'"{ROOT}/examples/apps/').replace('"../profiles', f'"{ROOT}/profiles')
-    path = directory / "h100x4-mig-shares.toml"
-    path.write_text(text.replace("count = 4\n", f"count = 4\nmig_shares = {MIG_SHARES}\n"))
+    path = directory / f"{name}.toml"
+    path.write_text(text.replace("count = 4\n", f"count = 4\n{extra}"))
     return path
 
 
-def _mig_shares_tighter(plain, shared, apps: list[str], limit: float, solver: str | None) -> int:
-    """The MIG node without and with instance shares: each app's cheapest plan at a small demand
-    (10 and 2% of its capacity alone) and all apps together at twice a third of their capacities
-    alone (the common fraction served); every plan verified. Returns the failures."""
+def instance_slices(layout, node) -> int:
+    """The compute slices a layout's MIG instances take, a shared instance once (empty seats too)."""
+    if layout is None:
+        return 0
+    seen = {(g.gpu, p.start) for g in layout.gpus for p in g.instances}
+    prof = {(g.gpu, p.start): node.gpu.device_profile(p.profile) for g in layout.gpus for p in g.instances}
+    return sum(prof[k].compute_slices for k in seen)
+
+
+def _mig_shares_tighter(directory: Path, apps: list[str], limit: float, solver: str | None) -> int:
+    """examples/h100x4.toml without MIG-instance shares (``mig_shares = []``), as it is (the
+    default: the share pass over the homogeneous plan, ``planner/share_merge.py``) and with the
+    shares in the MILPs (listed among ``mig_profiles``): each app's plan at ``LOW`` of its
+    capacity alone and all three apps together at ``LOW`` of theirs, slices (a shared instance
+    whole) and seconds, the three run alternately; then the share pass's own time on the node
+    plans at ``PASS_LOADS``. Every plan verified. Returns the failures."""
+    from jigsaw.mig import gpu_model
     from jigsaw.planner.milp import plan
     from jigsaw.planner.node_plan import plan_node
     from jigsaw.planner.verify import verify_plan
 
+    own = json.dumps([*gpu_model("H100-80GB").profile_names, *json.loads(MIG_SHARES)])
+    nodes = {"without": load_node(_mig_node_file(directory, "h100x4-plain", "mig_shares = []\n")),
+             "pass": load_node(ROOT / "examples/h100x4.toml"),
+             "milp": load_node(_mig_node_file(directory, "h100x4-milp", f"mig_profiles = {own}\n"))}
+    profiles = {k: load_node_profiles(n) for k, n in nodes.items()}
+    plain = nodes["without"]
+    caps = {a: capacity(plain.app(a), plain, profiles["without"], time_limit_s=limit,
+                        solver=solver or plain.planner.solver).max_demand_rps for a in apps}
     bad = 0
-    caps: dict[str, float] = {}
-    print(f"\n== 4x H100 MIG, without -> with {MIG_SHARES} shares: slices of each app's cheapest plan")
-    print(f"{'app':<18} {'demand rps':>10} {'slices':>15} {'accuracy':>15}  seconds")
-    for app_name in apps:
-        got = []
-        for node in (plain, shared):
-            app, profiles = node.app(app_name), load_node_profiles(node, [node.app(app_name)])
-            if app_name not in caps:
-                caps[app_name] = capacity(app, node, profiles, time_limit_s=limit,
-                                          solver=solver or node.planner.solver).max_demand_rps
-            got.append([])
-            for f in (0.1, 0.02):
+    print(f"\n== 4x H100 MIG, slices (a shared instance whole) without shares -> share pass (default) "
+          f"-> shares in the MILPs {MIG_SHARES}, and seconds; load {os.getloadavg()[0]:.1f}")
+    print(f"{'app':<18} {'demand rps':>10} {'slices':>16} {'accuracy':>21}  seconds")
+    for app_name in [*apps, "all three"]:
+        for f in LOW:
+            got = {}
+            for k, node in nodes.items():
                 t0 = time.perf_counter()
-                p = plan(app, node, profiles, caps[app_name] * f, time_limit_s=limit)
-                problems = verify_plan(p, app, node, profiles)
-                bad += bool(problems) or not p.feasible
-                got[-1].append((p, time.perf_counter() - t0, problems))
-        for i, f in enumerate((0.1, 0.02)):
-            (a, ta, _), (b, tb, pb) = got[0][i], got[1][i]
-            print(f"{app_name:<18} {caps[app_name] * f:>10.1f} {a.slices_used:>6g} -> {b.slices_used:<6g} "
-                  f"{a.accuracy:>6.3f} -> {b.accuracy:.3f}  {ta:.1f} / {tb:.1f}" + (f"  {pb}" if pb else ""))
-    demands = {a: 2 * caps[a] / len(apps) for a in apps}
-    asked = ", ".join(f"{a} {d:.0f}" for a, d in demands.items())
-    print(f"\n== all apps together (plan_node) at {asked} rps")
-    for label, node in (("without shares", plain), ("with shares", shared)):
-        profiles = load_node_profiles(node)
-        t0 = time.perf_counter()
-        np_ = plan_node([node.app(a) for a in apps], node, profiles, demands, time_limit_s=limit)
-        problems = [x for a in apps for x in verify_plan(np_.plans[a], node.app(a), node, profiles)]
-        bad += bool(problems) or np_.status not in ("optimal", "feasible")
-        print(f"{label:<15} serves {np_.demand_scale:.4f} of it (bound {np_.scale_bound:.4f}), "
-              f"{np_.slices_used:g} slices, {np_.status}, {time.perf_counter() - t0:.1f} s"
-              + (f"  {problems}" if problems else ""))
+                if app_name == "all three":
+                    np_ = plan_node(list(node.apps), node, profiles[k], {a: caps[a] * f for a in apps},
+                                    time_limit_s=limit)
+                    ps = np_.plans
+                    layout = np_.layout
+                else:
+                    ps = {app_name: plan(node.app(app_name), node, profiles[k], caps[app_name] * f,
+                                         time_limit_s=limit)}
+                    layout = ps[app_name].layout
+                secs = time.perf_counter() - t0
+                problems = [x for a, p in ps.items() for x in verify_plan(p, node.app(a), node, profiles[k])]
+                bad += bool(problems) or not all(p.feasible for p in ps.values())
+                acc = sum(p.accuracy for p in ps.values()) / max(len(ps), 1)
+                got[k] = (instance_slices(layout, node), acc, secs, problems)
+            demand = sum(caps.values()) * f if app_name == "all three" else caps[app_name] * f
+            print(f"{app_name:<18} {demand:>10.1f} " + " -> ".join(f"{got[k][0]:>2}" for k in nodes)
+                  + "   " + " -> ".join(f"{got[k][1]:.3f}" for k in nodes) + "  "
+                  + " / ".join(f"{got[k][2]:.2f}" for k in nodes)
+                  + "".join(f"  {k}: {got[k][3]}" for k in nodes if got[k][3]))
+    return bad + _share_pass_time(nodes["without"], nodes["pass"], profiles, caps, limit)
+
+
+def _share_pass_time(plain, shared, profiles, caps: dict[str, float], limit: float) -> int:
+    """The share pass's own time (``node_plan.with_shares``) over the homogeneous node plan of
+    all apps at each of ``PASS_LOADS`` (of their capacities alone over their number), the slices
+    before and after; every merged plan verified. Returns the failures."""
+    from jigsaw.planner.node_plan import plan_node, with_shares
+    from jigsaw.planner.verify import verify_plan
+
+    bad = 0
+    print(f"\n== the share pass's own time on the node plan (all three apps at a load of their capacities "
+          f"alone over 3); load {os.getloadavg()[0]:.1f}")
+    for load in PASS_LOADS:
+        demands = {a: c * load / len(caps) for a, c in caps.items()}
+        base = plan_node(list(plain.apps), plain, profiles["without"], demands, time_limit_s=limit)
+        times_ms = []
+        for _ in range(PASS_REPEATS):
+            t0 = time.perf_counter()
+            merged = with_shares(base, list(shared.apps), shared, profiles["pass"], None, None)
+            times_ms.append((time.perf_counter() - t0) * 1e3)
+        problems = [x for a in shared.apps if a.name in merged.plans
+                    for x in verify_plan(merged.plans[a.name], a, shared, profiles["pass"])]
+        bad += bool(problems)
+        print(f"load {load:>4.0%}: homogeneous {instance_slices(base.layout, plain):>2} slices "
+              f"({base.status}, {base.solve_seconds:.2f} s) -> {instance_slices(merged.layout, shared):>2} "
+              f"with the pass: {sorted(times_ms)[len(times_ms) // 2]:.1f} ms median, {max(times_ms):.1f} "
+              f"at most of {PASS_REPEATS}" + (f"  {problems}" if problems else ""))
     return bad
 
 

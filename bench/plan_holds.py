@@ -95,11 +95,11 @@ def one_rate(node_file: Path, app: str, space: str, rate: float, time_scale: flo
         results, _ = asyncio.run(play(url, app, [played], BinSplit(0.0, seconds), time_scale, seed,
                                       lambda k, r: None, conc))
         per_task = task_metrics(url, app)
-    planned = re.search(rf"{re.escape(app)}: planned ([0-9.]+) rps, (\d+) slices", log_path.read_text())
+    planned = re.search(rf"{re.escape(app)}: planned ([0-9.]+) rps, ([0-9.]+) slices", log_path.read_text())
     r: BinResult = results[0]
     return {"rate_rps": rate, "played_rps": played,
             "planned_rps": float(planned.group(1)) if planned else float("nan"),
-            "slices": int(planned.group(2)) if planned else -1, "sent": r.sent, "answered": r.answered,
+            "slices": float(planned.group(2)) if planned else -1, "sent": r.sent, "answered": r.answered,
             "violation_pct": r.violation_pct, "violation_paper_pct": r.violation_paper_pct,
             "shed_503": r.shed_503, "dropped_504": r.dropped_504, "other_failed": r.other_failed,
             "p50_ms": percentile(r.latencies_ms, 50), "p95_ms": percentile(r.latencies_ms, 95),

@@ -79,7 +79,8 @@ def test_cli_plan_json_and_pack(tmp_path: Path) -> None:
     cmds = _cli("pack", "--plan", str(out), "--format", "commands")
     assert cmds.returncode == 0
     creates = [line for line in cmds.stdout.splitlines() if "-cgi" in line]
-    assert len(creates) == placed
+    # one MIG instance per placement: the shares of one instance (``mig_shares``) are one
+    assert len(creates) == len({(g["gpu"], i["start"]) for g in data["layout"] for i in g["instances"]})
     same = _cli("pack", "--plan", str(out), "--previous", str(out), "--format", "commands")
     assert same.returncode == 0 and "-cgi" not in same.stdout  # nothing changed, nothing to do
 

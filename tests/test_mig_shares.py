@@ -37,11 +37,15 @@ SHARES = '["1g.10gb-1of2", "1g.10gb-1of4"]'
 H100 = with_mig_shares(gpu_model("H100-80GB"), [2, 4], ["1g.10gb"])
 
 
-def _node(tmp_path: Path, shares: str | None = SHARES, count: int = 4) -> Path:
+def _node(tmp_path: Path, shares: str | None = SHARES, count: int = 4, milp: bool = False) -> Path:
+    """examples/h100x4.toml with ``count`` GPUs and ``mig_shares`` (None: the default; "[]": none);
+    ``milp``: the shares among the MILPs' own profiles too (``mig_profiles``)."""
     text = (ROOT / "examples" / "h100x4.toml").read_text()
     text = text.replace('"apps/', f'"{ROOT}/examples/apps/').replace('"../profiles', f'"{ROOT}/profiles')
-    text = text.replace("count = 4\n", f"count = {count}\n" + (f"mig_shares = {shares}\n" if shares else ""))
-    path = tmp_path / f"h100-{count}-{bool(shares)}.toml"
+    own = (*gpu_model("H100-80GB").profile_names, "1g.10gb-1of2", "1g.10gb-1of4")
+    text = text.replace("count = 4\n", f"count = {count}\n" + (f"mig_shares = {shares}\n" if shares else "")
+                        + (f"mig_profiles = {json.dumps(list(own))}\n" if milp else ""))
+    path = tmp_path / f"h100-{count}-{shares}-{milp}.toml"
     path.write_text(text)
     return path
 
@@ -53,8 +57,14 @@ def test_the_node_file_names_the_shared_instances(tmp_path: Path) -> None:
     assert share.memory_gb == 2.5 and share.slice_cost == 0.25 and share.slot_cost == 0.25
     assert share_host("1g.10gb-1of4") == "1g.10gb" and share_level("1g.10gb-1of4") == 4
     assert share_host("gpu-1of4") == "" and share_level("7g.80gb") == 0
-    assert slice_unit(node.gpu, node.mig_profiles) == 4 and node.slices_available == 28
-    assert load_node(_node(tmp_path, None)).gpu.profile_names == gpu_model("H100-80GB").profile_names
+    # the MILPs plan without them (the share pass adds them: ``planner/share_merge.py``) unless the
+    # file lists them among mig_profiles
+    assert slice_unit(node.gpu, node.mig_profiles) == 1 and node.slices_available == 28
+    listed = load_node(_node(tmp_path, milp=True))
+    assert slice_unit(listed.gpu, listed.mig_profiles) == 4
+    assert load_node(_node(tmp_path, "[]")).gpu.profile_names == gpu_model("H100-80GB").profile_names
+    default = load_node(_node(tmp_path, None)).gpu
+    assert [p.name for p in default.profiles if p.host] == ["1g.10gb-1of2", "1g.10gb-1of3", "1g.10gb-1of4"]
     for bad, why in (('["2g.20gb-1of5"]', "k in"), ('["9g.1gb-1of2"]', "H100-80GB table"),
                      ('["1g.10gb-1of2-1of2"]', "H100-80GB table")):
         with pytest.raises(ConfigError, match=why) as err:
@@ -124,12 +134,18 @@ def test_the_packer_lays_up_to_k_shares_into_one_instance_and_keeps_them() -> No
                if (t := p.task) in seat_of)
     bad = Layout(H100.name, (GpuLayout(0, tuple(replace(p, seat=0) for p in layout.gpus[0].instances)),))
     assert any("seat 0 taken twice" in p for p in validate_layout(bad, H100))
+    # a new share fills the free seat of an instance whose shares all stay: nothing moves (a
+    # burst's plan extends what runs)
+    more = pack([*asked, *_shares("y", profile="1g.10gb-1of4")], H100, 1, layout)
+    assert changed_gpus(layout, more) == []
+    placed = {(p.start, p.profile, p.task, p.seat) for p in more.gpus[0].instances}
+    assert {(p.start, p.profile, p.task, p.seat) for p in layout.gpus[0].instances} <= placed
 
 
 def test_shares_pay_where_small_tasks_waste_whole_instances(tmp_path: Path) -> None:
     """Each app at a small demand: with shares its plan takes fewer slices (tasks of it share
     instances), verified; without them the plan is what it was (the special case)."""
-    shared, plain = load_node(_node(tmp_path)), load_node(_node(tmp_path, None))
+    shared, plain = load_node(_node(tmp_path)), load_node(_node(tmp_path, "[]"))
     app = shared.app("traffic_analysis")
     with_shares = plan(app, shared, load_node_profiles(shared), 40.0)
     without = plan(app, plain, load_node_profiles(plain), 40.0)
@@ -151,7 +167,9 @@ def test_shares_pay_where_small_tasks_waste_whole_instances(tmp_path: Path) -> N
 
 
 def test_a_node_plan_puts_different_apps_into_one_instance(tmp_path: Path) -> None:
-    node = load_node(_node(tmp_path, count=1))
+    """One H100 holds the three apps' eight tasks only through shares: in the MILPs where the file
+    lists them among its profiles (the share pass needs a homogeneous plan to start from)."""
+    node = load_node(_node(tmp_path, count=1, milp=True))
     profiles = load_node_profiles(node)
     result = plan_node(list(node.apps), node, profiles, {a.name: 20.0 for a in node.apps})
     assert result.status in ("optimal", "feasible") and result.slices_used <= 7
@@ -255,3 +273,48 @@ def test_a_share_placed_beside_what_runs_sits_in_a_running_instances_free_seat()
     placed, laid = got
     assert [(i.start, i.seat) for i in placed.of_app("mine")] == [(6, 1)]
     assert laid.layout is not None and validate_node_layout(placed, H100) == []
+
+
+def test_the_default_node_merges_idle_tails_into_shares(tmp_path: Path) -> None:
+    """The default node (shares on, ``share_merge``): at a small demand the node plan is the
+    homogeneous one with the same lanes, status and rates, on fewer slices, every app verified;
+    some instance holds processes of different tasks."""
+    node, plain = load_node(_node(tmp_path, None)), load_node(_node(tmp_path, "[]"))
+    profiles = load_node_profiles(node)
+    demands = {"social_media": 48.0, "traffic_analysis": 8.0, "ar_assistant": 17.0}
+    got = plan_node(list(node.apps), node, profiles, demands)
+    base = plan_node(list(plain.apps), plain, load_node_profiles(plain), demands)
+    assert got.status == base.status == "optimal" and got.feasible and got.demand_scale == 1.0
+    assert got.slices_used < base.slices_used and any("merged" in n for n in got.notes)
+    for a in node.apps:
+        mine, theirs = got.plans[a.name], base.plans[a.name]
+        assert verify_plan(mine, a, node, profiles) == []
+        assert mine.lanes == theirs.lanes and mine.planned_rps == theirs.planned_rps
+    tasks_in: dict[tuple[int, int], set[tuple[str, str]]] = defaultdict(set)
+    for g in got.layout.gpus:
+        for p in g.instances:
+            tasks_in[(g.gpu, p.start)].add((p.app, p.task))
+    assert max(len(t) for t in tasks_in.values()) >= 2
+
+
+def test_a_lane_with_a_tiny_rate_still_runs_every_task_it_reaches(tmp_path: Path) -> None:
+    """A lane of 0.01 rps needs an instance of every (task, variant) it sends to: the cover row
+    scaled by the largest throughput let the solver drop one within its tolerance (one H100, three
+    apps at 20 rps each: a scaled plan at 0.05% that sent classify to a variant it did not run)."""
+    from jigsaw.planner import joint
+    from jigsaw.planner.problem import make_problem
+    from jigsaw.spaces import search_space
+
+    node = load_node(_node(tmp_path, "[]", count=1))
+    app = node.app("social_media")
+    pb = make_problem(app, node, load_node_profiles(node), search_space("ast"), None)
+    for rate in (0.0105, 0.05):
+        got = joint.solve([joint.Part(pb, rate, 1.0)], node, solver="cbc", time_limit_s=10,
+                          objective="slices")
+        p = got.plans[0]
+        assert p is not None and {i.task for i in p.instances} == set(app.task_names)
+    # the node plan of the three apps' eight tasks on the one GPU's seven slices, without shares:
+    # nothing fits at any demand, said at once (it was a "scaled" plan serving 0.05% with that lane)
+    result = plan_node(list(node.apps), node, load_node_profiles(node), {a.name: 20.0 for a in node.apps})
+    assert result.status == "infeasible" and not result.plans and result.demand_scale == 0.0
+    assert "8 slices at the cheapest, and the node has 7" in result.notes[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from jigsaw.errors import JigsawError
-from jigsaw.mig import share_level, whole_gpu_model
+from jigsaw.mig import gpu_share_level, share_level, whole_gpu_model
 from jigsaw.node import load_node, load_node_profiles
 from jigsaw.plan import LanePlan, Plan, PlanInstance
 from jigsaw.planner.layouts import fits_on_gpu, placement_violations
@@ -199,7 +199,9 @@ def test_a_mig_gpu_without_a_table_is_given_by_its_figures(tmp_path: Path) -> No
             'mps_levels = [1, 2]\nbatch_sizes = [1, 8, 32]\nprofiles_dir = "p"\nbackend = "tensorrt"\n')
     node_file.write_text(body)
     node = load_node(node_file)
-    assert node.gpu.mig and node.gpu.profiles == h100.profiles and node.slices_available == 7
+    # (its smallest instance also shared by 2 processes: the default MIG-instance shares)
+    assert node.gpu.mig and tuple(p for p in node.gpu.profiles if not p.host) == h100.profiles
+    assert node.slices_available == 7
     assert main(["--node", str(node_file)]) == 0
     table = load_node_profiles(node)
     spec = replace(GPU_SPECS["H100-80GB"], host_copy_gb_s=HOST_COPY_GB_S)  # the figures' default
@@ -209,7 +211,8 @@ def test_a_mig_gpu_without_a_table_is_given_by_its_figures(tmp_path: Path) -> No
         assert (mine.latency_ms, mine.throughput_rps, mine.backend) == (r.latency_ms, r.throughput_rps,
                                                                          "modeled-h800")
     result = plan(node.app("voice_intent"), node, table, 50.0)
-    assert result.feasible and all(not share_level(i.mig_profile) for i in result.instances)
+    # MIG instances (some may be shared by processes of different tasks), never a whole-GPU share
+    assert result.feasible and all(not gpu_share_level(i.mig_profile) for i in result.instances)
     node_file.write_text(body.replace('"H800"', '"H100-80GB"'))
     with pytest.raises(ConfigError) as err:
         load_node(node_file)

@@ -209,7 +209,7 @@ def choose_plans(node: Node, args: argparse.Namespace, skip: Collection[str] = (
     out = []
     for app in apps:
         p = result.plans[app.name]
-        _log(f"{app.name}: planned {p.planned_rps:g} rps, {p.slices_used} slices, "
+        _log(f"{app.name}: planned {p.planned_rps:g} rps, {p.slices_used:g} slices, "
              f"{sum(i.count * i.mps for i in p.instances)} processes, accuracy {p.accuracy:.3f}")
         for note in p.notes:
             _log(f"{app.name}: {note}")

@@ -118,9 +118,10 @@ class GpuGroupSettings:
     mig_sm_counts: Ints | None = setting(
         None, "... and the SMs of a 1g, 2g, 3g, 4g and 7g instance, e.g. [16, 32, 60, 64, 132]",
         toml_type="array")
-    mig_shares: Annotated[tuple[str, ...], BeforeValidator(_array)] = setting(
-        (), "MIG instances k processes of any (task, variant)s share, `<profile>-1of<k>`, e.g. "
-            "[\"1g.10gb-1of2\"] (k in 2, 3, 4 and one of mps_levels)", toml_type="array")
+    mig_shares: Annotated[tuple[str, ...], BeforeValidator(_array)] | None = setting(
+        None, "MIG instances k processes of any (task, variant)s may share, `<profile>-1of<k>` (k in 2, "
+              "3, 4 and one of mps_levels; []: none; default: the smallest instance at each such k, "
+              "in a node of one group), used where they free slices", toml_type="array")
 
 
 WHOLE_GPU_KEYS = ("memory_gb", "sm_count", "fp16_tflops", "memory_tb_s", "mps_shares")
@@ -239,12 +240,14 @@ def load_gpu_groups(f: Fields, base: Path) -> tuple[GpuGroup, ...]:
 
 
 def _group(g: Fields, s: GpuGroupSettings, base: Path, first: int, several: bool) -> GpuGroup:
-    model = _whole_gpu(g, s) if not s.mig else _mig_shares(g, s, _mig_gpu(g, s))
+    model = _whole_gpu(g, s) if not s.mig else _mig_shares(g, s, _mig_gpu(g, s), several)
     name = s.name or model.name
     if SEP in name:
         raise g.error("name", f"{name!r} has a {SEP!r}: name the group (gpus.name)")
     gpu = with_qualified_profiles(model, name) if several else model
-    plain = list(s.mig_profiles) if s.mig_profiles is not None else list(model.profile_names)
+    # the MILPs' own profiles: MIG-instance shares are chosen after them (``planner/share_merge.py``)
+    plain = list(s.mig_profiles) if s.mig_profiles is not None else \
+        [p.name for p in model.profiles if not p.host]
     for i, p in enumerate(plain):
         if p not in model.profile_names:
             raise ConfigError(g.path, g.name(f"mig_profiles[{i}]"),
@@ -300,10 +303,12 @@ def _mig_gpu(g: Fields, s: GpuGroupSettings) -> GpuModel:
                             fp16_tflops=s.fp16_tflops, memory_tb_s=s.memory_tb_s)
 
 
-def _mig_shares(g: Fields, s: GpuGroupSettings, gpu: GpuModel) -> GpuModel:
+def _mig_shares(g: Fields, s: GpuGroupSettings, gpu: GpuModel, several: bool = False) -> GpuModel:
     """``gpu`` with the MIG-instance shares ``mig_shares`` names (``<profile>-1of<k>``, e.g.
-    ``["1g.10gb-1of2", "1g.10gb-1of4"]``; default none): k processes of any (task, variant)s in one
-    instance (``jigsaw.shares``)."""
+    ``["1g.10gb-1of2", "1g.10gb-1of4"]``; default ``_default_shares``): k processes of any (task,
+    variant)s in one instance (``jigsaw.shares``)."""
+    if s.mig_shares is None:
+        return gpu if several else _default_shares(gpu, s)
     if not s.mig_shares:
         return gpu
     if gpu.kind != "gpu":
@@ -323,6 +328,21 @@ def _mig_shares(g: Fields, s: GpuGroupSettings, gpu: GpuModel) -> GpuModel:
     for host, ks in wanted.items():
         gpu = with_mig_shares(gpu, ks, [host])
     return gpu
+
+
+def _default_shares(gpu: GpuModel, s: GpuGroupSettings) -> GpuModel:
+    """``gpu`` with its smallest instance (fewest compute slices, then least memory) of those the
+    planner may use shared at every k of ``MIG_SHARE_LEVELS`` among ``mps_levels``: the share
+    pass uses them only where they free slices (``planner/share_merge.py``). Why the smallest:
+    a share is one process; a task that fills more than a small instance's k-th is served as
+    well by its own segments."""
+    allowed = set(s.mig_profiles) if s.mig_profiles is not None else set(gpu.profile_names)
+    plain = [p for p in gpu.profiles if p.name in allowed and not p.host and not p.share_of]
+    levels = [k for k in MIG_SHARE_LEVELS if k in s.mps_levels]
+    if gpu.kind != "gpu" or not plain or not levels:
+        return gpu
+    smallest = min(plain, key=lambda p: (p.compute_slices, p.memory_gb))
+    return with_mig_shares(gpu, levels, [smallest.name])
 
 
 def _whole_gpu(g: Fields, s: GpuGroupSettings) -> GpuModel:

@@ -328,6 +328,11 @@ def with_driver_profiles(model: GpuModel, driver: Iterable[DriverProfile]) -> Gp
         else:
             profiles.append(dataclasses.replace(p, memory_gb=d.memory_mib / 1024, sm_count=d.sm_count,
                                                 max_per_gpu=d.max_per_gpu))
+    # a MIG share follows its host instance (a k-th of its memory, k to each of its instances)
+    host = {p.name: p for p in profiles}
+    profiles = [dataclasses.replace(p, memory_gb=h.memory_gb / p.share_of, sm_count=h.sm_count,
+                                    max_per_gpu=h.max_per_gpu * p.share_of)
+                if (h := host.get(p.host)) is not None else p for p in profiles]
     return dataclasses.replace(model, profiles=tuple(profiles))
 
 

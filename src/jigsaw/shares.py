@@ -10,12 +10,15 @@ holds shares (its processes' ``CUDA_VISIBLE_DEVICES`` is the GPU: ``runtime/gpus
 ``device_slot``).
 
 A MIG instance of profile P shared by k processes (``mig.with_mig_shares``, the node file's
-``[gpus] mig_shares = ["1g.10gb-1of2", ...]``) is the profile ``P-1of<k>``: P's geometry, a k-th
-of its memory, a k-th of its compute slices as a plan's slices (``MigProfile.slice_cost``; the
-MILPs count slices in k-ths, ``mig.slice_unit``). The MILPs count J instances of P per share level
-(k J >= its shares) beside P's own against the per-GPU layout vectors over devices
-(``planner/problem.py`` ``share_hosts``), so every plan packs, and pay a shared instance whole
-(its empty seats too), so shares are chosen where they save slices; the packer lays up to k shares
+``[gpus] mig_shares = ["1g.10gb-1of2", ...]``, by default the smallest instance at every k of
+``mps_levels`` among 2, 3, 4) is the profile ``P-1of<k>``: P's geometry, a k-th of its memory, a
+k-th of its compute slices as a plan's slices (``MigProfile.slice_cost``). The planner chooses them
+after the MILPs, over their homogeneous plan (``planner/share_merge.py``: the idle tails of small
+tasks moved into shared instances where that frees slices, the lanes kept). Listed among
+``mig_profiles`` they enter the MILPs too (slices counted in k-ths, ``mig.slice_unit``): J
+instances of P per share level (k J >= its shares) beside P's own against the per-GPU layout
+vectors over devices (``planner/problem.py`` ``share_hosts``), so every plan packs, a shared
+instance paid whole (its empty seats too); the packer lays up to k shares
 into one instance of P and only there (``planner/packer.py`` ``bundle_shares``), each with its
 seat; the node layout carries the seats (``gpu/layout.py``) and
 the runtime creates the one instance (``NodeInstance.device_slot``) and starts its one MPS daemon

@@ -14,7 +14,8 @@ from dpserver import EXAMPLE_NODE, Load, Server, http
 
 from jigsaw.gpu.emulated_nvml import NVML_ERROR_INSUFFICIENT_RESOURCES
 from jigsaw.gpu.layout import NodeInstance, NodeLayout, validate_node_layout
-from jigsaw.mig import gpu_model
+from jigsaw.mig import share_host
+from jigsaw.node import load_node
 from jigsaw.plan import Plan
 
 APP = "traffic_analysis"
@@ -23,12 +24,14 @@ APP = "traffic_analysis"
 def _node_layout(doc: dict) -> NodeLayout:
     return NodeLayout(doc["gpu_model"], doc["num_gpus"], tuple(
         NodeInstance(gpu=i["gpu"], profile=i["profile"], start=i["start"], app=i["app"], task=i["task"],
-                     variant=i["variant"], mps=i["mps"], max_batch=i["max_batch"], index=i["index"])
+                     variant=i["variant"], mps=i["mps"], max_batch=i["max_batch"], index=i["index"],
+                     seat=i.get("seat", 0))
         for i in doc["instances"]))
 
 
 def _slots(instances: list[dict]) -> set[tuple[int, int, str]]:
-    return {(i["gpu"], i["start"], i["profile"]) for i in instances}
+    """The MIG instances (GPU, start, profile): the shares of one instance are that instance."""
+    return {(i["gpu"], i["start"], share_host(i["profile"]) or i["profile"]) for i in instances}
 
 
 def test_three_example_apps_share_one_layout(tmp_path: Path) -> None:
@@ -39,7 +42,7 @@ def test_three_example_apps_share_one_layout(tmp_path: Path) -> None:
         plans = http("GET", f"{server.url}/admin/plan")[1]
     layout = _node_layout(doc)
     assert set(layout.apps) == {"social_media", "traffic_analysis", "ar_assistant"}
-    assert validate_node_layout(layout, gpu_model(doc["gpu_model"])) == []  # no overlap, no over-commit
+    assert validate_node_layout(layout, load_node(EXAMPLE_NODE).gpu) == []  # no overlap, no over-commit
     # each app's plan runs on exactly its part of the node layout
     for app, entry in plans.items():
         plan = Plan.from_json_dict(entry["plan"])
@@ -122,4 +125,4 @@ def test_nvml_failure_mid_replan_keeps_serving(tmp_path: Path) -> None:
     # the retry: a new generation on the new instances, the old ones destroyed once it drained
     assert gen2 > gen0
     assert _slots(after["mig"]["existing"]) == _slots(after["instances"])
-    assert validate_node_layout(_node_layout(after), gpu_model(after["gpu_model"])) == []
+    assert validate_node_layout(_node_layout(after), load_node(EXAMPLE_NODE).gpu) == []

@@ -12,7 +12,6 @@ from dpserver import EXAMPLE_NODE, Load, Server, http
 
 from jigsaw.control.predictor import burst_floor_rps
 from jigsaw.gpu.layout import NodeInstance, NodeLayout, validate_node_layout
-from jigsaw.mig import gpu_model
 from jigsaw.node import load_node
 from jigsaw.runtime.applied import PHASES
 
@@ -23,7 +22,8 @@ WAIT_S = 90.0
 def _node_layout(doc: dict) -> NodeLayout:
     return NodeLayout(doc["gpu_model"], doc["num_gpus"], tuple(
         NodeInstance(gpu=i["gpu"], profile=i["profile"], start=i["start"], app=i["app"], task=i["task"],
-                     variant=i["variant"], mps=i["mps"], max_batch=i["max_batch"], index=i["index"])
+                     variant=i["variant"], mps=i["mps"], max_batch=i["max_batch"], index=i["index"],
+                     seat=i.get("seat", 0))
         for i in doc["instances"]))
 
 
@@ -33,10 +33,22 @@ def _node_replans(url: str) -> dict[str, list[dict]]:
             for app, records in hist.items()}
 
 
+def _homogeneous(tmp_path: Path) -> Path:
+    """The example node without MIG-instance shares (``mig_shares = []``)."""
+    text = EXAMPLE_NODE.read_text().replace('"apps/', f'"{EXAMPLE_NODE.parent}/apps/')
+    text = text.replace('"../profiles', f'"{EXAMPLE_NODE.parent.parent}/profiles')
+    path = tmp_path / "h100x4-homogeneous.toml"
+    path.write_text(text.replace("count = 4\n", "count = 4\nmig_shares = []\n"))
+    return path
+
+
 def test_a_burst_on_one_app_replans_the_node_quick_plan_first(tmp_path: Path) -> None:
     # Both apps planned for 5 rps; closed-loop clients on social_media outrun its plan within the
     # first seconds of a 30 s bin: the node re-plans early, in one decision for both apps.
-    args = ["--node-config", str(EXAMPLE_NODE), "--apps", f"{TA},{SM}", "--demand", "5",
+    # Without MIG-instance shares: the premise is the whole instances' spare capacity at 5 rps,
+    # which serves most of the burst until the re-plan (shares fit the plan to its 5 rps, and the
+    # closed-loop clients then see mostly the door's quick 503s before the switch).
+    args = ["--node-config", str(_homogeneous(tmp_path)), "--apps", f"{TA},{SM}", "--demand", "5",
             "--bin-seconds", "30", "--plan-time-limit", "5", "--anytime", "always"]
     with Server(args, tmp_path / "jigsawd.log", ready_timeout_s=150) as server:
         before = http("GET", f"{server.url}/admin/plan")[1]
@@ -83,7 +95,7 @@ def test_a_burst_on_one_app_replans_the_node_quick_plan_first(tmp_path: Path) ->
     assert re.search(r'jigsaw_node_replans_total\{trigger="(rate|violations)"\} [1-9]', text)
     # one layout for the node: no overlap, every app on its part
     assert {i["app"] for i in layout["instances"]} == {TA, SM}
-    assert validate_node_layout(_node_layout(layout), gpu_model(layout["gpu_model"])) == []
+    assert validate_node_layout(_node_layout(layout), node.gpu) == []
     # nothing lost over two reconfigurations (shed 503s are the admission's answer to the flood)
     assert load.sent == load.answered and load.statuses.get(-1, 0) == 0, load.statuses
     assert load.statuses.get(200, 0) > 0.5 * load.sent, load.statuses

@@ -16,7 +16,7 @@ from mps_standin import fake_mps as _fake_mps
 from mps_standin import mps_log as _mps_log
 
 from jigsaw.gpu.emulated_nvml import NVML_ERROR_INSUFFICIENT_RESOURCES
-from jigsaw.mig import gpu_model
+from jigsaw.mig import gpu_model, share_host
 from jigsaw.planner.layouts import slot_mask
 
 APP = "traffic_analysis"
@@ -62,7 +62,13 @@ def _wait_drained(url: str, gen: int, timeout_s: float = 30.0) -> dict[str, Any]
 
 
 def _slots(instances: list[dict[str, Any]]) -> set[tuple[int, int, str]]:
-    return {(i["gpu"], i["start"], i["profile"]) for i in instances}
+    """The MIG instances (GPU, start, profile): the shares of one instance are that instance."""
+    return {(i["gpu"], i["start"], share_host(i["profile"]) or i["profile"]) for i in instances}
+
+
+def _with_daemon(i: dict[str, Any]) -> bool:
+    """An instance or process under an MPS daemon: of MPS level k > 1, or a MIG-instance share."""
+    return i["mps"] > 1 or bool(share_host(i["profile"]))
 
 
 def _replan(server: Server, rps: float) -> dict[str, Any]:
@@ -158,21 +164,21 @@ def test_replan_keeps_unchanged_instances_and_touches_only_changed_gpus(tmp_path
     kept_total = len(first["kept"]) + len(second["kept"])
     assert re.search(rf"jigsaw_reconfig_processes_kept_total {kept_total}\b", metrics)
 
-    # MPS: one daemon per instance of level k > 1, private directories, started before its
-    # processes (no client yet) and stopped after them (no client left)
+    # MPS: one daemon per instance of level k > 1 or shared by processes of different tasks, private
+    # directories, started before its processes (no client yet) and stopped after them (no client left)
     starts = [e for e in events if e["op"] == "start"]
     quits = [e for e in events if e["op"] == "quit"]
     assert started_mps and all(e["mode"] == "0o700" and e["clients"] == 0 for e in starts), starts
     assert all(e["visible"].startswith("MIG-") for e in starts)
     assert quits and all(e["clients"] == 0 for e in quits), quits
-    instances_k = {(i["gpu"], i["start"]) for i in after["instances"] if i["mps"] > 1}
+    instances_k = {(i["gpu"], i["start"]) for i in after["instances"] if _with_daemon(i)}
     running: set[str] = set()
     for e in events:
         (running.add if e["op"] == "start" else running.discard)(e["pipe"])
     assert len(running) == len(instances_k)
     assert len(after["mps"]["daemons"]) == len(instances_k)
     for p in after["processes"]:  # each worker reaches its own instance's daemon
-        if p["mps"] > 1:
+        if _with_daemon(p):
             pipes = [e.split(b"=", 1)[1].decode() for e in environ[p["pid"]]
                      if e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")]
             assert len(pipes) == 1 and pipes[0] in running, (p, pipes)

@@ -32,8 +32,13 @@ def overlaps(layout: NodeLayout, gpu: GpuModel) -> list[str]:
     for g in range(layout.num_gpus):
         taken: dict[int, str] = {}
         compute = 0
+        shared: set[tuple[str, int]] = set()
         for i in layout.on_gpu(g):
             p = gpu.profile(i.profile)
+            if p.host:  # a share of a MIG instance (``mig_shares``): the instance holds the slots once
+                if (i.profile, i.start) in shared:
+                    continue
+                shared.add((i.profile, i.start))
             compute += p.compute_slices
             if i.start not in p.starts:
                 bad.append(f"{i.name}: bad start")

@@ -203,3 +203,22 @@ def test_without_pynvml_the_error_says_how_to_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_pynvml)
     with pytest.raises(MigError, match=r"pip install 'jigsaw\[gpu\]'"):
         MigApplier(H100).open()
+
+
+def test_a_gpu_with_mig_instance_shares_finds_and_destroys_its_instances():
+    """A MIG share (``1g.10gb-1of2``) has its host's NVML profile id but is no NVML profile: the
+    instances found are the host's (they were read as the share's, and no destroy found its
+    instance: every re-plan of a node with the default shares failed after its drain)."""
+    from jigsaw.mig import with_mig_shares
+
+    shared = with_mig_shares(H100, [2, 4], ["1g.10gb"])
+    nvml = EmulatedNvml(shared, 1)
+    mig = MigApplier(shared, nvml)
+    mig.open()
+    try:
+        a = mig.create(inst(0, "1g.10gb", 2))
+        assert [(i.profile, i.start) for i in mig.existing(0)] == [("1g.10gb", 2)]
+        mig.destroy(a)
+        assert nvml.instances(0) == []
+    finally:
+        mig.close()

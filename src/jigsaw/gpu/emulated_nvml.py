@@ -311,7 +311,7 @@ class EmulatedNvml:
             self._register(lambda h, i=i, m=m: _Gpu(h, i, int(m), int(m))) for i, m in enumerate(modes)
         ]
         # a GPU model without MIG (used whole) has no GPU-instance profiles
-        self._by_profile_id = {gi_profile_id(p): p for p in gpu.profiles} if gpu.mig else {}
+        self._by_profile_id = {gi_profile_id(p): p for p in gpu.devices} if gpu.mig else {}
         self._initialized = 0
         self._faults: list[_Fault] = []
         self._in_use: set[str] = set()

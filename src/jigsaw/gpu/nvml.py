@@ -74,7 +74,8 @@ class MigApplier:
         self.gpu = gpu
         self._nvml = nvml
         self._open = False
-        self._profiles = {gi_profile_id(p): p for p in gpu.profiles}
+        # a MIG share (``MigProfile.host``) is no NVML profile: its instance is its host's
+        self._profiles = {gi_profile_id(p): p for p in gpu.devices}
 
     @property
     def nvml(self) -> Any:
@@ -416,7 +417,7 @@ def read_driver_table(model: GpuModel, nvml: Any = None, gpu: int = 0) -> Driver
 
 
 def _driver_table(model: GpuModel, gpu_name: str, answers: dict[int, Any]) -> DriverTable:
-    ours = {gi_profile_id(p): p for p in model.profiles} if model.mig else {}
+    ours = {gi_profile_id(p): p for p in model.devices} if model.mig else {}
     profiles = []
     for pid, p in ours.items():
         a = answers.get(pid)

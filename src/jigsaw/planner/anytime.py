@@ -557,7 +557,7 @@ def _running_parts(app: App, node: Node, profiles: ProfileTable, running: Plan, 
             return None
         have.append((Column(x.task, x.variant, x.mig_profile, x.mps, x.max_batch, row.latency_ms,
                             row.throughput_rps * node.planner.max_utilization,
-                            mig[x.mig_profile].compute_slices), x.count))
+                            mig[x.mig_profile].slice_cost), x.count))
     demand: dict[tuple[str, str], float] = {}
     for li, x in lanes.items():
         for k, t in enumerate(app.task_names):

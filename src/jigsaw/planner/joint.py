@@ -255,6 +255,9 @@ class Built:
     # ``at_rate``'s per count variable: its bound without the demand, and instances per demand rps
     rate_bounds: list[tuple[int, float, float]] | None = None
     share_vars: dict[str, tuple[int, int]] = field(default_factory=dict)  # MIG share -> (J, k)
+    # per part of fixed demand, its rows "a lane's (task, variant) has an instance": (row, counts in
+    # it, the cover row's largest lane coefficient per demand rps)
+    presence_rows: list[list[tuple[int, int, float]]] = field(default_factory=list)
 
 
 @dataclass
@@ -420,6 +423,7 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
     all_count: list[list[int]] = []
     task_totals: list[int] = []
     tv_slices: list[dict[tuple[str, str], int]] = []
+    presence: list[list[tuple[int, int, float]]] = []
     task_total: list[dict[str, int]] = []
     by_profile: dict[str, list[int]] = defaultdict(list)
     demand_rows: list[tuple[int, int] | None] = []
@@ -509,6 +513,7 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
         for j, c in enumerate(cols):
             by_tv[(c.task, c.variant)].append(j)
         tv_slices.append({})
+        presence.append([])
         task_total.append({})
         for tv, tr in terms.items():
             js = by_tv.get(tv, [])
@@ -521,6 +526,16 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
             scale = 1.0 / max(cols[j].throughput_rps for j in js)
             md.row([count[j] for j in js] + [lam[li] for li, _ in tr],
                    [cols[j].throughput_rps * scale for j in js] + [-m * scale for _, m in tr], lo=0.0)
+            if demand_ub is not None:
+                # a lane that carries requests needs an instance of each (task, variant) it reaches:
+                # the scaled row above lets a tiny rate (m x lam / the largest throughput within the
+                # solver's tolerance: 0.01 rps beside 10^4) pass with none (a plan whose lane sent
+                # classify to a variant it did not run). Only where the demand is that small
+                # (``_presence``; elsewhere the row is empty, so the model solves as without it)
+                per_rps = max(m for _, m in tr) * scale
+                presence[-1].append((md.row([count[j] for j in js] + [lam[li] for li, _ in tr],
+                                            [1.0] * len(js) + [_presence(demand_ub, per_rps)] * len(tr),
+                                            lo=0.0), len(js), per_rps))
             s = md.var(0.0, node.slices_available * unit, integer=True)
             tv_slices[-1][tv] = s
             md.row([s] + [count[j] for j in js], [1.0] + [-float(cols[j].slices * unit) for j in js],
@@ -572,7 +587,19 @@ def build(parts: list[Part], node: Node, *, full: bool, objective: str = "accura
         mine = by_profile.get(name, []) + held[name]
         md.row(mine + ys, [1.0] * len(mine) + [-float(lay[name]) for lay in layouts], hi=0.0)
     return Built(md, parts, all_cols, all_lam, all_rate, all_count, slices_total, full, tv_slices,
-                  task_total, list(zip(ys, layouts, strict=True)), demand_rows, share_vars=share_vars)
+                  task_total, list(zip(ys, layouts, strict=True)), demand_rows, share_vars=share_vars,
+                  presence_rows=presence)
+
+
+PRESENCE_BELOW = 1e-2
+"""The presence rows act where a lane carrying the whole demand has a cover row coefficient below
+this: a lane of 1e-4 of it then falls within the solver's 1e-6 tolerance."""
+
+
+def _presence(demand_rps: float, per_rps: float) -> float:
+    """A presence row's lane coefficient at ``demand_rps``: -1/demand where the cover row cannot
+    tell a tiny lane from none, else 0 (the row is empty: count >= 0)."""
+    return -1.0 / demand_rps if demand_rps * per_rps < PRESENCE_BELOW else 0.0
 
 
 def at_rate(built: Built, rate: float, objective: str = "accuracy") -> LinearModel:
@@ -608,8 +635,11 @@ def at_rate(built: Built, rate: float, objective: str = "accuracy") -> LinearMod
             for c, v in zip(built.cols[0], built.count[0], strict=True)]
     for v, ub, per_rps in built.rate_bounds:
         col_hi[v] = float(min(ub, max(1, math.ceil(r * per_rps - 1e-9))))
+    row_value = list(md.row_value)
+    for row, n, per_rps in built.presence_rows[0] if built.presence_rows else ():
+        row_value[row] = row_value[row][:n] + [_presence(r, per_rps)] * (len(row_value[row]) - n)
     return LinearModel(md.maximize, md.col_lo, col_hi, cost, md.integer, row_lo, row_hi,
-                       md.row_index, md.row_value)
+                       md.row_index, row_value)
 
 
 def _lift(built: Built, values: list[float], i: int) -> tuple[tuple[Column, ...] | None, dict[str, float]]:

@@ -36,6 +36,7 @@ from jigsaw.planner.model import LinearModel
 from jigsaw.planner.packer import PackingError, instances_from_plan
 from jigsaw.planner.problem import Problem, demand_terms, device_names, make_problem, share_hosts
 from jigsaw.planner.routes import settle_lanes
+from jigsaw.planner.share_merge import merge_shares
 from jigsaw.planner.solution import NO_BOUND, Solution
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
@@ -300,6 +301,28 @@ def _with_layout(plan: Plan, node: Node, previous: Plan | None) -> Plan:
     return plan
 
 
+def _with_shares(plan: Plan, app: App, node: Node, profiles: ProfileTable, factors: Factors | None,
+                 previous: Plan | None) -> Plan:
+    """``plan`` with its small tasks' idle tails merged into shared MIG instances where that
+    frees slices (``share_merge``; the same lanes, verified), else ``plan`` itself."""
+    if plan.layout is None or not plan.instances:
+        return plan
+    t0 = time.perf_counter()
+    prev_layout = previous.layout if previous is not None else None
+    if prev_layout is not None and prev_layout.gpu_model != node.gpu.name:
+        prev_layout = None
+    got = merge_shares([app], node, profiles, {app.name: plan},
+                       lambda ps: pack_node(instances_from_plan(ps[app.name]), node, prev_layout),
+                       {app.name: factors})
+    if got is None:
+        return plan
+    out = got.plans[app.name]
+    out.layout = got.layout
+    out.solve_seconds = plan.solve_seconds + time.perf_counter() - t0
+    out.notes.append(got.note)
+    return out
+
+
 FORMULATIONS = ("tight", "reference")
 DEFAULT_FORMULATION = "tight"
 
@@ -388,7 +411,7 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
         result.demand_rps = demand_rps
         result.solver = solver
         result.solve_seconds = time.perf_counter() - t0
-        return _with_layout(result, node, previous)
+        return _with_shares(_with_layout(result, node, previous), app, node, profiles, factors, previous)
     if word == "infeasible" or not pb.colset.columns:
         cap = _capacity(pb, solver, limit, formulation=form)
         if cap.plan is None:
@@ -401,7 +424,7 @@ def plan(app: App, node: Node, profiles: ProfileTable, demand_rps: float, *,
         result.solve_seconds = time.perf_counter() - t0
         result.notes.append(f"demand {demand_rps:g} rps is above capacity "
                             f"{cap.max_demand_rps:.6g} rps: serving the maximum")
-        return _with_layout(result, node, previous)
+        return _with_shares(_with_layout(result, node, previous), app, node, profiles, factors, previous)
     # No incumbent within the limit (typically right at capacity): the capacity model, capped at
     # the demand, always has one (serve nothing) and finds a good one fast.
     cap = _capacity(pb, solver, limit, max_rps=r, formulation=form)

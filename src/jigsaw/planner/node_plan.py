@@ -46,6 +46,7 @@ from jigsaw.planner.groups import pack_node
 from jigsaw.planner.packer import InstanceRequest, PackingError
 from jigsaw.planner.problem import Factors, Problem, make_problem
 from jigsaw.planner.scaled import CURVE_REFINE_S, SCALE_TOLERANCE, ScaleResult, max_scale
+from jigsaw.planner.share_merge import merge_shares
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileTable
 from jigsaw.spaces import SearchSpace, search_space
@@ -212,6 +213,11 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
         curves.learn(parts, d)
         return _Decision(d.status, d.plans, d.objective, d.bound, d.layout, d.notes, d.stage, d.floors)
 
+    if form != "joint" and (why := why_none_together([p.pb for p in parts])):
+        # no demand at all fits (a task without a segment, the tasks' segments beyond the node):
+        # said at once, not after a scaled search down to nothing
+        return _empty(node, kind, "infeasible", time.perf_counter() - t0,
+                      _none_together([p.pb for p in parts]))
     if form != "joint" and _refuted(parts, node):
         # what earlier plans proved (the apps' curves) shows the demands do not fit together
         res = _Decision("infeasible", [None] * len(parts), math.nan, math.nan, None, [], "curves")
@@ -236,8 +242,30 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     if any(p is None for p in res.plans):
         return _empty(node, kind, res.status, time.perf_counter() - t0,
                       f"the solver found no plan within {limit:g} s")
-    return _node_plan(apps, node, demands, res, kind=kind, solver=solver, previous=previous, scale=scale,
-                      scale_bound=scale_bound, notes=notes, t0=t0)
+    out = _node_plan(apps, node, demands, res, kind=kind, solver=solver, previous=previous, scale=scale,
+                     scale_bound=scale_bound, notes=notes, t0=t0)
+    return with_shares(out, apps, node, profiles, factors, previous)
+
+
+def with_shares(result: NodePlan, apps: Sequence[App], node: Node, profiles: ProfileTable,
+                factors: Mapping[str, Factors] | None, previous: NodePlan | None) -> NodePlan:
+    """``result`` with its small tasks' idle tails merged into shared MIG instances where that
+    frees slices (``share_merge``: the same lanes, verified; the status and proof of the
+    homogeneous plan kept, the note says what moved), else ``result`` itself."""
+    if not result.plans or result.layout is None:
+        return result
+    t0 = time.perf_counter()
+    got = merge_shares(apps, node, profiles, result.plans,
+                       lambda ps: _pack_node(ps, node, previous), factors)
+    if got is None:
+        return result
+    for p in got.plans.values():
+        p.solve_seconds = result.solve_seconds + time.perf_counter() - t0
+    return replace(result, plans=got.plans, layout=got.layout,
+                   slices_used=sum(p.slices_used for p in got.plans.values()),
+                   objective=node_value(got.plans, node, result.objective_kind),
+                   solve_seconds=result.solve_seconds + time.perf_counter() - t0,
+                   notes=[*result.notes, got.note])
 
 
 def _refuted(parts: Sequence[joint.Part], node: Node) -> bool:

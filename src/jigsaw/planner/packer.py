@@ -99,6 +99,7 @@ def bundle_shares(instances: Sequence[InstanceRequest], gpu: GpuModel, previous:
         k = gpu.profile(name).share_of
         pending.sort(key=_sort_key)
         seated: list[list[InstanceRequest | None]] = []
+        kept: list[str] = []  # a previous instance whose shares all stay: its label (new seats filled)
         for members in (m for (n, _, _), m in sorted(groups.items()) if n == name):
             seats: list[InstanceRequest | None] = [None] * k
             for seat, was in members:
@@ -109,16 +110,22 @@ def bundle_shares(instances: Sequence[InstanceRequest], gpu: GpuModel, previous:
                     seats[seat] = hit
             if any(seats):
                 seated.append(seats)
+                was = tuple(InstanceRequest(name, w.task, w.variant, w.mps, w.max_batch, w.index)
+                            for _, w in members)
+                was_label = ShareBundle(name, was).label
+                now = ShareBundle(name, tuple(r for r in seats if r is not None)).label
+                kept.append(was_label if now == was_label else "")
         for seats in seated:
             for i in range(k):
                 if seats[i] is None and pending:
                     seats[i] = pending.pop(0)
         seated += [list(pending[i:i + k]) for i in range(0, len(pending), k)]
-        for seats in seated:
+        kept += [""] * (len(seated) - len(kept))
+        for seats, label in zip(seated, kept, strict=True):
             b = ShareBundle(name, tuple(r for r in seats if r is not None),
                             tuple(i for i, r in enumerate(seats) if r is not None))
-            bundles[b.label] = b
-            out.append(InstanceRequest(gpu.profile(name).host, BUNDLE_TASK, b.label, k, 0, 0))
+            bundles[label or b.label] = b
+            out.append(InstanceRequest(gpu.profile(name).host, BUNDLE_TASK, label or b.label, k, 0, 0))
     return out, bundles, _previous_bundled(previous, gpu) if previous is not None else None
 
 

@@ -214,7 +214,10 @@ class OipHttp:
         if isinstance(req, str):
             door.answered(name, 503)
             self.metrics.failure.inc((("app", name), ("reason", "shed")))
-            return Answer(503, {"error": f"{req}; retry later"}, RETRY_HEADERS, "shed")
+            # no live instance of a root task (a task of one process that failed, e.g. a MIG-instance
+            # share), or every input ring full: an answer of the same form as the dispatcher's 503s
+            return Answer(503, {"error": f"{req}; retry later", "status": "UNAVAILABLE", "task": None,
+                                "reason": "shed"}, RETRY_HEADERS, "shed")
         return req, parsed
 
     def _queue_admits(self, routes: AppRoutes, timeout_us: int | None) -> bool:
