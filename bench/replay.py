@@ -534,6 +534,7 @@ def run_space(url: str, app: str, space: str, window: list[float], history: list
             "behind": int(r.behind), "behind_s": round(r.behind_s, 3),
             "settle_lost": settling.sent - settling.answered if k == len(window) - 1 else 0,
             "deploy_s": deploy_seconds(h.get("replans", [])),
+            "deploy_phases_s": deploy_phases(h.get("replans", [])),
         })
     return rows
 
@@ -547,6 +548,30 @@ def deploy_seconds(replans: list[dict[str, Any]]) -> list[list[float]]:
                  if isinstance(x, dict) and "deployed_after_s" in x]
         if times:
             out.append([min(times), max(times)])
+    return out
+
+
+def deploy_phases(replans: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per re-plan of a bin that deployed a plan: where the seconds from its decision to its first
+    plan's deployment went: the transitions' phases (``applied.PHASES``: placing, MIG, the drains
+    waited for, a drain-first, the processes' start, their readiness), ``ahead`` (a routine
+    re-plan, decided ahead of its bin, waits for the bin's start: ``ahead_s``), ``solve`` (that
+    plan's solve, where the wait for the bin did not hide it) and ``other`` (the rest: the wait
+    for the exact plan before a quick one goes out, the re-plan lock)."""
+    out = []
+    for rp in replans:
+        plans = [x for x in (rp.get("quick"), rp.get("exact"))
+                 if isinstance(x, dict) and "deployed_after_s" in x]
+        if not plans:
+            continue
+        first = min(plans, key=lambda x: x["deployed_after_s"])
+        total = float(first["deployed_after_s"])
+        phases = {k: float(v) for k, v in first.get("phases_s", {}).items()}
+        left = max(0.0, total - sum(phases.values()))
+        ahead = min(float(rp.get("ahead_s", 0.0)), left)
+        solve = min(float(first.get("seconds", 0.0)), left - ahead)
+        out.append({"total": total, **phases, "ahead": ahead, "solve": solve,
+                    "other": max(0.0, left - ahead - solve)})
     return out
 
 
@@ -571,7 +596,23 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
             "settle_lost": sum(r.get("settle_lost", 0) for r in rows),
             "behind_bins": sum(r["behind"] for r in rows),
             "behind_max_s": max((r["behind_s"] for r in rows), default=0.0),
-            **_deploy_summary([d for r in rows for d in r.get("deploy_s", [])])}
+            **_deploy_summary([d for r in rows for d in r.get("deploy_s", [])]),
+            **_phase_summary([d for r in rows for d in r.get("deploy_phases_s", [])])}
+
+
+def _phase_summary(deploys: list[dict[str, float]]) -> dict[str, Any]:
+    """Per phase of the decision-to-deployment time (``deploy_phases``): its median and max over the
+    re-plans and its sum, and the slowest re-plan's phases."""
+    if not deploys:
+        return {"deploy_phases_s": {}, "deploy_slowest_s": {}}
+    names = sorted({k for d in deploys for k in d if k != "total"})
+    phases = {}
+    for k in names:
+        xs = sorted(d.get(k, 0.0) for d in deploys)
+        phases[k] = {"median": round(statistics.median(xs), 4), "max": round(xs[-1], 4),
+                     "sum": round(sum(xs), 3)}
+    slowest = max(deploys, key=lambda d: d["total"])
+    return {"deploy_phases_s": phases, "deploy_slowest_s": {k: round(v, 4) for k, v in slowest.items()}}
 
 
 def _deploy_summary(deploys: list[list[float]]) -> dict[str, float]:
@@ -604,6 +645,13 @@ def print_summary(app: str, summaries: dict[str, dict[str, float]],
             print(f"{space:<6} {s['replans_deployed']:>4d} re-plans: first "
                   f"{s['deploy_first_median_s']:.2f} / {s['deploy_first_max_s']:.2f} s, "
                   f"last {s['deploy_last_median_s']:.2f} / {s['deploy_last_max_s']:.2f} s")
+            phases = s.get("deploy_phases_s") or {}
+            if phases:
+                print(f"{'':<6} where the first plan's time went, median / max / sum s: " + ", ".join(
+                    f"{k} {v['median']:.2f} / {v['max']:.2f} / {v['sum']:.1f}" for k, v in phases.items()))
+                slow = s["deploy_slowest_s"]
+                print(f"{'':<6} the slowest re-plan ({slow['total']:.2f} s): " + ", ".join(
+                    f"{k} {v:.2f}" for k, v in slow.items() if k != "total" and v >= 0.005))
 
 
 def plot(path: Path, app: str, per_space: dict[str, list[dict[str, Any]]],

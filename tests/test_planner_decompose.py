@@ -122,3 +122,34 @@ def test_a_cbc_solve_stopped_before_any_bound_reports_an_infinite_bound_not_dbl_
     sol = m.solve("cbc", time_limit_s=1e-3, absolute_gap=1e-6)
     assert not sol.has_incumbent
     assert math.isinf(sol.bound) or math.isnan(sol.bound), sol.bound
+
+
+def test_a_first_fit_test_asks_each_app_for_its_first_plan_only(one_gpu, monkeypatch) -> None:
+    """A test of whether demands fit (``first_fit``) takes each app's own plan without its proof
+    (``joint.solve(first_plan=)``); the node decision proper asks for the proven optimum. Both
+    find the demands fit, the test with plans that pack."""
+    from jigsaw.planner.node_plan import _pack_node
+
+    node, profiles = one_gpu
+    names = ("social_media", "traffic_analysis")
+    parts = [joint.Part(make_problem(node.app(a), node, profiles, search_space("ast"), None), d)
+             for a, d in zip(names, (500.0, 120.0), strict=True)]
+    asked: list[bool] = []
+    solve = joint.solve
+
+    def recording(ps, node_, **kwargs):
+        asked.append(kwargs.get("first_plan", False))
+        return solve(ps, node_, **kwargs)
+
+    monkeypatch.setattr(joint, "solve", recording)
+    pack = lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None)  # noqa: E731
+    test = decompose.solve(parts, node, solver="highs", time_limit_s=60, objective="slices", pack=pack,
+                           first_fit=True)
+    assert asked[:2] == [True, True]
+    assert test.status in ("optimal", "feasible") and test.layout is not None
+    assert validate_layout(test.layout, node.gpu) == []
+    asked.clear()
+    full = decompose.solve(parts, node, solver="highs", time_limit_s=60, objective="slices", pack=pack)
+    assert asked and not any(asked)
+    assert full.status == "optimal"
+    assert full.objective >= test.objective - node.absolute_gap - 1e-9  # each proven to the gap

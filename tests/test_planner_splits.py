@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import math
+import time
 
 import pytest
 from factories import latency_bound_chain, make_app, make_node, make_profiles
@@ -180,3 +182,143 @@ def test_tally_counts_the_solves_inside_it() -> None:
     assert outer.nodes == sol.nodes >= 0
     md.solve("highs", 10, 1e-9)
     assert outer.milps == 1  # outside the block: not counted
+
+
+@pytest.mark.parametrize("make", [_chain, _fork])
+def test_plan_at_capacity_first_solves_a_split_its_capacity_solve_served(make, monkeypatch) -> None:
+    """The cheapest plan at the capacity solves first a split that the capacity's own search
+    found a plan under at that demand (the others then only need refuting), and it is the same
+    plan as a search that does not know which split that was (a fresh problem)."""
+    from jigsaw.planner import problem
+
+    app, node, profiles = make()
+    seen: list[tuple[float, tuple, dict]] = []
+    ranked = joint._ranked_splits
+
+    def recording(parts, node_, shape, capacity_mode, until):
+        got = ranked(parts, node_, shape, capacity_mode, until)
+        if not capacity_mode and got:
+            seen.append((parts[0].demand_rps, got[0][3],
+                         dict(parts[0].pb.derived.get(joint._SPLIT_SERVES, {}))))
+        return got
+
+    monkeypatch.setattr(joint, "_ranked_splits", recording)
+    cap = capacity(app, node, profiles, solver="cbc", time_limit_s=60)
+    assert cap.status == cap.plan.status == "optimal"
+    assert seen
+    demand, first, served = seen[0]
+    assert served.get(first, 0.0) >= demand > 0
+    problem.forget()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    assert joint._SPLIT_SERVES not in pb.derived
+    fresh = joint.solve([joint.Part(pb, demand)], node, solver="cbc", time_limit_s=60, exact_splits=True)
+    assert fresh.status == "optimal"
+    assert fresh.objective == pytest.approx(cap.plan.objective, abs=1e-9)
+
+
+def test_ranking_puts_a_split_known_to_hold_the_demand_first() -> None:
+    """At a demand, the split whose capacity solve served it goes first, the rest by their LP."""
+    from jigsaw.planner import problem
+
+    app, node, profiles = _fork()
+    problem.forget()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    shape = {"objective": "accuracy", "scale_demands": False, "max_slices": None, "max_slots": None,
+             "total_weight": None}
+    parts = [joint.Part(pb, 100.0)]
+    plain = joint._ranked_splits(parts, node, shape, False, math.inf)
+    assert plain is not None and len(plain) > 2
+    assert [x for x, *_ in plain] == sorted((x for x, *_ in plain), reverse=True)
+    last = plain[-1][3]
+    pb.derived[joint._SPLIT_SERVES] = {last: 100.0}
+    again = joint._ranked_splits(parts, node, shape, False, math.inf)
+    assert again is not None
+    assert [k for *_, k in again] == [last] + [k for *_, k in plain[:-1]]
+    pb.derived[joint._SPLIT_SERVES] = {last: 99.0}  # served less than the demand: no fact here
+    assert [k for *_, k in joint._ranked_splits(parts, node, shape, False, math.inf)] == \
+        [k for *_, k in plain]
+
+
+def test_first_plan_answers_with_the_incumbent_searches_plan_and_a_true_bound(monkeypatch) -> None:
+    """``first_plan``: where the incumbent searches find a plan they cannot prove (their proofs
+    against the core switched off here), it is the answer, ``feasible`` with a bound no lower
+    than the proven optimum, and no level model is built; without it the level models prove
+    the optimum, which the plan lies within the bound's reach of."""
+    app, node, profiles = _chain()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    proven = joint.solve([joint.Part(pb, 250.0)], node, solver="highs", time_limit_s=60)
+    assert proven.status == "optimal" and proven.stage in ("grid", "split")
+    monkeypatch.setattr(joint._Search, "prove", lambda self, spent_s: None)
+    levels: list[bool] = []
+    build = joint.build
+
+    def recording_build(*args, **kwargs):
+        levels.append(kwargs.get("levels") is not None)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(joint, "build", recording_build)
+    first = joint.solve([joint.Part(pb, 250.0)], node, solver="highs", time_limit_s=60, first_plan=True)
+    assert first.stage in ("grid", "split")
+    assert not any(levels)
+    assert first.plans[0] is not None and first.plans[0].planned_rps >= 250.0 * (1 - 1e-9)
+    assert first.objective <= proven.objective + node.absolute_gap + 1e-9
+    assert first.bound >= proven.objective - 1e-9
+    assert first.status == "feasible" and first.bound > first.objective + node.absolute_gap
+    full = joint.solve([joint.Part(pb, 250.0)], node, solver="highs", time_limit_s=60)
+    assert any(levels) and full.status == "optimal"
+    assert abs(full.objective - proven.objective) <= node.absolute_gap + 1e-9
+
+
+def test_a_proof_asked_again_is_not_solved_again(monkeypatch) -> None:
+    """``prove``: a floor under the same bound whose core had a plan above it is not solved again
+    (the grid's splits often find the same best); one whose solve ran out of its limit is asked
+    once more with twice that limit, then not with no longer a limit; a new best, a new bound or
+    a longer limit is asked."""
+    app, node, profiles = _chain()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    answers = ["found"]
+    asked: list[float] = []
+
+    def answering(parts, node_, shape, floor, cut, how, limit_s, gap_abs):
+        asked.append(limit_s)
+        return answers[0]
+
+    monkeypatch.setattr(joint, "_nothing_above", answering)
+    s = joint._Search([joint.Part(pb, 100.0)], node, {"objective": "accuracy"}, "highs", 10.0,
+                      time.perf_counter(), 0.5, 0.0, False, "highs", True)
+    s.ub = 1.0
+    s.best = joint.JointResult("feasible", [None], 0.2, 1.0, 0.0, "grid")
+    s.prove(1.0)
+    s.prove(5.0)  # the core had a plan above that floor: no limit changes it
+    assert len(asked) == 1
+    s.best = joint.JointResult("feasible", [None], 0.3, 1.0, 0.0, "grid")
+    answers[0] = "open"
+    s.prove(1.0)
+    s.prove(1.0)  # ran out: once more, twice as long
+    assert asked[1:] == [1.0, 2.0]
+    s.prove(1.0)  # ran out of a longer limit before
+    s.prove(2.0)
+    assert len(asked) == 3
+    s.prove(3.0)
+    assert asked[3] == 4.0  # longer than any before, and at least twice the longest
+    answers[0] = "infeasible"
+    s.ub = 0.9  # a new bound: a new question
+    s.prove(1.0)
+    assert len(asked) == 5 and s.best.status == "optimal" and s.ub == pytest.approx(0.3 + 0.5)
+
+
+def test_splits_and_their_columns_are_kept_per_problem() -> None:
+    """``maximal_caps`` and ``core_columns`` are pure in the problem: kept in it, the same answers
+    as computed afresh, and a caller's change to the splits it got does not reach the kept ones."""
+    app, node, profiles = _fork()
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    first = joint.maximal_caps(pb, 10**6)
+    assert first is not None and len(first) > 1
+    assert first == joint._maximal_caps(pb, 10**6)
+    first[0].clear()
+    assert joint.maximal_caps(pb, 10**6) == joint._maximal_caps(pb, 10**6)
+    for caps in [None, *joint.maximal_caps(pb, 10**6)]:
+        got = joint.core_columns(pb, caps)
+        assert got == joint._core_columns(pb, caps)
+        assert joint.core_columns(pb, None if caps is None else dict(caps)) is got
+    assert joint.maximal_caps(pb, 1) is None  # more than the limit: none, kept apart

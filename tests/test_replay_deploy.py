@@ -31,3 +31,26 @@ def test_deploy_seconds_take_each_replans_first_and_last_deployment() -> None:
     w = csv.DictWriter(f, fieldnames=replay.CSV_FIELDS, extrasaction="ignore")
     w.writerows(rows)
     assert "deploy_s" not in replay.CSV_FIELDS and f.getvalue()
+
+
+def test_deploy_phases_split_each_replans_first_deployment() -> None:
+    replans = [{"quick": {"seconds": 0.01, "deployed_after_s": 0.5,
+                          "phases_s": {"mig": 0.05, "spawn": 0.2, "ready": 0.1}},
+                "exact": {"seconds": 0.3, "deployed_after_s": 2.0, "phases_s": {"drain_first": 1.5}}},
+               {"exact": {"seconds": 0.2, "deployed_after_s": 3.0, "phases_s": {"drains": 2.5}}},
+               {"exact": {"seconds": 0.2, "deployed": False}}]  # nothing deployed: no row
+    got = replay.deploy_phases(replans)
+    assert len(got) == 2
+    # the first plan deployed (the quick one): its own solve and phases, the rest counted as other
+    assert got[0] == pytest.approx({"total": 0.5, "solve": 0.01, "mig": 0.05, "spawn": 0.2, "ready": 0.1,
+                                    "ahead": 0.0, "other": 0.14})
+    assert got[1]["drains"] == 2.5 and got[1]["other"] == pytest.approx(0.3)
+    # a routine re-plan decided 2 s ahead of its bin: the wait for the bin hides its solve
+    routine = replay.deploy_phases([{"ahead_s": 2.0, "exact": {"seconds": 0.4, "deployed_after_s": 2.3,
+                                                               "phases_s": {"spawn": 0.25}}}])
+    assert routine == [pytest.approx({"total": 2.3, "spawn": 0.25, "ahead": 2.0, "solve": 0.05,
+                                      "other": 0.0})]
+    s = replay._phase_summary(got)
+    assert s["deploy_phases_s"]["drains"] == {"median": 1.25, "max": 2.5, "sum": 2.5}
+    assert s["deploy_slowest_s"]["total"] == 3.0 and s["deploy_slowest_s"]["drains"] == 2.5
+    assert replay._phase_summary([]) == {"deploy_phases_s": {}, "deploy_slowest_s": {}}

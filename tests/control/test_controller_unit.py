@@ -1522,3 +1522,17 @@ def test_a_plan_short_of_the_demand_replaces_the_running_one_only_for_enough_mor
             assert (c.plane.generation_of(TA) > 0) is replaced, (gain, planned)  # type: ignore[attr-defined]
         assert load_node(NODE).control.short_plan_min_gain == 0.1
     asyncio.run(go())
+
+
+def test_a_spike_runs_when_the_history_with_the_rate_now_ends_inside_one() -> None:
+    # the rate window reads 29 rps (22 arrivals in 1.5 s): a jump over bins of 10 rps, not over
+    # bins of 20; a spike that jumped in the last bin still runs at 29 rps (1.3x its base of 10)
+    for history, running in (([10.0] * 6, True), ([20.0] * 6, False), ([10.0] * 5 + [25.0], True)):
+        c, fe = _controller(_per_app(lambda a, d: _plan(d, [], app=a)), bin_seconds=5.0)
+        ac = _app(c)
+        ac.history_rps.extend(history)
+        fe.bins[TA].arrivals = _polled(c, 15.0, 1.5)
+        assert ac.in_spike() == running, history
+    c, _fe = _controller(_per_app(lambda a, d: _plan(d, [], app=a)), bin_seconds=5.0)
+    _app(c).history_rps.extend([10.0] * 5 + [25.0])
+    assert _app(c).in_spike()  # no rate window yet: the history alone

@@ -492,3 +492,33 @@ def test_the_manager_takes_a_placement_made_on_the_node_it_still_has(tmp_path: P
         assert isinstance(taken, tuple) and taken[0] is over[0]
     finally:
         gm.close()
+
+
+def test_a_drain_first_ends_the_older_drain_that_holds_the_same_instances(tmp_path: Path) -> None:
+    # 40 requests queued on b (0.5 s an item on five processes: 4 s of work) in generation A; a
+    # keep-all re-plan (B) takes every process, A drains; then the drain-first whose 2g.20gb
+    # instance needs two of b's slots. Those instances are B's and, through the processes B kept,
+    # still A's: the drain ends A's hold on them too (its requests waited for, then sent again),
+    # so the new plan's instance is created and the running plan is not rolled back. Every
+    # request is answered once, 200; the transition says where its time went.
+    node_path, first, second = _plans(tmp_path, b_ms=500.0, latency_slo_ms=10000.0)
+    slower = dataclasses.replace(first, task_latency_ms={t: 2 * v for t, v in first.task_latency_ms.items()})
+
+    async def scenario(gm: GenerationManager, app: Any, submit: Submit, out: dict[str, Any]) -> None:
+        sent = submit(40)
+        out["b"] = await _apply(gm, DesiredState(app.name, slower))
+        out["done"] = await _apply(gm, DesiredState(app.name, second), _DrainsFirst(0.1))
+        results = await asyncio.wait_for(asyncio.gather(*(r.future for r in sent)), 60)
+        out["statuses"] = Counter(status for status, _ in results)
+
+    out = _under_load(node_path, first, scenario)
+    done, logs = out["done"], out["logs"]
+    assert (out["b"].kept, out["b"].started) == (7, 0), out["b"]
+    assert done.error is None and done.new_generation and done.restored is None, (done, logs)
+    assert not any("still held" in line for line in logs), logs
+    assert any("the drains of generation(s) 0 in the new instances' way ended" in line for line in logs), logs
+    assert out["statuses"] == {200: 40}, out["statuses"]
+    assert len(out["answers"]) == 40 and set(out["answers"].values()) == {1}, out["answers"]
+    phases = dict(done.phases_s)
+    assert all(phases[k] > 0 for k in ("drain_first", "mig", "spawn", "ready")), phases
+    assert sum(phases.values()) <= done.seconds + 0.05, (phases, done.seconds)

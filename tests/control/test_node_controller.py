@@ -13,6 +13,7 @@ from dpserver import EXAMPLE_NODE, Load, Server, http
 from jigsaw.control.predictor import burst_floor_rps
 from jigsaw.gpu.layout import NodeInstance, NodeLayout, validate_node_layout
 from jigsaw.node import load_node
+from jigsaw.runtime.applied import PHASES
 
 TA, SM = "traffic_analysis", "social_media"
 WAIT_S = 90.0
@@ -80,6 +81,10 @@ def test_a_burst_on_one_app_replans_the_node_quick_plan_first(tmp_path: Path) ->
     assert quick["seconds"] < 1.0, entry  # 0.1 s target; the 2-core test machine is shared
     # the time from the re-plan's decision to the quick plan's deployment, within the re-plan's
     assert quick["seconds"] <= quick["deployed_after_s"] <= entry["seconds"], entry
+    # where it went: the transitions' phases (a new generation: its processes started, then ready)
+    phases = quick["phases_s"]
+    assert set(phases) <= set(PHASES) and phases.get("spawn", 0) > 0 and "ready" in phases, entry
+    assert quick["seconds"] + sum(phases.values()) <= quick["deployed_after_s"] + 5e-3, entry
     assert exact is not None and exact["status"] in ("optimal", "feasible"), entry
     assert set(exact["apps"]) == {TA, SM}
     assert after[SM]["summary"]["planned_rps"] >= entry["demand_rps"] * (1 - 1e-6)

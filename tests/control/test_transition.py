@@ -102,6 +102,19 @@ def test_the_queue_rule_keeps_a_running_plan_whose_queue_outlasts_the_drain_firs
     assert isinstance(_decide(queued_s=2.0), DrainFirst)
 
 
+def test_a_spikes_replan_keeps_the_running_plan_while_its_queue_admits() -> None:
+    # triggered by the arrivals outrunning the running plan: past its headroom, no drain-first
+    # while the door still admits (a 2 s queue of a 10 s deadline); once it does not, drain first
+    step = _decide(Need(rising=True), new_planned_rps=2.0, new_demand_rps=2.0, queued_s=2.0)
+    assert isinstance(step, KeepRunning) and step.outcome == "spike", step
+    assert "a drain-first would take capacity away at the spike's height" in step.why
+    assert isinstance(_decide(Need(rising=True), new_planned_rps=2.0, new_demand_rps=2.0, queued_s=8.0),
+                      DrainFirst)
+    # a routine re-plan's plan drains first; nothing in the way, a spike's plan takes the slots
+    assert isinstance(_decide(new_planned_rps=2.0, new_demand_rps=2.0, queued_s=2.0), DrainFirst)
+    assert isinstance(_decide(Need(rising=True), deferred=0), TakeSlots)
+
+
 def test_no_lane_left_is_refused_before_any_wait() -> None:
     step = _decide(lane_without_own=False, others_in_way=1)
     assert isinstance(step, Refuse) and "no lane left" in step.why and "refused before waiting" in step.why

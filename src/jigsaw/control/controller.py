@@ -86,7 +86,7 @@ from jigsaw.control.deployment import (
 from jigsaw.control.needed import BesidePlaced, NeededPlans
 from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor, rise_rps
 from jigsaw.control.solver import solve_node
-from jigsaw.control.spikes import JUMP_RATIO
+from jigsaw.control.spikes import JUMP_RATIO, spikes
 from jigsaw.control.transition import NEEDED, KeepRunning, MakeRoom, Need, RoomPolicy, transit
 from jigsaw.errors import JigsawError
 from jigsaw.node import Node
@@ -421,6 +421,13 @@ class AppController:
         run = self.plan
         return run.max_demand_plan or max(rate, so_far) > PASSED_BELOW * run.planned_rps
 
+    def in_spike(self) -> bool:
+        """Whether a spike runs now: the demand history, the rate now arriving (the trigger's
+        window) as its last bin, ends inside one (``spikes.spikes``)."""
+        rate = self.rate_now_rps()
+        found = spikes(list(self.history_rps) + ([rate] if rate is not None else []))
+        return bool(found) and found[-1].end is None
+
     def outgrows(self, asked_rps: float) -> bool:
         """Whether the rate now arriving (over the trigger's window) is more than
         ``control.end_wait_outgrown_above`` times ``asked_rps``, by more than Poisson noise
@@ -608,6 +615,7 @@ class NodeController(NeededPlans):
         self._ahead_bin: int | None = None  # the bin whose successor's re-plan has started
         self._routine_for: int | None = None  # a routine re-plan put off while another ran: its bin
         self._extended_first: list[str] = []  # the running re-plan's apps extended in place at once
+        self._phases_s: Counter[str] = Counter()  # the running deployment's transitions, by phase
         self._trigger = ""  # the running re-plan's trigger
         self._for_bin: int | None = None  # and the bin it plans for (None: the running one)
         self._lost: dict[str, float] = {}  # capacity-loss re-plans waiting: app -> demand
@@ -830,6 +838,8 @@ class NodeController(NeededPlans):
                     for n, c in self.apps.items()}
             exact_f, quick_box = self._start_solve(full, asyncio.get_running_loop())
             entry: dict[str, Any] = {"trigger": trigger, "for_bin": for_bin, "quick": None, "exact": None}
+            if for_bin is not None and for_bin > self.bin_index:  # a routine re-plan: decided ahead
+                entry["ahead_s"] = round(max(0.0, self.bin_start + self.bin_seconds - t0), 4)
             self._extended_first = []
             self._trigger = trigger
             self._for_bin = for_bin
@@ -889,9 +899,12 @@ class NodeController(NeededPlans):
                 if a.source == "exact":
                     for note in a.plan.notes:
                         self.log(f"node: {note}")
+                self._phases_s = Counter()
                 summary["kept"], refused = await self._deploy(a.plan, fresh, a.source, r.demands)
-                # from the re-plan's decision (its trigger) to this plan's deployment
+                # from the re-plan's decision (its trigger) to this plan's deployment, and where the
+                # transitions' part of it went (``applied.PHASES``)
                 summary["deployed_after_s"] = round(time.monotonic() - t0, 4)
+                summary["phases_s"] = {k: round(v, 4) for k, v in self._phases_s.items()}
                 r = dataclasses.replace(r.refusing(a.source, refused), deployed=a.plan, quick_decided=True,
                                         quick_deployed=r.quick_deployed or a.source == "quick",
                                         exact_decided=a.source == "exact")
@@ -1006,6 +1019,7 @@ class NodeController(NeededPlans):
             # a later plan past this by RISING_MARGIN over the same generation: a spike still rising
             self._headroom_kept[desired.app] = (done.generation, last.headroom_rps)
         c.record_applied(done, desired.plan, source)
+        self._phases_s.update(dict(done.phases_s))
         return done, last
 
     async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str,

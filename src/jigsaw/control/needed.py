@@ -120,7 +120,8 @@ class NeededPlans:
             still = not q.still_needed or (q.after_bin is not None and self.bin_index <= q.after_bin) \
                 or c.still_needed()
             grown = q.outgrown_rps is not None and c.outgrows(q.outgrown_rps)
-            return Need(True, still, grown, self._headroom_kept.get(c.name))
+            rising = self._trigger == "rate" or c.in_spike()
+            return Need(True, still, grown, self._headroom_kept.get(c.name), rising)
         return read
 
     async def _needed_beside(self, name: str, plan: Plan, demand_rps: float, fresh: frozenset[str],

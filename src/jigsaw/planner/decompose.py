@@ -325,10 +325,12 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     app's own solve starts from; where none is given, the app's greedy plan (``quick_plan``).
     ``first_fit``: a test of whether the demands fit at all (the scaled search's): the first
     choice of the plans computed that packs together is the answer (``feasible``, or ``optimal``
-    where the bound proves it), without going on to the best choice; ``infeasible`` is proven
-    as before. ``known``: per app, what an earlier decision at a smaller demand proved
-    (``Result.known``) or the app's curve (``curves.seed``): its infeasible budgets and slot floors
-    hold here too. ``Result.known`` and ``Result.found`` are what ``curves.learn`` keeps.
+    where the bound proves it), without going on to the best choice, and each app's own solve
+    answers with its incumbent searches' plan (``joint.solve(first_plan=)``: its proof only
+    where the plans do not fit); ``infeasible`` is proven as before. ``known``: per app, what an
+    earlier decision at a smaller demand proved (``Result.known``) or the app's curve
+    (``curves.seed``): its infeasible budgets and slot floors hold here too. ``Result.known`` and
+    ``Result.found`` are what ``curves.learn`` keeps.
     ``seeds``: per app, what earlier solves give its budgets at this demand (``value_curve``):
     points known without a solve where their incumbent is within the node's gap of their bound,
     else incumbents and bounds for the solves; ``Result.solved`` is what ``value_curve.learn``
@@ -412,8 +414,9 @@ class _Search:
                       self.elapsed(), layout, self.solves, stage, notes, floors)
 
     def point(self, i: int, budget: Usage, start: tuple[Plan, float] | None = None,
-              gap: float | None = None) -> _Point:
-        """g at ``budget`` for app i; ``start``: a known plan within the budget and its value."""
+              gap: float | None = None, first_plan: bool = False) -> _Point:
+        """g at ``budget`` for app i; ``start``: a known plan within the budget and its value;
+        ``first_plan``: the incumbent searches' plan without its proof (``joint.solve``)."""
         self.solves += 1
         t1 = time.perf_counter()
         room = self.room
@@ -423,7 +426,7 @@ class _Search:
                           start=[start[0]] if start is not None else None,
                           max_slices=budget[0] if budget[0] < room[0] else None,
                           max_slots=budget[1] if budget[1] < room[1] else None,
-                          total_weight=self.total_weight)
+                          total_weight=self.total_weight, first_plan=first_plan)
         plan = res.plans[0]
         if res.status == "infeasible":
             return _Point(budget, None, -math.inf, -math.inf)
@@ -501,9 +504,10 @@ class _Search:
                     and part.demand_rps is not None:
                 quick = quick_plan(pb.app, self.node, pb.profiles, part.demand_rps, factors=pb.factors,
                                    problem=pb)
+            # a test of whether the demands fit: plans first, proofs where they do not fit
             p = self.point(i, self.room, (quick, joint.part_value(quick, part, self.node, self.objective,
                                                                   self.total_weight))
-                           if quick is not None else None)
+                           if quick is not None else None, first_plan=self.first_fit)
             if p.bound == -math.inf:
                 self.fronts[i].infeasible.append(self.room)
                 return self.result("infeasible", "apart",
@@ -574,8 +578,10 @@ class _Search:
         while not unsolved:
             got = _best_choice(self.fronts, self.tops, self.room)
             if got is None:
+                # the floors go with it: the scaled search's first test starts from them
                 return self.result("infeasible", self.stage, ["the apps' plans with the fewest slices and "
-                                                              "MIG slots exceed the node together"])
+                                                              "MIG slots exceed the node together"],
+                                   self.floors)
             bound, budgets = got
             todo = [i for i, b in enumerate(budgets) if self.fronts[i].known(b) is None]
             if not todo:

@@ -128,6 +128,11 @@ GRID_PRESOLVE = False
 # full model decides (as before)
 CAPACITY_SPLITS = True
 _SPLIT_LP_RPS = ("joint", "split capacity LP")  # its ``Problem.derived`` key
+# per split, the most a plan found under it serves (its capacity solve's): at a demand up to that
+# the split holds a plan, and it is solved first (``_ranked_splits``)
+_SPLIT_SERVES = ("joint", "split serves")
+_MAXIMAL_CAPS = ("joint", "maximal caps")  # ``maximal_caps``'s memo per problem
+_CORE_COLUMNS = ("joint", "core columns")  # ``core_columns``'s memo per problem
 MAX_SPLITS = 2048
 # ... and where the LP bounds leave more than MAX_SPLIT_SOLVES splits to solve (a small node,
 # where integrality takes a few percent off each split's LP: ar_assistant under ``ast`` on 4 GPUs),
@@ -184,6 +189,17 @@ def maximal_caps(pb: Problem, limit: int = MAX_SPLITS) -> list[dict[str, float]]
     other tasks all come before it takes the largest latency they leave it (any smaller one is
     not maximal); the others are enumerated.
     """
+    # kept per problem: the capacity and the cheapest plan at it walk the same splits (ar_assistant
+    # under ``ast``: 1101 of them, 0.6 s each time)
+    memo: dict[int, list[dict[str, float]] | None] = pb.derived.setdefault(_MAXIMAL_CAPS, {})
+    if limit not in memo:
+        memo[limit] = _maximal_caps(pb, limit)
+    got = memo[limit]
+    return None if got is None else [dict(k) for k in got]
+
+
+def _maximal_caps(pb: Problem, limit: int) -> list[dict[str, float]] | None:
+    """``maximal_caps``, computed."""
     app = pb.app
     lats = task_latencies(pb)
     tasks = app.task_names
@@ -298,6 +314,18 @@ def core_columns(pb: Problem, caps: dict[str, float] | None = None) -> tuple[Col
     With ``caps`` (a latency cap per task meeting every path) the core is a restriction of the
     full model instead of a relaxation: every plan it finds is feasible.
     """
+    # kept per problem and caps: the split searches ask for the same splits' columns several
+    # times (ranking, building, again at the cheapest plan at the capacity: 3334 calls, 1 s)
+    memo: dict[tuple | None, tuple[Column, ...]] = pb.derived.setdefault(_CORE_COLUMNS, {})
+    key = None if caps is None else tuple(sorted(caps.items()))
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = _core_columns(pb, caps)
+    return got
+
+
+def _core_columns(pb: Problem, caps: dict[str, float] | None) -> tuple[Column, ...]:
+    """``core_columns``, computed."""
     cap = _cap_max(pb)
     if caps is not None:
         cap = {t: min(cap[t], caps.get(t, math.inf)) for t in cap}
@@ -867,16 +895,18 @@ def _result(built: Built, sol: Solution, cols: list[tuple[Column, ...] | None], 
 
 
 def _nothing_above(parts: list[Part], node: Node, shape: dict, floor: float, cut: float, how: str,
-                   limit_s: float, gap_abs: float) -> bool:
+                   limit_s: float, gap_abs: float) -> str:
     """Whether the latency-relaxed core (a relaxation of the full model) has no plan of
-    objective at least ``floor``: proven infeasible within ``limit_s``, which bounds the full
-    model's optimum by ``floor``. ``cut``: a known bound on the objective (inf: none)."""
+    objective at least ``floor``: ``infeasible`` (proven within ``limit_s``, which bounds the
+    full model's optimum by ``floor``), ``found`` (it has one) or ``open`` (the limit came first).
+    ``cut``: a known bound on the objective (inf: none)."""
     built = build(parts, node, full=False, **shape)
     nz = [(k, c) for k, c in enumerate(built.model.cost) if c]
     built.model.row([k for k, _ in nz], [c for _, c in nz], lo=floor)
     if math.isfinite(cut):
         _objective_cut(built.model, cut)
-    return built.model.solve(how, limit_s, gap_abs, presolve=NOTHING_ABOVE_PRESOLVE).status == "infeasible"
+    sol = built.model.solve(how, limit_s, gap_abs, presolve=NOTHING_ABOVE_PRESOLVE)
+    return "infeasible" if sol.status == "infeasible" else "found" if sol.has_incumbent else "open"
 
 
 def _mark_optimal(res: JointResult, bound: float | None = None, plan_gap: float = 0.0) -> None:
@@ -1005,7 +1035,10 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
     best: JointResult | None = None
     bound = -math.inf  # over the splits solved so far, then the first one not solved
     solves = 0
-    for k, (lp_bound, _, built) in enumerate(ranked):
+    top = max((x for x, _, _, _ in ranked), default=-math.inf)
+    serves: dict[tuple, float] = parts[0].pb.derived.setdefault(_SPLIT_SERVES, {})
+    plain = _plain_capacity(parts, shape, capacity_mode)
+    for k, (lp_bound, _, built, key) in enumerate(ranked):
         if best is not None and lp_bound - best.objective <= max(gap_abs, rel_gap * abs(lp_bound)):
             bound = max(bound, lp_bound)  # this split and all below it: within the gap
             break
@@ -1013,7 +1046,7 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
         # demand, with no plan yet, every split left: on 4 GPUs ar_assistant's cheapest plan at
         # its capacity under ``st`` has 97 splits whose LPs reach it and whose cores do not)
         above = (1 if capacity_mode else len(ranked) - k) if best is None else \
-            sum(1 for x, _, _ in ranked[k:] if x - best.objective > max(gap_abs, rel_gap * abs(x)))
+            sum(1 for x, _, _, _ in ranked[k:] if x - best.objective > max(gap_abs, rel_gap * abs(x)))
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0 or solves + above > MAX_SPLIT_SOLVES:
             bound = max(bound, lp_bound)  # too many splits left open: the full model decides
@@ -1039,16 +1072,25 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
         if cols is None:  # the split's caps meet every path: never (kept as a guard)
             bound = max(bound, lp_bound)
             continue
-        # labelled against the bound over every split (the ranking's first); the caller decides
-        got = _result(built, sol, [cols], ranked[0][0], gap_abs, rel_gap, capacity_mode, t0, "splits")
+        # labelled against the bound over every split (the ranking's largest); the caller decides
+        got = _result(built, sol, [cols], top, gap_abs, rel_gap, capacity_mode, t0, "splits")
+        if plain and got.plans[0] is not None:
+            serves[key] = max(serves.get(key, 0.0), got.plans[0].planned_rps)
         best = _better(best, got)
     if best is not None:
         bound = max(bound, best.objective)
     return best, bound
 
 
+def _plain_capacity(parts: list[Part], shape: dict, capacity_mode: bool) -> bool:
+    """The app's capacity on the whole node (no rate cap, slice or slot budget): what its splits'
+    capacities, kept per problem, are facts of."""
+    return capacity_mode and parts[0].max_rps is None and not any(
+        shape[k] is not None for k in ("max_slices", "max_slots"))
+
+
 def _ranked_splits(parts: list[Part], node: Node, shape: dict, capacity_mode: bool, until: float
-                   ) -> list[tuple[float, int, Built]] | None:
+                   ) -> list[tuple[float, int, Built, tuple]] | None:
     """Part 0's restricted cores over the maximal splits with their LP bounds, best first; None
     where the splits are more than ``MAX_SPLITS`` or the clock passes ``until`` (the ranking
     alone would take the time: the full model decides)."""
@@ -1059,8 +1101,7 @@ def _ranked_splits(parts: list[Part], node: Node, shape: dict, capacity_mode: bo
     # each split's capacity LP, kept per problem: at a demand above it the split is infeasible
     # (its LP is not built again: ar_assistant's cheapest plan at its capacity keeps 29 of 1101)
     lp_rps: dict[tuple, float] = pb.derived.setdefault(_SPLIT_LP_RPS, {})
-    plain = capacity_mode and parts[0].max_rps is None and not any(
-        shape[k] is not None for k in ("max_slices", "max_slots"))
+    plain = _plain_capacity(parts, shape, capacity_mode)
     demand = parts[0].demand_rps
     models: dict[tuple, Built] = {}
     for caps in splits:  # splits that leave every group the same column are one model
@@ -1069,7 +1110,7 @@ def _ranked_splits(parts: list[Part], node: Node, shape: dict, capacity_mode: bo
         key = tuple(c.key for c in core_columns(pb, caps))
         if key not in models and not (demand is not None and lp_rps.get(key, math.inf) < demand):
             models[key] = build(parts, node, full=False, caps=[caps], **shape)
-    ranked: list[tuple[float, int, Built]] = []
+    ranked: list[tuple[float, int, Built, tuple]] = []
     for k, (key, built) in enumerate(models.items()):
         if time.perf_counter() > until:
             return None
@@ -1077,8 +1118,16 @@ def _ranked_splits(parts: list[Part], node: Node, shape: dict, capacity_mode: bo
         if plain:  # the rate, up to the slices' tie-break (1e-6 each)
             lp_rps[key] = lp.objective + 1e-3 if lp.has_incumbent else -math.inf
         if lp.has_incumbent:
-            ranked.append((lp.objective, k, built))
+            ranked.append((lp.objective, k, built, key))
     ranked.sort(key=lambda x: (-x[0], x[1]))
+    # at a demand, a split known to hold a plan there (its capacity solve served as much) first:
+    # its optimum is a floor that refutes the splits above it sooner (ar_assistant's cheapest
+    # plan at its capacity on 120 GPUs: four splits with no plan at it, each solved without one)
+    serves: dict[tuple, float] = pb.derived.get(_SPLIT_SERVES, {})
+    held = [j for j, (_, _, _, key) in enumerate(ranked)
+            if demand is not None and serves.get(key, -math.inf) >= demand]
+    if held and held[0] > 0:
+        ranked.insert(0, ranked.pop(held[0]))
     return ranked
 
 
@@ -1100,8 +1149,12 @@ class _Search:
     core_how: str  # who solves the core and the proofs against it
     split_search: bool
     exact_splits: bool = False
+    first_plan: bool = False  # ``solve(first_plan=)``
     best: JointResult | None = None
     ub: float = math.inf
+    # ``prove``'s questions (floor, bound) not answered "infeasible": whether the core had a plan
+    # above the floor, how often asked, the longest limit
+    asked: dict[tuple[float, float], tuple[bool, int, float]] = field(default_factory=dict)
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.t0
@@ -1131,10 +1184,29 @@ class _Search:
         best = self.best
         if best is None or best.status == "optimal" or self.ub - best.objective > 2 * self.gap_abs:
             return
-        if _nothing_above(self.parts, self.node, self.shape, best.objective + self.gap_abs, self.ub,
-                          self.core_how, max(spent_s, 0.05 * self.time_limit_s), self.gap_abs):
-            self.ub = best.objective + self.gap_abs
+        # The same question asked again (the grid's splits often find the same best under the
+        # same bound: ar_assistant at 1059 rps on 16 GPUs asked it 7 times, 2.6 of 4.5 s) has the
+        # same answer: a plan found stays found. One that ran out of its limit is asked once more
+        # with twice that limit, then not again with no longer a limit: on a loaded machine the
+        # root alone can outlast the first limit (ar_assistant at 1109 rps on 16 GPUs: proven in
+        # 0.36 s on a quiet machine, out of its 0.77 s at load 5, and the level models after it
+        # took the rest of the 10 s unproven).
+        floor, limit = best.objective + self.gap_abs, max(spent_s, 0.05 * self.time_limit_s)
+        key = (floor, self.ub)
+        tried = self.asked.get(key)
+        if tried is not None:
+            found, tries, longest = tried
+            if found or (tries >= 2 and longest >= limit):
+                return
+            limit = min(max(limit, 2 * longest), self.left_s())
+        got = _nothing_above(self.parts, self.node, self.shape, floor, self.ub, self.core_how, limit,
+                             self.gap_abs)
+        if got == "infeasible":
+            self.ub = floor
             _mark_optimal(best, self.ub)
+        else:
+            tries = tried[1] + 1 if tried is not None else 1
+            self.asked[key] = (got == "found", tries, max(limit, tried[2] if tried is not None else 0.0))
 
     def restrict(self, built: Built, stage: str, how: str | None = None,
                  limit_s: float | None = None, max_nodes: int | None = None,
@@ -1171,7 +1243,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
           max_slices: int | None = None, max_slots: int | None = None,
           total_weight: float | None = None, upper_bound: float | None = None,
           core_solver: str = "auto", split_search: bool | None = None,
-          exact_splits: bool = False) -> JointResult:
+          exact_splits: bool = False, first_plan: bool = False) -> JointResult:
     """Core, lifting, and the full model only where lifting fails (see the module doc).
 
     The stages are the functions below, over one ``_Search`` state (the clock, the best
@@ -1185,7 +1257,12 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
     None``, ``SPLIT_SEARCH = False``: how the benches time the path before) the stages run as
     before both existed. ``exact_splits``: one part at a fixed demand is searched over every
     maximal split of the SLO as the capacity is (``_max_over_splits``; the cheapest plan at an
-    app's capacity, where few splits are feasible), before the other stages.
+    app's capacity, where few splits are feasible), before the other stages. ``first_plan``:
+    where the incumbent searches find a plan but do not prove it, that plan is the answer
+    (``feasible``, with the best bound so far) without the level models or the full model: a test
+    of whether demands fit together needs plans first and proofs only where they do not fit
+    (``decompose``'s first fit; ar_assistant at 1098 rps on 16 GPUs: its optimum's 34 slices
+    from the grid in 0.1 s, the proof that 33 do not serve it 9 s).
 
     ``start``: a known feasible plan per part (the anytime incumbent) to start the core from.
     ``max_slices``, ``max_slots``, ``total_weight``: as in ``build``. ``upper_bound``: a known bound on the
@@ -1215,7 +1292,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 # benches cite
                 core_how=solver if capacity_mode else stage_solver(solver, core_solver),
                 split_search=SPLIT_SEARCH if split_search is None else split_search,
-                exact_splits=exact_splits)
+                exact_splits=exact_splits, first_plan=first_plan)
     sol = core.model.solve(s.core_how, time_limit_s, gap_abs, start=_core_start(core, start),
                            relative_gap=rel_gap)
     if sol.status == "infeasible":
@@ -1278,7 +1355,7 @@ def _search(s: _Search, core: Built, sol: Solution, start: list[Plan | None] | N
         _capacity_search(s, caps)
     elif _exact_splits(s):
         return None
-    elif not _incumbent_searches(s, lifts):
+    elif not _incumbent_searches(s, lifts) and not (s.first_plan and s.best is not None):
         _level_rounds(s, levels)
     return None
 
@@ -1490,6 +1567,9 @@ def _conclude(s: _Search) -> JointResult:
     if best is not None and s.ub - best.objective <= max(s.gap_abs, s.rel_gap * abs(s.ub)):
         # a later bound proves the earlier incumbent
         _mark_optimal(best, s.ub, math.inf if s.capacity_mode else 0.0)
+        return best
+    if best is not None and s.first_plan:
+        best.bound = min(best.bound, s.ub) if not math.isnan(best.bound) else s.ub
         return best
     left = s.left_s()
     full = build(s.parts, s.node, full=True, **s.shape)

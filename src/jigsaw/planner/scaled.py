@@ -22,8 +22,10 @@ or proves that none fit (its bound: the apps' fewest slices and MIG slots exceed
   the example node: one test, where bisecting first took 2.5x as long).
 * each test is ``decompose.solve(first_fit=True)``: it stops at the first plans that pack (the
   question is whether theta fits, not on how few slices), so the plans served are not always the
-  fewest slices for theta_lo; a test whose single-app solves find no plan in time ends undecided
-  and the search keeps what it has (before, the joint model ran on in it to the limit).
+  fewest slices for theta_lo (each app's own plan is its incumbent searches', unproven: at 16
+  GPUs ar_assistant's proof that one slice fewer cannot serve took 9 s of a test); a test whose
+  single-app solves find no plan in time ends undecided and the search keeps what it has
+  (before, the joint model ran on in it to the limit).
 
 Optionally (``use_bound``), before any test, a proven upper bound on theta* (``theta_bound``):
 the latency-relaxed joint core in capacity mode (all apps in one small model: no latency

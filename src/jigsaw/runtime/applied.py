@@ -89,6 +89,16 @@ class Applied:
     restored: bool | None = None
     # why the running plan serves on although nothing failed (a drain-first not worth making)
     note: str | None = None
+    # where the wall seconds of the transition went, by phase (``PHASES``), in the order first met
+    phases_s: tuple[tuple[str, float], ...] = ()
+
+
+# the phases of a transition ``Applied.phases_s`` names: placing the plan, creating and destroying
+# MIG instances, waiting for (and cutting) the drains in the way, a drain-first's drain (its
+# interim generation's start counted as spawn and ready, its MIG changes as mig), MPS daemons,
+# segments and new processes started, the wait until every process is ready, and the restore of
+# the running plan after a drain-first that failed
+PHASES = ("place", "mig", "drains", "drain_first", "spawn", "ready", "restore")
 
 
 READY_TIMEOUT_S = 120.0  # a new generation's processes are all ready within this, or it failed

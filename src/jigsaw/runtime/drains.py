@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jigsaw.errors import JigsawError
@@ -173,7 +173,13 @@ class Drains:
             await asyncio.to_thread(self.mps_daemons.stop_unused, list(self.generations.values()))
             await self._release_mig(f"{g.app.name}: generation {gid} retired")
 
-    async def _retire(self, gid: int, *, first_wait_s: float | None = None) -> None:
+    def _drains_on(self, slots: set[Slot]) -> list[int]:
+        """The draining generations (in ``_retire``) that run on some of the instances at ``slots``."""
+        return sorted(gid for gid, held in self._draining_by_generation().items()
+                      if gid in self._retiring_gids and any((i.gpu, i.start) in slots for i in held))
+
+    async def _retire(self, gid: int, *, first_wait_s: float | None = None,
+                      also: Sequence[int] = ()) -> None:
         """Wait until the old generation's requests are all settled, then stop the processes the new
         one did not keep, tell the kept ones to drop its wiring, and unlink its segments.
 
@@ -183,6 +189,8 @@ class Drains:
         generation and forgets the late credits. Why: waiting for every late credit (a spike's
         timed-out requests hold theirs for 10 s) made a spike's switch take the SLO plus that
         margin, 25 s at time scale 20 (5 bins of the peak window), the app shedding at the door.
+        ``also``: with ``first_wait_s``, older draining generations whose unanswered requests it
+        waits for too (the caller cuts them next).
         """
         router = self._router()
         g = self.generations[gid]
@@ -196,7 +204,8 @@ class Drains:
         late = not first  # a replaced generation drains until its late credits are settled too
         settled = router.pending_in if late else router.unanswered_in
         t0 = time.monotonic()
-        while settled(gid) and time.monotonic() < deadline and not cut.is_set():
+        while (settled(gid) or any(router.unanswered_in(x) for x in also)) \
+                and time.monotonic() < deadline and not cut.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(cut.wait(), DRAIN_POLL_S)
         self._cut.pop(gid, None)
@@ -248,7 +257,8 @@ class Drains:
         return blockers, own
 
     async def _drain_first(self, app: str, old: Generation, desired: NodeLayout,
-                           deferred: Deferred, wait_s: float) -> Generation:
+                           deferred: Deferred, wait_s: float,
+                           phases: Counter[str] | None = None) -> Generation:
         """No free slots for some new instances: drain the app's instances in their way first while
         its other processes (and every other app) serve on, then destroy those and create the new
         ones. Returns the generation now serving (the old one less the drained instances).
@@ -268,22 +278,25 @@ class Drains:
         if mid_plan is not None:
             self.log(f"{app}: {wanted} new MIG instances need the slots of {len(blockers)} running ones: "
                      "draining those first while the rest serves")
-            return await self._drain_step(app, old, mid_plan, blockers, self.node_layout, desired, wait_s)
+            return await self._drain_step(app, old, mid_plan, blockers, self.node_layout, desired, wait_s,
+                                          Counter() if phases is None else phases)
         raise DrainRefused(f"the app would have no lane left to serve while the {len(blockers)} "
                            "instances in the way of the new ones drain")
 
     async def _drain_step(self, app: str, old: Generation, mid_plan: Plan, drained: set[Slot],
-                          layout: NodeLayout, desired: NodeLayout, wait_s: float) -> Generation:
+                          layout: NodeLayout, desired: NodeLayout, wait_s: float,
+                          phases: Counter[str]) -> Generation:
         """The drain of a drain-first: switch the app to ``mid_plan`` (on ``layout``: the node's
         instances with those it runs on), drain ``old`` (briefly: ``_retire``'s ``first``), destroy
         the ``drained`` instances and create every instance of ``desired``. Returns ``mid_plan``'s
-        generation."""
+        generation. ``phases`` gets the seconds of the interim generation's start (``spawn``,
+        ``ready``), of the drain (``drain_first``) and of the MIG changes (``mig``)."""
         assert self.partition is not None
         router = self._router()
         mid = self._lay_out(old.app, mid_plan)
         mid.adopt(old, kept_processes(old, mid))
         try:
-            await self._launch(mid, layout, router)
+            await self._launch(mid, layout, router, phases=phases)
         except Exception as exc:
             await self._abandon(mid)
             raise JigsawError(f"the processes serving while the instances drain did not start: {exc}") \
@@ -293,15 +306,29 @@ class Drains:
         self.node_layout = layout.with_instances(i for i in layout.instances
                                                  if (i.gpu, i.start) not in drained)
         # drained (briefly: see ``_retire``'s ``first``), stopped, its segments unlinked; MPS
-        # daemons stopped
-        await self._retire(old.gid, first_wait_s=wait_s)
+        # daemons stopped. Older generations still draining on the drained instances (a re-plan
+        # within their drain kept their processes) are waited for as long and then cut: the
+        # processes go back to them at this retirement, and they held the slots until their own
+        # drain's end (tens of seconds in a spike), so the new instances could not be made, the
+        # drain-first failed and the running plan was rolled back.
+        t_drain = time.monotonic()
+        older = self._drains_on(drained)
+        try:
+            await self._retire(old.gid, first_wait_s=wait_s, also=older)
+            if older and not await self._end_drains(app, older):
+                raise JigsawError(f"the drains of generation(s) {older} on the drained instances did not end")
+        finally:
+            phases["drain_first"] += time.monotonic() - t_drain
         keep = self.in_use_layout()
         assert keep is not None
+        t_mig = time.monotonic()
         try:
             await asyncio.to_thread(self.partition.tear_down, keep, f"{app}: drained for the new instances")
             left = await asyncio.to_thread(self.partition.bring_up, desired, f"{app}: re-plan")
         except JigsawError as exc:
             raise JigsawError(f"MIG reconfiguration failed after the drain: {exc}") from None
+        finally:
+            phases["mig"] += time.monotonic() - t_mig
         if left:
             raise JigsawError(f"MIG slots {sorted(left)} still held after the drain")
         return mid

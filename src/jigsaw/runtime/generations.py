@@ -438,7 +438,7 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
 
     async def _switch(self, desired: DesiredState, old: Generation, old_gid: int, new: Plan,
                       node_layout: NodeLayout | None, restore: tuple[Plan, NodeLayout] | None,
-                      t0: float) -> Applied:
+                      t0: float, phases: Counter[str] | None = None) -> Applied:
         """Launch the new generation (the processes of identical instances adopted from ``old``),
         route the app to it and retire ``old``; a launch failure restores the running plan where a
         drain-first took instances from it, else keeps ``old`` serving."""
@@ -450,7 +450,8 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         pairs = [] if desired.fresh_generation else kept_processes(old, gen)
         gen.adopt(old, pairs)
         try:
-            await self._launch(gen, node_layout, router, desired.repartition_delay_s if changed else 0.0)
+            await self._launch(gen, node_layout, router, desired.repartition_delay_s if changed else 0.0,
+                               phases)
         except Exception as exc:
             self.log(f"{app}: new generation {gen.gid} failed ({exc}); keeping generation {old.gid}")
             self.failures_total += 1
@@ -487,11 +488,13 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         return Applied(old_gid, old_gid, False, error=f"drain-first {outcome}: {why}")
 
     async def _launch(self, gen: Generation, layout: NodeLayout | None, router: Router,
-                      hold_s: float = 0.0) -> None:
+                      hold_s: float = 0.0, phases: Counter[str] | None = None) -> None:
         """Bring ``gen`` up beside the running generations: its MPS daemons, its segments, its new
         processes (on spares where it can), the processes it adopted told to serve it too; returns
         once every process is ready (``hold_s``: see ``_wait_ready``), raises otherwise. One
-        sequence for a re-plan, a drain-first's interim plan and a restore, so they cannot drift."""
+        sequence for a re-plan, a drain-first's interim plan and a restore, so they cannot drift.
+        ``phases`` gets the seconds of the start (``spawn``) and of the wait for readiness."""
+        t_spawn = time.monotonic()
         mps_env = await asyncio.to_thread(self.mps_daemons.start, gen, layout)
         gen.create_segments()
         # off the loop: starting a spike plan's 15-25 processes (a fork and exec each) held the
@@ -502,7 +505,13 @@ class GenerationManager(Drains, AppLoading, WorkerFaults):
         for k in gen.adopted:
             self._tell(gen.workers[k])
         router.add_generation(gen.gid, gen.topology)
-        await self._wait_ready(gen, hold_s)
+        t_ready = time.monotonic()
+        try:
+            await self._wait_ready(gen, hold_s)
+        finally:
+            if phases is not None:
+                phases["spawn"] += t_ready - t_spawn
+                phases["ready"] += time.monotonic() - t_ready
 
     async def _wait_ready(self, gen: Generation, hold_s: float = 0.0) -> None:
         """Until every process of ``gen`` is ready (and ``hold_s`` passed: a MIG repartition's

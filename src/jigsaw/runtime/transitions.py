@@ -12,7 +12,11 @@ one call the runtime had to call back into the controller while it waited."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
+from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from jigsaw.errors import JigsawError
@@ -65,15 +69,31 @@ class ManagerTransition:
         self._waited = False
         self.brought_up = False  # the new instances on free slots exist
         self._snapshot: RoomSnapshot | None = None
+        # wall seconds per phase (``applied.PHASES``): the manager's launch adds its own to it
+        self.phases: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Count the wall seconds of the block as ``phase``'s."""
+        t = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[phase] += time.monotonic() - t
+
+    def phases_s(self) -> tuple[tuple[str, float], ...]:
+        """The phases' seconds for ``Applied.phases_s`` (rounded to 0.1 ms)."""
+        return tuple((k, round(v, 4)) for k, v in self.phases.items())
 
     # ---- opening -----------------------------------------------------------------------------
-    async def open(self) -> None:
+    async def _open(self) -> None:
         """Place the plan; re-weight in place when it runs the same processes (done), else read
         which of its MIG instances' slots something holds: the first snapshot is taken before
         anything changes, so a step that keeps the running plan or refuses the new one (decided
         on it) creates and destroys no instance."""
         gm, desired = self.gm, self.desired
-        placed = gm._place_desired(desired, self.old_gid)
+        with self.timed("place"):
+            placed = gm._place_desired(desired, self.old_gid)
         if isinstance(placed, Applied):
             self.done = placed
             return
@@ -83,14 +103,21 @@ class ManagerTransition:
             self.done = gm._reweight(self.app, old, self.new, self.node_layout, self.t0)
             return
         if gm.partition is not None and self.node_layout is not None:
-            self.deferred = gm.partition.held(self.node_layout)
+            with self.timed("place"):
+                self.deferred = gm.partition.held(self.node_layout)
+
+    async def open(self) -> None:
+        """``_open``, ``done`` stamped with its phases when the opening ended the transition."""
+        await self._open()
+        self._stamp()
 
     async def _bring_up(self, why: str = "re-plan") -> bool:
         """Create the new MIG instances nothing holds (once, before a step that goes on: they are
         made while the drains in the way end); False when NVML failed (``done``: rolled back)."""
         if self.brought_up or self.gm.partition is None or self.node_layout is None:
             return True
-        up = await self.gm._bring_up(self.app, self.node_layout, why)
+        with self.timed("mig"):
+            up = await self.gm._bring_up(self.app, self.node_layout, why)
         if isinstance(up, Applied):
             self.done = up
             return False
@@ -134,6 +161,17 @@ class ManagerTransition:
         """Execute ``step``; ``done`` once it ended the transition, else a new ``snapshot``."""
         if self.done is not None:
             raise RuntimeError(f"{self.app}: the transition has ended ({step} after it)")
+        try:
+            await self._execute(step)
+        finally:
+            self._stamp()
+
+    def _stamp(self) -> None:
+        """``done`` with the phases' seconds, once a step (or the opening) ended the transition."""
+        if self.done is not None:
+            self.done = dataclasses.replace(self.done, phases_s=self.phases_s())
+
+    async def _execute(self, step: RoomStep) -> None:
         self._snapshot = None
         note = getattr(step, "note", "")
         if note:
@@ -151,9 +189,10 @@ class ManagerTransition:
             if self.gm.partition is not None and layout is not None:
                 layout = self.gm.partition.with_uuids(layout)  # the instances it brought up
             self.done = await self.gm._switch(self.desired, self.old, self.old_gid, self.new, layout,
-                                              self.restore, self.t0)
+                                              self.restore, self.t0, self.phases)
         elif isinstance(step, WaitForDrains):
-            await self._wait_one_poll()
+            with self.timed("drains"):
+                await self._wait_one_poll()
         elif isinstance(step, CutDrains):
             await self._cut_drains()
         elif isinstance(step, DrainFirst):
@@ -207,8 +246,11 @@ class ManagerTransition:
         if in_way or self._waiting_since is not None:
             self._count_wait()
         self._waited = True
-        if await gm._free_in_way(app, self.node_layout, self.deferred, in_way):
-            up = await gm._bring_up(app, self.node_layout, "re-plan, the drains in its way ended")
+        with self.timed("drains"):
+            freed = await gm._free_in_way(app, self.node_layout, self.deferred, in_way)
+        if freed:
+            with self.timed("mig"):
+                up = await gm._bring_up(app, self.node_layout, "re-plan, the drains in its way ended")
             if isinstance(up, Applied):
                 self.done = up
             else:
@@ -221,12 +263,13 @@ class ManagerTransition:
         assert gm.node_layout is not None and self.node_layout is not None
         before = (old.plan, gm.node_layout)
         try:
-            self.old = await gm._drain_first(app, old, self.node_layout, self.deferred, wait_s)
+            self.old = await gm._drain_first(app, old, self.node_layout, self.deferred, wait_s, self.phases)
         except JigsawError as exc:
             gm.failures_total += 1
             if gm.current[app] != self.old_gid:  # it failed after the drain: bring the plan back
                 gm.log(f"{app}: the re-plan failed after its drain-first ({exc})")
-                self.done = await gm._restore(app, before, self.old_gid, str(exc))
+                with self.timed("restore"):
+                    self.done = await gm._restore(app, before, self.old_gid, str(exc))
             else:
                 self.done = await gm._refused(app, self.old_gid, str(exc), "failed", True)
             return
