@@ -16,7 +16,7 @@ from jigsaw.errors import ConfigError, JigsawError
 from jigsaw.gpu_groups import plain_profile
 from jigsaw.mig import share_level
 from jigsaw.node import load_node, load_node_profiles
-from jigsaw.plan import GpuLayout, Layout
+from jigsaw.plan import GpuLayout, Layout, PlacedInstance
 from jigsaw.planner.groups import group_layouts, layout_budgets, pack_node
 from jigsaw.planner.milp import plan
 from jigsaw.planner.packer import InstanceRequest, PackingError, instances_from_plan
@@ -278,6 +278,17 @@ def test_the_fleet_planner_takes_a_mixed_node_whole(tmp_path: Path) -> None:
     pods = [o for o in objs[f"nodes/{mixed.name}.yaml"] if o.get("kind") in ("Pod", "Deployment")]
     asked = json.dumps(pods)
     assert "nvidia.com/mig-A100" not in asked and ("nvidia.com/mig-" in asked or "nvidia.com/gpu" in asked)
+    # a MIG instance shared by two processes (the default shares) is one device of its host profile
+    seats = tuple(PlacedInstance("A100-40GB:1g.5gb-1of2", 4, t, "v", seat=s)
+                  for s, t in enumerate(("vad", "asr")))
+    shared = dataclasses.replace(mixed, layout=Layout(mixed.layout.gpu_model, (GpuLayout(0, seats),)))
+    objs = manifests(load_fleet(path), dataclasses.replace(result, nodes=[shared]))
+    mig = yaml.safe_load(objs["mig-parted-config.yaml"][0]["data"]["config.yaml"])["mig-configs"]
+    assert mig[mig_config_name(mixed.name)] == [{"devices": [0], "mig-enabled": True,
+                                                 "mig-devices": {"1g.5gb": 1}}]
+    pod = next(o for o in objs[f"nodes/{mixed.name}.yaml"] if o.get("kind") == "Deployment")
+    asks = pod["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert {k: v for k, v in asks.items() if k.startswith("nvidia.com/")} == {"nvidia.com/mig-1g.5gb": "1"}
     path.write_text(text.replace("count = 1\n[[nodes]]", "count = 1\ngpus = 2\n[[nodes]]", 1))
     with pytest.raises(ConfigError) as err:
         load_fleet(path)
