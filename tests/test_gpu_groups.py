@@ -507,3 +507,30 @@ def test_a_mixed_node_at_a_small_demand_shares_a_mig_instance_and_loses_no_capac
     assert cap.max_demand_rps >= cap_plain.max_demand_rps - 1e-6
     top = plan(app, node, table, cap.max_demand_rps * 0.99)
     assert top.feasible and verify_plan(top, app, node, table) == []
+
+
+def test_shares_of_a_mig_group_after_a_whole_gpu_group_stay_on_its_gpus(tmp_path: Path) -> None:
+    """The MIG group second in the file (its GPUs 2-3): the plan's shared instance and two apps'
+    shares placed one after the other (the second takes the first's free seat) sit on its GPUs."""
+    from jigsaw.gpu.groups import place_on, validate_on
+    from jigsaw.gpu.layout import empty_layout
+
+    text = _write(tmp_path).read_text()
+    head, mark, rest = text.partition('[[gpus]]\nmodel = "A100-40GB"')
+    a100, mark2, l4 = rest.partition('[[gpus]]\nmodel = "L4"')
+    path = tmp_path / "l4_first.toml"
+    path.write_text(f"{head}{mark2}{l4}\n{mark}{a100}")
+    node = load_node(path)
+    assert [(g.name, g.gpus) for g in node.gpu_groups] == [("L4", range(0, 2)), ("A100-40GB", range(2, 4))]
+    table = load_node_profiles(node)
+    app = node.app("voice_intent")
+    p = plan(app, node, table, 20.0)
+    assert p.layout is not None and verify_plan(p, app, node, table) == []
+    shared = {g.gpu for g in p.layout.gpus for x in g.instances if "-1of" in x.profile}
+    assert shared and shared <= {2, 3}
+    laid = empty_layout(node.gpu, node.num_gpus)
+    for name, task in (("a", "vad"), ("b", "intent")):
+        laid = place_on(laid, name, [InstanceRequest("A100-40GB:1g.5gb-1of2", task, "v", 1, 1, 0)], node.gpu)
+    assert validate_on(laid, node.gpu) == []
+    assert len({(i.gpu, i.start) for i in laid.instances}) == 1 and laid.instances[0].gpu in (2, 3)
+    assert sorted((i.app, i.seat) for i in laid.instances) == [("a", 0), ("b", 1)]
