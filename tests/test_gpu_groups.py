@@ -4,6 +4,7 @@ packed and placed per group, partitioned through each group's NVML, and served b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.request
 from collections import Counter
@@ -15,7 +16,7 @@ from jigsaw.errors import ConfigError, JigsawError
 from jigsaw.gpu_groups import plain_profile
 from jigsaw.mig import share_level
 from jigsaw.node import load_node, load_node_profiles
-from jigsaw.plan import GpuLayout, Layout
+from jigsaw.plan import GpuLayout, Layout, PlacedInstance
 from jigsaw.planner.groups import group_layouts, layout_budgets, pack_node
 from jigsaw.planner.milp import plan
 from jigsaw.planner.packer import InstanceRequest, PackingError, instances_from_plan
@@ -277,6 +278,17 @@ def test_the_fleet_planner_takes_a_mixed_node_whole(tmp_path: Path) -> None:
     pods = [o for o in objs[f"nodes/{mixed.name}.yaml"] if o.get("kind") in ("Pod", "Deployment")]
     asked = json.dumps(pods)
     assert "nvidia.com/mig-A100" not in asked and ("nvidia.com/mig-" in asked or "nvidia.com/gpu" in asked)
+    # a MIG instance shared by two processes (the default shares) is one device of its host profile
+    seats = tuple(PlacedInstance("A100-40GB:1g.5gb-1of2", 4, t, "v", seat=s)
+                  for s, t in enumerate(("vad", "asr")))
+    shared = dataclasses.replace(mixed, layout=Layout(mixed.layout.gpu_model, (GpuLayout(0, seats),)))
+    objs = manifests(load_fleet(path), dataclasses.replace(result, nodes=[shared]))
+    mig = yaml.safe_load(objs["mig-parted-config.yaml"][0]["data"]["config.yaml"])["mig-configs"]
+    assert mig[mig_config_name(mixed.name)] == [{"devices": [0], "mig-enabled": True,
+                                                 "mig-devices": {"1g.5gb": 1}}]
+    pod = next(o for o in objs[f"nodes/{mixed.name}.yaml"] if o.get("kind") == "Deployment")
+    asks = pod["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert {k: v for k, v in asks.items() if k.startswith("nvidia.com/")} == {"nvidia.com/mig-1g.5gb": "1"}
     path.write_text(text.replace("count = 1\n[[nodes]]", "count = 1\ngpus = 2\n[[nodes]]", 1))
     with pytest.raises(ConfigError) as err:
         load_fleet(path)
@@ -433,3 +445,92 @@ def test_pack_commands_and_doctor_speak_the_hosts_indices(tmp_path: Path,
                                           run_dir=tmp_path / "r")}
     assert checks["gpu 0"].status == "FAIL" and "nvidia-smi -i 2 -mig 1" in checks["gpu 0"].detail
     assert checks["gpu 1"].status == "ok" and checks["gpu 2"].status == "ok"
+
+
+def _one_of_each(tmp_path: Path, extra: str = "") -> Path:
+    """The example on one A100 and one L4 (quick to plan to capacity); ``extra`` goes into the
+    A100 group."""
+    return _write(tmp_path, replace={
+        'model = "A100-40GB"\ncount = 2\n': f'model = "A100-40GB"\ncount = 1\n{extra}',
+        'model = "L4"\nmig = false\ncount = 2': 'model = "L4"\nmig = false\ncount = 1'})
+
+
+def test_each_mig_group_shares_its_own_smallest_instance_at_its_own_levels(tmp_path: Path) -> None:
+    node = load_node(_write(tmp_path, extra='\n[[gpus]]\nmodel = "A100-80GB"\ncount = 1\n'
+                                            'mps_levels = [1, 3, 4]\nprofiles_dir = "../profiles/a100-80gb"\n'
+                                            'backend = "torch"\n'))
+    shares = {p.name: p.host for p in node.gpu.profiles if p.host}
+    assert shares == {"A100-40GB:1g.5gb-1of2": "A100-40GB:1g.5gb",
+                      "A100-40GB:1g.5gb-1of4": "A100-40GB:1g.5gb",
+                      "A100-80GB:1g.10gb-1of3": "A100-80GB:1g.10gb",
+                      "A100-80GB:1g.10gb-1of4": "A100-80GB:1g.10gb"}
+    assert not any(p.startswith("L4:") for p in shares)  # a whole GPU's shares are its mps_shares
+    assert not any(p in shares for g in node.gpu_groups for p in g.mig_profiles)  # the MILPs plan without
+    off = load_node(_one_of_each(tmp_path, "mig_shares = []\n"))
+    assert not any(p.host for p in off.gpu.profiles)
+
+
+def test_a_mixed_node_at_a_small_demand_shares_a_mig_instance_and_loses_no_capacity(tmp_path: Path) -> None:
+    """Default shares on a node of several groups: at a small demand the plan (node-wide and one
+    app's) runs different tasks in one shared instance of the MIG group on fewer slices, with the
+    same lanes, verified, packed on that group's GPU and placed by the node layout; the node's
+    capacity is what it is without shares."""
+    from jigsaw.gpu.groups import place_on, validate_on
+    from jigsaw.gpu.layout import empty_layout
+    from jigsaw.planner.milp import capacity
+    from jigsaw.planner.node_plan import plan_node
+
+    node, plain = load_node(_one_of_each(tmp_path)), load_node(_one_of_each(tmp_path, "mig_shares = []\n"))
+    table, plain_table = load_node_profiles(node), load_node_profiles(plain)
+    app = node.app("voice_intent")
+    got = plan_node([app], node, table, {app.name: 20.0})
+    base = plan_node([plain.app(app.name)], plain, plain_table, {app.name: 20.0})
+    mine, theirs = got.plans[app.name], base.plans[app.name]
+    assert got.feasible and got.slices_used < base.slices_used and any("merged" in n for n in got.notes)
+    assert mine.lanes == theirs.lanes and mine.planned_rps == theirs.planned_rps == 20.0
+    assert verify_plan(mine, app, node, table) == []
+    one = plan(app, node, table, 20.0)
+    assert one.slices_used < plan(plain.app(app.name), plain, plain_table, 20.0).slices_used
+    for p in (mine, one):
+        assert p.layout is not None and verify_plan(p, app, node, table) == []
+        seats = [(g.gpu, x) for g in p.layout.gpus for x in g.instances if "-1of" in x.profile]
+        assert seats and all(gpu == 0 and x.profile.startswith("A100-40GB:1g.5gb-1of") for gpu, x in seats)
+        assert len({x.task for _, x in seats if x.start == seats[0][1].start}) >= 2  # tasks share it
+    laid = place_on(empty_layout(node.gpu, node.num_gpus), app.name, instances_from_plan(one), node.gpu)
+    assert validate_on(laid, node.gpu) == []
+    assert any("-1of" in i.profile and i.gpu == 0 for i in laid.instances)
+    share = next(i for i in laid.instances if "-1of" in i.profile)
+    wrong = laid.with_instances([*laid.instances, dataclasses.replace(share, gpu=1, seat=1)])
+    assert any("not a profile of GPU 1's group L4" in x for x in validate_on(wrong, node.gpu))
+    cap, cap_plain = capacity(app, node, table), capacity(plain.app(app.name), plain, plain_table)
+    assert cap.status == cap_plain.status == "optimal"
+    assert cap.max_demand_rps >= cap_plain.max_demand_rps - 1e-6
+    top = plan(app, node, table, cap.max_demand_rps * 0.99)
+    assert top.feasible and verify_plan(top, app, node, table) == []
+
+
+def test_shares_of_a_mig_group_after_a_whole_gpu_group_stay_on_its_gpus(tmp_path: Path) -> None:
+    """The MIG group second in the file (its GPUs 2-3): the plan's shared instance and two apps'
+    shares placed one after the other (the second takes the first's free seat) sit on its GPUs."""
+    from jigsaw.gpu.groups import place_on, validate_on
+    from jigsaw.gpu.layout import empty_layout
+
+    text = _write(tmp_path).read_text()
+    head, mark, rest = text.partition('[[gpus]]\nmodel = "A100-40GB"')
+    a100, mark2, l4 = rest.partition('[[gpus]]\nmodel = "L4"')
+    path = tmp_path / "l4_first.toml"
+    path.write_text(f"{head}{mark2}{l4}\n{mark}{a100}")
+    node = load_node(path)
+    assert [(g.name, g.gpus) for g in node.gpu_groups] == [("L4", range(0, 2)), ("A100-40GB", range(2, 4))]
+    table = load_node_profiles(node)
+    app = node.app("voice_intent")
+    p = plan(app, node, table, 20.0)
+    assert p.layout is not None and verify_plan(p, app, node, table) == []
+    shared = {g.gpu for g in p.layout.gpus for x in g.instances if "-1of" in x.profile}
+    assert shared and shared <= {2, 3}
+    laid = empty_layout(node.gpu, node.num_gpus)
+    for name, task in (("a", "vad"), ("b", "intent")):
+        laid = place_on(laid, name, [InstanceRequest("A100-40GB:1g.5gb-1of2", task, "v", 1, 1, 0)], node.gpu)
+    assert validate_on(laid, node.gpu) == []
+    assert len({(i.gpu, i.start) for i in laid.instances}) == 1 and laid.instances[0].gpu in (2, 3)
+    assert sorted((i.app, i.seat) for i in laid.instances) == [("a", 0), ("b", 1)]

@@ -271,11 +271,16 @@ def _table(rows: list[list[Any]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _slices(n: float) -> str:
+    """Slices as a user reads them: a MIG-instance share costs a k-th of a slice (1.33, not 1.333...)."""
+    return f"{round(n, 2):g}"
+
+
 def format_plan(plan: Plan) -> str:
     head = (f"app {plan.app}  space {plan.space}  demand {plan.demand_rps:g} rps  "
             f"status {plan.status}{'  MAX-DEMAND PLAN' if plan.max_demand_plan else ''}\n"
             f"serves {plan.planned_rps:.4g} rps  accuracy {plan.accuracy:.4f} of best "
-            f"(SLO {plan.accuracy_slo:g})  slices {plan.slices_used}/{plan.slices_available}  "
+            f"(SLO {plan.accuracy_slo:g})  slices {_slices(plan.slices_used)}/{plan.slices_available}  "
             f"objective {plan.objective:.5f}  gap {plan.gap:.2g}  "
             f"solved in {plan.solve_seconds:.2f} s ({plan.solver}, "
             f"{plan.columns_pruned}/{plan.columns_total} columns after pruning)")
@@ -284,7 +289,7 @@ def format_plan(plan: Plan) -> str:
         parts.append(f"note: {note}")
     if plan.instances:
         rows = [[i.task, i.variant, i.mig_profile, i.mps, i.max_batch, i.count,
-                 f"{i.latency_ms:.1f}", f"{i.throughput_rps:.1f}", i.count * i.slices]
+                 f"{i.latency_ms:.1f}", f"{i.throughput_rps:.1f}", _slices(i.count * i.slices)]
                 for i in plan.instances]
         parts.append(_table(rows, ["task", "variant", "mig", "mps", "max_batch", "count",
                                    "latency_ms", "rps/inst", "slices"]))
@@ -436,7 +441,7 @@ def _cmd_plan_node(args: argparse.Namespace) -> int:
         print(result.to_json())
         return 0
     print(f"node {result.node}: {len(result.plans)} apps in one plan  objective {result.objective_kind}  "
-          f"status {result.status}  slices {result.slices_used}/{result.slices_available}  "
+          f"status {result.status}  slices {_slices(result.slices_used)}/{result.slices_available}  "
           f"gap {result.gap:.2g}  solved in {result.solve_seconds:.2f} s"
           + ("" if result.feasible else f"  DEMANDS SCALED TO {result.demand_scale:.4%}"))
     for note in result.notes:
@@ -470,7 +475,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
         return 0
     rows = [[r.space, f"{r.max_demand_rps:.2f}", f"{r.max_demand_rps / base:.2f}x" if base else "-",
-             f"{r.plan.slices_used}/{r.plan.slices_available}", f"{r.plan.accuracy:.3f}",
+             f"{_slices(r.plan.slices_used)}/{r.plan.slices_available}", f"{r.plan.accuracy:.3f}",
              r.status if r.status == "optimal" else f"lower bound (<= {r.upper_bound_rps:.2f})",
              f"{r.solve_seconds:.1f}"] for r in results]
     print(f"capacity of {app.name} on {node.gpus_text}")

@@ -120,8 +120,8 @@ class GpuGroupSettings:
         toml_type="array")
     mig_shares: Annotated[tuple[str, ...], BeforeValidator(_array)] | None = setting(
         None, "MIG instances k processes of any (task, variant)s may share, `<profile>-1of<k>` (k in 2, "
-              "3, 4 and one of mps_levels; []: none; default: the smallest instance at each such k, "
-              "in a node of one group), used where they free slices", toml_type="array")
+              "3, 4 and one of mps_levels; []: none; default: the group's smallest instance at each "
+              "such k), used where they free slices", toml_type="array")
 
 
 WHOLE_GPU_KEYS = ("memory_gb", "sm_count", "fp16_tflops", "memory_tb_s", "mps_shares")
@@ -240,7 +240,7 @@ def load_gpu_groups(f: Fields, base: Path) -> tuple[GpuGroup, ...]:
 
 
 def _group(g: Fields, s: GpuGroupSettings, base: Path, first: int, several: bool) -> GpuGroup:
-    model = _whole_gpu(g, s) if not s.mig else _mig_shares(g, s, _mig_gpu(g, s), several)
+    model = _whole_gpu(g, s) if not s.mig else _mig_shares(g, s, _mig_gpu(g, s))
     name = s.name or model.name
     if SEP in name:
         raise g.error("name", f"{name!r} has a {SEP!r}: name the group (gpus.name)")
@@ -303,12 +303,12 @@ def _mig_gpu(g: Fields, s: GpuGroupSettings) -> GpuModel:
                             fp16_tflops=s.fp16_tflops, memory_tb_s=s.memory_tb_s)
 
 
-def _mig_shares(g: Fields, s: GpuGroupSettings, gpu: GpuModel, several: bool = False) -> GpuModel:
+def _mig_shares(g: Fields, s: GpuGroupSettings, gpu: GpuModel) -> GpuModel:
     """``gpu`` with the MIG-instance shares ``mig_shares`` names (``<profile>-1of<k>``, e.g.
     ``["1g.10gb-1of2", "1g.10gb-1of4"]``; default ``_default_shares``): k processes of any (task,
     variant)s in one instance (``jigsaw.shares``)."""
     if s.mig_shares is None:
-        return gpu if several else _default_shares(gpu, s)
+        return _default_shares(gpu, s)
     if not s.mig_shares:
         return gpu
     if gpu.kind != "gpu":
@@ -333,7 +333,9 @@ def _mig_shares(g: Fields, s: GpuGroupSettings, gpu: GpuModel, several: bool = F
 def _default_shares(gpu: GpuModel, s: GpuGroupSettings) -> GpuModel:
     """``gpu`` with its smallest instance (fewest compute slices, then least memory) of those the
     planner may use shared at every k of ``MIG_SHARE_LEVELS`` among ``mps_levels``: the share
-    pass uses them only where they free slices (``planner/share_merge.py``). Why the smallest:
+    pass uses them only where they free slices (``planner/share_merge.py``). Per group: in a node
+    of several groups each MIG group shares its own smallest instance at its own levels (the
+    profiles are qualified after this, so a share's host stays in its group). Why the smallest:
     a share is one process; a task that fills more than a small instance's k-th is served as
     well by its own segments."""
     allowed = set(s.mig_profiles) if s.mig_profiles is not None else set(gpu.profile_names)

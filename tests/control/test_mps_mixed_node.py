@@ -1,13 +1,14 @@
 """A node of several GPU groups (``examples/a100x2_l4x2.toml``, smaller) runs one MPS control daemon per MIG
 instance of MPS level k > 1 on its A100s and one per L4 whose shares hold processes, the workers
-pointed at their own: the emulated node with the stand-in control binary (``mps_standin``)."""
+pointed at their own, and at a small demand shares one MIG instance between tasks by default: the
+emulated node with the stand-in control binary (``mps_standin``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dpserver import ROOT
-from mps_standin import serve_under_mps
+from dpserver import ROOT, Server, http
+from mps_standin import fake_mps, mps_log, serve_under_mps
 
 
 def _node(tmp_path: Path) -> Path:
@@ -48,3 +49,34 @@ def test_mig_instances_and_whole_gpus_each_get_their_daemons(tmp_path: Path) -> 
         assert pipes == [want], (p, pipes)
     quits = [e for e in after if e["op"] == "quit"]
     assert sorted(e["pipe"] for e in quits) == sorted(pipe_of.values())
+
+
+def test_a_small_demand_shares_one_mig_instance_under_its_daemon_and_serves(tmp_path: Path) -> None:
+    """The default MIG shares of the A100 group (``1g.5gb-1of2``): at 20 req/s the plan puts two
+    tasks in one 1g.5gb instance; NVML holds that one instance, one daemon serves it, both
+    processes are its clients, and the app answers."""
+    args = ["--node-config", str(_node(tmp_path)), "--demand", "20", "--no-controller"]
+    body = {"inputs": [{"name": "audio", "datatype": "UINT8", "shape": [4], "data": [1, 2, 3, 4]}]}
+    with Server(args, tmp_path / "jigsawd.log", env=fake_mps(tmp_path)) as server:
+        status, layout, _ = http("GET", f"{server.url}/admin/layout")
+        assert status == 200, layout
+        status, answer, _ = http("POST", f"{server.url}/v2/models/voice_intent/infer", body)
+        assert status == 200 and answer["parameters"]["emulated"] is True, answer
+        environ = {p["pid"]: Path(f"/proc/{p['pid']}/environ").read_bytes().split(b"\0")
+                   for p in layout["processes"]}
+    after = mps_log(tmp_path)
+    shares = [i for i in layout["instances"] if i["profile"] == "A100-40GB:1g.5gb-1of2"]
+    assert len({i["task"] for i in shares}) == 2 and {i["gpu"] for i in shares} == {0}, layout["instances"]
+    assert len({i["start"] for i in shares}) == 1 and sorted(i["seat"] for i in shares) == [0, 1]
+    start = shares[0]["start"]
+    existing = [i for i in layout["mig"]["existing"] if (i["gpu"], i["start"]) == (0, start)]
+    assert len(existing) == 1 and existing[0]["profile"].endswith("1g.5gb"), layout["mig"]["existing"]
+    daemons = [d for d in layout["mps"]["daemons"] if (d["gpu"], d["start"]) == (0, start)]
+    assert len(daemons) == 1, layout["mps"]["daemons"]
+    pipe = daemons[0]["directory"] + "/pipe"
+    mine = [p for p in layout["processes"] if p["profile"] == "A100-40GB:1g.5gb-1of2"]
+    assert len(mine) == 2, layout["processes"]
+    for p in mine:
+        assert [e.split(b"=", 1)[1].decode() for e in environ[p["pid"]]
+                if e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")] == [pipe], p
+    assert pipe in {e["pipe"] for e in after if e["op"] == "quit"}

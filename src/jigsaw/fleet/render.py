@@ -55,8 +55,8 @@ def _mig_resources(fleet: Fleet, n: NodePlan) -> dict[str, str]:
     node = fleet.group_of(n.name).node
     counts: dict[str, int] = {}
     for g in (mig_part(n.layout, node).gpus if n.layout is not None else ()):
-        for p in g.instances:
-            counts[p.profile] = counts.get(p.profile, 0) + 1
+        for profile, _ in g.signature:  # a shared instance is one device, of its host profile
+            counts[profile] = counts.get(profile, 0) + 1
     out = {f"nvidia.com/mig-{p}": str(c) for p, c in sorted(counts.items())}
     if node.is_mixed and n.layout is not None:  # its GPUs used whole, each all the pod's
         used_whole = {i for grp in node.groups if not grp.model.mig for i in grp.gpus}
