@@ -89,6 +89,10 @@ def test_the_free_floor_from_an_apps_bound_is_below_its_fewest_slices(one_gpu, o
         assert 1 <= got <= fewest.plans[0].slices_used, name
         if objective == "slices":  # its own bound, up to the stopping gap (half a slice) above
             assert got >= fewest.plans[0].slices_used - 1, name
+            # a bound at the plan's own value (the tie-break is never negative) proves its slices
+            # exactly, not one fewer
+            assert decompose.value_floor(part, fewest.objective, node, "slices") >= \
+                fewest.plans[0].slices_used - 1e-9, name
 
 
 def test_a_budget_solved_again_is_known_by_its_better_plan() -> None:
