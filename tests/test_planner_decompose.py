@@ -4,6 +4,7 @@ the joint model to prove too (one GPU, two apps; HiGHS, generous limits on a sha
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from jigsaw.planner.packer import validate_layout
 from jigsaw.planner.problem import make_problem
 from jigsaw.planner.verify import verify_plan
 from jigsaw.spaces import search_space
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(("apps", "demands", "objective"), [
@@ -125,8 +128,40 @@ def test_a_cbc_solve_stopped_before_any_bound_reports_an_infinite_bound_not_dbl_
         idx = rng.sample(xs, 40)
         m.row(idx, [rng.uniform(1, 9) for _ in idx], hi=rng.uniform(50, 100))
     sol = m.solve("cbc", time_limit_s=1e-3, absolute_gap=1e-6)
-    assert not sol.has_incumbent
-    assert math.isinf(sol.bound) or math.isnan(sol.bound), sol.bound
+    assert not sol.has_incumbent and sol.status == "no_solution"
+    # no bound at all: the loose side's infinity (CBC says -DBL_MAX here: read as the tight
+    # side's, it claimed the model infeasible)
+    assert sol.bound == math.inf, sol.bound
+    m.maximize, m.cost = False, [-c for c in m.cost]
+    sol = m.solve("cbc", time_limit_s=1e-3, absolute_gap=1e-6)
+    assert not sol.has_incumbent and sol.status == "no_solution"
+    assert sol.bound == -math.inf, sol.bound
+
+
+def test_a_single_app_solve_out_of_time_refutes_no_budget(cold_planner) -> None:
+    """A single-app solve within a budget that stops before any plan or bound (CBC's full model
+    after a core out of time) proves nothing: its budget is not refuted. It was: traffic_analysis
+    on 9 slices / 11 slots at 608 rps (a budget that serves 614 rps) came back "no_solution" with
+    a bound of -inf, stored as refuted, and the scaled search "proved" 0.8077 of a 115% load does
+    not fit while a plan served 0.8126."""
+    import math
+
+    from jigsaw.node import load_node, load_node_profiles
+    from jigsaw.planner import curves, value_curve
+
+    node = load_node(ROOT / "examples" / "h100x4.toml")
+    pb = make_problem(node.app("traffic_analysis"), node, load_node_profiles(node),
+                      search_space(node.planner.space), None)
+    fact = value_curve.solve_fact(pb, node, ("slices", 1.0, 3.0), 608.0, (9, 11), solver="cbc",
+                                  gap=node.absolute_gap, time_limit_s=2e-3)
+    assert fact.plan is not None or fact.bound > -math.inf, fact
+    assert curves.curve_of(pb).refuted == []
+    # the same budget, given the time, holds a plan at that demand
+    res = joint.solve([joint.Part(pb, 608.0, 1.0)], node, solver="cbc", time_limit_s=30, objective="slices",
+                      absolute_gap=node.absolute_gap, max_slices=9, max_slots=11, total_weight=3.0)
+    assert res.status == "optimal"
+    slices, slots = decompose.usage(res.plans[0], node)
+    assert slices <= 9 and slots <= 11
 
 
 def test_a_first_fit_test_asks_each_app_for_its_first_plan_only(one_gpu, monkeypatch) -> None:
