@@ -193,3 +193,30 @@ def test_a_first_fit_test_asks_each_app_for_its_first_plan_only(one_gpu, monkeyp
     assert asked and not any(asked)
     assert full.status == "optimal"
     assert full.objective >= test.objective - node.absolute_gap - 1e-9  # each proven to the gap
+
+
+def test_only_an_infeasible_solve_refutes_a_budget(one_gpu, cold_planner, monkeypatch) -> None:
+    """A single-app solve with neither plan nor proof, whatever bound it carries (-inf once came
+    from CBC's "no bound yet"), leaves its budget open: neither the decomposition's point nor
+    the value curve's fact reads it as infeasible; an ``infeasible`` solve refutes it."""
+    import math
+    import time
+
+    from jigsaw.planner import curves, value_curve
+
+    node, profiles = one_gpu
+    pb = make_problem(node.app("traffic_analysis"), node, profiles, search_space("ast"), None)
+    answer = {"status": "no_solution"}
+    monkeypatch.setattr(joint, "solve", lambda *a, **k: joint.JointResult(
+        answer["status"], [None], math.nan, -math.inf, 0.01, "full"))
+    part = joint.Part(pb, 150.0, 1.0)
+    search = decompose._Search([part], node, "cbc", 1.0, "slices", lambda ps: None, None, False,
+                               [decompose._Frontier()], time.perf_counter())
+    scope = ("slices", 1.0, 1.0)
+    assert search.point(0, (3, 4)).bound == math.inf
+    fact = value_curve.solve_fact(pb, node, scope, 150.0, (3, 4), solver="cbc", gap=0.01, time_limit_s=1.0)
+    assert fact.bound == math.inf and curves.curve_of(pb).refuted == []
+    answer["status"] = "infeasible"
+    assert search.point(0, (3, 4)).bound == -math.inf
+    value_curve.solve_fact(pb, node, scope, 150.0, (3, 4), solver="cbc", gap=0.01, time_limit_s=1.0)
+    assert curves.curve_of(pb).refuted == [((3, 4), 150.0)]

@@ -441,7 +441,9 @@ class _Search:
         plan = res.plans[0]
         if res.status == "infeasible":
             return _Point(budget, None, -math.inf, -math.inf)
-        bound = res.bound if not math.isnan(res.bound) else math.inf  # proven (the solver's own)
+        # proven (the solver's own); only an ``infeasible`` solve refutes the budget: a bound of
+        # -inf without it is no proof (CBC's "no bound yet" once read so: ``cbc.solve``)
+        bound = res.bound if not math.isnan(res.bound) and res.bound > -math.inf else math.inf
         if start is not None and (plan is None or start[1] > res.objective):
             plan, value = start
         elif plan is not None:

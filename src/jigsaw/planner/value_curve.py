@@ -172,8 +172,9 @@ def solve_fact(pb: Problem, node: Node, scope: Scope, demand_rps: float, budget:
     plan = res.plans[0]
     if res.status == "infeasible":
         fact = Fact(demand_rps, b, -math.inf)
-    elif plan is None:
-        fact = Fact(demand_rps, b, res.bound if not math.isnan(res.bound) else math.inf)
+    elif plan is None:  # no plan, no proof: only an ``infeasible`` solve refutes the budget
+        fact = Fact(demand_rps, b, res.bound if not math.isnan(res.bound) and res.bound > -math.inf
+                    else math.inf)
     else:
         bound = res.bound if not math.isnan(res.bound) else math.inf
         fact = Fact(demand_rps, b, max(bound, res.objective), plan, usage(plan, node), res.objective)
