@@ -220,3 +220,36 @@ def test_only_an_infeasible_solve_refutes_a_budget(one_gpu, cold_planner, monkey
     assert search.point(0, (3, 4)).bound == -math.inf
     value_curve.solve_fact(pb, node, scope, 150.0, (3, 4), solver="cbc", gap=0.01, time_limit_s=1.0)
     assert curves.curve_of(pb).refuted == [((3, 4), 150.0)]
+
+
+def test_a_first_fit_point_without_a_decision_is_solved_once_more(one_gpu, cold_planner, monkeypatch) -> None:
+    """A ``first_fit`` test's single-app solve that decides nothing in ``FIT_POINT_LIMIT_S`` gets
+    one more try of ``FIT_POINT_RETRY_S`` (joint.solve's split search runs only under a longer
+    limit); one that decides is not repeated."""
+    import math
+    import time
+
+    from jigsaw.plan import Plan
+
+    node, profiles = one_gpu
+    pb = make_problem(node.app("traffic_analysis"), node, profiles, search_space("ast"), None)
+    plan = Plan.__new__(Plan)
+    limits: list[float] = []
+    enough = decompose.FIT_POINT_LIMIT_S  # the fake finds a plan only above the first limit
+
+    def fake(*a, time_limit_s: float, **k) -> joint.JointResult:
+        limits.append(time_limit_s)
+        found = time_limit_s > enough
+        return joint.JointResult("feasible" if found else "no_solution", [plan if found else None],
+                                 -0.3 if found else math.nan, -0.2 if found else math.inf, 0.01, "split")
+
+    monkeypatch.setattr(joint, "solve", fake)
+    monkeypatch.setattr(joint, "part_value", lambda *a, **k: -0.3)
+    monkeypatch.setattr(decompose, "usage", lambda p, n: (3, 4))
+    search = decompose._Search([joint.Part(pb, 150.0, 1.0)], node, "cbc", 30.0, "slices", lambda ps: None,
+                               None, True, [decompose._Frontier()], time.perf_counter())
+    got = search.point(0, (3, 4))
+    assert got.plan is plan and limits == [decompose.FIT_POINT_LIMIT_S, decompose.FIT_POINT_RETRY_S]
+    limits.clear()
+    monkeypatch.setattr(decompose, "FIT_POINT_LIMIT_S", 2 * decompose.FIT_POINT_RETRY_S)
+    assert search.point(0, (3, 4)).plan is plan and len(limits) == 1  # decided at once

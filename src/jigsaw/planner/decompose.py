@@ -105,6 +105,10 @@ FIRST_FIT_TRIES = 6  # ``solve(first_fit=True)``: packings tried per new point
 # passes (load 6-8): the tests' solves that decide take 0.1-1 s, but now and then one budget near
 # infeasible at 115% or 150% ran 9-10 s to no plan and no proof, and the spike's plan with it
 FIT_POINT_LIMIT_S = 1.0
+# ... and one that decides nothing in it, once more at most this long: joint.solve shares its
+# limit among its stages, and under 1 s never reaches the split search (ar_assistant on 10 slices
+# / 11 slots at 264.7 rps, 150% of the example node cold: no plan in 1 s, a plan in 0.9 s of 5)
+FIT_POINT_RETRY_S = 3.0
 Packer = Callable[[Sequence[Plan]], Layout]  # raises PackingError when the plans do not fit together
 
 
@@ -431,13 +435,17 @@ class _Search:
         self.solves += 1
         t1 = time.perf_counter()
         room = self.room
-        limit = min(self.left(), FIT_POINT_LIMIT_S) if self.first_fit else self.left()
-        res = joint.solve([self.parts[i]], self.node, solver=self.solver, time_limit_s=limit,
-                          objective=self.objective, absolute_gap=self.gap_abs if gap is None else gap,
-                          start=[start[0]] if start is not None else None,
-                          max_slices=budget[0] if budget[0] < room[0] else None,
-                          max_slots=budget[1] if budget[1] < room[1] else None,
-                          total_weight=self.total_weight, first_plan=first_plan)
+        limits = [min(self.left(), FIT_POINT_LIMIT_S), min(self.left(), FIT_POINT_RETRY_S)] \
+            if self.first_fit else [self.left()]
+        for limit in limits:
+            res = joint.solve([self.parts[i]], self.node, solver=self.solver, time_limit_s=limit,
+                              objective=self.objective, absolute_gap=self.gap_abs if gap is None else gap,
+                              start=[start[0]] if start is not None else None,
+                              max_slices=budget[0] if budget[0] < room[0] else None,
+                              max_slots=budget[1] if budget[1] < room[1] else None,
+                              total_weight=self.total_weight, first_plan=first_plan)
+            if res.plans[0] is not None or res.status == "infeasible" or self.left() <= limit:
+                break
         plan = res.plans[0]
         if res.status == "infeasible":
             return _Point(budget, None, -math.inf, -math.inf)
