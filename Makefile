@@ -24,7 +24,8 @@ lint: setup
 # the waits on servers, sockets and sleeps;
 # the second pass serves the ring/batching/dispatch paths again on the pure-Python fallbacks
 # (tests/conftest.py's --fallback-pass drops what would repeat the first pass); tests marked serial
-# (a daemon start removes every dead daemon's leftovers host-wide) run alone at the end
+# (a daemon start removes every dead daemon's leftovers host-wide; a latency SLO measured on the
+# emulated node) run alone at the end
 TEST_WORKERS ?= 3
 PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider
 PARALLEL := $(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not serial"

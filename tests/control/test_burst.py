@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from dpserver import EXAMPLE_NODE, Server, http, image
 
 APP = "traffic_analysis"
@@ -26,6 +27,9 @@ def _burst(url: str) -> list[tuple[int, float]]:
         return list(pool.map(one, range(BURST)))
 
 
+# alone: its slowest answer is the emulated node's latency, which three test workers on two cores
+# stretch (899-929 ms in one round of five in two full parallel runs; 413-483 ms alone)
+@pytest.mark.serial
 def test_fresh_node_answers_a_burst_of_40_within_the_slo(tmp_path: Path) -> None:
     args = ["--node-config", str(EXAMPLE_NODE), "--apps", APP, "--plan-time-limit", "5"]
     with Server(args, tmp_path / "jigsawd.log", ready_timeout_s=150) as server:
