@@ -56,15 +56,14 @@ def solve(model: Arrays, time_limit_s: float, absolute_gap: float,
     obj = float(m.objective_value) if has else math.nan
     bound = float(m.objective_bound) if m.objective_bound is not None else math.nan
     word = status_word(st == S.OPTIMAL, st in (S.INFEASIBLE, S.INT_INFEASIBLE), has)
-    if abs(bound) >= NO_BOUND and word != "infeasible":
+    if abs(bound) >= NO_BOUND:
         # CBC's "no bound yet" is +-DBL_MAX on either side (a maximisation stopped before its
-        # root LP says -DBL_MAX): no bound is the loose side's infinity, as HiGHS gives it. The
-        # tight side's would claim a proof of infeasibility: the decomposition stored such a
-        # time-out (traffic_analysis's 9 slices / 11 slots at 608 rps, which serve 614 rps) as
-        # a refuted budget, and the scaled search then "proved" a fraction it serves infeasible.
-        bound = math.inf if model.maximize else -math.inf
-    elif abs(bound) >= NO_BOUND:
-        bound = -math.inf if model.maximize else math.inf  # infeasible: nothing is attainable
+        # root LP says -DBL_MAX): no bound is the loose side's infinity, as HiGHS gives it; only
+        # an infeasible solve has the tight side's. Read the other way, the decomposition stored
+        # such a time-out (traffic_analysis's 9 slices / 11 slots at 608 rps, which serve 614
+        # rps) as a refuted budget, and the scaled search "proved" a fraction it serves infeasible.
+        loose = math.inf if model.maximize else -math.inf
+        bound = -loose if word == "infeasible" else loose
     dual = dual_bound(model.maximize, obj, bound) if has else math.nan
     if word == "optimal":
         bound = obj
