@@ -54,6 +54,9 @@ def repeats_the_first_pass(item: pytest.Item) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # the solver processes of the daemons started here keep no precompute (``control.precompute_store``):
+    # every test starts from what it computes itself, and nothing is written under the home directory
+    os.environ.setdefault("JIGSAW_PRECOMPUTE_CACHE", "")
     if config.getoption("--fallback-pass") and os.environ.get("JIGSAW_NO_EXTENSIONS") != "1":
         raise pytest.UsageError("--fallback-pass needs JIGSAW_NO_EXTENSIONS=1")
 

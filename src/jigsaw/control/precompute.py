@@ -24,7 +24,9 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
+from jigsaw.control.precompute_store import Store
 from jigsaw.node import Node
 from jigsaw.planner import budget_curve, curves, value_curve
 from jigsaw.planner.problem import Problem
@@ -37,7 +39,7 @@ class Precompute:
     """The steps left and the running child, if any (``fd``: its pipe, to wait on)."""
 
     def __init__(self, pbs: Sequence[Problem], node: Node, *, solver: str,
-                 step_limit_s: float = budget_curve.STEP_LIMIT_S) -> None:
+                 step_limit_s: float = budget_curve.STEP_LIMIT_S, store: Path | None = None) -> None:
         self.pbs, self.node, self.solver, self.step_limit_s = list(pbs), node, solver, step_limit_s
         # (app index, slices, slots, seconds): every budget, then the unproven again, longer
         self.todo = [(i, k, m, step_limit_s) for i, k, m in budget_curve.steps(self.pbs, node)] \
@@ -55,6 +57,53 @@ class Precompute:
         self.levels_done: list[list[float]] = [[] for _ in self.pbs]
         self.levels: list[list[float]] = [[] for _ in self.pbs]
         self._value_step: tuple[int, float] | None = None  # the running step, when it is a grid's
+        # what an earlier process kept (``precompute_store``): read once, each answer appended
+        self.store = Store.of(self.pbs, node, self.scopes, store) if step_limit_s > 0 else None
+        self.restored = self._restore() if self.store is not None else 0
+
+    def _restore(self) -> int:
+        """Every record an earlier process kept, applied as if its steps had run here: a budget
+        answered leaves the steps (an unproven one comes back longer, as ``readable`` has it), a
+        grid's demands answered are done. The records applied."""
+        assert self.store is not None
+        n = 0
+        last: dict[tuple[int, int, int | None], tuple[budget_curve.BudgetFact, float]] = {}
+        for i, pb in enumerate(self.pbs):
+            for doc in self.store.read(i):
+                with contextlib.suppress(ValueError, KeyError, TypeError, IndexError, AttributeError):
+                    if "budget" in doc:
+                        fact = budget_curve.BudgetFact.from_json(doc["budget"])
+                        budget_curve.apply(pb, self.node, fact)
+                        last[(i, fact.slices, fact.slots)] = (fact, float(doc["limit_s"]))
+                    elif "top" in doc:
+                        self.tops[i] = float(doc["top"])
+                    elif "level" in doc:
+                        facts = [value_curve.fact_from_json(f) for f in doc["facts"]]
+                        for f in facts:
+                            value_curve.add(pb, self.scopes[i], f)
+                        self.levels_done[i].append(float(doc["level"]))
+                    else:
+                        continue
+                    n += 1
+        todo, again = [], []
+        for i, k, m, limit_s in self.todo:
+            if (i, k, m) not in last:
+                todo.append((i, k, m, limit_s))
+                continue
+            fact, ran_s = last[(i, k, m)]
+            if fact.status != "optimal" and ran_s * budget_curve.DEEPEN <= budget_curve.MAX_STEP_S:
+                again.append((i, k, m, ran_s * budget_curve.DEEPEN))
+        self.todo = todo + again
+        for i, top in enumerate(self.tops):  # the first round's demands not answered yet
+            if top is not None and top > 0:
+                done = self.levels_done[i]
+                self.levels[i] = [d for d in value_curve.first_levels(top)
+                                  if all(abs(d - x) > 1e-9 * top for x in done)]
+        return n
+
+    def _keep(self, i: int, record: dict) -> None:
+        if self.store is not None:
+            self.store.append(i, record)
 
     def next_level(self) -> tuple[int, float] | None:
         """The next grid demand (app index, rps) once every budget is done: the apps in turn,
@@ -65,6 +114,7 @@ class Precompute:
             if self.tops[i] is None:  # what the app serves on the whole node, its curve says
                 top = max((x.rate_rps for x in curves.curve_of(pb).served), default=0.0)
                 self.tops[i] = top
+                self._keep(i, {"top": top})
                 self.levels[i] = value_curve.first_levels(top) if top > 0 else []
             elif not self.levels[i] and self.levels_done[i]:
                 self.levels[i] = value_curve.next_levels(pb, self.node, self.scopes[i], self.levels_done[i],
@@ -126,9 +176,11 @@ class Precompute:
         self.levels_done[i].append(d)
         with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
             if data:
-                for f in json.loads(data):
+                docs = json.loads(data)
+                for f in docs:
                     value_curve.add(self.pbs[i], self.scopes[i], value_curve.fact_from_json(f))
                 self.done += 1
+                self._keep(i, {"level": d, "facts": docs})
 
     def readable(self) -> None:
         """The child's pipe is readable: take what it wrote; at its end, apply the fact."""
@@ -150,6 +202,7 @@ class Precompute:
                 fact = budget_curve.BudgetFact.from_json(json.loads(data))
                 budget_curve.apply(self.pbs[i], self.node, fact)
                 self.done += 1
+                self._keep(i, {"budget": fact.to_json(), "limit_s": limit_s})
                 longer = limit_s * budget_curve.DEEPEN
                 if fact.status != "optimal" and longer <= budget_curve.MAX_STEP_S:
                     self.todo.append((i, k, m, longer))  # its bound tightened once the rest is done

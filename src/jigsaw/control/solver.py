@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from jigsaw.app import App
+from jigsaw.control import precompute_store
 from jigsaw.control.precompute import Precompute
 from jigsaw.node import Node
 from jigsaw.plan import NodePlan, Plan
@@ -278,7 +279,7 @@ def _serve(node_config: Path, precompute_step_s: float | None) -> int:
     sp = search_space(node.planner.space)
     pre = Precompute([make_problem(a, node, profiles, sp, None) for a in node.apps], node,
                      solver=node.planner.solver, step_limit_s=node.planner.precompute_step_s
-                     if precompute_step_s is None else precompute_step_s)
+                     if precompute_step_s is None else precompute_step_s, store=precompute_store.cache_dir())
     for line in _lines(pre):
         try:
             req: dict[str, Any] = json.loads(line)
