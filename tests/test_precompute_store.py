@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import select
+from pathlib import Path
 
 import pytest
 
@@ -85,7 +86,7 @@ def test_the_value_grid_resumes_at_its_first_unanswered_demand(one_gpu, monkeypa
     again = Precompute([_pb(node, profiles)], node, solver="highs", step_limit_s=1, store=tmp_path)
     again.todo = []
     assert again.tops == [1600.0] and sorted(again.levels_done[0]) == [100.0, 200.0, 300.0]
-    assert again.next_level() == (0, 400.0)  # the first round's next demand, not its first
+    assert again.next_level() == (0, 400.0, None)  # the first round's next demand, not its first
     facts = value_curve.facts_of(again.pbs[0], again.scopes[0])
     assert sorted(f.demand_rps for f in facts) == [100.0, 200.0, 300.0]
     assert all(f.bound == 1.0 and f.budget == (7, 8) for f in facts)
@@ -131,3 +132,24 @@ def test_nothing_is_kept_without_a_directory(one_gpu, monkeypatch) -> None:
 @pytest.fixture(autouse=True)
 def _cold(cold_planner) -> None:
     return None
+
+
+def test_the_solver_process_starts_its_precompute_before_any_request_and_keeps_it(monkeypatch,
+                                                                               tmp_path) -> None:
+    import time
+
+    from jigsaw.control.solver import SubprocessSolver
+    monkeypatch.setenv(precompute_store.ENV, str(tmp_path))
+    solver = SubprocessSolver(Path(__file__).resolve().parents[1] / "examples" / "h100x4.toml")
+    try:
+        solver.start()
+        end = time.monotonic() + 60
+        lines: list[str] = []
+        while time.monotonic() < end and not lines:
+            time.sleep(0.2)
+            lines = [ln for f in tmp_path.glob(f"{SM}-*.jsonl") for ln in f.read_text().splitlines()]
+        # social_media's first budget (the whole node) answered with no request made
+        assert lines, "no precompute step was kept within 60 s of the solver process's start"
+        assert '"budget"' in lines[0]
+    finally:
+        solver.close()

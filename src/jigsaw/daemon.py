@@ -320,6 +320,8 @@ def _node_controller(generations: GenerationManager, fe: Any, executor: Any, *, 
     grace_s = grace_for_bins(bin_seconds or node.control.bin_seconds, node.control.solver_grace_bins)
     solver = SubprocessSolver(node_config, grace_s=grace_s) \
         if controller and node_config is not None else None
+    if solver is not None:
+        solver.start()  # its idle time's precompute begins with the first bin, not at its end
     ctl: NodeController | None = None
     if controller:
         ctl = NodeController([node.app(name) for name in generations.apps], generations, fe, space=space,

@@ -13,7 +13,14 @@ processes (``solve_runner`` drops them after a fork).
 Once every budget is done, the steps go on to each app's best values on a grid of demands up
 to what its curve serves on the whole node (``value_curve``: one demand a step, its facts as a
 JSON list), round after round where the grid leaves an interval unproven, under the node's
-objective and weights; every plan of a mix then starts from them.
+objective and weights, then to the budgets short of the node that the grid's demands solved,
+bisected between two demands where their feasibility or value is left open
+(``value_curve.open_points``: one solve a step); every plan of a mix then starts from them.
+
+Every answer is also appended to a file per app (``precompute_store``, when the process is
+given a directory): a new solver process for the same problems reads them first and goes on
+with the steps left. A plan asked before the precompute is done starts from what it has proven
+so far (the budgets and grid demands answered; the running step is killed and runs again).
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from jigsaw.control.precompute_store import Store
 from jigsaw.node import Node
 from jigsaw.planner import budget_curve, curves, value_curve
 from jigsaw.planner.problem import Problem
+
+Usage = tuple[int, int]
+ValueStep = tuple[float, Usage | None]  # a grid demand (budget None), or a budget bisected at a demand
 
 MAX_FACT_BYTES = 16 << 20  # one step's answer at most this long (a plan's JSON: kilobytes)
 OVERRUN_S = 30.0  # a step's child still running this long after twice its limit is killed, the step dropped
@@ -52,11 +62,16 @@ class Precompute:
         weights = [node.planner.app_weight(pb.app.name) for pb in self.pbs]
         self.scopes = [value_curve.scope_of(node.planner.objective, w, sum(weights) or 1.0) for w in weights]
         self.gap = node.absolute_gap / max(len(self.pbs), 1)
-        # per app its grid's top demand (once the budgets are done), the demands done, and left
+        # per app its grid's top demand (once the budgets are done), the demands done, and the
+        # steps left of the round: a demand (budget None) or a budget's bisection at a demand
         self.tops: list[float | None] = [None] * len(self.pbs)
         self.levels_done: list[list[float]] = [[] for _ in self.pbs]
-        self.levels: list[list[float]] = [[] for _ in self.pbs]
-        self._value_step: tuple[int, float] | None = None  # the running step, when it is a grid's
+        self.levels: list[list[ValueStep]] = [[] for _ in self.pbs]
+        self.bisecting = [False] * len(self.pbs)  # the grid's demands done: the budgets' rounds
+        self.finished = [False] * len(self.pbs)
+        self.failed: list[set[ValueStep]] = [set() for _ in self.pbs]  # bisections with no answer
+        self.steps_done = [0] * len(self.pbs)  # the grid's steps answered per app (turns go round)
+        self._value_step: tuple[int, float, Usage | None] | None = None  # the running step, a grid's
         # what an earlier process kept (``precompute_store``): read once, each answer appended
         self.store = Store.of(self.pbs, node, self.scopes, store) if step_limit_s > 0 else None
         self.restored = self._restore() if self.store is not None else 0
@@ -77,11 +92,13 @@ class Precompute:
                         last[(i, fact.slices, fact.slots)] = (fact, float(doc["limit_s"]))
                     elif "top" in doc:
                         self.tops[i] = float(doc["top"])
-                    elif "level" in doc:
+                    elif "level" in doc or "bisect" in doc:
                         facts = [value_curve.fact_from_json(f) for f in doc["facts"]]
                         for f in facts:
                             value_curve.add(pb, self.scopes[i], f)
-                        self.levels_done[i].append(float(doc["level"]))
+                        if "level" in doc:
+                            self.levels_done[i].append(float(doc["level"]))
+                        self.steps_done[i] += 1
                     else:
                         continue
                     n += 1
@@ -97,7 +114,7 @@ class Precompute:
         for i, top in enumerate(self.tops):  # the first round's demands not answered yet
             if top is not None and top > 0:
                 done = self.levels_done[i]
-                self.levels[i] = [d for d in value_curve.first_levels(top)
+                self.levels[i] = [(d, None) for d in value_curve.first_levels(top)
                                   if all(abs(d - x) > 1e-9 * top for x in done)]
         return n
 
@@ -105,9 +122,10 @@ class Precompute:
         if self.store is not None:
             self.store.append(i, record)
 
-    def next_level(self) -> tuple[int, float] | None:
-        """The next grid demand (app index, rps) once every budget is done: the apps in turn,
-        each grid's next round where its last one ended (None: every grid is done)."""
+    def next_level(self) -> tuple[int, float, Usage | None] | None:
+        """The next grid step (app index, rps, budget) once every budget is done: the apps in
+        turn, each grid's next round where its last one ended, first its demands (budget None),
+        then its budgets' bisections (``value_curve.open_points``) (None: every grid is done)."""
         if self.todo or self.step_limit_s <= 0:
             return None
         for i, pb in enumerate(self.pbs):
@@ -115,17 +133,27 @@ class Precompute:
                 top = max((x.rate_rps for x in curves.curve_of(pb).served), default=0.0)
                 self.tops[i] = top
                 self._keep(i, {"top": top})
-                self.levels[i] = value_curve.first_levels(top) if top > 0 else []
-            elif not self.levels[i] and self.levels_done[i]:
-                self.levels[i] = value_curve.next_levels(pb, self.node, self.scopes[i], self.levels_done[i],
-                                                         self.tops[i] or 0.0, self.gap)
-                if not self.levels[i]:
-                    self.levels_done[i] = []  # done: no round after it
+                self.levels[i] = [(d, None) for d in value_curve.first_levels(top)] if top > 0 else []
+                self.finished[i] = top <= 0
+            elif not self.levels[i] and not self.finished[i]:
+                self.levels[i] = self._round(i)
+                self.finished[i] = not self.levels[i]
         ready = [i for i in range(len(self.pbs)) if self.levels[i]]
         if not ready:
             return None
-        i = min(ready, key=lambda j: len(self.levels_done[j]))
-        return i, self.levels[i][0]
+        i = min(ready, key=lambda j: self.steps_done[j])
+        return (i, *self.levels[i][0])
+
+    def _round(self, i: int) -> list[ValueStep]:
+        """App i's next round of grid steps (empty: its grid is done)."""
+        pb, scope, top = self.pbs[i], self.scopes[i], self.tops[i] or 0.0
+        if not self.bisecting[i]:
+            got = value_curve.next_levels(pb, self.node, scope, self.levels_done[i], top, self.gap)
+            if got:
+                return [(d, None) for d in got]
+            self.bisecting[i] = True
+        return list(value_curve.open_points(pb, self.node, scope, self.levels_done[i], top, self.gap,
+                                            skip=self.failed[i]))
 
     def start(self) -> None:
         """Fork the next step's child unless one runs or none is left."""
@@ -153,34 +181,44 @@ class Precompute:
         with contextlib.suppress(OSError):  # (the child may have set it first)
             os.setpgid(pid, pid)
         self._pid, self.fd = pid, r
-        solves = 1 if self._value_step is None else value_curve.LEVEL_SOLVES  # a grid step's, at most
+        level = self._value_step is not None and self._value_step[2] is None
+        solves = value_curve.LEVEL_SOLVES if level else 1  # a grid demand's solves at most; a bisection's
         self.deadline = time.monotonic() + 2 * solves * limit_s + OVERRUN_S
         self._buf = bytearray()
 
     def _solve(self, i: int, k: int, m: int | None, limit_s: float) -> object:
         """The running step's answer as JSON (in the child)."""
         if self._value_step is not None:
-            facts = value_curve.level_facts(self.pbs[i], self.node, self.scopes[i], self._value_step[1],
-                                            self.tops[i] or 0.0, solver=self.solver, gap=self.gap,
-                                            time_limit_s=limit_s)
+            _, d, budget = self._value_step
+            pb, scope = self.pbs[i], self.scopes[i]
+            facts = value_curve.level_facts(pb, self.node, scope, d, self.tops[i] or 0.0, solver=self.solver,
+                                            gap=self.gap, time_limit_s=limit_s) if budget is None else \
+                [value_curve.solve_fact(pb, self.node, scope, d, budget, solver=self.solver, gap=self.gap / 2,
+                                        time_limit_s=limit_s)]
             return [value_curve.fact_to_json(f) for f in facts]
         return budget_curve.budget_capacity(self.pbs[i], self.node, k, m, solver=self.solver,
                                             time_limit_s=limit_s).to_json()
 
     def _value_answer(self, data: bytes) -> None:
-        """A grid step answered (or failed: b""): its facts into the app's store, the demand done."""
+        """A grid step answered (or failed: b""): its facts into the app's store, the step done
+        (a bisection that failed is not asked again)."""
         assert self._value_step is not None
-        i, d = self._value_step
+        i, d, budget = self._value_step
         self._value_step = None
-        self.levels[i].remove(d)
-        self.levels_done[i].append(d)
+        self.levels[i].remove((d, budget))
+        self.steps_done[i] += 1
+        if budget is None:
+            self.levels_done[i].append(d)
+        else:
+            self.failed[i].add((d, budget))
         with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
             if data:
                 docs = json.loads(data)
                 for f in docs:
                     value_curve.add(self.pbs[i], self.scopes[i], value_curve.fact_from_json(f))
                 self.done += 1
-                self._keep(i, {"level": d, "facts": docs})
+                self._keep(i, {"level": d, "facts": docs} if budget is None
+                           else {"bisect": [d, *budget], "facts": docs})
 
     def readable(self) -> None:
         """The child's pipe is readable: take what it wrote; at its end, apply the fact."""

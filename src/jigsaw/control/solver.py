@@ -127,6 +127,13 @@ class SubprocessSolver:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
+    def start(self) -> None:
+        """Start the process now (else at the first request). Why: it spends its idle time on the
+        precompute (``control.precompute``), which the first spike's plan wants done, and reads
+        what an earlier process kept of it before it answers."""
+        with self._lock:
+            self._ensure()
+
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
