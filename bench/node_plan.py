@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         problem.forget()  # warm: one pass over the loads, in order, keeping what it learns
         kept = _precomputed(args, apps, node, profiles) if mode == "precomputed" and loads else []
         values = _values(args, apps, node, profiles, caps, loads) if mode == "precomputed" and loads else []
+        if values:  # the budgets the grid refuted are in the curves too, as in the solver process
+            kept = [(pb, copy.deepcopy(curves.curve_of(pb))) for pb, _ in values]
         for load in loads:
             for rep in range(args.repeats):
                 demands = _jittered(names, caps, load, rep, args.jitter)

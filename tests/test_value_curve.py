@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from jigsaw.planner import decompose, joint, value_curve
+from jigsaw.planner import curves, decompose, joint, value_curve
 from jigsaw.planner.decompose import app_layout
 from jigsaw.planner.node_plan import _pack_node
 from jigsaw.planner.problem import make_problem
@@ -100,3 +100,49 @@ def test_the_solver_process_goes_on_to_the_value_grid_in_forked_steps(one_gpu, c
     # what the child solved is a start for a plan at a demand below its largest level
     d = max(f.demand_rps for f in facts if f.plan is not None)
     assert value_curve.seeds(pb, pre.scopes[0], 0.9 * d)
+
+
+def test_a_budget_short_of_the_node_is_probed_until_no_demand_between_two_grid_demands_is_open(
+        one_gpu, cold_planner) -> None:
+    """Between two grid demands a slot-limited budget turns infeasible (social_media on 3 slices
+    and 3 slots serves at most 564.3 rps): ``open_points`` probes it until every demand between
+    is proven, infeasible or served by a plan within the gap of its bound, as the truth has it."""
+    node, profiles = one_gpu
+    pb = _parts(node, profiles)[0].pb
+    scope, gap, b = value_curve.scope_of("accuracy", 1.0, 1.0), 1e-3, (3, 3)
+    lo, hi = 400.0, 700.0
+    for d in (lo, hi):  # two grid demands: the own optimum and the budget at each
+        for budget in (None, b):
+            value_curve.solve_fact(pb, node, scope, d, budget, solver="highs", gap=gap / 2, time_limit_s=60)
+    assert value_curve.open_points(pb, node, scope, [lo, hi], hi, gap)
+    probes = 0
+    while points := value_curve.open_points(pb, node, scope, [lo, hi], hi, gap):
+        for d, budget in points:
+            assert budget == b and lo < d < hi
+            value_curve.solve_fact(pb, node, scope, d, budget, solver="highs", gap=gap / 2, time_limit_s=60)
+            probes += 1
+        assert probes <= value_curve.MAX_PROBES
+    curve = curves.curve_of(pb)
+    capacity = 564.3  # budget_curve.budget_capacity(pb, node, 3, 3): proven
+    for d in [lo + j for j in range(1, 300, 3)] + [capacity - 0.5, capacity + 0.5]:
+        refuted = any(r[0] >= b[0] and r[1] >= b[1] for r in curve.refuted_at(d))
+        served = [s for s in value_curve.seeds(pb, scope, d, [b]) if s.budget == b]
+        assert refuted or (served and served[0].bound - served[0].value <= gap + 1e-9), d
+        assert refuted == (d > capacity), d  # what a solve at d says
+
+
+def test_past_the_most_facts_kept_a_plans_own_facts_go_before_the_idle_times(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(value_curve, "MAX_FACTS", 4)
+    pb = SimpleNamespace(derived={})
+    grid = [value_curve.Fact(float(d), (1, 1), 1.0) for d in range(3)]
+    for f in grid:
+        value_curve.add(pb, SCOPE, f)  # type: ignore[arg-type]
+    for d in (10.0, 11.0, 12.0):
+        value_curve.learn([pb], [SCOPE], [d], [[((2, 2), None, (0, 0), -math.inf, 1.0)]])  # type: ignore[list-item]
+    kept = value_curve.facts_of(pb, SCOPE)  # type: ignore[arg-type]
+    assert [f.demand_rps for f in kept] == [0.0, 1.0, 2.0, 12.0]  # the learned ones went, oldest first
+    for d in (20.0, 21.0):
+        value_curve.add(pb, SCOPE, value_curve.Fact(d, (1, 1), 1.0))  # type: ignore[arg-type]
+    assert [f.demand_rps for f in value_curve.facts_of(pb, SCOPE)] == [1.0, 2.0, 20.0, 21.0]  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ instances and variant fractions, so the same accuracy, slices and value). So one
 Where the best such incumbent is within the node's stopping gap of the least such bound, the
 point is proven without a solve; elsewhere the solve starts from the incumbent and the bound
 stays a valid cap on the frontier. Facts come from every single-app solve of a decision
-(``learn``) and from the idle time's grid of demands (``grid_steps``, ``budget_curve``); each
+(``learn``) and from the idle time's grid of demands (``precompute``, ``budget_curve``); each
 is kept under the objective and weights it was solved for (``scope``): a value or bound of
 another objective or weighting means nothing here.
 """
@@ -23,6 +23,7 @@ another objective or weighting means nothing here.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Collection, Sequence
@@ -42,14 +43,19 @@ KEY = ("value_curve", "facts")  # its ``Problem.derived`` key
 MAX_FACTS = 2000  # per app and scope, the oldest dropped first (a grid: several hundred)
 Usage = tuple[int, int]
 Scope = tuple[str, float, float]  # (objective, the app's weight, the decision's total weight)
-# the idle time's grid (``precompute``): demands first, the intervals halved while unproven down
-# to a width, each demand's budgets a slice or two below its own optimum too, each solve bounded
+# the idle time's grid (``precompute``): demands first, each interval probed while unproven
+# (``next_probe``: halved down to a width, or just above what a plan proves), each demand's
+# budgets a slice or two below its own optimum too, then those budgets probed between the
+# demands the same way (``open_points``); each solve bounded
 GRID_LEVELS = 16
 GRID_MIN_WIDTH = 0.004  # of the grid's top demand
 GRID_FRONTIER = 1
 LEVEL_SOLVES = 4 + 4 * GRID_FRONTIER  # one demand's solves at most (``level_facts``)
 GRID_FRONTIER_FROM = 0.45  # of the grid's top demand: below it the apps' own optima fit together
 GRID_STEP_S = 4.0
+EDGE = 1e-6  # a probe lies this share above the demand the facts prove up to (``next_probe``)
+EDGE_MIN_WIDTH = 1e-4  # of the grid's top demand: a strip left open narrower than this is not probed
+MAX_PROBES = 12  # one budget's probes between two grid demands at most (``open_points``)
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class Fact:
     used: Usage = (0, 0)
     value: float = -math.inf
     serves_rps: float = 0.0
+    learned: bool = False  # from a plan's own solve (``learn``), not the idle time's
 
 
 def fact_to_json(f: Fact) -> dict[str, Any]:
@@ -101,10 +108,12 @@ def facts_of(pb: Problem, scope: Scope) -> list[Fact]:
     return store.setdefault(scope, [])
 
 
-def add(pb: Problem, scope: Scope, fact: Fact) -> None:
+def add(pb: Problem, scope: Scope, fact: Fact, *, learned: bool = False) -> None:
     """One fact into ``pb``'s store (a private copy of its plan; its serving rate measured); a
     budget proven infeasible also into its curve (``curves``: the decomposition's infeasible
-    budgets and slot floors, at any objective)."""
+    budgets and slot floors, at any objective). ``learned``: a plan's own solve (``learn``),
+    dropped before the idle time's facts past ``MAX_FACTS`` (a day of bins learns thousands;
+    the grid is what every plan of a new mix starts from)."""
     if fact.bound == -math.inf:
         curves.curve_of(pb).add_refuted(fact.budget, fact.demand_rps)
     facts = facts_of(pb, scope)
@@ -112,8 +121,9 @@ def add(pb: Problem, scope: Scope, fact: Fact) -> None:
         plan = copy.deepcopy(fact.plan)
         fact = Fact(fact.demand_rps, fact.budget, fact.bound, plan, fact.used, fact.value,
                     plan.planned_rps * headroom(plan, pb))
-    facts.append(fact)
-    del facts[:-MAX_FACTS]
+    facts.append(dataclasses.replace(fact, learned=learned) if fact.learned != learned else fact)
+    if len(facts) > MAX_FACTS:  # the oldest learned one goes, else the oldest
+        facts.pop(next((j for j, f in enumerate(facts) if f.learned), 0))
 
 
 def bound_at(facts: Sequence[Fact], budget: Usage, demand_rps: float) -> float:
@@ -158,7 +168,7 @@ def learn(pbs: Sequence[Problem], scopes: Sequence[Scope], demands: Sequence[flo
     for pb, scope, d, points in zip(pbs, scopes, demands, solved, strict=True):
         for budget, plan, used, value, bound in points:
             if d > 0 and not math.isnan(bound):
-                add(pb, scope, Fact(d, budget, bound, plan, used, value))
+                add(pb, scope, Fact(d, budget, bound, plan, used, value), learned=True)
 
 
 def solve_fact(pb: Problem, node: Node, scope: Scope, demand_rps: float, budget: Usage | None, *,
@@ -181,18 +191,6 @@ def solve_fact(pb: Problem, node: Node, scope: Scope, demand_rps: float, budget:
         fact = Fact(demand_rps, b, max(bound, res.objective), plan, usage(plan, node), res.objective)
     add(pb, scope, fact)
     return facts_of(pb, scope)[-1]
-
-
-def interval_gap(pb: Problem, scope: Scope, budget: Usage, lo_rps: float, hi_rps: float) -> float:
-    """What the facts leave unproven between two demands within ``budget``: the bound at ``lo``
-    less the best value of a plan within it that serves ``hi`` (inf: none; -inf: the budget is
-    proven infeasible at ``lo``, hence across)."""
-    facts = facts_of(pb, scope)
-    if any(b[0] >= budget[0] and b[1] >= budget[1] for b in curves.curve_of(pb).refuted_at(lo_rps)):
-        return -math.inf
-    inc = max((f.value for f in facts if f.plan is not None and f.serves_rps >= hi_rps
-               and f.used[0] <= budget[0] and f.used[1] <= budget[1]), default=-math.inf)
-    return bound_at(facts, budget, lo_rps) - inc
 
 
 def frontier_budgets(used: Usage, node: Node, frontier: int = GRID_FRONTIER) -> list[Usage]:
@@ -243,25 +241,68 @@ def first_levels(max_rps: float, levels: int = GRID_LEVELS) -> list[float]:
 
 def next_levels(pb: Problem, node: Node, scope: Scope, done: Sequence[float], max_rps: float, gap: float,
                 min_width: float = GRID_MIN_WIDTH) -> list[float]:
-    """The next round after the demands ``done``: the middle of each interval the facts leave
-    more than ``gap`` unproven across and that is wider than ``min_width`` of ``max_rps``."""
+    """The next round after the demands ``done``: in each interval the facts leave more than
+    ``gap`` unproven across, its next probe (``next_probe``)."""
     room = curves.room_of(node)
     levels = sorted(done)
-    return [(lo + hi) / 2 for lo, hi in zip([0.0, *levels], levels, strict=False)
-            if hi - lo > min_width * max_rps and interval_gap(pb, scope, room, lo, hi) > gap]
+    out = [next_probe(pb, scope, room, lo, hi, gap, max_rps, min_width)
+           for lo, hi in zip([0.0, *levels], levels, strict=False)]
+    return [d for d in out if d is not None]
+
+
+def proven_to(pb: Problem, scope: Scope, budget: Usage, lo_rps: float, hi_rps: float,
+              gap: float) -> float | None:
+    """How far above ``lo`` the facts prove ``g(budget, .)`` to within ``gap`` (a plan within the
+    budget whose value is within ``gap`` of the bound at ``lo`` serves up to there; ``lo`` when
+    none does); None when they prove it up to ``hi``, or the budget infeasible from there on."""
+    facts = facts_of(pb, scope)
+    bound = bound_at(facts, budget, lo_rps)
+    served = max((f.serves_rps for f in facts if f.plan is not None and f.value >= bound - gap
+                  and f.used[0] <= budget[0] and f.used[1] <= budget[1]), default=lo_rps)
+    edge = max(served, lo_rps)
+    if edge * (1 + EDGE) >= hi_rps or any(b[0] >= budget[0] and b[1] >= budget[1]
+                                          for b in curves.curve_of(pb).refuted_at(edge * (1 + EDGE))):
+        return None
+    return edge
+
+
+def next_probe(pb: Problem, scope: Scope, budget: Usage, lo_rps: float, hi_rps: float, gap: float,
+               max_rps: float, min_width: float = GRID_MIN_WIDTH) -> float | None:
+    """The demand to solve ``budget`` at next between two demands (None: the facts prove it
+    across). Where a plan's instances prove a stretch above ``lo`` (``proven_to``), just above
+    that stretch, while more than ``EDGE_MIN_WIDTH`` of ``max_rps`` is left; else the middle,
+    while the interval is wider than ``min_width`` of ``max_rps`` (``EDGE_MIN_WIDTH`` where the
+    budget is proven infeasible at ``hi``: its feasibility changes inside).
+
+    Why both: ``g`` falls continuously where accuracy scaling moves traffic to a cheaper variant
+    (the plan's instances then serve its demand and no more: halving the interval narrows the
+    fall), and in steps where a plan of other instances takes over (the plan below the step
+    serves up to it: a solve just above proves the next stair at once, where halving leaves a
+    strip around the step open however often it is halved). And a budget's feasibility is what
+    a spike's plan cannot guess: an open strip of it costs a solve near infeasibility."""
+    edge = proven_to(pb, scope, budget, lo_rps, hi_rps, gap)
+    if edge is None:
+        return None
+    if lo_rps > 0 and edge > lo_rps * (1 + EDGE):
+        if hi_rps - edge <= EDGE_MIN_WIDTH * max_rps:
+            return None
+        # never closer than that to ``lo``: plans that each serve a hair more are not walked
+        return min(max(edge * (1 + EDGE), lo_rps + EDGE_MIN_WIDTH * max_rps), (edge + hi_rps) / 2)
+    flips = any(b[0] >= budget[0] and b[1] >= budget[1] for b in curves.curve_of(pb).refuted_at(hi_rps))
+    width = EDGE_MIN_WIDTH if flips else min_width
+    return (lo_rps + hi_rps) / 2 if hi_rps - lo_rps > width * max_rps else None
 
 
 def open_points(pb: Problem, node: Node, scope: Scope, done: Sequence[float], max_rps: float, gap: float,
                 min_width: float = GRID_MIN_WIDTH, skip: Collection[tuple[float, Usage]] = ()
                 ) -> list[tuple[float, Usage]]:
-    """The next round of budget bisections after the grid's demands ``done``: between each two
+    """The next round of budget probes after the grid's demands ``done``: between each two
     neighbouring demands, every budget short of the node that either one's facts were solved
     within (the frontier's budgets and slot floors there) and that the facts leave unproven
-    across the interval, or across a part of it between two demands it was solved at since
-    (``interval_gap`` above ``gap``: neither proven infeasible at its low end nor served within
-    the gap of its bound by a plan that serves its high end), wider than ``min_width`` of
-    ``max_rps``: (its middle, the budget); none where a solve within the budget there was
-    undecided (no plan, no proof: it would be again), nor those in ``skip``.
+    across the interval, or across a part of it between two demands it was solved at since:
+    (``next_probe``'s demand, the budget); none where a solve within the budget there was
+    undecided (no plan, no proof: it would be again), past ``MAX_PROBES`` solves of it there,
+    nor those in ``skip``.
 
     Why: the grid's demands are refined where the whole node's values leave a gap, but a plan
     between two of them also asks budgets short of the node, whose feasibility and values
@@ -277,14 +318,13 @@ def open_points(pb: Problem, node: Node, scope: Scope, done: Sequence[float], ma
         budgets = dict.fromkeys(f.budget for f in at if f.budget != room and f.demand_rps in (lo, hi))
         for b in budgets:
             mine = [f for f in at if f.budget == b]
-            if any(f.plan is None and f.bound > -math.inf for f in mine):
-                continue  # undecided in its time once: it would be again
-            cuts = sorted({lo, hi, *(f.demand_rps for f in mine)})
-            for a, c in pairwise(cuts):
-                mid = (a + c) / 2
-                if c - a > min_width * max_rps and (mid, b) not in skip \
-                        and interval_gap(pb, scope, b, a, c) > gap:
-                    out.append((mid, b))
+            if any(f.plan is None and f.bound > -math.inf for f in mine) or \
+                    sum(lo < f.demand_rps < hi for f in mine) >= MAX_PROBES:
+                continue  # undecided in its time once (it would be again), or probed enough
+            for a, c in pairwise(sorted({lo, hi, *(f.demand_rps for f in mine)})):
+                d = next_probe(pb, scope, b, a, c, gap, max_rps, min_width)
+                if d is not None and (d, b) not in skip:
+                    out.append((d, b))
     return out
 
 
