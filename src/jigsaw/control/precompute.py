@@ -192,12 +192,21 @@ class Precompute:
             _, d, budget = self._value_step
             pb, scope = self.pbs[i], self.scopes[i]
             facts = value_curve.level_facts(pb, self.node, scope, d, self.tops[i] or 0.0, solver=self.solver,
-                                            gap=self.gap, time_limit_s=limit_s) if budget is None else \
+                                            gap=self.gap, time_limit_s=limit_s,
+                                            frontier_from_rps=self.frontier_from(i)) if budget is None else \
                 [value_curve.solve_fact(pb, self.node, scope, d, budget, solver=self.solver, gap=self.gap / 2,
                                         time_limit_s=limit_s)]
             return [value_curve.fact_to_json(f) for f in facts]
         return budget_curve.budget_capacity(self.pbs[i], self.node, k, m, solver=self.solver,
                                             time_limit_s=limit_s).to_json()
+
+    def frontier_from(self, i: int) -> float:
+        """The least demand app i's grid asks the budgets the apps compete for at: a share of
+        what the app serves on the whole node split evenly over the apps (the grid spans all of
+        it, but the apps compete where each has a share of the node: from
+        ``GRID_FRONTIER_FROM`` of the grid's top, as the bench's grid over its loads has it, the
+        example node's mixes at 60-150% would get none)."""
+        return value_curve.GRID_FRONTIER_FROM * (self.tops[i] or 0.0) / len(self.pbs)
 
     def _value_answer(self, data: bytes) -> None:
         """A grid step answered (or failed: b""): its facts into the app's store, the step done

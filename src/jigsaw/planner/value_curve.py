@@ -213,13 +213,16 @@ def frontier_budgets(used: Usage, node: Node, frontier: int = GRID_FRONTIER) -> 
 
 
 def level_facts(pb: Problem, node: Node, scope: Scope, demand_rps: float, max_rps: float, *, solver: str,
-                gap: float, time_limit_s: float = GRID_STEP_S, frontier: int = GRID_FRONTIER) -> list[Fact]:
+                gap: float, time_limit_s: float = GRID_STEP_S, frontier: int = GRID_FRONTIER,
+                frontier_from_rps: float | None = None) -> list[Fact]:
     """One demand of the grid (``precompute``): the app's own optimum there and, from
-    ``GRID_FRONTIER_FROM`` of ``max_rps`` up, the budgets the frontier search asks when the apps
-    compete (``frontier_budgets``); each solve to half of ``gap``, stored. The facts."""
+    ``frontier_from_rps`` (default ``GRID_FRONTIER_FROM`` of ``max_rps``) up, the budgets the
+    frontier search asks when the apps compete (``frontier_budgets``); each solve to half of
+    ``gap``, stored. The facts."""
     own = solve_fact(pb, node, scope, demand_rps, None, solver=solver, gap=gap / 2, time_limit_s=time_limit_s)
     out = [own]
-    if own.plan is None or demand_rps < GRID_FRONTIER_FROM * max_rps:
+    if own.plan is None or demand_rps < (GRID_FRONTIER_FROM * max_rps if frontier_from_rps is None
+                                         else frontier_from_rps):
         return out
     part = joint.Part(pb, demand_rps, scope[1])
     for k in sorted({b[0] for b in frontier_budgets(own.used, node, frontier)}, reverse=True):
