@@ -238,7 +238,11 @@ def _values(args: argparse.Namespace, apps: list, node, profiles, caps: dict, lo
             n, secs = len(kept[a.name]["facts"]), float(kept[a.name]["seconds"])
         else:
             t0 = time.perf_counter()
-            n = value_curve.precompute(pb, node, scope, top, solver=args.solver, gap=gap)
+            # the frontier's budgets from where the solver process has them: 45% of the app's
+            # even share of the node (``Precompute.frontier_from``)
+            share = caps[a.name] / len(apps)
+            n = value_curve.precompute(pb, node, scope, top, solver=args.solver, gap=gap,
+                                       frontier_from_rps=value_curve.GRID_FRONTIER_FROM * share)
             secs = time.perf_counter() - t0
             kept[a.name] = {"seconds": secs, "facts": [value_curve.fact_to_json(f)
                                                        for f in value_curve.facts_of(pb, scope)]}

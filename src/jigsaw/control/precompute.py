@@ -201,11 +201,11 @@ class Precompute:
                                             time_limit_s=limit_s).to_json()
 
     def frontier_from(self, i: int) -> float:
-        """The least demand app i's grid asks the budgets the apps compete for at: a share of
-        what the app serves on the whole node split evenly over the apps (the grid spans all of
-        it, but the apps compete where each has a share of the node: from
-        ``GRID_FRONTIER_FROM`` of the grid's top, as the bench's grid over its loads has it, the
-        example node's mixes at 60-150% would get none)."""
+        """The least demand app i's grid asks the budgets the apps compete for at:
+        ``GRID_FRONTIER_FROM`` of what the app serves on the whole node split evenly over the
+        apps (the grid spans all of it, but the apps compete where each has about its share:
+        from that share of the grid's top the example node's mixes at 60-150% would get none,
+        and at 60% the apps already compete for slots)."""
         return value_curve.GRID_FRONTIER_FROM * (self.tops[i] or 0.0) / len(self.pbs)
 
     def _value_answer(self, data: bytes) -> None:

@@ -333,7 +333,8 @@ def open_points(pb: Problem, node: Node, scope: Scope, done: Sequence[float], ma
 
 def precompute(pb: Problem, node: Node, scope: Scope, max_rps: float, *, solver: str, gap: float,
                levels: int = GRID_LEVELS, min_width: float = GRID_MIN_WIDTH, frontier: int = GRID_FRONTIER,
-               time_limit_s: float = GRID_STEP_S, budget_s: float = math.inf) -> int:
+               time_limit_s: float = GRID_STEP_S, budget_s: float = math.inf,
+               frontier_from_rps: float | None = None) -> int:
     """The whole grid in this process (a bench's, or a caller with nothing else to do): the
     demands of ``first_levels``, then rounds of ``next_levels`` until none is left, each
     ``level_facts``, then rounds of ``open_points`` until none is left, each one solve;
@@ -345,7 +346,8 @@ def precompute(pb: Problem, node: Node, scope: Scope, max_rps: float, *, solver:
     while todo and time.perf_counter() - t0 < budget_s:
         d = todo.pop(0)
         solves += len(level_facts(pb, node, scope, d, max_rps, solver=solver, gap=gap,
-                                  time_limit_s=time_limit_s, frontier=frontier))
+                                  time_limit_s=time_limit_s, frontier=frontier,
+                                  frontier_from_rps=frontier_from_rps))
         done.append(d)
         if not todo:
             todo = next_levels(pb, node, scope, done, max_rps, gap, min_width)
