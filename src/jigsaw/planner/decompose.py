@@ -13,12 +13,18 @@ single-app solve, ``joint.solve(max_slices=k, max_slots=m)``):
 and any choice of single-app plans that packs together is a node plan (an incumbent).
 ``solve`` computes ``g_a`` lazily, only where the bound's best choice needs it: first each
 app's own optimum (no budget; started from a verified plan); when those together overrun the
-node in slices or slots, points below them, best-first (a knapsack over the apps' budgets,
-with an upper estimate of each ``g_a`` not yet solved: g is nondecreasing, so the bound of any
-larger budget solved; and a lower bound on each app's slots at a slice budget from the
-latency-relaxed core, which rules out the budgets below it in one solve). Accuracy lies in
-[0.9, 1], so an app's optimum is within about 3 slices of its fewest-slices plan: frontiers
-are a few points.
+node in slices or slots, other points, best-first (a knapsack over the apps' budgets,
+``budget_choice``, with an upper estimate of each ``g_a`` not yet solved: g is nondecreasing,
+so the bound of any larger budget solved; a plan on more slices is worth at most its best
+accuracy less their cost, and takes at least a slot per slice; and a lower bound on each app's
+slots at a slice budget from the latency-relaxed core, which rules out the budgets below it in
+one solve). The points lie below the own optima and beside them: an app may serve its demand
+on more slices and fewer slots than its own optimum takes (or the reverse), and a node that
+only such budgets fit is no less feasible. Accuracy lies in [0.9, 1], so an app's optimum is
+within about 3 slices of its fewest-slices plan: frontiers are a few points. A point whose solve
+finds neither a plan nor a proof in its limit keeps its bound in the knapsack and is parked:
+the plans are sought in the best choice without it, and it is solved once more, longer, only
+where no such choice is left.
 
 What is proven: each solve reports the solver's own bound on its optimum (an ``optimal`` solve
 stops within the gap of it), so the bound above holds with each ``g_a`` replaced by its solve's
