@@ -328,3 +328,41 @@ def test_the_scaled_bound_at_a_spike_holds_what_a_budget_over_the_own_optimum_se
     for name, p in res.plans.items():
         assert verify_plan(p, node.app(name), node, profiles) == [], name
         assert p.planned_rps == pytest.approx(res.demand_scale * demands[name], rel=1e-6)
+
+
+def test_a_point_without_plan_or_proof_is_parked_not_refuted(one_gpu, cold_planner, monkeypatch) -> None:
+    """A fit test's frontier point that finds neither a plan nor a proof within its limit keeps
+    its bound and is parked: the search tries the other budgets first, solves each parked one
+    once more with the longer limit, and ends undecided, never 'infeasible' (no solve refuted
+    them)."""
+    import time
+
+    from jigsaw.plan import Plan
+
+    node, profiles = one_gpu
+    parts = [joint.Part(make_problem(node.app(a), node, profiles, search_space("ast"), None), d)
+             for a, d in (("social_media", 500.0), ("traffic_analysis", 150.0))]
+    room = (node.slices_available, 8)
+    tops = [(4, 5), (4, 4)]
+    fronts = [decompose._Frontier(infeasible=[(1, 8)]), decompose._Frontier(infeasible=[(3, 8)])]
+    for f, top in zip(fronts, tops, strict=True):  # each app's own optimum; together one slice over
+        f.points.append(decompose._Point(room, Plan.__new__(Plan), -0.1 * top[0], -0.1 * top[0], top))
+    search = decompose._Search(parts, node, "cbc", 30.0, "slices", lambda ps: None, None, True, fronts,
+                               time.perf_counter())
+    search.tops = tops
+    asked: list[tuple[int, tuple[int, int], tuple[float, ...]]] = []
+
+    def point(i, budget, start=None, gap=None, first_plan=False, limits_s=None):
+        asked.append((i, budget, tuple(limits_s or ())))
+        assert i == 0  # social_media must give up the slice: none of its solves decides
+        return decompose._Point(budget, None, -math.inf, math.inf)
+
+    monkeypatch.setattr(search, "point", point)
+    monkeypatch.setattr(decompose, "slot_floor", lambda *a, **k: 0)
+    got = search.best_first()
+    assert isinstance(got, tuple) and got[2], got  # undecided (no plan), not refuted
+    parked = {b for _, b, _ in asked}
+    assert parked and all(k <= 3 for k, _ in parked)
+    for b in parked:  # first the short try, once more the long one, then never again
+        assert [lim for _, x, lim in asked if x == b] == [(decompose.FIT_POINT_LIMIT_S,),
+                                                         (decompose.FIT_POINT_RETRY_S,)], b
