@@ -385,8 +385,8 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     res.known = [Known(tuple(f.infeasible), tuple(sorted(f.min_slots.items()))) for f in fronts]
     # (seeded plans too: a plan for this demand, which the curves keep as any other)
     res.found = [[(p.used, p.plan) for p in f.points if p.plan is not None] for f in fronts]
-    res.solved = [[(p.budget, p.plan, p.used, p.value, p.bound) for p in f.points if not p.seeded]
-                  for f in fronts]
+    res.solved = [[(p.budget, p.plan, p.used, p.value, p.bound) for p in f.points
+                   if not p.seeded and (p.plan is not None or p.bound < math.inf)] for f in fronts]
     return res
 
 
@@ -653,6 +653,12 @@ class _Search:
                 unsolved = True
                 break
             self.stage = "frontier"
+            # every chosen budget's slot floor before any of them is solved: a floor takes a
+            # fraction of a solve and often rules the choice out (the floors' sum over the node)
+            floorless = [i for i in todo if SLOT_FLOORS and budgets[i][0] not in self.fronts[i].min_slots]
+            if floorless:
+                self.slot_floor_at(floorless[0], budgets[floorless[0]][0])
+                continue
             step = self.frontier_step(todo[0], budgets[todo[0]])
             if step is not None:
                 return step
@@ -724,22 +730,25 @@ class _Search:
             return None
         return self.fitting() if self.first_fit else None
 
+    def slot_floor_at(self, i: int, k: int) -> int | None:
+        """App i's slot floor on k slices (``slot_floor``) into its frontier (None: no plan)."""
+        front = self.fronts[i]
+        self.solves += 1
+        limit = self.left() if MIN_SLOTS_LIMIT_S is None else min(self.left(), MIN_SLOTS_LIMIT_S)
+        floor = slot_floor(self.parts[i], self.node, self.solver, k, limit)
+        if floor is None:
+            front.infeasible.append((k, self.room[1]))
+        else:
+            front.min_slots[k] = floor
+        return floor
+
     def frontier_step(self, i: int, budget: Usage) -> Result | None:
         """One new point of app i's frontier for the best choice's ``budget``: its slot floor
         first, then g (``record``). A ``first_fit`` test's answer, where its plans now pack."""
         front, room = self.fronts[i], self.room
         k = budget[0]
-        # (a floor at fewer slices within the budget's slots: the floor here is no higher, a
-        # solve of it could not rule the budget out; traffic_analysis's at 10 slices took 0.36 s)
-        if SLOT_FLOORS and k not in front.min_slots and \
-                not any(j <= k and m <= budget[1] for j, m in front.min_slots.items()):
-            self.solves += 1
-            limit = self.left() if MIN_SLOTS_LIMIT_S is None else min(self.left(), MIN_SLOTS_LIMIT_S)
-            floor = slot_floor(self.parts[i], self.node, self.solver, k, limit)
-            if floor is None:
-                front.infeasible.append((k, room[1]))
-            else:
-                front.min_slots[k] = floor
+        if SLOT_FLOORS and k not in front.min_slots:
+            floor = self.slot_floor_at(i, k)
             if floor is None or floor > budget[1]:
                 return None
         # first the budget with every slot the app's own optimum took: its plan (often on
