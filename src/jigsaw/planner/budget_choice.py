@@ -11,14 +11,15 @@ either: an app whose own optimum takes (8 slices, 12 slots) may well serve its d
 (9, 10) instead, and a node whose other apps need those two slots fits only so. Each app's
 options are therefore
 
-* every budget between its own optimum's usage and that less the node's overrun (``box``): the
+* every budget between its own optimum's usage and that less the node's overrun (the box): the
   budgets a choice cuts an app to (as many as the cut may need, each solved only when chosen);
 * every other budget on the node where its estimate rises over each budget one slice or one
-  slot smaller (``corners``: the least budget of each estimate, and of each known plan), e.g.
-  (9, 10) when (8, 10) is proven infeasible. A budget with no such rise is dominated by a
-  smaller one, so the maximum is the same; and a budget above the own optimum's slices can be
-  worth at most the value of one more slice (the estimates' cap), so the options above the box
-  are few and rarely chosen before the budgets in it are known.
+  slot smaller (the least budget of each estimate, and of each known plan), e.g. (9, 10) when
+  (8, 10) is proven infeasible. A budget with no such rise is dominated by a smaller one, so the
+  maximum is the same. A plan on more slices than the own optimum's is worth at most its best
+  accuracy less the slices' cost and takes at least a slot per slice (``Shape``): with the
+  ``slices`` objective such a budget is worth a slice less than the own optimum, with
+  ``accuracy`` up to about three slices more may still look as good until solved.
 
 The box reaches below the own optimum's usage by the overrun plus what the other apps' options
 can take above their own optima (``excess``): any choice cut lower can be raised to it and
