@@ -190,7 +190,8 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
     kept to check the decomposition against). Both prove the same optimum.
     ``start``: a feasible node plan for the same demands (``quick_plan_node``'s) to start the
     joint model from (the decomposition starts each app from its own greedy plan: packed for
-    that app alone, it is the start ``milp.plan`` uses too, so both give the same plans).
+    that app alone, it is the start ``milp.plan`` uses too, so both give the same plans); one
+    for a fraction of them (``scale_down``) is where a large node's spike starts (``_quick_first``).
     """
     t0 = time.perf_counter()
     kind, solver, form = _check_node_request(apps, node, demands, objective, solver, formulation)
@@ -236,7 +237,7 @@ def plan_node(apps: Sequence[App], node: Node, profiles: ProfileTable, demands: 
         # what earlier plans proved (the apps' curves) shows the demands do not fit together
         res = _Decision("infeasible", [None] * len(parts), math.nan, math.nan, None, [], "curves")
     else:
-        res = decide(parts, [start.plans.get(a.name) for a in apps] if start is not None else None)
+        res = decide(parts, [start.plans.get(a.name) for a in apps] if start and start.feasible else None)
     if form != "joint" and (res.status == "infeasible" or any(p is None for p in res.plans)):
         # the demands do not fit together (or no plan was found for them in time): every app
         # at the largest common fraction, searched by decomposition (``scaled``)
@@ -312,11 +313,11 @@ def _quick_first(apps: Sequence[App], node: Node, profiles: ProfileTable, demand
     unproven; the greedy's 0.948 in 0.2 s and one refuted test prove it."""
     if node.slices_available < QUICK_FIRST_MIN_SLICES:
         return None, None
+    lp = decompose.floor_slices(parts, node, solver, decompose.FLOOR_LIMIT_S, lp=True)
+    if sum(lp) < QUICK_FIRST_SHARE * node.slices_available:
+        return None, None
     q = start if start is not None and start.demand_scale < 1.0 else None
     if q is None:
-        lp = decompose.floor_slices(parts, node, solver, decompose.FLOOR_LIMIT_S, lp=True)
-        if sum(lp) < QUICK_FIRST_SHARE * node.slices_available:
-            return None, None
         q = quick_plan_node(apps, node, profiles, demands, objective=kind, space=sp, previous=previous,
                             factors=factors, scale_down=True)
     if q is None or q.demand_scale >= 1.0 or q.layout is None:
@@ -878,10 +879,11 @@ def plan_node_anytime(apps: Sequence[App], node: Node, profiles: ProfileTable,
         yield quick
     start = quick if quick is not None and quick.demand_scale >= 1.0 else None
     if (formulation or DEFAULT_FORMULATION) != "joint":
-        # the decomposition starts with each app's own optimum (what separate_optima checks)
+        # the decomposition starts with each app's own optimum (what separate_optima checks), a
+        # large node's spike from the quick plan's fraction
         exact = plan_node(apps, node, profiles, demands, objective=objective, space=space,
                           previous=previous, time_limit_s=time_limit_s, factors=factors,
-                          solver=solver, start=start, formulation=formulation)
+                          solver=solver, start=quick, formulation=formulation)
         if quick is not None and quick.demand_scale < 1.0 and \
                 (not exact.plans or any(not p.instances for p in exact.plans.values())):
             quick.notes.append(f"the exact node plan ended {exact.status}")
