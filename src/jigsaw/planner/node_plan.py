@@ -304,8 +304,8 @@ def _quick_first(apps: Sequence[App], node: Node, profiles: ProfileTable, demand
     they reach (``quick_plan_node(scale_down=True)``), proven within the scaled search's tolerance
     by the tests above it (``scaled.above_greedy``): the decision, the fraction and the least
     fraction shown not to fit (a note saying so appended to ``notes``), None where the greedy
-    serves the full demands or the test above it does not refute it with time left (the decision
-    at the full demands comes next, as without it); and the greedy's scaled plan (None: none),
+    serves the full demands or the test above it finds plans (the decision at the full demands
+    comes next, as without it); and the greedy's scaled plan (None: none),
     what the scaled search falls back to where it finds no plan in time.
 
     Why: the decision at the full demands and the scaled search's steps down from them took 10 s
