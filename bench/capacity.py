@@ -15,12 +15,9 @@ over the SLO's maximal splits off, as before it existed), alternating which goes
 prints both with the ratio. The profiles are modeled (profiles/generate.py), not measured.
 
 With ``--app all`` every app of the node in turn, then the total seconds against the target
-(every example app in all eight spaces on 120 GPUs, each proven, within 60 s). ``--jobs N``
-solves the (app, space) pairs in N processes at once (each pair is independent: its own columns,
-splits and solves), the largest first; the total is then the wall clock, printed beside the sum
-of the pairs' own seconds.
+(every example app in all eight spaces on 120 GPUs, each proven, within 60 s).
 
-    PYTHONPATH=src python bench/capacity.py [--app traffic_analysis|all] [--gpus 120] [--jobs 2]
+    PYTHONPATH=src python bench/capacity.py [--app traffic_analysis|all] [--gpus 120]
         [--solver cbc|highs] [--time-limit 120] [--compare-full] [--out out/]
 
 ``--mps-shares`` prints instead the gain of MPS shares (processes of different tasks on one whole
@@ -124,35 +121,6 @@ def _line(row: dict[str, Any], tag: str = "") -> str:
             f"plan {row['plan_status']:<9} {row['seconds']:7.1f} s  slices "
             f"{row['slices_used']}/{row['slices_available']}  {row['milps']} MILPs "
             f"({row['nodes']} nodes), {row['lps']} LPs")
-
-
-# the spaces' usual cost, largest first: the order ``--jobs`` hands the pairs out in
-HEAVY_FIRST = ("ast", "as", "st", "at", "s", "a", "t", "unopt")
-_SHARED: dict[str, Any] = {}  # what a ``--jobs`` worker solves with (inherited by fork)
-
-
-def _pair(job: tuple[str, str]) -> tuple[str, str, dict[str, Any]]:
-    """One (app, space) pair in a ``--jobs`` worker."""
-    app, sp = job
-    node = _SHARED["node"]
-    return app, sp, solve_space(node.app(app), node, _SHARED["profiles"], sp, _SHARED["solver"],
-                                _SHARED["limit"])
-
-
-def run_pooled(apps: list[str], node, profiles, spaces: list[str], solver: str, limit: float,
-               jobs: int) -> dict[str, list[dict[str, Any]]]:
-    """Every (app, space) pair's row, solved in ``jobs`` forked processes (largest spaces first),
-    printed as each ends; per app its rows in ``spaces``' order."""
-    import multiprocessing
-
-    _SHARED.update(node=node, profiles=profiles, solver=solver, limit=limit)
-    todo = [(a, sp) for sp in sorted(spaces, key=HEAVY_FIRST.index) for a in apps]
-    got: dict[tuple[str, str], dict[str, Any]] = {}
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        for app, sp, row in pool.imap_unordered(_pair, todo):
-            got[(app, sp)] = row
-            print(f"{app:<18}" + _line(row), flush=True)
-    return {a: [got[(a, sp)] for sp in spaces] for a in apps}
 
 
 def run(app_name: str, node, profiles, spaces: list[str], solver: str, limit: float,
@@ -301,9 +269,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-full", action="store_true",
                     help="each space also with the full model instead of the split search "
                          "(alternating), side by side")
-    ap.add_argument("--jobs", type=int, default=1,
-                    help="solve the (app, space) pairs in this many processes at once (not with "
-                         "--compare-full)")
     ap.add_argument("--out", default="out", help="folder for the PNG and JSON")
     ap.add_argument("--mps-shares", action="store_true",
                     help="the gain of MPS shares per app on h100x4 and one whole H200 (see above)")
@@ -322,27 +287,16 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"machine: {machine()}")
     apps = [a.name for a in node.apps] if args.app == "all" else [a for a in args.app.split(",") if a]
-    if args.jobs < 1 or (args.jobs > 1 and args.compare_full):
-        ap.error("--jobs must be at least 1, and 1 with --compare-full")
     failed, total_s, unproven = False, 0.0, []
-    t0 = time.perf_counter()
-    pooled = run_pooled(apps, node, profiles, spaces, solver, args.time_limit, args.jobs) \
-        if args.jobs > 1 else None
-    wall = time.perf_counter() - t0
     for app in apps:
-        rows, bad = one_app(args, app, node, profiles, spaces, solver,
-                            pooled[app] if pooled is not None else None)
+        rows, bad = one_app(args, app, node, profiles, spaces, solver)
         failed |= bad
         total_s += sum(r["seconds"] for r in rows)
         unproven += [f"{app}/{r['space']}" for r in rows if r["status"] != "optimal"]
     if len(apps) > 1:
-        # with --jobs the pairs overlap: the total is the wall clock, the sum is each pair's own
-        total = wall if pooled is not None else total_s
-        how = (f"{wall:.1f} s wall in {args.jobs} processes ({total_s:.1f} s summed over the pairs)"
-               if pooled is not None else f"{total_s:.1f} s in the capacity solves")
-        print(f"\n== {len(apps)} apps x {len(spaces)} spaces: {how}, load {os.getloadavg()[0]:.1f} "
+        print(f"\n== {len(apps)} apps x {len(spaces)} spaces: {total_s:.1f} s in the capacity solves "
               f"(target <= {ALL_APPS_TARGET_S:g} s, each proven: "
-              f"{'met' if total <= ALL_APPS_TARGET_S and not unproven else 'NOT met'}); "
+              f"{'met' if total_s <= ALL_APPS_TARGET_S and not unproven else 'NOT met'}); "
               f"not proven: {', '.join(unproven) or 'none'}")
     return 1 if failed else 0
 
@@ -350,16 +304,14 @@ def main(argv: list[str] | None = None) -> int:
 ALL_APPS_TARGET_S = 60.0  # every example app in all eight spaces on 120 GPUs (issue 42)
 
 
-def one_app(args: argparse.Namespace, app: str, node, profiles, spaces: list[str], solver: str,
-            solved: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], bool]:
-    """One app's spaces: solved (or ``solved``: the rows ``run_pooled`` gave), reported, plotted
-    and written; its rows and whether any failed."""
+def one_app(args: argparse.Namespace, app: str, node, profiles, spaces: list[str], solver: str
+            ) -> tuple[list[dict[str, Any]], bool]:
+    """One app's spaces: solved, reported, plotted and written; its rows and whether any failed."""
     print(f"app {app} on {node.num_gpus}x {node.gpu.name} ({node.slices_available} slices), "
           f"solver {solver}, time limit {args.time_limit:g} s per solve, beta {node.beta:.4g}")
     print("profiles: modeled (profiles/generate.py), not measured on GPUs")
     t0 = time.perf_counter()
-    rows, full_rows = (solved, []) if solved is not None else \
-        run(app, node, profiles, spaces, solver, args.time_limit, args.compare_full)
+    rows, full_rows = run(app, node, profiles, spaces, solver, args.time_limit, args.compare_full)
     wall = time.perf_counter() - t0
     total = sum(r["seconds"] for r in rows)
     print(f"\n== maximum serviceable demand, normalized to Unopt (total {total:.1f} s in the "
