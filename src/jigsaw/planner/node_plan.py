@@ -45,7 +45,14 @@ from jigsaw.planner.diagnose import why_none_together
 from jigsaw.planner.groups import pack_node
 from jigsaw.planner.packer import InstanceRequest, PackingError
 from jigsaw.planner.problem import Factors, Problem, make_problem
-from jigsaw.planner.scaled import CURVE_REFINE_S, SCALE_TOLERANCE, ScaleResult, above_greedy, max_scale
+from jigsaw.planner.scaled import (
+    CURVE_REFINE_S,
+    SCALE_TOLERANCE,
+    ScaleResult,
+    above_greedy,
+    max_scale,
+    scale_plan,
+)
 from jigsaw.planner.share_merge import merge_shares
 from jigsaw.planner.verify import verify_plan
 from jigsaw.profiles import ProfileTable
@@ -388,8 +395,8 @@ def _decomposed_scale(parts: list[joint.Part], node: Node, res: _Decision, solve
                    hi_proven=res.status == "infeasible", floors=res.floors, refine_s=CURVE_REFINE_S)
     if sc.plans is None and greedy is not None and greedy.layout is not None:
         # no plan found in time: the greedy's (``_quick_first``), below what the search refuted
-        sc = ScaleResult("bound", greedy.demand_scale, sc.theta_hi,
-                         [greedy.plans[p.pb.app.name] for p in parts], greedy.layout, sc.seconds,
+        mine = [scale_plan(greedy.plans[p.pb.app.name], 1.0) for p in parts]  # copies: the caller's own
+        sc = ScaleResult("bound", greedy.demand_scale, sc.theta_hi, mine, greedy.layout, sc.seconds,
                          sc.tests, [*sc.notes, "the greedy's plan: the search found none in time"])
     if sc.plans is None:
         return res, scale, scale_bound
