@@ -305,19 +305,19 @@ def _quick_first(apps: Sequence[App], node: Node, profiles: ProfileTable, demand
                  previous: NodePlan | None, factors: Mapping[str, Factors] | None,
                  start: NodePlan | None, notes: list[str]
                  ) -> tuple[tuple[_Decision, float, float] | None, NodePlan | None]:
-    """Near a large node's capacity (``QUICK_FIRST_MIN_SLICES``; the LP floors over
-    ``QUICK_FIRST_SHARE`` of its slices, or the caller's ``start`` a scaled quick plan): the
-    greedy's plans for the largest common fraction
-    they reach (``quick_plan_node(scale_down=True)``), proven within the scaled search's tolerance
-    by the tests above it (``scaled.above_greedy``): the decision, the fraction and the least
-    fraction shown not to fit (a note saying so appended to ``notes``), None where the greedy
-    serves the full demands or the test above it finds plans (the decision at the full demands
-    comes next, as without it); and the greedy's scaled plan (None: none),
-    what the scaled search falls back to where it finds no plan in time.
+    """Near a large node's capacity (``QUICK_FIRST_MIN_SLICES``, the LP floors over
+    ``QUICK_FIRST_SHARE`` of its slices): the greedy's plans for the largest common fraction they
+    reach (the caller's ``start`` where it is such a plan, else ``quick_plan_node(scale_down=True)``),
+    bracketed by the tests above them (``scaled.above_greedy``). Returns the decision with the
+    fraction served and the least shown not to fit (a note saying so appended to ``notes``), or
+    None where the greedy serves the full demands or the tests above it climb without a
+    refutation (the decision at the full demands comes next, as without it); and the greedy's
+    scaled plan (None: none), what the scaled search falls back to where it finds no plan in time.
 
     Why: the decision at the full demands and the scaled search's steps down from them took 10 s
     on 16 GPUs at 100% of three example apps' capacity (each test 1.5-2.2 s) and served 0.932
-    unproven; the greedy's 0.948 in 0.2 s and one refuted test prove it."""
+    unproven; the greedy served 0.948 in 0.2 s, and the test twice the tolerance above it bounds
+    theta* in one more test."""
     if node.slices_available < QUICK_FIRST_MIN_SLICES:
         return None, None
     lp = decompose.floor_slices(parts, node, solver, decompose.FLOOR_LIMIT_S, lp=True)
