@@ -294,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         total_s += sum(r["seconds"] for r in rows)
         unproven += [f"{app}/{r['space']}" for r in rows if r["status"] != "optimal"]
     if len(apps) > 1:
-        print(f"\n== {len(apps)} apps x {len(spaces)} spaces: {total_s:.1f} s in the capacity solves "
-              f"(target <= {ALL_APPS_TARGET_S:g} s, each proven: "
+        print(f"\n== {len(apps)} apps x {len(spaces)} spaces: {total_s:.1f} s in the capacity solves, "
+              f"load {os.getloadavg()[0]:.1f} (target <= {ALL_APPS_TARGET_S:g} s, each proven: "
               f"{'met' if total_s <= ALL_APPS_TARGET_S and not unproven else 'NOT met'}); "
               f"not proven: {', '.join(unproven) or 'none'}")
     return 1 if failed else 0

@@ -208,3 +208,110 @@ def test_proofs_carried_from_a_smaller_demand_give_the_same_decision(one_gpu) ->
     # what the larger demand proved includes what the smaller one did
     for a, b in zip(low.known, seeded.known, strict=True):
         assert set(a.infeasible) <= set(b.infeasible)
+
+
+def test_the_bracket_above_a_served_fraction_holds_theta(one_gpu) -> None:
+    """``above_greedy`` from plans that serve a fraction (the greedy's, 3.5% below theta* on one
+    GPU; the search's own): the joint capacity model's proven fraction lies in its
+    [theta_lo, theta_hi), never below what the plans it starts from serve, and its plans serve
+    theta_lo, verified and packed."""
+    from jigsaw.planner.node_plan import quick_plan_node
+
+    node, profiles = one_gpu
+    names, demands = ("social_media", "traffic_analysis"), (1500.0, 400.0)
+    parts = _parts(node, profiles, names, demands)
+
+    def pack(ps):
+        return _pack_node(dict(zip(names, ps, strict=True)), node, None)
+
+    ref = joint.solve(parts, node, solver="highs", time_limit_s=120, scale_demands=True)
+    assert ref.status == "optimal" and ref.plans[0] is not None
+    theta = ref.plans[0].planned_rps / demands[0]
+    q = quick_plan_node([node.app(a) for a in names], node, profiles, dict(zip(names, demands, strict=True)),
+                        scale_down=True)
+    assert q is not None and q.demand_scale < 1 and q.layout is not None
+    near = scaled.max_scale(parts, node, solver="highs", time_limit_s=60, pack=pack)
+    assert near.plans is not None and near.layout is not None
+    for plans, layout, served in (([q.plans[a] for a in names], q.layout, q.demand_scale),
+                                  (near.plans, near.layout, near.theta_lo)):
+        problem.forget()
+        parts = _parts(node, profiles, names, demands)
+        got = scaled.above_greedy(parts, node, plans, layout, served, solver="highs", time_limit_s=60,
+                                  pack=pack)
+        assert got is not None and got.status == "proven", got
+        assert served <= got.theta_lo < got.theta_hi <= 1.0
+        assert got.theta_lo <= theta * (1 + 1e-4) and theta < got.theta_hi * (1 + 1e-4)
+        assert got.plans is not None and got.layout is not None
+        assert validate_layout(got.layout, node.gpu) == []
+        for name, d, p in zip(names, demands, got.plans, strict=True):
+            assert p.planned_rps == pytest.approx(got.theta_lo * d, rel=1e-6)
+            p.layout = app_layout(got.layout, name)
+            assert verify_plan(p, node.app(name), node, profiles) == [], name
+
+
+def test_a_large_nodes_spike_starts_from_the_greedys_fraction(one_gpu, monkeypatch) -> None:
+    """``plan_node``'s greedy-first spike (here on one GPU, the node-size and LP-floor gates
+    lowered to it): the plan serves at least the greedy's fraction, labelled ``feasible`` with a
+    bound that the joint capacity model's proven fraction lies under; the anytime path hands its
+    quick plan over and gets the same bracket, its quick plan left as it was yielded."""
+    from jigsaw.planner import node_plan
+    from jigsaw.planner.node_plan import plan_node_anytime, quick_plan_node
+
+    monkeypatch.setattr(node_plan, "QUICK_FIRST_MIN_SLICES", 0)
+    monkeypatch.setattr(node_plan, "QUICK_FIRST_SHARE", 0.0)
+    answers: list[scaled.ScaleResult | None] = []
+
+    def spy(*a, **k):
+        answers.append(scaled.above_greedy(*a, **k))
+        return answers[-1]
+
+    monkeypatch.setattr(node_plan, "above_greedy", spy)
+    node, profiles = one_gpu
+    names, demands = ("social_media", "traffic_analysis"), {"social_media": 1500.0, "traffic_analysis": 400.0}
+    apps = [node.app(a) for a in names]
+    q = quick_plan_node(apps, node, profiles, demands, scale_down=True)
+    assert q is not None and q.demand_scale < 1
+    ref = joint.solve(_parts(node, profiles, names, demands.values()), node, solver="highs",
+                      time_limit_s=120, scale_demands=True)
+    assert ref.status == "optimal" and ref.plans[0] is not None
+    theta = ref.plans[0].planned_rps / demands["social_media"]
+    problem.forget()
+    res = plan_node(apps, node, profiles, demands, solver="highs", time_limit_s=60)
+    assert res.status == "feasible" and not res.feasible, res.notes
+    assert len(answers) == 1 and answers[0] is not None  # the spike was decided from the greedy's
+    assert q.demand_scale <= res.demand_scale <= theta * (1 + 1e-4) < res.scale_bound * (1 + 1e-4)
+    assert any("every app serves" in n for n in res.notes)
+    for name, p in res.plans.items():
+        assert p.planned_rps == pytest.approx(res.demand_scale * demands[name], rel=1e-6)
+        assert verify_plan(p, node.app(name), node, profiles) == [], name
+    problem.forget()
+    got = list(plan_node_anytime(apps, node, profiles, demands, solver="highs", time_limit_s=60))
+    assert got[0].status == QUICK_STATUS and got[-1].status == "feasible" and len(answers) == 2
+    first = {n: (p.planned_rps, p.demand_rps, list(p.notes)) for n, p in got[0].plans.items()}
+    assert got[-1].demand_scale <= theta * (1 + 1e-4) < got[-1].scale_bound * (1 + 1e-4)
+    assert {n: (p.planned_rps, p.demand_rps, list(p.notes)) for n, p in got[0].plans.items()} == first
+
+
+def test_a_scaled_search_without_a_plan_falls_back_to_the_greedys(one_gpu, monkeypatch) -> None:
+    """Where the scaled search finds no plan in time, the greedy's (copies, its fraction, below
+    what the search refuted) rather than none."""
+    from jigsaw.planner import node_plan
+    from jigsaw.planner.node_plan import _Decision, _decomposed_scale, quick_plan_node
+
+    node, profiles = one_gpu
+    names, demands = ("social_media", "traffic_analysis"), {"social_media": 1500.0, "traffic_analysis": 400.0}
+    q = quick_plan_node([node.app(a) for a in names], node, profiles, demands, scale_down=True)
+    assert q is not None and q.demand_scale < 0.9
+    monkeypatch.setattr(node_plan, "max_scale", lambda *a, **k: scaled.ScaleResult(
+        "none", 0.0, 0.9, None, None, 0.1, 2, ["stopped at the 1 s limit"]))
+    parts = _parts(node, profiles, names, demands.values())
+    nothing = _Decision("infeasible", [None, None], float("nan"), float("nan"), None, [], "apart")
+    notes: list[str] = []
+    def pack(ps):
+        return _pack_node(dict(zip(names, ps, strict=True)), node, None)
+
+    res, scale, bound = _decomposed_scale(parts, node, nothing, "highs", 1.0, "accuracy", notes, pack, q)
+    assert res.status == "feasible" and scale == q.demand_scale and bound == 0.9
+    assert all(a is not q.plans[n] for a, n in zip(res.plans, names, strict=True))
+    assert [p.planned_rps for p in res.plans] == [q.plans[n].planned_rps for n in names]
+    assert any("not proven the largest" in n for n in notes)

@@ -57,6 +57,40 @@ def test_cbc_in_its_process_answers_as_highs_does() -> None:
     assert again.status == "optimal" and again.objective == pytest.approx(13.0)
 
 
+def test_cbc_without_cuts_travels_to_the_child_and_answers_the_same(monkeypatch) -> None:
+    """``cuts=False`` (the capacity's split cores) crosses the pipe in the header and turns CBC's
+    cutting planes off; the optimum is the same."""
+    import json
+
+    import mip
+
+    from jigsaw.planner import cbc
+
+    m = _knapsack()
+    frame = solve_runner._encode(m, 5.0, 0.0, None, 0.0, None, False)
+    assert json.loads(frame.split(b"\n", 1)[0])["cuts"] is False
+    off = m.solve("cbc", 5.0, 0.0, cuts=False)
+    assert off.status == "optimal" and not off.crash and off.objective == pytest.approx(13.0)
+    told: list[int] = []
+    base = mip.Model
+
+    class Spy(base):
+        @property
+        def cuts(self) -> int:
+            return super().cuts
+
+        @cuts.setter
+        def cuts(self, value: int) -> None:
+            told.append(value)
+            base.cuts.fset(self, value)
+
+    monkeypatch.setattr(mip, "Model", Spy)
+    here = cbc.solve(m, 5.0, 0.0, None, cuts=False)
+    assert told == [0] and here.objective == pytest.approx(13.0)
+    cbc.solve(m, 5.0, 0.0, None)
+    assert told == [0]  # the default leaves CBC's own setting
+
+
 def test_a_linear_program_on_cbc_solves_without_a_crash() -> None:
     """CBC aborts when asked for the branch-and-bound nodes of a model without integer variables
     (found by the runner: its process died of SIGABRT, HiGHS answered); none is asked."""

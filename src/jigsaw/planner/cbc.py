@@ -32,12 +32,15 @@ class Arrays:
 
 def solve(model: Arrays, time_limit_s: float, absolute_gap: float,
                start: dict[int, float] | None, relative_gap: float = 0.0,
-               max_nodes: int | None = None) -> Solution:
+               max_nodes: int | None = None, cuts: bool = True) -> Solution:
+    """``cuts`` False: CBC generates no cutting planes (``mip.Model.cuts = 0``)."""
     import mip
 
     m = mip.Model(sense=mip.MAXIMIZE if model.maximize else mip.MINIMIZE, solver_name=mip.CBC)
     m.verbose = 0
     m.threads = 1
+    if not cuts:
+        m.cuts = 0
     xs = [m.add_var(lb=lo, ub=hi if math.isfinite(hi) else mip.INF, obj=c,
                     var_type=mip.INTEGER if integ else mip.CONTINUOUS)
           for lo, hi, c, integ in zip(model.col_lo, model.col_hi, model.cost, model.integer, strict=True)]

@@ -13,12 +13,18 @@ single-app solve, ``joint.solve(max_slices=k, max_slots=m)``):
 and any choice of single-app plans that packs together is a node plan (an incumbent).
 ``solve`` computes ``g_a`` lazily, only where the bound's best choice needs it: first each
 app's own optimum (no budget; started from a verified plan); when those together overrun the
-node in slices or slots, points below them, best-first (a knapsack over the apps' budgets,
-with an upper estimate of each ``g_a`` not yet solved: g is nondecreasing, so the bound of any
-larger budget solved; and a lower bound on each app's slots at a slice budget from the
-latency-relaxed core, which rules out the budgets below it in one solve). Accuracy lies in
-[0.9, 1], so an app's optimum is within about 3 slices of its fewest-slices plan: frontiers
-are a few points.
+node in slices or slots, other points, best-first (a knapsack over the apps' budgets,
+``budget_choice``, with an upper estimate of each ``g_a`` not yet solved: g is nondecreasing,
+so the bound of any larger budget solved; a plan on more slices is worth at most its best
+accuracy less their cost, and takes at least a slot per slice; and a lower bound on each app's
+slots at a slice budget from the latency-relaxed core, which rules out the budgets below it in
+one solve). The points lie below the own optima and beside them: an app may serve its demand
+on more slices and fewer slots than its own optimum takes (or the reverse), and a node that
+only such budgets fit is no less feasible. Accuracy lies in [0.9, 1], so an app's optimum is
+within about 3 slices of its fewest-slices plan: frontiers are a few points. A point whose solve
+finds neither a plan nor a proof in its limit keeps its bound in the knapsack and is parked:
+the plans are sought in the best choice without it, and it is solved once more, longer, only
+where no such choice is left.
 
 What is proven: each solve reports the solver's own bound on its optimum (an ``optimal`` solve
 stops within the gap of it), so the bound above holds with each ``g_a`` replaced by its solve's
@@ -61,10 +67,12 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import TYPE_CHECKING
 
-from jigsaw.mig import NUM_PLACEMENT_SLOTS
+import numpy as np
+
+from jigsaw.mig import NUM_PLACEMENT_SLOTS, slice_unit
 from jigsaw.node import Node
 from jigsaw.plan import GpuLayout, Layout, Plan
-from jigsaw.planner import joint
+from jigsaw.planner import budget_choice, joint
 from jigsaw.planner.anytime import quick_plan
 from jigsaw.planner.packer import PackingError
 
@@ -150,6 +158,10 @@ class _Frontier:
     points: list[_Point] = field(default_factory=list)
     infeasible: list[Usage] = field(default_factory=list)
     min_slots: dict[int, int] = field(default_factory=dict)  # k -> no plan on <= k slices has fewer
+    # budgets whose solve found neither a plan nor a proof within its limit: one below them
+    # would likely take as long (the search looks for plans elsewhere; their bounds stay)
+    parked: list[Usage] = field(default_factory=list)
+    retried: list[Usage] = field(default_factory=list)  # parked budgets solved once more
 
     def known(self, b: Usage) -> _Point | None:
         """The best solved point whose plan is optimal for budget b (its usage <= b <= its
@@ -172,6 +184,25 @@ class _Frontier:
             return -math.inf
         return min((p.bound for p in self.points if p.budget[0] >= b[0] and p.budget[1] >= b[1]),
                    default=math.inf)
+
+    def is_parked(self, b: Usage) -> bool:
+        return any(b[0] <= x[0] and b[1] <= x[1] for x in self.parked)
+
+    def grid(self, room: Usage, shape: budget_choice.Shape, avoid_parked: bool = False
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """``upper`` at every budget within ``room``, tightened by ``shape`` (``shape_of``), and
+        whether ``known`` is (``budget_choice``: the knapsack's view of this frontier).
+        ``avoid_parked``: the budgets not known at or below a parked one taken out (a search
+        for plans elsewhere, no longer a bound)."""
+        refuted = [*self.infeasible, *((k, m - 1) for k, m in self.min_slots.items() if m >= 1)]
+        est = budget_choice.estimates([(p.budget, p.bound) for p in self.points], refuted, room, shape)
+        known = budget_choice.known_cells([(p.used, p.budget) for p in self.points if p.plan is not None],
+                                          room)
+        if avoid_parked:
+            for k, m in self.parked:
+                cell = est[:k + 1, :m + 1]
+                cell[~known[:k + 1, :m + 1]] = -np.inf
+        return est, known
 
 
 @dataclass
@@ -291,42 +322,28 @@ def value_floor(part: joint.Part, bound: float, node: Node, objective: str) -> f
     return float(max(0, math.ceil((node.planner.alpha * part.weight * acc_lo - bound) / beta - 1e-7)))
 
 
-def _best_choice(fronts: list[_Frontier], tops: list[Usage], room: Usage
-                 ) -> tuple[float, list[Usage]] | None:
-    """The budgets b (one per app) maximising the sum of the upper bounds of g with sum b <=
-    ``room``; ties go to fewer unsolved budgets, then larger budgets (a solved one is an
-    incumbent already), then the overrun spread over the apps (each cut a little is likelier
-    feasible than one cut a lot). A knapsack over the apps in both resources.
+def shape_of(part: joint.Part, node: Node, objective: str, total_weight: float) -> budget_choice.Shape:
+    """What bounds ``part``'s g without a solve (``budget_choice.Shape``): its objective term
+    (``joint.part_value``) is at most its best lane's accuracy term less beta per slice, and
+    beyond j slices a plan takes at least j plus the least share of a slice the planner counts
+    (``slice_unit``); its profiles' slots per slice."""
+    beta = node.beta
+    acc = max(part.pb.lane_acc, default=1.0)
+    top = 0.5 * beta * part.weight / total_weight * acc if objective == "slices" \
+        else node.planner.alpha * part.weight * acc
+    unit = slice_unit(node.gpu, node.mig_profiles)
+    ratios = [p.slot_cost / p.slice_cost for p in node.gpu.profiles if p.slice_cost > 0]
+    return budget_choice.Shape(top - beta / unit, beta, min(ratios, default=1.0), max(ratios, default=8.0),
+                               unit)
 
-    Each app's budget ranges from its own optimum's usage (more never raises g) down by the
-    node's overrun in each resource (``tops`` summed minus ``room``): any choice with less
-    can be raised to that without breaking the room, and g is nondecreasing.
-    """
-    over = [max(0, sum(t[r] for t in tops) - room[r]) for r in (0, 1)]
-    best: dict[Usage, tuple[tuple[float, int, int, int], list[Usage]]] = {(0, 0): ((0.0, 0, 0, 0), [])}
-    for f, top in zip(fronts, tops, strict=True):
-        options = []
-        for k in range(max(0, top[0] - over[0]), top[0] + 1):
-            for m in range(max(0, top[1] - over[1]), top[1] + 1):
-                ub = f.upper((k, m))
-                if ub > -math.inf:
-                    spread = (top[0] - k) ** 2 + (top[1] - m) ** 2
-                    options.append(((k, m), ub, f.known((k, m)) is None, spread))
-        nxt: dict[Usage, tuple[tuple[float, int, int, int], list[Usage]]] = {}
-        for used, (score, bs) in best.items():
-            for b, ub, unknown, spread in options:
-                at = (used[0] + b[0], used[1] + b[1])
-                if at[0] > room[0] or at[1] > room[1]:
-                    continue
-                sc = (score[0] + ub, score[1] - unknown, score[2] + b[0] + b[1], score[3] - spread)
-                have = nxt.get(at)
-                if have is None or sc > have[0]:
-                    nxt[at] = (sc, [*bs, b])
-        best = nxt
-        if not best:
-            return None
-    score, bs = max(best.values(), key=lambda x: x[0])
-    return score[0], bs
+
+def _best_choice(fronts: Sequence[_Frontier], tops: Sequence[Usage], room: Usage,
+                 shapes: Sequence[budget_choice.Shape], avoid_parked: bool = False,
+                 resolution: float = 0.0) -> tuple[float, list[Usage]] | None:
+    """The knapsack's best choice of budgets over the frontiers (``budget_choice.best_choice``);
+    ``avoid_parked``: among the budgets no parked solve left open (``_Frontier.grid``)."""
+    grids = [f.grid(room, shape, avoid_parked) for f, shape in zip(fronts, shapes, strict=True)]
+    return budget_choice.best_choice([g[0] for g in grids], [g[1] for g in grids], tops, room, resolution)
 
 
 def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s: float,
@@ -368,8 +385,8 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     res.known = [Known(tuple(f.infeasible), tuple(sorted(f.min_slots.items()))) for f in fronts]
     # (seeded plans too: a plan for this demand, which the curves keep as any other)
     res.found = [[(p.used, p.plan) for p in f.points if p.plan is not None] for f in fronts]
-    res.solved = [[(p.budget, p.plan, p.used, p.value, p.bound) for p in f.points if not p.seeded]
-                  for f in fronts]
+    res.solved = [[(p.budget, p.plan, p.used, p.value, p.bound) for p in f.points
+                   if not p.seeded and (p.plan is not None or p.bound < math.inf)] for f in fronts]
     return res
 
 
@@ -403,6 +420,10 @@ class _Search:
         self.floors: list[float] | None = None
         self.stage = "apart"
         self.tops: list[Usage] = []  # each app's own optimum's usage (``own_optima``)
+        self.shapes = [shape_of(p, node, objective, self.total_weight) for p in parts]
+        # a test of whether demands fit (``first_fit``) asks for plans, not the best: choices
+        # within the node's gap of each other are alike to it (``budget_choice.best_choice``)
+        self.resolution = self.gap_abs if first_fit else 0.0
         self.seeds: list[list[_Point]] = [[] for _ in parts]  # per app, from ``value_curve``
 
     def seeded(self, i: int, seeds: Sequence[Seed]) -> list[_Point]:
@@ -429,15 +450,17 @@ class _Search:
                       self.elapsed(), layout, self.solves, stage, notes, floors)
 
     def point(self, i: int, budget: Usage, start: tuple[Plan, float] | None = None,
-              gap: float | None = None, first_plan: bool = False) -> _Point:
+              gap: float | None = None, first_plan: bool = False,
+              limits_s: Sequence[float] | None = None) -> _Point:
         """g at ``budget`` for app i; ``start``: a known plan within the budget and its value;
-        ``first_plan``: the incumbent searches' plan without its proof (``joint.solve``)."""
+        ``first_plan``: the incumbent searches' plan without its proof (``joint.solve``);
+        ``limits_s``: the solve's tries (default: a ``first_fit`` test's two, else the time left)."""
         self.solves += 1
         t1 = time.perf_counter()
         room = self.room
-        limits = [min(self.left(), FIT_POINT_LIMIT_S), min(self.left(), FIT_POINT_RETRY_S)] \
-            if self.first_fit else [self.left()]
-        for limit in limits:
+        if limits_s is None:
+            limits_s = (FIT_POINT_LIMIT_S, FIT_POINT_RETRY_S) if self.first_fit else (math.inf,)
+        for limit in (min(self.left(), x) for x in limits_s):
             res = joint.solve([self.parts[i]], self.node, solver=self.solver, time_limit_s=limit,
                               objective=self.objective, absolute_gap=self.gap_abs if gap is None else gap,
                               start=[start[0]] if start is not None else None,
@@ -597,7 +620,7 @@ class _Search:
         tight: set[int] = set()  # the points solved to delta
         unsolved = any(f.points[0].plan is None for f in self.fronts)
         while not unsolved:
-            got = _best_choice(self.fronts, self.tops, self.room)
+            got = _best_choice(self.fronts, self.tops, self.room, self.shapes, resolution=self.resolution)
             if got is None:
                 # the floors go with it: the scaled search's first test starts from them
                 return self.result("infeasible", self.stage, ["the apps' plans with the fewest slices and "
@@ -605,6 +628,23 @@ class _Search:
                                    self.floors)
             bound, budgets = got
             todo = [i for i, b in enumerate(budgets) if self.fronts[i].known(b) is None]
+            if any(self.fronts[i].is_parked(budgets[i]) for i in todo):
+                # a budget no solve decided in its limit: the bound keeps it, and the plans are
+                # sought in the best choice without it (its own budgets solved in turn); only
+                # where there is none, a parked budget is solved once more, longer
+                alt = _best_choice(self.fronts, self.tops, self.room, self.shapes, avoid_parked=True,
+                                   resolution=self.resolution)
+                if alt is None:
+                    again = self.retry_parked(budgets, todo)
+                    if isinstance(again, Result):
+                        return again
+                    unsolved = not again
+                    continue
+                budgets = alt[1]
+                todo = [i for i, b in enumerate(budgets) if self.fronts[i].known(b) is None]
+                if not todo:  # its plans, where they pack, are the incumbent (a test's: undecided)
+                    unsolved = self.first_fit
+                    break
             if not todo:
                 if self.elapsed() > self.time_limit_s or not self.tighten(bound, budgets, tight):
                     break  # proven, or the incumbent below unproven
@@ -613,10 +653,15 @@ class _Search:
                 unsolved = True
                 break
             self.stage = "frontier"
+            # every chosen budget's slot floor before any of them is solved: a floor takes a
+            # fraction of a solve and often rules the choice out (the floors' sum over the node)
+            floorless = [i for i in todo if SLOT_FLOORS and budgets[i][0] not in self.fronts[i].min_slots]
+            if floorless:
+                self.slot_floor_at(floorless[0], budgets[floorless[0]][0])
+                continue
             step = self.frontier_step(todo[0], budgets[todo[0]])
-            if isinstance(step, Result):
+            if step is not None:
                 return step
-            unsolved = step
         return bound, budgets, unsolved
 
     def tighten(self, bound: float, budgets: list[Usage], tight: set[int]) -> bool:
@@ -656,39 +701,66 @@ class _Search:
                 self.fronts[i].points.append(p)
         return True
 
-    def frontier_step(self, i: int, budget: Usage) -> Result | bool:
+    def retry_parked(self, budgets: list[Usage], todo: list[int]) -> Result | bool:
+        """A parked budget of the best choice solved again with ``FIT_POINT_RETRY_S`` (a
+        ``first_fit`` test's first try at a frontier point is ``FIT_POINT_LIMIT_S`` only): whether
+        one was left to retry, or a ``first_fit`` test's answer."""
+        for i in todo:
+            front = self.fronts[i]
+            for x in front.parked:
+                if budgets[i][0] <= x[0] and budgets[i][1] <= x[1] and x not in front.retried:
+                    front.retried.append(x)
+                    p = self.point(i, x, limits_s=(FIT_POINT_RETRY_S,) if self.first_fit else None)
+                    if p.bound == -math.inf or p.plan is not None:
+                        front.parked.remove(x)
+                    return self.record(i, x, p) or True
+        return False
+
+    def record(self, i: int, probe: Usage, p: _Point) -> Result | None:
+        """Point ``p`` of app i solved within ``probe`` into its frontier: refuted, a plan (a
+        ``first_fit`` test's answer where the plans now pack), or neither (parked)."""
+        front = self.fronts[i]
+        if p.bound == -math.inf:
+            front.infeasible.append(probe)
+            return None
+        front.points.append(p)
+        if p.plan is None:
+            if probe not in front.parked:
+                front.parked.append(probe)
+            return None
+        return self.fitting() if self.first_fit else None
+
+    def slot_floor_at(self, i: int, k: int) -> int | None:
+        """App i's slot floor on k slices (``slot_floor``) into its frontier (None: no plan)."""
+        front = self.fronts[i]
+        self.solves += 1
+        limit = self.left() if MIN_SLOTS_LIMIT_S is None else min(self.left(), MIN_SLOTS_LIMIT_S)
+        floor = slot_floor(self.parts[i], self.node, self.solver, k, limit)
+        if floor is None:
+            front.infeasible.append((k, self.room[1]))
+        else:
+            front.min_slots[k] = floor
+        return floor
+
+    def frontier_step(self, i: int, budget: Usage) -> Result | None:
         """One new point of app i's frontier for the best choice's ``budget``: its slot floor
-        first, then g. Whether a solve found no plan at all (the joint model decides); or a
-        ``first_fit`` test's answer."""
+        first, then g (``record``). A ``first_fit`` test's answer, where its plans now pack."""
         front, room = self.fronts[i], self.room
         k = budget[0]
         if SLOT_FLOORS and k not in front.min_slots:
-            self.solves += 1
-            limit = self.left() if MIN_SLOTS_LIMIT_S is None else min(self.left(), MIN_SLOTS_LIMIT_S)
-            floor = slot_floor(self.parts[i], self.node, self.solver, k, limit)
-            if floor is None:
-                front.infeasible.append((k, room[1]))
-            else:
-                front.min_slots[k] = floor
+            floor = self.slot_floor_at(i, k)
             if floor is None or floor > budget[1]:
-                return False
+                return None
         # first the budget with every slot the app's own optimum took: its plan (often on
-        # fewer slots) covers the budgets between, and its bound caps those it does not
-        wide = (k, self.tops[i][1])
+        # fewer slots) covers the budgets between, and its bound caps those it does not; above
+        # those slots (fewer slices than its own optimum, more slots), every slot of the node:
+        # its bound caps the whole row, where a budget one slot wider each time would not
+        wide = (k, self.tops[i][1] if budget[1] <= self.tops[i][1] else room[1])
         fresh = front.known(wide) is None and all(q.budget != wide for q in front.points)
         probe = wide if fresh else budget
-        p = self.point(i, probe)
-        if p.bound == -math.inf:
-            front.infeasible.append(probe)
-        elif p.plan is None:
-            return True  # not even a plan within the limit: the joint model decides
-        else:
-            front.points.append(p)
-            if self.first_fit:
-                got_fit = self.fitting()
-                if got_fit is not None:
-                    return got_fit
-        return False
+        # not even a plan within the limit: its bound holds, the search goes elsewhere first
+        p = self.point(i, probe, limits_s=(FIT_POINT_LIMIT_S,) if self.first_fit else None)
+        return self.record(i, probe, p)
 
     def incumbent(self, budgets: list[Usage], unsolved: bool) -> tuple[tuple[_Point, ...], Layout] | None:
         """3. The best choice among the plans computed that packs onto the GPUs (the best

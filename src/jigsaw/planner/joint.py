@@ -142,6 +142,12 @@ MAX_SPLIT_SOLVES = 40
 # ... and where ranking the splits by their LPs passes this share of the time limit (ar_assistant's
 # 1101 splits: 5-6 s at load 15, too long for a plan above capacity within the node's 10 s)
 SPLIT_RANK_SHARE = 0.25
+# CBC's cutting planes in the capacity's core and in the maximal splits' cores (``_max_over_splits``,
+# the capacity and the cheapest plan at it): off. These models are small (about 100 integer
+# variables, 40 rows) and CBC's cut rounds cost more than the nodes they save: every app in all
+# eight spaces on 120 GPUs (``bench/capacity.py --app all``) 26.9 -> 19.0 s, ar_assistant under
+# ``ast`` 46 503 -> 27 617 nodes, the same capacities and plans.
+CAPACITY_CUTS = False
 
 
 def grid_caps(pb: Problem, steps: int = GRID_STEPS) -> list[dict[str, float]]:
@@ -1059,7 +1065,7 @@ def _max_over_splits(parts: list[Part], node: Node, shape: dict, solver: str, t0
             floor = best.objective + max(gap_abs, rel_gap * abs(best.objective))
             nz = [(j, c) for j, c in enumerate(built.model.cost) if c]
             built.model.row([j for j, _ in nz], [c for _, c in nz], lo=floor)
-        sol = built.model.solve(solver, left, gap_abs, relative_gap=rel_gap)
+        sol = built.model.solve(solver, left, gap_abs, relative_gap=rel_gap, cuts=CAPACITY_CUTS)
         if sol.status == "infeasible":
             if floor is not None:
                 bound = max(bound, floor)  # nothing of this split above the floor
@@ -1294,7 +1300,7 @@ def solve(parts: list[Part], node: Node, *, solver: str, time_limit_s: float,
                 split_search=SPLIT_SEARCH if split_search is None else split_search,
                 exact_splits=exact_splits, first_plan=first_plan)
     sol = core.model.solve(s.core_how, time_limit_s, gap_abs, start=_core_start(core, start),
-                           relative_gap=rel_gap)
+                           relative_gap=rel_gap, cuts=CAPACITY_CUTS or not capacity_mode)
     if sol.status == "infeasible":
         return JointResult("infeasible", [None] * len(parts), math.nan, sol.bound, s.elapsed_s(), "core")
     s.ub = _proven(sol) if sol.has_incumbent else math.inf

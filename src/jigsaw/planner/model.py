@@ -90,9 +90,11 @@ class LinearModel(Arrays):
 
     def solve(self, solver: str, time_limit_s: float, absolute_gap: float,
               start: dict[int, float] | None = None, relative_gap: float = 0.0,
-              presolve: bool = True, max_nodes: int | None = None) -> Solution:
+              presolve: bool = True, max_nodes: int | None = None, cuts: bool = True) -> Solution:
         """``presolve``: HiGHS's presolve (CBC ignores it); off where it measured slower (the
-        slot bounds of ``decompose``, whose root presolve took most of their time).
+        slot bounds of ``decompose``, whose root presolve took most of their time). ``cuts``:
+        CBC's cutting planes (HiGHS ignores it); off where they measured slower (``joint``'s
+        capacity solves).
         ``max_nodes``: stop after this many branch-and-bound nodes, a limit of work rather than of
         time: a busy machine stops at the same point as a quiet one (the same answer)."""
         if solver == "highs":
@@ -102,13 +104,13 @@ class LinearModel(Arrays):
             return sol
         if solver == "cbc":
             t0 = time.perf_counter()
-            sol = _contained_cbc(self, time_limit_s, absolute_gap, start, relative_gap, max_nodes)
+            sol = _contained_cbc(self, time_limit_s, absolute_gap, start, relative_gap, max_nodes, cuts)
             if start and not sol.crash and sol.has_incumbent and self.violations(sol.values):
                 # CBC can return a broken "optimal" answer after a start it could not use:
                 # never trust it, solve again from scratch in the time left.
                 _count(self, sol)
                 left = max(time_limit_s - (time.perf_counter() - t0), 0.05 * time_limit_s)
-                sol = _contained_cbc(self, left, absolute_gap, None, relative_gap, max_nodes)
+                sol = _contained_cbc(self, left, absolute_gap, None, relative_gap, max_nodes, cuts)
                 _count(self, sol)
                 sol.seconds = time.perf_counter() - t0
                 return sol
@@ -140,11 +142,11 @@ class LinearModel(Arrays):
 
 def _contained_cbc(model: LinearModel, time_limit_s: float, absolute_gap: float,
                    start: dict[int, float] | None, relative_gap: float,
-                   max_nodes: int | None) -> Solution:
+                   max_nodes: int | None, cuts: bool = True) -> Solution:
     """CBC in its child process (``solve_runner``); where that dies (a native abort) or hangs,
     the same model on HiGHS here, the crash logged and named in the solution's ``crash``."""
     try:
-        return solve_cbc(model, time_limit_s, absolute_gap, start, relative_gap, max_nodes)
+        return solve_cbc(model, time_limit_s, absolute_gap, start, relative_gap, max_nodes, cuts)
     except SolverCrash as exc:
         _LOG.warning("%s: solving the model (%d variables, %d rows) on HiGHS instead",
                      exc, model.num_vars, model.num_rows)

@@ -11,7 +11,7 @@ the caller (the other solver: a crash becomes a retry, named in the solution's `
 Protocol, both ways one JSON header line followed by raw little-endian arrays (never pickle)::
 
     -> {"n": VARS, "m": ROWS, "nnz": NONZEROS, "starts": K, "maximize": bool, "time_limit_s": T,
-        "absolute_gap": G, "relative_gap": R, "max_nodes": N|null}
+        "absolute_gap": G, "relative_gap": R, "max_nodes": N|null, "cuts": bool}
        then float64 col_lo[n] col_hi[n] cost[n] row_lo[m] row_hi[m] value[nnz] start_value[K],
        int32 row_len[m] index[nnz] start_index[K], uint8 integer[n]
     <- {"status": S, "objective": X, "bound": B, "seconds": T, "nodes": N, "dual_bound": D,
@@ -49,12 +49,13 @@ class SolverCrash(RuntimeError):
 
 
 def _encode(model: Arrays, time_limit_s: float, absolute_gap: float,
-            start: dict[int, float] | None, relative_gap: float, max_nodes: int | None) -> bytes:
+            start: dict[int, float] | None, relative_gap: float, max_nodes: int | None,
+            cuts: bool = True) -> bytes:
     keys = sorted(start) if start else []
     lens = [len(idx) for idx in model.row_index]
     head = {"n": len(model.cost), "m": len(model.row_lo), "nnz": sum(lens), "starts": len(keys),
             "maximize": model.maximize, "time_limit_s": time_limit_s, "absolute_gap": absolute_gap,
-            "relative_gap": relative_gap, "max_nodes": max_nodes}
+            "relative_gap": relative_gap, "max_nodes": max_nodes, "cuts": cuts}
     floats = np.concatenate([np.asarray(a, dtype=_F8) for a in (
         model.col_lo, model.col_hi, model.cost, model.row_lo, model.row_hi,
         [v for val in model.row_value for v in val], [start[k] for k in keys] if start else [])])
@@ -202,11 +203,11 @@ os.register_at_fork(after_in_child=_IDLE.clear)
 
 def solve_cbc(model: Arrays, time_limit_s: float, absolute_gap: float,
               start: dict[int, float] | None, relative_gap: float = 0.0,
-              max_nodes: int | None = None) -> Solution:
-    """``model`` solved by CBC in a warm child process. Raises ``SolverCrash`` when the child
-    dies (a native abort) or overruns twice the limit plus ``GRACE_S``; the next call starts a
-    new child."""
-    frame = _encode(model, time_limit_s, absolute_gap, start, relative_gap, max_nodes)
+              max_nodes: int | None = None, cuts: bool = True) -> Solution:
+    """``model`` solved by CBC in a warm child process (``cuts``: ``cbc.solve``'s). Raises
+    ``SolverCrash`` when the child dies (a native abort) or overruns twice the limit plus
+    ``GRACE_S``; the next call starts a new child."""
+    frame = _encode(model, time_limit_s, absolute_gap, start, relative_gap, max_nodes, cuts)
     child = _take()
     head, values = child.solve(frame, 2.0 * time_limit_s + GRACE_S)
     _give(child)
@@ -235,7 +236,7 @@ def _serve(inp: IO[bytes], out: IO[bytes]) -> int:
             time.sleep(3600.0)
         try:
             sol = cbc.solve(model, float(head["time_limit_s"]), float(head["absolute_gap"]), start,
-                             float(head["relative_gap"]), head["max_nodes"])
+                             float(head["relative_gap"]), head["max_nodes"], bool(head.get("cuts", True)))
         except Exception as exc:  # answered: the caller retries on HiGHS
             out.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n")
             out.flush()
