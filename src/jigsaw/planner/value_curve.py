@@ -50,7 +50,7 @@ Scope = tuple[str, float, float]  # (objective, the app's weight, the decision's
 GRID_LEVELS = 16
 GRID_MIN_WIDTH = 0.004  # of the grid's top demand
 GRID_FRONTIER = 1
-LEVEL_SOLVES = 4 + 4 * GRID_FRONTIER  # one demand's solves at most (``level_facts``)
+LEVEL_SOLVES = 5 + 4 * GRID_FRONTIER  # one demand's solves at most (``level_facts``)
 GRID_FRONTIER_FROM = 0.45  # of the grid's top demand: below it the apps' own optima fit together
 GRID_STEP_S = 4.0
 EDGE = 1e-6  # a probe lies this share above the demand the facts prove up to (``next_probe``)
@@ -225,8 +225,10 @@ def level_facts(pb: Problem, node: Node, scope: Scope, demand_rps: float, max_rp
                                          else frontier_from_rps):
         return out
     part = joint.Part(pb, demand_rps, scope[1])
-    for k in sorted({b[0] for b in frontier_budgets(own.used, node, frontier)}, reverse=True):
-        # the slot floor the frontier search would solve first: (k, floor - 1) is infeasible
+    beside = {own.used[0] + 1} if own.used[0] < curves.room_of(node)[0] else set()
+    for k in sorted({b[0] for b in frontier_budgets(own.used, node, frontier)} | beside, reverse=True):
+        # the slot floor the frontier search would solve first: (k, floor - 1) is infeasible (and
+        # a slice more than the own optimum's: the budgets beside it, on fewer slots)
         floor = slot_floor(part, node, solver, k, min(time_limit_s, FLOOR_LIMIT_S))
         slots = curves.room_of(node)[1] if floor is None else floor - 1
         if slots >= 0:
