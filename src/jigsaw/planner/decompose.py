@@ -655,8 +655,7 @@ class _Search:
             self.stage = "frontier"
             # every chosen budget's slot floor before any of them is solved: a floor takes a
             # fraction of a solve and often rules the choice out (the floors' sum over the node)
-            floorless = [i for i in todo if SLOT_FLOORS
-                         and self.floor_slices_of(i, budgets[i]) not in self.fronts[i].min_slots]
+            floorless = [i for i in todo if SLOT_FLOORS and not self.has_floor(i, budgets[i])]
             if floorless:
                 self.slot_floor_at(floorless[0], self.floor_slices_of(floorless[0], budgets[floorless[0]]))
                 continue
@@ -745,6 +744,13 @@ class _Search:
         slices 0.35-0.6 s for the same 11 slots)."""
         return self.room[0] if self.beside(i, budget) else budget[0]
 
+    def has_floor(self, i: int, budget: Usage) -> bool:
+        """Whether app i's slot floor that rules on ``budget`` is known: its own slices', or
+        ``floor_slices_of``'s (an earlier decision's or the value grid's floor on the budget's
+        own slices is as good as one on more, and costs nothing)."""
+        have = self.fronts[i].min_slots
+        return budget[0] in have or self.floor_slices_of(i, budget) in have
+
     def slot_floor_at(self, i: int, k: int) -> int | None:
         """App i's slot floor on k slices (``slot_floor``) into its frontier (None: no plan)."""
         front = self.fronts[i]
@@ -762,7 +768,7 @@ class _Search:
         first, then g (``record``). A ``first_fit`` test's answer, where its plans now pack."""
         front, room = self.fronts[i], self.room
         k = budget[0]
-        if SLOT_FLOORS and self.floor_slices_of(i, budget) not in front.min_slots:
+        if SLOT_FLOORS and not self.has_floor(i, budget):
             floor = self.slot_floor_at(i, self.floor_slices_of(i, budget))
             if floor is None or floor > budget[1]:
                 return None
