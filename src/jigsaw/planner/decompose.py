@@ -20,7 +20,10 @@ accuracy less their cost, and takes at least a slot per slice; and a lower bound
 slots at a slice budget from the latency-relaxed core, which rules out the budgets below it in
 one solve). The points lie below the own optima and beside them: an app may serve its demand
 on more slices and fewer slots than its own optimum takes (or the reverse), and a node that
-only such budgets fit is no less feasible. Accuracy lies in [0.9, 1], so an app's optimum is
+only such budgets fit is no less feasible. A budget beside its own optimum (as many slices or
+more, fewer slots) is solved, and its slot floor taken, with every slice of the node: one bound
+and one floor then cap the whole column, which the accuracy cap alone (about three slices of
+headroom) would leave to a solve per slice. Accuracy lies in [0.9, 1], so an app's optimum is
 within about 3 slices of its fewest-slices plan: frontiers are a few points. A point whose solve
 finds neither a plan nor a proof in its limit keeps its bound in the knapsack and is parked:
 the plans are sought in the best choice without it, and it is solved once more, longer, only
@@ -655,9 +658,10 @@ class _Search:
             self.stage = "frontier"
             # every chosen budget's slot floor before any of them is solved: a floor takes a
             # fraction of a solve and often rules the choice out (the floors' sum over the node)
-            floorless = [i for i in todo if SLOT_FLOORS and not self.has_floor(i, budgets[i])]
-            if floorless:
-                self.slot_floor_at(floorless[0], self.floor_slices_of(floorless[0], budgets[floorless[0]]))
+            # (the whole columns' first, each ruling out more than any budget's own)
+            floors = sorted((k, i) for i in todo if (k := self.floor_needed(i, budgets[i])) is not None)
+            if floors:
+                self.slot_floor_at(floors[-1][1], floors[-1][0])
                 continue
             step = self.frontier_step(todo[0], budgets[todo[0]])
             if step is not None:
@@ -732,24 +736,24 @@ class _Search:
 
     def beside(self, i: int, budget: Usage) -> bool:
         """Whether ``budget`` lies beside app i's own optimum: as many slices or more, fewer slots
-        (``frontier_step`` solves it with every slice of the node; ``floor_slices_of``). Never
+        (``frontier_step`` solves it with every slice of the node; ``floor_needed``). Never
         in a ``first_fit`` test, which asks for plans within the chosen budget quickly, not bounds."""
         top = self.tops[i]
         return budget[0] >= top[0] and budget[1] < top[1] and not self.first_fit
 
-    def floor_slices_of(self, i: int, budget: Usage) -> int:
-        """The slices of the slot floor that rules on ``budget`` of app i: its own, or beside
-        the own optimum every slice of the node (one floor for the whole column, as its solve;
-        at 90% of the example node each app's took 0.005-0.12 s, and traffic_analysis's on 10
-        slices 0.35-0.6 s for the same 11 slots)."""
-        return self.room[0] if self.beside(i, budget) else budget[0]
-
-    def has_floor(self, i: int, budget: Usage) -> bool:
-        """Whether app i's slot floor that rules on ``budget`` is known: its own slices', or
-        ``floor_slices_of``'s (an earlier decision's or the value grid's floor on the budget's
-        own slices is as good as one on more, and costs nothing)."""
+    def floor_needed(self, i: int, budget: Usage) -> int | None:
+        """The slices of the next slot floor to take before app i's ``budget`` is solved (None:
+        those known, or ``SLOT_FLOORS`` off). Beside the own optimum first the floor on every
+        slice of the node: it rules out the whole column at once (at 90% of the example node
+        every app's 0.005-0.12 s, where traffic_analysis's on 10 slices took 0.35-0.6 s for the
+        same 11 slots); where it does not rule the budget out, the budget's own (more slices
+        may take fewer slots: traffic_analysis at another 90% mix, 10 on every slice, 11 on 9)."""
         have = self.fronts[i].min_slots
-        return budget[0] in have or self.floor_slices_of(i, budget) in have
+        if not SLOT_FLOORS:
+            return None
+        if self.beside(i, budget) and self.room[0] not in have and budget[0] not in have:
+            return self.room[0]
+        return None if budget[0] in have else budget[0]
 
     def slot_floor_at(self, i: int, k: int) -> int | None:
         """App i's slot floor on k slices (``slot_floor``) into its frontier (None: no plan)."""
@@ -768,8 +772,8 @@ class _Search:
         first, then g (``record``). A ``first_fit`` test's answer, where its plans now pack."""
         front, room = self.fronts[i], self.room
         k = budget[0]
-        if SLOT_FLOORS and not self.has_floor(i, budget):
-            floor = self.slot_floor_at(i, self.floor_slices_of(i, budget))
+        while (need := self.floor_needed(i, budget)) is not None:
+            floor = self.slot_floor_at(i, need)
             if floor is None or floor > budget[1]:
                 return None
         # first the budget with every slot the app's own optimum took: its plan (often on
