@@ -58,8 +58,9 @@ together (and pack) is served at once, the least fraction the stored refutations
 fit caps theta_hi; where they meet within the tolerance the search makes no test, else the
 first test lies between them (the floors' guess where the caller computed floors, else their
 geometric mean) and a refuted test steps down as from nothing served, never below the proof
-just above the stored plans' fraction. Every test starts from the budgets the curves refute at
-its demands and adds what it shows to them.
+just above the stored plans' fraction. Every test (``fit_test``) starts from the budgets the
+curves refute at its demands and from the plans and bounds the earlier tests' solves give there
+(``value_curve.seeds``), and adds what it shows to both.
 The search stops after ``MAX_TESTS`` tests (a limit of work; the clock only guards it), so its
 answer does not depend on how busy the machine is. Pure: the result depends only on the inputs
 (and the solver's answers within the limit).
