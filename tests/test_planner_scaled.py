@@ -342,3 +342,23 @@ def test_a_second_fit_test_reuses_the_first_ones_plans_and_bounds(one_gpu, monke
         assert p is not None and p.planned_rps == pytest.approx(0.3 * part.demand_rps, rel=1e-6)
         p.layout = app_layout(again.layout, name)
         assert verify_plan(p, node.app(name), node, profiles) == [], name
+
+
+def test_a_fit_test_parks_what_a_test_at_a_smaller_fraction_parked(one_gpu, monkeypatch) -> None:
+    """A budget no solve decided in its limit at a smaller fraction is parked from the start of
+    a test at a larger one (no easier there), not one parked at a larger fraction; the test's
+    own parked budgets are added for the next."""
+    from jigsaw.planner import decompose
+
+    node, profiles = one_gpu
+    names = ("social_media", "traffic_analysis")
+    parts = _parts(node, profiles, names, (1500.0, 400.0))
+    given = []
+    solve = decompose.solve
+    monkeypatch.setattr(decompose, "solve", lambda *a, **k: given.append(k["parked"]) or solve(*a, **k))
+    pack = lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None)  # noqa: E731
+    held: scaled.Parked = [(0.28, [[(3, 4)], []]), (0.35, [[(2, 3)], [(3, 3)]])]
+    d = scaled.fit_test(parts, node, 0.3, solver="highs", time_limit_s=30, pack=pack, parked=held)
+    assert given == [[[(3, 4)], []]]
+    assert len(held) == 3 and held[-1] == (0.3, d.parked)
+    assert d.status in ("optimal", "feasible") and d.parked is not None and (3, 4) in d.parked[0]

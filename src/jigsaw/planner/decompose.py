@@ -227,6 +227,8 @@ class Result:
     found: list[list[tuple[Usage, Plan]]] | None = None
     # per app, each point solved here (``value_curve.learn``): budget, plan, usage, value, bound
     solved: list[list[tuple[Usage, Plan | None, Usage, float, float]]] | None = None
+    # per app, the budgets parked at the end (``solve(parked=)``: the scaled search's next tests)
+    parked: list[list[Usage]] | None = None
 
 
 @dataclass(frozen=True)
@@ -353,7 +355,8 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
           objective: str, pack: Packer, absolute_gap: float | None = None,
           start: Sequence[Plan | None] | None = None, first_fit: bool = False,
           known: Sequence[Known | None] | None = None,
-          seeds: Sequence[Sequence[Seed]] | None = None) -> Result:
+          seeds: Sequence[Sequence[Seed]] | None = None,
+          parked: Sequence[Sequence[Usage]] | None = None) -> Result:
     """The node decision over ``parts`` (see the module doc); ``pack`` lays out a choice of plans.
 
     ``start``: per app, a verified plan at its demand (e.g. ``quick_plan_node``'s) that each
@@ -369,7 +372,10 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     ``seeds``: per app, what earlier solves give its budgets at this demand (``value_curve``):
     points known without a solve where their incumbent is within the node's gap of their bound,
     else incumbents and bounds for the solves; ``Result.solved`` is what ``value_curve.learn``
-    keeps.
+    keeps. ``parked``: per app, budgets an earlier decision at a smaller demand parked (no plan
+    nor proof in its limit: one at more demand is no easier), parked here from the start (the
+    plans sought elsewhere first, the budget solved once, longer, where no choice is left);
+    ``Result.parked`` is this decision's.
     """
     t0 = time.perf_counter()
     room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
@@ -379,6 +385,8 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
             f.infeasible.extend(kn.infeasible)
             for k, m in kn.min_slots:
                 f.min_slots[k] = max(m, f.min_slots.get(k, 0))
+    for f, held in zip(fronts, parked or [()] * len(parts), strict=True):
+        f.parked.extend(held)
     res = _solve(parts, node, solver=solver, time_limit_s=time_limit_s, objective=objective,
                  pack=pack, absolute_gap=absolute_gap, start=start, first_fit=first_fit,
                  fronts=fronts, t0=t0, seeds=seeds)
@@ -386,6 +394,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         if least >= 1:  # no plan on fewer slices than the floor
             f.infeasible.append((int(min(least, room[0] + 1)) - 1, room[1]))
     res.known = [Known(tuple(f.infeasible), tuple(sorted(f.min_slots.items()))) for f in fronts]
+    res.parked = [list(f.parked) for f in fronts]
     # (seeded plans too: a plan for this demand, which the curves keep as any other)
     res.found = [[(p.used, p.plan) for p in f.points if p.plan is not None] for f in fronts]
     res.solved = [[(p.budget, p.plan, p.used, p.value, p.bound) for p in f.points

@@ -230,10 +230,12 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     # near: failed tests stepping down from the bound by the tolerance
     guess, hi, near = _first_test(parts, node, solver, theta_hi, hi, tolerance, floors, bound, lo)
     climbs = 0  # feasible tests in a row
+    parked: Parked = []  # the tests' parked budgets (``fit_test``)
     falls = 0  # refuted tests in a row before any served
     while hi > lo * (1 + tolerance) * (1 + 1e-6) and lo < theta_hi and left() > 0 and tests < MAX_TESTS:
         tests += 1
-        d = fit_test(parts, node, guess, solver=solver, time_limit_s=max(left(), 0.05), pack=pack)
+        d = fit_test(parts, node, guess, solver=solver, time_limit_s=max(left(), 0.05), pack=pack,
+                     parked=parked)
         if d.status in ("optimal", "feasible") and d.layout is not None and \
                 all(p is not None for p in d.plans):
             got = [p for p in d.plans if p is not None]
@@ -292,6 +294,7 @@ def above_greedy(parts: Sequence[joint.Part], node: Node, plans: Sequence[Plan],
     factor = max(1.0, min(headroom(p, part) for p, part in zip(plans, parts, strict=True)) * (1 - _CARRY_EPS))
     lo, hi, tests = theta * factor, math.inf, 0
     served = [scale_plan(p, factor) for p in plans]
+    parked: Parked = []  # the tests' parked budgets (``fit_test``)
     while tests <= GREEDY_CLIMBS:
         proof = math.isfinite(hi)  # refuted above lo: the proof just above it, briefly
         guess = lo * (1 + tolerance) ** (1 if proof else 2) * (1 + 1e-9)
@@ -301,7 +304,7 @@ def above_greedy(parts: Sequence[joint.Part], node: Node, plans: Sequence[Plan],
         if left <= 0:
             break
         tests += 1
-        d = fit_test(parts, node, guess, solver=solver, time_limit_s=left, pack=pack)
+        d = fit_test(parts, node, guess, solver=solver, time_limit_s=left, pack=pack, parked=parked)
         if d.status == "infeasible":
             hi = guess
             if proof:
@@ -323,8 +326,11 @@ def above_greedy(parts: Sequence[joint.Part], node: Node, plans: Sequence[Plan],
                        time.perf_counter() - t0, tests)
 
 
+Parked = list[tuple[float, list[list[decompose.Usage]]]]  # per test: its theta, per app its parked budgets
+
+
 def fit_test(parts: Sequence[joint.Part], node: Node, theta: float, *, solver: str, time_limit_s: float,
-             pack: decompose.Packer) -> decompose.Result:
+             pack: decompose.Packer, parked: Parked | None = None) -> decompose.Result:
     """One test of whether ``theta`` of every demand fits (``decompose.solve(first_fit=True)``),
     told what the search's earlier tests (and earlier decisions) showed, and adding what it shows.
 
@@ -335,6 +341,9 @@ def fit_test(parts: Sequence[joint.Part], node: Node, theta: float, *, solver: s
     (``curves.seed``); a plan found at a larger demand, or at a smaller one whose instances
     carry this demand (its headroom), is a plan here, and a bound proven at a smaller demand
     bounds this one (``value_curve.seeds``, kept under the ``slices`` objective the tests use).
+    ``parked``: the search's earlier tests' parked budgets (``decompose.solve(parked=)``), those
+    at a smaller theta parked here too; this test's added (150% of the example node: the next
+    test's first second on ar_assistant's 10 slices / 11 slots, parked 0.5% below, not spent).
     """
     at = _at(parts, theta)
     total = sum(p.weight for p in at) or 1.0
@@ -342,7 +351,11 @@ def fit_test(parts: Sequence[joint.Part], node: Node, theta: float, *, solver: s
     d = decompose.solve(at, node, solver=solver, time_limit_s=time_limit_s, objective="slices", pack=pack,
                         first_fit=FIRST_FIT, known=curves.seed(at, node),
                         seeds=[value_curve.seeds(p.pb, sc, p.demand_rps or 0.0)
-                               for p, sc in zip(at, scopes, strict=True)])
+                               for p, sc in zip(at, scopes, strict=True)],
+                        parked=[sorted({b for t, held in parked or [] if t <= theta for b in held[i]})
+                                for i in range(len(at))])
+    if parked is not None and d.parked is not None:
+        parked.append((theta, d.parked))
     curves.learn(at, d)
     value_curve.learn([p.pb for p in at], scopes, [p.demand_rps or 0.0 for p in at],
                       d.solved or [[] for _ in at])
