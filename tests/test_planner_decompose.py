@@ -366,3 +366,55 @@ def test_a_point_without_plan_or_proof_is_parked_not_refuted(one_gpu, cold_plann
     for b in parked:  # first the short try, once more the long one, then never again
         assert [lim for _, x, lim in asked if x == b] == [(decompose.FIT_POINT_LIMIT_S,),
                                                          (decompose.FIT_POINT_RETRY_S,)], b
+
+
+def test_a_budget_beside_the_own_optimum_is_solved_for_its_whole_column(one_gpu, cold_planner,
+                                                                         monkeypatch) -> None:
+    """A budget with as many slices as the app's own optimum or more and fewer slots: the slot
+    floor on every slice of the node first (it rules out the column at once), the budget's own
+    slices' only where that does not, then one solve within its slots on every slice (its bound
+    caps the whole column, its plan the budgets from its usage up). A ``first_fit`` test keeps
+    to the budget's slices (it asks for plans quickly, not bounds)."""
+    import math
+    import time
+
+    from jigsaw.plan import Plan
+
+    node, profiles = one_gpu
+    pb = make_problem(node.app("traffic_analysis"), node, profiles, search_space("ast"), None)
+    plan = Plan.__new__(Plan)
+    floors: dict[int, int] = {}
+    asked: list[tuple[str, object]] = []
+
+    def fake_floor(part, node_, solver, max_slices, limit):
+        asked.append(("floor", max_slices))
+        return floors[max_slices]
+
+    def fake_solve(*a, max_slices=None, max_slots=None, **k) -> joint.JointResult:
+        asked.append(("solve", (max_slices, max_slots)))
+        return joint.JointResult("optimal", [plan], -0.3, -0.3, 0.01, "full")
+
+    monkeypatch.setattr(decompose, "slot_floor", fake_floor)
+    monkeypatch.setattr(joint, "solve", fake_solve)
+    monkeypatch.setattr(decompose, "usage", lambda p, n: (4, 4))
+
+    def search(first_fit: bool) -> decompose._Search:
+        s = decompose._Search([joint.Part(pb, 150.0, 1.0)], node, "cbc", 30.0, "slices", lambda ps: None,
+                              None, first_fit, [decompose._Frontier()], time.perf_counter())
+        s.tops = [(3, 6)]
+        return s
+
+    room = (node.slices_available, 8)
+    floors.update({room[0]: 4, 4: 4})
+    s = search(False)
+    assert s.frontier_step(0, (4, 4)) is None
+    assert asked == [("floor", room[0]), ("floor", 4), ("solve", (None, 4))]
+    assert s.fronts[0].known((4, 4)) is not None and s.fronts[0].known((room[0], 4)) is not None
+    asked.clear()
+    floors[room[0]] = 5  # the column's floor rules the budget out: no other floor, no solve
+    s = search(False)
+    assert s.frontier_step(0, (4, 4)) is None and asked == [("floor", room[0])]
+    assert s.fronts[0].upper((4, 4)) == -math.inf and s.fronts[0].upper((room[0], 4)) == -math.inf
+    asked.clear()
+    search(True).frontier_step(0, (4, 4))  # (its plan packs: the test's answer)
+    assert asked == [("floor", 4), ("solve", (4, 6))]  # its slices, the own optimum's slots (as before)

@@ -315,3 +315,50 @@ def test_a_scaled_search_without_a_plan_falls_back_to_the_greedys(one_gpu, monke
     assert all(a is not q.plans[n] for a, n in zip(res.plans, names, strict=True))
     assert [p.planned_rps for p in res.plans] == [q.plans[n].planned_rps for n in names]
     assert any("not proven the largest" in n for n in notes)
+
+
+def test_a_second_fit_test_reuses_the_first_ones_plans_and_bounds(one_gpu, monkeypatch) -> None:
+    """A scaled search's tests share what they show: a test at a demand an earlier test solved
+    takes its plans (they serve it) and bounds (they hold) without a single-app solve, and its
+    plans still verify and pack."""
+    from jigsaw.planner import decompose
+
+    node, profiles = one_gpu
+    names = ("social_media", "traffic_analysis")
+    parts = _parts(node, profiles, names, (1500.0, 400.0))
+    solves = []
+    point = decompose._Search.point
+    monkeypatch.setattr(decompose._Search, "point",
+                        lambda self, i, *a, **k: solves.append(i) or point(self, i, *a, **k))
+    pack = lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None)  # noqa: E731
+    first = scaled.fit_test(parts, node, 0.3, solver="highs", time_limit_s=30, pack=pack)
+    assert first.status in ("optimal", "feasible") and solves  # it solved its apps' budgets
+    n_first = len(solves)
+    again = scaled.fit_test(parts, node, 0.3, solver="highs", time_limit_s=30, pack=pack)
+    assert again.status in ("optimal", "feasible")
+    assert len(solves) == n_first, "the second test re-solved budgets the first had solved"
+    assert again.layout is not None and validate_layout(again.layout, node.gpu) == []
+    for name, part, p in zip(names, parts, again.plans, strict=True):
+        assert p is not None and p.planned_rps == pytest.approx(0.3 * part.demand_rps, rel=1e-6)
+        p.layout = app_layout(again.layout, name)
+        assert verify_plan(p, node.app(name), node, profiles) == [], name
+
+
+def test_a_fit_test_parks_what_a_test_at_a_smaller_fraction_parked(one_gpu, monkeypatch) -> None:
+    """A budget no solve decided in its limit at a smaller fraction is parked from the start of
+    a test at a larger one (no easier there), not one parked at a larger fraction; the test's
+    own parked budgets are added for the next."""
+    from jigsaw.planner import decompose
+
+    node, profiles = one_gpu
+    names = ("social_media", "traffic_analysis")
+    parts = _parts(node, profiles, names, (1500.0, 400.0))
+    given = []
+    solve = decompose.solve
+    monkeypatch.setattr(decompose, "solve", lambda *a, **k: given.append(k["parked"]) or solve(*a, **k))
+    pack = lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None)  # noqa: E731
+    held: scaled.Parked = [(0.28, [[(3, 4)], []]), (0.35, [[(2, 3)], [(3, 3)]])]
+    d = scaled.fit_test(parts, node, 0.3, solver="highs", time_limit_s=30, pack=pack, parked=held)
+    assert given == [[[(3, 4)], []]]
+    assert len(held) == 3 and held[-1] == (0.3, d.parked)
+    assert d.status in ("optimal", "feasible") and d.parked is not None and (3, 4) in d.parked[0]

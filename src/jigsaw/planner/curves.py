@@ -7,7 +7,7 @@ decomposition (``decompose.solve``), at the demand that decision had:
 
 * **served**: a plan on ``usage`` whose instances carry its lanes ``headroom`` times, so the same
   instances serve every rate up to ``planned rate x headroom`` (its lanes scaled down:
-  ``scaled.scale_plan``);
+  ``scale_plan``);
 * **refuted**: a budget proven to serve no plan at rate ``r`` (an infeasible solve, a latency-
   relaxed core's slice or slot floor): it serves no larger rate either.
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from jigsaw.mig import NUM_PLACEMENT_SLOTS
 from jigsaw.node import Node
-from jigsaw.plan import Layout, Plan
+from jigsaw.plan import LanePlan, Layout, Plan
 from jigsaw.planner import decompose, joint
 from jigsaw.planner.packer import PackingError
 from jigsaw.planner.problem import Problem
@@ -55,11 +55,19 @@ def headroom(plan: Plan, pb: Problem) -> float:
     return max(1.0, min(ratios, default=1.0))
 
 
+def scale_plan(plan: Plan, factor: float) -> Plan:
+    """``plan`` with every lane's rate times ``factor`` (at most its headroom: still sound)."""
+    out = copy.deepcopy(plan)
+    out.lanes = [LanePlan(dict(x.variants), x.rate_rps * factor) for x in plan.lanes]
+    out.planned_rps = plan.planned_rps * factor
+    return out
+
+
 @dataclass(frozen=True)
 class Served:
     usage: Usage
     rate_rps: float  # the most root requests/s the plan's instances serve
-    plan: Plan  # a private copy, never handed out (``scaled.scale_plan`` copies it)
+    plan: Plan  # a private copy, never handed out (``scale_plan`` copies it)
 
 
 @dataclass

@@ -20,7 +20,10 @@ accuracy less their cost, and takes at least a slot per slice; and a lower bound
 slots at a slice budget from the latency-relaxed core, which rules out the budgets below it in
 one solve). The points lie below the own optima and beside them: an app may serve its demand
 on more slices and fewer slots than its own optimum takes (or the reverse), and a node that
-only such budgets fit is no less feasible. Accuracy lies in [0.9, 1], so an app's optimum is
+only such budgets fit is no less feasible. A budget beside its own optimum (as many slices or
+more, fewer slots) is solved, and its slot floor taken, with every slice of the node: one bound
+and one floor then cap the whole column, which the accuracy cap alone (about three slices of
+headroom) would leave to a solve per slice. Accuracy lies in [0.9, 1], so an app's optimum is
 within about 3 slices of its fewest-slices plan: frontiers are a few points. A point whose solve
 finds neither a plan nor a proof in its limit keeps its bound in the knapsack and is parked:
 the plans are sought in the best choice without it, and it is solved once more, longer, only
@@ -224,6 +227,8 @@ class Result:
     found: list[list[tuple[Usage, Plan]]] | None = None
     # per app, each point solved here (``value_curve.learn``): budget, plan, usage, value, bound
     solved: list[list[tuple[Usage, Plan | None, Usage, float, float]]] | None = None
+    # per app, the budgets parked at the end (``solve(parked=)``: the scaled search's next tests)
+    parked: list[list[Usage]] | None = None
 
 
 @dataclass(frozen=True)
@@ -350,7 +355,8 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
           objective: str, pack: Packer, absolute_gap: float | None = None,
           start: Sequence[Plan | None] | None = None, first_fit: bool = False,
           known: Sequence[Known | None] | None = None,
-          seeds: Sequence[Sequence[Seed]] | None = None) -> Result:
+          seeds: Sequence[Sequence[Seed]] | None = None,
+          parked: Sequence[Sequence[Usage]] | None = None) -> Result:
     """The node decision over ``parts`` (see the module doc); ``pack`` lays out a choice of plans.
 
     ``start``: per app, a verified plan at its demand (e.g. ``quick_plan_node``'s) that each
@@ -366,7 +372,10 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
     ``seeds``: per app, what earlier solves give its budgets at this demand (``value_curve``):
     points known without a solve where their incumbent is within the node's gap of their bound,
     else incumbents and bounds for the solves; ``Result.solved`` is what ``value_curve.learn``
-    keeps.
+    keeps. ``parked``: per app, budgets an earlier decision at a smaller demand parked (no plan
+    nor proof in its limit: one at more demand is no easier), parked here from the start (the
+    plans sought elsewhere first, the budget solved once, longer, where no choice is left);
+    ``Result.parked`` is this decision's.
     """
     t0 = time.perf_counter()
     room: Usage = (node.slices_available, NUM_PLACEMENT_SLOTS * node.num_gpus)
@@ -376,6 +385,8 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
             f.infeasible.extend(kn.infeasible)
             for k, m in kn.min_slots:
                 f.min_slots[k] = max(m, f.min_slots.get(k, 0))
+    for f, held in zip(fronts, parked or [()] * len(parts), strict=True):
+        f.parked.extend(held)
     res = _solve(parts, node, solver=solver, time_limit_s=time_limit_s, objective=objective,
                  pack=pack, absolute_gap=absolute_gap, start=start, first_fit=first_fit,
                  fronts=fronts, t0=t0, seeds=seeds)
@@ -383,6 +394,7 @@ def solve(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limit_s:
         if least >= 1:  # no plan on fewer slices than the floor
             f.infeasible.append((int(min(least, room[0] + 1)) - 1, room[1]))
     res.known = [Known(tuple(f.infeasible), tuple(sorted(f.min_slots.items()))) for f in fronts]
+    res.parked = [list(f.parked) for f in fronts]
     # (seeded plans too: a plan for this demand, which the curves keep as any other)
     res.found = [[(p.used, p.plan) for p in f.points if p.plan is not None] for f in fronts]
     res.solved = [[(p.budget, p.plan, p.used, p.value, p.bound) for p in f.points
@@ -655,9 +667,10 @@ class _Search:
             self.stage = "frontier"
             # every chosen budget's slot floor before any of them is solved: a floor takes a
             # fraction of a solve and often rules the choice out (the floors' sum over the node)
-            floorless = [i for i in todo if SLOT_FLOORS and budgets[i][0] not in self.fronts[i].min_slots]
-            if floorless:
-                self.slot_floor_at(floorless[0], budgets[floorless[0]][0])
+            # (the whole columns' first, each ruling out more than any budget's own)
+            floors = sorted((k, i) for i in todo if (k := self.floor_needed(i, budgets[i])) is not None)
+            if floors:
+                self.slot_floor_at(floors[-1][1], floors[-1][0])
                 continue
             step = self.frontier_step(todo[0], budgets[todo[0]])
             if step is not None:
@@ -730,6 +743,27 @@ class _Search:
             return None
         return self.fitting() if self.first_fit else None
 
+    def beside(self, i: int, budget: Usage) -> bool:
+        """Whether ``budget`` lies beside app i's own optimum: as many slices or more, fewer slots
+        (``frontier_step`` solves it with every slice of the node; ``floor_needed``). Never
+        in a ``first_fit`` test, which asks for plans within the chosen budget quickly, not bounds."""
+        top = self.tops[i]
+        return budget[0] >= top[0] and budget[1] < top[1] and not self.first_fit
+
+    def floor_needed(self, i: int, budget: Usage) -> int | None:
+        """The slices of the next slot floor to take before app i's ``budget`` is solved (None:
+        those known, or ``SLOT_FLOORS`` off). Beside the own optimum first the floor on every
+        slice of the node: it rules out the whole column at once (at 90% of the example node
+        every app's 0.005-0.12 s, where traffic_analysis's on 10 slices took 0.35-0.6 s for the
+        same 11 slots); where it does not rule the budget out, the budget's own (more slices
+        may take fewer slots: traffic_analysis at another 90% mix, 10 on every slice, 11 on 9)."""
+        have = self.fronts[i].min_slots
+        if not SLOT_FLOORS:
+            return None
+        if self.beside(i, budget) and self.room[0] not in have and budget[0] not in have:
+            return self.room[0]
+        return None if budget[0] in have else budget[0]
+
     def slot_floor_at(self, i: int, k: int) -> int | None:
         """App i's slot floor on k slices (``slot_floor``) into its frontier (None: no plan)."""
         front = self.fronts[i]
@@ -747,15 +781,22 @@ class _Search:
         first, then g (``record``). A ``first_fit`` test's answer, where its plans now pack."""
         front, room = self.fronts[i], self.room
         k = budget[0]
-        if SLOT_FLOORS and k not in front.min_slots:
-            floor = self.slot_floor_at(i, k)
+        while (need := self.floor_needed(i, budget)) is not None:
+            floor = self.slot_floor_at(i, need)
             if floor is None or floor > budget[1]:
                 return None
         # first the budget with every slot the app's own optimum took: its plan (often on
         # fewer slots) covers the budgets between, and its bound caps those it does not; above
         # those slots (fewer slices than its own optimum, more slots), every slot of the node:
-        # its bound caps the whole row, where a budget one slot wider each time would not
-        wide = (k, self.tops[i][1] if budget[1] <= self.tops[i][1] else room[1])
+        # its bound caps the whole row, where a budget one slot wider each time would not.
+        # Beside it (as many slices or more, fewer slots), every slice of the node: its bound
+        # caps the whole column, whose budgets the accuracy cap alone leaves about three slices
+        # of headroom (90% of the example node: traffic_analysis's and ar_assistant's (28, 11)
+        # in one solve each, against (9, 11) and (10, 11), (10, 11) and (11, 11) and a slot
+        # floor, one at a time; the decision 2.4-2.5 s -> about 1 s)
+        top = self.tops[i]
+        wide = (room[0], budget[1]) if self.beside(i, budget) \
+            else (k, top[1] if budget[1] <= top[1] else room[1])
         fresh = front.known(wide) is None and all(q.budget != wide for q in front.points)
         probe = wide if fresh else budget
         # not even a plan within the limit: its bound holds, the search goes elsewhere first

@@ -34,10 +34,9 @@ from typing import Any
 from jigsaw.node import Node
 from jigsaw.plan import Plan
 from jigsaw.planner import curves, joint
-from jigsaw.planner.curves import headroom
+from jigsaw.planner.curves import headroom, scale_plan
 from jigsaw.planner.decompose import FLOOR_LIMIT_S, slot_floor, usage
 from jigsaw.planner.problem import Problem
-from jigsaw.planner.scaled import scale_plan
 
 KEY = ("value_curve", "facts")  # its ``Problem.derived`` key
 MAX_FACTS = 2000  # per app and scope, the oldest dropped first (a grid: several hundred)
