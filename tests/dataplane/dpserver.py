@@ -233,11 +233,21 @@ def _children(parent: int) -> dict[int, str]:
     return out
 
 
+def _is_solver(pid: int) -> bool:
+    """Whether ``pid`` is the daemon's solver process (by its command line: it names itself
+    only once its imports are done)."""
+    try:
+        return b"jigsaw.control.solver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def worker_pids(daemon_pid: int, *, spares: bool = False) -> set[int]:
     """The daemon's worker processes, from /proc: its direct children and those of its fork server
-    (``runtime/forkserver.py``, named ``jigsaw-zygote``), not the fork server itself; idle spare
-    workers (``runtime/spares.py``) only with ``spares``."""
-    found = _children(daemon_pid)
+    (``runtime/forkserver.py``, named ``jigsaw-zygote``), not the fork server itself nor the
+    solver process (``control/solver.py``, ``jigsaw-solver``); idle spare workers
+    (``runtime/spares.py``) only with ``spares``."""
+    found = {pid: stat for pid, stat in _children(daemon_pid).items() if not _is_solver(pid)}
     for pid, stat in list(found.items()):
         if stat.startswith(f"{pid} (jigsaw-zygote)"):
             del found[pid]
