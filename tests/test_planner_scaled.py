@@ -23,6 +23,16 @@ def _parts(node, profiles, names, demands):
             for a, d in zip(names, demands, strict=True)]
 
 
+def _assert_serves(got, node, profiles, names, demands) -> None:
+    """``got``'s plans serve theta_lo of every demand, pass the verifier and pack as one layout."""
+    assert got.plans is not None and got.layout is not None
+    assert validate_layout(got.layout, node.gpu) == []
+    for name, d, p in zip(names, demands, got.plans, strict=True):
+        assert p.planned_rps == pytest.approx(got.theta_lo * d, rel=1e-6)
+        p.layout = app_layout(got.layout, name)
+        assert verify_plan(p, node.app(name), node, profiles) == [], name
+
+
 @pytest.mark.parametrize(("names", "demands"), [
     (("social_media", "traffic_analysis"), (1500.0, 400.0)),
     (("social_media", "ar_assistant"), (1200.0, 200.0)),
@@ -35,12 +45,7 @@ def test_the_largest_common_fraction_matches_the_joint_capacity_model(one_gpu, n
     assert got.status == "proven", got.notes
     assert 0 < got.theta_lo < 1 and got.theta_hi <= got.theta_lo * (1 + scaled.SCALE_TOLERANCE) * (1 + 1e-6)
     # its plans serve theta_lo of every demand, pass the verifier and pack as one layout
-    assert got.plans is not None and got.layout is not None
-    assert validate_layout(got.layout, node.gpu) == []
-    for name, d, p in zip(names, demands, got.plans, strict=True):
-        assert p.planned_rps == pytest.approx(got.theta_lo * d, rel=1e-6)
-        p.layout = app_layout(got.layout, name)
-        assert verify_plan(p, node.app(name), node, profiles) == [], name
+    _assert_serves(got, node, profiles, names, demands)
     # the joint capacity model's proven fraction lies in [theta_lo, theta_hi)
     ref = joint.solve(parts, node, solver="highs", time_limit_s=120, scale_demands=True)
     assert ref.status == "optimal" and ref.plans[0] is not None
@@ -241,12 +246,7 @@ def test_the_bracket_above_a_served_fraction_holds_theta(one_gpu) -> None:
         assert got is not None and got.status == "proven", got
         assert served <= got.theta_lo < got.theta_hi <= 1.0
         assert got.theta_lo <= theta * (1 + 1e-4) and theta < got.theta_hi * (1 + 1e-4)
-        assert got.plans is not None and got.layout is not None
-        assert validate_layout(got.layout, node.gpu) == []
-        for name, d, p in zip(names, demands, got.plans, strict=True):
-            assert p.planned_rps == pytest.approx(got.theta_lo * d, rel=1e-6)
-            p.layout = app_layout(got.layout, name)
-            assert verify_plan(p, node.app(name), node, profiles) == [], name
+        _assert_serves(got, node, profiles, names, demands)
 
 
 def test_a_large_nodes_spike_starts_from_the_greedys_fraction(one_gpu, monkeypatch) -> None:

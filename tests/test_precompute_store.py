@@ -5,10 +5,10 @@ another problem."""
 from __future__ import annotations
 
 import dataclasses
-import select
 from pathlib import Path
 
 import pytest
+from test_budget_curve import _run_one  # one precompute step run to its answer
 
 from jigsaw.control import precompute_store
 from jigsaw.control.precompute import Precompute
@@ -23,14 +23,6 @@ STEPS = 19  # one GPU: every slice budget with all slots, below 7 with its share
 def _pb(node, profiles, name=SM):
     problem.forget()  # a new process's problem: nothing learned
     return make_problem(node.app(name), node, profiles, search_space(node.planner.space), None)
-
-
-def _run_one(pre: Precompute) -> None:
-    pre.start()
-    while pre.fd is not None:
-        ready, _, _ = select.select([pre.fd], [], [], 30)
-        assert ready, "the step's child answered nothing in 30 s"
-        pre.readable()
 
 
 def _bounds_only(pb_, node_, k, m, *, solver, time_limit_s):  # runs in the forked child
