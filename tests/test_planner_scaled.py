@@ -304,6 +304,7 @@ def test_a_large_nodes_spike_keeps_the_greedys_fraction_when_its_tests_get_no_ti
     monkeypatch.setattr(node_plan, "QUICK_FIRST_MIN_SLICES", 0)
     monkeypatch.setattr(node_plan, "QUICK_FIRST_SHARE", 0.0)
     monkeypatch.setattr(node_plan, "QUICK_FIRST_TESTS_S", 0.0)
+    monkeypatch.setattr(node_plan, "QUICK_FIRST_CAP_SLICES", 0)
 
     def no_search(*a, **k):
         raise AssertionError("a decision or search after the greedy's bracket")
