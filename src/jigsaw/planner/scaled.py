@@ -327,7 +327,7 @@ def above_greedy(parts: Sequence[joint.Part], node: Node, plans: Sequence[Plan],
         return None  # climbed without a refutation: the caller's search goes on from the curves
     return ScaleResult(_status(True, lo, hi, tolerance), lo, min(hi, 1.0), served, layout,
                        time.perf_counter() - t0, tests,
-                       ["nothing above it refuted within the limit"] if late else [])
+                       [f"the tests above it stopped at the {time_limit_s:g} s limit"] if late else [])
 
 
 Parked = list[tuple[float, list[list[decompose.Usage]]]]  # per test: its theta, per app its parked budgets
