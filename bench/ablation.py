@@ -565,7 +565,9 @@ def main(argv: list[str] | None = None) -> int:
                   f", re-plan decision to deployment: first {summary['deploy_first_median_s']:.2f} / "
                   f"{summary['deploy_first_max_s']:.2f} s, last {summary['deploy_last_median_s']:.2f} / "
                   f"{summary['deploy_last_max_s']:.2f} s (median / max)"
-                  if summary.get("replans_deployed") else ""), flush=True)
+                  if summary.get("replans_deployed") else "") + (
+                  f", {summary['replans_kept']} re-plans kept the running plans"
+                  if summary.get("replans_kept") else ""), flush=True)
         write_readme(args.readme, table(matrix(), results, readme_rows(args.readme)))
     write_readme(args.readme, table(matrix(), results, readme_rows(args.readme)))
     return 1 if failed else 0

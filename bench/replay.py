@@ -535,17 +535,33 @@ def run_space(url: str, app: str, space: str, window: list[float], history: list
             "settle_lost": settling.sent - settling.answered if k == len(window) - 1 else 0,
             "deploy_s": deploy_seconds(h.get("replans", [])),
             "deploy_phases_s": deploy_phases(h.get("replans", [])),
+            "replans_kept": kept_replans(h.get("replans", [])),
         })
     return rows
 
 
+def _deployed(x: Any) -> bool:
+    """A plan's record (the controller's ``quick`` or ``exact``) that says it was deployed."""
+    return isinstance(x, dict) and bool(x.get("deployed", True)) and "deployed_after_s" in x
+
+
+def kept_replans(replans: list[dict[str, Any]]) -> int:
+    """The re-plans of a bin that pushed a plan and deployed none: every app's running plan served
+    on (``outcome`` "kept": the plan refused by the making-room policy, or only pushed again)."""
+    def kept(rp: dict[str, Any]) -> bool:
+        plans = (rp.get("quick"), rp.get("exact"))
+        return not any(_deployed(x) for x in plans) \
+            and any(isinstance(x, dict) and x.get("outcome") == "kept" for x in plans)
+    return sum(1 for rp in replans if kept(rp))
+
+
 def deploy_seconds(replans: list[dict[str, Any]]) -> list[list[float]]:
     """Per re-plan of a bin that deployed a plan: the seconds from its decision (the trigger) to
-    its first plan's deployment and to its last one's (the quick plan, then the exact one)."""
+    its first plan's deployment and to its last one's (the quick plan, then the exact one). A plan
+    that was kept (nothing changed) is no deployment (``kept_replans``)."""
     out = []
     for rp in replans:
-        times = [x["deployed_after_s"] for x in (rp.get("quick"), rp.get("exact"))
-                 if isinstance(x, dict) and "deployed_after_s" in x]
+        times = [x["deployed_after_s"] for x in (rp.get("quick"), rp.get("exact")) if _deployed(x)]
         if times:
             out.append([min(times), max(times)])
     return out
@@ -560,8 +576,7 @@ def deploy_phases(replans: list[dict[str, Any]]) -> list[dict[str, float]]:
     for the exact plan before a quick one goes out, the re-plan lock)."""
     out = []
     for rp in replans:
-        plans = [x for x in (rp.get("quick"), rp.get("exact"))
-                 if isinstance(x, dict) and "deployed_after_s" in x]
+        plans = [x for x in (rp.get("quick"), rp.get("exact")) if _deployed(x)]
         if not plans:
             continue
         first = min(plans, key=lambda x: x["deployed_after_s"])
@@ -596,6 +611,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
             "settle_lost": sum(r.get("settle_lost", 0) for r in rows),
             "behind_bins": sum(r["behind"] for r in rows),
             "behind_max_s": max((r["behind_s"] for r in rows), default=0.0),
+            "replans_kept": sum(r.get("replans_kept", 0) for r in rows),
             **_deploy_summary([d for r in rows for d in r.get("deploy_s", [])]),
             **_phase_summary([d for r in rows for d in r.get("deploy_phases_s", [])])}
 
@@ -641,8 +657,10 @@ def print_summary(app: str, summaries: dict[str, dict[str, float]],
     print("re-plans: seconds from the decision to the deployment of the first plan (the quick one where "
           "it went out) and of the last, median / max")
     for space, s in summaries.items():
+        if s.get("replans_kept"):
+            print(f"{space:<6} {s['replans_kept']:>4d} re-plans kept the running plans (nothing deployed)")
         if s.get("replans_deployed"):
-            print(f"{space:<6} {s['replans_deployed']:>4d} re-plans: first "
+            print(f"{space:<6} {s['replans_deployed']:>4d} re-plans deployed: first "
                   f"{s['deploy_first_median_s']:.2f} / {s['deploy_first_max_s']:.2f} s, "
                   f"last {s['deploy_last_median_s']:.2f} / {s['deploy_last_max_s']:.2f} s")
             phases = s.get("deploy_phases_s") or {}

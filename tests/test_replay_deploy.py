@@ -54,3 +54,28 @@ def test_deploy_phases_split_each_replans_first_deployment() -> None:
     assert s["deploy_phases_s"]["drains"] == {"median": 1.25, "max": 2.5, "sum": 2.5}
     assert s["deploy_slowest_s"]["total"] == 3.0 and s["deploy_slowest_s"]["drains"] == 2.5
     assert replay._phase_summary([]) == {"deploy_phases_s": {}, "deploy_slowest_s": {}}
+
+
+def test_a_kept_replan_is_no_deployment_and_is_counted_apart() -> None:
+    # the spike rule turned the exact plan down ("no drain-first, nothing changed"): its record
+    # says kept, with why, and only its decision's seconds; a second re-plan deployed
+    kept = {"trigger": "bin", "quick": {"deployed": False, "seconds": 0.01},
+            "exact": {"deployed": False, "outcome": "kept", "seconds": 0.3, "decided_after_s": 4.1,
+                      "why_kept": {"ar_assistant": "no drain-first, nothing changed"}}}
+    moved = {"trigger": "rate", "exact": {"deployed": True, "outcome": "deployed", "seconds": 0.2,
+                                          "deployed_after_s": 0.8, "phases_s": {"spawn": 0.4}}}
+    replans = [kept, moved]
+    assert replay.deploy_seconds(replans) == [[0.8, 0.8]]
+    assert [d["total"] for d in replay.deploy_phases(replans)] == [0.8]
+    assert replay.kept_replans(replans) == 1
+    # a plan marked not deployed is no deployment even where its record holds a time
+    assert replay.deploy_seconds([{"exact": {"deployed": False, "deployed_after_s": 4.1}}]) == []
+    # a skipped plan (the deployment policy pushed nothing) is neither
+    assert replay.kept_replans([{"exact": {"deployed": False}}]) == 0
+    row = {k: 0 for k in replay.CSV_FIELDS} | {
+        "slices_used_pct": 10.0, "accuracy_drop_pct": 0.0, "slo_violation_pct": 0.0,
+        "slo_violation_paper_pct": 0.0, "deploy_s": replay.deploy_seconds(replans),
+        "deploy_phases_s": replay.deploy_phases(replans), "replans_kept": replay.kept_replans(replans)}
+    got = replay.summarize([row])
+    assert got["replans_deployed"] == 1 and got["replans_kept"] == 1
+    assert got["deploy_first_max_s"] == 0.8 and got["deploy_phases_s"]["other"]["max"] < 0.5

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from jigsaw.control.controller import RATE_JUMP_MAX, AppController, NodeController, poisson_tail
+from jigsaw.control.outcome import SAME_PLAN
 from jigsaw.control.predictor import MeanSlackPredictor, Predictor, SpikeProfilePredictor, burst_floor_rps
 from jigsaw.control.transition import Need
 from jigsaw.node import Node, load_node
@@ -691,10 +692,12 @@ def test_a_routine_replan_waits_for_the_exact_plan_until_the_bin_boundary() -> N
         c.bin_start = time.monotonic() - 99.9
         await c.replan({TA: 5.0}, for_bin=1, trigger="bin")
         (entry,) = _app(c).current.replans
-        assert not entry["quick"]["deployed"] and entry["exact"]["deployed"]
-        # ... nor the exact one's 2 slices: the running plan (1 slice) holds 5 rps and is kept
+        # ... nor the exact one's 2 slices: the running plan (1 slice) holds 5 rps and is kept,
+        # pushed again (a no-op), and the record says so: nothing was deployed
         assert [d.plan.slices_used for d in c.plane.applied] == [1]  # type: ignore[attr-defined]
-        assert entry["exact"]["kept"] == [TA]
+        assert not entry["quick"]["deployed"] and not entry["exact"]["deployed"]
+        assert entry["exact"]["kept"] == [TA] and entry["exact"]["outcome"] == "kept"
+        assert entry["exact"]["why_kept"] == {TA: SAME_PLAN} and "deployed_after_s" not in entry["exact"]
 
     asyncio.run(go())
 
@@ -1138,11 +1141,18 @@ def test_a_refused_exact_plan_is_followed_by_the_quick_plan_that_keeps_the_runni
             assert [d.plan.slices_used for d in plane.applied] == pushed, (on, quick_rps)
             (entry,) = _app(c).current.replans
             assert entry["quick"]["deployed"] == (len(pushed) == 2)
+            # the refused exact plan changed nothing: recorded as kept, with why, and not counted
+            # as deployed (nor its seconds as a deployment's)
+            exact = entry["exact"]
+            assert not exact["deployed"] and exact["outcome"] == "kept" and "deployed_after_s" not in exact
+            assert exact["why_kept"][TA].startswith("drain-first refused"), exact
+            assert 'jigsaw_node_plans_total{source="exact",deployed="true"} 0' in c.stats.prometheus()
             assert _app(c).plan.slices_used == (2 if len(pushed) == 2 else 1)
             (error,) = _app(c).current.reconfiguration_errors
             assert error.startswith("drain-first refused: the app would have no lane left"), error
             if len(pushed) == 2:
-                assert entry["quick"]["after_refusal"] == [TA]
+                assert entry["quick"]["after_refusal"] == [TA] and entry["quick"]["outcome"] == "deployed"
+                assert 0 < entry["quick"]["deployed_after_s"] <= entry["seconds"]
                 assert 'jigsaw_node_plans_total{source="quick",deployed="true"} 1' in c.stats.prometheus()
         assert load_node(NODE).control.quick_after_refusal  # on by default
     asyncio.run(go())
@@ -1375,7 +1385,9 @@ def test_a_needed_plan_that_needs_the_running_slots_goes_out_as_the_running_plan
             if first:  # neither the quick plan nor the exact one after it is pushed
                 (only,) = plane.applied  # the extension, placed beside what runs; nothing refused
                 assert only.plan is now and only.beside
-                assert entry["quick"]["deployed"] and entry["exact"]["deployed"]
+                # the quick plan went out as the extension; the exact one changed nothing after it
+                assert entry["quick"]["deployed"] and not entry["exact"]["deployed"]
+                assert "extended in place" in entry["exact"]["why_kept"][app.name]
                 assert entry["in_place_first"] == [app.name] and "in_place" not in entry
                 assert _app(c, app.name).current.reconfiguration_errors == []
             else:

@@ -84,6 +84,7 @@ from jigsaw.control.deployment import (
     short_of_gain,
 )
 from jigsaw.control.needed import BesidePlaced, NeededPlans
+from jigsaw.control.outcome import Pushed, mark
 from jigsaw.control.predictor import Predictor, burst_floor_rps, make_predictor, rise_rps
 from jigsaw.control.solver import solve_node
 from jigsaw.control.spikes import JUMP_RATIO, spikes
@@ -890,22 +891,24 @@ class NodeController(NeededPlans):
                 better = sorted(a.plan.plans)
                 self.log(f"node: the exact plan of {', '.join(better)} was refused; the quick plan serves "
                          "meanwhile (it keeps the running instances)")
-                kept, refused = await self._deploy(a.plan, fresh & frozenset(better), "quick", r.demands)
+                self._phases_s = Counter()
+                out = await self._deploy(a.plan, fresh & frozenset(better), "quick", r.demands)
                 self._count_quick_deployed(r, entry, a.plan)
-                entry["quick"].update(kept=kept, after_refusal=better)
-                r = dataclasses.replace(r.refusing("quick", refused), after_refusal=True, deployed=r.quick)
+                entry["quick"].update(kept=out.kept, after_refusal=better)
+                self._mark(entry["quick"], "quick", out, t0)
+                r = dataclasses.replace(r.refusing("quick", out.refused), after_refusal=True,
+                                        deployed=r.quick)
             else:
                 summary = entry[a.source] = self._summary(a.plan, True)
                 if a.source == "exact":
                     for note in a.plan.notes:
                         self.log(f"node: {note}")
                 self._phases_s = Counter()
-                summary["kept"], refused = await self._deploy(a.plan, fresh, a.source, r.demands)
-                # from the re-plan's decision (its trigger) to this plan's deployment, and where the
-                # transitions' part of it went (``applied.PHASES``)
-                summary["deployed_after_s"] = round(time.monotonic() - t0, 4)
-                summary["phases_s"] = {k: round(v, 4) for k, v in self._phases_s.items()}
-                r = dataclasses.replace(r.refusing(a.source, refused), deployed=a.plan, quick_decided=True,
+                out = await self._deploy(a.plan, fresh, a.source, r.demands)
+                summary["kept"] = out.kept
+                self._mark(summary, a.source, out, t0)
+                r = dataclasses.replace(r.refusing(a.source, out.refused), deployed=a.plan,
+                                        quick_decided=True,
                                         quick_deployed=r.quick_deployed or a.source == "quick",
                                         exact_decided=a.source == "exact")
                 if a.source == "quick":  # its new generations are the fresh ones
@@ -926,6 +929,14 @@ class NodeController(NeededPlans):
             self.log(f"node: the exact solve stopped {r.exact.status} at a worse objective than the quick "
                      "plan's; keeping the quick plan")
         return dataclasses.replace(r, exact_decided=True)
+
+    def _mark(self, summary: dict[str, Any], source: str, pushed: Pushed, t0: float) -> None:
+        """Record what the push of a plan counted as deployed did (``outcome.mark``): from the
+        re-plan's decision (its trigger) to its deployment and where the transitions' part of it
+        went (``applied.PHASES``), or kept, with why, and counted as not deployed."""
+        if not mark(summary, pushed, time.monotonic() - t0, dict(self._phases_s)):
+            self.stats.plans[(source, True)] -= 1
+            self.stats.plans[(source, False)] += 1
 
     def _count_quick_deployed(self, r: Replan, entry: dict[str, Any], part: NodePlan) -> None:
         """The quick plan, deployed after a refusal: counted and summarised as deployed."""
@@ -1023,15 +1034,15 @@ class NodeController(NeededPlans):
         return done, last
 
     async def _deploy(self, np: NodePlan, fresh: frozenset[str], source: str,
-                      demands: Mapping[str, float]) -> tuple[list[str], list[str]]:
+                      demands: Mapping[str, float]) -> Pushed:
         """Push every app's part of ``np`` as its DesiredState (apps that shrink first), as the
         deployment policy decides for each (``deployment``: ``settle``, ``better_only``,
         ``for_needed``, ``short_of_gain``); apps that keep their running plan are pushed it again,
-        a no-op. Returns the apps kept, and those whose plan the making-room policy refused
-        (``Refuse``: nothing changed)."""
+        a no-op. Returns what each app's push did (``outcome.Pushed``: the apps kept, those whose
+        plan the making-room policy refused, ``Refuse``: nothing changed, those that moved)."""
         delay = self.repartition_delay_s()
-        refused: list[str] = []
         plans, kept = settle(np, {n: c.plan for n, c in self.apps.items()}, demands, self.node, fresh)
+        out = Pushed(kept=kept)
         order = sorted(plans.items(), key=lambda kv: kv[1].slices_used - self.apps[kv[0]].plan.slices_used)
         total = sum(p.slices_used for p in plans.values())
         for name, plan in order:
@@ -1039,14 +1050,20 @@ class NodeController(NeededPlans):
             if not plan.instances:
                 self.log(f"{name}: the {source} node plan has no configuration for it ({plan.status}); "
                          "keeping its running plan")
+                out.why_kept[name] = f"no configuration for it ({plan.status})"
                 continue
             run, demand = c.plan, float(demands[name])
             holds = better_only(run, plan, demand, total, self.node.slices_available, name in fresh)
             placed: BesidePlaced | None = None
             if name not in fresh and bool(run.instances) and self._trigger != "admin" \
                     and (run.max_demand_plan or run.planned_rps < demand * (1 - 1e-9)):
+                extended = len(self._extended_first)
                 placed, not_pushed = await self._needed_beside(name, plan, demand, fresh, source)
-                if not_pushed:
+                if not_pushed:  # its running plan extended in place at once, or serving on
+                    if len(self._extended_first) > extended:
+                        out.changed.append(name)
+                    else:
+                        out.why_kept[name] = "its running plan, extended in place in this re-plan, serves on"
                     continue
             if placed is None and short_of_gain(run, plan, demand, total, self.node.slices_available,
                                                 self.node.control.short_plan_min_gain, name in fresh,
@@ -1055,6 +1072,7 @@ class NodeController(NeededPlans):
                          f"{self.node.control.short_plan_min_gain:.0%} more than the running plan's "
                          f"{run.planned_rps:.1f}: keeping the running plan")
                 kept.append(name)
+                out.why_kept[name] = "the new plan serves too little more than the running one"
                 continue
             desired = DesiredState(name, plan, repartition_delay_s=delay, fresh_generation=name in fresh)
             if placed is not None:
@@ -1062,14 +1080,13 @@ class NodeController(NeededPlans):
                                               over_draining=placed.over_draining,
                                               placed=Placed(placed.seen, placed.layout))
             got = await self._apply(desired, source, self._need_reader(c, plan, demand, holds))
+            out.note(name, *(got or (None, None)), same_plan=name in kept)
             if got is None:
                 continue
             done, last = got
-            if isinstance(last, Refuse):
-                refused.append(name)
-            elif done.note is not None and holds:
+            if not isinstance(last, Refuse) and done.note is not None and holds:
                 await self._trim_running(name, plan, demands[name], delay)
-        return kept, refused
+        return out
 
     def _summary(self, np: NodePlan, deployed: bool) -> dict[str, Any]:
         source = "quick" if np.status == QUICK_STATUS else "exact"
