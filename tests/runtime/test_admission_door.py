@@ -185,3 +185,26 @@ def test_a_cut_drain_sends_again_only_what_the_serving_plans_queue_leaves_time_f
     assert door.by_generation["x"] == {3: 8}  # the 4 answered 504 are out of the door's count
     (forgotten, resent, failed), sent, door = asyncio.run(cut(backlog=False))
     assert (forgotten, resent, failed) == (0, 12, 0) and door.by_generation["x"] == {3: 12}
+
+
+def test_the_queue_ahead_counts_the_rings_of_the_tasks_past_the_root() -> None:
+    """A task's queue stays in its input rings until its process can batch them (the batching
+    queue holds one batch): a two-task chain whose root (slot 0) has 4 records in the frontend's
+    ring and 3 batched, and whose second task (slot 1, 20 items/s) 2 batched and 30 in its rings.
+    The estimate counts those 30 (``stats.RING_QUEUED``, as the process published them) at 20
+    items/s: 1.6 s more than the 0.1 s that the second task's batch alone said."""
+    from jigsaw.runtime.routing import MappedGeneration, _queued
+
+    words = {(0, st.QUEUED): 3, (0, st.RING_QUEUED): 99, (1, st.QUEUED): 2, (1, st.RING_QUEUED): 30}
+
+    class Block:
+        def get(self, slot: int, word: int) -> int:
+            return words.get((slot, word), st.READY if word == st.STATE else 0)
+
+    mapped = MappedGeneration(None, {}, {}, [], Block(), root_rings={0: [b""] * 4})  # type: ignore[arg-type]
+    queued = _queued(mapped)
+    # the root's ring read live (what it published of it is older), the rest as published
+    assert queued(0) == 3 + 4 and queued(1) == 2 + 30
+    shape = LaneShape(lanes=[[[Stage((0,), 70.0), Stage((1,), 20.0)]]], runs=[True], min_path_s=[0.2])
+    end = soonest_end_s(shape, queued, lambda slot: st.READY, [1.0], any_lane=False)
+    assert end is not None and abs(end - (7 / 70.0 + 32 / 20.0 + 0.2)) < 1e-9

@@ -15,7 +15,17 @@ import pytest
 from jigsaw.runtime import worker as worker_module
 from jigsaw.runtime.records import HOP_SENT, TOTAL_CREDIT
 from jigsaw.runtime.rings import RecordHeader, SegmentRegistry, ShmRing, Status
-from jigsaw.runtime.stats import BATCH_STARTED_NS, DEAD, FAILED, QUEUED, READY, STATE, StatsBlock
+from jigsaw.runtime.stats import (
+    BATCH_STARTED_NS,
+    DEAD,
+    FAILED,
+    ITEMS,
+    QUEUED,
+    READY,
+    RING_QUEUED,
+    STATE,
+    StatsBlock,
+)
 from jigsaw.runtime.topology import OutputRing, ProcessSpec
 
 CONSUMER_SLOT = 1  # the child task's process
@@ -141,6 +151,25 @@ def test_queue_length_is_published_while_a_batch_waits_and_after_it(make_worker)
     waiting, after = asyncio.run(run())
     assert (waiting, after) == (3, 0)
     assert len(t.out.pop_many_framed(8)) == 3
+
+
+def test_the_records_left_in_the_input_rings_are_published_beside_the_queue(make_worker):
+    """Items stay in the rings until the process can batch them: 7 pushed for batches of 4, the
+    first batch running, leave 3 in the ring, published as ``RING_QUEUED`` (the frontend's
+    estimate of a new request's wait reads them for every task past the root); none once done."""
+    t = make_worker(batch_ms=50.0)
+    t.stats.set(CONSUMER_SLOT, STATE, READY)
+
+    async def run() -> tuple[int, int, int]:
+        await _turns(t, 7, wait_s=0.005)
+        queued, in_rings = t.stats.get(0, QUEUED), t.stats.get(0, RING_QUEUED)
+        while t.stats.get(0, ITEMS) < 7:
+            await t.worker._batch_task
+            await asyncio.sleep(0.01)
+        return queued, in_rings, t.stats.get(0, RING_QUEUED)
+
+    queued, in_rings, after = asyncio.run(run())
+    assert (queued, in_rings, after) == (4, 3, 0)
 
 
 def test_queue_length_after_a_batch_finished_in_the_turn(make_worker):

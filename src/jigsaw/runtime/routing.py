@@ -58,12 +58,18 @@ def min_path_ns(topology: Topology, routes: AppRoutes) -> list[int]:
 
 
 def _queued(mapped: MappedGeneration) -> Callable[[int], int]:
-    """A process's items not yet finished: in its batch queue or batch, and still in its input ring."""
+    """A process's items not yet finished: in its batch queue or batch, and still in its input
+    rings: a root process's ring read here, live; the rings of a process past the root as it
+    published them (``stats.RING_QUEUED``, at its last batch). Without them the backlog of every
+    task past the root was invisible (items wait in the rings until the process can batch them):
+    ar_assistant's spike (a 3-task chain, time scale 20) estimated 12.4 s of queue while requests
+    waited past their 31 s deadline."""
     block, rings = mapped.stats, mapped.root_rings
 
     def queued(slot: int) -> int:
         ring = rings.get(slot)
-        return block.get(slot, st.QUEUED) + (len(ring) if ring is not None else 0)
+        waiting = len(ring) if ring is not None else block.get(slot, st.RING_QUEUED)
+        return block.get(slot, st.QUEUED) + waiting
     return queued
 
 

@@ -14,7 +14,10 @@ process it found dead)::
     7 dropped   items dropped by this process
     8 heartbeat_ns  CLOCK_MONOTONIC of the process's last event-loop turn (a stale one: hung)
     9 batch_started_ns  CLOCK_MONOTONIC when the running batch started; 0 between batches
-    10-15       reserved
+    10 ring_queued  records waiting in the process's input rings (published with ``queued``): a
+                task's queue stays in its rings until the process can batch it, so ``queued``
+                alone hides the backlog of every task past the root (whose ring the frontend reads)
+    11-15       reserved
 
 After the slots, one *batch record* per process (``batch_ids + 1`` words: the number of items of
 the batches it is executing, 0 between batches, then their request ids), then two words: the number
@@ -35,7 +38,8 @@ from typing import TypeVar
 import posix_ipc
 
 SLOT_WORDS = 16
-STATE, PID, QUEUED, BUSY_NS, BATCHES, ITEMS, STARTED_NS, DROPPED, HEARTBEAT_NS, BATCH_STARTED_NS = range(10)
+(STATE, PID, QUEUED, BUSY_NS, BATCHES, ITEMS, STARTED_NS, DROPPED, HEARTBEAT_NS, BATCH_STARTED_NS,
+ RING_QUEUED) = range(11)
 STARTING, READY, STOPPED, DEAD, FAILED = 0, 1, 2, 3, 4
 DEFAULT_BATCH_IDS = 128  # request ids a batch record holds (the paper's largest batch)
 IN_FLIGHT_MAX = 2  # batches a process may keep in flight (``runtime/in_flight.py``); its record holds all
