@@ -61,6 +61,9 @@ geometric mean) and a refuted test steps down as from nothing served, never belo
 just above the stored plans' fraction. Every test (``fit_test``) starts from the budgets the
 curves refute at its demands and from the plans and bounds the earlier tests' solves give there
 (``value_curve.seeds``), and adds what it shows to both.
+Once a fraction is served and a proof caps theta* within ``CURVE_REFINE_GAP`` of it (the curves',
+or the tests' own), the tests after get ``CURVE_REFINE_S`` (``_refine_deadline``): closing the
+last few percent is where a budget's single-app solve sits at the edge of what it serves.
 The search stops after ``MAX_TESTS`` tests (a limit of work; the clock only guards it), so its
 answer does not depend on how busy the machine is. Pure: the result depends only on the inputs
 (and the solver's answers within the limit).
@@ -94,10 +97,10 @@ BOUND_LIMIT_S = 6.0  # the bound's solve (``theta_bound``) at most this long (or
 _BOUND_GAP = 0.25  # the bound's solve stops within this fraction of the tolerance
 FIRST_FIT = True  # each test stops at the first plans that pack (see the module doc)
 _NEAR_STEPS = 2  # tests below the bound that step down by the tolerance before the larger steps
-# where the apps' curves serve a fraction and prove a cap at most ``CURVE_REFINE_GAP`` above it
-# (their capacities per slice budget precomputed, ``budget_curve``), the tests between get at
-# most ``CURVE_REFINE_S``: a spike's first plan answers in time, serving the curves' fraction (or
-# what the tests raise it to) with the least fraction shown not to fit as its bound
+# where the apps' curves (their capacities per slice budget precomputed, ``budget_curve``) or the
+# search's own tests serve a fraction and prove a cap at most ``CURVE_REFINE_GAP`` above it, the
+# tests after get at most ``CURVE_REFINE_S``: a spike's first plan answers in time, serving that
+# fraction (or what the tests raise it to) with the least fraction shown not to fit as its bound
 CURVE_REFINE_S = 0.3
 GREEDY_PROOF_S = 0.5  # ``above_greedy``'s proof test just above the greedy's fraction at most this long
 GREEDY_CLIMBS = 3  # ``above_greedy``'s tests that find plans, at most, before the caller's search
