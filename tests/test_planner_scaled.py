@@ -318,6 +318,40 @@ def test_a_large_nodes_spike_starts_from_the_greedys_fraction(one_gpu, monkeypat
     assert {n: (p.planned_rps, p.demand_rps, list(p.notes)) for n, p in got[0].plans.items()} == first
 
 
+def test_a_large_nodes_spike_keeps_the_greedys_fraction_when_its_tests_get_no_time(
+        one_gpu, monkeypatch) -> None:
+    """The tests above the greedy's fraction get ``QUICK_FIRST_TESTS_S`` in all; where that runs
+    out before any decides, the greedy's fraction is the answer, labelled with no bound below 1
+    (``feasible``, a note saying nothing above it was refuted), and no search from the full
+    demands follows (it took the whole limit on 16 GPUs)."""
+    from jigsaw.planner import decompose, node_plan
+    from jigsaw.planner.node_plan import quick_plan_node
+
+    monkeypatch.setattr(node_plan, "QUICK_FIRST_MIN_SLICES", 0)
+    monkeypatch.setattr(node_plan, "QUICK_FIRST_SHARE", 0.0)
+    monkeypatch.setattr(node_plan, "QUICK_FIRST_TESTS_S", 0.0)
+    monkeypatch.setattr(node_plan, "QUICK_FIRST_CAP_SLICES", 0)
+
+    def no_search(*a, **k):
+        raise AssertionError("a decision or search after the greedy's bracket")
+
+    monkeypatch.setattr(decompose, "solve", no_search)
+    monkeypatch.setattr(node_plan, "max_scale", no_search)
+    node, profiles = one_gpu
+    names, demands = ("social_media", "traffic_analysis"), {"social_media": 1500.0, "traffic_analysis": 400.0}
+    apps = [node.app(a) for a in names]
+    q = quick_plan_node(apps, node, profiles, demands, scale_down=True)
+    assert q is not None and q.demand_scale < 1
+    problem.forget()
+    res = plan_node(apps, node, profiles, demands, solver="highs", time_limit_s=60)
+    assert res.status == "feasible" and not res.feasible, res.notes
+    assert q.demand_scale <= res.demand_scale < 1 and res.scale_bound == 1.0
+    assert any("nothing above it refuted" in n for n in res.notes), res.notes
+    for name, p in res.plans.items():
+        assert p.planned_rps == pytest.approx(res.demand_scale * demands[name], rel=1e-6)
+        assert verify_plan(p, node.app(name), node, profiles) == [], name
+
+
 def test_a_scaled_search_without_a_plan_falls_back_to_the_greedys(one_gpu, monkeypatch) -> None:
     """Where the scaled search finds no plan in time, the greedy's (copies, its fraction, below
     what the search refuted) rather than none."""

@@ -285,9 +285,10 @@ def above_greedy(parts: Sequence[joint.Part], node: Node, plans: Sequence[Plan],
     (refuted: ``proven``; plans: lo rises; else the bracket stands, ``bound``). Where a test stops
     undecided, the bracket as it stands (nothing refuted yet: theta_hi 1): the search from the
     full demands gained nothing there (16 GPUs at 100%, one mix: 0.938 <= 0.970 in 20 s, the
-    greedy's 0.938 in 0.2 s). None where the tests climb to the whole demands or past
-    ``GREEDY_CLIMBS`` without a refutation: the caller searches as before (what the tests showed
-    is in the apps' curves; at 16 GPUs its decision at the full demands took 3-9 s).
+    greedy's 0.938 in 0.2 s); so too where ``time_limit_s`` runs out after a test that climbed.
+    None where the tests climb to the whole demands or past ``GREEDY_CLIMBS`` without a
+    refutation: the caller searches as before (what the tests showed is in the apps' curves; at
+    16 GPUs its decision at the full demands took 3-9 s).
 
     Why: a greedy plan for the largest common fraction it reaches (``node_plan.quick_plan_node``)
     often lies close below theta*: on 16 GPUs at 100% of three example apps' capacity it served
@@ -300,6 +301,7 @@ def above_greedy(parts: Sequence[joint.Part], node: Node, plans: Sequence[Plan],
     lo, hi, tests = theta * factor, math.inf, 0
     served = [scale_plan(p, factor) for p in plans]
     parked: Parked = []  # the tests' parked budgets (``fit_test``)
+    late = False  # the time ran out before a test above what is served (nothing refuted)
     while tests <= GREEDY_CLIMBS:
         proof = math.isfinite(hi)  # refuted above lo: the proof just above it, briefly
         guess = lo * (1 + tolerance) ** (1 if proof else 2) * (1 + 1e-9)
@@ -307,6 +309,7 @@ def above_greedy(parts: Sequence[joint.Part], node: Node, plans: Sequence[Plan],
             return None  # the test would be the full demands' decision: the caller's
         left = min(proof_s if proof else math.inf, time_limit_s - (time.perf_counter() - t0))
         if left <= 0:
+            late = not proof
             break
         tests += 1
         d = fit_test(parts, node, guess, solver=solver, time_limit_s=left, pack=pack, parked=parked)
@@ -325,10 +328,11 @@ def above_greedy(parts: Sequence[joint.Part], node: Node, plans: Sequence[Plan],
         served = [scale_plan(p, factor) for p in d.plans if p is not None]
         if proof:
             break
-    if not math.isfinite(hi):
+    if not math.isfinite(hi) and not late:
         return None  # climbed without a refutation: the caller's search goes on from the curves
-    return ScaleResult(_status(True, lo, hi, tolerance), lo, hi, served, layout,
-                       time.perf_counter() - t0, tests)
+    return ScaleResult(_status(True, lo, hi, tolerance), lo, min(hi, 1.0), served, layout,
+                       time.perf_counter() - t0, tests,
+                       [f"the tests above it stopped at the {time_limit_s:g} s limit"] if late else [])
 
 
 Parked = list[tuple[float, list[list[decompose.Usage]]]]  # per test: its theta, per app its parked budgets
