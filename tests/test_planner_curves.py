@@ -77,8 +77,7 @@ def test_a_node_plan_whose_demands_the_curves_refute_skips_the_decision(one_gpu)
     again = plan_node(apps, node, profiles, demands, solver="highs", time_limit_s=60)
     for res in (first, again):
         assert res.status == "feasible" and 0 < res.demand_scale < 1, res.notes
-        # a node plan's search stops once its bracket is within the stop gap (``scaled.STOP_GAP``)
-        assert res.scale_bound <= res.demand_scale * (1 + scaled.STOP_GAP) * (1 + 1e-6)
+        assert res.scale_bound <= res.demand_scale * (1 + scaled.SCALE_TOLERANCE) * (1 + 1e-6)
         for name, p in res.plans.items():
             assert verify_plan(p, node.app(name), node, profiles) == [], name
     assert again.solve_seconds < first.solve_seconds

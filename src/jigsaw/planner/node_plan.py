@@ -46,8 +46,8 @@ from jigsaw.planner.groups import pack_node
 from jigsaw.planner.packer import InstanceRequest, PackingError
 from jigsaw.planner.problem import Factors, Problem, make_problem
 from jigsaw.planner.scaled import (
+    CURVE_REFINE_S,
     SCALE_TOLERANCE,
-    STOP_GAP,
     ScaleResult,
     above_greedy,
     max_scale,
@@ -404,7 +404,7 @@ def _decomposed_scale(parts: list[joint.Part], node: Node, res: _Decision, solve
     saying so appended to ``notes`` when less than all is served."""
     scale = scale_bound = 1.0
     sc = max_scale(parts, node, solver=solver, time_limit_s=left_s, pack=pack,
-                   hi_proven=res.status == "infeasible", floors=res.floors, stop_gap=STOP_GAP)
+                   hi_proven=res.status == "infeasible", floors=res.floors, refine_s=CURVE_REFINE_S)
     if sc.plans is None and greedy is not None and greedy.layout is not None:
         # no plan found in time: the greedy's (``_quick_first``), below what the search refuted
         mine = [scale_plan(greedy.plans[p.pb.app.name], 1.0) for p in parts]  # copies: the caller's own

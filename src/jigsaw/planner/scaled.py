@@ -61,9 +61,9 @@ geometric mean) and a refuted test steps down as from nothing served, never belo
 just above the stored plans' fraction. Every test (``fit_test``) starts from the budgets the
 curves refute at its demands and from the plans and bounds the earlier tests' solves give there
 (``value_curve.seeds``), and adds what it shows to both.
-A node plan's search (``stop_gap``: ``STOP_GAP``) stops once a fraction is served and a proof
-caps theta* within that gap of it (the curves' bracket, or the tests' own): closing the last few
-percent is where a budget's single-app solve sits at the edge of what it serves (``_close_enough``).
+Once a fraction is served and a proof caps theta* within ``CURVE_REFINE_GAP`` of it (the curves',
+or the tests' own), the tests after get ``CURVE_REFINE_S`` (``_refine_deadline``): closing the
+last few percent is where a budget's single-app solve sits at the edge of what it serves.
 The search stops after ``MAX_TESTS`` tests (a limit of work; the clock only guards it), so its
 answer does not depend on how busy the machine is. Pure: the result depends only on the inputs
 (and the solver's answers within the limit).
@@ -97,11 +97,14 @@ BOUND_LIMIT_S = 6.0  # the bound's solve (``theta_bound``) at most this long (or
 _BOUND_GAP = 0.25  # the bound's solve stops within this fraction of the tolerance
 FIRST_FIT = True  # each test stops at the first plans that pack (see the module doc)
 _NEAR_STEPS = 2  # tests below the bound that step down by the tolerance before the larger steps
+# where the apps' curves (their capacities per slice budget precomputed, ``budget_curve``) or the
+# search's own tests serve a fraction and prove a cap at most ``CURVE_REFINE_GAP`` above it, the
+# tests after get at most ``CURVE_REFINE_S``: a spike's first plan answers in time, serving that
+# fraction (or what the tests raise it to) with the least fraction shown not to fit as its bound
+CURVE_REFINE_S = 0.3
 GREEDY_PROOF_S = 0.5  # ``above_greedy``'s proof test just above the greedy's fraction at most this long
 GREEDY_CLIMBS = 3  # ``above_greedy``'s tests that find plans, at most, before the caller's search
-# a node plan's search (``max_scale(stop_gap=)``) stops once the fraction served lies within this
-# of the least fraction proven not to fit, the curves' or the tests' (``_close_enough``)
-STOP_GAP = 0.05
+CURVE_REFINE_GAP = 0.05
 
 
 @dataclass
@@ -194,7 +197,7 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
               pack: decompose.Packer, tolerance: float = SCALE_TOLERANCE,
               theta_hi: float = 1.0, hi_proven: bool = True,
               floors: Sequence[float] | None = None, use_bound: bool | None = None,
-              bound_limit_s: float | None = None, stop_gap: float | None = None) -> ScaleResult:
+              bound_limit_s: float | None = None, refine_s: float | None = None) -> ScaleResult:
     """theta* for ``parts`` (each at its ``demand_rps``) on ``node``; see the module doc.
 
     ``theta_hi``: where the search starts from above; ``hi_proven``: it is known not to fit
@@ -203,8 +206,9 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     the caller's decision computed them), else computed here. ``use_bound``: compute
     ``theta_bound`` first (within ``bound_limit_s``, default ``BOUND_LIMIT_S`` or half the
     limit) to cap theta_hi and place the first test; None: ``USE_BOUND`` (off: see the
-    module doc). ``stop_gap``: no test once a fraction is served and theta* is proven at most
-    this far above it (``plan_node``: ``STOP_GAP``; None: the tolerance only).
+    module doc). ``refine_s``: where the curves serve a fraction and cap theta* at most
+    ``CURVE_REFINE_GAP`` above it, the tests between get at most this long (``plan_node``:
+    ``CURVE_REFINE_S``; None: the whole limit).
     """
     t0 = time.perf_counter()
     notes: list[str] = []
@@ -213,7 +217,7 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     plans: list[Plan] | None = None
     layout: Layout | None = None
 
-    deadline = t0 + time_limit_s
+    deadline = t0 + time_limit_s  # nearer once the curves serve a fraction (``refine_s``)
 
     def left() -> float:
         return deadline - time.perf_counter()
@@ -223,15 +227,15 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
         notes.append("no common fraction above 0 fits (the capacity bound)")
         return ScaleResult("none", 0.0, 0.0, None, None, time.perf_counter() - t0, 0, notes,
                            bound, bound_s)
-    lo, hi, plans, layout = _curve_start(parts, node, pack, theta_hi, hi, tolerance, notes)
+    lo, hi, plans, layout, deadline = _curve_start(parts, node, pack, theta_hi, hi, tolerance,
+                                                   refine_s, deadline, notes)
     weak = lo  # what the curves' plans serve: the tests step down towards it as towards nothing
     # near: failed tests stepping down from the bound by the tolerance
     guess, hi, near = _first_test(parts, node, solver, theta_hi, hi, tolerance, floors, bound, lo)
     climbs = 0  # feasible tests in a row
     parked: Parked = []  # the tests' parked budgets (``fit_test``)
     falls = 0  # refuted tests in a row before any served
-    while hi > lo * (1 + tolerance) * (1 + 1e-6) and lo < theta_hi and left() > 0 and tests < MAX_TESTS \
-            and not _close_enough(lo, hi, stop_gap):
+    while hi > lo * (1 + tolerance) * (1 + 1e-6) and lo < theta_hi and left() > 0 and tests < MAX_TESTS:
         tests += 1
         d = fit_test(parts, node, guess, solver=solver, time_limit_s=max(left(), 0.05), pack=pack,
                      parked=parked)
@@ -243,6 +247,7 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
                 lo = guess * factor
                 plans = [scale_plan(p, factor) for p in got]
                 layout = d.layout
+                deadline = _refine_deadline(deadline, lo, hi, refine_s)
             if guess >= theta_hi and not hi_proven:
                 break  # the whole demand fits after all
             # just above what is served: a proof of the tolerance when it does not fit; after
@@ -253,6 +258,7 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
                 break
         elif d.status == "infeasible":
             hi = min(hi, guess)  # proven by the decomposition's bound
+            deadline = _refine_deadline(deadline, lo, hi, refine_s)
             climbs = 0
             guess, near, falls = _after_refuted(guess, lo if lo > weak else 0.0, hi, near, falls,
                                                 d.floors, node.slices_available, tolerance)
@@ -366,32 +372,34 @@ def fit_test(parts: Sequence[joint.Part], node: Node, theta: float, *, solver: s
 
 
 def _curve_start(parts: Sequence[joint.Part], node: Node, pack: decompose.Packer, theta_hi: float,
-                 hi: float, tolerance: float, notes: list[str]
-                 ) -> tuple[float, float, list[Plan] | None, Layout | None]:
+                 hi: float, tolerance: float, refine_s: float | None, deadline: float, notes: list[str]
+                 ) -> tuple[float, float, list[Plan] | None, Layout | None, float]:
     """Where the search starts from what earlier plans showed (the apps' curves): a proven cap
-    on theta* and the plans they serve."""
+    on theta* and the plans they serve; the deadline nearer where they bracket theta* closely."""
     cap, cached = _from_curves(parts, node, pack, theta_hi)
     hi = min(hi, cap)
     if cached is None:
-        return 0.0, hi, None, None
+        return 0.0, hi, None, None, deadline
     lo, plans, layout = cached
     if lo >= theta_hi or hi <= lo * (1 + tolerance) * (1 + 1e-6):
         notes.append("from what earlier plans showed (the apps' curves), without a test")
-    return lo, hi, plans, layout
+    elif refine_s is not None and hi <= lo * (1 + CURVE_REFINE_GAP):
+        deadline = min(deadline, time.perf_counter() + refine_s)
+    return lo, hi, plans, layout, deadline
 
 
-def _close_enough(lo: float, hi: float, stop_gap: float | None) -> bool:
-    """A fraction ``lo`` is served and theta* is proven below ``hi``, within ``stop_gap`` of it:
-    the search stops there (the plans go out labelled with ``hi``, ``NodePlan.scale_bound``).
+def _refine_deadline(deadline: float, lo: float, hi: float, refine_s: float | None) -> float:
+    """The search's deadline once a test serves ``lo`` and a proof caps theta* at ``hi``: within
+    ``CURVE_REFINE_GAP`` of each other, the tests after get at most ``refine_s`` more.
 
     Why: the tests that close the last few percent are the slow ones, their single-app solves at
     the edge of what a budget serves (100% of the example node, cold: the first test that served
     0.900 ended 1.6 s in with 0.932 refuted; the climbs to 0.909 and the bisection above it took
-    6.7 s more, ar_assistant within 10 slices / 11 slots, and proved nothing). Before, such a
-    bracket (the curves') gave the tests 0.3 s more: they rarely decided in it, and a node plan at
-    100-150% took 0.4-0.5 s longer for it (cold and warm, bench/README.md). A limit of work, not of
-    the clock: the answer does not depend on how busy the machine is."""
-    return stop_gap is not None and lo > 0 and hi <= lo * (1 + stop_gap) * (1 + 1e-6)
+    6.7 s more, ar_assistant within 10 slices / 11 slots, and proved nothing). The plan served
+    goes out labelled with its bound (``NodePlan.scale_bound``), as the curves' bracket does."""
+    if refine_s is None or lo <= 0 or hi > lo * (1 + CURVE_REFINE_GAP):
+        return deadline
+    return min(deadline, time.perf_counter() + refine_s)
 
 
 def _stopped(late: bool, time_limit_s: float, counted_out: bool) -> list[str]:
