@@ -217,6 +217,12 @@ def test_a_served_fraction_close_to_its_cap_ends_the_search_in_the_refine_time(o
     assert scaled._refine_deadline(1e9, 0.9, 0.99, 0.3) == 1e9
     assert scaled._refine_deadline(1e9, 0.0, 0.93, 0.3) == 1e9
     assert scaled._refine_deadline(1e9, 0.9, 0.93, None) == 1e9
+    # the first test in the curves' bracket: the lowest whose plans close it to the gap
+    closing = 0.945 / (1 + scaled.CURVE_REFINE_GAP)
+    assert scaled._closing_test(0.916, 0.888, 0.945, 0.01) == pytest.approx(closing)
+    assert scaled._closing_test(0.95, 0.94, 0.96, 0.01) == pytest.approx(0.94 * 1.01)  # never below the proof
+    assert scaled._closing_test(0.8, 0.0, 0.9, 0.01) == 0.8  # nothing served
+    assert scaled._closing_test(0.8, 0.7, float("inf"), 0.01) == 0.8  # nothing refuted
 
 
 def test_proofs_carried_from_a_smaller_demand_give_the_same_decision(one_gpu) -> None:
