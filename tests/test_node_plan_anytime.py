@@ -406,11 +406,14 @@ def test_a_spikes_extensions_leave_memory_slots_for_the_peak(example) -> None:
     instances (2 memory slots for 1 slice) until the extension for the peak found no memory slot
     its instances fit and served 1004 of 1288 req/s; with the remainder's cover priced per memory
     slot too (``extension_slices_per_slot``, on by default), each step takes no more slices and
-    fewer slots, and the peak's extension, laid out beside everything that runs, serves almost all
-    of it."""
+    fewer slots, and the peak's extension, laid out beside everything that runs as the daemon
+    lays it, serves almost all of it, more than the compute price's (96% since the added demand
+    goes on the cheapest lanes, ``extension_mix``)."""
+    from jigsaw.gpu.layout import from_app_layouts
     from jigsaw.planner.decompose import app_layout
     from jigsaw.planner.milp import plan as plan_app
     from jigsaw.planner.node_plan import _pack_node
+    from jigsaw.runtime.placement import Beside
 
     node, profiles = example
     node = dataclasses.replace(node, planner=dataclasses.replace(node.planner, max_utilization=0.8))
@@ -424,7 +427,14 @@ def test_a_spikes_extensions_leave_memory_slots_for_the_peak(example) -> None:
             assert run is not None and run.planned_rps == pytest.approx(demand)
         run.layout = app_layout(_pack_node({app.name: run}, n, None), app.name)
         assert verify_plan(run, app, n, profiles) == []
-        return run, extend_in_place(app, n, profiles, {app.name: run}, 1288.0)
+        # laid out as the daemon lays it, beside what runs (``Beside``: no instance moves)
+        laid = from_app_layouts(n.gpu.name, n.num_gpus, {app.name: run.layout})
+        beside = Beside(laid, laid.instances, n.gpu)
+
+        def fits(p):
+            got = beside.place(app.name, p)
+            return None if got is None else got[1]
+        return run, extend_in_place(app, n, profiles, {app.name: run}, 1288.0, fits=fits)
 
     run_on, peak_on = spike(node)
     assert peak_on is not None and peak_on.planned_rps >= 0.95 * 1288.0
@@ -433,4 +443,42 @@ def test_a_spikes_extensions_leave_memory_slots_for_the_peak(example) -> None:
         node, planner=dataclasses.replace(node.planner, extension_slices_per_slot=0.0)))
     assert run_on.slices_used <= run_off.slices_used
     assert _slots(run_on, node) < _slots(run_off, node)
-    assert peak_off is None or peak_off.planned_rps < 0.85 * 1288.0  # what the compute price left
+    assert peak_off is None or peak_off.planned_rps < peak_on.planned_rps  # what the compute price left
+
+
+def test_a_spikes_extension_serves_the_added_demand_on_the_lanes_cheapest_per_slice(example) -> None:
+    """ar_assistant's plan for a quiet bin (127 req/s) runs its most accurate lane only; a spike's
+    extension keeps that lane's rate and serves the rest on the lanes that cost the fewest slices
+    within the accuracy SLO: 431 req/s on 19 slices (the running mix scaled took 21 for 335),
+    every lane mix it tried at the SLO, and nothing that runs changes."""
+    from jigsaw.planner.anytime import _accuracy_slo, slot_aware_cost
+    from jigsaw.planner.extension_mix import added_mixes, lane_costs
+    from jigsaw.planner.problem import make_problem
+    from jigsaw.spaces import search_space
+
+    node, profiles = example
+    node = dataclasses.replace(node, planner=dataclasses.replace(node.planner, max_utilization=0.8))
+    app = node.app("ar_assistant")
+    run = plan_node([app], node, profiles, {app.name: 127.0}, solver="highs", time_limit_s=30).plans[app.name]
+    assert run.accuracy == pytest.approx(1.0)  # the spare slices of a quiet bin went to accuracy
+    slo = _accuracy_slo(app, node)
+    p = extend_plan(app, node, profiles, run, 431.0)
+    assert p is not None and p.planned_rps == pytest.approx(431.0)
+    assert p.slices_used <= 19 and slo - 1e-6 <= p.accuracy < run.accuracy
+    assert {(i.task, i.variant, i.mig_profile, i.mps, i.max_batch) for i in run.instances} <= \
+        {(i.task, i.variant, i.mig_profile, i.mps, i.max_batch) for i in p.instances}
+    kept = {tuple(lp.variants.values()): lp.rate_rps for lp in run.lanes}
+    got = {tuple(lp.variants.values()): lp.rate_rps for lp in p.lanes}
+    assert all(got.get(k, 0.0) >= x - 1e-6 for k, x in kept.items())  # the running lanes carry what they did
+    assert verify_plan(p, app, node, profiles) == ["the plan has no layout"]  # not packed yet
+    # the mixes tried: each the running lanes kept, the rest added, at the rate and the SLO
+    pb = make_problem(app, node, profiles, search_space("ast"), None)
+    lane = {tuple(pb.lanes[li]): li for li in range(len(pb.lanes))}
+    running = {lane[tuple(lp.variants[t] for t in app.task_names)]: lp.rate_rps for lp in run.lanes}
+    mixes = added_mixes(pb, running, 431.0, slo, lane_costs(pb, slot_aware_cost(node)))
+    assert len(mixes) >= 2
+    for mix in mixes:
+        assert sum(mix.values()) == pytest.approx(431.0)
+        assert sum(pb.lane_acc[li] * x for li, x in mix.items()) / 431.0 >= slo - 1e-9
+        assert all(mix[li] >= x - 1e-9 for li, x in running.items())
+    assert added_mixes(pb, running, run.planned_rps, slo, lane_costs(pb, slot_aware_cost(node))) == []

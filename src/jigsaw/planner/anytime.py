@@ -42,6 +42,7 @@ from jigsaw.node import Node
 from jigsaw.plan import LanePlan, Plan, PlanInstance, without_placed
 from jigsaw.planner import joint
 from jigsaw.planner.columns import Column
+from jigsaw.planner.extension_mix import added_mixes, lane_costs
 from jigsaw.planner.groups import pack_node
 from jigsaw.planner.latency_caps import cap_plans, cover, lane_demand, lanes_of
 from jigsaw.planner.model import Solution
@@ -628,47 +629,74 @@ def slot_aware_cost(node: Node) -> Callable[[Column], float]:
 
 def extend_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, demand_rps: float, *,
                 space: str | SearchSpace | None = None, factors: Factors | None = None,
-                problem: Problem | None = None) -> Plan | None:
+                problem: Problem | None = None, accept: Callable[[Plan], Plan | None] | None = None
+                ) -> Plan | None:
     """The running plan, kept, with instances added greedily where ``demand_rps`` needs more.
 
-    Its lanes keep their mix, scaled to the new demand (so the accuracy stays what it was);
-    each (task, variant) short of capacity gets instances of its best throughput-per-slice
+    Its lanes keep their mix scaled to the new demand, or keep their rates with the added
+    demand on the lanes that cost the fewest slices within the accuracy SLO
+    (``extension_mix.added_mixes``), whichever adds the least; each (task, variant) short of
+    capacity gets instances of its best throughput-per-slice
     column whose latency keeps every path within the SLO (``_task_instances``). What already
     runs is not touched, so a burst's quick plan restarts nothing; the exact plan may then
     rearrange the node. None when the running plan has no lanes, names a profile row or lane
     that no longer exists, or the additions do not fit. Not yet packed or verified. The instance
     that covers a (task, variant)'s remainder is chosen at its ``slot_aware_cost``
-    (``planner.extension_slices_per_slot``).
+    (``planner.extension_slices_per_slot``). ``accept``: the caller's check of a candidate (laid
+    out beside what runs: the plan laid out, or None); the least costly one it accepts is returned.
     """
     parts = _running_parts(app, node, profiles, running, demand_rps, space, factors, problem)
     if parts is None:
         return None
-    pb, r, lanes, have, demand = parts
+    pb, r, lanes, have, _ = parts
     supply: dict[tuple[str, str], float] = {}
     for c, n in have:
         supply[(c.task, c.variant)] = supply.get((c.task, c.variant), 0.0) + n * c.throughput_rps
-    by_tv: dict[tuple[str, str], list[Column]] = {}
-    for c in pb.colset.columns:
-        by_tv.setdefault((c.task, c.variant), []).append(c)
+    by_tv = _columns_by_tv(pb)
+    cost = slot_aware_cost(node)
+    slo_acc = _accuracy_slo(app, node)
+    total = sum(lp.rate_rps for lp in running.lanes)
+    kept = {li: x * total / r for li, x in lanes.items()}  # the running lanes at the rates they carry
+    costs = _derived(pb, ("lane_costs", node.planner.extension_slices_per_slot), lambda: lane_costs(pb, cost))
+    found: list[tuple[float, int, dict[int, float], list[tuple[Column, int]]]] = []
+    for k, mix in enumerate([lanes, *added_mixes(pb, kept, r, slo_acc, costs)]):
+        got = _added_for(app, pb, have, supply, mix, by_tv, cost)
+        if got is not None:
+            found.append((got[0], k, mix, got[1]))
+    for _, _, mix, added in sorted(found, key=lambda x: (x[0], x[1])):
+        chosen = list(have) + added
+        slices = sum(c.slices * n for c, n in chosen)
+        if slices > node.slices_available:
+            continue
+        accuracy = sum(pb.lane_acc[li] * x for li, x in mix.items()) / r
+        plan = _as_plan(pb, demand_rps, r, mix, chosen, slo_acc,
+                        node.planner.alpha * accuracy - node.beta * slices)
+        plan.notes = ["anytime incumbent: the running plan, kept, with instances added for the new demand; "
+                      "verified, not proven optimal"]
+        laid = plan if accept is None else accept(plan)
+        if laid is not None:
+            return laid
+    return None
+
+
+def _added_for(app: App, pb: Problem, have: list[tuple[Column, int]], supply: dict[tuple[str, str], float],
+               lanes: dict[int, float], by_tv: dict[tuple[str, str], list[Column]],
+               cost: Callable[[Column], float]) -> tuple[float, list[tuple[Column, int]]] | None:
+    """``extend_plan``'s instances added for one lane mix: (their cost, the instances), None where
+    a short (task, variant) finds no column within its latency cap."""
+    demand: dict[tuple[str, str], float] = {}
+    for li, x in lanes.items():
+        for k, t in enumerate(app.task_names):
+            key = (t, pb.lanes[li][k])
+            demand[key] = demand.get(key, 0.0) + x * pb.lane_mult[li][t]
     shorts = {(t, v): need - supply.get((t, v), 0.0) for (t, v), need in demand.items()
               if need - supply.get((t, v), 0.0) > 1e-9 * max(1.0, need)}
-    cost = slot_aware_cost(node)
     added = _added_instances(app, have, shorts, by_tv, fair=True, cost=cost)
     if added is None:
         added = _added_instances(app, have, shorts, by_tv, fair=False, cost=cost)
     if added is None:
         return None
-    chosen = list(have) + added
-    slices = sum(c.slices * n for c, n in chosen)
-    if slices > node.slices_available:
-        return None
-    slo_acc = _accuracy_slo(app, node)
-    accuracy = sum(pb.lane_acc[li] * x for li, x in lanes.items()) / r
-    plan = _as_plan(pb, demand_rps, r, lanes, chosen, slo_acc,
-                    node.planner.alpha * accuracy - node.beta * slices)
-    plan.notes = ["anytime incumbent: the running plan, kept, with instances added for the new demand; "
-                  "verified, not proven optimal"]
-    return plan
+    return sum(cost(c) * n for c, n in added), added
 
 
 def trim_plan(app: App, node: Node, profiles: ProfileTable, running: Plan, demand_rps: float, *,

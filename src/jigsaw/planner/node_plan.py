@@ -156,10 +156,7 @@ def extend_in_place(app: App, node: Node, profiles: ProfileTable, running: Mappi
                         layout=layout)
     pb = make_problem(app, node, profiles, sp, factors)
 
-    def probe(f: float) -> Plan | None:
-        p = extend_plan(app, node, profiles, run, f * demand_rps, space=sp, factors=factors, problem=pb)
-        if p is None:
-            return None
+    def laid_out(p: Plan) -> Plan | None:
         if fits is not None:
             laid = fits(p)
             return None if laid is None or verify_plan(laid, app, node, profiles, factors) else laid
@@ -171,6 +168,10 @@ def extend_in_place(app: App, node: Node, profiles: ProfileTable, running: Mappi
             return None
         p.layout = app_layout(packed, app.name)
         return None if verify_plan(p, app, node, profiles, factors) else p
+
+    def probe(f: float) -> Plan | None:
+        return extend_plan(app, node, profiles, run, f * demand_rps, space=sp, factors=factors, problem=pb,
+                           accept=laid_out)
 
     have = run.planned_rps / demand_rps if demand_rps > 0 else 1.0
     if have >= 1.0:
