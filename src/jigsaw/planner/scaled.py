@@ -237,8 +237,8 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
     falls = 0  # refuted tests in a row before any served
     while hi > lo * (1 + tolerance) * (1 + 1e-6) and lo < theta_hi and left() > 0 and tests < MAX_TESTS:
         tests += 1
-        if refine_s is not None and lo <= weak:  # the curves' bracket, no test served yet
-            guess = _closing_test(guess, lo, hi, tolerance)
+        deadline = _refine_deadline(deadline, lo, hi, refine_s)  # served close to a proven cap
+        guess = _closing_test(guess, lo, hi, tolerance) if refine_s is not None and lo <= weak else guess
         d = fit_test(parts, node, guess, solver=solver, time_limit_s=max(left(), 0.05), pack=pack,
                      parked=parked)
         if d.status in ("optimal", "feasible") and d.layout is not None and \
@@ -249,7 +249,6 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
                 lo = guess * factor
                 plans = [scale_plan(p, factor) for p in got]
                 layout = d.layout
-                deadline = _refine_deadline(deadline, lo, hi, refine_s)
             if guess >= theta_hi and not hi_proven:
                 break  # the whole demand fits after all
             # just above what is served: a proof of the tolerance when it does not fit; after
@@ -260,7 +259,6 @@ def max_scale(parts: Sequence[joint.Part], node: Node, *, solver: str, time_limi
                 break
         elif d.status == "infeasible":
             hi = min(hi, guess)  # proven by the decomposition's bound
-            deadline = _refine_deadline(deadline, lo, hi, refine_s)
             climbs = 0
             guess, near, falls = _after_refuted(guess, lo if lo > weak else 0.0, hi, near, falls,
                                                 d.floors, node.slices_available, tolerance)
