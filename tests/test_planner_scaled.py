@@ -193,6 +193,38 @@ def test_the_search_stops_after_its_test_count_and_says_so(one_gpu, monkeypatch)
     assert any("after 1 tests" in n for n in one.notes)
 
 
+def test_a_served_fraction_close_to_its_cap_ends_the_search_in_the_refine_time(one_gpu) -> None:
+    node, profiles = one_gpu
+    names, demands = ("social_media", "traffic_analysis"), (1500.0, 400.0)
+
+    def search(refine_s):
+        problem.forget()
+        return scaled.max_scale(_parts(node, profiles, names, demands), node, solver="highs",
+                                time_limit_s=60, refine_s=refine_s,
+                                pack=lambda ps: _pack_node(dict(zip(names, ps, strict=True)), node, None))
+
+    full = search(None)
+    quick = search(0.0)
+    # no test after the first bracket within the gap: fewer tests, the plans served and labelled
+    # with the cap proven (never above the full search's proof, never below what it serves)
+    assert quick.tests < full.tests
+    assert quick.theta_hi <= quick.theta_lo * (1 + scaled.CURVE_REFINE_GAP) * (1 + 1e-6)
+    assert quick.theta_lo <= full.theta_hi and full.theta_lo <= quick.theta_hi
+    assert quick.status in ("proven", "bound")
+    _assert_serves(quick, node, profiles, names, demands)
+    # the deadline moves only once a served fraction lies within the gap of a proven cap
+    assert scaled._refine_deadline(1e9, 0.9, 0.93, 0.3) < 1e9
+    assert scaled._refine_deadline(1e9, 0.9, 0.99, 0.3) == 1e9
+    assert scaled._refine_deadline(1e9, 0.0, 0.93, 0.3) == 1e9
+    assert scaled._refine_deadline(1e9, 0.9, 0.93, None) == 1e9
+    # the first test in the curves' bracket: the lowest whose plans close it to the gap
+    closing = 0.945 / (1 + scaled.CURVE_REFINE_GAP)
+    assert scaled._closing_test(0.916, 0.888, 0.945, 0.01) == pytest.approx(closing)
+    assert scaled._closing_test(0.95, 0.94, 0.96, 0.01) == pytest.approx(0.94 * 1.01)  # never below the proof
+    assert scaled._closing_test(0.8, 0.0, 0.9, 0.01) == 0.8  # nothing served
+    assert scaled._closing_test(0.8, 0.7, float("inf"), 0.01) == 0.8  # nothing refuted
+
+
 def test_proofs_carried_from_a_smaller_demand_give_the_same_decision(one_gpu) -> None:
     from jigsaw.planner import decompose
 
