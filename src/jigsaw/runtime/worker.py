@@ -677,17 +677,12 @@ class Worker(ContainedBatches, BatchesInFlight):
         self.stats.batch_done(self.spec.slot, end - start, n)
 
     def publish_queued(self, queued: int | None = None) -> None:
-        """Publish the items queued here (``queued``, else the queue's length) in every stats slot
-        this process has: the producers route by it; and the records waiting in its input rings,
-        the rest of its task's queue, which the frontend's estimate of a new request's wait reads
-        (``routing.queued_end_s``: it sees no ring past the root's)."""
+        """Publish the items queued here (``queued``, else the queue's length), which producers route
+        by, and those still in its input rings, which ``routing.queued_end_s`` adds past the root."""
         n = len(self.queue) + len(self._in_flight) if queued is None else queued
-        in_rings = 0
-        for ring in self.inputs:
-            in_rings += len(ring)
         for w in self.wirings:
             w.stats.set(w.spec.slot, QUEUED, n)
-            w.stats.set(w.spec.slot, RING_QUEUED, in_rings)
+            w.stats.set(w.spec.slot, RING_QUEUED, sum(len(ring) for ring in self.inputs))
 
     def _turn(self) -> None:
         """One turn of the process, run in the callback that woke it (the doorbell, a signal, a
