@@ -6,12 +6,12 @@ searches to prove their fractions on a shared machine)."""
 from __future__ import annotations
 
 import pytest
+from test_planner_scaled import _assert_serves
 
 from jigsaw.plan import Plan
 from jigsaw.planner import curves, joint, problem, scaled
-from jigsaw.planner.decompose import app_layout
 from jigsaw.planner.node_plan import _pack_node, plan_node
-from jigsaw.planner.packer import PackingError, validate_layout
+from jigsaw.planner.packer import PackingError
 from jigsaw.planner.problem import make_problem
 from jigsaw.planner.verify import verify_plan
 from jigsaw.spaces import search_space
@@ -36,12 +36,7 @@ def _sound(got: scaled.ScaleResult, node, profiles, demands) -> None:
     """Proven, and its plans serve theta_lo of every demand, verify and pack as one layout."""
     assert got.status == "proven", got.notes
     assert got.theta_hi <= got.theta_lo * (1 + scaled.SCALE_TOLERANCE) * (1 + 1e-6)
-    assert got.plans is not None and got.layout is not None
-    assert validate_layout(got.layout, node.gpu) == []
-    for name, d, p in zip(NAMES, demands, got.plans, strict=True):
-        assert p.planned_rps == pytest.approx(got.theta_lo * d, rel=1e-6)
-        p.layout = app_layout(got.layout, name)
-        assert verify_plan(p, node.app(name), node, profiles) == [], name
+    _assert_serves(got, node, profiles, NAMES, demands)
 
 
 def test_a_spike_seen_before_is_answered_from_the_curves_without_a_test(one_gpu) -> None:
